@@ -1,0 +1,131 @@
+/* libfsdp: the backend boundary.
+ *
+ * The core (lib/) drives a device only through this ops table. A backend (sim/, gpu/) fills in
+ * every slot; an operation it cannot do points to a function that returns
+ * FSDP_ERR_UNSUPPORTED, never NULL. A program picks a backend and hands its per-rank device
+ * context (fsdp_dev_t) to the core.
+ *
+ * Ordering model (as CUDA's): work on one stream runs in issue order; an event records the
+ * point a stream has reached; stream_wait_event makes later work on a stream wait for it.
+ * Collectives are enqueued on a stream and match across the ranks of a group by call order.
+ */
+#ifndef FSDP_BACKEND_H
+#define FSDP_BACKEND_H
+
+#include <fsdp/kernel.h>
+#include <fsdp/status.h>
+#include <fsdp/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_backend_ops fsdp_backend_ops_t;
+typedef struct fsdp_event fsdp_event_t; /* opaque, backend-defined */
+
+/* Per-rank device context. Backends embed it as their first member, named `super`. */
+typedef struct fsdp_dev {
+    const fsdp_backend_ops_t *ops;
+    int rank;       /* global rank */
+    int world_size; /* global world size */
+    int local_rank; /* rank within its node */
+    int local_size; /* ranks per node */
+} fsdp_dev_t;
+
+/* A stream. Backends embed it first. */
+typedef struct fsdp_stream {
+    int id;           /* per-rank, 0 = the default compute stream */
+    int priority;     /* lower is higher priority, as CUDA */
+    char name[24];
+} fsdp_stream_t;
+
+/* A communication group (the world, or a sub-group made by group_split). Backends embed it
+ * first. */
+typedef struct fsdp_group {
+    int rank;         /* this rank's index in the group */
+    int size;         /* number of ranks in the group */
+    const int *ranks; /* global ranks of the members, in group-rank order */
+    char name[48];    /* "world", or "split(<color>)" of the parent's name */
+} fsdp_group_t;
+
+typedef enum {
+    FSDP_MEMKIND_DEVICE = 0,     /* device memory (sim: host memory) */
+    FSDP_MEMKIND_HOST_PINNED = 1 /* page-locked host memory for async copies */
+} fsdp_memkind_t;
+
+struct fsdp_backend_ops {
+    size_t size; /* sizeof(fsdp_backend_ops_t) the backend was built with */
+    const char *name;
+
+    /* Raw segments. Returns FSDP_ERR_OUT_OF_MEMORY when the device cannot provide them. */
+    fsdp_status_t (*segment_alloc)(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
+                                   void **ptr_p);
+    void (*segment_free)(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr);
+
+    /* Streams. The compute stream exists from the start; others are created by the core. */
+    fsdp_stream_t *(*compute_stream)(fsdp_dev_t *dev);
+    fsdp_status_t (*stream_create)(fsdp_dev_t *dev, const char *name, int priority,
+                                   fsdp_stream_t **stream_p);
+    void (*stream_destroy)(fsdp_dev_t *dev, fsdp_stream_t *stream);
+    fsdp_status_t (*stream_synchronize)(fsdp_dev_t *dev, fsdp_stream_t *stream);
+
+    /* Events. */
+    fsdp_status_t (*event_create)(fsdp_dev_t *dev, fsdp_event_t **event_p);
+    void (*event_destroy)(fsdp_dev_t *dev, fsdp_event_t *event);
+    fsdp_status_t (*event_record)(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream);
+    fsdp_status_t (*stream_wait_event)(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                       fsdp_event_t *event);
+    /* *done_p = 1 when all work before the record has finished. */
+    fsdp_status_t (*event_query)(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p);
+    /* The host waits for the event. */
+    fsdp_status_t (*event_synchronize)(fsdp_dev_t *dev, fsdp_event_t *event);
+    /* Host clock of this rank, seconds (sim: virtual). */
+    double (*host_time)(fsdp_dev_t *dev);
+
+    /* Copies between any two buffers (device or host), ordered on the stream. */
+    fsdp_status_t (*memcpy_async)(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
+                                  fsdp_stream_t *stream);
+
+    /* Groups. The world group is owned by the backend. */
+    fsdp_group_t *(*group_world)(fsdp_dev_t *dev);
+    /* Collective over `parent`: ranks with the same color form a group, ordered by (key, rank).
+     * A negative color gives *group_p = NULL. */
+    fsdp_status_t (*group_split)(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
+                                 fsdp_group_t **group_p);
+    void (*group_destroy)(fsdp_dev_t *dev, fsdp_group_t *group);
+
+    /* Collectives. `count` arguments are element counts.
+     * all_gather: recv[r*count .. (r+1)*count) = send of group rank r.
+     * reduce_scatter: recv (count) = reduction over ranks of send[rank*count ..).
+     * all_reduce: recv (count) = reduction over ranks of send; send may equal recv.
+     * broadcast: buf of `root` (a group rank) copied to every rank.
+     * Floating-point sums accumulate in f32 in group-rank order and round once. */
+    fsdp_status_t (*all_gather)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                void *recv, size_t count, fsdp_dtype_t dtype,
+                                fsdp_stream_t *stream);
+    fsdp_status_t (*reduce_scatter)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                    void *recv, size_t count, fsdp_dtype_t dtype,
+                                    fsdp_reduce_op_t op, fsdp_stream_t *stream);
+    fsdp_status_t (*all_reduce)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                void *recv, size_t count, fsdp_dtype_t dtype,
+                                fsdp_reduce_op_t op, fsdp_stream_t *stream);
+    fsdp_status_t (*broadcast)(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
+                               fsdp_dtype_t dtype, int root, fsdp_stream_t *stream);
+    /* Host-blocking barrier over the group. */
+    fsdp_status_t (*barrier)(fsdp_dev_t *dev, fsdp_group_t *group);
+
+    /* Kernels (kernel.h), enqueued on the stream. */
+    fsdp_status_t (*kernel)(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
+};
+
+/* Checks that an ops table is complete (size matches, no NULL slot). */
+fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
+
+/* Convenience: X.wait_stream(Y) as PyTorch spells it, through a temporary event. */
+fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
+                                      fsdp_stream_t *waitee);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,180 @@
+/* libfsdp: the FSDP runtime.
+ *
+ * One fsdp_t per rank holds the configuration, the streams, the units and their flat-parameter
+ * handles. A model is a tree of units; each unit owns the parameters of its layers that no
+ * child unit owns, flattened into one handle (or none). A C model has no autograd, so the hooks
+ * are explicit: a unit's forward is wrapped as
+ *
+ *     fsdp_pre_forward(u); ...layers of u...; fsdp_post_forward(u);
+ *
+ * with children nested inside their parent, and the backward walks the units in reverse:
+ *
+ *     fsdp_pre_backward(u); ...gradients of u's layers...; fsdp_post_backward(u);
+ *
+ * then fsdp_final_callback(fs). The order of collectives, waits, allocations and frees inside
+ * the hooks is PyTorch FSDP's (shared/reference/fsdp-semantics.md section 2).
+ */
+#ifndef FSDP_CORE_H
+#define FSDP_CORE_H
+
+#include <fsdp/backend.h>
+#include <fsdp/memory.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_MAX_DIMS 4
+
+typedef enum {
+    FSDP_FULL_SHARD = 0,
+    FSDP_SHARD_GRAD_OP = 1,
+    FSDP_NO_SHARD = 2,
+    FSDP_HYBRID_SHARD = 3,
+    FSDP_HYBRID_SHARD_ZERO2 = 4,
+    FSDP_STRATEGY_COUNT
+} fsdp_strategy_t;
+
+const char *fsdp_strategy_name(fsdp_strategy_t s); /* "full_shard", ... */
+int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p);
+
+typedef enum {
+    FSDP_BACKWARD_PREFETCH_PRE = 0, /* BACKWARD_PRE (default) */
+    FSDP_BACKWARD_PREFETCH_POST = 1,
+    FSDP_BACKWARD_PREFETCH_NONE = 2
+} fsdp_backward_prefetch_t;
+
+typedef struct fsdp_config {
+    fsdp_strategy_t strategy;                  /* FSDP_FULL_SHARD */
+    fsdp_backward_prefetch_t backward_prefetch; /* FSDP_BACKWARD_PREFETCH_PRE */
+    int forward_prefetch;                      /* 0 */
+    int limit_all_gathers;                     /* 1 */
+    fsdp_group_t *process_group;               /* NULL = the backend's world group */
+    size_t device_capacity;                    /* bytes, 0 = unlimited */
+} fsdp_config_t;
+
+void fsdp_config_init(fsdp_config_t *cfg);
+
+typedef struct fsdp fsdp_t;
+typedef struct fsdp_unit fsdp_unit_t;
+
+typedef struct fsdp_param_spec {
+    const char *name; /* full name, e.g. "layers.0.weight"; copied */
+    int ndim;         /* 0..FSDP_MAX_DIMS; 0 is a scalar */
+    int64_t shape[FSDP_MAX_DIMS];
+    int requires_grad; /* must be 1 for now; frozen parameters come with per-unit opt-in */
+    int tied_to;       /* -1, or the index of an earlier spec of the same unit to share with */
+} fsdp_param_spec_t;
+
+/* Where a parameter sits in its handle's flat parameter and in this rank's shard
+ * (fsdp-semantics.md section 4). */
+typedef struct fsdp_param_info {
+    const char *name;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    size_t numel;
+    size_t offset;          /* start in the unsharded flat parameter */
+    int tied_to;            /* -1, or the index it shares storage with */
+    int in_shard;           /* 1 if part of it lies in this rank's shard */
+    size_t offset_in_shard; /* where that part starts in the shard */
+    size_t intra_start;     /* first element of the parameter in the shard */
+    size_t numel_in_shard;
+} fsdp_param_info_t;
+
+typedef enum {
+    FSDP_STATE_IDLE = 0,
+    FSDP_STATE_FORWARD_BACKWARD = 1,
+    FSDP_STATE_SUMMON_FULL_PARAMS = 2
+} fsdp_training_state_t;
+
+typedef enum {
+    FSDP_HANDLE_IDLE = 0,
+    FSDP_HANDLE_FORWARD = 1,
+    FSDP_HANDLE_BACKWARD_PRE = 2,
+    FSDP_HANDLE_BACKWARD_POST = 3,
+    FSDP_HANDLE_SUMMON_FULL_PARAMS = 4
+} fsdp_handle_state_t;
+
+/* ---- shard arithmetic (section 4), exposed for tools and tests ---- */
+
+/* S = ceil(T / W), the chunk each rank holds (padded). W >= 1. */
+size_t fsdp_shard_numel(size_t total, int world);
+/* Elements of the flat parameter rank r holds, and the padding it adds. */
+void fsdp_shard_extent(size_t total, int world, int rank, size_t *numel_p, size_t *pad_p);
+/* Gradient division factors for a reduction over D ranks: pre before, post after. */
+void fsdp_divide_factors(int d, double *pre_p, double *post_p);
+
+/* ---- the runtime ---- */
+
+fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p);
+void fsdp_destroy(fsdp_t *fs);
+
+fsdp_dev_t *fsdp_device(fsdp_t *fs);
+fsdp_mem_t *fsdp_memory(fsdp_t *fs);
+fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs);
+/* The effective strategy (NO_SHARD when the shard group has one rank, as PyTorch forces). */
+fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
+/* The group parameters are sharded over. */
+fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
+fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);
+
+/* Creates a unit. The first unit created with parent NULL is the root; every other unit needs
+ * a parent created before it. Parameter names must be unique across the model. */
+fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                               const fsdp_param_spec_t *params, int nparams,
+                               fsdp_unit_t **unit_p);
+
+int fsdp_num_units(const fsdp_t *fs);
+fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
+fsdp_unit_t *fsdp_root(fsdp_t *fs);
+const char *fsdp_unit_name(const fsdp_unit_t *u);
+int fsdp_unit_has_params(const fsdp_unit_t *u);
+int fsdp_unit_num_params(const fsdp_unit_t *u);
+fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p);
+/* T: flat numel (tied parameters once), S: shard numel, W: shard-group size. */
+size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
+size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
+fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
+fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
+
+/* This rank's sharded flat parameter (S elements, f32, device memory). */
+float *fsdp_unit_local_shard(fsdp_unit_t *u);
+/* This rank's sharded gradient after the final callback (S elements), NULL when none. */
+float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
+/* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
+void fsdp_zero_grad(fsdp_t *fs);
+
+/* Sets parameter `index` from its full value (numel floats in host memory, the same on every
+ * rank); each rank keeps the part in its shard. Call while the unit is idle. */
+fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values);
+/* Gathers the full flat parameter to host memory (T floats, unpadded) on every rank of the
+ * shard group. A collective: every rank must call it. */
+fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
+
+/* ---- during compute ---- */
+
+/* The unsharded value of parameter `index`, valid between the unit's pre- and post-hooks
+ * (f32 unless mixed precision sets another compute dtype). NULL outside. */
+void *fsdp_unit_param(fsdp_unit_t *u, int index);
+/* The unsharded gradient of parameter `index` for the backward compute to accumulate into
+ * (zero on first use in an iteration). Valid between pre- and post-backward. */
+fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p);
+
+/* ---- hooks ---- */
+
+/* Lazy init on the first call; then orders the next all-gathers after the optimizer step.
+ * fsdp_pre_forward of the root calls it. */
+fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs);
+fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u);
+fsdp_status_t fsdp_post_forward(fsdp_unit_t *u);
+fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u);
+fsdp_status_t fsdp_post_backward(fsdp_unit_t *u);
+fsdp_status_t fsdp_final_callback(fsdp_t *fs);
+
+/* Message of the last error (for tools), "" if none. */
+const char *fsdp_last_error(const fsdp_t *fs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

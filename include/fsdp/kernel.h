@@ -1,0 +1,93 @@
+/* libfsdp: kernel descriptors.
+ *
+ * A kernel launch is a plain struct handed to the backend's `kernel` slot. The sim backend runs
+ * the shared element bodies (lib/kernels/) in a loop on the host; the gpu backend launches the
+ * same bodies as CUDA kernels. Describing launches as data also lets the simulator price every
+ * kernel (FLOPs and bytes) from one place, fsdp_kernel_cost().
+ *
+ * Tensors are dense and row-major. Pointers are device pointers of the rank's backend.
+ */
+#ifndef FSDP_KERNEL_H
+#define FSDP_KERNEL_H
+
+#include <fsdp/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(name, "name") */
+#define FSDP_FOREACH_KERNEL(X)                                                                     \
+    X(FILL, "fill")                                                                                \
+    X(CAST, "cast")                                                                                \
+    X(SCALE, "scale")                                                                              \
+    X(DIV, "div")                                                                                  \
+    X(AXPY, "axpy")                                                                                \
+    X(GEMM, "gemm")                                                                                \
+    X(BIAS_ADD, "bias_add")                                                                        \
+    X(BIAS_GRAD, "bias_grad")                                                                      \
+    X(RELU_FWD, "relu_fwd")                                                                        \
+    X(RELU_BWD, "relu_bwd")                                                                        \
+    X(MSE_LOSS, "mse_loss")                                                                        \
+    X(ADAMW, "adamw")                                                                              \
+    X(SGD, "sgd")                                                                                  \
+    X(SUMSQ, "sumsq")
+
+typedef enum {
+#define FSDP_KERNEL_ENUM_(name, str) FSDP_K_##name,
+    FSDP_FOREACH_KERNEL(FSDP_KERNEL_ENUM_)
+#undef FSDP_KERNEL_ENUM_
+        FSDP_K_COUNT
+} fsdp_kernel_kind_t;
+
+const char *fsdp_kernel_name(fsdp_kernel_kind_t kind);
+
+typedef struct fsdp_kernel {
+    fsdp_kernel_kind_t kind;
+    union {
+        /* x[i] = value for i < n (value converted to dtype) */
+        struct { void *x; fsdp_dtype_t dtype; size_t n; double value; } fill;
+        /* dst[i] = (dst_dtype) src[i]; round to nearest even; dst and src may not overlap
+         * unless they are the same pointer with the same dtype */
+        struct { void *dst; fsdp_dtype_t dst_dtype; const void *src; fsdp_dtype_t src_dtype;
+                 size_t n; } cast;
+        /* x[i] *= alpha (scale) or x[i] /= alpha (div), computed in f32, stored in dtype */
+        struct { void *x; fsdp_dtype_t dtype; size_t n; float alpha; } scale;
+        /* y[i] += alpha * x[i]; computed in f32 */
+        struct { void *y; fsdp_dtype_t y_dtype; const void *x; fsdp_dtype_t x_dtype; size_t n;
+                 float alpha; } axpy;
+        /* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, f32, row-major.
+         * op(A) = A ([M,K], lda >= K) or A^T (A is [K,M], lda >= M); likewise B.
+         * beta == 0 ignores C's old contents (NaN included). */
+        struct { int trans_a, trans_b; size_t m, n, k; float alpha; const float *a; size_t lda;
+                 const float *b; size_t ldb; float beta; float *c; size_t ldc; } gemm;
+        /* y[r, c] += bias[c] for r < rows, c < cols (f32) */
+        struct { float *y; const float *bias; size_t rows, cols; } bias_add;
+        /* dbias[c] += sum over r of dy[r, c], summed in row order (f32) */
+        struct { float *dbias; const float *dy; size_t rows, cols; } bias_grad;
+        /* y[i] = max(x[i], 0); y may equal x */
+        struct { float *y; const float *x; size_t n; } relu_fwd;
+        /* dx[i] = y[i] > 0 ? dy[i] : 0; dx may equal dy */
+        struct { float *dx; const float *dy; const float *y; size_t n; } relu_bwd;
+        /* loss[0] = sum((y - t)^2) / denom; dy[i] = 2 (y[i] - t[i]) / denom (dy may be NULL) */
+        struct { float *loss; float *dy; const float *y; const float *t; size_t n;
+                 double denom; } mse;
+        /* torch.optim.AdamW, one step t (1-based) on n elements, f32 */
+        struct { float *param; const float *grad; float *exp_avg; float *exp_avg_sq; size_t n;
+                 float lr, beta1, beta2, eps, weight_decay; int64_t step; } adamw;
+        /* torch.optim.SGD on n elements, f32; first_step selects buf = grad */
+        struct { float *param; const float *grad; float *momentum_buf; size_t n; float lr,
+                 momentum, dampening, weight_decay; int nesterov, first_step; } sgd;
+        /* out[0] = sum x[i]^2 (f32 out, computed in double in index order) */
+        struct { float *out; const void *x; fsdp_dtype_t dtype; size_t n; } sumsq;
+    } u;
+} fsdp_kernel_t;
+
+/* Arithmetic cost of a launch for the roofline model: floating-point operations and bytes
+ * read plus written. Pure function of the descriptor. */
+void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,89 @@
+/* libfsdp: built-in models and optimizers, written only against backend kernels and the FSDP
+ * hooks, so the same code trains on every backend. */
+#ifndef FSDP_NN_H
+#define FSDP_NN_H
+
+#include <fsdp/core.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- optimizers: PyTorch's update formulas on the sharded flat parameters ---- */
+
+typedef enum { FSDP_OPTIM_SGD = 0, FSDP_OPTIM_ADAMW = 1 } fsdp_optim_kind_t;
+
+typedef struct fsdp_optim_config {
+    fsdp_optim_kind_t kind; /* FSDP_OPTIM_ADAMW */
+    float lr;               /* 1e-3 */
+    /* SGD (torch.optim.SGD) */
+    float momentum;  /* 0 */
+    float dampening; /* 0 */
+    int nesterov;    /* 0; needs momentum > 0 and dampening == 0 */
+    /* AdamW (torch.optim.AdamW) */
+    float beta1, beta2; /* 0.9, 0.999 */
+    float eps;          /* 1e-8 */
+    /* both; default 0 for SGD and 1e-2 for AdamW, as torch */
+    float weight_decay;
+    int no_decay_1d; /* 0: decay every parameter; 1: exempt parameters with ndim <= 1 */
+} fsdp_optim_config_t;
+
+/* Defaults of torch.optim for the given kind. */
+void fsdp_optim_config_init(fsdp_optim_config_t *cfg, fsdp_optim_kind_t kind);
+/* Checks ranges (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov rules...). */
+fsdp_status_t fsdp_optim_config_check(const fsdp_optim_config_t *cfg);
+
+typedef struct fsdp_optim fsdp_optim_t;
+
+fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg,
+                                fsdp_optim_t **opt_p);
+void fsdp_optim_destroy(fsdp_optim_t *opt);
+/* One step over every unit's sharded parameter with its sharded gradient; units without a
+ * gradient are skipped, as torch skips parameters whose .grad is None. */
+fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt);
+int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt);
+
+/* ---- MLP: Linear/ReLU stack, MSE loss ---- */
+
+#define FSDP_MLP_MAX_LAYERS 64
+
+typedef struct fsdp_mlp fsdp_mlp_t;
+
+/* dims[0] inputs, dims[nlayers] outputs; every Linear is its own unit ("layers.<i>") under a
+ * parameter-less root. */
+fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers, fsdp_mlp_t **mlp_p);
+void fsdp_mlp_destroy(fsdp_mlp_t *mlp);
+/* Parses "mlp:16,32,4" or "16,32,4" into dims; returns the number of layers or -1. */
+int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims);
+
+int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp);
+const int *fsdp_mlp_dims(const fsdp_mlp_t *mlp);
+fsdp_unit_t *fsdp_mlp_layer(fsdp_mlp_t *mlp, int layer);
+
+/* nn.Linear's default init: weight and bias uniform in +-1/sqrt(in), from a deterministic
+ * generator seeded with `seed`; identical on every rank. */
+fsdp_status_t fsdp_mlp_init_params(fsdp_mlp_t *mlp, uint64_t seed);
+
+/* One forward and backward over `batch` rows: x [batch, dims[0]] and y [batch, dims[L]] in
+ * host memory. Runs every FSDP hook and the final callback; leaves the sharded gradients for
+ * the optimizer. *loss_p: mean squared error over this rank's rows. */
+fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const float *y,
+                                        size_t batch, float *loss_p);
+
+/* ---- deterministic random numbers (the same sequence everywhere) ---- */
+
+typedef struct fsdp_rng {
+    uint64_t state;
+} fsdp_rng_t;
+
+void fsdp_rng_seed(fsdp_rng_t *rng, uint64_t seed);
+uint64_t fsdp_rng_next(fsdp_rng_t *rng);
+/* Uniform in [lo, hi). */
+float fsdp_rng_uniform(fsdp_rng_t *rng, float lo, float hi);
+/* Standard normal (Box-Muller). */
+float fsdp_rng_normal(fsdp_rng_t *rng);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

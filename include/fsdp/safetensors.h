@@ -1,0 +1,71 @@
+/* libfsdp: safetensors files (shared/reference/formats.md section 1).
+ *
+ * The reader enforces every rule of the format: header size limits, UTF-8 JSON that starts with
+ * '{', no duplicate keys, string-only __metadata__, known dtypes, contiguous non-overlapping
+ * data offsets starting at 0, sizes equal to the product of the shape (overflow-checked) and a
+ * buffer that is exactly indexed. Errors are FSDP_ERR_FORMAT (or FSDP_ERR_IO) with one logged
+ * line naming the file and the rule broken.
+ *
+ * The writer follows the reference writer's conventions (tensors by descending alignment, then
+ * by name; header padded with spaces to 8 bytes; __metadata__ first) and is atomic: it writes a
+ * temporary file, fsyncs it and renames it over the target.
+ */
+#ifndef FSDP_SAFETENSORS_H
+#define FSDP_SAFETENSORS_H
+
+#include <fsdp/status.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_ST_MAX_DIMS 8
+#define FSDP_ST_MAX_HEADER 100000000ull
+
+typedef struct fsdp_st_tensor {
+    const char *name;
+    const char *dtype; /* "F32", "BF16", ... */
+    int ndim;
+    int64_t shape[FSDP_ST_MAX_DIMS];
+    uint64_t numel;
+    uint64_t nbytes;
+    const void *data; /* into the file's buffer (little-endian, row-major) */
+} fsdp_st_tensor_t;
+
+typedef struct fsdp_st_file fsdp_st_file_t;
+
+/* Bits per element of a safetensors dtype name, 0 if unknown. */
+unsigned fsdp_st_dtype_bits(const char *dtype);
+
+fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p);
+/* Same rules, over a buffer the caller keeps alive while the file is open. */
+fsdp_status_t fsdp_st_open_buffer(const void *buf, size_t len, const char *label,
+                                  fsdp_st_file_t **file_p);
+void fsdp_st_close(fsdp_st_file_t *file);
+
+int fsdp_st_num_tensors(const fsdp_st_file_t *file);
+/* In file (offset) order. */
+const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, int index);
+/* NULL if absent. */
+const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
+/* Value of a __metadata__ key, NULL if absent. */
+const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
+
+typedef struct fsdp_st_entry {
+    const char *name;
+    const char *dtype;
+    int ndim;
+    const int64_t *shape;
+    const void *data; /* product(shape) * bits / 8 bytes */
+} fsdp_st_entry_t;
+
+/* Writes `n` tensors and `nmeta` metadata pairs (meta[2i] = key, meta[2i+1] = value). */
+fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, int n,
+                            const char *const *meta, int nmeta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,93 @@
+/* Kernel names and their roofline costs. */
+#include <fsdp/kernel.h>
+
+const char *fsdp_kernel_name(fsdp_kernel_kind_t kind)
+{
+    switch (kind) {
+#define FSDP_KERNEL_NAME_(name, str)                                                               \
+    case FSDP_K_##name:                                                                            \
+        return str;
+        FSDP_FOREACH_KERNEL(FSDP_KERNEL_NAME_)
+#undef FSDP_KERNEL_NAME_
+    default:
+        return "invalid";
+    }
+}
+
+void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
+{
+    double flops = 0.0, bytes = 0.0, n;
+
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        bytes = (double)k->u.fill.n * (double)fsdp_dtype_size(k->u.fill.dtype);
+        break;
+    case FSDP_K_CAST:
+        n = (double)k->u.cast.n;
+        bytes = n * (double)(fsdp_dtype_size(k->u.cast.dst_dtype) +
+                             fsdp_dtype_size(k->u.cast.src_dtype));
+        break;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        n = (double)k->u.scale.n;
+        flops = n;
+        bytes = 2.0 * n * (double)fsdp_dtype_size(k->u.scale.dtype);
+        break;
+    case FSDP_K_AXPY:
+        n = (double)k->u.axpy.n;
+        flops = 2.0 * n;
+        bytes = n * (2.0 * (double)fsdp_dtype_size(k->u.axpy.y_dtype) +
+                     (double)fsdp_dtype_size(k->u.axpy.x_dtype));
+        break;
+    case FSDP_K_GEMM: {
+        double m = (double)k->u.gemm.m, nn = (double)k->u.gemm.n, kk = (double)k->u.gemm.k;
+        flops = 2.0 * m * nn * kk;
+        bytes = 4.0 * (m * kk + kk * nn + (k->u.gemm.beta != 0.0f ? 2.0 : 1.0) * m * nn);
+        break;
+    }
+    case FSDP_K_BIAS_ADD:
+        n = (double)k->u.bias_add.rows * (double)k->u.bias_add.cols;
+        flops = n;
+        bytes = 4.0 * (2.0 * n + (double)k->u.bias_add.cols);
+        break;
+    case FSDP_K_BIAS_GRAD:
+        n = (double)k->u.bias_grad.rows * (double)k->u.bias_grad.cols;
+        flops = n;
+        bytes = 4.0 * (n + 2.0 * (double)k->u.bias_grad.cols);
+        break;
+    case FSDP_K_RELU_FWD:
+        n = (double)k->u.relu_fwd.n;
+        flops = n;
+        bytes = 8.0 * n;
+        break;
+    case FSDP_K_RELU_BWD:
+        n = (double)k->u.relu_bwd.n;
+        flops = n;
+        bytes = 12.0 * n;
+        break;
+    case FSDP_K_MSE_LOSS:
+        n = (double)k->u.mse.n;
+        flops = 4.0 * n;
+        bytes = 4.0 * (k->u.mse.dy ? 3.0 : 2.0) * n;
+        break;
+    case FSDP_K_ADAMW:
+        n = (double)k->u.adamw.n;
+        flops = 14.0 * n;
+        bytes = 28.0 * n; /* read p, g, m, v; write p, m, v */
+        break;
+    case FSDP_K_SGD:
+        n = (double)k->u.sgd.n;
+        flops = 6.0 * n;
+        bytes = (k->u.sgd.momentum != 0.0f ? 20.0 : 12.0) * n;
+        break;
+    case FSDP_K_SUMSQ:
+        n = (double)k->u.sumsq.n;
+        flops = 2.0 * n;
+        bytes = n * (double)fsdp_dtype_size(k->u.sumsq.dtype);
+        break;
+    default:
+        break;
+    }
+    *flops_p = flops;
+    *bytes_p = bytes;
+}

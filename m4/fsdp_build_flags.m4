@@ -1,0 +1,47 @@
+# FSDP_CHECK_BUILD_FLAGS: warnings, --enable-debug and the sanitizers.
+#
+# FSDP_CFLAGS carries warnings for the project's own code (-Werror with --enable-werror, which
+# CI uses). Each sanitizer is link-tested before it is accepted.
+
+# FSDP_ARG_ENABLE_SANITIZER(name, flags)
+AC_DEFUN([FSDP_ARG_ENABLE_SANITIZER], [
+    AC_ARG_ENABLE([$1],
+        [AS_HELP_STRING([--enable-$1], [build with $2])],
+        [], [enable_$1=no])
+    AS_IF([test "x$enable_$1" = xyes], [
+        fsdp_save_CFLAGS="$CFLAGS"
+        fsdp_save_LDFLAGS="$LDFLAGS"
+        CFLAGS="$CFLAGS $2"
+        LDFLAGS="$LDFLAGS $2"
+        AC_MSG_CHECKING([whether $CC links with $2])
+        AC_LINK_IFELSE([AC_LANG_PROGRAM([], [])],
+            [AC_MSG_RESULT([yes])
+             fsdp_sanitizers="$fsdp_sanitizers $1"],
+            [AC_MSG_RESULT([no])
+             AC_MSG_ERROR([--enable-$1: $CC cannot build with $2])])
+    ])
+])
+
+AC_DEFUN([FSDP_CHECK_BUILD_FLAGS], [
+    fsdp_sanitizers=""
+    AC_ARG_ENABLE([debug],
+        [AS_HELP_STRING([--enable-debug], [no optimization, debug info, internal assertions])],
+        [], [enable_debug=no])
+    fsdp_debug=0
+    AS_IF([test "x$enable_debug" = xyes], [CFLAGS="$CFLAGS -O0 -g3"; fsdp_debug=1])
+    AC_DEFINE_UNQUOTED([FSDP_ENABLE_DEBUG], [$fsdp_debug], [Define to 1 for internal assertions])
+    AC_ARG_ENABLE([werror],
+        [AS_HELP_STRING([--enable-werror], [treat warnings as errors])],
+        [], [enable_werror=no])
+
+    FSDP_ARG_ENABLE_SANITIZER([asan], [-fsanitize=address -fno-omit-frame-pointer])
+    FSDP_ARG_ENABLE_SANITIZER([ubsan], [-fsanitize=undefined -fno-sanitize-recover=all])
+    FSDP_ARG_ENABLE_SANITIZER([tsan], [-fsanitize=thread])
+    AS_IF([test "x$enable_tsan" = xyes && test "x$enable_asan" = xyes],
+          [AC_MSG_ERROR([--enable-tsan and --enable-asan cannot be combined])])
+    AM_CONDITIONAL([FSDP_TSAN], [test "x$enable_tsan" = xyes])
+
+    FSDP_CFLAGS="-Wall -Wextra -Wundef -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter"
+    AS_IF([test "x$enable_werror" = xyes], [FSDP_CFLAGS="$FSDP_CFLAGS -Werror"])
+    AC_SUBST([FSDP_CFLAGS])
+])

@@ -1,0 +1,1 @@
+/* placeholder */ typedef int fsdp_placeholder_t;
