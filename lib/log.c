@@ -9,7 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
-static atomic_int log_level = -1;
+#define LOG_LEVEL_UNSET (-2)
+
+static atomic_int log_level = LOG_LEVEL_UNSET;
 static fsdp_log_func_t log_func;
 static void *log_arg;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -24,11 +26,13 @@ static int parse_level(const char *s)
         if (strcasecmp(s, level_names[i]) == 0)
             return i;
     }
+    if (strcasecmp(s, "off") == 0 || strcasecmp(s, "none") == 0)
+        return FSDP_LOG_OFF;
     if (strcasecmp(s, "warning") == 0)
         return FSDP_LOG_WARN;
     if (s[0] >= '0' && s[0] <= '4' && s[1] == '\0')
         return s[0] - '0';
-    fprintf(stderr, "fsdp: warn: FSDP_LOG_LEVEL='%s' is not one of error, warn, info, debug, "
+    fprintf(stderr, "fsdp: warn: FSDP_LOG_LEVEL='%s' is not one of off, error, warn, info, debug, "
                     "trace or 0..4; using warn\n", s);
     return FSDP_LOG_WARN;
 }
@@ -36,7 +40,7 @@ static int parse_level(const char *s)
 fsdp_log_level_t fsdp_log_level(void)
 {
     int lvl = atomic_load_explicit(&log_level, memory_order_relaxed);
-    if (lvl < 0) {
+    if (lvl == LOG_LEVEL_UNSET) {
         lvl = parse_level(getenv("FSDP_LOG_LEVEL"));
         atomic_store(&log_level, lvl);
     }

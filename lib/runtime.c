@@ -1,1 +1,411 @@
-/* placeholder */ typedef int fsdp_placeholder_t;
+/* The FSDP runtime: configuration, units, and the hooks with their training-state machines
+ * (fsdp-semantics.md sections 2 and 3). */
+#include "runtime.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+fsdp_status_t fsdp_fail(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(fs->last_error, sizeof(fs->last_error), fmt, ap);
+    va_end(ap);
+    fsdp_error("%s", fs->last_error);
+    return status;
+}
+
+const char *fsdp_last_error(const fsdp_t *fs)
+{
+    return fs ? fs->last_error : "";
+}
+
+void fsdp_config_init(fsdp_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->strategy = FSDP_FULL_SHARD;
+    cfg->backward_prefetch = FSDP_BACKWARD_PREFETCH_PRE;
+    cfg->forward_prefetch = 0;
+    cfg->limit_all_gathers = 1;
+    cfg->process_group = NULL;
+    cfg->device_capacity = 0;
+}
+
+fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p)
+{
+    fsdp_config_t defaults;
+    fsdp_status_t status;
+    fsdp_t *fs;
+
+    if (dev == NULL || fs_p == NULL) {
+        fsdp_error("fsdp_create: dev and fs_p must not be NULL");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = fsdp_backend_check(dev->ops);
+    if (status != FSDP_OK)
+        return status;
+    if (cfg == NULL) {
+        fsdp_config_init(&defaults);
+        cfg = &defaults;
+    }
+    if ((unsigned)cfg->strategy >= FSDP_STRATEGY_COUNT) {
+        fsdp_error("invalid sharding strategy %d; allowed: full_shard, shard_grad_op, no_shard, "
+                   "hybrid_shard, hybrid_shard_zero2", (int)cfg->strategy);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (cfg->strategy == FSDP_HYBRID_SHARD || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2) {
+        fsdp_error("strategy %s is not available yet; use full_shard, shard_grad_op or no_shard",
+                   fsdp_strategy_name(cfg->strategy));
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    if ((unsigned)cfg->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
+        fsdp_error("invalid backward prefetch %d; allowed: pre, post, none",
+                   (int)cfg->backward_prefetch);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+
+    fs = calloc(1, sizeof(*fs));
+    if (fs == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    fs->dev = dev;
+    fs->cfg = *cfg;
+    fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
+    fs->strategy = cfg->strategy;
+    /* PyTorch forces NO_SHARD on a single-rank group */
+    if (fs->pg->size == 1 && fs->strategy != FSDP_NO_SHARD) {
+        fsdp_info("rank %d: a shard group of one rank: using no_shard instead of %s",
+                  dev->rank, fsdp_strategy_name(fs->strategy));
+        fs->strategy = FSDP_NO_SHARD;
+    }
+    fs->sync_gradients = 1;
+    fs->compute = dev->ops->compute_stream(dev);
+    status = fsdp_mem_create(dev, cfg->device_capacity, &fs->mem);
+    if (status != FSDP_OK)
+        goto err_free_fs;
+    *fs_p = fs;
+    return FSDP_OK;
+
+err_free_fs:
+    free(fs);
+    return status;
+}
+
+static void destroy_streams(fsdp_t *fs)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_stream_t *streams[] = {fs->unshard, fs->pre_unshard, fs->post_backward,
+                                fs->all_reduce != fs->compute ? fs->all_reduce : NULL};
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        if (streams[i] != NULL)
+            dev->ops->stream_destroy(dev, streams[i]);
+    }
+    fs->unshard = fs->pre_unshard = fs->post_backward = fs->all_reduce = NULL;
+}
+
+void fsdp_destroy(fsdp_t *fs)
+{
+    if (fs == NULL)
+        return;
+    for (int i = 0; i < fs->n_limiter_events; i++)
+        fs->dev->ops->event_destroy(fs->dev, fs->limiter_events[i]);
+    for (int i = 0; i < fs->nunits; i++) {
+        fsdp_handle_destroy(fs, fs->units[i]->handle);
+        free(fs->units[i]->name);
+        free(fs->units[i]);
+    }
+    free(fs->units);
+    free(fs->pre_forward_order);
+    free(fs->post_forward_order);
+    destroy_streams(fs);
+    fsdp_mem_destroy(fs->mem);
+    free(fs);
+}
+
+fsdp_dev_t *fsdp_device(fsdp_t *fs)
+{
+    return fs->dev;
+}
+
+fsdp_mem_t *fsdp_memory(fsdp_t *fs)
+{
+    return fs->mem;
+}
+
+fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs)
+{
+    return fs->compute;
+}
+
+fsdp_strategy_t fsdp_strategy(const fsdp_t *fs)
+{
+    return fs->strategy;
+}
+
+fsdp_group_t *fsdp_shard_group(fsdp_t *fs)
+{
+    return fs->pg;
+}
+
+fsdp_training_state_t fsdp_training_state(const fsdp_t *fs)
+{
+    return fs->root ? fs->root->state : FSDP_STATE_IDLE;
+}
+
+/* ---- units ---- */
+
+static int param_name_taken(const fsdp_t *fs, const char *name)
+{
+    for (int i = 0; i < fs->nunits; i++) {
+        const fsdp_handle_t *h = fs->units[i]->handle;
+        for (int j = 0; h && j < h->nparams; j++) {
+            if (strcmp(h->params[j].name, name) == 0)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                               const fsdp_param_spec_t *params, int nparams,
+                               fsdp_unit_t **unit_p)
+{
+    fsdp_unit_t *u;
+    fsdp_status_t status;
+
+    if (name == NULL || nparams < 0 || (nparams > 0 && params == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "fsdp_unit_create: a name is required and params must hold nparams "
+                         "(>= 0) specs");
+    if (fs->lazy_init_done)
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "unit '%s': units must be created before the first forward", name);
+    if (parent == NULL && fs->root != NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': the model already has a root ('%s'); give a parent", name,
+                         fs->root->name);
+    if (parent != NULL && parent->fs != fs)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': its parent belongs to another fsdp_t", name);
+    for (int i = 0; i < nparams; i++) {
+        if (params[i].name != NULL && param_name_taken(fs, params[i].name))
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': parameter name '%s' is already used by another unit",
+                             name, params[i].name);
+    }
+    if (fs->nunits == fs->cap_units) {
+        int cap = fs->cap_units ? fs->cap_units * 2 : 16;
+        fsdp_unit_t **units = realloc(fs->units, sizeof(*units) * (size_t)cap);
+        if (units == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        fs->units = units;
+        fs->cap_units = cap;
+    }
+    u = calloc(1, sizeof(*u));
+    if (u == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    u->name = strdup(name);
+    if (u->name == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto err_free_u;
+    }
+    u->fs = fs;
+    u->parent = parent;
+    u->index = fs->nunits;
+    u->is_root = parent == NULL;
+    u->state = FSDP_STATE_IDLE;
+    if (nparams > 0) {
+        status = fsdp_handle_create(u, params, nparams, &u->handle);
+        if (status != FSDP_OK)
+            goto err_free_name;
+    }
+    fs->units[fs->nunits++] = u;
+    if (u->is_root)
+        fs->root = u;
+    *unit_p = u;
+    return FSDP_OK;
+
+err_free_name:
+    free(u->name);
+err_free_u:
+    free(u);
+    return status;
+}
+
+int fsdp_num_units(const fsdp_t *fs)
+{
+    return fs->nunits;
+}
+
+fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index)
+{
+    return index >= 0 && index < fs->nunits ? fs->units[index] : NULL;
+}
+
+fsdp_unit_t *fsdp_root(fsdp_t *fs)
+{
+    return fs->root;
+}
+
+const char *fsdp_unit_name(const fsdp_unit_t *u)
+{
+    return u->name;
+}
+
+int fsdp_unit_has_params(const fsdp_unit_t *u)
+{
+    return u->handle != NULL;
+}
+
+int fsdp_unit_num_params(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->nparams : 0;
+}
+
+fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p)
+{
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams)
+        return FSDP_ERR_INVALID_PARAM;
+    *info_p = u->handle->params[index];
+    return FSDP_OK;
+}
+
+size_t fsdp_unit_flat_numel(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->numel : 0;
+}
+
+size_t fsdp_unit_shard_numel(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->shard_numel : 0;
+}
+
+fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->state : FSDP_HANDLE_IDLE;
+}
+
+fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u)
+{
+    return u->state;
+}
+
+float *fsdp_unit_local_shard(fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->local_shard : NULL;
+}
+
+float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->saved_grad_shard : NULL;
+}
+
+void fsdp_zero_grad(fsdp_t *fs)
+{
+    for (int i = 0; i < fs->nunits; i++) {
+        fsdp_handle_t *h = fs->units[i]->handle;
+        if (h != NULL) {
+            fsdp_mem_free(fs->mem, h->saved_grad_shard);
+            h->saved_grad_shard = NULL;
+        }
+    }
+}
+
+static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
+{
+    if (u->state != FSDP_STATE_IDLE || (u->handle && u->handle->state != FSDP_HANDLE_IDLE))
+        return fsdp_fail(u->fs, FSDP_ERR_STATE, "unit '%s': %s needs the unit idle, not in "
+                         "forward or backward", u->name, what);
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    const fsdp_param_info_t *pi;
+    fsdp_status_t status;
+
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams || host_values == NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no parameter %d to set (it has %d)", u->name, index,
+                         fsdp_unit_num_params(u));
+    status = require_idle(u, "setting a parameter");
+    if (status != FSDP_OK)
+        return status;
+    pi = &u->handle->params[index];
+    if (!pi->in_shard)
+        return FSDP_OK;
+    status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
+                                    host_values + pi->intra_start,
+                                    pi->numel_in_shard * sizeof(float), fs->compute);
+    if (status == FSDP_OK) /* the caller's buffer may go away on return */
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    return status;
+}
+
+fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_handle_t *h = u->handle;
+    void *full = NULL;
+    fsdp_status_t status;
+
+    if (h == NULL)
+        return FSDP_OK;
+    status = require_idle(u, "gathering the full parameters");
+    if (status != FSDP_OK)
+        return status;
+    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+        status = dev->ops->memcpy_async(dev, host_out, h->local_shard, h->numel * sizeof(float),
+                                        fs->compute);
+    } else {
+        status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
+                                FSDP_MEM_TEMPORARY, fs->compute, &full);
+        if (status != FSDP_OK)
+            return status;
+        status = dev->ops->all_gather(dev, fs->pg, h->local_shard, full, h->shard_numel,
+                                      FSDP_DTYPE_F32, fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float),
+                                            fs->compute);
+    }
+    if (status == FSDP_OK)
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    fsdp_mem_free(fs->mem, full);
+    return status;
+}
+
+void *fsdp_unit_param(fsdp_unit_t *u, int index)
+{
+    fsdp_handle_t *h = u->handle;
+    char *base;
+
+    if (h == NULL || index < 0 || index >= h->nparams || !h->uses_unsharded_view)
+        return NULL;
+    base = fsdp_strategy_is_sharded(u->fs->strategy) ? (char *)h->full_param_padded
+                                                     : (char *)h->local_shard;
+    return base + h->params[index].offset * sizeof(float);
+}
+
+fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
+{
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (h == NULL || index < 0 || index >= h->nparams)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no parameter %d (it has %d)", u->name, index,
+                         fsdp_unit_num_params(u));
+    if (h->state != FSDP_HANDLE_BACKWARD_PRE)
+        return fsdp_fail(u->fs, FSDP_ERR_STATE,
+                         "rank %d: unit '%s': gradients are written between its pre- and "
+                         "post-backward hooks", u->fs->dev->rank, u->name);
+    status = fsdp_handle_alloc_grad(u->fs, h);
+    if (status != FSDP_OK)
+        return status;
+    *grad_p = (char *)h->unsharded_grad + h->params[index].offset * sizeof(float);
+    return FSDP_OK;
+}

@@ -1,0 +1,122 @@
+/* Internal state of the FSDP runtime: the per-rank fsdp_t, its units and their flat-parameter
+ * handles. Only lib/ includes this. */
+#ifndef FSDP_LIB_RUNTIME_H
+#define FSDP_LIB_RUNTIME_H
+
+#include <fsdp/core.h>
+#include <fsdp/log.h>
+
+#include <stdio.h>
+
+typedef struct fsdp_handle fsdp_handle_t;
+
+/* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow fsdp-semantics.md
+ * section 2: LS local shard, FP padded unsharded parameter, G unsharded gradient, SGS sharded
+ * gradient kept for the optimizer. */
+struct fsdp_handle {
+    fsdp_unit_t *unit;
+    int nparams;
+    fsdp_param_info_t *params; /* names owned */
+    size_t numel;              /* T */
+    size_t shard_numel;        /* S */
+    int world;                 /* W of the shard group */
+    int rank;                  /* in the shard group */
+    size_t numel_in_shard;     /* c_r */
+    size_t shard_pad;          /* S - c_r */
+
+    float *local_shard;       /* LS: S f32 (SHARDED_PARAM) */
+    void *full_param_padded;  /* FP: S*W (UNSHARDED_PARAM), NULL when freed */
+    void *unsharded_grad;     /* G: T (GRADIENT), NULL outside backward */
+    float *saved_grad_shard;  /* SGS: S (GRADIENT) */
+    int uses_unsharded_view;  /* parameters currently point into FP (or LS for NO_SHARD) */
+
+    fsdp_handle_state_t state;
+    int prefetched;
+    int needs_pre_backward_unshard;
+    int needs_pre_forward_unshard;
+    int post_backward_called;
+    int ran_pre_backward_hook;
+    int pre_forward_order_index;  /* -1 until recorded */
+    int post_forward_index;       /* -1 until recorded this iteration */
+};
+
+struct fsdp_unit {
+    fsdp_t *fs;
+    char *name;
+    fsdp_unit_t *parent;
+    int index;
+    int is_root;
+    fsdp_handle_t *handle; /* NULL when the unit owns no parameters */
+    fsdp_training_state_t state;
+};
+
+#define FSDP_LIMITER_MAX_INFLIGHT 2
+
+struct fsdp {
+    fsdp_dev_t *dev;
+    fsdp_config_t cfg;
+    fsdp_strategy_t strategy; /* effective */
+    fsdp_group_t *pg;
+    fsdp_mem_t *mem;
+
+    fsdp_stream_t *compute;       /* C */
+    fsdp_stream_t *unshard;       /* U */
+    fsdp_stream_t *pre_unshard;   /* P */
+    fsdp_stream_t *post_backward; /* R */
+    fsdp_stream_t *all_reduce;    /* A (== C unless hybrid) */
+
+    fsdp_unit_t **units;
+    int nunits, cap_units;
+    fsdp_unit_t *root;
+
+    int lazy_init_done;
+    int first_iter_done;
+    int sync_gradients;
+    int post_backward_callback_queued;
+
+    /* execution order (fsdp-semantics.md: recorded in the first iteration) */
+    fsdp_handle_t **pre_forward_order;
+    int n_pre_forward;
+    fsdp_handle_t **post_forward_order;
+    int n_post_forward;
+
+    /* rate limiter: free events of reshards, oldest first */
+    fsdp_event_t *limiter_events[FSDP_LIMITER_MAX_INFLIGHT + 1];
+    int n_limiter_events;
+
+    char last_error[512];
+};
+
+/* Records an error message for fsdp_last_error and logs it. Returns `status`. */
+fsdp_status_t fsdp_fail(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static inline int fsdp_strategy_is_sharded(fsdp_strategy_t s)
+{
+    return s != FSDP_NO_SHARD;
+}
+
+/* FULL_SHARD and HYBRID_SHARD free the unsharded parameter after forward. */
+static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
+{
+    return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
+}
+
+/* handle.c */
+fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,
+                                 fsdp_handle_t **h_p);
+void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unsharded);
+fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h);
+
+/* Kernel launch helpers over the backend's kernel slot. */
+fsdp_status_t fsdp_k_fill(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,
+                          double value);
+fsdp_status_t fsdp_k_div(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,
+                         float divisor);
+fsdp_status_t fsdp_k_axpy(fsdp_t *fs, fsdp_stream_t *s, float *y, const float *x, size_t n,
+                          float alpha);
+
+#endif

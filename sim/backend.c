@@ -1,1 +1,411 @@
-/* placeholder */ typedef int fsdp_placeholder_t;
+/* The sim ops table: segments, streams, events, copies and kernels of one rank, and its
+ * virtual clocks. Groups and collectives are in pg.c.
+ *
+ * Data mode executes every op eagerly on the calling thread, in issue order, so whatever the
+ * streams and events say, memory effects are already ordered; the clocks report when the op
+ * would have run. Shape mode touches no memory at all.
+ */
+#include "sim.h"
+
+#include <fsdp/log.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Data-mode segments are aligned like a cache line (the spec of segment_alloc); shape-mode
+ * fake addresses like cudaMalloc's, so the allocator above sees realistic pointers. */
+#define SIM_DATA_ALIGN 64
+#define SIM_SHAPE_ALIGN 512
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+void fsdp_sim_set_error(fsdp_sim_dev_t *dev, const char *msg)
+{
+    char *copy = strdup(msg);
+
+    /* Out of host memory: keep the previous message rather than lose the rank's state. */
+    if (copy == NULL)
+        return;
+    free(dev->last_error);
+    dev->last_error = copy;
+}
+
+fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const char *file,
+                                int line, const char *func, const char *fmt, ...)
+{
+    char msg[1024];
+    int n;
+    va_list ap;
+
+    n = snprintf(msg, sizeof(msg), "rank %d: ", dev->super.rank);
+    va_start(ap, fmt);
+    vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+    va_end(ap);
+    fsdp_sim_set_error(dev, msg);
+    if (fsdp_log_level() >= FSDP_LOG_ERROR)
+        fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "%s", msg);
+    return status;
+}
+
+const char *fsdp_sim_last_error(fsdp_dev_t *dev)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+
+    if (sdev == NULL || sdev->last_error == NULL)
+        return "";
+    return sdev->last_error;
+}
+
+/* ---- clocks ---------------------------------------------------------------------------- */
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream)
+{
+    return max2(dev->host_clock, stream->clock);
+}
+
+double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
+                             const fsdp_sim_op_t *op)
+{
+    double start = fsdp_sim_stream_ready(dev, stream);
+
+    stream->clock = start + fsdp_sim_op_cost(dev, op);
+    return stream->clock;
+}
+
+fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
+                                  fsdp_sim_stream_t **stream_p)
+{
+    fsdp_sim_stream_t *s = (fsdp_sim_stream_t *)stream;
+
+    if (s == NULL) {
+        *stream_p = &dev->compute;
+        return FSDP_OK;
+    }
+    if (s->dev != dev)
+        return fsdp_sim_errorf(dev, FSDP_ERR_INVALID_PARAM,
+                               "stream '%s' belongs to another rank; use one of this rank's "
+                               "streams or NULL for the compute stream", s->super.name);
+    *stream_p = s;
+    return FSDP_OK;
+}
+
+static double sim_host_time(fsdp_dev_t *dev)
+{
+    return ((fsdp_sim_dev_t *)dev)->host_clock;
+}
+
+/* ---- segments -------------------------------------------------------------------------- */
+
+static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
+                                       void **ptr_p)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    size_t align = fsdp_sim_is_shape(sdev) ? SIM_SHAPE_ALIGN : SIM_DATA_ALIGN;
+    size_t size;
+    void *ptr;
+
+    if (ptr_p == NULL || (kind != FSDP_MEMKIND_DEVICE && kind != FSDP_MEMKIND_HOST_PINNED))
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM,
+                               "segment_alloc: kind %d (device 0 or host_pinned 1) and a "
+                               "non-NULL ptr_p are required", (int)kind);
+    /* Zero bytes still get a unique address, so every segment can be told apart. */
+    if (bytes > SIZE_MAX - align) {
+        fsdp_debug("rank %d: segment_alloc of %zu bytes is too large", dev->rank, bytes);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    size = (bytes + align - 1) / align * align;
+    if (size == 0)
+        size = align;
+
+    if (fsdp_sim_is_shape(sdev)) {
+        /* Fake addresses are never dereferenced; each segment gets its own range (plus a gap)
+         * in this rank's slice of the address space, so pointer arithmetic inside a segment
+         * never reaches another one. */
+        if (size > sdev->shape_end - sdev->shape_next ||
+            sdev->shape_end - sdev->shape_next - size < SIM_SHAPE_ALIGN) {
+            fsdp_debug("rank %d: shape-mode address space exhausted allocating %zu bytes",
+                       dev->rank, bytes);
+            return FSDP_ERR_OUT_OF_MEMORY;
+        }
+        *ptr_p = (void *)sdev->shape_next;
+        sdev->shape_next += size + SIM_SHAPE_ALIGN;
+        return FSDP_OK;
+    }
+
+    /* Out of memory is a normal answer here (the caching allocator frees its cache and
+     * retries), so it is reported at debug level only. */
+    ptr = aligned_alloc(align, size);
+    if (ptr == NULL) {
+        fsdp_debug("rank %d: segment_alloc of %zu bytes failed", dev->rank, bytes);
+        return FSDP_ERR_OUT_OF_MEMORY;
+    }
+    memset(ptr, 0, size);
+    *ptr_p = ptr;
+    return FSDP_OK;
+}
+
+static void sim_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
+{
+    (void)kind;
+    if (!fsdp_sim_is_shape((fsdp_sim_dev_t *)dev))
+        free(ptr);
+}
+
+/* ---- streams --------------------------------------------------------------------------- */
+
+static fsdp_stream_t *sim_compute_stream(fsdp_dev_t *dev)
+{
+    return &((fsdp_sim_dev_t *)dev)->compute.super;
+}
+
+static fsdp_status_t sim_stream_create(fsdp_dev_t *dev, const char *name, int priority,
+                                       fsdp_stream_t **stream_p)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_stream_t *s = NULL;
+
+    if (stream_p == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM, "stream_create: stream_p is NULL");
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_NO_MEMORY, "stream_create: out of host memory");
+    s->dev = sdev;
+    s->super.id = sdev->next_stream_id++;
+    s->super.priority = priority;
+    if (name != NULL)
+        snprintf(s->super.name, sizeof(s->super.name), "%s", name);
+    else
+        snprintf(s->super.name, sizeof(s->super.name), "stream%d", s->super.id);
+    /* A new stream has no work: it is ready from the host's present on. */
+    s->clock = sdev->host_clock;
+    *stream_p = &s->super;
+    return FSDP_OK;
+}
+
+static void sim_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_stream_t *s = (fsdp_sim_stream_t *)stream;
+
+    if (s == NULL || s == &sdev->compute || s->dev != sdev)
+        return;
+    free(s);
+}
+
+static fsdp_status_t sim_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_stream_t *s = NULL;
+    fsdp_status_t status;
+
+    status = fsdp_sim_stream_get(sdev, stream, &s);
+    if (status != FSDP_OK)
+        return status;
+    sdev->host_clock = max2(sdev->host_clock, s->clock);
+    return FSDP_OK;
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+static fsdp_status_t sim_event_get(fsdp_sim_dev_t *dev, fsdp_event_t *event,
+                                   fsdp_sim_event_t **event_p)
+{
+    fsdp_sim_event_t *ev = (fsdp_sim_event_t *)event;
+
+    if (ev == NULL || ev->dev != dev)
+        return fsdp_sim_errorf(dev, FSDP_ERR_INVALID_PARAM,
+                               "event %s; pass an event this rank created",
+                               ev == NULL ? "is NULL" : "belongs to another rank");
+    *event_p = ev;
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_event_t *ev = NULL;
+
+    if (event_p == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM, "event_create: event_p is NULL");
+    ev = calloc(1, sizeof(*ev));
+    if (ev == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_NO_MEMORY, "event_create: out of host memory");
+    ev->dev = sdev;
+    *event_p = (fsdp_event_t *)ev;
+    return FSDP_OK;
+}
+
+static void sim_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    fsdp_sim_event_t *ev = (fsdp_sim_event_t *)event;
+
+    if (ev != NULL && ev->dev == (fsdp_sim_dev_t *)dev)
+        free(ev);
+}
+
+static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
+                                      fsdp_stream_t *stream)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_op_t op = {.kind = FSDP_SIM_OP_EVENT_RECORD};
+    fsdp_sim_event_t *ev = NULL;
+    fsdp_sim_stream_t *s = NULL;
+    fsdp_status_t status;
+
+    status = sim_event_get(sdev, event, &ev);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_sim_stream_get(sdev, stream, &s);
+    if (status != FSDP_OK)
+        return status;
+    ev->time = fsdp_sim_stream_issue(sdev, s, &op);
+    ev->recorded = 1;
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                           fsdp_event_t *event)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_event_t *ev = NULL;
+    fsdp_sim_stream_t *s = NULL;
+    fsdp_status_t status;
+
+    status = sim_event_get(sdev, event, &ev);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_sim_stream_get(sdev, stream, &s);
+    if (status != FSDP_OK)
+        return status;
+    /* Folding the event into the stream clock makes every later op on the stream start after
+     * it. An event never recorded is complete, as in CUDA. */
+    if (ev->recorded)
+        s->clock = max2(s->clock, ev->time);
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_event_t *ev = NULL;
+    fsdp_status_t status;
+
+    status = sim_event_get(sdev, event, &ev);
+    if (status != FSDP_OK)
+        return status;
+    if (done_p == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM, "event_query: done_p is NULL");
+    *done_p = !ev->recorded || ev->time <= sdev->host_clock;
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_event_t *ev = NULL;
+    fsdp_status_t status;
+
+    status = sim_event_get(sdev, event, &ev);
+    if (status != FSDP_OK)
+        return status;
+    /* The host jumps to the event's time: how CPU run-ahead is bounded. */
+    if (ev->recorded)
+        sdev->host_clock = max2(sdev->host_clock, ev->time);
+    return FSDP_OK;
+}
+
+/* ---- copies and kernels ---------------------------------------------------------------- */
+
+static fsdp_status_t sim_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
+                                      fsdp_stream_t *stream)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_op_t op = {.kind = FSDP_SIM_OP_MEMCPY, .dst = dst, .src = src, .bytes = bytes};
+    fsdp_sim_stream_t *s = NULL;
+    fsdp_status_t status;
+
+    status = fsdp_sim_stream_get(sdev, stream, &s);
+    if (status != FSDP_OK)
+        return status;
+    if (bytes > 0 && (dst == NULL || src == NULL))
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM,
+                               "memcpy_async of %zu bytes with a NULL %s", bytes,
+                               dst == NULL ? "destination" : "source");
+    if (!fsdp_sim_is_shape(sdev) && bytes > 0 && dst != src)
+        memmove(dst, src, bytes);
+    fsdp_sim_stream_issue(sdev, s, &op);
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)
+{
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    fsdp_sim_op_t op = {.kind = FSDP_SIM_OP_KERNEL, .kernel = k};
+    fsdp_sim_stream_t *s = NULL;
+    fsdp_status_t status;
+
+    status = fsdp_sim_stream_get(sdev, stream, &s);
+    if (status != FSDP_OK)
+        return status;
+    if (k == NULL)
+        return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM, "kernel: descriptor is NULL");
+    if (!fsdp_sim_is_shape(sdev)) {
+        /* The executor logs its own errors; the rank only remembers the failure. */
+        status = fsdp_sim_kernel_exec(k);
+        if (status != FSDP_OK) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "rank %d: kernel %s failed: %s", dev->rank,
+                     fsdp_kernel_name(k->kind), fsdp_status_string(status));
+            fsdp_sim_set_error(sdev, msg);
+            return status;
+        }
+    }
+    fsdp_sim_stream_issue(sdev, s, &op);
+    return FSDP_OK;
+}
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+static const fsdp_backend_ops_t sim_ops = {
+    .size = sizeof(fsdp_backend_ops_t),
+    .name = "sim",
+    .segment_alloc = sim_segment_alloc,
+    .segment_free = sim_segment_free,
+    .compute_stream = sim_compute_stream,
+    .stream_create = sim_stream_create,
+    .stream_destroy = sim_stream_destroy,
+    .stream_synchronize = sim_stream_synchronize,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .stream_wait_event = sim_stream_wait_event,
+    .event_query = sim_event_query,
+    .event_synchronize = sim_event_synchronize,
+    .host_time = sim_host_time,
+    .memcpy_async = sim_memcpy_async,
+    .group_world = fsdp_sim_group_world,
+    .group_split = fsdp_sim_group_split,
+    .group_destroy = fsdp_sim_group_destroy,
+    .all_gather = fsdp_sim_all_gather,
+    .reduce_scatter = fsdp_sim_reduce_scatter,
+    .all_reduce = fsdp_sim_all_reduce,
+    .broadcast = fsdp_sim_broadcast,
+    .barrier = fsdp_sim_barrier,
+    .kernel = sim_kernel,
+};
+
+const fsdp_backend_ops_t *fsdp_sim_backend(void)
+{
+    return &sim_ops;
+}
+
+int fsdp_dev_is_sim(const fsdp_dev_t *dev)
+{
+    return dev != NULL && dev->ops == &sim_ops;
+}

@@ -1,1 +1,244 @@
-/* placeholder */ typedef int fsdp_placeholder_t;
+/* Host execution of kernel descriptors (data mode).
+ *
+ * This file only validates and loops: every per-element or per-column formula is a body of
+ * lib/kernels/kernel_elem.h (fsdp_kb_elem and friends), the code the gpu backend launches, and
+ * the per-launch scalars come from the same fsdp_kb_prepare(). GEMM runs the blocked routine
+ * of gemm.c. Reductions run in a fixed order: bias_grad sums each column in row order,
+ * mse_loss and sumsq accumulate in double in index order.
+ */
+#include "config.h"
+
+#include <stdint.h>
+
+#include <fsdp/log.h>
+
+#include "kernels/kernel_elem.h"
+#include "sim_kernels.h"
+
+static int fsdp_sim_dtype_valid(fsdp_dtype_t dtype)
+{
+    return (unsigned)dtype < (unsigned)FSDP_DTYPE_COUNT;
+}
+
+static int fsdp_sim_dtype_float(fsdp_dtype_t dtype)
+{
+    return dtype == FSDP_DTYPE_F32 || dtype == FSDP_DTYPE_BF16 || dtype == FSDP_DTYPE_F16;
+}
+
+/* Logs one line naming the kernel and returns FSDP_ERR_INVALID_PARAM. */
+#define FSDP_SIM_KERNEL_INVALID(k, ...)                                                            \
+    do {                                                                                           \
+        fsdp_error("kernel %s: " __VA_ARGS__);                                                     \
+        return FSDP_ERR_INVALID_PARAM;                                                             \
+    } while (0)
+
+/* A buffer of n elements may be NULL only when n is 0. */
+#define FSDP_SIM_NEED(k, ptr, n)                                                                   \
+    do {                                                                                           \
+        if ((ptr) == NULL && (n) > 0)                                                              \
+            FSDP_SIM_KERNEL_INVALID(k, "%s is NULL for %zu elements", fsdp_kernel_name((k)->kind), \
+                                    #ptr, (size_t)(n));                                            \
+    } while (0)
+
+#define FSDP_SIM_NEED_DTYPE(k, dtype, allowed, what)                                               \
+    do {                                                                                           \
+        if (!(allowed))                                                                            \
+            FSDP_SIM_KERNEL_INVALID(k, "%s dtype %d (%s) not allowed, use %s",                     \
+                                    fsdp_kernel_name((k)->kind), #dtype, (int)(dtype),             \
+                                    fsdp_dtype_name(dtype), what);                                 \
+    } while (0)
+
+/* Do [a, a + an) and [b, b + bn) (bytes) overlap? */
+static int fsdp_sim_overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an > 0 && bn > 0 && x < y + bn && y < x + an;
+}
+
+static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
+{
+    const char *name = fsdp_kernel_name(k->kind);
+
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        FSDP_SIM_NEED_DTYPE(k, k->u.fill.dtype, fsdp_sim_dtype_valid(k->u.fill.dtype),
+                            "f32, bf16, f16 or i32");
+        FSDP_SIM_NEED(k, k->u.fill.x, k->u.fill.n);
+        break;
+    case FSDP_K_CAST: {
+        fsdp_dtype_t sd = k->u.cast.src_dtype, dd = k->u.cast.dst_dtype;
+        FSDP_SIM_NEED_DTYPE(k, k->u.cast.src_dtype, fsdp_sim_dtype_valid(sd),
+                            "f32, bf16, f16 or i32");
+        FSDP_SIM_NEED_DTYPE(k, k->u.cast.dst_dtype, fsdp_sim_dtype_valid(dd),
+                            "f32, bf16, f16 or i32");
+        FSDP_SIM_NEED(k, k->u.cast.dst, k->u.cast.n);
+        FSDP_SIM_NEED(k, k->u.cast.src, k->u.cast.n);
+        if (k->u.cast.dst == (const void *)k->u.cast.src) {
+            if (sd != dd)
+                FSDP_SIM_KERNEL_INVALID(k, "in place from %s to %s (in place needs one dtype)",
+                                        name, fsdp_dtype_name(sd), fsdp_dtype_name(dd));
+        } else if (fsdp_sim_overlap(k->u.cast.dst, k->u.cast.n * fsdp_dtype_size(dd),
+                                    k->u.cast.src, k->u.cast.n * fsdp_dtype_size(sd))) {
+            FSDP_SIM_KERNEL_INVALID(k, "dst and src of %zu elements overlap", name, k->u.cast.n);
+        }
+        break;
+    }
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        FSDP_SIM_NEED_DTYPE(k, k->u.scale.dtype, fsdp_sim_dtype_float(k->u.scale.dtype),
+                            "f32, bf16 or f16");
+        FSDP_SIM_NEED(k, k->u.scale.x, k->u.scale.n);
+        break;
+    case FSDP_K_AXPY:
+        FSDP_SIM_NEED_DTYPE(k, k->u.axpy.y_dtype, fsdp_sim_dtype_float(k->u.axpy.y_dtype),
+                            "f32, bf16 or f16");
+        FSDP_SIM_NEED_DTYPE(k, k->u.axpy.x_dtype, fsdp_sim_dtype_float(k->u.axpy.x_dtype),
+                            "f32, bf16 or f16");
+        FSDP_SIM_NEED(k, k->u.axpy.y, k->u.axpy.n);
+        FSDP_SIM_NEED(k, k->u.axpy.x, k->u.axpy.n);
+        break;
+    case FSDP_K_GEMM:
+        break; /* fsdp_sim_gemm checks its own arguments */
+    case FSDP_K_BIAS_ADD: {
+        size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
+        if (rows > 0 && cols > SIZE_MAX / rows)
+            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", name, rows, cols);
+        FSDP_SIM_NEED(k, k->u.bias_add.y, rows * cols);
+        FSDP_SIM_NEED(k, k->u.bias_add.bias, rows > 0 ? cols : 0);
+        break;
+    }
+    case FSDP_K_BIAS_GRAD: {
+        size_t rows = k->u.bias_grad.rows, cols = k->u.bias_grad.cols;
+        if (rows > 0 && cols > SIZE_MAX / rows)
+            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", name, rows, cols);
+        FSDP_SIM_NEED(k, k->u.bias_grad.dy, rows * cols);
+        FSDP_SIM_NEED(k, k->u.bias_grad.dbias, cols);
+        break;
+    }
+    case FSDP_K_RELU_FWD:
+        FSDP_SIM_NEED(k, k->u.relu_fwd.y, k->u.relu_fwd.n);
+        FSDP_SIM_NEED(k, k->u.relu_fwd.x, k->u.relu_fwd.n);
+        break;
+    case FSDP_K_RELU_BWD:
+        FSDP_SIM_NEED(k, k->u.relu_bwd.dx, k->u.relu_bwd.n);
+        FSDP_SIM_NEED(k, k->u.relu_bwd.dy, k->u.relu_bwd.n);
+        FSDP_SIM_NEED(k, k->u.relu_bwd.y, k->u.relu_bwd.n);
+        break;
+    case FSDP_K_MSE_LOSS:
+        FSDP_SIM_NEED(k, k->u.mse.loss, 1);
+        FSDP_SIM_NEED(k, k->u.mse.y, k->u.mse.n);
+        FSDP_SIM_NEED(k, k->u.mse.t, k->u.mse.n);
+        if (!(k->u.mse.denom > 0.0)) /* NaN fails too */
+            FSDP_SIM_KERNEL_INVALID(k, "denom %g must be > 0", name, k->u.mse.denom);
+        break;
+    case FSDP_K_ADAMW:
+        FSDP_SIM_NEED(k, k->u.adamw.param, k->u.adamw.n);
+        FSDP_SIM_NEED(k, k->u.adamw.grad, k->u.adamw.n);
+        FSDP_SIM_NEED(k, k->u.adamw.exp_avg, k->u.adamw.n);
+        FSDP_SIM_NEED(k, k->u.adamw.exp_avg_sq, k->u.adamw.n);
+        if (k->u.adamw.step < 1)
+            FSDP_SIM_KERNEL_INVALID(k, "step %lld must be >= 1", name,
+                                    (long long)k->u.adamw.step);
+        break;
+    case FSDP_K_SGD:
+        FSDP_SIM_NEED(k, k->u.sgd.param, k->u.sgd.n);
+        FSDP_SIM_NEED(k, k->u.sgd.grad, k->u.sgd.n);
+        if (k->u.sgd.momentum != 0.0f)
+            FSDP_SIM_NEED(k, k->u.sgd.momentum_buf, k->u.sgd.n);
+        break;
+    case FSDP_K_SUMSQ:
+        FSDP_SIM_NEED_DTYPE(k, k->u.sumsq.dtype, fsdp_sim_dtype_float(k->u.sumsq.dtype),
+                            "f32, bf16 or f16");
+        FSDP_SIM_NEED(k, k->u.sumsq.out, 1);
+        FSDP_SIM_NEED(k, k->u.sumsq.x, k->u.sumsq.n);
+        break;
+    default:
+        fsdp_error("kernel: unknown kind %d (valid: 0..%d)", (int)k->kind, (int)FSDP_K_COUNT - 1);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+/* The element-wise loop, with the kind a constant so that fsdp_kb_elem's switch folds. */
+#define FSDP_SIM_ELEM_LOOP(KIND, k, prep)                                                          \
+    do {                                                                                           \
+        for (size_t i_ = 0; i_ < (prep)->n; i_++)                                                  \
+            fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
+    } while (0)
+
+fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
+{
+    fsdp_kb_prep_t prep;
+    fsdp_status_t status;
+
+    if (k == NULL) {
+        fsdp_error("kernel: descriptor is NULL");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = fsdp_sim_kernel_check(k);
+    if (status != FSDP_OK)
+        return status;
+
+    if (k->kind == FSDP_K_GEMM)
+        return fsdp_sim_gemm(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
+                             k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.lda,
+                             k->u.gemm.b, k->u.gemm.ldb, k->u.gemm.beta, k->u.gemm.c,
+                             k->u.gemm.ldc);
+
+    fsdp_kb_prepare(k, &prep);
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_FILL, k, &prep);
+        break;
+    case FSDP_K_CAST:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_CAST, k, &prep);
+        break;
+    case FSDP_K_SCALE:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_SCALE, k, &prep);
+        break;
+    case FSDP_K_DIV:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_DIV, k, &prep);
+        break;
+    case FSDP_K_AXPY:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_AXPY, k, &prep);
+        break;
+    case FSDP_K_BIAS_ADD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_BIAS_ADD, k, &prep);
+        break;
+    case FSDP_K_BIAS_GRAD:
+        for (size_t c = 0; c < k->u.bias_grad.cols; c++)
+            fsdp_kb_bias_grad_col(k, c);
+        break;
+    case FSDP_K_RELU_FWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_FWD, k, &prep);
+        break;
+    case FSDP_K_RELU_BWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_BWD, k, &prep);
+        break;
+    case FSDP_K_MSE_LOSS: {
+        double sum = 0.0;
+        /* the loss first: it must see y and t before dy is written */
+        for (size_t i = 0; i < k->u.mse.n; i++)
+            sum += fsdp_kb_mse_term(k, i);
+        k->u.mse.loss[0] = (float)(sum / k->u.mse.denom);
+        FSDP_SIM_ELEM_LOOP(FSDP_K_MSE_LOSS, k, &prep); /* dy; prep.n is 0 without it */
+        break;
+    }
+    case FSDP_K_ADAMW:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_ADAMW, k, &prep);
+        break;
+    case FSDP_K_SGD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_SGD, k, &prep);
+        break;
+    case FSDP_K_SUMSQ: {
+        double sum = 0.0;
+        for (size_t i = 0; i < k->u.sumsq.n; i++)
+            sum += fsdp_kb_sumsq_term(k, i);
+        k->u.sumsq.out[0] = (float)sum;
+        break;
+    }
+    default: /* rejected by the check */
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}

@@ -1,1 +1,244 @@
-/* placeholder */ typedef int fsdp_placeholder_t;
+/* The sim's rank launcher: one world of world_size threads, each running the user's function
+ * with its own fsdp_sim_dev_t. */
+#include "sim.h"
+
+#include <fsdp/log.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Big worlds get small stacks: 1024 ranks at glibc's 8 MiB default would reserve 8 GiB of
+ * address space for stacks alone, while a rank's own frames are shallow. */
+#define SIM_STACK_SMALL_WORLD (8u << 20)
+#define SIM_STACK_LARGE_WORLD (2u << 20)
+#define SIM_SMALL_WORLD 64
+
+void fsdp_sim_params_init(fsdp_sim_params_t *params)
+{
+    if (params == NULL)
+        return;
+    memset(params, 0, sizeof(*params));
+    params->world_size = 1;
+    params->ranks_per_node = 0;
+    params->timeout_s = 60.0;
+    params->mode = FSDP_SIM_DATA;
+    params->device_capacity = 0;
+}
+
+static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func_t func)
+{
+    if (p == NULL) {
+        fsdp_error("fsdp_sim_launch: params is NULL; set them up with fsdp_sim_params_init()");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (func == NULL) {
+        fsdp_error("fsdp_sim_launch: the rank function is NULL");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (p->world_size < 1) {
+        fsdp_error("fsdp_sim_launch: world_size %d is invalid: it must be at least 1",
+                   p->world_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (p->ranks_per_node < 0 ||
+        (p->ranks_per_node > 0 && p->world_size % p->ranks_per_node != 0)) {
+        fsdp_error("fsdp_sim_launch: ranks_per_node %d must divide world_size %d (0 means "
+                   "one node of world_size ranks)", p->ranks_per_node, p->world_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (!(p->timeout_s > 0.0) || !isfinite(p->timeout_s)) {
+        fsdp_error("fsdp_sim_launch: timeout_s %g is invalid: it must be a finite number of "
+                   "seconds greater than 0", p->timeout_s);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (p->mode != FSDP_SIM_DATA && p->mode != FSDP_SIM_SHAPE) {
+        fsdp_error("fsdp_sim_launch: mode %d is invalid: use FSDP_SIM_DATA (0) or "
+                   "FSDP_SIM_SHAPE (1)", (int)p->mode);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
+{
+    fsdp_sim_dev_t *dev = &world->devs[rank];
+    int size = world->params.world_size;
+    int per_node = world->params.ranks_per_node;
+    /* Each rank's shape-mode addresses come from its own slice of the address space, so fake
+     * pointers are unique across the world too. */
+    uintptr_t span = (UINTPTR_MAX / 2) / ((uintptr_t)size + 1) / 4096 * 4096;
+    pthread_condattr_t attr;
+    int rc;
+
+    dev->super.ops = fsdp_sim_backend();
+    dev->super.rank = rank;
+    dev->super.world_size = size;
+    dev->super.local_rank = rank % per_node;
+    dev->super.local_size = per_node;
+    dev->world = world;
+    dev->compute.dev = dev;
+    dev->compute.super.id = 0;
+    dev->compute.super.priority = 0;
+    strcpy(dev->compute.super.name, "compute");
+    dev->next_stream_id = 1;
+    dev->shape_next = span * ((uintptr_t)rank + 1);
+    dev->shape_end = dev->shape_next + span;
+    dev->status = FSDP_OK;
+    dev->phase = FSDP_SIM_RANK_RUNNING;
+
+    /* Timeouts are wall-clock intervals: a monotonic clock keeps them immune to clock steps. */
+    rc = pthread_condattr_init(&attr);
+    if (rc == 0) {
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        rc = pthread_cond_init(&dev->cond, &attr);
+        pthread_condattr_destroy(&attr);
+    }
+    if (rc != 0) {
+        fsdp_error("rank %d: cannot create a condition variable: %s", rank, strerror(rc));
+        return FSDP_ERR_NO_MEMORY;
+    }
+    return FSDP_OK;
+}
+
+static void sim_world_destroy(fsdp_sim_world_t *world, int n_devs)
+{
+    fsdp_sim_pg_cleanup(world);
+    for (int r = 0; r < n_devs; r++) {
+        pthread_cond_destroy(&world->devs[r].cond);
+        free(world->devs[r].last_error);
+    }
+    pthread_mutex_destroy(&world->lock);
+    free(world->devs);
+    free(world);
+}
+
+static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank_func_t func,
+                                      void *arg, fsdp_sim_world_t **world_p)
+{
+    fsdp_sim_world_t *world;
+    fsdp_status_t status;
+    int size = params->world_size;
+    int r;
+
+    world = calloc(1, sizeof(*world));
+    if (world == NULL)
+        goto err_no_memory;
+    world->params = *params;
+    if (world->params.ranks_per_node == 0)
+        world->params.ranks_per_node = size;
+    world->func = func;
+    world->arg = arg;
+    world->n_running = size;
+    world->devs = calloc((size_t)size, sizeof(*world->devs));
+    if (world->devs == NULL)
+        goto err_free_world;
+    if (pthread_mutex_init(&world->lock, NULL) != 0)
+        goto err_free_devs;
+    for (r = 0; r < size; r++) {
+        status = sim_dev_init(world, r);
+        if (status != FSDP_OK)
+            goto err_destroy_devs;
+    }
+    status = fsdp_sim_pg_init(world);
+    if (status != FSDP_OK)
+        goto err_destroy_devs;
+    *world_p = world;
+    return FSDP_OK;
+
+err_destroy_devs: /* sim_dev_init and fsdp_sim_pg_init have logged why */
+    for (int i = 0; i < r; i++)
+        pthread_cond_destroy(&world->devs[i].cond);
+    pthread_mutex_destroy(&world->lock);
+    free(world->devs);
+    free(world);
+    return status;
+err_free_devs:
+    free(world->devs);
+err_free_world:
+    free(world);
+err_no_memory:
+    fsdp_error("fsdp_sim_launch: out of host memory setting up %d ranks", size);
+    return FSDP_ERR_NO_MEMORY;
+}
+
+static void *sim_rank_main(void *arg)
+{
+    fsdp_sim_dev_t *dev = arg;
+    fsdp_sim_world_t *world = dev->world;
+
+    dev->status = world->func(&dev->super, world->arg);
+    if (dev->status != FSDP_OK)
+        fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
+                   fsdp_status_name(dev->status));
+    fsdp_sim_pg_rank_exit(dev, dev->status != FSDP_OK);
+    return NULL;
+}
+
+fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func, void *arg,
+                              fsdp_status_t *rank_status)
+{
+    fsdp_sim_world_t *world;
+    fsdp_status_t status, result = FSDP_OK;
+    pthread_attr_t attr;
+    int size, started = 0, rc;
+
+    status = sim_params_check(params, func);
+    if (status != FSDP_OK)
+        return status;
+    size = params->world_size;
+    status = sim_world_create(params, func, arg, &world);
+    if (status != FSDP_OK)
+        return status;
+
+    rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        rc = pthread_attr_setstacksize(&attr, size <= SIM_SMALL_WORLD ? SIM_STACK_SMALL_WORLD
+                                                                       : SIM_STACK_LARGE_WORLD);
+        for (; rc == 0 && started < size; started++) {
+            rc = pthread_create(&world->devs[started].thread, &attr, sim_rank_main,
+                                &world->devs[started]);
+            if (rc != 0)
+                break;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    if (started < size) {
+        /* The ranks already running must not wait forever for ranks that will never come:
+         * those count as failed, which fails their collectives at once. */
+        fsdp_error("fsdp_sim_launch: cannot start the thread of rank %d of %d: %s; ranks %d.. "
+                   "are treated as failed", started, size, strerror(rc), started);
+        for (int r = started; r < size; r++) {
+            world->devs[r].status = rc == EAGAIN ? FSDP_ERR_NO_MEMORY : FSDP_ERR_INTERNAL;
+            fsdp_sim_pg_rank_exit(&world->devs[r], 1);
+        }
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(world->devs[r].thread, NULL);
+
+    for (int r = 0; r < size; r++) {
+        fsdp_sim_dev_t *dev = &world->devs[r];
+        status = dev->status;
+        /* fsdp_sim_rank_fail() stands for a crash: the rank failed whatever it returned. */
+        if (status == FSDP_OK && dev->failed)
+            status = FSDP_ERR_RANK_FAILED;
+        if (rank_status != NULL)
+            rank_status[r] = status;
+        if (result == FSDP_OK)
+            result = status;
+    }
+    sim_world_destroy(world, size);
+    return result;
+}
+
+void fsdp_sim_rank_fail(fsdp_dev_t *dev)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+
+    if (sdev == NULL) {
+        fsdp_error("fsdp_sim_rank_fail: dev is not a rank of the sim backend");
+        return;
+    }
+    fsdp_sim_pg_rank_fail(sdev);
+}

@@ -1,0 +1,227 @@
+/* The sim backend's internal types, shared by the files of sim/ (never installed).
+ *
+ * A launch makes one world: world_size ranks, each a thread with its own fsdp_sim_dev_t.
+ * Everything that ranks share (the process group's rendezvous state, the liveness of every
+ * rank) is guarded by the one world mutex; everything else in a dev is touched only by its own
+ * thread.
+ *
+ * Time is virtual. A rank has a host clock and each stream a clock (seconds). Every op goes
+ * through fsdp_sim_op_cost() (cost.c), the one place a cost model plugs in: an op issued on a
+ * stream starts at max(host clock, stream clock) (the stream clock already includes the events
+ * it was told to wait for) and ends cost seconds later. A collective starts when the last rank
+ * of the group is ready for it. Data mode runs each op eagerly on the issuing thread, so the
+ * real order of memory effects is issue order and the clocks only report time.
+ */
+#ifndef FSDP_SIM_SIM_H
+#define FSDP_SIM_SIM_H
+
+#include <fsdp/backend.h>
+#include <fsdp/sim.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "sim_kernels.h"
+
+typedef struct fsdp_sim_world fsdp_sim_world_t;
+typedef struct fsdp_sim_dev fsdp_sim_dev_t;
+typedef struct fsdp_sim_comm fsdp_sim_comm_t;
+
+typedef struct fsdp_sim_stream {
+    fsdp_stream_t super;
+    fsdp_sim_dev_t *dev; /* owner */
+    double clock;        /* virtual time at which the work issued so far ends */
+} fsdp_sim_stream_t;
+
+/* fsdp_event_t is opaque in backend.h; the sim's event is this struct behind it. */
+typedef struct fsdp_sim_event {
+    fsdp_sim_dev_t *dev; /* owner */
+    int recorded;
+    double time; /* when the work before the record ends */
+} fsdp_sim_event_t;
+
+/* A rank's handle on a communicator. The members share one fsdp_sim_comm_t. */
+typedef struct fsdp_sim_group {
+    fsdp_group_t super;
+    fsdp_sim_dev_t *dev; /* owner */
+    fsdp_sim_comm_t *comm;
+} fsdp_sim_group_t;
+
+typedef enum {
+    FSDP_SIM_COLL_ALL_GATHER,
+    FSDP_SIM_COLL_REDUCE_SCATTER,
+    FSDP_SIM_COLL_ALL_REDUCE,
+    FSDP_SIM_COLL_BROADCAST,
+    FSDP_SIM_COLL_BARRIER,
+    FSDP_SIM_COLL_SPLIT
+} fsdp_sim_coll_kind_t;
+
+const char *fsdp_sim_coll_name(fsdp_sim_coll_kind_t kind);
+
+/* One rank's call of a collective, deposited (by pointer, it lives on the caller's stack) in
+ * the communicator until the round completes or fails. */
+typedef struct fsdp_sim_call {
+    fsdp_sim_coll_kind_t kind;
+    size_t count;
+    fsdp_dtype_t dtype;
+    fsdp_reduce_op_t op;
+    int root;
+    int color, key; /* split */
+    const void *send;
+    void *recv; /* broadcast: the buffer */
+    double ready; /* virtual time the caller's stream (host for barrier/split) reaches it */
+    fsdp_sim_dev_t *dev;
+    int grank; /* the caller's rank in the group */
+    /* written by the rank that completes or fails the round, under the world lock */
+    int done;
+    fsdp_status_t status;
+    double end;                  /* virtual end time */
+    fsdp_sim_group_t *new_group; /* split: the caller's new handle, NULL for a negative color */
+} fsdp_sim_call_t;
+
+/* A communicator, shared by the handles of its members; fields after `handles` are guarded by
+ * the world lock. A round is one collective call of every member. */
+struct fsdp_sim_comm {
+    fsdp_sim_world_t *world;
+    char name[48];
+    int size;
+    int *ranks;                 /* global ranks in group-rank order (read-only) */
+    fsdp_sim_group_t **handles; /* per member; NULL once destroyed */
+    fsdp_sim_comm_t *next;      /* in world->comms */
+    int live;                   /* handles not yet destroyed */
+    uint64_t seq;               /* rounds completed: the round in progress is call #seq+1 */
+    int arrived;
+    fsdp_sim_call_t **calls; /* per group rank, NULL until that member arrives */
+    fsdp_status_t failed;    /* FSDP_OK, or why every later call fails at once */
+    char *error;             /* the message that goes with `failed` */
+};
+
+/* What an op is, for the cost model. Fields that do not apply to a kind are 0/NULL. */
+typedef enum {
+    FSDP_SIM_OP_KERNEL,
+    FSDP_SIM_OP_MEMCPY,
+    FSDP_SIM_OP_EVENT_RECORD,
+    FSDP_SIM_OP_COLLECTIVE
+} fsdp_sim_op_kind_t;
+
+typedef struct fsdp_sim_op {
+    fsdp_sim_op_kind_t kind;
+    const fsdp_kernel_t *kernel; /* KERNEL: price with fsdp_kernel_cost() */
+    void *dst;                   /* MEMCPY */
+    const void *src;
+    size_t bytes; /* MEMCPY: bytes copied; COLLECTIVE: count * dtype size */
+    fsdp_sim_coll_kind_t coll; /* COLLECTIVE */
+    const fsdp_sim_comm_t *comm; /* COLLECTIVE: size and member ranks (intra/inter node) */
+} fsdp_sim_op_t;
+
+typedef enum {
+    FSDP_SIM_RANK_RUNNING, /* executing its function (counts toward progress) */
+    FSDP_SIM_RANK_BLOCKED, /* waiting in a collective */
+    FSDP_SIM_RANK_EXITED   /* its function returned, or its thread never started */
+} fsdp_sim_rank_phase_t;
+
+struct fsdp_sim_dev {
+    fsdp_dev_t super;
+    fsdp_sim_world_t *world;
+    /* owned by the rank's thread */
+    double host_clock;
+    fsdp_sim_stream_t compute;
+    int next_stream_id;
+    uintptr_t shape_next; /* shape mode: next fake address */
+    uintptr_t shape_end;
+    char *last_error; /* heap, NULL = "" */
+    fsdp_sim_group_t *world_group;
+    pthread_t thread;
+    fsdp_status_t status; /* what the rank function returned */
+    /* guarded by world->lock */
+    pthread_cond_t cond;          /* signalled when the call it waits in is done */
+    fsdp_sim_rank_phase_t phase;
+    int failed;                   /* its function failed, or fsdp_sim_rank_fail */
+    fsdp_sim_call_t *waiting;     /* while BLOCKED */
+    fsdp_sim_comm_t *waiting_comm;
+};
+
+struct fsdp_sim_world {
+    fsdp_sim_params_t params; /* validated, ranks_per_node resolved */
+    fsdp_rank_func_t func;
+    void *arg;
+    fsdp_sim_dev_t *devs; /* params.world_size entries */
+    pthread_mutex_t lock;
+    /* guarded by lock */
+    int n_running; /* ranks in phase RUNNING */
+    int n_dead;    /* ranks failed or exited */
+    fsdp_sim_comm_t *comms; /* every live communicator, newest first */
+};
+
+/* Checked downcast: NULL when dev is not a sim rank. */
+static inline fsdp_sim_dev_t *fsdp_sim_dev(fsdp_dev_t *dev)
+{
+    return fsdp_dev_is_sim(dev) ? (fsdp_sim_dev_t *)dev : NULL;
+}
+
+static inline int fsdp_sim_is_shape(const fsdp_sim_dev_t *dev)
+{
+    return dev->world->params.mode == FSDP_SIM_SHAPE;
+}
+
+/* cost.c: seconds the op takes once started. The only place op costs come from. */
+double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op);
+
+/* backend.c: the clocks. */
+double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
+/* Issues op on stream (start = ready time, end = start + cost); returns the end time. */
+double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
+                             const fsdp_sim_op_t *op);
+/* Maps NULL to the compute stream and checks that the stream belongs to dev. */
+fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
+                                  fsdp_sim_stream_t **stream_p);
+
+/* backend.c: errors. Sets the rank's last error message (copying msg; no log). */
+void fsdp_sim_set_error(fsdp_sim_dev_t *dev, const char *msg);
+/* Formats "rank N: <message>", makes it the rank's last error, logs it (once, at the caller's
+ * file and line) and returns status. */
+#define fsdp_sim_errorf(dev, status, ...)                                                          \
+    fsdp_sim_error_at((dev), (status), __FILE__, __LINE__, __func__, __VA_ARGS__)
+fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const char *file,
+                                int line, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* pg.c: the process group. Called with the world lock NOT held. */
+fsdp_status_t fsdp_sim_pg_init(fsdp_sim_world_t *world);
+void fsdp_sim_pg_cleanup(fsdp_sim_world_t *world);
+/* The rank's function returned (failed = it returned an error) or its thread never started. */
+void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *dev, int failed);
+void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *dev);
+/* Deposits call (kind and arguments filled in, `ready` set) in the round in progress of the
+ * group and returns when that round has ended, with its status; on success call->end is the
+ * virtual end time (and call->new_group the result of a split). */
+fsdp_status_t fsdp_sim_coll_run(fsdp_sim_dev_t *dev, fsdp_sim_group_t *group,
+                                fsdp_sim_call_t *call);
+/* Frees a rank's handle; the communicator goes with its last handle. */
+void fsdp_sim_group_release(fsdp_sim_group_t *group);
+
+/* coll.c: the group and collective slots of the ops table. */
+fsdp_group_t *fsdp_sim_group_world(fsdp_dev_t *dev);
+fsdp_status_t fsdp_sim_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
+                                   fsdp_group_t **group_p);
+void fsdp_sim_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group);
+fsdp_status_t fsdp_sim_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_stream_t *stream);
+fsdp_status_t fsdp_sim_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                      void *recv, size_t count, fsdp_dtype_t dtype,
+                                      fsdp_reduce_op_t op, fsdp_stream_t *stream);
+fsdp_status_t fsdp_sim_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_reduce_op_t op, fsdp_stream_t *stream);
+fsdp_status_t fsdp_sim_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
+                                 fsdp_dtype_t dtype, int root, fsdp_stream_t *stream);
+fsdp_status_t fsdp_sim_barrier(fsdp_dev_t *dev, fsdp_group_t *group);
+
+/* reduce.c: the data of a completed round (data mode), for calls[0..n) in group-rank order,
+ * which all match. Reads every send buffer and writes every receive buffer; results depend
+ * only on the calls, never on which thread runs this. */
+void fsdp_sim_coll_compute(fsdp_sim_call_t *const *calls, int n);
+
+#endif

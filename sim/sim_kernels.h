@@ -1,0 +1,57 @@
+/* The sim backend's host kernels (never installed).
+ *
+ * fsdp_sim_kernel_exec() runs any kernel descriptor of kernel.h on the calling thread, now,
+ * by looping over the element and row bodies of lib/kernels/ (the very code the gpu backend
+ * launches), so the sim's data mode and the GPU compute the same formulas. GEMM is the one
+ * kernel with a host-specific body: a packed, cache-blocked routine (gemm.c).
+ *
+ * Every routine here is deterministic: the same inputs give the same bits on every run, and
+ * reductions (bias_grad, mse_loss, sumsq, the GEMM's k sums) follow a fixed order that
+ * depends only on the shapes. No routine starts threads: ranks are already threads.
+ */
+#ifndef FSDP_SIM_SIM_KERNELS_H
+#define FSDP_SIM_SIM_KERNELS_H
+
+#include <fsdp/kernel.h>
+#include <fsdp/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Runs one kernel on host memory (data mode), synchronously. A malformed descriptor (unknown
+ * kind, invalid dtype, NULL pointer with n > 0, leading dimension too small, ...) returns
+ * FSDP_ERR_INVALID_PARAM and logs one error line; nothing is written then. */
+fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k);
+
+/* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, f32, row-major, as the GEMM
+ * descriptor of kernel.h: op(A) = A ([M,K], lda >= K) or A^T (A is [K,M], lda >= M), likewise
+ * B with ldb; ldc >= N. beta == 0 ignores C's old contents (NaN included); alpha == 0 or
+ * K == 0 reads neither A nor B (C = beta * C), as BLAS.
+ *
+ * For a given shape, every element of C is summed in the same fixed order (k ascending inside
+ * blocks of FSDP_SIM_GEMM_KC, blocks ascending), whatever micro-kernel runs, so the AVX2 and
+ * the generic paths give identical bits. Returns FSDP_ERR_INVALID_PARAM for bad arguments and
+ * FSDP_ERR_NO_MEMORY when the packing buffers cannot be allocated. */
+fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                            const float *a, size_t lda, const float *b, size_t ldb, float beta,
+                            float *c, size_t ldc);
+
+#define FSDP_SIM_GEMM_KC 256 /* depth of one packed block: fixes the summation order */
+
+typedef enum {
+    FSDP_SIM_GEMM_AUTO = 0,    /* the fastest this CPU supports (default) */
+    FSDP_SIM_GEMM_GENERIC = 1, /* baseline vectors (SSE2 on x86-64), or scalar C */
+    FSDP_SIM_GEMM_AVX2 = 2     /* 8-wide vectors, x86-64 with AVX2 (no FMA: same rounding) */
+} fsdp_sim_gemm_isa_t;
+
+/* Process-wide micro-kernel choice, for tests and benchmarks. Returns 0 when the CPU (or the
+ * build) cannot run `isa`, leaving the choice unchanged. */
+int fsdp_sim_gemm_set_isa(fsdp_sim_gemm_isa_t isa);
+/* The micro-kernel the next call will run: "avx2", "generic" or "scalar". */
+const char *fsdp_sim_gemm_isa_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,1 +1,552 @@
-int main(void) { return 0; }
+/* fsdp-train: trains a built-in model with FSDP on simulated ranks.
+ *
+ *   fsdp-train --model mlp:16,32,4 --world 4 --strategy full_shard --optim adamw --lr 1e-2
+ *              --steps 10
+ *
+ * Prints "step N loss X" per step (X as %.9g, the mean over the global batch) and each rank's
+ * peak allocated bytes. */
+#include <fsdp/fsdp.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct train_args {
+    int dims[FSDP_MLP_MAX_LAYERS + 1];
+    int nlayers;
+    int world;
+    fsdp_config_t fsdp;
+    fsdp_optim_config_t optim;
+    int steps;
+    int batch;
+    uint64_t seed;
+    double timeout_s;
+    const char *init_path;
+    const char *save_path;
+    const char *data_path;
+    int quiet;
+} train_args_t;
+
+typedef struct train_shared {
+    const train_args_t *args;
+    float *x, *y;          /* the global batch */
+    float **init_weights;  /* per layer [out*in], or NULL */
+    float **init_biases;   /* per layer [out], or NULL */
+    size_t *peak;          /* per rank */
+    float *losses;         /* per step (rank 0 writes) */
+} train_shared_t;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fsdp-train: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: fsdp-train [options]\n"
+          "  --model mlp:D0,D1,...,DL   Linear/ReLU stack (default mlp:16,32,4)\n"
+          "  --world W                  simulated ranks (default 4)\n"
+          "  --strategy S               full_shard | shard_grad_op | no_shard (default full_shard)\n"
+          "  --backward-prefetch P      pre | post | none (default pre)\n"
+          "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
+          "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
+          "  --optim adamw|sgd          optimizer (default adamw)\n"
+          "  --lr X                     learning rate (default 1e-3)\n"
+          "  --betas B1,B2              AdamW betas (default 0.9,0.999)\n"
+          "  --eps X                    AdamW eps (default 1e-8)\n"
+          "  --weight-decay X           (default 1e-2 for adamw, 0 for sgd)\n"
+          "  --momentum X, --dampening X, --nesterov   SGD options\n"
+          "  --steps N                  training steps (default 10)\n"
+          "  --batch B                  global batch rows, divisible by the world (default 32)\n"
+          "  --seed N                   seed of the init and the synthetic data (default 0)\n"
+          "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias)\n"
+          "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL])\n"
+          "  --save FILE                write the final weights (safetensors)\n"
+          "  --timeout S                collective timeout in seconds (default 60)\n"
+          "  --quiet                    only the final summary\n"
+          "  --version, --help\n",
+          f);
+}
+
+static double parse_double(const char *opt, const char *s, double lo, double hi)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi)
+        die("%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
+    return v;
+}
+
+static long parse_long(const char *opt, const char *s, long lo, long hi)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi)
+        die("%s: '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
+    return v;
+}
+
+enum {
+    OPT_MODEL = 256, OPT_WORLD, OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT,
+    OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
+    OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
+    OPT_QUIET, OPT_VERSION, OPT_HELP
+};
+
+static void parse_args(int argc, char **argv, train_args_t *a)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"world", required_argument, NULL, OPT_WORLD},
+        {"strategy", required_argument, NULL, OPT_STRATEGY},
+        {"backward-prefetch", required_argument, NULL, OPT_BWD_PREFETCH},
+        {"forward-prefetch", no_argument, NULL, OPT_FWD_PREFETCH},
+        {"limit-all-gathers", no_argument, NULL, OPT_LIMIT},
+        {"no-limit-all-gathers", no_argument, NULL, OPT_NO_LIMIT},
+        {"optim", required_argument, NULL, OPT_OPTIM},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"betas", required_argument, NULL, OPT_BETAS},
+        {"eps", required_argument, NULL, OPT_EPS},
+        {"weight-decay", required_argument, NULL, OPT_WD},
+        {"momentum", required_argument, NULL, OPT_MOMENTUM},
+        {"dampening", required_argument, NULL, OPT_DAMPENING},
+        {"nesterov", no_argument, NULL, OPT_NESTEROV},
+        {"steps", required_argument, NULL, OPT_STEPS},
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"init", required_argument, NULL, OPT_INIT},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"save", required_argument, NULL, OPT_SAVE},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    /* optimizer options are applied after --optim picks the defaults */
+    const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
+               *dampening = NULL;
+    int nesterov = 0, c;
+    fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
+
+    memset(a, 0, sizeof(*a));
+    a->nlayers = fsdp_mlp_parse_spec("16,32,4", a->dims, FSDP_MLP_MAX_LAYERS + 1);
+    a->world = 4;
+    fsdp_config_init(&a->fsdp);
+    a->steps = 10;
+    a->batch = 32;
+    a->timeout_s = 60.0;
+
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_MODEL:
+            a->nlayers = fsdp_mlp_parse_spec(optarg, a->dims, FSDP_MLP_MAX_LAYERS + 1);
+            if (a->nlayers < 1)
+                die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
+                    "positive widths", optarg, FSDP_MLP_MAX_LAYERS + 1);
+            break;
+        case OPT_WORLD:
+            a->world = (int)parse_long("--world", optarg, 1, 4096);
+            break;
+        case OPT_STRATEGY:
+            if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy) ||
+                a->fsdp.strategy > FSDP_NO_SHARD)
+                die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard", optarg);
+            break;
+        case OPT_BWD_PREFETCH:
+            if (strcmp(optarg, "pre") == 0)
+                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_PRE;
+            else if (strcmp(optarg, "post") == 0)
+                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_POST;
+            else if (strcmp(optarg, "none") == 0)
+                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
+            else
+                die("--backward-prefetch: '%s' is not one of pre, post, none", optarg);
+            break;
+        case OPT_FWD_PREFETCH:
+            a->fsdp.forward_prefetch = 1;
+            break;
+        case OPT_LIMIT:
+            a->fsdp.limit_all_gathers = 1;
+            break;
+        case OPT_NO_LIMIT:
+            a->fsdp.limit_all_gathers = 0;
+            break;
+        case OPT_OPTIM:
+            if (strcmp(optarg, "adamw") == 0)
+                kind = FSDP_OPTIM_ADAMW;
+            else if (strcmp(optarg, "sgd") == 0)
+                kind = FSDP_OPTIM_SGD;
+            else
+                die("--optim: '%s' is not one of adamw, sgd", optarg);
+            break;
+        case OPT_LR: lr = optarg; break;
+        case OPT_BETAS: betas = optarg; break;
+        case OPT_EPS: eps = optarg; break;
+        case OPT_WD: wd = optarg; break;
+        case OPT_MOMENTUM: momentum = optarg; break;
+        case OPT_DAMPENING: dampening = optarg; break;
+        case OPT_NESTEROV: nesterov = 1; break;
+        case OPT_STEPS:
+            a->steps = (int)parse_long("--steps", optarg, 0, 100000000);
+            break;
+        case OPT_BATCH:
+            a->batch = (int)parse_long("--batch", optarg, 1, 1 << 24);
+            break;
+        case OPT_SEED:
+            a->seed = (uint64_t)parse_long("--seed", optarg, 0, 0x7fffffffffffffffL);
+            break;
+        case OPT_INIT: a->init_path = optarg; break;
+        case OPT_DATA: a->data_path = optarg; break;
+        case OPT_SAVE: a->save_path = optarg; break;
+        case OPT_TIMEOUT:
+            a->timeout_s = parse_double("--timeout", optarg, 1e-3, 1e6);
+            break;
+        case OPT_QUIET: a->quiet = 1; break;
+        case OPT_VERSION:
+            printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
+            exit(0);
+        case OPT_HELP:
+            usage(stdout);
+            exit(0);
+        case ':':
+            die("option '%s' needs a value (see --help)", argv[optind - 1]);
+        default:
+            die("unknown option '%s' (see --help)", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        die("unexpected argument '%s' (see --help)", argv[optind]);
+
+    fsdp_optim_config_init(&a->optim, kind);
+    if (lr)
+        a->optim.lr = (float)parse_double("--lr", lr, 0.0, 1e6);
+    if (betas) {
+        char b1[64], b2[64];
+        const char *comma = strchr(betas, ',');
+        if (comma == NULL || (size_t)(comma - betas) >= sizeof(b1) || strlen(comma + 1) >= sizeof(b2))
+            die("--betas: '%s' is not two numbers B1,B2", betas);
+        memcpy(b1, betas, (size_t)(comma - betas));
+        b1[comma - betas] = '\0';
+        strcpy(b2, comma + 1);
+        a->optim.beta1 = (float)parse_double("--betas", b1, 0.0, 0.999999999);
+        a->optim.beta2 = (float)parse_double("--betas", b2, 0.0, 0.999999999);
+    }
+    if (eps)
+        a->optim.eps = (float)parse_double("--eps", eps, 0.0, 1.0);
+    if (wd)
+        a->optim.weight_decay = (float)parse_double("--weight-decay", wd, 0.0, 1e6);
+    if (momentum)
+        a->optim.momentum = (float)parse_double("--momentum", momentum, 0.0, 1e6);
+    if (dampening)
+        a->optim.dampening = (float)parse_double("--dampening", dampening, 0.0, 1.0);
+    a->optim.nesterov = nesterov;
+    if ((betas || eps) && kind != FSDP_OPTIM_ADAMW)
+        die("--betas and --eps apply to --optim adamw only");
+    if ((momentum || dampening || nesterov) && kind != FSDP_OPTIM_SGD)
+        die("--momentum, --dampening and --nesterov apply to --optim sgd only");
+    if (fsdp_optim_config_check(&a->optim) != FSDP_OK)
+        die("invalid optimizer settings (see the message above)");
+    if (a->batch % a->world != 0)
+        die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
+            a->batch, a->world);
+}
+
+/* ---- data and weights ---- */
+
+static const fsdp_st_tensor_t *need_tensor(fsdp_st_file_t *f, const char *path, const char *name,
+                                           int64_t d0, int64_t d1, int ndim)
+{
+    const fsdp_st_tensor_t *t = fsdp_st_find(f, name);
+    if (t == NULL)
+        die("%s: no tensor '%s'", path, name);
+    if (strcmp(t->dtype, "F32") != 0)
+        die("%s: tensor '%s' is %s; F32 is required", path, name, t->dtype);
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        if (ndim == 2)
+            die("%s: tensor '%s' must have shape [%lld, %lld] for this model", path, name,
+                (long long)d0, (long long)d1);
+        die("%s: tensor '%s' must have shape [%lld] for this model", path, name, (long long)d0);
+    }
+    return t;
+}
+
+static float *copy_tensor(const fsdp_st_tensor_t *t)
+{
+    float *p = malloc(t->nbytes ? t->nbytes : 1);
+    if (p == NULL)
+        die("out of host memory");
+    memcpy(p, t->data, t->nbytes);
+    return p;
+}
+
+static void load_init(const train_args_t *a, train_shared_t *sh)
+{
+    fsdp_st_file_t *f;
+    int expected = 2 * a->nlayers;
+
+    if (fsdp_st_open(a->init_path, &f) != FSDP_OK)
+        die("cannot load --init %s (see the message above)", a->init_path);
+    sh->init_weights = calloc((size_t)a->nlayers, sizeof(float *));
+    sh->init_biases = calloc((size_t)a->nlayers, sizeof(float *));
+    if (sh->init_weights == NULL || sh->init_biases == NULL)
+        die("out of host memory");
+    for (int i = 0; i < a->nlayers; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "layers.%d.weight", i);
+        sh->init_weights[i] = copy_tensor(
+            need_tensor(f, a->init_path, name, a->dims[i + 1], a->dims[i], 2));
+        snprintf(name, sizeof(name), "layers.%d.bias", i);
+        sh->init_biases[i] = copy_tensor(need_tensor(f, a->init_path, name, a->dims[i + 1], 0, 1));
+    }
+    if (fsdp_st_num_tensors(f) != expected) {
+        for (int i = 0; i < fsdp_st_num_tensors(f); i++) {
+            const char *name = fsdp_st_tensor_at(f, i)->name;
+            int layer, n = -1;
+            char kind[16];
+            if (sscanf(name, "layers.%d.%15[a-z]%n", &layer, kind, &n) != 2 ||
+                (size_t)n != strlen(name) || layer < 0 || layer >= a->nlayers ||
+                (strcmp(kind, "weight") && strcmp(kind, "bias")))
+                die("%s: unexpected tensor '%s' for a %d-layer mlp", a->init_path, name,
+                    a->nlayers);
+        }
+    }
+    fsdp_st_close(f);
+}
+
+static void load_data(const train_args_t *a, train_shared_t *sh)
+{
+    fsdp_st_file_t *f;
+    const fsdp_st_tensor_t *x, *y;
+
+    if (fsdp_st_open(a->data_path, &f) != FSDP_OK)
+        die("cannot load --data %s (see the message above)", a->data_path);
+    x = fsdp_st_find(f, "x");
+    if (x == NULL || x->ndim != 2)
+        die("%s: needs a 2-d tensor 'x' [B, %d]", a->data_path, a->dims[0]);
+    need_tensor(f, a->data_path, "x", x->shape[0], a->dims[0], 2);
+    y = need_tensor(f, a->data_path, "y", x->shape[0], a->dims[a->nlayers], 2);
+    if (x->shape[0] % a->world != 0)
+        die("%s: the batch of %lld rows is not divisible by --world %d", a->data_path,
+            (long long)x->shape[0], a->world);
+    ((train_args_t *)a)->batch = (int)x->shape[0];
+    sh->x = copy_tensor(x);
+    sh->y = copy_tensor(y);
+    fsdp_st_close(f);
+}
+
+/* Synthetic regression: x ~ N(0, 1), y = tanh(x @ A) with a seeded random A. */
+static void make_data(const train_args_t *a, train_shared_t *sh)
+{
+    size_t b = (size_t)a->batch, din = (size_t)a->dims[0], dout = (size_t)a->dims[a->nlayers];
+    float *proj = malloc(din * dout * sizeof(float));
+    fsdp_rng_t rng;
+
+    sh->x = malloc(b * din * sizeof(float));
+    sh->y = malloc(b * dout * sizeof(float));
+    if (proj == NULL || sh->x == NULL || sh->y == NULL)
+        die("out of host memory");
+    fsdp_rng_seed(&rng, a->seed ^ 0x5eedda7aull);
+    for (size_t i = 0; i < din * dout; i++)
+        proj[i] = fsdp_rng_normal(&rng) / sqrtf((float)din);
+    for (size_t i = 0; i < b * din; i++)
+        sh->x[i] = fsdp_rng_normal(&rng);
+    for (size_t r = 0; r < b; r++) {
+        for (size_t o = 0; o < dout; o++) {
+            double s = 0.0;
+            for (size_t i = 0; i < din; i++)
+                s += (double)sh->x[r * din + i] * proj[i * dout + o];
+            sh->y[r * dout + o] = (float)tanh(s);
+        }
+    }
+    free(proj);
+}
+
+/* ---- the rank's work ---- */
+
+static fsdp_status_t save_weights(const train_args_t *a, fsdp_mlp_t *mlp, int rank)
+{
+    float **full = calloc((size_t)a->nlayers, sizeof(float *));
+    fsdp_st_entry_t *entries = calloc((size_t)a->nlayers * 2, sizeof(*entries));
+    int64_t (*shapes)[2] = calloc((size_t)a->nlayers * 2, sizeof(*shapes));
+    char (*names)[64] = calloc((size_t)a->nlayers * 2, sizeof(*names));
+    fsdp_status_t status = FSDP_OK;
+
+    if (full == NULL || entries == NULL || shapes == NULL || names == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int i = 0; i < a->nlayers && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_mlp_layer(mlp, i);
+        full[i] = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
+        if (full[i] == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+        /* a collective: every rank gathers, rank 0 writes */
+        status = fsdp_unit_gather_full(u, full[i]);
+        for (int j = 0; j < 2 && status == FSDP_OK; j++) {
+            fsdp_param_info_t pi;
+            fsdp_st_entry_t *e = &entries[2 * i + j];
+            fsdp_unit_param_info(u, j, &pi);
+            snprintf(names[2 * i + j], sizeof(names[0]), "%s", pi.name);
+            shapes[2 * i + j][0] = pi.shape[0];
+            shapes[2 * i + j][1] = pi.ndim > 1 ? pi.shape[1] : 0;
+            e->name = names[2 * i + j];
+            e->dtype = "F32";
+            e->ndim = pi.ndim;
+            e->shape = shapes[2 * i + j];
+            e->data = full[i] + pi.offset;
+        }
+    }
+    if (status == FSDP_OK && rank == 0) {
+        static const char *const meta[] = {"format", "pt"};
+        status = fsdp_st_write(a->save_path, entries, a->nlayers * 2, meta, 1);
+    }
+out:
+    for (int i = 0; full && i < a->nlayers; i++)
+        free(full[i]);
+    free(full);
+    free(entries);
+    free(shapes);
+    free(names);
+    return status;
+}
+
+static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
+{
+    train_shared_t *sh = arg;
+    const train_args_t *a = sh->args;
+    size_t rows = (size_t)a->batch / (size_t)a->world;
+    size_t din = (size_t)a->dims[0], dout = (size_t)a->dims[a->nlayers];
+    const float *x = sh->x + (size_t)dev->rank * rows * din;
+    const float *y = sh->y + (size_t)dev->rank * rows * dout;
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_t *fs = NULL;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_optim_t *opt = NULL;
+    float *dloss = NULL;
+    fsdp_mem_stats_t st;
+    fsdp_status_t status;
+
+    status = fsdp_create(dev, &a->fsdp, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_mlp_create(fs, a->dims, a->nlayers, &mlp);
+    if (status != FSDP_OK)
+        goto out;
+    if (sh->init_weights) {
+        for (int i = 0; i < a->nlayers && status == FSDP_OK; i++) {
+            status = fsdp_unit_set_param(fsdp_mlp_layer(mlp, i), 0, sh->init_weights[i]);
+            if (status == FSDP_OK)
+                status = fsdp_unit_set_param(fsdp_mlp_layer(mlp, i), 1, sh->init_biases[i]);
+        }
+    } else {
+        status = fsdp_mlp_init_params(mlp, a->seed);
+    }
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &a->optim, &opt);
+    if (status == FSDP_OK)
+        status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
+                                fsdp_compute_stream(fs), (void **)&dloss);
+    for (int step = 0; step < a->steps && status == FSDP_OK; step++) {
+        float loss = 0.0f;
+        status = fsdp_mlp_forward_backward(mlp, x, y, rows, &loss);
+        if (status == FSDP_OK)
+            status = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+        /* the global mean: every rank holds the same number of rows */
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, dloss, &loss, sizeof(float),
+                                            fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            status = dev->ops->all_reduce(dev, world, dloss, dloss, 1, FSDP_DTYPE_F32,
+                                          FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, &loss, dloss, sizeof(float),
+                                            fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+        if (status == FSDP_OK && dev->rank == 0) {
+            sh->losses[step] = loss;
+            if (!a->quiet) {
+                printf("step %d loss %.9g\n", step + 1, (double)loss);
+                fflush(stdout);
+            }
+        }
+    }
+    if (status == FSDP_OK && a->save_path)
+        status = save_weights(a, mlp, dev->rank);
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    sh->peak[dev->rank] = st.peak_allocated;
+out:
+    fsdp_mem_free(fsdp_memory(fs), dloss);
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    train_args_t args;
+    train_shared_t sh;
+    fsdp_sim_params_t sim;
+    fsdp_status_t status;
+
+    parse_args(argc, argv, &args);
+    memset(&sh, 0, sizeof(sh));
+    sh.args = &args;
+    if (args.init_path)
+        load_init(&args, &sh);
+    if (args.data_path)
+        load_data(&args, &sh);
+    else
+        make_data(&args, &sh);
+    sh.peak = calloc((size_t)args.world, sizeof(size_t));
+    sh.losses = calloc((size_t)args.steps + 1, sizeof(float));
+    if (sh.peak == NULL || sh.losses == NULL)
+        die("out of host memory");
+
+    fsdp_sim_params_init(&sim);
+    sim.world_size = args.world;
+    sim.timeout_s = args.timeout_s;
+    status = fsdp_sim_launch(&sim, train_rank, &sh, NULL);
+    if (status != FSDP_OK) {
+        fprintf(stderr, "fsdp-train: error: training failed: %s\n", fsdp_status_string(status));
+        return 1;
+    }
+    for (int r = 0; r < args.world; r++)
+        printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
+    if (args.save_path)
+        printf("saved %s\n", args.save_path);
+
+    for (int i = 0; sh.init_weights && i < args.nlayers; i++) {
+        free(sh.init_weights[i]);
+        free(sh.init_biases[i]);
+    }
+    free(sh.init_weights);
+    free(sh.init_biases);
+    free(sh.x);
+    free(sh.y);
+    free(sh.peak);
+    free(sh.losses);
+    return 0;
+}

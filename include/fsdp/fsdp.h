@@ -4,6 +4,7 @@
 
 #include <fsdp/backend.h>
 #include <fsdp/core.h>
+#include <fsdp/gpu.h>
 #include <fsdp/kernel.h>
 #include <fsdp/log.h>
 #include <fsdp/memory.h>

@@ -1,6 +1,6 @@
 /* libfsdp: logging.
  *
- * The level comes from FSDP_LOG_LEVEL (error, warn, info, debug, trace, or 0..4), read once;
+ * The level comes from FSDP_LOG_LEVEL (off, error, warn, info, debug, trace, or 0..4), read once;
  * the default is "warn". Macros test the level before formatting anything and keep errno.
  */
 #ifndef FSDP_LOG_H
@@ -13,6 +13,7 @@ extern "C" {
 #endif
 
 typedef enum {
+    FSDP_LOG_OFF = -1, /* nothing at all */
     FSDP_LOG_ERROR = 0,
     FSDP_LOG_WARN = 1,
     FSDP_LOG_INFO = 2,

@@ -31,7 +31,10 @@ typedef struct fsdp_st_tensor {
     int64_t shape[FSDP_ST_MAX_DIMS];
     uint64_t numel;
     uint64_t nbytes;
-    const void *data; /* into the file's buffer (little-endian, row-major) */
+    /* Into the file's buffer (little-endian, row-major); valid until fsdp_st_close. Aligned to
+     * the element size when fsdp_st_open reads a file laid out as fsdp_st_write lays it out;
+     * other files (or buffers) may leave it unaligned: memcpy before typed access. */
+    const void *data;
 } fsdp_st_tensor_t;
 
 typedef struct fsdp_st_file fsdp_st_file_t;
@@ -39,14 +42,22 @@ typedef struct fsdp_st_file fsdp_st_file_t;
 /* Bits per element of a safetensors dtype name, 0 if unknown. */
 unsigned fsdp_st_dtype_bits(const char *dtype);
 
+/* Maps the file read-only (no copy; pages load on first touch). A missing file, a directory or
+ * a failed read is FSDP_ERR_IO; a file shorter than 8 bytes (an empty one too) or breaking any
+ * other rule is FSDP_ERR_FORMAT. Another process truncating the file while it is open makes
+ * access to the lost pages fault (SIGBUS), as with any mapping: replace files by rename, as
+ * fsdp_st_write does. An open file is read-only: any number of threads may read it. */
 fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p);
-/* Same rules, over a buffer the caller keeps alive while the file is open. */
+/* Same rules, over a buffer the caller keeps alive while the file is open. `label` names it in
+ * messages ("<buffer>" if NULL); buf may be NULL when len is 0. */
 fsdp_status_t fsdp_st_open_buffer(const void *buf, size_t len, const char *label,
                                   fsdp_st_file_t **file_p);
+/* Accepts NULL. */
 void fsdp_st_close(fsdp_st_file_t *file);
 
 int fsdp_st_num_tensors(const fsdp_st_file_t *file);
-/* In file (offset) order. */
+/* In file (offset) order; NULL out of range. The format allows an empty name: a reader
+ * accepts it, the writer refuses it. */
 const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, int index);
 /* NULL if absent. */
 const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
@@ -61,7 +72,16 @@ typedef struct fsdp_st_entry {
     const void *data; /* product(shape) * bits / 8 bytes */
 } fsdp_st_entry_t;
 
-/* Writes `n` tensors and `nmeta` metadata pairs (meta[2i] = key, meta[2i+1] = value). */
+/* Writes `n` tensors and `nmeta` metadata pairs (meta[2i] = key, meta[2i+1] = value).
+ *
+ * Inputs are checked before any file is touched (FSDP_ERR_INVALID_PARAM): names non-empty,
+ * unique, UTF-8 and not "__metadata__"; known dtypes; 0..FSDP_ST_MAX_DIMS non-negative dims
+ * whose bits fill whole bytes; data non-NULL unless the tensor is empty; metadata keys unique,
+ * keys and values UTF-8. Tensors go by descending element alignment, then by name (strcmp).
+ * The file is written as `<path>.tmp.<pid>`, fsynced and renamed over `path`; on failure
+ * (FSDP_ERR_IO) the temporary file is removed and an existing `path` is untouched. Only a
+ * failure to fsync the directory after the rename returns FSDP_ERR_IO with the new file in
+ * place. Concurrent writers of the same path in one process are not supported. */
 fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, int n,
                             const char *const *meta, int nmeta);
 

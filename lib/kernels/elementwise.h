@@ -10,6 +10,19 @@
 
 #include "kernels/convert.h"
 
+/* f32 to i32 rounding toward zero, saturated, NaN as 0: what CUDA's conversion does, and no
+ * undefined behaviour on the host for values out of range. */
+FSDP_HD int32_t fsdp_kb_f32_to_i32(float v)
+{
+    if (v != v)
+        return 0;
+    if (v <= -2147483648.0f)
+        return INT32_MIN;
+    if (v >= 2147483648.0f)
+        return INT32_MAX;
+    return (int32_t)v;
+}
+
 /* Load element i of a buffer of any dtype as f32. */
 FSDP_HD float fsdp_kb_load(const void *p, fsdp_dtype_t dtype, size_t i)
 {
@@ -27,7 +40,7 @@ FSDP_HD float fsdp_kb_load(const void *p, fsdp_dtype_t dtype, size_t i)
     }
 }
 
-/* Store f32 value v as element i, rounding to nearest even. */
+/* Store f32 value v as element i, rounding to nearest even (i32: toward zero, saturated). */
 FSDP_HD void fsdp_kb_store(void *p, fsdp_dtype_t dtype, size_t i, float v)
 {
     switch (dtype) {
@@ -41,7 +54,7 @@ FSDP_HD void fsdp_kb_store(void *p, fsdp_dtype_t dtype, size_t i, float v)
         ((uint16_t *)p)[i] = fsdp_kb_f32_to_f16(v);
         break;
     case FSDP_DTYPE_I32:
-        ((int32_t *)p)[i] = (int32_t)v;
+        ((int32_t *)p)[i] = fsdp_kb_f32_to_i32(v);
         break;
     default:
         break;

@@ -1,0 +1,645 @@
+/* Groups and collectives over NCCL, and the watchdog that bounds every wait on them.
+ *
+ * Communicators are created non-blocking: ncclCommInitRankConfig, ncclCommSplit and even a
+ * collective's enqueue may return ncclInProgress, and comm_ready() polls the communicator until
+ * it settles or the timeout passes. Each collective then records an event into the dev's ring
+ * (gdev->watch); fsdp_gpu_watchdog() retires the finished ones, and fails the oldest once it is
+ * older than the timeout, or any communicator that reports an asynchronous error: then every
+ * communicator of the rank is aborted (ncclCommAbort ends NCCL kernels that wait for a peer
+ * that will never come), and later collectives fail at once with the same status.
+ */
+#include "config.h"
+
+#include "gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void nap(long *ns)
+{
+    struct timespec ts = {0, *ns};
+    nanosleep(&ts, NULL);
+    *ns = *ns >= 500000 ? 1000000 : *ns * 2;
+}
+
+static int timed_out(const fsdp_gpu_dev_t *gdev, double t0)
+{
+    return gdev->timeout_s > 0.0 && fsdp_gpu_now() - t0 > gdev->timeout_s;
+}
+
+/* Aborts every communicator of the rank and remembers why. */
+static void fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status)
+{
+    if (gdev->failed == FSDP_OK)
+        gdev->failed = status;
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+        if (g->comm != NULL) {
+            (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
+            g->comm = NULL;
+        }
+    }
+    gdev->watch_count = 0;
+}
+
+/* Polls a communicator until its pending operation (init, split, enqueue, finalize) settles. */
+static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const char *what)
+{
+    double t0 = fsdp_gpu_now();
+    long nap_ns = 1000;
+    fsdp_status_t status;
+    ncclResult_t st;
+
+    for (;;) {
+        status = FSDP_NCCL_CALL(ncclCommGetAsyncError(comm, &st));
+        if (status != FSDP_OK)
+            return status;
+        if (st == ncclSuccess)
+            return FSDP_OK;
+        if (st != ncclInProgress)
+            return fsdp_gpu_nccl_status(st, what, __FILE__, __LINE__, __func__);
+        if (timed_out(gdev, t0)) {
+            fsdp_error("rank %d: %s did not complete within %g s (collective timeout)",
+                       gdev->super.rank, what, gdev->timeout_s);
+            return FSDP_ERR_TIMEOUT;
+        }
+        nap(&nap_ns);
+    }
+}
+
+static void comm_config(ncclConfig_t *config_p)
+{
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    *config_p = config;
+}
+
+static void group_link(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g)
+{
+    g->next = gdev->groups;
+    gdev->groups = g;
+}
+
+static void group_unlink(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g)
+{
+    for (fsdp_gpu_group_t **pp = &gdev->groups; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == g) {
+            *pp = g->next;
+            return;
+        }
+    }
+}
+
+/* Finalizes (or aborts) a group's communicator and frees the group. */
+static void group_free(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, int abort)
+{
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    if (g->comm != NULL) {
+        snprintf(what, sizeof(what), "ncclCommFinalize(group %s)", g->super.name);
+        if (abort || FSDP_NCCL_CALL(ncclCommFinalize(g->comm)) != FSDP_OK ||
+            comm_ready(gdev, g->comm, what) != FSDP_OK)
+            (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
+        else
+            (void)FSDP_NCCL_CALL(ncclCommDestroy(g->comm));
+        g->comm = NULL;
+    }
+    free(g->ranks);
+    free(g);
+}
+
+fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id)
+{
+    int rank = gdev->super.rank, size = gdev->super.world_size;
+    fsdp_gpu_group_t *g;
+    ncclConfig_t config;
+    fsdp_status_t status;
+
+    g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    g->ranks = malloc((size_t)size * sizeof(*g->ranks));
+    if (g->ranks == NULL) {
+        free(g);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < size; r++)
+        g->ranks[r] = r;
+    g->dev = gdev;
+    g->super.rank = rank;
+    g->super.size = size;
+    g->super.ranks = g->ranks;
+    snprintf(g->super.name, sizeof(g->super.name), "world");
+
+    comm_config(&config);
+    status = FSDP_NCCL_CALL(ncclCommInitRankConfig(&g->comm, size, *id, rank, &config));
+    if (status == FSDP_OK && g->comm != NULL)
+        status = comm_ready(gdev, g->comm, "ncclCommInitRankConfig(world)");
+    if (status != FSDP_OK) {
+        if (g->comm != NULL)
+            (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
+        free(g->ranks);
+        free(g);
+        return status;
+    }
+    group_link(gdev, g);
+    gdev->world = g;
+    return FSDP_OK;
+}
+
+void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort)
+{
+    fsdp_gpu_group_t *g;
+
+    /* The list is newest first: a split goes before the group it was made from, the world
+     * last. */
+    while ((g = gdev->groups) != NULL) {
+        gdev->groups = g->next;
+        group_free(gdev, g, abort);
+    }
+    gdev->world = NULL;
+}
+
+/* ---- the watchdog ---- */
+
+fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
+{
+    fsdp_status_t status;
+    ncclResult_t st;
+    cudaError_t err;
+
+    if (gdev->failed != FSDP_OK)
+        return gdev->failed;
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+        if (g->comm == NULL)
+            continue;
+        status = FSDP_NCCL_CALL(ncclCommGetAsyncError(g->comm, &st));
+        if (status == FSDP_OK && st != ncclSuccess && st != ncclInProgress) {
+            const char *what = "no collective in flight";
+            for (unsigned i = 0; i < gdev->watch_count; i++) {
+                const fsdp_gpu_watch_t *w = &gdev->watch[(gdev->watch_head + i) % FSDP_GPU_WATCH_SLOTS];
+                if (w->group == g) {
+                    what = w->what;
+                    break;
+                }
+            }
+            fsdp_error("rank %d: asynchronous NCCL error on group %s (oldest collective in "
+                       "flight: %s)",
+                       gdev->super.rank, g->super.name, what);
+            status = fsdp_gpu_nccl_status(st, "ncclCommGetAsyncError", __FILE__, __LINE__,
+                                          __func__);
+        }
+        if (status != FSDP_OK) {
+            fail_all(gdev, status);
+            return status;
+        }
+    }
+    while (gdev->watch_count > 0) {
+        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
+        err = cudaEventQuery(w->done);
+        if (err == cudaErrorNotReady)
+            break;
+        if (err != cudaSuccess) {
+            status = fsdp_gpu_cuda_status(err, "cudaEventQuery(collective done)", __FILE__,
+                                          __LINE__, __func__);
+            fsdp_error("rank %d: %s failed on the device", gdev->super.rank, w->what);
+            fail_all(gdev, status);
+            return status;
+        }
+        gdev->watch_head = (gdev->watch_head + 1) % FSDP_GPU_WATCH_SLOTS;
+        gdev->watch_count--;
+    }
+    if (gdev->watch_count > 0 && timed_out(gdev, gdev->watch[gdev->watch_head].t0)) {
+        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
+        fsdp_error("rank %d: %s did not complete within %g s (collective timeout): aborting the "
+                   "communicators",
+                   gdev->super.rank, w->what, gdev->timeout_s);
+        fail_all(gdev, FSDP_ERR_TIMEOUT);
+        return FSDP_ERR_TIMEOUT;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev)
+{
+    long nap_ns = 1000;
+    fsdp_status_t status;
+
+    for (;;) {
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK || gdev->watch_count == 0)
+            return status;
+        nap(&nap_ns);
+    }
+}
+
+/* ---- collectives ---- */
+
+static int nccl_dtype(fsdp_dtype_t dtype, ncclDataType_t *type_p)
+{
+    switch (dtype) {
+    case FSDP_DTYPE_F32:
+        *type_p = ncclFloat32;
+        return 1;
+    case FSDP_DTYPE_BF16:
+        *type_p = ncclBfloat16;
+        return 1;
+    case FSDP_DTYPE_F16:
+        *type_p = ncclFloat16;
+        return 1;
+    case FSDP_DTYPE_I32:
+        *type_p = ncclInt32;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int nccl_op(fsdp_reduce_op_t op, ncclRedOp_t *op_p)
+{
+    switch (op) {
+    case FSDP_REDUCE_SUM:
+        *op_p = ncclSum;
+        return 1;
+    case FSDP_REDUCE_AVG:
+        *op_p = ncclAvg;
+        return 1;
+    case FSDP_REDUCE_MAX:
+        *op_p = ncclMax;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Checks what every collective needs and makes room in the watch ring. */
+static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const char *op,
+                                fsdp_gpu_group_t **g_p)
+{
+    fsdp_gpu_group_t *g = (fsdp_gpu_group_t *)group;
+    long nap_ns = 1000;
+    fsdp_status_t status;
+
+    if (g == NULL) {
+        fsdp_error("rank %d: %s: group is NULL", gdev->super.rank, op);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (gdev->failed != FSDP_OK || g->comm == NULL) {
+        fsdp_error("rank %d: %s on group %s: the communicators were aborted after an earlier "
+                   "failure (%s)",
+                   gdev->super.rank, op, g->super.name,
+                   fsdp_status_name(gdev->failed != FSDP_OK ? gdev->failed : FSDP_ERR_BACKEND));
+        return gdev->failed != FSDP_OK ? gdev->failed : FSDP_ERR_BACKEND;
+    }
+    status = FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
+    if (status != FSDP_OK)
+        return status;
+    for (;;) {
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK || gdev->watch_count < FSDP_GPU_WATCH_SLOTS)
+            break;
+        nap(&nap_ns);
+    }
+    *g_p = g;
+    return status;
+}
+
+/* After the enqueue: converts its result, waits out ncclInProgress, and watches the collective
+ * (waiting for it too when collectives are blocking). */
+static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStream_t stream,
+                              ncclResult_t res, const char *call, const char *what)
+{
+    fsdp_gpu_watch_t *w;
+    fsdp_status_t status;
+
+    status = fsdp_gpu_nccl_status(res, call, __FILE__, __LINE__, __func__);
+    if (status == FSDP_OK && res == ncclInProgress)
+        status = comm_ready(gdev, g->comm, what);
+    if (status != FSDP_OK) {
+        fsdp_error("rank %d: %s failed: aborting the communicators", gdev->super.rank, what);
+        fail_all(gdev, status);
+        return status;
+    }
+    w = &gdev->watch[(gdev->watch_head + gdev->watch_count) % FSDP_GPU_WATCH_SLOTS];
+    status = FSDP_CUDA_CALL(cudaEventRecord(w->done, stream));
+    if (status != FSDP_OK)
+        return status;
+    w->t0 = fsdp_gpu_now();
+    w->group = g;
+    snprintf(w->what, sizeof(w->what), "%s", what);
+    gdev->watch_count++;
+    if (gdev->blocking_collectives)
+        return fsdp_gpu_host_wait(gdev, w->done, NULL, what);
+    return FSDP_OK;
+}
+
+/* "all_gather(count 4096, bf16) on group world" */
+static void coll_what(char *buf, size_t size, const char *op, size_t count, fsdp_dtype_t dtype,
+                      const fsdp_gpu_group_t *g)
+{
+    snprintf(buf, size, "%s(count %zu, %s) on group %s", op, count, fsdp_dtype_name(dtype),
+             g->super.name);
+}
+
+static fsdp_status_t coll_args(fsdp_gpu_dev_t *gdev, const char *op, const void *send,
+                               const void *recv, fsdp_dtype_t dtype, ncclDataType_t *type_p)
+{
+    if (!nccl_dtype(dtype, type_p)) {
+        fsdp_error("rank %d: %s: invalid dtype %d (f32, bf16, f16 or i32)", gdev->super.rank, op,
+                   (int)dtype);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (send == NULL || recv == NULL) {
+        fsdp_error("rank %d: %s: %s buffer is NULL", gdev->super.rank, op,
+                   send == NULL ? "send" : "recv");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_group_t *g;
+    ncclDataType_t type;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    status = coll_begin(gdev, group, "all_gather", &g);
+    if (status != FSDP_OK)
+        return status;
+    if (count == 0)
+        return FSDP_OK;
+    status = coll_args(gdev, "all_gather", send, recv, dtype, &type);
+    if (status != FSDP_OK)
+        return status;
+    coll_what(what, sizeof(what), "all_gather", count, dtype, g);
+    return coll_end(gdev, g, s, ncclAllGather(send, recv, count, type, g->comm, s),
+                    "ncclAllGather", what);
+}
+
+fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                      void *recv, size_t count, fsdp_dtype_t dtype,
+                                      fsdp_reduce_op_t op, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_group_t *g;
+    ncclDataType_t type;
+    ncclRedOp_t nop;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    status = coll_begin(gdev, group, "reduce_scatter", &g);
+    if (status != FSDP_OK)
+        return status;
+    if (!nccl_op(op, &nop)) {
+        fsdp_error("rank %d: reduce_scatter: invalid reduce op %d (sum, avg or max)", dev->rank,
+                   (int)op);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (count == 0)
+        return FSDP_OK;
+    status = coll_args(gdev, "reduce_scatter", send, recv, dtype, &type);
+    if (status != FSDP_OK)
+        return status;
+    coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
+    return coll_end(gdev, g, s, ncclReduceScatter(send, recv, count, type, nop, g->comm, s),
+                    "ncclReduceScatter", what);
+}
+
+fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_reduce_op_t op, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_group_t *g;
+    ncclDataType_t type;
+    ncclRedOp_t nop;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    status = coll_begin(gdev, group, "all_reduce", &g);
+    if (status != FSDP_OK)
+        return status;
+    if (!nccl_op(op, &nop)) {
+        fsdp_error("rank %d: all_reduce: invalid reduce op %d (sum, avg or max)", dev->rank,
+                   (int)op);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (count == 0)
+        return FSDP_OK;
+    status = coll_args(gdev, "all_reduce", send, recv, dtype, &type);
+    if (status != FSDP_OK)
+        return status;
+    coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
+    return coll_end(gdev, g, s, ncclAllReduce(send, recv, count, type, nop, g->comm, s),
+                    "ncclAllReduce", what);
+}
+
+fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
+                                 fsdp_dtype_t dtype, int root, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_group_t *g;
+    ncclDataType_t type;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    status = coll_begin(gdev, group, "broadcast", &g);
+    if (status != FSDP_OK)
+        return status;
+    if (root < 0 || root >= g->super.size) {
+        fsdp_error("rank %d: broadcast on group %s: root %d is not a rank of the group (0..%d)",
+                   dev->rank, g->super.name, root, g->super.size - 1);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (count == 0)
+        return FSDP_OK;
+    status = coll_args(gdev, "broadcast", buf, buf, dtype, &type);
+    if (status != FSDP_OK)
+        return status;
+    coll_what(what, sizeof(what), "broadcast", count, dtype, g);
+    return coll_end(gdev, g, s, ncclBroadcast(buf, buf, count, type, root, g->comm, s),
+                    "ncclBroadcast", what);
+}
+
+/* A one-element all-reduce on the internal stream, waited for by the host. */
+fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_group_t *g;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    status = coll_begin(gdev, group, "barrier", &g);
+    if (status != FSDP_OK)
+        return status;
+    snprintf(what, sizeof(what), "barrier on group %s", g->super.name);
+    status = coll_end(gdev, g, gdev->aux,
+                      ncclAllReduce(gdev->dbuf, gdev->dbuf, 1, ncclInt32, ncclSum, g->comm,
+                                    gdev->aux),
+                      "ncclAllReduce(barrier)", what);
+    if (status != FSDP_OK)
+        return status;
+    return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
+}
+
+/* ---- groups ---- */
+
+fsdp_group_t *fsdp_gpu_group_world(fsdp_dev_t *dev)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    return gdev->world != NULL ? &gdev->world->super : NULL;
+}
+
+/* Every member's (color, key), gathered over the parent on the internal stream. */
+static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *parent, int color,
+                                    int key, int *all)
+{
+    int mine[2] = {color, key};
+    size_t n = (size_t)parent->super.size;
+    fsdp_status_t status;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    snprintf(what, sizeof(what), "group_split (color/key exchange) on group %s",
+             parent->super.name);
+    status = FSDP_CUDA_CALL(
+        cudaMemcpyAsync(gdev->dbuf, mine, sizeof(mine), cudaMemcpyHostToDevice, gdev->aux));
+    if (status != FSDP_OK)
+        return status;
+    status = coll_end(gdev, parent, gdev->aux,
+                      ncclAllGather(gdev->dbuf, gdev->dbuf + 2, 2, ncclInt32, parent->comm,
+                                    gdev->aux),
+                      "ncclAllGather(split)", what);
+    if (status != FSDP_OK)
+        return status;
+    status = FSDP_CUDA_CALL(cudaMemcpyAsync(all, gdev->dbuf + 2, 2 * n * sizeof(int),
+                                            cudaMemcpyDeviceToHost, gdev->aux));
+    if (status != FSDP_OK)
+        return status;
+    return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
+}
+
+fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
+                                   fsdp_group_t **group_p)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_group_t *p, *g = NULL;
+    int *all = NULL, n, members = 0, me = -1, nccl_rank = -1, nccl_count = -1;
+    ncclComm_t comm = NULL;
+    ncclConfig_t config;
+    fsdp_status_t status;
+    ncclResult_t res;
+    char what[FSDP_GPU_WHAT_SIZE];
+
+    if (group_p == NULL) {
+        fsdp_error("rank %d: group_split: group_p is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = coll_begin(gdev, parent, "group_split", &p);
+    if (status != FSDP_OK)
+        return status;
+    n = p->super.size;
+    all = malloc(2 * (size_t)n * sizeof(*all));
+    if (all == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = split_exchange(gdev, p, color < 0 ? -1 : color, key, all);
+    if (status != FSDP_OK)
+        goto out;
+
+    snprintf(what, sizeof(what), "ncclCommSplit(group %s, color %d)", p->super.name, color);
+    comm_config(&config);
+    res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+    status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
+    if (status == FSDP_OK && res == ncclInProgress)
+        status = comm_ready(gdev, comm != NULL ? comm : p->comm, what);
+    if (status != FSDP_OK) {
+        if (comm != NULL)
+            (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
+        comm = NULL;
+        fail_all(gdev, status);
+        goto out;
+    }
+    if (color < 0) {
+        *group_p = NULL;
+        goto out;
+    }
+
+    g = calloc(1, sizeof(*g));
+    if (g != NULL)
+        g->ranks = malloc((size_t)n * sizeof(*g->ranks));
+    if (g == NULL || g->ranks == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    /* Members ordered by (key, rank in the parent), as NCCL and the sim order them. Insertion
+     * keeps it simple: groups are small and splits rare. */
+    for (int j = 0; j < n; j++) {
+        int pos;
+        if (all[2 * j] != color)
+            continue;
+        for (pos = members; pos > 0 && all[2 * g->ranks[pos - 1] + 1] > all[2 * j + 1]; pos--)
+            g->ranks[pos] = g->ranks[pos - 1];
+        g->ranks[pos] = j; /* parent rank for now */
+        members++;
+    }
+    for (int i = 0; i < members; i++) {
+        if (g->ranks[i] == p->super.rank)
+            me = i;
+        g->ranks[i] = p->super.ranks[g->ranks[i]];
+    }
+    status = FSDP_NCCL_CALL(ncclCommUserRank(comm, &nccl_rank));
+    if (status == FSDP_OK)
+        status = FSDP_NCCL_CALL(ncclCommCount(comm, &nccl_count));
+    if (status != FSDP_OK)
+        goto out;
+    if (me < 0 || nccl_rank != me || nccl_count != members) {
+        fsdp_error("rank %d: %s: NCCL made rank %d of %d, the exchange says %d of %d", dev->rank,
+                   what, nccl_rank, nccl_count, me, members);
+        status = FSDP_ERR_INTERNAL;
+        goto out;
+    }
+    g->dev = gdev;
+    g->comm = comm;
+    comm = NULL;
+    g->super.rank = me;
+    g->super.size = members;
+    g->super.ranks = g->ranks;
+    if (snprintf(g->super.name, sizeof(g->super.name), "%s/split(%d)", p->super.name, color) >=
+        (int)sizeof(g->super.name))
+        fsdp_debug("rank %d: group name truncated to '%s'", dev->rank, g->super.name);
+    group_link(gdev, g);
+    *group_p = &g->super;
+    g = NULL;
+
+out:
+    if (comm != NULL)
+        (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
+    if (g != NULL) {
+        free(g->ranks);
+        free(g);
+    }
+    free(all);
+    return status;
+}
+
+void fsdp_gpu_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_group_t *g = (fsdp_gpu_group_t *)group;
+
+    if (g == NULL || g == gdev->world)
+        return; /* the world belongs to the backend */
+    (void)FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
+    /* Its collectives must be done before NCCL frees the communicator. */
+    (void)fsdp_gpu_watch_drain(gdev);
+    group_unlink(gdev, g);
+    group_free(gdev, g, gdev->failed != FSDP_OK);
+}

@@ -1,0 +1,201 @@
+/* The gpu backend's internal types and error conversion (never installed).
+ *
+ * One process per rank: a fsdp_gpu_dev_t owns one CUDA device, its compute stream, a cuBLAS
+ * handle and the NCCL communicators of its groups. Every CUDA, cuBLAS and NCCL call goes
+ * through FSDP_CUDA_CALL, FSDP_CUBLAS_CALL or FSDP_NCCL_CALL, which turn the foreign result
+ * into an fsdp_status_t and log the failing call with the library's own error string, once,
+ * here at the boundary. No CUDA or NCCL type leaves gpu/.
+ *
+ * Communicators are non-blocking (ncclConfig_t.blocking = 0), so no NCCL call can hang the host:
+ * every wait on NCCL is a poll bounded by the collective timeout (coll.c). Collectives are
+ * enqueued asynchronously; each one records an event into the dev's watchdog ring, and every
+ * host wait (event and stream synchronization, barrier, finalize) polls the ring: a collective
+ * older than the timeout, or an asynchronous NCCL error, aborts the communicators and fails the
+ * wait with FSDP_ERR_TIMEOUT, FSDP_ERR_RANK_FAILED or FSDP_ERR_BACKEND naming the collective.
+ *
+ * This header is read by gcc (the .c files) and by nvcc (kernels.cu).
+ */
+#ifndef FSDP_GPU_GPU_H
+#define FSDP_GPU_GPU_H
+
+#include <fsdp/backend.h>
+#include <fsdp/gpu.h>
+#include <fsdp/log.h>
+
+/* The toolkit's headers are foreign code: they test undefined macros and declare "f()". */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef"
+#ifndef __cplusplus
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#endif
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#pragma GCC diagnostic pop
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the gpu backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_gpu_dev fsdp_gpu_dev_t;
+
+/* Element-wise and reduction launches use this many threads per block. */
+#define FSDP_GPU_THREADS 256
+/* Reductions (sumsq, mse_loss) use at most this many blocks in their first pass; the partial
+ * sums of a stream live in its scratch buffer. */
+#define FSDP_GPU_RED_MAX_BLOCKS 1024
+/* Collectives the watchdog tracks at once; more wait for the oldest to finish. */
+#define FSDP_GPU_WATCH_SLOTS 64
+
+typedef struct fsdp_gpu_stream {
+    fsdp_stream_t super;
+    cudaStream_t cu;
+    double *scratch; /* FSDP_GPU_RED_MAX_BLOCKS partial sums, allocated on first use */
+} fsdp_gpu_stream_t;
+
+/* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. Timing stays
+ * enabled so traces can time spans with cudaEventElapsedTime. */
+struct fsdp_event {
+    cudaEvent_t cu;
+};
+
+typedef struct fsdp_gpu_group {
+    fsdp_group_t super;
+    fsdp_gpu_dev_t *dev;
+    ncclComm_t comm;             /* NULL once aborted or destroyed */
+    int *ranks;                  /* super.ranks */
+    struct fsdp_gpu_group *next; /* the dev's list of live groups */
+} fsdp_gpu_group_t;
+
+/* A collective in flight: the watchdog fails it once it is older than the timeout. */
+#define FSDP_GPU_WHAT_SIZE 160
+typedef struct fsdp_gpu_watch {
+    cudaEvent_t done; /* recorded after the collective */
+    double t0;        /* host time of the enqueue */
+    fsdp_gpu_group_t *group;
+    char what[FSDP_GPU_WHAT_SIZE]; /* "all_gather(count 4096, bf16) on group world" */
+} fsdp_gpu_watch_t;
+
+struct fsdp_gpu_dev {
+    fsdp_dev_t super;
+    int device;
+    double timeout_s; /* <= 0: wait forever */
+    int blocking_collectives;
+    int prio_least, prio_greatest; /* the device's stream priorities (greatest <= least) */
+    int next_stream_id;
+
+    fsdp_gpu_stream_t compute; /* id 0 */
+    cudaStream_t aux;          /* barrier and split bookkeeping */
+    cublasHandle_t cublas;
+    int *dbuf;                 /* device ints for barrier and split */
+
+    fsdp_gpu_group_t *world;
+    fsdp_gpu_group_t *groups; /* live groups, world included */
+    fsdp_status_t failed;     /* FSDP_OK, or why the communicators were aborted */
+
+    fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* ring of collectives in flight */
+    unsigned watch_head, watch_count;
+};
+
+static inline fsdp_gpu_dev_t *fsdp_gpu_dev_of(fsdp_dev_t *dev)
+{
+    return (fsdp_gpu_dev_t *)dev;
+}
+
+/* A NULL stream is the compute stream. */
+static inline fsdp_gpu_stream_t *fsdp_gpu_stream_of(fsdp_gpu_dev_t *gdev, fsdp_stream_t *stream)
+{
+    return stream != NULL ? (fsdp_gpu_stream_t *)stream : &gdev->compute;
+}
+
+/* error.c: the conversions behind the macros. Each logs "rank R: <call>: <message> (<name>)"
+ * and returns FSDP_ERR_OUT_OF_MEMORY, FSDP_ERR_NO_DEVICE, FSDP_ERR_RANK_FAILED or
+ * FSDP_ERR_BACKEND; FSDP_OK on success. cudaErrorNotReady is not an error. */
+fsdp_status_t fsdp_gpu_cuda_status(cudaError_t err, const char *call, const char *file, int line,
+                                   const char *func);
+fsdp_status_t fsdp_gpu_cublas_status(cublasStatus_t st, const char *call, const char *file,
+                                     int line, const char *func);
+/* ncclInProgress is success here: the caller polls the communicator (coll.c). */
+fsdp_status_t fsdp_gpu_nccl_status(ncclResult_t res, const char *call, const char *file, int line,
+                                   const char *func);
+/* The rank printed in front of every message of this process (set by fsdp_gpu_init). */
+void fsdp_gpu_set_log_rank(int rank);
+int fsdp_gpu_log_rank(void);
+
+#define FSDP_CUDA_CALL(call) fsdp_gpu_cuda_status((call), #call, __FILE__, __LINE__, __func__)
+#define FSDP_CUBLAS_CALL(call) fsdp_gpu_cublas_status((call), #call, __FILE__, __LINE__, __func__)
+#define FSDP_NCCL_CALL(call) fsdp_gpu_nccl_status((call), #call, __FILE__, __LINE__, __func__)
+
+/* stream.c */
+double fsdp_gpu_now(void); /* CLOCK_MONOTONIC, seconds */
+fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, int id,
+                                   const char *name, int priority);
+void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s);
+/* Polls until the event (or, with ev NULL, the stream) is done, running the watchdog between
+ * polls while collectives are in flight. */
+fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
+                                 const char *what);
+
+/* coll.c */
+fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id);
+/* Destroys every live group (the world last); aborts their communicators when `abort`. */
+void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
+/* Checks every communicator for asynchronous errors and the oldest collective in flight for
+ * the timeout; retires the collectives that have finished. On failure every communicator is
+ * aborted and the status is remembered in gdev->failed. */
+fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev);
+/* Waits (bounded by the timeout) until no collective is in flight. */
+fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev);
+
+/* kernel.c / kernels.cu */
+fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
+/* Launches any kind but GEMM on the stream; the descriptor has been validated. */
+fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
+/* c[r * ldc + j] = beta == 0 ? 0 : beta * c[r * ldc + j] for r < rows, j < cols (f32). */
+fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, float *c, size_t rows, size_t cols,
+                                    size_t ldc, float beta);
+
+/* The ops table's slots, by file. */
+fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
+                                     void **ptr_p);
+void fsdp_gpu_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr);
+fsdp_stream_t *fsdp_gpu_compute_stream(fsdp_dev_t *dev);
+fsdp_status_t fsdp_gpu_stream_create(fsdp_dev_t *dev, const char *name, int priority,
+                                     fsdp_stream_t **stream_p);
+void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p);
+void fsdp_gpu_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event);
+fsdp_status_t fsdp_gpu_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                         fsdp_event_t *event);
+fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p);
+fsdp_status_t fsdp_gpu_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event);
+double fsdp_gpu_host_time(fsdp_dev_t *dev);
+fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
+                                    fsdp_stream_t *stream);
+fsdp_group_t *fsdp_gpu_group_world(fsdp_dev_t *dev);
+fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
+                                   fsdp_group_t **group_p);
+void fsdp_gpu_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group);
+fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                      void *recv, size_t count, fsdp_dtype_t dtype,
+                                      fsdp_reduce_op_t op, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_reduce_op_t op, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
+                                 fsdp_dtype_t dtype, int root, fsdp_stream_t *stream);
+fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

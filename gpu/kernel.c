@@ -1,0 +1,161 @@
+/* The kernel slot: checks a descriptor, runs GEMM through cuBLAS and hands every other kind to
+ * the CUDA launchers of kernels.cu. */
+#include "config.h"
+
+#include "gpu.h"
+
+#include <limits.h>
+
+static int dtype_ok(fsdp_dtype_t dtype)
+{
+    return (int)dtype >= 0 && dtype < FSDP_DTYPE_COUNT;
+}
+
+/* NULL pointers with work to do, invalid dtypes, degenerate shapes. Logs what was wrong. */
+static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
+{
+    const char *bad = NULL;
+
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        if (!dtype_ok(k->u.fill.dtype))
+            bad = "dtype";
+        else if (k->u.fill.n > 0 && k->u.fill.x == NULL)
+            bad = "x is NULL";
+        break;
+    case FSDP_K_CAST:
+        if (!dtype_ok(k->u.cast.dst_dtype) || !dtype_ok(k->u.cast.src_dtype))
+            bad = "dtype";
+        else if (k->u.cast.n > 0 && (k->u.cast.dst == NULL || k->u.cast.src == NULL))
+            bad = "dst or src is NULL";
+        break;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        if (!dtype_ok(k->u.scale.dtype))
+            bad = "dtype";
+        else if (k->u.scale.n > 0 && k->u.scale.x == NULL)
+            bad = "x is NULL";
+        break;
+    case FSDP_K_AXPY:
+        if (!dtype_ok(k->u.axpy.y_dtype) || !dtype_ok(k->u.axpy.x_dtype))
+            bad = "dtype";
+        else if (k->u.axpy.n > 0 && (k->u.axpy.y == NULL || k->u.axpy.x == NULL))
+            bad = "y or x is NULL";
+        break;
+    case FSDP_K_GEMM: {
+        const size_t m = k->u.gemm.m, n = k->u.gemm.n, kk = k->u.gemm.k;
+        if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || k->u.gemm.lda > INT_MAX ||
+            k->u.gemm.ldb > INT_MAX || k->u.gemm.ldc > INT_MAX)
+            bad = "a dimension or leading dimension exceeds INT_MAX (cuBLAS)";
+        else if (k->u.gemm.lda < (k->u.gemm.trans_a ? m : kk) ||
+                 k->u.gemm.ldb < (k->u.gemm.trans_b ? kk : n) || k->u.gemm.ldc < n)
+            bad = "leading dimension too small (lda >= K or M, ldb >= N or K, ldc >= N)";
+        else if (m > 0 && n > 0 &&
+                 (k->u.gemm.c == NULL ||
+                  (kk > 0 && k->u.gemm.alpha != 0.0f && (k->u.gemm.a == NULL || k->u.gemm.b == NULL))))
+            bad = "a, b or c is NULL";
+        break;
+    }
+    case FSDP_K_BIAS_ADD:
+        if (k->u.bias_add.rows > 0 && k->u.bias_add.cols > 0 &&
+            (k->u.bias_add.y == NULL || k->u.bias_add.bias == NULL))
+            bad = "y or bias is NULL";
+        break;
+    case FSDP_K_BIAS_GRAD:
+        if (k->u.bias_grad.cols > 0 &&
+            (k->u.bias_grad.dbias == NULL || (k->u.bias_grad.rows > 0 && k->u.bias_grad.dy == NULL)))
+            bad = "dbias or dy is NULL";
+        break;
+    case FSDP_K_RELU_FWD:
+        if (k->u.relu_fwd.n > 0 && (k->u.relu_fwd.y == NULL || k->u.relu_fwd.x == NULL))
+            bad = "y or x is NULL";
+        break;
+    case FSDP_K_RELU_BWD:
+        if (k->u.relu_bwd.n > 0 &&
+            (k->u.relu_bwd.dx == NULL || k->u.relu_bwd.dy == NULL || k->u.relu_bwd.y == NULL))
+            bad = "dx, dy or y is NULL";
+        break;
+    case FSDP_K_MSE_LOSS:
+        if (k->u.mse.loss == NULL || (k->u.mse.n > 0 && (k->u.mse.y == NULL || k->u.mse.t == NULL)))
+            bad = "loss, y or t is NULL";
+        else if (!(k->u.mse.denom != 0.0))
+            bad = "denom is 0";
+        break;
+    case FSDP_K_ADAMW:
+        if (k->u.adamw.step < 1)
+            bad = "step < 1 (steps count from 1)";
+        else if (k->u.adamw.n > 0 && (k->u.adamw.param == NULL || k->u.adamw.grad == NULL ||
+                                      k->u.adamw.exp_avg == NULL || k->u.adamw.exp_avg_sq == NULL))
+            bad = "param, grad, exp_avg or exp_avg_sq is NULL";
+        break;
+    case FSDP_K_SGD:
+        if (k->u.sgd.n > 0 && (k->u.sgd.param == NULL || k->u.sgd.grad == NULL ||
+                               (k->u.sgd.momentum != 0.0f && k->u.sgd.momentum_buf == NULL)))
+            bad = "param, grad or momentum_buf is NULL";
+        break;
+    case FSDP_K_SUMSQ:
+        if (!dtype_ok(k->u.sumsq.dtype))
+            bad = "dtype";
+        else if (k->u.sumsq.out == NULL || (k->u.sumsq.n > 0 && k->u.sumsq.x == NULL))
+            bad = "out or x is NULL";
+        break;
+    default:
+        fsdp_error("rank %d: kernel: unknown kind %d", dev->rank, (int)k->kind);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (bad != NULL) {
+        fsdp_error("rank %d: kernel %s: %s", dev->rank, fsdp_kernel_name(k->kind), bad);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS sees each row-major
+ * matrix as its transpose, so B comes first, and the dimensions swap (N, M, K). */
+static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp_kernel_t *k)
+{
+    const int m = (int)k->u.gemm.m, n = (int)k->u.gemm.n, kk = (int)k->u.gemm.k;
+    /* cuBLAS wants ld >= 1 even for an empty operand. */
+    const int lda = k->u.gemm.lda > 0 ? (int)k->u.gemm.lda : 1;
+    const int ldb = k->u.gemm.ldb > 0 ? (int)k->u.gemm.ldb : 1;
+    const int ldc = k->u.gemm.ldc > 0 ? (int)k->u.gemm.ldc : 1;
+    const cublasOperation_t op_a = k->u.gemm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = k->u.gemm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    fsdp_status_t status;
+
+    if (m == 0 || n == 0)
+        return FSDP_OK;
+    /* K == 0 or alpha == 0: C = beta * C, reading neither A nor B (which may then be NULL), as
+     * BLAS and the sim; not left to cuBLAS, whose quick returns are not documented. */
+    if (kk == 0 || k->u.gemm.alpha == 0.0f)
+        return fsdp_gpu_scale_matrix(s, k->u.gemm.c, k->u.gemm.m, k->u.gemm.n, k->u.gemm.ldc,
+                                     k->u.gemm.beta);
+    status = FSDP_CUBLAS_CALL(cublasSetStream(gdev->cublas, s->cu));
+    if (status != FSDP_OK)
+        return status;
+    /* beta == 0: cuBLAS does not read C (NaN included), as kernel.h asks. */
+    return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
+                                        k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,
+                                        k->u.gemm.c, ldc));
+}
+
+fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
+    fsdp_status_t status;
+
+    if (k == NULL) {
+        fsdp_error("rank %d: kernel: descriptor is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = check(dev, k);
+    if (status != FSDP_OK)
+        return status;
+    status = FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
+    if (status != FSDP_OK)
+        return status;
+    if (k->kind == FSDP_K_GEMM)
+        return gemm(gdev, s, k);
+    return fsdp_gpu_launch(s, k);
+}

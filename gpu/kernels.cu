@@ -1,0 +1,214 @@
+/* The gpu backend's CUDA kernels: grids over the shared bodies of lib/kernels/ (kernel_elem.h).
+ * Nothing here computes a formula of its own; the bodies are the ones the sim loops over.
+ *
+ * Every launch is deterministic. Element-wise kernels write each element once. Reductions have
+ * a fixed shape that depends only on n: sumsq and mse_loss give each block a fixed chunk, each
+ * thread a fixed stride of it (summed in double), then a fixed tree in the block, and one block
+ * sums the partials the same way; bias_grad gives each column one thread that sums its rows in
+ * order, as the sim does. */
+#include "config.h"
+
+/* The bodies before the toolkit's libraries: cuda_fp16.h (through cublas and nccl) declares a
+ * global `half`, which a local of convert.h would shadow (-Wshadow) if it came first. */
+#include "kernels/kernel_elem.h"
+
+#include "gpu.h"
+
+#include <stdio.h>
+
+namespace {
+
+/* A grid for n independent elements; a grid-stride loop covers what does not fit. */
+unsigned grid_for(size_t n)
+{
+    const size_t max_blocks = 65536;
+    size_t blocks = (n + FSDP_GPU_THREADS - 1) / FSDP_GPU_THREADS;
+    return (unsigned)(blocks < max_blocks ? blocks : max_blocks);
+}
+
+fsdp_status_t launched(const fsdp_kernel_t *k, const char *what)
+{
+    char call[64];
+    snprintf(call, sizeof(call), "launch of %s (%s)", what, fsdp_kernel_name(k->kind));
+    return fsdp_gpu_cuda_status(cudaGetLastError(), call, __FILE__, __LINE__, __func__);
+}
+
+template <int Kind>
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    elem_kernel(const fsdp_kernel_t k, const fsdp_kb_prep_t p)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += stride)
+        fsdp_kb_elem((fsdp_kernel_kind_t)Kind, &k, &p, i);
+}
+
+template <int Kind>
+fsdp_status_t launch_elem(cudaStream_t s, const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    if (p->n == 0)
+        return FSDP_OK;
+    elem_kernel<Kind><<<grid_for(p->n), FSDP_GPU_THREADS, 0, s>>>(*k, *p);
+    return launched(k, "elem_kernel");
+}
+
+/* Sums sh[0..FSDP_GPU_THREADS) into sh[0] along a fixed tree. */
+__device__ void block_tree(double *sh)
+{
+    __syncthreads();
+    for (unsigned w = FSDP_GPU_THREADS / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+}
+
+/* Pass 1: block b sums the terms of [b * chunk, (b + 1) * chunk) into partial[b]. */
+template <int Kind>
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    reduce_pass1(const fsdp_kernel_t k, size_t n, size_t chunk, double *partial)
+{
+    __shared__ double sh[FSDP_GPU_THREADS];
+    const size_t begin = (size_t)blockIdx.x * chunk;
+    const size_t end = begin + chunk < n ? begin + chunk : n;
+    double acc = 0.0;
+
+    for (size_t i = begin + threadIdx.x; i < end; i += FSDP_GPU_THREADS)
+        acc += Kind == FSDP_K_SUMSQ ? fsdp_kb_sumsq_term(&k, i) : fsdp_kb_mse_term(&k, i);
+    sh[threadIdx.x] = acc;
+    block_tree(sh);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = sh[0];
+}
+
+/* Pass 2, one block: out[0] = (sum of the partials) / divisor, rounded once to f32. */
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    reduce_pass2(const double *partial, unsigned nparts, float *out, double divisor)
+{
+    __shared__ double sh[FSDP_GPU_THREADS];
+    double acc = 0.0;
+
+    for (unsigned i = threadIdx.x; i < nparts; i += FSDP_GPU_THREADS)
+        acc += partial[i];
+    sh[threadIdx.x] = acc;
+    block_tree(sh);
+    if (threadIdx.x == 0)
+        out[0] = (float)(sh[0] / divisor);
+}
+
+/* The shape of a reduction of n terms: chunks of at least 16 terms per thread, at most
+ * FSDP_GPU_RED_MAX_BLOCKS blocks; a function of n alone, so every device sums alike. */
+void reduce_shape(size_t n, size_t *chunk_p, unsigned *blocks_p)
+{
+    size_t chunk = (size_t)FSDP_GPU_THREADS * 16;
+
+    if ((n + chunk - 1) / chunk > FSDP_GPU_RED_MAX_BLOCKS) {
+        chunk = (n + FSDP_GPU_RED_MAX_BLOCKS - 1) / FSDP_GPU_RED_MAX_BLOCKS;
+        chunk = (chunk + FSDP_GPU_THREADS - 1) / FSDP_GPU_THREADS * FSDP_GPU_THREADS;
+    }
+    *chunk_p = chunk;
+    *blocks_p = (unsigned)((n + chunk - 1) / chunk);
+}
+
+template <int Kind>
+fsdp_status_t launch_reduce(fsdp_gpu_stream_t *s, const fsdp_kernel_t *k, size_t n, float *out,
+                            double divisor)
+{
+    fsdp_status_t status;
+    unsigned blocks = 0;
+    size_t chunk = 0;
+
+    if (s->scratch == NULL) {
+        status = FSDP_CUDA_CALL(
+            cudaMalloc((void **)&s->scratch, FSDP_GPU_RED_MAX_BLOCKS * sizeof(double)));
+        if (status != FSDP_OK)
+            return status;
+    }
+    if (n > 0) {
+        reduce_shape(n, &chunk, &blocks);
+        reduce_pass1<Kind><<<blocks, FSDP_GPU_THREADS, 0, s->cu>>>(*k, n, chunk, s->scratch);
+        status = launched(k, "reduce_pass1");
+        if (status != FSDP_OK)
+            return status;
+    }
+    reduce_pass2<<<1, FSDP_GPU_THREADS, 0, s->cu>>>(s->scratch, blocks, out, divisor);
+    return launched(k, "reduce_pass2");
+}
+
+__global__ void __launch_bounds__(FSDP_GPU_THREADS) bias_grad_kernel(const fsdp_kernel_t k)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < k.u.bias_grad.cols;
+         c += stride)
+        fsdp_kb_bias_grad_col(&k, c);
+}
+
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    scale_matrix_kernel(float *c, size_t rows, size_t cols, size_t ldc, float beta)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += stride) {
+        float *e = c + (i / cols) * ldc + i % cols;
+        *e = beta == 0.0f ? 0.0f : beta * *e;
+    }
+}
+
+} // namespace
+
+extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, float *c, size_t rows,
+                                               size_t cols, size_t ldc, float beta)
+{
+    if (rows == 0 || cols == 0 || beta == 1.0f)
+        return FSDP_OK;
+    scale_matrix_kernel<<<grid_for(rows * cols), FSDP_GPU_THREADS, 0, stream->cu>>>(c, rows, cols,
+                                                                                    ldc, beta);
+    return fsdp_gpu_cuda_status(cudaGetLastError(), "launch of scale_matrix_kernel (gemm)",
+                                __FILE__, __LINE__, __func__);
+}
+
+extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
+{
+    cudaStream_t s = stream->cu;
+    fsdp_kb_prep_t p;
+    fsdp_status_t status;
+
+    fsdp_kb_prepare(k, &p);
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        return launch_elem<FSDP_K_FILL>(s, k, &p);
+    case FSDP_K_CAST:
+        return launch_elem<FSDP_K_CAST>(s, k, &p);
+    case FSDP_K_SCALE:
+        return launch_elem<FSDP_K_SCALE>(s, k, &p);
+    case FSDP_K_DIV:
+        return launch_elem<FSDP_K_DIV>(s, k, &p);
+    case FSDP_K_AXPY:
+        return launch_elem<FSDP_K_AXPY>(s, k, &p);
+    case FSDP_K_BIAS_ADD:
+        return launch_elem<FSDP_K_BIAS_ADD>(s, k, &p);
+    case FSDP_K_RELU_FWD:
+        return launch_elem<FSDP_K_RELU_FWD>(s, k, &p);
+    case FSDP_K_RELU_BWD:
+        return launch_elem<FSDP_K_RELU_BWD>(s, k, &p);
+    case FSDP_K_ADAMW:
+        return launch_elem<FSDP_K_ADAMW>(s, k, &p);
+    case FSDP_K_SGD:
+        return launch_elem<FSDP_K_SGD>(s, k, &p);
+    case FSDP_K_MSE_LOSS:
+        /* The loss first: dy may share y's memory. */
+        status = launch_reduce<FSDP_K_MSE_LOSS>(stream, k, k->u.mse.n, k->u.mse.loss,
+                                                k->u.mse.denom);
+        if (status != FSDP_OK)
+            return status;
+        return launch_elem<FSDP_K_MSE_LOSS>(s, k, &p);
+    case FSDP_K_SUMSQ:
+        return launch_reduce<FSDP_K_SUMSQ>(stream, k, k->u.sumsq.n, k->u.sumsq.out, 1.0);
+    case FSDP_K_BIAS_GRAD:
+        if (k->u.bias_grad.cols == 0)
+            return FSDP_OK;
+        bias_grad_kernel<<<grid_for(k->u.bias_grad.cols), FSDP_GPU_THREADS, 0, s>>>(*k);
+        return launched(k, "bias_grad_kernel");
+    default:
+        fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
+        return FSDP_ERR_UNSUPPORTED;
+    }
+}

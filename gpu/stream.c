@@ -1,0 +1,307 @@
+/* Device and pinned segments, streams, events, copies and the host clock; host waits that never
+ * outlive the collective timeout. */
+#include "config.h"
+
+#include "gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double fsdp_gpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double fsdp_gpu_host_time(fsdp_dev_t *dev)
+{
+    (void)dev;
+    return fsdp_gpu_now();
+}
+
+/* The calling thread's current device is per thread in CUDA: make it this rank's before any call
+ * that creates something or enqueues work. */
+static fsdp_status_t use_device(fsdp_gpu_dev_t *gdev)
+{
+    return FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
+}
+
+fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
+                                     void **ptr_p)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_status_t status;
+    void *ptr = NULL;
+
+    if (ptr_p == NULL || (kind != FSDP_MEMKIND_DEVICE && kind != FSDP_MEMKIND_HOST_PINNED)) {
+        fsdp_error("rank %d: segment_alloc: invalid %s (memkind %d; 0 device, 1 host pinned)",
+                   dev->rank, ptr_p == NULL ? "ptr_p NULL" : "memkind", (int)kind);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = use_device(gdev);
+    if (status != FSDP_OK)
+        return status;
+    if (kind == FSDP_MEMKIND_DEVICE)
+        status = FSDP_CUDA_CALL(cudaMalloc(&ptr, bytes));
+    else
+        status = FSDP_CUDA_CALL(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault));
+    if (status != FSDP_OK)
+        return status;
+    *ptr_p = ptr;
+    return FSDP_OK;
+}
+
+void fsdp_gpu_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    if (use_device(fsdp_gpu_dev_of(dev)) != FSDP_OK)
+        return;
+    if (kind == FSDP_MEMKIND_HOST_PINNED)
+        (void)FSDP_CUDA_CALL(cudaFreeHost(ptr));
+    else
+        (void)FSDP_CUDA_CALL(cudaFree(ptr));
+}
+
+fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, int id,
+                                   const char *name, int priority)
+{
+    int prio = priority;
+    fsdp_status_t status;
+
+    /* CUDA: lower is higher priority; [greatest, least], e.g. [-5, 0]. */
+    if (prio < gdev->prio_greatest)
+        prio = gdev->prio_greatest;
+    if (prio > gdev->prio_least)
+        prio = gdev->prio_least;
+    memset(s, 0, sizeof(*s));
+    /* Non-blocking: no implicit synchronization with the legacy default stream, as PyTorch's
+     * side streams; all ordering is explicit through events. */
+    status = FSDP_CUDA_CALL(cudaStreamCreateWithPriority(&s->cu, cudaStreamNonBlocking, prio));
+    if (status != FSDP_OK)
+        return status;
+    s->super.id = id;
+    s->super.priority = prio;
+    snprintf(s->super.name, sizeof(s->super.name), "%s", name != NULL ? name : "");
+    return FSDP_OK;
+}
+
+void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s)
+{
+    if (s->scratch != NULL)
+        (void)FSDP_CUDA_CALL(cudaFree(s->scratch)); /* waits for the work that uses it */
+    if (s->cu != NULL)
+        (void)FSDP_CUDA_CALL(cudaStreamDestroy(s->cu));
+    s->scratch = NULL;
+    s->cu = NULL;
+}
+
+fsdp_stream_t *fsdp_gpu_compute_stream(fsdp_dev_t *dev)
+{
+    return &fsdp_gpu_dev_of(dev)->compute.super;
+}
+
+fsdp_status_t fsdp_gpu_stream_create(fsdp_dev_t *dev, const char *name, int priority,
+                                     fsdp_stream_t **stream_p)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s;
+    fsdp_status_t status;
+
+    if (stream_p == NULL) {
+        fsdp_error("rank %d: stream_create: stream_p is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = use_device(gdev);
+    if (status != FSDP_OK)
+        return status;
+    s = malloc(sizeof(*s));
+    if (s == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = fsdp_gpu_stream_init(gdev, s, gdev->next_stream_id, name, priority);
+    if (status != FSDP_OK) {
+        free(s);
+        return status;
+    }
+    gdev->next_stream_id++;
+    *stream_p = &s->super;
+    return FSDP_OK;
+}
+
+void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = (fsdp_gpu_stream_t *)stream;
+
+    if (s == NULL || s == &gdev->compute)
+        return;
+    (void)use_device(gdev);
+    fsdp_gpu_stream_fini(s);
+    free(s);
+}
+
+/* The host waits by polling, so that a collective that never completes cannot hang it: a short
+ * spin first (most waits are short), then naps growing to 1 ms. */
+fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
+                                 const char *what)
+{
+    long nap_ns = 10000;
+    fsdp_status_t status;
+    cudaError_t err;
+
+    if (gdev->watch_count == 0 && gdev->failed == FSDP_OK) {
+        /* No collective in flight: nothing this wait depends on can hang. */
+        if (ev != NULL)
+            return FSDP_CUDA_CALL(cudaEventSynchronize(ev));
+        return FSDP_CUDA_CALL(cudaStreamSynchronize(stream));
+    }
+    for (unsigned spin = 0;; spin++) {
+        err = ev != NULL ? cudaEventQuery(ev) : cudaStreamQuery(stream);
+        if (err == cudaSuccess)
+            return FSDP_OK;
+        if (err != cudaErrorNotReady)
+            return fsdp_gpu_cuda_status(err, ev != NULL ? "cudaEventQuery(ev)" : "cudaStreamQuery(stream)",
+                                        __FILE__, __LINE__, __func__);
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK) {
+            fsdp_error("rank %d: wait for %s abandoned: %s", gdev->super.rank, what,
+                       fsdp_status_string(status));
+            return status;
+        }
+        if (spin >= 64) {
+            struct timespec ts = {0, nap_ns};
+            nanosleep(&ts, NULL); /* a signal only shortens the nap */
+            nap_ns = nap_ns >= 500000 ? 1000000 : nap_ns * 2;
+        }
+    }
+}
+
+fsdp_status_t fsdp_gpu_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
+    char what[48];
+
+    snprintf(what, sizeof(what), "stream '%s'", s->super.name);
+    return fsdp_gpu_host_wait(gdev, NULL, s->cu, what);
+}
+
+fsdp_status_t fsdp_gpu_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_event_t *ev;
+    fsdp_status_t status;
+
+    if (event_p == NULL) {
+        fsdp_error("rank %d: event_create: event_p is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = use_device(gdev);
+    if (status != FSDP_OK)
+        return status;
+    ev = malloc(sizeof(*ev));
+    if (ev == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&ev->cu, cudaEventDefault));
+    if (status != FSDP_OK) {
+        free(ev);
+        return status;
+    }
+    *event_p = ev;
+    return FSDP_OK;
+}
+
+void fsdp_gpu_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    (void)dev;
+    if (event == NULL)
+        return;
+    (void)FSDP_CUDA_CALL(cudaEventDestroy(event->cu));
+    free(event);
+}
+
+fsdp_status_t fsdp_gpu_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+
+    if (event == NULL) {
+        fsdp_error("rank %d: event_record: event is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_CUDA_CALL(cudaEventRecord(event->cu, fsdp_gpu_stream_of(gdev, stream)->cu));
+}
+
+fsdp_status_t fsdp_gpu_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                         fsdp_event_t *event)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+
+    if (event == NULL) {
+        fsdp_error("rank %d: stream_wait_event: event is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_CUDA_CALL(
+        cudaStreamWaitEvent(fsdp_gpu_stream_of(gdev, stream)->cu, event->cu, cudaEventWaitDefault));
+}
+
+fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_status_t status;
+    cudaError_t err;
+
+    if (event == NULL || done_p == NULL) {
+        fsdp_error("rank %d: event_query: %s is NULL", dev->rank,
+                   event == NULL ? "event" : "done_p");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    err = cudaEventQuery(event->cu);
+    if (err == cudaSuccess) {
+        *done_p = 1;
+        return FSDP_OK;
+    }
+    status = FSDP_CUDA_CALL(err);
+    if (status != FSDP_OK)
+        return status;
+    /* A caller that polls (the rate limiter) must also learn that a collective hung. */
+    if (gdev->watch_count > 0 || gdev->failed != FSDP_OK) {
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK)
+            return status;
+    }
+    *done_p = 0;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    if (event == NULL) {
+        fsdp_error("rank %d: event_synchronize: event is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return fsdp_gpu_host_wait(fsdp_gpu_dev_of(dev), event->cu, NULL, "event");
+}
+
+fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
+                                    fsdp_stream_t *stream)
+{
+    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_status_t status;
+
+    if (bytes == 0)
+        return FSDP_OK;
+    if (dst == NULL || src == NULL) {
+        fsdp_error("rank %d: memcpy_async of %zu bytes: %s is NULL", dev->rank, bytes,
+                   dst == NULL ? "dst" : "src");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = use_device(gdev);
+    if (status != FSDP_OK)
+        return status;
+    /* Unified addressing: the runtime tells host from device by the pointers. */
+    return FSDP_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                          fsdp_gpu_stream_of(gdev, stream)->cu));
+}

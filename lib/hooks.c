@@ -1,0 +1,325 @@
+/* The hooks around each unit's forward and backward, and the final callback, in PyTorch FSDP's
+ * order (fsdp-semantics.md section 2 A, D, E, G, H; state machines of section 3). */
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *state_name(fsdp_training_state_t s)
+{
+    switch (s) {
+    case FSDP_STATE_IDLE:
+        return "idle";
+    case FSDP_STATE_FORWARD_BACKWARD:
+        return "forward_backward";
+    case FSDP_STATE_SUMMON_FULL_PARAMS:
+        return "summon_full_params";
+    }
+    return "invalid";
+}
+
+static const char *handle_state_name(fsdp_handle_state_t s)
+{
+    switch (s) {
+    case FSDP_HANDLE_IDLE:
+        return "idle";
+    case FSDP_HANDLE_FORWARD:
+        return "forward";
+    case FSDP_HANDLE_BACKWARD_PRE:
+        return "backward_pre";
+    case FSDP_HANDLE_BACKWARD_POST:
+        return "backward_post";
+    case FSDP_HANDLE_SUMMON_FULL_PARAMS:
+        return "summon_full_params";
+    }
+    return "invalid";
+}
+
+static fsdp_status_t bad_state(fsdp_unit_t *u, const char *hook, const char *expected)
+{
+    return fsdp_fail(u->fs, FSDP_ERR_STATE,
+                     "rank %d: unit '%s': %s called in state %s (handle %s); it needs %s",
+                     u->fs->dev->rank, u->name, hook, state_name(u->state),
+                     u->handle ? handle_state_name(u->handle->state) : "none", expected);
+}
+
+static fsdp_status_t lazy_init(fsdp_t *fs)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_status_t status;
+
+    if (fs->root->state != FSDP_STATE_IDLE)
+        return bad_state(fs->root, "lazy init", "the root idle");
+    /* priority 0: -1 is only for hybrid sharding with the limiter (section 2, notation) */
+    status = dev->ops->stream_create(dev, "unshard", 0, &fs->unshard);
+    if (status == FSDP_OK)
+        status = dev->ops->stream_create(dev, "pre_unshard", 0, &fs->pre_unshard);
+    if (status == FSDP_OK)
+        status = dev->ops->stream_create(dev, "post_backward", 0, &fs->post_backward);
+    if (status != FSDP_OK)
+        return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
+    fs->all_reduce = fs->compute; /* its own stream only for hybrid sharding */
+
+    fs->pre_forward_order = calloc((size_t)fs->nunits, sizeof(*fs->pre_forward_order));
+    /* a unit may run post-forward more than once per iteration (reused modules) */
+    fs->post_forward_order = calloc((size_t)fs->nunits * 4 + 4, sizeof(*fs->post_forward_order));
+    if (fs->pre_forward_order == NULL || fs->post_forward_order == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    fs->lazy_init_done = 1;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_status_t status;
+
+    if (fs->root == NULL)
+        return fsdp_fail(fs, FSDP_ERR_STATE, "forward before any unit was created");
+    if (fs->post_backward_callback_queued)
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "rank %d: forward started before the previous backward's final "
+                         "callback ran", dev->rank);
+    if (!fs->lazy_init_done) {
+        status = lazy_init(fs);
+        if (status != FSDP_OK)
+            return status;
+    }
+    if (fs->cfg.forward_prefetch) {
+        for (int i = 0; i < fs->nunits; i++) {
+            fsdp_handle_t *h = fs->units[i]->handle;
+            if (h != NULL) {
+                h->needs_pre_forward_unshard = 1;
+                h->prefetched = 0;
+            }
+        }
+    }
+    /* A.3: new all-gathers wait for the optimizer step enqueued on the compute stream */
+    status = fsdp_stream_wait_stream(dev, fs->unshard, fs->compute);
+    if (status == FSDP_OK)
+        status = fsdp_stream_wait_stream(dev, fs->pre_unshard, fs->compute);
+    return status;
+}
+
+/* Unshards a handle ahead of its use, without making the compute stream wait. */
+static fsdp_status_t prefetch(fsdp_t *fs, fsdp_handle_t *target, fsdp_handle_state_t as)
+{
+    fsdp_handle_state_t prev = target->state;
+    fsdp_status_t status;
+
+    target->state = as;
+    status = fsdp_handle_unshard(fs, target);
+    target->state = prev;
+    target->prefetched = 1;
+    return status;
+}
+
+static fsdp_status_t backward_prefetch(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_backward_prefetch_t want = h->state == FSDP_HANDLE_BACKWARD_PRE
+                                        ? FSDP_BACKWARD_PREFETCH_PRE
+                                        : FSDP_BACKWARD_PREFETCH_POST;
+    fsdp_handle_t *target;
+
+    if (fs->cfg.backward_prefetch != want || h->post_forward_index <= 0)
+        return FSDP_OK;
+    /* the unit that ran post-forward just before this one runs backward next */
+    target = fs->post_forward_order[h->post_forward_index - 1];
+    if (!target->needs_pre_backward_unshard || target->prefetched)
+        return FSDP_OK;
+    return prefetch(fs, target, FSDP_HANDLE_BACKWARD_PRE);
+}
+
+fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (u->is_root) {
+        status = fsdp_root_pre_forward(fs);
+        if (status != FSDP_OK)
+            return status;
+    } else if (!fs->lazy_init_done || fs->root->state != FSDP_STATE_FORWARD_BACKWARD) {
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "rank %d: unit '%s': pre-forward outside the root's forward (call "
+                         "fsdp_pre_forward on the root '%s' first)",
+                         fs->dev->rank, u->name, fs->root ? fs->root->name : "?");
+    }
+    if (u->state != FSDP_STATE_IDLE || (h && h->state != FSDP_HANDLE_IDLE))
+        return bad_state(u, "pre-forward", "idle");
+
+    u->state = FSDP_STATE_FORWARD_BACKWARD;
+    if (h == NULL)
+        return FSDP_OK;
+    if (!fs->first_iter_done && h->pre_forward_order_index < 0) {
+        h->pre_forward_order_index = fs->n_pre_forward;
+        fs->pre_forward_order[fs->n_pre_forward++] = h;
+    }
+    h->state = FSDP_HANDLE_FORWARD;
+    if (!h->prefetched) {
+        status = fsdp_handle_unshard(fs, h);
+        if (status != FSDP_OK)
+            return status;
+    }
+    h->needs_pre_forward_unshard = 0;
+    status = fsdp_stream_wait_stream(fs->dev, fs->compute, fs->unshard);
+    if (status != FSDP_OK)
+        return status;
+    /* D.2: forward prefetch is issued before this unit's compute */
+    if (fs->cfg.forward_prefetch && fs->first_iter_done) {
+        int next = h->pre_forward_order_index + 1;
+        if (next > 0 && next < fs->n_pre_forward) {
+            fsdp_handle_t *target = fs->pre_forward_order[next];
+            if (target->needs_pre_forward_unshard && !target->prefetched)
+                status = prefetch(fs, target, FSDP_HANDLE_FORWARD);
+        }
+    }
+    return status;
+}
+
+fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (u->state != FSDP_STATE_FORWARD_BACKWARD || (h && h->state != FSDP_HANDLE_FORWARD))
+        return bad_state(u, "post-forward", "forward (after pre-forward)");
+    if (h != NULL) {
+        /* record_post_forward, with PyTorch's truthiness test: index 0 is re-indexed */
+        if (h->post_forward_index <= 0)
+            h->post_forward_index = fs->n_post_forward;
+        if (fs->n_post_forward < fs->nunits * 4 + 4)
+            fs->post_forward_order[fs->n_post_forward++] = h;
+        /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies */
+        status = fsdp_handle_reshard(fs, h, !u->is_root &&
+                                                fsdp_strategy_reshards_after_forward(fs->strategy));
+        if (status != FSDP_OK)
+            return status;
+        h->needs_pre_backward_unshard = 1;
+        h->state = FSDP_HANDLE_IDLE;
+    }
+    u->state = FSDP_STATE_IDLE;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (h != NULL && h->ran_pre_backward_hook)
+        return FSDP_OK; /* fires once per iteration, on the first output gradient */
+    if (u->is_root) {
+        if (!fs->post_backward_callback_queued) {
+            if (u->state != FSDP_STATE_IDLE)
+                return bad_state(u, "pre-backward", "idle (forward finished)");
+            fs->post_backward_callback_queued = 1; /* E.1 */
+        }
+    } else {
+        if (!fs->post_backward_callback_queued)
+            return fsdp_fail(fs, FSDP_ERR_STATE,
+                             "rank %d: unit '%s': pre-backward before the root's ('%s'), whose "
+                             "gradient arrives first",
+                             fs->dev->rank, u->name, fs->root->name);
+        if (u->state != FSDP_STATE_IDLE)
+            return bad_state(u, "pre-backward", "idle (forward finished)");
+    }
+    if (h != NULL && h->state != FSDP_HANDLE_IDLE)
+        return bad_state(u, "pre-backward", "idle (forward finished)");
+
+    u->state = FSDP_STATE_FORWARD_BACKWARD;
+    if (h == NULL)
+        return FSDP_OK;
+    h->state = FSDP_HANDLE_BACKWARD_PRE;
+    if (h->needs_pre_backward_unshard) {
+        if (!h->prefetched) {
+            status = fsdp_handle_unshard(fs, h);
+            if (status != FSDP_OK)
+                return status;
+        }
+        status = fsdp_stream_wait_stream(fs->dev, fs->compute, fs->unshard);
+        if (status != FSDP_OK)
+            return status;
+    }
+    h->needs_pre_backward_unshard = 0;
+    status = backward_prefetch(fs, h); /* E.4, BACKWARD_PRE */
+    h->ran_pre_backward_hook = 1;
+    return status;
+}
+
+fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (u->state != FSDP_STATE_FORWARD_BACKWARD)
+        return bad_state(u, "post-backward", "forward_backward (after pre-backward)");
+    if (h == NULL)
+        return FSDP_OK; /* no flat parameter, no post-backward work */
+    /* BACKWARD_POST -> BACKWARD_POST is allowed (reentrant checkpointing) */
+    if (h->state != FSDP_HANDLE_BACKWARD_PRE && h->state != FSDP_HANDLE_BACKWARD_POST)
+        return bad_state(u, "post-backward", "backward_pre (after pre-backward)");
+    h->post_backward_called = 1;
+    h->state = FSDP_HANDLE_BACKWARD_POST;
+    if (h->unsharded_grad == NULL)
+        return FSDP_OK; /* G.1: no gradient reached this unit */
+
+    status = fsdp_handle_reshard(fs, h, fsdp_strategy_is_sharded(fs->strategy) &&
+                                            (fs->sync_gradients ||
+                                             fsdp_strategy_reshards_after_forward(fs->strategy)));
+    if (status == FSDP_OK)
+        status = backward_prefetch(fs, h); /* G.3, BACKWARD_POST */
+    if (status != FSDP_OK || !fs->sync_gradients)
+        return status;
+    return fsdp_handle_reduce_grad(fs, h);
+}
+
+fsdp_status_t fsdp_final_callback(fsdp_t *fs)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_status_t status = FSDP_OK;
+
+    if (fs->root == NULL || !fs->post_backward_callback_queued)
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "rank %d: final callback without a backward (the root's pre-backward "
+                         "queues it)", dev->rank);
+    if (fs->sync_gradients) {
+        /* H.1: the optimizer reads what the post-backward stream wrote */
+        status = fsdp_stream_wait_stream(dev, fs->compute, fs->post_backward);
+        if (status == FSDP_OK && fs->all_reduce != fs->compute)
+            status = fsdp_stream_wait_stream(dev, fs->compute, fs->all_reduce);
+        if (status != FSDP_OK)
+            return status;
+    }
+    fs->n_post_forward = 0; /* next_iter */
+    fs->first_iter_done = 1;
+
+    for (int i = 0; i < fs->nunits; i++) {
+        fsdp_unit_t *u = fs->units[i];
+        fsdp_handle_t *h = u->handle;
+        if (h != NULL) {
+            /* catch-all reshard for a unit whose post-backward did not run */
+            if (h->uses_unsharded_view) {
+                fsdp_status_t st = fsdp_handle_reshard(
+                    fs, h, fsdp_strategy_is_sharded(fs->strategy) &&
+                               (fs->sync_gradients ||
+                                fsdp_strategy_reshards_after_forward(fs->strategy)));
+                if (status == FSDP_OK)
+                    status = st;
+            }
+            h->ran_pre_backward_hook = 0;
+            h->needs_pre_backward_unshard = 0;
+            h->post_forward_index = -1;
+            h->post_backward_called = 0;
+            h->state = FSDP_HANDLE_IDLE;
+            h->prefetched = 0;
+        }
+        u->state = FSDP_STATE_IDLE;
+    }
+    fs->post_backward_callback_queued = 0;
+    return status;
+}

@@ -1,0 +1,202 @@
+/* Per-element bodies of the kernel descriptors of kernel.h, addressed by descriptor and index,
+ * with the per-launch scalars computed once on the host (fsdp_kb_prepare). A backend supplies
+ * only the loop: the sim runs i over [0, prep.n) on the host, the gpu backend launches a grid
+ * over the same range (gpu/kernels.cu), and both call fsdp_kb_elem. So what the CPU tests
+ * exercise is the arithmetic the GPU runs; nvcc builds it with --fmad=false so that no
+ * multiply-add is fused on one side only, and the results agree bit for bit.
+ *
+ * The reductions keep their per-element terms here too: bias_grad sums one column in row order
+ * (a thread per column on the GPU), sumsq and mse_loss accumulate per-element terms in double.
+ * GEMM has no body here: each backend brings its own (the sim's blocked routine, cuBLAS). */
+#ifndef FSDP_KERNELS_KERNEL_ELEM_H
+#define FSDP_KERNELS_KERNEL_ELEM_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/kernel.h>
+
+#include "kernels/elementwise.h"
+
+/* The scalars of one launch, computed once on the host (in double, as torch does in Python). */
+typedef struct fsdp_kb_prep {
+    size_t n;                      /* index space of the element-wise part: i < n */
+    float fill_f32;                /* fill: the value as f32 (floating-point dtypes) */
+    int32_t fill_i32;              /* fill: the value as i32, saturated, NaN as 0 */
+    float mse_scale;               /* mse_loss: 2 / denom as f32, torch's factor of dy */
+    fsdp_kb_adamw_scalars_t adamw; /* adamw */
+} fsdp_kb_prep_t;
+
+/* Host side. Fills *p for the descriptor; p->n is 0 for the kinds with no element-wise part
+ * (gemm, bias_grad, sumsq) and for mse_loss without dy. */
+static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
+{
+    p->n = 0;
+    p->fill_f32 = 0.0f;
+    p->fill_i32 = 0;
+    p->mse_scale = 0.0f;
+    p->adamw.decay = 1.0f;
+    p->adamw.one_minus_beta1 = 0.0f;
+    p->adamw.beta2 = 0.0f;
+    p->adamw.one_minus_beta2 = 0.0f;
+    p->adamw.neg_step_size = 0.0f;
+    p->adamw.bc2_sqrt = 1.0f;
+    p->adamw.eps = 0.0f;
+
+    switch (k->kind) {
+    case FSDP_K_FILL: {
+        double v = k->u.fill.value;
+        p->n = k->u.fill.n;
+        p->fill_f32 = (float)v;
+        p->fill_i32 = v != v                ? 0
+                      : v <= -2147483648.0 ? INT32_MIN
+                      : v >= 2147483647.0  ? INT32_MAX
+                                           : (int32_t)v;
+        break;
+    }
+    case FSDP_K_CAST:
+        p->n = k->u.cast.n;
+        break;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        p->n = k->u.scale.n;
+        break;
+    case FSDP_K_AXPY:
+        p->n = k->u.axpy.n;
+        break;
+    case FSDP_K_BIAS_ADD:
+        p->n = k->u.bias_add.rows * k->u.bias_add.cols;
+        break;
+    case FSDP_K_RELU_FWD:
+        p->n = k->u.relu_fwd.n;
+        break;
+    case FSDP_K_RELU_BWD:
+        p->n = k->u.relu_bwd.n;
+        break;
+    case FSDP_K_MSE_LOSS:
+        p->n = k->u.mse.dy != NULL ? k->u.mse.n : 0;
+        p->mse_scale = (float)(2.0 / k->u.mse.denom);
+        break;
+    case FSDP_K_ADAMW: {
+        double lr = k->u.adamw.lr, b1 = k->u.adamw.beta1, b2 = k->u.adamw.beta2;
+        double t = (double)k->u.adamw.step;
+        p->n = k->u.adamw.n;
+        p->adamw.decay = (float)(1.0 - lr * (double)k->u.adamw.weight_decay);
+        p->adamw.one_minus_beta1 = (float)(1.0 - b1);
+        p->adamw.beta2 = k->u.adamw.beta2;
+        p->adamw.one_minus_beta2 = (float)(1.0 - b2);
+        p->adamw.neg_step_size = (float)(-(lr / (1.0 - pow(b1, t))));
+        p->adamw.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+        p->adamw.eps = k->u.adamw.eps;
+        break;
+    }
+    case FSDP_K_SGD:
+        p->n = k->u.sgd.n;
+        break;
+    default:
+        break;
+    }
+}
+
+/* cast: an element of the same dtype is copied bit for bit (i32 beyond 2^24, NaN payloads). */
+FSDP_HD void fsdp_kb_cast_at(const fsdp_kernel_t *k, size_t i)
+{
+    fsdp_dtype_t sd = k->u.cast.src_dtype, dd = k->u.cast.dst_dtype;
+    if (sd == dd) {
+        if (k->u.cast.dst == k->u.cast.src)
+            return;
+        if (dd == FSDP_DTYPE_BF16 || dd == FSDP_DTYPE_F16)
+            ((uint16_t *)k->u.cast.dst)[i] = ((const uint16_t *)k->u.cast.src)[i];
+        else
+            ((uint32_t *)k->u.cast.dst)[i] = ((const uint32_t *)k->u.cast.src)[i];
+        return;
+    }
+    fsdp_kb_store(k->u.cast.dst, dd, i, fsdp_kb_load(k->u.cast.src, sd, i));
+}
+
+FSDP_HD void fsdp_kb_fill_at(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t i)
+{
+    if (k->u.fill.dtype == FSDP_DTYPE_I32)
+        ((int32_t *)k->u.fill.x)[i] = p->fill_i32;
+    else
+        fsdp_kb_store(k->u.fill.x, k->u.fill.dtype, i, p->fill_f32);
+}
+
+/* The element-wise part of every kind, element i < p->n. With a constant kind (the gpu
+ * backend's launch templates) the switch folds away. */
+FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const fsdp_kb_prep_t *p,
+                          size_t i)
+{
+    switch (kind) {
+    case FSDP_K_FILL:
+        fsdp_kb_fill_at(k, p, i);
+        break;
+    case FSDP_K_CAST:
+        fsdp_kb_cast_at(k, i);
+        break;
+    case FSDP_K_SCALE:
+        fsdp_kb_store(k->u.scale.x, k->u.scale.dtype, i,
+                      fsdp_kb_load(k->u.scale.x, k->u.scale.dtype, i) * k->u.scale.alpha);
+        break;
+    case FSDP_K_DIV:
+        fsdp_kb_store(k->u.scale.x, k->u.scale.dtype, i,
+                      fsdp_kb_load(k->u.scale.x, k->u.scale.dtype, i) / k->u.scale.alpha);
+        break;
+    case FSDP_K_AXPY:
+        fsdp_kb_store(k->u.axpy.y, k->u.axpy.y_dtype, i,
+                      fsdp_kb_load(k->u.axpy.y, k->u.axpy.y_dtype, i) +
+                          k->u.axpy.alpha * fsdp_kb_load(k->u.axpy.x, k->u.axpy.x_dtype, i));
+        break;
+    case FSDP_K_BIAS_ADD:
+        k->u.bias_add.y[i] += k->u.bias_add.bias[i % k->u.bias_add.cols];
+        break;
+    case FSDP_K_RELU_FWD:
+        k->u.relu_fwd.y[i] = fsdp_kb_relu(k->u.relu_fwd.x[i]);
+        break;
+    case FSDP_K_RELU_BWD:
+        k->u.relu_bwd.dx[i] = fsdp_kb_relu_grad(k->u.relu_bwd.dy[i], k->u.relu_bwd.y[i]);
+        break;
+    case FSDP_K_MSE_LOSS: /* torch: (y - t) * (2 / n) */
+        k->u.mse.dy[i] = (k->u.mse.y[i] - k->u.mse.t[i]) * p->mse_scale;
+        break;
+    case FSDP_K_ADAMW:
+        fsdp_kb_adamw(&k->u.adamw.param[i], k->u.adamw.grad[i], &k->u.adamw.exp_avg[i],
+                      &k->u.adamw.exp_avg_sq[i], &p->adamw);
+        break;
+    case FSDP_K_SGD:
+        fsdp_kb_sgd(&k->u.sgd.param[i], k->u.sgd.grad[i],
+                    k->u.sgd.momentum_buf != NULL ? &k->u.sgd.momentum_buf[i] : NULL, k->u.sgd.lr,
+                    k->u.sgd.momentum, k->u.sgd.dampening, k->u.sgd.weight_decay,
+                    k->u.sgd.nesterov, k->u.sgd.first_step);
+        break;
+    default:
+        break;
+    }
+}
+
+/* bias_grad, column c: dbias[c] += the sum of dy[., c] in row order, in f32. */
+FSDP_HD void fsdp_kb_bias_grad_col(const fsdp_kernel_t *k, size_t c)
+{
+    size_t cols = k->u.bias_grad.cols;
+    float s = 0.0f;
+    for (size_t r = 0; r < k->u.bias_grad.rows; r++)
+        s += k->u.bias_grad.dy[r * cols + c];
+    k->u.bias_grad.dbias[c] += s;
+}
+
+/* sumsq, element i: x[i]^2 in double (exact for every f32 x). */
+FSDP_HD double fsdp_kb_sumsq_term(const fsdp_kernel_t *k, size_t i)
+{
+    double v = (double)fsdp_kb_load(k->u.sumsq.x, k->u.sumsq.dtype, i);
+    return v * v;
+}
+
+/* mse_loss, element i: (y[i] - t[i])^2, the difference in f32 and its square in double. */
+FSDP_HD double fsdp_kb_mse_term(const fsdp_kernel_t *k, size_t i)
+{
+    double d = (double)(k->u.mse.y[i] - k->u.mse.t[i]);
+    return d * d;
+}
+
+#endif

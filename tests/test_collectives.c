@@ -1,0 +1,597 @@
+/* The sim backend's collectives: exact results for every collective, dtype and reduce op on
+ * worlds of 1 to 8 ranks (and a 1024-rank smoke test), sub-groups made by group_split, and
+ * results that do not depend on thread timing.
+ *
+ * Rank functions run on their own threads, where CUnit's asserts must not be used: they record
+ * the first failed check in the shared context and return FSDP_ERR_INTERNAL, and the main
+ * thread asserts on that. */
+#include <fsdp/fsdp.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static const int worlds[] = {1, 2, 3, 4, 8};
+static const size_t counts[] = {0, 1, 7, 13, 1000};
+static const fsdp_dtype_t dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16,
+                                      FSDP_DTYPE_I32};
+#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+
+typedef struct ctx {
+    pthread_mutex_t lock;
+    char failure[512]; /* the first failed check, "" if none */
+    uint8_t *out[8];   /* test_determinism: each rank's result */
+    size_t out_bytes;
+    int jitter; /* sleep a little, differently per rank and run */
+    unsigned seed;
+} ctx_t;
+
+static void ctx_init(ctx_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->lock, NULL);
+}
+
+static void ctx_fail(ctx_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ctx_fail(ctx_t *c, const char *fmt, ...)
+{
+    va_list ap;
+
+    pthread_mutex_lock(&c->lock);
+    if (c->failure[0] == '\0') {
+        va_start(ap, fmt);
+        vsnprintf(c->failure, sizeof(c->failure), fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+#define RCHECK(c, cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            ctx_fail((c), __VA_ARGS__);                                                            \
+            return FSDP_ERR_INTERNAL;                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define RCALL(c, dev, call)                                                                        \
+    do {                                                                                           \
+        fsdp_status_t st_ = (call);                                                                \
+        RCHECK((c), st_ == FSDP_OK, "rank %d: %s returned %s: %s", (dev)->rank, #call,            \
+               fsdp_status_name(st_), fsdp_sim_last_error(dev));                                   \
+    } while (0)
+
+static void launch_ok(int world, fsdp_rank_func_t func, ctx_t *c)
+{
+    fsdp_sim_params_t p;
+    fsdp_status_t st;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    p.timeout_s = 20.0;
+    st = fsdp_sim_launch(&p, func, c, NULL);
+    if (st != FSDP_OK || c->failure[0] != '\0')
+        fprintf(stderr, "\n  world %d: %s: %s\n", world, fsdp_status_name(st), c->failure);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+    CU_ASSERT_STRING_EQUAL(c->failure, "");
+}
+
+/* ---- values and expected results, computed here independently of the backend ---------- */
+
+/* Input element j of rank r, exactly representable in dtype. For bf16 and f16 the values
+ * 1 + m/128 make sums that need rounding, so the test sees whether it happens once. */
+static float input(fsdp_dtype_t dt, int r, size_t j)
+{
+    switch (dt) {
+    case FSDP_DTYPE_BF16:
+    case FSDP_DTYPE_F16:
+        return 1.0f + (float)((r * 29 + (int)(j % 97) * 7) % 128) / 128.0f;
+    case FSDP_DTYPE_I32:
+        return (float)((r * 37 + (int)(j % 101) * 11) % 61 - 30);
+    default:
+        return (float)r * 0.37f + (float)(j % 1009) * 0.013f - 3.0f;
+    }
+}
+
+static void put(void *p, fsdp_dtype_t dt, size_t i, float v)
+{
+    switch (dt) {
+    case FSDP_DTYPE_F32:
+        ((float *)p)[i] = v;
+        break;
+    case FSDP_DTYPE_BF16:
+        ((uint16_t *)p)[i] = fsdp_f32_to_bf16(v);
+        break;
+    case FSDP_DTYPE_F16:
+        ((uint16_t *)p)[i] = fsdp_f32_to_f16(v);
+        break;
+    default:
+        ((int32_t *)p)[i] = (int32_t)v;
+        break;
+    }
+}
+
+/* Element j (in the send layout) reduced over ranks 0..world-1, stored into `out` slot 0:
+ * f32 accumulation in rank order, one rounding at the end. */
+static void expect_reduce(fsdp_dtype_t dt, fsdp_reduce_op_t op, int world, size_t j, void *out)
+{
+    if (dt == FSDP_DTYPE_I32) {
+        int32_t acc = (int32_t)input(dt, 0, j);
+        for (int r = 1; r < world; r++) {
+            int32_t v = (int32_t)input(dt, r, j);
+            acc = op == FSDP_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
+        }
+        ((int32_t *)out)[0] = acc;
+        return;
+    }
+    float acc = input(dt, 0, j);
+    for (int r = 1; r < world; r++) {
+        float v = input(dt, r, j);
+        acc = op == FSDP_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == FSDP_REDUCE_AVG)
+        acc /= (float)world;
+    put(out, dt, 0, acc);
+}
+
+static int same_elem(const void *a, size_t i, const void *b, size_t j, size_t es)
+{
+    return memcmp((const char *)a + i * es, (const char *)b + j * es, es) == 0;
+}
+
+static void *dev_alloc(fsdp_dev_t *dev, size_t bytes)
+{
+    void *p = NULL;
+    if (dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p) != FSDP_OK)
+        return NULL;
+    return p;
+}
+
+static void dev_free(fsdp_dev_t *dev, void *p)
+{
+    dev->ops->segment_free(dev, FSDP_MEMKIND_DEVICE, p);
+}
+
+/* ---- the collectives on the world ------------------------------------------------------ */
+
+static fsdp_status_t rank_all_gather(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *g = dev->ops->group_world(dev);
+    int W = g->size;
+
+    for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
+        for (size_t di = 0; di < N_ELEMS(dtypes); di++) {
+            size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]);
+            fsdp_dtype_t dt = dtypes[di];
+            uint8_t *send = dev_alloc(dev, n * es), *recv = dev_alloc(dev, n * es * W);
+            uint8_t want[4];
+            RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+            for (size_t i = 0; i < n; i++)
+                put(send, dt, i, input(dt, dev->rank, i));
+            memset(recv, 0xa5, n * es * W);
+            RCALL(c, dev, dev->ops->all_gather(dev, g, send, recv, n, dt, NULL));
+            for (int r = 0; r < W; r++) {
+                for (size_t i = 0; i < n; i++) {
+                    put(want, dt, 0, input(dt, r, i));
+                    RCHECK(c, same_elem(recv, r * n + i, want, 0, es),
+                           "rank %d: all_gather %s count %zu: element %zu of rank %d wrong",
+                           dev->rank, fsdp_dtype_name(dt), n, i, r);
+                }
+            }
+            /* in place: the send buffer is this rank's slot of recv */
+            memset(recv, 0, n * es * W);
+            for (size_t i = 0; i < n; i++)
+                put(recv + dev->rank * n * es, dt, i, input(dt, dev->rank, i));
+            RCALL(c, dev,
+                  dev->ops->all_gather(dev, g, recv + dev->rank * n * es, recv, n, dt, NULL));
+            for (int r = 0; r < W; r++) {
+                for (size_t i = 0; i < n; i++) {
+                    put(want, dt, 0, input(dt, r, i));
+                    RCHECK(c, same_elem(recv, r * n + i, want, 0, es),
+                           "rank %d: in-place all_gather %s count %zu: element %zu of rank %d",
+                           dev->rank, fsdp_dtype_name(dt), n, i, r);
+                }
+            }
+            dev_free(dev, send);
+            dev_free(dev, recv);
+        }
+    }
+    return FSDP_OK;
+}
+
+static const fsdp_reduce_op_t ops_all[] = {FSDP_REDUCE_SUM, FSDP_REDUCE_AVG, FSDP_REDUCE_MAX};
+
+/* i32 has no avg (backend.h: i32 for sum and max) */
+static int op_applies(fsdp_dtype_t dt, fsdp_reduce_op_t op)
+{
+    return !(dt == FSDP_DTYPE_I32 && op == FSDP_REDUCE_AVG);
+}
+
+static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *g = dev->ops->group_world(dev);
+    int W = g->size, me = g->rank;
+
+    for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
+        for (size_t di = 0; di < N_ELEMS(dtypes); di++) {
+            for (size_t oi = 0; oi < N_ELEMS(ops_all); oi++) {
+                size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]);
+                fsdp_dtype_t dt = dtypes[di];
+                fsdp_reduce_op_t op = ops_all[oi];
+                uint8_t *send, *recv, want[4];
+                if (!op_applies(dt, op))
+                    continue;
+                send = dev_alloc(dev, n * es * W);
+                recv = dev_alloc(dev, n * es);
+                RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+                for (size_t j = 0; j < n * W; j++)
+                    put(send, dt, j, input(dt, dev->rank, j));
+                RCALL(c, dev, dev->ops->reduce_scatter(dev, g, send, recv, n, dt, op, NULL));
+                for (size_t i = 0; i < n; i++) {
+                    expect_reduce(dt, op, W, me * n + i, want);
+                    RCHECK(c, same_elem(recv, i, want, 0, es),
+                           "rank %d: reduce_scatter %s %s count %zu: element %zu wrong",
+                           dev->rank, fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                }
+                /* in place: recv is this rank's chunk of send */
+                RCALL(c, dev,
+                      dev->ops->reduce_scatter(dev, g, send, send + me * n * es, n, dt, op, NULL));
+                for (size_t i = 0; i < n; i++) {
+                    RCHECK(c, same_elem(send, me * n + i, recv, i, es),
+                           "rank %d: in-place reduce_scatter %s %s count %zu: element %zu",
+                           dev->rank, fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                }
+                dev_free(dev, send);
+                dev_free(dev, recv);
+            }
+        }
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t rank_all_reduce(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *g = dev->ops->group_world(dev);
+    int W = g->size;
+
+    for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
+        for (size_t di = 0; di < N_ELEMS(dtypes); di++) {
+            for (size_t oi = 0; oi < N_ELEMS(ops_all); oi++) {
+                size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]);
+                fsdp_dtype_t dt = dtypes[di];
+                fsdp_reduce_op_t op = ops_all[oi];
+                uint8_t *send, *recv, want[4];
+                if (!op_applies(dt, op))
+                    continue;
+                send = dev_alloc(dev, n * es);
+                recv = dev_alloc(dev, n * es);
+                RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+                for (size_t i = 0; i < n; i++)
+                    put(send, dt, i, input(dt, dev->rank, i));
+                RCALL(c, dev, dev->ops->all_reduce(dev, g, send, recv, n, dt, op, NULL));
+                /* in place */
+                RCALL(c, dev, dev->ops->all_reduce(dev, g, send, send, n, dt, op, NULL));
+                for (size_t i = 0; i < n; i++) {
+                    expect_reduce(dt, op, W, i, want);
+                    RCHECK(c, same_elem(recv, i, want, 0, es) && same_elem(send, i, want, 0, es),
+                           "rank %d: all_reduce %s %s count %zu: element %zu wrong", dev->rank,
+                           fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                }
+                dev_free(dev, send);
+                dev_free(dev, recv);
+            }
+        }
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t rank_broadcast(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *g = dev->ops->group_world(dev);
+
+    for (int root = 0; root < g->size; root++) {
+        for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
+            for (size_t di = 0; di < N_ELEMS(dtypes); di++) {
+                size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]);
+                fsdp_dtype_t dt = dtypes[di];
+                uint8_t *buf = dev_alloc(dev, n * es), want[4];
+                RCHECK(c, buf, "rank %d: segment_alloc failed", dev->rank);
+                for (size_t i = 0; i < n; i++)
+                    put(buf, dt, i, input(dt, g->rank == root ? root : 100 + g->rank, i));
+                RCALL(c, dev, dev->ops->broadcast(dev, g, buf, n, dt, root, NULL));
+                for (size_t i = 0; i < n; i++) {
+                    put(want, dt, 0, input(dt, root, i));
+                    RCHECK(c, same_elem(buf, i, want, 0, es),
+                           "rank %d: broadcast %s count %zu from %d: element %zu wrong",
+                           dev->rank, fsdp_dtype_name(dt), n, root, i);
+                }
+                dev_free(dev, buf);
+            }
+        }
+        RCALL(c, dev, dev->ops->barrier(dev, g));
+    }
+    return FSDP_OK;
+}
+
+static void run_on_worlds(fsdp_rank_func_t func)
+{
+    for (size_t w = 0; w < N_ELEMS(worlds); w++) {
+        ctx_t c;
+        ctx_init(&c);
+        launch_ok(worlds[w], func, &c);
+        pthread_mutex_destroy(&c.lock);
+    }
+}
+
+static void test_all_gather(void)
+{
+    run_on_worlds(rank_all_gather);
+}
+
+static void test_reduce_scatter(void)
+{
+    run_on_worlds(rank_reduce_scatter);
+}
+
+static void test_all_reduce(void)
+{
+    run_on_worlds(rank_all_reduce);
+}
+
+static void test_broadcast(void)
+{
+    run_on_worlds(rank_broadcast);
+}
+
+/* ---- sub-groups ------------------------------------------------------------------------ */
+
+/* Checks a sub-group against the members it must have, in group-rank order. */
+static fsdp_status_t check_group(ctx_t *c, fsdp_dev_t *dev, const fsdp_group_t *g,
+                                 const int *members, int n, const char *name)
+{
+    RCHECK(c, g != NULL, "rank %d: no group %s", dev->rank, name);
+    RCHECK(c, g->size == n, "rank %d: group %s has %d ranks, want %d", dev->rank, name, g->size,
+           n);
+    RCHECK(c, strcmp(g->name, name) == 0, "rank %d: group named '%s', want '%s'", dev->rank,
+           g->name, name);
+    for (int i = 0; i < n; i++)
+        RCHECK(c, g->ranks[i] == members[i], "rank %d: group %s rank %d is global %d, want %d",
+               dev->rank, name, i, g->ranks[i], members[i]);
+    RCHECK(c, g->ranks[g->rank] == dev->rank, "rank %d: group rank %d maps to %d", dev->rank,
+           g->rank, g->ranks[g->rank]);
+    return FSDP_OK;
+}
+
+/* all_reduce(sum) and all_gather of the global ranks over g: checks the order of members. */
+static fsdp_status_t check_group_collectives(ctx_t *c, fsdp_dev_t *dev, fsdp_group_t *g)
+{
+    int32_t me = dev->rank, sum = 0, all[8];
+    float f = (float)dev->rank + 0.5f;
+
+    RCALL(c, dev, dev->ops->all_gather(dev, g, &me, all, 1, FSDP_DTYPE_I32, NULL));
+    for (int i = 0; i < g->size; i++) {
+        RCHECK(c, all[i] == g->ranks[i], "rank %d: all_gather on %s slot %d holds %d, want %d",
+               dev->rank, g->name, i, all[i], g->ranks[i]);
+        sum += g->ranks[i];
+    }
+    RCALL(c, dev, dev->ops->all_reduce(dev, g, &me, &me, 1, FSDP_DTYPE_I32, FSDP_REDUCE_SUM, NULL));
+    RCHECK(c, me == sum, "rank %d: sum over %s is %d, want %d", dev->rank, g->name, me, sum);
+    RCALL(c, dev, dev->ops->broadcast(dev, g, &f, 1, FSDP_DTYPE_F32, g->size - 1, NULL));
+    RCHECK(c, f == (float)g->ranks[g->size - 1] + 0.5f, "rank %d: broadcast on %s gave %g",
+           dev->rank, g->name, (double)f);
+    return FSDP_OK;
+}
+
+static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *world = dev->ops->group_world(dev), *par, *pair, *rev, *none, *nested;
+    int W = dev->world_size, r = dev->rank, members[8], n;
+    char name[48];
+    fsdp_status_t st;
+
+    RCHECK(c, strcmp(world->name, "world") == 0 && world->size == W && world->rank == r,
+           "rank %d: world group is %s (%d ranks, rank %d)", r, world->name, world->size,
+           world->rank);
+
+    /* parity: evens and odds, ordered by global rank */
+    RCALL(c, dev, dev->ops->group_split(dev, world, r % 2, r, &par));
+    n = 0;
+    for (int i = r % 2; i < W; i += 2)
+        members[n++] = i;
+    snprintf(name, sizeof(name), "world/split(%d)", r % 2);
+    if ((st = check_group(c, dev, par, members, n, name)) != FSDP_OK)
+        return st;
+
+    /* pairs {0,1}, {2,3}, ... */
+    RCALL(c, dev, dev->ops->group_split(dev, world, r / 2, 0, &pair));
+    n = 0;
+    for (int i = r / 2 * 2; i < W && i < r / 2 * 2 + 2; i++)
+        members[n++] = i;
+    snprintf(name, sizeof(name), "world/split(%d)", r / 2);
+    if ((st = check_group(c, dev, pair, members, n, name)) != FSDP_OK)
+        return st;
+
+    /* one group whose order the keys reverse */
+    RCALL(c, dev, dev->ops->group_split(dev, world, 7, W - r, &rev));
+    for (int i = 0; i < W; i++)
+        members[i] = W - 1 - i;
+    if ((st = check_group(c, dev, rev, members, W, "world/split(7)")) != FSDP_OK)
+        return st;
+
+    /* a negative color leaves the rank out */
+    RCALL(c, dev, dev->ops->group_split(dev, world, r == 0 ? -1 : 0, 0, &none));
+    if (r == 0) {
+        RCHECK(c, none == NULL, "rank 0: a negative color gave a group");
+    } else {
+        for (int i = 1; i < W; i++)
+            members[i - 1] = i;
+        if ((st = check_group(c, dev, none, members, W - 1, "world/split(0)")) != FSDP_OK)
+            return st;
+    }
+
+    /* collectives interleaved over the sub-groups and the world */
+    for (int round = 0; round < 3; round++) {
+        if ((st = check_group_collectives(c, dev, par)) != FSDP_OK ||
+            (st = check_group_collectives(c, dev, pair)) != FSDP_OK ||
+            (st = check_group_collectives(c, dev, rev)) != FSDP_OK ||
+            (none != NULL && (st = check_group_collectives(c, dev, none)) != FSDP_OK) ||
+            (st = check_group_collectives(c, dev, world)) != FSDP_OK)
+            return st;
+    }
+    RCALL(c, dev, dev->ops->barrier(dev, par));
+
+    /* a split of a split: within the parity group, halves by group rank */
+    RCALL(c, dev, dev->ops->group_split(dev, par, par->rank / 2, par->rank, &nested));
+    n = 0;
+    for (int i = par->rank / 2 * 2; i < par->size && i < par->rank / 2 * 2 + 2; i++)
+        members[n++] = par->ranks[i];
+    snprintf(name, sizeof(name), "world/split(%d)/split(%d)", r % 2, par->rank / 2);
+    if ((st = check_group(c, dev, nested, members, n, name)) != FSDP_OK ||
+        (st = check_group_collectives(c, dev, nested)) != FSDP_OK)
+        return st;
+
+    dev->ops->group_destroy(dev, nested);
+    dev->ops->group_destroy(dev, none);
+    dev->ops->group_destroy(dev, rev);
+    dev->ops->group_destroy(dev, pair);
+    dev->ops->group_destroy(dev, world); /* the backend's: a no-op */
+    /* a group stays usable by the others after one member destroyed its handle */
+    if ((st = check_group_collectives(c, dev, par)) != FSDP_OK)
+        return st;
+    dev->ops->group_destroy(dev, par);
+    return check_group_collectives(c, dev, world);
+}
+
+static void test_split(void)
+{
+    run_on_worlds(rank_split);
+}
+
+/* ---- determinism ----------------------------------------------------------------------- */
+
+/* bf16 sums of 8 ranks, with each rank arriving after a different random delay per run: the
+ * bits must be the same every time. */
+static fsdp_status_t rank_determinism(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *g = dev->ops->group_world(dev);
+    size_t n = 333, es = 2;
+    uint8_t *send = dev_alloc(dev, n * es * g->size), *recv = dev_alloc(dev, n * es);
+    unsigned seed = c->seed * 131u + (unsigned)dev->rank;
+
+    RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+    for (size_t j = 0; j < n * g->size; j++)
+        put(send, FSDP_DTYPE_BF16, j, input(FSDP_DTYPE_F32, dev->rank, j));
+    for (int k = 0; k < 4; k++) {
+        if (c->jitter)
+            usleep(rand_r(&seed) % 2000);
+        RCALL(c, dev,
+              dev->ops->reduce_scatter(dev, g, send, recv, n, FSDP_DTYPE_BF16,
+                                       k % 2 ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM, NULL));
+        RCALL(c, dev,
+              dev->ops->all_gather(dev, g, recv, send, n, FSDP_DTYPE_BF16, NULL));
+    }
+    memcpy(c->out[dev->rank], send, n * es * g->size);
+    dev_free(dev, send);
+    dev_free(dev, recv);
+    return FSDP_OK;
+}
+
+static void test_determinism(void)
+{
+    ctx_t first, again;
+    size_t bytes = 333 * 2 * 8;
+
+    ctx_init(&first);
+    for (int r = 0; r < 8; r++)
+        first.out[r] = calloc(1, bytes);
+    launch_ok(8, rank_determinism, &first);
+    for (int run = 1; run <= 4; run++) {
+        ctx_init(&again);
+        again.jitter = 1;
+        again.seed = (unsigned)run;
+        for (int r = 0; r < 8; r++)
+            again.out[r] = calloc(1, bytes);
+        launch_ok(8, rank_determinism, &again);
+        for (int r = 0; r < 8; r++) {
+            CU_ASSERT(memcmp(first.out[r], again.out[r], bytes) == 0);
+            /* every rank holds the same gathered tensor */
+            CU_ASSERT(memcmp(again.out[0], again.out[r], bytes) == 0);
+        }
+        for (int r = 0; r < 8; r++)
+            free(again.out[r]);
+        pthread_mutex_destroy(&again.lock);
+    }
+    for (int r = 0; r < 8; r++)
+        free(first.out[r]);
+    pthread_mutex_destroy(&first.lock);
+}
+
+/* ---- a large world, shape mode --------------------------------------------------------- */
+
+static fsdp_status_t rank_large(fsdp_dev_t *dev, void *arg)
+{
+    ctx_t *c = arg;
+    fsdp_group_t *world = dev->ops->group_world(dev), *node;
+    void *buf = NULL;
+
+    RCHECK(c, dev->local_size == 8 && dev->local_rank == dev->rank % 8,
+           "rank %d: local rank %d of %d", dev->rank, dev->local_rank, dev->local_size);
+    RCALL(c, dev, dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, 1u << 30, &buf));
+    RCHECK(c, buf != NULL, "rank %d: shape-mode segment is NULL", dev->rank);
+    /* shape mode: no data moves, fake pointers are never touched */
+    RCALL(c, dev, dev->ops->all_gather(dev, world, buf, buf, 1u << 20, FSDP_DTYPE_BF16, NULL));
+    RCALL(c, dev, dev->ops->group_split(dev, world, dev->rank / 8, dev->rank, &node));
+    RCHECK(c, node->size == 8 && node->rank == dev->local_rank, "rank %d: node group %d/%d",
+           dev->rank, node->rank, node->size);
+    RCALL(c, dev, dev->ops->reduce_scatter(dev, node, buf, buf, 1000, FSDP_DTYPE_F32,
+                                           FSDP_REDUCE_AVG, NULL));
+    RCALL(c, dev, dev->ops->barrier(dev, world));
+    dev->ops->group_destroy(dev, node);
+    dev->ops->segment_free(dev, FSDP_MEMKIND_DEVICE, buf);
+    return FSDP_OK;
+}
+
+static void test_large_world(void)
+{
+    fsdp_sim_params_t p;
+    ctx_t c;
+    fsdp_status_t st;
+
+    ctx_init(&c);
+    fsdp_sim_params_init(&p);
+    p.world_size = 1024;
+    p.ranks_per_node = 8;
+    p.mode = FSDP_SIM_SHAPE;
+    st = fsdp_sim_launch(&p, rank_large, &c, NULL);
+    if (st != FSDP_OK)
+        fprintf(stderr, "\n  %s: %s\n", fsdp_status_name(st), c.failure);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+    CU_ASSERT_STRING_EQUAL(c.failure, "");
+    pthread_mutex_destroy(&c.lock);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"all_gather", test_all_gather},
+        {"reduce_scatter", test_reduce_scatter},
+        {"all_reduce", test_all_reduce},
+        {"broadcast", test_broadcast},
+        {"split", test_split},
+        {"determinism", test_determinism},
+        {"large_world", test_large_world},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("collectives", tests);
+}

@@ -1,0 +1,577 @@
+/* The FSDP runtime against its references: W-rank training equals single-process training,
+ * collective counts equal PyTorch's, and illegal hook orders are refused. */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define NL 3
+static const int dims[NL + 1] = {5, 7, 6, 3}; /* flat sizes 42, 48, 21: not multiples of W */
+#define MAXB 12                               /* global batch, divisible by 1, 2, 3, 4 */
+
+/* ---------------- single-process reference, independent of the library ---------------- */
+
+typedef struct ref_model {
+    double *w[NL], *b[NL];
+    double *mw[NL], *vw[NL], *mb[NL], *vb[NL]; /* AdamW moments or SGD momentum (m only) */
+} ref_model_t;
+
+typedef struct run_cfg {
+    fsdp_strategy_t strategy;
+    fsdp_optim_config_t optim;
+    int world;
+    int steps;
+    fsdp_backward_prefetch_t prefetch;
+} run_cfg_t;
+
+static float xs[MAXB * 5], ys[MAXB * 3];
+
+static void make_batch(void)
+{
+    fsdp_rng_t rng;
+    fsdp_rng_seed(&rng, 1234);
+    for (int i = 0; i < MAXB * dims[0]; i++)
+        xs[i] = fsdp_rng_normal(&rng);
+    for (int i = 0; i < MAXB * dims[NL]; i++)
+        ys[i] = fsdp_rng_uniform(&rng, -1.0f, 1.0f);
+}
+
+/* One forward and backward over the whole batch, in double. */
+static void ref_grads(const ref_model_t *m, double *gw[NL], double *gb[NL])
+{
+    double *act[NL + 1], *dy, *dx;
+    int B = MAXB;
+
+    act[0] = malloc(sizeof(double) * (size_t)(B * dims[0]));
+    for (int i = 0; i < B * dims[0]; i++)
+        act[0][i] = xs[i];
+    for (int l = 0; l < NL; l++) {
+        int in = dims[l], out = dims[l + 1];
+        act[l + 1] = malloc(sizeof(double) * (size_t)(B * out));
+        for (int r = 0; r < B; r++) {
+            for (int o = 0; o < out; o++) {
+                double s = m->b[l][o];
+                for (int i = 0; i < in; i++)
+                    s += act[l][r * in + i] * m->w[l][o * in + i];
+                act[l + 1][r * out + o] = (l < NL - 1 && s < 0) ? 0.0 : s;
+            }
+        }
+    }
+    int out = dims[NL];
+    dy = malloc(sizeof(double) * (size_t)(B * out));
+    for (int i = 0; i < B * out; i++)
+        dy[i] = 2.0 * (act[NL][i] - ys[i]) / (double)(B * out);
+    for (int l = NL - 1; l >= 0; l--) {
+        int in = dims[l], o2 = dims[l + 1];
+        for (int o = 0; o < o2; o++) {
+            gb[l][o] = 0;
+            for (int r = 0; r < B; r++)
+                gb[l][o] += dy[r * o2 + o];
+            for (int i = 0; i < in; i++) {
+                double s = 0;
+                for (int r = 0; r < B; r++)
+                    s += dy[r * o2 + o] * act[l][r * in + i];
+                gw[l][o * in + i] = s;
+            }
+        }
+        dx = malloc(sizeof(double) * (size_t)(B * in));
+        for (int r = 0; r < B; r++) {
+            for (int i = 0; i < in; i++) {
+                double s = 0;
+                for (int o = 0; o < o2; o++)
+                    s += dy[r * o2 + o] * m->w[l][o * in + i];
+                dx[r * in + i] = (l > 0 && act[l][r * in + i] <= 0) ? 0.0 : s;
+            }
+        }
+        free(dy);
+        dy = dx;
+    }
+    free(dy);
+    for (int l = 0; l <= NL; l++)
+        free(act[l]);
+}
+
+/* torch.optim.AdamW and torch.optim.SGD, written from their documented formulas. */
+static void ref_update(const fsdp_optim_config_t *o, int step, double *p, const double *g,
+                       double *m, double *v, int n, int decay)
+{
+    double wd = decay ? o->weight_decay : 0.0;
+    for (int i = 0; i < n; i++) {
+        if (o->kind == FSDP_OPTIM_ADAMW) {
+            double bc1 = 1.0 - pow(o->beta1, step), bc2 = 1.0 - pow(o->beta2, step);
+            p[i] *= 1.0 - o->lr * wd;
+            m[i] = o->beta1 * m[i] + (1.0 - o->beta1) * g[i];
+            v[i] = o->beta2 * v[i] + (1.0 - o->beta2) * g[i] * g[i];
+            p[i] -= o->lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + o->eps);
+        } else {
+            double d = g[i] + wd * p[i];
+            if (o->momentum != 0.0) {
+                m[i] = step == 1 ? d : o->momentum * m[i] + (1.0 - o->dampening) * d;
+                d = o->nesterov ? d + o->momentum * m[i] : m[i];
+            }
+            p[i] -= o->lr * d;
+        }
+    }
+}
+
+static void ref_train(const run_cfg_t *cfg, const float *init, double *final_out)
+{
+    ref_model_t m;
+    double *gw[NL], *gb[NL];
+    size_t off = 0;
+
+    for (int l = 0; l < NL; l++) {
+        int nw = dims[l] * dims[l + 1], nb = dims[l + 1];
+        m.w[l] = calloc((size_t)nw, sizeof(double));
+        m.b[l] = calloc((size_t)nb, sizeof(double));
+        m.mw[l] = calloc((size_t)nw, sizeof(double));
+        m.vw[l] = calloc((size_t)nw, sizeof(double));
+        m.mb[l] = calloc((size_t)nb, sizeof(double));
+        m.vb[l] = calloc((size_t)nb, sizeof(double));
+        gw[l] = calloc((size_t)nw, sizeof(double));
+        gb[l] = calloc((size_t)nb, sizeof(double));
+        for (int i = 0; i < nw; i++)
+            m.w[l][i] = init[off++];
+        for (int i = 0; i < nb; i++)
+            m.b[l][i] = init[off++];
+    }
+    for (int step = 1; step <= cfg->steps; step++) {
+        ref_grads(&m, gw, gb);
+        for (int l = 0; l < NL; l++) {
+            ref_update(&cfg->optim, step, m.w[l], gw[l], m.mw[l], m.vw[l], dims[l] * dims[l + 1], 1);
+            ref_update(&cfg->optim, step, m.b[l], gb[l], m.mb[l], m.vb[l], dims[l + 1], 1);
+        }
+    }
+    off = 0;
+    for (int l = 0; l < NL; l++) {
+        for (int i = 0; i < dims[l] * dims[l + 1]; i++)
+            final_out[off++] = m.w[l][i];
+        for (int i = 0; i < dims[l + 1]; i++)
+            final_out[off++] = m.b[l][i];
+        free(m.w[l]), free(m.b[l]), free(m.mw[l]), free(m.vw[l]), free(m.mb[l]), free(m.vb[l]);
+        free(gw[l]), free(gb[l]);
+    }
+}
+
+/* ---------------- FSDP runs, with collectives counted per rank ---------------- */
+
+typedef struct counts {
+    int all_gather, reduce_scatter, all_reduce;
+} counts_t;
+
+static _Thread_local counts_t tl_counts;
+static _Thread_local const fsdp_backend_ops_t *tl_inner;
+
+static fsdp_status_t count_all_gather(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                      size_t n, fsdp_dtype_t dt, fsdp_stream_t *st)
+{
+    tl_counts.all_gather++;
+    return tl_inner->all_gather(dev, g, s, r, n, dt, st);
+}
+
+static fsdp_status_t count_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *g, const void *s,
+                                          void *r, size_t n, fsdp_dtype_t dt,
+                                          fsdp_reduce_op_t op, fsdp_stream_t *st)
+{
+    tl_counts.reduce_scatter++;
+    return tl_inner->reduce_scatter(dev, g, s, r, n, dt, op, st);
+}
+
+static fsdp_status_t count_all_reduce(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                      size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
+                                      fsdp_stream_t *st)
+{
+    tl_counts.all_reduce++;
+    return tl_inner->all_reduce(dev, g, s, r, n, dt, op, st);
+}
+
+/* Interposes counting wrappers on this rank's ops table: the backend is just a table. */
+static void wrap_ops(fsdp_dev_t *dev, fsdp_backend_ops_t *wrapped)
+{
+    tl_inner = dev->ops;
+    *wrapped = *dev->ops;
+    wrapped->all_gather = count_all_gather;
+    wrapped->reduce_scatter = count_reduce_scatter;
+    wrapped->all_reduce = count_all_reduce;
+    dev->ops = wrapped;
+    memset(&tl_counts, 0, sizeof(tl_counts));
+}
+
+typedef struct run_result {
+    float init[512];
+    float final_params[512];
+    size_t total;
+    counts_t fwd[8], bwd[8]; /* per rank, last iteration */
+    fsdp_strategy_t effective;
+} run_result_t;
+
+typedef struct run_ctx {
+    const run_cfg_t *cfg;
+    run_result_t *res;
+} run_ctx_t;
+
+static fsdp_status_t gather_all(fsdp_mlp_t *mlp, float *out, size_t *total_p)
+{
+    size_t off = 0;
+    for (int l = 0; l < NL; l++) {
+        fsdp_unit_t *u = fsdp_mlp_layer(mlp, l);
+        fsdp_status_t status = fsdp_unit_gather_full(u, out + off);
+        if (status != FSDP_OK)
+            return status;
+        off += fsdp_unit_flat_numel(u);
+    }
+    *total_p = off;
+    return FSDP_OK;
+}
+
+static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
+{
+    run_ctx_t *ctx = arg;
+    const run_cfg_t *cfg = ctx->cfg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_optim_t *opt = NULL;
+    size_t rows = MAXB / (size_t)cfg->world, total;
+    float init[512];
+    fsdp_status_t status;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.strategy = cfg->strategy;
+    fc.backward_prefetch = cfg->prefetch;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_mlp_create(fs, dims, NL, &mlp);
+    if (status == FSDP_OK)
+        status = fsdp_mlp_init_params(mlp, 7);
+    if (status == FSDP_OK)
+        status = gather_all(mlp, init, &total);
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &cfg->optim, &opt);
+    for (int step = 0; step < cfg->steps && status == FSDP_OK; step++) {
+        float loss;
+        memset(&tl_counts, 0, sizeof(tl_counts));
+        status = fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * (size_t)dims[0],
+                                           ys + (size_t)dev->rank * rows * (size_t)dims[NL], rows,
+                                           &loss);
+        if (status == FSDP_OK)
+            status = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+    }
+    counts_t all = tl_counts;
+    if (status == FSDP_OK)
+        status = gather_all(mlp, ctx->res->final_params, &total);
+    if (status == FSDP_OK && dev->rank == 0) {
+        memcpy(ctx->res->init, init, sizeof(float) * total);
+        ctx->res->total = total;
+        ctx->res->effective = fsdp_strategy(fs);
+    }
+    if (dev->rank < 8)
+        ctx->res->bwd[dev->rank] = all;
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return status;
+}
+
+static void run_fsdp(const run_cfg_t *cfg, run_result_t *res)
+{
+    fsdp_sim_params_t p;
+    run_ctx_t ctx = {cfg, res};
+    fsdp_sim_params_init(&p);
+    p.world_size = cfg->world;
+    memset(res, 0, sizeof(*res));
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, fsdp_run_rank, &ctx, NULL), FSDP_OK);
+}
+
+static void check_parity(fsdp_optim_kind_t kind)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD};
+    make_batch();
+    for (size_t s = 0; s < 3; s++) {
+        for (int w = 1; w <= 4; w++) {
+            run_cfg_t cfg = {.strategy = strategies[s], .world = w, .steps = 5,
+                             .prefetch = FSDP_BACKWARD_PREFETCH_PRE};
+            run_result_t *res = calloc(1, sizeof(*res));
+            double ref[512], maxdiff = 0.0;
+            fsdp_optim_config_init(&cfg.optim, kind);
+            if (kind == FSDP_OPTIM_ADAMW) {
+                cfg.optim.lr = 1e-2f;
+            } else {
+                cfg.optim.lr = 5e-2f;
+                cfg.optim.momentum = 0.9f;
+                cfg.optim.dampening = 0.1f;
+                cfg.optim.weight_decay = 1e-3f;
+            }
+            run_fsdp(&cfg, res);
+            CU_ASSERT_EQUAL(res->total, 42 + 48 + 21);
+            ref_train(&cfg, res->init, ref);
+            for (size_t i = 0; i < res->total; i++) {
+                double d = fabs((double)res->final_params[i] - ref[i]);
+                if (d > maxdiff)
+                    maxdiff = d;
+            }
+            if (maxdiff > 1e-6)
+                fprintf(stderr, "\n  %s W=%d: max |fsdp - reference| = %g\n",
+                        fsdp_strategy_name(strategies[s]), w, maxdiff);
+            CU_ASSERT(maxdiff <= 1e-6);
+            /* training moved the parameters: the comparison is not vacuous */
+            double moved = 0.0;
+            for (size_t i = 0; i < res->total; i++)
+                moved += fabs((double)res->final_params[i] - res->init[i]);
+            CU_ASSERT(moved > 1e-2);
+            free(res);
+        }
+    }
+}
+
+static void test_parity_adamw(void)
+{
+    check_parity(FSDP_OPTIM_ADAMW);
+}
+
+static void test_parity_sgd_momentum(void)
+{
+    check_parity(FSDP_OPTIM_SGD);
+}
+
+/* Per iteration, PyTorch's counts (anchors.md): with a parameter-less root, N forward and N
+ * backward all-gathers for FULL_SHARD, none in backward for SHARD_GRAD_OP, N reduce-scatters;
+ * NO_SHARD: N all-reduces and no all-gather. The MLP has N = 3 units with parameters. */
+static void test_collective_counts_mlp(void)
+{
+    make_batch();
+    for (int w = 2; w <= 4; w += 2) {
+        run_cfg_t cfg = {.world = w, .steps = 2, .prefetch = FSDP_BACKWARD_PREFETCH_PRE};
+        run_result_t *res = calloc(1, sizeof(*res));
+        fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_SGD);
+
+        cfg.strategy = FSDP_FULL_SHARD;
+        run_fsdp(&cfg, res);
+        for (int r = 0; r < w; r++) {
+            CU_ASSERT_EQUAL(res->bwd[r].all_gather, 2 * NL);
+            CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, NL);
+            CU_ASSERT_EQUAL(res->bwd[r].all_reduce, 0);
+        }
+        cfg.strategy = FSDP_SHARD_GRAD_OP;
+        run_fsdp(&cfg, res);
+        for (int r = 0; r < w; r++) {
+            CU_ASSERT_EQUAL(res->bwd[r].all_gather, NL);
+            CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, NL);
+            CU_ASSERT_EQUAL(res->bwd[r].all_reduce, 0);
+        }
+        cfg.strategy = FSDP_NO_SHARD;
+        run_fsdp(&cfg, res);
+        for (int r = 0; r < w; r++) {
+            CU_ASSERT_EQUAL(res->bwd[r].all_gather, 0);
+            CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, 0);
+            CU_ASSERT_EQUAL(res->bwd[r].all_reduce, NL);
+        }
+        free(res);
+    }
+}
+
+/* ---------------- a model whose root owns parameters ---------------- */
+
+typedef struct phase_counts {
+    counts_t fwd[4], bwd[4];
+    fsdp_strategy_t strategy;
+    fsdp_backward_prefetch_t prefetch;
+} phase_counts_t;
+
+/* root (params "scale" [8]) with two children of [16] and [5] elements; the "compute" just
+ * touches parameters and writes gradients through the hook API. */
+static fsdp_status_t root_model_rank(fsdp_dev_t *dev, void *arg)
+{
+    phase_counts_t *pc = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_param_spec_t sroot = {.name = "scale", .ndim = 1, .shape = {8}, .requires_grad = 1,
+                               .tied_to = -1};
+    fsdp_param_spec_t sa = {.name = "a.weight", .ndim = 2, .shape = {4, 4}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_param_spec_t sb = {.name = "b.weight", .ndim = 1, .shape = {5}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_config_t fc;
+    fsdp_unit_t *root, *kids[2];
+    fsdp_t *fs;
+    fsdp_status_t status;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.strategy = pc->strategy;
+    fc.backward_prefetch = pc->prefetch;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_unit_create(fs, "root", NULL, &sroot, 1, &root);
+    if (status == FSDP_OK)
+        status = fsdp_unit_create(fs, "a", root, &sa, 1, &kids[0]);
+    if (status == FSDP_OK)
+        status = fsdp_unit_create(fs, "b", root, &sb, 1, &kids[1]);
+    for (int iter = 0; iter < 2 && status == FSDP_OK; iter++) {
+        memset(&tl_counts, 0, sizeof(tl_counts));
+        status = fsdp_pre_forward(root);
+        CU_ASSERT_PTR_NOT_NULL(fsdp_unit_param(root, 0));
+        for (int k = 0; k < 2 && status == FSDP_OK; k++) {
+            status = fsdp_pre_forward(kids[k]);
+            CU_ASSERT_PTR_NOT_NULL(fsdp_unit_param(kids[k], 0));
+            if (status == FSDP_OK)
+                status = fsdp_post_forward(kids[k]);
+        }
+        if (status == FSDP_OK)
+            status = fsdp_post_forward(root);
+        if (dev->rank < 4)
+            pc->fwd[dev->rank] = tl_counts;
+        memset(&tl_counts, 0, sizeof(tl_counts));
+        if (status == FSDP_OK)
+            status = fsdp_pre_backward(root);
+        for (int k = 1; k >= 0 && status == FSDP_OK; k--) {
+            void *g;
+            status = fsdp_pre_backward(kids[k]);
+            if (status == FSDP_OK)
+                status = fsdp_unit_grad(kids[k], 0, &g);
+            if (status == FSDP_OK)
+                status = fsdp_post_backward(kids[k]);
+        }
+        void *g;
+        if (status == FSDP_OK)
+            status = fsdp_unit_grad(root, 0, &g);
+        if (status == FSDP_OK)
+            status = fsdp_post_backward(root);
+        if (status == FSDP_OK)
+            status = fsdp_final_callback(fs);
+        if (dev->rank < 4)
+            pc->bwd[dev->rank] = tl_counts;
+        fsdp_zero_grad(fs);
+    }
+    fsdp_destroy(fs);
+    return status;
+}
+
+static void test_collective_counts_root_params(void)
+{
+    static const fsdp_backward_prefetch_t prefetches[] = {
+        FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 4;
+    for (int i = 0; i < 3; i++) {
+        phase_counts_t pc = {.strategy = FSDP_FULL_SHARD, .prefetch = prefetches[i]};
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, root_model_rank, &pc, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++) {
+            CU_ASSERT_EQUAL(pc.fwd[r].all_gather, 3);     /* N */
+            CU_ASSERT_EQUAL(pc.bwd[r].all_gather, 2);     /* N - 1: the root kept its own */
+            CU_ASSERT_EQUAL(pc.bwd[r].reduce_scatter, 3); /* N */
+            CU_ASSERT_EQUAL(pc.fwd[r].reduce_scatter + pc.fwd[r].all_reduce, 0);
+        }
+        pc.strategy = FSDP_SHARD_GRAD_OP;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, root_model_rank, &pc, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++) {
+            CU_ASSERT_EQUAL(pc.fwd[r].all_gather, 3);
+            CU_ASSERT_EQUAL(pc.bwd[r].all_gather, 0);
+            CU_ASSERT_EQUAL(pc.bwd[r].reduce_scatter, 3);
+        }
+    }
+}
+
+/* ---------------- illegal transitions ---------------- */
+
+static fsdp_status_t states_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_param_spec_t s = {.name = "w", .ndim = 1, .shape = {6}, .requires_grad = 1,
+                           .tied_to = -1};
+    fsdp_param_spec_t s2 = {.name = "v", .ndim = 1, .shape = {3}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_param_spec_t frozen[2] = {
+        {.name = "f1", .ndim = 1, .shape = {2}, .requires_grad = 1, .tied_to = -1},
+        {.name = "f2", .ndim = 1, .shape = {2}, .requires_grad = 0, .tied_to = -1}};
+    fsdp_unit_t *root, *u, *late;
+    fsdp_t *fs;
+    void *g;
+    (void)arg;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "u", root, &s, 1, &u), FSDP_OK);
+    /* a name reused across units, a second root, frozen parameters mixed in */
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "dup", root, &s, 1, &late), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root2", NULL, NULL, 0, &late), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "frz", root, frozen, 2, &late), FSDP_ERR_UNSUPPORTED);
+    CU_ASSERT(strstr(fsdp_last_error(fs), "f2") != NULL);
+
+    /* a child before the root; post-forward without pre-forward; backward before forward */
+    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_ERR_STATE);
+
+    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "late", root, &s2, 1, &late), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_ERR_STATE); /* twice */
+    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_ERR_STATE); /* not in backward */
+    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_post_forward(u), FSDP_OK);
+    CU_ASSERT_PTR_NULL(fsdp_unit_param(u, 0)); /* resharded: no unsharded view */
+    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
+
+    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_ERR_STATE); /* before the root's */
+    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_ERR_STATE); /* forward before final callback */
+    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK); /* fires once; a second call is a no-op */
+    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_ERR_STATE);
+    CU_ASSERT_EQUAL(fsdp_training_state(fs), FSDP_STATE_IDLE);
+    CU_ASSERT_EQUAL(fsdp_unit_handle_state(u), FSDP_HANDLE_IDLE);
+    CU_ASSERT_PTR_NOT_NULL(fsdp_unit_sharded_grad(u));
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_illegal_transitions(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_log_level_t lvl = fsdp_log_level();
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    fsdp_log_set_level(FSDP_LOG_OFF); /* the refusals are expected: keep them quiet */
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, states_rank, NULL, NULL), FSDP_OK);
+    fsdp_log_set_level(lvl);
+}
+
+/* World size 1 forces NO_SHARD, as PyTorch does. */
+static void test_world_one_is_no_shard(void)
+{
+    run_cfg_t cfg = {.strategy = FSDP_FULL_SHARD, .world = 1, .steps = 1};
+    run_result_t *res = calloc(1, sizeof(*res));
+    make_batch();
+    fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_SGD);
+    run_fsdp(&cfg, res);
+    CU_ASSERT_EQUAL(res->effective, FSDP_NO_SHARD);
+    CU_ASSERT_EQUAL(res->bwd[0].all_gather, 0);
+    free(res);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"parity with single-process training, adamw", test_parity_adamw},
+        {"parity with single-process training, sgd momentum", test_parity_sgd_momentum},
+        {"collective counts, parameter-less root", test_collective_counts_mlp},
+        {"collective counts, root owns parameters", test_collective_counts_root_params},
+        {"illegal hook transitions", test_illegal_transitions},
+        {"world size 1 is no_shard", test_world_one_is_no_shard},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("fsdp", tests);
+}

@@ -1,0 +1,272 @@
+/* The sim backend's ops table apart from collectives: rank contexts, segments in data and
+ * shape mode, streams, events, copies, the kernel slot in shape mode, and errors.
+ *
+ * Rank functions record the first failed check (no CUnit calls off the main thread). */
+#include <fsdp/fsdp.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "test_util.h"
+
+static pthread_mutex_t fail_lock = PTHREAD_MUTEX_INITIALIZER;
+static char failure[512];
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+
+    pthread_mutex_lock(&fail_lock);
+    if (failure[0] == '\0') {
+        va_start(ap, fmt);
+        vsnprintf(failure, sizeof(failure), fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&fail_lock);
+}
+
+#define RCHECK(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fail(__VA_ARGS__);                                                                     \
+            return FSDP_ERR_INTERNAL;                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define RCALL(dev, call)                                                                           \
+    do {                                                                                           \
+        fsdp_status_t st_ = (call);                                                                \
+        RCHECK(st_ == FSDP_OK, "rank %d: %s returned %s: %s", (dev)->rank, #call,                 \
+               fsdp_status_name(st_), fsdp_sim_last_error(dev));                                   \
+    } while (0)
+
+static void quiet(fsdp_log_level_t level, const char *file, int line, const char *func,
+                  const char *msg, void *arg)
+{
+    (void)level, (void)file, (void)line, (void)func, (void)msg, (void)arg;
+}
+
+static void launch_ok(int world, int per_node, fsdp_sim_mode_t mode, fsdp_rank_func_t func)
+{
+    fsdp_sim_params_t p;
+    fsdp_status_t st;
+
+    failure[0] = '\0';
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    p.ranks_per_node = per_node;
+    p.mode = mode;
+    p.timeout_s = 20.0;
+    st = fsdp_sim_launch(&p, func, NULL, NULL);
+    if (st != FSDP_OK || failure[0] != '\0')
+        fprintf(stderr, "\n  %s: %s\n", fsdp_status_name(st), failure);
+    CU_ASSERT_EQUAL(st, FSDP_OK);
+    CU_ASSERT_STRING_EQUAL(failure, "");
+}
+
+static void test_ops_table(void)
+{
+    CU_ASSERT_EQUAL(fsdp_backend_check(fsdp_sim_backend()), FSDP_OK);
+    CU_ASSERT_STRING_EQUAL(fsdp_sim_backend()->name, "sim");
+    CU_ASSERT_EQUAL(fsdp_sim_backend()->size, sizeof(fsdp_backend_ops_t));
+    CU_ASSERT_FALSE(fsdp_dev_is_sim(NULL));
+}
+
+static fsdp_status_t rank_dev(fsdp_dev_t *dev, void *arg)
+{
+    (void)arg;
+    RCHECK(fsdp_dev_is_sim(dev) && dev->ops == fsdp_sim_backend(), "rank %d: not a sim dev",
+           dev->rank);
+    RCHECK(dev->world_size == 6 && dev->local_size == 3 && dev->local_rank == dev->rank % 3,
+           "rank %d: world %d, local %d of %d", dev->rank, dev->world_size, dev->local_rank,
+           dev->local_size);
+    RCHECK(strcmp(fsdp_sim_last_error(dev), "") == 0, "rank %d: fresh rank has an error",
+           dev->rank);
+    return FSDP_OK;
+}
+
+static void test_ranks(void)
+{
+    launch_ok(6, 3, FSDP_SIM_DATA, rank_dev);
+}
+
+static fsdp_status_t rank_segments(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    size_t sizes[] = {0, 1, 63, 64, 1000, 1 << 20};
+    void *p[6];
+    (void)arg;
+
+    for (int i = 0; i < 6; i++) {
+        RCALL(dev, ops->segment_alloc(dev, i % 2 ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE,
+                                      sizes[i], &p[i]));
+        RCHECK(p[i] != NULL && (uintptr_t)p[i] % 64 == 0, "rank %d: segment %d at %p",
+               dev->rank, i, p[i]);
+        for (size_t j = 0; j < sizes[i]; j++)
+            RCHECK(((unsigned char *)p[i])[j] == 0, "rank %d: segment %d byte %zu not zero",
+                   dev->rank, i, j);
+        memset(p[i], 0xff, sizes[i]);
+    }
+    for (int i = 0; i < 6; i++) {
+        for (int j = 0; j < i; j++)
+            RCHECK(p[i] != p[j], "rank %d: segments %d and %d share an address", dev->rank, i, j);
+        ops->segment_free(dev, i % 2 ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE, p[i]);
+    }
+    RCHECK(ops->segment_alloc(dev, (fsdp_memkind_t)9, 8, &p[0]) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: a bad memkind was accepted", dev->rank);
+    RCHECK(strstr(fsdp_sim_last_error(dev), "segment_alloc") != NULL &&
+               strncmp(fsdp_sim_last_error(dev), "rank ", 5) == 0,
+           "rank %d: last error is '%s'", dev->rank, fsdp_sim_last_error(dev));
+    return FSDP_OK;
+}
+
+static fsdp_status_t rank_shape_segments(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_kernel_t k = {.kind = FSDP_K_FILL};
+    uintptr_t p[4];
+    (void)arg;
+
+    /* never touched, so terabytes are fine; ranges must not overlap */
+    for (int i = 0; i < 4; i++) {
+        void *v = NULL;
+        RCALL(dev, ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, (size_t)1 << 40, &v));
+        p[i] = (uintptr_t)v;
+        RCHECK(p[i] != 0, "rank %d: shape segment is NULL", dev->rank);
+        for (int j = 0; j < i; j++)
+            RCHECK(p[i] >= p[j] + ((size_t)1 << 40) || p[j] >= p[i] + ((size_t)1 << 40),
+                   "rank %d: shape segments %d and %d overlap", dev->rank, i, j);
+    }
+    for (int i = 0; i < 4; i++)
+        ops->segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)p[i]);
+    /* shape mode runs no kernel and copies nothing: the pointers are fake */
+    k.u.fill.x = (void *)p[0];
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    k.u.fill.n = 1000;
+    RCALL(dev, ops->kernel(dev, NULL, &k));
+    RCALL(dev, ops->memcpy_async(dev, (void *)p[1], (void *)p[2], 4096, NULL));
+    return FSDP_OK;
+}
+
+static void test_segments(void)
+{
+    fsdp_log_set_handler(quiet, NULL); /* the refusals are expected */
+    launch_ok(3, 0, FSDP_SIM_DATA, rank_segments);
+    fsdp_log_set_handler(NULL, NULL);
+    launch_ok(4, 0, FSDP_SIM_SHAPE, rank_shape_segments);
+}
+
+static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_stream_t *compute = ops->compute_stream(dev), *s1, *s2;
+    fsdp_event_t *ev;
+    char src[100], dst[100];
+    int done = 0;
+    (void)arg;
+
+    RCHECK(compute->id == 0 && strcmp(compute->name, "compute") == 0,
+           "rank %d: compute stream is %d '%s'", dev->rank, compute->id, compute->name);
+    RCALL(dev, ops->stream_create(dev, "unshard", -1, &s1));
+    RCALL(dev, ops->stream_create(dev, "post_backward", 0, &s2));
+    RCHECK(s1->id == 1 && s2->id == 2 && s1->priority == -1 && strcmp(s1->name, "unshard") == 0 &&
+               strcmp(s2->name, "post_backward") == 0,
+           "rank %d: streams %d '%s' %d, %d '%s'", dev->rank, s1->id, s1->name, s1->priority,
+           s2->id, s2->name);
+
+    for (int i = 0; i < 100; i++)
+        src[i] = (char)(i + dev->rank);
+    RCALL(dev, ops->memcpy_async(dev, dst, src, sizeof(src), s1));
+    RCALL(dev, ops->memcpy_async(dev, dst, dst, 0, s1));
+    RCHECK(memcmp(dst, src, sizeof(src)) == 0, "rank %d: memcpy_async did not copy", dev->rank);
+
+    RCALL(dev, ops->event_create(dev, &ev));
+    RCALL(dev, ops->event_query(dev, ev, &done)); /* never recorded: complete */
+    RCHECK(done == 1, "rank %d: unrecorded event not complete", dev->rank);
+    RCALL(dev, ops->event_record(dev, ev, s1));
+    RCALL(dev, ops->stream_wait_event(dev, s2, ev));
+    RCALL(dev, ops->stream_wait_event(dev, NULL, ev));
+    RCALL(dev, fsdp_stream_wait_stream(dev, compute, s2));
+    RCALL(dev, ops->event_synchronize(dev, ev));
+    RCALL(dev, ops->event_query(dev, ev, &done));
+    RCHECK(done == 1, "rank %d: event not complete after synchronize", dev->rank);
+    RCALL(dev, ops->stream_synchronize(dev, s2));
+    RCALL(dev, ops->stream_synchronize(dev, NULL));
+    /* every op is free until a cost model lands */
+    RCHECK(ops->host_time(dev) == 0.0, "rank %d: host time %g", dev->rank, ops->host_time(dev));
+    ops->event_destroy(dev, ev);
+    ops->stream_destroy(dev, s2);
+    ops->stream_destroy(dev, s1);
+    ops->stream_destroy(dev, compute); /* the backend's: ignored */
+    ops->stream_destroy(dev, NULL);
+    ops->event_destroy(dev, NULL);
+    RCHECK(ops->compute_stream(dev)->id == 0, "rank %d: compute stream gone", dev->rank);
+    RCHECK(ops->event_record(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: NULL event accepted", dev->rank);
+    RCHECK(ops->kernel(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: NULL kernel accepted", dev->rank);
+    return FSDP_OK;
+}
+
+static void test_streams_events(void)
+{
+    fsdp_log_set_handler(quiet, NULL); /* the refusals are expected */
+    launch_ok(2, 0, FSDP_SIM_DATA, rank_streams);
+    fsdp_log_set_handler(NULL, NULL);
+}
+
+static fsdp_status_t rank_bad_args(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_group_t *w = ops->group_world(dev);
+    float x[4] = {0};
+    (void)arg;
+
+    /* bad arguments are refused on the calling rank, before any rendezvous */
+    RCHECK(ops->all_reduce(dev, NULL, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL) ==
+               FSDP_ERR_INVALID_PARAM,
+           "rank %d: NULL group accepted", dev->rank);
+    RCHECK(ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_I32, FSDP_REDUCE_AVG, NULL) ==
+               FSDP_ERR_INVALID_PARAM,
+           "rank %d: i32 avg accepted", dev->rank);
+    RCHECK(strstr(fsdp_sim_last_error(dev), "avg needs a floating-point dtype") != NULL,
+           "rank %d: last error '%s'", dev->rank, fsdp_sim_last_error(dev));
+    RCHECK(ops->all_reduce(dev, w, x, x, 4, (fsdp_dtype_t)17, FSDP_REDUCE_SUM, NULL) ==
+               FSDP_ERR_INVALID_PARAM,
+           "rank %d: dtype 17 accepted", dev->rank);
+    RCHECK(ops->reduce_scatter(dev, w, x, x, 1, FSDP_DTYPE_F32, (fsdp_reduce_op_t)9, NULL) ==
+               FSDP_ERR_INVALID_PARAM,
+           "rank %d: op 9 accepted", dev->rank);
+    RCHECK(ops->broadcast(dev, w, x, 4, FSDP_DTYPE_F32, w->size, NULL) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: root %d accepted", dev->rank, w->size);
+    RCHECK(ops->all_gather(dev, w, NULL, x, 1, FSDP_DTYPE_F32, NULL) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: NULL send accepted", dev->rank);
+    /* and the group still works afterwards: nothing was deposited */
+    RCALL(dev, ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+    RCALL(dev, ops->barrier(dev, w));
+    return FSDP_OK;
+}
+
+static void test_bad_args(void)
+{
+    fsdp_log_set_handler(quiet, NULL); /* the refusals are expected */
+    launch_ok(3, 0, FSDP_SIM_DATA, rank_bad_args);
+    fsdp_log_set_handler(NULL, NULL);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"ops_table", test_ops_table},
+        {"ranks", test_ranks},
+        {"segments", test_segments},
+        {"streams_events", test_streams_events},
+        {"bad_args", test_bad_args},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("sim", tests);
+}
