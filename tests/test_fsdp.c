@@ -549,6 +549,73 @@ static void test_illegal_transitions(void)
     fsdp_log_set_level(lvl);
 }
 
+/* Tied parameters are stored once: both names view the same storage, and gradients written
+ * through either accumulate into one. */
+static fsdp_status_t tied_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_param_spec_t specs[3] = {
+        {.name = "wte", .ndim = 2, .shape = {3, 2}, .requires_grad = 1, .tied_to = -1},
+        {.name = "ln", .ndim = 1, .shape = {5}, .requires_grad = 1, .tied_to = -1},
+        {.name = "lm_head", .ndim = 2, .shape = {3, 2}, .requires_grad = 1, .tied_to = 0}};
+    fsdp_param_spec_t bad = {.name = "x", .ndim = 1, .shape = {4}, .requires_grad = 1,
+                             .tied_to = 0};
+    float full[11], ones[6] = {1, 1, 1, 1, 1, 1}, twos[6] = {2, 2, 2, 2, 2, 2};
+    fsdp_unit_t *root, *late;
+    fsdp_param_info_t a, b;
+    fsdp_t *fs;
+    void *g0, *g2;
+    fsdp_status_t status;
+    (void)arg;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "root", NULL, specs, 3, &root), FSDP_OK);
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "bad", root, &bad, 1, &late), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+    CU_ASSERT_EQUAL(fsdp_unit_flat_numel(root), 11); /* 6 + 5, the tie stored once */
+    fsdp_unit_param_info(root, 0, &a);
+    fsdp_unit_param_info(root, 2, &b);
+    CU_ASSERT_EQUAL(a.offset, b.offset);
+    CU_ASSERT_EQUAL(b.tied_to, 0);
+    CU_ASSERT_EQUAL(fsdp_unit_set_param(root, 0, ones), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
+    CU_ASSERT_PTR_EQUAL(fsdp_unit_param(root, 0), fsdp_unit_param(root, 2));
+    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(root, 0, &g0), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(root, 2, &g2), FSDP_OK);
+    CU_ASSERT_PTR_EQUAL(g0, g2);
+    /* two uses each add their gradient, as autograd accumulates into one .grad */
+    for (int i = 0; i < 6; i++) {
+        ((float *)g0)[i] += ones[i];
+        ((float *)g2)[i] += twos[i];
+    }
+    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    /* the averaged gradient: every rank wrote 3 into each element of the tied weight */
+    status = fsdp_unit_gather_full(root, full);
+    CU_ASSERT_EQUAL(status, FSDP_OK);
+    for (int i = 0; i < 6; i++)
+        CU_ASSERT_EQUAL(full[i], 1.0f);
+    float *sg = fsdp_unit_sharded_grad(root);
+    fsdp_param_info_t pi;
+    fsdp_unit_param_info(root, 0, &pi);
+    for (size_t i = 0; pi.in_shard && i < pi.numel_in_shard; i++)
+        CU_ASSERT_DOUBLE_EQUAL(sg[pi.offset_in_shard + i], 3.0, 1e-6);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_tied_parameters(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    for (int w = 1; w <= 3; w++) {
+        p.world_size = w;
+        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, tied_rank, NULL, NULL), FSDP_OK);
+    }
+}
+
 /* World size 1 forces NO_SHARD, as PyTorch does. */
 static void test_world_one_is_no_shard(void)
 {
@@ -571,6 +638,7 @@ int main(void)
         {"collective counts, root owns parameters", test_collective_counts_root_params},
         {"illegal hook transitions", test_illegal_transitions},
         {"world size 1 is no_shard", test_world_one_is_no_shard},
+        {"tied parameters stored once", test_tied_parameters},
         {NULL, NULL},
     };
     return fsdp_test_run("fsdp", tests);

@@ -53,6 +53,23 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
+/* Library messages come out as the tool's own: "fsdp-train: error: ...", one line each. */
+static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
+                          const char *msg, void *arg)
+{
+    static const char *const names[] = {"error", "warning", "info", "debug", "trace"};
+    (void)file, (void)line, (void)func, (void)arg;
+    fprintf(stderr, "fsdp-train: %s: %s\n", names[level >= 0 && level <= 4 ? level : 0], msg);
+}
+
+/* The library already said what was wrong. */
+static void fail_quietly(void) __attribute__((noreturn));
+
+static void fail_quietly(void)
+{
+    exit(2);
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: fsdp-train [options]\n"
@@ -263,7 +280,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     if ((momentum || dampening || nesterov) && kind != FSDP_OPTIM_SGD)
         die("--momentum, --dampening and --nesterov apply to --optim sgd only");
     if (fsdp_optim_config_check(&a->optim) != FSDP_OK)
-        die("invalid optimizer settings (see the message above)");
+        fail_quietly();
     if (a->batch % a->world != 0)
         die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
             a->batch, a->world);
@@ -303,7 +320,7 @@ static void load_init(const train_args_t *a, train_shared_t *sh)
     int expected = 2 * a->nlayers;
 
     if (fsdp_st_open(a->init_path, &f) != FSDP_OK)
-        die("cannot load --init %s (see the message above)", a->init_path);
+        fail_quietly();
     sh->init_weights = calloc((size_t)a->nlayers, sizeof(float *));
     sh->init_biases = calloc((size_t)a->nlayers, sizeof(float *));
     if (sh->init_weights == NULL || sh->init_biases == NULL)
@@ -337,7 +354,7 @@ static void load_data(const train_args_t *a, train_shared_t *sh)
     const fsdp_st_tensor_t *x, *y;
 
     if (fsdp_st_open(a->data_path, &f) != FSDP_OK)
-        die("cannot load --data %s (see the message above)", a->data_path);
+        fail_quietly();
     x = fsdp_st_find(f, "x");
     if (x == NULL || x->ndim != 2)
         die("%s: needs a 2-d tensor 'x' [B, %d]", a->data_path, a->dims[0]);
@@ -511,6 +528,7 @@ int main(int argc, char **argv)
     fsdp_sim_params_t sim;
     fsdp_status_t status;
 
+    fsdp_log_set_handler(log_to_stderr, NULL);
     parse_args(argc, argv, &args);
     memset(&sh, 0, sizeof(sh));
     sh.args = &args;
@@ -530,7 +548,7 @@ int main(int argc, char **argv)
     sim.timeout_s = args.timeout_s;
     status = fsdp_sim_launch(&sim, train_rank, &sh, NULL);
     if (status != FSDP_OK) {
-        fprintf(stderr, "fsdp-train: error: training failed: %s\n", fsdp_status_string(status));
+        /* the failing rank logged why; peers only saw it fail */
         return 1;
     }
     for (int r = 0; r < args.world; r++)

@@ -22,6 +22,7 @@ extern "C" {
 
 typedef struct fsdp_backend_ops fsdp_backend_ops_t;
 typedef struct fsdp_event fsdp_event_t; /* opaque, backend-defined */
+typedef struct fsdp_trace_rank fsdp_trace_rank_t; /* a rank's event-trace writer (trace.h) */
 
 /* Per-rank device context. Backends embed it as their first member, named `super`. */
 typedef struct fsdp_dev {
@@ -30,6 +31,7 @@ typedef struct fsdp_dev {
     int world_size; /* global world size */
     int local_rank; /* rank within its node */
     int local_size; /* ranks per node */
+    fsdp_trace_rank_t *trace; /* NULL: not tracing; set by fsdp_trace_attach */
 } fsdp_dev_t;
 
 /* A stream. Backends embed it first. */

@@ -1,0 +1,872 @@
+/* The gpu backend on a world of one: memory, streams and events, every kernel against the host
+ * (the sim's executor when the library has it, else a host loop over the same shared bodies),
+ * GEMM against a double-precision reference, and the collectives and splits of one rank.
+ *
+ * Exits 77 (skipped) when the library was built without the gpu backend or no device is
+ * visible, unless FSDP_REQUIRE_GPU is set (make check-gpu): then that is a failure. The checks
+ * that need no device (a complete ops table, init failing cleanly) run first either way. */
+#include <fsdp/fsdp.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernel_elem.h"
+#include "test_util.h"
+
+/* The sim's kernel executor (sim/sim_kernels.h) is internal to the library: looked up weakly,
+ * so this test also builds against a library that does not have it yet. */
+extern fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k) __attribute__((weak));
+
+static fsdp_dev_t *dev;
+static const fsdp_backend_ops_t *ops;
+
+/* ---- helpers ---- */
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(float lo, float hi)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((rng_state >> 40) & 0xffffff) / 16777216.0f;
+}
+
+static void fill_random(void *p, fsdp_dtype_t dtype, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = rnd(lo, hi);
+        if (dtype == FSDP_DTYPE_I32)
+            ((int32_t *)p)[i] = (int32_t)(v * 1000.0f);
+        else
+            fsdp_kb_store(p, dtype, i, v);
+    }
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    CU_ASSERT_EQUAL_FATAL(ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p), FSDP_OK);
+    return p;
+}
+
+static void dfree(void *p)
+{
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, p);
+}
+
+static void h2d(void *d, const void *h, size_t bytes)
+{
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    CU_ASSERT_EQUAL_FATAL(ops->memcpy_async(dev, d, h, bytes, s), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->stream_synchronize(dev, s), FSDP_OK);
+}
+
+static void d2h(void *h, const void *d, size_t bytes)
+{
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    CU_ASSERT_EQUAL_FATAL(ops->memcpy_async(dev, h, d, bytes, s), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->stream_synchronize(dev, s), FSDP_OK);
+}
+
+/* Keeps expected error lines out of the test output. */
+static void quiet(fsdp_log_level_t level, const char *file, int line, const char *func,
+                  const char *msg, void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* ---- kernels: the GPU against the host, buffer by buffer ---- */
+
+#define MAX_BUFS 6
+
+typedef struct kcase {
+    fsdp_kernel_t k; /* host pointers */
+    int nbufs;
+    struct {
+        void *h;
+        void *d;
+        size_t bytes;
+    } buf[MAX_BUFS];
+} kcase_t;
+
+/* Adds a host buffer of n elements (random in [lo, hi)) and returns it. */
+static void *kbuf(kcase_t *c, fsdp_dtype_t dtype, size_t n, float lo, float hi)
+{
+    size_t bytes = (n > 0 ? n : 1) * fsdp_dtype_size(dtype);
+    void *h = malloc(bytes);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+    memset(h, 0, bytes);
+    fill_random(h, dtype, n, lo, hi);
+    CU_ASSERT_FATAL(c->nbufs < MAX_BUFS);
+    c->buf[c->nbufs].h = h;
+    c->buf[c->nbufs].d = NULL;
+    c->buf[c->nbufs].bytes = bytes;
+    c->nbufs++;
+    return h;
+}
+
+static void *to_dev_ptr(const kcase_t *c, const void *h)
+{
+    if (h == NULL)
+        return NULL;
+    for (int i = 0; i < c->nbufs; i++) {
+        if (c->buf[i].h == h)
+            return c->buf[i].d;
+    }
+    CU_FAIL("pointer of the descriptor is not a buffer of the case");
+    return NULL;
+}
+
+/* The same descriptor with device pointers. */
+static fsdp_kernel_t device_kernel(const kcase_t *c)
+{
+    fsdp_kernel_t k = c->k;
+#define MAP_(field) k.u.field = to_dev_ptr(c, c->k.u.field)
+    switch (k.kind) {
+    case FSDP_K_FILL:
+        MAP_(fill.x);
+        break;
+    case FSDP_K_CAST:
+        MAP_(cast.dst);
+        MAP_(cast.src);
+        break;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        MAP_(scale.x);
+        break;
+    case FSDP_K_AXPY:
+        MAP_(axpy.y);
+        MAP_(axpy.x);
+        break;
+    case FSDP_K_GEMM:
+        MAP_(gemm.a);
+        MAP_(gemm.b);
+        MAP_(gemm.c);
+        break;
+    case FSDP_K_BIAS_ADD:
+        MAP_(bias_add.y);
+        MAP_(bias_add.bias);
+        break;
+    case FSDP_K_BIAS_GRAD:
+        MAP_(bias_grad.dbias);
+        MAP_(bias_grad.dy);
+        break;
+    case FSDP_K_RELU_FWD:
+        MAP_(relu_fwd.y);
+        MAP_(relu_fwd.x);
+        break;
+    case FSDP_K_RELU_BWD:
+        MAP_(relu_bwd.dx);
+        MAP_(relu_bwd.dy);
+        MAP_(relu_bwd.y);
+        break;
+    case FSDP_K_MSE_LOSS:
+        MAP_(mse.loss);
+        MAP_(mse.dy);
+        MAP_(mse.y);
+        MAP_(mse.t);
+        break;
+    case FSDP_K_ADAMW:
+        MAP_(adamw.param);
+        MAP_(adamw.grad);
+        MAP_(adamw.exp_avg);
+        MAP_(adamw.exp_avg_sq);
+        break;
+    case FSDP_K_SGD:
+        MAP_(sgd.param);
+        MAP_(sgd.grad);
+        MAP_(sgd.momentum_buf);
+        break;
+    case FSDP_K_SUMSQ:
+        MAP_(sumsq.out);
+        MAP_(sumsq.x);
+        break;
+    default:
+        break;
+    }
+#undef MAP_
+    return k;
+}
+
+/* The host's answer through the shared bodies: what the sim's loops do. */
+static void host_exec(const fsdp_kernel_t *k)
+{
+    fsdp_kb_prep_t p;
+    double acc = 0.0;
+
+    fsdp_kb_prepare(k, &p);
+    switch (k->kind) {
+    case FSDP_K_BIAS_GRAD:
+        for (size_t c = 0; c < k->u.bias_grad.cols; c++)
+            fsdp_kb_bias_grad_col(k, c);
+        return;
+    case FSDP_K_SUMSQ:
+        for (size_t i = 0; i < k->u.sumsq.n; i++)
+            acc += fsdp_kb_sumsq_term(k, i);
+        k->u.sumsq.out[0] = (float)acc;
+        return;
+    case FSDP_K_MSE_LOSS:
+        for (size_t i = 0; i < k->u.mse.n; i++)
+            acc += fsdp_kb_mse_term(k, i);
+        k->u.mse.loss[0] = (float)(acc / k->u.mse.denom);
+        break;
+    default:
+        break;
+    }
+    for (size_t i = 0; i < p.n; i++)
+        fsdp_kb_elem(k->kind, k, &p, i);
+}
+
+/* Which buffer (index) holds a reduction's scalar result, compared with a tolerance. */
+static int scalar_buf(const kcase_t *c)
+{
+    const void *h = c->k.kind == FSDP_K_SUMSQ     ? (const void *)c->k.u.sumsq.out
+                    : c->k.kind == FSDP_K_MSE_LOSS ? (const void *)c->k.u.mse.loss
+                                                   : NULL;
+    for (int i = 0; i < c->nbufs; i++) {
+        if (h != NULL && c->buf[i].h == h)
+            return i;
+    }
+    return -1;
+}
+
+static void compare(const kcase_t *c, void *const *got, const char *who)
+{
+    int sb = scalar_buf(c);
+    for (int i = 0; i < c->nbufs; i++) {
+        if (i == sb) {
+            float want = *(const float *)c->buf[i].h, have = *(const float *)got[i];
+            double tol = 1e-6 * fabs((double)want) + 1e-30;
+            if (!(fabs((double)have - (double)want) <= tol))
+                fprintf(stderr, "\n  %s %s: scalar %.9g vs host %.9g\n", fsdp_kernel_name(c->k.kind),
+                        who, (double)have, (double)want);
+            CU_ASSERT(fabs((double)have - (double)want) <= tol);
+            continue;
+        }
+        if (memcmp(c->buf[i].h, got[i], c->buf[i].bytes) != 0) {
+            size_t b = 0;
+            while (((const unsigned char *)c->buf[i].h)[b] == ((const unsigned char *)got[i])[b])
+                b++;
+            fprintf(stderr, "\n  %s %s: buffer %d differs from byte %zu of %zu\n",
+                    fsdp_kernel_name(c->k.kind), who, i, b, c->buf[i].bytes);
+            CU_FAIL("GPU result differs from the host's bits");
+        }
+    }
+}
+
+/* Uploads the buffers, runs the kernel on the GPU (twice when `twice`, from the same inputs, to
+ * check determinism), runs the host, compares every buffer, and frees the case. */
+static void run_case(kcase_t *c)
+{
+    void *got[MAX_BUFS], *init[MAX_BUFS];
+    fsdp_kernel_t kd;
+    fsdp_stream_t *s = ops->compute_stream(dev);
+
+    for (int i = 0; i < c->nbufs; i++) {
+        c->buf[i].d = dalloc(c->buf[i].bytes);
+        h2d(c->buf[i].d, c->buf[i].h, c->buf[i].bytes);
+        got[i] = malloc(c->buf[i].bytes);
+        init[i] = malloc(c->buf[i].bytes);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(got[i]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(init[i]);
+        memcpy(init[i], c->buf[i].h, c->buf[i].bytes);
+    }
+    kd = device_kernel(c);
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    for (int i = 0; i < c->nbufs; i++)
+        d2h(got[i], c->buf[i].d, c->buf[i].bytes);
+
+    if (fsdp_sim_kernel_exec != NULL && c->k.kind != FSDP_K_GEMM) {
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&c->k), FSDP_OK);
+        compare(c, got, "vs fsdp_sim_kernel_exec");
+        for (int i = 0; i < c->nbufs; i++)
+            memcpy(c->buf[i].h, init[i], c->buf[i].bytes);
+    }
+    host_exec(&c->k);
+    compare(c, got, "vs the shared bodies on the host");
+
+    for (int i = 0; i < c->nbufs; i++) {
+        dfree(c->buf[i].d);
+        free(c->buf[i].h);
+        free(got[i]);
+        free(init[i]);
+    }
+    c->nbufs = 0;
+}
+
+static void test_ops_table(void)
+{
+    CU_ASSERT_EQUAL(fsdp_backend_check(fsdp_gpu_backend()), FSDP_OK);
+    CU_ASSERT_PTR_EQUAL(dev->ops, fsdp_gpu_backend());
+    CU_ASSERT(fsdp_dev_is_gpu(dev));
+    CU_ASSERT_STRING_EQUAL(ops->name, "gpu");
+    CU_ASSERT_EQUAL(dev->rank, 0);
+    CU_ASSERT_EQUAL(dev->world_size, 1);
+    CU_ASSERT_EQUAL(dev->local_size, 1);
+    CU_ASSERT_EQUAL(ops->compute_stream(dev)->id, 0);
+}
+
+static void test_fill_cast(void)
+{
+    const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16, FSDP_DTYPE_I32};
+    const size_t n = 100003;
+    kcase_t c;
+
+    for (int d = 0; d < 4; d++) {
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_FILL;
+        c.k.u.fill.x = kbuf(&c, dts[d], n, -1, 1);
+        c.k.u.fill.dtype = dts[d];
+        c.k.u.fill.n = n - 3; /* leaves a tail untouched */
+        c.k.u.fill.value = d == 3 ? 123456789.0 : 0.1;
+        run_case(&c);
+    }
+    for (int sd = 0; sd < 4; sd++) {
+        for (int dd = 0; dd < 4; dd++) {
+            memset(&c, 0, sizeof(c));
+            c.k.kind = FSDP_K_CAST;
+            c.k.u.cast.src = kbuf(&c, dts[sd], n, -70000.0f, 70000.0f);
+            c.k.u.cast.src_dtype = dts[sd];
+            c.k.u.cast.dst = kbuf(&c, dts[dd], n, 0, 0);
+            c.k.u.cast.dst_dtype = dts[dd];
+            c.k.u.cast.n = n;
+            if (dts[sd] == FSDP_DTYPE_F32) { /* the rounding corners */
+                float *x = (float *)c.k.u.cast.src;
+                x[0] = NAN;
+                x[1] = INFINITY;
+                x[2] = -0.0f;
+                x[3] = 1e-40f;  /* f32 subnormal */
+                x[4] = 6e-8f;   /* near the smallest f16 subnormal */
+                x[5] = 65520.0f; /* rounds to f16 infinity */
+                x[6] = 1.0f + 0x1p-8f;
+                if (dts[dd] == FSDP_DTYPE_I32)
+                    x[0] = x[1] = 0.0f; /* f32 -> i32 of NaN/inf is undefined in C */
+            }
+            run_case(&c);
+        }
+    }
+    /* A grid larger than one launch covers (grid-stride loop). */
+    memset(&c, 0, sizeof(c));
+    c.k.kind = FSDP_K_FILL;
+    c.k.u.fill.n = ((size_t)1 << 24) + 1000;
+    c.k.u.fill.x = kbuf(&c, FSDP_DTYPE_F32, c.k.u.fill.n, 0, 1);
+    c.k.u.fill.dtype = FSDP_DTYPE_F32;
+    c.k.u.fill.value = -2.5;
+    run_case(&c);
+}
+
+static void test_scale_axpy(void)
+{
+    const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    const size_t n = 77777;
+    kcase_t c;
+
+    for (int d = 0; d < 3; d++) {
+        for (int div = 0; div < 2; div++) {
+            memset(&c, 0, sizeof(c));
+            c.k.kind = div ? FSDP_K_DIV : FSDP_K_SCALE;
+            c.k.u.scale.x = kbuf(&c, dts[d], n, -100, 100);
+            c.k.u.scale.dtype = dts[d];
+            c.k.u.scale.n = n;
+            c.k.u.scale.alpha = div ? 3.0f : 0.3f;
+            run_case(&c);
+        }
+        for (int xd = 0; xd < 3; xd++) {
+            memset(&c, 0, sizeof(c));
+            c.k.kind = FSDP_K_AXPY;
+            c.k.u.axpy.y = kbuf(&c, dts[d], n, -10, 10);
+            c.k.u.axpy.y_dtype = dts[d];
+            c.k.u.axpy.x = kbuf(&c, dts[xd], n, -10, 10);
+            c.k.u.axpy.x_dtype = dts[xd];
+            c.k.u.axpy.n = n;
+            c.k.u.axpy.alpha = -0.7f;
+            run_case(&c);
+        }
+    }
+}
+
+static void test_bias_relu(void)
+{
+    kcase_t c;
+
+    memset(&c, 0, sizeof(c));
+    c.k.kind = FSDP_K_BIAS_ADD;
+    c.k.u.bias_add.rows = 333;
+    c.k.u.bias_add.cols = 129;
+    c.k.u.bias_add.y = kbuf(&c, FSDP_DTYPE_F32, 333 * 129, -1, 1);
+    c.k.u.bias_add.bias = kbuf(&c, FSDP_DTYPE_F32, 129, -1, 1);
+    run_case(&c);
+
+    memset(&c, 0, sizeof(c));
+    c.k.kind = FSDP_K_BIAS_GRAD;
+    c.k.u.bias_grad.rows = 1000;
+    c.k.u.bias_grad.cols = 300;
+    c.k.u.bias_grad.dbias = kbuf(&c, FSDP_DTYPE_F32, 300, -1, 1);
+    c.k.u.bias_grad.dy = kbuf(&c, FSDP_DTYPE_F32, 1000 * 300, -1, 1);
+    run_case(&c);
+
+    memset(&c, 0, sizeof(c));
+    c.k.kind = FSDP_K_RELU_FWD;
+    c.k.u.relu_fwd.n = 50001;
+    c.k.u.relu_fwd.x = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
+    c.k.u.relu_fwd.y = kbuf(&c, FSDP_DTYPE_F32, 50001, 0, 0);
+    run_case(&c);
+
+    memset(&c, 0, sizeof(c)); /* in place */
+    c.k.kind = FSDP_K_RELU_FWD;
+    c.k.u.relu_fwd.n = 50001;
+    c.k.u.relu_fwd.x = c.k.u.relu_fwd.y = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
+    run_case(&c);
+
+    memset(&c, 0, sizeof(c));
+    c.k.kind = FSDP_K_RELU_BWD;
+    c.k.u.relu_bwd.n = 50001;
+    c.k.u.relu_bwd.dy = c.k.u.relu_bwd.dx = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
+    c.k.u.relu_bwd.y = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
+    run_case(&c);
+}
+
+static void test_losses_reductions(void)
+{
+    const size_t sizes[] = {0, 1, 1000, 4096 * 1024 + 17};
+    kcase_t c;
+
+    for (int i = 0; i < 4; i++) {
+        size_t n = sizes[i];
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_MSE_LOSS;
+        c.k.u.mse.n = n;
+        c.k.u.mse.loss = kbuf(&c, FSDP_DTYPE_F32, 1, 0, 0);
+        c.k.u.mse.dy = i == 1 ? NULL : kbuf(&c, FSDP_DTYPE_F32, n, 0, 0);
+        c.k.u.mse.y = kbuf(&c, FSDP_DTYPE_F32, n, -2, 2);
+        c.k.u.mse.t = kbuf(&c, FSDP_DTYPE_F32, n, -2, 2);
+        c.k.u.mse.denom = n > 0 ? (double)n : 1.0;
+        run_case(&c);
+
+        for (int d = 0; d < 2; d++) {
+            memset(&c, 0, sizeof(c));
+            c.k.kind = FSDP_K_SUMSQ;
+            c.k.u.sumsq.n = n;
+            c.k.u.sumsq.out = kbuf(&c, FSDP_DTYPE_F32, 1, 0, 0);
+            c.k.u.sumsq.dtype = d ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            c.k.u.sumsq.x = kbuf(&c, c.k.u.sumsq.dtype, n, -3, 3);
+            run_case(&c);
+        }
+    }
+}
+
+/* Same inputs, same bits: a reduction of fixed shape, run twice. */
+static void test_reduction_determinism(void)
+{
+    const size_t n = 3000017;
+    float *h = malloc(n * sizeof(float)), out[2];
+    float *x = dalloc(n * sizeof(float)), *o = dalloc(2 * sizeof(float));
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t k = {.kind = FSDP_K_SUMSQ};
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+    fill_random(h, FSDP_DTYPE_F32, n, -1, 1);
+    h2d(x, h, n * sizeof(float));
+    k.u.sumsq.x = x;
+    k.u.sumsq.dtype = FSDP_DTYPE_F32;
+    k.u.sumsq.n = n;
+    for (int r = 0; r < 2; r++) {
+        k.u.sumsq.out = o + r;
+        CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_OK);
+    }
+    d2h(out, o, sizeof(out));
+    CU_ASSERT(memcmp(&out[0], &out[1], sizeof(float)) == 0);
+    dfree(x);
+    dfree(o);
+    free(h);
+}
+
+static void test_optimizers(void)
+{
+    const size_t n = 65537;
+    kcase_t c;
+
+    for (int step = 1; step <= 7; step += 6) {
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_ADAMW;
+        c.k.u.adamw.n = n;
+        c.k.u.adamw.param = kbuf(&c, FSDP_DTYPE_F32, n, -1, 1);
+        c.k.u.adamw.grad = kbuf(&c, FSDP_DTYPE_F32, n, -0.1f, 0.1f);
+        c.k.u.adamw.exp_avg = kbuf(&c, FSDP_DTYPE_F32, n, -0.01f, 0.01f);
+        c.k.u.adamw.exp_avg_sq = kbuf(&c, FSDP_DTYPE_F32, n, 0, 0.001f);
+        c.k.u.adamw.lr = 1e-3f;
+        c.k.u.adamw.beta1 = 0.9f;
+        c.k.u.adamw.beta2 = 0.999f;
+        c.k.u.adamw.eps = 1e-8f;
+        c.k.u.adamw.weight_decay = 0.01f;
+        c.k.u.adamw.step = step;
+        run_case(&c);
+    }
+    for (int v = 0; v < 4; v++) {
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_SGD;
+        c.k.u.sgd.n = n;
+        c.k.u.sgd.param = kbuf(&c, FSDP_DTYPE_F32, n, -1, 1);
+        c.k.u.sgd.grad = kbuf(&c, FSDP_DTYPE_F32, n, -0.1f, 0.1f);
+        c.k.u.sgd.momentum_buf = v == 0 ? NULL : kbuf(&c, FSDP_DTYPE_F32, n, -0.1f, 0.1f);
+        c.k.u.sgd.lr = 0.05f;
+        c.k.u.sgd.momentum = v == 0 ? 0.0f : 0.9f;
+        c.k.u.sgd.dampening = v == 3 ? 0.1f : 0.0f;
+        c.k.u.sgd.weight_decay = v >= 2 ? 1e-4f : 0.0f;
+        c.k.u.sgd.nesterov = v == 2;
+        c.k.u.sgd.first_step = v == 1;
+        run_case(&c);
+    }
+}
+
+/* ---- GEMM against a double-precision host reference ---- */
+
+static void gemm_case(int ta, int tb, size_t m, size_t n, size_t k, size_t pad, float alpha,
+                      float beta)
+{
+    size_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb, nc = m * ldc;
+    float *a = malloc((na + 1) * sizeof(float)), *b = malloc((nb + 1) * sizeof(float));
+    float *c = malloc(nc * sizeof(float)), *got = malloc(nc * sizeof(float));
+    float *da = dalloc((na + 1) * sizeof(float)), *db = dalloc((nb + 1) * sizeof(float));
+    float *dc = dalloc(nc * sizeof(float));
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(a != NULL && b != NULL && c != NULL && got != NULL);
+    fill_random(a, FSDP_DTYPE_F32, na, -1, 1);
+    fill_random(b, FSDP_DTYPE_F32, nb, -1, 1);
+    fill_random(c, FSDP_DTYPE_F32, nc, -1, 1);
+    if (beta == 0.0f)
+        c[0] = NAN; /* must be ignored */
+    h2d(da, a, na * sizeof(float));
+    h2d(db, b, nb * sizeof(float));
+    h2d(dc, c, nc * sizeof(float));
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = alpha;
+    kd.u.gemm.a = da;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = db;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = beta;
+    kd.u.gemm.c = dc;
+    kd.u.gemm.ldc = ldc;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
+    d2h(got, dc, nc * sizeof(float));
+
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < ldc; j++) {
+            double want, mag = 0.0, acc = 0.0;
+            if (j >= n) { /* padding untouched */
+                bad += memcmp(&got[i * ldc + j], &c[i * ldc + j], sizeof(float)) != 0;
+                continue;
+            }
+            for (size_t p = 0; p < k; p++) {
+                double av = ta ? a[p * lda + i] : a[i * lda + p];
+                double bv = tb ? b[j * ldb + p] : b[p * ldb + j];
+                acc += av * bv;
+                mag += fabs(av * bv);
+            }
+            want = (double)alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * c[i * ldc + j]);
+            mag = fabs((double)alpha) * mag + fabs((double)beta * c[i * ldc + j]) + 1e-30;
+            bad += !(fabs((double)got[i * ldc + j] - want) <= 1e-5 * mag + 1e-6);
+        }
+    }
+    if (bad)
+        fprintf(stderr, "\n  gemm ta=%d tb=%d m=%zu n=%zu k=%zu pad=%zu alpha=%g beta=%g: %d bad\n",
+                ta, tb, m, n, k, pad, (double)alpha, (double)beta, bad);
+    CU_ASSERT_EQUAL(bad, 0);
+    dfree(da);
+    dfree(db);
+    dfree(dc);
+    free(a);
+    free(b);
+    free(c);
+    free(got);
+}
+
+static void test_gemm(void)
+{
+    for (int ta = 0; ta < 2; ta++) {
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(ta, tb, 37, 53, 71, 0, 1.0f, 0.0f);
+            gemm_case(ta, tb, 128, 96, 257, 5, 0.5f, 1.0f);
+            gemm_case(ta, tb, 1, 300, 17, 3, -2.0f, 0.25f);
+        }
+    }
+    gemm_case(0, 0, 33, 44, 0, 1, 1.0f, 0.5f);  /* K = 0: C = beta * C */
+    gemm_case(0, 1, 33, 44, 10, 0, 0.0f, 0.0f); /* alpha = 0, beta = 0: zeros */
+    gemm_case(1, 0, 512, 512, 512, 0, 1.0f, 0.0f);
+}
+
+static void test_kernel_errors(void)
+{
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t k = {.kind = FSDP_K_COUNT};
+    int lines = 0;
+
+    fsdp_log_set_handler(quiet, &lines);
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, NULL), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM);
+    k.kind = FSDP_K_FILL;
+    k.u.fill.n = 10;
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* x NULL */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GEMM;
+    k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = 4;
+    k.u.gemm.lda = 3;
+    k.u.gemm.ldb = k.u.gemm.ldc = 4;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* lda < K */
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT(lines >= 4);
+}
+
+/* ---- memory, streams, events ---- */
+
+static void test_memory_streams_events(void)
+{
+    const size_t n = 1 << 20;
+    fsdp_stream_t *hi = NULL, *lo = NULL, *cs = ops->compute_stream(dev);
+    fsdp_event_t *ev = NULL;
+    float *pinned = NULL, *back = malloc(n * sizeof(float));
+    float *d1 = dalloc(n * sizeof(float)), *d2 = dalloc(n * sizeof(float));
+    double t0 = ops->host_time(dev);
+    int done = 0;
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(back);
+    CU_ASSERT_EQUAL_FATAL(
+        ops->segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, n * sizeof(float), (void **)&pinned),
+        FSDP_OK);
+    for (size_t i = 0; i < n; i++)
+        pinned[i] = (float)i;
+    CU_ASSERT_EQUAL_FATAL(ops->stream_create(dev, "unshard", -100, &hi), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(ops->stream_create(dev, "post_backward", 100, &lo), FSDP_OK);
+    CU_ASSERT(hi->id > 0 && lo->id > 0 && hi->id != lo->id);
+    CU_ASSERT(hi->priority <= lo->priority); /* clamped to the device's range */
+    CU_ASSERT_STRING_EQUAL(hi->name, "unshard");
+    CU_ASSERT_EQUAL_FATAL(ops->event_create(dev, &ev), FSDP_OK);
+
+    /* pinned -> d1 on `hi`, then d1 -> d2 on `lo` after an event, then d2 -> host. */
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d1, pinned, n * sizeof(float), hi), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->event_record(dev, ev, hi), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->stream_wait_event(dev, lo, ev), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d2, d1, n * sizeof(float), lo), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_stream_wait_stream(dev, cs, lo), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, back, d2, n * sizeof(float), cs), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, cs), FSDP_OK);
+    CU_ASSERT(memcmp(back, pinned, n * sizeof(float)) == 0);
+    CU_ASSERT_EQUAL(ops->event_synchronize(dev, ev), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->event_query(dev, ev, &done), FSDP_OK);
+    CU_ASSERT_EQUAL(done, 1);
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d1, pinned, 0, cs), FSDP_OK);
+    CU_ASSERT(ops->host_time(dev) >= t0);
+
+    ops->event_destroy(dev, ev);
+    ops->stream_destroy(dev, hi);
+    ops->stream_destroy(dev, lo);
+    ops->stream_destroy(dev, cs); /* ignored: the compute stream belongs to the backend */
+    ops->segment_free(dev, FSDP_MEMKIND_HOST_PINNED, pinned);
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, NULL);
+    dfree(d1);
+    dfree(d2);
+    free(back);
+}
+
+/* ---- collectives of one rank ---- */
+
+static void check_collectives(fsdp_dev_t *d, fsdp_group_t *g)
+{
+    const fsdp_backend_ops_t *o = d->ops;
+    const size_t n = 4099;
+    fsdp_stream_t *s = o->compute_stream(d);
+    float *h = malloc(n * sizeof(float)), *r = malloc(n * sizeof(float));
+    uint16_t *hb = malloc(n * sizeof(uint16_t)), *rb = malloc(n * sizeof(uint16_t));
+    void *x = NULL, *y = NULL;
+    int lines = 0;
+
+    CU_ASSERT_FATAL(h != NULL && r != NULL && hb != NULL && rb != NULL);
+    CU_ASSERT_EQUAL_FATAL(o->segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &x), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(o->segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &y), FSDP_OK);
+    fill_random(h, FSDP_DTYPE_F32, n, -5, 5);
+    fill_random(hb, FSDP_DTYPE_BF16, n, -5, 5);
+
+#define ROUND_TRIP_(call, host_in, host_out, bytes)                                                \
+    do {                                                                                           \
+        CU_ASSERT_EQUAL(o->memcpy_async(d, x, host_in, bytes, s), FSDP_OK);                        \
+        CU_ASSERT_EQUAL(o->memcpy_async(d, y, host_in, bytes, s), FSDP_OK);                        \
+        CU_ASSERT_EQUAL(call, FSDP_OK);                                                            \
+        CU_ASSERT_EQUAL(o->memcpy_async(d, host_out, y, bytes, s), FSDP_OK);                       \
+        CU_ASSERT_EQUAL(o->stream_synchronize(d, s), FSDP_OK);                                     \
+        CU_ASSERT(memcmp(host_in, host_out, bytes) == 0);                                          \
+    } while (0)
+
+    /* One rank: every collective is the identity. */
+    ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_F32, s), h, r, n * 4);
+    ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_BF16, s), hb, rb, n * 2);
+    for (int op = 0; op < FSDP_REDUCE_COUNT; op++) {
+        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h,
+                    r, n * 4);
+        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_BF16, (fsdp_reduce_op_t)op, s),
+                    hb, rb, n * 2);
+        ROUND_TRIP_(o->all_reduce(d, g, y, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h, r,
+                    n * 4);
+    }
+    ROUND_TRIP_(o->broadcast(d, g, y, n, FSDP_DTYPE_F32, 0, s), h, r, n * 4);
+    CU_ASSERT_EQUAL(o->barrier(d, g), FSDP_OK);
+    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s), FSDP_OK);
+
+    fsdp_log_set_handler(quiet, &lines);
+    CU_ASSERT_EQUAL(o->broadcast(d, g, y, n, FSDP_DTYPE_F32, 1, s), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, n, FSDP_DTYPE_COUNT, FSDP_REDUCE_SUM, s),
+                    FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_COUNT, s),
+                    FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(o->all_reduce(d, NULL, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s),
+                    FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT_EQUAL(lines, 4);
+#undef ROUND_TRIP_
+    o->segment_free(d, FSDP_MEMKIND_DEVICE, x);
+    o->segment_free(d, FSDP_MEMKIND_DEVICE, y);
+    free(h);
+    free(r);
+    free(hb);
+    free(rb);
+}
+
+static void test_collectives(void)
+{
+    fsdp_group_t *w = ops->group_world(dev), *sub = NULL, *none = (fsdp_group_t *)1;
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    CU_ASSERT_EQUAL(w->rank, 0);
+    CU_ASSERT_EQUAL(w->size, 1);
+    CU_ASSERT_EQUAL(w->ranks[0], 0);
+    CU_ASSERT_STRING_EQUAL(w->name, "world");
+    check_collectives(dev, w);
+
+    CU_ASSERT_EQUAL_FATAL(ops->group_split(dev, w, 3, 0, &sub), FSDP_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sub);
+    CU_ASSERT_EQUAL(sub->rank, 0);
+    CU_ASSERT_EQUAL(sub->size, 1);
+    CU_ASSERT_EQUAL(sub->ranks[0], 0);
+    CU_ASSERT_STRING_EQUAL(sub->name, "world/split(3)");
+    check_collectives(dev, sub);
+    CU_ASSERT_EQUAL(ops->group_split(dev, w, -1, 0, &none), FSDP_OK);
+    CU_ASSERT_PTR_NULL(none);
+    ops->group_destroy(dev, sub);
+    ops->group_destroy(dev, w); /* ignored: the world belongs to the backend */
+    CU_ASSERT_PTR_EQUAL(ops->group_world(dev), w);
+}
+
+/* A second dev in the same process, with host-blocking collectives. */
+static void test_blocking_collectives(void)
+{
+    fsdp_gpu_params_t p;
+    fsdp_dev_t *d2 = NULL;
+
+    fsdp_gpu_params_init(&p);
+    p.blocking_collectives = 1;
+    p.timeout_s = 30.0;
+    CU_ASSERT_EQUAL_FATAL(fsdp_gpu_init(&p, &d2), FSDP_OK);
+    check_collectives(d2, d2->ops->group_world(d2));
+    fsdp_gpu_finalize(d2);
+}
+
+static void test_params(void)
+{
+    fsdp_gpu_params_t p;
+    fsdp_dev_t *d2 = (fsdp_dev_t *)1;
+    int lines = 0;
+
+    fsdp_gpu_params_init(&p);
+    CU_ASSERT_EQUAL(p.world_size, 1);
+    CU_ASSERT_EQUAL(p.device, -1);
+    CU_ASSERT(p.timeout_s > 0);
+    fsdp_log_set_handler(quiet, &lines);
+    p.world_size = 2; /* and no unique id */
+    CU_ASSERT_EQUAL(fsdp_gpu_init(&p, &d2), FSDP_ERR_INVALID_PARAM);
+    p.rank = 2;
+    CU_ASSERT_EQUAL(fsdp_gpu_init(&p, &d2), FSDP_ERR_INVALID_PARAM);
+    p.rank = 0;
+    p.world_size = 1;
+    p.device = fsdp_gpu_device_count();
+    CU_ASSERT_EQUAL(fsdp_gpu_init(&p, &d2), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT_PTR_EQUAL(d2, (fsdp_dev_t *)1); /* untouched on failure */
+    fsdp_gpu_finalize(NULL);
+}
+
+static const fsdp_test_case_t tests[] = {
+    {"ops table", test_ops_table},
+    {"params", test_params},
+    {"memory, streams, events", test_memory_streams_events},
+    {"fill and cast", test_fill_cast},
+    {"scale, div, axpy", test_scale_axpy},
+    {"bias and relu", test_bias_relu},
+    {"mse and sumsq", test_losses_reductions},
+    {"reduction determinism", test_reduction_determinism},
+    {"adamw and sgd", test_optimizers},
+    {"gemm", test_gemm},
+    {"kernel errors", test_kernel_errors},
+    {"collectives of one rank", test_collectives},
+    {"blocking collectives", test_blocking_collectives},
+    {NULL, NULL},
+};
+
+static int skip(const char *why)
+{
+    const char *req = getenv("FSDP_REQUIRE_GPU");
+    int required = req != NULL && req[0] != '\0' && strcmp(req, "0") != 0;
+
+    printf("test_gpu: %s: %s\n", required ? "FAIL (FSDP_REQUIRE_GPU is set)" : "skipped", why);
+    return required ? 1 : 77;
+}
+
+int main(void)
+{
+    fsdp_dev_t *d = NULL;
+    fsdp_status_t status;
+    int lines = 0, rc;
+
+    /* What needs no device: the ops table is complete in either build, and init fails cleanly
+     * where it cannot work. */
+    if (fsdp_backend_check(fsdp_gpu_backend()) != FSDP_OK) {
+        fprintf(stderr, "test_gpu: the gpu ops table is incomplete\n");
+        return 1;
+    }
+    fsdp_log_set_handler(quiet, &lines);
+    status = fsdp_gpu_init(NULL, &d);
+    fsdp_log_set_handler(NULL, NULL);
+    if (!fsdp_gpu_built() || fsdp_gpu_device_count() == 0) {
+        fsdp_status_t want = fsdp_gpu_built() ? FSDP_ERR_NO_DEVICE : FSDP_ERR_UNSUPPORTED;
+        if (status != want || d != NULL || lines == 0) {
+            fprintf(stderr, "test_gpu: fsdp_gpu_init without a device returned %s, not %s\n",
+                    fsdp_status_name(status), fsdp_status_name(want));
+            return 1;
+        }
+        return skip(fsdp_gpu_built() ? "no CUDA device visible"
+                                     : "libfsdp was built without the gpu backend");
+    }
+    if (status != FSDP_OK) {
+        fprintf(stderr, "test_gpu: fsdp_gpu_init failed: %s\n", fsdp_status_string(status));
+        return 1;
+    }
+    dev = d;
+    ops = dev->ops;
+    printf("test_gpu: %d device(s); reference: %s\n", fsdp_gpu_device_count(),
+           fsdp_sim_kernel_exec != NULL ? "fsdp_sim_kernel_exec and the shared bodies"
+                                        : "the shared bodies (no sim executor in this library)");
+    rc = fsdp_test_run("gpu", tests);
+    fsdp_gpu_finalize(dev);
+    return rc;
+}

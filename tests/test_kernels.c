@@ -1,0 +1,1274 @@
+/* Host kernels (sim/kernels.c, sim/gemm.c, the bodies of lib/kernels/), the optimizer's
+ * configuration and the random number generator.
+ *
+ * Every kernel is checked against a reference the test computes itself in double, with a
+ * tolerance derived from the rounding the kernel is allowed to do (u = 2^-24, the unit
+ * roundoff of f32). The kernels are called through fsdp_sim_kernel_exec, the sim backend's
+ * executor, so no process group is needed.
+ */
+#include <fsdp/fsdp.h>
+#include <fsdp/nn.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "sim_kernels.h"
+#include "test_util.h"
+
+#define U32 0x1p-24 /* unit roundoff of f32 */
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint64_t test_rng_state;
+
+static void test_seed(uint64_t s)
+{
+    test_rng_state = s * 2654435761u + 1;
+}
+
+/* xorshift64*, independent of the library's generator */
+static double test_rand(double lo, double hi)
+{
+    test_rng_state ^= test_rng_state >> 12;
+    test_rng_state ^= test_rng_state << 25;
+    test_rng_state ^= test_rng_state >> 27;
+    uint64_t r = test_rng_state * UINT64_C(2685821657736338717);
+    return lo + (hi - lo) * ((double)(r >> 11) * 0x1p-53);
+}
+
+static size_t test_index(size_t n)
+{
+    size_t i = (size_t)test_rand(0.0, (double)n);
+    return i < n ? i : n - 1;
+}
+
+static void fill_rand(float *x, size_t n, double lo, double hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)test_rand(lo, hi);
+}
+
+/* Counts error lines, keeps the last one. */
+static int log_count;
+static char log_last[512];
+
+static void log_capture(fsdp_log_level_t level, const char *file, int line, const char *func,
+                        const char *msg, void *arg)
+{
+    (void)file;
+    (void)line;
+    (void)func;
+    (void)arg;
+    if (level == FSDP_LOG_ERROR)
+        log_count++;
+    snprintf(log_last, sizeof(log_last), "%s", msg);
+}
+
+static void log_begin(void)
+{
+    log_count = 0;
+    log_last[0] = '\0';
+    fsdp_log_set_handler(log_capture, NULL);
+}
+
+static void log_end(void)
+{
+    fsdp_log_set_handler(NULL, NULL);
+}
+
+static fsdp_status_t run(const fsdp_kernel_t *k)
+{
+    return fsdp_sim_kernel_exec(k);
+}
+
+/* gamma_n = n u / (1 - n u): the bound on n successive f32 roundings (Higham, ch. 3) */
+static double gamma_n(double n)
+{
+    return n * U32 / (1.0 - n * U32);
+}
+
+/* ---- GEMM --------------------------------------------------------------------------------- */
+
+/* C = alpha op(A) op(B) + beta C in double, and for each element the rigorous bound on the
+ * error of any f32 evaluation that sums the k products in some order, in blocks of KC added
+ * to C one after the other: every path from a product to C holds at most k - 1 additions
+ * within its block, one multiplication (the product), one by alpha, and per block one addition
+ * to C (plus beta*C and its sum in the first one): gamma_{k + 2 ceil(k/KC) + 3} times the sum
+ * of the magnitudes. Products of two floats are exact in double. */
+static void ref_gemm(int ta, int tb, size_t m, size_t n, size_t k, float alpha, const float *a,
+                     size_t lda, const float *b, size_t ldb, float beta, const float *c0,
+                     size_t ldc, double *ref, double *bound)
+{
+    double nblocks = ceil((double)k / FSDP_SIM_GEMM_KC);
+    double g = gamma_n((double)k + 2.0 * nblocks + 3.0);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < n; j++) {
+            double s = 0.0, sa = 0.0, cterm = 0.0;
+            for (size_t p = 0; p < k; p++) {
+                double x = (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                           (double)(tb ? b[j * ldb + p] : b[p * ldb + j]);
+                s += x;
+                sa += fabs(x);
+            }
+            if (beta != 0.0f)
+                cterm = (double)beta * (double)c0[i * ldc + j];
+            ref[i * n + j] = (double)alpha * s + cterm;
+            bound[i * n + j] = g * (fabs((double)alpha) * sa + fabs(cterm)) + 1e-300;
+        }
+    }
+}
+
+static double gemm_worst; /* largest |error| / bound seen */
+
+/* Runs one GEMM through the executor and checks it; returns the number of bad elements. */
+static int check_gemm(int ta, int tb, size_t m, size_t n, size_t k, float alpha, float beta,
+                      size_t pad)
+{
+    size_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t arows = ta ? k : m, brows = tb ? n : k;
+    float *a = malloc((arows * lda + 1) * sizeof(float));
+    float *b = malloc((brows * ldb + 1) * sizeof(float));
+    float *c = malloc((m * ldc + 1) * sizeof(float)), *c0 = malloc((m * ldc + 1) * sizeof(float));
+    float *c2 = malloc((m * ldc + 1) * sizeof(float));
+    double *ref = malloc((m * n + 1) * sizeof(double)), *bound = malloc((m * n + 1) * sizeof(double));
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(a && b && c && c0 && c2 && ref && bound);
+    fill_rand(a, arows * lda, -1.0, 1.0);
+    fill_rand(b, brows * ldb, -1.0, 1.0);
+    fill_rand(c0, m * ldc, -1.0, 1.0);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = n; j < ldc; j++)
+            c0[i * ldc + j] = 12345.0f; /* past n: must stay */
+        if (beta == 0.0f)
+            for (size_t j = 0; j < n; j++)
+                c0[i * ldc + j] = NAN; /* beta == 0 must not read C */
+    }
+    memcpy(c, c0, m * ldc * sizeof(float));
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = alpha;
+    kd.u.gemm.a = a;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = b;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = beta;
+    kd.u.gemm.c = c;
+    kd.u.gemm.ldc = ldc;
+    CU_ASSERT_EQUAL_FATAL(run(&kd), FSDP_OK);
+    ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, ref, bound);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < ldc; j++) {
+            double got = c[i * ldc + j];
+            int ok = j < n ? fabs(got - ref[i * n + j]) <= bound[i * n + j] : got == 12345.0;
+            if (j < n)
+                gemm_worst = fmax(gemm_worst, fabs(got - ref[i * n + j]) / bound[i * n + j]);
+            if (!ok && bad++ < 3)
+                fprintf(stderr, "gemm %c%c m %zu n %zu k %zu pad %zu: C[%zu,%zu] = %.9g, want %.9g\n",
+                        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, pad, i, j, got,
+                        j < n ? ref[i * n + j] : 12345.0);
+        }
+    }
+    /* same shape, same bits */
+    memcpy(c2, c0, m * ldc * sizeof(float));
+    kd.u.gemm.c = c2;
+    CU_ASSERT_EQUAL(run(&kd), FSDP_OK);
+    if (memcmp(c, c2, m * ldc * sizeof(float)) != 0)
+        bad++;
+    free(a);
+    free(b);
+    free(c);
+    free(c0);
+    free(c2);
+    free(ref);
+    free(bound);
+    return bad;
+}
+
+static void test_gemm_transposes(void)
+{
+    static const size_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 17, 19, 23, 31, 32, 33, 37,
+                                   47, 61, 64, 67, 70};
+    static const float alphas[] = {1.0f, -0.5f, 2.0f};
+    static const float betas[] = {0.0f, 1.0f, 0.25f};
+    const size_t ns = sizeof(sizes) / sizeof(sizes[0]);
+    int bad = 0, cases = 0;
+
+    test_seed(1);
+    for (int t = 0; t < 4; t++) {
+        int ta = t >> 1, tb = t & 1;
+        for (int r = 0; r < 30; r++) {
+            size_t m = sizes[test_index(ns)];
+            size_t n = sizes[test_index(ns)];
+            size_t k = sizes[test_index(ns)];
+            bad += check_gemm(ta, tb, m, n, k, alphas[r % 3], betas[(r / 3) % 3],
+                              (size_t)(r % 4 == 0 ? 0 : r % 4 == 1 ? 1 : 9));
+            cases++;
+        }
+        bad += check_gemm(ta, tb, 1, 1, 1, 1.0f, 0.0f, 0);
+        bad += check_gemm(ta, tb, 70, 70, 70, 1.0f, 0.0f, 3);
+        bad += check_gemm(ta, tb, 67, 61, 300, 0.5f, 1.0f, 2); /* two k blocks */
+        bad += check_gemm(ta, tb, 3, 17, 2 * FSDP_SIM_GEMM_KC + 1, 1.0f, 0.25f, 0);
+        bad += check_gemm(ta, tb, 131, 21, 9, 1.0f, 0.0f, 1);  /* more rows than one A block */
+        bad += check_gemm(ta, tb, 5, 3100, 7, -1.0f, 1.0f, 0); /* more columns than one B panel */
+        cases += 6;
+    }
+    fprintf(stderr, "(%d cases, worst error %.2f of the bound) ", cases, gemm_worst);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(cases > 100);
+}
+
+/* Results do not depend on the micro-kernel: the generic and the AVX2 one give the same bits. */
+static void test_gemm_isa_bits(void)
+{
+    const size_t m = 45, n = 77, k = 300;
+    float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
+    float *c1 = malloc(m * n * sizeof(float)), *c2 = malloc(m * n * sizeof(float));
+
+    CU_ASSERT_FATAL(a && b && c1 && c2);
+    test_seed(2);
+    fill_rand(a, m * k, -1, 1);
+    fill_rand(b, k * n, -1, 1);
+    CU_ASSERT_FATAL(fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_GENERIC));
+    CU_ASSERT_EQUAL(fsdp_sim_gemm(0, 1, m, n, k, 0.75f, a, k, b, k, 0.0f, c1, n), FSDP_OK);
+    if (fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_AVX2)) {
+        CU_ASSERT_STRING_EQUAL(fsdp_sim_gemm_isa_name(), "avx2");
+        CU_ASSERT_EQUAL(fsdp_sim_gemm(0, 1, m, n, k, 0.75f, a, k, b, k, 0.0f, c2, n), FSDP_OK);
+        CU_ASSERT(memcmp(c1, c2, m * n * sizeof(float)) == 0);
+    } else {
+        fprintf(stderr, "(no avx2 here: only the generic micro-kernel checked) ");
+    }
+    CU_ASSERT(fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_AUTO));
+    free(a);
+    free(b);
+    free(c1);
+    free(c2);
+}
+
+static void test_gemm_degenerate(void)
+{
+    float a[6] = {NAN, NAN, NAN, NAN, NAN, NAN}, b[6] = {1, 2, 3, 4, 5, 6};
+    float c[6] = {NAN, 1, 2, 3, 4, 5};
+    fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+
+    /* k == 0 with beta == 0: zeros, even over NaN */
+    k.u.gemm.m = 2;
+    k.u.gemm.n = 3;
+    k.u.gemm.k = 0;
+    k.u.gemm.alpha = 1.0f;
+    k.u.gemm.ldc = 3;
+    k.u.gemm.c = c;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 6; i++)
+        CU_ASSERT_EQUAL(c[i], 0.0f);
+    /* alpha == 0: A (NaN here) is not read, C = beta C */
+    for (int i = 0; i < 6; i++)
+        c[i] = (float)i;
+    k.u.gemm.k = 2;
+    k.u.gemm.a = a;
+    k.u.gemm.lda = 2;
+    k.u.gemm.b = b;
+    k.u.gemm.ldb = 3;
+    k.u.gemm.alpha = 0.0f;
+    k.u.gemm.beta = 0.5f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 6; i++)
+        CU_ASSERT_EQUAL(c[i], 0.5f * (float)i);
+    /* m == 0: nothing to do, NULL pointers fine */
+    memset(&k.u.gemm, 0, sizeof(k.u.gemm));
+    k.u.gemm.n = 4;
+    k.u.gemm.k = 4;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+}
+
+/* ---- casts and element-wise kernels ------------------------------------------------------ */
+
+/* Round to nearest even onto a grid of 2^-p relative spacing, with exponent floor emin (the
+ * smallest normal exponent: below it the spacing stays that of emin) and overflow threshold,
+ * computed with double arithmetic: an independent model of bf16 (p 8, emin -126) and f16
+ * (p 11, emin -14, max 65504). */
+static double ref_round(double x, int p, int emin, double maxv)
+{
+    if (isnan(x) || isinf(x) || x == 0.0)
+        return x;
+    int e;
+    frexp(fabs(x), &e); /* |x| = f 2^e, f in [0.5, 1) */
+    e -= 1;             /* |x| = 1.f 2^e */
+    if (e < emin)
+        e = emin;
+    double ulp = ldexp(1.0, e - (p - 1));
+    double r = nearbyint(x / ulp) * ulp; /* default rounding mode: to nearest, ties to even */
+    if (maxv > 0.0 && fabs(r) > maxv)
+        return copysign(INFINITY, x);
+    return r;
+}
+
+static void test_cast_round_trips(void)
+{
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof(float)), *back = malloc(N * sizeof(float));
+    uint16_t *h = malloc(N * sizeof(uint16_t)), *h2 = malloc(N * sizeof(uint16_t));
+    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(x && back && h && h2);
+    test_seed(3);
+    for (size_t i = 0; i < N; i++) /* magnitudes from 2^-30 to 2^20, both signs */
+        x[i] = (float)(ldexp(test_rand(1.0, 2.0), (int)test_rand(-30, 20)) *
+                       (i % 2 ? -1.0 : 1.0));
+    x[0] = 0.0f;
+    x[1] = -0.0f;
+    x[2] = INFINITY;
+    x[3] = -INFINITY;
+    x[4] = NAN;
+    x[5] = 65504.0f;
+    x[6] = 65520.0f; /* f16: rounds to infinity */
+    x[7] = 0x1p-24f;  /* f16: smallest subnormal */
+    x[8] = 0x1p-25f;  /* f16: tie to even, zero */
+    x[9] = 1.0f + 0x1p-8f; /* bf16: tie to even */
+    x[10] = 3.4e38f;
+    x[11] = 0x1.fffffep127f; /* bf16: rounds to infinity */
+
+    for (int f16 = 0; f16 < 2; f16++) {
+        fsdp_dtype_t d = f16 ? FSDP_DTYPE_F16 : FSDP_DTYPE_BF16;
+        k.u.cast.src = x;
+        k.u.cast.src_dtype = FSDP_DTYPE_F32;
+        k.u.cast.dst = h;
+        k.u.cast.dst_dtype = d;
+        k.u.cast.n = N;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        k.u.cast.src = h;
+        k.u.cast.src_dtype = d;
+        k.u.cast.dst = back;
+        k.u.cast.dst_dtype = FSDP_DTYPE_F32;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t i = 0; i < N; i++) {
+            double want = f16 ? ref_round(x[i], 11, -14, 65504.0) : ref_round(x[i], 8, -126, 0x1.fep127);
+            if (!(back[i] == want || (isnan(want) && isnan(back[i]))) ||
+                signbit(back[i]) != signbit(x[i])) {
+                if (bad++ < 5)
+                    fprintf(stderr, "%s: %a -> %a, want %a\n", f16 ? "f16" : "bf16", x[i],
+                            back[i], want);
+            }
+            /* the kernel and the public conversion agree bit for bit */
+            uint16_t pub = f16 ? fsdp_f32_to_f16(x[i]) : fsdp_f32_to_bf16(x[i]);
+            if (pub != h[i] && bad++ < 5)
+                fprintf(stderr, "%s: kernel %04x, public %04x\n", f16 ? "f16" : "bf16", h[i], pub);
+        }
+        /* a 16-bit value survives the round trip through f32 exactly */
+        k.u.cast.src = back;
+        k.u.cast.src_dtype = FSDP_DTYPE_F32;
+        k.u.cast.dst = h2;
+        k.u.cast.dst_dtype = d;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t i = 0; i < N; i++)
+            if (h2[i] != h[i] && !isnan(back[i]))
+                bad++;
+    }
+    /* bf16 -> f16 goes through f32: each value rounds once more to the f16 grid */
+    k.u.cast.src = x;
+    k.u.cast.src_dtype = FSDP_DTYPE_F32;
+    k.u.cast.dst = h;
+    k.u.cast.dst_dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    k.u.cast.src = h;
+    k.u.cast.src_dtype = FSDP_DTYPE_BF16;
+    k.u.cast.dst = h2;
+    k.u.cast.dst_dtype = FSDP_DTYPE_F16;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (size_t i = 12; i < N; i++)
+        if (fsdp_f16_to_f32(h2[i]) != (float)ref_round(fsdp_bf16_to_f32(h[i]), 11, -14, 65504.0))
+            bad++;
+    CU_ASSERT_EQUAL(bad, 0);
+    free(x);
+    free(back);
+    free(h);
+    free(h2);
+}
+
+static void test_cast_int_and_copy(void)
+{
+    int32_t iv[6] = {0, -7, 16777217, INT32_MAX, INT32_MIN, 123}, io[6];
+    float f[6] = {1.9f, -1.9f, 3e9f, -3e9f, NAN, 16777216.0f}, fo[6];
+    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+
+    /* same dtype: a bit copy, exact for i32 beyond 2^24 */
+    k.u.cast.dst = io;
+    k.u.cast.dst_dtype = FSDP_DTYPE_I32;
+    k.u.cast.src = iv;
+    k.u.cast.src_dtype = FSDP_DTYPE_I32;
+    k.u.cast.n = 6;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT(memcmp(io, iv, sizeof(iv)) == 0);
+    /* in place, same dtype: nothing changes */
+    k.u.cast.dst = iv;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT(memcmp(io, iv, sizeof(iv)) == 0);
+    /* f32 -> i32: toward zero, saturated, NaN as 0 (CUDA's conversion) */
+    k.u.cast.dst = io;
+    k.u.cast.src = f;
+    k.u.cast.src_dtype = FSDP_DTYPE_F32;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(io[0], 1);
+    CU_ASSERT_EQUAL(io[1], -1);
+    CU_ASSERT_EQUAL(io[2], INT32_MAX);
+    CU_ASSERT_EQUAL(io[3], INT32_MIN);
+    CU_ASSERT_EQUAL(io[4], 0);
+    CU_ASSERT_EQUAL(io[5], 16777216);
+    /* i32 -> f32 rounds to nearest */
+    k.u.cast.dst = fo;
+    k.u.cast.dst_dtype = FSDP_DTYPE_F32;
+    k.u.cast.src = iv;
+    k.u.cast.src_dtype = FSDP_DTYPE_I32;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 6; i++)
+        CU_ASSERT_EQUAL(fo[i], (float)iv[i]);
+}
+
+static void test_fill(void)
+{
+    float f[5];
+    uint16_t h[5];
+    int32_t iv[5];
+    fsdp_kernel_t k = {.kind = FSDP_K_FILL};
+
+    k.u.fill.x = f;
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    k.u.fill.n = 5;
+    k.u.fill.value = 0.1;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 5; i++)
+        CU_ASSERT_EQUAL(f[i], 0.1f);
+    k.u.fill.x = h;
+    k.u.fill.dtype = FSDP_DTYPE_BF16;
+    k.u.fill.value = -3.0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 5; i++)
+        CU_ASSERT_EQUAL(h[i], 0xc040);
+    k.u.fill.dtype = FSDP_DTYPE_F16;
+    k.u.fill.value = 1.0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 5; i++)
+        CU_ASSERT_EQUAL(h[i], 0x3c00);
+    k.u.fill.x = iv;
+    k.u.fill.dtype = FSDP_DTYPE_I32;
+    k.u.fill.value = 16777217.0; /* exact in i32, not in f32 */
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(iv[4], 16777217);
+    k.u.fill.value = 1e12;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(iv[0], INT32_MAX);
+    k.u.fill.value = NAN;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(iv[2], 0);
+}
+
+/* scale, div and axpy compute in f32 and round once into the destination dtype. */
+static void test_scale_div_axpy(void)
+{
+    enum { N = 257 };
+    float x[N], y[N], x0[N], y0[N];
+    uint16_t hb[N], hx[N];
+    fsdp_kernel_t k;
+    int bad = 0;
+
+    test_seed(4);
+    fill_rand(x0, N, -3, 3);
+    fill_rand(y0, N, -3, 3);
+    memcpy(x, x0, sizeof(x));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SCALE;
+    k.u.scale.x = x;
+    k.u.scale.dtype = FSDP_DTYPE_F32;
+    k.u.scale.n = N;
+    k.u.scale.alpha = 0.37f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        bad += x[i] != x0[i] * 0.37f;
+    k.kind = FSDP_K_DIV;
+    k.u.scale.alpha = 3.0f;
+    memcpy(x, x0, sizeof(x));
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        bad += x[i] != x0[i] / 3.0f; /* a true division, not a multiply by 1/3 */
+    /* bf16 in place: load, multiply in f32, round to bf16 */
+    for (int i = 0; i < N; i++)
+        hb[i] = fsdp_f32_to_bf16(x0[i]);
+    k.kind = FSDP_K_SCALE;
+    k.u.scale.x = hb;
+    k.u.scale.dtype = FSDP_DTYPE_BF16;
+    k.u.scale.alpha = 0.37f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        bad += hb[i] != fsdp_f32_to_bf16(fsdp_bf16_to_f32(fsdp_f32_to_bf16(x0[i])) * 0.37f);
+    /* axpy f32 += alpha * f32 */
+    memcpy(y, y0, sizeof(y));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_AXPY;
+    k.u.axpy.y = y;
+    k.u.axpy.y_dtype = FSDP_DTYPE_F32;
+    k.u.axpy.x = x0;
+    k.u.axpy.x_dtype = FSDP_DTYPE_F32;
+    k.u.axpy.n = N;
+    k.u.axpy.alpha = -0.5f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        bad += y[i] != y0[i] + -0.5f * x0[i];
+    /* axpy f32 += alpha * f16 (a low-precision gradient into an f32 accumulator) */
+    for (int i = 0; i < N; i++)
+        hx[i] = fsdp_f32_to_f16(x0[i]);
+    memcpy(y, y0, sizeof(y));
+    k.u.axpy.x = hx;
+    k.u.axpy.x_dtype = FSDP_DTYPE_F16;
+    k.u.axpy.alpha = 2.0f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        bad += y[i] != y0[i] + 2.0f * fsdp_f16_to_f32(hx[i]);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_bias_relu(void)
+{
+    enum { R = 7, C = 13 };
+    float y[R * C], y0[R * C], bias[C], dbias[C], dy[R * C], dx[R * C];
+    fsdp_kernel_t k;
+    int bad = 0;
+
+    test_seed(5);
+    fill_rand(y0, R * C, -1, 1);
+    fill_rand(bias, C, -1, 1);
+    memcpy(y, y0, sizeof(y));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_ADD;
+    k.u.bias_add.y = y;
+    k.u.bias_add.bias = bias;
+    k.u.bias_add.rows = R;
+    k.u.bias_add.cols = C;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            bad += y[r * C + c] != y0[r * C + c] + bias[c];
+    /* bias_grad accumulates: dbias += (sum in row order from 0, in f32) */
+    fill_rand(dy, R * C, -1, 1);
+    for (int c = 0; c < C; c++)
+        dbias[c] = (float)c;
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_GRAD;
+    k.u.bias_grad.dbias = dbias;
+    k.u.bias_grad.dy = dy;
+    k.u.bias_grad.rows = R;
+    k.u.bias_grad.cols = C;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int c = 0; c < C; c++) {
+        float s = 0.0f;
+        double sd = 0.0;
+        for (int r = 0; r < R; r++) {
+            s += dy[r * C + c];
+            sd += dy[r * C + c];
+        }
+        bad += dbias[c] != (float)c + s; /* exactly that order */
+        bad += fabs(dbias[c] - ((double)c + sd)) > gamma_n(R + 1) * (R + c);
+    }
+    /* relu, in place */
+    memcpy(y, y0, sizeof(y));
+    y[0] = 0.0f;
+    y[1] = -0.0f;
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_FWD;
+    k.u.relu_fwd.y = y;
+    k.u.relu_fwd.x = y;
+    k.u.relu_fwd.n = R * C;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 2; i < R * C; i++)
+        bad += y[i] != (y0[i] > 0.0f ? y0[i] : 0.0f);
+    bad += y[0] != 0.0f || y[1] != 0.0f;
+    /* relu backward, in place on dy, masked by the output y > 0 */
+    memcpy(dx, dy, sizeof(dx));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_BWD;
+    k.u.relu_bwd.dx = dx;
+    k.u.relu_bwd.dy = dx;
+    k.u.relu_bwd.y = y;
+    k.u.relu_bwd.n = R * C;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < R * C; i++)
+        bad += dx[i] != (y[i] > 0.0f ? dy[i] : 0.0f);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_mse_sumsq(void)
+{
+    enum { N = 1001 };
+    float y[N], t[N], dy[N], loss = -1.0f, out = -1.0f;
+    uint16_t hb[N];
+    fsdp_kernel_t k;
+    double ref = 0.0;
+    int bad = 0;
+
+    test_seed(6);
+    fill_rand(y, N, -2, 2);
+    fill_rand(t, N, -2, 2);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_MSE_LOSS;
+    k.u.mse.loss = &loss;
+    k.u.mse.dy = dy;
+    k.u.mse.y = y;
+    k.u.mse.t = t;
+    k.u.mse.n = N;
+    k.u.mse.denom = (double)N;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N; i++)
+        ref += ((double)y[i] - t[i]) * ((double)y[i] - t[i]);
+    ref /= N;
+    /* the difference rounds once in f32 (relative u, 2u squared), the double sum adds nothing
+     * visible, the store one more u */
+    CU_ASSERT(fabs(loss - ref) <= 4 * U32 * ref);
+    /* torch's mse_loss backward: (2 / n as f32) * (y - t) */
+    for (int i = 0; i < N; i++)
+        bad += dy[i] != (float)(2.0 / N) * (y[i] - t[i]);
+    /* without dy, a sum over a denominator that is not n */
+    k.u.mse.dy = NULL;
+    k.u.mse.denom = 4.0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT(fabs(loss - ref * N / 4.0) <= 4 * U32 * ref * N / 4.0);
+
+    /* sumsq: each square is exact in double; only the final rounding to f32 remains */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SUMSQ;
+    k.u.sumsq.out = &out;
+    k.u.sumsq.x = y;
+    k.u.sumsq.dtype = FSDP_DTYPE_F32;
+    k.u.sumsq.n = N;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    ref = 0.0;
+    for (int i = 0; i < N; i++)
+        ref += (double)y[i] * y[i];
+    CU_ASSERT(fabs(out - ref) <= 1.01 * U32 * ref);
+    for (int i = 0; i < N; i++)
+        hb[i] = fsdp_f32_to_bf16(y[i]);
+    k.u.sumsq.x = hb;
+    k.u.sumsq.dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    ref = 0.0;
+    for (int i = 0; i < N; i++)
+        ref += (double)fsdp_bf16_to_f32(hb[i]) * fsdp_bf16_to_f32(hb[i]);
+    CU_ASSERT(fabs(out - ref) <= 1.01 * U32 * ref);
+    k.u.sumsq.n = 0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(out, 0.0f);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- validation: one error line, FSDP_ERR_INVALID_PARAM, nothing written ---------------- */
+
+static void expect_invalid(const fsdp_kernel_t *k, const char *what)
+{
+    log_begin();
+    fsdp_status_t s = run(k);
+    log_end();
+    if (s != FSDP_ERR_INVALID_PARAM || log_count != 1)
+        fprintf(stderr, "%s: status %d, %d error lines (%s)\n", what, (int)s, log_count, log_last);
+    CU_ASSERT_EQUAL(s, FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(log_count, 1);
+}
+
+static void test_validation(void)
+{
+    float buf[16] = {0}, loss;
+    fsdp_kernel_t k;
+
+    memset(&k, 0, sizeof(k));
+    k.kind = (fsdp_kernel_kind_t)99;
+    expect_invalid(&k, "unknown kind");
+    CU_ASSERT(strstr(log_last, "unknown kind") != NULL);
+    log_begin();
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(NULL), FSDP_ERR_INVALID_PARAM);
+    log_end();
+    CU_ASSERT_EQUAL(log_count, 1);
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_FILL;
+    k.u.fill.n = 3;
+    expect_invalid(&k, "fill NULL");
+    CU_ASSERT(strstr(log_last, "fill") != NULL && strstr(log_last, "NULL") != NULL);
+    k.u.fill.n = 0; /* nothing to do: NULL is fine */
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    k.u.fill.x = buf;
+    k.u.fill.n = 3;
+    k.u.fill.dtype = (fsdp_dtype_t)42;
+    expect_invalid(&k, "fill dtype");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SCALE;
+    k.u.scale.x = buf;
+    k.u.scale.n = 4;
+    k.u.scale.dtype = FSDP_DTYPE_I32;
+    expect_invalid(&k, "scale i32");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_CAST;
+    k.u.cast.dst = buf;
+    k.u.cast.src = buf;
+    k.u.cast.n = 4;
+    k.u.cast.src_dtype = FSDP_DTYPE_F32;
+    k.u.cast.dst_dtype = FSDP_DTYPE_BF16;
+    expect_invalid(&k, "cast in place across dtypes");
+    k.u.cast.dst = buf + 1;
+    expect_invalid(&k, "cast overlap");
+    k.u.cast.dst = buf + 8;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK); /* 4 bf16 at buf+8 do not touch 4 f32 at buf */
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GEMM;
+    k.u.gemm.m = 2;
+    k.u.gemm.n = 2;
+    k.u.gemm.k = 3;
+    k.u.gemm.alpha = 1.0f;
+    k.u.gemm.a = buf;
+    k.u.gemm.lda = 2; /* < k */
+    k.u.gemm.b = buf;
+    k.u.gemm.ldb = 2;
+    k.u.gemm.c = buf + 8;
+    k.u.gemm.ldc = 2;
+    expect_invalid(&k, "gemm lda");
+    k.u.gemm.lda = 3;
+    k.u.gemm.ldc = 1;
+    expect_invalid(&k, "gemm ldc");
+    k.u.gemm.ldc = 2;
+    k.u.gemm.b = NULL;
+    expect_invalid(&k, "gemm NULL b");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_MSE_LOSS;
+    k.u.mse.loss = &loss;
+    k.u.mse.y = buf;
+    k.u.mse.t = buf;
+    k.u.mse.n = 4;
+    k.u.mse.denom = 0.0;
+    expect_invalid(&k, "mse denom");
+    k.u.mse.denom = NAN;
+    expect_invalid(&k, "mse NaN denom");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ADAMW;
+    k.u.adamw.param = buf;
+    k.u.adamw.grad = buf;
+    k.u.adamw.exp_avg = buf;
+    k.u.adamw.exp_avg_sq = buf;
+    k.u.adamw.n = 2;
+    k.u.adamw.step = 0;
+    expect_invalid(&k, "adamw step 0");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SGD;
+    k.u.sgd.param = buf;
+    k.u.sgd.grad = buf;
+    k.u.sgd.n = 2;
+    k.u.sgd.momentum = 0.9f;
+    expect_invalid(&k, "sgd momentum without buffer");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_ADD;
+    k.u.bias_add.y = buf;
+    k.u.bias_add.rows = 2;
+    k.u.bias_add.cols = 2;
+    expect_invalid(&k, "bias_add NULL bias");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SUMSQ;
+    k.u.sumsq.x = buf;
+    k.u.sumsq.n = 2;
+    expect_invalid(&k, "sumsq NULL out");
+}
+
+/* ---- optimizers against torch's formulas in double --------------------------------------- */
+
+/* torch.optim.AdamW (single tensor), in double: the hyperparameters are the f32 values the
+ * config holds, widened. */
+static void ref_adamw(double *p, double g, double *m, double *v, double lr, double b1, double b2,
+                      double eps, double wd, int64_t t)
+{
+    *p *= 1.0 - lr * wd;
+    *m += (1.0 - b1) * (g - *m);
+    *v = *v * b2 + (1.0 - b2) * g * g;
+    double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
+    double denom = sqrt(*v) / sqrt(bc2) + eps;
+    *p -= lr / bc1 * (*m / denom);
+}
+
+static void test_adamw(void)
+{
+    enum { N = 37, STEPS = 6 };
+    static const struct {
+        float lr, b1, b2, eps, wd;
+        int64_t first_step;
+    } cfgs[] = {
+        {1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 1},
+        {0.05f, 0.8f, 0.99f, 1e-6f, 0.1f, 1},
+        {1e-2f, 0.0f, 0.5f, 1e-3f, 0.0f, 1},
+        {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1000}, /* late steps: corrections near 1 */
+    };
+    float p[N], g[N], m[N], v[N];
+    double pr[N], mr[N], vr[N], gmax = 0.0;
+    double err_p = 0.0, err_m = 0.0, err_v = 0.0;
+
+    for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+        test_seed(10 + c);
+        for (int i = 0; i < N; i++) {
+            p[i] = (float)(test_rand(0.5, 1.5) * (i % 2 ? -1 : 1));
+            pr[i] = p[i];
+            m[i] = v[i] = 0.0f;
+            mr[i] = vr[i] = 0.0;
+        }
+        for (int s = 0; s < STEPS; s++) {
+            int64_t t = cfgs[c].first_step + s;
+            fsdp_kernel_t k;
+            fill_rand(g, N, -1, 1);
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_ADAMW;
+            k.u.adamw.param = p;
+            k.u.adamw.grad = g;
+            k.u.adamw.exp_avg = m;
+            k.u.adamw.exp_avg_sq = v;
+            k.u.adamw.n = N;
+            k.u.adamw.lr = cfgs[c].lr;
+            k.u.adamw.beta1 = cfgs[c].b1;
+            k.u.adamw.beta2 = cfgs[c].b2;
+            k.u.adamw.eps = cfgs[c].eps;
+            k.u.adamw.weight_decay = cfgs[c].wd;
+            k.u.adamw.step = t;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++) {
+                gmax = fmax(gmax, fabs(g[i]));
+                ref_adamw(&pr[i], g[i], &mr[i], &vr[i], cfgs[c].lr, cfgs[c].b1, cfgs[c].b2,
+                          cfgs[c].eps, cfgs[c].wd, t);
+            }
+        }
+        /* relative errors; m and v relative to the scale of the gradients that built them,
+         * as either may cancel to near 0 */
+        for (int i = 0; i < N; i++) {
+            err_p = fmax(err_p, fabs(p[i] - pr[i]) / fabs(pr[i]));
+            err_m = fmax(err_m, fabs(m[i] - mr[i]) / (fabs(mr[i]) + gmax));
+            err_v = fmax(err_v, fabs(v[i] - vr[i]) / (fabs(vr[i]) + gmax * gmax));
+        }
+    }
+    /* Each step rounds p about 3 times (decay, product, sum: 3u relative) and the update
+     * (about lr in size, <= 5% of |p| here) about 10 times; m and v about 3 times. Over 6 steps
+     * that is < 25u = 1.5e-6 for p and < 20u for m and v: 1e-6 leaves no room to spare in the
+     * worst case, 2e-6 does. */
+    fprintf(stderr, "(relative errors: p %.1e m %.1e v %.1e) ", err_p, err_m, err_v);
+    CU_ASSERT(err_p <= 2e-6);
+    CU_ASSERT(err_m <= 2e-6);
+    CU_ASSERT(err_v <= 2e-6);
+}
+
+/* torch.optim.SGD (single tensor), in double. */
+static void ref_sgd(double *p, double g, double *buf, double lr, double mom, double damp,
+                    double wd, int nesterov, int first)
+{
+    if (wd != 0.0)
+        g += wd * *p;
+    if (mom != 0.0) {
+        *buf = first ? g : *buf * mom + (1.0 - damp) * g;
+        g = nesterov ? g + mom * *buf : *buf;
+    }
+    *p -= lr * g;
+}
+
+static void test_sgd(void)
+{
+    enum { N = 29, STEPS = 6 };
+    static const struct {
+        float lr, mom, damp, wd;
+        int nesterov;
+    } cfgs[] = {
+        {0.1f, 0.0f, 0.0f, 0.0f, 0},  {0.05f, 0.9f, 0.0f, 0.0f, 0}, {0.05f, 0.9f, 0.1f, 1e-2f, 0},
+        {0.02f, 0.9f, 0.0f, 1e-2f, 1}, {0.01f, 0.0f, 0.0f, 0.1f, 0},
+    };
+    float p[N], g[N], buf[N];
+    double pr[N], br[N], err_p = 0.0, err_b = 0.0;
+
+    for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+        test_seed(20 + c);
+        for (int i = 0; i < N; i++) {
+            p[i] = (float)(test_rand(0.5, 1.5) * (i % 2 ? -1 : 1));
+            pr[i] = p[i];
+            buf[i] = 123.0f; /* the first step must not read it */
+            br[i] = 0.0;
+        }
+        for (int s = 0; s < STEPS; s++) {
+            fsdp_kernel_t k;
+            fill_rand(g, N, -1, 1);
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_SGD;
+            k.u.sgd.param = p;
+            k.u.sgd.grad = g;
+            k.u.sgd.momentum_buf = cfgs[c].mom != 0.0f ? buf : NULL;
+            k.u.sgd.n = N;
+            k.u.sgd.lr = cfgs[c].lr;
+            k.u.sgd.momentum = cfgs[c].mom;
+            k.u.sgd.dampening = cfgs[c].damp;
+            k.u.sgd.weight_decay = cfgs[c].wd;
+            k.u.sgd.nesterov = cfgs[c].nesterov;
+            k.u.sgd.first_step = s == 0;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++)
+                ref_sgd(&pr[i], g[i], &br[i], cfgs[c].lr, cfgs[c].mom, cfgs[c].damp, cfgs[c].wd,
+                        cfgs[c].nesterov, s == 0);
+        }
+        for (int i = 0; i < N; i++) {
+            err_p = fmax(err_p, fabs(p[i] - pr[i]) / fabs(pr[i]));
+            if (cfgs[c].mom != 0.0f)
+                err_b = fmax(err_b, fabs(buf[i] - br[i]) / (fabs(br[i]) + 1.0));
+        }
+    }
+    /* a few roundings per step on p (relative u each) and on the buffer: over 6 steps < 20u */
+    fprintf(stderr, "(relative errors: p %.1e buf %.1e) ", err_p, err_b);
+    CU_ASSERT(err_p <= 1.2e-6);
+    CU_ASSERT(err_b <= 1.2e-6);
+}
+
+static void test_optim_config(void)
+{
+    fsdp_optim_config_t cfg;
+    fsdp_optim_t *opt = NULL;
+
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_ADAMW);
+    CU_ASSERT_EQUAL(cfg.kind, FSDP_OPTIM_ADAMW);
+    CU_ASSERT_EQUAL(cfg.lr, 1e-3f);
+    CU_ASSERT_EQUAL(cfg.beta1, 0.9f);
+    CU_ASSERT_EQUAL(cfg.beta2, 0.999f);
+    CU_ASSERT_EQUAL(cfg.eps, 1e-8f);
+    CU_ASSERT_EQUAL(cfg.weight_decay, 1e-2f);
+    CU_ASSERT_EQUAL(cfg.no_decay_1d, 0);
+    CU_ASSERT_EQUAL(fsdp_optim_config_check(&cfg), FSDP_OK);
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_SGD);
+    CU_ASSERT_EQUAL(cfg.kind, FSDP_OPTIM_SGD);
+    CU_ASSERT_EQUAL(cfg.lr, 1e-3f);
+    CU_ASSERT_EQUAL(cfg.momentum, 0.0f);
+    CU_ASSERT_EQUAL(cfg.dampening, 0.0f);
+    CU_ASSERT_EQUAL(cfg.weight_decay, 0.0f);
+    CU_ASSERT_EQUAL(cfg.nesterov, 0);
+    CU_ASSERT_EQUAL(fsdp_optim_config_check(&cfg), FSDP_OK);
+
+#define EXPECT_BAD(msg)                                                                            \
+    do {                                                                                           \
+        log_begin();                                                                               \
+        CU_ASSERT_EQUAL(fsdp_optim_config_check(&cfg), FSDP_ERR_INVALID_PARAM);                    \
+        log_end();                                                                                 \
+        CU_ASSERT_EQUAL(log_count, 1);                                                             \
+        if (strstr(log_last, msg) == NULL)                                                         \
+            fprintf(stderr, "want \"%s\" in \"%s\"\n", msg, log_last);                             \
+        CU_ASSERT(strstr(log_last, msg) != NULL);                                                  \
+    } while (0)
+
+    cfg.lr = -1.0f;
+    EXPECT_BAD("invalid learning rate: -1");
+    cfg.lr = NAN;
+    EXPECT_BAD("invalid learning rate");
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_SGD);
+    cfg.nesterov = 1;
+    EXPECT_BAD("nesterov momentum requires a momentum and zero dampening");
+    cfg.momentum = 0.9f;
+    CU_ASSERT_EQUAL(fsdp_optim_config_check(&cfg), FSDP_OK);
+    cfg.dampening = 0.1f;
+    EXPECT_BAD("nesterov momentum requires a momentum and zero dampening");
+    cfg.nesterov = 0;
+    cfg.momentum = -0.5f;
+    EXPECT_BAD("invalid momentum value: -0.5");
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_SGD);
+    cfg.weight_decay = -1e-2f;
+    EXPECT_BAD("invalid weight_decay value: -0.01");
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_ADAMW);
+    cfg.beta1 = 1.0f;
+    EXPECT_BAD("invalid beta parameter at index 0: 1");
+    cfg.beta1 = 0.9f;
+    cfg.beta2 = -0.1f;
+    EXPECT_BAD("invalid beta parameter at index 1: -0.1");
+    cfg.beta2 = 0.999f;
+    cfg.eps = -1e-8f;
+    EXPECT_BAD("invalid epsilon value: -1e-08");
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_ADAMW);
+    cfg.kind = (fsdp_optim_kind_t)7;
+    EXPECT_BAD("invalid optimizer kind: 7");
+#undef EXPECT_BAD
+
+    /* create needs a runtime; the argument checks do not */
+    fsdp_optim_config_init(&cfg, FSDP_OPTIM_ADAMW);
+    log_begin();
+    CU_ASSERT_EQUAL(fsdp_optim_create(NULL, &cfg, &opt), FSDP_ERR_INVALID_PARAM);
+    log_end();
+    CU_ASSERT_PTR_NULL(opt);
+    fsdp_optim_destroy(NULL);
+    CU_ASSERT_EQUAL(fsdp_optim_num_steps(NULL), 0);
+}
+
+/* ---- finite differences through a Linear+ReLU+Linear+MSE network ------------------------- */
+
+enum { FD_B = 5, FD_D0 = 4, FD_D1 = 7, FD_D2 = 3 };
+
+typedef struct fd_net {
+    double x[FD_B * FD_D0], t[FD_B * FD_D2];
+    double w1[FD_D1 * FD_D0], b1[FD_D1], w2[FD_D2 * FD_D1], b2[FD_D2];
+} fd_net_t;
+
+/* The forward in double: y = relu(x w1^T + b1) w2^T + b2, loss = mean((y - t)^2). min_h gets
+ * the smallest |pre-activation|, to keep finite differences away from the ReLU's kink. */
+static double fd_loss(const fd_net_t *nt, double *min_h)
+{
+    double loss = 0.0, mh = INFINITY;
+    for (int r = 0; r < FD_B; r++) {
+        double a[FD_D1];
+        for (int j = 0; j < FD_D1; j++) {
+            double h = nt->b1[j];
+            for (int p = 0; p < FD_D0; p++)
+                h += nt->x[r * FD_D0 + p] * nt->w1[j * FD_D0 + p];
+            mh = fmin(mh, fabs(h));
+            a[j] = h > 0.0 ? h : 0.0;
+        }
+        for (int o = 0; o < FD_D2; o++) {
+            double y = nt->b2[o];
+            for (int j = 0; j < FD_D1; j++)
+                y += a[j] * nt->w2[o * FD_D1 + j];
+            loss += (y - nt->t[r * FD_D2 + o]) * (y - nt->t[r * FD_D2 + o]);
+        }
+    }
+    if (min_h != NULL)
+        *min_h = mh;
+    return loss / (FD_B * FD_D2);
+}
+
+static fsdp_kernel_t k_gemm(int ta, int tb, size_t m, size_t n, size_t k, const float *a,
+                            size_t lda, const float *b, size_t ldb, float *c, size_t ldc)
+{
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = 1.0f;
+    kd.u.gemm.a = a;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = b;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = 0.0f;
+    kd.u.gemm.c = c;
+    kd.u.gemm.ldc = ldc;
+    return kd;
+}
+
+static fsdp_kernel_t k_bias_grad(float *dbias, const float *dy, size_t rows, size_t cols)
+{
+    fsdp_kernel_t kd = {.kind = FSDP_K_BIAS_GRAD};
+    kd.u.bias_grad.dbias = dbias;
+    kd.u.bias_grad.dy = dy;
+    kd.u.bias_grad.rows = rows;
+    kd.u.bias_grad.cols = cols;
+    return kd;
+}
+
+/* Compares an f32 gradient with central differences of the double loss over n parameters at
+ * theta; returns the largest error relative to the tensor's largest gradient. */
+static double fd_compare(fd_net_t *nt, double *theta, const float *grad, int n, const char *what)
+{
+    const double h = 1e-4;
+    double fd[64], gmax = 0.0, worst = 0.0;
+    for (int i = 0; i < n; i++) {
+        double keep = theta[i];
+        theta[i] = keep + h;
+        double lp = fd_loss(nt, NULL);
+        theta[i] = keep - h;
+        double lm = fd_loss(nt, NULL);
+        theta[i] = keep;
+        fd[i] = (lp - lm) / (2.0 * h);
+        gmax = fmax(gmax, fabs(fd[i]));
+    }
+    for (int i = 0; i < n; i++)
+        worst = fmax(worst, fabs(grad[i] - fd[i]) / gmax);
+    if (worst > 1e-5)
+        fprintf(stderr, "%s: gradient off by %.2e of its largest entry %.3e\n", what, worst, gmax);
+    return worst;
+}
+
+static void test_fd_linear_relu_mse(void)
+{
+    fd_net_t nt;
+    float x[FD_B * FD_D0], t[FD_B * FD_D2], w1[FD_D1 * FD_D0], b1[FD_D1], w2[FD_D2 * FD_D1],
+        b2[FD_D2];
+    float hbuf[FD_B * FD_D1], y[FD_B * FD_D2], dy[FD_B * FD_D2], loss;
+    float dw1[FD_D1 * FD_D0], db1[FD_D1], dw2[FD_D2 * FD_D1], db2[FD_D2], da[FD_B * FD_D1],
+        dx[FD_B * FD_D0];
+    double min_h = 0.0, worst = 0.0;
+    fsdp_kernel_t k;
+
+    test_seed(30);
+    fill_rand(x, FD_B * FD_D0, -1, 1);
+    fill_rand(t, FD_B * FD_D2, -1, 1);
+    fill_rand(w1, FD_D1 * FD_D0, -0.5, 0.5);
+    fill_rand(b1, FD_D1, -0.5, 0.5);
+    fill_rand(w2, FD_D2 * FD_D1, -0.5, 0.5);
+    fill_rand(b2, FD_D2, -0.5, 0.5);
+    /* keep every pre-activation at least 0.02 from the kink: the f32 forward then masks as the
+     * double one, and a step of h = 1e-4 (moving h by at most 1e-4) never crosses it */
+    for (int tries = 0; tries < 100; tries++) {
+        for (int i = 0; i < FD_B * FD_D0; i++)
+            nt.x[i] = x[i];
+        for (int i = 0; i < FD_B * FD_D2; i++)
+            nt.t[i] = t[i];
+        for (int i = 0; i < FD_D1 * FD_D0; i++)
+            nt.w1[i] = w1[i];
+        for (int i = 0; i < FD_D1; i++)
+            nt.b1[i] = b1[i];
+        for (int i = 0; i < FD_D2 * FD_D1; i++)
+            nt.w2[i] = w2[i];
+        for (int i = 0; i < FD_D2; i++)
+            nt.b2[i] = b2[i];
+        fd_loss(&nt, &min_h);
+        if (min_h >= 0.02)
+            break;
+        fill_rand(b1, FD_D1, -0.5, 0.5);
+    }
+    CU_ASSERT_FATAL(min_h >= 0.02);
+
+    /* forward: h = x w1^T + b1; a = relu(h) (in place); y = a w2^T + b2; loss, dy */
+    k = k_gemm(0, 1, FD_B, FD_D1, FD_D0, x, FD_D0, w1, FD_D0, hbuf, FD_D1);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_ADD;
+    k.u.bias_add.y = hbuf;
+    k.u.bias_add.bias = b1;
+    k.u.bias_add.rows = FD_B;
+    k.u.bias_add.cols = FD_D1;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_FWD;
+    k.u.relu_fwd.y = hbuf;
+    k.u.relu_fwd.x = hbuf;
+    k.u.relu_fwd.n = FD_B * FD_D1;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    k = k_gemm(0, 1, FD_B, FD_D2, FD_D1, hbuf, FD_D1, w2, FD_D1, y, FD_D2);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_ADD;
+    k.u.bias_add.y = y;
+    k.u.bias_add.bias = b2;
+    k.u.bias_add.rows = FD_B;
+    k.u.bias_add.cols = FD_D2;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_MSE_LOSS;
+    k.u.mse.loss = &loss;
+    k.u.mse.dy = dy;
+    k.u.mse.y = y;
+    k.u.mse.t = t;
+    k.u.mse.n = FD_B * FD_D2;
+    k.u.mse.denom = FD_B * FD_D2;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    CU_ASSERT(fabs(loss - fd_loss(&nt, NULL)) <= 1e-6 * fd_loss(&nt, NULL));
+
+    /* backward: dw2 = dy^T a, db2, da = dy w2, dh = relu'(da), dw1 = dh^T x, db1, dx = dh w1 */
+    k = k_gemm(1, 0, FD_D2, FD_D1, FD_B, dy, FD_D2, hbuf, FD_D1, dw2, FD_D1);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(db2, 0, sizeof(db2));
+    k = k_bias_grad(db2, dy, FD_B, FD_D2);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    k = k_gemm(0, 0, FD_B, FD_D1, FD_D2, dy, FD_D2, w2, FD_D1, da, FD_D1);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_BWD;
+    k.u.relu_bwd.dx = da;
+    k.u.relu_bwd.dy = da;
+    k.u.relu_bwd.y = hbuf;
+    k.u.relu_bwd.n = FD_B * FD_D1;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    k = k_gemm(1, 0, FD_D1, FD_D0, FD_B, da, FD_D1, x, FD_D0, dw1, FD_D0);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    memset(db1, 0, sizeof(db1));
+    k = k_bias_grad(db1, da, FD_B, FD_D1);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    k = k_gemm(0, 0, FD_B, FD_D0, FD_D1, da, FD_D1, w1, FD_D0, dx, FD_D0);
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+
+    /* The loss is piecewise quadratic in each single parameter, and no step crosses a kink, so
+     * central differences are exact but for roundoff (1e-16 / h = 1e-12). The f32 gradients
+     * are sums of at most 7 terms, two layers deep: each entry is off by a few tens of u of
+     * the magnitudes it sums, < 1e-5 of the tensor's largest entry. */
+    worst = fmax(worst, fd_compare(&nt, nt.w2, dw2, FD_D2 * FD_D1, "dw2"));
+    worst = fmax(worst, fd_compare(&nt, nt.b2, db2, FD_D2, "db2"));
+    worst = fmax(worst, fd_compare(&nt, nt.w1, dw1, FD_D1 * FD_D0, "dw1"));
+    worst = fmax(worst, fd_compare(&nt, nt.b1, db1, FD_D1, "db1"));
+    worst = fmax(worst, fd_compare(&nt, nt.x, dx, FD_B * FD_D0, "dx"));
+    fprintf(stderr, "(worst error %.1e of the largest entry) ", worst);
+    CU_ASSERT(worst <= 1e-5);
+}
+
+/* ---- random numbers ---------------------------------------------------------------------- */
+
+static void test_rng(void)
+{
+    fsdp_rng_t r1, r2;
+    enum { N = 100000 };
+    double sum = 0.0, sum2 = 0.0;
+    float lo = 1e30f, hi = -1e30f;
+
+    /* splitmix64's published first output for seed 0 */
+    fsdp_rng_seed(&r1, 0);
+    CU_ASSERT_EQUAL(fsdp_rng_next(&r1), UINT64_C(0xe220a8397b1dcdaf));
+    fsdp_rng_seed(&r1, 42);
+    fsdp_rng_seed(&r2, 42);
+    for (int i = 0; i < 100; i++)
+        CU_ASSERT_EQUAL(fsdp_rng_next(&r1), fsdp_rng_next(&r2));
+    for (int i = 0; i < N; i++) {
+        float u = fsdp_rng_uniform(&r1, -0.25f, 0.75f);
+        lo = u < lo ? u : lo;
+        hi = u > hi ? u : hi;
+        sum += u;
+    }
+    CU_ASSERT(lo >= -0.25f && hi < 0.75f);
+    CU_ASSERT(lo < -0.249f && hi > 0.749f);
+    /* mean 0.25, standard error 0.29 / sqrt(N) = 9e-4: 5 sigma */
+    CU_ASSERT(fabs(sum / N - 0.25) < 5e-3);
+    /* [lo, hi) holds even when rounding to f32 would reach hi */
+    for (int i = 0; i < 1000; i++) {
+        float u = fsdp_rng_uniform(&r1, 1.0f, 1.0000001f);
+        CU_ASSERT(u >= 1.0f && u < 1.0000001f);
+    }
+    sum = 0.0;
+    for (int i = 0; i < N; i++) {
+        float z = fsdp_rng_normal(&r1);
+        CU_ASSERT(isfinite(z));
+        sum += z;
+        sum2 += (double)z * z;
+    }
+    /* standard errors: mean 1/sqrt(N) = 3.2e-3, variance sqrt(2/N) = 4.5e-3; 5 sigma */
+    CU_ASSERT(fabs(sum / N) < 0.016);
+    CU_ASSERT(fabs(sum2 / N - 1.0) < 0.023);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"gemm_transposes", test_gemm_transposes},
+        {"gemm_isa_bits", test_gemm_isa_bits},
+        {"gemm_degenerate", test_gemm_degenerate},
+        {"cast_round_trips", test_cast_round_trips},
+        {"cast_int_and_copy", test_cast_int_and_copy},
+        {"fill", test_fill},
+        {"scale_div_axpy", test_scale_div_axpy},
+        {"bias_relu", test_bias_relu},
+        {"mse_sumsq", test_mse_sumsq},
+        {"validation", test_validation},
+        {"adamw", test_adamw},
+        {"sgd", test_sgd},
+        {"optim_config", test_optim_config},
+        {"fd_linear_relu_mse", test_fd_linear_relu_mse},
+        {"rng", test_rng},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("kernels", tests);
+}
