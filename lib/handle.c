@@ -291,7 +291,8 @@ fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h)
 }
 
 /* Adds a reduced gradient shard into the one kept for the optimizer, or keeps it (G.5). */
-static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, float **grad)
+static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, float **grad,
+                                     fsdp_stream_t *stream)
 {
     fsdp_status_t status;
 
@@ -300,7 +301,7 @@ static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, float **grad)
         *grad = NULL;
         return FSDP_OK;
     }
-    status = fsdp_k_axpy(fs, fs->post_backward, h->saved_grad_shard, *grad, h->shard_numel, 1.0f);
+    status = fsdp_k_axpy(fs, stream, h->saved_grad_shard, *grad, h->shard_numel, 1.0f);
     fsdp_mem_free(fs->mem, *grad);
     *grad = NULL;
     return status;
@@ -316,7 +317,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
     double pre, post;
     fsdp_status_t status;
 
-    fsdp_divide_factors(fs->pg->size, &pre, &post);
+    /* D counts every rank the gradient is averaged over: W, or W * R for hybrid */
+    fsdp_divide_factors(fs->pg->size * (fs->replicate ? fs->replicate->size : 1), &pre, &post);
     /* G.4: the post-backward stream waits for the gradient computation */
     status = fsdp_stream_wait_stream(dev, r, fs->compute);
     if (status != FSDP_OK)
@@ -336,7 +338,7 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
         h->unsharded_grad = NULL;
         status = fsdp_mem_record_stream(fs->mem, grad, r);
         if (status == FSDP_OK)
-            status = accumulate_grad(fs, h, &grad);
+            status = accumulate_grad(fs, h, &grad, r);
         fsdp_mem_free(fs->mem, grad);
         return status;
     }
@@ -371,9 +373,25 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
                   dev->rank, h->unit->name, fsdp_status_string(status));
         goto out;
     }
+    if (fs->replicate != NULL) {
+        /* hybrid: all-reduce the shard across replicas on the all-reduce stream */
+        fsdp_stream_t *a = fs->all_reduce;
+        status = fsdp_stream_wait_stream(dev, a, r);
+        if (status == FSDP_OK)
+            status = fsdp_mem_record_stream(fs->mem, reduced, a);
+        if (status == FSDP_OK)
+            status = dev->ops->all_reduce(dev, fs->replicate, reduced, reduced, h->shard_numel,
+                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, a);
+        if (status != FSDP_OK) {
+            fsdp_fail(fs, status, "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",
+                      dev->rank, h->unit->name, fsdp_status_string(status));
+            goto out;
+        }
+        r = a;
+    }
     status = fsdp_k_div(fs, r, reduced, FSDP_DTYPE_F32, h->shard_numel, (float)post);
     if (status == FSDP_OK)
-        status = accumulate_grad(fs, h, &reduced);
+        status = accumulate_grad(fs, h, &reduced, r);
     if (status != FSDP_OK)
         goto out;
     /* G.7: the gradient was produced on C and consumed on R */

@@ -50,15 +50,19 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
 
     if (fs->root->state != FSDP_STATE_IDLE)
         return bad_state(fs->root, "lazy init", "the root idle");
-    /* priority 0: -1 is only for hybrid sharding with the limiter (section 2, notation) */
-    status = dev->ops->stream_create(dev, "unshard", 0, &fs->unshard);
+    /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation) */
+    int prio = fs->replicate != NULL && fs->cfg.limit_all_gathers ? -1 : 0;
+    status = dev->ops->stream_create(dev, "unshard", prio, &fs->unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "pre_unshard", 0, &fs->pre_unshard);
+        status = dev->ops->stream_create(dev, "pre_unshard", prio, &fs->pre_unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "post_backward", 0, &fs->post_backward);
+        status = dev->ops->stream_create(dev, "post_backward", prio, &fs->post_backward);
+    /* the all-reduce stream is the compute stream unless a unit is hybrid */
+    fs->all_reduce = fs->compute;
+    if (status == FSDP_OK && fs->replicate != NULL)
+        status = dev->ops->stream_create(dev, "all_reduce", 0, &fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
-    fs->all_reduce = fs->compute; /* its own stream only for hybrid sharding */
 
     fs->pre_forward_order = calloc((size_t)fs->nunits, sizeof(*fs->pre_forward_order));
     /* a unit may run post-forward more than once per iteration (reused modules) */
@@ -85,6 +89,7 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
         if (status != FSDP_OK)
             return status;
     }
+    fs->forward_position = 0;
     if (fs->cfg.forward_prefetch) {
         for (int i = 0; i < fs->nunits; i++) {
             fsdp_handle_t *h = fs->units[i]->handle;
@@ -98,6 +103,58 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
     status = fsdp_stream_wait_stream(dev, fs->unshard, fs->compute);
     if (status == FSDP_OK)
         status = fsdp_stream_wait_stream(dev, fs->pre_unshard, fs->compute);
+    return status;
+}
+
+/* First iteration: every rank must pre-forward the same unit at the same position. One int32
+ * all-gather of the unit index per unit; a difference fails every rank alike (they all see
+ * the same gathered indices) instead of hanging later in mismatched collectives. */
+fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    int32_t mine = h->unit->index, *seen = NULL;
+    void *dsend = NULL, *drecv = NULL;
+    size_t nbytes = sizeof(int32_t) * (size_t)world->size;
+    fsdp_status_t status;
+
+    if (world->size == 1)
+        return FSDP_OK;
+    seen = malloc(nbytes);
+    if (seen == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = fsdp_mem_alloc(fs->mem, sizeof(int32_t), FSDP_MEM_TEMPORARY, fs->compute, &dsend);
+    if (status == FSDP_OK)
+        status = fsdp_mem_alloc(fs->mem, nbytes, FSDP_MEM_TEMPORARY, fs->compute, &drecv);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, dsend, &mine, sizeof(mine), fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->all_gather(dev, world, dsend, drecv, 1, FSDP_DTYPE_I32, fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, seen, drecv, nbytes, fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    if (status != FSDP_OK) {
+        fsdp_fail(fs, status, "rank %d: unit '%s': forward-order check failed: %s", dev->rank,
+                  h->unit->name, fsdp_status_string(status));
+    } else {
+        for (int r = 1; r < world->size; r++) {
+            if (seen[r] == seen[0])
+                continue;
+            status = fsdp_fail(
+                fs, FSDP_ERR_COLLECTIVE_MISMATCH,
+                "rank %d: forward order differs across ranks: at forward position %d rank %d "
+                "runs unit '%s' but rank %d runs unit '%s'",
+                dev->rank, fs->forward_position, world->ranks[0],
+                seen[0] >= 0 && seen[0] < fs->nunits ? fs->units[seen[0]]->name : "?",
+                world->ranks[r],
+                seen[r] >= 0 && seen[r] < fs->nunits ? fs->units[seen[r]]->name : "?");
+            break;
+        }
+    }
+    fsdp_mem_free(fs->mem, drecv);
+    fsdp_mem_free(fs->mem, dsend);
+    free(seen);
     return status;
 }
 
@@ -149,13 +206,30 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
     if (u->state != FSDP_STATE_IDLE || (h && h->state != FSDP_HANDLE_IDLE))
         return bad_state(u, "pre-forward", "idle");
 
+    if (h != NULL && !fs->first_iter_done && fs->cfg.validate_exec_order) {
+        status = fsdp_validate_forward_order(fs, h);
+        if (status != FSDP_OK)
+            return status;
+    }
     u->state = FSDP_STATE_FORWARD_BACKWARD;
     if (h == NULL)
         return FSDP_OK;
     if (!fs->first_iter_done && h->pre_forward_order_index < 0) {
         h->pre_forward_order_index = fs->n_pre_forward;
         fs->pre_forward_order[fs->n_pre_forward++] = h;
+    } else if (fs->first_iter_done && !fs->order_change_warned &&
+               (fs->forward_position >= fs->n_pre_forward ||
+                fs->pre_forward_order[fs->forward_position] != h)) {
+        fs->order_change_warned = 1;
+        fsdp_warn("rank %d: the forward order changed after the first iteration: unit '%s' ran "
+                  "at position %d, where the first iteration ran '%s'; prefetching keeps "
+                  "following the first iteration's order",
+                  fs->dev->rank, u->name, fs->forward_position,
+                  fs->forward_position < fs->n_pre_forward
+                      ? fs->pre_forward_order[fs->forward_position]->unit->name
+                      : "nothing");
     }
+    fs->forward_position++;
     h->state = FSDP_HANDLE_FORWARD;
     if (!h->prefetched) {
         status = fsdp_handle_unshard(fs, h);

@@ -30,7 +30,49 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->forward_prefetch = 0;
     cfg->limit_all_gathers = 1;
     cfg->process_group = NULL;
+    cfg->replicate_group = NULL;
+    cfg->ranks_per_node = 0;
+    cfg->validate_exec_order = 1;
     cfg->device_capacity = 0;
+}
+
+static void destroy_groups(fsdp_t *fs)
+{
+    if (!fs->owns_groups)
+        return;
+    if (fs->pg != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->pg);
+    if (fs->replicate != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->replicate);
+    fs->pg = fs->replicate = NULL;
+    fs->owns_groups = 0;
+}
+
+/* PyTorch's default hybrid groups: shard within a node, replicate across nodes over the ranks
+ * that share a local rank. Collective over the world. */
+static fsdp_status_t make_hybrid_groups(fsdp_t *fs)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    int per_node = fs->cfg.ranks_per_node > 0 ? fs->cfg.ranks_per_node : dev->local_size;
+    fsdp_status_t status;
+
+    if (per_node < 1 || world->size % per_node != 0) {
+        fsdp_error("rank %d: ranks per node %d must divide the world size %d", dev->rank,
+                   per_node, world->size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    fs->owns_groups = 1;
+    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, &fs->pg);
+    if (status == FSDP_OK)
+        status = dev->ops->group_split(dev, world, world->rank % per_node, world->rank,
+                                       &fs->replicate);
+    if (status != FSDP_OK) {
+        fsdp_error("rank %d: cannot make the hybrid shard and replicate groups: %s", dev->rank,
+                   fsdp_status_string(status));
+        destroy_groups(fs);
+    }
+    return status;
 }
 
 fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p)
@@ -55,14 +97,21 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
                    "hybrid_shard, hybrid_shard_zero2", (int)cfg->strategy);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (cfg->strategy == FSDP_HYBRID_SHARD || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2) {
-        fsdp_error("strategy %s is not available yet; use full_shard, shard_grad_op or no_shard",
-                   fsdp_strategy_name(cfg->strategy));
-        return FSDP_ERR_UNSUPPORTED;
-    }
     if ((unsigned)cfg->backward_prefetch > FSDP_BACKWARD_PREFETCH_NONE) {
         fsdp_error("invalid backward prefetch %d; allowed: pre, post, none",
                    (int)cfg->backward_prefetch);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+
+    if ((cfg->process_group == NULL) != (cfg->replicate_group == NULL) &&
+        fsdp_strategy_is_hybrid(cfg->strategy)) {
+        fsdp_error("rank %d: %s needs both a shard group and a replicate group, or neither",
+                   dev->rank, fsdp_strategy_name(cfg->strategy));
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (cfg->replicate_group != NULL && !fsdp_strategy_is_hybrid(cfg->strategy)) {
+        fsdp_error("rank %d: a replicate group is only for hybrid_shard and hybrid_shard_zero2",
+                   dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
 
@@ -71,10 +120,18 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         return FSDP_ERR_NO_MEMORY;
     fs->dev = dev;
     fs->cfg = *cfg;
-    fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
     fs->strategy = cfg->strategy;
+    if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
+        status = make_hybrid_groups(fs);
+        if (status != FSDP_OK)
+            goto err_free_fs;
+    } else {
+        fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
+        fs->replicate = cfg->replicate_group;
+    }
     /* PyTorch forces NO_SHARD on a single-rank group */
-    if (fs->pg->size == 1 && fs->strategy != FSDP_NO_SHARD) {
+    if (fs->pg->size == 1 && !fsdp_strategy_is_hybrid(fs->strategy) &&
+        fs->strategy != FSDP_NO_SHARD) {
         fsdp_info("rank %d: a shard group of one rank: using no_shard instead of %s",
                   dev->rank, fsdp_strategy_name(fs->strategy));
         fs->strategy = FSDP_NO_SHARD;
@@ -83,10 +140,12 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     fs->compute = dev->ops->compute_stream(dev);
     status = fsdp_mem_create(dev, cfg->device_capacity, &fs->mem);
     if (status != FSDP_OK)
-        goto err_free_fs;
+        goto err_free_groups;
     *fs_p = fs;
     return FSDP_OK;
 
+err_free_groups:
+    destroy_groups(fs);
 err_free_fs:
     free(fs);
     return status;
@@ -120,6 +179,7 @@ void fsdp_destroy(fsdp_t *fs)
     free(fs->post_forward_order);
     destroy_streams(fs);
     fsdp_mem_destroy(fs->mem);
+    destroy_groups(fs);
     free(fs);
 }
 
@@ -146,6 +206,27 @@ fsdp_strategy_t fsdp_strategy(const fsdp_t *fs)
 fsdp_group_t *fsdp_shard_group(fsdp_t *fs)
 {
     return fs->pg;
+}
+
+fsdp_group_t *fsdp_replicate_group(fsdp_t *fs)
+{
+    return fs->replicate;
+}
+
+fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync)
+{
+    if (fs->post_backward_callback_queued ||
+        (fs->root != NULL && fs->root->state != FSDP_STATE_IDLE))
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "rank %d: gradient sync can change only between iterations",
+                         fs->dev->rank);
+    fs->sync_gradients = sync != 0;
+    return FSDP_OK;
+}
+
+int fsdp_sync_gradients(const fsdp_t *fs)
+{
+    return fs->sync_gradients;
 }
 
 fsdp_training_state_t fsdp_training_state(const fsdp_t *fs)

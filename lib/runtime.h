@@ -56,7 +56,9 @@ struct fsdp {
     fsdp_dev_t *dev;
     fsdp_config_t cfg;
     fsdp_strategy_t strategy; /* effective */
-    fsdp_group_t *pg;
+    fsdp_group_t *pg;        /* shard group */
+    fsdp_group_t *replicate; /* hybrid: the inter-node group, else NULL */
+    int owns_groups;         /* made by fsdp_create: destroyed with it */
     fsdp_mem_t *mem;
 
     fsdp_stream_t *compute;       /* C */
@@ -75,6 +77,8 @@ struct fsdp {
     int post_backward_callback_queued;
 
     /* execution order (fsdp-semantics.md: recorded in the first iteration) */
+    int forward_position; /* handles pre-forwarded so far this iteration */
+    int order_change_warned;
     fsdp_handle_t **pre_forward_order;
     int n_pre_forward;
     fsdp_handle_t **post_forward_order;
@@ -91,6 +95,11 @@ struct fsdp {
 fsdp_status_t fsdp_fail(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+static inline int fsdp_strategy_is_hybrid(fsdp_strategy_t s)
+{
+    return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
+}
+
 static inline int fsdp_strategy_is_sharded(fsdp_strategy_t s)
 {
     return s != FSDP_NO_SHARD;
@@ -101,6 +110,9 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
 {
     return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
 }
+
+/* hooks.c */
+fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);
 
 /* handle.c */
 fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,

@@ -230,7 +230,7 @@ static void fsdp_gemm_tile_store(const float *__restrict tile, float *__restrict
             float *__restrict ci = c + i * ldc;
             if (!first) {
                 for (size_t j = 0; j < NR; j++)
-                    ci[j] = alpha * t[j];
+                    ci[j] += alpha * t[j];
             } else if (beta == 0.0f) {
                 for (size_t j = 0; j < NR; j++)
                     ci[j] = alpha * t[j];

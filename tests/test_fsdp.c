@@ -18,12 +18,17 @@ typedef struct ref_model {
     double *mw[NL], *vw[NL], *mb[NL], *vb[NL]; /* AdamW moments or SGD momentum (m only) */
 } ref_model_t;
 
+#define MAX_MICRO 3
+
 typedef struct run_cfg {
     fsdp_strategy_t strategy;
     fsdp_optim_config_t optim;
     int world;
     int steps;
     fsdp_backward_prefetch_t prefetch;
+    int ranks_per_node;      /* hybrid */
+    int micro;               /* gradient-accumulation micro-batches per step (0 = 1) */
+    int sync[MAX_MICRO];     /* per micro-batch: 1 sync, 0 no_sync (the last must sync) */
 } run_cfg_t;
 
 static float xs[MAXB * 5], ys[MAXB * 3];
@@ -243,6 +248,7 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
     fsdp_config_init(&fc);
     fc.strategy = cfg->strategy;
     fc.backward_prefetch = cfg->prefetch;
+    fc.ranks_per_node = cfg->ranks_per_node;
     status = fsdp_create(dev, &fc, &fs);
     if (status != FSDP_OK)
         return status;
@@ -253,12 +259,19 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
         status = gather_all(mlp, init, &total);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &cfg->optim, &opt);
+    int micro = cfg->micro > 0 ? cfg->micro : 1;
+    size_t mrows = rows / (size_t)micro;
+    fsdp_mlp_set_loss_scale(mlp, 1.0f / (float)micro);
     for (int step = 0; step < cfg->steps && status == FSDP_OK; step++) {
-        float loss;
         memset(&tl_counts, 0, sizeof(tl_counts));
-        status = fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * (size_t)dims[0],
-                                           ys + (size_t)dev->rank * rows * (size_t)dims[NL], rows,
-                                           &loss);
+        for (int k = 0; k < micro && status == FSDP_OK; k++) {
+            size_t row0 = (size_t)dev->rank * rows + (size_t)k * mrows;
+            float loss;
+            status = fsdp_set_sync_gradients(fs, cfg->micro > 0 ? cfg->sync[k] : 1);
+            if (status == FSDP_OK)
+                status = fsdp_mlp_forward_backward(mlp, xs + row0 * (size_t)dims[0],
+                                                   ys + row0 * (size_t)dims[NL], mrows, &loss);
+        }
         if (status == FSDP_OK)
             status = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -339,6 +352,83 @@ static void test_parity_adamw(void)
 static void test_parity_sgd_momentum(void)
 {
     check_parity(FSDP_OPTIM_SGD);
+}
+
+/* Gradient accumulation over micro-batches, with no_sync or without, in any interleaving,
+ * equals one step over the concatenated batch (anchors.md), for every strategy and prefetch
+ * policy. */
+static void test_grad_accumulation(void)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD, FSDP_HYBRID_SHARD,
+                                                 FSDP_HYBRID_SHARD_ZERO2};
+    static const struct {
+        int micro, sync[MAX_MICRO];
+    } patterns[] = {{2, {0, 1}}, {2, {1, 1}}, {3, {0, 0, 1}}, {3, {1, 0, 1}}, {3, {0, 1, 1}}};
+    make_batch();
+    for (size_t s = 0; s < 5; s++) {
+        for (size_t p = 0; p < 5; p++) {
+            run_cfg_t cfg = {.strategy = strategies[s], .world = 2, .steps = 3,
+                             .prefetch = (fsdp_backward_prefetch_t)(p % 3), .ranks_per_node = 1,
+                             .micro = patterns[p].micro};
+            run_result_t *res = calloc(1, sizeof(*res));
+            double ref[512], maxdiff = 0.0;
+            memcpy(cfg.sync, patterns[p].sync, sizeof(cfg.sync));
+            fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
+            cfg.optim.lr = 1e-2f;
+            run_fsdp(&cfg, res);
+            ref_train(&cfg, res->init, ref);
+            for (size_t i = 0; i < res->total; i++)
+                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            if (maxdiff > 1e-6)
+                fprintf(stderr, "\n  %s, pattern %zu: max |fsdp - reference| = %g\n",
+                        fsdp_strategy_name(strategies[s]), p, maxdiff);
+            CU_ASSERT(maxdiff <= 1e-6);
+            if (p == 0) {
+                /* no_sync then sync: one reduction per unit; SHARD_GRAD_OP keeps the unsharded
+                 * parameters through no_sync, so the second forward gathers nothing */
+                int sharded = strategies[s] != FSDP_NO_SHARD;
+                int keeps = strategies[s] == FSDP_SHARD_GRAD_OP ||
+                            strategies[s] == FSDP_HYBRID_SHARD_ZERO2;
+                int hybrid = strategies[s] >= FSDP_HYBRID_SHARD;
+                for (int r = 0; r < 2; r++) {
+                    CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, sharded ? NL : 0);
+                    CU_ASSERT_EQUAL(res->bwd[r].all_reduce, sharded ? (hybrid ? NL : 0) : NL);
+                    CU_ASSERT_EQUAL(res->bwd[r].all_gather, !sharded ? 0 : keeps ? NL : 4 * NL);
+                }
+            }
+            free(res);
+        }
+    }
+}
+
+/* Hybrid sharding: shard within a node, all-reduce across nodes (W = 4, 2 ranks per node). */
+static void test_hybrid_parity_and_counts(void)
+{
+    make_batch();
+    for (int zero2 = 0; zero2 < 2; zero2++) {
+        for (int rpn = 1; rpn <= 4; rpn *= 2) {
+            run_cfg_t cfg = {.strategy = zero2 ? FSDP_HYBRID_SHARD_ZERO2 : FSDP_HYBRID_SHARD,
+                             .world = 4, .steps = 4, .prefetch = FSDP_BACKWARD_PREFETCH_PRE,
+                             .ranks_per_node = rpn};
+            run_result_t *res = calloc(1, sizeof(*res));
+            double ref[512], maxdiff = 0.0;
+            fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
+            cfg.optim.lr = 1e-2f;
+            run_fsdp(&cfg, res);
+            ref_train(&cfg, res->init, ref);
+            for (size_t i = 0; i < res->total; i++)
+                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            CU_ASSERT(maxdiff <= 1e-6);
+            for (int r = 0; r < 4; r++) {
+                /* one inter-node all-reduce per reduce-scatter, one per hybrid handle */
+                CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, NL);
+                CU_ASSERT_EQUAL(res->bwd[r].all_reduce, NL);
+                CU_ASSERT_EQUAL(res->bwd[r].all_gather, zero2 ? NL : 2 * NL);
+            }
+            free(res);
+        }
+    }
 }
 
 /* Per iteration, PyTorch's counts (anchors.md): with a parameter-less root, N forward and N
@@ -635,6 +725,8 @@ int main(void)
         {"parity with single-process training, adamw", test_parity_adamw},
         {"parity with single-process training, sgd momentum", test_parity_sgd_momentum},
         {"collective counts, parameter-less root", test_collective_counts_mlp},
+        {"gradient accumulation with and without no_sync", test_grad_accumulation},
+        {"hybrid sharding: parity and counts", test_hybrid_parity_and_counts},
         {"collective counts, root owns parameters", test_collective_counts_root_params},
         {"illegal hook transitions", test_illegal_transitions},
         {"world size 1 is no_shard", test_world_one_is_no_shard},

@@ -49,8 +49,21 @@ typedef struct fsdp_config {
     fsdp_backward_prefetch_t backward_prefetch; /* FSDP_BACKWARD_PREFETCH_PRE */
     int forward_prefetch;                      /* 0 */
     int limit_all_gathers;                     /* 1 */
-    fsdp_group_t *process_group;               /* NULL = the backend's world group */
-    size_t device_capacity;                    /* bytes, 0 = unlimited */
+    /* The group parameters are sharded over; NULL = the world, or for hybrid strategies the
+     * ranks of this node (PyTorch's default intra-node group). */
+    fsdp_group_t *process_group;
+    /* Hybrid strategies: the group gradients are all-reduced over; NULL = the ranks with this
+     * rank's local rank on every node (PyTorch's default inter-node group). Set both groups
+     * or neither. */
+    fsdp_group_t *replicate_group;
+    /* Hybrid strategies without explicit groups: ranks per node; 0 = the backend's
+     * local_size. Must divide the world size. */
+    int ranks_per_node;
+    /* In the first iteration, check across ranks that every rank runs the units' forwards in
+     * the same order (one small all-gather per unit), failing every rank with the first
+     * difference instead of hanging in a mismatched collective. 1 by default. */
+    int validate_exec_order;
+    size_t device_capacity; /* bytes, 0 = unlimited */
 } fsdp_config_t;
 
 void fsdp_config_init(fsdp_config_t *cfg);
@@ -116,6 +129,21 @@ fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs);
 fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
 /* The group parameters are sharded over. */
 fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
+/* The group sharded gradients are all-reduced over (hybrid strategies), else NULL. */
+fsdp_group_t *fsdp_replicate_group(fsdp_t *fs);
+
+/* PyTorch's no_sync(): with sync off, backward keeps each unit's unsharded gradient and
+ * accumulates into it, with no communication; the next iteration with sync on reduces the sum.
+ * Call on every rank, outside forward and backward. */
+fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync);
+int fsdp_sync_gradients(const fsdp_t *fs);
+
+/* Clips the sharded gradients of every unit so that their total norm (over all ranks) is at
+ * most max_norm, as torch.nn.utils.clip_grad_norm_ / FSDP.clip_grad_norm_. norm_type > 0, or
+ * INFINITY for the max norm. A collective. *total_norm_p (may be NULL) gets the norm before
+ * clipping. */
+fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
+                                  double *total_norm_p);
 fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);
 
 /* Creates a unit. The first unit created with parent NULL is the root; every other unit needs

@@ -64,6 +64,11 @@ fsdp_unit_t *fsdp_mlp_layer(fsdp_mlp_t *mlp, int layer);
  * generator seeded with `seed`; identical on every rank. */
 fsdp_status_t fsdp_mlp_init_params(fsdp_mlp_t *mlp, uint64_t seed);
 
+/* Scales the loss that backward differentiates (1/K for K gradient-accumulation micro-batches,
+ * so that their summed gradients equal one step over the concatenated batch). The loss the
+ * forward reports stays the plain mean. Default 1. */
+void fsdp_mlp_set_loss_scale(fsdp_mlp_t *mlp, float scale);
+
 /* One forward and backward over `batch` rows: x [batch, dims[0]] and y [batch, dims[L]] in
  * host memory. Runs every FSDP hook and the final callback; leaves the sharded gradients for
  * the optimizer. *loss_p: mean squared error over this rank's rows. */

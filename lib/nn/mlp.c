@@ -13,6 +13,7 @@ struct fsdp_mlp {
     fsdp_t *fs;
     int nlayers;
     int dims[FSDP_MLP_MAX_LAYERS + 1];
+    float loss_scale;
     fsdp_unit_t *root;
     fsdp_unit_t *layers[FSDP_MLP_MAX_LAYERS];
 };
@@ -66,6 +67,7 @@ fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers, fsdp_mlp
         return FSDP_ERR_NO_MEMORY;
     mlp->fs = fs;
     mlp->nlayers = nlayers;
+    mlp->loss_scale = 1.0f;
     memcpy(mlp->dims, dims, sizeof(int) * (size_t)(nlayers + 1));
 
     status = fsdp_unit_create(fs, "root", NULL, NULL, 0, &mlp->root);
@@ -104,6 +106,11 @@ err_free_mlp:
 void fsdp_mlp_destroy(fsdp_mlp_t *mlp)
 {
     free(mlp);
+}
+
+void fsdp_mlp_set_loss_scale(fsdp_mlp_t *mlp, float scale)
+{
+    mlp->loss_scale = scale;
 }
 
 int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp)
@@ -335,7 +342,8 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     k.u.mse.y = run.act[L];
     k.u.mse.t = target;
     k.u.mse.n = out_numel;
-    k.u.mse.denom = (double)out_numel;
+    /* the scale divides the denominator: loss and gradient both carry it */
+    k.u.mse.denom = (double)out_numel / (double)mlp->loss_scale;
     status = kernel(&run, &k);
 
     /* backward: the root's gradient arrives first, then the units in reverse */
@@ -365,7 +373,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     if (status == FSDP_OK)
         status = run.dev->ops->stream_synchronize(run.dev, run.c);
     if (status == FSDP_OK)
-        *loss_p = host_loss;
+        *loss_p = host_loss / mlp->loss_scale;
 out:
     fsdp_mem_free(run.mem, dx);
     fsdp_mem_free(run.mem, dy);

@@ -1,0 +1,455 @@
+/* The SQLite boundary of the trace module: error conversion, opening a database with its schema
+ * version checked (formats.md section 5), run lookup, row decoding, and the small name tables
+ * of trace.h. */
+#include "trace_int.h"
+
+#include <fsdp/log.h>
+#include <fsdp/version.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* traces/schema.sql as one C string, generated at build time (lib/Makefile.am). */
+static const char trace_schema_sql[] =
+#include "trace_schema.inc"
+    ;
+
+const char *fsdp_trace_schema(void)
+{
+    return trace_schema_sql;
+}
+
+static const char *const event_kind_names[] = {
+#define FSDP_EV_NAME_(name, str) str,
+    FSDP_FOREACH_EVENT_KIND(FSDP_EV_NAME_)
+#undef FSDP_EV_NAME_
+};
+
+const char *fsdp_event_kind_name(fsdp_event_kind_t kind)
+{
+    if ((unsigned)kind >= FSDP_EV_KIND_COUNT)
+        return "invalid";
+    return event_kind_names[kind];
+}
+
+int fsdp_event_kind_parse(const char *s, fsdp_event_kind_t *kind_p)
+{
+    if (s == NULL)
+        return -1;
+    for (int k = 0; k < FSDP_EV_KIND_COUNT; k++) {
+        if (strcmp(s, event_kind_names[k]) == 0) {
+            *kind_p = (fsdp_event_kind_t)k;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const char *name)
+{
+    memset(ev, 0, sizeof(*ev));
+    ev->kind = kind;
+    ev->name = name;
+    ev->dtype = -1;
+}
+
+static const char *const divergence_names[] = {
+#define FSDP_DIV_NAME_(name, str) str,
+    FSDP_FOREACH_TRACE_DIVERGENCE(FSDP_DIV_NAME_)
+#undef FSDP_DIV_NAME_
+};
+
+const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d)
+{
+    if ((unsigned)d >= FSDP_TRACE_DIV_COUNT)
+        return "invalid";
+    return divergence_names[d];
+}
+
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file,
+                                 int line, const char *func)
+{
+    fsdp_status_t status;
+
+    switch (rc & 0xff) {
+    case SQLITE_OK:
+    case SQLITE_ROW:
+    case SQLITE_DONE:
+        return FSDP_OK;
+    case SQLITE_NOMEM:
+        status = FSDP_ERR_NO_MEMORY;
+        break;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+    case SQLITE_ERROR: /* SQL error: a table or column our schema should have is missing */
+    case SQLITE_SCHEMA:
+    case SQLITE_MISMATCH:
+    case SQLITE_CONSTRAINT:
+        status = FSDP_ERR_FORMAT;
+        break;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        status = FSDP_ERR_TIMEOUT;
+        break;
+    case SQLITE_MISUSE:
+    case SQLITE_RANGE:
+        status = FSDP_ERR_INTERNAL;
+        break;
+    default: /* IOERR, FULL, CANTOPEN, READONLY, PERM, ... */
+        status = FSDP_ERR_IO;
+        break;
+    }
+    if (FSDP_LOG_ERROR <= fsdp_log_level()) {
+        const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+        fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "sqlite: %s failed: %s (code %d)", what,
+                      msg, rc);
+    }
+    return status;
+}
+
+fsdp_status_t fsdp_trace_db_exec(sqlite3 *db, const char *sql)
+{
+    char *err = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
+
+    if (rc != SQLITE_OK) {
+        fsdp_status_t status = fsdp_sqlite_status(NULL, rc, sql, __FILE__, __LINE__, __func__);
+        if (err != NULL)
+            fsdp_error("sqlite: %s", err);
+        sqlite3_free(err);
+        return status;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_trace_db_prepare(sqlite3 *db, const char *sql, sqlite3_stmt **stmt_p)
+{
+    *stmt_p = NULL;
+    return FSDP_SQLITE_CALL(db, sqlite3_prepare_v2(db, sql, -1, stmt_p, NULL));
+}
+
+static fsdp_status_t db_get_int(sqlite3 *db, const char *sql, int64_t *value_p, int *found_p)
+{
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int rc;
+
+    status = fsdp_trace_db_prepare(db, sql, &st);
+    if (status != FSDP_OK)
+        return status;
+    rc = sqlite3_step(st);
+    status = FSDP_SQLITE_CALL(db, rc);
+    if (status == FSDP_OK && rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+        *value_p = sqlite3_column_int64(st, 0);
+        if (found_p != NULL)
+            *found_p = 1;
+    } else if (found_p != NULL) {
+        *found_p = 0;
+    }
+    sqlite3_finalize(st);
+    return status;
+}
+
+/* A file SQLite does not recognise fails on its first read, not on open. */
+static fsdp_status_t db_user_version(sqlite3 *db, const char *path, int64_t *version_p)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL);
+
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *version_p = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        return FSDP_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT) {
+        fsdp_error("'%s' is not a trace database: %s", path, sqlite3_errstr(rc));
+        return FSDP_ERR_FORMAT;
+    }
+    return FSDP_SQLITE_CALL(db, rc);
+}
+
+static fsdp_status_t db_check_newer(const char *path, int64_t version)
+{
+    if (version > FSDP_TRACE_SCHEMA_VERSION) {
+        fsdp_error("trace database '%s' has schema version %" PRId64 ", newer than version %d "
+                   "of this libfsdp (%s): use a newer libfsdp or another file",
+                   path, version, FSDP_TRACE_SCHEMA_VERSION, fsdp_version_string());
+        return FSDP_ERR_FORMAT;
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
+{
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int64_t version;
+
+    /* WAL: the rank threads' data is durable once its commit record is in the -wal file, and
+     * readers (fsdp-trace on a live run) do not block the writer. */
+    status = fsdp_trace_db_prepare(db, "PRAGMA journal_mode = WAL", &st);
+    if (status != FSDP_OK)
+        return status;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        const char *mode = fsdp_trace_col_text(st, 0);
+        if (mode == NULL || strcmp(mode, "wal") != 0)
+            fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose "
+                      "more and readers block the writer", path, mode != NULL ? mode : "?");
+    }
+    sqlite3_finalize(st);
+    status = fsdp_trace_db_exec(db, "PRAGMA synchronous = NORMAL");
+    if (status != FSDP_OK)
+        return status;
+
+    /* Create under a write lock, so two processes opening a new file do not both create. */
+    status = fsdp_trace_db_exec(db, "BEGIN IMMEDIATE");
+    if (status != FSDP_OK)
+        return status;
+    status = db_user_version(db, path, &version);
+    if (status == FSDP_OK)
+        status = db_check_newer(path, version);
+    if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
+        status = fsdp_trace_db_exec(db, trace_schema_sql);
+    if (status != FSDP_OK) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return status;
+    }
+    return fsdp_trace_db_exec(db, "COMMIT");
+}
+
+fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
+{
+    sqlite3 *db = NULL;
+    fsdp_status_t status;
+    int64_t version;
+    int rc;
+
+    if (path == NULL || *path == '\0') {
+        fsdp_error("trace database path is %s: give a file name", path == NULL ? "NULL" : "empty");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (!writable && access(path, F_OK) != 0) {
+        fsdp_error("cannot open trace database '%s': %s", path, strerror(errno));
+        return errno == ENOENT ? FSDP_ERR_NOT_FOUND : FSDP_ERR_IO;
+    }
+    /* A reader opens read-write when it can, so it may run the recovery that a killed writer
+     * left to do; it never creates a file. */
+    rc = sqlite3_open_v2(path, &db,
+                         writable ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+                                  : SQLITE_OPEN_READWRITE,
+                         NULL);
+    if (rc != SQLITE_OK && !writable) {
+        sqlite3_close(db);
+        db = NULL;
+        rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL);
+    }
+    if (rc != SQLITE_OK) {
+        fsdp_error("cannot open trace database '%s': %s", path,
+                   db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        sqlite3_close(db);
+        return rc == SQLITE_NOMEM ? FSDP_ERR_NO_MEMORY : FSDP_ERR_IO;
+    }
+    sqlite3_busy_timeout(db, 10000);
+    sqlite3_extended_result_codes(db, 1);
+
+    status = db_user_version(db, path, &version);
+    if (status != FSDP_OK)
+        goto err_close;
+    status = db_check_newer(path, version);
+    if (status != FSDP_OK)
+        goto err_close;
+    if (writable) {
+        status = db_setup_writer(db, path);
+        if (status != FSDP_OK)
+            goto err_close;
+    } else if (version < FSDP_TRACE_SCHEMA_VERSION) {
+        fsdp_error("'%s' is not a libfsdp trace database (schema version %" PRId64 ", "
+                   "expected %d)", path, version, FSDP_TRACE_SCHEMA_VERSION);
+        status = FSDP_ERR_FORMAT;
+        goto err_close;
+    }
+    *db_p = db;
+    return FSDP_OK;
+
+err_close:
+    sqlite3_close(db);
+    return status;
+}
+
+fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p)
+{
+    char sql[160];
+    fsdp_status_t status;
+    int64_t id = 0;
+    int found = 0;
+
+    if (run > 0)
+        snprintf(sql, sizeof(sql), "SELECT id FROM runs WHERE id = %" PRId64, run);
+    else
+        snprintf(sql, sizeof(sql), "SELECT id FROM runs ORDER BY id DESC LIMIT 1 OFFSET %" PRId64,
+                 -run);
+    status = db_get_int(db, sql, &id, &found);
+    if (status != FSDP_OK)
+        return status;
+    if (!found) {
+        if (run > 0)
+            fsdp_error("trace database '%s' has no run %" PRId64, path, run);
+        else if (run == 0)
+            fsdp_error("trace database '%s' holds no run", path);
+        else
+            fsdp_error("trace database '%s' has no run %" PRId64 " before the latest", path,
+                       -run);
+        return FSDP_ERR_NOT_FOUND;
+    }
+    *run_p = id;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p)
+{
+    char sql[160];
+    fsdp_status_t status;
+    int64_t world = 0, max_rank = -1;
+    int found;
+
+    snprintf(sql, sizeof(sql), "SELECT world_size FROM runs WHERE id = %" PRId64, run);
+    status = db_get_int(db, sql, &world, &found);
+    if (status != FSDP_OK)
+        return status;
+    snprintf(sql, sizeof(sql), "SELECT max(rank) FROM events WHERE run = %" PRId64, run);
+    status = db_get_int(db, sql, &max_rank, &found);
+    if (status != FSDP_OK)
+        return status;
+    if (!found)
+        max_rank = -1;
+    if (max_rank + 1 > world)
+        world = max_rank + 1;
+    snprintf(sql, sizeof(sql), "SELECT max(rank) FROM steps WHERE run = %" PRId64, run);
+    status = db_get_int(db, sql, &max_rank, &found);
+    if (status != FSDP_OK)
+        return status;
+    if (found && max_rank + 1 > world)
+        world = max_rank + 1;
+    if (world < 0 || world > (1 << 24)) {
+        fsdp_error("run %" PRId64 " claims %" PRId64 " ranks", run, world);
+        return FSDP_ERR_FORMAT;
+    }
+    *n_p = (int)world;
+    return FSDP_OK;
+}
+
+void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_trace_event_t *ev)
+{
+    fsdp_event_kind_t kind = FSDP_EV_KIND_COUNT;
+    fsdp_dtype_t dtype;
+    const char *dt;
+
+    *rank_p = sqlite3_column_int(st, 0);
+    *seq_p = (uint64_t)sqlite3_column_int64(st, 1);
+    if (fsdp_event_kind_parse(fsdp_trace_col_text(st, 2), &kind) != 0)
+        kind = FSDP_EV_KIND_COUNT; /* written by a newer library */
+    ev->kind = kind;
+    ev->name = fsdp_trace_col_text(st, 3);
+    if (ev->name == NULL)
+        ev->name = "";
+    ev->unit = fsdp_trace_col_text(st, 4);
+    ev->stream = fsdp_trace_col_text(st, 5);
+    ev->host_time = sqlite3_column_double(st, 6);
+    ev->start = sqlite3_column_double(st, 7);
+    ev->end = sqlite3_column_double(st, 8);
+    ev->bytes = (uint64_t)sqlite3_column_int64(st, 9);
+    ev->count = (uint64_t)sqlite3_column_int64(st, 10);
+    dt = fsdp_trace_col_text(st, 11);
+    ev->dtype = (dt != NULL && fsdp_dtype_parse(dt, &dtype) == 0) ? (int)dtype : -1;
+    ev->group = fsdp_trace_col_text(st, 12);
+    ev->allocated = (uint64_t)sqlite3_column_int64(st, 13);
+    ev->reserved = (uint64_t)sqlite3_column_int64(st, 14);
+}
+
+void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row)
+{
+    int col = 7;
+
+    row->rank = sqlite3_column_int(st, 0);
+    row->step = sqlite3_column_int64(st, 1);
+    row->loss = sqlite3_column_double(st, 2);
+    row->step_time = sqlite3_column_double(st, 3);
+    row->seq_end = (uint64_t)sqlite3_column_int64(st, 4);
+    row->peak_allocated = (uint64_t)sqlite3_column_int64(st, 5);
+    row->peak_reserved = (uint64_t)sqlite3_column_int64(st, 6);
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++)
+        row->peak_by_category[c] = (uint64_t)sqlite3_column_int64(st, col++);
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++)
+        row->at_peak_by_category[c] = (uint64_t)sqlite3_column_int64(st, col++);
+}
+
+void fsdp_strbuf_printf(fsdp_strbuf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (b->failed)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        n = vsnprintf(b->s != NULL ? b->s + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = 1;
+            return;
+        }
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap < 256 ? 256 : b->cap;
+        while (cap - b->len <= (size_t)n)
+            cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (s == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+void fsdp_strbuf_reset(fsdp_strbuf_t *b)
+{
+    b->len = 0;
+    if (b->s != NULL)
+        b->s[0] = '\0';
+}
+
+void fsdp_strbuf_free(fsdp_strbuf_t *b)
+{
+    free(b->s);
+    memset(b, 0, sizeof(*b));
+}
+
+const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+
+    if (bytes < 1024) {
+        snprintf(buf, size, "%" PRIu64 " B", bytes);
+        return buf;
+    }
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, size, "%.2f %s", v, units[u]);
+    return buf;
+}

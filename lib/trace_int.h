@@ -1,0 +1,81 @@
+/* Internals shared by the trace writer, reader and tools (lib/trace*.c): the SQLite boundary
+ * and small helpers. Nothing here is installed; no SQLite type reaches include/. */
+#ifndef FSDP_TRACE_INT_H
+#define FSDP_TRACE_INT_H
+
+#include <fsdp/trace.h>
+
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+/* Converts an SQLite result code at the boundary: SQLITE_OK, SQLITE_ROW and SQLITE_DONE are
+ * FSDP_OK; anything else is logged once, with the failing call and SQLite's own message, and
+ * mapped to an fsdp_status_t. `db` may be NULL. */
+#define FSDP_SQLITE_CALL(db, call)                                                                 \
+    fsdp_sqlite_status((db), (call), #call, __FILE__, __LINE__, __func__)
+
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file,
+                                 int line, const char *func);
+
+/* Opens `path` for the trace module: read-only (the file must exist) or read-write (created if
+ * missing), with a busy timeout, and checks its schema version. Writable: WAL and
+ * synchronous=NORMAL, the schema created when older. Read-only: the tables must exist. */
+fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p);
+
+/* Runs a statement without results. */
+fsdp_status_t fsdp_trace_db_exec(sqlite3 *db, const char *sql);
+
+/* A prepared statement, logged on failure. */
+fsdp_status_t fsdp_trace_db_prepare(sqlite3 *db, const char *sql, sqlite3_stmt **stmt_p);
+
+/* Column text or NULL. */
+static inline const char *fsdp_trace_col_text(sqlite3_stmt *st, int col)
+{
+    return (const char *)sqlite3_column_text(st, col);
+}
+
+/* Resolves a run id as fsdp_trace_reader_find_run does. */
+fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p);
+
+/* The number of ranks a run has: max(world_size, highest traced rank + 1). */
+fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p);
+
+/* Step-row column names from the category table ("peak_sharded_param", ...). */
+#define FSDP_TRACE_PEAK_COL_(name, str) ", peak_" str
+#define FSDP_TRACE_AT_PEAK_COL_(name, str) ", at_peak_" str
+#define FSDP_TRACE_STEP_COLUMNS                                                                    \
+    "rank, step, loss, step_time, seq_end, peak_allocated, peak_reserved"                          \
+    FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_PEAK_COL_)                                                \
+    FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_AT_PEAK_COL_)
+#define FSDP_TRACE_STEP_NCOLS (7 + 2 * FSDP_MEM_CATEGORY_COUNT)
+
+#define FSDP_TRACE_EVENT_COLUMNS                                                                   \
+    "rank, seq, kind, name, unit, stream, host_time, start_time, end_time, bytes, count, dtype, "  \
+    "grp, allocated, reserved"
+#define FSDP_TRACE_EVENT_NCOLS 15
+
+/* Fills *ev (and rank, seq) from a row selected with FSDP_TRACE_EVENT_COLUMNS starting at
+ * column 0. The strings point into the statement's row. */
+void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p,
+                          fsdp_trace_event_t *ev);
+
+/* Fills a step row selected with FSDP_TRACE_STEP_COLUMNS starting at column 0. */
+void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row);
+
+/* A growable string (the tools format reports in it before printing). */
+typedef struct fsdp_strbuf {
+    char *s;
+    size_t len, cap;
+    int failed; /* an allocation failed: the text is truncated */
+} fsdp_strbuf_t;
+
+void fsdp_strbuf_printf(fsdp_strbuf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void fsdp_strbuf_reset(fsdp_strbuf_t *b);
+void fsdp_strbuf_free(fsdp_strbuf_t *b);
+
+/* "1.50 MiB", "512 B": into buf (at least 32 bytes). */
+const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size);
+
+#endif
