@@ -190,8 +190,8 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     gdev->blocking_collectives = params->blocking_collectives != 0;
     gdev->failed = FSDP_OK;
 
-    status = FSDP_CUDA_CALL(cudaDeviceGetStreamPriorityRange(&gdev->prio_least,
-                                                             &gdev->prio_greatest));
+    status =
+        FSDP_CUDA_CALL(cudaDeviceGetStreamPriorityRange(&gdev->prio_least, &gdev->prio_greatest));
     if (status != FSDP_OK)
         goto err_free;
     status = fsdp_gpu_stream_init(gdev, &gdev->compute, 0, "compute", 0);
@@ -213,8 +213,8 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     if (status != FSDP_OK)
         goto err_free;
     for (int i = 0; i < FSDP_GPU_WATCH_SLOTS; i++) {
-        status = FSDP_CUDA_CALL(
-            cudaEventCreateWithFlags(&gdev->watch[i].done, cudaEventDisableTiming));
+        status =
+            FSDP_CUDA_CALL(cudaEventCreateWithFlags(&gdev->watch[i].done, cudaEventDisableTiming));
         if (status != FSDP_OK)
             goto err_free;
     }

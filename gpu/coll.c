@@ -178,7 +178,8 @@ fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
         if (status == FSDP_OK && st != ncclSuccess && st != ncclInProgress) {
             const char *what = "no collective in flight";
             for (unsigned i = 0; i < gdev->watch_count; i++) {
-                const fsdp_gpu_watch_t *w = &gdev->watch[(gdev->watch_head + i) % FSDP_GPU_WATCH_SLOTS];
+                const fsdp_gpu_watch_t *w =
+                    &gdev->watch[(gdev->watch_head + i) % FSDP_GPU_WATCH_SLOTS];
                 if (w->group == g) {
                     what = w->what;
                     break;
@@ -187,8 +188,8 @@ fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
             fsdp_error("rank %d: asynchronous NCCL error on group %s (oldest collective in "
                        "flight: %s)",
                        gdev->super.rank, g->super.name, what);
-            status = fsdp_gpu_nccl_status(st, "ncclCommGetAsyncError", __FILE__, __LINE__,
-                                          __func__);
+            status =
+                fsdp_gpu_nccl_status(st, "ncclCommGetAsyncError", __FILE__, __LINE__, __func__);
         }
         if (status != FSDP_OK) {
             fail_all(gdev, status);
@@ -378,8 +379,8 @@ fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_gather", count, dtype, g);
-    return coll_end(gdev, g, s, ncclAllGather(send, recv, count, type, g->comm, s),
-                    "ncclAllGather", what);
+    return coll_end(gdev, g, s, ncclAllGather(send, recv, count, type, g->comm, s), "ncclAllGather",
+                    what);
 }
 
 fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
@@ -413,8 +414,8 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
 }
 
 fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                  void *recv, size_t count, fsdp_dtype_t dtype,
-                                  fsdp_reduce_op_t op, fsdp_stream_t *stream)
+                                  void *recv, size_t count, fsdp_dtype_t dtype, fsdp_reduce_op_t op,
+                                  fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
@@ -482,10 +483,10 @@ fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
     if (status != FSDP_OK)
         return status;
     snprintf(what, sizeof(what), "barrier on group %s", g->super.name);
-    status = coll_end(gdev, g, gdev->aux,
-                      ncclAllReduce(gdev->dbuf, gdev->dbuf, 1, ncclInt32, ncclSum, g->comm,
-                                    gdev->aux),
-                      "ncclAllReduce(barrier)", what);
+    status =
+        coll_end(gdev, g, gdev->aux,
+                 ncclAllReduce(gdev->dbuf, gdev->dbuf, 1, ncclInt32, ncclSum, g->comm, gdev->aux),
+                 "ncclAllReduce(barrier)", what);
     if (status != FSDP_OK)
         return status;
     return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
@@ -514,10 +515,10 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
         cudaMemcpyAsync(gdev->dbuf, mine, sizeof(mine), cudaMemcpyHostToDevice, gdev->aux));
     if (status != FSDP_OK)
         return status;
-    status = coll_end(gdev, parent, gdev->aux,
-                      ncclAllGather(gdev->dbuf, gdev->dbuf + 2, 2, ncclInt32, parent->comm,
-                                    gdev->aux),
-                      "ncclAllGather(split)", what);
+    status =
+        coll_end(gdev, parent, gdev->aux,
+                 ncclAllGather(gdev->dbuf, gdev->dbuf + 2, 2, ncclInt32, parent->comm, gdev->aux),
+                 "ncclAllGather(split)", what);
     if (status != FSDP_OK)
         return status;
     status = FSDP_CUDA_CALL(cudaMemcpyAsync(all, gdev->dbuf + 2, 2 * n * sizeof(int),

@@ -91,7 +91,7 @@ struct fsdp_gpu_dev {
     fsdp_gpu_stream_t compute; /* id 0 */
     cudaStream_t aux;          /* barrier and split bookkeeping */
     cublasHandle_t cublas;
-    int *dbuf;                 /* device ints for barrier and split */
+    int *dbuf; /* device ints for barrier and split */
 
     fsdp_gpu_group_t *world;
     fsdp_gpu_group_t *groups; /* live groups, world included */
@@ -189,8 +189,8 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
                                       void *recv, size_t count, fsdp_dtype_t dtype,
                                       fsdp_reduce_op_t op, fsdp_stream_t *stream);
 fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                  void *recv, size_t count, fsdp_dtype_t dtype,
-                                  fsdp_reduce_op_t op, fsdp_stream_t *stream);
+                                  void *recv, size_t count, fsdp_dtype_t dtype, fsdp_reduce_op_t op,
+                                  fsdp_stream_t *stream);
 fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
                                  fsdp_dtype_t dtype, int root, fsdp_stream_t *stream);
 fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group);

@@ -13,9 +13,7 @@ static fsdp_status_t none_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, si
     return FSDP_ERR_UNSUPPORTED;
 }
 
-static void none_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
-{
-}
+static void none_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr) {}
 
 static fsdp_stream_t *none_compute_stream(fsdp_dev_t *dev)
 {
@@ -28,9 +26,7 @@ static fsdp_status_t none_stream_create(fsdp_dev_t *dev, const char *name, int p
     return FSDP_ERR_UNSUPPORTED;
 }
 
-static void none_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
-{
-}
+static void none_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream) {}
 
 static fsdp_status_t none_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream)
 {
@@ -42,12 +38,9 @@ static fsdp_status_t none_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
     return FSDP_ERR_UNSUPPORTED;
 }
 
-static void none_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
-{
-}
+static void none_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event) {}
 
-static fsdp_status_t none_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
-                                       fsdp_stream_t *stream)
+static fsdp_status_t none_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream)
 {
     return FSDP_ERR_UNSUPPORTED;
 }
@@ -93,9 +86,7 @@ static fsdp_status_t none_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int
     return FSDP_ERR_UNSUPPORTED;
 }
 
-static void none_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group)
-{
-}
+static void none_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group) {}
 
 static fsdp_status_t none_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
                                      void *recv, size_t count, fsdp_dtype_t dtype,
@@ -196,6 +187,4 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     return FSDP_ERR_UNSUPPORTED;
 }
 
-void fsdp_gpu_finalize(fsdp_dev_t *dev)
-{
-}
+void fsdp_gpu_finalize(fsdp_dev_t *dev) {}

@@ -51,8 +51,8 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
                  k->u.gemm.ldb < (k->u.gemm.trans_b ? kk : n) || k->u.gemm.ldc < n)
             bad = "leading dimension too small (lda >= K or M, ldb >= N or K, ldc >= N)";
         else if (m > 0 && n > 0 &&
-                 (k->u.gemm.c == NULL ||
-                  (kk > 0 && k->u.gemm.alpha != 0.0f && (k->u.gemm.a == NULL || k->u.gemm.b == NULL))))
+                 (k->u.gemm.c == NULL || (kk > 0 && k->u.gemm.alpha != 0.0f &&
+                                          (k->u.gemm.a == NULL || k->u.gemm.b == NULL))))
             bad = "a, b or c is NULL";
         break;
     }
@@ -62,8 +62,8 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
             bad = "y or bias is NULL";
         break;
     case FSDP_K_BIAS_GRAD:
-        if (k->u.bias_grad.cols > 0 &&
-            (k->u.bias_grad.dbias == NULL || (k->u.bias_grad.rows > 0 && k->u.bias_grad.dy == NULL)))
+        if (k->u.bias_grad.cols > 0 && (k->u.bias_grad.dbias == NULL ||
+                                        (k->u.bias_grad.rows > 0 && k->u.bias_grad.dy == NULL)))
             bad = "dbias or dy is NULL";
         break;
     case FSDP_K_RELU_FWD:

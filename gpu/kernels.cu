@@ -195,8 +195,8 @@ extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_k
         return launch_elem<FSDP_K_SGD>(s, k, &p);
     case FSDP_K_MSE_LOSS:
         /* The loss first: dy may share y's memory. */
-        status = launch_reduce<FSDP_K_MSE_LOSS>(stream, k, k->u.mse.n, k->u.mse.loss,
-                                                k->u.mse.denom);
+        status =
+            launch_reduce<FSDP_K_MSE_LOSS>(stream, k, k->u.mse.n, k->u.mse.loss, k->u.mse.denom);
         if (status != FSDP_OK)
             return status;
         return launch_elem<FSDP_K_MSE_LOSS>(s, k, &p);

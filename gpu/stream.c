@@ -163,8 +163,9 @@ fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStrea
         if (err == cudaSuccess)
             return FSDP_OK;
         if (err != cudaErrorNotReady)
-            return fsdp_gpu_cuda_status(err, ev != NULL ? "cudaEventQuery(ev)" : "cudaStreamQuery(stream)",
-                                        __FILE__, __LINE__, __func__);
+            return fsdp_gpu_cuda_status(
+                err, ev != NULL ? "cudaEventQuery(ev)" : "cudaStreamQuery(stream)", __FILE__,
+                __LINE__, __func__);
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK) {
             fsdp_error("rank %d: wait for %s abandoned: %s", gdev->super.rank, what,
@@ -302,6 +303,6 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
     if (status != FSDP_OK)
         return status;
     /* Unified addressing: the runtime tells host from device by the pointers. */
-    return FSDP_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                          fsdp_gpu_stream_of(gdev, stream)->cu));
+    return FSDP_CUDA_CALL(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, fsdp_gpu_stream_of(gdev, stream)->cu));
 }

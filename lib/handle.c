@@ -67,6 +67,37 @@ static void shard_info(fsdp_param_info_t *pi, size_t s, size_t shard_numel)
     pi->numel_in_shard = (pe < e ? pe : e) - ps - pi->intra_start;
 }
 
+/* A sharded-size f32 buffer: pinned host memory under CPU offload, else device memory. */
+fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p)
+{
+    size_t bytes = numel * sizeof(float);
+    fsdp_status_t status;
+
+    if (!h->offload)
+        return fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_SHARDED_PARAM, fs->compute, ptr_p);
+    *ptr_p = NULL;
+    if (bytes == 0)
+        return FSDP_OK;
+    status = fs->dev->ops->segment_alloc(fs->dev, FSDP_MEMKIND_HOST_PINNED, bytes, ptr_p);
+    if (status != FSDP_OK)
+        return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate %zu bytes of pinned "
+                         "host memory", fs->dev->rank, h->unit->name, bytes);
+    fs->host_pinned_bytes += bytes;
+    return FSDP_OK;
+}
+
+void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel)
+{
+    if (ptr == NULL)
+        return;
+    if (!h->offload) {
+        fsdp_mem_free(fs->mem, ptr);
+        return;
+    }
+    fs->dev->ops->segment_free(fs->dev, FSDP_MEMKIND_HOST_PINNED, ptr);
+    fs->host_pinned_bytes -= numel * sizeof(float);
+}
+
 fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,
                                  fsdp_handle_t **h_p)
 {
@@ -146,8 +177,10 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     for (int i = 0; i < nparams; i++)
         shard_info(&h->params[i], (size_t)h->rank * h->shard_numel, h->shard_numel);
 
-    status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float), FSDP_MEM_SHARDED_PARAM,
-                            fs->compute, (void **)&h->local_shard);
+    h->compute_dtype = fs->param_dtype;
+    h->reduce_dtype = fs->reduce_dtype;
+    h->offload = fs->cfg.cpu_offload;
+    status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->local_shard);
     if (status != FSDP_OK)
         goto err_free_params;
     /* the padding tail must hold zeros: it is all-gathered and reduced with the rest */
@@ -158,7 +191,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     return FSDP_OK;
 
 err_free_shard:
-    fsdp_mem_free(fs->mem, h->local_shard);
+    fsdp_shard_free(fs, h, h->local_shard, h->shard_numel);
 err_free_params:
     for (int i = 0; i < nparams; i++)
         free((char *)h->params[i].name);
@@ -173,9 +206,12 @@ void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h)
     if (h == NULL)
         return;
     fsdp_mem_free(fs->mem, h->full_param_padded);
+    fsdp_mem_free(fs->mem, h->mp_shard);
+    fsdp_mem_free(fs->mem, h->h2d_shard);
     fsdp_mem_free(fs->mem, h->unsharded_grad);
     fsdp_mem_free(fs->mem, h->saved_grad_shard);
-    fsdp_mem_free(fs->mem, h->local_shard);
+    fsdp_shard_free(fs, h, h->cpu_grad, h->shard_numel);
+    fsdp_shard_free(fs, h, h->local_shard, h->shard_numel);
     for (int i = 0; i < h->nparams; i++)
         free((char *)h->params[i].name);
     free(h->params);
@@ -229,33 +265,120 @@ static fsdp_status_t limiter_enqueue(fsdp_t *fs)
     return FSDP_OK;
 }
 
+static fsdp_status_t cast(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dst_dtype,
+                          const void *src, fsdp_dtype_t src_dtype, size_t n)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+    if (n == 0)
+        return FSDP_OK;
+    k.u.cast.dst = dst;
+    k.u.cast.dst_dtype = dst_dtype;
+    k.u.cast.src = src;
+    k.u.cast.src_dtype = src_dtype;
+    k.u.cast.n = n;
+    return fs->dev->ops->kernel(fs->dev, s, &k);
+}
+
+/* B.1 on the pre-unshard stream: the low-precision shard (cast of LS) under mixed precision,
+ * or the device copy of an offloaded LS. *did_work_p: something was enqueued on P. */
+static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_stream_t *p = fs->pre_unshard;
+    int mp = h->compute_dtype != FSDP_DTYPE_F32;
+    size_t n = h->shard_numel, bytes = n * sizeof(float);
+    const void *src = h->local_shard;
+    void *staged = NULL;
+    fsdp_status_t status;
+
+    *did_work_p = 0;
+    if (fsdp_strategy_is_sharded(fs->strategy) && !h->offload && h->full_param_padded != NULL)
+        return FSDP_OK; /* unsharded since forward: nothing to prepare */
+    if (!mp && !h->offload)
+        return FSDP_OK;
+    *did_work_p = 1;
+    if (h->offload) {
+        /* host-to-device copy of the shard on the pre-unshard stream */
+        status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_SHARDED_PARAM, p, &staged);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, staged, h->local_shard, bytes, p);
+        if (status != FSDP_OK) {
+            fsdp_mem_free(fs->mem, staged);
+            return status;
+        }
+        src = staged;
+        if (!mp) {
+            h->h2d_shard = staged;
+            return FSDP_OK;
+        }
+    }
+    status = fsdp_mem_alloc(fs->mem, n * fsdp_dtype_size(h->compute_dtype),
+                            FSDP_MEM_LOW_PREC_SHARD, p, &h->mp_shard);
+    if (status == FSDP_OK)
+        status = cast(fs, p, h->mp_shard, h->compute_dtype, src, FSDP_DTYPE_F32, n);
+    /* the transient f32 copy of an offloaded shard is not needed past the cast */
+    fsdp_mem_free(fs->mem, staged);
+    return status;
+}
+
+/* What the all-gather reads, and what NO_SHARD parameters point at. */
+const void *fsdp_handle_shard_source(const fsdp_handle_t *h)
+{
+    if (h->mp_shard != NULL)
+        return h->mp_shard;
+    if (h->h2d_shard != NULL)
+        return h->h2d_shard;
+    return h->local_shard;
+}
+
 fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
 {
     fsdp_dev_t *dev = fs->dev;
+    int did_work;
     fsdp_status_t status;
 
-    /* B.1-2: pre-unshard has nothing to do without mixed precision or CPU offload */
-    status = limiter_dequeue_if_needed(fs);
+    status = pre_unshard(fs, h, &did_work);
+    if (status == FSDP_OK && did_work)
+        status = fsdp_stream_wait_stream(dev, fs->unshard, fs->pre_unshard); /* B.2 */
+    if (status == FSDP_OK)
+        status = limiter_dequeue_if_needed(fs); /* B.3 */
     if (status != FSDP_OK)
         return status;
     /* B.4: NO_SHARD, or an unsharded parameter kept since forward: a pointer switch */
     if (!fsdp_strategy_is_sharded(fs->strategy) || h->full_param_padded != NULL) {
         h->uses_unsharded_view = 1;
-        return FSDP_OK;
+        if (fsdp_strategy_is_sharded(fs->strategy)) {
+            /* a redundant staging copy (SHARD_GRAD_OP with offload) is dropped */
+            fsdp_mem_free(fs->mem, h->h2d_shard);
+            h->h2d_shard = NULL;
+            status = fsdp_mem_record_stream(fs->mem, h->mp_shard, fs->unshard);
+            fsdp_mem_free(fs->mem, h->mp_shard);
+            h->mp_shard = NULL;
+        }
+        return status;
     }
-    status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
+    status = fsdp_mem_alloc(fs->mem,
+                            h->shard_numel * (size_t)h->world * fsdp_dtype_size(h->compute_dtype),
                             FSDP_MEM_UNSHARDED_PARAM, fs->unshard, &h->full_param_padded);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate its unsharded "
                          "parameter (%zu elements)", dev->rank, h->unit->name,
                          h->shard_numel * (size_t)h->world);
-    status = dev->ops->all_gather(dev, fs->pg, h->local_shard, h->full_param_padded,
-                                  h->shard_numel, FSDP_DTYPE_F32, fs->unshard);
+    status = dev->ops->all_gather(dev, fs->pg, fsdp_handle_shard_source(h), h->full_param_padded,
+                                  h->shard_numel, h->compute_dtype, fs->unshard);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
                          h->unit->name, fsdp_status_string(status));
     h->uses_unsharded_view = 1;
-    return FSDP_OK;
+    /* B.4 offload: the staged copy was read on U; B.5: so was the low-precision shard */
+    status = fsdp_mem_record_stream(fs->mem, h->h2d_shard, fs->unshard);
+    fsdp_mem_free(fs->mem, h->h2d_shard);
+    h->h2d_shard = NULL;
+    if (status == FSDP_OK)
+        status = fsdp_mem_record_stream(fs->mem, h->mp_shard, fs->unshard);
+    fsdp_mem_free(fs->mem, h->mp_shard);
+    h->mp_shard = NULL;
+    return status;
 }
 
 fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unsharded)
@@ -271,6 +394,17 @@ fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unshard
         if (status == FSDP_OK && fs->cfg.limit_all_gathers)
             status = limiter_enqueue(fs); /* C.4 */
     }
+    /* C.3: NO_SHARD's low-precision (or staged) full parameter was read by compute */
+    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+        void **bufs[2] = {&h->mp_shard, &h->h2d_shard};
+        for (int i = 0; i < 2; i++) {
+            fsdp_status_t st = fsdp_mem_record_stream(fs->mem, *bufs[i], fs->compute);
+            if (status == FSDP_OK)
+                status = st;
+            fsdp_mem_free(fs->mem, *bufs[i]);
+            *bufs[i] = NULL;
+        }
+    }
     h->prefetched = 0;
     return status;
 }
@@ -282,16 +416,16 @@ fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h)
     if (h->unsharded_grad != NULL)
         return FSDP_OK;
     /* autograd's AccumulateGrad allocates the gradient on the compute stream */
-    status = fsdp_mem_alloc(fs->mem, h->numel * sizeof(float), FSDP_MEM_GRADIENT, fs->compute,
-                            &h->unsharded_grad);
+    status = fsdp_mem_alloc(fs->mem, h->numel * fsdp_dtype_size(h->compute_dtype),
+                            FSDP_MEM_GRADIENT, fs->compute, &h->unsharded_grad);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate its gradient",
                          fs->dev->rank, h->unit->name);
-    return fsdp_k_fill(fs, fs->compute, h->unsharded_grad, FSDP_DTYPE_F32, h->numel, 0.0);
+    return fsdp_k_fill(fs, fs->compute, h->unsharded_grad, h->compute_dtype, h->numel, 0.0);
 }
 
-/* Adds a reduced gradient shard into the one kept for the optimizer, or keeps it (G.5). */
-static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, float **grad,
+/* Adds a reduced f32 gradient shard into the one kept for the optimizer, or keeps it (G.5). */
+static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, void **grad,
                                      fsdp_stream_t *stream)
 {
     fsdp_status_t status;
@@ -301,9 +435,56 @@ static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, float **grad,
         *grad = NULL;
         return FSDP_OK;
     }
+    if (h->offload)
+        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                         "rank %d: unit '%s': accumulating gradients across iterations without "
+                         "no_sync is not supported with CPU offload (as in PyTorch); use "
+                         "fsdp_set_sync_gradients(fs, 0) for the accumulation steps",
+                         fs->dev->rank, h->unit->name);
     status = fsdp_k_axpy(fs, stream, h->saved_grad_shard, *grad, h->shard_numel, 1.0f);
     fsdp_mem_free(fs->mem, *grad);
     *grad = NULL;
+    return status;
+}
+
+/* Brings a reduced gradient (n elements of the reduce dtype) to f32 for accumulation. */
+static fsdp_status_t to_full_precision(fsdp_t *fs, fsdp_handle_t *h, void **grad, size_t n,
+                                       fsdp_stream_t *stream)
+{
+    void *full = NULL;
+    fsdp_status_t status;
+
+    if (h->reduce_dtype == FSDP_DTYPE_F32)
+        return FSDP_OK;
+    status = fsdp_mem_alloc(fs->mem, n * sizeof(float), FSDP_MEM_GRADIENT, stream, &full);
+    if (status == FSDP_OK)
+        status = cast(fs, stream, full, FSDP_DTYPE_F32, *grad, h->reduce_dtype, n);
+    if (status == FSDP_OK)
+        status = fsdp_mem_record_stream(fs->mem, *grad, stream);
+    fsdp_mem_free(fs->mem, *grad);
+    *grad = full;
+    return status;
+}
+
+/* CPU offload: the reduced shard goes to pinned host memory for the host optimizer. */
+static fsdp_status_t offload_grad(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *stream)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_status_t status = FSDP_OK;
+
+    if (!h->offload)
+        return FSDP_OK;
+    if (h->cpu_grad == NULL)
+        status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->cpu_grad);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, h->cpu_grad, h->saved_grad_shard,
+                                        h->shard_numel * sizeof(float), stream);
+    if (status == FSDP_OK)
+        status = fsdp_mem_record_stream(fs->mem, h->saved_grad_shard, stream);
+    /* NO_SHARD's offload copy is blocking (G.6) */
+    if (status == FSDP_OK && !fsdp_strategy_is_sharded(fs->strategy))
+        status = dev->ops->stream_synchronize(dev, stream);
+    h->has_cpu_grad = status == FSDP_OK;
     return status;
 }
 
@@ -311,95 +492,105 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_stream_t *r = fs->post_backward;
-    float *grad = h->unsharded_grad;
-    void *padded = NULL;
-    float *reduced = NULL;
+    fsdp_dtype_t rd = h->reduce_dtype;
+    size_t esz = fsdp_dtype_size(rd);
+    size_t padded_numel = h->shard_numel * (size_t)h->world;
+    void *grad = h->unsharded_grad, *low = NULL, *padded = NULL, *reduced = NULL;
+    void *input;
     double pre, post;
     fsdp_status_t status;
 
+    h->unsharded_grad = NULL;
     /* D counts every rank the gradient is averaged over: W, or W * R for hybrid */
     fsdp_divide_factors(fs->pg->size * (fs->replicate ? fs->replicate->size : 1), &pre, &post);
     /* G.4: the post-backward stream waits for the gradient computation */
     status = fsdp_stream_wait_stream(dev, r, fs->compute);
+    if (status == FSDP_OK && h->compute_dtype != rd) {
+        /* the gradient in the reduce dtype */
+        status = fsdp_mem_alloc(fs->mem, h->numel * esz, FSDP_MEM_GRADIENT, r, &low);
+        if (status == FSDP_OK)
+            status = cast(fs, r, low, rd, grad, h->compute_dtype, h->numel);
+    }
     if (status != FSDP_OK)
-        return status;
+        goto out;
+    input = low != NULL ? low : grad;
 
     if (!fsdp_strategy_is_sharded(fs->strategy)) {
         /* G.6: all-reduce the whole gradient in place */
-        status = fsdp_k_div(fs, r, grad, FSDP_DTYPE_F32, h->numel, (float)pre);
+        status = fsdp_k_div(fs, r, input, rd, h->numel, (float)pre);
         if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, fs->pg, grad, grad, h->numel, FSDP_DTYPE_F32,
+            status = dev->ops->all_reduce(dev, fs->pg, input, input, h->numel, rd,
                                           FSDP_REDUCE_SUM, r);
-        if (status == FSDP_OK)
-            status = fsdp_k_div(fs, r, grad, FSDP_DTYPE_F32, h->numel, (float)post);
-        if (status != FSDP_OK)
-            return fsdp_fail(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
-                             dev->rank, h->unit->name, fsdp_status_string(status));
-        h->unsharded_grad = NULL;
-        status = fsdp_mem_record_stream(fs->mem, grad, r);
-        if (status == FSDP_OK)
-            status = accumulate_grad(fs, h, &grad, r);
-        fsdp_mem_free(fs->mem, grad);
-        return status;
-    }
-
-    /* G.5: pad to S*W when T is not a multiple of W */
-    size_t padded_numel = h->shard_numel * (size_t)h->world;
-    const void *input = grad;
-    if (padded_numel > h->numel) {
-        status = fsdp_mem_alloc(fs->mem, padded_numel * sizeof(float), FSDP_MEM_COMM_BUFFER, r,
-                                &padded);
-        if (status != FSDP_OK)
-            goto out;
-        status = dev->ops->memcpy_async(dev, padded, grad, h->numel * sizeof(float), r);
-        if (status == FSDP_OK)
-            status = fsdp_k_fill(fs, r, (float *)padded + h->numel, FSDP_DTYPE_F32,
-                                 padded_numel - h->numel, 0.0);
-        if (status != FSDP_OK)
-            goto out;
-        input = padded;
-    }
-    status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float), FSDP_MEM_GRADIENT, r,
-                            (void **)&reduced);
-    if (status != FSDP_OK)
-        goto out;
-    status = fsdp_k_div(fs, r, (void *)input, FSDP_DTYPE_F32, padded_numel, (float)pre);
-    if (status != FSDP_OK)
-        goto out;
-    status = dev->ops->reduce_scatter(dev, fs->pg, input, reduced, h->shard_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, r);
-    if (status != FSDP_OK) {
-        fsdp_fail(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
-                  dev->rank, h->unit->name, fsdp_status_string(status));
-        goto out;
-    }
-    if (fs->replicate != NULL) {
-        /* hybrid: all-reduce the shard across replicas on the all-reduce stream */
-        fsdp_stream_t *a = fs->all_reduce;
-        status = fsdp_stream_wait_stream(dev, a, r);
-        if (status == FSDP_OK)
-            status = fsdp_mem_record_stream(fs->mem, reduced, a);
-        if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, fs->replicate, reduced, reduced, h->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, a);
         if (status != FSDP_OK) {
-            fsdp_fail(fs, status, "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",
+            fsdp_fail(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
                       dev->rank, h->unit->name, fsdp_status_string(status));
             goto out;
         }
-        r = a;
+        status = fsdp_k_div(fs, r, input, rd, h->numel, (float)post);
+        /* the reduced gradient becomes (or joins) the one kept for the optimizer */
+        reduced = input;
+        if (input == grad)
+            grad = NULL;
+        else
+            low = NULL;
+    } else {
+        /* G.5: pad to S*W when T is not a multiple of W */
+        if (padded_numel > h->numel) {
+            status = fsdp_mem_alloc(fs->mem, padded_numel * esz, FSDP_MEM_COMM_BUFFER, r,
+                                    &padded);
+            if (status == FSDP_OK)
+                status = dev->ops->memcpy_async(dev, padded, input, h->numel * esz, r);
+            if (status == FSDP_OK)
+                status = fsdp_k_fill(fs, r, (char *)padded + h->numel * esz, rd,
+                                     padded_numel - h->numel, 0.0);
+            input = padded;
+        }
+        if (status == FSDP_OK)
+            status = fsdp_mem_alloc(fs->mem, h->shard_numel * esz, FSDP_MEM_GRADIENT, r,
+                                    &reduced);
+        if (status == FSDP_OK)
+            status = fsdp_k_div(fs, r, input, rd, padded_numel, (float)pre);
+        if (status != FSDP_OK)
+            goto out;
+        status = dev->ops->reduce_scatter(dev, fs->pg, input, reduced, h->shard_numel, rd,
+                                          FSDP_REDUCE_SUM, r);
+        if (status != FSDP_OK) {
+            fsdp_fail(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
+                      dev->rank, h->unit->name, fsdp_status_string(status));
+            goto out;
+        }
+        if (fs->replicate != NULL) {
+            /* hybrid: all-reduce the shard across replicas on the all-reduce stream */
+            fsdp_stream_t *a = fs->all_reduce;
+            status = fsdp_stream_wait_stream(dev, a, r);
+            if (status == FSDP_OK)
+                status = fsdp_mem_record_stream(fs->mem, reduced, a);
+            if (status == FSDP_OK)
+                status = dev->ops->all_reduce(dev, fs->replicate, reduced, reduced,
+                                              h->shard_numel, rd, FSDP_REDUCE_SUM, a);
+            if (status != FSDP_OK) {
+                fsdp_fail(fs, status,
+                          "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",
+                          dev->rank, h->unit->name, fsdp_status_string(status));
+                goto out;
+            }
+            r = a;
+        }
+        status = fsdp_k_div(fs, r, reduced, rd, h->shard_numel, (float)post);
     }
-    status = fsdp_k_div(fs, r, reduced, FSDP_DTYPE_F32, h->shard_numel, (float)post);
+    if (status == FSDP_OK)
+        status = to_full_precision(fs, h, &reduced, h->shard_numel, r);
     if (status == FSDP_OK)
         status = accumulate_grad(fs, h, &reduced, r);
-    if (status != FSDP_OK)
-        goto out;
-    /* G.7: the gradient was produced on C and consumed on R */
-    status = fsdp_mem_record_stream(fs->mem, grad, r);
+    if (status == FSDP_OK)
+        status = offload_grad(fs, h, r);
+    /* G.7: the gradient was produced on C and consumed on the post-backward stream */
+    if (status == FSDP_OK && grad != NULL)
+        status = fsdp_mem_record_stream(fs->mem, grad, fs->post_backward);
 out:
     fsdp_mem_free(fs->mem, reduced);
     fsdp_mem_free(fs->mem, padded);
-    fsdp_mem_free(fs->mem, h->unsharded_grad);
-    h->unsharded_grad = NULL;
+    fsdp_mem_free(fs->mem, low);
+    fsdp_mem_free(fs->mem, grad);
     return status;
 }

@@ -118,7 +118,7 @@ fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h)
     size_t nbytes = sizeof(int32_t) * (size_t)world->size;
     fsdp_status_t status;
 
-    if (world->size == 1)
+    if (world->size == 1 || dev->no_data)
         return FSDP_OK;
     seen = malloc(nbytes);
     if (seen == NULL)
@@ -369,6 +369,14 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
         if (status != FSDP_OK)
             return status;
     }
+    if (fs->cfg.cpu_offload && fs->sync_gradients) {
+        /* H.1: the host optimizer reads the offloaded gradients */
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fs->post_backward);
+        if (status != FSDP_OK)
+            return status;
+    }
     fs->n_post_forward = 0; /* next_iter */
     fs->first_iter_done = 1;
 
@@ -384,6 +392,11 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
                                 fsdp_strategy_reshards_after_forward(fs->strategy)));
                 if (status == FSDP_OK)
                     status = st;
+            }
+            if (h->offload && h->has_cpu_grad) {
+                /* the device copy of an offloaded gradient goes only now (H.3) */
+                fsdp_mem_free(fs->mem, h->saved_grad_shard);
+                h->saved_grad_shard = NULL;
             }
             h->ran_pre_backward_hook = 0;
             h->needs_pre_backward_unshard = 0;

@@ -33,7 +33,31 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->replicate_group = NULL;
     cfg->ranks_per_node = 0;
     cfg->validate_exec_order = 1;
+    cfg->mixed_precision.param_dtype = FSDP_DTYPE_UNSET;
+    cfg->mixed_precision.reduce_dtype = FSDP_DTYPE_UNSET;
+    cfg->mixed_precision.buffer_dtype = FSDP_DTYPE_UNSET;
+    cfg->cpu_offload = 0;
     cfg->device_capacity = 0;
+}
+
+static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_precision_t *mp)
+{
+    const fsdp_dtype_t dts[3] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype};
+    static const char *const names[3] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+
+    for (int i = 0; i < 3; i++) {
+        if (dts[i] != FSDP_DTYPE_UNSET && !fsdp_dtype_is_float(dts[i])) {
+            fsdp_error("rank %d: mixed precision %s %d is not a floating dtype; allowed: f32, "
+                       "bf16, f16, or unset", dev->rank, names[i], (int)dts[i]);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+    }
+    if (mp->keep_low_precision_grads) {
+        fsdp_error("rank %d: keep_low_precision_grads is not supported yet: gradients are "
+                   "handed to the optimizer in f32", dev->rank);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    return FSDP_OK;
 }
 
 static void destroy_groups(fsdp_t *fs)
@@ -103,6 +127,9 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         return FSDP_ERR_INVALID_PARAM;
     }
 
+    status = check_mixed_precision(dev, &cfg->mixed_precision);
+    if (status != FSDP_OK)
+        return status;
     if ((cfg->process_group == NULL) != (cfg->replicate_group == NULL) &&
         fsdp_strategy_is_hybrid(cfg->strategy)) {
         fsdp_error("rank %d: %s needs both a shard group and a replicate group, or neither",
@@ -121,6 +148,13 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     fs->dev = dev;
     fs->cfg = *cfg;
     fs->strategy = cfg->strategy;
+    /* reduce_dtype defaults to param_dtype when only that is set (fsdp-semantics.md 1) */
+    {
+        const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
+        fs->param_dtype = mp->param_dtype == FSDP_DTYPE_UNSET ? FSDP_DTYPE_F32 : mp->param_dtype;
+        fs->reduce_dtype = mp->reduce_dtype != FSDP_DTYPE_UNSET ? mp->reduce_dtype
+                                                                : fs->param_dtype;
+    }
     if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
         status = make_hybrid_groups(fs);
         if (status != FSDP_OK)
@@ -379,7 +413,27 @@ float *fsdp_unit_local_shard(fsdp_unit_t *u)
 
 float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
 {
-    return u->handle ? u->handle->saved_grad_shard : NULL;
+    fsdp_handle_t *h = u->handle;
+    if (h == NULL)
+        return NULL;
+    if (h->offload)
+        return h->has_cpu_grad ? h->cpu_grad : NULL;
+    return h->saved_grad_shard;
+}
+
+int fsdp_unit_offloaded(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->offload : 0;
+}
+
+fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->compute_dtype : u->fs->param_dtype;
+}
+
+size_t fsdp_host_pinned_bytes(const fsdp_t *fs)
+{
+    return fs->host_pinned_bytes;
 }
 
 void fsdp_zero_grad(fsdp_t *fs)
@@ -389,6 +443,7 @@ void fsdp_zero_grad(fsdp_t *fs)
         if (h != NULL) {
             fsdp_mem_free(fs->mem, h->saved_grad_shard);
             h->saved_grad_shard = NULL;
+            h->has_cpu_grad = 0;
         }
     }
 }
@@ -431,7 +486,7 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
     fsdp_t *fs = u->fs;
     fsdp_dev_t *dev = fs->dev;
     fsdp_handle_t *h = u->handle;
-    void *full = NULL;
+    void *full = NULL, *staged = NULL;
     fsdp_status_t status;
 
     if (h == NULL)
@@ -443,18 +498,28 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
         status = dev->ops->memcpy_async(dev, host_out, h->local_shard, h->numel * sizeof(float),
                                         fs->compute);
     } else {
+        const void *src = h->local_shard;
         status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
                                 FSDP_MEM_TEMPORARY, fs->compute, &full);
-        if (status != FSDP_OK)
-            return status;
-        status = dev->ops->all_gather(dev, fs->pg, h->local_shard, full, h->shard_numel,
-                                      FSDP_DTYPE_F32, fs->compute);
+        if (status == FSDP_OK && h->offload) {
+            /* collectives read device memory: stage the host shard */
+            status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float),
+                                    FSDP_MEM_TEMPORARY, fs->compute, &staged);
+            if (status == FSDP_OK)
+                status = dev->ops->memcpy_async(dev, staged, h->local_shard,
+                                                h->shard_numel * sizeof(float), fs->compute);
+            src = staged;
+        }
+        if (status == FSDP_OK)
+            status = dev->ops->all_gather(dev, fs->pg, src, full, h->shard_numel,
+                                          FSDP_DTYPE_F32, fs->compute);
         if (status == FSDP_OK)
             status = dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float),
                                             fs->compute);
     }
     if (status == FSDP_OK)
         status = dev->ops->stream_synchronize(dev, fs->compute);
+    fsdp_mem_free(fs->mem, staged);
     fsdp_mem_free(fs->mem, full);
     return status;
 }
@@ -467,8 +532,8 @@ void *fsdp_unit_param(fsdp_unit_t *u, int index)
     if (h == NULL || index < 0 || index >= h->nparams || !h->uses_unsharded_view)
         return NULL;
     base = fsdp_strategy_is_sharded(u->fs->strategy) ? (char *)h->full_param_padded
-                                                     : (char *)h->local_shard;
-    return base + h->params[index].offset * sizeof(float);
+                                                     : (char *)fsdp_handle_shard_source(h);
+    return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
 }
 
 fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
@@ -487,6 +552,6 @@ fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
     status = fsdp_handle_alloc_grad(u->fs, h);
     if (status != FSDP_OK)
         return status;
-    *grad_p = (char *)h->unsharded_grad + h->params[index].offset * sizeof(float);
+    *grad_p = (char *)h->unsharded_grad + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
     return FSDP_OK;
 }

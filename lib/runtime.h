@@ -24,10 +24,18 @@ struct fsdp_handle {
     size_t numel_in_shard;     /* c_r */
     size_t shard_pad;          /* S - c_r */
 
-    float *local_shard;       /* LS: S f32 (SHARDED_PARAM) */
-    void *full_param_padded;  /* FP: S*W (UNSHARDED_PARAM), NULL when freed */
-    void *unsharded_grad;     /* G: T (GRADIENT), NULL outside backward */
-    float *saved_grad_shard;  /* SGS: S (GRADIENT) */
+    fsdp_dtype_t compute_dtype; /* param_dtype under mixed precision, else f32 */
+    fsdp_dtype_t reduce_dtype;  /* gradient communication */
+    int offload;                /* CPU offload: LS and CG in pinned host memory */
+
+    float *local_shard;       /* LS: S f32 (SHARDED_PARAM, or pinned host with offload) */
+    void *full_param_padded;  /* FP: S*W compute dtype (UNSHARDED_PARAM), NULL when freed */
+    void *mp_shard;           /* MPS: S (T for NO_SHARD) compute dtype (LOW_PREC_SHARD) */
+    void *h2d_shard;          /* offload: device copy of LS, S f32, between pre-unshard and unshard */
+    void *unsharded_grad;     /* G: T compute dtype (GRADIENT), NULL outside backward */
+    float *saved_grad_shard;  /* SGS: S f32 (GRADIENT) */
+    float *cpu_grad;          /* CG: S f32 pinned host (offload) */
+    int has_cpu_grad;         /* CG holds this step's gradient */
     int uses_unsharded_view;  /* parameters currently point into FP (or LS for NO_SHARD) */
 
     fsdp_handle_state_t state;
@@ -59,6 +67,9 @@ struct fsdp {
     fsdp_group_t *pg;        /* shard group */
     fsdp_group_t *replicate; /* hybrid: the inter-node group, else NULL */
     int owns_groups;         /* made by fsdp_create: destroyed with it */
+    fsdp_dtype_t param_dtype;  /* effective mixed precision */
+    fsdp_dtype_t reduce_dtype;
+    size_t host_pinned_bytes;
     fsdp_mem_t *mem;
 
     fsdp_stream_t *compute;       /* C */
@@ -122,6 +133,9 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unsharded);
 fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h);
+const void *fsdp_handle_shard_source(const fsdp_handle_t *h);
+fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
+void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);
 
 /* Kernel launch helpers over the backend's kernel slot. */
 fsdp_status_t fsdp_k_fill(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,

@@ -35,6 +35,10 @@ static inline const char *fsdp_trace_col_text(sqlite3_stmt *st, int col)
     return (const char *)sqlite3_column_text(st, col);
 }
 
+/* The reader's connection (for the tools in lib/). */
+sqlite3 *fsdp_trace_reader_db(fsdp_trace_reader_t *reader);
+const char *fsdp_trace_reader_path(const fsdp_trace_reader_t *reader);
+
 /* Resolves a run id as fsdp_trace_reader_find_run does. */
 fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p);
 

@@ -29,11 +29,13 @@
 
 #include "sim_kernels.h"
 
-#define MR 4                /* micro-tile rows */
+#define MR 6                /* micro-tile rows */
 #define NR 16               /* micro-tile columns */
+#ifndef KC
 #define KC FSDP_SIM_GEMM_KC /* k depth of a packed block */
+#endif
 #ifndef MC
-#define MC 128 /* rows of a packed A block (multiple of MR): MC*KC*4 = 128 KiB */
+#define MC 144 /* rows of a packed A block (multiple of MR): MC*KC*4 = 144 KiB */
 #endif
 #ifndef NC
 #define NC 3072 /* columns of a packed B panel (multiple of NR): KC*NC*4 = 3 MiB */
@@ -57,36 +59,43 @@ typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a,
                                     const float *__restrict b, float *__restrict tile);
 
 #if FSDP_GEMM_VECTOR
-/* One source for every vector width; VW floats per vector. */
-#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw)                                                   \
+/* One source for every vector width: vtype holds vw floats; the MR rows of the tile are done
+ * `rows` at a time (each pass over the whole of kc), so that the accumulators of a pass fit in
+ * the registers of the target. Each element still sums p in ascending order. */
+#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows)                                             \
     attr static void name(size_t kc, const float *__restrict a, const float *__restrict b,        \
                           float *__restrict tile)                                                  \
     {                                                                                              \
-        vtype acc[MR][NR / (vw)];                                                                  \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++)                                      \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] = (vtype){0};    \
-        for (size_t p = 0; p < kc; p++) {                                                          \
-            vtype bv[NR / (vw)];                                                                   \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                           \
-                memcpy(&bv[j], b + p * NR + (size_t)j * (vw), sizeof(vtype));                      \
-            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++)                                  \
-            {                                                                                      \
-                float ai = a[p * MR + (size_t)i];                                                  \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] +=           \
-                    ai * bv[j];                                                                    \
+        for (int r0 = 0; r0 < MR; r0 += (rows)) {                                                  \
+            vtype acc[rows][NR / (vw)];                                                            \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] =            \
+                    (vtype){0};                                                                    \
+            for (size_t p = 0; p < kc; p++) {                                                      \
+                vtype bv[NR / (vw)];                                                               \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                       \
+                    memcpy(&bv[j], b + p * NR + (size_t)j * (vw), sizeof(vtype));                  \
+                _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                          \
+                {                                                                                  \
+                    float ai = a[p * MR + (size_t)(r0 + i)];                                       \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] +=       \
+                        ai * bv[j];                                                                \
+                }                                                                                  \
             }                                                                                      \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                       \
+                    memcpy(tile + (r0 + i) * NR + j * (vw), &acc[i][j], sizeof(vtype));            \
         }                                                                                          \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++)                                      \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                           \
-                memcpy(tile + i * NR + j * (vw), &acc[i][j], sizeof(vtype));                       \
     }
 
+/* 16 SSE registers: 3 rows x 4 vectors of accumulators, 4 of B */
 typedef float fsdp_gemm_v4f_t __attribute__((vector_size(16)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4, 3)
 
 #if FSDP_GEMM_HAVE_AVX2
+/* 16 AVX registers: 6 rows x 2 vectors of accumulators, 2 of B, 1 broadcast */
 typedef float fsdp_gemm_v8f_t __attribute__((vector_size(32)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8, 6)
 #endif
 
 #else /* !FSDP_GEMM_VECTOR: scalar C for other compilers */

@@ -77,6 +77,7 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
     dev->super.world_size = size;
     dev->super.local_rank = rank % per_node;
     dev->super.local_size = per_node;
+    dev->super.no_data = world->params.mode == FSDP_SIM_SHAPE;
     dev->world = world;
     dev->compute.dev = dev;
     dev->compute.super.id = 0;

@@ -222,7 +222,7 @@ static void host_exec(const fsdp_kernel_t *k)
 /* Which buffer (index) holds a reduction's scalar result, compared with a tolerance. */
 static int scalar_buf(const kcase_t *c)
 {
-    const void *h = c->k.kind == FSDP_K_SUMSQ     ? (const void *)c->k.u.sumsq.out
+    const void *h = c->k.kind == FSDP_K_SUMSQ      ? (const void *)c->k.u.sumsq.out
                     : c->k.kind == FSDP_K_MSE_LOSS ? (const void *)c->k.u.mse.loss
                                                    : NULL;
     for (int i = 0; i < c->nbufs; i++) {
@@ -240,8 +240,8 @@ static void compare(const kcase_t *c, void *const *got, const char *who)
             float want = *(const float *)c->buf[i].h, have = *(const float *)got[i];
             double tol = 1e-6 * fabs((double)want) + 1e-30;
             if (!(fabs((double)have - (double)want) <= tol))
-                fprintf(stderr, "\n  %s %s: scalar %.9g vs host %.9g\n", fsdp_kernel_name(c->k.kind),
-                        who, (double)have, (double)want);
+                fprintf(stderr, "\n  %s %s: scalar %.9g vs host %.9g\n",
+                        fsdp_kernel_name(c->k.kind), who, (double)have, (double)want);
             CU_ASSERT(fabs((double)have - (double)want) <= tol);
             continue;
         }
@@ -338,8 +338,8 @@ static void test_fill_cast(void)
                 x[0] = NAN;
                 x[1] = INFINITY;
                 x[2] = -0.0f;
-                x[3] = 1e-40f;  /* f32 subnormal */
-                x[4] = 6e-8f;   /* near the smallest f16 subnormal */
+                x[3] = 1e-40f;   /* f32 subnormal */
+                x[4] = 6e-8f;    /* near the smallest f16 subnormal */
                 x[5] = 65520.0f; /* rounds to f16 infinity */
                 x[6] = 1.0f + 0x1p-8f;
                 if (dts[dd] == FSDP_DTYPE_I32)
@@ -713,10 +713,10 @@ static void check_collectives(fsdp_dev_t *d, fsdp_group_t *g)
     ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_F32, s), h, r, n * 4);
     ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_BF16, s), hb, rb, n * 2);
     for (int op = 0; op < FSDP_REDUCE_COUNT; op++) {
-        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h,
-                    r, n * 4);
-        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_BF16, (fsdp_reduce_op_t)op, s),
-                    hb, rb, n * 2);
+        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h, r,
+                    n * 4);
+        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_BF16, (fsdp_reduce_op_t)op, s), hb,
+                    rb, n * 2);
         ROUND_TRIP_(o->all_reduce(d, g, y, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h, r,
                     n * 4);
     }

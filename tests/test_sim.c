@@ -165,7 +165,9 @@ static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
     const fsdp_backend_ops_t *ops = dev->ops;
     fsdp_stream_t *compute = ops->compute_stream(dev), *s1, *s2;
     fsdp_event_t *ev;
+    fsdp_kernel_t k = {.kind = FSDP_K_FILL};
     char src[100], dst[100];
+    float x[5] = {0};
     int done = 0;
     (void)arg;
 
@@ -209,6 +211,20 @@ static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
            "rank %d: NULL event accepted", dev->rank);
     RCHECK(ops->kernel(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
            "rank %d: NULL kernel accepted", dev->rank);
+
+    /* data mode runs the kernel now, on this thread */
+    k.u.fill.x = x;
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    k.u.fill.n = 4;
+    k.u.fill.value = 2.5;
+    RCALL(dev, ops->kernel(dev, ops->compute_stream(dev), &k));
+    RCHECK(x[0] == 2.5f && x[3] == 2.5f && x[4] == 0.0f, "rank %d: fill gave %g %g %g",
+           dev->rank, (double)x[0], (double)x[3], (double)x[4]);
+    k.u.fill.x = NULL; /* malformed: the executor refuses it and the rank remembers */
+    RCHECK(ops->kernel(dev, NULL, &k) == FSDP_ERR_INVALID_PARAM,
+           "rank %d: a NULL fill was accepted", dev->rank);
+    RCHECK(strstr(fsdp_sim_last_error(dev), "kernel fill failed") != NULL,
+           "rank %d: last error '%s'", dev->rank, fsdp_sim_last_error(dev));
     return FSDP_OK;
 }
 

@@ -32,6 +32,7 @@ typedef struct fsdp_dev {
     int local_rank; /* rank within its node */
     int local_size; /* ranks per node */
     fsdp_trace_rank_t *trace; /* NULL: not tracing; set by fsdp_trace_attach */
+    int no_data; /* 1 when buffers hold no data (sim shape mode): skip data-dependent checks */
 } fsdp_dev_t;
 
 /* A stream. Backends embed it first. */

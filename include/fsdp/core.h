@@ -44,6 +44,20 @@ typedef enum {
     FSDP_BACKWARD_PREFETCH_NONE = 2
 } fsdp_backward_prefetch_t;
 
+/* A dtype left unset in fsdp_mixed_precision_t. */
+#define FSDP_DTYPE_UNSET FSDP_DTYPE_COUNT
+
+/* PyTorch's MixedPrecision. Parameters are kept in f32; param_dtype is the dtype of the
+ * low-precision shard, the all-gather and the compute; reduce_dtype that of gradient
+ * communication (default: param_dtype when only that is set, else f32). */
+typedef struct fsdp_mixed_precision {
+    fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET = full precision */
+    fsdp_dtype_t reduce_dtype; /* FSDP_DTYPE_UNSET */
+    fsdp_dtype_t buffer_dtype; /* FSDP_DTYPE_UNSET */
+    int keep_low_precision_grads; /* 0 */
+    int cast_forward_inputs;      /* 0 */
+} fsdp_mixed_precision_t;
+
 typedef struct fsdp_config {
     fsdp_strategy_t strategy;                  /* FSDP_FULL_SHARD */
     fsdp_backward_prefetch_t backward_prefetch; /* FSDP_BACKWARD_PREFETCH_PRE */
@@ -63,6 +77,10 @@ typedef struct fsdp_config {
      * the same order (one small all-gather per unit), failing every rank with the first
      * difference instead of hanging in a mismatched collective. 1 by default. */
     int validate_exec_order;
+    fsdp_mixed_precision_t mixed_precision; /* all unset: full precision */
+    /* PyTorch's CPUOffload(offload_params=True): sharded parameters and gradients live in
+     * pinned host memory; the optimizer steps on the host. 0 by default. */
+    int cpu_offload;
     size_t device_capacity; /* bytes, 0 = unlimited */
 } fsdp_config_t;
 
@@ -165,8 +183,13 @@ size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
 fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
 fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
-/* This rank's sharded flat parameter (S elements, f32, device memory). */
+/* This rank's sharded flat parameter (S elements, f32; pinned host memory with CPU offload,
+ * else device memory). */
 float *fsdp_unit_local_shard(fsdp_unit_t *u);
+/* 1 when the unit's shard and gradient live in host memory (CPU offload). */
+int fsdp_unit_offloaded(const fsdp_unit_t *u);
+/* The dtype parameters have between the hooks, and gradients are written in. */
+fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
 /* This rank's sharded gradient after the final callback (S elements), NULL when none. */
 float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
 /* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
@@ -181,11 +204,11 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
 
 /* ---- during compute ---- */
 
-/* The unsharded value of parameter `index`, valid between the unit's pre- and post-hooks
- * (f32 unless mixed precision sets another compute dtype). NULL outside. */
+/* The unsharded value of parameter `index`, valid between the unit's pre- and post-hooks, in
+ * the unit's compute dtype (f32, or mixed precision's param_dtype). NULL outside. */
 void *fsdp_unit_param(fsdp_unit_t *u, int index);
-/* The unsharded gradient of parameter `index` for the backward compute to accumulate into
- * (zero on first use in an iteration). Valid between pre- and post-backward. */
+/* The unsharded gradient of parameter `index`, in the compute dtype, for the backward compute to
+ * accumulate into (zero on first use in an iteration). Valid between pre- and post-backward. */
 fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p);
 
 /* ---- hooks ---- */
@@ -198,6 +221,9 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u);
 fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u);
 fsdp_status_t fsdp_post_backward(fsdp_unit_t *u);
 fsdp_status_t fsdp_final_callback(fsdp_t *fs);
+
+/* Bytes of pinned host memory held for CPU offload. */
+size_t fsdp_host_pinned_bytes(const fsdp_t *fs);
 
 /* Message of the last error (for tools), "" if none. */
 const char *fsdp_last_error(const fsdp_t *fs);

@@ -12,6 +12,7 @@
 #include <fsdp/safetensors.h>
 #include <fsdp/sim.h>
 #include <fsdp/status.h>
+#include <fsdp/trace.h>
 #include <fsdp/types.h>
 #include <fsdp/version.h>
 

@@ -49,7 +49,7 @@ static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
         double v = k->u.fill.value;
         p->n = k->u.fill.n;
         p->fill_f32 = (float)v;
-        p->fill_i32 = v != v                ? 0
+        p->fill_i32 = v != v               ? 0
                       : v <= -2147483648.0 ? INT32_MIN
                       : v >= 2147483647.0  ? INT32_MAX
                                            : (int32_t)v;
@@ -167,8 +167,8 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
     case FSDP_K_SGD:
         fsdp_kb_sgd(&k->u.sgd.param[i], k->u.sgd.grad[i],
                     k->u.sgd.momentum_buf != NULL ? &k->u.sgd.momentum_buf[i] : NULL, k->u.sgd.lr,
-                    k->u.sgd.momentum, k->u.sgd.dampening, k->u.sgd.weight_decay,
-                    k->u.sgd.nesterov, k->u.sgd.first_step);
+                    k->u.sgd.momentum, k->u.sgd.dampening, k->u.sgd.weight_decay, k->u.sgd.nesterov,
+                    k->u.sgd.first_step);
         break;
     default:
         break;

@@ -1,0 +1,665 @@
+/* The trace writer.
+ *
+ * Rank threads never wait on SQLite. fsdp_trace_emit copies an event into the rank's current
+ * chunk (a fixed array of records plus an arena for their strings) under the rank's own mutex,
+ * which only a flush from another thread ever contends. A full chunk, or the chunk of a step
+ * boundary, goes onto a queue under the trace's mutex (a pointer swap, nothing more), and one
+ * writer thread takes the whole queue at once and inserts it in one transaction through prepared
+ * statements. A chunk that carries a step row ends that rank's step, so every step is committed
+ * together with all of its events, in the rank's order: a run killed at any point leaves a
+ * database holding every step whose commit record reached the WAL (formats.md section 5).
+ *
+ * Sequence numbers are per rank and counted at emission, so two identical runs write identical
+ * rows whatever the threads' timing.
+ */
+#include "trace_int.h"
+
+#include <fsdp/log.h>
+#include <fsdp/version.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TRACE_CHUNK_EVENTS 256
+#define TRACE_CHUNK_ARENA (16u * 1024u)
+#define TRACE_NO_STR UINT32_MAX
+/* Chunks kept for reuse instead of freed (bounds the idle memory of a big world). */
+#define TRACE_FREE_CHUNKS_MAX 256
+/* Warn once when this many chunks wait for the writer (the writer cannot keep up). */
+#define TRACE_QUEUE_WARN 16384
+
+typedef struct trace_rec {
+    uint64_t seq;
+    double host_time, start, end;
+    uint64_t bytes, count, allocated, reserved;
+    uint32_t name, unit, stream, group; /* arena offsets or TRACE_NO_STR */
+    int32_t kind, dtype;
+} trace_rec_t;
+
+typedef struct trace_step_rec {
+    int64_t step;
+    double loss, step_time;
+    uint64_t seq_end;
+    uint64_t peak_allocated, peak_reserved;
+    uint64_t peak[FSDP_MEM_CATEGORY_COUNT], at_peak[FSDP_MEM_CATEGORY_COUNT];
+} trace_step_rec_t;
+
+typedef struct trace_chunk {
+    struct trace_chunk *next;
+    int rank;
+    int n;        /* records used */
+    int has_step; /* the chunk ends a step: `step` is valid */
+    uint32_t arena_used;
+    trace_step_rec_t step;
+    trace_rec_t recs[TRACE_CHUNK_EVENTS];
+    char arena[TRACE_CHUNK_ARENA];
+} trace_chunk_t;
+
+struct fsdp_trace_rank {
+    fsdp_trace_t *trace;
+    int rank;
+    int attached;         /* under trace->lock */
+    pthread_mutex_t lock; /* guards cur and seq: the rank's thread, or a flush */
+    uint64_t seq;
+    trace_chunk_t *cur;
+};
+
+struct fsdp_trace {
+    char *path;
+    sqlite3 *db;
+    int64_t run_id;
+    sqlite3_stmt *ins_event, *ins_step;
+
+    pthread_mutex_t lock; /* everything below */
+    pthread_cond_t work;  /* the writer waits for chunks */
+    pthread_cond_t done;  /* flushers wait for the writer */
+    trace_chunk_t *head, *tail;
+    size_t queued;
+    uint64_t submitted, written; /* chunks */
+    trace_chunk_t *free_list;
+    size_t n_free;
+    int stop;
+    int warned_queue;
+    fsdp_status_t error; /* the writer's first error */
+    fsdp_trace_rank_t **ranks;
+    int n_ranks;
+
+    pthread_t writer;
+};
+
+/* ---- The writer thread ------------------------------------------------------------------- */
+
+static void bind_str(sqlite3_stmt *st, int col, const trace_chunk_t *c, uint32_t off)
+{
+    if (off == TRACE_NO_STR)
+        sqlite3_bind_null(st, col);
+    else
+        sqlite3_bind_text(st, col, c->arena + off, -1, SQLITE_STATIC);
+}
+
+static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
+{
+    sqlite3_stmt *st = t->ins_event;
+    fsdp_status_t status;
+
+    for (int i = 0; i < c->n; i++) {
+        const trace_rec_t *r = &c->recs[i];
+        sqlite3_bind_int(st, 2, c->rank);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)r->seq);
+        sqlite3_bind_text(st, 4, fsdp_event_kind_name((fsdp_event_kind_t)r->kind), -1,
+                          SQLITE_STATIC);
+        bind_str(st, 5, c, r->name);
+        bind_str(st, 6, c, r->unit);
+        bind_str(st, 7, c, r->stream);
+        sqlite3_bind_double(st, 8, r->host_time);
+        sqlite3_bind_double(st, 9, r->start);
+        sqlite3_bind_double(st, 10, r->end);
+        sqlite3_bind_int64(st, 11, (sqlite3_int64)r->bytes);
+        sqlite3_bind_int64(st, 12, (sqlite3_int64)r->count);
+        if (r->dtype >= 0 && r->dtype < FSDP_DTYPE_COUNT)
+            sqlite3_bind_text(st, 13, fsdp_dtype_name((fsdp_dtype_t)r->dtype), -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(st, 13);
+        bind_str(st, 14, c, r->group);
+        sqlite3_bind_int64(st, 15, (sqlite3_int64)r->allocated);
+        sqlite3_bind_int64(st, 16, (sqlite3_int64)r->reserved);
+        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        sqlite3_reset(st);
+        if (status != FSDP_OK)
+            return status;
+    }
+    if (c->has_step) {
+        const trace_step_rec_t *s = &c->step;
+        int col = 2;
+        st = t->ins_step;
+        sqlite3_bind_int(st, col++, c->rank);
+        sqlite3_bind_int64(st, col++, s->step);
+        sqlite3_bind_double(st, col++, s->loss);
+        sqlite3_bind_double(st, col++, s->step_time);
+        sqlite3_bind_int64(st, col++, (sqlite3_int64)s->seq_end);
+        sqlite3_bind_int64(st, col++, (sqlite3_int64)s->peak_allocated);
+        sqlite3_bind_int64(st, col++, (sqlite3_int64)s->peak_reserved);
+        for (int k = 0; k < FSDP_MEM_CATEGORY_COUNT; k++)
+            sqlite3_bind_int64(st, col++, (sqlite3_int64)s->peak[k]);
+        for (int k = 0; k < FSDP_MEM_CATEGORY_COUNT; k++)
+            sqlite3_bind_int64(st, col++, (sqlite3_int64)s->at_peak[k]);
+        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        sqlite3_reset(st);
+        if (status != FSDP_OK)
+            return status;
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t write_batch(fsdp_trace_t *t, const trace_chunk_t *batch)
+{
+    fsdp_status_t status;
+
+    status = fsdp_trace_db_exec(t->db, "BEGIN");
+    if (status != FSDP_OK)
+        return status;
+    for (const trace_chunk_t *c = batch; c != NULL; c = c->next) {
+        status = write_chunk(t, c);
+        if (status != FSDP_OK) {
+            sqlite3_exec(t->db, "ROLLBACK", NULL, NULL, NULL);
+            return status;
+        }
+    }
+    return fsdp_trace_db_exec(t->db, "COMMIT");
+}
+
+static void *trace_writer_main(void *arg)
+{
+    fsdp_trace_t *t = arg;
+
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        trace_chunk_t *batch, *c, *next;
+        fsdp_status_t status = FSDP_OK;
+        uint64_t n = 0;
+
+        while (t->head == NULL && !t->stop)
+            pthread_cond_wait(&t->work, &t->lock);
+        if (t->head == NULL)
+            break; /* stopping and drained */
+        batch = t->head;
+        t->head = t->tail = NULL;
+        t->queued = 0;
+        if (t->error == FSDP_OK) {
+            pthread_mutex_unlock(&t->lock);
+            status = write_batch(t, batch);
+            pthread_mutex_lock(&t->lock);
+            if (status != FSDP_OK && t->error == FSDP_OK) {
+                fsdp_error("trace '%s': the writer failed (%s); events from now on are dropped",
+                           t->path, fsdp_status_string(status));
+                t->error = status;
+            }
+        }
+        /* After an error the chunks are dropped: the ranks must not pile up memory. */
+        for (c = batch; c != NULL; c = next) {
+            next = c->next;
+            n++;
+            if (t->n_free < TRACE_FREE_CHUNKS_MAX) {
+                c->next = t->free_list;
+                t->free_list = c;
+                t->n_free++;
+            } else {
+                free(c);
+            }
+        }
+        t->written += n;
+        pthread_cond_broadcast(&t->done);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+/* ---- Rank side --------------------------------------------------------------------------- */
+
+/* Called with r->lock held. Queues the rank's current chunk (if it holds anything) and, when
+ * `replace`, gives the rank a fresh one; returns 0 if no memory was left for it. */
+static int rank_handover(fsdp_trace_rank_t *r, int replace)
+{
+    fsdp_trace_t *t = r->trace;
+    trace_chunk_t *c = r->cur, *fresh = NULL;
+
+    if (c != NULL && c->n == 0 && !c->has_step)
+        return 1; /* nothing to hand over: keep it */
+    pthread_mutex_lock(&t->lock);
+    if (c != NULL) {
+        c->next = NULL;
+        if (t->tail != NULL)
+            t->tail->next = c;
+        else
+            t->head = c;
+        t->tail = c;
+        t->queued++;
+        t->submitted++;
+        if (t->queued >= TRACE_QUEUE_WARN && !t->warned_queue) {
+            t->warned_queue = 1;
+            fsdp_warn("trace '%s': %zu chunks wait for the writer: the database is slower than "
+                      "the ranks, memory grows", t->path, t->queued);
+        }
+        pthread_cond_signal(&t->work);
+    }
+    if (replace && t->free_list != NULL) {
+        fresh = t->free_list;
+        t->free_list = fresh->next;
+        t->n_free--;
+    }
+    pthread_mutex_unlock(&t->lock);
+    r->cur = NULL;
+    if (!replace)
+        return 1;
+    if (fresh == NULL) {
+        fresh = malloc(sizeof(*fresh));
+        if (fresh == NULL)
+            return 0;
+    }
+    fresh->next = NULL;
+    fresh->rank = r->rank;
+    fresh->n = 0;
+    fresh->has_step = 0;
+    fresh->arena_used = 0;
+    r->cur = fresh;
+    return 1;
+}
+
+static size_t str_room(const char *s)
+{
+    return s == NULL ? 0 : strnlen(s, FSDP_TRACE_STR_MAX) + 1;
+}
+
+static uint32_t chunk_str(trace_chunk_t *c, const char *s)
+{
+    uint32_t off = c->arena_used;
+    size_t n;
+
+    if (s == NULL)
+        return TRACE_NO_STR;
+    n = strnlen(s, FSDP_TRACE_STR_MAX);
+    memcpy(c->arena + off, s, n);
+    c->arena[off + n] = '\0';
+    c->arena_used += (uint32_t)(n + 1);
+    return off;
+}
+
+void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
+{
+    fsdp_trace_rank_t *r;
+    trace_chunk_t *c;
+    trace_rec_t *rec;
+    size_t room;
+
+    if (dev == NULL || (r = dev->trace) == NULL || ev == NULL)
+        return;
+    room = str_room(ev->name != NULL ? ev->name : "") + str_room(ev->unit) +
+           str_room(ev->stream) + str_room(ev->group);
+    pthread_mutex_lock(&r->lock);
+    c = r->cur;
+    if (c == NULL || c->n == TRACE_CHUNK_EVENTS || c->arena_used + room > TRACE_CHUNK_ARENA) {
+        if (!rank_handover(r, 1)) {
+            /* Out of host memory: the event is lost, but its number is kept so the gap shows. */
+            r->seq++;
+            pthread_mutex_unlock(&r->lock);
+            fsdp_error("rank %d: no memory for a trace chunk: event dropped", r->rank);
+            return;
+        }
+        c = r->cur;
+    }
+    rec = &c->recs[c->n++];
+    rec->seq = r->seq++;
+    rec->kind = (int32_t)ev->kind;
+    rec->dtype = ev->dtype;
+    rec->host_time = ev->host_time;
+    rec->start = ev->start;
+    rec->end = ev->end;
+    rec->bytes = ev->bytes;
+    rec->count = ev->count;
+    rec->allocated = ev->allocated;
+    rec->reserved = ev->reserved;
+    rec->name = chunk_str(c, ev->name != NULL ? ev->name : "");
+    rec->unit = chunk_str(c, ev->unit);
+    rec->stream = chunk_str(c, ev->stream);
+    rec->group = chunk_str(c, ev->group);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_time,
+                     const fsdp_mem_stats_t *mem)
+{
+    fsdp_trace_rank_t *r;
+    trace_step_rec_t *s;
+
+    if (dev == NULL || (r = dev->trace) == NULL)
+        return;
+    pthread_mutex_lock(&r->lock);
+    if (r->cur == NULL && !rank_handover(r, 1)) {
+        pthread_mutex_unlock(&r->lock);
+        fsdp_error("rank %d: no memory for a trace chunk: step %" PRId64 " dropped", r->rank,
+                   step);
+        return;
+    }
+    s = &r->cur->step;
+    memset(s, 0, sizeof(*s));
+    s->step = step;
+    s->loss = loss;
+    s->step_time = step_time;
+    s->seq_end = r->seq;
+    if (mem != NULL) {
+        s->peak_allocated = mem->peak_allocated;
+        s->peak_reserved = mem->peak_reserved;
+        for (int k = 0; k < FSDP_MEM_CATEGORY_COUNT; k++) {
+            s->peak[k] = mem->peak_by_category[k];
+            s->at_peak[k] = mem->at_peak_by_category[k];
+        }
+    }
+    r->cur->has_step = 1;
+    rank_handover(r, 0); /* the next emit takes a fresh chunk */
+    pthread_mutex_unlock(&r->lock);
+}
+
+fsdp_status_t fsdp_trace_attach(fsdp_trace_t *t, fsdp_dev_t *dev)
+{
+    fsdp_trace_rank_t *r = NULL;
+    fsdp_status_t status = FSDP_OK;
+
+    if (t == NULL || dev == NULL) {
+        fsdp_error("fsdp_trace_attach: %s is NULL", t == NULL ? "the trace" : "the device");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (dev->rank < 0) {
+        fsdp_error("fsdp_trace_attach: rank %d is invalid", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (dev->trace != NULL) {
+        fsdp_error("rank %d: fsdp_trace_attach: the device is already tracing", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    pthread_mutex_lock(&t->lock);
+    if (dev->rank >= t->n_ranks) {
+        int n = t->n_ranks == 0 ? 64 : t->n_ranks;
+        while (n <= dev->rank)
+            n *= 2;
+        fsdp_trace_rank_t **ranks = realloc(t->ranks, (size_t)n * sizeof(*ranks));
+        if (ranks == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+            goto out;
+        }
+        memset(ranks + t->n_ranks, 0, (size_t)(n - t->n_ranks) * sizeof(*ranks));
+        t->ranks = ranks;
+        t->n_ranks = n;
+    }
+    r = t->ranks[dev->rank];
+    if (r == NULL) {
+        r = calloc(1, sizeof(*r));
+        if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
+            free(r);
+            status = FSDP_ERR_NO_MEMORY;
+            goto out;
+        }
+        r->trace = t;
+        r->rank = dev->rank;
+        t->ranks[dev->rank] = r;
+    } else if (r->attached) {
+        fsdp_error("rank %d: fsdp_trace_attach: the rank is already attached to another device",
+                   dev->rank);
+        status = FSDP_ERR_INVALID_PARAM;
+        goto out;
+    }
+    r->attached = 1;
+    dev->trace = r;
+out:
+    pthread_mutex_unlock(&t->lock);
+    if (status == FSDP_ERR_NO_MEMORY)
+        fsdp_error("rank %d: fsdp_trace_attach: out of host memory", dev->rank);
+    return status;
+}
+
+void fsdp_trace_detach(fsdp_dev_t *dev)
+{
+    fsdp_trace_rank_t *r;
+
+    if (dev == NULL || (r = dev->trace) == NULL)
+        return;
+    pthread_mutex_lock(&r->lock);
+    rank_handover(r, 0);
+    pthread_mutex_unlock(&r->lock);
+    pthread_mutex_lock(&r->trace->lock);
+    r->attached = 0;
+    pthread_mutex_unlock(&r->trace->lock);
+    dev->trace = NULL;
+}
+
+/* ---- Open, flush, close ------------------------------------------------------------------ */
+
+int64_t fsdp_trace_run_id(const fsdp_trace_t *t)
+{
+    return t != NULL ? t->run_id : 0;
+}
+
+static void bind_opt_text(sqlite3_stmt *st, int col, const char *s)
+{
+    if (s != NULL)
+        sqlite3_bind_text(st, col, s, -1, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(st, col);
+}
+
+static fsdp_status_t trace_insert_run(fsdp_trace_t *t, const fsdp_trace_run_info_t *info)
+{
+    static const fsdp_trace_run_info_t no_info = {NULL, 0, NULL, NULL, NULL, NULL};
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    char created[40];
+    struct timespec now;
+    struct tm tm;
+
+    if (info == NULL)
+        info = &no_info;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    strftime(created, sizeof(created), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    status = fsdp_trace_db_prepare(t->db,
+                                   "INSERT INTO runs (created, backend, world_size, strategy, "
+                                   "config, profile, version, command_line, finished) "
+                                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0)",
+                                   &st);
+    if (status != FSDP_OK)
+        return status;
+    sqlite3_bind_text(st, 1, created, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 2, info->backend != NULL ? info->backend : "unknown", -1,
+                      SQLITE_TRANSIENT);
+    sqlite3_bind_int(st, 3, info->world_size);
+    bind_opt_text(st, 4, info->strategy);
+    bind_opt_text(st, 5, info->config_json);
+    bind_opt_text(st, 6, info->profile_json);
+    sqlite3_bind_text(st, 7, fsdp_version_string(), -1, SQLITE_STATIC);
+    bind_opt_text(st, 8, info->command_line);
+    status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+    sqlite3_finalize(st);
+    if (status == FSDP_OK)
+        t->run_id = sqlite3_last_insert_rowid(t->db);
+    return status;
+}
+
+static fsdp_status_t trace_prepare(fsdp_trace_t *t)
+{
+    char sql[1024];
+    size_t len;
+    fsdp_status_t status;
+
+    status = fsdp_trace_db_prepare(t->db,
+                                   "INSERT INTO events (run, " FSDP_TRACE_EVENT_COLUMNS
+                                   ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
+                                   "?13, ?14, ?15, ?16)",
+                                   &t->ins_event);
+    if (status != FSDP_OK)
+        return status;
+    /* A rank that repeats a step number (attached twice) keeps its latest row. */
+    len = (size_t)snprintf(sql, sizeof(sql),
+                           "INSERT OR REPLACE INTO steps (run, " FSDP_TRACE_STEP_COLUMNS
+                           ") VALUES (?1");
+    for (int i = 0; i < FSDP_TRACE_STEP_NCOLS && len < sizeof(sql); i++)
+        len += (size_t)snprintf(sql + len, sizeof(sql) - len, ", ?%d", i + 2);
+    if (len + 2 >= sizeof(sql))
+        return FSDP_ERR_INTERNAL;
+    strcat(sql, ")");
+    status = fsdp_trace_db_prepare(t->db, sql, &t->ins_step);
+    if (status != FSDP_OK)
+        return status;
+    sqlite3_bind_int64(t->ins_event, 1, t->run_id);
+    sqlite3_bind_int64(t->ins_step, 1, t->run_id);
+    return FSDP_OK;
+}
+
+static void trace_free(fsdp_trace_t *t)
+{
+    trace_chunk_t *c, *next;
+
+    for (c = t->free_list; c != NULL; c = next) {
+        next = c->next;
+        free(c);
+    }
+    for (c = t->head; c != NULL; c = next) {
+        next = c->next;
+        free(c);
+    }
+    for (int i = 0; i < t->n_ranks; i++) {
+        if (t->ranks[i] == NULL)
+            continue;
+        free(t->ranks[i]->cur);
+        pthread_mutex_destroy(&t->ranks[i]->lock);
+        free(t->ranks[i]);
+    }
+    free(t->ranks);
+    sqlite3_finalize(t->ins_event);
+    sqlite3_finalize(t->ins_step);
+    sqlite3_close(t->db);
+    free(t->path);
+    free(t);
+}
+
+fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *info,
+                              fsdp_trace_t **trace_p)
+{
+    fsdp_trace_t *t;
+    fsdp_status_t status;
+    int rc;
+
+    if (trace_p == NULL) {
+        fsdp_error("fsdp_trace_open: trace_p is NULL");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t == NULL || (t->path = strdup(path != NULL ? path : "")) == NULL) {
+        free(t);
+        fsdp_error("fsdp_trace_open: out of host memory");
+        return FSDP_ERR_NO_MEMORY;
+    }
+    status = fsdp_trace_db_open(path, 1, &t->db);
+    if (status != FSDP_OK)
+        goto err_free;
+    status = trace_insert_run(t, info);
+    if (status != FSDP_OK)
+        goto err_free;
+    status = trace_prepare(t);
+    if (status != FSDP_OK)
+        goto err_free;
+    if (pthread_mutex_init(&t->lock, NULL) != 0)
+        goto err_no_memory;
+    if (pthread_cond_init(&t->work, NULL) != 0)
+        goto err_destroy_lock;
+    if (pthread_cond_init(&t->done, NULL) != 0)
+        goto err_destroy_work;
+    rc = pthread_create(&t->writer, NULL, trace_writer_main, t);
+    if (rc != 0) {
+        fsdp_error("trace '%s': cannot start the writer thread: %s", path, strerror(rc));
+        status = FSDP_ERR_NO_MEMORY;
+        goto err_destroy_done;
+    }
+    *trace_p = t;
+    return FSDP_OK;
+
+err_destroy_done:
+    pthread_cond_destroy(&t->done);
+err_destroy_work:
+    pthread_cond_destroy(&t->work);
+err_destroy_lock:
+    pthread_mutex_destroy(&t->lock);
+err_no_memory:
+    if (status == FSDP_OK) {
+        fsdp_error("fsdp_trace_open: out of host memory");
+        status = FSDP_ERR_NO_MEMORY;
+    }
+err_free:
+    trace_free(t);
+    return status;
+}
+
+fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t)
+{
+    fsdp_status_t status;
+    uint64_t target;
+    int n;
+
+    if (t == NULL)
+        return FSDP_OK;
+    /* The rank table only grows, under t->lock; a rank struct lives as long as the trace. */
+    pthread_mutex_lock(&t->lock);
+    n = t->n_ranks;
+    pthread_mutex_unlock(&t->lock);
+    for (int i = 0; i < n; i++) {
+        fsdp_trace_rank_t *r;
+        pthread_mutex_lock(&t->lock);
+        r = t->ranks[i];
+        pthread_mutex_unlock(&t->lock);
+        if (r == NULL)
+            continue;
+        pthread_mutex_lock(&r->lock);
+        rank_handover(r, 0);
+        pthread_mutex_unlock(&r->lock);
+    }
+    pthread_mutex_lock(&t->lock);
+    target = t->submitted;
+    while (t->written < target)
+        pthread_cond_wait(&t->done, &t->lock);
+    status = t->error;
+    pthread_mutex_unlock(&t->lock);
+    return status;
+}
+
+fsdp_status_t fsdp_trace_close(fsdp_trace_t *t)
+{
+    fsdp_status_t status;
+    sqlite3_stmt *st;
+
+    if (t == NULL)
+        return FSDP_OK;
+    fsdp_trace_flush(t);
+    pthread_mutex_lock(&t->lock);
+    t->stop = 1;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->lock);
+    pthread_join(t->writer, NULL);
+    status = t->error;
+
+    if (fsdp_trace_db_prepare(t->db, "UPDATE runs SET finished = 1 WHERE id = ?1", &st) ==
+        FSDP_OK) {
+        sqlite3_bind_int64(st, 1, t->run_id);
+        fsdp_status_t s = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        if (status == FSDP_OK)
+            status = s;
+        sqlite3_finalize(st);
+    } else if (status == FSDP_OK) {
+        status = FSDP_ERR_IO;
+    }
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->work);
+    pthread_mutex_destroy(&t->lock);
+    trace_free(t);
+    return status;
+}

@@ -1,0 +1,166 @@
+/* fsdp-trace: reads libfsdp event traces (SQLite). A thin main over lib/trace_*.c.
+ *
+ *   fsdp-trace summary DB [--run ID]
+ *   fsdp-trace diff A B [--run-a ID] [--run-b ID]      exit 0 identical, 1 different, 2 error
+ *   fsdp-trace export --chrome OUT.json DB [--run ID]
+ *   fsdp-trace plot --svg OUT.svg DB [--run ID] [--ranks N]
+ */
+#include <fsdp/fsdp.h>
+#include <fsdp/trace.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXIT_DIFFERENT 1
+#define EXIT_ERROR 2
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: fsdp-trace COMMAND ...\n"
+            "  summary DB [--run ID]                  per rank: collectives, per-unit all-gather\n"
+            "                                         and reduce-scatter sizes, steps, peak memory\n"
+            "  diff A B [--run-a ID] [--run-b ID]     first structural divergence, then timing\n"
+            "                                         and memory ratios (B / A); exit 0 when\n"
+            "                                         identical, 1 when not, 2 on error\n"
+            "  export --chrome OUT.json DB [--run ID] Chrome trace JSON (Perfetto, chrome://tracing)\n"
+            "  plot --svg OUT.svg DB [--run ID] [--ranks N]\n"
+            "                                         memory by category and stream timelines\n"
+            "A run ID defaults to the latest run of the file; 0 is the latest, -1 the one before.\n"
+            "diff of one file without run ids compares the previous run with the latest.\n"
+            "  --version, --help\n");
+}
+
+static int parse_run(const char *opt, const char *s, int64_t *run_p)
+{
+    char *end;
+    long long v;
+
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0') {
+        fprintf(stderr, "fsdp-trace: %s '%s' is not a run id (an integer)\n", opt, s);
+        return -1;
+    }
+    *run_p = (int64_t)v;
+    return 0;
+}
+
+typedef struct args {
+    const char *pos[2];
+    int npos;
+    const char *out;
+    int64_t run, run_a, run_b;
+    int ranks;
+} args_t;
+
+/* Parses what follows the command. `out_opt` ("--chrome", "--svg") takes the output file. */
+static int parse_args(int argc, char **argv, const char *cmd, const char *out_opt, int max_pos,
+                      args_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(arg, "--run") == 0 && has_value && strcmp(cmd, "diff") != 0) {
+            if (parse_run(arg, argv[++i], &a->run) != 0)
+                return -1;
+        } else if (strcmp(arg, "--run-a") == 0 && has_value && strcmp(cmd, "diff") == 0) {
+            if (parse_run(arg, argv[++i], &a->run_a) != 0)
+                return -1;
+        } else if (strcmp(arg, "--run-b") == 0 && has_value && strcmp(cmd, "diff") == 0) {
+            if (parse_run(arg, argv[++i], &a->run_b) != 0)
+                return -1;
+        } else if (out_opt != NULL && strcmp(arg, out_opt) == 0 && has_value) {
+            a->out = argv[++i];
+        } else if (strcmp(arg, "--ranks") == 0 && has_value && strcmp(cmd, "plot") == 0) {
+            a->ranks = atoi(argv[++i]);
+            if (a->ranks <= 0) {
+                fprintf(stderr, "fsdp-trace: --ranks '%s' must be a positive number\n", argv[i]);
+                return -1;
+            }
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            fprintf(stderr, "fsdp-trace %s: unknown option or missing value: '%s' (try --help)\n",
+                    cmd, arg);
+            return -1;
+        } else if (a->npos < max_pos) {
+            a->pos[a->npos++] = arg;
+        } else {
+            fprintf(stderr, "fsdp-trace %s: unexpected argument '%s' (try --help)\n", cmd, arg);
+            return -1;
+        }
+    }
+    if (a->npos != max_pos) {
+        fprintf(stderr, "fsdp-trace %s: expected %s (try --help)\n", cmd,
+                max_pos == 2 ? "two trace databases" : "a trace database");
+        return -1;
+    }
+    if (out_opt != NULL && a->out == NULL) {
+        fprintf(stderr, "fsdp-trace %s: %s OUT is required\n", cmd, out_opt);
+        return -1;
+    }
+    return 0;
+}
+
+/* Library errors are logged by the library (at the default level, "warn", errors show). */
+static int fail(const char *cmd, fsdp_status_t status)
+{
+    if (fsdp_log_level() < FSDP_LOG_ERROR)
+        fprintf(stderr, "fsdp-trace %s: %s\n", cmd, fsdp_status_string(status));
+    return EXIT_ERROR;
+}
+
+int main(int argc, char **argv)
+{
+    const char *cmd;
+    fsdp_status_t status;
+    args_t a;
+
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_ERROR;
+    }
+    cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("fsdp-trace %s (trace schema %d)\n", fsdp_version_string(),
+               FSDP_TRACE_SCHEMA_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "summary") == 0) {
+        if (parse_args(argc, argv, cmd, NULL, 1, &a) != 0)
+            return EXIT_ERROR;
+        status = fsdp_trace_summary(a.pos[0], a.run, stdout);
+        return status == FSDP_OK ? 0 : fail(cmd, status);
+    }
+    if (strcmp(cmd, "diff") == 0) {
+        fsdp_trace_diff_t res;
+        if (parse_args(argc, argv, cmd, NULL, 2, &a) != 0)
+            return EXIT_ERROR;
+        status = fsdp_trace_diff(a.pos[0], a.run_a, a.pos[1], a.run_b, stdout, &res);
+        if (status != FSDP_OK)
+            return fail(cmd, status);
+        return res.what == FSDP_TRACE_DIV_NONE ? 0 : EXIT_DIFFERENT;
+    }
+    if (strcmp(cmd, "export") == 0) {
+        if (parse_args(argc, argv, cmd, "--chrome", 1, &a) != 0)
+            return EXIT_ERROR;
+        status = fsdp_trace_export_chrome(a.pos[0], a.run, a.out);
+        return status == FSDP_OK ? 0 : fail(cmd, status);
+    }
+    if (strcmp(cmd, "plot") == 0) {
+        if (parse_args(argc, argv, cmd, "--svg", 1, &a) != 0)
+            return EXIT_ERROR;
+        status = fsdp_trace_plot_svg(a.pos[0], a.run, a.ranks, a.out);
+        return status == FSDP_OK ? 0 : fail(cmd, status);
+    }
+    fprintf(stderr, "fsdp-trace: unknown command '%s': use summary, diff, export or plot "
+                    "(try --help)\n", cmd);
+    return EXIT_ERROR;
+}
