@@ -28,6 +28,7 @@ typedef struct run_cfg {
     fsdp_backward_prefetch_t prefetch;
     int ranks_per_node;      /* hybrid */
     int micro;               /* gradient-accumulation micro-batches per step (0 = 1) */
+    int cpu_offload;
     int sync[MAX_MICRO];     /* per micro-batch: 1 sync, 0 no_sync (the last must sync) */
 } run_cfg_t;
 
@@ -167,12 +168,15 @@ typedef struct counts {
 } counts_t;
 
 static _Thread_local counts_t tl_counts;
+static _Thread_local fsdp_dtype_t tl_ag_dtype, tl_rs_dtype, tl_ar_dtype;
 static _Thread_local const fsdp_backend_ops_t *tl_inner;
 
 static fsdp_status_t count_all_gather(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
                                       size_t n, fsdp_dtype_t dt, fsdp_stream_t *st)
 {
     tl_counts.all_gather++;
+    if (dt != FSDP_DTYPE_I32) /* the first iteration's order check gathers i32 */
+        tl_ag_dtype = dt;
     return tl_inner->all_gather(dev, g, s, r, n, dt, st);
 }
 
@@ -181,6 +185,7 @@ static fsdp_status_t count_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *g, cons
                                           fsdp_reduce_op_t op, fsdp_stream_t *st)
 {
     tl_counts.reduce_scatter++;
+    tl_rs_dtype = dt;
     return tl_inner->reduce_scatter(dev, g, s, r, n, dt, op, st);
 }
 
@@ -189,6 +194,7 @@ static fsdp_status_t count_all_reduce(fsdp_dev_t *dev, fsdp_group_t *g, const vo
                                       fsdp_stream_t *st)
 {
     tl_counts.all_reduce++;
+    tl_ar_dtype = dt;
     return tl_inner->all_reduce(dev, g, s, r, n, dt, op, st);
 }
 
@@ -209,6 +215,7 @@ typedef struct run_result {
     float final_params[512];
     size_t total;
     counts_t fwd[8], bwd[8]; /* per rank, last iteration */
+    size_t sharded_param_bytes[8], pinned_bytes[8];
     fsdp_strategy_t effective;
 } run_result_t;
 
@@ -249,6 +256,7 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
     fc.strategy = cfg->strategy;
     fc.backward_prefetch = cfg->prefetch;
     fc.ranks_per_node = cfg->ranks_per_node;
+    fc.cpu_offload = cfg->cpu_offload;
     status = fsdp_create(dev, &fc, &fs);
     if (status != FSDP_OK)
         return status;
@@ -286,8 +294,13 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
         ctx->res->total = total;
         ctx->res->effective = fsdp_strategy(fs);
     }
-    if (dev->rank < 8)
+    if (dev->rank < 8) {
+        fsdp_mem_stats_t st;
+        fsdp_mem_get_stats(fsdp_memory(fs), &st);
         ctx->res->bwd[dev->rank] = all;
+        ctx->res->sharded_param_bytes[dev->rank] = st.by_category[FSDP_MEM_SHARDED_PARAM];
+        ctx->res->pinned_bytes[dev->rank] = fsdp_host_pinned_bytes(fs);
+    }
     fsdp_optim_destroy(opt);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
@@ -398,6 +411,183 @@ static void test_grad_accumulation(void)
                     CU_ASSERT_EQUAL(res->bwd[r].all_reduce, sharded ? (hybrid ? NL : 0) : NL);
                     CU_ASSERT_EQUAL(res->bwd[r].all_gather, !sharded ? 0 : keeps ? NL : 4 * NL);
                 }
+            }
+            free(res);
+        }
+    }
+}
+
+/* Mixed precision: the all-gather runs in param_dtype, the reduction in reduce_dtype (else
+ * param_dtype); the low-precision shard exists only between unshard and reshard; gradients
+ * reach the optimizer in full precision. */
+typedef struct mp_ctx {
+    fsdp_strategy_t strategy;
+    fsdp_dtype_t param, reduce;
+    int offload;
+    fsdp_dtype_t ag[4], rs[4], ar[4];
+    size_t low_after_fwd[4], low_after_bwd[4], unsharded_peak[4];
+    int values_rounded[4];
+    float grad0[4];
+} mp_ctx_t;
+
+static fsdp_status_t mp_rank(fsdp_dev_t *dev, void *arg)
+{
+    mp_ctx_t *mc = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_param_spec_t sa = {.name = "a.w", .ndim = 2, .shape = {5, 3}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_param_spec_t sb = {.name = "b.w", .ndim = 1, .shape = {7}, .requires_grad = 1,
+                            .tied_to = -1};
+    float va[15], vb[7];
+    fsdp_unit_t *root, *kids[2];
+    fsdp_config_t fc;
+    fsdp_mem_stats_t st;
+    fsdp_t *fs;
+    fsdp_status_t status;
+    int r = dev->rank;
+
+    wrap_ops(dev, &wrapped);
+    tl_ag_dtype = tl_rs_dtype = tl_ar_dtype = FSDP_DTYPE_UNSET;
+    fsdp_config_init(&fc);
+    fc.strategy = mc->strategy;
+    fc.cpu_offload = mc->offload;
+    fc.mixed_precision.param_dtype = mc->param;
+    fc.mixed_precision.reduce_dtype = mc->reduce;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    fsdp_unit_create(fs, "a", root, &sa, 1, &kids[0]);
+    fsdp_unit_create(fs, "b", root, &sb, 1, &kids[1]);
+    for (int i = 0; i < 15; i++)
+        va[i] = 1.0f + (float)i * 0x1p-10f; /* not representable in bf16 */
+    for (int i = 0; i < 7; i++)
+        vb[i] = -0.3f * (float)i;
+    fsdp_unit_set_param(kids[0], 0, va);
+    fsdp_unit_set_param(kids[1], 0, vb);
+
+    CU_ASSERT_EQUAL(fsdp_unit_compute_dtype(kids[0]), mc->param);
+    status = fsdp_pre_forward(root);
+    mc->values_rounded[r] = 1;
+    for (int k = 0; k < 2 && status == FSDP_OK; k++) {
+        status = fsdp_pre_forward(kids[k]);
+        const void *p = fsdp_unit_param(kids[k], 0);
+        for (int i = 0; k == 0 && p && i < 15; i++) {
+            float want = mc->param == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(va[i]))
+                                                      : fsdp_f16_to_f32(fsdp_f32_to_f16(va[i]));
+            float got = mc->param == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const uint16_t *)p)[i])
+                                                     : fsdp_f16_to_f32(((const uint16_t *)p)[i]);
+            if (got != want)
+                mc->values_rounded[r] = 0;
+        }
+        if (status == FSDP_OK)
+            status = fsdp_post_forward(kids[k]);
+    }
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(root);
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    mc->low_after_fwd[r] = st.by_category[FSDP_MEM_LOW_PREC_SHARD];
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(root);
+    for (int k = 1; k >= 0 && status == FSDP_OK; k--) {
+        void *g;
+        status = fsdp_pre_backward(kids[k]);
+        if (status == FSDP_OK)
+            status = fsdp_unit_grad(kids[k], 0, &g);
+        if (status == FSDP_OK && k == 0) {
+            /* every rank contributes 1.5 to each element, written in the compute dtype */
+            for (int i = 0; i < 15; i++)
+                ((uint16_t *)g)[i] = mc->param == FSDP_DTYPE_BF16 ? fsdp_f32_to_bf16(1.5f)
+                                                                  : fsdp_f32_to_f16(1.5f);
+        }
+        if (status == FSDP_OK)
+            status = fsdp_post_backward(kids[k]);
+    }
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_final_callback(fs);
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    mc->low_after_bwd[r] = st.by_category[FSDP_MEM_LOW_PREC_SHARD];
+    mc->unsharded_peak[r] = st.peak_by_category[FSDP_MEM_UNSHARDED_PARAM];
+    mc->ag[r] = tl_ag_dtype;
+    mc->rs[r] = tl_rs_dtype;
+    mc->ar[r] = tl_ar_dtype;
+    /* the averaged gradient is 1.5 in f32 wherever the shard holds "a" */
+    fsdp_param_info_t pi;
+    fsdp_unit_param_info(kids[0], 0, &pi);
+    const float *sg = fsdp_unit_sharded_grad(kids[0]);
+    mc->grad0[r] = pi.in_shard && sg ? sg[pi.offset_in_shard] : 1.5f;
+    fsdp_destroy(fs);
+    return status;
+}
+
+static void test_mixed_precision(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        fsdp_dtype_t param, reduce, want_reduce;
+        int offload;
+    } cases[] = {
+        {FSDP_FULL_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_UNSET, FSDP_DTYPE_BF16, 0},
+        {FSDP_FULL_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_F32, FSDP_DTYPE_F32, 0},
+        {FSDP_FULL_SHARD, FSDP_DTYPE_F16, FSDP_DTYPE_F32, FSDP_DTYPE_F32, 1},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, FSDP_DTYPE_F16, FSDP_DTYPE_F16, 0},
+        {FSDP_NO_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_UNSET, FSDP_DTYPE_BF16, 0},
+        {FSDP_NO_SHARD, FSDP_DTYPE_F16, FSDP_DTYPE_F32, FSDP_DTYPE_F32, 1},
+        {FSDP_HYBRID_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_F32, FSDP_DTYPE_F32, 0},
+    };
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 4;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        mp_ctx_t mc = {.strategy = cases[c].strategy, .param = cases[c].param,
+                       .reduce = cases[c].reduce, .offload = cases[c].offload};
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, mp_rank, &mc, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++) {
+            if (cases[c].strategy == FSDP_NO_SHARD) {
+                CU_ASSERT_EQUAL(mc.ag[r], FSDP_DTYPE_UNSET); /* no all-gather of parameters */
+                CU_ASSERT_EQUAL(mc.ar[r], cases[c].want_reduce);
+            } else {
+                CU_ASSERT_EQUAL(mc.ag[r], cases[c].param);
+                CU_ASSERT_EQUAL(mc.rs[r], cases[c].want_reduce);
+                /* "a" has 15 elements: S = 4, W = 4, so FP is 16 elements of 2 bytes */
+                CU_ASSERT(mc.unsharded_peak[r] >= 512 && mc.unsharded_peak[r] <= 1024);
+            }
+            CU_ASSERT(mc.values_rounded[r]);
+            CU_ASSERT_EQUAL(mc.low_after_fwd[r], 0);
+            CU_ASSERT_EQUAL(mc.low_after_bwd[r], 0);
+            CU_ASSERT_EQUAL(mc.grad0[r], 1.5f);
+        }
+    }
+}
+
+/* CPU offload: parity with single-process training for every strategy and prefetch policy;
+ * the shard lives in pinned host memory, not on the device. */
+static void test_cpu_offload(void)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
+    make_batch();
+    for (size_t s = 0; s < 4; s++) {
+        for (int p = 0; p < 3; p++) {
+            run_cfg_t cfg = {.strategy = strategies[s], .world = 3, .steps = 3,
+                             .prefetch = (fsdp_backward_prefetch_t)p, .ranks_per_node = 1,
+                             .cpu_offload = 1};
+            run_result_t *res = calloc(1, sizeof(*res));
+            double ref[512], maxdiff = 0.0;
+            fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_SGD);
+            cfg.optim.lr = 5e-2f;
+            cfg.optim.momentum = 0.9f;
+            run_fsdp(&cfg, res);
+            ref_train(&cfg, res->init, ref);
+            for (size_t i = 0; i < res->total; i++)
+                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            CU_ASSERT(maxdiff <= 1e-6);
+            for (int r = 0; r < 3; r++) {
+                /* between steps no sharded parameter is on the device */
+                CU_ASSERT_EQUAL(res->sharded_param_bytes[r], 0);
+                CU_ASSERT(res->pinned_bytes[r] > 0);
             }
             free(res);
         }
@@ -817,6 +1007,8 @@ int main(void)
         {"collective counts, parameter-less root", test_collective_counts_mlp},
         {"gradient accumulation with and without no_sync", test_grad_accumulation},
         {"hybrid sharding: parity and counts", test_hybrid_parity_and_counts},
+        {"cpu offload: parity and placement", test_cpu_offload},
+        {"mixed precision: dtypes, low-precision shard lifetime", test_mixed_precision},
         {"collective counts, root owns parameters", test_collective_counts_root_params},
         {"illegal hook transitions", test_illegal_transitions},
         {"world size 1 is no_shard", test_world_one_is_no_shard},
