@@ -43,18 +43,15 @@ extern "C" {
 
 typedef struct fsdp_gpu_dev fsdp_gpu_dev_t;
 
-/* Element-wise and reduction launches use this many threads per block. */
+/* Element-wise launches use this many threads per block (reductions: FSDP_KB_RED_LANES). */
 #define FSDP_GPU_THREADS 256
-/* Reductions (sumsq, mse_loss) use at most this many blocks in their first pass; the partial
- * sums of a stream live in its scratch buffer. */
-#define FSDP_GPU_RED_MAX_BLOCKS 1024
 /* Collectives the watchdog tracks at once; more wait for the oldest to finish. */
 #define FSDP_GPU_WATCH_SLOTS 64
 
 typedef struct fsdp_gpu_stream {
     fsdp_stream_t super;
     cudaStream_t cu;
-    double *scratch; /* FSDP_GPU_RED_MAX_BLOCKS partial sums, allocated on first use */
+    double *scratch; /* FSDP_KB_RED_MAX_BLOCKS partial sums (reductions), made on first use */
 } fsdp_gpu_stream_t;
 
 /* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. Timing stays

@@ -1,11 +1,10 @@
 /* The gpu backend's CUDA kernels: grids over the shared bodies of lib/kernels/ (kernel_elem.h).
  * Nothing here computes a formula of its own; the bodies are the ones the sim loops over.
  *
- * Every launch is deterministic. Element-wise kernels write each element once. Reductions have
- * a fixed shape that depends only on n: sumsq and mse_loss give each block a fixed chunk, each
- * thread a fixed stride of it (summed in double), then a fixed tree in the block, and one block
- * sums the partials the same way; bias_grad gives each column one thread that sums its rows in
- * order, as the sim does. */
+ * Every launch is deterministic. Element-wise kernels write each element once. sumsq and
+ * mse_loss sum along the fixed shape of fsdp_kb_reduce_shape (a function of n alone), which the
+ * host replays bit for bit with fsdp_kb_reduce_sum; bias_grad gives each column one thread that
+ * sums its rows in order, as the host body does. */
 #include "config.h"
 
 /* The bodies before the toolkit's libraries: cuda_fp16.h (through cublas and nccl) declares a
@@ -51,86 +50,74 @@ fsdp_status_t launch_elem(cudaStream_t s, const fsdp_kernel_t *k, const fsdp_kb_
     return launched(k, "elem_kernel");
 }
 
-/* Sums sh[0..FSDP_GPU_THREADS) into sh[0] along a fixed tree. */
-__device__ void block_tree(double *sh)
+/* Sums lane[0 .. FSDP_KB_RED_LANES) into lane[0] along the tree of fsdp_kb_reduce_tree. */
+__device__ void block_tree(double *lane)
 {
     __syncthreads();
-    for (unsigned w = FSDP_GPU_THREADS / 2; w > 0; w >>= 1) {
+    for (unsigned w = FSDP_KB_RED_LANES / 2; w > 0; w >>= 1) {
         if (threadIdx.x < w)
-            sh[threadIdx.x] += sh[threadIdx.x + w];
+            lane[threadIdx.x] += lane[threadIdx.x + w];
         __syncthreads();
     }
 }
 
-/* Pass 1: block b sums the terms of [b * chunk, (b + 1) * chunk) into partial[b]. */
+/* Pass 1, a block of FSDP_KB_RED_LANES threads per chunk: partial[b] = the chunk's sum. */
 template <int Kind>
-__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+__global__ void __launch_bounds__(FSDP_KB_RED_LANES)
     reduce_pass1(const fsdp_kernel_t k, size_t n, size_t chunk, double *partial)
 {
-    __shared__ double sh[FSDP_GPU_THREADS];
+    __shared__ double lane[FSDP_KB_RED_LANES];
     const size_t begin = (size_t)blockIdx.x * chunk;
-    const size_t end = begin + chunk < n ? begin + chunk : n;
+    const size_t end = n - begin < chunk ? n : begin + chunk;
     double acc = 0.0;
 
-    for (size_t i = begin + threadIdx.x; i < end; i += FSDP_GPU_THREADS)
+    for (size_t i = begin + threadIdx.x; i < end; i += FSDP_KB_RED_LANES)
         acc += Kind == FSDP_K_SUMSQ ? fsdp_kb_sumsq_term(&k, i) : fsdp_kb_mse_term(&k, i);
-    sh[threadIdx.x] = acc;
-    block_tree(sh);
+    lane[threadIdx.x] = acc;
+    block_tree(lane);
     if (threadIdx.x == 0)
-        partial[blockIdx.x] = sh[0];
+        partial[blockIdx.x] = lane[0];
 }
 
 /* Pass 2, one block: out[0] = (sum of the partials) / divisor, rounded once to f32. */
-__global__ void __launch_bounds__(FSDP_GPU_THREADS)
-    reduce_pass2(const double *partial, unsigned nparts, float *out, double divisor)
+__global__ void __launch_bounds__(FSDP_KB_RED_LANES)
+    reduce_pass2(const double *partial, size_t nparts, float *out, double divisor)
 {
-    __shared__ double sh[FSDP_GPU_THREADS];
+    __shared__ double lane[FSDP_KB_RED_LANES];
     double acc = 0.0;
 
-    for (unsigned i = threadIdx.x; i < nparts; i += FSDP_GPU_THREADS)
+    for (size_t i = threadIdx.x; i < nparts; i += FSDP_KB_RED_LANES)
         acc += partial[i];
-    sh[threadIdx.x] = acc;
-    block_tree(sh);
+    lane[threadIdx.x] = acc;
+    block_tree(lane);
     if (threadIdx.x == 0)
-        out[0] = (float)(sh[0] / divisor);
+        out[0] = (float)(lane[0] / divisor);
 }
 
-/* The shape of a reduction of n terms: chunks of at least 16 terms per thread, at most
- * FSDP_GPU_RED_MAX_BLOCKS blocks; a function of n alone, so every device sums alike. */
-void reduce_shape(size_t n, size_t *chunk_p, unsigned *blocks_p)
-{
-    size_t chunk = (size_t)FSDP_GPU_THREADS * 16;
-
-    if ((n + chunk - 1) / chunk > FSDP_GPU_RED_MAX_BLOCKS) {
-        chunk = (n + FSDP_GPU_RED_MAX_BLOCKS - 1) / FSDP_GPU_RED_MAX_BLOCKS;
-        chunk = (chunk + FSDP_GPU_THREADS - 1) / FSDP_GPU_THREADS * FSDP_GPU_THREADS;
-    }
-    *chunk_p = chunk;
-    *blocks_p = (unsigned)((n + chunk - 1) / chunk);
-}
-
+/* sumsq and mse_loss: the shape of fsdp_kb_reduce_shape, the stream's scratch for the
+ * partials. */
 template <int Kind>
 fsdp_status_t launch_reduce(fsdp_gpu_stream_t *s, const fsdp_kernel_t *k, size_t n, float *out,
                             double divisor)
 {
     fsdp_status_t status;
-    unsigned blocks = 0;
-    size_t chunk = 0;
+    size_t chunk = 0, blocks = 0;
 
     if (s->scratch == NULL) {
         status = FSDP_CUDA_CALL(
-            cudaMalloc((void **)&s->scratch, FSDP_GPU_RED_MAX_BLOCKS * sizeof(double)));
+            cudaMalloc((void **)&s->scratch, FSDP_KB_RED_MAX_BLOCKS * sizeof(double)));
         if (status != FSDP_OK)
             return status;
     }
-    if (n > 0) {
-        reduce_shape(n, &chunk, &blocks);
-        reduce_pass1<Kind><<<blocks, FSDP_GPU_THREADS, 0, s->cu>>>(*k, n, chunk, s->scratch);
+    fsdp_kb_reduce_shape(n, &chunk, &blocks);
+    if (blocks > 0) {
+        reduce_pass1<Kind>
+            <<<(unsigned)blocks, FSDP_KB_RED_LANES, 0, s->cu>>>(*k, n, chunk, s->scratch);
         status = launched(k, "reduce_pass1");
         if (status != FSDP_OK)
             return status;
     }
-    reduce_pass2<<<1, FSDP_GPU_THREADS, 0, s->cu>>>(s->scratch, blocks, out, divisor);
+    reduce_pass2<<<1, FSDP_KB_RED_LANES, 0, s->cu>>>(s->scratch, blocks, out, divisor);
     return launched(k, "reduce_pass2");
 }
 

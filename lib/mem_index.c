@@ -171,48 +171,41 @@ static size_t ptr_hash(uintptr_t key)
     return (size_t)x;
 }
 
-static void place(uintptr_t *keys, void **vals, size_t cap, uintptr_t key, void *val)
+static void place(fsdp_ptrmap_slot_t *slots, size_t cap, uintptr_t key, void *val)
 {
     size_t mask = cap - 1, i = ptr_hash(key) & mask;
 
-    while (keys[i] != 0)
+    while (slots[i].key != 0)
         i = (i + 1) & mask;
-    keys[i] = key;
-    vals[i] = val;
+    slots[i].key = key;
+    slots[i].val = val;
 }
 
 fsdp_status_t fsdp_ptrmap_reserve(fsdp_ptrmap_t *map, size_t n)
 {
     size_t cap = map->cap ? map->cap : 64;
-    uintptr_t *keys;
-    void **vals;
+    fsdp_ptrmap_slot_t *slots;
 
     while (n > cap / 2) /* load factor at most 1/2 */
         cap *= 2;
     if (cap == map->cap)
         return FSDP_OK;
-    keys = calloc(cap, sizeof(*keys));
-    vals = calloc(cap, sizeof(*vals));
-    if (keys == NULL || vals == NULL) {
-        free(keys);
-        free(vals);
+    slots = calloc(cap, sizeof(*slots));
+    if (slots == NULL)
         return FSDP_ERR_NO_MEMORY;
-    }
     for (size_t i = 0; i < map->cap; i++) {
-        if (map->keys[i] != 0)
-            place(keys, vals, cap, map->keys[i], map->vals[i]);
+        if (map->slots[i].key != 0)
+            place(slots, cap, map->slots[i].key, map->slots[i].val);
     }
-    free(map->keys);
-    free(map->vals);
-    map->keys = keys;
-    map->vals = vals;
+    free(map->slots);
+    map->slots = slots;
     map->cap = cap;
     return FSDP_OK;
 }
 
 void fsdp_ptrmap_put(fsdp_ptrmap_t *map, uintptr_t key, void *val)
 {
-    place(map->keys, map->vals, map->cap, key, val);
+    place(map->slots, map->cap, key, val);
     map->count++;
 }
 
@@ -221,8 +214,8 @@ static size_t find_slot(const fsdp_ptrmap_t *map, uintptr_t key, int *found_p)
     size_t mask = map->cap - 1, i = ptr_hash(key) & mask;
 
     *found_p = 0;
-    while (map->keys[i] != 0) {
-        if (map->keys[i] == key) {
+    while (map->slots[i].key != 0) {
+        if (map->slots[i].key == key) {
             *found_p = 1;
             break;
         }
@@ -239,7 +232,7 @@ void *fsdp_ptrmap_get(const fsdp_ptrmap_t *map, uintptr_t key)
     if (map->cap == 0 || key == 0)
         return NULL;
     i = find_slot(map, key, &found);
-    return found ? map->vals[i] : NULL;
+    return found ? map->slots[i].val : NULL;
 }
 
 void *fsdp_ptrmap_remove(fsdp_ptrmap_t *map, uintptr_t key)
@@ -253,29 +246,26 @@ void *fsdp_ptrmap_remove(fsdp_ptrmap_t *map, uintptr_t key)
     i = find_slot(map, key, &found);
     if (!found)
         return NULL;
-    val = map->vals[i];
+    val = map->slots[i].val;
     mask = map->cap - 1;
     /* Backward shift: move later entries of the probe run into the hole unless their home
      * slot lies cyclically in (i, j], where they must stay. */
-    for (j = (i + 1) & mask; map->keys[j] != 0; j = (j + 1) & mask) {
-        home = ptr_hash(map->keys[j]) & mask;
+    for (j = (i + 1) & mask; map->slots[j].key != 0; j = (j + 1) & mask) {
+        home = ptr_hash(map->slots[j].key) & mask;
         if (i <= j ? (home > i && home <= j) : (home > i || home <= j))
             continue;
-        map->keys[i] = map->keys[j];
-        map->vals[i] = map->vals[j];
+        map->slots[i] = map->slots[j];
         i = j;
     }
-    map->keys[i] = 0;
-    map->vals[i] = NULL;
+    map->slots[i].key = 0;
+    map->slots[i].val = NULL;
     map->count--;
     return val;
 }
 
 void fsdp_ptrmap_destroy(fsdp_ptrmap_t *map)
 {
-    free(map->keys);
-    free(map->vals);
-    map->keys = NULL;
-    map->vals = NULL;
+    free(map->slots);
+    map->slots = NULL;
     map->cap = map->count = 0;
 }

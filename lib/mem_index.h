@@ -35,10 +35,14 @@ fsdp_atree_node_t *fsdp_atree_lower_bound(fsdp_atree_node_t *root, size_t size);
 int fsdp_atree_walk(fsdp_atree_node_t *root, int (*func)(fsdp_atree_node_t *node, void *arg),
                     void *arg);
 
+typedef struct fsdp_ptrmap_slot {
+    uintptr_t key; /* 0 = empty */
+    void *val;
+} fsdp_ptrmap_slot_t;
+
 typedef struct fsdp_ptrmap {
-    uintptr_t *keys; /* 0 = empty slot */
-    void **vals;
-    size_t cap;      /* power of two, or 0 before the first reserve */
+    fsdp_ptrmap_slot_t *slots; /* key and value side by side: one cache line per probe */
+    size_t cap;                /* power of two, or 0 before the first reserve */
     size_t count;
 } fsdp_ptrmap_t;
 

@@ -222,8 +222,7 @@ static void pool_remove(fsdp_mem_t *mem, mem_block_t *b)
 }
 
 /* 1.3: the smallest free block of the stream that fits, lowest position on ties. */
-static mem_block_t *get_free_block(fsdp_mem_t *mem, int sidx, fsdp_mem_pool_t pool,
-                                   size_t rounded)
+static mem_block_t *get_free_block(fsdp_mem_t *mem, int sidx, fsdp_mem_pool_t pool, size_t rounded)
 {
     fsdp_atree_node_t *node = fsdp_atree_lower_bound(mem->streams[sidx].free_tree[pool], rounded);
     mem_block_t *b;
@@ -419,7 +418,8 @@ static void insert_events(fsdp_mem_t *mem, mem_block_t *b)
         if (status == FSDP_OK)
             continue;
         fsdp_warn("rank %d: cannot record an event for a freed block (%s); waiting for stream "
-                  "'%s' instead", mem->dev->rank, fsdp_status_string(status), b->uses[i]->name);
+                  "'%s' instead",
+                  mem->dev->rank, fsdp_status_string(status), b->uses[i]->name);
         status = mem->dev->ops->stream_synchronize(mem->dev, b->uses[i]);
         if (status != FSDP_OK)
             fsdp_error("rank %d: stream '%s' failed to synchronize (%s); reusing the block anyway",
@@ -592,7 +592,8 @@ static void log_oom(const fsdp_mem_t *mem, size_t bytes, size_t seg_size,
     fsdp_error("rank %d: out of device memory: tried to allocate %zu bytes (a segment for %zu "
                "bytes of %s on stream '%s'); allocated %llu bytes (%s), reserved %llu, "
                "capacity %s",
-               mem->dev->rank, seg_size, bytes, fsdp_mem_category_name(category), stream->name,
+               mem->dev->rank, seg_size != 0 ? seg_size : bytes, bytes,
+               fsdp_mem_category_name(category), stream->name,
                (unsigned long long)all->allocated_bytes.current, off ? breakdown : "nothing",
                (unsigned long long)all->reserved_bytes.current, capacity);
 }
@@ -784,10 +785,10 @@ void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p)
 
 static void reset_pool_peaks(fsdp_mem_pool_stats_t *p)
 {
-    fsdp_mem_stat_t *stats[] = {&p->allocation,      &p->segment,        &p->active,
-                                &p->inactive_split,  &p->allocated_bytes, &p->reserved_bytes,
-                                &p->active_bytes,    &p->inactive_split_bytes,
-                                &p->requested_bytes};
+    fsdp_mem_stat_t *stats[] = {
+        &p->allocation,      &p->segment,        &p->active,       &p->inactive_split,
+        &p->allocated_bytes, &p->reserved_bytes, &p->active_bytes, &p->inactive_split_bytes,
+        &p->requested_bytes};
 
     for (size_t i = 0; i < sizeof(stats) / sizeof(stats[0]); i++)
         stats[i]->peak = stats[i]->current;

@@ -240,7 +240,8 @@ fsdp_status_t fsdp_mem_check(const fsdp_mem_t *mem)
         what = check_stats(&mem->stats.pool[p], &expect[p]);
         if (what != NULL) {
             fsdp_error("rank %d: allocator check failed: statistic %s of pool %d disagrees with "
-                       "the blocks", mem->dev->rank, what, p);
+                       "the blocks",
+                       mem->dev->rank, what, p);
             return FSDP_ERR_INTERNAL;
         }
     }

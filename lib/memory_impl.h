@@ -21,11 +21,11 @@ typedef struct mem_block {
     struct mem_block *prev, *next; /* neighbours in the segment, by address */
     size_t offset;                 /* from the segment base */
     size_t size;
-    size_t requested;              /* unrounded request, while allocated or pending */
+    size_t requested; /* unrounded request, while allocated or pending */
     fsdp_mem_category_t category;
     fsdp_mem_block_state_t state;
-    int event_count;               /* pending: events not yet seen complete */
-    int n_uses, cap_uses;          /* recorded streams other than the allocation stream */
+    int event_count;      /* pending: events not yet seen complete */
+    int n_uses, cap_uses; /* recorded streams other than the allocation stream */
     fsdp_stream_t **uses;
 } mem_block_t;
 

@@ -481,7 +481,7 @@ fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_v
     return status;
 }
 
-fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
+fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out)
 {
     fsdp_t *fs = u->fs;
     fsdp_dev_t *dev = fs->dev;
@@ -495,10 +495,10 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
     if (status != FSDP_OK)
         return status;
     if (!fsdp_strategy_is_sharded(fs->strategy)) {
-        status = dev->ops->memcpy_async(dev, host_out, h->local_shard, h->numel * sizeof(float),
+        status = dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float),
                                         fs->compute);
     } else {
-        const void *src = h->local_shard;
+        const void *src = shard;
         status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
                                 FSDP_MEM_TEMPORARY, fs->compute, &full);
         if (status == FSDP_OK && h->offload) {
@@ -506,7 +506,7 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
             status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float),
                                     FSDP_MEM_TEMPORARY, fs->compute, &staged);
             if (status == FSDP_OK)
-                status = dev->ops->memcpy_async(dev, staged, h->local_shard,
+                status = dev->ops->memcpy_async(dev, staged, shard,
                                                 h->shard_numel * sizeof(float), fs->compute);
             src = staged;
         }
@@ -522,6 +522,11 @@ fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
     fsdp_mem_free(fs->mem, staged);
     fsdp_mem_free(fs->mem, full);
     return status;
+}
+
+fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
+{
+    return fsdp_unit_gather_buffer(u, u->handle ? u->handle->local_shard : NULL, host_out);
 }
 
 void *fsdp_unit_param(fsdp_unit_t *u, int index)

@@ -57,16 +57,156 @@ const char *fsdp_sim_last_error(fsdp_dev_t *dev)
     return sdev->last_error;
 }
 
-/* ---- clocks ---------------------------------------------------------------------------- */
+/* ---- accounting ------------------------------------------------------------------------ */
 
 static double max2(double a, double b)
 {
     return a > b ? a : b;
 }
 
+/* Appends [start, end) to a span list; with merge, joins it to the last span it touches (lists
+ * whose spans come in time order). */
+static void spans_add(fsdp_sim_dev_t *dev, fsdp_sim_spans_t *l, double start, double end,
+                      int merge)
+{
+    if (!(end > start))
+        return;
+    if (merge && l->n > 0 && start <= l->v[l->n - 1].end) {
+        l->v[l->n - 1].end = max2(l->v[l->n - 1].end, end);
+        return;
+    }
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        fsdp_sim_span_t *v = realloc(l->v, cap * sizeof(*v));
+        if (v == NULL) {
+            dev->acct_oom = 1; /* accounting only: the simulation goes on */
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n].start = start;
+    l->v[l->n].end = end;
+    l->n++;
+}
+
+static int span_cmp(const void *a, const void *b)
+{
+    const fsdp_sim_span_t *x = a, *y = b;
+
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Sorts and merges a span list in place. */
+static void spans_normalize(fsdp_sim_spans_t *l)
+{
+    size_t w = 0;
+
+    if (l->n < 2)
+        return;
+    qsort(l->v, l->n, sizeof(*l->v), span_cmp);
+    for (size_t i = 1; i < l->n; i++) {
+        if (l->v[i].start <= l->v[w].end)
+            l->v[w].end = max2(l->v[w].end, l->v[i].end);
+        else
+            l->v[++w] = l->v[i];
+    }
+    l->n = w + 1;
+}
+
+static double spans_total(const fsdp_sim_spans_t *l)
+{
+    double t = 0.0;
+
+    for (size_t i = 0; i < l->n; i++)
+        t += l->v[i].end - l->v[i].start;
+    return t;
+}
+
+/* Length of the intersection of two sorted, merged span lists. */
+static double spans_overlap(const fsdp_sim_spans_t *a, const fsdp_sim_spans_t *b)
+{
+    size_t i = 0, j = 0;
+    double t = 0.0;
+
+    while (i < a->n && j < b->n) {
+        double lo = max2(a->v[i].start, b->v[j].start);
+        double hi = a->v[i].end < b->v[j].end ? a->v[i].end : b->v[j].end;
+        if (hi > lo)
+            t += hi - lo;
+        if (a->v[i].end < b->v[j].end)
+            i++;
+        else
+            j++;
+    }
+    return t;
+}
+
+void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
+                           fsdp_sim_coll_kind_t kind, double ready, double end,
+                           double nccl_bytes)
+{
+    fsdp_sim_spans_t *l = &dev->comm_spans;
+
+    (void)stream;
+    if ((unsigned)kind <= FSDP_SIM_COLL_SPLIT)
+        dev->acct.coll_s[kind] += end - ready;
+    dev->acct.coll_bytes += nccl_bytes;
+    dev->acct.n_colls++;
+    /* keep the list short: collectives of several streams interleave, but most touch */
+    if (l->n == l->cap && l->n >= 4096)
+        spans_normalize(l);
+    spans_add(dev, l, ready, end, 1);
+}
+
+/* Accounts a kernel or copy that ran on stream over [start, end). */
+static void account_op(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
+                       const fsdp_sim_op_t *op, double start, double end)
+{
+    double flops, bytes;
+
+    if (op->kind == FSDP_SIM_OP_KERNEL) {
+        fsdp_kernel_cost(op->kernel, &flops, &bytes);
+        dev->acct.kernel_s += end - start;
+        dev->acct.flops += flops;
+        dev->acct.n_kernels++;
+        if (op->kernel->kind == FSDP_K_GEMM) {
+            dev->acct.gemm_s += end - start;
+            dev->acct.gemm_flops += flops;
+        }
+    } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
+        dev->acct.copy_s[fsdp_sim_copy_kind(dev, op->dst, op->src)] += end - start;
+        dev->acct.n_copies++;
+    } else {
+        return;
+    }
+    if (stream == &dev->compute)
+        spans_add(dev, &dev->compute_spans, start, end, 1);
+}
+
+void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev)
+{
+    free(dev->compute_spans.v);
+    free(dev->comm_spans.v);
+    free(dev->segs);
+    memset(&dev->compute_spans, 0, sizeof(dev->compute_spans));
+    memset(&dev->comm_spans, 0, sizeof(dev->comm_spans));
+    dev->segs = NULL;
+    dev->n_segs = dev->cap_segs = 0;
+}
+
+/* ---- clocks ---------------------------------------------------------------------------- */
+
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream)
 {
-    return max2(dev->host_clock, stream->clock);
+    return max2(dev->host_clock + dev->profile->host.launch_latency_s, stream->clock);
+}
+
+void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
+{
+    dev->host_clock += dev->profile->host.launch_overhead_s;
 }
 
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
@@ -75,6 +215,8 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
     double start = fsdp_sim_stream_ready(dev, stream);
 
     stream->clock = start + fsdp_sim_op_cost(dev, op);
+    account_op(dev, stream, op, start, stream->clock);
+    fsdp_sim_host_launch(dev);
     return stream->clock;
 }
 
@@ -101,6 +243,76 @@ static double sim_host_time(fsdp_dev_t *dev)
 }
 
 /* ---- segments -------------------------------------------------------------------------- */
+
+/* The live segments, sorted by base: a copy's kind comes from where its pointers lie. */
+static size_t seg_search(const fsdp_sim_dev_t *dev, uintptr_t addr)
+{
+    size_t lo = 0, hi = dev->n_segs;
+
+    /* the first segment whose base is above addr */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (dev->segs[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static fsdp_status_t seg_insert(fsdp_sim_dev_t *dev, void *ptr, size_t size, fsdp_memkind_t kind)
+{
+    uintptr_t base = (uintptr_t)ptr;
+    size_t i;
+
+    if (dev->n_segs == dev->cap_segs) {
+        size_t cap = dev->cap_segs ? dev->cap_segs * 2 : 64;
+        fsdp_sim_segment_t *v = realloc(dev->segs, cap * sizeof(*v));
+        if (v == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        dev->segs = v;
+        dev->cap_segs = cap;
+    }
+    i = seg_search(dev, base);
+    memmove(&dev->segs[i + 1], &dev->segs[i], (dev->n_segs - i) * sizeof(*dev->segs));
+    dev->segs[i].base = base;
+    dev->segs[i].end = base + size;
+    dev->segs[i].kind = kind;
+    dev->n_segs++;
+    return FSDP_OK;
+}
+
+static void seg_remove(fsdp_sim_dev_t *dev, void *ptr)
+{
+    size_t i = seg_search(dev, (uintptr_t)ptr);
+
+    if (i == 0 || dev->segs[i - 1].base != (uintptr_t)ptr)
+        return;
+    i--;
+    memmove(&dev->segs[i], &dev->segs[i + 1], (dev->n_segs - i - 1) * sizeof(*dev->segs));
+    dev->n_segs--;
+}
+
+/* 0: device memory, 1: host memory (pinned or not). */
+static int addr_on_device(const fsdp_sim_dev_t *dev, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    size_t i = seg_search(dev, a);
+
+    return i > 0 && a < dev->segs[i - 1].end && dev->segs[i - 1].kind == FSDP_MEMKIND_DEVICE;
+}
+
+fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst,
+                                        const void *src)
+{
+    int d = addr_on_device(dev, dst), s = addr_on_device(dev, src);
+
+    if (d && s)
+        return FSDP_SIM_COPY_D2D;
+    if (d)
+        return FSDP_SIM_COPY_H2D;
+    return s ? FSDP_SIM_COPY_D2H : FSDP_SIM_COPY_H2H;
+}
 
 static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
                                        void **ptr_p)
@@ -133,6 +345,8 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
                        dev->rank, bytes);
             return FSDP_ERR_OUT_OF_MEMORY;
         }
+        if (seg_insert(sdev, (void *)sdev->shape_next, size, kind) != FSDP_OK)
+            return FSDP_ERR_NO_MEMORY;
         *ptr_p = (void *)sdev->shape_next;
         sdev->shape_next += size + SIM_SHAPE_ALIGN;
         return FSDP_OK;
@@ -145,6 +359,10 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
         fsdp_debug("rank %d: segment_alloc of %zu bytes failed", dev->rank, bytes);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
+    if (seg_insert(sdev, ptr, size, kind) != FSDP_OK) {
+        free(ptr);
+        return FSDP_ERR_NO_MEMORY;
+    }
     memset(ptr, 0, size);
     *ptr_p = ptr;
     return FSDP_OK;
@@ -153,6 +371,9 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
 static void sim_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
 {
     (void)kind;
+    if (ptr == NULL)
+        return;
+    seg_remove((fsdp_sim_dev_t *)dev, ptr);
     if (!fsdp_sim_is_shape((fsdp_sim_dev_t *)dev))
         free(ptr);
 }
@@ -184,6 +405,8 @@ static fsdp_status_t sim_stream_create(fsdp_dev_t *dev, const char *name, int pr
         snprintf(s->super.name, sizeof(s->super.name), "stream%d", s->super.id);
     /* A new stream has no work: it is ready from the host's present on. */
     s->clock = sdev->host_clock;
+    s->next = sdev->streams;
+    sdev->streams = s;
     *stream_p = &s->super;
     return FSDP_OK;
 }
@@ -195,6 +418,12 @@ static void sim_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
 
     if (s == NULL || s == &sdev->compute || s->dev != sdev)
         return;
+    for (fsdp_sim_stream_t **pp = &sdev->streams; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    }
     free(s);
 }
 
@@ -253,7 +482,6 @@ static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
                                       fsdp_stream_t *stream)
 {
     fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
-    fsdp_sim_op_t op = {.kind = FSDP_SIM_OP_EVENT_RECORD};
     fsdp_sim_event_t *ev = NULL;
     fsdp_sim_stream_t *s = NULL;
     fsdp_status_t status;
@@ -264,8 +492,11 @@ static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
     status = fsdp_sim_stream_get(sdev, stream, &s);
     if (status != FSDP_OK)
         return status;
-    ev->time = fsdp_sim_stream_issue(sdev, s, &op);
+    /* The event completes when the stream has done the work issued before it, or at once on
+     * an idle stream; it does not hold the stream up. */
+    ev->time = max2(s->clock, sdev->host_clock);
     ev->recorded = 1;
+    sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }
 
@@ -287,6 +518,7 @@ static fsdp_status_t sim_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *strea
      * it. An event never recorded is complete, as in CUDA. */
     if (ev->recorded)
         s->clock = max2(s->clock, ev->time);
+    sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }
 
@@ -333,7 +565,8 @@ static fsdp_status_t sim_memcpy_async(fsdp_dev_t *dev, void *dst, const void *sr
     status = fsdp_sim_stream_get(sdev, stream, &s);
     if (status != FSDP_OK)
         return status;
-    if (bytes > 0 && (dst == NULL || src == NULL))
+    /* shape mode moves no data: host buffers may be absent */
+    if (bytes > 0 && (dst == NULL || src == NULL) && !fsdp_sim_is_shape(sdev))
         return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM,
                                "memcpy_async of %zu bytes with a NULL %s", bytes,
                                dst == NULL ? "destination" : "source");
@@ -368,6 +601,72 @@ static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fs
     }
     fsdp_sim_stream_issue(sdev, s, &op);
     return FSDP_OK;
+}
+
+/* ---- virtual time queries ---------------------------------------------------------------- */
+
+double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+    fsdp_sim_stream_t *s = NULL;
+
+    if (sdev == NULL || fsdp_sim_stream_get(sdev, stream, &s) != FSDP_OK)
+        return 0.0;
+    return s->clock;
+}
+
+double fsdp_sim_device_time(fsdp_dev_t *dev)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+    double t;
+
+    if (sdev == NULL)
+        return 0.0;
+    t = max2(sdev->host_clock, sdev->compute.clock);
+    for (const fsdp_sim_stream_t *s = sdev->streams; s != NULL; s = s->next)
+        t = max2(t, s->clock);
+    return t;
+}
+
+const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+
+    return sdev != NULL ? sdev->profile : NULL;
+}
+
+fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+    fsdp_sim_time_stats_t st;
+
+    if (sdev == NULL || stats_p == NULL) {
+        fsdp_error("fsdp_sim_time_stats: needs a rank of the sim backend and stats_p");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    st = sdev->acct;
+    st.host_time = sdev->host_clock;
+    st.device_time = fsdp_sim_device_time(dev);
+    spans_normalize(&sdev->comm_spans);
+    st.compute_s = spans_total(&sdev->compute_spans);
+    st.comm_s = spans_total(&sdev->comm_spans);
+    st.exposed_comm_s = st.comm_s - spans_overlap(&sdev->comm_spans, &sdev->compute_spans);
+    if (st.exposed_comm_s < 0.0)
+        st.exposed_comm_s = 0.0;
+    *stats_p = st;
+    return FSDP_OK;
+}
+
+void fsdp_sim_time_reset(fsdp_dev_t *dev)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+
+    if (sdev == NULL)
+        return;
+    memset(&sdev->acct, 0, sizeof(sdev->acct));
+    sdev->compute_spans.n = 0;
+    sdev->comm_spans.n = 0;
+    sdev->acct_oom = 0;
 }
 
 /* ---- the table ------------------------------------------------------------------------- */

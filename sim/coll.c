@@ -117,7 +117,9 @@ static fsdp_status_t coll_prepare(fsdp_sim_dev_t *d, fsdp_group_t *group, fsdp_s
     return FSDP_OK;
 }
 
-/* Runs a stream-ordered collective: the stream's later work starts after it ends. */
+/* Runs a stream-ordered collective: the stream's later work starts after it ends. Launching
+ * it costs the host what a kernel launch costs; the rank's thread may block in the rendezvous,
+ * its virtual host clock does not. */
 static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stream_t *stream,
                                  fsdp_sim_call_t *call)
 {
@@ -129,11 +131,19 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
     status = coll_prepare(d, group, stream, call, &h, &s);
     if (status != FSDP_OK)
         return status;
+    fsdp_sim_host_launch(d);
     status = fsdp_sim_coll_run(d, h, call);
     if (status != FSDP_OK)
         return status;
     if (call->end > s->clock)
         s->clock = call->end;
+    {
+        /* as NCCL counts bytes: the full buffer of an all-gather or reduce-scatter */
+        double nbytes = (double)call->count * (double)fsdp_dtype_size(call->dtype);
+        if (call->kind == FSDP_SIM_COLL_ALL_GATHER || call->kind == FSDP_SIM_COLL_REDUCE_SCATTER)
+            nbytes *= h->super.size;
+        fsdp_sim_account_coll(d, s, call->kind, call->ready, call->end, nbytes);
+    }
     return FSDP_OK;
 }
 

@@ -1,15 +1,301 @@
 /* The sim's cost model: how long an op takes once it starts.
  *
  * Every op of the sim backend (kernels, copies, event records, collectives) is priced here and
- * nowhere else, so a roofline for kernels (fsdp_kernel_cost() against a device profile) and an
- * NCCL-style latency + bytes / bandwidth model for collectives replace this one function. Until
- * then every op is free: virtual clocks only order ops, they do not advance.
+ * nowhere else, from the world's cluster profile (profile.c; numbers and sources in
+ * traces/profiles/README.md):
+ *
+ *  - kernels by roofline: max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency)) plus a
+ *    fixed kernel latency, FLOPs and bytes from fsdp_kernel_cost();
+ *  - copies by bandwidth: PCIe for host<->device, a read and a write of HBM device to device;
+ *  - collectives by NCCL's own model (src/graph/tuning.cc, ncclTopoTuneModel and
+ *    ncclTopoGetAlgoTime): time = latency + bytes / algorithm bandwidth for every enabled
+ *    (algorithm, protocol), the fastest winning, with NVLink latencies and bandwidth inside a
+ *    node and the network's when the group spans nodes.
+ *
+ * Everything is a pure function of the profile and the op: no wall clock, no state.
  */
 #include "sim.h"
 
+#include <math.h>
+#include <stdlib.h>
+
+const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind)
+{
+    static const char *const names[FSDP_SIM_COPY_COUNT] = {"h2d", "d2h", "d2d", "h2h"};
+
+    return (unsigned)kind < FSDP_SIM_COPY_COUNT ? names[kind] : "invalid";
+}
+
+double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *p, fsdp_dtype_t dtype)
+{
+    if ((unsigned)dtype >= FSDP_DTYPE_COUNT)
+        return 0.0;
+    if (dtype == FSDP_DTYPE_F32 && p->gpu.allow_tf32)
+        return p->gpu.tf32_flops_per_s;
+    return p->gpu.matmul_flops_per_s[dtype];
+}
+
+/* t = work / (rate x efficiency); a rate of 0 means the resource is not modeled (free). */
+static double rate_time(double work, double rate, double efficiency)
+{
+    if (work <= 0.0 || rate <= 0.0)
+        return 0.0;
+    return work / (rate * efficiency);
+}
+
+double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+{
+    double flops, bytes, peak, tc, tm;
+
+    fsdp_kernel_cost(k, &flops, &bytes);
+    /* the GEMM descriptor is f32 (kernel.h); element-wise work runs on CUDA cores */
+    peak = k->kind == FSDP_K_GEMM ? fsdp_sim_profile_matmul_flops(p, FSDP_DTYPE_F32)
+                                  : p->gpu.vector_flops_per_s;
+    tc = rate_time(flops, peak, p->gpu.compute_efficiency);
+    tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
+    return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+}
+
+double fsdp_sim_copy_time(const fsdp_sim_profile_t *p, fsdp_sim_copy_kind_t kind, double bytes)
+{
+    double t;
+
+    if (bytes <= 0.0)
+        return 0.0;
+    switch (kind) {
+    case FSDP_SIM_COPY_H2D:
+        t = rate_time(bytes, p->host.h2d_bytes_per_s, 1.0);
+        break;
+    case FSDP_SIM_COPY_D2D: /* every byte is read and written */
+        t = rate_time(2.0 * bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
+        break;
+    default:
+        t = rate_time(bytes, p->host.d2h_bytes_per_s, 1.0);
+        break;
+    }
+    return t + p->gpu.kernel_latency_s;
+}
+
+/* ---- NCCL ------------------------------------------------------------------------------- */
+
+/* NCCL's log2i of a byte count's 64-byte units: floor(log2(n)), -1 for n == 0. */
+static int log2_units(double nbytes)
+{
+    double units = floor(nbytes / 64.0);
+    int l = -1;
+
+    while (units >= 1.0) {
+        units = floor(units / 2.0);
+        l++;
+    }
+    return l;
+}
+
+static int ilog2(int n)
+{
+    int l = 0;
+
+    while (n >>= 1)
+        l++;
+    return l;
+}
+
+/* min(v, c) where c <= 0 means no cap. */
+static double cap(double v, double c)
+{
+    return c > 0.0 && c < v ? c : v;
+}
+
+/* Latency and algorithm bandwidth of one (algorithm, protocol); returns 0 if not applicable. */
+static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kind, int a, int pr,
+                     int n, int nodes, double nbytes, double *lat_p, double *bw_p)
+{
+    int ppn = n / nodes, cls = nodes <= 1 ? 0 : nodes == 2 ? 1 : 2;
+    int all_reduce = kind == FSDP_SIM_COLL_ALL_REDUCE || kind == FSDP_SIM_COLL_BARRIER;
+    int nsteps, ninter;
+    double bus, lat, bw, inter;
+
+    if (all_reduce) {
+        nsteps = 2 * (n - 1);
+        ninter = 2 * (nodes - 1);
+    } else if (kind == FSDP_SIM_COLL_BROADCAST) {
+        nsteps = n;
+        ninter = nodes > 1 ? nodes : 0;
+    } else {
+        nsteps = n - 1;
+        ninter = nodes - 1;
+    }
+    /* A ring or tree crossing nodes leaves each node once per channel: the NICs the group's
+     * ranks on a node drive together carry what NVLink carries inside it. */
+    bus = nc->intra_bus_bytes_per_s;
+    if (nodes > 1)
+        bus = cap(bus, nc->nic_bytes_per_s * (nc->nics_per_node < ppn ? nc->nics_per_node : ppn));
+    /* with one rank per node, latencies are fully exposed: the tree's network row */
+    inter = (ppn == 1 ? nc->inter_latency_s[FSDP_SIM_ALGO_TREE][pr] : nc->inter_latency_s[a][pr]) +
+            nc->net_latency_s * (pr == FSDP_SIM_PROTO_SIMPLE ? 2.0 : 1.0);
+
+    switch (a) {
+    case FSDP_SIM_ALGO_RING:
+        if (pr == FSDP_SIM_PROTO_LL)
+            bus = cap(0.5 * bus, nc->ll_max_bytes_per_s[cls]);
+        else if (pr == FSDP_SIM_PROTO_LL128)
+            bus = cap(0.92 * bus, nc->channels * nc->ring_ll128_channel_bytes_per_s[cls]);
+        bw = bus * n / nsteps;
+        lat = nc->base_latency_s[a][pr];
+        if (kind == FSDP_SIM_COLL_BROADCAST) {
+            /* a chain of n steps; Simple pays the tree's chunk latency per step */
+            int la = pr == FSDP_SIM_PROTO_SIMPLE ? FSDP_SIM_ALGO_TREE : FSDP_SIM_ALGO_RING;
+            lat += nsteps * (nodes == 1 ? nc->intra_latency_s[la][pr] : nc->inter_latency_s[la][pr]);
+        } else {
+            double intra = nc->intra_latency_s[a][pr];
+            if (nodes > 1) {
+                double ovh = nc->net_overhead_s * (pr == FSDP_SIM_PROTO_SIMPLE ? 3.0 : 1.0);
+                intra = intra > ovh ? intra : ovh;
+            }
+            lat += (nsteps - ninter) * intra + ninter * inter;
+            /* plateau effect of multi-node rings (sm80 and later) */
+            if (pr == FSDP_SIM_PROTO_SIMPLE && nodes > 1 && all_reduce &&
+                nbytes / ((double)nc->channels * n) >= 64.0)
+                lat *= nc->ring_plateau_factor;
+        }
+        break;
+    case FSDP_SIM_ALGO_TREE:
+        if (!all_reduce)
+            return 0;
+        bus = cap(0.92 * bus, nc->channels * nc->tree_channel_bytes_per_s[cls]);
+        if (pr == FSDP_SIM_PROTO_LL)
+            bus = cap(bus / 3.8, nc->ll_max_bytes_per_s[cls]);
+        else if (pr == FSDP_SIM_PROTO_LL128)
+            bus = cap(bus * (nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0),
+                      nc->channels * nc->tree_ll128_channel_bytes_per_s[cls]);
+        bw = 0.5 * bus;
+        lat = nc->base_latency_s[a][pr] +
+              2.0 * ((ppn - 1) * nc->intra_latency_s[a][pr] + ilog2(nodes) * inter);
+        {
+            int ls = log2_units(nbytes);
+            if (ls >= 0 && ls < FSDP_SIM_TREE_SIZES)
+                bw *= nc->tree_correction[pr][ls];
+        }
+        break;
+    case FSDP_SIM_ALGO_NVLS:
+        /* NVLink SHARP: all-reduce inside one node (multi-node NVLS needs CollNet) */
+        if (!all_reduce || nodes > 1 || pr != FSDP_SIM_PROTO_SIMPLE ||
+            nc->nvls_bus_bytes_per_s <= 0.0)
+            return 0;
+        bw = nc->nvls_bus_bytes_per_s * n / nsteps;
+        lat = nc->intra_latency_s[a][pr];
+        break;
+    default:
+        return 0;
+    }
+    if (!(bw > 0.0))
+        return 0;
+    *lat_p = lat;
+    *bw_p = bw;
+    return 1;
+}
+
+double fsdp_sim_coll_time(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind, int nranks,
+                          int nnodes, double nbytes, fsdp_sim_coll_cost_t *cost_p)
+{
+    const fsdp_sim_nccl_profile_t *nc = &p->nccl;
+    fsdp_sim_coll_cost_t best = {FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 0.0, 0.0, 0.0};
+    int found = 0;
+
+    if (nbytes < 0.0)
+        nbytes = 0.0;
+    if (kind == FSDP_SIM_COLL_SPLIT) {
+        /* host-side bookkeeping only */
+    } else if (nranks <= 1) {
+        /* NCCL on one rank copies the buffer (nothing in place) */
+        best.time_s = fsdp_sim_copy_time(p, FSDP_SIM_COPY_D2D, nbytes);
+    } else {
+        if (nnodes < 1)
+            nnodes = 1;
+        if (nnodes > nranks)
+            nnodes = nranks;
+        for (int a = 0; a < FSDP_SIM_ALGO_COUNT; a++) {
+            if (!(nc->algorithms & (1u << a)))
+                continue;
+            for (int pr = 0; pr < FSDP_SIM_PROTO_COUNT; pr++) {
+                double lat, bw, t;
+                if (!(nc->protocols & (1u << pr)) ||
+                    !nccl_algo(nc, kind, a, pr, nranks, nnodes, nbytes, &lat, &bw))
+                    continue;
+                t = lat + nbytes / bw;
+                /* strictly faster wins: ties keep the earlier (algorithm, protocol), as NCCL */
+                if (!found || t < best.time_s) {
+                    best.algo = (fsdp_sim_algo_t)a;
+                    best.proto = (fsdp_sim_proto_t)pr;
+                    best.latency_s = lat;
+                    best.algo_bytes_per_s = bw;
+                    best.time_s = t;
+                    found = 1;
+                }
+            }
+        }
+    }
+    if (cost_p != NULL)
+        *cost_p = best;
+    return best.time_s;
+}
+
+int fsdp_sim_count_nodes(const int *ranks, int n, int per_node)
+{
+    int *nodes, count = 0;
+
+    if (n <= 0 || per_node <= 0)
+        return 1;
+    nodes = malloc((size_t)n * sizeof(*nodes));
+    if (nodes == NULL) {
+        /* quadratic, but needs no memory */
+        for (int i = 0; i < n; i++) {
+            int seen = 0;
+            for (int j = 0; j < i && !seen; j++)
+                seen = ranks[j] / per_node == ranks[i] / per_node;
+            count += !seen;
+        }
+        return count;
+    }
+    /* group ranks are usually in node order: count changes, then check the rest sorted */
+    for (int i = 0; i < n; i++)
+        nodes[i] = ranks[i] / per_node;
+    for (int i = 1; i < n; i++) {
+        /* insertion sort: near-sorted input is linear */
+        int v = nodes[i], j = i - 1;
+        while (j >= 0 && nodes[j] > v) {
+            nodes[j + 1] = nodes[j];
+            j--;
+        }
+        nodes[j + 1] = v;
+    }
+    for (int i = 0; i < n; i++)
+        count += i == 0 || nodes[i] != nodes[i - 1];
+    free(nodes);
+    return count;
+}
+
 double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op)
 {
-    (void)dev;
-    (void)op;
-    return 0.0;
+    const fsdp_sim_profile_t *p = dev->profile;
+    double nbytes;
+
+    switch (op->kind) {
+    case FSDP_SIM_OP_KERNEL:
+        return fsdp_sim_kernel_time(p, op->kernel);
+    case FSDP_SIM_OP_MEMCPY:
+        return fsdp_sim_copy_time(p, fsdp_sim_copy_kind(dev, op->dst, op->src), (double)op->bytes);
+    case FSDP_SIM_OP_COLLECTIVE:
+        nbytes = (double)op->bytes;
+        /* NCCL counts the full buffer of an all-gather or reduce-scatter */
+        if (op->coll == FSDP_SIM_COLL_ALL_GATHER || op->coll == FSDP_SIM_COLL_REDUCE_SCATTER)
+            nbytes *= op->comm->size;
+        /* torch's barrier is an all-reduce of one element */
+        if (op->coll == FSDP_SIM_COLL_BARRIER)
+            nbytes = 4.0;
+        return fsdp_sim_coll_time(p, op->coll, op->comm->size, op->comm->nodes, nbytes, NULL);
+    case FSDP_SIM_OP_EVENT_RECORD:
+    default:
+        return 0.0;
+    }
 }

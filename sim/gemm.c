@@ -8,12 +8,13 @@
  * one contiguous, zero-padded layout, so a single micro-kernel serves every case and edge
  * tiles need no special code.
  *
- * The micro-kernel is plain C over GNU vector types: gcc -O2 does not keep an MR x NR float
- * array in registers on its own (measured 6-15 GFLOP/s), while a tile of vector variables
- * compiles to one broadcast, NR/W multiplies and NR/W adds per row and k. On x86-64 a second
- * copy of the same source is compiled for AVX2 and picked at run time. Neither enables FMA,
- * so both round every product and every sum the same way: the result does not depend on the
- * micro-kernel, only on KC.
+ * The micro-kernel is plain C over GNU vector types (no intrinsics): gcc -O2 does not keep an
+ * MR x NR float array in registers on its own (measured 3 to 7 flops per cycle on Zen 3), while
+ * a tile of vector variables compiles to one broadcast, NR/W multiplies and NR/W adds per row
+ * and k (29 flops per cycle with AVX2, of a peak of 32 without FMA). On x86-64 a second copy of
+ * the same source is compiled for AVX2 and picked at run time; the baseline copy uses SSE2.
+ * Neither enables FMA, so both round every product and every sum the same way: the result
+ * does not depend on the micro-kernel, only on KC (test_kernels checks the bits agree).
  *
  * Summation order, fixed for a shape: element C[i,j] accumulates k in ascending order inside
  * each KC block starting from 0; the first block is written as alpha*acc (+ beta*C), later
@@ -31,15 +32,9 @@
 
 #define MR 6                /* micro-tile rows */
 #define NR 16               /* micro-tile columns */
-#ifndef KC
-#define KC FSDP_SIM_GEMM_KC /* k depth of a packed block */
-#endif
-#ifndef MC
-#define MC 144 /* rows of a packed A block (multiple of MR): MC*KC*4 = 144 KiB */
-#endif
-#ifndef NC
-#define NC 3072 /* columns of a packed B panel (multiple of NR): KC*NC*4 = 3 MiB */
-#endif
+#define KC FSDP_SIM_GEMM_KC /* k depth of a packed block: A 6 KiB and B 16 KiB micro-panels */
+#define MC 144              /* rows of a packed A block (multiple of MR): 144 KiB, in L2 */
+#define NC 3072             /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
 
 #if defined(__GNUC__)
 #define FSDP_GEMM_VECTOR 1
@@ -55,35 +50,35 @@
 
 /* Computes tile[MR][NR] = sum over p < kc of a[p][0..MR) (x) b[p][0..NR), from packed
  * micro-panels a (kc x MR) and b (kc x NR). */
-typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a,
-                                    const float *__restrict b, float *__restrict tile);
+typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a, const float *__restrict b,
+                                    float *__restrict tile);
 
 #if FSDP_GEMM_VECTOR
 /* One source for every vector width: vtype holds vw floats; the MR rows of the tile are done
  * `rows` at a time (each pass over the whole of kc), so that the accumulators of a pass fit in
  * the registers of the target. Each element still sums p in ascending order. */
 #define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows)                                             \
-    attr static void name(size_t kc, const float *__restrict a, const float *__restrict b,        \
+    attr static void name(size_t kc, const float *__restrict a, const float *__restrict b,         \
                           float *__restrict tile)                                                  \
     {                                                                                              \
         for (int r0 = 0; r0 < MR; r0 += (rows)) {                                                  \
             vtype acc[rows][NR / (vw)];                                                            \
-            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                              \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                               \
                 _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] =            \
                     (vtype){0};                                                                    \
             for (size_t p = 0; p < kc; p++) {                                                      \
                 vtype bv[NR / (vw)];                                                               \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                       \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                        \
                     memcpy(&bv[j], b + p * NR + (size_t)j * (vw), sizeof(vtype));                  \
-                _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                          \
+                _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                           \
                 {                                                                                  \
                     float ai = a[p * MR + (size_t)(r0 + i)];                                       \
                     _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++) acc[i][j] +=       \
                         ai * bv[j];                                                                \
                 }                                                                                  \
             }                                                                                      \
-            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                              \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                       \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (rows); i++)                               \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR / (vw); j++)                        \
                     memcpy(tile + (r0 + i) * NR + j * (vw), &acc[i][j], sizeof(vtype));            \
         }                                                                                          \
     }
@@ -168,8 +163,8 @@ static size_t fsdp_gemm_round_up(size_t x, size_t to)
 
 /* Packs op(A)[i0 .. i0+mc, p0 .. p0+kc) into MR-row micro-panels: element (i, p) of the block
  * goes to ap[(i / MR) * kc * MR + p * MR + i % MR]; rows past mc are zero. */
-static void fsdp_gemm_pack_a(int trans, const float *a, size_t lda, size_t i0, size_t mc,
-                             size_t p0, size_t kc, float *__restrict ap)
+static void fsdp_gemm_pack_a(int trans, const float *a, size_t lda, size_t i0, size_t mc, size_t p0,
+                             size_t kc, float *__restrict ap)
 {
     for (size_t ir = 0; ir < mc; ir += MR) {
         size_t mr = fsdp_gemm_min(MR, mc - ir);
@@ -197,8 +192,8 @@ static void fsdp_gemm_pack_a(int trans, const float *a, size_t lda, size_t i0, s
 
 /* Packs op(B)[p0 .. p0+kc, j0 .. j0+nc) into NR-column micro-panels: element (p, j) goes to
  * bp[(j / NR) * kc * NR + p * NR + j % NR]; columns past nc are zero. */
-static void fsdp_gemm_pack_b(int trans, const float *b, size_t ldb, size_t p0, size_t kc,
-                             size_t j0, size_t nc, float *__restrict bp)
+static void fsdp_gemm_pack_b(int trans, const float *b, size_t ldb, size_t p0, size_t kc, size_t j0,
+                             size_t nc, float *__restrict bp)
 {
     for (size_t jr = 0; jr < nc; jr += NR) {
         size_t nr = fsdp_gemm_min(NR, nc - jr);

@@ -3,8 +3,9 @@
  * This file only validates and loops: every per-element or per-column formula is a body of
  * lib/kernels/kernel_elem.h (fsdp_kb_elem and friends), the code the gpu backend launches, and
  * the per-launch scalars come from the same fsdp_kb_prepare(). GEMM runs the blocked routine
- * of gemm.c. Reductions run in a fixed order: bias_grad sums each column in row order,
- * mse_loss and sumsq accumulate in double in index order.
+ * of gemm.c. Reductions run in a fixed order that depends on n alone: bias_grad sums each
+ * column in row order in f32; mse_loss and sumsq sum their terms in double along the GPU's
+ * tree (fsdp_kb_reduce_sum), so the sim and the gpu backend agree bit for bit.
  */
 #include "config.h"
 
@@ -26,9 +27,9 @@ static int fsdp_sim_dtype_float(fsdp_dtype_t dtype)
 }
 
 /* Logs one line naming the kernel and returns FSDP_ERR_INVALID_PARAM. */
-#define FSDP_SIM_KERNEL_INVALID(k, ...)                                                            \
+#define FSDP_SIM_KERNEL_INVALID(k, fmt, ...)                                                       \
     do {                                                                                           \
-        fsdp_error("kernel %s: " __VA_ARGS__);                                                     \
+        fsdp_error("kernel %s: " fmt, fsdp_kernel_name((k)->kind), __VA_ARGS__);                   \
         return FSDP_ERR_INVALID_PARAM;                                                             \
     } while (0)
 
@@ -36,16 +37,14 @@ static int fsdp_sim_dtype_float(fsdp_dtype_t dtype)
 #define FSDP_SIM_NEED(k, ptr, n)                                                                   \
     do {                                                                                           \
         if ((ptr) == NULL && (n) > 0)                                                              \
-            FSDP_SIM_KERNEL_INVALID(k, "%s is NULL for %zu elements", fsdp_kernel_name((k)->kind), \
-                                    #ptr, (size_t)(n));                                            \
+            FSDP_SIM_KERNEL_INVALID(k, "%s is NULL for %zu elements", #ptr, (size_t)(n));          \
     } while (0)
 
 #define FSDP_SIM_NEED_DTYPE(k, dtype, allowed, what)                                               \
     do {                                                                                           \
         if (!(allowed))                                                                            \
-            FSDP_SIM_KERNEL_INVALID(k, "%s dtype %d (%s) not allowed, use %s",                     \
-                                    fsdp_kernel_name((k)->kind), #dtype, (int)(dtype),             \
-                                    fsdp_dtype_name(dtype), what);                                 \
+            FSDP_SIM_KERNEL_INVALID(k, "%s dtype %d (%s) not allowed, use %s", #dtype,             \
+                                    (int)(dtype), fsdp_dtype_name(dtype), what);                   \
     } while (0)
 
 /* Do [a, a + an) and [b, b + bn) (bytes) overlap? */
@@ -57,8 +56,6 @@ static int fsdp_sim_overlap(const void *a, size_t an, const void *b, size_t bn)
 
 static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
 {
-    const char *name = fsdp_kernel_name(k->kind);
-
     switch (k->kind) {
     case FSDP_K_FILL:
         FSDP_SIM_NEED_DTYPE(k, k->u.fill.dtype, fsdp_sim_dtype_valid(k->u.fill.dtype),
@@ -76,10 +73,10 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
         if (k->u.cast.dst == (const void *)k->u.cast.src) {
             if (sd != dd)
                 FSDP_SIM_KERNEL_INVALID(k, "in place from %s to %s (in place needs one dtype)",
-                                        name, fsdp_dtype_name(sd), fsdp_dtype_name(dd));
-        } else if (fsdp_sim_overlap(k->u.cast.dst, k->u.cast.n * fsdp_dtype_size(dd),
-                                    k->u.cast.src, k->u.cast.n * fsdp_dtype_size(sd))) {
-            FSDP_SIM_KERNEL_INVALID(k, "dst and src of %zu elements overlap", name, k->u.cast.n);
+                                        fsdp_dtype_name(sd), fsdp_dtype_name(dd));
+        } else if (fsdp_sim_overlap(k->u.cast.dst, k->u.cast.n * fsdp_dtype_size(dd), k->u.cast.src,
+                                    k->u.cast.n * fsdp_dtype_size(sd))) {
+            FSDP_SIM_KERNEL_INVALID(k, "dst and src of %zu elements overlap", k->u.cast.n);
         }
         break;
     }
@@ -102,7 +99,7 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
     case FSDP_K_BIAS_ADD: {
         size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
         if (rows > 0 && cols > SIZE_MAX / rows)
-            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", name, rows, cols);
+            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", rows, cols);
         FSDP_SIM_NEED(k, k->u.bias_add.y, rows * cols);
         FSDP_SIM_NEED(k, k->u.bias_add.bias, rows > 0 ? cols : 0);
         break;
@@ -110,7 +107,7 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
     case FSDP_K_BIAS_GRAD: {
         size_t rows = k->u.bias_grad.rows, cols = k->u.bias_grad.cols;
         if (rows > 0 && cols > SIZE_MAX / rows)
-            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", name, rows, cols);
+            FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", rows, cols);
         FSDP_SIM_NEED(k, k->u.bias_grad.dy, rows * cols);
         FSDP_SIM_NEED(k, k->u.bias_grad.dbias, cols);
         break;
@@ -129,7 +126,7 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
         FSDP_SIM_NEED(k, k->u.mse.y, k->u.mse.n);
         FSDP_SIM_NEED(k, k->u.mse.t, k->u.mse.n);
         if (!(k->u.mse.denom > 0.0)) /* NaN fails too */
-            FSDP_SIM_KERNEL_INVALID(k, "denom %g must be > 0", name, k->u.mse.denom);
+            FSDP_SIM_KERNEL_INVALID(k, "denom %g must be > 0", k->u.mse.denom);
         break;
     case FSDP_K_ADAMW:
         FSDP_SIM_NEED(k, k->u.adamw.param, k->u.adamw.n);
@@ -137,8 +134,7 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
         FSDP_SIM_NEED(k, k->u.adamw.exp_avg, k->u.adamw.n);
         FSDP_SIM_NEED(k, k->u.adamw.exp_avg_sq, k->u.adamw.n);
         if (k->u.adamw.step < 1)
-            FSDP_SIM_KERNEL_INVALID(k, "step %lld must be >= 1", name,
-                                    (long long)k->u.adamw.step);
+            FSDP_SIM_KERNEL_INVALID(k, "step %lld must be >= 1", (long long)k->u.adamw.step);
         break;
     case FSDP_K_SGD:
         FSDP_SIM_NEED(k, k->u.sgd.param, k->u.sgd.n);
@@ -181,9 +177,8 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
 
     if (k->kind == FSDP_K_GEMM)
         return fsdp_sim_gemm(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
-                             k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.lda,
-                             k->u.gemm.b, k->u.gemm.ldb, k->u.gemm.beta, k->u.gemm.c,
-                             k->u.gemm.ldc);
+                             k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.lda, k->u.gemm.b,
+                             k->u.gemm.ldb, k->u.gemm.beta, k->u.gemm.c, k->u.gemm.ldc);
 
     fsdp_kb_prepare(k, &prep);
     switch (k->kind) {
@@ -215,28 +210,21 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
     case FSDP_K_RELU_BWD:
         FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_BWD, k, &prep);
         break;
-    case FSDP_K_MSE_LOSS: {
-        double sum = 0.0;
+    case FSDP_K_MSE_LOSS:
         /* the loss first: it must see y and t before dy is written */
-        for (size_t i = 0; i < k->u.mse.n; i++)
-            sum += fsdp_kb_mse_term(k, i);
-        k->u.mse.loss[0] = (float)(sum / k->u.mse.denom);
+        k->u.mse.loss[0] =
+            (float)(fsdp_kb_reduce_sum(k, k->u.mse.n, fsdp_kb_mse_term) / k->u.mse.denom);
         FSDP_SIM_ELEM_LOOP(FSDP_K_MSE_LOSS, k, &prep); /* dy; prep.n is 0 without it */
         break;
-    }
     case FSDP_K_ADAMW:
         FSDP_SIM_ELEM_LOOP(FSDP_K_ADAMW, k, &prep);
         break;
     case FSDP_K_SGD:
         FSDP_SIM_ELEM_LOOP(FSDP_K_SGD, k, &prep);
         break;
-    case FSDP_K_SUMSQ: {
-        double sum = 0.0;
-        for (size_t i = 0; i < k->u.sumsq.n; i++)
-            sum += fsdp_kb_sumsq_term(k, i);
-        k->u.sumsq.out[0] = (float)sum;
+    case FSDP_K_SUMSQ:
+        k->u.sumsq.out[0] = (float)fsdp_kb_reduce_sum(k, k->u.sumsq.n, fsdp_kb_sumsq_term);
         break;
-    }
     default: /* rejected by the check */
         return FSDP_ERR_INVALID_PARAM;
     }

@@ -25,6 +25,8 @@ void fsdp_sim_params_init(fsdp_sim_params_t *params)
     params->timeout_s = 60.0;
     params->mode = FSDP_SIM_DATA;
     params->device_capacity = 0;
+    /* a built-in preset cannot fail */
+    fsdp_sim_profile_preset(FSDP_SIM_DEFAULT_PROFILE, &params->profile);
 }
 
 static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func_t func)
@@ -58,7 +60,8 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
                    "FSDP_SIM_SHAPE (1)", (int)p->mode);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return FSDP_OK;
+    /* logs which field is wrong */
+    return fsdp_sim_profile_check(&p->profile);
 }
 
 static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
@@ -79,6 +82,7 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
     dev->super.local_size = per_node;
     dev->super.no_data = world->params.mode == FSDP_SIM_SHAPE;
     dev->world = world;
+    dev->profile = &world->params.profile;
     dev->compute.dev = dev;
     dev->compute.super.id = 0;
     dev->compute.super.priority = 0;
@@ -109,6 +113,7 @@ static void sim_world_destroy(fsdp_sim_world_t *world, int n_devs)
     for (int r = 0; r < n_devs; r++) {
         pthread_cond_destroy(&world->devs[r].cond);
         free(world->devs[r].last_error);
+        fsdp_sim_acct_cleanup(&world->devs[r]);
     }
     pthread_mutex_destroy(&world->lock);
     free(world->devs);

@@ -212,6 +212,7 @@ static fsdp_status_t comm_create(fsdp_sim_world_t *w, const char *name, int size
     if (comm->ranks == NULL || comm->handles == NULL || comm->calls == NULL)
         goto err_free_comm;
     memcpy(comm->ranks, ranks, (size_t)size * sizeof(*comm->ranks));
+    comm->nodes = fsdp_sim_count_nodes(ranks, size, w->params.ranks_per_node);
     for (int g = 0; g < size; g++) {
         fsdp_sim_group_t *h = calloc(1, sizeof(*h));
         if (h == NULL)
@@ -572,9 +573,18 @@ static void comm_complete_locked(fsdp_sim_comm_t *comm)
         fsdp_sim_coll_compute(comm->calls, comm->size);
     }
     op.bytes = first->count * fsdp_dtype_size(first->dtype);
+    /* NCCL runs a communicator's collectives one at a time, in call order, whatever streams
+     * they were issued on (PyTorch: "contend for the same per-device NCCL stream"). */
+    if (first->kind != FSDP_SIM_COLL_SPLIT && comm->busy_until > start)
+        start = comm->busy_until;
+    for (int g = 0; g < comm->size; g++)
+        comm->calls[g]->start = start;
     /* Priced from group rank 0's view, so the result does not depend on who came last. */
     comm->seq++;
-    comm_round_end_locked(comm, FSDP_OK, start + fsdp_sim_op_cost(first->dev, &op));
+    if (first->kind != FSDP_SIM_COLL_SPLIT)
+        comm->busy_until = start + fsdp_sim_op_cost(first->dev, &op);
+    comm_round_end_locked(comm, FSDP_OK,
+                          first->kind != FSDP_SIM_COLL_SPLIT ? comm->busy_until : start);
 }
 
 /* ---- the rendezvous -------------------------------------------------------------------- */

@@ -7,10 +7,12 @@
  *
  * Time is virtual. A rank has a host clock and each stream a clock (seconds). Every op goes
  * through fsdp_sim_op_cost() (cost.c), the one place a cost model plugs in: an op issued on a
- * stream starts at max(host clock, stream clock) (the stream clock already includes the events
- * it was told to wait for) and ends cost seconds later. A collective starts when the last rank
- * of the group is ready for it. Data mode runs each op eagerly on the issuing thread, so the
- * real order of memory effects is issue order and the clocks only report time.
+ * stream starts at max(host clock + launch latency, stream clock) (the stream clock already
+ * includes the events it was told to wait for) and ends cost seconds later; issuing it costs
+ * the host the launch overhead. A collective starts when the last rank of the group is ready
+ * for it and the communicator's previous collective has ended. Data mode runs each op eagerly
+ * on the issuing thread, so the real order of memory effects is issue order and the clocks only
+ * report time.
  */
 #ifndef FSDP_SIM_SIM_H
 #define FSDP_SIM_SIM_H
@@ -32,6 +34,7 @@ typedef struct fsdp_sim_stream {
     fsdp_stream_t super;
     fsdp_sim_dev_t *dev; /* owner */
     double clock;        /* virtual time at which the work issued so far ends */
+    struct fsdp_sim_stream *next; /* the dev's created streams */
 } fsdp_sim_stream_t;
 
 /* fsdp_event_t is opaque in backend.h; the sim's event is this struct behind it. */
@@ -48,17 +51,6 @@ typedef struct fsdp_sim_group {
     fsdp_sim_comm_t *comm;
 } fsdp_sim_group_t;
 
-typedef enum {
-    FSDP_SIM_COLL_ALL_GATHER,
-    FSDP_SIM_COLL_REDUCE_SCATTER,
-    FSDP_SIM_COLL_ALL_REDUCE,
-    FSDP_SIM_COLL_BROADCAST,
-    FSDP_SIM_COLL_BARRIER,
-    FSDP_SIM_COLL_SPLIT
-} fsdp_sim_coll_kind_t;
-
-const char *fsdp_sim_coll_name(fsdp_sim_coll_kind_t kind);
-
 /* One rank's call of a collective, deposited (by pointer, it lives on the caller's stack) in
  * the communicator until the round completes or fails. */
 typedef struct fsdp_sim_call {
@@ -71,6 +63,7 @@ typedef struct fsdp_sim_call {
     const void *send;
     void *recv; /* broadcast: the buffer */
     double ready; /* virtual time the caller's stream (host for barrier/split) reaches it */
+    double start; /* written with `end`: when the round started (the latest `ready`) */
     fsdp_sim_dev_t *dev;
     int grank; /* the caller's rank in the group */
     /* written by the rank that completes or fails the round, under the world lock */
@@ -86,12 +79,15 @@ struct fsdp_sim_comm {
     fsdp_sim_world_t *world;
     char name[48];
     int size;
+    int nodes;                  /* nodes its members are on (ranks_per_node of the launch) */
     int *ranks;                 /* global ranks in group-rank order (read-only) */
     fsdp_sim_group_t **handles; /* per member; NULL once destroyed */
     fsdp_sim_comm_t *next;      /* in world->comms */
     int live;                   /* handles not yet destroyed */
     uint64_t seq;               /* rounds completed: the round in progress is call #seq+1 */
     int arrived;
+    double busy_until;       /* end of the last round: NCCL runs a communicator's
+                              * collectives one at a time, in call order */
     fsdp_sim_call_t **calls; /* per group rank, NULL until that member arrives */
     fsdp_status_t failed;    /* FSDP_OK, or why every later call fails at once */
     char *error;             /* the message that goes with `failed` */
@@ -112,8 +108,25 @@ typedef struct fsdp_sim_op {
     const void *src;
     size_t bytes; /* MEMCPY: bytes copied; COLLECTIVE: count * dtype size */
     fsdp_sim_coll_kind_t coll; /* COLLECTIVE */
-    const fsdp_sim_comm_t *comm; /* COLLECTIVE: size and member ranks (intra/inter node) */
+    const fsdp_sim_comm_t *comm; /* COLLECTIVE: size and nodes (NVLink or network) */
 } fsdp_sim_op_t;
+
+/* A half-open busy interval [start, end) of virtual time. */
+typedef struct fsdp_sim_span {
+    double start, end;
+} fsdp_sim_span_t;
+
+/* A growable list of spans. */
+typedef struct fsdp_sim_spans {
+    fsdp_sim_span_t *v;
+    size_t n, cap;
+} fsdp_sim_spans_t;
+
+/* A device segment or pinned host segment, for telling copies apart (h2d, d2h, d2d). */
+typedef struct fsdp_sim_segment {
+    uintptr_t base, end;
+    fsdp_memkind_t kind;
+} fsdp_sim_segment_t;
 
 typedef enum {
     FSDP_SIM_RANK_RUNNING, /* executing its function (counts toward progress) */
@@ -127,7 +140,16 @@ struct fsdp_sim_dev {
     /* owned by the rank's thread */
     double host_clock;
     fsdp_sim_stream_t compute;
+    fsdp_sim_stream_t *streams; /* created ones, newest first */
     int next_stream_id;
+    const fsdp_sim_profile_t *profile; /* &world->params.profile */
+    fsdp_sim_segment_t *segs;          /* live segments, sorted by base */
+    size_t n_segs, cap_segs;
+    /* accounting since the last fsdp_sim_time_reset */
+    fsdp_sim_time_stats_t acct;
+    fsdp_sim_spans_t compute_spans; /* sorted and merged (the compute stream runs in order) */
+    fsdp_sim_spans_t comm_spans;    /* in issue order; merged on query */
+    int acct_oom;                   /* host memory ran out: exposed_comm_s is a lower bound */
     uintptr_t shape_next; /* shape mode: next fake address */
     uintptr_t shape_end;
     char *last_error; /* heap, NULL = "" */
@@ -168,8 +190,25 @@ static inline int fsdp_sim_is_shape(const fsdp_sim_dev_t *dev)
 /* cost.c: seconds the op takes once started. The only place op costs come from. */
 double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op);
 
-/* backend.c: the clocks. */
+/* backend.c: what a copy between dst and src is, from the rank's segments (memory outside
+ * them is pageable host memory). */
+fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst,
+                                        const void *src);
+
+/* cost.c: nodes spanned by `n` global ranks, per_node ranks to a node. */
+int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
+
+/* backend.c: the clocks. The earliest start of an op issued now on stream (host clock plus the
+ * launch latency, or the stream's clock). */
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
+/* The host pays for one launch (kernel, copy or collective). */
+void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
+/* Accounts a collective that ran on stream over [ready, end) moving nccl_bytes. */
+void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
+                           fsdp_sim_coll_kind_t kind, double ready, double end,
+                           double nccl_bytes);
+/* Frees the accounting state of a rank. */
+void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev);
 /* Issues op on stream (start = ready time, end = start + cost); returns the end time. */
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                              const fsdp_sim_op_t *op);

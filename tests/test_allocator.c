@@ -765,8 +765,7 @@ static void gate_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
     inner_of(dev)->ops->event_destroy(inner_of(dev), event);
 }
 
-static fsdp_status_t gate_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
-                                       fsdp_stream_t *stream)
+static fsdp_status_t gate_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream)
 {
     return inner_of(dev)->ops->event_record(inner_of(dev), event, stream);
 }
@@ -995,15 +994,26 @@ static void body_category_peaks(env_t *env)
     CHECK_EQ(SMALL(st).allocated_bytes.peak, MiB);
     CHECK_EQ(LARGE(st).allocated_bytes.peak, 5 * MiB);
 
+    /* reaching the same peak again keeps the first snapshot */
+    fsdp_mem_free(mem, c);
+    c = alloc_cat(mem, 2 * MiB, FSDP_MEM_ACTIVATION);
+    st = stats_of(mem);
+    CHECK_EQ(st.allocated, 6 * MiB);
+    CHECK_EQ(st.peak_allocated, 6 * MiB);
+    CHECK_EQ(st.at_peak_by_category[FSDP_MEM_GRADIENT], 5 * MiB);
+    CHECK_EQ(st.at_peak_by_category[FSDP_MEM_ACTIVATION], 0);
+    CHECK_EQ(st.peak_by_category[FSDP_MEM_GRADIENT], 5 * MiB);
+
     /* reset_peaks: every peak is its current value */
     fsdp_mem_free(mem, d);
     fsdp_mem_reset_peaks(mem);
     st = stats_of(mem);
     CHECK_EQ(st.peak_allocated, 3 * MiB);
     CHECK_EQ(st.peak_reserved, st.reserved);
-    CHECK_EQ(st.peak_by_category[FSDP_MEM_GRADIENT], 2 * MiB);
-    CHECK_EQ(st.peak_by_category[FSDP_MEM_ACTIVATION], 0);
-    CHECK_EQ(st.at_peak_by_category[FSDP_MEM_GRADIENT], 2 * MiB);
+    CHECK_EQ(st.peak_by_category[FSDP_MEM_GRADIENT], 0);
+    CHECK_EQ(st.peak_by_category[FSDP_MEM_ACTIVATION], 2 * MiB);
+    CHECK_EQ(st.at_peak_by_category[FSDP_MEM_ACTIVATION], 2 * MiB);
+    CHECK_EQ(st.at_peak_by_category[FSDP_MEM_SHARDED_PARAM], MiB);
     for (int p = 0; p < FSDP_MEM_POOL_COUNT; p++) {
         CHECK_EQ(st.pool[p].allocated_bytes.peak, st.pool[p].allocated_bytes.current);
         CHECK_EQ(st.pool[p].active.peak, st.pool[p].active.current);
@@ -1011,10 +1021,10 @@ static void body_category_peaks(env_t *env)
         CHECK_EQ(st.pool[p].segment.peak, st.pool[p].segment.current);
     }
     /* cumulative counters are not peaks: they stay */
-    CHECK_EQ(ALL(st).allocation.allocated, 4);
-    CHECK_EQ(ALL(st).allocation.freed, 2);
-    CHECK_EQ(st.num_allocs, 4);
-    CHECK_EQ(st.num_frees, 2);
+    CHECK_EQ(ALL(st).allocation.allocated, 5);
+    CHECK_EQ(ALL(st).allocation.freed, 3);
+    CHECK_EQ(st.num_allocs, 5);
+    CHECK_EQ(st.num_frees, 3);
     b = alloc_cat(mem, 512, FSDP_MEM_COMM_BUFFER);
     st = stats_of(mem);
     CHECK_EQ(st.peak_allocated, 3 * MiB + 512);
@@ -1037,8 +1047,8 @@ static void body_empty_cache(env_t *env)
     fsdp_mem_stats_t st;
     void *s, *l, *h, *p;
 
-    s = alloc_on(mem, 716800, NULL);  /* small segment, to be freed */
-    l = alloc_on(mem, 3 * MiB, NULL); /* 20 MiB segment, kept live: split, not releasable */
+    s = alloc_on(mem, 716800, NULL);   /* small segment, to be freed */
+    l = alloc_on(mem, 3 * MiB, NULL);  /* 20 MiB segment, kept live: split, not releasable */
     h = alloc_on(mem, 25 * MiB, NULL); /* 26 MiB segment, to be freed */
     p = alloc_on(mem, 4096, env->s1);  /* small segment on s1, freed after record_stream */
     CHECK_OK(fsdp_mem_record_stream(mem, p, env->s2));
@@ -1244,10 +1254,8 @@ static void stress(env_t *env, const stress_cfg_t *cfg)
 static void body_stress_shape(env_t *env)
 {
     stress_cfg_t unlimited = {.ops = 6000, .max_large = 48 * MiB, .seed = 0x9e3779b97f4a7c15ull};
-    stress_cfg_t tight = {.ops = 6000,
-                          .capacity = 1024 * MiB,
-                          .max_large = 48 * MiB,
-                          .seed = 0x243f6a8885a308d3ull};
+    stress_cfg_t tight = {
+        .ops = 6000, .capacity = 1024 * MiB, .max_large = 48 * MiB, .seed = 0x243f6a8885a308d3ull};
 
     capture_begin(); /* OOM lines of the tight run */
     stress(env, &unlimited);
@@ -1262,8 +1270,11 @@ static void test_stress_shape(void)
 
 static void body_stress_data(env_t *env)
 {
-    stress_cfg_t cfg = {.ops = 2000, .capacity = 256 * MiB, .max_large = 16 * MiB,
-                        .data = 1, .seed = 0x13198a2e03707344ull};
+    stress_cfg_t cfg = {.ops = 2000,
+                        .capacity = 256 * MiB,
+                        .max_large = 16 * MiB,
+                        .data = 1,
+                        .seed = 0x13198a2e03707344ull};
 
     capture_begin();
     stress(env, &cfg);
@@ -1334,8 +1345,7 @@ typedef struct trace_buf {
 static trace_buf_t traces[2];
 static int trace_run;
 
-static void sig_visit(const fsdp_mem_segment_info_t *seg, const fsdp_mem_block_info_t *b,
-                      void *arg)
+static void sig_visit(const fsdp_mem_segment_info_t *seg, const fsdp_mem_block_info_t *b, void *arg)
 {
     uint64_t *sig = arg;
 

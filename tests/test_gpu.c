@@ -256,11 +256,26 @@ static void compare(const kcase_t *c, void *const *got, const char *who)
     }
 }
 
-/* Uploads the buffers, runs the kernel on the GPU (twice when `twice`, from the same inputs, to
- * check determinism), runs the host, compares every buffer, and frees the case. */
+/* sumsq and mse_loss: the host's replay of the GPU's fixed summation tree, which must give the
+ * very bits the GPU gives. 0 for the other kinds. */
+static int tree_scalar(const kcase_t *c, float *out)
+{
+    const fsdp_kernel_t *k = &c->k;
+    if (k->kind == FSDP_K_SUMSQ)
+        *out = (float)(fsdp_kb_reduce_sum(k, k->u.sumsq.n, fsdp_kb_sumsq_term) / 1.0);
+    else if (k->kind == FSDP_K_MSE_LOSS)
+        *out = (float)(fsdp_kb_reduce_sum(k, k->u.mse.n, fsdp_kb_mse_term) / k->u.mse.denom);
+    else
+        return 0;
+    return 1;
+}
+
+/* Uploads the buffers, runs the kernel on the GPU, runs the host, compares every buffer, and
+ * frees the case. */
 static void run_case(kcase_t *c)
 {
     void *got[MAX_BUFS], *init[MAX_BUFS];
+    float tree = 0.0f;
     fsdp_kernel_t kd;
     fsdp_stream_t *s = ops->compute_stream(dev);
 
@@ -278,6 +293,14 @@ static void run_case(kcase_t *c)
     CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
     for (int i = 0; i < c->nbufs; i++)
         d2h(got[i], c->buf[i].d, c->buf[i].bytes);
+    if (tree_scalar(c, &tree)) {
+        int sb = scalar_buf(c);
+        CU_ASSERT_FATAL(sb >= 0);
+        if (memcmp(&tree, got[sb], sizeof(float)) != 0)
+            fprintf(stderr, "\n  %s: GPU %.9g, host replay of its tree %.9g\n",
+                    fsdp_kernel_name(c->k.kind), (double)*(const float *)got[sb], (double)tree);
+        CU_ASSERT(memcmp(&tree, got[sb], sizeof(float)) == 0);
+    }
 
     if (fsdp_sim_kernel_exec != NULL && c->k.kind != FSDP_K_GEMM) {
         CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&c->k), FSDP_OK);
@@ -575,8 +598,12 @@ static void gemm_case(int ta, int tb, size_t m, size_t n, size_t k, size_t pad, 
                 acc += av * bv;
                 mag += fabs(av * bv);
             }
-            want = (double)alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * c[i * ldc + j]);
-            mag = fabs((double)alpha) * mag + fabs((double)beta * c[i * ldc + j]) + 1e-30;
+            want = (double)alpha * acc;
+            mag *= fabs((double)alpha);
+            if (beta != 0.0f) { /* beta == 0 ignores C, NaN included */
+                want += (double)beta * c[i * ldc + j];
+                mag += fabs((double)beta * c[i * ldc + j]);
+            }
             bad += !(fabs((double)got[i * ldc + j] - want) <= 1e-5 * mag + 1e-6);
         }
     }

@@ -201,6 +201,9 @@ fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_v
 /* Gathers the full flat parameter to host memory (T floats, unpadded) on every rank of the
  * shard group. A collective: every rank must call it. */
 fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
+/* The same for any buffer laid out as the unit's shard (S floats where the shard lives), e.g.
+ * an optimizer state. A collective. */
+fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out);
 
 /* ---- during compute ---- */
 

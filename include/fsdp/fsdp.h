@@ -8,6 +8,7 @@
 #include <fsdp/kernel.h>
 #include <fsdp/log.h>
 #include <fsdp/memory.h>
+#include <fsdp/checkpoint.h>
 #include <fsdp/nn.h>
 #include <fsdp/safetensors.h>
 #include <fsdp/sim.h>

@@ -21,12 +21,12 @@
 extern "C" {
 #endif
 
-#define FSDP_MEM_MIN_BLOCK 512u                  /* kMinBlockSize: sizes are multiples */
-#define FSDP_MEM_SMALL_SIZE ((size_t)1 << 20)    /* kSmallSize: largest small-pool request */
-#define FSDP_MEM_SMALL_BUFFER ((size_t)2 << 20)  /* kSmallBuffer: small-pool segment */
+#define FSDP_MEM_MIN_BLOCK 512u                     /* kMinBlockSize: sizes are multiples */
+#define FSDP_MEM_SMALL_SIZE ((size_t)1 << 20)       /* kSmallSize: largest small-pool request */
+#define FSDP_MEM_SMALL_BUFFER ((size_t)2 << 20)     /* kSmallBuffer: small-pool segment */
 #define FSDP_MEM_MIN_LARGE_ALLOC ((size_t)10 << 20) /* kMinLargeAlloc */
-#define FSDP_MEM_LARGE_BUFFER ((size_t)20 << 20) /* kLargeBuffer: segment below 10 MiB */
-#define FSDP_MEM_ROUND_LARGE ((size_t)2 << 20)   /* kRoundLarge: larger segments round to it */
+#define FSDP_MEM_LARGE_BUFFER ((size_t)20 << 20)    /* kLargeBuffer: segment below 10 MiB */
+#define FSDP_MEM_ROUND_LARGE ((size_t)2 << 20)      /* kRoundLarge: larger segments round to it */
 
 typedef struct fsdp_mem fsdp_mem_t;
 
@@ -48,11 +48,11 @@ typedef struct fsdp_mem_stat {
 } fsdp_mem_stat_t;
 
 typedef struct fsdp_mem_pool_stats {
-    fsdp_mem_stat_t allocation;     /* blocks the program holds */
-    fsdp_mem_stat_t segment;        /* segments held from the backend */
-    fsdp_mem_stat_t active;         /* allocated blocks plus freed ones waiting on recorded
-                                     * streams (fsdp_mem_record_stream) */
-    fsdp_mem_stat_t inactive_split; /* free blocks of split segments (fragmentation) */
+    fsdp_mem_stat_t allocation;      /* blocks the program holds */
+    fsdp_mem_stat_t segment;         /* segments held from the backend */
+    fsdp_mem_stat_t active;          /* allocated blocks plus freed ones waiting on recorded
+                                      * streams (fsdp_mem_record_stream) */
+    fsdp_mem_stat_t inactive_split;  /* free blocks of split segments (fragmentation) */
     fsdp_mem_stat_t allocated_bytes; /* sizes of allocated blocks: rounding and unsplit slack
                                       * included */
     fsdp_mem_stat_t reserved_bytes;  /* sizes of segments */
@@ -133,7 +133,7 @@ typedef struct fsdp_mem_segment_info {
 typedef struct fsdp_mem_block_info {
     void *ptr;
     size_t size;
-    size_t requested;             /* 0 when free */
+    size_t requested; /* 0 when free */
     fsdp_mem_block_state_t state;
     fsdp_mem_category_t category; /* meaningless when free */
 } fsdp_mem_block_info_t;

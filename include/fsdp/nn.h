@@ -42,6 +42,24 @@ void fsdp_optim_destroy(fsdp_optim_t *opt);
  * gradient are skipped, as torch skips parameters whose .grad is None. */
 fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt);
 int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt);
+void fsdp_optim_set_num_steps(fsdp_optim_t *opt, int64_t steps);
+const fsdp_optim_config_t *fsdp_optim_config(const fsdp_optim_t *opt);
+
+/* The optimizer state of one unit's shard, laid out as the shard (fsdp_unit_local_shard), for
+ * state dicts and checkpoints. */
+typedef struct fsdp_optim_state_view {
+    int nbuf;             /* 2 (AdamW), 1 (SGD with momentum) or 0 */
+    const char *names[2]; /* "exp_avg", "exp_avg_sq" / "momentum_buffer", torch's names */
+    float *buf[2];        /* S floats each; NULL before the first step unless allocated */
+    int64_t step;         /* steps this unit has taken */
+    int has_buffer;       /* SGD: the momentum buffer holds a value */
+} fsdp_optim_state_view_t;
+
+/* With `allocate`, creates the (zeroed) state first, e.g. to load a checkpoint into it. */
+fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
+                                         fsdp_optim_state_view_t *view_p);
+fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
+                                       int has_buffer);
 
 /* ---- MLP: Linear/ReLU stack, MSE loss ---- */
 

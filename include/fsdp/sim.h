@@ -11,6 +11,8 @@
 
 #include <fsdp/backend.h>
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -20,12 +22,178 @@ typedef enum {
     FSDP_SIM_SHAPE = 1 /* no buffers, bytes and time only */
 } fsdp_sim_mode_t;
 
+/* ---- the cluster profile: what the cost model knows about the hardware ----------------------
+ *
+ * Every number is in SI base units (seconds, bytes, bytes per second, FLOP per second); the
+ * presets and the source of each of their numbers are in traces/profiles/README.md, and the
+ * same presets as JSON in traces/profiles/<name>.json. A virtual clock only moves by what this
+ * profile says (sim/cost.c): no wall-clock time ever enters it. */
+
+/* NCCL's algorithms and protocols (src/graph/tuning.cc), as indexes of the tables below. */
+typedef enum {
+    FSDP_SIM_ALGO_RING = 0,
+    FSDP_SIM_ALGO_TREE = 1, /* all-reduce only */
+    FSDP_SIM_ALGO_NVLS = 2, /* NVLink SHARP all-reduce inside one node */
+    FSDP_SIM_ALGO_COUNT
+} fsdp_sim_algo_t;
+
+typedef enum {
+    FSDP_SIM_PROTO_LL = 0,
+    FSDP_SIM_PROTO_LL128 = 1,
+    FSDP_SIM_PROTO_SIMPLE = 2,
+    FSDP_SIM_PROTO_COUNT
+} fsdp_sim_proto_t;
+
+/* "ring", "tree", "nvls" / "ll", "ll128", "simple"; "invalid" otherwise. Never NULL. */
+const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo);
+const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto);
+
+/* Columns of NCCL's per-node-count tables: one node, two nodes, three or more. */
+#define FSDP_SIM_NODE_CLASSES 3
+/* treeCorrectionFactor: one entry per power of two of nBytes/64, from 64 B to 256 MiB. */
+#define FSDP_SIM_TREE_SIZES 23
+
+typedef struct fsdp_sim_gpu_profile {
+    char model[64];
+    size_t memory_bytes; /* device memory per GPU (the planner's capacity) */
+    /* Dense peak FLOP/s of a GEMM by operand dtype (index fsdp_dtype_t; f32 on CUDA cores). */
+    double matmul_flops_per_s[FSDP_DTYPE_COUNT];
+    double tf32_flops_per_s; /* f32 GEMMs when allow_tf32 */
+    int allow_tf32;          /* torch.backends.cuda.matmul.allow_tf32; 0 by default, as torch */
+    double vector_flops_per_s; /* element-wise work (f32 CUDA cores); 0: FLOPs are free */
+    double hbm_bytes_per_s;    /* device memory bandwidth; 0: memory traffic is free */
+    double compute_efficiency; /* fraction of the peak FLOP/s a kernel reaches, (0, 1] */
+    double memory_efficiency;  /* fraction of the memory bandwidth a kernel reaches, (0, 1] */
+    double kernel_latency_s;   /* fixed device time of every kernel and copy */
+} fsdp_sim_gpu_profile_t;
+
+typedef struct fsdp_sim_host_profile {
+    double launch_overhead_s; /* host time of one kernel, copy or collective launch */
+    double event_overhead_s;  /* host time of an event record or a stream wait */
+    double launch_latency_s;  /* from the launch call to the earliest start on the device */
+    double h2d_bytes_per_s;   /* host to device copies; 0: free */
+    double d2h_bytes_per_s;   /* device to host (and host to host) copies; 0: free */
+} fsdp_sim_host_profile_t;
+
+typedef struct fsdp_sim_nccl_profile {
+    unsigned algorithms; /* enabled: bit (1 << fsdp_sim_algo_t) */
+    unsigned protocols;  /* enabled: bit (1 << fsdp_sim_proto_t) */
+    int channels;        /* nChannels of the ring and tree graphs */
+    /* Latencies of NCCL's model: base per call, and per step over NVLink (intra) or the
+     * network (inter) [algorithm][protocol]. */
+    double base_latency_s[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT];
+    double intra_latency_s[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT];
+    double inter_latency_s[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT];
+    double intra_bus_bytes_per_s; /* ring busBw inside a node (nChannels x bwIntra) */
+    double nic_bytes_per_s;       /* one NIC */
+    int nics_per_node;
+    double net_overhead_s; /* getNetOverhead: floor of a multi-node ring step (x3 for Simple) */
+    double net_latency_s;  /* the graph's latencyInter (twice for Simple) */
+    /* Bandwidth caps by node class (0: no cap): llMaxBws, and per channel for ring LL128,
+     * tree and tree LL128. */
+    double ll_max_bytes_per_s[FSDP_SIM_NODE_CLASSES];
+    double ring_ll128_channel_bytes_per_s[FSDP_SIM_NODE_CLASSES];
+    double tree_channel_bytes_per_s[FSDP_SIM_NODE_CLASSES];
+    double tree_ll128_channel_bytes_per_s[FSDP_SIM_NODE_CLASSES];
+    double tree_correction[FSDP_SIM_PROTO_COUNT][FSDP_SIM_TREE_SIZES];
+    double ring_plateau_factor;   /* multi-node ring Simple all-reduce latency factor */
+    double nvls_bus_bytes_per_s;  /* NVLS all-reduce busBw on one node; 0: no NVLS */
+} fsdp_sim_nccl_profile_t;
+
+typedef struct fsdp_sim_profile {
+    char name[64];
+    int nodes;         /* the cluster the planner lays ranks on */
+    int gpus_per_node;
+    fsdp_sim_gpu_profile_t gpu;
+    fsdp_sim_host_profile_t host;
+    fsdp_sim_nccl_profile_t nccl;
+} fsdp_sim_profile_t;
+
+/* The default profile of fsdp_sim_params_init: one 8xH100 SXM node. */
+#define FSDP_SIM_DEFAULT_PROFILE "h100"
+
+/* A built-in preset: "h100" (8x H100 SXM5 80GB per node, DGX H100) or "a100" (8x A100 SXM4
+ * 80GB per node, DGX A100), optionally with a shape, "h100:nodes=4" or
+ * "a100:nodes=2,gpus_per_node=4". An unknown name or option is FSDP_ERR_INVALID_PARAM,
+ * logged with what is allowed. */
+fsdp_status_t fsdp_sim_profile_preset(const char *spec, fsdp_sim_profile_t *profile_p);
+/* The presets, comma-separated ("h100, a100"). Never NULL. */
+const char *fsdp_sim_profile_presets(void);
+/* A profile from JSON text or a file (the layout of traces/profiles/h100.json). A "base"
+ * member names a preset to start from; otherwise every required number must be present.
+ * Malformed JSON is FSDP_ERR_FORMAT (with line and column); an unknown member, a wrong type or
+ * a value out of range is FSDP_ERR_INVALID_PARAM naming the member; a missing file
+ * FSDP_ERR_NOT_FOUND. Nothing is written to *profile_p unless the result is FSDP_OK. */
+fsdp_status_t fsdp_sim_profile_parse(const char *json, fsdp_sim_profile_t *profile_p);
+fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profile_p);
+/* What tools take on the command line: a preset spec, or a JSON file (an argument that ends
+ * in ".json" or names an existing file), either followed by ":nodes=N,gpus_per_node=G". */
+fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *profile_p);
+/* Checks every field's range; FSDP_ERR_INVALID_PARAM, logged, naming the first bad one. */
+fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *profile);
+/* The profile as JSON text that fsdp_sim_profile_parse reads back to the same values (for a
+ * trace's run row). Free it with free(); NULL when out of memory. */
+char *fsdp_sim_profile_to_json(const fsdp_sim_profile_t *profile);
+
+/* Dense peak FLOP/s of a GEMM in dtype under this profile (tf32 when allowed, for f32). */
+double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *profile, fsdp_dtype_t dtype);
+
+/* ---- the cost model, for tools and tests (sim/cost.c) ---- */
+
+/* The sim's collectives. */
+typedef enum {
+    FSDP_SIM_COLL_ALL_GATHER,
+    FSDP_SIM_COLL_REDUCE_SCATTER,
+    FSDP_SIM_COLL_ALL_REDUCE,
+    FSDP_SIM_COLL_BROADCAST,
+    FSDP_SIM_COLL_BARRIER,
+    FSDP_SIM_COLL_SPLIT
+} fsdp_sim_coll_kind_t;
+
+/* "all_gather", ...; "invalid" otherwise. Never NULL. */
+const char *fsdp_sim_coll_name(fsdp_sim_coll_kind_t kind);
+
+/* How NCCL would run a collective, and how long it takes. */
+typedef struct fsdp_sim_coll_cost {
+    fsdp_sim_algo_t algo;
+    fsdp_sim_proto_t proto;
+    double latency_s;         /* lat x latCount, corrections included */
+    double algo_bytes_per_s;  /* algorithm bandwidth (corrections included) */
+    double time_s;            /* latency_s + bytes / algo_bytes_per_s */
+} fsdp_sim_coll_cost_t;
+
+/* NCCL's model (ncclTopoGetAlgoTime): the fastest enabled (algorithm, protocol) for a
+ * collective over nranks ranks on nnodes nodes moving nbytes as NCCL counts them (the full
+ * buffer for all-gather and reduce-scatter). nranks == 1 costs a device copy of nbytes. Returns
+ * time_s; *cost_p (may be NULL) gets the choice. */
+double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
+                          int nranks, int nnodes, double nbytes, fsdp_sim_coll_cost_t *cost_p);
+/* Roofline: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)) plus the
+ * kernel latency. */
+double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+
+typedef enum {
+    FSDP_SIM_COPY_H2D = 0,
+    FSDP_SIM_COPY_D2H = 1,
+    FSDP_SIM_COPY_D2D = 2,
+    FSDP_SIM_COPY_H2H = 3,
+    FSDP_SIM_COPY_COUNT
+} fsdp_sim_copy_kind_t;
+
+/* "h2d", "d2h", "d2d", "h2h". Never NULL. */
+const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
+/* A copy: over PCIe for h2d/d2h, read and write of HBM for d2d; plus the kernel latency. */
+double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
+                          double bytes);
+
 typedef struct fsdp_sim_params {
     int world_size;         /* >= 1; default 1 */
-    int ranks_per_node;     /* 0 (default) = world_size; must divide world_size */
+    int ranks_per_node;     /* 0 (default) = world_size; must divide world_size. Collectives
+                             * of a group on one node use NVLink, others the network */
     double timeout_s;       /* collective timeout in (wall) seconds; default 60 */
     fsdp_sim_mode_t mode;   /* default FSDP_SIM_DATA */
     size_t device_capacity; /* bytes of device memory per rank; 0 (default) = unlimited */
+    fsdp_sim_profile_t profile; /* what op costs come from; default FSDP_SIM_DEFAULT_PROFILE */
 } fsdp_sim_params_t;
 
 void fsdp_sim_params_init(fsdp_sim_params_t *params);
@@ -53,6 +221,47 @@ void fsdp_sim_rank_fail(fsdp_dev_t *dev);
 
 /* 1 when the dev belongs to the sim backend. */
 int fsdp_dev_is_sim(const fsdp_dev_t *dev);
+
+/* ---- virtual time: per-rank queries for the runtime and tools ----
+ *
+ * A rank has a host clock (fsdp_backend_ops_t.host_time) and a clock per stream: an op issued
+ * at host time h starts at max(h + launch latency, its stream's clock, the events the stream
+ * waits for), or for a collective at the latest such time over its group and after the
+ * previous collective of the same communicator (NCCL runs them one at a time, in call order);
+ * it ends after its cost. Issuing advances the host clock by the launch overhead; a host that
+ * synchronizes jumps to the event's or stream's time. All of it is deterministic. The
+ * functions below return 0 / FSDP_ERR_INVALID_PARAM for a dev that is not a sim rank. */
+
+/* The time at which the work issued so far on a stream (NULL: the compute stream) ends. */
+double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream);
+/* The latest of the host clock and every stream's clock: when everything issued so far ends. */
+double fsdp_sim_device_time(fsdp_dev_t *dev);
+/* The cluster profile the rank's world runs with. */
+const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev);
+
+/* What a rank's device did, since the rank started or since fsdp_sim_time_reset. Busy times
+ * are sums of op durations; a collective's duration runs from when its stream was ready for it
+ * (NCCL's kernel is launched and waits for its peers) to its end. */
+typedef struct fsdp_sim_time_stats {
+    double host_time;   /* the host clock now */
+    double device_time; /* fsdp_sim_device_time now */
+    double kernel_s;    /* kernels on any stream */
+    double gemm_s;      /* of which GEMMs */
+    double copy_s[FSDP_SIM_COPY_COUNT];
+    double coll_s[FSDP_SIM_COLL_SPLIT + 1]; /* by fsdp_sim_coll_kind_t */
+    double compute_s;      /* union of the compute stream's kernel and copy intervals */
+    double comm_s;         /* union of the collective intervals, any stream */
+    double exposed_comm_s; /* comm_s not overlapped by compute_s */
+    double flops;          /* of every kernel */
+    double gemm_flops;     /* of the GEMMs (what MFU counts) */
+    double coll_bytes;     /* as NCCL counts them */
+    uint64_t n_kernels, n_copies, n_colls;
+} fsdp_sim_time_stats_t;
+
+fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
+/* Starts a new accounting window (e.g. at a step boundary): later stats count only ops
+ * issued from now on. The clocks are not touched. */
+void fsdp_sim_time_reset(fsdp_dev_t *dev);
 
 #ifdef __cplusplus
 }

@@ -53,8 +53,8 @@ FSDP_HD uint16_t fsdp_kb_f32_to_f16(float f)
         uint32_t shift = 126u - e;
         uint32_t r = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (r & 1u)))
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (r & 1u)))
             r++;
         return (uint16_t)(sign | r);
     }

@@ -85,7 +85,7 @@ FSDP_HD void fsdp_kb_adamw(float *param, float grad, float *exp_avg, float *exp_
     float m = fsdp_kb_lerp(*exp_avg, grad, s->one_minus_beta1);
     float v = *exp_avg_sq * s->beta2 + s->one_minus_beta2 * grad * grad; /* addcmul order */
     float denom = sqrtf(v) / s->bc2_sqrt + s->eps;
-    *param = p + s->neg_step_size * (m / denom);
+    *param = p + s->neg_step_size * m / denom; /* addcdiv: (value * t1) / t2 */
     *exp_avg = m;
     *exp_avg_sq = v;
 }

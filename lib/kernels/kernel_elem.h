@@ -5,8 +5,10 @@
  * exercise is the arithmetic the GPU runs; nvcc builds it with --fmad=false so that no
  * multiply-add is fused on one side only, and the results agree bit for bit.
  *
- * The reductions keep their per-element terms here too: bias_grad sums one column in row order
- * (a thread per column on the GPU), sumsq and mse_loss accumulate per-element terms in double.
+ * The reductions keep their per-element terms and their order here too: bias_grad sums one
+ * column in row order (a thread per column on the GPU); sumsq and mse_loss sum per-element terms
+ * in double along a fixed tree (fsdp_kb_reduce_shape), which the host can replay exactly
+ * (fsdp_kb_reduce_sum).
  * GEMM has no body here: each backend brings its own (the sim's blocked routine, cuBLAS). */
 #ifndef FSDP_KERNELS_KERNEL_ELEM_H
 #define FSDP_KERNELS_KERNEL_ELEM_H
@@ -197,6 +199,61 @@ FSDP_HD double fsdp_kb_mse_term(const fsdp_kernel_t *k, size_t i)
 {
     double d = (double)(k->u.mse.y[i] - k->u.mse.t[i]);
     return d * d;
+}
+
+/* The fixed shape of the sumsq and mse_loss sums: the GPU's grid (gpu/kernels.cu), which the
+ * host replays bit for bit with fsdp_kb_reduce_sum. Block b sums terms [b * chunk, (b + 1) *
+ * chunk); in a block, lane t sums its terms t, t + LANES, t + 2 LANES, ... in that order, and
+ * the lanes meet in a fixed tree (fsdp_kb_reduce_tree); one last block sums the blocks'
+ * partials the same way. All in double. The shape depends on n alone, not on the device. */
+#define FSDP_KB_RED_LANES 256
+#define FSDP_KB_RED_MAX_BLOCKS 1024
+
+FSDP_HD void fsdp_kb_reduce_shape(size_t n, size_t *chunk_p, size_t *blocks_p)
+{
+    size_t chunk = (size_t)FSDP_KB_RED_LANES * 16; /* at least 16 terms a lane */
+
+    if ((n + chunk - 1) / chunk > FSDP_KB_RED_MAX_BLOCKS) {
+        chunk = (n + FSDP_KB_RED_MAX_BLOCKS - 1) / FSDP_KB_RED_MAX_BLOCKS;
+        chunk = (chunk + FSDP_KB_RED_LANES - 1) / FSDP_KB_RED_LANES * FSDP_KB_RED_LANES;
+    }
+    *chunk_p = chunk;
+    *blocks_p = (n + chunk - 1) / chunk;
+}
+
+/* Host side: lane[0] = the tree sum of lane[0 .. FSDP_KB_RED_LANES), as a block does it. */
+static inline void fsdp_kb_reduce_tree(double *lane)
+{
+    for (unsigned w = FSDP_KB_RED_LANES / 2; w > 0; w >>= 1) {
+        for (unsigned t = 0; t < w; t++)
+            lane[t] += lane[t + w];
+    }
+}
+
+typedef double (*fsdp_kb_term_func_t)(const fsdp_kernel_t *k, size_t i);
+
+/* Host side: the sum of term(k, i) for i < n, in the GPU's order (same bits). */
+static inline double fsdp_kb_reduce_sum(const fsdp_kernel_t *k, size_t n, fsdp_kb_term_func_t term)
+{
+    double lane[FSDP_KB_RED_LANES], partial[FSDP_KB_RED_MAX_BLOCKS];
+    size_t chunk, blocks;
+
+    fsdp_kb_reduce_shape(n, &chunk, &blocks);
+    for (size_t b = 0; b < blocks; b++) {
+        size_t begin = b * chunk, end = n - begin < chunk ? n : begin + chunk;
+        for (unsigned t = 0; t < FSDP_KB_RED_LANES; t++)
+            lane[t] = 0.0;
+        for (size_t i = begin; i < end; i++)
+            lane[(i - begin) % FSDP_KB_RED_LANES] += term(k, i);
+        fsdp_kb_reduce_tree(lane);
+        partial[b] = lane[0];
+    }
+    for (unsigned t = 0; t < FSDP_KB_RED_LANES; t++)
+        lane[t] = 0.0;
+    for (size_t b = 0; b < blocks; b++)
+        lane[b % FSDP_KB_RED_LANES] += partial[b];
+    fsdp_kb_reduce_tree(lane);
+    return lane[0];
 }
 
 #endif

@@ -25,6 +25,7 @@ typedef struct fsdp_optim_unit {
     size_t numel;   /* S of the unit when the state was allocated */
     int64_t step;   /* steps this unit took (torch keeps one per parameter) */
     int has_buffer; /* SGD: the momentum buffer holds a value (torch: not None) */
+    int on_host;    /* CPU offload: the state lives in pinned host memory, as the shard does */
 } fsdp_optim_unit_t;
 
 struct fsdp_optim {
@@ -133,13 +134,24 @@ fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg,
     return FSDP_OK;
 }
 
+static void fsdp_optim_state_free(fsdp_optim_t *opt, fsdp_optim_unit_t *st, float *p)
+{
+    fsdp_dev_t *dev = fsdp_device(opt->fs);
+    if (p == NULL)
+        return;
+    if (st->on_host)
+        dev->ops->segment_free(dev, FSDP_MEMKIND_HOST_PINNED, p);
+    else
+        fsdp_mem_free(fsdp_memory(opt->fs), p);
+}
+
 void fsdp_optim_destroy(fsdp_optim_t *opt)
 {
     if (opt == NULL)
         return;
     for (int i = 0; i < opt->nunits; i++) {
-        fsdp_mem_free(fsdp_memory(opt->fs), opt->units[i].state0);
-        fsdp_mem_free(fsdp_memory(opt->fs), opt->units[i].state1);
+        fsdp_optim_state_free(opt, &opt->units[i], opt->units[i].state0);
+        fsdp_optim_state_free(opt, &opt->units[i], opt->units[i].state1);
     }
     free(opt->units);
     free(opt);
@@ -156,15 +168,21 @@ static fsdp_status_t fsdp_optim_launch(fsdp_optim_t *opt, const fsdp_kernel_t *k
     return dev->ops->kernel(dev, fsdp_compute_stream(opt->fs), k);
 }
 
-/* One zero-filled S-element state tensor. */
-static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, size_t numel, float **state_p)
+/* One zero-filled S-element state tensor, beside the shard it updates (device, or pinned host
+ * memory under CPU offload, where the optimizer steps on the host). */
+static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, fsdp_optim_unit_t *st,
+                                            size_t numel, float **state_p)
 {
     fsdp_kernel_t k = {.kind = FSDP_K_FILL};
+    fsdp_dev_t *dev = fsdp_device(opt->fs);
     void *p = NULL;
     fsdp_status_t status;
 
-    status = fsdp_mem_alloc(fsdp_memory(opt->fs), numel * sizeof(float),
-                            FSDP_MEM_OPTIMIZER_STATE, fsdp_compute_stream(opt->fs), &p);
+    if (st->on_host)
+        status = dev->ops->segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, numel * sizeof(float), &p);
+    else
+        status = fsdp_mem_alloc(fsdp_memory(opt->fs), numel * sizeof(float),
+                                FSDP_MEM_OPTIMIZER_STATE, fsdp_compute_stream(opt->fs), &p);
     if (status != FSDP_OK)
         return status;
     k.u.fill.x = p;
@@ -173,7 +191,7 @@ static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, size_t numel, flo
     k.u.fill.value = 0.0;
     status = fsdp_optim_launch(opt, &k);
     if (status != FSDP_OK) {
-        fsdp_mem_free(fsdp_memory(opt->fs), p);
+        fsdp_optim_state_free(opt, st, p);
         return status;
     }
     *state_p = p;
@@ -198,7 +216,8 @@ static fsdp_status_t fsdp_optim_grow(fsdp_optim_t *opt, int nunits)
     return FSDP_OK;
 }
 
-static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_optim_unit_t *st, size_t numel)
+static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_unit_t *u,
+                                           fsdp_optim_unit_t *st, size_t numel)
 {
     fsdp_status_t status;
     int adamw = opt->cfg.kind == FSDP_OPTIM_ADAMW;
@@ -210,13 +229,14 @@ static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_optim_unit_t 
                    numel);
         return FSDP_ERR_STATE;
     }
-    status = fsdp_optim_state_alloc(opt, numel, &st->state0);
+    st->on_host = fsdp_unit_offloaded(u);
+    status = fsdp_optim_state_alloc(opt, st, numel, &st->state0);
     if (status != FSDP_OK)
         return status;
     if (adamw) {
-        status = fsdp_optim_state_alloc(opt, numel, &st->state1);
+        status = fsdp_optim_state_alloc(opt, st, numel, &st->state1);
         if (status != FSDP_OK) {
-            fsdp_mem_free(fsdp_memory(opt->fs), st->state0);
+            fsdp_optim_state_free(opt, st, st->state0);
             st->state0 = NULL;
             return status;
         }
@@ -269,7 +289,7 @@ static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
     int nparams = fsdp_unit_num_params(u);
     fsdp_status_t status;
 
-    status = fsdp_optim_unit_state(opt, st, fsdp_unit_shard_numel(u));
+    status = fsdp_optim_unit_state(opt, u, st, fsdp_unit_shard_numel(u));
     if (status != FSDP_OK)
         return status;
     st->step++;
@@ -318,4 +338,76 @@ fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt)
     }
     opt->num_steps++;
     return FSDP_OK;
+}
+
+static int fsdp_optim_unit_index(fsdp_optim_t *opt, fsdp_unit_t *u)
+{
+    for (int i = 0; i < fsdp_num_units(opt->fs); i++) {
+        if (fsdp_unit_at(opt->fs, i) == u)
+            return i;
+    }
+    return -1;
+}
+
+fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
+                                         fsdp_optim_state_view_t *view_p)
+{
+    int adamw = opt->cfg.kind == FSDP_OPTIM_ADAMW;
+    int index = fsdp_optim_unit_index(opt, u);
+    fsdp_optim_unit_t *st;
+    fsdp_status_t status;
+
+    if (index < 0 || !fsdp_unit_has_params(u)) {
+        fsdp_error("optimizer: unit '%s' has no parameters of this model", fsdp_unit_name(u));
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = fsdp_optim_grow(opt, fsdp_num_units(opt->fs));
+    if (status != FSDP_OK)
+        return status;
+    st = &opt->units[index];
+    if (allocate) {
+        status = fsdp_optim_unit_state(opt, u, st, fsdp_unit_shard_numel(u));
+        if (status != FSDP_OK)
+            return status;
+    }
+    memset(view_p, 0, sizeof(*view_p));
+    view_p->step = st->step;
+    view_p->has_buffer = st->has_buffer;
+    if (adamw) {
+        view_p->nbuf = 2;
+        view_p->names[0] = "exp_avg";
+        view_p->names[1] = "exp_avg_sq";
+    } else if (opt->cfg.momentum != 0.0f) {
+        view_p->nbuf = 1;
+        view_p->names[0] = "momentum_buffer";
+    }
+    view_p->buf[0] = st->state0;
+    view_p->buf[1] = st->state1;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
+                                       int has_buffer)
+{
+    int index = fsdp_optim_unit_index(opt, u);
+    fsdp_status_t status;
+
+    if (index < 0 || step < 0)
+        return FSDP_ERR_INVALID_PARAM;
+    status = fsdp_optim_grow(opt, fsdp_num_units(opt->fs));
+    if (status != FSDP_OK)
+        return status;
+    opt->units[index].step = step;
+    opt->units[index].has_buffer = has_buffer && opt->units[index].state0 != NULL;
+    return FSDP_OK;
+}
+
+void fsdp_optim_set_num_steps(fsdp_optim_t *opt, int64_t steps)
+{
+    opt->num_steps = steps;
+}
+
+const fsdp_optim_config_t *fsdp_optim_config(const fsdp_optim_t *opt)
+{
+    return &opt->cfg;
 }

@@ -1,0 +1,48 @@
+/* libfsdp: checkpoints of a model and its optimizer.
+ *
+ * A checkpoint directory holds one subdirectory per saved step and a `latest` file naming the
+ * newest complete one. A save writes into `step-N.tmp/`, then renames it to `step-N/` and
+ * replaces `latest` atomically, so a crash during a save leaves the previous checkpoint
+ * loadable. Both calls are collectives: every rank calls them.
+ *
+ * FULL: `model.safetensors` holds the unsharded parameters under their plain names (tied
+ * aliases once), readable by PyTorch and HF tools as it is; `optimizer.safetensors` holds the
+ * optimizer state as `state.<param>.<buffer>` (torch's names: exp_avg, exp_avg_sq,
+ * momentum_buffer). Written by rank 0 (PyTorch's rank0_only full state dict).
+ * SHARDED: `rank-RRRRR.safetensors` per rank, each holding the pieces of every parameter (and
+ * its optimizer state) in that rank's shard, as 1-D tensors; `checkpoint.json` indexes which
+ * elements of each flattened parameter each piece holds, so a checkpoint loads into any world
+ * size or sharding strategy.
+ */
+#ifndef FSDP_CHECKPOINT_H
+#define FSDP_CHECKPOINT_H
+
+#include <fsdp/nn.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    FSDP_STATE_DICT_FULL = 0,
+    FSDP_STATE_DICT_SHARDED = 1
+} fsdp_state_dict_type_t;
+
+const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type); /* "full", "sharded" */
+int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p);
+
+/* Saves the model's parameters and, when opt is not NULL, the optimizer state, as step `step`.
+ * Creates dir if needed. */
+fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                   fsdp_state_dict_type_t type, int64_t step);
+
+/* Loads the newest complete checkpoint of dir into the model (and opt, when not NULL: its
+ * state and step counts). *step_p (may be NULL) gets the saved step. A missing, truncated or
+ * corrupted checkpoint is a clear error on every rank. */
+fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                   int64_t *step_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

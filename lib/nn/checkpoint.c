@@ -1,0 +1,736 @@
+/* Checkpoints of a model and its optimizer: FULL (one file of plain names) and SHARDED (a file
+ * per rank plus an index), with atomic commits. */
+#include <fsdp/checkpoint.h>
+#include <fsdp/log.h>
+#include <fsdp/safetensors.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_FORMAT "libfsdp-checkpoint"
+#define CKPT_VERSION 1
+
+const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type)
+{
+    return type == FSDP_STATE_DICT_SHARDED ? "sharded" : "full";
+}
+
+int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p)
+{
+    if (strcmp(s, "full") == 0)
+        *type_p = FSDP_STATE_DICT_FULL;
+    else if (strcmp(s, "sharded") == 0)
+        *type_p = FSDP_STATE_DICT_SHARDED;
+    else
+        return 0;
+    return 1;
+}
+
+/* ---- small file-system helpers ---- */
+
+/* out = a/b; FSDP_ERR_INVALID_PARAM when it does not fit. */
+static fsdp_status_t path_join(char *out, size_t len, const char *a, const char *b)
+{
+    int n = snprintf(out, len, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= len) {
+        fsdp_error("path too long: %s/%s", a, b);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int rm_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : -1;
+    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static fsdp_status_t fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        fd = open(path, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) {
+        fsdp_error("%s: cannot sync: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return FSDP_ERR_IO;
+    }
+    close(fd);
+    return FSDP_OK;
+}
+
+/* Writes a small text file atomically: temporary file, fsync, rename, fsync the directory. */
+static fsdp_status_t write_atomic(const char *dir, const char *name, const char *text)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    size_t len = strlen(text);
+    int fd;
+
+    char tmpname[128];
+    snprintf(tmpname, sizeof(tmpname), ".%s.tmp.%ld", name, (long)getpid());
+    if (path_join(path, sizeof(path), dir, name) != FSDP_OK ||
+        path_join(tmp, sizeof(tmp), dir, tmpname) != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
+        fsdp_error("%s: cannot write: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        unlink(tmp);
+        return FSDP_ERR_IO;
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        fsdp_error("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return FSDP_ERR_IO;
+    }
+    return fsync_path(dir);
+}
+
+/* ---- the parts of a unit that a checkpoint holds ---- */
+
+/* buffer 0 is the parameter shard; 1.. are the optimizer's state buffers */
+typedef struct unit_bufs {
+    int n;
+    const char *names[3]; /* NULL for the parameter */
+    float *shard[3];
+    int64_t step;
+    int has_buffer;
+} unit_bufs_t;
+
+static fsdp_status_t get_bufs(fsdp_unit_t *u, fsdp_optim_t *opt, int allocate, unit_bufs_t *b)
+{
+    fsdp_optim_state_view_t view;
+    fsdp_status_t status;
+
+    memset(b, 0, sizeof(*b));
+    b->n = 1;
+    b->shard[0] = fsdp_unit_local_shard(u);
+    if (opt == NULL)
+        return FSDP_OK;
+    status = fsdp_optim_unit_state_view(opt, u, allocate, &view);
+    if (status != FSDP_OK)
+        return status;
+    b->step = view.step;
+    b->has_buffer = view.has_buffer;
+    for (int i = 0; i < view.nbuf && view.buf[i] != NULL; i++) {
+        b->names[b->n] = view.names[i];
+        b->shard[b->n++] = view.buf[i];
+    }
+    return FSDP_OK;
+}
+
+static void tensor_name(char *out, size_t len, const char *param, const char *buf)
+{
+    if (buf == NULL)
+        snprintf(out, len, "%s", param);
+    else
+        snprintf(out, len, "state.%s.%s", param, buf);
+}
+
+/* Every rank of the world agrees on success: a failure anywhere fails everywhere. */
+static fsdp_status_t agree(fsdp_t *fs, fsdp_status_t status)
+{
+    fsdp_dev_t *dev = fsdp_device(fs);
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    int32_t mine = status != FSDP_OK, any = 0;
+    void *d = NULL;
+    fsdp_status_t st;
+
+    if (dev->no_data)
+        return status;
+    st = fsdp_mem_alloc(fsdp_memory(fs), sizeof(int32_t), FSDP_MEM_TEMPORARY,
+                        fsdp_compute_stream(fs), &d);
+    if (st == FSDP_OK)
+        st = dev->ops->memcpy_async(dev, d, &mine, sizeof(mine), fsdp_compute_stream(fs));
+    if (st == FSDP_OK)
+        st = dev->ops->all_reduce(dev, world, d, d, 1, FSDP_DTYPE_I32, FSDP_REDUCE_MAX,
+                                  fsdp_compute_stream(fs));
+    if (st == FSDP_OK)
+        st = dev->ops->memcpy_async(dev, &any, d, sizeof(any), fsdp_compute_stream(fs));
+    if (st == FSDP_OK)
+        st = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+    fsdp_mem_free(fsdp_memory(fs), d);
+    if (status != FSDP_OK)
+        return status;
+    if (st != FSDP_OK)
+        return st;
+    return any ? FSDP_ERR_RANK_FAILED : FSDP_OK;
+}
+
+/* ---- save ---- */
+
+typedef struct entry_list {
+    fsdp_st_entry_t *e;
+    int n, cap;
+    char **names;
+    float **data;
+    int64_t *shapes; /* FSDP_MAX_DIMS per entry */
+} entry_list_t;
+
+static fsdp_status_t list_add(entry_list_t *l, const char *name, int ndim, const int64_t *shape,
+                              float *data)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        void *e = realloc(l->e, sizeof(*l->e) * (size_t)cap);
+        void *names = e ? realloc(l->names, sizeof(char *) * (size_t)cap) : NULL;
+        void *datas = names ? realloc(l->data, sizeof(float *) * (size_t)cap) : NULL;
+        void *shapes = datas ? realloc(l->shapes, sizeof(int64_t) * FSDP_MAX_DIMS * (size_t)cap)
+                             : NULL;
+        if (e)
+            l->e = e;
+        if (names)
+            l->names = names;
+        if (datas)
+            l->data = datas;
+        if (shapes == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        l->shapes = shapes;
+        l->cap = cap;
+    }
+    l->names[l->n] = strdup(name);
+    if (l->names[l->n] == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    l->data[l->n] = data;
+    memcpy(&l->shapes[FSDP_MAX_DIMS * l->n], shape, sizeof(int64_t) * (size_t)ndim);
+    l->n++;
+    return FSDP_OK;
+}
+
+static void list_finish(entry_list_t *l, int ndims[])
+{
+    for (int i = 0; i < l->n; i++) {
+        l->e[i].name = l->names[i];
+        l->e[i].dtype = "F32";
+        l->e[i].ndim = ndims[i];
+        l->e[i].shape = &l->shapes[FSDP_MAX_DIMS * i];
+        l->e[i].data = l->data[i];
+    }
+}
+
+static void list_free(entry_list_t *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        free(l->names[i]);
+        free(l->data[i]);
+    }
+    free(l->e);
+    free(l->names);
+    free(l->data);
+    free(l->shapes);
+}
+
+/* FULL: gather every buffer; rank 0 writes model.safetensors and optimizer.safetensors. */
+static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
+{
+    int rank = fsdp_device(fs)->rank;
+    entry_list_t model = {0}, optim = {0};
+    int *mdims = NULL, *odims = NULL;
+    json_t *steps = json_object();
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        unit_bufs_t b;
+        float *full[3] = {NULL, NULL, NULL};
+        if (!fsdp_unit_has_params(u))
+            continue;
+        status = get_bufs(u, opt, 0, &b);
+        for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+            full[k] = malloc(fsdp_unit_flat_numel(u) * sizeof(float) + 1);
+            status = full[k] ? fsdp_unit_gather_buffer(u, b.shard[k], full[k])
+                             : FSDP_ERR_NO_MEMORY;
+        }
+        for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK && rank == 0; j++) {
+            fsdp_param_info_t pi;
+            fsdp_unit_param_info(u, j, &pi);
+            if (pi.tied_to >= 0)
+                continue; /* stored once, under the first name */
+            for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+                char name[512];
+                float *copy = malloc(pi.numel * sizeof(float) + 1);
+                if (copy == NULL) {
+                    status = FSDP_ERR_NO_MEMORY;
+                    break;
+                }
+                memcpy(copy, full[k] + pi.offset, pi.numel * sizeof(float));
+                tensor_name(name, sizeof(name), pi.name, b.names[k]);
+                status = list_add(k == 0 ? &model : &optim, name, pi.ndim, pi.shape, copy);
+                if (status != FSDP_OK)
+                    free(copy);
+            }
+            if (opt != NULL) {
+                json_object_set_new(steps, pi.name, json_pack("{s:I, s:b}", "step",
+                                                              (json_int_t)b.step, "has_buffer",
+                                                              b.has_buffer));
+            }
+        }
+        for (int k = 0; k < 3; k++)
+            free(full[k]);
+    }
+    if (status == FSDP_OK && rank == 0) {
+        char path[PATH_MAX];
+        static const char *const pt[] = {"format", "pt"};
+        mdims = calloc((size_t)model.n + 1, sizeof(int));
+        odims = calloc((size_t)optim.n + 1, sizeof(int));
+        if (mdims == NULL || odims == NULL)
+            status = FSDP_ERR_NO_MEMORY;
+        /* ndim from the shapes recorded: find each name's parameter again */
+        for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+            fsdp_unit_t *u = fsdp_unit_at(fs, i);
+            for (int j = 0; j < fsdp_unit_num_params(u); j++) {
+                fsdp_param_info_t pi;
+                fsdp_unit_param_info(u, j, &pi);
+                for (int e = 0; e < model.n; e++)
+                    if (strcmp(model.names[e], pi.name) == 0)
+                        mdims[e] = pi.ndim;
+                for (int e = 0; e < optim.n; e++) {
+                    size_t len = strlen(pi.name);
+                    if (strncmp(optim.names[e] + 6, pi.name, len) == 0 &&
+                        optim.names[e][6 + len] == '.')
+                        odims[e] = pi.ndim;
+                }
+            }
+        }
+        if (status == FSDP_OK) {
+            list_finish(&model, mdims);
+            status = path_join(path, sizeof(path), tmpdir, "model.safetensors");
+            if (status == FSDP_OK)
+                status = fsdp_st_write(path, model.e, model.n, pt, 1);
+        }
+        if (status == FSDP_OK && opt != NULL) {
+            list_finish(&optim, odims);
+            status = path_join(path, sizeof(path), tmpdir, "optimizer.safetensors");
+            if (status == FSDP_OK)
+                status = fsdp_st_write(path, optim.e, optim.n, pt, 1);
+        }
+    }
+    json_object_set_new(meta, "optimizer_steps", steps);
+    free(mdims);
+    free(odims);
+    list_free(&model);
+    list_free(&optim);
+    return status;
+}
+
+/* SHARDED: every rank writes the pieces of its shard. */
+static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir,
+                                  json_t *meta)
+{
+    fsdp_dev_t *dev = fsdp_device(fs);
+    entry_list_t pieces = {0};
+    int *dims = NULL;
+    json_t *params = json_object(), *steps = json_object();
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        unit_bufs_t b;
+        if (!fsdp_unit_has_params(u))
+            continue;
+        status = get_bufs(u, opt, 0, &b);
+        for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
+            fsdp_param_info_t pi;
+            json_t *shape = json_array();
+            fsdp_unit_param_info(u, j, &pi);
+            if (pi.tied_to >= 0) {
+                json_decref(shape);
+                continue;
+            }
+            for (int d = 0; d < pi.ndim; d++)
+                json_array_append_new(shape, json_integer(pi.shape[d]));
+            json_object_set_new(params, pi.name,
+                                json_pack("{s:o, s:I}", "shape", shape, "numel",
+                                          (json_int_t)pi.numel));
+            if (opt != NULL)
+                json_object_set_new(steps, pi.name,
+                                    json_pack("{s:I, s:b}", "step", (json_int_t)b.step,
+                                              "has_buffer", b.has_buffer));
+            if (!pi.in_shard || pi.numel_in_shard == 0)
+                continue;
+            for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+                char name[512];
+                int64_t len = (int64_t)pi.numel_in_shard;
+                float *copy = malloc(pi.numel_in_shard * sizeof(float));
+                if (copy == NULL) {
+                    status = FSDP_ERR_NO_MEMORY;
+                    break;
+                }
+                status = dev->ops->memcpy_async(dev, copy, b.shard[k] + pi.offset_in_shard,
+                                                pi.numel_in_shard * sizeof(float),
+                                                fsdp_compute_stream(fs));
+                if (status == FSDP_OK)
+                    status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+                tensor_name(name, sizeof(name), pi.name, b.names[k]);
+                /* the piece's place in the flattened parameter rides in its name */
+                snprintf(name + strlen(name), sizeof(name) - strlen(name), "@%zu",
+                         pi.intra_start);
+                if (status == FSDP_OK)
+                    status = list_add(&pieces, name, 1, &len, copy);
+                if (status != FSDP_OK)
+                    free(copy);
+            }
+        }
+    }
+    if (status == FSDP_OK) {
+        char path[PATH_MAX], fname[64];
+        dims = calloc((size_t)pieces.n + 1, sizeof(int));
+        if (dims == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+        } else {
+            for (int e = 0; e < pieces.n; e++)
+                dims[e] = 1;
+            list_finish(&pieces, dims);
+            snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
+            status = path_join(path, sizeof(path), tmpdir, fname);
+            if (status == FSDP_OK)
+                status = fsdp_st_write(path, pieces.e, pieces.n, NULL, 0);
+        }
+    }
+    json_object_set_new(meta, "params", params);
+    json_object_set_new(meta, "optimizer_steps", steps);
+    free(dims);
+    list_free(&pieces);
+    return status;
+}
+
+fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                   fsdp_state_dict_type_t type, int64_t step)
+{
+    fsdp_dev_t *dev = fsdp_device(fs);
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    char sub[64], tmpdir[PATH_MAX], final[PATH_MAX];
+    json_t *meta = json_object();
+    fsdp_status_t status = FSDP_OK;
+
+    if (dir == NULL || step < 0 || (type != FSDP_STATE_DICT_FULL &&
+                                     type != FSDP_STATE_DICT_SHARDED)) {
+        fsdp_error("checkpoint save: a directory, a step >= 0 and a type full or sharded are "
+                   "required");
+        json_decref(meta);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    snprintf(sub, sizeof(sub), "step-%08lld", (long long)step);
+    status = path_join(final, sizeof(final), dir, sub);
+    if (status == FSDP_OK && strlen(final) + 5 > sizeof(tmpdir))
+        status = FSDP_ERR_INVALID_PARAM;
+    if (status != FSDP_OK) {
+        json_decref(meta);
+        return status;
+    }
+    memcpy(tmpdir, final, strlen(final));
+    strcpy(tmpdir + strlen(final), ".tmp");
+    if (dev->rank == 0) {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+            fsdp_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
+            status = FSDP_ERR_IO;
+        } else if (rm_tree(tmpdir) != 0 || mkdir(tmpdir, 0755) != 0) {
+            fsdp_error("%s: cannot create: %s", tmpdir, strerror(errno));
+            status = FSDP_ERR_IO;
+        }
+    }
+    status = agree(fs, status); /* the directory exists for everybody */
+    if (status == FSDP_OK)
+        status = type == FSDP_STATE_DICT_FULL ? save_full(fs, opt, tmpdir, meta)
+                                              : save_sharded(fs, opt, tmpdir, meta);
+    status = agree(fs, status); /* every rank's files are written */
+    if (status == FSDP_OK && dev->rank == 0) {
+        char *text;
+        /* test hook: die between writing the files and committing them */
+        const char *crash = getenv("FSDP_TEST_CRASH_IN_CHECKPOINT_SAVE");
+        if (crash != NULL && crash[0] == '1')
+            raise(SIGKILL);
+        json_object_set_new(meta, "format", json_string(CKPT_FORMAT));
+        json_object_set_new(meta, "version", json_integer(CKPT_VERSION));
+        json_object_set_new(meta, "type", json_string(fsdp_state_dict_type_name(type)));
+        json_object_set_new(meta, "step", json_integer(step));
+        json_object_set_new(meta, "world_size", json_integer(world->size));
+        json_object_set_new(meta, "strategy", json_string(fsdp_strategy_name(fsdp_strategy(fs))));
+        if (opt != NULL) {
+            const fsdp_optim_config_t *oc = fsdp_optim_config(opt);
+            json_object_set_new(meta, "optimizer",
+                                json_string(oc->kind == FSDP_OPTIM_ADAMW ? "adamw" : "sgd"));
+            json_object_set_new(meta, "optimizer_num_steps",
+                                json_integer(fsdp_optim_num_steps(opt)));
+        }
+        text = json_dumps(meta, JSON_INDENT(1) | JSON_SORT_KEYS);
+        status = text ? write_atomic(tmpdir, "checkpoint.json", text) : FSDP_ERR_NO_MEMORY;
+        free(text);
+        if (status == FSDP_OK && rm_tree(final) != 0)
+            status = FSDP_ERR_IO;
+        if (status == FSDP_OK && rename(tmpdir, final) != 0) {
+            fsdp_error("%s: cannot rename to %s: %s", tmpdir, final, strerror(errno));
+            status = FSDP_ERR_IO;
+        }
+        if (status == FSDP_OK) {
+            char latest[80];
+            snprintf(latest, sizeof(latest), "%s\n", sub);
+            status = fsync_path(dir);
+            if (status == FSDP_OK)
+                status = write_atomic(dir, "latest", latest);
+        }
+    }
+    json_decref(meta);
+    return agree(fs, status);
+}
+
+/* ---- load ---- */
+
+typedef struct load_ctx {
+    fsdp_t *fs;
+    char dir[PATH_MAX];
+    json_t *meta;
+    int type;
+    int old_world;
+    fsdp_st_file_t **files; /* per old rank (sharded) or [0] model, [1] optimizer (full) */
+    int nfiles;
+} load_ctx_t;
+
+static fsdp_status_t open_file(load_ctx_t *lc, int index, const char *name,
+                               fsdp_st_file_t **f_p)
+{
+    char path[PATH_MAX];
+    if (lc->files[index] == NULL) {
+        fsdp_status_t status = path_join(path, sizeof(path), lc->dir, name);
+        if (status == FSDP_OK)
+            status = fsdp_st_open(path, &lc->files[index]);
+        if (status != FSDP_OK)
+            return status;
+    }
+    *f_p = lc->files[index];
+    return FSDP_OK;
+}
+
+static fsdp_status_t bad_checkpoint(const load_ctx_t *lc, const char *what)
+{
+    fsdp_error("%s: %s", lc->dir, what);
+    return FSDP_ERR_FORMAT;
+}
+
+/* Fills dst[0 .. n) with elements [start, start + n) of the flattened tensor `name` (a
+ * parameter or `state.<param>.<buffer>`) from a sharded checkpoint's pieces. */
+static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t start,
+                                        size_t n, float *dst)
+{
+    size_t covered = 0;
+    char prefix[600];
+    size_t plen;
+
+    snprintf(prefix, sizeof(prefix), "%s@", name);
+    plen = strlen(prefix);
+    for (int r = 0; r < lc->old_world && covered < n; r++) {
+        char fname[64];
+        fsdp_st_file_t *f;
+        fsdp_status_t status;
+        snprintf(fname, sizeof(fname), "rank-%05d.safetensors", r);
+        status = open_file(lc, r, fname, &f);
+        if (status != FSDP_OK)
+            return status;
+        for (int t = 0; t < fsdp_st_num_tensors(f); t++) {
+            const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f, t);
+            char *end;
+            size_t off, cnt, lo, hi;
+            if (strncmp(ten->name, prefix, plen) != 0)
+                continue;
+            off = strtoull(ten->name + plen, &end, 10);
+            if (*end != '\0' || strcmp(ten->dtype, "F32") != 0 || ten->ndim != 1)
+                return bad_checkpoint(lc, "a piece is not a 1-d F32 tensor named <name>@offset");
+            cnt = (size_t)ten->numel;
+            lo = off > start ? off : start;
+            hi = off + cnt < start + n ? off + cnt : start + n;
+            if (lo >= hi)
+                continue;
+            memcpy(dst + (lo - start), (const float *)ten->data + (lo - off),
+                   (hi - lo) * sizeof(float));
+            covered += hi - lo;
+        }
+    }
+    if (covered != n) {
+        char msg[700];
+        snprintf(msg, sizeof(msg), "the pieces of '%s' cover %zu of the %zu elements needed",
+                 name, covered, n);
+        return bad_checkpoint(lc, msg);
+    }
+    return FSDP_OK;
+}
+
+/* Fills dst with elements [start, start + n) of tensor `name` of a full checkpoint file. */
+static fsdp_status_t read_full_range(load_ctx_t *lc, int file, const fsdp_param_info_t *pi,
+                                     const char *name, size_t start, size_t n, float *dst)
+{
+    fsdp_st_file_t *f;
+    const fsdp_st_tensor_t *t;
+    fsdp_status_t status;
+    char msg[700];
+
+    status = open_file(lc, file, file == 0 ? "model.safetensors" : "optimizer.safetensors", &f);
+    if (status != FSDP_OK)
+        return status;
+    t = fsdp_st_find(f, name);
+    if (t == NULL) {
+        snprintf(msg, sizeof(msg), "no tensor '%s' in the checkpoint", name);
+        return bad_checkpoint(lc, msg);
+    }
+    if (strcmp(t->dtype, "F32") != 0 || t->numel != pi->numel) {
+        snprintf(msg, sizeof(msg), "tensor '%s' is %s with %llu elements; F32 with %zu expected",
+                 name, t->dtype, (unsigned long long)t->numel, pi->numel);
+        return bad_checkpoint(lc, msg);
+    }
+    memcpy(dst, (const float *)t->data + start, n * sizeof(float));
+    return FSDP_OK;
+}
+
+static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt)
+{
+    fsdp_t *fs = lc->fs;
+    fsdp_dev_t *dev = fsdp_device(fs);
+    json_t *steps = json_object_get(lc->meta, "optimizer_steps");
+    unit_bufs_t b;
+    fsdp_status_t status;
+    int64_t step = 0;
+    int has_buffer = 0, have_step = 0;
+
+    status = get_bufs(u, opt, opt != NULL, &b);
+    for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
+        fsdp_param_info_t pi;
+        json_t *ps;
+        fsdp_unit_param_info(u, j, &pi);
+        if (pi.tied_to >= 0)
+            continue;
+        if (opt != NULL) {
+            ps = json_object_get(steps, pi.name);
+            if (!json_is_object(ps))
+                return bad_checkpoint(lc, "no optimizer state for a parameter (saved without "
+                                          "an optimizer?)");
+            step = json_integer_value(json_object_get(ps, "step"));
+            has_buffer = json_is_true(json_object_get(ps, "has_buffer"));
+            have_step = 1;
+        }
+        if (!pi.in_shard || pi.numel_in_shard == 0)
+            continue;
+        for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+            char name[512];
+            float *tmp = malloc(pi.numel_in_shard * sizeof(float));
+            if (tmp == NULL)
+                return FSDP_ERR_NO_MEMORY;
+            tensor_name(name, sizeof(name), pi.name, b.names[k]);
+            if (lc->type == FSDP_STATE_DICT_SHARDED)
+                status = read_sharded_range(lc, name, pi.intra_start, pi.numel_in_shard, tmp);
+            else
+                status = read_full_range(lc, k == 0 ? 0 : 1, &pi, name, pi.intra_start,
+                                         pi.numel_in_shard, tmp);
+            if (status == FSDP_OK)
+                status = dev->ops->memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
+                                                pi.numel_in_shard * sizeof(float),
+                                                fsdp_compute_stream(fs));
+            if (status == FSDP_OK)
+                status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            free(tmp);
+        }
+    }
+    if (status == FSDP_OK && opt != NULL && have_step)
+        status = fsdp_optim_set_unit_step(opt, u, step, has_buffer);
+    return status;
+}
+
+static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
+{
+    char path[PATH_MAX], sub[128];
+    json_error_t err;
+    FILE *f;
+    json_t *t;
+
+    if (path_join(path, sizeof(path), dir, "latest") != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    f = fopen(path, "r");
+    if (f == NULL) {
+        fsdp_error("%s: no checkpoint here (cannot read %s: %s)", dir, path, strerror(errno));
+        return FSDP_ERR_NOT_FOUND;
+    }
+    if (fgets(sub, sizeof(sub), f) == NULL)
+        sub[0] = '\0';
+    fclose(f);
+    sub[strcspn(sub, "\r\n")] = '\0';
+    if (sub[0] == '\0' || strchr(sub, '/') != NULL || strcmp(sub, "..") == 0) {
+        fsdp_error("%s: malformed latest file", path);
+        return FSDP_ERR_FORMAT;
+    }
+    if (path_join(lc->dir, sizeof(lc->dir), dir, sub) != FSDP_OK ||
+        path_join(path, sizeof(path), lc->dir, "checkpoint.json") != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    lc->meta = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (lc->meta == NULL) {
+        fsdp_error("%s: %s (line %d)", path, err.text, err.line);
+        return FSDP_ERR_FORMAT;
+    }
+    t = json_object_get(lc->meta, "format");
+    if (!json_is_string(t) || strcmp(json_string_value(t), CKPT_FORMAT) != 0 ||
+        json_integer_value(json_object_get(lc->meta, "version")) != CKPT_VERSION)
+        return bad_checkpoint(lc, "checkpoint.json is not a libfsdp checkpoint of version 1");
+    t = json_object_get(lc->meta, "type");
+    if (!json_is_string(t) ||
+        !fsdp_state_dict_type_parse(json_string_value(t), (fsdp_state_dict_type_t *)&lc->type))
+        return bad_checkpoint(lc, "checkpoint.json has no type full or sharded");
+    lc->old_world = (int)json_integer_value(json_object_get(lc->meta, "world_size"));
+    if (lc->old_world < 1 || lc->old_world > 1 << 20)
+        return bad_checkpoint(lc, "checkpoint.json has no valid world_size");
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                   int64_t *step_p)
+{
+    load_ctx_t lc;
+    fsdp_status_t status;
+
+    memset(&lc, 0, sizeof(lc));
+    lc.fs = fs;
+    status = dir ? read_meta(&lc, dir) : FSDP_ERR_INVALID_PARAM;
+    if (status == FSDP_OK && opt != NULL && !json_is_string(json_object_get(lc.meta, "optimizer")))
+        status = bad_checkpoint(&lc, "saved without optimizer state; load it without one");
+    if (status == FSDP_OK && opt != NULL &&
+        strcmp(json_string_value(json_object_get(lc.meta, "optimizer")),
+               fsdp_optim_config(opt)->kind == FSDP_OPTIM_ADAMW ? "adamw" : "sgd") != 0)
+        status = bad_checkpoint(&lc, "the optimizer differs from the one saved");
+    if (status == FSDP_OK) {
+        lc.nfiles = lc.type == FSDP_STATE_DICT_SHARDED ? lc.old_world : 2;
+        lc.files = calloc((size_t)lc.nfiles, sizeof(*lc.files));
+        if (lc.files == NULL)
+            status = FSDP_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        if (fsdp_unit_has_params(u))
+            status = load_unit(&lc, u, opt);
+    }
+    if (status == FSDP_OK && opt != NULL)
+        fsdp_optim_set_num_steps(
+            opt, json_integer_value(json_object_get(lc.meta, "optimizer_num_steps")));
+    if (status == FSDP_OK && step_p != NULL)
+        *step_p = json_integer_value(json_object_get(lc.meta, "step"));
+    for (int i = 0; lc.files && i < lc.nfiles; i++)
+        fsdp_st_close(lc.files[i]);
+    free(lc.files);
+    json_decref(lc.meta);
+    return agree(fs, status);
+}

@@ -1,0 +1,351 @@
+/* Checkpoints: FULL and SHARDED round trips, resharding to other world sizes and strategies,
+ * resuming with the exact loss sequence, atomic saves, corrupted files refused. */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#define NL 2
+static const int dims[NL + 1] = {6, 11, 3}; /* flat sizes 77 and 36 */
+#define B 24
+#define MAXP 128
+
+static float xs[B * 6], ys[B * 3];
+static char tmpdir[256];
+
+typedef struct job {
+    int world;
+    fsdp_strategy_t strategy;
+    fsdp_optim_kind_t optim;
+    int cpu_offload;
+    int load;        /* load the checkpoint of `dir` first */
+    int steps;       /* then train */
+    int save;        /* then save */
+    int64_t save_step;
+    fsdp_state_dict_type_t type;
+    const char *dir;
+    /* out */
+    float params[MAXP * 2];
+    float losses[16];
+    int64_t loaded_step;
+    fsdp_status_t status[8];
+} job_t;
+
+static fsdp_status_t gather(fsdp_mlp_t *mlp, float *out)
+{
+    size_t off = 0;
+    for (int l = 0; l < NL; l++) {
+        fsdp_unit_t *u = fsdp_mlp_layer(mlp, l);
+        fsdp_status_t status = fsdp_unit_gather_full(u, out + off);
+        if (status != FSDP_OK)
+            return status;
+        off += fsdp_unit_flat_numel(u);
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
+{
+    job_t *j = arg;
+    fsdp_config_t fc;
+    fsdp_optim_config_t oc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_optim_t *opt = NULL;
+    size_t rows = B / (size_t)j->world;
+    float params[MAXP * 2] = {0};
+    fsdp_status_t status;
+
+    fsdp_config_init(&fc);
+    fc.strategy = j->strategy;
+    fc.cpu_offload = j->cpu_offload;
+    fsdp_optim_config_init(&oc, j->optim);
+    oc.lr = j->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
+    oc.momentum = j->optim == FSDP_OPTIM_SGD ? 0.9f : 0.0f;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_mlp_create(fs, dims, NL, &mlp);
+    if (status == FSDP_OK)
+        status = fsdp_mlp_init_params(mlp, 3);
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &oc, &opt);
+    if (status == FSDP_OK && j->load)
+        status = fsdp_checkpoint_load(fs, opt, j->dir, &j->loaded_step);
+    for (int s = 0; s < j->steps && status == FSDP_OK; s++) {
+        float loss, *dloss = NULL;
+        status = fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 6,
+                                           ys + (size_t)dev->rank * rows * 3, rows, &loss);
+        if (status == FSDP_OK)
+            status = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+        /* the global loss */
+        if (status == FSDP_OK)
+            status = fsdp_mem_alloc(fsdp_memory(fs), 4, FSDP_MEM_TEMPORARY,
+                                    fsdp_compute_stream(fs), (void **)&dloss);
+        if (status == FSDP_OK) {
+            *dloss = loss;
+            status = dev->ops->all_reduce(dev, dev->ops->group_world(dev), dloss, dloss, 1,
+                                          FSDP_DTYPE_F32, FSDP_REDUCE_AVG,
+                                          fsdp_compute_stream(fs));
+            if (dev->rank == 0)
+                j->losses[s] = *dloss;
+        }
+        fsdp_mem_free(fsdp_memory(fs), dloss);
+    }
+    if (status == FSDP_OK && j->save)
+        status = fsdp_checkpoint_save(fs, opt, j->dir, j->type, j->save_step);
+    if (status == FSDP_OK)
+        status = gather(mlp, params);
+    if (status == FSDP_OK && dev->rank == 0)
+        memcpy(j->params, params, sizeof(params));
+    j->status[dev->rank] = status;
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return status;
+}
+
+static fsdp_status_t run(job_t *j)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = j->world;
+    p.timeout_s = 20;
+    return fsdp_sim_launch(&p, job_rank, j, NULL);
+}
+
+static void setup(void)
+{
+    fsdp_rng_t rng;
+    fsdp_rng_seed(&rng, 99);
+    for (int i = 0; i < B * 6; i++)
+        xs[i] = fsdp_rng_normal(&rng);
+    for (int i = 0; i < B * 3; i++)
+        ys[i] = fsdp_rng_uniform(&rng, -1, 1);
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/fsdp-ckpt-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) {
+        perror("mkdtemp");
+        exit(99);
+    }
+}
+
+static void cleanup(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", tmpdir);
+}
+
+/* Save after 3 steps, resume in a fresh run: the next 3 losses and the final parameters equal
+ * those of an uninterrupted 6-step run, bit for bit; and the checkpoint loads into every other
+ * world size and strategy with the same parameters. */
+static void check_resume(fsdp_state_dict_type_t type, fsdp_optim_kind_t optim, int offload)
+{
+    static const int worlds[] = {1, 2, 3, 4, 8};
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD};
+    char dir[300];
+    job_t *full = calloc(1, sizeof(job_t)), *first = calloc(1, sizeof(job_t)),
+          *second = calloc(1, sizeof(job_t));
+
+    snprintf(dir, sizeof(dir), "%s/%s-%d-%d", tmpdir, fsdp_state_dict_type_name(type), optim,
+             offload);
+    *full = (job_t){.world = 4, .strategy = FSDP_FULL_SHARD, .optim = optim, .steps = 6,
+                    .cpu_offload = offload};
+    CU_ASSERT_EQUAL_FATAL(run(full), FSDP_OK);
+    *first = *full;
+    first->steps = 3;
+    first->save = 1;
+    first->save_step = 3;
+    first->type = type;
+    first->dir = dir;
+    CU_ASSERT_EQUAL_FATAL(run(first), FSDP_OK);
+    *second = *full;
+    second->steps = 3;
+    second->load = 1;
+    second->dir = dir;
+    CU_ASSERT_EQUAL_FATAL(run(second), FSDP_OK);
+    CU_ASSERT_EQUAL(second->loaded_step, 3);
+    CU_ASSERT(memcmp(second->losses, full->losses + 3, 3 * sizeof(float)) == 0);
+    CU_ASSERT(memcmp(second->params, full->params, sizeof(full->params)) == 0);
+
+    /* resharding: any world size and strategy sees the saved parameters exactly */
+    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        for (size_t s = 0; s < 3; s++) {
+            job_t *j = calloc(1, sizeof(job_t));
+            *j = (job_t){.world = worlds[w], .strategy = strategies[s], .optim = optim,
+                         .load = 1, .dir = dir, .cpu_offload = offload};
+            CU_ASSERT_EQUAL(run(j), FSDP_OK);
+            CU_ASSERT(memcmp(j->params, first->params, sizeof(j->params)) == 0);
+            /* and it trains on from there like the uninterrupted run, up to summation order */
+            j->steps = 3;
+            j->load = 1;
+            if (worlds[w] <= 4 && B % worlds[w] == 0) {
+                double maxdiff = 0;
+                CU_ASSERT_EQUAL(run(j), FSDP_OK);
+                for (int i = 0; i < 77 + 36; i++)
+                    maxdiff = fmax(maxdiff, fabs((double)j->params[i] - full->params[i]));
+                CU_ASSERT(maxdiff < 1e-5);
+            }
+            free(j);
+        }
+    }
+    free(full);
+    free(first);
+    free(second);
+}
+
+static void test_sharded_adamw(void)
+{
+    check_resume(FSDP_STATE_DICT_SHARDED, FSDP_OPTIM_ADAMW, 0);
+}
+
+static void test_full_adamw(void)
+{
+    check_resume(FSDP_STATE_DICT_FULL, FSDP_OPTIM_ADAMW, 0);
+}
+
+static void test_sharded_sgd_offload(void)
+{
+    check_resume(FSDP_STATE_DICT_SHARDED, FSDP_OPTIM_SGD, 1);
+}
+
+/* The FULL checkpoint's model file holds plain names and nn.Linear shapes. */
+static void test_full_file_names(void)
+{
+    char dir[300], path[400];
+    job_t *j = calloc(1, sizeof(job_t));
+    fsdp_st_file_t *f;
+    const fsdp_st_tensor_t *t;
+
+    snprintf(dir, sizeof(dir), "%s/names", tmpdir);
+    *j = (job_t){.world = 3, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 1, .save = 1, .save_step = 7, .type = FSDP_STATE_DICT_FULL,
+                 .dir = dir};
+    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+    snprintf(path, sizeof(path), "%s/step-00000007/model.safetensors", dir);
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_st_num_tensors(f), 4);
+    t = fsdp_st_find(f, "layers.0.weight");
+    CU_ASSERT(t != NULL && t->ndim == 2 && t->shape[0] == 11 && t->shape[1] == 6);
+    CU_ASSERT(t != NULL && memcmp(t->data, j->params, 66 * sizeof(float)) == 0);
+    t = fsdp_st_find(f, "layers.1.bias");
+    CU_ASSERT(t != NULL && t->ndim == 1 && t->shape[0] == 3);
+    CU_ASSERT_STRING_EQUAL(fsdp_st_metadata(f, "format"), "pt");
+    fsdp_st_close(f);
+    snprintf(path, sizeof(path), "%s/step-00000007/optimizer.safetensors", dir);
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    CU_ASSERT_PTR_NOT_NULL(fsdp_st_find(f, "state.layers.0.weight.exp_avg_sq"));
+    fsdp_st_close(f);
+    free(j);
+}
+
+/* A save killed before its commit leaves the previous checkpoint as `latest`. */
+static void test_killed_save(void)
+{
+    char dir[300];
+    job_t *j = calloc(1, sizeof(job_t)), *k;
+    pid_t pid;
+    int wstatus;
+
+    snprintf(dir, sizeof(dir), "%s/killed", tmpdir);
+    *j = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 2, .save = 1, .save_step = 2, .type = FSDP_STATE_DICT_SHARDED,
+                 .dir = dir};
+    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        job_t *c = calloc(1, sizeof(job_t));
+        *c = *j;
+        c->save_step = 4;
+        setenv("FSDP_TEST_CRASH_IN_CHECKPOINT_SAVE", "1", 1);
+        run(c);
+        _exit(0); /* not reached: the save kills the process */
+    }
+    CU_ASSERT_FATAL(pid > 0);
+    CU_ASSERT_EQUAL(waitpid(pid, &wstatus, 0), pid);
+    CU_ASSERT(WIFSIGNALED(wstatus));
+    k = calloc(1, sizeof(job_t));
+    *k = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1,
+                 .dir = dir};
+    CU_ASSERT_EQUAL(run(k), FSDP_OK);
+    CU_ASSERT_EQUAL(k->loaded_step, 2);
+    CU_ASSERT(memcmp(k->params, j->params, sizeof(j->params)) == 0);
+    free(j);
+    free(k);
+}
+
+static void corrupt(const char *path, long truncate_to, long flip_at)
+{
+    if (truncate_to >= 0)
+        CU_ASSERT_EQUAL(truncate(path, truncate_to), 0);
+    if (flip_at >= 0) {
+        FILE *f = fopen(path, "r+b");
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        fseek(f, flip_at, SEEK_SET);
+        int c = fgetc(f);
+        fseek(f, flip_at, SEEK_SET);
+        fputc(c ^ 0x5a, f);
+        fclose(f);
+    }
+}
+
+static void test_corrupted(void)
+{
+    char dir[300], path[400];
+    job_t *j = calloc(1, sizeof(job_t));
+    fsdp_log_level_t lvl = fsdp_log_level();
+
+    snprintf(dir, sizeof(dir), "%s/corrupt", tmpdir);
+    *j = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 1, .save = 1, .save_step = 1, .type = FSDP_STATE_DICT_SHARDED,
+                 .dir = dir};
+    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+    j->save = 0;
+    j->steps = 0;
+    j->load = 1;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    /* a truncated rank file */
+    snprintf(path, sizeof(path), "%s/step-00000001/rank-00001.safetensors", dir);
+    corrupt(path, 100, -1);
+    CU_ASSERT_NOT_EQUAL(run(j), FSDP_OK);
+    CU_ASSERT(j->status[0] != FSDP_OK && j->status[1] != FSDP_OK);
+    /* a damaged index */
+    j->dir = dir;
+    snprintf(path, sizeof(path), "%s/step-00000001/checkpoint.json", dir);
+    corrupt(path, -1, 0);
+    CU_ASSERT_NOT_EQUAL(run(j), FSDP_OK);
+    /* no checkpoint at all */
+    snprintf(path, sizeof(path), "%s/none", tmpdir);
+    j->dir = path;
+    CU_ASSERT_NOT_EQUAL(run(j), FSDP_OK);
+    CU_ASSERT_EQUAL(j->status[0], FSDP_ERR_NOT_FOUND);
+    fsdp_log_set_level(lvl);
+    free(j);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"sharded checkpoint, adamw: resume and reshard", test_sharded_adamw},
+        {"full checkpoint, adamw: resume and reshard", test_full_adamw},
+        {"sharded checkpoint, sgd, cpu offload", test_sharded_sgd_offload},
+        {"full checkpoint file names", test_full_file_names},
+        {"a killed save leaves the old checkpoint", test_killed_save},
+        {"corrupted checkpoints refused", test_corrupted},
+        {NULL, NULL},
+    };
+    int rc;
+    setup();
+    rc = fsdp_test_run("checkpoint", tests);
+    cleanup();
+    return rc;
+}
