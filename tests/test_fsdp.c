@@ -30,6 +30,7 @@ typedef struct run_cfg {
     int micro;               /* gradient-accumulation micro-batches per step (0 = 1) */
     int cpu_offload;
     int sync[MAX_MICRO];     /* per micro-batch: 1 sync, 0 no_sync (the last must sync) */
+    double clip_max, clip_type; /* clip_grad_norm before each step when clip_max > 0 */
 } run_cfg_t;
 
 static float xs[MAXB * 5], ys[MAXB * 3];
@@ -122,6 +123,8 @@ static void ref_update(const fsdp_optim_config_t *o, int step, double *p, const 
     }
 }
 
+static double ref_last_norm;
+
 static void ref_train(const run_cfg_t *cfg, const float *init, double *final_out)
 {
     ref_model_t m;
@@ -145,6 +148,26 @@ static void ref_train(const run_cfg_t *cfg, const float *init, double *final_out
     }
     for (int step = 1; step <= cfg->steps; step++) {
         ref_grads(&m, gw, gb);
+        if (cfg->clip_max > 0) {
+            double total = 0;
+            for (int l = 0; l < NL; l++) {
+                for (int i = 0; i < dims[l] * dims[l + 1] + dims[l + 1]; i++) {
+                    double g = fabs(i < dims[l] * dims[l + 1] ? gw[l][i]
+                                                             : gb[l][i - dims[l] * dims[l + 1]]);
+                    total = isinf(cfg->clip_type) ? fmax(total, g) : total + pow(g, cfg->clip_type);
+                }
+            }
+            if (!isinf(cfg->clip_type))
+                total = pow(total, 1.0 / cfg->clip_type);
+            ref_last_norm = total;
+            double coef = cfg->clip_max / (total + 1e-6);
+            for (int l = 0; l < NL && coef < 1.0; l++) {
+                for (int i = 0; i < dims[l] * dims[l + 1]; i++)
+                    gw[l][i] *= coef;
+                for (int i = 0; i < dims[l + 1]; i++)
+                    gb[l][i] *= coef;
+            }
+        }
         for (int l = 0; l < NL; l++) {
             ref_update(&cfg->optim, step, m.w[l], gw[l], m.mw[l], m.vw[l], dims[l] * dims[l + 1], 1);
             ref_update(&cfg->optim, step, m.b[l], gb[l], m.mb[l], m.vb[l], dims[l + 1], 1);
@@ -216,6 +239,7 @@ typedef struct run_result {
     size_t total;
     counts_t fwd[8], bwd[8]; /* per rank, last iteration */
     size_t sharded_param_bytes[8], pinned_bytes[8];
+    double last_norm;
     fsdp_strategy_t effective;
 } run_result_t;
 
@@ -279,6 +303,12 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
             if (status == FSDP_OK)
                 status = fsdp_mlp_forward_backward(mlp, xs + row0 * (size_t)dims[0],
                                                    ys + row0 * (size_t)dims[NL], mrows, &loss);
+        }
+        if (status == FSDP_OK && cfg->clip_max > 0) {
+            double norm;
+            status = fsdp_clip_grad_norm(fs, cfg->clip_max, cfg->clip_type, &norm);
+            if (dev->rank == 0)
+                ctx->res->last_norm = norm;
         }
         if (status == FSDP_OK)
             status = fsdp_optim_step(opt);
@@ -558,6 +588,35 @@ static void test_mixed_precision(void)
             CU_ASSERT_EQUAL(mc.low_after_fwd[r], 0);
             CU_ASSERT_EQUAL(mc.low_after_bwd[r], 0);
             CU_ASSERT_EQUAL(mc.grad0[r], 1.5f);
+        }
+    }
+}
+
+/* clip_grad_norm across shards, for norms 1, 2, 3 and inf, every strategy: the total norm and
+ * the clipped update equal the single-process ones. */
+static void test_clip_grad_norm(void)
+{
+    static const double types[] = {2.0, 1.0, 3.0, INFINITY};
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_NO_SHARD,
+                                                 FSDP_HYBRID_SHARD};
+    make_batch();
+    for (size_t t = 0; t < 4; t++) {
+        for (size_t s = 0; s < 3; s++) {
+            run_cfg_t cfg = {.strategy = strategies[s], .world = 4, .steps = 3,
+                             .ranks_per_node = 2, .clip_max = 0.05, .clip_type = types[t],
+                             .cpu_offload = t == 1};
+            run_result_t *res = calloc(1, sizeof(*res));
+            double ref[512], maxdiff = 0.0;
+            fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_SGD);
+            cfg.optim.lr = 0.5f;
+            run_fsdp(&cfg, res);
+            ref_train(&cfg, res->init, ref);
+            for (size_t i = 0; i < res->total; i++)
+                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            CU_ASSERT(maxdiff <= 1e-6);
+            CU_ASSERT(fabs(res->last_norm - ref_last_norm) <= 1e-5 * ref_last_norm);
+            CU_ASSERT(ref_last_norm > 0.05); /* clipping really happened */
+            free(res);
         }
     }
 }
@@ -1008,6 +1067,7 @@ int main(void)
         {"gradient accumulation with and without no_sync", test_grad_accumulation},
         {"hybrid sharding: parity and counts", test_hybrid_parity_and_counts},
         {"cpu offload: parity and placement", test_cpu_offload},
+        {"clip_grad_norm across shards", test_clip_grad_norm},
         {"mixed precision: dtypes, low-precision shard lifetime", test_mixed_precision},
         {"collective counts, root owns parameters", test_collective_counts_root_params},
         {"illegal hook transitions", test_illegal_transitions},
