@@ -14,6 +14,12 @@ const char *fsdp_kernel_name(fsdp_kernel_kind_t kind)
     }
 }
 
+/* Bytes of one element, as a double for the cost formulas. */
+static double dsize(fsdp_dtype_t dtype)
+{
+    return (double)fsdp_dtype_size(dtype);
+}
+
 void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
 {
     double flops = 0.0, bytes = 0.0, n;
@@ -42,33 +48,38 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
     case FSDP_K_GEMM: {
         double m = (double)k->u.gemm.m, nn = (double)k->u.gemm.n, kk = (double)k->u.gemm.k;
         flops = 2.0 * m * nn * kk;
-        bytes = 4.0 * (m * kk + kk * nn + (k->u.gemm.beta != 0.0f ? 2.0 : 1.0) * m * nn);
+        bytes = m * kk * dsize(k->u.gemm.a_dtype) + kk * nn * dsize(k->u.gemm.b_dtype) +
+                (k->u.gemm.beta != 0.0f ? 2.0 : 1.0) * m * nn * dsize(k->u.gemm.c_dtype);
         break;
     }
     case FSDP_K_BIAS_ADD:
         n = (double)k->u.bias_add.rows * (double)k->u.bias_add.cols;
         flops = n;
-        bytes = 4.0 * (2.0 * n + (double)k->u.bias_add.cols);
+        bytes = 2.0 * n * dsize(k->u.bias_add.y_dtype) +
+                (double)k->u.bias_add.cols * dsize(k->u.bias_add.bias_dtype);
         break;
     case FSDP_K_BIAS_GRAD:
         n = (double)k->u.bias_grad.rows * (double)k->u.bias_grad.cols;
         flops = n;
-        bytes = 4.0 * (n + 2.0 * (double)k->u.bias_grad.cols);
+        bytes = n * dsize(k->u.bias_grad.dy_dtype) +
+                2.0 * (double)k->u.bias_grad.cols * dsize(k->u.bias_grad.dbias_dtype);
         break;
     case FSDP_K_RELU_FWD:
         n = (double)k->u.relu_fwd.n;
         flops = n;
-        bytes = 8.0 * n;
+        bytes = n * (dsize(k->u.relu_fwd.x_dtype) + dsize(k->u.relu_fwd.y_dtype));
         break;
     case FSDP_K_RELU_BWD:
         n = (double)k->u.relu_bwd.n;
         flops = n;
-        bytes = 12.0 * n;
+        bytes = n * (dsize(k->u.relu_bwd.dy_dtype) + dsize(k->u.relu_bwd.y_dtype) +
+                     dsize(k->u.relu_bwd.dx_dtype));
         break;
     case FSDP_K_MSE_LOSS:
         n = (double)k->u.mse.n;
         flops = 4.0 * n;
-        bytes = 4.0 * (k->u.mse.dy ? 3.0 : 2.0) * n;
+        bytes = n * (dsize(k->u.mse.y_dtype) + dsize(k->u.mse.t_dtype) +
+                     (k->u.mse.dy ? dsize(k->u.mse.dy_dtype) : 0.0));
         break;
     case FSDP_K_ADAMW:
         n = (double)k->u.adamw.n;

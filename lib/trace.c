@@ -36,6 +36,11 @@
 #define TRACE_FREE_CHUNKS_MAX 256
 /* Warn once when this many chunks wait for the writer (the writer cannot keep up). */
 #define TRACE_QUEUE_WARN 16384
+/* After the first chunk of a batch arrives, the writer waits this long (or for this many
+ * chunks) before it commits, so the step boundaries of all ranks, which come close together,
+ * share one commit: a commit costs far more than a row. A flush does not wait. */
+#define TRACE_BATCH_DELAY_NS 2000000
+#define TRACE_BATCH_CHUNKS 64
 /* The writer's nice value: on a machine the ranks keep busy, it yields to them and catches up
  * while they wait, instead of stretching their steps. */
 #define TRACE_WRITER_NICE 10
@@ -91,8 +96,10 @@ struct fsdp_trace {
     trace_chunk_t *free_list;
     size_t n_free;
     int stop;
+    int flushing; /* threads waiting in fsdp_trace_flush */
     int warned_queue;
     fsdp_status_t error; /* the writer's first error */
+    uint64_t n_events, n_steps, n_commits, n_dropped;
     fsdp_trace_rank_t **ranks;
     int n_ranks;
 
@@ -211,6 +218,19 @@ static void *trace_writer_main(void *arg)
             pthread_cond_wait(&t->work, &t->lock);
         if (t->head == NULL)
             break; /* stopping and drained */
+        if (!t->stop && !t->flushing && t->queued < TRACE_BATCH_CHUNKS) {
+            struct timespec deadline;
+            clock_gettime(CLOCK_MONOTONIC, &deadline);
+            deadline.tv_nsec += TRACE_BATCH_DELAY_NS;
+            if (deadline.tv_nsec >= 1000000000) {
+                deadline.tv_sec++;
+                deadline.tv_nsec -= 1000000000;
+            }
+            while (!t->stop && !t->flushing && t->queued < TRACE_BATCH_CHUNKS) {
+                if (pthread_cond_timedwait(&t->work, &t->lock, &deadline) != 0)
+                    break; /* timed out */
+            }
+        }
         batch = t->head;
         t->head = t->tail = NULL;
         t->queued = 0;
@@ -225,9 +245,17 @@ static void *trace_writer_main(void *arg)
             }
         }
         /* After an error the chunks are dropped: the ranks must not pile up memory. */
+        if (status == FSDP_OK && t->error == FSDP_OK)
+            t->n_commits++;
         for (c = batch; c != NULL; c = next) {
             next = c->next;
             n++;
+            if (status == FSDP_OK && t->error == FSDP_OK) {
+                t->n_events += (uint64_t)c->n;
+                t->n_steps += (uint64_t)c->has_step;
+            } else {
+                t->n_dropped += (uint64_t)c->n;
+            }
             if (t->n_free < TRACE_FREE_CHUNKS_MAX) {
                 c->next = t->free_list;
                 t->free_list = c;
@@ -590,6 +618,22 @@ static void trace_free(fsdp_trace_t *t)
     free(t);
 }
 
+/* The writer's batching deadline is an interval: a monotonic clock keeps it immune to clock
+ * steps. */
+static int trace_cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+
+    if (rc != 0)
+        return rc;
+    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc;
+}
+
 fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *info,
                               fsdp_trace_t **trace_p)
 {
@@ -618,7 +662,7 @@ fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *inf
         goto err_free;
     if (pthread_mutex_init(&t->lock, NULL) != 0)
         goto err_no_memory;
-    if (pthread_cond_init(&t->work, NULL) != 0)
+    if (trace_cond_init_monotonic(&t->work) != 0)
         goto err_destroy_lock;
     if (pthread_cond_init(&t->done, NULL) != 0)
         goto err_destroy_work;
@@ -672,11 +716,32 @@ fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t)
     }
     pthread_mutex_lock(&t->lock);
     target = t->submitted;
+    t->flushing++;
+    pthread_cond_signal(&t->work); /* a writer holding a batch open commits it now */
     while (t->written < target)
         pthread_cond_wait(&t->done, &t->lock);
+    t->flushing--;
     status = t->error;
     pthread_mutex_unlock(&t->lock);
     return status;
+}
+
+void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p)
+{
+    clockid_t cid;
+    struct timespec ts;
+
+    memset(stats_p, 0, sizeof(*stats_p));
+    if (t == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    stats_p->events = t->n_events;
+    stats_p->steps = t->n_steps;
+    stats_p->commits = t->n_commits;
+    stats_p->dropped = t->n_dropped;
+    pthread_mutex_unlock(&t->lock);
+    if (pthread_getcpuclockid(t->writer, &cid) == 0 && clock_gettime(cid, &ts) == 0)
+        stats_p->writer_cpu_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 fsdp_status_t fsdp_trace_close(fsdp_trace_t *t)

@@ -47,6 +47,18 @@ static int fsdp_sim_dtype_float(fsdp_dtype_t dtype)
                                     (int)(dtype), fsdp_dtype_name(dtype), what);                   \
     } while (0)
 
+#define FSDP_SIM_NEED_FLOAT(k, dtype)                                                              \
+    FSDP_SIM_NEED_DTYPE(k, dtype, fsdp_sim_dtype_float(dtype), "f32, bf16 or f16")
+
+/* A buffer used in place (the same pointer for an input and the output) keeps one dtype. */
+#define FSDP_SIM_SAME_IN_PLACE(k, out, out_dtype, in, in_dtype)                                    \
+    do {                                                                                           \
+        if ((out) != NULL && (const void *)(out) == (const void *)(in) &&                        \
+            (out_dtype) != (in_dtype))                                                             \
+            FSDP_SIM_KERNEL_INVALID(k, "%s and %s are one buffer with dtypes %s and %s", #out,     \
+                                    #in, fsdp_dtype_name(out_dtype), fsdp_dtype_name(in_dtype)); \
+    } while (0)
+
 /* Do [a, a + an) and [b, b + bn) (bytes) overlap? */
 static int fsdp_sim_overlap(const void *a, size_t an, const void *b, size_t bn)
 {
@@ -94,10 +106,19 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
         FSDP_SIM_NEED(k, k->u.axpy.y, k->u.axpy.n);
         FSDP_SIM_NEED(k, k->u.axpy.x, k->u.axpy.n);
         break;
-    case FSDP_K_GEMM:
-        break; /* fsdp_sim_gemm checks its own arguments */
+    case FSDP_K_GEMM: /* fsdp_sim_gemm_ex checks shapes and pointers */
+        FSDP_SIM_NEED_FLOAT(k, k->u.gemm.a_dtype);
+        FSDP_SIM_NEED_DTYPE(k, k->u.gemm.b_dtype, k->u.gemm.b_dtype == k->u.gemm.a_dtype,
+                            "a_dtype");
+        FSDP_SIM_NEED_DTYPE(k, k->u.gemm.c_dtype,
+                            k->u.gemm.c_dtype == k->u.gemm.a_dtype ||
+                                k->u.gemm.c_dtype == FSDP_DTYPE_F32,
+                            "a_dtype or f32");
+        break;
     case FSDP_K_BIAS_ADD: {
         size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
+        FSDP_SIM_NEED_FLOAT(k, k->u.bias_add.y_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.bias_add.bias_dtype);
         if (rows > 0 && cols > SIZE_MAX / rows)
             FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", rows, cols);
         FSDP_SIM_NEED(k, k->u.bias_add.y, rows * cols);
@@ -106,6 +127,8 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
     }
     case FSDP_K_BIAS_GRAD: {
         size_t rows = k->u.bias_grad.rows, cols = k->u.bias_grad.cols;
+        FSDP_SIM_NEED_FLOAT(k, k->u.bias_grad.dbias_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.bias_grad.dy_dtype);
         if (rows > 0 && cols > SIZE_MAX / rows)
             FSDP_SIM_KERNEL_INVALID(k, "%zu x %zu elements overflow", rows, cols);
         FSDP_SIM_NEED(k, k->u.bias_grad.dy, rows * cols);
@@ -113,15 +136,29 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
         break;
     }
     case FSDP_K_RELU_FWD:
+        FSDP_SIM_NEED_FLOAT(k, k->u.relu_fwd.y_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.relu_fwd.x_dtype);
         FSDP_SIM_NEED(k, k->u.relu_fwd.y, k->u.relu_fwd.n);
         FSDP_SIM_NEED(k, k->u.relu_fwd.x, k->u.relu_fwd.n);
+        FSDP_SIM_SAME_IN_PLACE(k, k->u.relu_fwd.y, k->u.relu_fwd.y_dtype, k->u.relu_fwd.x,
+                               k->u.relu_fwd.x_dtype);
         break;
     case FSDP_K_RELU_BWD:
+        FSDP_SIM_NEED_FLOAT(k, k->u.relu_bwd.dx_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.relu_bwd.dy_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.relu_bwd.y_dtype);
         FSDP_SIM_NEED(k, k->u.relu_bwd.dx, k->u.relu_bwd.n);
         FSDP_SIM_NEED(k, k->u.relu_bwd.dy, k->u.relu_bwd.n);
         FSDP_SIM_NEED(k, k->u.relu_bwd.y, k->u.relu_bwd.n);
+        FSDP_SIM_SAME_IN_PLACE(k, k->u.relu_bwd.dx, k->u.relu_bwd.dx_dtype, k->u.relu_bwd.dy,
+                               k->u.relu_bwd.dy_dtype);
         break;
     case FSDP_K_MSE_LOSS:
+        FSDP_SIM_NEED_FLOAT(k, k->u.mse.y_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.mse.t_dtype);
+        if (k->u.mse.dy != NULL)
+            FSDP_SIM_NEED_FLOAT(k, k->u.mse.dy_dtype);
+        FSDP_SIM_SAME_IN_PLACE(k, k->u.mse.dy, k->u.mse.dy_dtype, k->u.mse.y, k->u.mse.y_dtype);
         FSDP_SIM_NEED(k, k->u.mse.loss, 1);
         FSDP_SIM_NEED(k, k->u.mse.y, k->u.mse.n);
         FSDP_SIM_NEED(k, k->u.mse.t, k->u.mse.n);
@@ -176,9 +213,10 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return status;
 
     if (k->kind == FSDP_K_GEMM)
-        return fsdp_sim_gemm(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
-                             k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.lda, k->u.gemm.b,
-                             k->u.gemm.ldb, k->u.gemm.beta, k->u.gemm.c, k->u.gemm.ldc);
+        return fsdp_sim_gemm_ex(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
+                                k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.a_dtype,
+                                k->u.gemm.lda, k->u.gemm.b, k->u.gemm.b_dtype, k->u.gemm.ldb,
+                                k->u.gemm.beta, k->u.gemm.c, k->u.gemm.c_dtype, k->u.gemm.ldc);
 
     fsdp_kb_prepare(k, &prep);
     switch (k->kind) {

@@ -609,6 +609,7 @@ static fsdp_status_t get_field(parse_ctx_t *c, const field_t *f, json_t *v, fsdp
     case F_STRING:
         if (!json_is_string(v) || json_string_length(v) >= 64)
             return bad(c, "must be a string of fewer than 64 bytes");
+        memset(addr, 0, 64);
         snprintf(addr, 64, "%s", json_string_value(v));
         return FSDP_OK;
     case F_CLASSES:
@@ -909,7 +910,8 @@ static int profile_equal(const fsdp_sim_profile_t *a, const fsdp_sim_profile_t *
 {
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field_t *f = &fields[i];
-        if (memcmp((const char *)a + f->offset, (const char *)b + f->offset, field_size(f)) != 0)
+        const char *x = (const char *)a + f->offset, *y = (const char *)b + f->offset;
+        if (f->type == F_STRING ? strncmp(x, y, 64) != 0 : memcmp(x, y, field_size(f)) != 0)
             return 0;
     }
     return memcmp(a->gpu.matmul_flops_per_s, b->gpu.matmul_flops_per_s,

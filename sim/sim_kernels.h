@@ -37,6 +37,16 @@ fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t
                             const float *a, size_t lda, const float *b, size_t ldb, float beta,
                             float *c, size_t ldc);
 
+/* The same with dtypes, as the GEMM descriptor of kernel.h: A and B share one of f32, bf16 and
+ * f16, C is that dtype or f32. 16-bit operands are widened to f32 while they are packed, so the
+ * micro-kernel and the summation order are those of the f32 routine; a 16-bit C is accumulated
+ * in an f32 workspace (beta * C included) and rounded once at the end. With every dtype f32 this
+ * is fsdp_sim_gemm, bit for bit. */
+fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                               fsdp_dtype_t c_dtype, size_t ldc);
+
 #define FSDP_SIM_GEMM_KC 256 /* depth of one packed block: fixes the summation order */
 
 typedef enum {

@@ -64,6 +64,32 @@ check "init then save round-trips the bytes (W=2 to W=3)" cmp -s "$tmp/a.safeten
 check "continuing from --save reproduces the uninterrupted losses" \
     sh -c "tail -n 3 '$tmp/six' | cmp -s - '$tmp/three'"
 
+# checkpoints: a resumed run continues with exactly the losses of an uninterrupted one
+for sd in full sharded; do
+    "$train" --model mlp:6,10,2 --world 2 --steps 6 --lr 1e-2 | grep '^step' >"$tmp/u6"
+    "$train" --model mlp:6,10,2 --world 2 --steps 3 --lr 1e-2 --save-checkpoint "$tmp/ck-$sd" \
+        --state-dict $sd >/dev/null
+    "$train" --model mlp:6,10,2 --world 2 --steps 6 --lr 1e-2 --resume "$tmp/ck-$sd" \
+        | grep '^step' >"$tmp/r6"
+    check "resume from a $sd checkpoint continues the loss sequence exactly" \
+        sh -c "tail -n 3 '$tmp/u6' | cmp -s - '$tmp/r6'"
+done
+# gradient accumulation equals the whole batch; hybrid, offload and clipping train
+"$train" --model mlp:8,12,3 --world 2 --batch 16 --steps 4 --optim sgd --lr 0.1 | grep '^step' \
+    | awk '{print $4}' >"$tmp/acc1"
+"$train" --model mlp:8,12,3 --world 2 --batch 16 --steps 4 --optim sgd --lr 0.1 --grad-accum 4 \
+    | grep '^step' | awk '{print $4}' >"$tmp/acc4"
+check "grad-accum 4 matches the whole batch" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-6)exit 1}' "$tmp/acc1" "$tmp/acc4"
+"$train" --model mlp:8,12,3 --world 4 --strategy hybrid_shard --ranks-per-node 2 --cpu-offload \
+    --clip-grad-norm 0.5 --steps 5 --lr 1e-2 >"$tmp/hyb" 2>&1
+check "hybrid sharding with offload and clipping trains" \
+    awk '/^step 1 /{a=$4} /^step 5 /{b=$4} END{exit !(b < a)}' "$tmp/hyb"
+
+refuse "a grad-accum that does not divide the rows" --world 2 --batch 8 --grad-accum 3
+refuse "a state-dict without a checkpoint dir" --state-dict sharded
+refuse "an unknown state-dict" --save-checkpoint "$tmp/x" --state-dict local
+refuse "ranks per node not dividing the world" --world 4 --strategy hybrid_shard --ranks-per-node 3
+refuse "resuming from nothing" --resume "$tmp/no-such-dir"
 refuse "an unknown flag" --no-such-flag
 refuse "a malformed model" --model mlp:16,,4
 refuse "a model of one width" --model mlp:16

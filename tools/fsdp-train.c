@@ -29,6 +29,12 @@ typedef struct train_args {
     const char *save_path;
     const char *data_path;
     int quiet;
+    int grad_accum;          /* micro-batches per step */
+    double clip_grad_norm;   /* 0 = off */
+    const char *ckpt_dir;    /* --save-checkpoint */
+    int ckpt_every;          /* steps between checkpoints; 0 = at the end only */
+    fsdp_state_dict_type_t state_dict;
+    const char *resume_dir;
 } train_args_t;
 
 typedef struct train_shared {
@@ -58,7 +64,12 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
                           const char *msg, void *arg)
 {
     static const char *const names[] = {"error", "warning", "info", "debug", "trace"};
+    static char last[1024]; /* the handler runs under the log lock */
     (void)file, (void)line, (void)func, (void)arg;
+    /* ranks that fail alike (a bad checkpoint) say it once */
+    if (strncmp(last, msg, sizeof(last) - 1) == 0)
+        return;
+    snprintf(last, sizeof(last), "%s", msg);
     fprintf(stderr, "fsdp-train: %s: %s\n", names[level >= 0 && level <= 4 ? level : 0], msg);
 }
 
@@ -75,7 +86,16 @@ static void usage(FILE *f)
     fputs("usage: fsdp-train [options]\n"
           "  --model mlp:D0,D1,...,DL   Linear/ReLU stack (default mlp:16,32,4)\n"
           "  --world W                  simulated ranks (default 4)\n"
-          "  --strategy S               full_shard | shard_grad_op | no_shard (default full_shard)\n"
+          "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
+          "                             hybrid_shard_zero2 (default full_shard)\n"
+          "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
+          "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
+          "  --grad-accum K             K micro-batches per step (no_sync for the first K-1)\n"
+          "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
+          "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
+          "  --checkpoint-every N       also every N steps\n"
+          "  --state-dict full|sharded  checkpoint format (default full)\n"
+          "  --resume DIR               continue from the newest checkpoint in DIR\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
@@ -123,7 +143,8 @@ enum {
     OPT_MODEL = 256, OPT_WORLD, OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT,
     OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
-    OPT_QUIET, OPT_VERSION, OPT_HELP
+    OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
+    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME
 };
 
 static void parse_args(int argc, char **argv, train_args_t *a)
@@ -152,6 +173,14 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"save", required_argument, NULL, OPT_SAVE},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"quiet", no_argument, NULL, OPT_QUIET},
+        {"ranks-per-node", required_argument, NULL, OPT_RPN},
+        {"cpu-offload", no_argument, NULL, OPT_OFFLOAD},
+        {"grad-accum", required_argument, NULL, OPT_ACCUM},
+        {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
+        {"save-checkpoint", required_argument, NULL, OPT_CKPT},
+        {"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
+        {"state-dict", required_argument, NULL, OPT_STATE_DICT},
+        {"resume", required_argument, NULL, OPT_RESUME},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
@@ -159,7 +188,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     /* optimizer options are applied after --optim picks the defaults */
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
-    int nesterov = 0, c;
+    int nesterov = 0, c, state_dict_given = 0;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
     memset(a, 0, sizeof(*a));
@@ -168,6 +197,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     fsdp_config_init(&a->fsdp);
     a->steps = 10;
     a->batch = 32;
+    a->grad_accum = 1;
+    a->state_dict = FSDP_STATE_DICT_FULL;
     a->timeout_s = 60.0;
 
     opterr = 0;
@@ -183,9 +214,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->world = (int)parse_long("--world", optarg, 1, 4096);
             break;
         case OPT_STRATEGY:
-            if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy) ||
-                a->fsdp.strategy > FSDP_NO_SHARD)
-                die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard", optarg);
+            if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy))
+                die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard, "
+                    "hybrid_shard, hybrid_shard_zero2", optarg);
             break;
         case OPT_BWD_PREFETCH:
             if (strcmp(optarg, "pre") == 0)
@@ -237,6 +268,26 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->timeout_s = parse_double("--timeout", optarg, 1e-3, 1e6);
             break;
         case OPT_QUIET: a->quiet = 1; break;
+        case OPT_RPN:
+            a->fsdp.ranks_per_node = (int)parse_long("--ranks-per-node", optarg, 1, 4096);
+            break;
+        case OPT_OFFLOAD: a->fsdp.cpu_offload = 1; break;
+        case OPT_ACCUM:
+            a->grad_accum = (int)parse_long("--grad-accum", optarg, 1, 1 << 20);
+            break;
+        case OPT_CLIP:
+            a->clip_grad_norm = parse_double("--clip-grad-norm", optarg, 1e-30, 1e30);
+            break;
+        case OPT_CKPT: a->ckpt_dir = optarg; break;
+        case OPT_CKPT_EVERY:
+            a->ckpt_every = (int)parse_long("--checkpoint-every", optarg, 1, 100000000);
+            break;
+        case OPT_STATE_DICT:
+            if (!fsdp_state_dict_type_parse(optarg, &a->state_dict))
+                die("--state-dict: '%s' is not one of full, sharded", optarg);
+            state_dict_given = 1;
+            break;
+        case OPT_RESUME: a->resume_dir = optarg; break;
         case OPT_VERSION:
             printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
             exit(0);
@@ -284,6 +335,15 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     if (a->batch % a->world != 0)
         die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
             a->batch, a->world);
+    if (a->batch / a->world % a->grad_accum != 0)
+        die("--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
+            a->grad_accum, a->batch / a->world, a->batch, a->world);
+    if ((a->fsdp.strategy == FSDP_HYBRID_SHARD || a->fsdp.strategy == FSDP_HYBRID_SHARD_ZERO2 ||
+         a->fsdp.ranks_per_node > 0) &&
+        a->world % (a->fsdp.ranks_per_node > 0 ? a->fsdp.ranks_per_node : a->world) != 0)
+        die("--ranks-per-node %d does not divide --world %d", a->fsdp.ranks_per_node, a->world);
+    if ((a->ckpt_every > 0 || state_dict_given) && a->ckpt_dir == NULL)
+        die("--checkpoint-every and --state-dict need --save-checkpoint DIR");
 }
 
 /* ---- data and weights ---- */
@@ -483,12 +543,31 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
                                 fsdp_compute_stream(fs), (void **)&dloss);
-    for (int step = 0; step < a->steps && status == FSDP_OK; step++) {
+    int64_t first_step = 0;
+    if (status == FSDP_OK && a->resume_dir != NULL)
+        status = fsdp_checkpoint_load(fs, opt, a->resume_dir, &first_step);
+    size_t micro_rows = rows / (size_t)a->grad_accum;
+    fsdp_mlp_set_loss_scale(mlp, 1.0f / (float)a->grad_accum);
+    for (int step = (int)first_step; step < a->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
-        status = fsdp_mlp_forward_backward(mlp, x, y, rows, &loss);
+        /* gradient accumulation: the first micro-batches under no_sync, the last syncs */
+        for (int k = 0; k < a->grad_accum && status == FSDP_OK; k++) {
+            float micro_loss = 0.0f;
+            status = fsdp_set_sync_gradients(fs, k == a->grad_accum - 1);
+            if (status == FSDP_OK)
+                status = fsdp_mlp_forward_backward(mlp, x + (size_t)k * micro_rows * din,
+                                                   y + (size_t)k * micro_rows * dout, micro_rows,
+                                                   &micro_loss);
+            loss += micro_loss / (float)a->grad_accum;
+        }
+        if (status == FSDP_OK && a->clip_grad_norm > 0.0)
+            status = fsdp_clip_grad_norm(fs, a->clip_grad_norm, 2.0, NULL);
         if (status == FSDP_OK)
             status = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
+        if (status == FSDP_OK && a->ckpt_dir != NULL &&
+            ((a->ckpt_every > 0 && (step + 1) % a->ckpt_every == 0) || step + 1 == a->steps))
+            status = fsdp_checkpoint_save(fs, opt, a->ckpt_dir, a->state_dict, step + 1);
         /* the global mean: every rank holds the same number of rows */
         if (status == FSDP_OK)
             status = dev->ops->memcpy_async(dev, dloss, &loss, sizeof(float),

@@ -56,22 +56,32 @@ typedef struct fsdp_kernel {
         /* y[i] += alpha * x[i]; computed in f32 */
         struct { void *y; fsdp_dtype_t y_dtype; const void *x; fsdp_dtype_t x_dtype; size_t n;
                  float alpha; } axpy;
-        /* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, f32, row-major.
+        /* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, row-major.
          * op(A) = A ([M,K], lda >= K) or A^T (A is [K,M], lda >= M); likewise B.
-         * beta == 0 ignores C's old contents (NaN included). */
-        struct { int trans_a, trans_b; size_t m, n, k; float alpha; const float *a; size_t lda;
-                 const float *b; size_t ldb; float beta; float *c; size_t ldc; } gemm;
-        /* y[r, c] += bias[c] for r < rows, c < cols (f32) */
-        struct { float *y; const float *bias; size_t rows, cols; } bias_add;
-        /* dbias[c] += sum over r of dy[r, c], summed in row order (f32) */
-        struct { float *dbias; const float *dy; size_t rows, cols; } bias_grad;
+         * beta == 0 ignores C's old contents (NaN included).
+         * Dtypes (f32 when zeroed): A and B share one of f32, bf16, f16; C is that dtype or
+         * f32 (cublasGemmEx's combinations). Products and sums are f32, alpha and beta * C are
+         * applied in f32, and C is rounded once (nearest even). */
+        struct { int trans_a, trans_b; size_t m, n, k; float alpha; const void *a; size_t lda;
+                 const void *b; size_t ldb; float beta; void *c; size_t ldc;
+                 fsdp_dtype_t a_dtype, b_dtype, c_dtype; } gemm;
+        /* The element-wise kinds below load every operand as f32 (any float dtype), compute
+         * in f32 and round on store; a buffer used in place must keep one dtype. */
+        /* y[r, c] += bias[c] for r < rows, c < cols */
+        struct { void *y; const void *bias; size_t rows, cols;
+                 fsdp_dtype_t y_dtype, bias_dtype; } bias_add;
+        /* dbias[c] += sum over r of dy[r, c], summed in row order in f32, rounded once */
+        struct { void *dbias; const void *dy; size_t rows, cols;
+                 fsdp_dtype_t dbias_dtype, dy_dtype; } bias_grad;
         /* y[i] = max(x[i], 0); y may equal x */
-        struct { float *y; const float *x; size_t n; } relu_fwd;
+        struct { void *y; const void *x; size_t n; fsdp_dtype_t y_dtype, x_dtype; } relu_fwd;
         /* dx[i] = y[i] > 0 ? dy[i] : 0; dx may equal dy */
-        struct { float *dx; const float *dy; const float *y; size_t n; } relu_bwd;
-        /* loss[0] = sum((y - t)^2) / denom; dy[i] = 2 (y[i] - t[i]) / denom (dy may be NULL) */
-        struct { float *loss; float *dy; const float *y; const float *t; size_t n;
-                 double denom; } mse;
+        struct { void *dx; const void *dy; const void *y; size_t n;
+                 fsdp_dtype_t dx_dtype, dy_dtype, y_dtype; } relu_bwd;
+        /* loss[0] = sum((y - t)^2) / denom; dy[i] = 2 (y[i] - t[i]) / denom (dy may be NULL).
+         * The loss is f32 whatever y, t and dy are (dy may equal y, with one dtype). */
+        struct { float *loss; void *dy; const void *y; const void *t; size_t n;
+                 double denom; fsdp_dtype_t y_dtype, t_dtype, dy_dtype; } mse;
         /* torch.optim.AdamW, one step t (1-based) on n elements, f32 */
         struct { float *param; const float *grad; float *exp_avg; float *exp_avg_sq; size_t n;
                  float lr, beta1, beta2, eps, weight_decay; int64_t step; } adamw;

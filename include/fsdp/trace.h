@@ -129,6 +129,17 @@ fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t);
  * Returns the first error the writer met, if any. */
 fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
 
+/* What the writer has done so far. */
+typedef struct fsdp_trace_stats {
+    uint64_t events;     /* event rows committed */
+    uint64_t steps;      /* step rows committed */
+    uint64_t commits;    /* transactions */
+    uint64_t dropped;    /* events lost after a writer error */
+    double writer_cpu_s; /* CPU time of the writer thread */
+} fsdp_trace_stats_t;
+
+void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p);
+
 /* The text of traces/schema.sql, as built into the library. */
 const char *fsdp_trace_schema(void);
 

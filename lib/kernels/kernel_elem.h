@@ -151,16 +151,25 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
                           k->u.axpy.alpha * fsdp_kb_load(k->u.axpy.x, k->u.axpy.x_dtype, i));
         break;
     case FSDP_K_BIAS_ADD:
-        k->u.bias_add.y[i] += k->u.bias_add.bias[i % k->u.bias_add.cols];
+        fsdp_kb_store(k->u.bias_add.y, k->u.bias_add.y_dtype, i,
+                      fsdp_kb_load(k->u.bias_add.y, k->u.bias_add.y_dtype, i) +
+                          fsdp_kb_load(k->u.bias_add.bias, k->u.bias_add.bias_dtype,
+                                       i % k->u.bias_add.cols));
         break;
     case FSDP_K_RELU_FWD:
-        k->u.relu_fwd.y[i] = fsdp_kb_relu(k->u.relu_fwd.x[i]);
+        fsdp_kb_store(k->u.relu_fwd.y, k->u.relu_fwd.y_dtype, i,
+                      fsdp_kb_relu(fsdp_kb_load(k->u.relu_fwd.x, k->u.relu_fwd.x_dtype, i)));
         break;
     case FSDP_K_RELU_BWD:
-        k->u.relu_bwd.dx[i] = fsdp_kb_relu_grad(k->u.relu_bwd.dy[i], k->u.relu_bwd.y[i]);
+        fsdp_kb_store(k->u.relu_bwd.dx, k->u.relu_bwd.dx_dtype, i,
+                      fsdp_kb_relu_grad(fsdp_kb_load(k->u.relu_bwd.dy, k->u.relu_bwd.dy_dtype, i),
+                                        fsdp_kb_load(k->u.relu_bwd.y, k->u.relu_bwd.y_dtype, i)));
         break;
-    case FSDP_K_MSE_LOSS: /* torch: (y - t) * (2 / n) */
-        k->u.mse.dy[i] = (k->u.mse.y[i] - k->u.mse.t[i]) * p->mse_scale;
+    case FSDP_K_MSE_LOSS: /* torch: (y - t) * (2 / n), rounded on store */
+        fsdp_kb_store(k->u.mse.dy, k->u.mse.dy_dtype, i,
+                      (fsdp_kb_load(k->u.mse.y, k->u.mse.y_dtype, i) -
+                       fsdp_kb_load(k->u.mse.t, k->u.mse.t_dtype, i)) *
+                          p->mse_scale);
         break;
     case FSDP_K_ADAMW:
         fsdp_kb_adamw(&k->u.adamw.param[i], k->u.adamw.grad[i], &k->u.adamw.exp_avg[i],
@@ -177,14 +186,15 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
     }
 }
 
-/* bias_grad, column c: dbias[c] += the sum of dy[., c] in row order, in f32. */
+/* bias_grad, column c: dbias[c] += the sum of dy[., c] in row order, in f32, rounded once. */
 FSDP_HD void fsdp_kb_bias_grad_col(const fsdp_kernel_t *k, size_t c)
 {
     size_t cols = k->u.bias_grad.cols;
+    fsdp_dtype_t dt = k->u.bias_grad.dbias_dtype;
     float s = 0.0f;
     for (size_t r = 0; r < k->u.bias_grad.rows; r++)
-        s += k->u.bias_grad.dy[r * cols + c];
-    k->u.bias_grad.dbias[c] += s;
+        s += fsdp_kb_load(k->u.bias_grad.dy, k->u.bias_grad.dy_dtype, r * cols + c);
+    fsdp_kb_store(k->u.bias_grad.dbias, dt, c, fsdp_kb_load(k->u.bias_grad.dbias, dt, c) + s);
 }
 
 /* sumsq, element i: x[i]^2 in double (exact for every f32 x). */
@@ -197,7 +207,8 @@ FSDP_HD double fsdp_kb_sumsq_term(const fsdp_kernel_t *k, size_t i)
 /* mse_loss, element i: (y[i] - t[i])^2, the difference in f32 and its square in double. */
 FSDP_HD double fsdp_kb_mse_term(const fsdp_kernel_t *k, size_t i)
 {
-    double d = (double)(k->u.mse.y[i] - k->u.mse.t[i]);
+    double d = (double)(fsdp_kb_load(k->u.mse.y, k->u.mse.y_dtype, i) -
+                        fsdp_kb_load(k->u.mse.t, k->u.mse.t_dtype, i));
     return d * d;
 }
 

@@ -1,0 +1,812 @@
+/* The sim's virtual time and the planner's memory arithmetic, in closed form.
+ *
+ * The simulator is deterministic and the profile below makes every cost a dyadic rational
+ * (rates are powers of two, latencies 0), so the times of a step are compared with the closed
+ * forms of FSDP's overlap with ==, not with a tolerance:
+ *  - forward: the first all-gather, then only compute, when each all-gather is shorter than the
+ *    compute it hides behind;
+ *  - backward with BACKWARD_PRE: only the first all-gather and the last reduce-scatter show;
+ *  - backward without prefetch: every all-gather waits behind the previous reduce-scatter on
+ *    the communicator (NCCL runs one collective at a time), so both are exposed per unit.
+ * Then the rate limiter against CPU run-ahead, persistent model-state memory (16 bytes per
+ * parameter over N ranks, plus the 512-byte rounding), NCCL's formula against hand-computed
+ * numbers from the reference tables, profile errors, and determinism. */
+#include <fsdp/fsdp.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define MAXU 8
+#define MAXW 8
+
+/* 2^30 FLOP/s for GEMMs; everything else free; a 4-rank ring all-gather moves 2^30 B/s of
+ * algorithm bandwidth (busBw 3 * 2^28 B/s x 4/3). */
+static const char closed_form_json[] =
+    "{\"name\": \"closed-form\", \"nodes\": 1, \"gpus_per_node\": 4,"
+    " \"gpu\": {\"memory_bytes\": 1099511627776, \"matmul_flops_per_s\": {\"f32\": 1073741824},"
+    "  \"vector_flops_per_s\": 0, \"hbm_bytes_per_s\": 0},"
+    " \"host\": {\"h2d_bytes_per_s\": 0, \"d2h_bytes_per_s\": 0},"
+    " \"nccl\": {\"intra_bus_bytes_per_s\": 805306368}}";
+
+#define P2(e) ldexp(1.0, (e)) /* 2^e */
+
+/* ---- captured log lines ---- */
+
+static char last_log[1024];
+
+static void capture(fsdp_log_level_t level, const char *file, int line, const char *func,
+                    const char *msg, void *arg)
+{
+    (void)level, (void)file, (void)line, (void)func, (void)arg;
+    snprintf(last_log, sizeof(last_log), "%s", msg);
+}
+
+static void capture_start(void)
+{
+    last_log[0] = '\0';
+    fsdp_log_set_handler(capture, NULL);
+}
+
+static void capture_end(void)
+{
+    fsdp_log_set_handler(NULL, NULL);
+}
+
+/* ---- one step of a hand-made model through the hooks ---- */
+
+typedef struct sim_case {
+    fsdp_sim_profile_t profile;
+    fsdp_sim_mode_t mode;
+    int world;
+    fsdp_config_t cfg;
+    int nunits;
+    size_t numel[MAXU];      /* one 1-d parameter per unit */
+    double fwd_flops[MAXU];  /* one GEMM per unit and pass */
+    double bwd_flops[MAXU];
+    int sync_after_forward;  /* the host waits for the forward (loss.item()) */
+    int optim;               /* then an AdamW step */
+    /* per rank */
+    double t_fwd[MAXW], t_bwd[MAXW];
+    int max_live[MAXW];      /* unsharded-parameter blocks allocated or awaiting a stream */
+    fsdp_mem_stats_t mem[MAXW];
+    fsdp_sim_time_stats_t ts[MAXW];
+    fsdp_status_t status[MAXW];
+} sim_case_t;
+
+static void case_init(sim_case_t *c, int world, int nunits)
+{
+    memset(c, 0, sizeof(*c));
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(closed_form_json, &c->profile), FSDP_OK);
+    c->mode = FSDP_SIM_SHAPE;
+    c->world = world;
+    c->nunits = nunits;
+    fsdp_config_init(&c->cfg);
+}
+
+static void count_live(const fsdp_mem_segment_info_t *seg, const fsdp_mem_block_info_t *b,
+                       void *arg)
+{
+    (void)seg;
+    if (b->state != FSDP_MEM_BLOCK_FREE && b->category == FSDP_MEM_UNSHARDED_PARAM)
+        (*(int *)arg)++;
+}
+
+static void note_live(fsdp_t *fs, int *max_live)
+{
+    int n = 0;
+    fsdp_mem_snapshot(fsdp_memory(fs), count_live, &n);
+    if (n > *max_live)
+        *max_live = n;
+}
+
+/* One GEMM of `flops` FLOPs (m = n = 1, k = flops / 2) on the compute stream. */
+static fsdp_status_t gemm(fsdp_dev_t *dev, fsdp_t *fs, void *a, void *c, double flops)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+
+    k.u.gemm.m = 1;
+    k.u.gemm.n = 1;
+    k.u.gemm.k = (size_t)(flops / 2.0);
+    k.u.gemm.alpha = 1.0f;
+    k.u.gemm.a = a;
+    k.u.gemm.lda = k.u.gemm.k;
+    k.u.gemm.b = a;
+    k.u.gemm.ldb = k.u.gemm.k;
+    k.u.gemm.c = c;
+    k.u.gemm.ldc = 1;
+    return dev->ops->kernel(dev, fsdp_compute_stream(fs), &k);
+}
+
+static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
+{
+    sim_case_t *c = arg;
+    int r = dev->rank;
+    fsdp_unit_t *root = NULL, *u[MAXU];
+    fsdp_optim_t *opt = NULL;
+    fsdp_t *fs = NULL;
+    fsdp_status_t st;
+    double t0, t1;
+
+    st = fsdp_create(dev, &c->cfg, &fs);
+    if (st != FSDP_OK)
+        return st;
+    st = fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    for (int i = 0; i < c->nunits && st == FSDP_OK; i++) {
+        char uname[16], pname[24];
+        fsdp_param_spec_t spec;
+        memset(&spec, 0, sizeof(spec));
+        snprintf(uname, sizeof(uname), "u%d", i);
+        snprintf(pname, sizeof(pname), "u%d.w", i);
+        spec.name = pname;
+        spec.ndim = 1;
+        spec.shape[0] = (int64_t)c->numel[i];
+        spec.requires_grad = 1;
+        spec.tied_to = -1;
+        st = fsdp_unit_create(fs, uname, root, &spec, 1, &u[i]);
+    }
+    if (st == FSDP_OK && c->optim) {
+        fsdp_optim_config_t oc;
+        fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
+        st = fsdp_optim_create(fs, &oc, &opt);
+    }
+    if (st == FSDP_OK)
+        st = dev->ops->stream_synchronize(dev, NULL);
+    if (st != FSDP_OK)
+        goto out;
+    fsdp_sim_time_reset(dev);
+    t0 = dev->ops->host_time(dev);
+
+    st = fsdp_pre_forward(root);
+    for (int i = 0; i < c->nunits && st == FSDP_OK; i++) {
+        st = fsdp_pre_forward(u[i]);
+        if (st != FSDP_OK)
+            break;
+        note_live(fs, &c->max_live[r]);
+        st = gemm(dev, fs, fsdp_unit_param(u[i], 0), fsdp_unit_param(u[i], 0), c->fwd_flops[i]);
+        if (st == FSDP_OK)
+            st = fsdp_post_forward(u[i]);
+    }
+    if (st == FSDP_OK)
+        st = fsdp_post_forward(root);
+    if (st == FSDP_OK && c->sync_after_forward)
+        st = dev->ops->stream_synchronize(dev, NULL);
+    if (st != FSDP_OK)
+        goto out;
+    t1 = dev->ops->host_time(dev);
+    c->t_fwd[r] = t1 - t0;
+
+    st = fsdp_pre_backward(root);
+    for (int i = c->nunits - 1; i >= 0 && st == FSDP_OK; i--) {
+        void *g = NULL;
+        st = fsdp_pre_backward(u[i]);
+        if (st != FSDP_OK)
+            break;
+        note_live(fs, &c->max_live[r]);
+        st = fsdp_unit_grad(u[i], 0, &g);
+        if (st == FSDP_OK)
+            st = gemm(dev, fs, fsdp_unit_param(u[i], 0), g, c->bwd_flops[i]);
+        if (st == FSDP_OK)
+            st = fsdp_post_backward(u[i]);
+    }
+    if (st == FSDP_OK)
+        st = fsdp_post_backward(root);
+    if (st == FSDP_OK)
+        st = fsdp_final_callback(fs);
+    if (st == FSDP_OK)
+        st = dev->ops->stream_synchronize(dev, NULL);
+    if (st != FSDP_OK)
+        goto out;
+    c->t_bwd[r] = dev->ops->host_time(dev) - t1;
+    st = fsdp_sim_time_stats(dev, &c->ts[r]);
+    if (st == FSDP_OK && opt != NULL) {
+        st = fsdp_optim_step(opt);
+        if (st == FSDP_OK)
+            st = dev->ops->stream_synchronize(dev, NULL);
+    }
+    fsdp_mem_get_stats(fsdp_memory(fs), &c->mem[r]);
+out:
+    fsdp_optim_destroy(opt);
+    fsdp_destroy(fs);
+    return st;
+}
+
+static void run_case(sim_case_t *c)
+{
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = c->world;
+    p.mode = c->mode;
+    p.timeout_s = 20.0;
+    p.profile = c->profile;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, case_rank, c, c->status), FSDP_OK);
+    /* every rank does the same: the same times */
+    for (int r = 1; r < c->world; r++) {
+        CU_ASSERT_EQUAL(c->t_fwd[r], c->t_fwd[0]);
+        CU_ASSERT_EQUAL(c->t_bwd[r], c->t_bwd[0]);
+    }
+}
+
+/* all-gather (= reduce-scatter) time of a unit of numel f32 elements over W = 4 ranks */
+static double ag_time(size_t numel)
+{
+    return (double)(4 * numel) / P2(30);
+}
+
+/* Four units of 2^20 elements: every collective takes a = 2^-8 s. */
+static void four_units(sim_case_t *c)
+{
+    static const double fwd[4] = {4, 3, 8, 4}; /* units of 2^-9 s */
+    static const double bwd[4] = {8, 4, 12, 8};
+
+    case_init(c, 4, 4);
+    for (int i = 0; i < 4; i++) {
+        c->numel[i] = (size_t)1 << 20;
+        /* time = flops / 2^30: flops = t * 2^30 */
+        c->fwd_flops[i] = fwd[i] * P2(-9) * P2(30);
+        c->bwd_flops[i] = bwd[i] * P2(-9) * P2(30);
+    }
+    c->sync_after_forward = 1;
+}
+
+static double sum_s(const double *flops, int n)
+{
+    double t = 0.0;
+    for (int i = 0; i < n; i++)
+        t += flops[i] / P2(30);
+    return t;
+}
+
+static void test_forward_overlap(void)
+{
+    sim_case_t c;
+    double a;
+
+    for (int limit = 0; limit <= 1; limit++) {
+        four_units(&c);
+        c.cfg.limit_all_gathers = limit;
+        run_case(&c);
+        a = ag_time(c.numel[0]);
+        /* each all-gather (2^-8 s) is shorter than the compute before it (>= 3 * 2^-9 s) */
+        CU_ASSERT_EQUAL(c.t_fwd[0], a + sum_s(c.fwd_flops, 4));
+    }
+    /* an all-gather longer than the compute it hides behind shows through by the difference:
+     * unit 1's all-gather (2^-6 s) outlasts unit 0's compute (2 * 2^-9 s) */
+    four_units(&c);
+    c.numel[1] = (size_t)1 << 22;
+    c.fwd_flops[0] = 2 * P2(-9) * P2(30);
+    run_case(&c);
+    CU_ASSERT_EQUAL(c.t_fwd[0], ag_time(c.numel[0]) + ag_time(c.numel[1]) +
+                                    (c.fwd_flops[1] + c.fwd_flops[2] + c.fwd_flops[3]) / P2(30));
+}
+
+static void test_backward_prefetch_pre(void)
+{
+    sim_case_t c;
+    double a;
+
+    four_units(&c);
+    c.cfg.backward_prefetch = FSDP_BACKWARD_PREFETCH_PRE;
+    run_case(&c);
+    a = ag_time(c.numel[0]);
+    /* only the first all-gather and the last reduce-scatter are exposed */
+    CU_ASSERT_EQUAL(c.t_bwd[0], a + sum_s(c.bwd_flops, 4) + a);
+    /* the accounting agrees: of the step's communication, exactly those two show */
+    CU_ASSERT_EQUAL(c.ts[0].exposed_comm_s, a + a + a); /* + the forward's first all-gather */
+    CU_ASSERT_EQUAL(c.ts[0].compute_s, sum_s(c.fwd_flops, 4) + sum_s(c.bwd_flops, 4));
+    /* the root owns no parameters: every unit is gathered again for backward */
+    CU_ASSERT_EQUAL(c.ts[0].n_colls, 4 + 4 + 4);
+    CU_ASSERT_EQUAL(c.ts[0].coll_bytes, 12.0 * 4 * (double)c.numel[0]);
+}
+
+static void test_backward_no_prefetch(void)
+{
+    sim_case_t c;
+    double a, expect;
+
+    four_units(&c);
+    c.cfg.backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
+    run_case(&c);
+    a = ag_time(c.numel[0]);
+    /* unit 3 all-gathers then computes; every later unit's all-gather waits for the previous
+     * unit's reduce-scatter on the communicator, and its compute for the all-gather */
+    expect = a + c.bwd_flops[3] / P2(30);
+    for (int i = 2; i >= 0; i--)
+        expect += a + a + c.bwd_flops[i] / P2(30);
+    expect += a;
+    CU_ASSERT_EQUAL(c.t_bwd[0], expect);
+
+    /* BACKWARD_POST sits in between: the next all-gather is issued before the reduce-scatter,
+     * but after the current compute has been issued */
+    {
+        sim_case_t post;
+        four_units(&post);
+        post.cfg.backward_prefetch = FSDP_BACKWARD_PREFETCH_POST;
+        run_case(&post);
+        CU_ASSERT(post.t_bwd[0] < c.t_bwd[0]);
+        CU_ASSERT(post.t_bwd[0] >= 2 * a + sum_s(post.bwd_flops, 4));
+    }
+}
+
+/* Without the limiter the host, far ahead of a slow GPU, issues every all-gather at once: their
+ * buffers are all allocated or waiting for the compute stream, and the cache grows to hold
+ * them. The limiter keeps at most two freed-but-busy buffers in flight. */
+static void test_limiter_bounds_memory(void)
+{
+    sim_case_t with, without;
+    size_t unit_bytes = 4 * ((size_t)1 << 22);
+
+    for (int limit = 0; limit <= 1; limit++) {
+        sim_case_t *c = limit ? &with : &without;
+        case_init(c, 4, 8);
+        for (int i = 0; i < 8; i++) {
+            c->numel[i] = (size_t)1 << 22; /* 16 MiB unsharded: its own 16 MiB segment */
+            c->fwd_flops[i] = P2(30);      /* 1 s each: the GPU is far behind the host */
+            c->bwd_flops[i] = 2 * P2(30);
+        }
+        c->cfg.limit_all_gathers = limit;
+        run_case(c);
+    }
+    /* no run-ahead in time: the same step, with and without the limiter */
+    CU_ASSERT_EQUAL(with.t_fwd[0], without.t_fwd[0]);
+    CU_ASSERT_EQUAL(with.t_bwd[0], without.t_bwd[0]);
+    /* live unsharded buffers: without the limiter the host never waits, so every buffer of
+     * forward and backward is still allocated or awaited by the compute stream; with it, at
+     * most 3 (the one in use, the one being gathered, the one the compute stream still reads) */
+    CU_ASSERT_EQUAL(without.max_live[0], 16);
+    CU_ASSERT(with.max_live[0] <= 3);
+    /* that is what the cache must reserve */
+    CU_ASSERT(without.mem[0].peak_reserved >= 16 * unit_bytes);
+    CU_ASSERT(with.mem[0].peak_reserved <= 4 * unit_bytes + ((size_t)64 << 20));
+    /* the allocated bytes of unsharded parameters (freed at CPU time, as PyTorch counts them)
+     * are the same: the difference is in blocks waiting for the GPU */
+    CU_ASSERT_EQUAL(with.mem[0].peak_by_category[FSDP_MEM_UNSHARDED_PARAM],
+                    without.mem[0].peak_by_category[FSDP_MEM_UNSHARDED_PARAM]);
+}
+
+/* ---- persistent model state ---- */
+
+static size_t round512(size_t b)
+{
+    return (b + 511) / 512 * 512;
+}
+
+static void test_model_state_memory(void)
+{
+    static const size_t numels[][3] = {
+        {1 << 20, 1 << 18, 3 << 16}, /* multiples of 128 * N: exactly 16 psi / N */
+        {1000, 777, 4099},           /* padding and rounding */
+    };
+    static const int worlds[] = {2, 4, 8};
+
+    for (size_t m = 0; m < sizeof(numels) / sizeof(numels[0]); m++) {
+        for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+            for (int strat = 0; strat < 2; strat++) {
+                sim_case_t c;
+                size_t psi = 0, expect = 0, got;
+                int n = worlds[w];
+                case_init(&c, n, 3);
+                c.cfg.strategy = strat ? FSDP_NO_SHARD : FSDP_FULL_SHARD;
+                c.optim = 1;
+                for (int i = 0; i < 3; i++) {
+                    size_t s = strat ? numels[m][i] : (numels[m][i] + n - 1) / n;
+                    c.numel[i] = numels[m][i];
+                    c.fwd_flops[i] = c.bwd_flops[i] = 2.0;
+                    psi += numels[m][i];
+                    /* f32 shard + f32 sharded grad + AdamW exp_avg and exp_avg_sq */
+                    expect += 4 * round512(4 * s);
+                }
+                run_case(&c);
+                for (int r = 0; r < n; r++) {
+                    const size_t *cat = c.mem[r].by_category;
+                    got = cat[FSDP_MEM_SHARDED_PARAM] + cat[FSDP_MEM_GRADIENT] +
+                          cat[FSDP_MEM_OPTIMIZER_STATE];
+                    CU_ASSERT_EQUAL(got, expect);
+                    CU_ASSERT_EQUAL(cat[FSDP_MEM_OPTIMIZER_STATE], expect / 2);
+                }
+                if (m == 0) /* no padding: ZeRO-3's 16 psi / N and plain replication's 16 psi */
+                    CU_ASSERT_EQUAL(expect, strat ? 16 * psi : 16 * psi / (size_t)n);
+            }
+        }
+    }
+}
+
+/* ---- NCCL's formula against the reference's worked examples ---- */
+
+static void close_to(double got, double want, double rel)
+{
+    CU_ASSERT(fabs(got - want) <= rel * fabs(want));
+    if (!(fabs(got - want) <= rel * fabs(want)))
+        fprintf(stderr, "got %.12g, want %.12g\n", got, want);
+}
+
+static void test_nccl_formula(void)
+{
+    fsdp_sim_profile_t h100, a100, ring;
+    fsdp_sim_coll_cost_t cc;
+    double gib = P2(30), mib = P2(20), t;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100", &a100), FSDP_OK);
+
+    /* 8xH100 ring all-gather, Simple, 1 GiB: 8.4 + 7 x 3.4 us, algBw = 370 x 8/7 GB/s: 2,571 us */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, gib, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_SIMPLE);
+    close_to(cc.latency_s, 32.2e-6, 1e-12);
+    close_to(cc.algo_bytes_per_s, 370e9 * 8 / 7, 1e-12);
+    close_to(t, 32.2e-6 + gib / (370e9 * 8 / 7), 1e-12);
+    CU_ASSERT(fabs(t - 2571e-6) < 1e-6);
+    /* 1 MiB: LL wins, 6.6 + 7 x 0.6 us and min(141, 370/2) x 8/7 GB/s: 17.3 us */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, mib, &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    close_to(cc.latency_s, 10.8e-6, 1e-12);
+    close_to(t, 10.8e-6 + mib / (141e9 * 8 / 7), 1e-12);
+    CU_ASSERT(fabs(t - 17.3e-6) < 0.05e-6);
+
+    /* 2 nodes x 8 GPUs, ring all-reduce, Simple, Intel hosts: 8.4 + 28 x 3.4 + 2 x 14 us
+     * = 131.6 us, x 1.4 on the plateau = 184.24 us */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": {\"algorithms\":"
+                                                 " [\"ring\"], \"protocols\": [\"simple\"]}}",
+                                                 &ring),
+                          FSDP_OK);
+    t = fsdp_sim_coll_time(&ring, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, 16.0, &cc);
+    close_to(cc.latency_s, 131.6e-6, 1e-12);
+    t = fsdp_sim_coll_time(&ring, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, gib, &cc);
+    close_to(cc.latency_s, 131.6e-6 * 1.4, 1e-12);
+    /* across nodes the ring runs at the slower of NVLink (370) and 8 NICs x 47 GB/s */
+    close_to(cc.algo_bytes_per_s, 370e9 * 16 / 30, 1e-12);
+    t = fsdp_sim_coll_time(&ring, FSDP_SIM_COLL_ALL_REDUCE, 4, 4, gib, &cc); /* 1 GPU/node */
+    close_to(cc.algo_bytes_per_s, 47e9 * 4 / 6, 1e-12);
+    /* one rank per node pays the tree's network latency per step: 8.4 + 6 x 14 us, x 1.4 */
+    close_to(cc.latency_s, (8.4e-6 + 6 * 14e-6) * 1.4, 1e-12);
+
+    /* measured busbw at 8 GB (nccl-tests, Azure): A100 231.58 GB/s (ring), H100 ~480 (NVLS) */
+    t = fsdp_sim_coll_time(&a100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8e9, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    close_to(8e9 / t * 14 / 8, 231.58e9, 1e-3);
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8e9, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS);
+    close_to(8e9 / t * 14 / 8, 480e9, 2e-3);
+    /* tree all-reduce across 4 nodes: 8.4 + 2 x (7 x 4.0 + log2(4) x 14) us */
+    {
+        fsdp_sim_profile_t tree;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": "
+                                                     "{\"algorithms\": [\"ring\", \"tree\"], "
+                                                     "\"protocols\": [\"simple\"]}}",
+                                                     &tree),
+                              FSDP_OK);
+        t = fsdp_sim_coll_time(&tree, FSDP_SIM_COLL_ALL_REDUCE, 32, 4, 4096.0, &cc);
+        CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_TREE);
+        close_to(cc.latency_s, 8.4e-6 + 2 * (7 * 4.0e-6 + 2 * 14e-6), 1e-12);
+    }
+    /* a group of one rank copies its buffer */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 1, 1, gib, &cc);
+    close_to(t, 2 * gib / (3350e9 * 0.87) + 1.2e-6, 1e-12);
+    /* kernels by roofline */
+    {
+        fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+        k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = 8192;
+        close_to(fsdp_sim_kernel_time(&h100, &k),
+                 2.0 * 8192 * 8192 * 8192 / (66.9e12 * 0.70) + 1.2e-6, 1e-12);
+        h100.gpu.allow_tf32 = 1;
+        close_to(fsdp_sim_kernel_time(&h100, &k),
+                 2.0 * 8192 * 8192 * 8192 / (494.7e12 * 0.70) + 1.2e-6, 1e-12);
+        k.kind = FSDP_K_FILL; /* memory-bound */
+        k.u.fill.n = 1 << 28;
+        k.u.fill.dtype = FSDP_DTYPE_F32;
+        close_to(fsdp_sim_kernel_time(&h100, &k), 4.0 * (1 << 28) / (3350e9 * 0.87) + 1.2e-6,
+                 1e-12);
+        close_to(fsdp_sim_copy_time(&h100, FSDP_SIM_COPY_H2D, gib), gib / 51e9 + 1.2e-6, 1e-12);
+    }
+}
+
+/* ---- profiles ---- */
+
+static void expect_error(fsdp_status_t got, fsdp_status_t want, const char *needle)
+{
+    CU_ASSERT_EQUAL(got, want);
+    CU_ASSERT(strstr(last_log, needle) != NULL);
+    if (strstr(last_log, needle) == NULL)
+        fprintf(stderr, "log '%s' lacks '%s'\n", last_log, needle);
+}
+
+static void test_profile_errors(void)
+{
+    fsdp_sim_profile_t p;
+
+    capture_start();
+    expect_error(fsdp_sim_profile_preset("h200", &p), FSDP_ERR_INVALID_PARAM, "h100, a100");
+    expect_error(fsdp_sim_profile_preset("h100:gpus=4", &p), FSDP_ERR_INVALID_PARAM,
+                 "allowed: nodes=N, gpus_per_node=G");
+    expect_error(fsdp_sim_profile_preset("h100:nodes=0", &p), FSDP_ERR_INVALID_PARAM,
+                 "'nodes=0'");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\",", &p), FSDP_ERR_FORMAT,
+                 "malformed JSON at line 1");
+    expect_error(fsdp_sim_profile_parse("[1, 2]", &p), FSDP_ERR_FORMAT, "JSON object");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"gpu\": {\"hbm\": 1}}", &p),
+                 FSDP_ERR_INVALID_PARAM, "gpu.hbm is not a known member; allowed here:");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nodes\": \"two\"}", &p),
+                 FSDP_ERR_INVALID_PARAM, "nodes must be an integer");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"gpu\": {\"hbm_bytes_per_s\": "
+                                        "-1}}",
+                                        &p),
+                 FSDP_ERR_INVALID_PARAM, "gpu.hbm_bytes_per_s is -1");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"gpu\": {\"compute_efficiency\":"
+                                        " 1.5}}",
+                                        &p),
+                 FSDP_ERR_INVALID_PARAM, "gpu.compute_efficiency is 1.5; it must be in (0, 1]");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": {\"algorithms\": "
+                                        "[\"tree\"]}}",
+                                        &p),
+                 FSDP_ERR_INVALID_PARAM, "must include ring");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": {\"protocols\": "
+                                        "[\"ll256\"]}}",
+                                        &p),
+                 FSDP_ERR_INVALID_PARAM, "names 'll256'; allowed: ll, ll128, simple");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": {\"base_latency_s\": "
+                                        "{\"ring\": [1, 2]}}}",
+                                        &p),
+                 FSDP_ERR_INVALID_PARAM, "nccl.base_latency_s.ring must be an array of 3");
+    expect_error(fsdp_sim_profile_parse("{\"base\": \"x100\"}", &p), FSDP_ERR_INVALID_PARAM,
+                 "unknown cluster profile 'x100'");
+    expect_error(fsdp_sim_profile_parse("{\"nodes\": 1, \"gpus_per_node\": 2}", &p),
+                 FSDP_ERR_INVALID_PARAM, "is required");
+    expect_error(fsdp_sim_profile_load("/nonexistent/profile.json", &p), FSDP_ERR_NOT_FOUND,
+                 "cannot open");
+    expect_error(fsdp_sim_profile_from_arg("missing.json", &p), FSDP_ERR_NOT_FOUND,
+                 "missing.json");
+    /* a launch with a bad profile names the bad field */
+    {
+        fsdp_sim_params_t sp;
+        fsdp_sim_params_init(&sp);
+        sp.profile.gpu.memory_efficiency = 0.0;
+        expect_error(fsdp_sim_launch(&sp, case_rank, NULL, NULL), FSDP_ERR_INVALID_PARAM,
+                     "gpu.memory_efficiency");
+    }
+    capture_end();
+
+    /* the shape options */
+    CU_ASSERT_EQUAL(fsdp_sim_profile_preset("a100:nodes=4,gpus_per_node=2", &p), FSDP_OK);
+    CU_ASSERT_EQUAL(p.nodes, 4);
+    CU_ASSERT_EQUAL(p.gpus_per_node, 2);
+    CU_ASSERT_STRING_EQUAL(p.name, "a100");
+}
+
+/* The presets read back from their JSON, and the JSON files under traces/profiles are them. */
+static void test_profile_json(void)
+{
+    const char *names[] = {"h100", "a100"};
+    const char *srcdir = getenv("srcdir");
+
+    for (int i = 0; i < 2; i++) {
+        fsdp_sim_profile_t p, q;
+        char *a, *b, path[1024];
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(names[i], &p), FSDP_OK);
+        a = fsdp_sim_profile_to_json(&p);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+        CU_ASSERT(strstr(a, "0.69999") == NULL); /* short numbers where they read back */
+        CU_ASSERT_EQUAL(fsdp_sim_profile_parse(a, &q), FSDP_OK);
+        b = fsdp_sim_profile_to_json(&q);
+        CU_ASSERT_STRING_EQUAL(a, b);
+        free(b);
+        snprintf(path, sizeof(path), "%s/../traces/profiles/%s.json", srcdir ? srcdir : ".",
+                 names[i]);
+        CU_ASSERT_EQUAL(fsdp_sim_profile_load(path, &q), FSDP_OK);
+        b = fsdp_sim_profile_to_json(&q);
+        CU_ASSERT_STRING_EQUAL(a, b);
+        free(a);
+        free(b);
+    }
+    /* a custom profile round-trips too, with the long form where 15 digits are not enough */
+    {
+        fsdp_sim_profile_t p, q;
+        char *a, *b;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(closed_form_json, &p), FSDP_OK);
+        p.gpu.kernel_latency_s = 1.0 / 3.0;
+        a = fsdp_sim_profile_to_json(&p);
+        CU_ASSERT_EQUAL(fsdp_sim_profile_parse(a, &q), FSDP_OK);
+        CU_ASSERT_EQUAL(q.gpu.kernel_latency_s, 1.0 / 3.0);
+        b = fsdp_sim_profile_to_json(&q);
+        CU_ASSERT_STRING_EQUAL(a, b);
+        free(a);
+        free(b);
+    }
+}
+
+/* ---- determinism, and shape mode running the same code as data mode ---- */
+
+typedef struct mlp_case {
+    fsdp_sim_mode_t mode;
+    int world;
+    double step_time[MAXW][2];
+    double host_end[MAXW];
+    fsdp_sim_time_stats_t ts[MAXW];
+    fsdp_mem_stats_t mem[MAXW];
+    float loss[MAXW][2];
+} mlp_case_t;
+
+static fsdp_status_t mlp_rank(fsdp_dev_t *dev, void *arg)
+{
+    static const int dims[] = {24, 64, 48, 8};
+    mlp_case_t *c = arg;
+    int r = dev->rank;
+    size_t rows = 8;
+    fsdp_config_t cfg;
+    fsdp_optim_config_t oc;
+    fsdp_t *fs = NULL;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_optim_t *opt = NULL;
+    float *x = NULL, *y = NULL;
+    fsdp_status_t st;
+
+    fsdp_config_init(&cfg);
+    cfg.validate_exec_order = 0; /* a data-dependent check that shape mode skips */
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
+    st = fsdp_create(dev, &cfg, &fs);
+    if (st != FSDP_OK)
+        return st;
+    st = fsdp_mlp_create(fs, dims, 3, &mlp);
+    if (st == FSDP_OK) /* in shape mode: the same copies, without data */
+        st = fsdp_mlp_init_params(mlp, 7);
+    if (st == FSDP_OK)
+        st = fsdp_optim_create(fs, &oc, &opt);
+    if (st == FSDP_OK && c->mode == FSDP_SIM_DATA) {
+        x = calloc(rows * (size_t)dims[0], sizeof(float));
+        y = calloc(rows * (size_t)dims[3], sizeof(float));
+        if (x == NULL || y == NULL)
+            st = FSDP_ERR_NO_MEMORY;
+        for (size_t i = 0; x != NULL && i < rows * (size_t)dims[0]; i++)
+            x[i] = (float)((i * 7 + (size_t)r) % 13) / 13.0f - 0.5f;
+    }
+    for (int step = 0; step < 2 && st == FSDP_OK; step++) {
+        double t0 = dev->ops->host_time(dev);
+        /* shape mode: no host data at all */
+        st = fsdp_mlp_forward_backward(mlp, x, y, rows, &c->loss[r][step]);
+        if (st == FSDP_OK)
+            st = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+        if (st == FSDP_OK)
+            st = dev->ops->stream_synchronize(dev, NULL);
+        c->step_time[r][step] = dev->ops->host_time(dev) - t0;
+    }
+    if (st == FSDP_OK)
+        st = fsdp_sim_time_stats(dev, &c->ts[r]);
+    c->host_end[r] = dev->ops->host_time(dev);
+    fsdp_mem_get_stats(fsdp_memory(fs), &c->mem[r]);
+    free(x);
+    free(y);
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return st;
+}
+
+static void run_mlp(mlp_case_t *c, fsdp_sim_mode_t mode)
+{
+    fsdp_sim_params_t p;
+
+    memset(c, 0, sizeof(*c));
+    c->mode = mode;
+    c->world = 4;
+    fsdp_sim_params_init(&p); /* the default profile: one 8xH100 node */
+    p.world_size = c->world;
+    p.mode = mode;
+    p.timeout_s = 20.0;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, mlp_rank, c, NULL), FSDP_OK);
+}
+
+static void same_times(const mlp_case_t *a, const mlp_case_t *b)
+{
+    for (int r = 0; r < a->world; r++) {
+        CU_ASSERT_EQUAL(a->host_end[r], b->host_end[r]);
+        CU_ASSERT_EQUAL(a->step_time[r][0], b->step_time[r][0]);
+        CU_ASSERT_EQUAL(a->step_time[r][1], b->step_time[r][1]);
+        CU_ASSERT_EQUAL(a->ts[r].exposed_comm_s, b->ts[r].exposed_comm_s);
+        CU_ASSERT_EQUAL(a->ts[r].compute_s, b->ts[r].compute_s);
+        CU_ASSERT_EQUAL(a->ts[r].gemm_flops, b->ts[r].gemm_flops);
+        CU_ASSERT_EQUAL(a->ts[r].n_kernels, b->ts[r].n_kernels);
+        CU_ASSERT_EQUAL(a->mem[r].peak_allocated, b->mem[r].peak_allocated);
+        CU_ASSERT_EQUAL(a->mem[r].peak_reserved, b->mem[r].peak_reserved);
+        CU_ASSERT(memcmp(a->mem[r].at_peak_by_category, b->mem[r].at_peak_by_category,
+                         sizeof(a->mem[r].at_peak_by_category)) == 0);
+    }
+}
+
+static void test_determinism(void)
+{
+    mlp_case_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    run_mlp(a, FSDP_SIM_DATA);
+    run_mlp(b, FSDP_SIM_DATA);
+    same_times(a, b);
+    for (int r = 0; r < a->world; r++) {
+        CU_ASSERT(a->step_time[r][0] > 0.0);
+        CU_ASSERT(memcmp(a->loss[r], b->loss[r], sizeof(a->loss[r])) == 0);
+    }
+    /* shape mode runs the same code without data: the same times and memory */
+    run_mlp(b, FSDP_SIM_SHAPE);
+    same_times(a, b);
+    free(a);
+    free(b);
+}
+
+/* ---- the query API ---- */
+
+static fsdp_status_t query_rank(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_stream_t *s = NULL;
+    fsdp_event_t *ev = NULL;
+    fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+    fsdp_sim_time_stats_t ts;
+    double kt;
+    int *ok = arg;
+
+    k.u.gemm.m = k.u.gemm.n = 1;
+    k.u.gemm.k = (size_t)1 << 29; /* 2^30 FLOPs: 1 s at 2^30 FLOP/s */
+    if (ops->stream_create(dev, "side", 0, &s) != FSDP_OK || ops->event_create(dev, &ev))
+        return FSDP_ERR_INTERNAL;
+    kt = fsdp_sim_kernel_time(fsdp_sim_rank_profile(dev), &k);
+    /* two kernels on the side stream, one on compute after an event of the first */
+    ops->kernel(dev, s, &k);
+    ops->event_record(dev, ev, s);
+    ops->kernel(dev, s, &k);
+    ops->stream_wait_event(dev, NULL, ev);
+    ops->kernel(dev, NULL, &k);
+    ok[dev->rank] = kt == 1.0 && fsdp_sim_stream_time(dev, s) == 2.0 &&
+                    fsdp_sim_stream_time(dev, NULL) == 2.0 && fsdp_sim_device_time(dev) == 2.0 &&
+                    ops->host_time(dev) == 0.0;
+    ops->event_synchronize(dev, ev);
+    ok[dev->rank] &= ops->host_time(dev) == 1.0;
+    fsdp_sim_time_stats(dev, &ts);
+    ok[dev->rank] &= ts.kernel_s == 3.0 && ts.compute_s == 1.0 && ts.gemm_flops == 3 * P2(30) &&
+                     ts.n_kernels == 3;
+    fsdp_sim_time_reset(dev);
+    fsdp_sim_time_stats(dev, &ts);
+    ok[dev->rank] &= ts.kernel_s == 0.0 && ts.host_time == 1.0 && ts.device_time == 2.0;
+    ops->event_destroy(dev, ev);
+    ops->stream_destroy(dev, s);
+    return FSDP_OK;
+}
+
+static void test_query_api(void)
+{
+    fsdp_sim_params_t p;
+    int ok[2] = {0, 0};
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    p.mode = FSDP_SIM_SHAPE;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(closed_form_json, &p.profile), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, query_rank, ok, NULL), FSDP_OK);
+    CU_ASSERT(ok[0] && ok[1]);
+    /* not a sim rank */
+    CU_ASSERT_EQUAL(fsdp_sim_stream_time(NULL, NULL), 0.0);
+    CU_ASSERT_PTR_NULL(fsdp_sim_rank_profile(NULL));
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"forward: first all-gather plus compute", test_forward_overlap},
+        {"backward BACKWARD_PRE: first all-gather and last reduce-scatter", test_backward_prefetch_pre},
+        {"backward without prefetch: all-gathers exposed", test_backward_no_prefetch},
+        {"limiter bounds live unsharded buffers", test_limiter_bounds_memory},
+        {"model-state memory: 16 psi / N plus rounding", test_model_state_memory},
+        {"NCCL formula against the reference tables", test_nccl_formula},
+        {"profile errors", test_profile_errors},
+        {"profile JSON round trip and preset files", test_profile_json},
+        {"determinism; shape mode equals data mode", test_determinism},
+        {"stream, device and accounting queries", test_query_api},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("simtime", tests);
+}
