@@ -152,9 +152,10 @@ fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev);
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
 /* Launches any kind but GEMM on the stream; the descriptor has been validated. */
 fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
-/* c[r * ldc + j] = beta == 0 ? 0 : beta * c[r * ldc + j] for r < rows, j < cols (f32). */
-fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, float *c, size_t rows, size_t cols,
-                                    size_t ldc, float beta);
+/* c[r * ldc + j] = beta == 0 ? 0 : beta * c[r * ldc + j] for r < rows, j < cols, computed in
+ * f32 and stored in dtype. */
+fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *c, fsdp_dtype_t dtype,
+                                    size_t rows, size_t cols, size_t ldc, float beta);
 
 /* The ops table's slots, by file. */
 fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,

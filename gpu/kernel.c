@@ -11,6 +11,18 @@ static int dtype_ok(fsdp_dtype_t dtype)
     return (int)dtype >= 0 && dtype < FSDP_DTYPE_COUNT;
 }
 
+static int float_ok(fsdp_dtype_t dtype)
+{
+    return dtype == FSDP_DTYPE_F32 || dtype == FSDP_DTYPE_BF16 || dtype == FSDP_DTYPE_F16;
+}
+
+/* An output that is also an input (in place) must keep its dtype. */
+static int in_place_ok(const void *out, fsdp_dtype_t out_dtype, const void *in,
+                       fsdp_dtype_t in_dtype)
+{
+    return out == NULL || out != in || out_dtype == in_dtype;
+}
+
 /* NULL pointers with work to do, invalid dtypes, degenerate shapes. Logs what was wrong. */
 static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
 {
@@ -44,8 +56,11 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
         break;
     case FSDP_K_GEMM: {
         const size_t m = k->u.gemm.m, n = k->u.gemm.n, kk = k->u.gemm.k;
-        if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || k->u.gemm.lda > INT_MAX ||
-            k->u.gemm.ldb > INT_MAX || k->u.gemm.ldc > INT_MAX)
+        if (!float_ok(k->u.gemm.a_dtype) || k->u.gemm.b_dtype != k->u.gemm.a_dtype ||
+            (k->u.gemm.c_dtype != k->u.gemm.a_dtype && k->u.gemm.c_dtype != FSDP_DTYPE_F32))
+            bad = "dtypes (A and B one of f32, bf16, f16; C that dtype or f32)";
+        else if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || k->u.gemm.lda > INT_MAX ||
+                 k->u.gemm.ldb > INT_MAX || k->u.gemm.ldc > INT_MAX)
             bad = "a dimension or leading dimension exceeds INT_MAX (cuBLAS)";
         else if (k->u.gemm.lda < (k->u.gemm.trans_a ? m : kk) ||
                  k->u.gemm.ldb < (k->u.gemm.trans_b ? kk : n) || k->u.gemm.ldc < n)
@@ -57,26 +72,48 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
         break;
     }
     case FSDP_K_BIAS_ADD:
-        if (k->u.bias_add.rows > 0 && k->u.bias_add.cols > 0 &&
-            (k->u.bias_add.y == NULL || k->u.bias_add.bias == NULL))
+        if (!float_ok(k->u.bias_add.y_dtype) || !float_ok(k->u.bias_add.bias_dtype))
+            bad = "dtype (f32, bf16 or f16)";
+        else if (k->u.bias_add.rows > 0 && k->u.bias_add.cols > 0 &&
+                 (k->u.bias_add.y == NULL || k->u.bias_add.bias == NULL))
             bad = "y or bias is NULL";
         break;
     case FSDP_K_BIAS_GRAD:
-        if (k->u.bias_grad.cols > 0 && (k->u.bias_grad.dbias == NULL ||
-                                        (k->u.bias_grad.rows > 0 && k->u.bias_grad.dy == NULL)))
+        if (!float_ok(k->u.bias_grad.dbias_dtype) || !float_ok(k->u.bias_grad.dy_dtype))
+            bad = "dtype (f32, bf16 or f16)";
+        else if (k->u.bias_grad.cols > 0 &&
+                 (k->u.bias_grad.dbias == NULL ||
+                  (k->u.bias_grad.rows > 0 && k->u.bias_grad.dy == NULL)))
             bad = "dbias or dy is NULL";
         break;
     case FSDP_K_RELU_FWD:
-        if (k->u.relu_fwd.n > 0 && (k->u.relu_fwd.y == NULL || k->u.relu_fwd.x == NULL))
+        if (!float_ok(k->u.relu_fwd.y_dtype) || !float_ok(k->u.relu_fwd.x_dtype))
+            bad = "dtype (f32, bf16 or f16)";
+        else if (!in_place_ok(k->u.relu_fwd.y, k->u.relu_fwd.y_dtype, k->u.relu_fwd.x,
+                              k->u.relu_fwd.x_dtype))
+            bad = "y and x are one buffer with two dtypes";
+        else if (k->u.relu_fwd.n > 0 && (k->u.relu_fwd.y == NULL || k->u.relu_fwd.x == NULL))
             bad = "y or x is NULL";
         break;
     case FSDP_K_RELU_BWD:
-        if (k->u.relu_bwd.n > 0 &&
-            (k->u.relu_bwd.dx == NULL || k->u.relu_bwd.dy == NULL || k->u.relu_bwd.y == NULL))
+        if (!float_ok(k->u.relu_bwd.dx_dtype) || !float_ok(k->u.relu_bwd.dy_dtype) ||
+            !float_ok(k->u.relu_bwd.y_dtype))
+            bad = "dtype (f32, bf16 or f16)";
+        else if (!in_place_ok(k->u.relu_bwd.dx, k->u.relu_bwd.dx_dtype, k->u.relu_bwd.dy,
+                              k->u.relu_bwd.dy_dtype))
+            bad = "dx and dy are one buffer with two dtypes";
+        else if (k->u.relu_bwd.n > 0 &&
+                 (k->u.relu_bwd.dx == NULL || k->u.relu_bwd.dy == NULL || k->u.relu_bwd.y == NULL))
             bad = "dx, dy or y is NULL";
         break;
     case FSDP_K_MSE_LOSS:
-        if (k->u.mse.loss == NULL || (k->u.mse.n > 0 && (k->u.mse.y == NULL || k->u.mse.t == NULL)))
+        if (!float_ok(k->u.mse.y_dtype) || !float_ok(k->u.mse.t_dtype) ||
+            (k->u.mse.dy != NULL && !float_ok(k->u.mse.dy_dtype)))
+            bad = "dtype (f32, bf16 or f16)";
+        else if (!in_place_ok(k->u.mse.dy, k->u.mse.dy_dtype, k->u.mse.y, k->u.mse.y_dtype))
+            bad = "dy and y are one buffer with two dtypes";
+        else if (k->u.mse.loss == NULL ||
+                 (k->u.mse.n > 0 && (k->u.mse.y == NULL || k->u.mse.t == NULL)))
             bad = "loss, y or t is NULL";
         else if (!(k->u.mse.denom != 0.0))
             bad = "denom is 0";
@@ -110,8 +147,22 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
     return FSDP_OK;
 }
 
+static cudaDataType_t cuda_dtype(fsdp_dtype_t dtype)
+{
+    switch (dtype) {
+    case FSDP_DTYPE_BF16:
+        return CUDA_R_16BF;
+    case FSDP_DTYPE_F16:
+        return CUDA_R_16F;
+    default:
+        return CUDA_R_32F;
+    }
+}
+
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS sees each row-major
- * matrix as its transpose, so B comes first, and the dimensions swap (N, M, K). */
+ * matrix as its transpose, so B comes first, and the dimensions swap (N, M, K). f32 operands
+ * take cublasSgemm; 16-bit ones cublasGemmEx with f32 compute (CUBLAS_COMPUTE_32F: products
+ * and sums in f32, alpha and beta f32, C rounded once), PyTorch's bf16/f16 matmul. */
 static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp_kernel_t *k)
 {
     const int m = (int)k->u.gemm.m, n = (int)k->u.gemm.n, kk = (int)k->u.gemm.k;
@@ -128,15 +179,21 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
     /* K == 0 or alpha == 0: C = beta * C, reading neither A nor B (which may then be NULL), as
      * BLAS and the sim; not left to cuBLAS, whose quick returns are not documented. */
     if (kk == 0 || k->u.gemm.alpha == 0.0f)
-        return fsdp_gpu_scale_matrix(s, k->u.gemm.c, k->u.gemm.m, k->u.gemm.n, k->u.gemm.ldc,
-                                     k->u.gemm.beta);
+        return fsdp_gpu_scale_matrix(s, k->u.gemm.c, k->u.gemm.c_dtype, k->u.gemm.m,
+                                     k->u.gemm.n, k->u.gemm.ldc, k->u.gemm.beta);
     status = FSDP_CUBLAS_CALL(cublasSetStream(gdev->cublas, s->cu));
     if (status != FSDP_OK)
         return status;
     /* beta == 0: cuBLAS does not read C (NaN included), as kernel.h asks. */
-    return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
-                                        k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,
-                                        k->u.gemm.c, ldc));
+    if (k->u.gemm.a_dtype == FSDP_DTYPE_F32 && k->u.gemm.c_dtype == FSDP_DTYPE_F32)
+        return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
+                                            k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,
+                                            k->u.gemm.c, ldc));
+    return FSDP_CUBLAS_CALL(cublasGemmEx(
+        gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
+        cuda_dtype(k->u.gemm.b_dtype), ldb, k->u.gemm.a, cuda_dtype(k->u.gemm.a_dtype), lda,
+        &k->u.gemm.beta, k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
 }
 
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)

@@ -130,24 +130,26 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS) bias_grad_kernel(const fsdp_
 }
 
 __global__ void __launch_bounds__(FSDP_GPU_THREADS)
-    scale_matrix_kernel(float *c, size_t rows, size_t cols, size_t ldc, float beta)
+    scale_matrix_kernel(void *c, fsdp_dtype_t dtype, size_t rows, size_t cols, size_t ldc,
+                        float beta)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += stride) {
-        float *e = c + (i / cols) * ldc + i % cols;
-        *e = beta == 0.0f ? 0.0f : beta * *e;
+        const size_t e = (i / cols) * ldc + i % cols;
+        fsdp_kb_store(c, dtype, e, beta == 0.0f ? 0.0f : beta * fsdp_kb_load(c, dtype, e));
     }
 }
 
 } // namespace
 
-extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, float *c, size_t rows,
-                                               size_t cols, size_t ldc, float beta)
+extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *c,
+                                               fsdp_dtype_t dtype, size_t rows, size_t cols,
+                                               size_t ldc, float beta)
 {
     if (rows == 0 || cols == 0 || beta == 1.0f)
         return FSDP_OK;
-    scale_matrix_kernel<<<grid_for(rows * cols), FSDP_GPU_THREADS, 0, stream->cu>>>(c, rows, cols,
-                                                                                    ldc, beta);
+    scale_matrix_kernel<<<grid_for(rows * cols), FSDP_GPU_THREADS, 0, stream->cu>>>(
+        c, dtype, rows, cols, ldc, beta);
     return fsdp_gpu_cuda_status(cudaGetLastError(), "launch of scale_matrix_kernel (gemm)",
                                 __FILE__, __LINE__, __func__);
 }

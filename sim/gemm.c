@@ -16,6 +16,10 @@
  * Neither enables FMA, so both round every product and every sum the same way: the result
  * does not depend on the micro-kernel, only on KC (test_kernels checks the bits agree).
  *
+ * bf16 and f16 operands are widened to f32 while they are packed (exact, and cheap next to the
+ * O(mnk) products), so every dtype runs the same micro-kernel in the same order; a 16-bit C
+ * goes through an f32 workspace and is rounded once (fsdp_sim_gemm_ex).
+ *
  * Summation order, fixed for a shape: element C[i,j] accumulates k in ascending order inside
  * each KC block starting from 0; the first block is written as alpha*acc (+ beta*C), later
  * blocks are added as C += alpha*acc, in ascending order.
@@ -23,11 +27,13 @@
 #include "config.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <fsdp/log.h>
 
+#include "kernels/elementwise.h"
 #include "sim_kernels.h"
 
 #define MR 6                /* micro-tile rows */
@@ -40,6 +46,12 @@
 #define FSDP_GEMM_VECTOR 1
 #else
 #define FSDP_GEMM_VECTOR 0
+#endif
+
+#if defined(__GNUC__)
+#define FSDP_GEMM_INLINE inline __attribute__((always_inline))
+#else
+#define FSDP_GEMM_INLINE inline
 #endif
 
 #if FSDP_GEMM_VECTOR && defined(__x86_64__)
@@ -161,28 +173,44 @@ static size_t fsdp_gemm_round_up(size_t x, size_t to)
     return (x + to - 1) / to * to;
 }
 
+/* Element idx of a buffer of dtype dt, widened to f32 (exact). With dt a constant, as in the
+ * per-dtype packers below, the switch folds away and the f32 packer is a plain copy. */
+static inline float fsdp_gemm_ld(const void *base, fsdp_dtype_t dt, size_t idx)
+{
+    switch (dt) {
+    case FSDP_DTYPE_BF16:
+        return fsdp_kb_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case FSDP_DTYPE_F16:
+        return fsdp_kb_f16_to_f32(((const uint16_t *)base)[idx]);
+    default:
+        return ((const float *)base)[idx];
+    }
+}
+
 /* Packs op(A)[i0 .. i0+mc, p0 .. p0+kc) into MR-row micro-panels: element (i, p) of the block
- * goes to ap[(i / MR) * kc * MR + p * MR + i % MR]; rows past mc are zero. */
-static void fsdp_gemm_pack_a(int trans, const float *a, size_t lda, size_t i0, size_t mc, size_t p0,
-                             size_t kc, float *__restrict ap)
+ * goes to ap[(i / MR) * kc * MR + p * MR + i % MR]; rows past mc are zero. 16-bit elements are
+ * widened here, once per block, so the micro-kernel only ever sees f32. */
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_dtype_t dt,
+                                                 size_t lda, size_t i0, size_t mc, size_t p0,
+                                                 size_t kc, float *__restrict ap)
 {
     for (size_t ir = 0; ir < mc; ir += MR) {
         size_t mr = fsdp_gemm_min(MR, mc - ir);
         float *dst = ap + ir * kc;
         if (!trans) { /* A is [M, K]: row i is contiguous in p */
             for (size_t ii = 0; ii < mr; ii++) {
-                const float *src = a + (i0 + ir + ii) * lda + p0;
+                size_t src = (i0 + ir + ii) * lda + p0;
                 for (size_t p = 0; p < kc; p++)
-                    dst[p * MR + ii] = src[p];
+                    dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + p);
             }
             for (size_t ii = mr; ii < MR; ii++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * MR + ii] = 0.0f;
         } else { /* A is [K, M]: row p is contiguous in i */
             for (size_t p = 0; p < kc; p++) {
-                const float *src = a + (p0 + p) * lda + i0 + ir;
+                size_t src = (p0 + p) * lda + i0 + ir;
                 for (size_t ii = 0; ii < mr; ii++)
-                    dst[p * MR + ii] = src[ii];
+                    dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + ii);
                 for (size_t ii = mr; ii < MR; ii++)
                     dst[p * MR + ii] = 0.0f;
             }
@@ -192,34 +220,59 @@ static void fsdp_gemm_pack_a(int trans, const float *a, size_t lda, size_t i0, s
 
 /* Packs op(B)[p0 .. p0+kc, j0 .. j0+nc) into NR-column micro-panels: element (p, j) goes to
  * bp[(j / NR) * kc * NR + p * NR + j % NR]; columns past nc are zero. */
-static void fsdp_gemm_pack_b(int trans, const float *b, size_t ldb, size_t p0, size_t kc, size_t j0,
-                             size_t nc, float *__restrict bp)
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_b_dt(int trans, const void *b, fsdp_dtype_t dt,
+                                                 size_t ldb, size_t p0, size_t kc, size_t j0,
+                                                 size_t nc, float *__restrict bp)
 {
     for (size_t jr = 0; jr < nc; jr += NR) {
         size_t nr = fsdp_gemm_min(NR, nc - jr);
         float *dst = bp + jr * kc;
-        if (!trans && nr == NR) { /* B is [K, N]: row p is contiguous in j */
+        if (!trans && nr == NR && dt == FSDP_DTYPE_F32) { /* B is [K, N]: rows contiguous in j */
             for (size_t p = 0; p < kc; p++)
-                memcpy(dst + p * NR, b + (p0 + p) * ldb + j0 + jr, NR * sizeof(float));
+                memcpy(dst + p * NR, (const float *)b + (p0 + p) * ldb + j0 + jr,
+                       NR * sizeof(float));
         } else if (!trans) {
             for (size_t p = 0; p < kc; p++) {
-                const float *src = b + (p0 + p) * ldb + j0 + jr;
+                size_t src = (p0 + p) * ldb + j0 + jr;
                 for (size_t jj = 0; jj < nr; jj++)
-                    dst[p * NR + jj] = src[jj];
+                    dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + jj);
                 for (size_t jj = nr; jj < NR; jj++)
                     dst[p * NR + jj] = 0.0f;
             }
         } else { /* B is [N, K]: row j is contiguous in p */
             for (size_t jj = 0; jj < nr; jj++) {
-                const float *src = b + (j0 + jr + jj) * ldb + p0;
+                size_t src = (j0 + jr + jj) * ldb + p0;
                 for (size_t p = 0; p < kc; p++)
-                    dst[p * NR + jj] = src[p];
+                    dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + p);
             }
             for (size_t jj = nr; jj < NR; jj++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * NR + jj] = 0.0f;
         }
     }
+}
+
+/* One packer per dtype, each with its dtype a constant. */
+static void fsdp_gemm_pack_a(int trans, const void *a, fsdp_dtype_t dt, size_t lda, size_t i0,
+                             size_t mc, size_t p0, size_t kc, float *__restrict ap)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_BF16, lda, i0, mc, p0, kc, ap);
+    else if (dt == FSDP_DTYPE_F16)
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F16, lda, i0, mc, p0, kc, ap);
+    else
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F32, lda, i0, mc, p0, kc, ap);
+}
+
+static void fsdp_gemm_pack_b(int trans, const void *b, fsdp_dtype_t dt, size_t ldb, size_t p0,
+                             size_t kc, size_t j0, size_t nc, float *__restrict bp)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_BF16, ldb, p0, kc, j0, nc, bp);
+    else if (dt == FSDP_DTYPE_F16)
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F16, ldb, p0, kc, j0, nc, bp);
+    else
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F32, ldb, p0, kc, j0, nc, bp);
 }
 
 /* Writes the valid mr x nr corner of a tile into C: the first k block sets C from alpha*acc
@@ -277,22 +330,17 @@ static void fsdp_gemm_scale_c(size_t m, size_t n, float beta, float *c, size_t l
     }
 }
 
-fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
-                            const float *a, size_t lda, const float *b, size_t ldb, float beta,
-                            float *c, size_t ldc)
+/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
+static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
+                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
+                                   float *c, size_t ldc)
 {
     size_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
     size_t kc_max, mc_max, nc_max;
     fsdp_gemm_ukernel_t ukernel;
     float *buf, *ap, *bp;
 
-    if (m == 0 || n == 0)
-        return FSDP_OK;
-    if (c == NULL || ldc < n) {
-        fsdp_error("gemm: C is %s with ldc %zu for %zu columns (need non-NULL, ldc >= n)",
-                   c == NULL ? "NULL" : "set", ldc, n);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     if (k == 0 || alpha == 0.0f) {
         fsdp_gemm_scale_c(m, n, beta, c, ldc);
         return FSDP_OK;
@@ -321,10 +369,10 @@ fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t
         size_t nc = fsdp_gemm_min(NC, n - jc);
         for (size_t pc = 0; pc < k; pc += KC) {
             size_t kc = fsdp_gemm_min(KC, k - pc);
-            fsdp_gemm_pack_b(trans_b, b, ldb, pc, kc, jc, nc, bp);
+            fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc, nc, bp);
             for (size_t ic = 0; ic < m; ic += MC) {
                 size_t mc = fsdp_gemm_min(MC, m - ic);
-                fsdp_gemm_pack_a(trans_a, a, lda, ic, mc, pc, kc, ap);
+                fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap);
                 /* jr outside ir: one B micro-panel stays in L1 while A streams from L2 */
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     size_t nr = fsdp_gemm_min(NR, nc - jr);
@@ -346,4 +394,63 @@ fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t
     }
     free(buf);
     return FSDP_OK;
+}
+
+static int fsdp_gemm_dtype_float(fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
+}
+
+fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                               fsdp_dtype_t c_dtype, size_t ldc)
+{
+    fsdp_status_t status;
+    float *cw;
+
+    if (!fsdp_gemm_dtype_float(a_dtype) || b_dtype != a_dtype ||
+        (c_dtype != a_dtype && c_dtype != FSDP_DTYPE_F32)) {
+        fsdp_error("gemm: dtypes A %s, B %s, C %s (need A and B one of f32, bf16, f16, and C "
+                   "that dtype or f32)",
+                   fsdp_dtype_name(a_dtype), fsdp_dtype_name(b_dtype), fsdp_dtype_name(c_dtype));
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (m == 0 || n == 0)
+        return FSDP_OK;
+    if (c == NULL || ldc < n) {
+        fsdp_error("gemm: C is %s with ldc %zu for %zu columns (need non-NULL, ldc >= n)",
+                   c == NULL ? "NULL" : "set", ldc, n);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (c_dtype == FSDP_DTYPE_F32)
+        return fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                             beta, c, ldc);
+
+    /* A 16-bit C: the k blocks add into an f32 workspace, which is rounded once at the end, so
+     * that no partial sum is rounded to 16 bits; beta * C is applied there, in f32. */
+    if (m > SIZE_MAX / sizeof(float) / n ||
+        posix_memalign((void **)&cw, 64, m * n * sizeof(float)) != 0) {
+        fsdp_error("gemm: cannot allocate an f32 workspace for %zu x %zu %s outputs", m, n,
+                   fsdp_dtype_name(c_dtype));
+        return FSDP_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < m && beta != 0.0f; i++)
+        for (size_t j = 0; j < n; j++)
+            cw[i * n + j] = fsdp_kb_load(c, c_dtype, i * ldc + j);
+    status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                           beta, cw, n);
+    for (size_t i = 0; i < m && status == FSDP_OK; i++)
+        for (size_t j = 0; j < n; j++)
+            fsdp_kb_store(c, c_dtype, i * ldc + j, cw[i * n + j]);
+    free(cw);
+    return status;
+}
+
+fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                            const float *a, size_t lda, const float *b, size_t ldb, float beta,
+                            float *c, size_t ldc)
+{
+    return fsdp_sim_gemm_ex(trans_a, trans_b, m, n, k, alpha, a, FSDP_DTYPE_F32, lda, b,
+                            FSDP_DTYPE_F32, ldb, beta, c, FSDP_DTYPE_F32, ldc);
 }

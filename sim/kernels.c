@@ -199,6 +199,35 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
             fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
     } while (0)
 
+/* GEMM, or a batch of them in index order (kernel.h: batch 0 or 1 is one product). */
+static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k)
+{
+    size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1;
+    size_t sa = fsdp_dtype_size(k->u.gemm.a_dtype), sb = fsdp_dtype_size(k->u.gemm.b_dtype);
+    size_t sc = fsdp_dtype_size(k->u.gemm.c_dtype);
+    fsdp_status_t status = FSDP_OK;
+
+    if (batch > 1 && (k->u.gemm.stride_a > SIZE_MAX / batch / sa ||
+                      k->u.gemm.stride_b > SIZE_MAX / batch / sb ||
+                      k->u.gemm.stride_c > SIZE_MAX / batch / sc))
+        FSDP_SIM_KERNEL_INVALID(k, "a batch of %zu with strides %zu, %zu, %zu overflows", batch,
+                                k->u.gemm.stride_a, k->u.gemm.stride_b, k->u.gemm.stride_c);
+    for (size_t i = 0; i < batch && status == FSDP_OK; i++) {
+        const char *a = k->u.gemm.a, *b = k->u.gemm.b;
+        char *c = k->u.gemm.c;
+        if (i > 0) { /* the pointers of the first product are used as they are (NULL too) */
+            a += i * k->u.gemm.stride_a * sa;
+            b += i * k->u.gemm.stride_b * sb;
+            c += i * k->u.gemm.stride_c * sc;
+        }
+        status = fsdp_sim_gemm_ex(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
+                                  k->u.gemm.k, k->u.gemm.alpha, a, k->u.gemm.a_dtype,
+                                  k->u.gemm.lda, b, k->u.gemm.b_dtype, k->u.gemm.ldb,
+                                  k->u.gemm.beta, c, k->u.gemm.c_dtype, k->u.gemm.ldc);
+    }
+    return status;
+}
+
 fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
 {
     fsdp_kb_prep_t prep;
@@ -208,15 +237,14 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         fsdp_error("kernel: descriptor is NULL");
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (fsdp_sim_nn_kernel(k->kind))
+        return fsdp_sim_nn_kernel_exec(k); /* the transformer kinds: kernels_nn.c */
     status = fsdp_sim_kernel_check(k);
     if (status != FSDP_OK)
         return status;
 
     if (k->kind == FSDP_K_GEMM)
-        return fsdp_sim_gemm_ex(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
-                                k->u.gemm.k, k->u.gemm.alpha, k->u.gemm.a, k->u.gemm.a_dtype,
-                                k->u.gemm.lda, k->u.gemm.b, k->u.gemm.b_dtype, k->u.gemm.ldb,
-                                k->u.gemm.beta, k->u.gemm.c, k->u.gemm.c_dtype, k->u.gemm.ldc);
+        return fsdp_sim_gemm_desc(k);
 
     fsdp_kb_prepare(k, &prep);
     switch (k->kind) {

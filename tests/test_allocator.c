@@ -250,7 +250,10 @@ static void body_rounding(env_t *env)
     CHECK_EQ(ALL(st).segment.current, 1);
 
     /* a bad category is refused */
+    capture_begin();
     CHECK_EQ(fsdp_mem_alloc(mem, 1, FSDP_MEM_CATEGORY_COUNT, NULL, &p), FSDP_ERR_INVALID_PARAM);
+    capture_end();
+    CHECK(strstr(last_error, "invalid memory category 8") != NULL);
     fsdp_mem_free(mem, a);
     fsdp_mem_free(mem, b);
     fsdp_mem_free(mem, NULL);

@@ -132,12 +132,86 @@ static void test_param_shard_info(void)
     CU_ASSERT(memcmp(&seen, &want, sizeof(want)) == 0);
 }
 
+/* Auto-wrap over a GPT-2-like tree: root (embeddings, final norm) with two blocks of
+ * ln (8) + attn (100) + mlp (200). */
+static void test_auto_wrap(void)
+{
+    static const fsdp_module_desc_t mods[] = {
+        {"", "GPT", 50, -1},          /* 0 */
+        {"h.0", "Block", 0, 0},       /* 1 */
+        {"h.0.ln_1", "LayerNorm", 8, 1},
+        {"h.0.attn", "Attention", 100, 1},
+        {"h.0.mlp", "MLP", 200, 1},   /* 4 */
+        {"h.1", "Block", 0, 0},       /* 5 */
+        {"h.1.ln_1", "LayerNorm", 8, 5},
+        {"h.1.attn", "Attention", 100, 5},
+        {"h.1.mlp", "MLP", 200, 5},   /* 8 */
+        {"ln_f", "LayerNorm", 8, 0},  /* 9 */
+    };
+    static const char *const block[] = {"Block"};
+    int unit_of[10];
+    fsdp_wrap_policy_t p;
+
+    fsdp_wrap_policy_init(&p, FSDP_WRAP_BY_TYPE);
+    p.types = block;
+    p.ntypes = 1;
+    CU_ASSERT_EQUAL_FATAL(fsdp_auto_wrap(&p, mods, 10, unit_of), FSDP_OK);
+    static const int by_type[10] = {0, 1, 1, 1, 1, 5, 5, 5, 5, 0};
+    CU_ASSERT(memcmp(unit_of, by_type, sizeof(by_type)) == 0);
+
+    /* min params 150: each mlp (200) is wrapped; a block then holds 108 < 150 unwrapped */
+    fsdp_wrap_policy_init(&p, FSDP_WRAP_MIN_PARAMS);
+    CU_ASSERT_EQUAL(p.min_num_params, 100000000);
+    p.min_num_params = 150;
+    CU_ASSERT_EQUAL_FATAL(fsdp_auto_wrap(&p, mods, 10, unit_of), FSDP_OK);
+    static const int by_size[10] = {0, 0, 0, 0, 4, 0, 0, 0, 8, 0};
+    CU_ASSERT(memcmp(unit_of, by_size, sizeof(by_size)) == 0);
+    /* min params 300: mlps stay, blocks (308) wrap */
+    p.min_num_params = 300;
+    CU_ASSERT_EQUAL_FATAL(fsdp_auto_wrap(&p, mods, 10, unit_of), FSDP_OK);
+    CU_ASSERT(memcmp(unit_of, by_type, sizeof(by_type)) == 0);
+
+    fsdp_wrap_policy_init(&p, FSDP_WRAP_NONE);
+    CU_ASSERT_EQUAL_FATAL(fsdp_auto_wrap(&p, mods, 10, unit_of), FSDP_OK);
+    for (int i = 0; i < 10; i++)
+        CU_ASSERT_EQUAL(unit_of[i], 0);
+
+    /* a bad tree and a custom policy without a function are refused */
+    fsdp_module_desc_t bad[2] = {{"", "M", 1, -1}, {"x", "M", 1, 5}};
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_auto_wrap(&p, bad, 2, unit_of), FSDP_ERR_INVALID_PARAM);
+    fsdp_wrap_policy_init(&p, FSDP_WRAP_CUSTOM);
+    CU_ASSERT_EQUAL(fsdp_auto_wrap(&p, mods, 10, unit_of), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+}
+
+static int wrap_attn(const fsdp_module_desc_t *m, size_t unwrapped, void *arg)
+{
+    (void)unwrapped;
+    (void)arg;
+    return strcmp(m->type, "Attention") == 0;
+}
+
+static void test_auto_wrap_custom(void)
+{
+    static const fsdp_module_desc_t mods[] = {
+        {"", "GPT", 50, -1}, {"h.0", "Block", 0, 0}, {"h.0.attn", "Attention", 100, 1}};
+    int unit_of[3];
+    fsdp_wrap_policy_t p;
+    fsdp_wrap_policy_init(&p, FSDP_WRAP_CUSTOM);
+    p.func = wrap_attn;
+    CU_ASSERT_EQUAL_FATAL(fsdp_auto_wrap(&p, mods, 3, unit_of), FSDP_OK);
+    CU_ASSERT(unit_of[0] == 0 && unit_of[1] == 0 && unit_of[2] == 2);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"shard sizes and padding", test_shard_table},
         {"gradient divide factors", test_divide_factors},
         {"per-parameter shard info", test_param_shard_info},
+        {"auto-wrap policies", test_auto_wrap},
+        {"auto-wrap with a custom policy", test_auto_wrap_custom},
         {NULL, NULL},
     };
     return fsdp_test_run("shard", tests);

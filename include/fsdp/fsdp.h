@@ -16,5 +16,6 @@
 #include <fsdp/trace.h>
 #include <fsdp/types.h>
 #include <fsdp/version.h>
+#include <fsdp/wrap.h>
 
 #endif

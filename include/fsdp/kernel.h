@@ -31,7 +31,17 @@ extern "C" {
     X(MSE_LOSS, "mse_loss")                                                                        \
     X(ADAMW, "adamw")                                                                              \
     X(SGD, "sgd")                                                                                  \
-    X(SUMSQ, "sumsq")
+    X(SUMSQ, "sumsq")                                                                              \
+    X(LAYERNORM_FWD, "layernorm_fwd")                                                              \
+    X(LAYERNORM_BWD, "layernorm_bwd")                                                              \
+    X(GELU_FWD, "gelu_fwd")                                                                        \
+    X(GELU_BWD, "gelu_bwd")                                                                        \
+    X(SOFTMAX_FWD, "softmax_fwd")                                                                  \
+    X(SOFTMAX_BWD, "softmax_bwd")                                                                  \
+    X(EMBEDDING_FWD, "embedding_fwd")                                                              \
+    X(EMBEDDING_BWD, "embedding_bwd")                                                              \
+    X(CROSS_ENTROPY, "cross_entropy")                                                              \
+    X(ADD, "add")
 
 typedef enum {
 #define FSDP_KERNEL_ENUM_(name, str) FSDP_K_##name,
@@ -64,7 +74,11 @@ typedef struct fsdp_kernel {
          * applied in f32, and C is rounded once (nearest even). */
         struct { int trans_a, trans_b; size_t m, n, k; float alpha; const void *a; size_t lda;
                  const void *b; size_t ldb; float beta; void *c; size_t ldc;
-                 fsdp_dtype_t a_dtype, b_dtype, c_dtype; } gemm;
+                 fsdp_dtype_t a_dtype, b_dtype, c_dtype;
+                 /* batch > 1: `batch` independent products, the i-th on a + i * stride_a,
+                  * b + i * stride_b and c + i * stride_c (elements), in index order; 0 or 1 is
+                  * the one product above (strides unused) */
+                 size_t batch, stride_a, stride_b, stride_c; } gemm;
         /* The element-wise kinds below load every operand as f32 (any float dtype), compute
          * in f32 and round on store; a buffer used in place must keep one dtype. */
         /* y[r, c] += bias[c] for r < rows, c < cols */
@@ -90,6 +104,58 @@ typedef struct fsdp_kernel {
                  momentum, dampening, weight_decay; int nesterov, first_step; } sgd;
         /* out[0] = sum x[i]^2 (f32 out, computed in double in index order) */
         struct { float *out; const void *x; fsdp_dtype_t dtype; size_t n; } sumsq;
+
+        /* ---- the transformer kernels (GPT-2), f32. Row kernels run one row at a time in
+         * index order; reductions over a row are sequential in f32, sums over rows (weight
+         * gradients) are in row order, so every result depends on the shapes alone. exp, log
+         * and tanh are the shared bodies' own (lib/kernels/nn_bodies.h), the same bits on the
+         * host and the GPU. ---- */
+
+        /* LayerNorm over the last dimension of x [rows, cols]: mean = sum(x) / cols,
+         * var = sum((x - mean)^2) / cols, rstd = 1 / sqrt(var + eps),
+         * y = (x - mean) * rstd * weight + bias. mean[r] and rstd[r] are saved unless NULL.
+         * y may equal x. */
+        struct { float *y; float *mean; float *rstd; const float *x; const float *weight;
+                 const float *bias; size_t rows, cols; float eps; } layernorm_fwd;
+        /* Its backward from x and the saved mean and rstd: with xhat = (x - mean) * rstd and
+         * g = dy * weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), written
+         * (accumulate 0) or added (accumulate 1); dweight[c] += sum over r of dy * xhat and
+         * dbias[c] += sum over r of dy. Any of dx, dweight, dbias may be NULL (not computed).
+         * dx must not overlap dy or x. */
+        struct { float *dx; float *dweight; float *dbias; const float *dy; const float *x;
+                 const float *mean; const float *rstd; const float *weight; size_t rows, cols;
+                 int accumulate; } layernorm_bwd;
+        /* y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), HF's gelu_new; y may equal x */
+        struct { float *y; const float *x; size_t n; } gelu_fwd;
+        /* dx = dy * gelu_new'(x); dx may equal dy */
+        struct { float *dx; const float *dy; const float *x; size_t n; } gelu_bwd;
+        /* y = softmax(scale * x) over each row of x [rows, cols]. causal: x is [batch, cols,
+         * cols] (rows = batch * cols) and row r keeps columns 0 .. r % cols, the others are
+         * 0 (the masked attention of a decoder). y may equal x. */
+        struct { float *y; const float *x; size_t rows, cols; float scale; int causal; }
+            softmax_fwd;
+        /* Its backward from the saved y: dx = scale * y * (dy - sum(y * dy)) per row (0 where
+         * masked); dx may equal dy. */
+        struct { float *dx; const float *dy; const float *y; size_t rows, cols; float scale;
+                 int causal; } softmax_bwd;
+        /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
+         * (no position term). A token outside [0, vocab) gives a row of NaN. */
+        struct { float *y; const int32_t *tokens; const float *wte; const float *wpe;
+                 size_t rows, cols, seq, vocab; } embedding_fwd;
+        /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c], each element in row
+         * order; dwte or dwpe may be NULL; tokens outside [0, vocab) add nothing. */
+        struct { float *dwte; float *dwpe; const float *dy; const int32_t *tokens; size_t rows,
+                 cols, seq, vocab; } embedding_bwd;
+        /* Softmax cross-entropy over logits [rows, vocab]: losses[r] = logsumexp(logits[r]) -
+         * logits[r, targets[r]] (0 for a target < 0: ignored, as torch's ignore_index);
+         * loss[0] = sum(losses) / denom, summed in double along the tree of sumsq;
+         * dlogits[r] = (softmax(logits[r]) - onehot(targets[r])) / denom (a zero row when
+         * ignored). loss and dlogits may be NULL; dlogits may equal logits; losses (rows
+         * floats) is always written. A target >= vocab gives NaN. */
+        struct { float *loss; float *losses; float *dlogits; const float *logits;
+                 const int32_t *targets; size_t rows, vocab; double denom; } cross_entropy;
+        /* y = a + b (the residual add); y may equal a or b */
+        struct { float *y; const float *a; const float *b; size_t n; } add;
     } u;
 } fsdp_kernel_t;
 

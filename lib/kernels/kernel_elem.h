@@ -20,6 +20,7 @@
 #include <fsdp/kernel.h>
 
 #include "kernels/elementwise.h"
+#include "kernels/nn_bodies.h"
 
 /* The scalars of one launch, computed once on the host (in double, as torch does in Python). */
 typedef struct fsdp_kb_prep {
@@ -28,10 +29,11 @@ typedef struct fsdp_kb_prep {
     int32_t fill_i32;              /* fill: the value as i32, saturated, NaN as 0 */
     float mse_scale;               /* mse_loss: 2 / denom as f32, torch's factor of dy */
     fsdp_kb_adamw_scalars_t adamw; /* adamw */
+    float ce_scale;                /* cross_entropy: 1 / denom as f32, the factor of dlogits */
 } fsdp_kb_prep_t;
 
 /* Host side. Fills *p for the descriptor; p->n is 0 for the kinds with no element-wise part
- * (gemm, bias_grad, sumsq) and for mse_loss without dy. */
+ * (gemm, bias_grad, sumsq, and the row kernels of nn_bodies.h) and for mse_loss without dy. */
 static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
 {
     p->n = 0;
@@ -45,6 +47,7 @@ static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
     p->adamw.neg_step_size = 0.0f;
     p->adamw.bc2_sqrt = 1.0f;
     p->adamw.eps = 0.0f;
+    p->ce_scale = 0.0f;
 
     switch (k->kind) {
     case FSDP_K_FILL: {
@@ -95,6 +98,21 @@ static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
     }
     case FSDP_K_SGD:
         p->n = k->u.sgd.n;
+        break;
+    case FSDP_K_GELU_FWD:
+        p->n = k->u.gelu_fwd.n;
+        break;
+    case FSDP_K_GELU_BWD:
+        p->n = k->u.gelu_bwd.n;
+        break;
+    case FSDP_K_EMBEDDING_FWD:
+        p->n = k->u.embedding_fwd.rows * k->u.embedding_fwd.cols;
+        break;
+    case FSDP_K_ADD:
+        p->n = k->u.add.n;
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        p->ce_scale = (float)(1.0 / k->u.cross_entropy.denom);
         break;
     default:
         break;
@@ -180,6 +198,18 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
                     k->u.sgd.momentum_buf != NULL ? &k->u.sgd.momentum_buf[i] : NULL, k->u.sgd.lr,
                     k->u.sgd.momentum, k->u.sgd.dampening, k->u.sgd.weight_decay, k->u.sgd.nesterov,
                     k->u.sgd.first_step);
+        break;
+    case FSDP_K_GELU_FWD:
+        k->u.gelu_fwd.y[i] = fsdp_kb_gelu(k->u.gelu_fwd.x[i]);
+        break;
+    case FSDP_K_GELU_BWD:
+        k->u.gelu_bwd.dx[i] = fsdp_kb_gelu_grad(k->u.gelu_bwd.dy[i], k->u.gelu_bwd.x[i]);
+        break;
+    case FSDP_K_EMBEDDING_FWD:
+        fsdp_kb_embedding_fwd_at(k, i);
+        break;
+    case FSDP_K_ADD:
+        k->u.add.y[i] = k->u.add.a[i] + k->u.add.b[i];
         break;
     default:
         break;

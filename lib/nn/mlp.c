@@ -1,5 +1,12 @@
 /* A Linear/ReLU stack with MSE loss: every Linear its own FSDP unit under a parameter-less
- * root. The forward and backward call only backend kernels and the FSDP hooks. */
+ * root. The forward and backward call only backend kernels and the FSDP hooks.
+ *
+ * Under mixed precision the model computes in the units' compute dtype (param_dtype), as a
+ * PyTorch module under FSDP's MixedPrecision does: the input is cast to it at the root
+ * (cast_root_forward_inputs), weights, activations and their gradients are in it, GEMMs sum in
+ * f32 and round their output once, element-wise kernels compute in f32 and round on store. The
+ * target stays f32 and the loss is f32; its gradient is rounded to the compute dtype, and the
+ * weight gradients are written in it (FSDP casts them to reduce_dtype). */
 #include <fsdp/log.h>
 #include <fsdp/nn.h>
 
@@ -168,7 +175,8 @@ typedef struct mlp_run {
     fsdp_stream_t *c;
     fsdp_mem_t *mem;
     size_t batch;
-    float *act[FSDP_MLP_MAX_LAYERS + 1]; /* act[0] = x; act[i+1] = output of layer i */
+    fsdp_dtype_t dt;                    /* compute dtype of activations and their gradients */
+    void *act[FSDP_MLP_MAX_LAYERS + 1]; /* act[0] = x; act[i+1] = output of layer i */
 } mlp_run_t;
 
 static fsdp_status_t kernel(mlp_run_t *r, const fsdp_kernel_t *k)
@@ -180,7 +188,7 @@ static fsdp_status_t linear_forward(mlp_run_t *r, int i)
 {
     fsdp_unit_t *u = r->mlp->layers[i];
     size_t in = (size_t)r->mlp->dims[i], out = (size_t)r->mlp->dims[i + 1];
-    const float *w = fsdp_unit_param(u, 0), *b = fsdp_unit_param(u, 1);
+    const void *w = fsdp_unit_param(u, 0), *b = fsdp_unit_param(u, 1);
     fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
     fsdp_status_t status;
 
@@ -198,27 +206,32 @@ static fsdp_status_t linear_forward(mlp_run_t *r, int i)
     k.u.gemm.beta = 0.0f;
     k.u.gemm.c = r->act[i + 1];
     k.u.gemm.ldc = out;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = r->dt;
     status = kernel(r, &k);
     if (status != FSDP_OK)
         return status;
+    memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_BIAS_ADD;
     k.u.bias_add.y = r->act[i + 1];
     k.u.bias_add.bias = b;
     k.u.bias_add.rows = r->batch;
     k.u.bias_add.cols = out;
+    k.u.bias_add.y_dtype = k.u.bias_add.bias_dtype = r->dt;
     status = kernel(r, &k);
     if (status != FSDP_OK || i == r->mlp->nlayers - 1)
         return status;
+    memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_RELU_FWD;
     k.u.relu_fwd.y = r->act[i + 1];
     k.u.relu_fwd.x = r->act[i + 1];
     k.u.relu_fwd.n = r->batch * out;
+    k.u.relu_fwd.y_dtype = k.u.relu_fwd.x_dtype = r->dt;
     return kernel(r, &k);
 }
 
 /* dy: gradient of layer i's output [B, out]; dx (NULL for the first layer) receives the
  * gradient of its input [B, in], already passed back through the previous ReLU. */
-static fsdp_status_t linear_backward(mlp_run_t *r, int i, const float *dy, float *dx)
+static fsdp_status_t linear_backward(mlp_run_t *r, int i, const void *dy, void *dx)
 {
     fsdp_unit_t *u = r->mlp->layers[i];
     size_t in = (size_t)r->mlp->dims[i], out = (size_t)r->mlp->dims[i + 1];
@@ -245,14 +258,17 @@ static fsdp_status_t linear_backward(mlp_run_t *r, int i, const float *dy, float
     k.u.gemm.beta = 1.0f;
     k.u.gemm.c = dw;
     k.u.gemm.ldc = in;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = r->dt;
     status = kernel(r, &k);
     if (status != FSDP_OK)
         return status;
+    memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_BIAS_GRAD;
     k.u.bias_grad.dbias = db;
     k.u.bias_grad.dy = dy;
     k.u.bias_grad.rows = r->batch;
     k.u.bias_grad.cols = out;
+    k.u.bias_grad.dbias_dtype = k.u.bias_grad.dy_dtype = r->dt;
     status = kernel(r, &k);
     if (status != FSDP_OK || dx == NULL)
         return status;
@@ -270,20 +286,58 @@ static fsdp_status_t linear_backward(mlp_run_t *r, int i, const float *dy, float
     k.u.gemm.beta = 0.0f;
     k.u.gemm.c = dx;
     k.u.gemm.ldc = in;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = r->dt;
     status = kernel(r, &k);
     if (status != FSDP_OK)
         return status;
+    memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_RELU_BWD;
     k.u.relu_bwd.dx = dx;
     k.u.relu_bwd.dy = dx;
     k.u.relu_bwd.y = r->act[i];
     k.u.relu_bwd.n = r->batch * in;
+    k.u.relu_bwd.dx_dtype = k.u.relu_bwd.dy_dtype = k.u.relu_bwd.y_dtype = r->dt;
     return kernel(r, &k);
 }
 
-static fsdp_status_t alloc_act(mlp_run_t *r, size_t numel, float **p)
+/* An activation (or activation gradient) of numel elements of the compute dtype. */
+static fsdp_status_t alloc_act(mlp_run_t *r, size_t numel, void **p)
 {
-    return fsdp_mem_alloc(r->mem, numel * sizeof(float), FSDP_MEM_ACTIVATION, r->c, (void **)p);
+    return fsdp_mem_alloc(r->mem, numel * fsdp_dtype_size(r->dt), FSDP_MEM_ACTIVATION, r->c, p);
+}
+
+/* The compute dtype every layer shares (one config, one param_dtype); an error if they differ,
+ * which would need casts between units that this model does not make. */
+static fsdp_status_t compute_dtype(fsdp_mlp_t *mlp, fsdp_dtype_t *dt_p)
+{
+    fsdp_dtype_t dt = fsdp_unit_compute_dtype(mlp->layers[0]);
+
+    for (int i = 1; i < mlp->nlayers; i++) {
+        if (fsdp_unit_compute_dtype(mlp->layers[i]) != dt) {
+            fsdp_error("mlp: layer %d computes in %s, layer 0 in %s; all layers need one dtype",
+                       i, fsdp_dtype_name(fsdp_unit_compute_dtype(mlp->layers[i])),
+                       fsdp_dtype_name(dt));
+            return FSDP_ERR_UNSUPPORTED;
+        }
+    }
+    *dt_p = dt;
+    return FSDP_OK;
+}
+
+/* cast_root_forward_inputs: the f32 input on the device becomes act[0] in the compute dtype. */
+static fsdp_status_t cast_input(mlp_run_t *r, void *x32, size_t numel)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+    fsdp_status_t status = alloc_act(r, numel, &r->act[0]);
+
+    if (status != FSDP_OK)
+        return status;
+    k.u.cast.dst = r->act[0];
+    k.u.cast.dst_dtype = r->dt;
+    k.u.cast.src = x32;
+    k.u.cast.src_dtype = FSDP_DTYPE_F32;
+    k.u.cast.n = numel;
+    return kernel(r, &k);
 }
 
 fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const float *y,
@@ -293,8 +347,9 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     mlp_run_t run = {.mlp = mlp, .dev = fsdp_device(fs), .c = fsdp_compute_stream(fs),
                      .mem = fsdp_memory(fs), .batch = batch};
     int L = mlp->nlayers;
-    size_t out_numel = batch * (size_t)mlp->dims[L];
-    float *target = NULL, *loss = NULL, *dy = NULL, *dx = NULL;
+    size_t in_numel = batch * (size_t)mlp->dims[0], out_numel = batch * (size_t)mlp->dims[L];
+    void *x32 = NULL, *target = NULL, *dy = NULL, *dx = NULL;
+    float *loss = NULL;
     fsdp_kernel_t k = {.kind = FSDP_K_MSE_LOSS};
     fsdp_status_t status;
     float host_loss = 0.0f;
@@ -303,20 +358,33 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
         fsdp_error("an mlp step needs at least one row of data on every rank");
         return FSDP_ERR_INVALID_PARAM;
     }
-    /* inputs and targets move to the device on the compute stream (A.4) */
-    status = alloc_act(&run, batch * (size_t)mlp->dims[0], &run.act[0]);
+    status = compute_dtype(mlp, &run.dt);
+    if (status != FSDP_OK)
+        return status;
+    /* inputs and targets move to the device on the compute stream (A.4); in f32 the input is
+     * act[0] itself, else an f32 copy that the root casts */
+    status = fsdp_mem_alloc(run.mem, in_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &x32);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.act[0], x,
-                                            batch * (size_t)mlp->dims[0] * sizeof(float), run.c);
+        status = run.dev->ops->memcpy_async(run.dev, x32, x, in_numel * sizeof(float), run.c);
+    if (status == FSDP_OK && run.dt == FSDP_DTYPE_F32) {
+        run.act[0] = x32;
+        x32 = NULL;
+    }
     if (status == FSDP_OK)
-        status = alloc_act(&run, out_numel, &target);
+        status = fsdp_mem_alloc(run.mem, out_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c,
+                                &target);
     if (status == FSDP_OK)
         status = run.dev->ops->memcpy_async(run.dev, target, y, out_numel * sizeof(float), run.c);
     if (status != FSDP_OK)
         goto out;
 
-    /* forward */
+    /* forward; the root casts the input to the compute dtype (A.4) */
     status = fsdp_pre_forward(mlp->root);
+    if (status == FSDP_OK && x32 != NULL) {
+        status = cast_input(&run, x32, in_numel);
+        fsdp_mem_free(run.mem, x32);
+        x32 = NULL;
+    }
     for (int i = 0; i < L && status == FSDP_OK; i++) {
         status = alloc_act(&run, batch * (size_t)mlp->dims[i + 1], &run.act[i + 1]);
         if (status == FSDP_OK)
@@ -342,6 +410,8 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     k.u.mse.y = run.act[L];
     k.u.mse.t = target;
     k.u.mse.n = out_numel;
+    k.u.mse.y_dtype = k.u.mse.dy_dtype = run.dt; /* the target and the loss stay f32 */
+    k.u.mse.t_dtype = FSDP_DTYPE_F32;
     /* the scale divides the denominator: loss and gradient both carry it */
     k.u.mse.denom = (double)out_numel / (double)mlp->loss_scale;
     status = kernel(&run, &k);
@@ -375,6 +445,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     if (status == FSDP_OK)
         *loss_p = host_loss / mlp->loss_scale;
 out:
+    fsdp_mem_free(run.mem, x32);
     fsdp_mem_free(run.mem, dx);
     fsdp_mem_free(run.mem, dy);
     fsdp_mem_free(run.mem, loss);

@@ -1,0 +1,149 @@
+/* libfsdp: GPT-2, as Hugging Face's GPT2LMHeadModel computes it, trained with FSDP.
+ *
+ * Token and learned position embeddings; n_layer pre-LayerNorm blocks (eps 1e-5) of causal
+ * multi-head self-attention (scores scaled by 1/sqrt(head_dim)) and a 4x MLP with gelu_new;
+ * a final LayerNorm; the LM head tied to the token embedding; mean cross-entropy over the next
+ * tokens. No dropout (HF's dropouts at p = 0, or eval mode). Forward and backward are written
+ * only against backend kernels (kernel.h) and the FSDP hooks, so the same code runs on the sim
+ * and on GPUs.
+ *
+ * Units: the root "transformer" owns wte, wpe and ln_f (its parameters stay unsharded from
+ * forward to backward, as PyTorch's root does); every block "transformer.h.<i>" is a unit.
+ * Parameters carry HF's names and layouts (shared/reference/formats.md section 2):
+ * "transformer.wte.weight" [vocab, C], "transformer.h.<i>.attn.c_attn.weight" [C, 3C] in Conv1D
+ * [in, out] layout, ... so a FULL checkpoint (checkpoint.h) is an HF state dict. The LM head
+ * is wte itself: stored once, its gradient the sum of both uses.
+ */
+#ifndef FSDP_GPT2_H
+#define FSDP_GPT2_H
+
+#include <fsdp/nn.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_gpt2_config {
+    int n_layer;         /* transformer blocks */
+    int n_head;          /* attention heads; must divide n_embd */
+    int n_embd;          /* width C */
+    int n_positions;     /* rows of wpe: the longest sequence */
+    int vocab_size;      /* rows of wte and logits */
+    float layer_norm_eps;  /* 1e-5 */
+    float initializer_range; /* 0.02: std of the normal init */
+} fsdp_gpt2_config_t;
+
+/* A named configuration. */
+typedef struct fsdp_gpt2_preset {
+    const char *name;        /* "gpt2-tiny", "gpt2", ..., "gpt3-175b" */
+    fsdp_gpt2_config_t cfg;
+    const char *description; /* where the numbers come from */
+} fsdp_gpt2_preset_t;
+
+/* The presets, in size order: gpt2-tiny (tests and the demo), gpt2, gpt2-medium, gpt2-large,
+ * gpt2-xl (HF's checkpoints), and the GPT-3 family of Brown et al. 2020, table 2.1
+ * (gpt3-small ... gpt3-175b), as dense-attention models for planning. *count_p gets their
+ * number. */
+const fsdp_gpt2_preset_t *fsdp_gpt2_presets(int *count_p);
+/* The preset of that name, or NULL. */
+const fsdp_gpt2_preset_t *fsdp_gpt2_preset_find(const char *name);
+/* A comma-separated list of the preset names. Never NULL. */
+const char *fsdp_gpt2_preset_names(void);
+
+/* HF's GPT2Config defaults (the 124M model). */
+void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg);
+/* Parses a preset name, or "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V" (any subset, the
+ * others from gpt2-tiny; seq sets n_positions). Errors are FSDP_ERR_INVALID_PARAM, logged with
+ * what is allowed. */
+fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p);
+/* 1 when spec names a GPT model (a preset, or "gpt2:..."), whether or not it parses. */
+int fsdp_gpt2_spec_is_gpt(const char *spec);
+/* Checks the ranges (every size >= 1, n_head divides n_embd, ...), logging what is wrong. */
+fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg);
+/* Parameters, tied weights once, without the attention-mask buffers (12 C^2 + 13 C per block,
+ * plus (vocab + n_positions) C + 2 C). */
+uint64_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *cfg);
+/* Parameters of one block, and of the root (wte, wpe, ln_f). */
+uint64_t fsdp_gpt2_block_params(const fsdp_gpt2_config_t *cfg);
+uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg);
+/* Forward FLOPs per token at sequence length seq (matrix products, attention included, with
+ * the causal mask not exploited), the usual 2 x parameters + attention; training is about 3x. */
+double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq);
+
+/* ---- the model on one rank ---- */
+
+typedef struct fsdp_gpt2 fsdp_gpt2_t;
+
+/* Creates the units on fs: the root "transformer" (wte, wpe, ln_f) and n_layer blocks
+ * "transformer.h.<i>". The model computes in f32: a mixed-precision param_dtype is refused. */
+fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p);
+void fsdp_gpt2_destroy(fsdp_gpt2_t *model);
+
+const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model);
+fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model);
+fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer); /* NULL out of range */
+
+/* Parameter indexes within a block unit and within the root. */
+enum {
+    FSDP_GPT2_LN1_W = 0, FSDP_GPT2_LN1_B, FSDP_GPT2_ATTN_W, FSDP_GPT2_ATTN_B,
+    FSDP_GPT2_ATTN_PROJ_W, FSDP_GPT2_ATTN_PROJ_B, FSDP_GPT2_LN2_W, FSDP_GPT2_LN2_B,
+    FSDP_GPT2_FC_W, FSDP_GPT2_FC_B, FSDP_GPT2_FC_PROJ_W, FSDP_GPT2_FC_PROJ_B,
+    FSDP_GPT2_BLOCK_NPARAMS
+};
+enum { FSDP_GPT2_WTE = 0, FSDP_GPT2_WPE, FSDP_GPT2_LNF_W, FSDP_GPT2_LNF_B, FSDP_GPT2_ROOT_NPARAMS };
+
+/* HF's _init_weights: weights N(0, initializer_range), every c_proj weight
+ * N(0, initializer_range / sqrt(2 n_layer)), biases 0, LayerNorm weights 1, from a deterministic
+ * generator seeded with `seed`, the same on every rank and world size. */
+fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed);
+
+/* Activation checkpointing of block `layer` (-1: every block): its forward keeps only its
+ * input, and its backward recomputes the rest after the pre-backward hook (the forward hooks
+ * are not re-run). Off by default. */
+fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on);
+/* Scales the loss that backward differentiates (1/K for K accumulation micro-batches); the
+ * reported loss stays the plain mean. Default 1. */
+void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale);
+
+/* One forward and backward on this rank's batch: inputs and targets [batch, seq] token ids in
+ * host memory (seq <= n_positions; inputs in [0, vocab); a target < 0 is ignored, as torch's
+ * ignore_index). Runs every FSDP hook and the final callback, leaving the sharded gradients for
+ * the optimizer. *loss_p: the mean cross-entropy over this rank's counted targets. */
+fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inputs,
+                                         const int32_t *targets, size_t batch, size_t seq,
+                                         float *loss_p);
+
+/* ---- Hugging Face checkpoints (safetensors) ---- */
+
+/* An HF GPT-2 checkpoint opened and checked against a configuration, shared read-only by the
+ * ranks that load it. Names with or without the "transformer." prefix are accepted; the
+ * "attn.bias" and "attn.masked_bias" buffers are ignored, and "lm_head.weight" too when it
+ * has wte's shape (it is tied). F32, BF16 and F16 tensors are read (widened to f32). A
+ * missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is
+ * FSDP_ERR_FORMAT with one logged line naming the tensor. */
+typedef struct fsdp_gpt2_weights fsdp_gpt2_weights_t;
+
+fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
+                                     fsdp_gpt2_weights_t **weights_p);
+void fsdp_gpt2_weights_close(fsdp_gpt2_weights_t *weights);
+/* Sets every parameter of the model from the checkpoint (call on every rank, units idle). */
+fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights_t *weights);
+/* Reads a config's shape from a checkpoint's tensors (layers, width, vocab, positions; heads
+ * are not in the tensors and are kept from *cfg). */
+fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_t *cfg);
+
+typedef enum {
+    FSDP_GPT2_SAVE_PREFIXED = 0, /* "transformer.h.0...", as GPT2LMHeadModel.save_pretrained */
+    FSDP_GPT2_SAVE_BARE = 1      /* "h.0...", as the hub's model.safetensors */
+} fsdp_gpt2_save_names_t;
+
+/* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0
+ * as an HF checkpoint: F32, HF's names and layouts, no lm_head.weight (tied) and no mask
+ * buffers, metadata {"format": "pt"}. */
+fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
+                                     fsdp_gpt2_save_names_t names);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,386 @@
+/* Bodies of the transformer kernels of kernel.h (layernorm, gelu, softmax, embedding,
+ * cross-entropy, add), shared by the sim's host loops (sim/kernels_nn.c) and the gpu backend's
+ * launches (gpu/kernels.cu).
+ *
+ * Each body computes one element, one row or one chunk of FSDP_KB_COLS columns, and is a pure
+ * function of the descriptor: a row's reductions run sequentially in f32 in column order, and a
+ * sum over rows (a weight gradient) runs in row order per column, so a row per thread on the GPU
+ * and a loop on the host give the same bits. exp, expm1, log and tanh are computed here from
+ * +, -, *, / and floorf only (all correctly rounded in IEEE f32, and not contracted: nvcc builds
+ * with --fmad=false), never from libm or CUDA's math library, whose last bits differ; they are
+ * within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
+#ifndef FSDP_KERNELS_NN_BODIES_H
+#define FSDP_KERNELS_NN_BODIES_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/kernel.h>
+
+#include "kernels/convert.h"
+#include "kernels/hd.h"
+
+/* Columns one weight-gradient body sums (a thread on the GPU): row-major reads stay within a
+ * cache line on the host, and the per-column sums stay in row order whatever the chunk. */
+#define FSDP_KB_COLS 16
+
+FSDP_HD size_t fsdp_kb_col_chunks(size_t cols)
+{
+    return (cols + FSDP_KB_COLS - 1) / FSDP_KB_COLS;
+}
+
+FSDP_HD float fsdp_kb_nanf(void)
+{
+    return fsdp_kb_bits_f32(0x7fc00000u);
+}
+
+FSDP_HD float fsdp_kb_inff(void)
+{
+    return fsdp_kb_bits_f32(0x7f800000u);
+}
+
+/* ---- elementary functions ---- */
+
+#define FSDP_KB_LN2_HI 0.693145751953125f        /* 15 significant bits: n * LN2_HI is exact */
+#define FSDP_KB_LN2_LO 1.428606765330187045e-06f /* ln 2 - LN2_HI */
+
+/* e^r for |r| <= ln(2)/2, by its Taylor series to r^7 (truncation below 0.1 ulp). */
+FSDP_HD float fsdp_kb_exp_poly(float r)
+{
+    return 1.0f +
+           r * (1.0f +
+                r * (0.5f +
+                     r * (1.66666672e-1f +
+                          r * (4.16666679e-2f +
+                               r * (8.33333377e-3f + r * (1.38888892e-3f + r * 1.98412701e-4f))))));
+}
+
+/* e^x: x = n ln 2 + r (Cody and Waite's split of ln 2), e^r by polynomial, times 2^n built
+ * from its bits. Overflow is +inf, underflow 0 (through the subnormals), NaN stays NaN. */
+FSDP_HD float fsdp_kb_expf(float x)
+{
+    float nf, r, p;
+    int n;
+
+    if (x != x)
+        return x + x;
+    if (x > 88.7228393f)
+        return fsdp_kb_inff();
+    if (x < -103.972084f)
+        return 0.0f;
+    nf = floorf(x * 1.44269502f + 0.5f);
+    r = (x - nf * FSDP_KB_LN2_HI) - nf * FSDP_KB_LN2_LO;
+    p = fsdp_kb_exp_poly(r);
+    n = (int)nf;
+    if (n > 127) { /* only 128: 2^128 is not a float */
+        p *= 2.0f;
+        n -= 1;
+    }
+    if (n < -126) { /* a subnormal result: scale in two exact steps, round once */
+        p *= 5.42101086e-20f; /* 2^-64 */
+        n += 64;
+    }
+    return p * fsdp_kb_bits_f32((uint32_t)(n + 127) << 23);
+}
+
+/* e^x - 1, without the cancellation of expf(x) - 1 near 0. */
+FSDP_HD float fsdp_kb_expm1f(float x)
+{
+    float a = x < 0.0f ? -x : x;
+
+    if (a < 0.346573591f) /* Taylor to x^8 */
+        return x * (1.0f +
+                    x * (0.5f +
+                         x * (1.66666672e-1f +
+                              x * (4.16666679e-2f +
+                                   x * (8.33333377e-3f +
+                                        x * (1.38888892e-3f +
+                                             x * (1.98412701e-4f + x * 2.48015876e-5f)))))));
+    return fsdp_kb_expf(x) - 1.0f;
+}
+
+/* ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s), s = (m - 1) / (m + 1),
+ * by its series to s^9. x < 0 and NaN give NaN, 0 gives -inf, +inf stays. */
+FSDP_HD float fsdp_kb_logf(float x)
+{
+    uint32_t u = fsdp_kb_f32_bits(x);
+    float m, f, s, s2, lm, ef;
+    int e = 0;
+
+    if (x != x)
+        return x + x;
+    if (x < 0.0f)
+        return fsdp_kb_nanf();
+    if (x == 0.0f)
+        return -fsdp_kb_inff();
+    if (u >= 0x7f800000u)
+        return x;
+    if (u < 0x00800000u) { /* subnormal: normalize exactly */
+        x *= 8388608.0f;   /* 2^23 */
+        u = fsdp_kb_f32_bits(x);
+        e = -23;
+    }
+    e += (int)(u >> 23) - 127;
+    m = fsdp_kb_bits_f32((u & 0x007fffffu) | 0x3f800000u); /* [1, 2) */
+    if (m > 1.41421354f) {
+        m *= 0.5f;
+        e += 1;
+    }
+    f = m - 1.0f; /* exact */
+    s = f / (2.0f + f);
+    s2 = s * s;
+    lm = 2.0f * s *
+         (1.0f + s2 * (3.33333343e-1f + s2 * (2.00000003e-1f + s2 * (1.42857149e-1f +
+                                                                     s2 * 1.11111112e-1f))));
+    ef = (float)e;
+    return ef * FSDP_KB_LN2_HI + (ef * FSDP_KB_LN2_LO + lm);
+}
+
+/* tanh x = expm1(2|x|) / (expm1(2|x|) + 2), with the sign of x; 1 beyond |x| > 9.1, where
+ * tanh rounds to 1 in f32. */
+FSDP_HD float fsdp_kb_tanhf(float x)
+{
+    float a = x < 0.0f ? -x : x, t;
+
+    if (x != x)
+        return x + x;
+    if (a > 9.1f) {
+        t = 1.0f;
+    } else {
+        float e = fsdp_kb_expm1f(2.0f * a);
+        t = e / (e + 2.0f);
+    }
+    return x < 0.0f ? -t : t;
+}
+
+/* ---- GELU, tanh approximation (HF's gelu_new, torch's gelu(approximate="tanh")) ---- */
+
+#define FSDP_KB_GELU_K 0.797884583f /* sqrt(2 / pi) */
+#define FSDP_KB_GELU_A 0.044715f
+
+FSDP_HD float fsdp_kb_gelu(float x)
+{
+    float u = FSDP_KB_GELU_K * (x + FSDP_KB_GELU_A * (x * x) * x);
+    return 0.5f * x * (1.0f + fsdp_kb_tanhf(u));
+}
+
+/* dy * d gelu(x) / dx, with u and tanh(u) as the forward computes them. */
+FSDP_HD float fsdp_kb_gelu_grad(float dy, float x)
+{
+    float x2 = x * x;
+    float u = FSDP_KB_GELU_K * (x + FSDP_KB_GELU_A * x2 * x);
+    float t = fsdp_kb_tanhf(u);
+    float du = FSDP_KB_GELU_K * (1.0f + 3.0f * FSDP_KB_GELU_A * x2);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * ((1.0f - t * t) * du));
+}
+
+/* ---- element bodies (called from fsdp_kb_elem) ---- */
+
+/* embedding_fwd, element i of y [rows, cols] */
+FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
+{
+    size_t cols = k->u.embedding_fwd.cols, r = i / cols, c = i - r * cols;
+    int32_t t = k->u.embedding_fwd.tokens[r];
+    float v;
+
+    if (t < 0 || (size_t)t >= k->u.embedding_fwd.vocab) {
+        v = fsdp_kb_nanf();
+    } else {
+        v = k->u.embedding_fwd.wte[(size_t)t * cols + c];
+        if (k->u.embedding_fwd.wpe != NULL)
+            v = v + k->u.embedding_fwd.wpe[(r % k->u.embedding_fwd.seq) * cols + c];
+    }
+    k->u.embedding_fwd.y[i] = v;
+}
+
+/* ---- row bodies ---- */
+
+FSDP_HD void fsdp_kb_layernorm_fwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t n = k->u.layernorm_fwd.cols;
+    const float *x = k->u.layernorm_fwd.x + r * n;
+    const float *w = k->u.layernorm_fwd.weight, *b = k->u.layernorm_fwd.bias;
+    float *y = k->u.layernorm_fwd.y + r * n;
+    float sum = 0.0f, var = 0.0f, mean, rstd;
+
+    for (size_t c = 0; c < n; c++)
+        sum += x[c];
+    mean = sum / (float)n;
+    for (size_t c = 0; c < n; c++) {
+        float d = x[c] - mean;
+        var += d * d;
+    }
+    rstd = 1.0f / sqrtf(var / (float)n + k->u.layernorm_fwd.eps);
+    for (size_t c = 0; c < n; c++)
+        y[c] = (x[c] - mean) * rstd * w[c] + b[c];
+    if (k->u.layernorm_fwd.mean != NULL)
+        k->u.layernorm_fwd.mean[r] = mean;
+    if (k->u.layernorm_fwd.rstd != NULL)
+        k->u.layernorm_fwd.rstd[r] = rstd;
+}
+
+/* layernorm_bwd, the input gradient of row r */
+FSDP_HD void fsdp_kb_layernorm_bwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t n = k->u.layernorm_bwd.cols;
+    const float *x = k->u.layernorm_bwd.x + r * n, *dy = k->u.layernorm_bwd.dy + r * n;
+    const float *w = k->u.layernorm_bwd.weight;
+    const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
+    float *dx = k->u.layernorm_bwd.dx + r * n;
+    float sg = 0.0f, sgx = 0.0f;
+
+    for (size_t c = 0; c < n; c++) {
+        float g = dy[c] * w[c];
+        sg += g;
+        sgx += g * ((x[c] - mean) * rstd);
+    }
+    sg = sg / (float)n;
+    sgx = sgx / (float)n;
+    for (size_t c = 0; c < n; c++) {
+        float xhat = (x[c] - mean) * rstd;
+        float d = (dy[c] * w[c] - sg - xhat * sgx) * rstd;
+        dx[c] = k->u.layernorm_bwd.accumulate ? dx[c] + d : d;
+    }
+}
+
+/* layernorm_bwd, the weight and bias gradients of columns [chunk * FSDP_KB_COLS, ...) */
+FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+{
+    const size_t n = k->u.layernorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
+    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    float sw[FSDP_KB_COLS], sb[FSDP_KB_COLS];
+
+    for (size_t j = 0; j < nc; j++)
+        sw[j] = sb[j] = 0.0f;
+    for (size_t r = 0; r < k->u.layernorm_bwd.rows; r++) {
+        const float *x = k->u.layernorm_bwd.x + r * n + c0;
+        const float *dy = k->u.layernorm_bwd.dy + r * n + c0;
+        const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
+        for (size_t j = 0; j < nc; j++) {
+            sw[j] += dy[j] * ((x[j] - mean) * rstd);
+            sb[j] += dy[j];
+        }
+    }
+    for (size_t j = 0; j < nc; j++) {
+        if (k->u.layernorm_bwd.dweight != NULL)
+            k->u.layernorm_bwd.dweight[c0 + j] += sw[j];
+        if (k->u.layernorm_bwd.dbias != NULL)
+            k->u.layernorm_bwd.dbias[c0 + j] += sb[j];
+    }
+}
+
+FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t n = k->u.softmax_fwd.cols;
+    const size_t valid = k->u.softmax_fwd.causal ? r % n + 1 : n;
+    const float *x = k->u.softmax_fwd.x + r * n;
+    const float s = k->u.softmax_fwd.scale;
+    float *y = k->u.softmax_fwd.y + r * n;
+    float mx = -fsdp_kb_inff(), sum = 0.0f;
+
+    for (size_t j = 0; j < valid; j++) {
+        float z = x[j] * s;
+        if (z > mx)
+            mx = z;
+    }
+    for (size_t j = 0; j < valid; j++) {
+        float e = fsdp_kb_expf(x[j] * s - mx);
+        y[j] = e;
+        sum += e;
+    }
+    for (size_t j = 0; j < valid; j++)
+        y[j] = y[j] / sum;
+    for (size_t j = valid; j < n; j++)
+        y[j] = 0.0f;
+}
+
+FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t n = k->u.softmax_bwd.cols;
+    const size_t valid = k->u.softmax_bwd.causal ? r % n + 1 : n;
+    const float *y = k->u.softmax_bwd.y + r * n, *dy = k->u.softmax_bwd.dy + r * n;
+    const float s = k->u.softmax_bwd.scale;
+    float *dx = k->u.softmax_bwd.dx + r * n;
+    float dot = 0.0f;
+
+    for (size_t j = 0; j < valid; j++)
+        dot += y[j] * dy[j];
+    for (size_t j = 0; j < valid; j++)
+        dx[j] = s * (y[j] * (dy[j] - dot));
+    for (size_t j = valid; j < n; j++)
+        dx[j] = 0.0f;
+}
+
+/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom) */
+FSDP_HD void fsdp_kb_cross_entropy_row(const fsdp_kernel_t *k, float inv_denom, size_t r)
+{
+    const size_t v = k->u.cross_entropy.vocab;
+    const float *l = k->u.cross_entropy.logits + r * v;
+    float *d = k->u.cross_entropy.dlogits != NULL ? k->u.cross_entropy.dlogits + r * v : NULL;
+    const int32_t t = k->u.cross_entropy.targets[r];
+    float mx = -fsdp_kb_inff(), sum = 0.0f, lt;
+
+    if (t >= 0 && (size_t)t >= v) { /* no such class: poison the row, read nothing */
+        k->u.cross_entropy.losses[r] = fsdp_kb_nanf();
+        for (size_t j = 0; d != NULL && j < v; j++)
+            d[j] = fsdp_kb_nanf();
+        return;
+    }
+    if (t < 0) { /* ignored */
+        k->u.cross_entropy.losses[r] = 0.0f;
+        for (size_t j = 0; d != NULL && j < v; j++)
+            d[j] = 0.0f;
+        return;
+    }
+    lt = l[t]; /* before d (which may be l) is written */
+    for (size_t j = 0; j < v; j++)
+        if (l[j] > mx)
+            mx = l[j];
+    if (d == NULL) {
+        for (size_t j = 0; j < v; j++)
+            sum += fsdp_kb_expf(l[j] - mx);
+    } else {
+        for (size_t j = 0; j < v; j++) {
+            float e = fsdp_kb_expf(l[j] - mx);
+            d[j] = e;
+            sum += e;
+        }
+    }
+    k->u.cross_entropy.losses[r] = (mx + fsdp_kb_logf(sum)) - lt;
+    for (size_t j = 0; d != NULL && j < v; j++) {
+        float p = d[j] / sum;
+        d[j] = ((size_t)t == j ? p - 1.0f : p) * inv_denom;
+    }
+}
+
+/* cross_entropy, the loss term of row i for the sum of fsdp_kb_reduce_sum */
+FSDP_HD double fsdp_kb_cross_entropy_term(const fsdp_kernel_t *k, size_t i)
+{
+    return (double)k->u.cross_entropy.losses[i];
+}
+
+/* embedding_bwd, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order */
+FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+{
+    const size_t n = k->u.embedding_bwd.cols, c0 = chunk * FSDP_KB_COLS;
+    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    float *dwte = k->u.embedding_bwd.dwte, *dwpe = k->u.embedding_bwd.dwpe;
+
+    for (size_t r = 0; r < k->u.embedding_bwd.rows; r++) {
+        const float *g = k->u.embedding_bwd.dy + r * n + c0;
+        int32_t t = k->u.embedding_bwd.tokens[r];
+        if (dwte != NULL && t >= 0 && (size_t)t < k->u.embedding_bwd.vocab) {
+            float *w = dwte + (size_t)t * n + c0;
+            for (size_t j = 0; j < nc; j++)
+                w[j] += g[j];
+        }
+        if (dwpe != NULL) {
+            float *p = dwpe + (r % k->u.embedding_bwd.seq) * n + c0;
+            for (size_t j = 0; j < nc; j++)
+                p[j] += g[j];
+        }
+    }
+}
+
+#endif
