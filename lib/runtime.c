@@ -534,8 +534,11 @@ void *fsdp_unit_param(fsdp_unit_t *u, int index)
     fsdp_handle_t *h = u->handle;
     char *base;
 
-    if (h == NULL || index < 0 || index >= h->nparams || !h->uses_unsharded_view)
+    if (h == NULL || index < 0 || index >= h->nparams ||
+        (!h->uses_unsharded_view && u->state != FSDP_STATE_SUMMON_FULL_PARAMS))
         return NULL;
+    if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
+        return h->summon_param ? h->summon_param + h->params[index].offset : NULL;
     base = fsdp_strategy_is_sharded(u->fs->strategy) ? (char *)h->full_param_padded
                                                      : (char *)fsdp_handle_shard_source(h);
     return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);

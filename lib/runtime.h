@@ -36,6 +36,9 @@ struct fsdp_handle {
     float *saved_grad_shard;  /* SGS: S f32 (GRADIENT) */
     float *cpu_grad;          /* CG: S f32 pinned host (offload) */
     int has_cpu_grad;         /* CG holds this step's gradient */
+    float *summon_param;      /* summon_full_params: T f32 (device or host) */
+    float *summon_grad;       /* summon with_grads: T f32 */
+    int summon_on_host;
     int uses_unsharded_view;  /* parameters currently point into FP (or LS for NO_SHARD) */
 
     fsdp_handle_state_t state;
@@ -49,6 +52,8 @@ struct fsdp_handle {
 };
 
 struct fsdp_unit {
+    fsdp_summon_options_t summon; /* of the summon this unit is in */
+    fsdp_unit_t *summon_owner;    /* the unit fsdp_summon_full_params was called on */
     fsdp_t *fs;
     char *name;
     fsdp_unit_t *parent;

@@ -228,6 +228,27 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs);
 /* Bytes of pinned host memory held for CPU offload. */
 size_t fsdp_host_pinned_bytes(const fsdp_t *fs);
 
+/* ---- summon_full_params ---- */
+
+typedef struct fsdp_summon_options {
+    int recurse;        /* 1: the unit and every unit below it; 0: the unit alone */
+    int writeback;      /* 1: changes to the full parameters go back to the shards */
+    int rank0_only;     /* 0: every rank gets the full parameters; 1: only rank 0 */
+    int offload_to_cpu; /* 0: full parameters in device memory; 1: in host memory */
+    int with_grads;     /* 0: 1 also gathers the sharded gradients (fsdp_unit_full_grad) */
+} fsdp_summon_options_t;
+
+void fsdp_summon_options_init(fsdp_summon_options_t *opts); /* PyTorch's defaults */
+
+/* FSDP.summon_full_params: between this and fsdp_summon_end, fsdp_unit_param of the units in
+ * scope returns full-precision (f32) full parameters. Refused (as PyTorch refuses them):
+ * writeback with rank0_only, offload_to_cpu with NO_SHARD, with_grads with CPU offload,
+ * inside forward/backward, and nested summons. A collective over the shard group. */
+fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *u, const fsdp_summon_options_t *opts);
+fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
+/* With with_grads: the full gradient of parameter `index` (f32), or NULL without one. */
+float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
+
 /* Message of the last error (for tools), "" if none. */
 const char *fsdp_last_error(const fsdp_t *fs);
 

@@ -1,0 +1,417 @@
+/* GPT-2: configurations and presets, the units and their parameters, HF's initialization.
+ * The forward and backward are in gpt2_run.c, the HF checkpoints in gpt2_hf.c. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp/gpt2.h>
+#include <fsdp/log.h>
+
+#include "nn/gpt2_int.h"
+
+/* ---- presets ---- */
+
+#define GPT2_VOCAB 50257 /* HF's GPT-2 tokenizer; GPT-3 used the same BPE */
+
+/* name, layers, heads, width, positions, vocab */
+#define GPT2_PRESET(name, l, h, c, p, v, what)                                                     \
+    {name, {l, h, c, p, v, 1e-5f, 0.02f}, what}
+
+static const fsdp_gpt2_preset_t presets[] = {
+    GPT2_PRESET("gpt2-tiny", 2, 2, 64, 64, 256,
+                "byte-level toy for tests and the demo, 120,576 parameters"),
+    GPT2_PRESET("gpt2", 12, 12, 768, 1024, GPT2_VOCAB, "HF gpt2, 124M"),
+    GPT2_PRESET("gpt2-medium", 24, 16, 1024, 1024, GPT2_VOCAB, "HF gpt2-medium, 355M"),
+    GPT2_PRESET("gpt2-large", 36, 20, 1280, 1024, GPT2_VOCAB, "HF gpt2-large, 774M"),
+    GPT2_PRESET("gpt2-xl", 48, 25, 1600, 1024, GPT2_VOCAB, "HF gpt2-xl, 1.56B"),
+    /* Brown et al. 2020, "Language Models are Few-Shot Learners", table 2.1; context 2048. The
+     * table's XL row (24 heads of 128 at width 2048) and 13B width (5140 with 40 heads of 128)
+     * do not multiply out: XL takes 16 heads of 128, 13B width 5120. GPT-3 alternates dense and
+     * banded sparse attention; these are dense, which changes no parameter count. */
+    GPT2_PRESET("gpt3-small", 12, 12, 768, 2048, GPT2_VOCAB, "GPT-3 Small, 125M"),
+    GPT2_PRESET("gpt3-medium", 24, 16, 1024, 2048, GPT2_VOCAB, "GPT-3 Medium, 350M"),
+    GPT2_PRESET("gpt3-large", 24, 16, 1536, 2048, GPT2_VOCAB, "GPT-3 Large, 760M"),
+    GPT2_PRESET("gpt3-xl", 24, 16, 2048, 2048, GPT2_VOCAB, "GPT-3 XL, 1.3B"),
+    GPT2_PRESET("gpt3-2.7b", 32, 32, 2560, 2048, GPT2_VOCAB, "GPT-3 2.7B"),
+    GPT2_PRESET("gpt3-6.7b", 32, 32, 4096, 2048, GPT2_VOCAB, "GPT-3 6.7B"),
+    GPT2_PRESET("gpt3-13b", 40, 40, 5120, 2048, GPT2_VOCAB, "GPT-3 13B"),
+    GPT2_PRESET("gpt3-175b", 96, 96, 12288, 2048, GPT2_VOCAB, "GPT-3 175B"),
+};
+
+#define NPRESETS ((int)(sizeof(presets) / sizeof(presets[0])))
+
+const fsdp_gpt2_preset_t *fsdp_gpt2_presets(int *count_p)
+{
+    *count_p = NPRESETS;
+    return presets;
+}
+
+const fsdp_gpt2_preset_t *fsdp_gpt2_preset_find(const char *name)
+{
+    for (int i = 0; name != NULL && i < NPRESETS; i++) {
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    }
+    return NULL;
+}
+
+const char *fsdp_gpt2_preset_names(void)
+{
+    return "gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt3-small, gpt3-medium, "
+           "gpt3-large, gpt3-xl, gpt3-2.7b, gpt3-6.7b, gpt3-13b, gpt3-175b";
+}
+
+void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg)
+{
+    *cfg = presets[1].cfg;
+}
+
+int fsdp_gpt2_spec_is_gpt(const char *spec)
+{
+    return spec != NULL && strncmp(spec, "gpt", 3) == 0;
+}
+
+fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg)
+{
+    const char *bad = NULL;
+
+    if (cfg->n_layer < 1 || cfg->n_layer > FSDP_GPT2_MAX_LAYERS)
+        bad = "layers must be in [1, 1024]";
+    else if (cfg->n_head < 1 || cfg->n_embd < 1 || cfg->n_embd % cfg->n_head != 0)
+        bad = "heads must divide the width";
+    else if (cfg->n_embd > (1 << 20))
+        bad = "the width must be at most 2^20";
+    else if (cfg->n_positions < 1 || cfg->n_positions > (1 << 20))
+        bad = "seq (positions) must be in [1, 2^20]";
+    else if (cfg->vocab_size < 1 || cfg->vocab_size > (1 << 24))
+        bad = "vocab must be in [1, 2^24]";
+    else if (!(cfg->layer_norm_eps >= 0.0f) || !(cfg->initializer_range >= 0.0f))
+        bad = "layer_norm_eps and initializer_range must be >= 0";
+    if (bad != NULL) {
+        fsdp_error("gpt2 config layers=%d heads=%d dim=%d seq=%d vocab=%d: %s", cfg->n_layer,
+                   cfg->n_head, cfg->n_embd, cfg->n_positions, cfg->vocab_size, bad);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p)
+{
+    const fsdp_gpt2_preset_t *preset = fsdp_gpt2_preset_find(spec);
+    fsdp_gpt2_config_t cfg = presets[0].cfg;
+    const char *p;
+
+    if (preset != NULL) {
+        *cfg_p = preset->cfg;
+        return FSDP_OK;
+    }
+    if (spec == NULL || strncmp(spec, "gpt2:", 5) != 0) {
+        fsdp_error("model '%s' is not a gpt model: expected one of %s, or "
+                   "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V",
+                   spec ? spec : "(null)", fsdp_gpt2_preset_names());
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    p = spec + 5;
+    while (*p != '\0') {
+        static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab"};
+        int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions,
+                         &cfg.vocab_size};
+        const char *eq = strchr(p, '=');
+        size_t klen = eq ? (size_t)(eq - p) : 0;
+        int key = -1;
+        char *end;
+        long v;
+
+        for (int i = 0; eq != NULL && i < 5; i++) {
+            if (strlen(keys[i]) == klen && strncmp(p, keys[i], klen) == 0)
+                key = i;
+        }
+        if (key < 0) {
+            fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V (any of "
+                       "them, comma-separated), not '%.*s'",
+                       spec, (int)strcspn(p, ","), p);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        errno = 0;
+        v = strtol(eq + 1, &end, 10);
+        if (errno != 0 || end == eq + 1 || !isdigit((unsigned char)eq[1]) || v < 1 ||
+            v > (1L << 24) || (*end != ',' && *end != '\0') || (*end == ',' && end[1] == '\0')) {
+            fsdp_error("model '%s': %s needs a positive integer, not '%.*s'", spec, keys[key],
+                       (int)strcspn(eq + 1, ","), eq + 1);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        *fields[key] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (fsdp_gpt2_config_check(&cfg) != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    *cfg_p = cfg;
+    return FSDP_OK;
+}
+
+uint64_t fsdp_gpt2_block_params(const fsdp_gpt2_config_t *cfg)
+{
+    uint64_t c = (uint64_t)cfg->n_embd;
+    return 12 * c * c + 13 * c;
+}
+
+uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg)
+{
+    uint64_t c = (uint64_t)cfg->n_embd;
+    return ((uint64_t)cfg->vocab_size + (uint64_t)cfg->n_positions) * c + 2 * c;
+}
+
+uint64_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *cfg)
+{
+    return fsdp_gpt2_root_params(cfg) + (uint64_t)cfg->n_layer * fsdp_gpt2_block_params(cfg);
+}
+
+double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq)
+{
+    double c = cfg->n_embd, l = cfg->n_layer;
+    /* 2 flops per weight of every product (the LM head included), and QK^T and att V */
+    return 2.0 * (12.0 * l * c * c + (double)cfg->vocab_size * c) + 4.0 * l * (double)seq * c;
+}
+
+/* ---- the model ---- */
+
+static void spec_1d(fsdp_param_spec_t *s, const char *name, int64_t n)
+{
+    memset(s, 0, sizeof(*s));
+    s->name = name;
+    s->ndim = 1;
+    s->shape[0] = n;
+    s->requires_grad = 1;
+    s->tied_to = -1;
+}
+
+static void spec_2d(fsdp_param_spec_t *s, const char *name, int64_t rows, int64_t cols)
+{
+    spec_1d(s, name, rows);
+    s->ndim = 2;
+    s->shape[1] = cols;
+}
+
+/* HF's names of a block's parameters, in FSDP_GPT2_* order. */
+static const char *const block_names[FSDP_GPT2_BLOCK_NPARAMS] = {
+    "ln_1.weight",      "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",     "ln_2.bias",
+    "mlp.c_fc.weight",  "mlp.c_fc.bias", "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+static const char *const root_names[FSDP_GPT2_ROOT_NPARAMS] = {"wte.weight", "wpe.weight",
+                                                                "ln_f.weight", "ln_f.bias"};
+
+const char *fsdp_gpt2_block_param_name(int index)
+{
+    return block_names[index];
+}
+
+const char *fsdp_gpt2_root_param_name(int index)
+{
+    return root_names[index];
+}
+
+void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, int *ndim_p,
+                           int64_t shape[2])
+{
+    const int64_t c = cfg->n_embd;
+
+    if (block < 0) {
+        static const int nd[FSDP_GPT2_ROOT_NPARAMS] = {2, 2, 1, 1};
+        *ndim_p = nd[index];
+        shape[0] = index == FSDP_GPT2_WTE ? cfg->vocab_size
+                   : index == FSDP_GPT2_WPE ? cfg->n_positions
+                                            : c;
+        shape[1] = c;
+        return;
+    }
+    switch (index) {
+    case FSDP_GPT2_ATTN_W: *ndim_p = 2; shape[0] = c; shape[1] = 3 * c; break;
+    case FSDP_GPT2_ATTN_B: *ndim_p = 1; shape[0] = 3 * c; break;
+    case FSDP_GPT2_ATTN_PROJ_W: *ndim_p = 2; shape[0] = c; shape[1] = c; break;
+    case FSDP_GPT2_FC_W: *ndim_p = 2; shape[0] = c; shape[1] = 4 * c; break;
+    case FSDP_GPT2_FC_B: *ndim_p = 1; shape[0] = 4 * c; break;
+    case FSDP_GPT2_FC_PROJ_W: *ndim_p = 2; shape[0] = 4 * c; shape[1] = c; break;
+    default: *ndim_p = 1; shape[0] = c; break; /* layernorms and the width-C biases */
+    }
+}
+
+fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p)
+{
+    fsdp_param_spec_t specs[FSDP_GPT2_BLOCK_NPARAMS];
+    char names[FSDP_GPT2_BLOCK_NPARAMS][96];
+    fsdp_gpt2_t *m;
+    fsdp_status_t status;
+
+    status = fsdp_gpt2_config_check(cfg);
+    if (status != FSDP_OK)
+        return status;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    m->blocks = calloc((size_t)cfg->n_layer, sizeof(*m->blocks));
+    m->checkpoint = calloc((size_t)cfg->n_layer, sizeof(*m->checkpoint));
+    if (m->blocks == NULL || m->checkpoint == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    m->fs = fs;
+    m->cfg = *cfg;
+    m->loss_scale = 1.0f;
+
+    for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++) {
+        int nd;
+        int64_t shape[2];
+        fsdp_gpt2_param_shape(cfg, -1, i, &nd, shape);
+        snprintf(names[i], sizeof(names[i]), "transformer.%s", root_names[i]);
+        if (nd == 2)
+            spec_2d(&specs[i], names[i], shape[0], shape[1]);
+        else
+            spec_1d(&specs[i], names[i], shape[0]);
+    }
+    status = fsdp_unit_create(fs, "transformer", NULL, specs, FSDP_GPT2_ROOT_NPARAMS, &m->root);
+    if (status != FSDP_OK)
+        goto err_free;
+    if (fsdp_unit_compute_dtype(m->root) != FSDP_DTYPE_F32) {
+        fsdp_error("gpt2 computes in f32: mixed precision with param_dtype %s is not supported",
+                   fsdp_dtype_name(fsdp_unit_compute_dtype(m->root)));
+        status = FSDP_ERR_UNSUPPORTED;
+        goto err_free;
+    }
+    for (int l = 0; l < cfg->n_layer; l++) {
+        char uname[48];
+        snprintf(uname, sizeof(uname), "transformer.h.%d", l);
+        for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS; i++) {
+            int nd;
+            int64_t shape[2];
+            fsdp_gpt2_param_shape(cfg, l, i, &nd, shape);
+            snprintf(names[i], sizeof(names[i]), "transformer.h.%d.%s", l, block_names[i]);
+            if (nd == 2)
+                spec_2d(&specs[i], names[i], shape[0], shape[1]);
+            else
+                spec_1d(&specs[i], names[i], shape[0]);
+        }
+        status = fsdp_unit_create(fs, uname, m->root, specs, FSDP_GPT2_BLOCK_NPARAMS,
+                                  &m->blocks[l]);
+        if (status != FSDP_OK)
+            goto err_free;
+    }
+    *model_p = m;
+    return FSDP_OK;
+
+err_free:
+    fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
+    return status;
+}
+
+void fsdp_gpt2_destroy(fsdp_gpt2_t *model)
+{
+    if (model == NULL)
+        return;
+    free(model->blocks);
+    free(model->checkpoint);
+    free(model);
+}
+
+const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model)
+{
+    return &model->cfg;
+}
+
+fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model)
+{
+    return model->root;
+}
+
+fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer)
+{
+    return layer >= 0 && layer < model->cfg.n_layer ? model->blocks[layer] : NULL;
+}
+
+fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on)
+{
+    if (layer < -1 || layer >= model->cfg.n_layer) {
+        fsdp_error("gpt2: no block %d to checkpoint (blocks 0..%d, or -1 for all)", layer,
+                   model->cfg.n_layer - 1);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    for (int l = 0; l < model->cfg.n_layer; l++) {
+        if (layer < 0 || l == layer)
+            model->checkpoint[l] = on != 0;
+    }
+    return FSDP_OK;
+}
+
+void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale)
+{
+    model->loss_scale = scale;
+}
+
+/* ---- initialization ---- */
+
+static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, fsdp_rng_t *rng,
+                                float *buf)
+{
+    fsdp_param_info_t info;
+    fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
+
+    if (status != FSDP_OK)
+        return status;
+    for (size_t i = 0; i < info.numel; i++)
+        buf[i] = kind == 0 ? std * fsdp_rng_normal(rng) : kind == 1 ? 1.0f : 0.0f;
+    return fsdp_unit_set_param(u, index, buf);
+}
+
+fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed)
+{
+    const fsdp_gpt2_config_t *cfg = &model->cfg;
+    const float std = cfg->initializer_range;
+    const float proj_std = std / sqrtf(2.0f * (float)cfg->n_layer);
+    size_t max_numel = 0;
+    fsdp_status_t status = FSDP_OK;
+    fsdp_rng_t rng;
+    float *buf;
+
+    if (fsdp_device(model->fs)->no_data)
+        return FSDP_OK; /* shape mode: no values to set */
+    for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++) {
+        fsdp_param_info_t info;
+        fsdp_unit_param_info(model->root, i, &info);
+        if (info.numel > max_numel)
+            max_numel = info.numel;
+    }
+    if ((size_t)16 * cfg->n_embd * cfg->n_embd > max_numel)
+        max_numel = (size_t)16 * cfg->n_embd * cfg->n_embd;
+    buf = malloc(max_numel * sizeof(float));
+    if (buf == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    fsdp_rng_seed(&rng, seed);
+    /* kind 0: normal, 1: ones, 2: zeros */
+    status = init_param(model->root, FSDP_GPT2_WTE, 0, std, &rng, buf);
+    if (status == FSDP_OK)
+        status = init_param(model->root, FSDP_GPT2_WPE, 0, std, &rng, buf);
+    if (status == FSDP_OK)
+        status = init_param(model->root, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
+    if (status == FSDP_OK)
+        status = init_param(model->root, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
+    for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
+        for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++) {
+            int kind = 2;
+            float s = std;
+            if (i == FSDP_GPT2_LN1_W || i == FSDP_GPT2_LN2_W)
+                kind = 1;
+            else if (i == FSDP_GPT2_ATTN_W || i == FSDP_GPT2_FC_W)
+                kind = 0;
+            else if (i == FSDP_GPT2_ATTN_PROJ_W || i == FSDP_GPT2_FC_PROJ_W)
+                kind = 0, s = proj_std;
+            status = init_param(model->blocks[l], i, kind, s, &rng, buf);
+        }
+    }
+    free(buf);
+    return status;
+}
