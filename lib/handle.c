@@ -113,7 +113,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
             return status;
         nfrozen += !params[i].requires_grad;
     }
-    if (nfrozen > 0) {
+    if (nfrozen > 0 && nfrozen < nparams && !fs->cfg.use_orig_params) {
         char names[256] = "";
         size_t off = 0;
         for (int i = 0; i < nparams && off < sizeof(names); i++) {
@@ -121,11 +121,18 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
                 off += (size_t)snprintf(names + off, sizeof(names) - off, "%s'%s'",
                                         off ? ", " : "", params[i].name);
         }
-        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
-                         "unit '%s': frozen parameters (requires_grad=0: %s) are not supported "
-                         "in a flat parameter; wrap them in a unit of their own or leave them "
-                         "out of FSDP",
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s' mixes frozen parameters (requires_grad=0: %s) with trainable "
+                         "ones in one flat parameter; set use_orig_params, or put the frozen "
+                         "ones in a unit of their own",
                          u->name, names);
+    }
+    for (int i = 0; i < nparams; i++) {
+        if (params[i].tied_to >= 0 &&
+            params[i].requires_grad != params[params[i].tied_to].requires_grad)
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': tied parameters '%s' and '%s' differ in requires_grad",
+                             u->name, params[i].name, params[params[i].tied_to].name);
     }
 
     h = calloc(1, sizeof(*h));
@@ -157,6 +164,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
         }
         pi->numel = numel;
         pi->tied_to = params[i].tied_to;
+        pi->requires_grad = params[i].requires_grad != 0;
         if (pi->tied_to >= 0) {
             pi->offset = h->params[pi->tied_to].offset;
         } else {
@@ -498,13 +506,22 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
     void *grad = h->unsharded_grad, *low = NULL, *padded = NULL, *reduced = NULL;
     void *input;
     double pre, post;
-    fsdp_status_t status;
+    fsdp_status_t status = FSDP_OK;
 
     h->unsharded_grad = NULL;
+    /* frozen parameters (use_orig_params) have no gradient: their region reduces as zeros */
+    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+        if (!h->params[i].requires_grad)
+            status = fsdp_k_fill(fs, fs->compute,
+                                 (char *)grad + h->params[i].offset *
+                                                    fsdp_dtype_size(h->compute_dtype),
+                                 h->compute_dtype, h->params[i].numel, 0.0);
+    }
     /* D counts every rank the gradient is averaged over: W, or W * R for hybrid */
     fsdp_divide_factors(fs->pg->size * (fs->replicate ? fs->replicate->size : 1), &pre, &post);
     /* G.4: the post-backward stream waits for the gradient computation */
-    status = fsdp_stream_wait_stream(dev, r, fs->compute);
+    if (status == FSDP_OK)
+        status = fsdp_stream_wait_stream(dev, r, fs->compute);
     if (status == FSDP_OK && h->compute_dtype != rd) {
         /* the gradient in the reduce dtype */
         status = fsdp_mem_alloc(fs->mem, h->numel * esz, FSDP_MEM_GRADIENT, r, &low);

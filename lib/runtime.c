@@ -456,6 +456,47 @@ static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
     return FSDP_OK;
 }
 
+/* sync_module_states: rank 0's values, broadcast over the world in buckets, then each rank
+ * keeps its part (fsdp-semantics.md: 250 MiB buckets). A collective. */
+static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_t *pi,
+                                          const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    size_t bucket = fs->cfg.sync_bucket_bytes ? fs->cfg.sync_bucket_bytes : (size_t)250 << 20;
+    size_t per = bucket / sizeof(float) ? bucket / sizeof(float) : 1;
+    float *full = malloc(pi->numel * sizeof(float) + 1);
+    void *d = NULL;
+    fsdp_status_t status;
+
+    if (full == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = fsdp_mem_alloc(fs->mem, (pi->numel < per ? pi->numel : per) * sizeof(float) + 4,
+                            FSDP_MEM_COMM_BUFFER, fs->compute, &d);
+    for (size_t off = 0; off < pi->numel && status == FSDP_OK; off += per) {
+        size_t n = pi->numel - off < per ? pi->numel - off : per;
+        status = dev->ops->memcpy_async(dev, d, host_values + off, n * sizeof(float),
+                                        fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->broadcast(dev, world, d, n, FSDP_DTYPE_F32, 0, fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, full + off, d, n * sizeof(float), fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fs->compute);
+    }
+    if (status == FSDP_OK && pi->in_shard) {
+        status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
+                                        full + pi->intra_start,
+                                        pi->numel_in_shard * sizeof(float), fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fs->compute);
+    }
+    fsdp_mem_free(fs->mem, d);
+    free(full);
+    return status;
+}
+
 fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values)
 {
     fsdp_t *fs = u->fs;
@@ -471,6 +512,8 @@ fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_v
     if (status != FSDP_OK)
         return status;
     pi = &u->handle->params[index];
+    if (fs->cfg.sync_module_states && !dev->no_data)
+        return set_param_from_rank0(u, pi, host_values);
     if (!pi->in_shard)
         return FSDP_OK;
     status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
@@ -553,6 +596,10 @@ fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
         return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
                          "unit '%s': no parameter %d (it has %d)", u->name, index,
                          fsdp_unit_num_params(u));
+    if (!h->params[index].requires_grad)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "rank %d: unit '%s': parameter '%s' is frozen (requires_grad=0) and "
+                         "has no gradient", u->fs->dev->rank, u->name, h->params[index].name);
     if (h->state != FSDP_HANDLE_BACKWARD_PRE)
         return fsdp_fail(u->fs, FSDP_ERR_STATE,
                          "rank %d: unit '%s': gradients are written between its pre- and "

@@ -843,7 +843,7 @@ static fsdp_status_t states_rank(fsdp_dev_t *dev, void *arg)
     /* a name reused across units, a second root, frozen parameters mixed in */
     CU_ASSERT_EQUAL(fsdp_unit_create(fs, "dup", root, &s, 1, &late), FSDP_ERR_INVALID_PARAM);
     CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root2", NULL, NULL, 0, &late), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "frz", root, frozen, 2, &late), FSDP_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "frz", root, frozen, 2, &late), FSDP_ERR_INVALID_PARAM);
     CU_ASSERT(strstr(fsdp_last_error(fs), "f2") != NULL);
 
     /* a child before the root; post-forward without pre-forward; backward before forward */
@@ -1146,6 +1146,85 @@ static void test_summon_full_params(void)
     }
 }
 
+/* use_orig_params lets a unit mix frozen and trainable parameters: frozen ones get no gradient
+ * and the optimizer leaves them alone. sync_module_states makes every rank take rank 0's
+ * values, bucket by bucket. */
+static fsdp_status_t frozen_sync_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_param_spec_t specs[2] = {
+        {.name = "w", .ndim = 1, .shape = {50}, .requires_grad = 1, .tied_to = -1},
+        {.name = "f", .ndim = 1, .shape = {7}, .requires_grad = 0, .tied_to = -1}};
+    float w[50], f[7], full[57];
+    fsdp_config_t fc;
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt;
+    fsdp_unit_t *root, *u;
+    fsdp_param_info_t pi;
+    fsdp_t *fs;
+    void *g;
+    (void)arg;
+
+    fsdp_config_init(&fc);
+    fc.use_orig_params = 1;
+    fc.sync_module_states = 1;
+    fc.sync_bucket_bytes = 64; /* 16 floats: "w" takes 4 broadcasts */
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, &fc, &fs), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "u", root, specs, 2, &u), FSDP_OK);
+    for (int i = 0; i < 50; i++)
+        w[i] = (float)(dev->rank * 100 + i); /* every rank differs: rank 0's must win */
+    for (int i = 0; i < 7; i++)
+        f[i] = (float)(dev->rank * 100 - i);
+    CU_ASSERT_EQUAL(fsdp_unit_set_param(u, 0, w), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_set_param(u, 1, f), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_gather_full(u, full), FSDP_OK);
+    for (int i = 0; i < 50; i++)
+        CU_ASSERT_EQUAL(full[i], (float)i);
+    for (int i = 0; i < 7; i++)
+        CU_ASSERT_EQUAL(full[50 + i], (float)-i);
+    fsdp_unit_param_info(u, 1, &pi);
+    CU_ASSERT_EQUAL(pi.requires_grad, 0);
+
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
+    oc.lr = 0.5f;
+    oc.weight_decay = 0.1f;
+    CU_ASSERT_EQUAL_FATAL(fsdp_optim_create(fs, &oc, &opt), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_forward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_OK);
+    for (int i = 0; i < 50; i++)
+        ((float *)g)[i] = 1.0f;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 1, &g), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_optim_step(opt), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_gather_full(u, full), FSDP_OK);
+    for (int i = 0; i < 50; i++) /* w - lr * (g + wd * w) */
+        CU_ASSERT_DOUBLE_EQUAL(full[i], (float)i - 0.5f * (1.0f + 0.1f * (float)i), 1e-5);
+    for (int i = 0; i < 7; i++) /* frozen: untouched, weight decay included */
+        CU_ASSERT_EQUAL(full[50 + i], (float)-i);
+    fsdp_optim_destroy(opt);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_frozen_and_sync_module_states(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    for (int w = 1; w <= 4; w += 3) {
+        p.world_size = w;
+        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, frozen_sync_rank, NULL, NULL), FSDP_OK);
+    }
+}
+
 /* World size 1 forces NO_SHARD, as PyTorch does. */
 static void test_world_one_is_no_shard(void)
 {
@@ -1176,6 +1255,7 @@ int main(void)
         {"tied parameters stored once", test_tied_parameters},
         {"forward order validated across ranks", test_forward_order},
         {"summon_full_params", test_summon_full_params},
+        {"frozen parameters and sync_module_states", test_frozen_and_sync_module_states},
         {NULL, NULL},
     };
     return fsdp_test_run("fsdp", tests);

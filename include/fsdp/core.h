@@ -81,6 +81,14 @@ typedef struct fsdp_config {
     /* PyTorch's CPUOffload(offload_params=True): sharded parameters and gradients live in
      * pinned host memory; the optimizer steps on the host. 0 by default. */
     int cpu_offload;
+    /* PyTorch's use_orig_params: parameters keep their own identity inside the flat
+     * parameter, so a unit may mix frozen (requires_grad = 0) and trainable parameters; frozen
+     * ones get no gradient and the optimizer skips them. 0 by default. */
+    int use_orig_params;
+    /* sync_module_states: fsdp_unit_set_param takes rank 0's values on every rank, broadcast
+     * in buckets of sync_bucket_bytes (0 = 250 MiB, PyTorch's bucket). 0 by default. */
+    int sync_module_states;
+    size_t sync_bucket_bytes;
     size_t device_capacity; /* bytes, 0 = unlimited */
 } fsdp_config_t;
 
@@ -93,7 +101,8 @@ typedef struct fsdp_param_spec {
     const char *name; /* full name, e.g. "layers.0.weight"; copied */
     int ndim;         /* 0..FSDP_MAX_DIMS; 0 is a scalar */
     int64_t shape[FSDP_MAX_DIMS];
-    int requires_grad; /* must be 1 for now; frozen parameters come with per-unit opt-in */
+    /* 0: frozen. A unit mixing frozen and trainable parameters needs use_orig_params. */
+    int requires_grad;
     int tied_to;       /* -1, or the index of an earlier spec of the same unit to share with */
 } fsdp_param_spec_t;
 
@@ -106,6 +115,7 @@ typedef struct fsdp_param_info {
     size_t numel;
     size_t offset;          /* start in the unsharded flat parameter */
     int tied_to;            /* -1, or the index it shares storage with */
+    int requires_grad;
     int in_shard;           /* 1 if part of it lies in this rank's shard */
     size_t offset_in_shard; /* where that part starts in the shard */
     size_t intra_start;     /* first element of the parameter in the shard */

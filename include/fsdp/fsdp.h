@@ -9,6 +9,8 @@
 #include <fsdp/log.h>
 #include <fsdp/memory.h>
 #include <fsdp/checkpoint.h>
+#include <fsdp/data.h>
+#include <fsdp/gpt2.h>
 #include <fsdp/nn.h>
 #include <fsdp/safetensors.h>
 #include <fsdp/sim.h>

@@ -301,8 +301,9 @@ static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
         if (status != FSDP_OK)
             return status;
         /* a tied parameter shares its storage: the first one updates it once */
-        if (info.tied_to >= 0 || !info.in_shard || info.numel_in_shard == 0)
-            continue;
+        if (info.tied_to >= 0 || !info.in_shard || info.numel_in_shard == 0 ||
+            !info.requires_grad)
+            continue; /* frozen parameters have no gradient: torch skips them */
         if (opt->cfg.no_decay_1d && info.ndim <= 1)
             wd = 0.0f;
         status = fsdp_optim_update(opt, st, param, grad, info.offset_in_shard,

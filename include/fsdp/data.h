@@ -1,0 +1,92 @@
+/* libfsdp: token data for language-model training.
+ *
+ * A token source is a read-only array of token ids that any number of rank threads share:
+ * the bytes of a text file (byte-level tokens, ids < 256), the project's own sources as a
+ * default corpus, or an llm.c token shard (shared/reference/formats.md section 3). A global
+ * batch is B rows of T tokens (inputs) and the same shifted by one (targets); rank r of W
+ * takes rows r B/W .. (r + 1) B/W - 1, so the ranks together see exactly the global batch.
+ *
+ * Two orders:
+ *  - RANDOM (text): row b of global batch `step` is the window at a position drawn from a
+ *    generator seeded with (seed, step, b): deterministic, the same for any world size, and
+ *    any step can be read directly (resuming needs no state).
+ *  - SEQUENTIAL (llm.c): global batch `step` is the B*T + 1 tokens from position step*B*T,
+ *    wrapping back to 0 when that window would pass the end (llm.c's loader); row b's inputs
+ *    are tokens b*T .. b*T + T - 1 of the window and its targets the next T.
+ */
+#ifndef FSDP_DATA_H
+#define FSDP_DATA_H
+
+#include <fsdp/status.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_LLMC_MAGIC 20240520   /* llm.c's uint16 token shards */
+#define FSDP_LLMC_VERSION 1
+#define FSDP_LLMC_HEADER_BYTES 1024 /* 256 int32 */
+
+typedef enum {
+    FSDP_TOKENS_RANDOM = 0,
+    FSDP_TOKENS_SEQUENTIAL = 1
+} fsdp_tokens_order_t;
+
+typedef struct fsdp_tokens fsdp_tokens_t;
+
+/* Byte-level tokens of any file (token i = byte i), RANDOM order. An empty or unreadable file
+ * is an error (FSDP_ERR_IO, FSDP_ERR_INVALID_PARAM), logged with the path. */
+fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p);
+
+/* The default corpus, on every machine that built the library: README.md, DESIGN.md and the
+ * C files of lib/ and lib/nn/ of the source tree, concatenated in that (sorted) order, as
+ * bytes. The tree is looked for at the build's source directory, then above the running program
+ * (argv0, or /proc/self/exe when NULL). None found is FSDP_ERR_IO, logged with where it
+ * looked. */
+fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p);
+
+/* An llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, the token
+ * count), then the tokens as uint16; SEQUENTIAL order. A bad magic, version or count (the file
+ * must be exactly 1024 + 2 * count bytes) is FSDP_ERR_FORMAT, logged with what was found. */
+fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p);
+
+/* Tokens from memory (copied), in either order; `source` names them in messages. */
+fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n, fsdp_tokens_order_t order,
+                                     const char *source, fsdp_tokens_t **tokens_p);
+
+/* Accepts NULL. */
+void fsdp_tokens_close(fsdp_tokens_t *tokens);
+
+size_t fsdp_tokens_count(const fsdp_tokens_t *tokens);
+/* The largest id (0 when empty): a model needs a vocabulary above it. */
+uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens);
+uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i); /* i < count */
+fsdp_tokens_order_t fsdp_tokens_order(const fsdp_tokens_t *tokens);
+/* What the tokens are, for a log line: "llm.c shard x.bin", "text y.txt", ... Never NULL. */
+const char *fsdp_tokens_source(const fsdp_tokens_t *tokens);
+
+typedef struct fsdp_batch_spec {
+    size_t batch; /* global rows B, a multiple of world */
+    size_t seq;   /* tokens per row T */
+    int rank;     /* this rank, in [0, world) */
+    int world;
+    uint64_t seed; /* RANDOM order */
+} fsdp_batch_spec_t;
+
+/* Checks that global batches of this shape can be read (rows divisible by the world, at least
+ * B*T + 1 tokens for SEQUENTIAL order and T + 1 for RANDOM), logging what is wrong. */
+fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec);
+
+/* This rank's rows of global batch `step` (>= 0): inputs and targets, [B/W, T] each. */
+fsdp_status_t fsdp_tokens_batch(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
+                                int64_t step, int32_t *inputs, int32_t *targets);
+
+/* SEQUENTIAL order: the position of global batch `step`'s window of B*T + 1 tokens. */
+size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,407 @@
+/* Token data: text files as bytes, the project's sources as a default corpus, llm.c token
+ * shards, and the per-rank slice of every global batch (include/fsdp/data.h). */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fsdp/data.h>
+#include <fsdp/log.h>
+#include <fsdp/nn.h>
+
+struct fsdp_tokens {
+    fsdp_tokens_order_t order;
+    size_t n;
+    int width;                 /* bytes per token: 1 (text) or 2 (uint16, little-endian) */
+    const unsigned char *data; /* n * width bytes */
+    unsigned char *owned;      /* malloc'd data, or NULL */
+    void *map;                 /* mmap'd file, or NULL */
+    size_t map_len;
+    uint32_t max_id;
+    char source[PATH_MAX + 32];
+};
+
+static fsdp_tokens_t *tokens_new(fsdp_tokens_order_t order, int width, const char *what,
+                                 const char *path)
+{
+    fsdp_tokens_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->order = order;
+    t->width = width;
+    snprintf(t->source, sizeof(t->source), "%s %s", what, path);
+    return t;
+}
+
+static void tokens_scan(fsdp_tokens_t *t)
+{
+    t->max_id = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        uint32_t v = fsdp_tokens_at(t, i);
+        if (v > t->max_id)
+            t->max_id = v;
+    }
+}
+
+void fsdp_tokens_close(fsdp_tokens_t *tokens)
+{
+    if (tokens == NULL)
+        return;
+    if (tokens->map != NULL)
+        munmap(tokens->map, tokens->map_len);
+    free(tokens->owned);
+    free(tokens);
+}
+
+size_t fsdp_tokens_count(const fsdp_tokens_t *tokens)
+{
+    return tokens->n;
+}
+
+uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens)
+{
+    return tokens->max_id;
+}
+
+uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i)
+{
+    const unsigned char *p = tokens->data + i * (size_t)tokens->width;
+    return tokens->width == 1 ? p[0] : (uint32_t)p[0] | (uint32_t)p[1] << 8;
+}
+
+fsdp_tokens_order_t fsdp_tokens_order(const fsdp_tokens_t *tokens)
+{
+    return tokens->order;
+}
+
+const char *fsdp_tokens_source(const fsdp_tokens_t *tokens)
+{
+    return tokens != NULL ? tokens->source : "(none)";
+}
+
+fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n, fsdp_tokens_order_t order,
+                                     const char *source, fsdp_tokens_t **tokens_p)
+{
+    fsdp_tokens_t *t = tokens_new(order, 2, "tokens", source ? source : "<array>");
+
+    if (t == NULL || (t->owned = malloc(n > 0 ? 2 * n : 1)) == NULL) {
+        fsdp_tokens_close(t);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        t->owned[2 * i] = (unsigned char)(ids[i] & 0xff);
+        t->owned[2 * i + 1] = (unsigned char)(ids[i] >> 8);
+    }
+    t->data = t->owned;
+    t->n = n;
+    tokens_scan(t);
+    *tokens_p = t;
+    return FSDP_OK;
+}
+
+/* Appends the whole file at path to *buf (grown as needed). */
+static fsdp_status_t append_file(const char *path, unsigned char **buf, size_t *len, size_t *cap)
+{
+    FILE *f = fopen(path, "rb");
+    size_t got;
+
+    if (f == NULL) {
+        fsdp_error("%s: cannot open: %s", path, strerror(errno));
+        return FSDP_ERR_IO;
+    }
+    do {
+        if (*cap - *len < 65536) {
+            size_t ncap = *cap ? *cap * 2 : 1 << 20;
+            unsigned char *nb = realloc(*buf, ncap);
+            if (nb == NULL) {
+                fclose(f);
+                return FSDP_ERR_NO_MEMORY;
+            }
+            *buf = nb;
+            *cap = ncap;
+        }
+        got = fread(*buf + *len, 1, *cap - *len, f);
+        *len += got;
+    } while (got > 0);
+    if (ferror(f)) {
+        fsdp_error("%s: cannot read: %s", path, strerror(errno));
+        fclose(f);
+        return FSDP_ERR_IO;
+    }
+    fclose(f);
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p)
+{
+    fsdp_tokens_t *t = tokens_new(FSDP_TOKENS_RANDOM, 1, "text", path);
+    size_t cap = 0;
+    fsdp_status_t status;
+
+    if (t == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = append_file(path, &t->owned, &t->n, &cap);
+    if (status == FSDP_OK && t->n == 0) {
+        fsdp_error("%s: the file is empty: no tokens to train on", path);
+        status = FSDP_ERR_INVALID_PARAM;
+    }
+    if (status != FSDP_OK) {
+        fsdp_tokens_close(t);
+        return status;
+    }
+    t->data = t->owned;
+    tokens_scan(t);
+    *tokens_p = t;
+    return FSDP_OK;
+}
+
+/* ---- the default corpus ---- */
+
+static int is_source_tree(const char *dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    int n = snprintf(path, sizeof(path), "%s/lib/nn/data.c", dir);
+    return n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Candidate trees: the build's source directory, then the directory of the program and up to
+ * three levels above it (tools/, tools/.libs/, an installed bin/). */
+static int find_tree(const char *argv0, char *out, size_t len, char *tried, size_t tried_len)
+{
+    char exe[PATH_MAX], dir[PATH_MAX];
+    size_t off = 0;
+
+    tried[0] = '\0';
+#ifdef FSDP_SRCDIR
+    if (is_source_tree(FSDP_SRCDIR)) {
+        snprintf(out, len, "%s", FSDP_SRCDIR);
+        return 1;
+    }
+    off += (size_t)snprintf(tried + off, tried_len - off, "%s", FSDP_SRCDIR);
+#endif
+    if (argv0 != NULL && strchr(argv0, '/') != NULL) {
+        snprintf(exe, sizeof(exe), "%s", argv0);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+        if (n <= 0)
+            return 0;
+        exe[n] = '\0';
+    }
+    snprintf(dir, sizeof(dir), "%s", exe);
+    for (int up = 0; up < 4; up++) {
+        char *slash = strrchr(dir, '/');
+        if (slash == NULL)
+            break;
+        if (slash == dir)
+            slash[1] = '\0';
+        else
+            *slash = '\0';
+        if (is_source_tree(dir)) {
+            snprintf(out, len, "%s", dir);
+            return 1;
+        }
+        if (off < tried_len)
+            off += (size_t)snprintf(tried + off, tried_len - off, "%s%s", off ? ", " : "", dir);
+        if (strcmp(dir, "/") == 0)
+            break;
+    }
+    return 0;
+}
+
+fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p)
+{
+    static const char *const patterns[] = {"README.md", "DESIGN.md", "lib/*.c", "lib/nn/*.c"};
+    char tree[PATH_MAX], tried[2048];
+    fsdp_tokens_t *t;
+    size_t cap = 0;
+    fsdp_status_t status = FSDP_OK;
+
+    if (!find_tree(argv0, tree, sizeof(tree), tried, sizeof(tried))) {
+        fsdp_error("no default corpus: the libfsdp source tree (README.md, DESIGN.md, lib/*.c) "
+                   "is not at %s; pass a text file with --data",
+                   tried[0] ? tried : "the build's source directory");
+        return FSDP_ERR_IO;
+    }
+    t = tokens_new(FSDP_TOKENS_RANDOM, 1, "the libfsdp sources in", tree);
+    if (t == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    for (size_t p = 0; p < sizeof(patterns) / sizeof(patterns[0]) && status == FSDP_OK; p++) {
+        char pat[PATH_MAX + 16];
+        glob_t g;
+        snprintf(pat, sizeof(pat), "%s/%s", tree, patterns[p]);
+        if (glob(pat, 0, NULL, &g) != 0) /* sorted; a missing README.md is no error */
+            continue;
+        for (size_t i = 0; i < g.gl_pathc && status == FSDP_OK; i++)
+            status = append_file(g.gl_pathv[i], &t->owned, &t->n, &cap);
+        globfree(&g);
+    }
+    if (status == FSDP_OK && t->n == 0) {
+        fsdp_error("no default corpus: %s holds no sources", tree);
+        status = FSDP_ERR_IO;
+    }
+    if (status != FSDP_OK) {
+        fsdp_tokens_close(t);
+        return status;
+    }
+    t->data = t->owned;
+    tokens_scan(t);
+    *tokens_p = t;
+    return FSDP_OK;
+}
+
+/* ---- llm.c shards ---- */
+
+static int32_t le32(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
+{
+    fsdp_tokens_t *t;
+    struct stat st;
+    const unsigned char *h;
+    int32_t magic, version, count;
+    int fd = open(path, O_RDONLY);
+
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fsdp_error("%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return FSDP_ERR_IO;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size < FSDP_LLMC_HEADER_BYTES) {
+        fsdp_error("%s: %lld bytes is shorter than the %d-byte header of an llm.c token file",
+                   path, (long long)st.st_size, FSDP_LLMC_HEADER_BYTES);
+        close(fd);
+        return FSDP_ERR_FORMAT;
+    }
+    t = tokens_new(FSDP_TOKENS_SEQUENTIAL, 2, "llm.c shard", path);
+    if (t == NULL) {
+        close(fd);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    t->map_len = (size_t)st.st_size;
+    t->map = mmap(NULL, t->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (t->map == MAP_FAILED) {
+        t->map = NULL;
+        fsdp_error("%s: cannot map: %s", path, strerror(errno));
+        fsdp_tokens_close(t);
+        return FSDP_ERR_IO;
+    }
+    h = t->map;
+    magic = le32(h);
+    version = le32(h + 4);
+    count = le32(h + 8);
+    if (magic != FSDP_LLMC_MAGIC) {
+        fsdp_error("%s: magic %d is not llm.c's %d for uint16 token files%s", path, (int)magic,
+                   FSDP_LLMC_MAGIC,
+                   magic == 20240801 ? " (20240801 is the uint32 Llama-3 variant, unsupported)"
+                                     : "");
+        fsdp_tokens_close(t);
+        return FSDP_ERR_FORMAT;
+    }
+    if (version != FSDP_LLMC_VERSION) {
+        fsdp_error("%s: version %d of the token file is not %d", path, (int)version,
+                   FSDP_LLMC_VERSION);
+        fsdp_tokens_close(t);
+        return FSDP_ERR_FORMAT;
+    }
+    if (count <= 0 || (uint64_t)st.st_size != FSDP_LLMC_HEADER_BYTES + 2 * (uint64_t)count) {
+        fsdp_error("%s: the header counts %d tokens, so the file should be %llu bytes, but it "
+                   "is %lld",
+                   path, (int)count, (unsigned long long)(FSDP_LLMC_HEADER_BYTES + 2 * (int64_t)count),
+                   (long long)st.st_size);
+        fsdp_tokens_close(t);
+        return FSDP_ERR_FORMAT;
+    }
+    t->data = h + FSDP_LLMC_HEADER_BYTES;
+    t->n = (size_t)count;
+    tokens_scan(t);
+    *tokens_p = t;
+    return FSDP_OK;
+}
+
+/* ---- batches ---- */
+
+fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec)
+{
+    size_t need;
+
+    if (spec->world < 1 || spec->rank < 0 || spec->rank >= spec->world || spec->batch == 0 ||
+        spec->seq == 0 || spec->batch % (size_t)spec->world != 0) {
+        fsdp_error("%s: a global batch of %zu rows of %zu tokens cannot be split over %d ranks "
+                   "(rank %d): the rows must be a positive multiple of the world",
+                   tokens->source, spec->batch, spec->seq, spec->world, spec->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (spec->seq > SIZE_MAX / 2 / spec->batch) {
+        fsdp_error("%s: a global batch of %zu x %zu tokens is too large", tokens->source,
+                   spec->batch, spec->seq);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    need = tokens->order == FSDP_TOKENS_SEQUENTIAL ? spec->batch * spec->seq + 1 : spec->seq + 1;
+    if (tokens->n < need) {
+        fsdp_error("%s: %zu tokens are too few for %s of %zu x %zu (needs %zu)", tokens->source,
+                   tokens->n,
+                   tokens->order == FSDP_TOKENS_SEQUENTIAL ? "a global batch" : "a row",
+                   spec->batch, spec->seq, need);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq, int64_t step)
+{
+    size_t bt = batch * seq, windows = (tokens->n - 1) / bt;
+    return (size_t)((uint64_t)step % (uint64_t)windows) * bt;
+}
+
+/* RANDOM order: the start of global row b of batch `step`, uniform over the full windows. */
+static size_t random_start(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
+                           int64_t step, size_t b)
+{
+    fsdp_rng_t rng;
+    uint64_t span = (uint64_t)(tokens->n - spec->seq); /* starts 0 .. n - T - 1 */
+    fsdp_rng_seed(&rng, spec->seed ^ ((uint64_t)step * UINT64_C(0xd1b54a32d192ed03)) ^
+                            ((uint64_t)b * UINT64_C(0x8cb92ba72f3d8dd7)));
+    return (size_t)(fsdp_rng_next(&rng) % span);
+}
+
+fsdp_status_t fsdp_tokens_batch(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
+                                int64_t step, int32_t *inputs, int32_t *targets)
+{
+    size_t rows = spec->batch / (size_t)(spec->world > 0 ? spec->world : 1);
+    size_t first = (size_t)spec->rank * rows, T = spec->seq;
+    fsdp_status_t status = fsdp_tokens_check_spec(tokens, spec);
+
+    if (status != FSDP_OK)
+        return status;
+    if (step < 0) {
+        fsdp_error("%s: batch step %lld is negative", tokens->source, (long long)step);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    for (size_t i = 0; i < rows; i++) {
+        size_t b = first + i, start;
+        if (tokens->order == FSDP_TOKENS_SEQUENTIAL)
+            start = fsdp_tokens_window(tokens, spec->batch, T, step) + b * T;
+        else
+            start = random_start(tokens, spec, step, b);
+        for (size_t j = 0; j < T; j++) {
+            inputs[i * T + j] = (int32_t)fsdp_tokens_at(tokens, start + j);
+            targets[i * T + j] = (int32_t)fsdp_tokens_at(tokens, start + j + 1);
+        }
+    }
+    return FSDP_OK;
+}
