@@ -4,7 +4,9 @@
  * Every launch is deterministic. Element-wise kernels write each element once. sumsq and
  * mse_loss sum along the fixed shape of fsdp_kb_reduce_shape (a function of n alone), which the
  * host replays bit for bit with fsdp_kb_reduce_sum; bias_grad gives each column one thread that
- * sums its rows in order, as the host body does. */
+ * sums its rows in order, as the host body does. The transformer kinds (nn_bodies.h) run a
+ * thread per row or per chunk of columns, the loops of the host bodies; cross_entropy's mean
+ * takes the tree of sumsq. */
 #include "config.h"
 
 /* The bodies before the toolkit's libraries: cuda_fp16.h (through cublas and nccl) declares a
@@ -72,7 +74,9 @@ __global__ void __launch_bounds__(FSDP_KB_RED_LANES)
     double acc = 0.0;
 
     for (size_t i = begin + threadIdx.x; i < end; i += FSDP_KB_RED_LANES)
-        acc += Kind == FSDP_K_SUMSQ ? fsdp_kb_sumsq_term(&k, i) : fsdp_kb_mse_term(&k, i);
+        acc += Kind == FSDP_K_SUMSQ      ? fsdp_kb_sumsq_term(&k, i)
+               : Kind == FSDP_K_MSE_LOSS ? fsdp_kb_mse_term(&k, i)
+                                         : fsdp_kb_cross_entropy_term(&k, i);
     lane[threadIdx.x] = acc;
     block_tree(lane);
     if (threadIdx.x == 0)
@@ -154,6 +158,54 @@ extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *
                                 __FILE__, __LINE__, __func__);
 }
 
+/* The transformer kinds (lib/kernels/nn_bodies.h): a thread per row, a thread per chunk of
+ * FSDP_KB_COLS columns (weight gradients, summed over the rows in order). */
+template <int Kind>
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    row_kernel(const fsdp_kernel_t k, size_t rows, float ce_scale)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride)
+        fsdp_kb_nn_row((fsdp_kernel_kind_t)Kind, &k, ce_scale, r);
+}
+
+template <int Kind>
+__global__ void __launch_bounds__(FSDP_GPU_THREADS) cols_kernel(const fsdp_kernel_t k,
+                                                                 size_t chunks)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride)
+        fsdp_kb_nn_cols((fsdp_kernel_kind_t)Kind, &k, c);
+}
+
+/* The column part, then the row part (layernorm_bwd has both; they touch disjoint outputs),
+ * then the element-wise part. */
+template <int Kind>
+fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    const size_t chunks = fsdp_kb_nn_chunks(k), rows = fsdp_kb_nn_rows(k);
+    fsdp_status_t status;
+
+    if (chunks > 0) {
+        cols_kernel<Kind><<<grid_for(chunks), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, chunks);
+        status = launched(k, "cols_kernel");
+        if (status != FSDP_OK)
+            return status;
+    }
+    if (rows > 0) {
+        row_kernel<Kind><<<grid_for(rows), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, rows,
+                                                                             p->ce_scale);
+        status = launched(k, "row_kernel");
+        if (status != FSDP_OK)
+            return status;
+    }
+    if (Kind == FSDP_K_CROSS_ENTROPY && k->u.cross_entropy.loss != NULL)
+        return launch_reduce<FSDP_K_CROSS_ENTROPY>(stream, k, k->u.cross_entropy.rows,
+                                                   k->u.cross_entropy.loss,
+                                                   k->u.cross_entropy.denom);
+    return launch_elem<Kind>(stream->cu, k, p);
+}
+
 extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 {
     cudaStream_t s = stream->cu;
@@ -196,6 +248,26 @@ extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_k
             return FSDP_OK;
         bias_grad_kernel<<<grid_for(k->u.bias_grad.cols), FSDP_GPU_THREADS, 0, s>>>(*k);
         return launched(k, "bias_grad_kernel");
+    case FSDP_K_LAYERNORM_FWD:
+        return launch_nn<FSDP_K_LAYERNORM_FWD>(stream, k, &p);
+    case FSDP_K_LAYERNORM_BWD:
+        return launch_nn<FSDP_K_LAYERNORM_BWD>(stream, k, &p);
+    case FSDP_K_GELU_FWD:
+        return launch_nn<FSDP_K_GELU_FWD>(stream, k, &p);
+    case FSDP_K_GELU_BWD:
+        return launch_nn<FSDP_K_GELU_BWD>(stream, k, &p);
+    case FSDP_K_SOFTMAX_FWD:
+        return launch_nn<FSDP_K_SOFTMAX_FWD>(stream, k, &p);
+    case FSDP_K_SOFTMAX_BWD:
+        return launch_nn<FSDP_K_SOFTMAX_BWD>(stream, k, &p);
+    case FSDP_K_EMBEDDING_FWD:
+        return launch_nn<FSDP_K_EMBEDDING_FWD>(stream, k, &p);
+    case FSDP_K_EMBEDDING_BWD:
+        return launch_nn<FSDP_K_EMBEDDING_BWD>(stream, k, &p);
+    case FSDP_K_CROSS_ENTROPY:
+        return launch_nn<FSDP_K_CROSS_ENTROPY>(stream, k, &p);
+    case FSDP_K_ADD:
+        return launch_nn<FSDP_K_ADD>(stream, k, &p);
     default:
         fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
         return FSDP_ERR_UNSUPPORTED;

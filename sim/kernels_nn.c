@@ -166,60 +166,40 @@ fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
 {
     fsdp_kb_prep_t prep;
     fsdp_status_t status = nn_check(k);
+    size_t chunks, rows;
 
     if (status != FSDP_OK)
         return status;
     fsdp_kb_prepare(k, &prep);
+    /* the column part (weight gradients) reads only inputs; the row part writes outputs */
+    chunks = fsdp_kb_nn_chunks(k);
+    for (size_t c = 0; c < chunks; c++)
+        fsdp_kb_nn_cols(k->kind, k, c);
+    rows = fsdp_kb_nn_rows(k);
+    for (size_t r = 0; r < rows; r++)
+        fsdp_kb_nn_row(k->kind, k, prep.ce_scale, r);
     switch (k->kind) {
-    case FSDP_K_LAYERNORM_FWD:
-        for (size_t r = 0; k->u.layernorm_fwd.cols > 0 && r < k->u.layernorm_fwd.rows; r++)
-            fsdp_kb_layernorm_fwd_row(k, r);
-        break;
-    case FSDP_K_LAYERNORM_BWD:
-        if (k->u.layernorm_bwd.cols == 0)
-            break;
-        if (k->u.layernorm_bwd.dweight != NULL || k->u.layernorm_bwd.dbias != NULL) {
-            for (size_t c = 0; c < fsdp_kb_col_chunks(k->u.layernorm_bwd.cols); c++)
-                fsdp_kb_layernorm_bwd_cols(k, c);
-        }
-        for (size_t r = 0; k->u.layernorm_bwd.dx != NULL && r < k->u.layernorm_bwd.rows; r++)
-            fsdp_kb_layernorm_bwd_row(k, r);
-        break;
     case FSDP_K_GELU_FWD:
         NN_ELEM_LOOP(FSDP_K_GELU_FWD, k, &prep);
         break;
     case FSDP_K_GELU_BWD:
         NN_ELEM_LOOP(FSDP_K_GELU_BWD, k, &prep);
         break;
-    case FSDP_K_SOFTMAX_FWD:
-        for (size_t r = 0; r < k->u.softmax_fwd.rows; r++)
-            fsdp_kb_softmax_fwd_row(k, r);
-        break;
-    case FSDP_K_SOFTMAX_BWD:
-        for (size_t r = 0; r < k->u.softmax_bwd.rows; r++)
-            fsdp_kb_softmax_bwd_row(k, r);
-        break;
     case FSDP_K_EMBEDDING_FWD:
         NN_ELEM_LOOP(FSDP_K_EMBEDDING_FWD, k, &prep);
         break;
-    case FSDP_K_EMBEDDING_BWD:
-        for (size_t c = 0; c < fsdp_kb_col_chunks(k->u.embedding_bwd.cols); c++)
-            fsdp_kb_embedding_bwd_cols(k, c);
+    case FSDP_K_ADD:
+        NN_ELEM_LOOP(FSDP_K_ADD, k, &prep);
         break;
-    case FSDP_K_CROSS_ENTROPY:
-        for (size_t r = 0; r < k->u.cross_entropy.rows; r++)
-            fsdp_kb_cross_entropy_row(k, prep.ce_scale, r);
+    case FSDP_K_CROSS_ENTROPY: /* the mean, after every row's loss */
         if (k->u.cross_entropy.loss != NULL)
             k->u.cross_entropy.loss[0] =
                 (float)(fsdp_kb_reduce_sum(k, k->u.cross_entropy.rows,
                                            fsdp_kb_cross_entropy_term) /
                         k->u.cross_entropy.denom);
         break;
-    case FSDP_K_ADD:
-        NN_ELEM_LOOP(FSDP_K_ADD, k, &prep);
+    default:
         break;
-    default: /* rejected by the check */
-        return FSDP_ERR_INVALID_PARAM;
     }
     return FSDP_OK;
 }

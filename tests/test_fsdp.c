@@ -31,6 +31,7 @@ typedef struct run_cfg {
     int cpu_offload;
     int sync[MAX_MICRO];     /* per micro-batch: 1 sync, 0 no_sync (the last must sync) */
     double clip_max, clip_type; /* clip_grad_norm before each step when clip_max > 0 */
+    int forward_prefetch, no_limiter;
 } run_cfg_t;
 
 static float xs[MAXB * 5], ys[MAXB * 3];
@@ -281,6 +282,8 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
     fc.backward_prefetch = cfg->prefetch;
     fc.ranks_per_node = cfg->ranks_per_node;
     fc.cpu_offload = cfg->cpu_offload;
+    fc.forward_prefetch = cfg->forward_prefetch;
+    fc.limit_all_gathers = !cfg->no_limiter;
     status = fsdp_create(dev, &fc, &fs);
     if (status != FSDP_OK)
         return status;
@@ -397,6 +400,39 @@ static void test_parity_adamw(void)
 static void test_parity_sgd_momentum(void)
 {
     check_parity(FSDP_OPTIM_SGD);
+}
+
+/* Parity for every prefetch policy, with and without forward prefetch and the limiter; the
+ * collective counts do not change. */
+static void test_prefetch_policies(void)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_HYBRID_SHARD};
+    make_batch();
+    for (size_t s = 0; s < 3; s++) {
+        for (int p = 0; p < 3; p++) {
+            for (int fwd = 0; fwd < 2; fwd++) {
+                run_cfg_t cfg = {.strategy = strategies[s], .world = 4, .steps = 3,
+                                 .prefetch = (fsdp_backward_prefetch_t)p, .ranks_per_node = 2,
+                                 .forward_prefetch = fwd, .no_limiter = fwd};
+                run_result_t *res = calloc(1, sizeof(*res));
+                double ref[512], maxdiff = 0.0;
+                fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
+                cfg.optim.lr = 1e-2f;
+                run_fsdp(&cfg, res);
+                ref_train(&cfg, res->init, ref);
+                for (size_t i = 0; i < res->total; i++)
+                    maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+                CU_ASSERT(maxdiff <= 1e-6);
+                for (int r = 0; r < 4; r++) {
+                    int keeps = strategies[s] == FSDP_SHARD_GRAD_OP;
+                    CU_ASSERT_EQUAL(res->bwd[r].all_gather, keeps ? NL : 2 * NL);
+                    CU_ASSERT_EQUAL(res->bwd[r].reduce_scatter, NL);
+                }
+                free(res);
+            }
+        }
+    }
 }
 
 /* Gradient accumulation over micro-batches, with no_sync or without, in any interleaving,
@@ -1245,6 +1281,7 @@ int main(void)
         {"parity with single-process training, sgd momentum", test_parity_sgd_momentum},
         {"collective counts, parameter-less root", test_collective_counts_mlp},
         {"gradient accumulation with and without no_sync", test_grad_accumulation},
+        {"prefetch policies, forward prefetch, limiter", test_prefetch_policies},
         {"hybrid sharding: parity and counts", test_hybrid_parity_and_counts},
         {"cpu offload: parity and placement", test_cpu_offload},
         {"clip_grad_norm across shards", test_clip_grad_norm},

@@ -383,4 +383,83 @@ FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     }
 }
 
+/* ---- dispatch: what a thread (GPU) or an iteration (host) runs, by kind ---- */
+
+/* The number of rows a row kernel runs over (0 for the others). */
+FSDP_HD size_t fsdp_kb_nn_rows(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        return k->u.layernorm_fwd.cols > 0 ? k->u.layernorm_fwd.rows : 0;
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.cols > 0 && k->u.layernorm_bwd.dx != NULL
+                   ? k->u.layernorm_bwd.rows
+                   : 0;
+    case FSDP_K_SOFTMAX_FWD:
+        return k->u.softmax_fwd.rows;
+    case FSDP_K_SOFTMAX_BWD:
+        return k->u.softmax_bwd.rows;
+    case FSDP_K_CROSS_ENTROPY:
+        return k->u.cross_entropy.rows;
+    default:
+        return 0;
+    }
+}
+
+/* The number of column chunks a column kernel runs over (0 for the others). */
+FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.dweight != NULL || k->u.layernorm_bwd.dbias != NULL
+                   ? fsdp_kb_col_chunks(k->u.layernorm_bwd.cols)
+                   : 0;
+    case FSDP_K_EMBEDDING_BWD:
+        return fsdp_kb_col_chunks(k->u.embedding_bwd.cols);
+    default:
+        return 0;
+    }
+}
+
+/* Row r of a row kernel (ce_scale: cross_entropy's 1 / denom). With a constant kind the
+ * switch folds away. */
+FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                            size_t r)
+{
+    switch (kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        fsdp_kb_layernorm_fwd_row(k, r);
+        break;
+    case FSDP_K_LAYERNORM_BWD:
+        fsdp_kb_layernorm_bwd_row(k, r);
+        break;
+    case FSDP_K_SOFTMAX_FWD:
+        fsdp_kb_softmax_fwd_row(k, r);
+        break;
+    case FSDP_K_SOFTMAX_BWD:
+        fsdp_kb_softmax_bwd_row(k, r);
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        fsdp_kb_cross_entropy_row(k, ce_scale, r);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Column chunk c of a column kernel. */
+FSDP_HD void fsdp_kb_nn_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t c)
+{
+    switch (kind) {
+    case FSDP_K_LAYERNORM_BWD:
+        fsdp_kb_layernorm_bwd_cols(k, c);
+        break;
+    case FSDP_K_EMBEDDING_BWD:
+        fsdp_kb_embedding_bwd_cols(k, c);
+        break;
+    default:
+        break;
+    }
+}
+
 #endif
