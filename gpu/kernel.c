@@ -23,6 +23,84 @@ static int in_place_ok(const void *out, fsdp_dtype_t out_dtype, const void *in,
     return out == NULL || out != in || out_dtype == in_dtype;
 }
 
+/* The transformer kinds: what is wrong, or NULL. */
+static const char *check_nn(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        if (k->u.layernorm_fwd.rows > 0 && k->u.layernorm_fwd.cols > 0 &&
+            (k->u.layernorm_fwd.y == NULL || k->u.layernorm_fwd.x == NULL ||
+             k->u.layernorm_fwd.weight == NULL || k->u.layernorm_fwd.bias == NULL))
+            return "y, x, weight or bias is NULL";
+        return NULL;
+    case FSDP_K_LAYERNORM_BWD:
+        if (k->u.layernorm_bwd.rows > 0 && k->u.layernorm_bwd.cols > 0 &&
+            (k->u.layernorm_bwd.dy == NULL || k->u.layernorm_bwd.x == NULL ||
+             k->u.layernorm_bwd.mean == NULL || k->u.layernorm_bwd.rstd == NULL ||
+             (k->u.layernorm_bwd.dx != NULL && k->u.layernorm_bwd.weight == NULL)))
+            return "dy, x, mean, rstd or weight is NULL";
+        return NULL;
+    case FSDP_K_GELU_FWD:
+        return k->u.gelu_fwd.n > 0 && (k->u.gelu_fwd.y == NULL || k->u.gelu_fwd.x == NULL)
+                   ? "y or x is NULL"
+                   : NULL;
+    case FSDP_K_GELU_BWD:
+        return k->u.gelu_bwd.n > 0 && (k->u.gelu_bwd.dx == NULL || k->u.gelu_bwd.dy == NULL ||
+                                       k->u.gelu_bwd.x == NULL)
+                   ? "dx, dy or x is NULL"
+                   : NULL;
+    case FSDP_K_SOFTMAX_FWD:
+        if (k->u.softmax_fwd.rows > 0 && k->u.softmax_fwd.cols == 0)
+            return "rows of 0 columns";
+        if (k->u.softmax_fwd.causal && k->u.softmax_fwd.rows % k->u.softmax_fwd.cols != 0)
+            return "causal rows are not whole [cols, cols] blocks";
+        return k->u.softmax_fwd.rows > 0 &&
+                       (k->u.softmax_fwd.y == NULL || k->u.softmax_fwd.x == NULL)
+                   ? "y or x is NULL"
+                   : NULL;
+    case FSDP_K_SOFTMAX_BWD:
+        if (k->u.softmax_bwd.rows > 0 && k->u.softmax_bwd.cols == 0)
+            return "rows of 0 columns";
+        if (k->u.softmax_bwd.causal && k->u.softmax_bwd.rows % k->u.softmax_bwd.cols != 0)
+            return "causal rows are not whole [cols, cols] blocks";
+        return k->u.softmax_bwd.rows > 0 &&
+                       (k->u.softmax_bwd.dx == NULL || k->u.softmax_bwd.dy == NULL ||
+                        k->u.softmax_bwd.y == NULL)
+                   ? "dx, dy or y is NULL"
+                   : NULL;
+    case FSDP_K_EMBEDDING_FWD:
+        if (k->u.embedding_fwd.wpe != NULL && k->u.embedding_fwd.seq == 0)
+            return "seq is 0 with a position table";
+        return k->u.embedding_fwd.rows > 0 && k->u.embedding_fwd.cols > 0 &&
+                       (k->u.embedding_fwd.y == NULL || k->u.embedding_fwd.tokens == NULL ||
+                        k->u.embedding_fwd.wte == NULL)
+                   ? "y, tokens or wte is NULL"
+                   : NULL;
+    case FSDP_K_EMBEDDING_BWD:
+        if (k->u.embedding_bwd.dwpe != NULL && k->u.embedding_bwd.seq == 0)
+            return "seq is 0 with a position gradient";
+        return k->u.embedding_bwd.rows > 0 && k->u.embedding_bwd.cols > 0 &&
+                       (k->u.embedding_bwd.dy == NULL || k->u.embedding_bwd.tokens == NULL)
+                   ? "dy or tokens is NULL"
+                   : NULL;
+    case FSDP_K_CROSS_ENTROPY:
+        if (k->u.cross_entropy.rows > 0 &&
+            (k->u.cross_entropy.vocab == 0 || k->u.cross_entropy.logits == NULL ||
+             k->u.cross_entropy.targets == NULL || k->u.cross_entropy.losses == NULL))
+            return "0 classes, or logits, targets or losses is NULL";
+        if ((k->u.cross_entropy.loss != NULL || k->u.cross_entropy.dlogits != NULL) &&
+            !(k->u.cross_entropy.denom > 0.0))
+            return "denom must be > 0";
+        return NULL;
+    case FSDP_K_ADD:
+        return k->u.add.n > 0 && (k->u.add.y == NULL || k->u.add.a == NULL || k->u.add.b == NULL)
+                   ? "y, a or b is NULL"
+                   : NULL;
+    default:
+        return "unknown kind";
+    }
+}
+
 /* NULL pointers with work to do, invalid dtypes, degenerate shapes. Logs what was wrong. */
 static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
 {
@@ -62,6 +140,9 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
         else if (m > INT_MAX || n > INT_MAX || kk > INT_MAX || k->u.gemm.lda > INT_MAX ||
                  k->u.gemm.ldb > INT_MAX || k->u.gemm.ldc > INT_MAX)
             bad = "a dimension or leading dimension exceeds INT_MAX (cuBLAS)";
+        else if (k->u.gemm.batch > INT_MAX || k->u.gemm.stride_a > LLONG_MAX ||
+                 k->u.gemm.stride_b > LLONG_MAX || k->u.gemm.stride_c > LLONG_MAX)
+            bad = "a batch count above INT_MAX or a stride above LLONG_MAX (cuBLAS)";
         else if (k->u.gemm.lda < (k->u.gemm.trans_a ? m : kk) ||
                  k->u.gemm.ldb < (k->u.gemm.trans_b ? kk : n) || k->u.gemm.ldc < n)
             bad = "leading dimension too small (lda >= K or M, ldb >= N or K, ldc >= N)";
@@ -137,6 +218,10 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
             bad = "out or x is NULL";
         break;
     default:
+        if (k->kind >= FSDP_K_LAYERNORM_FWD && k->kind <= FSDP_K_ADD) {
+            bad = check_nn(k);
+            break;
+        }
         fsdp_error("rank %d: kernel: unknown kind %d", dev->rank, (int)k->kind);
         return FSDP_ERR_INVALID_PARAM;
     }
@@ -172,19 +257,32 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
     const int ldc = k->u.gemm.ldc > 0 ? (int)k->u.gemm.ldc : 1;
     const cublasOperation_t op_a = k->u.gemm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = k->u.gemm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1; /* kernel.h: 0 is 1 */
     fsdp_status_t status;
 
     if (m == 0 || n == 0)
         return FSDP_OK;
     /* K == 0 or alpha == 0: C = beta * C, reading neither A nor B (which may then be NULL), as
      * BLAS and the sim; not left to cuBLAS, whose quick returns are not documented. */
-    if (kk == 0 || k->u.gemm.alpha == 0.0f)
-        return fsdp_gpu_scale_matrix(s, k->u.gemm.c, k->u.gemm.c_dtype, k->u.gemm.m,
-                                     k->u.gemm.n, k->u.gemm.ldc, k->u.gemm.beta);
+    if (kk == 0 || k->u.gemm.alpha == 0.0f) {
+        status = FSDP_OK;
+        for (size_t i = 0; i < batch && status == FSDP_OK; i++)
+            status = fsdp_gpu_scale_matrix(
+                s, (char *)k->u.gemm.c + i * k->u.gemm.stride_c * fsdp_dtype_size(k->u.gemm.c_dtype),
+                k->u.gemm.c_dtype, k->u.gemm.m, k->u.gemm.n, k->u.gemm.ldc, k->u.gemm.beta);
+        return status;
+    }
     status = FSDP_CUBLAS_CALL(cublasSetStream(gdev->cublas, s->cu));
     if (status != FSDP_OK)
         return status;
     /* beta == 0: cuBLAS does not read C (NaN included), as kernel.h asks. */
+    if (batch > 1) /* cuBLAS's operand A is our B: the strides swap with the operands */
+        return FSDP_CUBLAS_CALL(cublasGemmStridedBatchedEx(
+            gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
+            cuda_dtype(k->u.gemm.b_dtype), ldb, (long long)k->u.gemm.stride_b, k->u.gemm.a,
+            cuda_dtype(k->u.gemm.a_dtype), lda, (long long)k->u.gemm.stride_a, &k->u.gemm.beta,
+            k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc, (long long)k->u.gemm.stride_c,
+            (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (k->u.gemm.a_dtype == FSDP_DTYPE_F32 && k->u.gemm.c_dtype == FSDP_DTYPE_F32)
         return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
                                             k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,

@@ -75,8 +75,11 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         status = fsdp_mlp_init_params(mlp, 3);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &oc, &opt);
+    int64_t loaded = -1;
     if (status == FSDP_OK && j->load)
-        status = fsdp_checkpoint_load(fs, opt, j->dir, &j->loaded_step);
+        status = fsdp_checkpoint_load(fs, opt, j->dir, &loaded);
+    if (dev->rank == 0)
+        j->loaded_step = loaded;
     for (int s = 0; s < j->steps && status == FSDP_OK; s++) {
         float loss, *dloss = NULL;
         status = fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 6,

@@ -174,8 +174,8 @@ static void usage(FILE *f)
           "                             with :nodes=N,gpus_per_node=G (default h100)\n"
           "  --nodes N, --gpus-per-node G   the cluster's shape (override the profile's)\n"
           "  --world W                  ranks (default nodes x gpus per node)\n"
-          "  --capacity BYTES           device memory per GPU, with K/M/G/T (default: the\n"
-          "                             profile's GPU memory)\n"
+          "  --capacity BYTES           device memory per GPU, with K/M/G/T; 0 is unlimited\n"
+          "                             (default: the profile's GPU memory)\n"
           "  --batch ROWS               rows (tokens) per rank per step (default per model)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
@@ -221,8 +221,8 @@ static size_t parse_bytes(const char *opt, const char *s)
         end++;
     if (*end == 'B')
         end++;
-    if (errno || end == s || *end != '\0' || !(v > 0) || v * mult > 1e18)
-        die("%s: '%s' is not a size in bytes (e.g. 80G, 85899345920)", opt, s);
+    if (errno || end == s || *end != '\0' || !(v >= 0) || v * mult > 1e18)
+        die("%s: '%s' is not a size in bytes (e.g. 80G, 85899345920; 0 is unlimited)", opt, s);
     return (size_t)(v * mult);
 }
 
@@ -231,6 +231,11 @@ enum {
     OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT, OPT_NO_LIMIT, OPT_OPTIM,
     OPT_STEPS, OPT_SWEEP, OPT_PRINT_PROFILE, OPT_LIST, OPT_TIMEOUT, OPT_VERSION, OPT_HELP
 };
+
+static int is_hybrid(fsdp_strategy_t s)
+{
+    return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
+}
 
 static void parse_args(int argc, char **argv, plan_args_t *a)
 {
@@ -361,7 +366,374 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         a->per_node = a->world < a->per_node ? a->world : 1;
     a->capacity = capacity ? parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
     a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
-    if (fsdp_strategy_is_hybrid_public(a->fsdp.strategy) && a->world % a->per_node != 0)
+    if (is_hybrid(a->fsdp.strategy) && a->world % a->per_node != 0)
         die("--strategy %s needs the world (%d) to be a multiple of the GPUs per node (%d)",
             fsdp_strategy_name(a->fsdp.strategy), a->world, a->per_node);
+}
+
+/* ---- one simulated run -------------------------------------------------------------------- */
+
+enum { PH_FWD_BWD = 0, PH_OPTIM = 1, N_PHASES };
+static const char *const phase_names[N_PHASES] = {"forward+backward", "optimizer"};
+
+typedef struct rank_result {
+    fsdp_status_t status;
+    double step_time;         /* of the last step */
+    fsdp_sim_time_stats_t ts; /* of the last step */
+    size_t peak_alloc, peak_reserved;
+    size_t at_peak[FSDP_MEM_CATEGORY_COUNT]; /* allocated by category at peak_alloc */
+    size_t phase_alloc[N_PHASES], phase_reserved[N_PHASES];
+} rank_result_t;
+
+typedef struct plan_run {
+    const plan_args_t *a;
+    fsdp_config_t cfg;
+    rank_result_t *res; /* per rank */
+} plan_run_t;
+
+/* Folds the phase's peaks into the rank's and starts the next phase's. */
+static void phase_end(fsdp_mem_t *mem, rank_result_t *r, int phase)
+{
+    fsdp_mem_stats_t st;
+
+    fsdp_mem_get_stats(mem, &st);
+    if (st.peak_allocated > r->phase_alloc[phase])
+        r->phase_alloc[phase] = st.peak_allocated;
+    if (st.peak_reserved > r->phase_reserved[phase])
+        r->phase_reserved[phase] = st.peak_reserved;
+    if (st.peak_allocated > r->peak_alloc) {
+        r->peak_alloc = st.peak_allocated;
+        memcpy(r->at_peak, st.at_peak_by_category, sizeof(r->at_peak));
+    }
+    if (st.peak_reserved > r->peak_reserved)
+        r->peak_reserved = st.peak_reserved;
+    fsdp_mem_reset_peaks(mem);
+}
+
+static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
+{
+    plan_run_t *run = arg;
+    const plan_args_t *a = run->a;
+    rank_result_t *r = &run->res[dev->rank];
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt = NULL;
+    void *model = NULL;
+    fsdp_t *fs = NULL;
+    fsdp_mem_t *mem;
+    fsdp_status_t st;
+
+    st = fsdp_create(dev, &run->cfg, &fs);
+    if (st != FSDP_OK)
+        return r->status = st;
+    mem = fsdp_memory(fs);
+    fsdp_optim_config_init(&oc, a->optim);
+    st = a->model->ops->create(fs, &a->mcfg, &model);
+    if (st == FSDP_OK)
+        st = fsdp_optim_create(fs, &oc, &opt);
+    for (int step = 0; step < a->steps && st == FSDP_OK; step++) {
+        double t0;
+        phase_end(mem, r, PH_OPTIM); /* what came before: model creation, the last step */
+        fsdp_sim_time_reset(dev);
+        t0 = dev->ops->host_time(dev);
+        st = a->model->ops->step(model, a->rows);
+        if (st != FSDP_OK)
+            break;
+        phase_end(mem, r, PH_FWD_BWD);
+        st = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+        if (st == FSDP_OK)
+            st = dev->ops->stream_synchronize(dev, NULL);
+        if (st == FSDP_OK)
+            st = fsdp_sim_time_stats(dev, &r->ts);
+        r->step_time = dev->ops->host_time(dev) - t0;
+    }
+    if (st == FSDP_OK)
+        phase_end(mem, r, PH_OPTIM);
+    if (opt != NULL)
+        fsdp_optim_destroy(opt);
+    if (model != NULL)
+        a->model->ops->destroy(model);
+    fsdp_destroy(fs);
+    return r->status = st;
+}
+
+typedef struct summary {
+    fsdp_status_t status;
+    int oom;               /* did not fit the capacity */
+    double step_time;      /* max over ranks */
+    double exposed, compute; /* of the slowest rank */
+    double mfu;
+    size_t peak_alloc, peak_reserved; /* max over ranks */
+} summary_t;
+
+static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
+                          rank_result_t *res)
+{
+    fsdp_sim_params_t sp;
+    plan_run_t run = {.a = a, .cfg = *cfg, .res = res};
+    summary_t s;
+    double peak = fsdp_sim_profile_matmul_flops(&a->profile, FSDP_DTYPE_F32);
+    int slow = 0;
+
+    memset(&s, 0, sizeof(s));
+    memset(res, 0, sizeof(*res) * (size_t)a->world);
+    run.cfg.device_capacity = capacity;
+    fsdp_sim_params_init(&sp);
+    sp.world_size = a->world;
+    sp.ranks_per_node = a->per_node;
+    sp.mode = FSDP_SIM_SHAPE;
+    sp.timeout_s = a->timeout_s;
+    sp.profile = a->profile;
+    s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
+    for (int r = 0; r < a->world; r++) {
+        if (res[r].status == FSDP_ERR_OUT_OF_MEMORY)
+            s.oom = 1;
+        if (res[r].step_time > res[slow].step_time)
+            slow = r;
+        if (res[r].peak_alloc > s.peak_alloc)
+            s.peak_alloc = res[r].peak_alloc;
+        if (res[r].peak_reserved > s.peak_reserved)
+            s.peak_reserved = res[r].peak_reserved;
+    }
+    s.step_time = res[slow].step_time;
+    s.exposed = res[slow].ts.exposed_comm_s;
+    s.compute = res[slow].ts.compute_s;
+    s.mfu = s.step_time > 0 && peak > 0 ? res[slow].ts.gemm_flops / (s.step_time * peak) : 0.0;
+    return s;
+}
+
+/* Runs with the device capacity; a run that does not fit is run again without a limit, to say
+ * how much it needs. */
+static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, rank_result_t *res,
+                             int quiet)
+{
+    summary_t s;
+
+    log_quiet = 1; /* out of memory is an answer here, not an error to print */
+    s = run_plan(a, cfg, a->capacity, res);
+    if (s.oom) {
+        s = run_plan(a, cfg, 0, res);
+        s.oom = 1;
+    }
+    log_quiet = 0;
+    if (s.status != FSDP_OK && !quiet) {
+        /* say why, with the messages on */
+        run_plan(a, cfg, 0, res);
+    }
+    return s;
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static double unit_div;
+static const char *unit_name;
+
+static void pick_unit(size_t max_bytes)
+{
+    if (max_bytes >= ((size_t)1 << 30)) {
+        unit_div = (double)((size_t)1 << 30), unit_name = "GiB";
+    } else if (max_bytes >= ((size_t)1 << 20)) {
+        unit_div = (double)((size_t)1 << 20), unit_name = "MiB";
+    } else {
+        unit_div = 1024.0, unit_name = "KiB";
+    }
+}
+
+static double u(size_t bytes)
+{
+    return (double)bytes / unit_div;
+}
+
+static void fmt_capacity(size_t bytes, char *buf, size_t n)
+{
+    if (bytes == 0)
+        snprintf(buf, n, "unlimited");
+    else
+        snprintf(buf, n, "%.2f GiB", (double)bytes / (double)((size_t)1 << 30));
+}
+
+/* Prints one line per run of ranks whose line is the same. */
+static void print_folded(const plan_args_t *a, const rank_result_t *res,
+                         void (*line)(const rank_result_t *r, char *buf, size_t n))
+{
+    char cur[512], next[512];
+    int first = 0;
+
+    line(&res[0], cur, sizeof(cur));
+    for (int r = 1; r <= a->world; r++) {
+        if (r < a->world) {
+            line(&res[r], next, sizeof(next));
+            if (strcmp(next, cur) == 0)
+                continue;
+        }
+        if (r - 1 == first)
+            printf("  rank %-9d %s\n", first, cur);
+        else {
+            char ranks[32];
+            snprintf(ranks, sizeof(ranks), "%d-%d", first, r - 1);
+            printf("  ranks %-8s %s\n", ranks, cur);
+        }
+        first = r;
+        if (r < a->world)
+            memcpy(cur, next, sizeof(cur));
+    }
+}
+
+static void memory_line(const rank_result_t *r, char *buf, size_t n)
+{
+    int off = snprintf(buf, n, "%9.2f %9.2f ", u(r->peak_alloc), u(r->peak_reserved));
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT && off > 0 && (size_t)off < n; c++)
+        off += snprintf(buf + off, n - (size_t)off, " %9.2f", u(r->at_peak[c]));
+}
+
+static void phase_line(const rank_result_t *r, char *buf, size_t n)
+{
+    int off = 0;
+    for (int p = 0; p < N_PHASES && off >= 0 && (size_t)off < n; p++)
+        off += snprintf(buf + off, n - (size_t)off, "%s%9.2f / %-9.2f", p ? "   " : "",
+                        u(r->phase_alloc[p]), u(r->phase_reserved[p]));
+}
+
+static const char *prefetch_name(fsdp_backward_prefetch_t p)
+{
+    return p == FSDP_BACKWARD_PREFETCH_PRE ? "pre" : p == FSDP_BACKWARD_PREFETCH_POST ? "post"
+                                                                                      : "none";
+}
+
+static void print_header(const plan_args_t *a)
+{
+    char cap[32];
+    double params = a->model->ops->params(&a->mcfg);
+
+    fmt_capacity(a->capacity, cap, sizeof(cap));
+    printf("model %s: %d units, %.4g parameters (%.2f GiB in f32)\n", a->model_spec,
+           a->model->ops->units(&a->mcfg), params, params * 4 / (double)((size_t)1 << 30));
+    printf("cluster %s: %d ranks, %d per node (%s, %s each)\n", a->profile.name, a->world,
+           a->per_node, a->profile.gpu.model, cap);
+    printf("batch %zu rows per rank, %s, %d step%s simulated (the last is reported)\n", a->rows,
+           a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
+}
+
+static int print_plan(const plan_args_t *a, rank_result_t *res)
+{
+    summary_t s = plan_config(a, &a->fsdp, res, 0);
+    double peak = fsdp_sim_profile_matmul_flops(&a->profile, FSDP_DTYPE_F32);
+    char cap[32];
+
+    print_header(a);
+    printf("config %s, backward prefetch %s, forward prefetch %s, limit all-gathers %s\n",
+           fsdp_strategy_name(a->fsdp.strategy), prefetch_name(a->fsdp.backward_prefetch),
+           a->fsdp.forward_prefetch ? "on" : "off", a->fsdp.limit_all_gathers ? "on" : "off");
+    if (s.status != FSDP_OK && !s.oom) {
+        fprintf(stderr, "fsdp-plan: error: the simulation failed: %s\n",
+                fsdp_status_string(s.status));
+        return 1;
+    }
+    printf("step time %.3f ms, compute %.3f ms, exposed communication %.3f ms (%.1f%% of the "
+           "step)\n",
+           s.step_time * 1e3, s.compute * 1e3, s.exposed * 1e3,
+           s.step_time > 0 ? 100.0 * s.exposed / s.step_time : 0.0);
+    printf("MFU %.1f%% (GEMM FLOPs per rank / step time / %.4g TFLOP/s %s peak)\n", 100.0 * s.mfu,
+           peak / 1e12, a->profile.gpu.allow_tf32 ? "tf32" : "f32");
+    pick_unit(s.peak_reserved);
+    printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
+           unit_name);
+    printf("  %-15s %9s %9s ", "", "allocated", "reserved");
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++) {
+        char name[16];
+        snprintf(name, sizeof(name), "%.9s", fsdp_mem_category_name((fsdp_mem_category_t)c));
+        printf(" %9s", name);
+    }
+    printf("\n");
+    print_folded(a, res, memory_line);
+    printf("peaks by phase, %s (allocated / reserved):\n  %-15s", unit_name, "");
+    for (int p = 0; p < N_PHASES; p++)
+        printf("%s%-21s", p ? "   " : "", phase_names[p]);
+    printf("\n");
+    print_folded(a, res, phase_line);
+    fmt_capacity(a->capacity, cap, sizeof(cap));
+    if (s.oom)
+        printf("fits: no: needs %.2f GiB reserved (%.2f GiB allocated) per GPU of %s\n",
+               (double)s.peak_reserved / (double)((size_t)1 << 30),
+               (double)s.peak_alloc / (double)((size_t)1 << 30), cap);
+    else
+        printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
+               (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
+    return 0;
+}
+
+static int print_sweep(const plan_args_t *a, rank_result_t *res)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD, FSDP_HYBRID_SHARD,
+                                                 FSDP_HYBRID_SHARD_ZERO2};
+    static const fsdp_backward_prefetch_t prefetches[] = {
+        FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
+    fsdp_config_t best_cfg = a->fsdp;
+    summary_t best = {.status = FSDP_ERR_NOT_FOUND};
+    int n_fit = 0;
+
+    print_header(a);
+    printf("%-19s %-8s %-7s %10s %10s %6s %12s %12s  %s\n", "strategy", "prefetch", "limiter",
+           "step ms", "exposed ms", "MFU", "peak alloc", "peak reserv", "fits");
+    for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
+        /* hybrid strategies shard within a node: only worth trying on several nodes */
+        if (is_hybrid(strategies[si]) && a->world <= a->per_node)
+            continue;
+        for (size_t pi = 0; pi < 3; pi++) {
+            for (int lim = 1; lim >= 0; lim--) {
+                fsdp_config_t cfg = a->fsdp;
+                summary_t s;
+                cfg.strategy = strategies[si];
+                cfg.backward_prefetch = prefetches[pi];
+                cfg.limit_all_gathers = lim;
+                s = plan_config(a, &cfg, res, 1);
+                if (s.status != FSDP_OK && !s.oom) {
+                    printf("%-19s %-8s %-7s  failed: %s\n", fsdp_strategy_name(cfg.strategy),
+                           prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
+                           fsdp_status_string(s.status));
+                    continue;
+                }
+                printf("%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s\n",
+                       fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
+                       lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
+                       (double)s.peak_alloc / (double)((size_t)1 << 30),
+                       (double)s.peak_reserved / (double)((size_t)1 << 30),
+                       s.oom ? "no" : "yes");
+                fflush(stdout);
+                if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
+                    best = s;
+                    best_cfg = cfg;
+                }
+                n_fit += !s.oom;
+            }
+        }
+    }
+    if (n_fit == 0) {
+        printf("nothing fits in %.2f GiB per GPU\n",
+               (double)a->capacity / (double)((size_t)1 << 30));
+        return 0;
+    }
+    printf("fastest that fits: %s, backward prefetch %s, limit all-gathers %s: %.3f ms per "
+           "step, MFU %.1f%%, peak reserved %.2f GiB (%d of the configurations fit)\n",
+           fsdp_strategy_name(best_cfg.strategy), prefetch_name(best_cfg.backward_prefetch),
+           best_cfg.limit_all_gathers ? "on" : "off", best.step_time * 1e3, 100.0 * best.mfu,
+           (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    plan_args_t args;
+    rank_result_t *res;
+    int rc;
+
+    fsdp_log_set_handler(log_to_stderr, NULL);
+    parse_args(argc, argv, &args);
+    res = calloc((size_t)args.world, sizeof(*res));
+    if (res == NULL)
+        die("out of host memory for %d ranks", args.world);
+    rc = args.sweep ? print_sweep(&args, res) : print_plan(&args, res);
+    free(res);
+    return rc;
 }

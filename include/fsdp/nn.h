@@ -63,7 +63,7 @@ fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_
 
 /* ---- MLP: Linear/ReLU stack, MSE loss ---- */
 
-#define FSDP_MLP_MAX_LAYERS 64
+#define FSDP_MLP_MAX_LAYERS 128
 
 typedef struct fsdp_mlp fsdp_mlp_t;
 

@@ -6,8 +6,8 @@
  * function of the descriptor: a row's reductions run sequentially in f32 in column order, and a
  * sum over rows (a weight gradient) runs in row order per column, so a row per thread on the GPU
  * and a loop on the host give the same bits. exp, expm1, log and tanh are computed here from
- * +, -, *, / and floorf only (all correctly rounded in IEEE f32, and not contracted: nvcc builds
- * with --fmad=false), never from libm or CUDA's math library, whose last bits differ; they are
+ * +, -, *, / and exact conversions only (all correctly rounded in IEEE f32, and not contracted:
+ * nvcc builds with --fmad=false), never from libm or CUDA's math library, whose last bits differ; they are
  * within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
 #ifndef FSDP_KERNELS_NN_BODIES_H
 #define FSDP_KERNELS_NN_BODIES_H
@@ -69,10 +69,12 @@ FSDP_HD float fsdp_kb_expf(float x)
         return fsdp_kb_inff();
     if (x < -103.972084f)
         return 0.0f;
-    nf = floorf(x * 1.44269502f + 0.5f);
+    /* n = x / ln 2 rounded half away from zero, by truncation (an exact conversion either
+     * way; floorf is a library call on baseline x86-64) */
+    n = (int)(x * 1.44269502f + (x < 0.0f ? -0.5f : 0.5f));
+    nf = (float)n;
     r = (x - nf * FSDP_KB_LN2_HI) - nf * FSDP_KB_LN2_LO;
     p = fsdp_kb_exp_poly(r);
-    n = (int)nf;
     if (n > 127) { /* only 128: 2^128 is not a float */
         p *= 2.0f;
         n -= 1;
