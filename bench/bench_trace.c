@@ -11,8 +11,8 @@
  *    end of fsdp_trace_close.
  * 2. emit from many ranks: the same on W sim ranks at once (contention on the writer's queue).
  * 3. step: real data-mode training steps of two MLPs, a small one (64-256-256-256-64, 32 rows)
- *    and a medium one (256-1024-1024-1024-256, 64 rows), under FULL_SHARD on the sim (world 4), with
- *    and without a trace attached. The traced run also emits, per unit and step, the events the
+ *    and a medium one (256-1024-1024-1024-256, 64 rows), under FULL_SHARD on the sim (world 4),
+ * with and without a trace attached. The traced run also emits, per unit and step, the events the
  *    runtime's hooks and the backend would emit (32 per unit), on top of whatever the runtime
  *    emits itself, so the figure stays an upper bound once the runtime is wired. The cost of
  *    tracing is measured directly: the rank threads' CPU time inside fsdp_trace_emit and
@@ -93,8 +93,7 @@ static void bench_event(int64_t i, double t, fsdp_trace_event_t *ev)
         {FSDP_EV_HOOK, "post_forward", NULL, -1},
         {FSDP_EV_FREE, "unsharded_param", "all_gather", -1},
     };
-    static const char *const units[MLP_LAYERS] = {"layers.0", "layers.1", "layers.2",
-                                                  "layers.3"};
+    static const char *const units[MLP_LAYERS] = {"layers.0", "layers.1", "layers.2", "layers.3"};
     int k = (int)(i % 8);
 
     fsdp_trace_event_init(ev, mix[k].kind, mix[k].name);

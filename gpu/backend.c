@@ -204,6 +204,12 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     status = FSDP_CUBLAS_CALL(cublasCreate(&gdev->cublas));
     if (status != FSDP_OK)
         goto err_free;
+    /* A 16-bit C is rounded once (kernel.h): split-K partial sums stay f32, never the output
+     * dtype. No effect on f32 GEMMs (no TF32 either). */
+    status = FSDP_CUBLAS_CALL(cublasSetMathMode(
+        gdev->cublas, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (status != FSDP_OK)
+        goto err_free;
     /* Barrier word, then room for the (color, key) exchange of a split of the world. */
     status = FSDP_CUDA_CALL(
         cudaMalloc((void **)&gdev->dbuf, (2 + 2 * (size_t)params->world_size) * sizeof(int)));

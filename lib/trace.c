@@ -187,7 +187,7 @@ static fsdp_status_t write_batch(fsdp_trace_t *t, const trace_chunk_t *batch)
 {
     fsdp_status_t status;
 
-    status = fsdp_trace_db_exec(t->db, "BEGIN");
+    status = fsdp_trace_db_exec(t->db, "BEGIN IMMEDIATE"); /* the write lock up front */
     if (status != FSDP_OK)
         return status;
     for (const trace_chunk_t *c = batch; c != NULL; c = c->next) {
@@ -295,7 +295,8 @@ static int rank_handover(fsdp_trace_rank_t *r, int replace)
         if (t->queued >= TRACE_QUEUE_WARN && !t->warned_queue) {
             t->warned_queue = 1;
             fsdp_warn("trace '%s': %zu chunks wait for the writer: the database is slower than "
-                      "the ranks, memory grows", t->path, t->queued);
+                      "the ranks, memory grows",
+                      t->path, t->queued);
         }
         pthread_cond_signal(&t->work);
     }
@@ -350,8 +351,8 @@ void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
 
     if (dev == NULL || (r = dev->trace) == NULL || ev == NULL)
         return;
-    room = str_room(ev->name != NULL ? ev->name : "") + str_room(ev->unit) +
-           str_room(ev->stream) + str_room(ev->group);
+    room = str_room(ev->name != NULL ? ev->name : "") + str_room(ev->unit) + str_room(ev->stream) +
+           str_room(ev->group);
     pthread_mutex_lock(&r->lock);
     c = r->cur;
     if (c == NULL || c->n == TRACE_CHUNK_EVENTS || c->arena_used + room > TRACE_CHUNK_ARENA) {
@@ -393,8 +394,7 @@ void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_tim
     pthread_mutex_lock(&r->lock);
     if (r->cur == NULL && !rank_handover(r, 1)) {
         pthread_mutex_unlock(&r->lock);
-        fsdp_error("rank %d: no memory for a trace chunk: step %" PRId64 " dropped", r->rank,
-                   step);
+        fsdp_error("rank %d: no memory for a trace chunk: step %" PRId64 " dropped", r->rank, step);
         return;
     }
     s = &r->cur->step;
@@ -547,8 +547,8 @@ static fsdp_status_t prepare_event_insert(fsdp_trace_t *t, int rows, sqlite3_stm
     size_t len;
     int p = 2;
 
-    len = (size_t)snprintf(sql, sizeof(sql), "INSERT INTO events (run, " FSDP_TRACE_EVENT_COLUMNS
-                                             ") VALUES ");
+    len = (size_t)snprintf(sql, sizeof(sql),
+                           "INSERT INTO events (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
     for (int r = 0; r < rows && len < sizeof(sql); r++) {
         len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
         for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)

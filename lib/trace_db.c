@@ -70,8 +70,8 @@ const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d)
     return divergence_names[d];
 }
 
-fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file,
-                                 int line, const char *func)
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
+                                 const char *func)
 {
     fsdp_status_t status;
 
@@ -201,7 +201,8 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
         const char *mode = fsdp_trace_col_text(st, 0);
         if (mode == NULL || strcmp(mode, "wal") != 0)
             fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose "
-                      "more and readers block the writer", path, mode != NULL ? mode : "?");
+                      "more and readers block the writer",
+                      path, mode != NULL ? mode : "?");
     }
     sqlite3_finalize(st);
     status = fsdp_trace_db_exec(db, "PRAGMA synchronous = NORMAL");
@@ -247,11 +248,11 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
      * left to do; it never creates a file. */
     /* A connection is used by one thread at a time (the writer's is handed to its thread at
      * creation), so SQLite's own mutexes are pure cost. */
-    rc = sqlite3_open_v2(path, &db,
-                         (writable ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
-                                   : SQLITE_OPEN_READWRITE) |
-                             SQLITE_OPEN_NOMUTEX,
-                         NULL);
+    rc = sqlite3_open_v2(
+        path, &db,
+        (writable ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READWRITE) |
+            SQLITE_OPEN_NOMUTEX,
+        NULL);
     if (rc != SQLITE_OK && !writable) {
         sqlite3_close(db);
         db = NULL;
@@ -278,7 +279,8 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
             goto err_close;
     } else if (version < FSDP_TRACE_SCHEMA_VERSION) {
         fsdp_error("'%s' is not a libfsdp trace database (schema version %" PRId64 ", "
-                   "expected %d)", path, version, FSDP_TRACE_SCHEMA_VERSION);
+                   "expected %d)",
+                   path, version, FSDP_TRACE_SCHEMA_VERSION);
         status = FSDP_ERR_FORMAT;
         goto err_close;
     }
@@ -311,8 +313,7 @@ fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run,
         else if (run == 0)
             fsdp_error("trace database '%s' holds no run", path);
         else
-            fsdp_error("trace database '%s' has no run %" PRId64 " before the latest", path,
-                       -run);
+            fsdp_error("trace database '%s' has no run %" PRId64 " before the latest", path, -run);
         return FSDP_ERR_NOT_FOUND;
     }
     *run_p = id;

@@ -88,7 +88,7 @@ static void pool_free(strpool_t *p)
 typedef struct diff_ev {
     uint64_t seq;
     const char *kind, *name, *unit, *stream, *group; /* interned */
-    const char *dtype;                                /* interned, NULL if none */
+    const char *dtype;                               /* interned, NULL if none */
     double host_time, start, end;
     uint64_t bytes, count;
 } diff_ev_t;
@@ -115,8 +115,7 @@ typedef struct diff_side {
 
 static int op_eq(const diff_ev_t *a, const diff_ev_t *b)
 {
-    return a->kind == b->kind && a->name == b->name && a->unit == b->unit &&
-           a->group == b->group;
+    return a->kind == b->kind && a->name == b->name && a->unit == b->unit && a->group == b->group;
 }
 
 static int ev_eq(const diff_ev_t *a, const diff_ev_t *b)
@@ -206,15 +205,14 @@ static size_t view_first_diff(const ev_view_t *a, const ev_view_t *b)
 
 typedef struct divergence {
     fsdp_trace_divergence_t what;
-    size_t ia, ib;      /* the diverging positions in the views (n when at the end) */
-    const diff_ev_t *a; /* the event of A or NULL */
-    const diff_ev_t *b; /* the event of B or NULL */
+    size_t ia, ib;          /* the diverging positions in the views (n when at the end) */
+    const diff_ev_t *a;     /* the event of A or NULL */
+    const diff_ev_t *b;     /* the event of B or NULL */
     const diff_ev_t *moved; /* reordered: the op found elsewhere */
 } divergence_t;
 
 /* LCS of a[i..i+wa) and b[i..i+wb); walks the alignment and classifies its first edit. */
-static fsdp_status_t classify_lcs(const ev_view_t *a, const ev_view_t *b, size_t i,
-                                  divergence_t *d)
+static fsdp_status_t classify_lcs(const ev_view_t *a, const ev_view_t *b, size_t i, divergence_t *d)
 {
     size_t wa = a->n - i, wb = b->n - i;
     int truncated = 0;
@@ -336,13 +334,12 @@ static fsdp_status_t classify(const ev_view_t *a, const ev_view_t *b, size_t i, 
 
 static void fmt_ev(char *buf, size_t size, const diff_ev_t *e)
 {
-    snprintf(buf, size,
-             "seq %" PRIu64 " %s %s%s%s%s%s%s%s bytes=%" PRIu64 " count=%" PRIu64 " dtype=%s",
-             e->seq, e->kind, e->name, e->unit != NULL ? " unit=" : "",
-             e->unit != NULL ? e->unit : "", e->stream != NULL ? " stream=" : "",
-             e->stream != NULL ? e->stream : "", e->group != NULL ? " group=" : "",
-             e->group != NULL ? e->group : "", e->bytes, e->count,
-             e->dtype != NULL ? e->dtype : "-");
+    snprintf(
+        buf, size, "seq %" PRIu64 " %s %s%s%s%s%s%s%s bytes=%" PRIu64 " count=%" PRIu64 " dtype=%s",
+        e->seq, e->kind, e->name, e->unit != NULL ? " unit=" : "", e->unit != NULL ? e->unit : "",
+        e->stream != NULL ? " stream=" : "", e->stream != NULL ? e->stream : "",
+        e->group != NULL ? " group=" : "", e->group != NULL ? e->group : "", e->bytes, e->count,
+        e->dtype != NULL ? e->dtype : "-");
 }
 
 static void print_context(FILE *out, const char *label, const ev_view_t *v, size_t at)
@@ -387,8 +384,8 @@ static void describe(fsdp_trace_diff_t *res, const divergence_t *d, int rank, co
         break;
     case FSDP_TRACE_DIV_RESIZED:
         snprintf(res->message, sizeof(res->message),
-                 "rank %d, %s: resized op: A [%s], B bytes=%" PRIu64 " count=%" PRIu64, rank,
-                 where, ea, d->b->bytes, d->b->count);
+                 "rank %d, %s: resized op: A [%s], B bytes=%" PRIu64 " count=%" PRIu64, rank, where,
+                 ea, d->b->bytes, d->b->count);
         break;
     case FSDP_TRACE_DIV_DTYPE:
         snprintf(res->message, sizeof(res->message), "rank %d, %s: changed dtype: A [%s], B %s",
@@ -692,8 +689,8 @@ static fsdp_status_t side_open(diff_side_t *s, const char *path, int64_t run,
     return status;
 }
 
-fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b,
-                              int64_t run_b, FILE *out, fsdp_trace_diff_t *result_p)
+fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b, int64_t run_b,
+                              FILE *out, fsdp_trace_diff_t *result_p)
 {
     fsdp_trace_reader_t *reader[2] = {NULL, NULL};
     fsdp_trace_diff_t res;

@@ -27,7 +27,7 @@ static const char *const export_cat_names[EXPORT_NCAT] = {
 #define EXPORT_CAT_NAME_(name, str) str,
     FSDP_FOREACH_MEM_CATEGORY(EXPORT_CAT_NAME_)
 #undef EXPORT_CAT_NAME_
-    "other"};
+        "other"};
 
 /* JSON string contents: quotes, backslashes and control characters escaped; bytes that are not
  * UTF-8 become '?', so any name yields valid JSON. */
@@ -38,8 +38,11 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
     while (*p) {
         unsigned char ch = *p;
-        int len = ch < 0x80 ? 1 : (ch >> 5) == 0x6 ? 2 : (ch >> 4) == 0xe ? 3 : (ch >> 3) == 0x1e ? 4
-                                                                                                 : 0;
+        int len = ch < 0x80           ? 1
+                  : (ch >> 5) == 0x6  ? 2
+                  : (ch >> 4) == 0xe  ? 3
+                  : (ch >> 3) == 0x1e ? 4
+                                      : 0;
         if (ch == '"' || ch == '\\') {
             fputc('\\', f);
             fputc(ch, f);
@@ -74,7 +77,7 @@ typedef struct export_rank {
 
 typedef struct export_ctx {
     FILE *f;
-    int first;     /* no event written yet (commas) */
+    int first; /* no event written yet (commas) */
     int io_error;
     export_rank_t cur; /* the rank being written */
     int have_rank;
@@ -99,14 +102,16 @@ static long long export_tid(int rank, int index)
 static void export_thread_meta(export_ctx_t *x, int rank, int index, const char *name)
 {
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%lld,\"args\":{"
-                  "\"name\":",
+    fprintf(x->f,
+            "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%lld,\"args\":{"
+            "\"name\":",
             export_pid(rank), export_tid(rank, index));
     json_str(x->f, name);
     fputs("}}", x->f);
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%lld,"
-                  "\"args\":{\"sort_index\":%d}}",
+    fprintf(x->f,
+            "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%lld,"
+            "\"args\":{\"sort_index\":%d}}",
             export_pid(rank), export_tid(rank, index), index);
 }
 
@@ -121,12 +126,14 @@ static void export_rank_reset(export_ctx_t *x, int rank)
     r->rank = rank;
     x->have_rank = 1;
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":%lld,\"args\":{"
-                  "\"name\":\"rank %d\"}}",
+    fprintf(x->f,
+            "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":%lld,\"args\":{"
+            "\"name\":\"rank %d\"}}",
             export_pid(rank), export_tid(rank, 0), rank);
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":%lld,"
-                  "\"args\":{\"sort_index\":%d}}",
+    fprintf(x->f,
+            "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":%lld,"
+            "\"args\":{\"sort_index\":%d}}",
             export_pid(rank), export_tid(rank, 0), rank);
     export_thread_meta(x, rank, 0, "host");
 }
@@ -183,16 +190,19 @@ static void export_counters(export_ctx_t *x, int rank, const fsdp_trace_event_t 
             r->cat[c] = 0; /* a free whose alloc came before tracing began */
     }
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"C\",\"name\":\"allocated\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"
-                  "\"args\":{\"bytes\":%" PRIu64 "}}",
+    fprintf(x->f,
+            "{\"ph\":\"C\",\"name\":\"allocated\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"
+            "\"args\":{\"bytes\":%" PRIu64 "}}",
             ts, export_pid(rank), export_tid(rank, 0), ev->allocated);
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"C\",\"name\":\"reserved\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"
-                  "\"args\":{\"bytes\":%" PRIu64 "}}",
+    fprintf(x->f,
+            "{\"ph\":\"C\",\"name\":\"reserved\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"
+            "\"args\":{\"bytes\":%" PRIu64 "}}",
             ts, export_pid(rank), export_tid(rank, 0), ev->reserved);
     export_sep(x);
-    fprintf(x->f, "{\"ph\":\"C\",\"name\":\"memory by category\",\"ts\":%.3f,\"pid\":%d,"
-                  "\"tid\":%lld,\"args\":{",
+    fprintf(x->f,
+            "{\"ph\":\"C\",\"name\":\"memory by category\",\"ts\":%.3f,\"pid\":%d,"
+            "\"tid\":%lld,\"args\":{",
             ts, export_pid(rank), export_tid(rank, 0));
     for (int k = 0; k < EXPORT_NCAT; k++)
         fprintf(x->f, "%s\"%s\":%" PRId64, k > 0 ? "," : "", export_cat_names[k], r->cat[k]);

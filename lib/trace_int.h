@@ -15,8 +15,8 @@
 #define FSDP_SQLITE_CALL(db, call)                                                                 \
     fsdp_sqlite_status((db), (call), #call, __FILE__, __LINE__, __func__)
 
-fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file,
-                                 int line, const char *func);
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
+                                 const char *func);
 
 /* Opens `path` for the trace module: read-only (the file must exist) or read-write (created if
  * missing), with a busy timeout, and checks its schema version. Writable: WAL and
@@ -49,9 +49,9 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p);
 #define FSDP_TRACE_PEAK_COL_(name, str) ", peak_" str
 #define FSDP_TRACE_AT_PEAK_COL_(name, str) ", at_peak_" str
 #define FSDP_TRACE_STEP_COLUMNS                                                                    \
-    "rank, step, loss, step_time, seq_end, peak_allocated, peak_reserved"                          \
-    FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_PEAK_COL_)                                                \
-    FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_AT_PEAK_COL_)
+    "rank, step, loss, step_time, seq_end, peak_allocated, "                                       \
+    "peak_reserved" FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_PEAK_COL_)                                \
+        FSDP_FOREACH_MEM_CATEGORY(FSDP_TRACE_AT_PEAK_COL_)
 #define FSDP_TRACE_STEP_NCOLS (7 + 2 * FSDP_MEM_CATEGORY_COUNT)
 
 #define FSDP_TRACE_EVENT_COLUMNS                                                                   \
@@ -61,8 +61,7 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p);
 
 /* Fills *ev (and rank, seq) from a row selected with FSDP_TRACE_EVENT_COLUMNS starting at
  * column 0. The strings point into the statement's row. */
-void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p,
-                          fsdp_trace_event_t *ev);
+void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_trace_event_t *ev);
 
 /* Fills a step row selected with FSDP_TRACE_STEP_COLUMNS starting at column 0. */
 void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row);

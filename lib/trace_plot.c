@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PLOT_W 1000       /* pixel columns of the time axis */
-#define PLOT_LEFT 110     /* room for lane labels */
+#define PLOT_W 1000   /* pixel columns of the time axis */
+#define PLOT_LEFT 110 /* room for lane labels */
 #define PLOT_RIGHT 20
-#define PLOT_MEM_H 120    /* memory chart height */
+#define PLOT_MEM_H 120 /* memory chart height */
 #define PLOT_LANE_H 14
 #define PLOT_PANEL_GAP 36
-#define PLOT_TOP 70       /* title and legend */
+#define PLOT_TOP 70 /* title and legend */
 #define PLOT_NCAT (FSDP_MEM_CATEGORY_COUNT + 1)
 #define PLOT_MAX_LANES 32
 
@@ -27,10 +27,10 @@ static const char *const plot_cat_names[PLOT_NCAT] = {
 #define PLOT_CAT_NAME_(name, str) str,
     FSDP_FOREACH_MEM_CATEGORY(PLOT_CAT_NAME_)
 #undef PLOT_CAT_NAME_
-    "other"};
-static const char *const plot_cat_colors[PLOT_NCAT] = {
-    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-    "#edc948", "#b07aa1", "#ff9da7", "#9c755f"};
+        "other"};
+static const char *const plot_cat_colors[PLOT_NCAT] = {"#4e79a7", "#f28e2b", "#e15759",
+                                                       "#76b7b2", "#59a14f", "#edc948",
+                                                       "#b07aa1", "#ff9da7", "#9c755f"};
 static const char *const plot_kind_colors[FSDP_EV_KIND_COUNT + 1] = {
     "#888888", "#aaaaaa", "#aaaaaa", "#17becf", "#1f77b4",
     "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#444444"};
@@ -49,10 +49,10 @@ typedef struct plot_lane {
 typedef struct plot_rank {
     int rank;
     int have_mem;
-    double col_total[PLOT_W];            /* the highest total seen in each column, -1 if none */
-    double col[PLOT_W][PLOT_NCAT];       /* the categories at that point */
+    double col_total[PLOT_W];      /* the highest total seen in each column, -1 if none */
+    double col[PLOT_W][PLOT_NCAT]; /* the categories at that point */
     double col_reserved[PLOT_W];
-    double cur[PLOT_NCAT];               /* running sums */
+    double cur[PLOT_NCAT]; /* running sums */
     plot_lane_t lanes[PLOT_MAX_LANES];
     int nlanes;
 } plot_rank_t;
@@ -164,12 +164,24 @@ static void xml_text(FILE *f, const char *s)
     for (; s != NULL && *s; s++) {
         unsigned char ch = (unsigned char)*s;
         switch (ch) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        case '\'': fputs("&apos;", f); break;
-        default: fputc(ch >= 0x20 && ch < 0x7f ? ch : '?', f); break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        case '\'':
+            fputs("&apos;", f);
+            break;
+        default:
+            fputc(ch >= 0x20 && ch < 0x7f ? ch : '?', f);
+            break;
         }
     }
 }
@@ -177,7 +189,7 @@ static void xml_text(FILE *f, const char *s)
 /* Stacked areas: category c fills between the running sums of 0..c-1 and 0..c. */
 static void plot_memory(FILE *f, const plot_rank_t *r, double y0, double mem_max)
 {
-    double (*cum)[PLOT_W] = malloc((PLOT_NCAT + 1) * sizeof(*cum));
+    double(*cum)[PLOT_W] = malloc((PLOT_NCAT + 1) * sizeof(*cum));
     double state[PLOT_NCAT] = {0}, reserved = 0;
     double scale = mem_max > 0 ? PLOT_MEM_H / mem_max : 0;
 
@@ -207,14 +219,14 @@ static void plot_memory(FILE *f, const plot_rank_t *r, double y0, double mem_max
                 fprintf(f, "%d,%.1f ", PLOT_LEFT + x, yy);
             }
         }
-        fprintf(f, "%d,%.1f ", PLOT_LEFT + PLOT_W, y0 + PLOT_MEM_H - cum[c + 1][PLOT_W - 1] * scale);
+        fprintf(f, "%d,%.1f ", PLOT_LEFT + PLOT_W,
+                y0 + PLOT_MEM_H - cum[c + 1][PLOT_W - 1] * scale);
         fprintf(f, "%d,%.1f ", PLOT_LEFT + PLOT_W, y0 + PLOT_MEM_H - cum[c][PLOT_W - 1] * scale);
         for (int x = PLOT_W - 1; x >= 0; x--) { /* lower edge, right to left */
             if (x == 0 || cum[c][x] != cum[c][x - 1]) {
                 fprintf(f, "%d,%.1f ", PLOT_LEFT + x, y0 + PLOT_MEM_H - cum[c][x] * scale);
                 if (x > 0)
-                    fprintf(f, "%d,%.1f ", PLOT_LEFT + x,
-                            y0 + PLOT_MEM_H - cum[c][x - 1] * scale);
+                    fprintf(f, "%d,%.1f ", PLOT_LEFT + x, y0 + PLOT_MEM_H - cum[c][x - 1] * scale);
             }
         }
         fputs("\"/>\n", f);
@@ -251,9 +263,10 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
                 mem_max = ranks[i].col_reserved[x];
         }
     }
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%.0f\" "
-               "viewBox=\"0 0 %d %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%.0f\" "
+            "viewBox=\"0 0 %d %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
             width, height, width, height);
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%.0f\" fill=\"white\"/>\n", width,
             height);
@@ -265,26 +278,31 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
             fsdp_trace_fmt_bytes((uint64_t)mem_max, buf, sizeof(buf)));
     for (int c = 0; c < PLOT_NCAT; c++) {
         int lx = 10 + c * 120;
-        fprintf(f, "<rect x=\"%d\" y=\"28\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                   "<text x=\"%d\" y=\"37\">%s</text>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"28\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                "<text x=\"%d\" y=\"37\">%s</text>\n",
                 lx, plot_cat_colors[c], lx + 14, plot_cat_names[c]);
     }
-    for (int k = 0; k < FSDP_EV_KIND_COUNT; k++) {
-        int lx = 10 + k * 110;
+    for (int k = 0, slot = 0; k < FSDP_EV_KIND_COUNT; k++) {
+        int lx = 10 + slot * 110;
         if (k == FSDP_EV_ALLOC || k == FSDP_EV_FREE)
-            continue;
-        fprintf(f, "<rect x=\"%d\" y=\"46\" width=\"10\" height=\"10\" fill=\"%s\"/>"
-                   "<text x=\"%d\" y=\"55\">%s</text>\n",
+            continue; /* drawn as memory, not as spans */
+        slot++;
+        fprintf(f,
+                "<rect x=\"%d\" y=\"46\" width=\"10\" height=\"10\" fill=\"%s\"/>"
+                "<text x=\"%d\" y=\"55\">%s</text>\n",
                 lx, plot_kind_colors[k], lx + 14, fsdp_event_kind_name((fsdp_event_kind_t)k));
     }
     y = PLOT_TOP;
     for (int i = 0; i < n; i++) {
         const plot_rank_t *r = &ranks[i];
-        fprintf(f, "<g id=\"rank%d\">\n<text x=\"10\" y=\"%.1f\" font-weight=\"bold\">rank %d"
-                   "</text>\n",
+        fprintf(f,
+                "<g id=\"rank%d\">\n<text x=\"10\" y=\"%.1f\" font-weight=\"bold\">rank %d"
+                "</text>\n",
                 r->rank, y + 12, r->rank);
-        fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" "
-                   "stroke=\"#ccc\"/>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" "
+                "stroke=\"#ccc\"/>\n",
                 PLOT_LEFT, y, PLOT_W, PLOT_MEM_H);
         fprintf(f, "<text x=\"10\" y=\"%.1f\">%s</text>\n", y + 28,
                 fsdp_trace_fmt_bytes((uint64_t)mem_max, buf, sizeof(buf)));
@@ -298,8 +316,9 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
             xml_text(f, lane->name != NULL ? lane->name : "host");
             fputs("</text>\n", f);
             for (size_t j = 0; j < lane->n; j++)
-                fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%d\" "
-                           "fill=\"%s\"/>\n",
+                fprintf(f,
+                        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%d\" "
+                        "fill=\"%s\"/>\n",
                         PLOT_LEFT + lane->rects[j].x0, ly + 1,
                         lane->rects[j].x1 - lane->rects[j].x0, PLOT_LANE_H - 2,
                         plot_kind_colors[lane->rects[j].kind]);
@@ -307,8 +326,9 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
         /* time axis: five ticks in milliseconds */
         for (int t = 0; t <= 4; t++) {
             double tx = PLOT_LEFT + PLOT_W * t / 4.0;
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">"
-                       "%.4g ms</text>\n",
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">"
+                    "%.4g ms</text>\n",
                     tx, ly + 12, (p->t0 + (p->t1 - p->t0) * t / 4.0) * 1e3);
         }
         fputs("</g>\n", f);

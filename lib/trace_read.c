@@ -116,14 +116,13 @@ fsdp_status_t fsdp_trace_reader_events(fsdp_trace_reader_t *r, int64_t run, int 
     sqlite3_stmt *st;
     int rc;
 
-    status = fsdp_trace_db_prepare(r->db,
-                                   rank >= 0 ? "SELECT " FSDP_TRACE_EVENT_COLUMNS
-                                               " FROM events WHERE run = ?1 AND rank = ?2 "
-                                               "ORDER BY seq"
-                                             : "SELECT " FSDP_TRACE_EVENT_COLUMNS
-                                               " FROM events WHERE run = ?1 "
-                                               "ORDER BY rank, seq",
-                                   &st);
+    status = fsdp_trace_db_prepare(
+        r->db,
+        rank >= 0 ? "SELECT " FSDP_TRACE_EVENT_COLUMNS " FROM events WHERE run = ?1 AND rank = ?2 "
+                    "ORDER BY seq"
+                  : "SELECT " FSDP_TRACE_EVENT_COLUMNS " FROM events WHERE run = ?1 "
+                    "ORDER BY rank, seq",
+        &st);
     if (status != FSDP_OK)
         return status;
     sqlite3_bind_int64(st, 1, run);
@@ -151,14 +150,13 @@ fsdp_status_t fsdp_trace_reader_steps(fsdp_trace_reader_t *r, int64_t run, int r
     sqlite3_stmt *st;
     int rc;
 
-    status = fsdp_trace_db_prepare(r->db,
-                                   rank >= 0 ? "SELECT " FSDP_TRACE_STEP_COLUMNS
-                                               " FROM steps WHERE run = ?1 AND rank = ?2 "
-                                               "ORDER BY step"
-                                             : "SELECT " FSDP_TRACE_STEP_COLUMNS
-                                               " FROM steps WHERE run = ?1 "
-                                               "ORDER BY rank, step",
-                                   &st);
+    status = fsdp_trace_db_prepare(
+        r->db,
+        rank >= 0 ? "SELECT " FSDP_TRACE_STEP_COLUMNS " FROM steps WHERE run = ?1 AND rank = ?2 "
+                    "ORDER BY step"
+                  : "SELECT " FSDP_TRACE_STEP_COLUMNS " FROM steps WHERE run = ?1 "
+                    "ORDER BY rank, step",
+        &st);
     if (status != FSDP_OK)
         return status;
     sqlite3_bind_int64(st, 1, run);

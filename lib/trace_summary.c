@@ -87,10 +87,10 @@ static void row_kinds(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 static void row_collectives(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 {
     char bytes[32];
-    fsdp_strbuf_printf(b, "    %-16s %8" PRId64 " calls %14s\n", fsdp_trace_col_text(st, 1),
-                       (int64_t)sqlite3_column_int64(st, 2),
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 3), bytes,
-                                            sizeof(bytes)));
+    fsdp_strbuf_printf(
+        b, "    %-16s %8" PRId64 " calls %14s\n", fsdp_trace_col_text(st, 1),
+        (int64_t)sqlite3_column_int64(st, 2),
+        fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 3), bytes, sizeof(bytes)));
 }
 
 static void row_units(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
@@ -102,13 +102,12 @@ static void row_units(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 
     fsdp_trace_fmt_bytes(min, lo, sizeof(lo));
     fsdp_trace_fmt_bytes(max, hi, sizeof(hi));
-    fsdp_strbuf_printf(b, "    %-20s %-15s %6" PRId64 " x %s%s%s  (%s total) %s\n",
-                       fsdp_trace_col_text(st, 1), fsdp_trace_col_text(st, 2),
-                       (int64_t)sqlite3_column_int64(st, 3), lo, min != max ? " .. " : "",
-                       min != max ? hi : "",
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 6), total,
-                                            sizeof(total)),
-                       dtypes != NULL ? dtypes : "");
+    fsdp_strbuf_printf(
+        b, "    %-20s %-15s %6" PRId64 " x %s%s%s  (%s total) %s\n", fsdp_trace_col_text(st, 1),
+        fsdp_trace_col_text(st, 2), (int64_t)sqlite3_column_int64(st, 3), lo,
+        min != max ? " .. " : "", min != max ? hi : "",
+        fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 6), total, sizeof(total)),
+        dtypes != NULL ? dtypes : "");
 }
 
 static void row_steps(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
@@ -165,7 +164,8 @@ static void memory_sql(char *sql, size_t size)
                                   "FROM steps s2 WHERE s2.run = steps.run AND "
                                   "s2.rank = steps.rank)");
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT && len < size; c++)
-        len += (size_t)snprintf(sql + len, size - len, ", (SELECT max(peak_%s) FROM steps s2 "
+        len += (size_t)snprintf(sql + len, size - len,
+                                ", (SELECT max(peak_%s) FROM steps s2 "
                                 "WHERE s2.run = steps.run AND s2.rank = steps.rank)",
                                 mem_cat_names[c]);
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT && len < size; c++)
@@ -220,6 +220,7 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
         goto out;
     status = summary_section(&s, "collectives (calls, bytes)",
                              "SELECT rank, name, count(*), sum(bytes) FROM events "
+                             "INDEXED BY events_collectives "
                              "WHERE run = ?1 AND kind = 'collective' "
                              "GROUP BY rank, name ORDER BY rank, name",
                              row_collectives, 0);

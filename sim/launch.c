@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Big worlds get small stacks: 1024 ranks at glibc's 8 MiB default would reserve 8 GiB of
  * address space for stacks alone, while a rank's own frames are shallow. */
@@ -48,6 +49,11 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
         (p->ranks_per_node > 0 && p->world_size % p->ranks_per_node != 0)) {
         fsdp_error("fsdp_sim_launch: ranks_per_node %d must divide world_size %d (0 means "
                    "one node of world_size ranks)", p->ranks_per_node, p->world_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (p->max_running < 0) {
+        fsdp_error("fsdp_sim_launch: max_running %d is invalid: 0 (one rank per online CPU) or "
+                   "more", p->max_running);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (!(p->timeout_s > 0.0) || !isfinite(p->timeout_s)) {
@@ -134,9 +140,14 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
     world->params = *params;
     if (world->params.ranks_per_node == 0)
         world->params.ranks_per_node = size;
+    if (world->params.max_running == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        world->params.max_running = cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+    }
     world->func = func;
     world->arg = arg;
     world->n_running = size;
+    world->tokens = world->params.max_running;
     world->devs = calloc((size_t)size, sizeof(*world->devs));
     if (world->devs == NULL)
         goto err_free_world;
@@ -174,6 +185,7 @@ static void *sim_rank_main(void *arg)
     fsdp_sim_dev_t *dev = arg;
     fsdp_sim_world_t *world = dev->world;
 
+    fsdp_sim_pg_rank_start(dev);
     dev->status = world->func(&dev->super, world->arg);
     if (dev->status != FSDP_OK)
         fsdp_debug("rank %d: rank function returned %s", dev->super.rank,

@@ -157,7 +157,9 @@ struct fsdp_sim_dev {
     pthread_t thread;
     fsdp_status_t status; /* what the rank function returned */
     /* guarded by world->lock */
-    pthread_cond_t cond;          /* signalled when the call it waits in is done */
+    pthread_cond_t cond;          /* signalled when it is given a run token */
+    int has_token;                /* it may run (see fsdp_sim_world_t.tokens) */
+    fsdp_sim_dev_t *ready_next;   /* in world->ready while it waits for a token */
     fsdp_sim_rank_phase_t phase;
     int failed;                   /* its function failed, or fsdp_sim_rank_fail */
     fsdp_sim_call_t *waiting;     /* while BLOCKED */
@@ -172,6 +174,13 @@ struct fsdp_sim_world {
     pthread_mutex_t lock;
     /* guarded by lock */
     int n_running; /* ranks in phase RUNNING */
+    /* At most params.max_running ranks run at once: a rank holds a token while it runs and
+     * hands it to the next ready rank when it blocks in a collective or exits, so a round's
+     * waiters are woken one at a time by ranks that are about to sleep instead of all at
+     * once by the last arrival (far fewer context switches with many ranks per core). */
+    int tokens;                 /* free tokens */
+    fsdp_sim_dev_t *ready_head; /* ranks that may run and wait for a token, FIFO */
+    fsdp_sim_dev_t *ready_tail;
     int n_dead;    /* ranks failed or exited */
     fsdp_sim_comm_t *comms; /* every live communicator, newest first */
 };
@@ -229,6 +238,8 @@ fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const
 /* pg.c: the process group. Called with the world lock NOT held. */
 fsdp_status_t fsdp_sim_pg_init(fsdp_sim_world_t *world);
 void fsdp_sim_pg_cleanup(fsdp_sim_world_t *world);
+/* The rank's thread waits for a run token before it runs its function. */
+void fsdp_sim_pg_rank_start(fsdp_sim_dev_t *dev);
 /* The rank's function returned (failed = it returned an error) or its thread never started. */
 void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *dev, int failed);
 void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *dev);

@@ -1254,6 +1254,454 @@ static void test_rng(void)
     CU_ASSERT(fabs(sum2 / N - 1.0) < 0.023);
 }
 
+/* ---- low precision: bf16 and f16 operands ------------------------------------------------ */
+
+static uint16_t to16(fsdp_dtype_t dt, float v)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_f32_to_bf16(v) : fsdp_f32_to_f16(v);
+}
+
+static float from16(fsdp_dtype_t dt, uint16_t h)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(h) : fsdp_f16_to_f32(h);
+}
+
+/* Element i of a buffer of dtype dt (f32 or 16-bit) as f32, and the store that rounds. */
+static float ld(const void *p, fsdp_dtype_t dt, size_t i)
+{
+    return dt == FSDP_DTYPE_F32 ? ((const float *)p)[i] : from16(dt, ((const uint16_t *)p)[i]);
+}
+
+static void st(void *p, fsdp_dtype_t dt, size_t i, float v)
+{
+    if (dt == FSDP_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = to16(dt, v);
+}
+
+/* The test's own model of rounding f32 to dt (ref_round), as a double. */
+static double round_to(fsdp_dtype_t dt, double x)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        return ref_round(x, 8, -126, 0.0);
+    if (dt == FSDP_DTYPE_F16)
+        return ref_round(x, 11, -14, 65504.0);
+    return x;
+}
+
+/* A random buffer of n elements of dt, values in [lo, hi) rounded to dt. */
+static void *rand_buf(fsdp_dtype_t dt, size_t n, double lo, double hi)
+{
+    void *p = malloc((n + 1) * fsdp_dtype_size(dt));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+    for (size_t i = 0; i < n; i++)
+        st(p, dt, i, (float)test_rand(lo, hi));
+    return p;
+}
+
+/* One 16-bit GEMM (A and B of dt, C of cdt: dt or f32) against three references:
+ *  - the f32 routine on the inputs widened by the test: widening is exact and the 16-bit path
+ *    packs the widened values into the same micro-kernel in the same order, so an f32 C must
+ *    have the same bits, and a 16-bit C must be that f32 result rounded once (the test's own
+ *    rounding model), however many k blocks were summed;
+ *  - the double product of the rounded inputs, within the bound of f32 accumulation (ref_gemm),
+ *    for the f32 result before the final rounding. */
+static int check_gemm_lp(fsdp_dtype_t dt, fsdp_dtype_t cdt, int ta, int tb, size_t m, size_t n,
+                         size_t k, float alpha, float beta, size_t pad)
+{
+    size_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb, nc = m * ldc;
+    void *a = rand_buf(dt, na, -1.0, 1.0), *b = rand_buf(dt, nb, -1.0, 1.0);
+    void *c = rand_buf(cdt, nc, -1.0, 1.0);
+    float *aw = malloc((na + 1) * sizeof(float)), *bw = malloc((nb + 1) * sizeof(float));
+    float *cw = malloc((nc + 1) * sizeof(float)), *c0 = malloc((nc + 1) * sizeof(float));
+    double *ref = malloc((m * n + 1) * sizeof(double)),
+           *bound = malloc((m * n + 1) * sizeof(double));
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(aw && bw && cw && c0 && ref && bound);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = n; j < ldc; j++)
+            st(c, cdt, i * ldc + j, 4096.0f); /* past n: must stay */
+        for (size_t j = 0; j < n && beta == 0.0f; j++)
+            st(c, cdt, i * ldc + j, NAN); /* beta == 0 must not read C */
+    }
+    for (size_t i = 0; i < na; i++)
+        aw[i] = ld(a, dt, i);
+    for (size_t i = 0; i < nb; i++)
+        bw[i] = ld(b, dt, i);
+    for (size_t i = 0; i < nc; i++)
+        c0[i] = cw[i] = ld(c, cdt, i);
+
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = alpha;
+    kd.u.gemm.a = a;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = b;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = beta;
+    kd.u.gemm.c = c;
+    kd.u.gemm.ldc = ldc;
+    kd.u.gemm.a_dtype = kd.u.gemm.b_dtype = dt;
+    kd.u.gemm.c_dtype = cdt;
+    CU_ASSERT_EQUAL_FATAL(run(&kd), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_gemm(ta, tb, m, n, k, alpha, aw, lda, bw, ldb, beta, cw, ldc),
+                          FSDP_OK);
+    ref_gemm(ta, tb, m, n, k, alpha, aw, lda, bw, ldb, beta, c0, ldc, ref, bound);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < ldc; j++) {
+            size_t e = i * ldc + j;
+            double got = ld(c, cdt, e);
+            int ok;
+            if (j >= n) {
+                ok = got == 4096.0;
+            } else if (cdt == FSDP_DTYPE_F32) {
+                ok = memcmp(&((const float *)c)[e], &cw[e], sizeof(float)) == 0 &&
+                     fabs(got - ref[i * n + j]) <= bound[i * n + j];
+            } else {
+                ok = got == round_to(cdt, cw[e]) && fabs(cw[e] - ref[i * n + j]) <= bound[i * n + j];
+                gemm_worst = fmax(gemm_worst, fabs(cw[e] - ref[i * n + j]) / bound[i * n + j]);
+            }
+            if (!ok && bad++ < 3)
+                fprintf(stderr,
+                        "gemm %s->%s %c%c m %zu n %zu k %zu pad %zu: C[%zu,%zu] = %.9g, f32 path "
+                        "%.9g, double %.9g\n",
+                        fsdp_dtype_name(dt), fsdp_dtype_name(cdt), ta ? 'T' : 'N', tb ? 'T' : 'N',
+                        m, n, k, pad, i, j, got, (double)cw[e], j < n ? ref[i * n + j] : 4096.0);
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(aw);
+    free(bw);
+    free(cw);
+    free(c0);
+    free(ref);
+    free(bound);
+    return bad;
+}
+
+static void test_gemm_low_precision(void)
+{
+    static const size_t sizes[] = {1, 2, 3, 5, 7, 16, 17, 23, 33, 64, 67};
+    static const float alphas[] = {1.0f, -0.5f, 2.0f};
+    static const float betas[] = {0.0f, 1.0f, 0.25f};
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    const size_t ns = sizeof(sizes) / sizeof(sizes[0]);
+    int bad = 0, cases = 0;
+
+    test_seed(11);
+    for (int d = 0; d < 2; d++) {
+        for (int cf = 0; cf < 2; cf++) {
+            fsdp_dtype_t cdt = cf ? FSDP_DTYPE_F32 : dts[d];
+            for (int t = 0; t < 4; t++) {
+                int ta = t >> 1, tb = t & 1;
+                for (int r = 0; r < 9; r++) {
+                    bad += check_gemm_lp(dts[d], cdt, ta, tb, sizes[test_index(ns)],
+                                         sizes[test_index(ns)], sizes[test_index(ns)], alphas[r % 3],
+                                         betas[r / 3], (size_t)(r % 2 ? 3 : 0));
+                    cases++;
+                }
+                /* three k blocks: C is rounded once, after the last */
+                bad += check_gemm_lp(dts[d], cdt, ta, tb, 13, 21, 2 * FSDP_SIM_GEMM_KC + 7, 1.0f,
+                                     0.5f, 1);
+                /* more rows than one A block, more columns than one B panel */
+                bad += check_gemm_lp(dts[d], cdt, ta, tb, 151, 9, 5, 1.0f, 0.0f, 0);
+                bad += check_gemm_lp(dts[d], cdt, ta, tb, 3, 3100, 4, -1.0f, 1.0f, 0);
+                cases += 3;
+            }
+        }
+    }
+    fprintf(stderr, "(%d cases, worst error %.2f of the bound) ", cases, gemm_worst);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* k == 0 or alpha == 0 with a 16-bit C: C = beta * C in f32, rounded; beta == 0 gives zeros
+ * over NaN. Unsupported dtype combinations are refused with one error line. */
+static void test_gemm_low_precision_edges(void)
+{
+    uint16_t c[6], a[4] = {0}, b[4] = {0};
+    float cf[6];
+    fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+
+    for (int i = 0; i < 6; i++)
+        c[i] = fsdp_f32_to_bf16(NAN);
+    k.u.gemm.m = 2;
+    k.u.gemm.n = 3;
+    k.u.gemm.ldc = 3;
+    k.u.gemm.c = c;
+    k.u.gemm.alpha = 1.0f;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 6; i++)
+        CU_ASSERT_EQUAL(c[i], 0);
+    for (int i = 0; i < 6; i++)
+        c[i] = fsdp_f32_to_bf16(1.0f + (float)i / 3.0f);
+    k.u.gemm.k = 2;
+    k.u.gemm.a = a;
+    k.u.gemm.lda = 2;
+    k.u.gemm.b = b;
+    k.u.gemm.ldb = 3;
+    k.u.gemm.alpha = 0.0f;
+    k.u.gemm.beta = 0.3f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 6; i++) {
+        float old = fsdp_bf16_to_f32(fsdp_f32_to_bf16(1.0f + (float)i / 3.0f));
+        CU_ASSERT_EQUAL(fsdp_bf16_to_f32(c[i]), round_to(FSDP_DTYPE_BF16, 0.3f * old));
+    }
+
+    /* A and B of two dtypes, an f16 C from bf16 inputs, a 16-bit C from f32 inputs, i32 */
+    k.u.gemm.alpha = 1.0f;
+    k.u.gemm.b_dtype = FSDP_DTYPE_F16;
+    expect_invalid(&k, "gemm bf16 x f16");
+    k.u.gemm.b_dtype = FSDP_DTYPE_BF16;
+    k.u.gemm.c_dtype = FSDP_DTYPE_F16;
+    expect_invalid(&k, "gemm bf16 -> f16");
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = FSDP_DTYPE_F32;
+    k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    expect_invalid(&k, "gemm f32 -> bf16");
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_I32;
+    expect_invalid(&k, "gemm i32");
+    /* with every dtype f32 the f32 routine runs */
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_F32;
+    k.u.gemm.c = cf;
+    k.u.gemm.alpha = 0.0f;
+    k.u.gemm.beta = 0.0f;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+}
+
+/* bias_add, bias_grad, relu forward and backward and mse_loss in bf16 and f16, and with mixed
+ * dtypes: every element equals load -> the f32 operation -> store, computed here. */
+static void test_elementwise_low_precision(void)
+{
+    enum { R = 9, C = 37, N = R * C };
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16, FSDP_DTYPE_F32};
+    int bad = 0;
+
+    test_seed(12);
+    for (int d = 0; d < 2; d++) {
+        for (int o = 0; o < 3; o++) {
+            fsdp_dtype_t dt = dts[d], ot = dts[(d + o) % 3]; /* the other operand's dtype */
+            void *y = rand_buf(dt, N, -2, 2), *y0 = malloc(N * sizeof(uint16_t));
+            void *x = rand_buf(ot, N, -2, 2), *bias = rand_buf(ot, C, -1, 1);
+            void *dy = rand_buf(ot, N, -1, 1), *dbias = rand_buf(dt, C, -1, 1);
+            void *t = rand_buf(ot, N, -2, 2), *g = malloc(N * sizeof(uint16_t));
+            void *dbias0 = malloc(C * sizeof(uint16_t));
+            float loss = -1.0f;
+            double ref = 0.0;
+            fsdp_kernel_t k;
+
+            CU_ASSERT_FATAL(y0 && g && dbias0);
+            memcpy(y0, y, N * sizeof(uint16_t));
+            memcpy(dbias0, dbias, C * sizeof(uint16_t));
+            st(x, ot, 0, 0.0f);
+            st(x, ot, 1, -0.0f);
+
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_BIAS_ADD;
+            k.u.bias_add.y = y;
+            k.u.bias_add.bias = bias;
+            k.u.bias_add.rows = R;
+            k.u.bias_add.cols = C;
+            k.u.bias_add.y_dtype = dt;
+            k.u.bias_add.bias_dtype = ot;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++)
+                bad += ld(y, dt, i) != round_to(dt, ld(y0, dt, i) + ld(bias, ot, i % C));
+
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_BIAS_GRAD;
+            k.u.bias_grad.dbias = dbias;
+            k.u.bias_grad.dy = dy;
+            k.u.bias_grad.rows = R;
+            k.u.bias_grad.cols = C;
+            k.u.bias_grad.dbias_dtype = dt;
+            k.u.bias_grad.dy_dtype = ot;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int c = 0; c < C; c++) {
+                float s = 0.0f; /* rows in order, in f32, rounded once */
+                for (int r = 0; r < R; r++)
+                    s += ld(dy, ot, (size_t)(r * C + c));
+                bad += ld(dbias, dt, c) != round_to(dt, ld(dbias0, dt, c) + s);
+            }
+
+            memset(&k, 0, sizeof(k)); /* y (dt) = relu(x (ot)) */
+            k.kind = FSDP_K_RELU_FWD;
+            k.u.relu_fwd.y = y;
+            k.u.relu_fwd.x = x;
+            k.u.relu_fwd.n = N;
+            k.u.relu_fwd.y_dtype = dt;
+            k.u.relu_fwd.x_dtype = ot;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++) {
+                float v = ld(x, ot, i);
+                bad += ld(y, dt, i) != round_to(dt, v > 0.0f ? v : 0.0f);
+                bad += i < 2 && (((const uint16_t *)y)[i] != 0); /* +0, never -0 */
+            }
+            memcpy(y0, y, N * sizeof(uint16_t)); /* in place, one dtype */
+            k.u.relu_fwd.x = y;
+            k.u.relu_fwd.x_dtype = dt;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            bad += memcmp(y0, y, N * sizeof(uint16_t)) != 0;
+
+            memset(&k, 0, sizeof(k)); /* g (dt) = y > 0 ? dy (ot) : 0, y from above */
+            k.kind = FSDP_K_RELU_BWD;
+            k.u.relu_bwd.dx = g;
+            k.u.relu_bwd.dy = dy;
+            k.u.relu_bwd.y = x;
+            k.u.relu_bwd.n = N;
+            k.u.relu_bwd.dx_dtype = dt;
+            k.u.relu_bwd.dy_dtype = ot;
+            k.u.relu_bwd.y_dtype = ot;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++)
+                bad += ld(g, dt, i) != round_to(dt, ld(x, ot, i) > 0.0f ? ld(dy, ot, i) : 0.0f);
+
+            memset(&k, 0, sizeof(k)); /* y in dt, target in ot, dy in dt, loss f32 */
+            k.kind = FSDP_K_MSE_LOSS;
+            k.u.mse.loss = &loss;
+            k.u.mse.dy = g;
+            k.u.mse.y = y;
+            k.u.mse.t = t;
+            k.u.mse.n = N;
+            k.u.mse.denom = (double)N;
+            k.u.mse.y_dtype = dt;
+            k.u.mse.t_dtype = ot;
+            k.u.mse.dy_dtype = dt;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++) {
+                double e = (double)ld(y, dt, i) - ld(t, ot, i);
+                ref += e * e;
+                bad += ld(g, dt, i) !=
+                       round_to(dt, (ld(y, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
+            }
+            ref /= N;
+            CU_ASSERT(fabs(loss - ref) <= 4 * U32 * ref);
+            /* dy over y, in place */
+            memcpy(y0, y, N * sizeof(uint16_t));
+            k.u.mse.dy = y;
+            CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+            for (int i = 0; i < N; i++)
+                bad += ld(y, dt, i) !=
+                       round_to(dt, (ld(y0, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
+            free(y), free(y0), free(x), free(bias), free(dy), free(dbias), free(t), free(g);
+            free(dbias0);
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* A buffer used in place keeps one dtype; i32 operands are refused. One error line each. */
+static void test_low_precision_validation(void)
+{
+    uint16_t h[8] = {0};
+    float f[8] = {0}, loss;
+    fsdp_kernel_t k;
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_FWD;
+    k.u.relu_fwd.y = h;
+    k.u.relu_fwd.x = h;
+    k.u.relu_fwd.n = 8;
+    k.u.relu_fwd.y_dtype = FSDP_DTYPE_BF16;
+    k.u.relu_fwd.x_dtype = FSDP_DTYPE_F16;
+    expect_invalid(&k, "relu in place, two dtypes");
+    k.u.relu_fwd.x_dtype = FSDP_DTYPE_I32;
+    k.u.relu_fwd.x = f;
+    expect_invalid(&k, "relu i32");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_BWD;
+    k.u.relu_bwd.dx = f;
+    k.u.relu_bwd.dy = f;
+    k.u.relu_bwd.y = h;
+    k.u.relu_bwd.n = 4;
+    k.u.relu_bwd.dx_dtype = FSDP_DTYPE_BF16;
+    k.u.relu_bwd.y_dtype = FSDP_DTYPE_BF16;
+    expect_invalid(&k, "relu_bwd in place, two dtypes");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_MSE_LOSS;
+    k.u.mse.loss = &loss;
+    k.u.mse.dy = h;
+    k.u.mse.y = h;
+    k.u.mse.t = f;
+    k.u.mse.n = 4;
+    k.u.mse.denom = 4.0;
+    k.u.mse.y_dtype = FSDP_DTYPE_BF16;
+    expect_invalid(&k, "mse dy over y, two dtypes");
+    k.u.mse.dy = NULL; /* no dy: its dtype does not matter */
+    k.u.mse.dy_dtype = FSDP_DTYPE_I32;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_ADD;
+    k.u.bias_add.y = f;
+    k.u.bias_add.bias = f;
+    k.u.bias_add.rows = 2;
+    k.u.bias_add.cols = 4;
+    k.u.bias_add.bias_dtype = FSDP_DTYPE_I32;
+    expect_invalid(&k, "bias_add i32");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_GRAD;
+    k.u.bias_grad.dbias = f;
+    k.u.bias_grad.dy = f;
+    k.u.bias_grad.rows = 2;
+    k.u.bias_grad.cols = 4;
+    k.u.bias_grad.dbias_dtype = (fsdp_dtype_t)77;
+    expect_invalid(&k, "bias_grad bad dtype");
+}
+
+/* The roofline's bytes follow the dtypes; zeroed dtypes are f32. */
+static void test_cost_dtypes(void)
+{
+    fsdp_kernel_t k;
+    double flops, bytes, bytes16;
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GEMM;
+    k.u.gemm.m = 8;
+    k.u.gemm.n = 16;
+    k.u.gemm.k = 32;
+    k.u.gemm.beta = 1.0f;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(flops, 2.0 * 8 * 16 * 32);
+    CU_ASSERT_EQUAL(bytes, 4.0 * (8 * 32 + 32 * 16 + 2 * 8 * 16));
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = FSDP_DTYPE_BF16;
+    fsdp_kernel_cost(&k, &flops, &bytes16);
+    CU_ASSERT_EQUAL(bytes16, 2.0 * (8 * 32 + 32 * 16) + 4.0 * 2 * 8 * 16);
+    k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    fsdp_kernel_cost(&k, &flops, &bytes16);
+    CU_ASSERT_EQUAL(bytes16, bytes / 2);
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RELU_BWD;
+    k.u.relu_bwd.n = 100;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(bytes, 1200.0);
+    k.u.relu_bwd.dx_dtype = k.u.relu_bwd.dy_dtype = k.u.relu_bwd.y_dtype = FSDP_DTYPE_F16;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(bytes, 600.0);
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_MSE_LOSS;
+    k.u.mse.n = 10;
+    k.u.mse.dy = &bytes; /* any non-NULL pointer: cost reads no data */
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(bytes, 120.0);
+    k.u.mse.y_dtype = k.u.mse.dy_dtype = FSDP_DTYPE_BF16;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(bytes, 80.0);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1272,6 +1720,11 @@ int main(void)
         {"optim_config", test_optim_config},
         {"fd_linear_relu_mse", test_fd_linear_relu_mse},
         {"rng", test_rng},
+        {"gemm_low_precision", test_gemm_low_precision},
+        {"gemm_low_precision_edges", test_gemm_low_precision_edges},
+        {"elementwise_low_precision", test_elementwise_low_precision},
+        {"low_precision_validation", test_low_precision_validation},
+        {"cost_dtypes", test_cost_dtypes},
         {NULL, NULL},
     };
     return fsdp_test_run("kernels", tests);

@@ -102,7 +102,8 @@ static char long_name[3000];
 static void rt_event(int rank, int i, fsdp_trace_event_t *ev)
 {
     static const char *const names[] = {"pre_forward", "unsharded_param", "gradient", "h2d",
-                                        "gemm", "all_gather", "rec", "wait", "sync"};
+                                        "gemm",        "all_gather",      "rec",      "wait",
+                                        "sync"};
     static const char *const units[] = {NULL, "layers.0", "layers.1", "emb\xc3\xa9\"<&>"};
     static const char *const streams[] = {NULL, "compute", "all_gather", "reduce_scatter"};
     static const char *const groups[] = {NULL, "world", "split(1)"};
@@ -199,10 +200,10 @@ static int rt_check_event(void *arg, int rank, uint64_t seq, const fsdp_trace_ev
         snprintf(c->what, sizeof(c->what),
                  "rank %d seq %" PRIu64 " differs (%s/%s): got %s %s %s %.17g %.17g %.17g %" PRIu64
                  " %" PRIu64 " %d %" PRIu64 " %" PRIu64,
-                 rank, seq, fsdp_event_kind_name(got->kind), got->name,
-                 got->unit ? got->unit : "-", got->stream ? got->stream : "-",
-                 got->group ? got->group : "-", got->host_time, got->start, got->end, got->bytes,
-                 got->count, got->dtype, got->allocated, got->reserved);
+                 rank, seq, fsdp_event_kind_name(got->kind), got->name, got->unit ? got->unit : "-",
+                 got->stream ? got->stream : "-", got->group ? got->group : "-", got->host_time,
+                 got->start, got->end, got->bytes, got->count, got->dtype, got->allocated,
+                 got->reserved);
         c->bad = 1;
         return 1;
     }
@@ -243,8 +244,8 @@ static int rt_check_step(void *arg, const fsdp_trace_step_row_t *row)
 static void test_round_trip(void)
 {
     const char *path = tpath("rt.db");
-    fsdp_trace_run_info_t info = {"sim", WORLD, "full_shard", "{\"lr\": 0.01}", "{\"gpu\":\"x\"}",
-                                  "fsdp-train --world 4"};
+    fsdp_trace_run_info_t info = {
+        "sim", WORLD, "full_shard", "{\"lr\": 0.01}", "{\"gpu\":\"x\"}", "fsdp-train --world 4"};
     fsdp_trace_t *t = NULL;
     fsdp_trace_reader_t *r = NULL;
     fsdp_trace_run_row_t row;
@@ -507,8 +508,7 @@ static fsdp_status_t work_rank(fsdp_dev_t *dev, void *arg)
             op(&c, FSDP_EV_HOOK, "pre_forward", units[u], NULL, 0, -1, NULL);
             op(&c, FSDP_EV_ALLOC, "unsharded_param", units[u], "all_gather", ag, -1, NULL);
             if (cross)
-                op(&c, FSDP_EV_KERNEL, "relu", units[u - 1], "compute", 4096, FSDP_DTYPE_F32,
-                   NULL);
+                op(&c, FSDP_EV_KERNEL, "relu", units[u - 1], "compute", 4096, FSDP_DTYPE_F32, NULL);
             op(&c, FSDP_EV_COLLECTIVE, "all_gather", units[u], "all_gather", ag, FSDP_DTYPE_BF16,
                "world");
             op(&c, FSDP_EV_RECORD, "all_gather_done", units[u], "all_gather", 0, -1, NULL);
@@ -519,8 +519,7 @@ static fsdp_status_t work_rank(fsdp_dev_t *dev, void *arg)
             } else {
                 op(&c, FSDP_EV_KERNEL, "gemm", units[u], "compute", 65536, FSDP_DTYPE_F32, NULL);
                 if (!(w->inject == INJECT_CROSS && dev->rank == 1 && s == 0 && u == 0))
-                    op(&c, FSDP_EV_KERNEL, "relu", units[u], "compute", 4096, FSDP_DTYPE_F32,
-                       NULL);
+                    op(&c, FSDP_EV_KERNEL, "relu", units[u], "compute", 4096, FSDP_DTYPE_F32, NULL);
             }
             op(&c, FSDP_EV_HOOK, "post_forward", units[u], NULL, 0, -1, NULL);
             op(&c, FSDP_EV_FREE, "unsharded_param", units[u], "all_gather", ag, -1, NULL);
@@ -584,7 +583,7 @@ typedef struct row_list {
         uint64_t seq;
         fsdp_trace_event_t ev;
         char s[4][64];
-    } *rows;
+    } * rows;
 } row_list_t;
 
 static int collect(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
@@ -881,8 +880,8 @@ static void test_diff(void)
     if (tool_path() != NULL) {
         CU_ASSERT_EQUAL(run_tool("diff %s %s --run-a %" PRId64 " > /dev/null", path, other, base),
                         0);
-        CU_ASSERT_EQUAL(run_tool("diff %s %s --run-a %" PRId64 " --run-b %" PRId64
-                                 " > /dev/null", path, path, base, ids[1]),
+        CU_ASSERT_EQUAL(run_tool("diff %s %s --run-a %" PRId64 " --run-b %" PRId64 " > /dev/null",
+                                 path, path, base, ids[1]),
                         1);
         CU_ASSERT_EQUAL(run_tool("diff %s %s > /dev/null 2>&1", path, tpath("nope.db")), 2);
         CU_ASSERT_EQUAL(run_tool("diff %s > /dev/null 2>&1", path), 2);
@@ -952,7 +951,7 @@ static void test_export_chrome(void)
     CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(root, "displayTimeUnit")), "ms");
     events = json_object_get(root, "traceEvents");
     CU_ASSERT_FATAL(json_is_array(events));
-    json_array_foreach(events, i, e) {
+    json_array_foreach (events, i, e) {
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *name = json_string_value(json_object_get(e, "name"));
         json_t *args = json_object_get(e, "args");
@@ -981,8 +980,8 @@ static void test_export_chrome(void)
                 json_integer_value(json_object_get(e, "pid")) == 1 && !found_gemm) {
                 found_gemm = 1;
                 CU_ASSERT_DOUBLE_EQUAL(json_number_value(json_object_get(e, "ts")), 37.0, 1e-6);
-                CU_ASSERT_DOUBLE_EQUAL(json_number_value(json_object_get(e, "dur")),
-                                       65.536 + 1.0, 1e-6);
+                CU_ASSERT_DOUBLE_EQUAL(json_number_value(json_object_get(e, "dur")), 65.536 + 1.0,
+                                       1e-6);
                 CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(e, "cat")), "kernel");
                 CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(args, "dtype")), "f32");
             }
@@ -994,7 +993,8 @@ static void test_export_chrome(void)
             n_c++;
             if (!json_is_object(args) || json_object_size(args) == 0)
                 bad++;
-            json_object_foreach(args, key, v) bad += !json_is_number(v);
+            json_object_foreach (args, key, v)
+                bad += !json_is_number(v);
             if (strcmp(name, "memory by category") == 0 &&
                 json_object_get(args, "unsharded_param") != NULL)
                 n_cat++;

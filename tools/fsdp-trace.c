@@ -19,19 +19,20 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: fsdp-trace COMMAND ...\n"
-            "  summary DB [--run ID]                  per rank: collectives, per-unit all-gather\n"
-            "                                         and reduce-scatter sizes, steps, peak memory\n"
-            "  diff A B [--run-a ID] [--run-b ID]     first structural divergence, then timing\n"
-            "                                         and memory ratios (B / A); exit 0 when\n"
-            "                                         identical, 1 when not, 2 on error\n"
-            "  export --chrome OUT.json DB [--run ID] Chrome trace JSON (Perfetto, chrome://tracing)\n"
-            "  plot --svg OUT.svg DB [--run ID] [--ranks N]\n"
-            "                                         memory by category and stream timelines\n"
-            "A run ID defaults to the latest run of the file; 0 is the latest, -1 the one before.\n"
-            "diff of one file without run ids compares the previous run with the latest.\n"
-            "  --version, --help\n");
+    fprintf(
+        f,
+        "usage: fsdp-trace COMMAND ...\n"
+        "  summary DB [--run ID]                  per rank: collectives, per-unit all-gather\n"
+        "                                         and reduce-scatter sizes, steps, peak memory\n"
+        "  diff A B [--run-a ID] [--run-b ID]     first structural divergence, then timing\n"
+        "                                         and memory ratios (B / A); exit 0 when\n"
+        "                                         identical, 1 when not, 2 on error\n"
+        "  export --chrome OUT.json DB [--run ID] Chrome trace JSON (Perfetto, chrome://tracing)\n"
+        "  plot --svg OUT.svg DB [--run ID] [--ranks N]\n"
+        "                                         memory by category and stream timelines\n"
+        "A run ID defaults to the latest run of the file; 0 is the latest, -1 the one before.\n"
+        "diff of one file without run ids compares the previous run with the latest.\n"
+        "  --version, --help\n");
 }
 
 static int parse_run(const char *opt, const char *s, int64_t *run_p)
@@ -160,7 +161,9 @@ int main(int argc, char **argv)
         status = fsdp_trace_plot_svg(a.pos[0], a.run, a.ranks, a.out);
         return status == FSDP_OK ? 0 : fail(cmd, status);
     }
-    fprintf(stderr, "fsdp-trace: unknown command '%s': use summary, diff, export or plot "
-                    "(try --help)\n", cmd);
+    fprintf(stderr,
+            "fsdp-trace: unknown command '%s': use summary, diff, export or plot "
+            "(try --help)\n",
+            cmd);
     return EXIT_ERROR;
 }

@@ -626,13 +626,10 @@ int main(int argc, char **argv)
     sim.world_size = args.world;
     sim.timeout_s = args.timeout_s;
     status = fsdp_sim_launch(&sim, train_rank, &sh, NULL);
-    if (status != FSDP_OK) {
-        /* the failing rank logged why; peers only saw it fail */
-        return 1;
-    }
-    for (int r = 0; r < args.world; r++)
+    /* on failure the failing rank logged why; peers only saw it fail */
+    for (int r = 0; status == FSDP_OK && r < args.world; r++)
         printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
-    if (args.save_path)
+    if (status == FSDP_OK && args.save_path)
         printf("saved %s\n", args.save_path);
 
     for (int i = 0; sh.init_weights && i < args.nlayers; i++) {
@@ -645,5 +642,5 @@ int main(int argc, char **argv)
     free(sh.y);
     free(sh.peak);
     free(sh.losses);
-    return 0;
+    return status == FSDP_OK ? 0 : 1;
 }

@@ -42,10 +42,10 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 
 -- The diff and the exports read a rank's events in order through the primary key (run, rank,
--- seq). Summaries group collectives by name and unit: a partial index keeps them at hand without
--- taxing the insert of every other event (each full index costs the writer about as much as the
+-- seq). Summaries group collectives by name, unit and rank: a partial index covers them without
+-- taxing the insert of every other event (a full index costs the writer about as much as the
 -- table itself).
-CREATE INDEX IF NOT EXISTS events_collectives ON events (run, name, unit, rank)
+CREATE INDEX IF NOT EXISTS events_collectives ON events (run, name, unit, rank, bytes, dtype)
     WHERE kind = 'collective';
 
 CREATE TABLE IF NOT EXISTS steps (

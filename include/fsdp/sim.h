@@ -194,6 +194,10 @@ typedef struct fsdp_sim_params {
     fsdp_sim_mode_t mode;   /* default FSDP_SIM_DATA */
     size_t device_capacity; /* bytes of device memory per rank; 0 (default) = unlimited */
     fsdp_sim_profile_t profile; /* what op costs come from; default FSDP_SIM_DEFAULT_PROFILE */
+    /* Ranks whose threads run at once (the others wait for one of them to block in a
+     * collective or finish); 0 (default) = the online CPUs. Results and virtual times do not
+     * depend on it. */
+    int max_running;
 } fsdp_sim_params_t;
 
 void fsdp_sim_params_init(fsdp_sim_params_t *params);

@@ -38,14 +38,14 @@ extern "C" {
 
 /* X(name, "name"): the kinds of event; the name is what the database stores. */
 #define FSDP_FOREACH_EVENT_KIND(X)                                                                 \
-    X(HOOK, "hook")             /* a runtime hook ran (name: "pre_forward", ...) */              \
-    X(ALLOC, "alloc")           /* a block was allocated (name: its memory category) */          \
-    X(FREE, "free")             /* a block was freed (name: its memory category) */              \
-    X(COPY, "copy")             /* memcpy_async (name: "h2d", "d2h", "d2d") */                   \
-    X(KERNEL, "kernel")         /* a kernel (name: fsdp_kernel_name()) */                        \
-    X(COLLECTIVE, "collective") /* name: "all_gather", "reduce_scatter", ... */                  \
-    X(RECORD, "record")         /* an event was recorded on a stream */                          \
-    X(WAIT, "wait")             /* a stream waits for an event */                                \
+    X(HOOK, "hook")             /* a runtime hook ran (name: "pre_forward", ...) */                \
+    X(ALLOC, "alloc")           /* a block was allocated (name: its memory category) */            \
+    X(FREE, "free")             /* a block was freed (name: its memory category) */                \
+    X(COPY, "copy")             /* memcpy_async (name: "h2d", "d2h", "d2d") */                     \
+    X(KERNEL, "kernel")         /* a kernel (name: fsdp_kernel_name()) */                          \
+    X(COLLECTIVE, "collective") /* name: "all_gather", "reduce_scatter", ... */                    \
+    X(RECORD, "record")         /* an event was recorded on a stream */                            \
+    X(WAIT, "wait")             /* a stream waits for an event */                                  \
     X(SYNC, "sync")             /* the host waited (event or stream synchronize, barrier) */
 
 typedef enum {
@@ -69,8 +69,8 @@ typedef struct fsdp_trace_event {
     double start, end;  /* seconds, device (or virtual) execution interval; equal for instant
                          * events */
     uint64_t bytes, count;
-    int dtype;          /* fsdp_dtype_t, or -1 */
-    const char *group;  /* group name or NULL; copied */
+    int dtype;                    /* fsdp_dtype_t, or -1 */
+    const char *group;            /* group name or NULL; copied */
     uint64_t allocated, reserved; /* after the event */
 } fsdp_trace_event_t;
 
@@ -83,7 +83,7 @@ void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const
 typedef struct fsdp_trace fsdp_trace_t; /* one database, one run */
 
 typedef struct fsdp_trace_run_info {
-    const char *backend;      /* "sim", "gpu" */
+    const char *backend; /* "sim", "gpu" */
     int world_size;
     const char *strategy;     /* "full_shard", ... or NULL */
     const char *config_json;  /* every option, as JSON text, or NULL */
@@ -154,8 +154,7 @@ void fsdp_trace_reader_close(fsdp_trace_reader_t *reader);
 
 /* run > 0: checks that the run exists (FSDP_ERR_NOT_FOUND otherwise); run == 0: the latest run;
  * run < 0: the run before the latest one by -run (-1: the one before the latest). */
-fsdp_status_t fsdp_trace_reader_find_run(fsdp_trace_reader_t *reader, int64_t run,
-                                         int64_t *run_p);
+fsdp_status_t fsdp_trace_reader_find_run(fsdp_trace_reader_t *reader, int64_t run, int64_t *run_p);
 
 typedef struct fsdp_trace_run_row {
     int64_t id;
@@ -204,12 +203,12 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out);
 #define FSDP_FOREACH_TRACE_DIVERGENCE(X)                                                           \
     X(NONE, "identical")                                                                           \
     X(WORLD, "world size differs")                                                                 \
-    X(MISSING, "missing op")       /* in A, not in B */                                            \
-    X(EXTRA, "extra op")           /* in B, not in A */                                            \
-    X(REORDERED, "reordered ops")  /* the same ops in another order */                             \
-    X(RESIZED, "resized op")       /* same op, other bytes or count */                             \
-    X(DTYPE, "changed dtype")      /* same op, other dtype */                                      \
-    X(CHANGED, "changed op")       /* another op in its place */
+    X(MISSING, "missing op")      /* in A, not in B */                                             \
+    X(EXTRA, "extra op")          /* in B, not in A */                                             \
+    X(REORDERED, "reordered ops") /* the same ops in another order */                              \
+    X(RESIZED, "resized op")      /* same op, other bytes or count */                              \
+    X(DTYPE, "changed dtype")     /* same op, other dtype */                                       \
+    X(CHANGED, "changed op")      /* another op in its place */
 
 typedef enum {
 #define FSDP_TRACE_DIV_ENUM_(name, str) FSDP_TRACE_DIV_##name,
@@ -235,8 +234,8 @@ typedef struct fsdp_trace_diff {
  * count and dtype; then each rank's issue order across streams. The report written to `out`
  * (may be NULL) gives the first divergence with a few events of context, then timing and memory
  * ratios (B / A) per kind and per unit. */
-fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b,
-                              int64_t run_b, FILE *out, fsdp_trace_diff_t *result_p);
+fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b, int64_t run_b,
+                              FILE *out, fsdp_trace_diff_t *result_p);
 
 /* Chrome trace JSON for Perfetto (formats.md section 4): one process per rank, one thread per
  * stream plus a host thread, memory as counter tracks, timestamps in microseconds. */

@@ -5,7 +5,7 @@
  * Each body computes one element, one row or one chunk of FSDP_KB_COLS columns, and is a pure
  * function of the descriptor: a row's reductions run sequentially in f32 in column order, and a
  * sum over rows (a weight gradient) runs in row order per column, so a row per thread on the GPU
- * and a loop on the host give the same bits. exp, expm1, log and tanh are computed here from
+ * and a loop on the host give the same bits. exp and log are computed here from
  * +, -, *, / and exact conversions only (all correctly rounded in IEEE f32, and not contracted:
  * nvcc builds with --fmad=false), never from libm or CUDA's math library, whose last bits differ; they are
  * within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
@@ -45,15 +45,14 @@ FSDP_HD float fsdp_kb_inff(void)
 #define FSDP_KB_LN2_HI 0.693145751953125f        /* 15 significant bits: n * LN2_HI is exact */
 #define FSDP_KB_LN2_LO 1.428606765330187045e-06f /* ln 2 - LN2_HI */
 
-/* e^r for |r| <= ln(2)/2, by its Taylor series to r^7 (truncation below 0.1 ulp). */
+/* e^r for |r| <= ln(2)/2, by its Taylor series to r^7 (truncation below 0.1 ulp), evaluated
+ * in Estrin's scheme: a chain of 3 multiply-adds instead of Horner's 7. */
 FSDP_HD float fsdp_kb_exp_poly(float r)
 {
-    return 1.0f +
-           r * (1.0f +
-                r * (0.5f +
-                     r * (1.66666672e-1f +
-                          r * (4.16666679e-2f +
-                               r * (8.33333377e-3f + r * (1.38888892e-3f + r * 1.98412701e-4f))))));
+    float r2 = r * r, r4 = r2 * r2;
+    float p01 = 1.0f + r, p23 = 0.5f + r * 1.66666672e-1f;
+    float p45 = 4.16666679e-2f + r * 8.33333377e-3f, p67 = 1.38888892e-3f + r * 1.98412701e-4f;
+    return (p01 + r2 * p23) + r4 * (p45 + r2 * p67);
 }
 
 /* e^x: x = n ln 2 + r (Cody and Waite's split of ln 2), e^r by polynomial, times 2^n built
@@ -86,28 +85,14 @@ FSDP_HD float fsdp_kb_expf(float x)
     return p * fsdp_kb_bits_f32((uint32_t)(n + 127) << 23);
 }
 
-/* e^x - 1, without the cancellation of expf(x) - 1 near 0. */
-FSDP_HD float fsdp_kb_expm1f(float x)
-{
-    float a = x < 0.0f ? -x : x;
-
-    if (a < 0.346573591f) /* Taylor to x^8 */
-        return x * (1.0f +
-                    x * (0.5f +
-                         x * (1.66666672e-1f +
-                              x * (4.16666679e-2f +
-                                   x * (8.33333377e-3f +
-                                        x * (1.38888892e-3f +
-                                             x * (1.98412701e-4f + x * 2.48015876e-5f)))))));
-    return fsdp_kb_expf(x) - 1.0f;
-}
-
-/* ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s), s = (m - 1) / (m + 1),
- * by its series to s^9. x < 0 and NaN give NaN, 0 gives -inf, +inf stays. */
+/* ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact), ln m = 2 atanh(s) with
+ * s = f / (2 + f), arranged as f - (f^2/2 - s (f^2/2 + R)), R = 2 s^2/3 + 2 s^4/5 + ... + 2 s^8/9,
+ * so that the exact f carries the result and the rounding falls on a small correction (the
+ * arrangement of fdlibm's log). x < 0 and NaN give NaN, 0 gives -inf, +inf stays. */
 FSDP_HD float fsdp_kb_logf(float x)
 {
     uint32_t u = fsdp_kb_f32_bits(x);
-    float m, f, s, s2, lm, ef;
+    float m, f, s, s2, hfsq, r, ef;
     int e = 0;
 
     if (x != x)
@@ -129,34 +114,20 @@ FSDP_HD float fsdp_kb_logf(float x)
         m *= 0.5f;
         e += 1;
     }
-    f = m - 1.0f; /* exact */
+    f = m - 1.0f;
     s = f / (2.0f + f);
     s2 = s * s;
-    lm = 2.0f * s *
-         (1.0f + s2 * (3.33333343e-1f + s2 * (2.00000003e-1f + s2 * (1.42857149e-1f +
-                                                                     s2 * 1.11111112e-1f))));
+    r = s2 * (6.66666687e-1f + s2 * (4.00000006e-1f + s2 * (2.85714298e-1f + s2 * 2.22222224e-1f)));
+    hfsq = 0.5f * f * f;
     ef = (float)e;
-    return ef * FSDP_KB_LN2_HI + (ef * FSDP_KB_LN2_LO + lm);
+    return ef * FSDP_KB_LN2_HI - ((hfsq - (s * (hfsq + r) + ef * FSDP_KB_LN2_LO)) - f);
 }
 
-/* tanh x = expm1(2|x|) / (expm1(2|x|) + 2), with the sign of x; 1 beyond |x| > 9.1, where
- * tanh rounds to 1 in f32. */
-FSDP_HD float fsdp_kb_tanhf(float x)
-{
-    float a = x < 0.0f ? -x : x, t;
-
-    if (x != x)
-        return x + x;
-    if (a > 9.1f) {
-        t = 1.0f;
-    } else {
-        float e = fsdp_kb_expm1f(2.0f * a);
-        t = e / (e + 2.0f);
-    }
-    return x < 0.0f ? -t : t;
-}
-
-/* ---- GELU, tanh approximation (HF's gelu_new, torch's gelu(approximate="tanh")) ---- */
+/* ---- GELU, tanh approximation (HF's gelu_new, torch's gelu(approximate="tanh")) ----
+ *
+ * 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3) is x sigmoid(2u) exactly
+ * (1 + tanh(u) = 2 / (1 + e^-2u)): one exp and one division, and no cancellation where tanh(u)
+ * nears -1. The derivative is s + 2 x s (1 - s) du/dx with s = sigmoid(2u). */
 
 #define FSDP_KB_GELU_K 0.797884583f /* sqrt(2 / pi) */
 #define FSDP_KB_GELU_A 0.044715f
@@ -164,17 +135,18 @@ FSDP_HD float fsdp_kb_tanhf(float x)
 FSDP_HD float fsdp_kb_gelu(float x)
 {
     float u = FSDP_KB_GELU_K * (x + FSDP_KB_GELU_A * (x * x) * x);
-    return 0.5f * x * (1.0f + fsdp_kb_tanhf(u));
+    return x / (1.0f + fsdp_kb_expf(-2.0f * u));
 }
 
-/* dy * d gelu(x) / dx, with u and tanh(u) as the forward computes them. */
+/* dy * d gelu(x) / dx, with u and the sigmoid as the forward computes them. */
 FSDP_HD float fsdp_kb_gelu_grad(float dy, float x)
 {
     float x2 = x * x;
     float u = FSDP_KB_GELU_K * (x + FSDP_KB_GELU_A * x2 * x);
-    float t = fsdp_kb_tanhf(u);
+    float s = 1.0f / (1.0f + fsdp_kb_expf(-2.0f * u));
+    float t = s * (1.0f - s); /* 0 far out, where du may overflow */
     float du = FSDP_KB_GELU_K * (1.0f + 3.0f * FSDP_KB_GELU_A * x2);
-    return dy * (0.5f * (1.0f + t) + 0.5f * x * ((1.0f - t * t) * du));
+    return dy * (t == 0.0f ? s : s + 2.0f * x * t * du);
 }
 
 /* ---- element bodies (called from fsdp_kb_elem) ---- */

@@ -1,0 +1,751 @@
+/* GPT-2 (lib/nn/gpt2*.c) against references:
+ *  - the loss and every gradient against a plain double-precision GPT-2 written here,
+ *    independently of the model code (its own backward checked by finite differences), with
+ *    and without activation checkpointing;
+ *  - FSDP training (full_shard, shard_grad_op, no_shard; W = 1, 2, 4) against single-process
+ *    training over 5 AdamW steps;
+ *  - HF checkpoints: a save/load round trip across world sizes, the hub's layout (bare names,
+ *    attn.bias buffers, the tied lm_head, 16-bit tensors) computing what the double reference
+ *    computes from the same tensors read as Conv1D [in, out], and clear errors;
+ *  - learning: the loss falls by a stated margin over 200 steps on the default corpus.
+ */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#define NB FSDP_GPT2_BLOCK_NPARAMS
+#define NR FSDP_GPT2_ROOT_NPARAMS
+
+static uint64_t rng_state = 7;
+
+static double urand(double lo, double hi)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return lo + (hi - lo) * ((double)((rng_state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
+}
+
+/* ---------------- a double-precision GPT-2, independent of the library ---------------- */
+
+typedef struct ref_cfg {
+    int L, H, C, P, V;
+} ref_cfg_t;
+
+/* parameters or gradients, HF layout: root[NR], blk[l * NB + i] */
+typedef struct ref_model {
+    ref_cfg_t c;
+    double *root[NR];
+    double **blk;
+} ref_model_t;
+
+static size_t ref_numel(const ref_cfg_t *c, int block, int i)
+{
+    const size_t C = (size_t)c->C;
+    if (block < 0) {
+        const size_t n[NR] = {(size_t)c->V * C, (size_t)c->P * C, C, C};
+        return n[i];
+    }
+    const size_t n[NB] = {C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C};
+    return n[i];
+}
+
+static double *ref_param(const ref_model_t *m, int block, int i)
+{
+    return block < 0 ? m->root[i] : m->blk[(size_t)block * NB + (size_t)i];
+}
+
+static void ref_alloc(ref_model_t *m, const ref_cfg_t *c)
+{
+    m->c = *c;
+    m->blk = calloc((size_t)c->L * NB, sizeof(double *));
+    for (int i = 0; i < NR; i++)
+        m->root[i] = calloc(ref_numel(c, -1, i), sizeof(double));
+    for (int l = 0; l < c->L; l++)
+        for (int i = 0; i < NB; i++)
+            m->blk[l * NB + i] = calloc(ref_numel(c, l, i), sizeof(double));
+}
+
+static void ref_free(ref_model_t *m)
+{
+    for (int i = 0; i < NR; i++)
+        free(m->root[i]);
+    for (int l = 0; l < m->c.L * NB; l++)
+        free(m->blk[l]);
+    free(m->blk);
+}
+
+static void ref_ln(const double *x, const double *w, const double *b, double *y, double *xhat,
+                   double *rstd, int n, int C)
+{
+    for (int r = 0; r < n; r++) {
+        double mean = 0.0, var = 0.0;
+        for (int c = 0; c < C; c++)
+            mean += x[r * C + c];
+        mean /= C;
+        for (int c = 0; c < C; c++)
+            var += (x[r * C + c] - mean) * (x[r * C + c] - mean);
+        rstd[r] = 1.0 / sqrt(var / C + 1e-5);
+        for (int c = 0; c < C; c++) {
+            xhat[r * C + c] = (x[r * C + c] - mean) * rstd[r];
+            y[r * C + c] = xhat[r * C + c] * w[c] + b[c];
+        }
+    }
+}
+
+/* dx += the input gradient; dw, db += */
+static void ref_ln_bwd(const double *dy, const double *xhat, const double *rstd, const double *w,
+                       double *dx, double *dw, double *db, int n, int C)
+{
+    for (int r = 0; r < n; r++) {
+        double mg = 0.0, mgx = 0.0;
+        for (int c = 0; c < C; c++) {
+            mg += dy[r * C + c] * w[c];
+            mgx += dy[r * C + c] * w[c] * xhat[r * C + c];
+        }
+        mg /= C;
+        mgx /= C;
+        for (int c = 0; c < C; c++) {
+            dx[r * C + c] += rstd[r] * (dy[r * C + c] * w[c] - mg - xhat[r * C + c] * mgx);
+            dw[c] += dy[r * C + c] * xhat[r * C + c];
+            db[c] += dy[r * C + c];
+        }
+    }
+}
+
+/* y[n, M] = x[n, K] W[K, M] + b (Conv1D) */
+static void ref_mm(const double *x, const double *W, const double *b, double *y, int n, int K,
+                   int M)
+{
+    for (int r = 0; r < n; r++)
+        for (int m = 0; m < M; m++) {
+            double s = b[m];
+            for (int k = 0; k < K; k++)
+                s += x[r * K + k] * W[k * M + m];
+            y[r * M + m] = s;
+        }
+}
+
+/* dW, db += ; dx = (NULL: skipped) */
+static void ref_mm_bwd(const double *x, const double *W, const double *dy, double *dx,
+                       double *dW, double *db, int n, int K, int M)
+{
+    for (int r = 0; r < n; r++)
+        for (int m = 0; m < M; m++) {
+            db[m] += dy[r * M + m];
+            for (int k = 0; k < K; k++)
+                dW[k * M + m] += x[r * K + k] * dy[r * M + m];
+        }
+    for (int r = 0; dx != NULL && r < n; r++)
+        for (int k = 0; k < K; k++) {
+            double s = 0.0;
+            for (int m = 0; m < M; m++)
+                s += dy[r * M + m] * W[k * M + m];
+            dx[r * K + k] = s;
+        }
+}
+
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_grad_d(double x)
+{
+    double k = sqrt(2.0 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+#define QKV(b, t, part, h, d) qkv[((size_t)(b) * T + (t)) * 3 * C + (part) * C + (h) * hs + (d)]
+
+static void ref_attn(const double *qkv, double *att, double *y, int B, int T, int C, int H)
+{
+    const int hs = C / H;
+    const double sc = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                double *p = att + (((size_t)b * H + h) * T + t) * T, mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    double s = 0.0;
+                    for (int d = 0; d < hs; d++)
+                        s += QKV(b, t, 0, h, d) * QKV(b, j, 1, h, d);
+                    p[j] = s * sc;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += (p[j] = exp(p[j] - mx));
+                for (int j = 0; j < T; j++)
+                    p[j] = j <= t ? p[j] / sum : 0.0;
+                for (int d = 0; d < hs; d++) {
+                    double s = 0.0;
+                    for (int j = 0; j <= t; j++)
+                        s += p[j] * QKV(b, j, 2, h, d);
+                    y[((size_t)b * T + t) * C + h * hs + d] = s;
+                }
+            }
+}
+
+#define DQKV(b, t, part, h, d) dqkv[((size_t)(b) * T + (t)) * 3 * C + (part) * C + (h) * hs + (d)]
+
+static void ref_attn_bwd(const double *qkv, const double *att, const double *dy, double *dqkv,
+                         int B, int T, int C, int H)
+{
+    const int hs = C / H;
+    const double sc = 1.0 / sqrt((double)hs);
+    double *dp = malloc(sizeof(double) * (size_t)T);
+    memset(dqkv, 0, sizeof(double) * (size_t)B * T * 3 * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *p = att + (((size_t)b * H + h) * T + t) * T;
+                const double *g = dy + ((size_t)b * T + t) * C + h * hs;
+                double dot = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    dp[j] = 0.0;
+                    for (int d = 0; d < hs; d++) {
+                        dp[j] += g[d] * QKV(b, j, 2, h, d);
+                        DQKV(b, j, 2, h, d) += p[j] * g[d];
+                    }
+                    dot += p[j] * dp[j];
+                }
+                for (int j = 0; j <= t; j++) {
+                    double ds = p[j] * (dp[j] - dot) * sc;
+                    for (int d = 0; d < hs; d++) {
+                        DQKV(b, t, 0, h, d) += ds * QKV(b, j, 1, h, d);
+                        DQKV(b, j, 1, h, d) += ds * QKV(b, t, 0, h, d);
+                    }
+                }
+            }
+    free(dp);
+}
+
+/* Mean cross-entropy of the next tokens; with g, every gradient (g zeroed first). */
+static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, const int32_t *tg,
+                      int B, int T)
+{
+    const int L = p->c.L, C = p->c.C, H = p->c.H, V = p->c.V, n = B * T;
+    enum { X1, RS1, LN1, QKVB, ATT, Y, XMID, X2, RS2, LN2, HH, GG, NC };
+    const size_t sizes[NC] = {(size_t)n * C,     (size_t)n,     (size_t)n * C,
+                              (size_t)n * 3 * C, (size_t)B * H * T * T, (size_t)n * C,
+                              (size_t)n * C,     (size_t)n * C, (size_t)n,
+                              (size_t)n * C,     (size_t)n * 4 * C, (size_t)n * 4 * C};
+    double **x = calloc((size_t)L + 1, sizeof(double *)), ***cache = calloc((size_t)L, sizeof(double **));
+    double *xhf = malloc(sizeof(double) * (size_t)n * C), *rsf = malloc(sizeof(double) * (size_t)n);
+    double *lnf = malloc(sizeof(double) * (size_t)n * C), *logits = malloc(sizeof(double) * (size_t)n * V);
+    double loss = 0.0;
+    int count = 0;
+
+    for (int l = 0; l <= L; l++)
+        x[l] = calloc((size_t)n * C, sizeof(double));
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < C; c++)
+            x[0][r * C + c] = p->root[FSDP_GPT2_WTE][in[r] * C + c] +
+                              p->root[FSDP_GPT2_WPE][(r % T) * C + c];
+    for (int l = 0; l < L; l++) {
+        double **a = cache[l] = calloc(NC, sizeof(double *));
+        for (int i = 0; i < NC; i++)
+            a[i] = calloc(sizes[i], sizeof(double));
+#define W(i) ref_param(p, l, i)
+        ref_ln(x[l], W(0), W(1), a[LN1], a[X1], a[RS1], n, C);
+        ref_mm(a[LN1], W(2), W(3), a[QKVB], n, C, 3 * C);
+        ref_attn(a[QKVB], a[ATT], a[Y], B, T, C, H);
+        ref_mm(a[Y], W(4), W(5), a[XMID], n, C, C);
+        for (int i = 0; i < n * C; i++)
+            a[XMID][i] += x[l][i];
+        ref_ln(a[XMID], W(6), W(7), a[LN2], a[X2], a[RS2], n, C);
+        ref_mm(a[LN2], W(8), W(9), a[HH], n, C, 4 * C);
+        for (int i = 0; i < n * 4 * C; i++)
+            a[GG][i] = gelu_d(a[HH][i]);
+        ref_mm(a[GG], W(10), W(11), x[l + 1], n, 4 * C, C);
+        for (int i = 0; i < n * C; i++)
+            x[l + 1][i] += a[XMID][i];
+    }
+    ref_ln(x[L], p->root[FSDP_GPT2_LNF_W], p->root[FSDP_GPT2_LNF_B], lnf, xhf, rsf, n, C);
+    for (int r = 0; r < n; r++)
+        for (int v = 0; v < V; v++) {
+            double s = 0.0;
+            for (int c = 0; c < C; c++)
+                s += lnf[r * C + c] * p->root[FSDP_GPT2_WTE][v * C + c];
+            logits[r * V + v] = s;
+        }
+    for (int r = 0; r < n; r++) { /* logits become the loss's gradient wrt them */
+        double mx = -INFINITY, sum = 0.0;
+        double *lr = logits + (size_t)r * V;
+        for (int v = 0; v < V; v++)
+            mx = fmax(mx, lr[v]);
+        for (int v = 0; v < V; v++)
+            sum += exp(lr[v] - mx);
+        if (tg[r] >= 0) {
+            loss += mx + log(sum) - lr[tg[r]];
+            count++;
+        }
+        for (int v = 0; v < V; v++)
+            lr[v] = tg[r] < 0 ? 0.0 : exp(lr[v] - mx) / sum - (v == tg[r]);
+    }
+    loss /= count;
+
+    if (g != NULL) {
+        double *dx = calloc((size_t)n * C, sizeof(double)), *d1 = calloc((size_t)n * C, sizeof(double));
+        double *dh = calloc((size_t)n * 4 * C, sizeof(double));
+        double *dq = calloc((size_t)n * 3 * C, sizeof(double));
+        for (int i = 0; i < NR; i++)
+            memset(g->root[i], 0, sizeof(double) * ref_numel(&p->c, -1, i));
+        for (int l = 0; l < L; l++)
+            for (int i = 0; i < NB; i++)
+                memset(ref_param(g, l, i), 0, sizeof(double) * ref_numel(&p->c, l, i));
+        for (int i = 0; i < n * V; i++)
+            logits[i] /= count;
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < C; c++) {
+                double s = 0.0;
+                for (int v = 0; v < V; v++) {
+                    s += logits[r * V + v] * p->root[FSDP_GPT2_WTE][v * C + c];
+                    g->root[FSDP_GPT2_WTE][v * C + c] += logits[r * V + v] * lnf[r * C + c];
+                }
+                d1[r * C + c] = s;
+            }
+        ref_ln_bwd(d1, xhf, rsf, p->root[FSDP_GPT2_LNF_W], dx, g->root[FSDP_GPT2_LNF_W],
+                   g->root[FSDP_GPT2_LNF_B], n, C);
+        for (int l = L - 1; l >= 0; l--) {
+            double **a = cache[l];
+#define G(i) ref_param(g, l, i)
+            ref_mm_bwd(a[GG], W(10), dx, dh, G(10), G(11), n, 4 * C, C);
+            for (int i = 0; i < n * 4 * C; i++)
+                dh[i] *= gelu_grad_d(a[HH][i]);
+            ref_mm_bwd(a[LN2], W(8), dh, d1, G(8), G(9), n, C, 4 * C);
+            ref_ln_bwd(d1, a[X2], a[RS2], W(6), dx, G(6), G(7), n, C);
+            ref_mm_bwd(a[Y], W(4), dx, d1, G(4), G(5), n, C, C);
+            ref_attn_bwd(a[QKVB], a[ATT], d1, dq, B, T, C, H);
+            ref_mm_bwd(a[LN1], W(2), dq, d1, G(2), G(3), n, C, 3 * C);
+            ref_ln_bwd(d1, a[X1], a[RS1], W(0), dx, G(0), G(1), n, C);
+#undef G
+        }
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < C; c++) {
+                g->root[FSDP_GPT2_WTE][in[r] * C + c] += dx[r * C + c];
+                g->root[FSDP_GPT2_WPE][(r % T) * C + c] += dx[r * C + c];
+            }
+        free(dx), free(d1), free(dh), free(dq);
+    }
+#undef W
+    for (int l = 0; l < L; l++) {
+        for (int i = 0; i < NC; i++)
+            free(cache[l][i]);
+        free(cache[l]);
+    }
+    for (int l = 0; l <= L; l++)
+        free(x[l]);
+    free(x), free(cache), free(xhf), free(rsf), free(lnf), free(logits);
+    return loss;
+}
+
+/* ---------------- the library's model on simulated ranks ---------------- */
+
+#define MAX_STEPS 200
+#define MAX_W 4
+
+typedef struct job {
+    fsdp_gpt2_config_t cfg;
+    fsdp_strategy_t strategy;
+    int world;
+    int checkpoint;          /* 1: every block */
+    const float *init;       /* canonical order; NULL: fsdp_gpt2_init_params(seed) */
+    const char *init_file;   /* an HF checkpoint to load instead */
+    uint64_t seed;
+    /* data: fixed inputs and targets of one rank-0 batch, or a token source */
+    const int32_t *inputs, *targets;
+    fsdp_tokens_t *tokens;
+    size_t batch, seq; /* global rows, tokens per row */
+    int steps;         /* 0: one forward-backward, no optimizer */
+    fsdp_optim_config_t optim;
+    const char *save_path; /* after training */
+    fsdp_gpt2_save_names_t save_names;
+    /* results */
+    float losses[MAX_STEPS][MAX_W];
+    float *params; /* canonical order, after training */
+    float *grads;  /* canonical order, world 1 and steps 0 */
+} job_t;
+
+/* the parameters of every unit in canonical order (root, then blocks), from flat buffers */
+static void canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off)
+{
+    for (int i = 0; i < fsdp_unit_num_params(u); i++) {
+        fsdp_param_info_t pi;
+        fsdp_unit_param_info(u, i, &pi);
+        memcpy(out + *off, flat + pi.offset, pi.numel * sizeof(float));
+        *off += pi.numel;
+    }
+}
+
+static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
+{
+    job_t *j = arg;
+    fsdp_config_t fc;
+    fsdp_t *fs = NULL;
+    fsdp_gpt2_t *m = NULL;
+    fsdp_optim_t *opt = NULL;
+    fsdp_gpt2_weights_t *w = NULL;
+    size_t rows = j->batch / (size_t)dev->world_size, off = 0;
+    int32_t *in = malloc(rows * j->seq * sizeof(int32_t));
+    int32_t *tg = malloc(rows * j->seq * sizeof(int32_t));
+    fsdp_status_t st;
+
+    fsdp_config_init(&fc);
+    fc.strategy = j->strategy;
+    st = fsdp_create(dev, &fc, &fs);
+    if (st == FSDP_OK)
+        st = fsdp_gpt2_create(fs, &j->cfg, &m);
+    if (st == FSDP_OK && j->checkpoint)
+        st = fsdp_gpt2_set_checkpointing(m, -1, 1);
+    if (st == FSDP_OK && j->init_file != NULL) {
+        st = fsdp_gpt2_weights_open(j->init_file, &j->cfg, &w);
+        if (st == FSDP_OK)
+            st = fsdp_gpt2_load_weights(m, w);
+        fsdp_gpt2_weights_close(w);
+    } else if (st == FSDP_OK && j->init != NULL) {
+        for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK; k++) {
+            fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
+            for (int i = 0; i < fsdp_unit_num_params(u) && st == FSDP_OK; i++) {
+                fsdp_param_info_t pi;
+                fsdp_unit_param_info(u, i, &pi);
+                st = fsdp_unit_set_param(u, i, j->init + off);
+                off += pi.numel;
+            }
+        }
+    } else if (st == FSDP_OK) {
+        st = fsdp_gpt2_init_params(m, j->seed);
+    }
+    if (st == FSDP_OK && j->steps > 0)
+        st = fsdp_optim_create(fs, &j->optim, &opt);
+    for (int s = 0; s < (j->steps > 0 ? j->steps : 1) && st == FSDP_OK; s++) {
+        float loss = 0.0f;
+        if (j->tokens != NULL) {
+            fsdp_batch_spec_t spec = {j->batch, j->seq, dev->rank, dev->world_size, j->seed};
+            st = fsdp_tokens_batch(j->tokens, &spec, s, in, tg);
+        } else {
+            memcpy(in, j->inputs + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
+            memcpy(tg, j->targets + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
+        }
+        if (st == FSDP_OK)
+            st = fsdp_gpt2_forward_backward(m, in, tg, rows, j->seq, &loss);
+        j->losses[s][dev->rank] = loss;
+        if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL) {
+            off = 0;
+            for (int k = 0; k <= j->cfg.n_layer; k++) {
+                fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
+                canon_copy(u, fsdp_unit_sharded_grad(u), j->grads, &off);
+            }
+        }
+        if (st == FSDP_OK && opt != NULL)
+            st = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+    }
+    off = 0;
+    for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK && j->params != NULL; k++) {
+        fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
+        float *flat = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
+        st = fsdp_unit_gather_full(u, flat);
+        if (st == FSDP_OK && dev->rank == 0)
+            canon_copy(u, flat, j->params, &off);
+        free(flat);
+    }
+    if (st == FSDP_OK && j->save_path != NULL)
+        st = fsdp_gpt2_save_weights(m, j->save_path, j->save_names);
+    free(in);
+    free(tg);
+    fsdp_optim_destroy(opt);
+    fsdp_gpt2_destroy(m);
+    fsdp_destroy(fs);
+    return st;
+}
+
+static fsdp_status_t job_run(job_t *j)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = j->world;
+    return fsdp_sim_launch(&p, job_rank, j, NULL);
+}
+
+static void cfg_of(fsdp_gpt2_config_t *cfg, const ref_cfg_t *c)
+{
+    fsdp_gpt2_config_init(cfg);
+    cfg->n_layer = c->L;
+    cfg->n_head = c->H;
+    cfg->n_embd = c->C;
+    cfg->n_positions = c->P;
+    cfg->vocab_size = c->V;
+}
+
+/* random parameters of a larger scale than HF's init, so that every path carries signal */
+static float *random_params(const ref_cfg_t *c, ref_model_t *ref)
+{
+    size_t total = 0, off = 0;
+    float *v;
+    for (int k = -1; k < c->L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++)
+            total += ref_numel(c, k, i);
+    v = malloc(total * sizeof(float));
+    for (int k = -1; k < c->L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++) {
+            int is_ln_w = k < 0 ? i == FSDP_GPT2_LNF_W : i == FSDP_GPT2_LN1_W || i == FSDP_GPT2_LN2_W;
+            for (size_t e = 0; e < ref_numel(c, k, i); e++, off++) {
+                v[off] = (float)(is_ln_w ? urand(0.5, 1.5) : urand(-0.5, 0.5));
+                ref_param(ref, k, i)[e] = v[off];
+            }
+        }
+    return v;
+}
+
+/* max over elements of |a - b| / (max |b| of the tensor), per tensor of the canonical order */
+static double max_rel_diff(const ref_cfg_t *c, const float *a, const double *const *b_tensors)
+{
+    size_t off = 0;
+    double worst = 0.0;
+    int t = 0;
+    for (int k = -1; k < c->L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++, t++) {
+            size_t n = ref_numel(c, k, i);
+            double scale = 1e-12, d = 0.0;
+            for (size_t e = 0; e < n; e++)
+                scale = fmax(scale, fabs(b_tensors[t][e]));
+            for (size_t e = 0; e < n; e++)
+                d = fmax(d, fabs((double)a[off + e] - b_tensors[t][e]));
+            worst = fmax(worst, d / scale);
+            off += n;
+        }
+    return worst;
+}
+
+static const double **ref_tensors(const ref_model_t *m)
+{
+    const double **t = malloc(sizeof(double *) * (size_t)(NR + m->c.L * NB));
+    int n = 0;
+    for (int k = -1; k < m->c.L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++)
+            t[n++] = ref_param(m, k, i);
+    return t;
+}
+
+static const ref_cfg_t small = {2, 2, 8, 8, 11}; /* T = 6 < P: unused wpe rows */
+#define SB 2
+#define ST 6
+
+static void small_batch(int32_t *in, int32_t *tg)
+{
+    for (int i = 0; i < SB * ST; i++) {
+        in[i] = (int32_t)(urand(0, small.V - 0.01));
+        tg[i] = (int32_t)(urand(0, small.V - 0.01));
+    }
+    tg[3] = -1; /* ignored */
+}
+
+/* the reference's own backward against finite differences of its forward */
+static void test_reference_self_check(void)
+{
+    ref_model_t p, g;
+    int32_t in[SB * ST], tg[SB * ST];
+    int bad = 0;
+
+    rng_state = 11;
+    ref_alloc(&p, &small);
+    ref_alloc(&g, &small);
+    free(random_params(&small, &p));
+    small_batch(in, tg);
+    ref_run(&p, &g, in, tg, SB, ST);
+    for (int trial = 0; trial < 60; trial++) {
+        int k = (int)urand(-1, small.L - 0.01), i = (int)urand(0, (k < 0 ? NR : NB) - 0.01);
+        size_t e = (size_t)urand(0, (double)ref_numel(&small, k, i) - 0.01);
+        double *v = ref_param(&p, k, i) + e, keep = *v, lp, lm, fd, an;
+        *v = keep + 1e-6;
+        lp = ref_run(&p, NULL, in, tg, SB, ST);
+        *v = keep - 1e-6;
+        lm = ref_run(&p, NULL, in, tg, SB, ST);
+        *v = keep;
+        fd = (lp - lm) / 2e-6;
+        an = ref_param(&g, k, i)[e];
+        if (fabs(fd - an) > 1e-6 + 1e-5 * fabs(an)) {
+            fprintf(stderr, "\n  reference grad (%d, %d)[%zu]: %g vs fd %g\n", k, i, e, an, fd);
+            bad++;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    ref_free(&p);
+    ref_free(&g);
+}
+
+/* the model's loss and gradients (W = 1) against the double reference */
+static void test_against_reference(void)
+{
+    ref_model_t p, g;
+    int32_t in[SB * ST], tg[SB * ST];
+    job_t *j = calloc(1, sizeof(*j));
+    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f});
+    float *grads_ckpt = malloc(total * sizeof(float));
+    double loss;
+    const double **gt;
+
+    rng_state = 11;
+    ref_alloc(&p, &small);
+    ref_alloc(&g, &small);
+    float *init = random_params(&small, &p);
+    small_batch(in, tg);
+    loss = ref_run(&p, &g, in, tg, SB, ST);
+
+    cfg_of(&j->cfg, &small);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 1;
+    j->init = init;
+    j->inputs = in;
+    j->targets = tg;
+    j->batch = SB;
+    j->seq = ST;
+    j->grads = malloc(total * sizeof(float));
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    fprintf(stderr, "\n  loss %.9g, reference %.9g\n", (double)j->losses[0][0], loss);
+    CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
+    gt = ref_tensors(&g);
+    double d = max_rel_diff(&small, j->grads, gt);
+    fprintf(stderr, "  gradients: max |model - reference| / max |reference| per tensor %.3g\n", d);
+    CU_ASSERT(d <= 1e-4);
+
+    /* activation checkpointing recomputes the same activations: the same bits */
+    memcpy(grads_ckpt, j->grads, total * sizeof(float));
+    j->checkpoint = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    CU_ASSERT(memcmp(grads_ckpt, j->grads, total * sizeof(float)) == 0);
+
+    free(gt);
+    free(grads_ckpt);
+    free(j->grads);
+    free(j);
+    free(init);
+    ref_free(&p);
+    ref_free(&g);
+}
+
+/* ---------------- FSDP parity ---------------- */
+
+static fsdp_tokens_t *parity_tokens(void)
+{
+    uint16_t ids[4096];
+    fsdp_tokens_t *t;
+    for (int i = 0; i < 4096; i++) /* a learnable, not random, sequence */
+        ids[i] = (uint16_t)((i * 7 + (i / 13) * 3) % 97 + 32);
+    CU_ASSERT_FATAL(fsdp_tokens_from_array(ids, 4096, FSDP_TOKENS_RANDOM, "parity", &t) == FSDP_OK);
+    return t;
+}
+
+static void parity_job(job_t *j, fsdp_tokens_t *t, fsdp_strategy_t s, int world)
+{
+    float *params = j->params;
+    memset(j, 0, sizeof(*j));
+    j->params = params;
+    fsdp_gpt2_config_parse("gpt2-tiny", &j->cfg);
+    j->strategy = s;
+    j->world = world;
+    j->seed = 3;
+    j->tokens = t;
+    j->batch = 4;
+    j->seq = 32;
+    j->steps = 5;
+    fsdp_optim_config_init(&j->optim, FSDP_OPTIM_ADAMW);
+    j->optim.lr = 3e-3f;
+}
+
+/* ||a - b|| / ||b|| per parameter tensor (canonical order), the worst of them; the K third of
+ * every c_attn.bias apart: its exact gradient is 0 (softmax is invariant to adding q.b_k to a
+ * whole row of scores), so it moves only by rounding noise, which AdamW's normalization
+ * amplifies to O(lr * noise / eps) and which no two summation orders share. *k_bias_p gets the
+ * largest |value| of those K biases, in either run. */
+static double tensor_diff(const fsdp_gpt2_config_t *cfg, const float *a, const float *b,
+                          double *k_bias_p)
+{
+    const ref_cfg_t c = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->n_positions,
+                         cfg->vocab_size};
+    size_t off = 0;
+    double worst = 0.0;
+
+    *k_bias_p = 0.0;
+    for (int k = -1; k < c.L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++) {
+            size_t n = ref_numel(&c, k, i);
+            double nd = 0.0, nb = 0.0;
+            for (size_t e = 0; e < n; e++) {
+                double x = a[off + e], y = b[off + e];
+                if (k >= 0 && i == FSDP_GPT2_ATTN_B && e >= (size_t)c.C && e < 2 * (size_t)c.C) {
+                    *k_bias_p = fmax(*k_bias_p, fmax(fabs(x), fabs(y)));
+                    continue;
+                }
+                nd += (x - y) * (x - y);
+                nb += y * y;
+            }
+            if (nb > 0.0)
+                worst = fmax(worst, sqrt(nd / nb));
+            off += n;
+        }
+    return worst;
+}
+
+static void test_fsdp_parity(void)
+{
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD};
+    static const int worlds[] = {1, 2, 4};
+    fsdp_tokens_t *t = parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    fsdp_gpt2_config_t cfg;
+    size_t total;
+
+    fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
+    total = fsdp_gpt2_num_params(&cfg);
+    ref->params = malloc(total * sizeof(float));
+    j->params = malloc(total * sizeof(float));
+    parity_job(ref, t, FSDP_NO_SHARD, 1); /* single process */
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    CU_ASSERT(ref->losses[4][0] < ref->losses[0][0] - 0.1f); /* it trained */
+    for (size_t s = 0; s < 3; s++) {
+        for (size_t w = 0; w < 3; w++) {
+            int world = worlds[w];
+            double dl = 0.0, dp, kb;
+            parity_job(j, t, strategies[s], world);
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            for (int step = 0; step < 5; step++) {
+                double mean = 0.0;
+                for (int r = 0; r < world; r++) /* every rank counts the same targets */
+                    mean += j->losses[step][r] / world;
+                dl = fmax(dl, fabs(mean - ref->losses[step][0]) / ref->losses[step][0]);
+            }
+            dp = tensor_diff(&cfg, j->params, ref->params, &kb);
+            fprintf(stderr, "\n  %s W=%d: losses within %.2g, parameters within %.2g (per "
+                            "tensor, norm), |K bias| <= %.2g",
+                    fsdp_strategy_name(strategies[s]), world, dl, dp, kb);
+            CU_ASSERT(dl <= 1e-5);
+            CU_ASSERT(dp <= 1e-5);
+            CU_ASSERT(kb <= 1e-4); /* 5 steps of lr 3e-3 would move a real gradient's 1.5e-2 */
+        }
+    }
+    free(ref->params);
+    free(j->params);
+    free(ref);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"the double reference's backward against finite differences", test_reference_self_check},
+        {"loss and gradients against the double reference, checkpointing the same",
+         test_against_reference},
+        {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("gpt2", tests);
+}

@@ -1,0 +1,593 @@
+/* The transformer kernels (layernorm, gelu, softmax, embedding, cross-entropy, add, batched
+ * GEMM) through the sim's executor: every forward against the formula computed here in double,
+ * every backward against central finite differences of that double forward, and the shared
+ * bodies' exp and log against libm's double functions.
+ */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/nn_bodies.h"
+#include "sim_kernels.h"
+#include "test_util.h"
+
+static uint64_t rng_state = 1;
+
+static double urand(double lo, double hi)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return lo + (hi - lo) * ((double)((rng_state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
+}
+
+static void fill(float *x, size_t n, double lo, double hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)urand(lo, hi);
+}
+
+static fsdp_status_t run(const fsdp_kernel_t *k)
+{
+    return fsdp_sim_kernel_exec(k);
+}
+
+/* |a - b| <= tol * (1 + |b|), reporting the first failure */
+static int close_to(double a, double b, double tol, const char *what, size_t i)
+{
+    if (fabs(a - b) <= tol * (1.0 + fabs(b)))
+        return 1;
+    fprintf(stderr, "\n  %s[%zu]: %.9g vs %.9g (tolerance %g)\n", what, i, a, b, tol);
+    return 0;
+}
+
+#define FD_H 1e-5   /* central differences of a double function: error ~ h^2 */
+#define FD_TOL 2e-4 /* the f32 kernel against them */
+
+/* ---- exp and log of the shared bodies ---- */
+
+/* |f - exact| in units of the f32 spacing at exact */
+static double ulps(float f, double exact)
+{
+    float e = (float)exact;
+    double ulp = e == 0.0f ? 0x1p-149 : fabs((double)nextafterf(e, INFINITY) - (double)e);
+    if (fabs(exact) < 0x1p-126) /* subnormals have a fixed spacing */
+        ulp = 0x1p-149;
+    return fabs((double)f - exact) / ulp;
+}
+
+static void test_exp_log(void)
+{
+    double worst_exp = 0.0, worst_log = 0.0;
+
+    for (double x = -103.0; x < 88.7; x += 0.00731) {
+        double u = ulps(fsdp_kb_expf((float)x), exp((double)(float)x));
+        if (u > worst_exp)
+            worst_exp = u;
+    }
+    for (int i = 0; i < 200000; i++) { /* near 0, where the polynomial alone works */
+        float x = (float)urand(-0.4, 0.4);
+        double u = ulps(fsdp_kb_expf(x), exp((double)x));
+        if (u > worst_exp)
+            worst_exp = u;
+    }
+    for (double lx = -140.0; lx < 127.0; lx += 0.00377) {
+        float x = (float)exp2(lx);
+        double u = ulps(fsdp_kb_logf(x), log((double)x));
+        if (u > worst_log)
+            worst_log = u;
+    }
+    for (int i = 0; i < 200000; i++) { /* around 1, where ln x is small */
+        float x = (float)urand(0.5, 2.0);
+        double u = ulps(fsdp_kb_logf(x), log((double)x));
+        if (u > worst_log)
+            worst_log = u;
+    }
+    fprintf(stderr, "\n  worst error: exp %.2f ulp, log %.2f ulp\n", worst_exp, worst_log);
+    CU_ASSERT(worst_exp <= 2.0);
+    CU_ASSERT(worst_log <= 2.0);
+    /* the edges */
+    CU_ASSERT(isinf(fsdp_kb_expf(89.0f)) && fsdp_kb_expf(89.0f) > 0.0f);
+    CU_ASSERT(fsdp_kb_expf(-104.0f) == 0.0f);
+    CU_ASSERT(fsdp_kb_expf(-INFINITY) == 0.0f);
+    CU_ASSERT(isnan(fsdp_kb_expf(NAN)));
+    CU_ASSERT(fsdp_kb_expf(0.0f) == 1.0f);
+    CU_ASSERT(fsdp_kb_logf(1.0f) == 0.0f);
+    CU_ASSERT(isinf(fsdp_kb_logf(0.0f)) && fsdp_kb_logf(0.0f) < 0.0f);
+    CU_ASSERT(isnan(fsdp_kb_logf(-1.0f)));
+    CU_ASSERT(isinf(fsdp_kb_logf(INFINITY)));
+}
+
+/* ---- layernorm ---- */
+
+#define LN_R 3
+#define LN_C 7
+
+/* sum of dy * layernorm(x) in double */
+static double ln_loss(const double *x, const double *w, const double *b, const float *dy,
+                      double *y_out)
+{
+    double l = 0.0;
+    for (int r = 0; r < LN_R; r++) {
+        double mean = 0.0, var = 0.0;
+        for (int c = 0; c < LN_C; c++)
+            mean += x[r * LN_C + c];
+        mean /= LN_C;
+        for (int c = 0; c < LN_C; c++)
+            var += (x[r * LN_C + c] - mean) * (x[r * LN_C + c] - mean);
+        double rstd = 1.0 / sqrt(var / LN_C + 1e-5);
+        for (int c = 0; c < LN_C; c++) {
+            double y = (x[r * LN_C + c] - mean) * rstd * w[c] + b[c];
+            if (y_out)
+                y_out[r * LN_C + c] = y;
+            l += dy[r * LN_C + c] * y;
+        }
+    }
+    return l;
+}
+
+/* d(ln_loss)/d(v[i]) by central differences */
+static double ln_fd(double *v, int i, const double *x, const double *w, const double *b,
+                    const float *dy)
+{
+    double keep = v[i], lp, lm;
+    v[i] = keep + FD_H;
+    lp = ln_loss(x, w, b, dy, NULL);
+    v[i] = keep - FD_H;
+    lm = ln_loss(x, w, b, dy, NULL);
+    v[i] = keep;
+    return (lp - lm) / (2.0 * FD_H);
+}
+
+static void test_layernorm(void)
+{
+    float x[LN_R * LN_C], w[LN_C], b[LN_C], y[LN_R * LN_C], mean[LN_R], rstd[LN_R];
+    float dy[LN_R * LN_C], dx[LN_R * LN_C], dw[LN_C], db[LN_C];
+    double xd[LN_R * LN_C], wd[LN_C], bd[LN_C], yd[LN_R * LN_C];
+    fsdp_kernel_t k = {.kind = FSDP_K_LAYERNORM_FWD};
+    int ok = 1;
+
+    fill(x, LN_R * LN_C, -2.0, 3.0);
+    fill(w, LN_C, 0.5, 1.5);
+    fill(b, LN_C, -0.5, 0.5);
+    fill(dy, LN_R * LN_C, -1.0, 1.0);
+    for (int i = 0; i < LN_R * LN_C; i++)
+        xd[i] = x[i];
+    for (int i = 0; i < LN_C; i++)
+        wd[i] = w[i], bd[i] = b[i];
+    k.u.layernorm_fwd.y = y;
+    k.u.layernorm_fwd.mean = mean;
+    k.u.layernorm_fwd.rstd = rstd;
+    k.u.layernorm_fwd.x = x;
+    k.u.layernorm_fwd.weight = w;
+    k.u.layernorm_fwd.bias = b;
+    k.u.layernorm_fwd.rows = LN_R;
+    k.u.layernorm_fwd.cols = LN_C;
+    k.u.layernorm_fwd.eps = 1e-5f;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    ln_loss(xd, wd, bd, dy, yd);
+    for (int i = 0; i < LN_R * LN_C && ok; i++)
+        ok = close_to(y[i], yd[i], 1e-5, "layernorm y", (size_t)i);
+    CU_ASSERT(ok);
+
+    /* backward, accumulating onto what is there */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_LAYERNORM_BWD;
+    for (int i = 0; i < LN_R * LN_C; i++)
+        dx[i] = 0.25f;
+    for (int i = 0; i < LN_C; i++)
+        dw[i] = 0.5f, db[i] = -0.5f;
+    k.u.layernorm_bwd.dx = dx;
+    k.u.layernorm_bwd.dweight = dw;
+    k.u.layernorm_bwd.dbias = db;
+    k.u.layernorm_bwd.dy = dy;
+    k.u.layernorm_bwd.x = x;
+    k.u.layernorm_bwd.mean = mean;
+    k.u.layernorm_bwd.rstd = rstd;
+    k.u.layernorm_bwd.weight = w;
+    k.u.layernorm_bwd.rows = LN_R;
+    k.u.layernorm_bwd.cols = LN_C;
+    k.u.layernorm_bwd.accumulate = 1;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int i = 0; i < LN_R * LN_C && ok; i++)
+        ok = close_to(dx[i] - 0.25, ln_fd(xd, i, xd, wd, bd, dy), FD_TOL, "layernorm dx",
+                      (size_t)i);
+    for (int i = 0; i < LN_C && ok; i++)
+        ok = close_to(dw[i] - 0.5, ln_fd(wd, i, xd, wd, bd, dy), FD_TOL, "layernorm dw",
+                      (size_t)i) &&
+             close_to(db[i] + 0.5, ln_fd(bd, i, xd, wd, bd, dy), FD_TOL, "layernorm db",
+                      (size_t)i);
+    CU_ASSERT(ok);
+
+    /* accumulate 0 overwrites; dx overlapping dy is refused */
+    float dx2[LN_R * LN_C];
+    k.u.layernorm_bwd.dx = dx2;
+    k.u.layernorm_bwd.dweight = k.u.layernorm_bwd.dbias = NULL;
+    k.u.layernorm_bwd.accumulate = 0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (int i = 0; i < LN_R * LN_C; i++)
+        CU_ASSERT_EQUAL(dx[i], 0.25f + dx2[i]);
+    k.u.layernorm_bwd.dx = dy;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_ERROR);
+}
+
+/* ---- gelu ---- */
+
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static void test_gelu(void)
+{
+    enum { N = 601 };
+    float x[N], y[N], dy[N], dx[N];
+    fsdp_kernel_t k = {.kind = FSDP_K_GELU_FWD};
+    int ok = 1;
+
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(-12.0 + 24.0 * i / (N - 1)) + (float)urand(-0.01, 0.01);
+    fill(dy, N, -1.0, 1.0);
+    k.u.gelu_fwd.y = y;
+    k.u.gelu_fwd.x = x;
+    k.u.gelu_fwd.n = N;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N && ok; i++)
+        ok = close_to(y[i], gelu_d(x[i]), 1e-6, "gelu y", (size_t)i);
+    CU_ASSERT(ok);
+    k.kind = FSDP_K_GELU_BWD;
+    memcpy(dx, dy, sizeof(dx));
+    k.u.gelu_bwd.dx = dx; /* in place on dy's copy */
+    k.u.gelu_bwd.dy = dx;
+    k.u.gelu_bwd.x = x;
+    k.u.gelu_bwd.n = N;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int i = 0; i < N && ok; i++) {
+        double fd = (gelu_d(x[i] + FD_H) - gelu_d(x[i] - FD_H)) / (2.0 * FD_H);
+        ok = close_to(dx[i], dy[i] * fd, FD_TOL, "gelu dx", (size_t)i);
+    }
+    CU_ASSERT(ok);
+}
+
+/* ---- softmax ---- */
+
+/* sum of dy * softmax(scale * x) over rows of `cols`, causal or not, in double */
+static double sm_loss(const double *x, const float *dy, size_t rows, size_t cols, double scale,
+                      int causal, double *y_out)
+{
+    double l = 0.0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t valid = causal ? r % cols + 1 : cols;
+        double mx = -INFINITY, sum = 0.0;
+        for (size_t j = 0; j < valid; j++)
+            mx = fmax(mx, scale * x[r * cols + j]);
+        for (size_t j = 0; j < valid; j++)
+            sum += exp(scale * x[r * cols + j] - mx);
+        for (size_t j = 0; j < cols; j++) {
+            double y = j < valid ? exp(scale * x[r * cols + j] - mx) / sum : 0.0;
+            if (y_out)
+                y_out[r * cols + j] = y;
+            l += dy[r * cols + j] * y;
+        }
+    }
+    return l;
+}
+
+static void check_softmax(size_t rows, size_t cols, int causal)
+{
+    float x[60], y[60], dy[60], dx[60];
+    double xd[60], yd[60];
+    const float scale = 0.37f;
+    fsdp_kernel_t k = {.kind = FSDP_K_SOFTMAX_FWD};
+    int ok = 1;
+
+    fill(x, rows * cols, -4.0, 4.0);
+    fill(dy, rows * cols, -1.0, 1.0);
+    for (size_t i = 0; i < rows * cols; i++)
+        xd[i] = x[i];
+    memcpy(y, x, sizeof(x)); /* in place */
+    k.u.softmax_fwd.y = y;
+    k.u.softmax_fwd.x = y;
+    k.u.softmax_fwd.rows = rows;
+    k.u.softmax_fwd.cols = cols;
+    k.u.softmax_fwd.scale = scale;
+    k.u.softmax_fwd.causal = causal;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    sm_loss(xd, dy, rows, cols, scale, causal, yd);
+    for (size_t i = 0; i < rows * cols && ok; i++)
+        ok = close_to(y[i], yd[i], 1e-6, "softmax y", i) &&
+             (yd[i] != 0.0 || y[i] == 0.0f); /* masked entries are exactly 0 */
+    CU_ASSERT(ok);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SOFTMAX_BWD;
+    k.u.softmax_bwd.dx = dx;
+    k.u.softmax_bwd.dy = dy;
+    k.u.softmax_bwd.y = y;
+    k.u.softmax_bwd.rows = rows;
+    k.u.softmax_bwd.cols = cols;
+    k.u.softmax_bwd.scale = scale;
+    k.u.softmax_bwd.causal = causal;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (size_t i = 0; i < rows * cols && ok; i++) {
+        double keep = xd[i], lp, lm;
+        xd[i] = keep + FD_H;
+        lp = sm_loss(xd, dy, rows, cols, scale, causal, NULL);
+        xd[i] = keep - FD_H;
+        lm = sm_loss(xd, dy, rows, cols, scale, causal, NULL);
+        xd[i] = keep;
+        ok = close_to(dx[i], (lp - lm) / (2.0 * FD_H), FD_TOL, "softmax dx", i);
+    }
+    CU_ASSERT(ok);
+}
+
+static void test_softmax(void)
+{
+    check_softmax(10, 5, 1); /* two [5, 5] causal blocks */
+    check_softmax(3, 6, 0);
+    /* causal rows must be whole blocks */
+    fsdp_kernel_t k = {.kind = FSDP_K_SOFTMAX_FWD};
+    float x[12];
+    k.u.softmax_fwd.y = x;
+    k.u.softmax_fwd.x = x;
+    k.u.softmax_fwd.rows = 3;
+    k.u.softmax_fwd.cols = 4;
+    k.u.softmax_fwd.causal = 1;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_ERROR);
+}
+
+/* ---- embedding ---- */
+
+static void test_embedding(void)
+{
+    enum { R = 6, SEQ = 3, V = 5, C = 4 };
+    const int32_t tok[R] = {1, 4, 1, 0, 1, 3}; /* token 1 three times, 2 never */
+    float wte[V * C], wpe[SEQ * C], y[R * C], dy[R * C], dwte[V * C], dwpe[SEQ * C];
+    fsdp_kernel_t k = {.kind = FSDP_K_EMBEDDING_FWD};
+
+    fill(wte, V * C, -1.0, 1.0);
+    fill(wpe, SEQ * C, -1.0, 1.0);
+    fill(dy, R * C, -1.0, 1.0);
+    k.u.embedding_fwd.y = y;
+    k.u.embedding_fwd.tokens = tok;
+    k.u.embedding_fwd.wte = wte;
+    k.u.embedding_fwd.wpe = wpe;
+    k.u.embedding_fwd.rows = R;
+    k.u.embedding_fwd.cols = C;
+    k.u.embedding_fwd.seq = SEQ;
+    k.u.embedding_fwd.vocab = V;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            CU_ASSERT_EQUAL(y[r * C + c], wte[tok[r] * C + c] + wpe[(r % SEQ) * C + c]);
+
+    /* the gradient is linear: its finite difference is the sum of dy over the uses */
+    for (int i = 0; i < V * C; i++)
+        dwte[i] = 1.0f;
+    memset(dwpe, 0, sizeof(dwpe));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_EMBEDDING_BWD;
+    k.u.embedding_bwd.dwte = dwte;
+    k.u.embedding_bwd.dwpe = dwpe;
+    k.u.embedding_bwd.dy = dy;
+    k.u.embedding_bwd.tokens = tok;
+    k.u.embedding_bwd.rows = R;
+    k.u.embedding_bwd.cols = C;
+    k.u.embedding_bwd.seq = SEQ;
+    k.u.embedding_bwd.vocab = V;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int v = 0; v < V; v++) {
+        for (int c = 0; c < C; c++) {
+            double s = 1.0;
+            for (int r = 0; r < R; r++)
+                s += tok[r] == v ? dy[r * C + c] : 0.0;
+            CU_ASSERT(fabs(dwte[v * C + c] - s) < 1e-6);
+        }
+    }
+    for (int t = 0; t < SEQ; t++) {
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int r = t; r < R; r += SEQ)
+                s += dy[r * C + c];
+            CU_ASSERT(fabs(dwpe[t * C + c] - s) < 1e-6);
+        }
+    }
+    /* a token outside the vocabulary gives a row of NaN, and no gradient */
+    const int32_t bad[R] = {1, 5, 1, -1, 1, 3};
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_EMBEDDING_FWD;
+    k.u.embedding_fwd.y = y;
+    k.u.embedding_fwd.tokens = bad;
+    k.u.embedding_fwd.wte = wte;
+    k.u.embedding_fwd.rows = R;
+    k.u.embedding_fwd.cols = C;
+    k.u.embedding_fwd.seq = SEQ;
+    k.u.embedding_fwd.vocab = V;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    CU_ASSERT(isnan(y[1 * C]) && isnan(y[3 * C + 3]) && y[0] == wte[1 * C]);
+}
+
+/* ---- cross-entropy ---- */
+
+#define CE_R 5
+#define CE_V 6
+
+static double ce_loss(const double *l, const int32_t *t, double denom)
+{
+    double s = 0.0;
+    for (int r = 0; r < CE_R; r++) {
+        double mx = -INFINITY, sum = 0.0;
+        if (t[r] < 0)
+            continue;
+        for (int j = 0; j < CE_V; j++)
+            mx = fmax(mx, l[r * CE_V + j]);
+        for (int j = 0; j < CE_V; j++)
+            sum += exp(l[r * CE_V + j] - mx);
+        s += mx + log(sum) - l[r * CE_V + t[r]];
+    }
+    return s / denom;
+}
+
+static void test_cross_entropy(void)
+{
+    const int32_t t[CE_R] = {2, 0, -1, 5, 2}; /* one ignored: 4 counted */
+    float logits[CE_R * CE_V], d[CE_R * CE_V], losses[CE_R], loss;
+    double ld[CE_R * CE_V];
+    fsdp_kernel_t k = {.kind = FSDP_K_CROSS_ENTROPY};
+    int ok = 1;
+
+    fill(logits, CE_R * CE_V, -3.0, 3.0);
+    logits[3 * CE_V + 5] = 40.0f; /* a confident row */
+    for (int i = 0; i < CE_R * CE_V; i++)
+        ld[i] = logits[i];
+    memcpy(d, logits, sizeof(d));
+    k.u.cross_entropy.loss = &loss;
+    k.u.cross_entropy.losses = losses;
+    k.u.cross_entropy.dlogits = d; /* in place */
+    k.u.cross_entropy.logits = d;
+    k.u.cross_entropy.targets = t;
+    k.u.cross_entropy.rows = CE_R;
+    k.u.cross_entropy.vocab = CE_V;
+    k.u.cross_entropy.denom = 4.0;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    CU_ASSERT(close_to(loss, ce_loss(ld, t, 4.0), 1e-6, "cross-entropy loss", 0));
+    CU_ASSERT_EQUAL(losses[2], 0.0f);
+    for (int i = 0; i < CE_R * CE_V && ok; i++) {
+        double keep = ld[i], lp, lm;
+        ld[i] = keep + FD_H;
+        lp = ce_loss(ld, t, 4.0);
+        ld[i] = keep - FD_H;
+        lm = ce_loss(ld, t, 4.0);
+        ld[i] = keep;
+        ok = close_to(d[i], (lp - lm) / (2.0 * FD_H), FD_TOL, "cross-entropy dlogits",
+                      (size_t)i);
+    }
+    CU_ASSERT(ok);
+    /* a target past the vocabulary poisons its row; no dlogits and no loss is fine */
+    const int32_t bad[CE_R] = {2, 6, -1, 5, 2};
+    k.u.cross_entropy.loss = NULL;
+    k.u.cross_entropy.dlogits = NULL;
+    k.u.cross_entropy.logits = logits;
+    k.u.cross_entropy.targets = bad;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    CU_ASSERT(isnan(losses[1]) && !isnan(losses[0]) && losses[2] == 0.0f);
+    k.u.cross_entropy.loss = &loss;
+    k.u.cross_entropy.denom = 0.0;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_level(FSDP_LOG_ERROR);
+}
+
+/* ---- add, batched GEMM, costs ---- */
+
+static void test_add_and_batched_gemm(void)
+{
+    enum { B = 3, M = 4, N = 5, K = 6 };
+    float a[B * 8 * M], bm[B * 8 * N], c1[B * M * 7], c2[B * M * 7];
+    fsdp_kernel_t k = {.kind = FSDP_K_ADD};
+    double f1, b1, f3, b3;
+
+    fill(a, sizeof(a) / 4, -1.0, 1.0);
+    fill(bm, sizeof(bm) / 4, -1.0, 1.0);
+    memcpy(c1, a, sizeof(c1));
+    k.u.add.y = c1;
+    k.u.add.a = c1;
+    k.u.add.b = bm;
+    k.u.add.n = 20;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    for (int i = 0; i < 20; i++)
+        CU_ASSERT_EQUAL(c1[i], a[i] + bm[i]);
+
+    /* a batch of 3 A^T B products with strides equals 3 single ones, bit for bit */
+    fill(c1, sizeof(c1) / 4, -1.0, 1.0);
+    memcpy(c2, c1, sizeof(c2));
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GEMM;
+    k.u.gemm.trans_a = 1;
+    k.u.gemm.m = M;
+    k.u.gemm.n = N;
+    k.u.gemm.k = K;
+    k.u.gemm.alpha = 0.5f;
+    k.u.gemm.lda = M + 1;
+    k.u.gemm.ldb = N + 2;
+    k.u.gemm.beta = 1.0f;
+    k.u.gemm.ldc = 7;
+    fsdp_kernel_cost(&k, &f1, &b1);
+    for (int i = 0; i < B; i++) {
+        k.u.gemm.a = a + i * 8 * M;
+        k.u.gemm.b = bm + i * 8 * N;
+        k.u.gemm.c = c1 + i * M * 7;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    }
+    k.u.gemm.a = a;
+    k.u.gemm.b = bm;
+    k.u.gemm.c = c2;
+    k.u.gemm.batch = B;
+    k.u.gemm.stride_a = 8 * M;
+    k.u.gemm.stride_b = 8 * N;
+    k.u.gemm.stride_c = M * 7;
+    CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    CU_ASSERT(memcmp(c1, c2, sizeof(c1)) == 0);
+    fsdp_kernel_cost(&k, &f3, &b3);
+    CU_ASSERT_EQUAL(f3, 3.0 * f1);
+    CU_ASSERT_EQUAL(b3, 3.0 * b1);
+}
+
+/* every new kind has a name and a cost, and a malformed descriptor is refused */
+static void test_names_costs_checks(void)
+{
+    static const fsdp_kernel_kind_t kinds[] = {
+        FSDP_K_LAYERNORM_FWD, FSDP_K_LAYERNORM_BWD, FSDP_K_GELU_FWD,     FSDP_K_GELU_BWD,
+        FSDP_K_SOFTMAX_FWD,   FSDP_K_SOFTMAX_BWD,   FSDP_K_EMBEDDING_FWD, FSDP_K_EMBEDDING_BWD,
+        FSDP_K_CROSS_ENTROPY, FSDP_K_ADD};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        fsdp_kernel_t k;
+        double f, b;
+        memset(&k, 0, sizeof(k));
+        k.kind = kinds[i];
+        CU_ASSERT(strcmp(fsdp_kernel_name(kinds[i]), "invalid") != 0);
+        /* empty launches are fine */
+        CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+        /* one row or element of work with NULL pointers is not */
+        switch (kinds[i]) {
+        case FSDP_K_GELU_FWD: k.u.gelu_fwd.n = 4; break;
+        case FSDP_K_GELU_BWD: k.u.gelu_bwd.n = 4; break;
+        case FSDP_K_ADD: k.u.add.n = 4; break;
+        case FSDP_K_LAYERNORM_FWD: k.u.layernorm_fwd.rows = 1; k.u.layernorm_fwd.cols = 4; break;
+        case FSDP_K_LAYERNORM_BWD: k.u.layernorm_bwd.rows = 1; k.u.layernorm_bwd.cols = 4; break;
+        case FSDP_K_SOFTMAX_FWD: k.u.softmax_fwd.rows = 1; k.u.softmax_fwd.cols = 4; break;
+        case FSDP_K_SOFTMAX_BWD: k.u.softmax_bwd.rows = 1; k.u.softmax_bwd.cols = 4; break;
+        case FSDP_K_EMBEDDING_FWD: k.u.embedding_fwd.rows = 1; k.u.embedding_fwd.cols = 4; break;
+        case FSDP_K_EMBEDDING_BWD: k.u.embedding_bwd.rows = 1; k.u.embedding_bwd.cols = 4; break;
+        case FSDP_K_CROSS_ENTROPY: k.u.cross_entropy.rows = 1; k.u.cross_entropy.vocab = 4; break;
+        default: break;
+        }
+        fsdp_kernel_cost(&k, &f, &b);
+        CU_ASSERT(b > 0.0);
+        fsdp_log_set_level(FSDP_LOG_OFF);
+        CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+        fsdp_log_set_level(FSDP_LOG_ERROR);
+    }
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"exp and log of the shared bodies within 2 ulp", test_exp_log},
+        {"layernorm forward, backward against finite differences", test_layernorm},
+        {"gelu_new forward, backward against finite differences", test_gelu},
+        {"causal and plain softmax, backward against finite differences", test_softmax},
+        {"embedding forward and accumulated backward", test_embedding},
+        {"cross-entropy with ignored targets, dlogits against finite differences",
+         test_cross_entropy},
+        {"add; batched GEMM equals single products, cost scales", test_add_and_batched_gemm},
+        {"names, costs and checks of every transformer kind", test_names_costs_checks},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("gpt2_kernels", tests);
+}
