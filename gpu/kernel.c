@@ -287,11 +287,11 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
         return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
                                             k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,
                                             k->u.gemm.c, ldc));
-    return FSDP_CUBLAS_CALL(cublasGemmEx(
-        gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
-        cuda_dtype(k->u.gemm.b_dtype), ldb, k->u.gemm.a, cuda_dtype(k->u.gemm.a_dtype), lda,
-        &k->u.gemm.beta, k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+    return FSDP_CUBLAS_CALL(
+        cublasGemmEx(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
+                     cuda_dtype(k->u.gemm.b_dtype), ldb, k->u.gemm.a, cuda_dtype(k->u.gemm.a_dtype),
+                     lda, &k->u.gemm.beta, k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)

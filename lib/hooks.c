@@ -2,8 +2,29 @@
  * order (fsdp-semantics.md section 2 A, D, E, G, H; state machines of section 3). */
 #include "runtime.h"
 
+#include <fsdp/trace.h>
 #include <stdlib.h>
 #include <string.h>
+
+void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u)
+{
+    fsdp_trace_event_t ev;
+    if (!fsdp_trace_enabled(fs->dev))
+        return;
+    fsdp_trace_event_init(&ev, FSDP_EV_HOOK, hook);
+    ev.unit = u != NULL ? u->name : NULL;
+    ev.host_time = fs->dev->ops->host_time(fs->dev);
+    ev.start = ev.end = ev.host_time;
+    fsdp_trace_emit(fs->dev, &ev);
+}
+
+const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit)
+{
+    const char *prev = fs->cur_unit;
+    fs->cur_unit = unit;
+    fsdp_trace_set_unit(fs->dev, unit);
+    return prev;
+}
 
 static const char *state_name(fsdp_training_state_t s)
 {
@@ -70,6 +91,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     if (fs->pre_forward_order == NULL || fs->post_forward_order == NULL)
         return FSDP_ERR_NO_MEMORY;
     fs->lazy_init_done = 1;
+    fsdp_trace_set_memory(dev, fs->mem);
     return FSDP_OK;
 }
 
@@ -89,6 +111,7 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
         if (status != FSDP_OK)
             return status;
     }
+    fsdp_trace_hook(fs, "root_pre_forward", fs->root);
     fs->forward_position = 0;
     if (fs->cfg.forward_prefetch) {
         for (int i = 0; i < fs->nunits; i++) {
@@ -164,9 +187,11 @@ static fsdp_status_t prefetch(fsdp_t *fs, fsdp_handle_t *target, fsdp_handle_sta
     fsdp_handle_state_t prev = target->state;
     fsdp_status_t status;
 
+    const char *unit = fsdp_trace_unit_swap(fs, target->unit->name);
     target->state = as;
     status = fsdp_handle_unshard(fs, target);
     target->state = prev;
+    fsdp_trace_unit_swap(fs, unit);
     target->prefetched = 1;
     return status;
 }
@@ -205,6 +230,8 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
     }
     if (u->state != FSDP_STATE_IDLE || (h && h->state != FSDP_HANDLE_IDLE))
         return bad_state(u, "pre-forward", "idle");
+    fsdp_trace_hook(fs, "pre_forward", u);
+    fsdp_trace_unit_swap(fs, u->name);
 
     if (h != NULL && !fs->first_iter_done && fs->cfg.validate_exec_order) {
         status = fsdp_validate_forward_order(fs, h);
@@ -260,6 +287,7 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
 
     if (u->state != FSDP_STATE_FORWARD_BACKWARD || (h && h->state != FSDP_HANDLE_FORWARD))
         return bad_state(u, "post-forward", "forward (after pre-forward)");
+    fsdp_trace_hook(fs, "post_forward", u);
     if (h != NULL) {
         /* record_post_forward, with PyTorch's truthiness test: index 0 is re-indexed */
         if (h->post_forward_index <= 0)
@@ -275,6 +303,7 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
         h->state = FSDP_HANDLE_IDLE;
     }
     u->state = FSDP_STATE_IDLE;
+    fsdp_trace_unit_swap(fs, u->parent ? u->parent->name : NULL);
     return FSDP_OK;
 }
 
@@ -304,6 +333,8 @@ fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u)
     if (h != NULL && h->state != FSDP_HANDLE_IDLE)
         return bad_state(u, "pre-backward", "idle (forward finished)");
 
+    fsdp_trace_hook(fs, "pre_backward", u);
+    fsdp_trace_unit_swap(fs, u->name);
     u->state = FSDP_STATE_FORWARD_BACKWARD;
     if (h == NULL)
         return FSDP_OK;
@@ -339,6 +370,8 @@ fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
         return bad_state(u, "post-backward", "backward_pre (after pre-backward)");
     h->post_backward_called = 1;
     h->state = FSDP_HANDLE_BACKWARD_POST;
+    fsdp_trace_hook(fs, "post_backward", u);
+    fsdp_trace_unit_swap(fs, u->name);
     if (h->unsharded_grad == NULL)
         return FSDP_OK; /* G.1: no gradient reached this unit */
 
@@ -347,9 +380,10 @@ fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
                                              fsdp_strategy_reshards_after_forward(fs->strategy)));
     if (status == FSDP_OK)
         status = backward_prefetch(fs, h); /* G.3, BACKWARD_POST */
-    if (status != FSDP_OK || !fs->sync_gradients)
-        return status;
-    return fsdp_handle_reduce_grad(fs, h);
+    if (status == FSDP_OK && fs->sync_gradients)
+        status = fsdp_handle_reduce_grad(fs, h);
+    fsdp_trace_unit_swap(fs, u->parent ? u->parent->name : NULL);
+    return status;
 }
 
 fsdp_status_t fsdp_final_callback(fsdp_t *fs)
@@ -361,6 +395,8 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
         return fsdp_fail(fs, FSDP_ERR_STATE,
                          "rank %d: final callback without a backward (the root's pre-backward "
                          "queues it)", dev->rank);
+    fsdp_trace_hook(fs, "final_callback", fs->root);
+    fsdp_trace_unit_swap(fs, NULL);
     if (fs->sync_gradients) {
         /* H.1: the optimizer reads what the post-backward stream wrote */
         status = fsdp_stream_wait_stream(dev, fs->compute, fs->post_backward);

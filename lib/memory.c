@@ -15,6 +15,7 @@
  * on where malloc or cudaMalloc happened to place a segment, so runs are reproducible.
  */
 #include <fsdp/log.h>
+#include <fsdp/trace.h>
 
 #include <stddef.h>
 #include <stdio.h>
@@ -649,6 +650,22 @@ static void alloc_found_block(fsdp_mem_t *mem, mem_block_t *b, size_t rounded, s
     fsdp_ptrmap_put(&mem->live, mem_block_addr(b), b);
 }
 
+/* An allocation or free in the rank's event trace, with the bytes held after it. */
+static void trace_mem(fsdp_mem_t *mem, fsdp_event_kind_t kind, fsdp_mem_category_t category,
+                      size_t size, fsdp_stream_t *stream)
+{
+    fsdp_trace_event_t ev;
+    if (!fsdp_trace_enabled(mem->dev))
+        return;
+    fsdp_trace_event_init(&ev, kind, fsdp_mem_category_name(category));
+    ev.stream = stream != NULL ? stream->name : NULL;
+    ev.host_time = mem->dev->ops->host_time(mem->dev);
+    ev.start = ev.end = ev.host_time;
+    ev.bytes = size;
+    ev.count = 1;
+    fsdp_trace_emit(mem->dev, &ev);
+}
+
 fsdp_status_t fsdp_mem_alloc(fsdp_mem_t *mem, size_t bytes, fsdp_mem_category_t category,
                              fsdp_stream_t *stream, void **ptr_p)
 {
@@ -706,6 +723,7 @@ fsdp_status_t fsdp_mem_alloc(fsdp_mem_t *mem, size_t bytes, fsdp_mem_category_t 
     }
     alloc_found_block(mem, b, rounded, bytes, category);
     *ptr_p = (void *)mem_block_addr(b);
+    trace_mem(mem, FSDP_EV_ALLOC, category, b->size, stream);
     return FSDP_OK;
 }
 
@@ -731,6 +749,7 @@ void fsdp_mem_free(fsdp_mem_t *mem, void *ptr)
     st->by_category[b->category] -= b->size;
     STAT_DEC(mem, pool, allocation, 1);
     STAT_DEC(mem, pool, allocated_bytes, b->size);
+    trace_mem(mem, FSDP_EV_FREE, b->category, b->size, mem->streams[b->seg->sidx].stream);
     if (b->n_uses > 0)
         insert_events(mem, b);
     else
@@ -770,6 +789,13 @@ fsdp_status_t fsdp_mem_record_stream(fsdp_mem_t *mem, void *ptr, fsdp_stream_t *
 }
 
 /* ---- statistics and cache -------------------------------------------------------------- */
+
+void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p)
+{
+    const fsdp_mem_pool_stats_t *all = &mem->stats.pool[FSDP_MEM_POOL_ALL];
+    *allocated_p = (size_t)all->allocated_bytes.current;
+    *reserved_p = (size_t)all->reserved_bytes.current;
+}
 
 void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p)
 {

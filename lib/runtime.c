@@ -2,6 +2,8 @@
  * (fsdp-semantics.md sections 2 and 3). */
 #include "runtime.h"
 
+#include <fsdp/trace.h>
+
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +177,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     status = fsdp_mem_create(dev, cfg->device_capacity, &fs->mem);
     if (status != FSDP_OK)
         goto err_free_groups;
+    fsdp_trace_set_memory(dev, fs->mem);
     *fs_p = fs;
     return FSDP_OK;
 
@@ -212,6 +215,7 @@ void fsdp_destroy(fsdp_t *fs)
     free(fs->pre_forward_order);
     free(fs->post_forward_order);
     destroy_streams(fs);
+    fsdp_trace_set_memory(fs->dev, NULL);
     fsdp_mem_destroy(fs->mem);
     destroy_groups(fs);
     free(fs);

@@ -104,6 +104,7 @@ struct fsdp {
     fsdp_event_t *limiter_events[FSDP_LIMITER_MAX_INFLIGHT + 1];
     int n_limiter_events;
 
+    const char *cur_unit; /* the unit trace events are attributed to */
     char last_error[512];
 };
 
@@ -126,6 +127,10 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
 {
     return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
 }
+
+/* Trace helpers (no-ops when the rank is not tracing). */
+void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
+const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
 /* hooks.c */
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);

@@ -79,6 +79,8 @@ struct fsdp_trace_rank {
     pthread_mutex_t lock; /* guards cur and seq: the rank's thread, or a flush */
     uint64_t seq;
     trace_chunk_t *cur;
+    const char *unit;       /* the rank's own thread only */
+    const fsdp_mem_t *mem;  /* the rank's own thread only */
 };
 
 struct fsdp_trace {
@@ -342,6 +344,18 @@ static uint32_t chunk_str(trace_chunk_t *c, const char *s)
     return off;
 }
 
+void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit)
+{
+    if (dev != NULL && dev->trace != NULL)
+        dev->trace->unit = unit;
+}
+
+void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_t *mem)
+{
+    if (dev != NULL && dev->trace != NULL)
+        dev->trace->mem = mem;
+}
+
 void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
 {
     fsdp_trace_rank_t *r;
@@ -376,8 +390,14 @@ void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
     rec->count = ev->count;
     rec->allocated = ev->allocated;
     rec->reserved = ev->reserved;
+    if (r->mem != NULL && ev->allocated == 0 && ev->reserved == 0) {
+        size_t a, rs;
+        fsdp_mem_current(r->mem, &a, &rs);
+        rec->allocated = a;
+        rec->reserved = rs;
+    }
     rec->name = chunk_str(c, ev->name != NULL ? ev->name : "");
-    rec->unit = chunk_str(c, ev->unit);
+    rec->unit = chunk_str(c, ev->unit != NULL ? ev->unit : r->unit);
     rec->stream = chunk_str(c, ev->stream);
     rec->group = chunk_str(c, ev->group);
     pthread_mutex_unlock(&r->lock);
@@ -540,15 +560,17 @@ static fsdp_status_t trace_insert_run(fsdp_trace_t *t, const fsdp_trace_run_info
     return status;
 }
 
-/* "INSERT INTO events (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ..." */
+/* "INSERT OR FAIL INTO events (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ...": OR
+ * FAIL spares SQLite the statement journal a multi-row INSERT needs to undo its own rows on an
+ * error; the batch is rolled back as a whole then anyway. */
 static fsdp_status_t prepare_event_insert(fsdp_trace_t *t, int rows, sqlite3_stmt **stmt_p)
 {
     char sql[8192];
     size_t len;
     int p = 2;
 
-    len = (size_t)snprintf(sql, sizeof(sql),
-                           "INSERT INTO events (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
+    len = (size_t)snprintf(
+        sql, sizeof(sql), "INSERT OR FAIL INTO events (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
     for (int r = 0; r < rows && len < sizeof(sql); r++) {
         len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
         for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)

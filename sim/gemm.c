@@ -438,8 +438,8 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
     for (size_t i = 0; i < m && beta != 0.0f; i++)
         for (size_t j = 0; j < n; j++)
             cw[i * n + j] = fsdp_kb_load(c, c_dtype, i * ldc + j);
-    status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                           beta, cw, n);
+    status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb, beta,
+                           cw, n);
     for (size_t i = 0; i < m && status == FSDP_OK; i++)
         for (size_t j = 0; j < n; j++)
             fsdp_kb_store(c, c_dtype, i * ldc + j, cw[i * n + j]);

@@ -53,10 +53,10 @@ static int fsdp_sim_dtype_float(fsdp_dtype_t dtype)
 /* A buffer used in place (the same pointer for an input and the output) keeps one dtype. */
 #define FSDP_SIM_SAME_IN_PLACE(k, out, out_dtype, in, in_dtype)                                    \
     do {                                                                                           \
-        if ((out) != NULL && (const void *)(out) == (const void *)(in) &&                        \
+        if ((out) != NULL && (const void *)(out) == (const void *)(in) &&                          \
             (out_dtype) != (in_dtype))                                                             \
             FSDP_SIM_KERNEL_INVALID(k, "%s and %s are one buffer with dtypes %s and %s", #out,     \
-                                    #in, fsdp_dtype_name(out_dtype), fsdp_dtype_name(in_dtype)); \
+                                    #in, fsdp_dtype_name(out_dtype), fsdp_dtype_name(in_dtype));   \
     } while (0)
 
 /* Do [a, a + an) and [b, b + bn) (bytes) overlap? */

@@ -1,5 +1,5 @@
-/* The sim's rank launcher: one world of world_size threads, each running the user's function
- * with its own fsdp_sim_dev_t. */
+/* The sim's rank launcher: one world of world_size ranks, each running the user's function
+ * with its own fsdp_sim_dev_t on its own thread (or fiber, fiber.c). */
 #include "sim.h"
 
 #include <fsdp/log.h>
@@ -10,11 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Big worlds get small stacks: 1024 ranks at glibc's 8 MiB default would reserve 8 GiB of
- * address space for stacks alone, while a rank's own frames are shallow. */
-#define SIM_STACK_SMALL_WORLD (8u << 20)
-#define SIM_STACK_LARGE_WORLD (2u << 20)
-#define SIM_SMALL_WORLD 64
 
 void fsdp_sim_params_init(fsdp_sim_params_t *params)
 {
@@ -51,9 +46,13 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
                    "one node of world_size ranks)", p->ranks_per_node, p->world_size);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (p->max_running < 0) {
-        fsdp_error("fsdp_sim_launch: max_running %d is invalid: 0 (one rank per online CPU) or "
-                   "more", p->max_running);
+    if (p->fibers != 0 && p->fibers != 1) {
+        fsdp_error("fsdp_sim_launch: fibers %d is invalid: 0 (a thread per rank) or 1", p->fibers);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (p->workers < 0) {
+        fsdp_error("fsdp_sim_launch: workers %d is invalid: 0 (one per online CPU) or more",
+                   p->workers);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (!(p->timeout_s > 0.0) || !isfinite(p->timeout_s)) {
@@ -140,14 +139,20 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
     world->params = *params;
     if (world->params.ranks_per_node == 0)
         world->params.ranks_per_node = size;
-    if (world->params.max_running == 0) {
+    if (world->params.workers == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        world->params.max_running = cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+        world->params.workers = cpus > 0 ? (int)(cpus < 1024 ? cpus : 1024) : 1;
+    }
+    if (world->params.workers > size)
+        world->params.workers = size;
+    if (world->params.fibers && !fsdp_sim_fibers_available()) {
+        fsdp_info("fsdp_sim_launch: fibers are not available in this build (sanitizers); "
+                  "running one thread per rank");
+        world->params.fibers = 0;
     }
     world->func = func;
     world->arg = arg;
     world->n_running = size;
-    world->tokens = world->params.max_running;
     world->devs = calloc((size_t)size, sizeof(*world->devs));
     if (world->devs == NULL)
         goto err_free_world;
@@ -180,40 +185,32 @@ err_no_memory:
     return FSDP_ERR_NO_MEMORY;
 }
 
-static void *sim_rank_main(void *arg)
+void fsdp_sim_rank_body(fsdp_sim_dev_t *dev)
 {
-    fsdp_sim_dev_t *dev = arg;
     fsdp_sim_world_t *world = dev->world;
 
-    fsdp_sim_pg_rank_start(dev);
     dev->status = world->func(&dev->super, world->arg);
     if (dev->status != FSDP_OK)
         fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
                    fsdp_status_name(dev->status));
     fsdp_sim_pg_rank_exit(dev, dev->status != FSDP_OK);
+}
+
+static void *sim_rank_main(void *arg)
+{
+    fsdp_sim_rank_body(arg);
     return NULL;
 }
 
-fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func, void *arg,
-                              fsdp_status_t *rank_status)
+/* One thread per rank. */
+static void sim_run_threads(fsdp_sim_world_t *world)
 {
-    fsdp_sim_world_t *world;
-    fsdp_status_t status, result = FSDP_OK;
+    int size = world->params.world_size, started = 0, rc;
     pthread_attr_t attr;
-    int size, started = 0, rc;
-
-    status = sim_params_check(params, func);
-    if (status != FSDP_OK)
-        return status;
-    size = params->world_size;
-    status = sim_world_create(params, func, arg, &world);
-    if (status != FSDP_OK)
-        return status;
 
     rc = pthread_attr_init(&attr);
     if (rc == 0) {
-        rc = pthread_attr_setstacksize(&attr, size <= SIM_SMALL_WORLD ? SIM_STACK_SMALL_WORLD
-                                                                       : SIM_STACK_LARGE_WORLD);
+        rc = pthread_attr_setstacksize(&attr, fsdp_sim_stack_size(size));
         for (; rc == 0 && started < size; started++) {
             rc = pthread_create(&world->devs[started].thread, &attr, sim_rank_main,
                                 &world->devs[started]);
@@ -234,6 +231,32 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
     }
     for (int r = 0; r < started; r++)
         pthread_join(world->devs[r].thread, NULL);
+}
+
+fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func, void *arg,
+                              fsdp_status_t *rank_status)
+{
+    fsdp_sim_world_t *world;
+    fsdp_status_t status, result = FSDP_OK;
+    int size;
+
+    status = sim_params_check(params, func);
+    if (status != FSDP_OK)
+        return status;
+    size = params->world_size;
+    status = sim_world_create(params, func, arg, &world);
+    if (status != FSDP_OK)
+        return status;
+
+    if (world->params.fibers) {
+        status = fsdp_sim_fibers_run(world);
+        if (status != FSDP_OK) {
+            sim_world_destroy(world, size);
+            return status;
+        }
+    } else {
+        sim_run_threads(world);
+    }
 
     for (int r = 0; r < size; r++) {
         fsdp_sim_dev_t *dev = &world->devs[r];

@@ -293,58 +293,6 @@ void fsdp_sim_pg_cleanup(fsdp_sim_world_t *w)
     }
 }
 
-/* ---- run tokens -------------------------------------------------------------------------- */
-
-/* d may run: it takes a free token (and is woken if it sleeps), or queues for one. */
-static void token_request_locked(fsdp_sim_world_t *w, fsdp_sim_dev_t *d)
-{
-    if (d->has_token)
-        return;
-    if (w->tokens > 0) {
-        w->tokens--;
-        d->has_token = 1;
-        pthread_cond_signal(&d->cond);
-        return;
-    }
-    d->ready_next = NULL;
-    if (w->ready_tail != NULL)
-        w->ready_tail->ready_next = d;
-    else
-        w->ready_head = d;
-    w->ready_tail = d;
-}
-
-/* d stops running: its token goes to the first ready rank, or back to the pool. */
-static void token_release_locked(fsdp_sim_world_t *w, fsdp_sim_dev_t *d)
-{
-    fsdp_sim_dev_t *next = w->ready_head;
-
-    if (!d->has_token)
-        return;
-    d->has_token = 0;
-    if (next == NULL) {
-        w->tokens++;
-        return;
-    }
-    w->ready_head = next->ready_next;
-    if (w->ready_head == NULL)
-        w->ready_tail = NULL;
-    next->ready_next = NULL;
-    next->has_token = 1;
-    pthread_cond_signal(&next->cond);
-}
-
-void fsdp_sim_pg_rank_start(fsdp_sim_dev_t *d)
-{
-    fsdp_sim_world_t *w = d->world;
-
-    pthread_mutex_lock(&w->lock);
-    token_request_locked(w, d);
-    while (!d->has_token)
-        pthread_cond_wait(&d->cond, &w->lock);
-    pthread_mutex_unlock(&w->lock);
-}
-
 /* ---- ending rounds --------------------------------------------------------------------- */
 
 /* Ends every deposited call of the round in progress and wakes the ranks that wait in it. */
@@ -361,14 +309,16 @@ static void comm_round_end_locked(fsdp_sim_comm_t *comm, fsdp_status_t status, d
         c->end = end;
         comm->calls[g] = NULL;
         /* The rank counts as running from now on, not from when its thread wakes up, so the
-         * deadlock check never sees a rank that is about to run as stuck. It is woken when it
-         * gets a token. */
+         * deadlock check never sees a rank that is about to run as stuck. */
         if (c->dev->phase == FSDP_SIM_RANK_BLOCKED) {
             c->dev->phase = FSDP_SIM_RANK_RUNNING;
             c->dev->waiting = NULL;
             c->dev->waiting_comm = NULL;
             w->n_running++;
-            token_request_locked(w, c->dev);
+            if (w->params.fibers)
+                fsdp_sim_fiber_wake_locked(c->dev);
+            else
+                pthread_cond_signal(&c->dev->cond);
         }
     }
     comm->arrived = 0;
@@ -452,7 +402,7 @@ static void world_deadlock_locked(fsdp_sim_world_t *w)
     free(msg);
 }
 
-static void comm_timeout_locked(fsdp_sim_comm_t *comm)
+void fsdp_sim_comm_timeout_locked(fsdp_sim_comm_t *comm)
 {
     char headline[64];
     char *msg;
@@ -480,7 +430,6 @@ void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *d, int failed)
         d->failed = 1;
     d->phase = FSDP_SIM_RANK_EXITED;
     w->n_running--;
-    token_release_locked(w, d);
     world_rank_died_locked(w, d);
     if (w->n_running == 0)
         world_deadlock_locked(w);
@@ -688,18 +637,19 @@ fsdp_status_t fsdp_sim_coll_run(fsdp_sim_dev_t *d, fsdp_sim_group_t *h, fsdp_sim
         d->waiting = call;
         d->waiting_comm = comm;
         w->n_running--;
-        token_release_locked(w, d);
         if (w->n_running == 0)
             world_deadlock_locked(w);
         deadline = deadline_after(w->params.timeout_s);
+        if (w->params.fibers) {
+            /* the fiber gives its worker up; the launcher fires its timeout */
+            d->deadline = deadline;
+            fsdp_sim_fiber_wait_locked(d, call);
+        }
         while (!call->done) {
             int rc = pthread_cond_timedwait(&d->cond, &w->lock, &deadline);
             if (rc == ETIMEDOUT && !call->done)
-                comm_timeout_locked(comm);
+                fsdp_sim_comm_timeout_locked(comm);
         }
-        /* done: the round's end queued it for a token (waiting for a core is no timeout) */
-        while (!d->has_token)
-            pthread_cond_wait(&d->cond, &w->lock);
     }
     status = call->status;
 out:

@@ -23,12 +23,15 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "sim_kernels.h"
 
 typedef struct fsdp_sim_world fsdp_sim_world_t;
 typedef struct fsdp_sim_dev fsdp_sim_dev_t;
 typedef struct fsdp_sim_comm fsdp_sim_comm_t;
+typedef struct fsdp_sim_fiber fsdp_sim_fiber_t;
+typedef struct fsdp_sim_sched fsdp_sim_sched_t;
 
 typedef struct fsdp_sim_stream {
     fsdp_stream_t super;
@@ -157,9 +160,9 @@ struct fsdp_sim_dev {
     pthread_t thread;
     fsdp_status_t status; /* what the rank function returned */
     /* guarded by world->lock */
-    pthread_cond_t cond;          /* signalled when it is given a run token */
-    int has_token;                /* it may run (see fsdp_sim_world_t.tokens) */
-    fsdp_sim_dev_t *ready_next;   /* in world->ready while it waits for a token */
+    pthread_cond_t cond;          /* signalled when the call it waits in is done (threads) */
+    struct timespec deadline;     /* of that wait (fibers: the launcher fires timeouts) */
+    fsdp_sim_fiber_t *fiber;      /* fiber mode */
     fsdp_sim_rank_phase_t phase;
     int failed;                   /* its function failed, or fsdp_sim_rank_fail */
     fsdp_sim_call_t *waiting;     /* while BLOCKED */
@@ -174,16 +177,18 @@ struct fsdp_sim_world {
     pthread_mutex_t lock;
     /* guarded by lock */
     int n_running; /* ranks in phase RUNNING */
-    /* At most params.max_running ranks run at once: a rank holds a token while it runs and
-     * hands it to the next ready rank when it blocks in a collective or exits, so a round's
-     * waiters are woken one at a time by ranks that are about to sleep instead of all at
-     * once by the last arrival (far fewer context switches with many ranks per core). */
-    int tokens;                 /* free tokens */
-    fsdp_sim_dev_t *ready_head; /* ranks that may run and wait for a token, FIFO */
-    fsdp_sim_dev_t *ready_tail;
+    fsdp_sim_sched_t *sched; /* fiber mode: the run queue and the workers */
     int n_dead;    /* ranks failed or exited */
     fsdp_sim_comm_t *comms; /* every live communicator, newest first */
 };
+
+/* The stack of a rank's thread or fiber. Big worlds get small stacks: 1024 ranks at glibc's
+ * 8 MiB default would reserve 8 GiB of address space for stacks alone, while a rank's own
+ * frames are shallow. */
+static inline size_t fsdp_sim_stack_size(int world_size)
+{
+    return world_size <= 64 ? (size_t)8 << 20 : (size_t)2 << 20;
+}
 
 /* Checked downcast: NULL when dev is not a sim rank. */
 static inline fsdp_sim_dev_t *fsdp_sim_dev(fsdp_dev_t *dev)
@@ -238,8 +243,6 @@ fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const
 /* pg.c: the process group. Called with the world lock NOT held. */
 fsdp_status_t fsdp_sim_pg_init(fsdp_sim_world_t *world);
 void fsdp_sim_pg_cleanup(fsdp_sim_world_t *world);
-/* The rank's thread waits for a run token before it runs its function. */
-void fsdp_sim_pg_rank_start(fsdp_sim_dev_t *dev);
 /* The rank's function returned (failed = it returned an error) or its thread never started. */
 void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *dev, int failed);
 void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *dev);
@@ -248,8 +251,24 @@ void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *dev);
  * virtual end time (and call->new_group the result of a split). */
 fsdp_status_t fsdp_sim_coll_run(fsdp_sim_dev_t *dev, fsdp_sim_group_t *group,
                                 fsdp_sim_call_t *call);
+/* Fails the round in progress of comm: a member waited past its deadline. */
+void fsdp_sim_comm_timeout_locked(fsdp_sim_comm_t *comm);
 /* Frees a rank's handle; the communicator goes with its last handle. */
 void fsdp_sim_group_release(fsdp_sim_group_t *group);
+
+/* fiber.c: ranks as fibers on a few worker threads (params.fibers). 1 when this build has
+ * them (not under ASan or TSan, which do not follow stack switches unannotated). */
+int fsdp_sim_fibers_available(void);
+/* Runs every rank's function as a fiber and returns when all have exited; the calling thread
+ * fires collective timeouts meanwhile. FSDP_ERR_NO_MEMORY when the fibers or workers cannot
+ * be set up (nothing ran). */
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *world);
+/* With the world lock held: the fiber of d, whose call is not done, gives up its worker until
+ * fsdp_sim_fiber_wake_locked(d); returns with the lock held. */
+void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call);
+void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d);
+/* A rank's function, run on its own thread or fiber: calls it and reports its exit. */
+void fsdp_sim_rank_body(fsdp_sim_dev_t *dev);
 
 /* coll.c: the group and collective slots of the ops table. */
 fsdp_group_t *fsdp_sim_group_world(fsdp_dev_t *dev);

@@ -348,6 +348,7 @@ static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, c
 /* ---------------- the library's model on simulated ranks ---------------- */
 
 #define MAX_STEPS 200
+#define LEARN_MARGIN 2.0 /* nats over 200 steps: the run goes from 5.50 to 2.82 */
 #define MAX_W 4
 
 typedef struct job {
@@ -738,6 +739,372 @@ static void test_fsdp_parity(void)
     fsdp_tokens_close(t);
 }
 
+/* ---------------- HF checkpoints ---------------- */
+
+static char tmpdir[] = "/tmp/test_gpt2.XXXXXX";
+
+static void path_in_tmp(char *out, size_t len, const char *name)
+{
+    snprintf(out, len, "%s/%s", tmpdir, name);
+}
+
+/* Log lines, captured to check that an error names its tensor. */
+static char log_buf[4096];
+
+static void log_capture(fsdp_log_level_t level, const char *file, int line, const char *func,
+                        const char *msg, void *arg)
+{
+    (void)level, (void)file, (void)line, (void)func, (void)arg;
+    snprintf(log_buf + strlen(log_buf), sizeof(log_buf) - strlen(log_buf), "%s\n", msg);
+}
+
+/* HF's name of canonical tensor (k, i): k = -1 the root */
+static void hf_name(char *out, size_t len, const char *prefix, int k, int i)
+{
+    static const char *const root[NR] = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
+    static const char *const blk[NB] = {
+        "ln_1.weight",     "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",  "ln_2.bias",
+        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+    if (k < 0)
+        snprintf(out, len, "%s%s", prefix, root[i]);
+    else
+        snprintf(out, len, "%sh.%d.%s", prefix, k, blk[i]);
+}
+
+static void hf_shape(const ref_cfg_t *c, int k, int i, int *ndim, int64_t *shape)
+{
+    const int64_t C = c->C;
+    *ndim = 1;
+    shape[0] = (int64_t)ref_numel(c, k, i);
+    if (k < 0 && i < 2) {
+        *ndim = 2;
+        shape[0] = i == 0 ? c->V : c->P;
+        shape[1] = C;
+    } else if (k >= 0 && (i == 2 || i == 4 || i == 8 || i == 10)) {
+        *ndim = 2;
+        shape[0] = i == 10 ? 4 * C : C;
+        shape[1] = i == 2 ? 3 * C : i == 8 ? 4 * C : C;
+    }
+}
+
+/* a full checkpoint of `values` (canonical order) in the hub's style; mutate(entries, &n) may
+ * change it. Returns the status of the write. */
+typedef void (*mutate_func_t)(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4]);
+
+static fsdp_status_t write_hub(const char *path, const ref_cfg_t *c, const float *values,
+                               const char *prefix, int with_buffers, mutate_func_t mutate)
+{
+    const int nmax = NR + c->L * NB + 2 * c->L + 4;
+    fsdp_st_entry_t *e = calloc((size_t)nmax, sizeof(*e));
+    char (*names)[64] = calloc((size_t)nmax, sizeof(*names));
+    int64_t (*shapes)[4] = calloc((size_t)nmax, sizeof(*shapes));
+    float *mask = calloc((size_t)c->P * c->P, sizeof(float)), minus = -1e4f;
+    size_t off = 0;
+    int n = 0;
+    fsdp_status_t st;
+
+    for (int r = 0; r < c->P; r++)
+        for (int q = 0; q <= r; q++)
+            mask[r * c->P + q] = 1.0f;
+    for (int k = -1; k < c->L; k++)
+        for (int i = 0; i < (k < 0 ? NR : NB); i++, n++) {
+            hf_name(names[n], sizeof(names[n]), prefix, k, i);
+            hf_shape(c, k, i, &e[n].ndim, shapes[n]);
+            e[n].name = names[n];
+            e[n].dtype = "F32";
+            e[n].shape = shapes[n];
+            e[n].data = values + off;
+            off += ref_numel(c, k, i);
+        }
+    for (int l = 0; with_buffers && l < c->L; l++) {
+        snprintf(names[n], sizeof(names[n]), "%sh.%d.attn.bias", prefix, l);
+        e[n].name = names[n];
+        e[n].dtype = "F32";
+        e[n].ndim = 4;
+        shapes[n][0] = shapes[n][1] = 1;
+        shapes[n][2] = shapes[n][3] = c->P;
+        e[n].shape = shapes[n];
+        e[n].data = mask;
+        n++;
+        snprintf(names[n], sizeof(names[n]), "%sh.%d.attn.masked_bias", prefix, l);
+        e[n].name = names[n];
+        e[n].dtype = "F32";
+        e[n].ndim = 0;
+        e[n].shape = shapes[n];
+        e[n].data = &minus;
+        n++;
+    }
+    if (with_buffers) { /* the tied head, as some exports keep it */
+        e[n] = e[0];
+        e[n].name = "lm_head.weight";
+        n++;
+    }
+    if (mutate != NULL)
+        mutate(e, &n, shapes);
+    static const char *const meta[] = {"format", "pt"};
+    st = fsdp_st_write(path, e, n, meta, 1);
+    free(e), free(names), free(shapes), free(mask);
+    return st;
+}
+
+static void test_hf_round_trip(void)
+{
+    job_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+    int32_t in[SB * ST], tg[SB * ST];
+    char path[256], bare[256];
+    fsdp_st_file_t *f;
+    const fsdp_st_tensor_t *t;
+    size_t total;
+
+    rng_state = 5;
+    small_batch(in, tg);
+    path_in_tmp(path, sizeof(path), "a.safetensors");
+    path_in_tmp(bare, sizeof(bare), "bare.safetensors");
+    cfg_of(&a->cfg, &small);
+    total = fsdp_gpt2_num_params(&a->cfg);
+    a->params = malloc(total * sizeof(float));
+    a->strategy = FSDP_FULL_SHARD;
+    a->world = 2;
+    a->seed = 9;
+    a->inputs = in;
+    a->targets = tg;
+    a->batch = SB;
+    a->seq = ST;
+    a->save_path = path;
+    CU_ASSERT_EQUAL_FATAL(job_run(a), FSDP_OK);
+
+    /* HF's names, Conv1D layouts, no tied head, no buffers */
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_st_num_tensors(f), NR + small.L * NB);
+    t = fsdp_st_find(f, "transformer.h.1.attn.c_attn.weight");
+    CU_ASSERT(t != NULL && t->ndim == 2 && t->shape[0] == small.C && t->shape[1] == 3 * small.C);
+    t = fsdp_st_find(f, "transformer.h.0.mlp.c_proj.weight");
+    CU_ASSERT(t != NULL && t->ndim == 2 && t->shape[0] == 4 * small.C && t->shape[1] == small.C);
+    t = fsdp_st_find(f, "transformer.wte.weight");
+    CU_ASSERT(t != NULL && strcmp(t->dtype, "F32") == 0 && t->shape[0] == small.V);
+    CU_ASSERT(fsdp_st_find(f, "lm_head.weight") == NULL);
+    CU_ASSERT(fsdp_st_find(f, "transformer.h.0.attn.bias") == NULL);
+    CU_ASSERT(fsdp_st_metadata(f, "format") != NULL &&
+              strcmp(fsdp_st_metadata(f, "format"), "pt") == 0);
+    fsdp_st_close(f);
+    /* the shape can be read back from the tensors (heads are not in them) */
+    fsdp_gpt2_config_t inferred;
+    fsdp_gpt2_config_init(&inferred);
+    inferred.n_head = small.H;
+    CU_ASSERT_EQUAL_FATAL(fsdp_gpt2_weights_infer_config(path, &inferred), FSDP_OK);
+    CU_ASSERT(inferred.n_layer == small.L && inferred.n_embd == small.C &&
+              inferred.n_positions == small.P && inferred.vocab_size == small.V &&
+              inferred.n_head == small.H);
+
+    /* loads into other world sizes and strategies: the same values; saves without prefix */
+    *b = *a;
+    b->params = malloc(total * sizeof(float));
+    b->init_file = path;
+    b->save_path = bare;
+    b->save_names = FSDP_GPT2_SAVE_BARE;
+    for (int w = 1; w <= 2; w++) {
+        b->world = w;
+        b->strategy = w == 1 ? FSDP_NO_SHARD : FSDP_SHARD_GRAD_OP;
+        CU_ASSERT_EQUAL_FATAL(job_run(b), FSDP_OK);
+        CU_ASSERT(memcmp(a->params, b->params, total * sizeof(float)) == 0);
+    }
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(bare, &f), FSDP_OK);
+    CU_ASSERT(fsdp_st_find(f, "h.1.ln_2.bias") != NULL && fsdp_st_find(f, "wpe.weight") != NULL);
+    CU_ASSERT(fsdp_st_find(f, "transformer.wpe.weight") == NULL);
+    fsdp_st_close(f);
+    b->init_file = bare; /* and the bare names load back too */
+    b->save_path = NULL;
+    CU_ASSERT_EQUAL_FATAL(job_run(b), FSDP_OK);
+    CU_ASSERT(memcmp(a->params, b->params, total * sizeof(float)) == 0);
+    free(a->params), free(b->params), free(a), free(b);
+}
+
+/* 16-bit tensors: rounded here as the writer stores them */
+static uint16_t to_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t *bf16_wte;
+
+static void make_wte_bf16(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    (void)n, (void)shapes;
+    e[0].dtype = "BF16";
+    e[0].data = bf16_wte;
+}
+
+/* The hub's file (bare names, mask buffers, the tied head, a BF16 tensor) gives the model the
+ * loss and gradients the double reference computes from the same tensors read as Conv1D. */
+static void test_hf_hub_layout(void)
+{
+    ref_model_t p, g;
+    int32_t in[SB * ST], tg[SB * ST];
+    job_t *j = calloc(1, sizeof(*j));
+    char path[256];
+    const double **gt;
+    double loss;
+    size_t total, nwte = (size_t)small.V * small.C;
+    float *values;
+
+    rng_state = 23;
+    ref_alloc(&p, &small);
+    ref_alloc(&g, &small);
+    values = random_params(&small, &p);
+    bf16_wte = malloc(nwte * sizeof(uint16_t));
+    for (size_t i = 0; i < nwte; i++) { /* the reference sees the rounded values */
+        uint32_t u;
+        bf16_wte[i] = to_bf16(values[i]);
+        u = (uint32_t)bf16_wte[i] << 16;
+        memcpy(&values[i], &u, 4);
+        p.root[FSDP_GPT2_WTE][i] = values[i];
+    }
+    small_batch(in, tg);
+    loss = ref_run(&p, &g, in, tg, SB, ST);
+    path_in_tmp(path, sizeof(path), "hub.safetensors");
+    CU_ASSERT_EQUAL_FATAL(write_hub(path, &small, values, "", 1, make_wte_bf16), FSDP_OK);
+
+    cfg_of(&j->cfg, &small);
+    total = fsdp_gpt2_num_params(&j->cfg);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 1;
+    j->init_file = path;
+    j->inputs = in;
+    j->targets = tg;
+    j->batch = SB;
+    j->seq = ST;
+    j->grads = malloc(total * sizeof(float));
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
+    gt = ref_tensors(&g);
+    CU_ASSERT(max_rel_diff(&small, j->grads, gt) <= 1e-4);
+    free(gt), free(j->grads), free(j), free(values), free(bf16_wte);
+    ref_free(&p);
+    ref_free(&g);
+}
+
+/* one defect per file, each refused with a line that names the tensor */
+static void transpose_fc(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    for (int i = 0; i < *n; i++)
+        if (strcmp(e[i].name, "h.1.mlp.c_fc.weight") == 0) { /* nn.Linear's [out, in] */
+            int64_t r = shapes[i][0];
+            shapes[i][0] = shapes[i][1];
+            shapes[i][1] = r;
+        }
+}
+
+static void int_bias(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    (void)shapes;
+    for (int i = 0; i < *n; i++)
+        if (strcmp(e[i].name, "ln_f.bias") == 0)
+            e[i].dtype = "I32";
+}
+
+static void drop_ln2_bias(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    (void)shapes;
+    for (int i = 0; i < *n; i++)
+        if (strcmp(e[i].name, "h.0.ln_2.bias") == 0)
+            e[i] = e[--*n];
+}
+
+static void extra_layer(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    (void)shapes;
+    e[*n] = e[NR]; /* h.0.ln_1.weight as h.2 */
+    e[*n].name = "h.2.ln_1.weight";
+    ++*n;
+}
+
+static void both_prefixes(fsdp_st_entry_t *e, int *n, int64_t (*shapes)[4])
+{
+    (void)shapes;
+    e[*n] = e[1];
+    e[*n].name = "transformer.wpe.weight";
+    ++*n;
+}
+
+static void test_hf_errors(void)
+{
+    static const struct {
+        mutate_func_t mutate;
+        const char *named;
+    } cases[] = {{transpose_fc, "'h.1.mlp.c_fc.weight' has shape [32, 8]"},
+                 {int_bias, "'ln_f.bias' has dtype I32"},
+                 {drop_ln2_bias, "h.0.ln_2.bias"},
+                 {extra_layer, "unexpected tensor 'h.2.ln_1.weight'"},
+                 {both_prefixes, "'transformer.wpe.weight' and 'wpe.weight' are the same parameter"}};
+    fsdp_gpt2_config_t cfg;
+    float *values;
+    size_t total;
+    char path[256];
+
+    cfg_of(&cfg, &small);
+    total = fsdp_gpt2_num_params(&cfg);
+    values = calloc(total, sizeof(float));
+    path_in_tmp(path, sizeof(path), "bad.safetensors");
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        fsdp_gpt2_weights_t *w = NULL;
+        CU_ASSERT_EQUAL_FATAL(write_hub(path, &small, values, "", 0, cases[c].mutate), FSDP_OK);
+        log_buf[0] = '\0';
+        fsdp_log_set_handler(log_capture, NULL);
+        CU_ASSERT_EQUAL(fsdp_gpt2_weights_open(path, &cfg, &w), FSDP_ERR_FORMAT);
+        fsdp_log_set_handler(NULL, NULL);
+        CU_ASSERT(w == NULL);
+        if (strstr(log_buf, cases[c].named) == NULL)
+            fprintf(stderr, "\n  expected '%s' in: %s", cases[c].named, log_buf);
+        CU_ASSERT(strstr(log_buf, cases[c].named) != NULL);
+    }
+    /* a model of other dimensions is told which tensor does not fit */
+    CU_ASSERT_EQUAL_FATAL(write_hub(path, &small, values, "transformer.", 0, NULL), FSDP_OK);
+    cfg.n_positions = 16;
+    log_buf[0] = '\0';
+    fsdp_log_set_handler(log_capture, NULL);
+    fsdp_gpt2_weights_t *w = NULL;
+    CU_ASSERT_EQUAL(fsdp_gpt2_weights_open(path, &cfg, &w), FSDP_ERR_FORMAT);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT(strstr(log_buf, "'transformer.wpe.weight' has shape [8, 8]") != NULL);
+    free(values);
+}
+
+/* ---------------- learning ---------------- */
+
+static void test_learns_default_corpus(void)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    fsdp_tokens_t *t = NULL;
+    double first, last = 0.0;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_default(NULL, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_gpt2_config_parse("gpt2:layers=1,heads=2,dim=32,seq=32,vocab=256",
+                                                 &j->cfg),
+                          FSDP_OK);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 2;
+    j->seed = 1;
+    j->tokens = t;
+    j->batch = 8;
+    j->seq = 32;
+    j->steps = 200;
+    fsdp_optim_config_init(&j->optim, FSDP_OPTIM_ADAMW);
+    j->optim.lr = 1e-2f;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    first = (j->losses[0][0] + j->losses[0][1]) / 2.0;
+    for (int s = 190; s < 200; s++)
+        last += (j->losses[s][0] + j->losses[s][1]) / 20.0;
+    fprintf(stderr, "\n  loss %.4f at step 1, %.4f over steps 191-200", first, last);
+    CU_ASSERT(fabs(first - log(256.0)) < 0.25); /* uniform over the bytes at init */
+    CU_ASSERT(last < first - LEARN_MARGIN);
+    fsdp_tokens_close(t);
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -745,7 +1112,23 @@ int main(void)
         {"loss and gradients against the double reference, checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {"HF names round trip across world sizes, with and without the prefix",
+         test_hf_round_trip},
+        {"the hub's layout, buffers and BF16 computed as the reference", test_hf_hub_layout},
+        {"malformed checkpoints refused, naming the tensor", test_hf_errors},
+        {"200 steps on the default corpus lower the loss by the margin",
+         test_learns_default_corpus},
         {NULL, NULL},
     };
-    return fsdp_test_run("gpt2", tests);
+    int rc;
+    if (mkdtemp(tmpdir) == NULL)
+        return 99;
+    rc = fsdp_test_run("gpt2", tests);
+    {
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+        if (system(cmd) != 0)
+            rc = rc ? rc : 99;
+    }
+    return rc;
 }

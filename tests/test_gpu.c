@@ -450,6 +450,54 @@ static void test_bias_relu(void)
     c.k.u.relu_bwd.dy = c.k.u.relu_bwd.dx = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
     c.k.u.relu_bwd.y = kbuf(&c, FSDP_DTYPE_F32, 50001, -1, 1);
     run_case(&c);
+
+    /* mixed precision: 16-bit operands through the same bodies (load, f32, rounding store) */
+    for (int d = 0; d < 2; d++) {
+        const fsdp_dtype_t dt = d ? FSDP_DTYPE_F16 : FSDP_DTYPE_BF16;
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_BIAS_ADD;
+        c.k.u.bias_add.rows = 333;
+        c.k.u.bias_add.cols = 129;
+        c.k.u.bias_add.y_dtype = c.k.u.bias_add.bias_dtype = dt;
+        c.k.u.bias_add.y = kbuf(&c, dt, 333 * 129, -1, 1);
+        c.k.u.bias_add.bias = kbuf(&c, dt, 129, -1, 1);
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_BIAS_GRAD;
+        c.k.u.bias_grad.rows = 1000;
+        c.k.u.bias_grad.cols = 300;
+        c.k.u.bias_grad.dbias_dtype = c.k.u.bias_grad.dy_dtype = dt;
+        c.k.u.bias_grad.dbias = kbuf(&c, dt, 300, -1, 1);
+        c.k.u.bias_grad.dy = kbuf(&c, dt, 1000 * 300, -1, 1);
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c)); /* in place */
+        c.k.kind = FSDP_K_RELU_FWD;
+        c.k.u.relu_fwd.n = 50001;
+        c.k.u.relu_fwd.y_dtype = c.k.u.relu_fwd.x_dtype = dt;
+        c.k.u.relu_fwd.x = c.k.u.relu_fwd.y = kbuf(&c, dt, 50001, -1, 1);
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_RELU_BWD;
+        c.k.u.relu_bwd.n = 50001;
+        c.k.u.relu_bwd.dx_dtype = c.k.u.relu_bwd.dy_dtype = c.k.u.relu_bwd.y_dtype = dt;
+        c.k.u.relu_bwd.dy = c.k.u.relu_bwd.dx = kbuf(&c, dt, 50001, -1, 1);
+        c.k.u.relu_bwd.y = kbuf(&c, dt, 50001, -1, 1);
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c)); /* low-precision output and gradient, f32 target and loss */
+        c.k.kind = FSDP_K_MSE_LOSS;
+        c.k.u.mse.n = 100003;
+        c.k.u.mse.y_dtype = c.k.u.mse.dy_dtype = dt;
+        c.k.u.mse.loss = kbuf(&c, FSDP_DTYPE_F32, 1, 0, 0);
+        c.k.u.mse.dy = kbuf(&c, dt, 100003, 0, 0);
+        c.k.u.mse.y = kbuf(&c, dt, 100003, -2, 2);
+        c.k.u.mse.t = kbuf(&c, FSDP_DTYPE_F32, 100003, -2, 2);
+        c.k.u.mse.denom = 100003.0;
+        run_case(&c);
+    }
 }
 
 static void test_losses_reductions(void)
@@ -620,6 +668,79 @@ static void gemm_case(int ta, int tb, size_t m, size_t n, size_t k, size_t pad, 
     free(got);
 }
 
+/* bf16/f16 A and B (cublasGemmEx, f32 compute) against the double product of the 16-bit
+ * values: f32 accumulation as in gemm_case, plus half an ulp of the output dtype when C is
+ * 16-bit (one rounding). */
+static void gemm_case_lp(fsdp_dtype_t dt, fsdp_dtype_t cdt, int ta, int tb, size_t m, size_t n,
+                         size_t k, float alpha, float beta)
+{
+    size_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    size_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb, nc = m * ldc;
+    size_t es = fsdp_dtype_size(dt), cs = fsdp_dtype_size(cdt);
+    void *a = malloc(na * es), *b = malloc(nb * es), *c = malloc(nc * cs), *got = malloc(nc * cs);
+    void *da = dalloc(na * es), *db = dalloc(nb * es), *dc = dalloc(nc * cs);
+    double half_ulp = cdt == FSDP_DTYPE_BF16 ? 0x1p-8 : cdt == FSDP_DTYPE_F16 ? 0x1p-11 : 0.0;
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(a != NULL && b != NULL && c != NULL && got != NULL);
+    fill_random(a, dt, na, -1, 1);
+    fill_random(b, dt, nb, -1, 1);
+    fill_random(c, cdt, nc, -1, 1);
+    h2d(da, a, na * es);
+    h2d(db, b, nb * es);
+    h2d(dc, c, nc * cs);
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = alpha;
+    kd.u.gemm.a = da;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = db;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = beta;
+    kd.u.gemm.c = dc;
+    kd.u.gemm.ldc = ldc;
+    kd.u.gemm.a_dtype = kd.u.gemm.b_dtype = dt;
+    kd.u.gemm.c_dtype = cdt;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
+    d2h(got, dc, nc * cs);
+
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < n; j++) {
+            double want, mag = 0.0, acc = 0.0, have = fsdp_kb_load(got, cdt, i * ldc + j);
+            for (size_t p = 0; p < k; p++) {
+                double av = fsdp_kb_load(a, dt, ta ? p * lda + i : i * lda + p);
+                double bv = fsdp_kb_load(b, dt, tb ? j * ldb + p : p * ldb + j);
+                acc += av * bv;
+                mag += fabs(av * bv);
+            }
+            want = (double)alpha * acc;
+            mag *= fabs((double)alpha);
+            if (beta != 0.0f) {
+                double cv = fsdp_kb_load(c, cdt, i * ldc + j);
+                want += (double)beta * cv;
+                mag += fabs((double)beta * cv);
+            }
+            bad += !(fabs(have - want) <= 1e-5 * mag + 1e-6 + half_ulp * fabs(want));
+        }
+    }
+    if (bad)
+        fprintf(stderr, "\n  gemm %s->%s ta=%d tb=%d m=%zu n=%zu k=%zu: %d bad\n",
+                fsdp_dtype_name(dt), fsdp_dtype_name(cdt), ta, tb, m, n, k, bad);
+    CU_ASSERT_EQUAL(bad, 0);
+    dfree(da);
+    dfree(db);
+    dfree(dc);
+    free(a);
+    free(b);
+    free(c);
+    free(got);
+}
+
 static void test_gemm(void)
 {
     for (int ta = 0; ta < 2; ta++) {
@@ -632,6 +753,15 @@ static void test_gemm(void)
     gemm_case(0, 0, 33, 44, 0, 1, 1.0f, 0.5f);  /* K = 0: C = beta * C */
     gemm_case(0, 1, 33, 44, 10, 0, 0.0f, 0.0f); /* alpha = 0, beta = 0: zeros */
     gemm_case(1, 0, 512, 512, 512, 0, 1.0f, 0.0f);
+    for (int d = 0; d < 2; d++) {
+        const fsdp_dtype_t dt = d ? FSDP_DTYPE_F16 : FSDP_DTYPE_BF16;
+        for (int t = 0; t < 4; t++) {
+            gemm_case_lp(dt, dt, t >> 1, t & 1, 37, 53, 71, 1.0f, 0.0f);
+            gemm_case_lp(dt, dt, t >> 1, t & 1, 64, 96, 1000, 1.0f, 1.0f);
+            gemm_case_lp(dt, FSDP_DTYPE_F32, t >> 1, t & 1, 37, 53, 300, 0.5f, 0.25f);
+        }
+        gemm_case_lp(dt, dt, 0, 1, 33, 44, 0, 1.0f, 0.5f); /* K = 0: C = beta * C, rounded */
+    }
 }
 
 static void test_kernel_errors(void)

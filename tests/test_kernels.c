@@ -1365,7 +1365,8 @@ static int check_gemm_lp(fsdp_dtype_t dt, fsdp_dtype_t cdt, int ta, int tb, size
                 ok = memcmp(&((const float *)c)[e], &cw[e], sizeof(float)) == 0 &&
                      fabs(got - ref[i * n + j]) <= bound[i * n + j];
             } else {
-                ok = got == round_to(cdt, cw[e]) && fabs(cw[e] - ref[i * n + j]) <= bound[i * n + j];
+                ok =
+                    got == round_to(cdt, cw[e]) && fabs(cw[e] - ref[i * n + j]) <= bound[i * n + j];
                 gemm_worst = fmax(gemm_worst, fabs(cw[e] - ref[i * n + j]) / bound[i * n + j]);
             }
             if (!ok && bad++ < 3)
@@ -1405,8 +1406,8 @@ static void test_gemm_low_precision(void)
                 int ta = t >> 1, tb = t & 1;
                 for (int r = 0; r < 9; r++) {
                     bad += check_gemm_lp(dts[d], cdt, ta, tb, sizes[test_index(ns)],
-                                         sizes[test_index(ns)], sizes[test_index(ns)], alphas[r % 3],
-                                         betas[r / 3], (size_t)(r % 2 ? 3 : 0));
+                                         sizes[test_index(ns)], sizes[test_index(ns)],
+                                         alphas[r % 3], betas[r / 3], (size_t)(r % 2 ? 3 : 0));
                     cases++;
                 }
                 /* three k blocks: C is rounded once, after the last */
@@ -1579,8 +1580,8 @@ static void test_elementwise_low_precision(void)
             for (int i = 0; i < N; i++) {
                 double e = (double)ld(y, dt, i) - ld(t, ot, i);
                 ref += e * e;
-                bad += ld(g, dt, i) !=
-                       round_to(dt, (ld(y, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
+                bad +=
+                    ld(g, dt, i) != round_to(dt, (ld(y, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
             }
             ref /= N;
             CU_ASSERT(fabs(loss - ref) <= 4 * U32 * ref);
@@ -1589,8 +1590,8 @@ static void test_elementwise_low_precision(void)
             k.u.mse.dy = y;
             CU_ASSERT_EQUAL(run(&k), FSDP_OK);
             for (int i = 0; i < N; i++)
-                bad += ld(y, dt, i) !=
-                       round_to(dt, (ld(y0, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
+                bad +=
+                    ld(y, dt, i) != round_to(dt, (ld(y0, dt, i) - ld(t, ot, i)) * (float)(2.0 / N));
             free(y), free(y0), free(x), free(bias), free(dy), free(dbias), free(t), free(g);
             free(dbias0);
         }

@@ -85,6 +85,102 @@ check "grad-accum 4 matches the whole batch" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FN
 check "hybrid sharding with offload and clipping trains" \
     awk '/^step 1 /{a=$4} /^step 5 /{b=$4} END{exit !(b < a)}' "$tmp/hyb"
 
+# mixed precision: bf16 compute trains, and its losses are not the f32 ones (it really rounds)
+"$train" --model mlp:16,32,4 --world 4 --steps 10 --lr 1e-2 \
+    --mixed-precision param=bf16,reduce=fp32,buffer=fp32 >"$tmp/bf16" 2>"$tmp/err"
+check "bf16 mixed precision trains and exits 0" test $? -eq 0
+check "bf16 mixed precision: nothing on stderr" test ! -s "$tmp/err"
+check "bf16 mixed precision: loss falls" \
+    awk '/^step 1 /{a=$4} /^step 10 /{b=$4} END{exit !(b < 0.9 * a)}' "$tmp/bf16"
+check "bf16 mixed precision computes in bf16" sh -c "! cmp -s '$tmp/bf16' '$tmp/run2'"
+"$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --strategy shard_grad_op \
+    --mixed-precision param=float16,reduce=float32 >"$tmp/fp16" 2>&1
+check "fp16 mixed precision with PyTorch's names trains" test "$(grep -c '^step' "$tmp/fp16")" -eq 3
+
+# ---- GPT-2 ----
+tiny="gpt2:layers=1,heads=2,dim=16,seq=16,vocab=256"
+"$train" --model gpt2-tiny --world 2 --batch 4 --steps 3 --lr 3e-3 >"$tmp/gpt" 2>"$tmp/err"
+check "gpt2-tiny trains on the default corpus and exits 0" test $? -eq 0
+check "gpt2: nothing on stderr" test ! -s "$tmp/err"
+check "gpt2: prints 3 loss lines" test "$(grep -c '^step [0-9]* loss ' "$tmp/gpt")" -eq 3
+check "gpt2: prints tokens/s" grep -q '^trained 768 tokens in [0-9.]* s: [0-9]* tokens/s$' "$tmp/gpt"
+check "gpt2: prints 2 peak lines" test "$(grep -c '^rank [01] peak allocated [0-9]* bytes$' "$tmp/gpt")" -eq 2
+check "gpt2: the first loss is about ln 256" \
+    awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/gpt"
+for s in full_shard shard_grad_op no_shard; do
+    "$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --strategy $s \
+        | grep '^step' | awk '{print $4}' >"$tmp/gloss.$s"
+done
+check "gpt2: full_shard and no_shard agree" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-5*$1)exit 1}' "$tmp/gloss.full_shard" "$tmp/gloss.no_shard"
+check "gpt2: shard_grad_op and no_shard agree" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-5*$1)exit 1}' "$tmp/gloss.shard_grad_op" "$tmp/gloss.no_shard"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 | grep '^step' >"$tmp/g1"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 | grep '^step' >"$tmp/g2"
+check "gpt2: deterministic" cmp -s "$tmp/g1" "$tmp/g2"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --checkpoint-activations \
+    | grep '^step' >"$tmp/g3"
+check "gpt2: activation checkpointing changes nothing" cmp -s "$tmp/g1" "$tmp/g3"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --grad-accum 2 --no-decay-1d \
+    --clip-grad-norm 1.0 >"$tmp/g4" 2>&1
+check "gpt2: grad-accum, no-decay-1d and clipping train" test "$(grep -c '^step' "$tmp/g4")" -eq 4
+"$train" --model "$tiny" --world 2 --batch 8 --steps 3 --lr 1e-2 | awk '/^step/{print $4}' >"$tmp/ga1"
+"$train" --model "$tiny" --world 2 --batch 8 --steps 3 --lr 1e-2 --grad-accum 2 \
+    | awk '/^step/{print $4}' >"$tmp/ga2"
+check "gpt2: grad-accum 2 matches the whole batch" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-5*$1)exit 1}' "$tmp/ga1" "$tmp/ga2"
+
+# text from any file, and llm.c token shards
+awk 'BEGIN{for(i=0;i<400;i++) print "the quick brown fox jumps over the lazy dog " i}' >"$tmp/text.txt"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 3 --data "$tmp/text.txt" >"$tmp/gt" 2>&1
+check "gpt2 on a text file" test "$(grep -c '^step' "$tmp/gt")" -eq 3
+check "gpt2 names its data" grep -q "data: text $tmp/text.txt, [0-9]* tokens" "$tmp/gt"
+le32() { # a 32-bit little-endian integer
+    printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 & 255)) $(($1 >> 8 & 255)) \
+        $(($1 >> 16 & 255)) $(($1 >> 24 & 255)))"
+}
+shard() { # path magic version count ntokens first-token
+    { le32 "$2"; le32 "$3"; le32 "$4"; head -c 1012 /dev/zero
+      i=0; while [ $i -lt "$5" ]; do t=$((($6 + i * 37) % 256 + ($6 >= 256) * 256))
+          printf "$(printf '\\%03o\\%03o' $((t & 255)) $((t >> 8)))"; i=$((i + 1)); done
+    } >"$1"
+}
+shard "$tmp/tok.bin" 20240520 1 300 300 0
+"$train" --model "$tiny" --world 2 --batch 4 --steps 3 --tokens "$tmp/tok.bin" >"$tmp/gk" 2>&1
+check "gpt2 on an llm.c shard" test "$(grep -c '^step' "$tmp/gk")" -eq 3
+shard "$tmp/badmagic.bin" 20240521 1 300 300 0
+shard "$tmp/short.bin" 20240520 1 301 300 0
+shard "$tmp/big.bin" 20240520 1 300 300 256
+
+# HF weights: --save writes them, --init reads them back, across world sizes
+"$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
+check "gpt2: save writes a file" test -s "$tmp/g.safetensors"
+"$train" --model "$tiny" --world 3 --batch 6 --steps 0 --init "$tmp/g.safetensors" \
+    --save "$tmp/h.safetensors" >/dev/null 2>&1
+check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \
+    cmp -s "$tmp/g.safetensors" "$tmp/h.safetensors"
+# a checkpoint resumes the loss sequence exactly (the sampler is a function of the step)
+"$train" --model "$tiny" --world 2 --batch 4 --steps 6 --lr 1e-2 | grep '^step' >"$tmp/gsix"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 3 --lr 1e-2 \
+    --save-checkpoint "$tmp/gck" >/dev/null 2>&1
+"$train" --model "$tiny" --world 2 --batch 4 --steps 6 --lr 1e-2 --resume "$tmp/gck" \
+    | grep '^step' >"$tmp/gthree"
+check "gpt2: resume from a checkpoint continues the loss sequence exactly" \
+    sh -c "tail -n 3 '$tmp/gsix' | cmp -s - '$tmp/gthree'"
+
+refuse "an unknown gpt preset" --model gpt2-huge
+refuse "a gpt spec with a zero" --model "gpt2:layers=0"
+refuse "heads that do not divide the width" --model "gpt2:heads=3,dim=16"
+refuse "a sequence longer than the positions" --model "$tiny" --seq 17
+refuse "llm.c tokens for an mlp" --tokens "$tmp/tok.bin"
+refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --tokens "$tmp/tok.bin"
+refuse "an llm.c shard with a bad magic" --model "$tiny" --tokens "$tmp/badmagic.bin"
+refuse "an llm.c shard shorter than its count" --model "$tiny" --tokens "$tmp/short.bin"
+refuse "token ids beyond the vocabulary" --model "$tiny" --tokens "$tmp/big.bin"
+refuse "a batch larger than an llm.c shard" --model "$tiny" --tokens "$tmp/tok.bin" --batch 20
+refuse "an mlp checkpoint as gpt2 weights" --model "$tiny" --init "$tmp/a.safetensors"
+refuse "gpt2 weights of another width" --model "gpt2:layers=1,heads=2,dim=8,seq=16,vocab=256" \
+    --init "$tmp/g.safetensors"
+refuse "gpt2 with bf16 mixed precision" --model "$tiny" --mixed-precision param=bf16
+refuse "a missing text file" --model "$tiny" --data "$tmp/none.txt"
+
 refuse "a grad-accum that does not divide the rows" --world 2 --batch 8 --grad-accum 3
 refuse "a state-dict without a checkpoint dir" --state-dict sharded
 refuse "an unknown state-dict" --save-checkpoint "$tmp/x" --state-dict local
@@ -98,6 +194,9 @@ refuse "a batch not divisible by the world" --world 3 --batch 32
 refuse "an unknown strategy" --strategy zero3
 refuse "a negative learning rate" --lr -1
 refuse "nesterov without momentum" --optim sgd --nesterov
+refuse "a mixed-precision dtype that is not a float" --mixed-precision param=int8
+refuse "an unknown mixed-precision key" --mixed-precision params=bf16
+refuse "a mixed-precision item without a dtype" --mixed-precision param
 refuse "a missing init file" --init "$tmp/none.safetensors"
 printf 'not a safetensors file' >"$tmp/bad.safetensors"
 refuse "a malformed init file" --init "$tmp/bad.safetensors"

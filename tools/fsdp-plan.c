@@ -482,6 +482,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     sp.world_size = a->world;
     sp.ranks_per_node = a->per_node;
     sp.mode = FSDP_SIM_SHAPE;
+    sp.fibers = 1; /* thousands of ranks on a few cores */
     sp.timeout_s = a->timeout_s;
     sp.profile = a->profile;
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);

@@ -7,6 +7,8 @@
  * peak allocated bytes. */
 #include <fsdp/fsdp.h>
 
+#include "train_gpt2.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -35,6 +37,13 @@ typedef struct train_args {
     int ckpt_every;          /* steps between checkpoints; 0 = at the end only */
     fsdp_state_dict_type_t state_dict;
     const char *resume_dir;
+    /* --model gpt2...: the GPT-2 path (train_gpt2.c) */
+    int gpt;
+    const char *model_name;
+    fsdp_gpt2_config_t gpt_cfg;
+    const char *tokens_path;
+    int seq; /* 0: the model's positions */
+    int checkpoint_activations;
 } train_args_t;
 
 typedef struct train_shared {
@@ -85,11 +94,16 @@ static void usage(FILE *f)
 {
     fputs("usage: fsdp-train [options]\n"
           "  --model mlp:D0,D1,...,DL   Linear/ReLU stack (default mlp:16,32,4)\n"
+          "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
+          "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
+          "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
           "  --world W                  simulated ranks (default 4)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
           "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
+          "  --mixed-precision SPEC     param=D,reduce=D,buffer=D, any subset; D is fp32, bf16\n"
+          "                             or fp16 (PyTorch's MixedPrecision; default: full)\n"
           "  --grad-accum K             K micro-batches per step (no_sync for the first K-1)\n"
           "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
           "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
@@ -106,11 +120,18 @@ static void usage(FILE *f)
           "  --weight-decay X           (default 1e-2 for adamw, 0 for sgd)\n"
           "  --momentum X, --dampening X, --nesterov   SGD options\n"
           "  --steps N                  training steps (default 10)\n"
-          "  --batch B                  global batch rows, divisible by the world (default 32)\n"
+          "  --batch B                  global batch rows, divisible by the world (default 32;\n"
+          "                             8 for gpt models)\n"
+          "  --seq T                    gpt: tokens per row (default: the model's seq)\n"
+          "  --checkpoint-activations   gpt: recompute each block's forward in backward\n"
+          "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
           "  --seed N                   seed of the init and the synthetic data (default 0)\n"
-          "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias)\n"
-          "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL])\n"
-          "  --save FILE                write the final weights (safetensors)\n"
+          "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
+          "                             gpt: an HF GPT-2 checkpoint)\n"
+          "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL]);\n"
+          "                             gpt: any text file, as bytes (default: the sources)\n"
+          "  --tokens FILE              gpt: an llm.c token shard (uint16, magic 20240520)\n"
+          "  --save FILE                write the final weights (safetensors; gpt: HF names)\n"
           "  --timeout S                collective timeout in seconds (default 60)\n"
           "  --quiet                    only the final summary\n"
           "  --version, --help\n",
@@ -144,8 +165,39 @@ enum {
     OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
-    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME
+    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
+    OPT_MIXED
 };
+
+/* --mixed-precision param=bf16,reduce=fp32,buffer=fp32: PyTorch's MixedPrecision fields (with
+ * or without their _dtype suffix), any subset, each a float dtype. */
+static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
+{
+    char buf[256], *save = NULL;
+
+    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
+        die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D", spec);
+    strcpy(buf, spec);
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        fsdp_dtype_t dt, *field;
+        if (eq == NULL)
+            die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer)", item);
+        *eq = '\0';
+        if (strcmp(item, "param") == 0 || strcmp(item, "param_dtype") == 0)
+            field = &mp->param_dtype;
+        else if (strcmp(item, "reduce") == 0 || strcmp(item, "reduce_dtype") == 0)
+            field = &mp->reduce_dtype;
+        else if (strcmp(item, "buffer") == 0 || strcmp(item, "buffer_dtype") == 0)
+            field = &mp->buffer_dtype;
+        else
+            die("--mixed-precision: unknown key '%s' (keys: param, reduce, buffer)", item);
+        if (!fsdp_dtype_parse(eq + 1, &dt) || !fsdp_dtype_is_float(dt))
+            die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
+                "bf16/bfloat16, fp16/f16/float16)", item, eq + 1);
+        *field = dt;
+    }
+}
 
 static void parse_args(int argc, char **argv, train_args_t *a)
 {
@@ -175,12 +227,17 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"quiet", no_argument, NULL, OPT_QUIET},
         {"ranks-per-node", required_argument, NULL, OPT_RPN},
         {"cpu-offload", no_argument, NULL, OPT_OFFLOAD},
+        {"mixed-precision", required_argument, NULL, OPT_MIXED},
         {"grad-accum", required_argument, NULL, OPT_ACCUM},
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP},
         {"save-checkpoint", required_argument, NULL, OPT_CKPT},
         {"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
         {"state-dict", required_argument, NULL, OPT_STATE_DICT},
         {"resume", required_argument, NULL, OPT_RESUME},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"seq", required_argument, NULL, OPT_SEQ},
+        {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"no-decay-1d", no_argument, NULL, OPT_NO_DECAY},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
@@ -188,7 +245,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     /* optimizer options are applied after --optim picks the defaults */
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
-    int nesterov = 0, c, state_dict_given = 0;
+    int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
     memset(a, 0, sizeof(*a));
@@ -205,10 +262,18 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL:
+            a->gpt = fsdp_gpt2_spec_is_gpt(optarg);
+            a->model_name = optarg;
+            if (a->gpt) {
+                if (fsdp_gpt2_config_parse(optarg, &a->gpt_cfg) != FSDP_OK)
+                    fail_quietly();
+                break;
+            }
             a->nlayers = fsdp_mlp_parse_spec(optarg, a->dims, FSDP_MLP_MAX_LAYERS + 1);
             if (a->nlayers < 1)
                 die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
-                    "positive widths", optarg, FSDP_MLP_MAX_LAYERS + 1);
+                    "positive widths, or a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
+                    "vocab=V)", optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names());
             break;
         case OPT_WORLD:
             a->world = (int)parse_long("--world", optarg, 1, 4096);
@@ -257,6 +322,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             break;
         case OPT_BATCH:
             a->batch = (int)parse_long("--batch", optarg, 1, 1 << 24);
+            batch_given = 1;
             break;
         case OPT_SEED:
             a->seed = (uint64_t)parse_long("--seed", optarg, 0, 0x7fffffffffffffffL);
@@ -272,6 +338,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->fsdp.ranks_per_node = (int)parse_long("--ranks-per-node", optarg, 1, 4096);
             break;
         case OPT_OFFLOAD: a->fsdp.cpu_offload = 1; break;
+        case OPT_MIXED: parse_mixed_precision(optarg, &a->fsdp.mixed_precision); break;
         case OPT_ACCUM:
             a->grad_accum = (int)parse_long("--grad-accum", optarg, 1, 1 << 20);
             break;
@@ -288,6 +355,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             state_dict_given = 1;
             break;
         case OPT_RESUME: a->resume_dir = optarg; break;
+        case OPT_TOKENS: a->tokens_path = optarg; break;
+        case OPT_SEQ:
+            a->seq = (int)parse_long("--seq", optarg, 1, 1 << 20);
+            break;
+        case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
+        case OPT_NO_DECAY: no_decay_1d = 1; break;
         case OPT_VERSION:
             printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
             exit(0);
@@ -326,12 +399,26 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     if (dampening)
         a->optim.dampening = (float)parse_double("--dampening", dampening, 0.0, 1.0);
     a->optim.nesterov = nesterov;
+    a->optim.no_decay_1d = no_decay_1d;
     if ((betas || eps) && kind != FSDP_OPTIM_ADAMW)
         die("--betas and --eps apply to --optim adamw only");
     if ((momentum || dampening || nesterov) && kind != FSDP_OPTIM_SGD)
         die("--momentum, --dampening and --nesterov apply to --optim sgd only");
     if (fsdp_optim_config_check(&a->optim) != FSDP_OK)
         fail_quietly();
+    if (a->gpt) {
+        if (!batch_given) /* 8 rows, or one per rank */
+            a->batch = (8 + a->world - 1) / a->world * a->world;
+        if (a->seq == 0)
+            a->seq = a->gpt_cfg.n_positions;
+        if (a->seq > a->gpt_cfg.n_positions)
+            die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
+                "them)", a->seq, a->gpt_cfg.n_positions);
+        if (a->tokens_path != NULL && a->data_path != NULL)
+            die("--data (text) and --tokens (llm.c) are two sources of data: give one");
+    } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
+        die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
+    }
     if (a->batch % a->world != 0)
         die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
             a->batch, a->world);
@@ -600,6 +687,38 @@ out:
     return status;
 }
 
+/* The GPT-2 path: the options train_gpt2.c takes. */
+static int train_gpt2(const train_args_t *a, const char *argv0)
+{
+    gpt2_train_opts_t o;
+
+    memset(&o, 0, sizeof(o));
+    o.model_name = a->model_name;
+    o.model = a->gpt_cfg;
+    o.world = a->world;
+    o.fsdp = a->fsdp;
+    o.optim = a->optim;
+    o.steps = a->steps;
+    o.batch = a->batch;
+    o.seq = a->seq;
+    o.grad_accum = a->grad_accum;
+    o.seed = a->seed;
+    o.timeout_s = a->timeout_s;
+    o.clip_grad_norm = a->clip_grad_norm;
+    o.checkpoint_activations = a->checkpoint_activations;
+    o.init_path = a->init_path;
+    o.save_path = a->save_path;
+    o.data_path = a->data_path;
+    o.tokens_path = a->tokens_path;
+    o.ckpt_dir = a->ckpt_dir;
+    o.ckpt_every = a->ckpt_every;
+    o.state_dict = a->state_dict;
+    o.resume_dir = a->resume_dir;
+    o.quiet = a->quiet;
+    o.argv0 = argv0;
+    return gpt2_train_main(&o);
+}
+
 int main(int argc, char **argv)
 {
     train_args_t args;
@@ -609,6 +728,8 @@ int main(int argc, char **argv)
 
     fsdp_log_set_handler(log_to_stderr, NULL);
     parse_args(argc, argv, &args);
+    if (args.gpt)
+        return train_gpt2(&args, argv[0]);
     memset(&sh, 0, sizeof(sh));
     sh.args = &args;
     if (args.init_path)

@@ -107,9 +107,9 @@ typedef struct fsdp_kernel {
 
         /* ---- the transformer kernels (GPT-2), f32. Row kernels run one row at a time in
          * index order; reductions over a row are sequential in f32, sums over rows (weight
-         * gradients) are in row order, so every result depends on the shapes alone. exp, log
-         * and tanh are the shared bodies' own (lib/kernels/nn_bodies.h), the same bits on the
-         * host and the GPU. ---- */
+         * gradients) are in row order, so every result depends on the shapes alone. exp and
+         * log are the shared bodies' own (lib/kernels/nn_bodies.h), the same bits on the host
+         * and the GPU. ---- */
 
         /* LayerNorm over the last dimension of x [rows, cols]: mean = sum(x) / cols,
          * var = sum((x - mean)^2) / cols, rstd = 1 / sqrt(var + eps),

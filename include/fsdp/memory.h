@@ -101,6 +101,8 @@ void fsdp_mem_free(fsdp_mem_t *mem, void *ptr);
 fsdp_status_t fsdp_mem_record_stream(fsdp_mem_t *mem, void *ptr, fsdp_stream_t *stream);
 
 void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p);
+/* Just the current allocated and reserved bytes (cheap: for every trace event). */
+void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p);
 /* Every peak becomes its current value (reset_peak_memory_stats). */
 void fsdp_mem_reset_peaks(fsdp_mem_t *mem);
 /* Waits for the events of record_stream'd blocks, then returns every segment that is one free

@@ -194,10 +194,13 @@ typedef struct fsdp_sim_params {
     fsdp_sim_mode_t mode;   /* default FSDP_SIM_DATA */
     size_t device_capacity; /* bytes of device memory per rank; 0 (default) = unlimited */
     fsdp_sim_profile_t profile; /* what op costs come from; default FSDP_SIM_DEFAULT_PROFILE */
-    /* Ranks whose threads run at once (the others wait for one of them to block in a
-     * collective or finish); 0 (default) = the online CPUs. Results and virtual times do not
-     * depend on it. */
-    int max_running;
+    /* How ranks run. 0 (default): one thread per rank. 1: fibers (ucontext) on `workers`
+     * threads, so that a collective's rendezvous costs a user-level switch per rank instead of
+     * a futex wake and a context switch: what planning thousands of ranks needs. Rank code
+     * must then not rely on thread-local storage. Builds with ASan or TSan run threads
+     * instead. Results and virtual times are the same either way. */
+    int fibers;
+    int workers; /* fiber mode: worker threads; 0 (default) = the online CPUs */
 } fsdp_sim_params_t;
 
 void fsdp_sim_params_init(fsdp_sim_params_t *params);

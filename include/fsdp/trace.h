@@ -116,6 +116,13 @@ static inline int fsdp_trace_enabled(const fsdp_dev_t *dev)
 /* Appends one event to the rank's trace and gives it the rank's next sequence number (0, 1,
  * ...). A no-op when dev->trace is NULL. Never blocks on the database. */
 void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev);
+
+/* The FSDP unit this rank's next events belong to when they name none (NULL: none). The name
+ * must stay valid until the next call. The runtime sets it in its hooks. */
+void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit);
+/* The memory whose allocated and reserved bytes every event of this rank records (the
+ * runtime's allocator; NULL: zeros). */
+void fsdp_trace_set_memory(fsdp_dev_t *dev, const struct fsdp_mem *mem);
 /* The rank's step row (loss, step time, peak memory by category from `mem`, which may be NULL)
  * and a step boundary: the rank's pending events are handed to the writer, which commits them
  * together with the row. */
@@ -147,7 +154,9 @@ const char *fsdp_trace_schema(void);
 
 typedef struct fsdp_trace_reader fsdp_trace_reader_t;
 
-/* Opens a trace database read-only. A file that is not a trace database, or one of a newer
+/* Opens a trace database for reading (it writes nothing, but may run the recovery a killed
+ * writer left to do, as any SQLite connection would). A file that is not a trace database, or
+ * one of a newer
  * schema version, is FSDP_ERR_FORMAT; a missing file is FSDP_ERR_NOT_FOUND. */
 fsdp_status_t fsdp_trace_reader_open(const char *path, fsdp_trace_reader_t **reader_p);
 void fsdp_trace_reader_close(fsdp_trace_reader_t *reader);

@@ -169,10 +169,10 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
                           k->u.axpy.alpha * fsdp_kb_load(k->u.axpy.x, k->u.axpy.x_dtype, i));
         break;
     case FSDP_K_BIAS_ADD:
-        fsdp_kb_store(k->u.bias_add.y, k->u.bias_add.y_dtype, i,
-                      fsdp_kb_load(k->u.bias_add.y, k->u.bias_add.y_dtype, i) +
-                          fsdp_kb_load(k->u.bias_add.bias, k->u.bias_add.bias_dtype,
-                                       i % k->u.bias_add.cols));
+        fsdp_kb_store(
+            k->u.bias_add.y, k->u.bias_add.y_dtype, i,
+            fsdp_kb_load(k->u.bias_add.y, k->u.bias_add.y_dtype, i) +
+                fsdp_kb_load(k->u.bias_add.bias, k->u.bias_add.bias_dtype, i % k->u.bias_add.cols));
         break;
     case FSDP_K_RELU_FWD:
         fsdp_kb_store(k->u.relu_fwd.y, k->u.relu_fwd.y_dtype, i,

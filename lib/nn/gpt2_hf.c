@@ -118,6 +118,7 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
                                      fsdp_gpt2_weights_t **weights_p)
 {
     const int L = cfg->n_layer, NB = FSDP_GPT2_BLOCK_NPARAMS;
+    const fsdp_st_tensor_t *lm_head_t = NULL;
     fsdp_gpt2_weights_t *w;
     fsdp_status_t status;
 
@@ -150,10 +151,11 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
         }
         if (skip)
             continue;
-        if (lm_head) { /* tied to wte: only its shape is checked */
+        if (lm_head) { /* tied to wte: only its shape is checked, and the values below */
             status = check_tensor(path, cfg, t, -1, FSDP_GPT2_WTE);
             if (status != FSDP_OK)
                 goto err_close;
+            lm_head_t = t;
             continue;
         }
         slot = block < 0 ? &w->root[index] : &w->blocks[(size_t)block * NB + (size_t)index];
@@ -168,6 +170,12 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
             goto err_close;
         *slot = t;
     }
+    if (lm_head_t != NULL && w->root[FSDP_GPT2_WTE] != NULL &&
+        (strcmp(lm_head_t->dtype, w->root[FSDP_GPT2_WTE]->dtype) != 0 ||
+         memcmp(lm_head_t->data, w->root[FSDP_GPT2_WTE]->data, lm_head_t->nbytes) != 0))
+        fsdp_warn("%s: 'lm_head.weight' differs from '%s'; GPT-2 ties them, and the model "
+                  "uses the embedding for both",
+                  path, w->root[FSDP_GPT2_WTE]->name);
     for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++) {
         if (w->root[i] == NULL) {
             fsdp_error("%s: no tensor '%s%s' (with or without the prefix)", path, PREFIX,

@@ -314,8 +314,8 @@ static fsdp_status_t compute_dtype(fsdp_mlp_t *mlp, fsdp_dtype_t *dt_p)
 
     for (int i = 1; i < mlp->nlayers; i++) {
         if (fsdp_unit_compute_dtype(mlp->layers[i]) != dt) {
-            fsdp_error("mlp: layer %d computes in %s, layer 0 in %s; all layers need one dtype",
-                       i, fsdp_dtype_name(fsdp_unit_compute_dtype(mlp->layers[i])),
+            fsdp_error("mlp: layer %d computes in %s, layer 0 in %s; all layers need one dtype", i,
+                       fsdp_dtype_name(fsdp_unit_compute_dtype(mlp->layers[i])),
                        fsdp_dtype_name(dt));
             return FSDP_ERR_UNSUPPORTED;
         }
@@ -371,8 +371,8 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
         x32 = NULL;
     }
     if (status == FSDP_OK)
-        status = fsdp_mem_alloc(run.mem, out_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c,
-                                &target);
+        status =
+            fsdp_mem_alloc(run.mem, out_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &target);
     if (status == FSDP_OK)
         status = run.dev->ops->memcpy_async(run.dev, target, y, out_numel * sizeof(float), run.c);
     if (status != FSDP_OK)

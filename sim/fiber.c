@@ -1,0 +1,341 @@
+/* Ranks as fibers: what lets one laptop simulate a thousand ranks.
+ *
+ * With a thread per rank, every collective puts all but one rank to sleep and wakes them again:
+ * a futex wake and a context switch per rank and round, tens of microseconds each on a
+ * virtual machine, which dominates a shape-mode step of a large model. In fiber mode
+ * (params.fibers) each rank is a ucontext fiber with its own stack, run by a few worker
+ * threads from one ready queue; a rank that waits in a collective switches back to its worker
+ * (a few hundred nanoseconds) and is queued again when the round ends. The rendezvous itself
+ * (pg.c) is unchanged: the same world lock, the same rounds, the same results.
+ *
+ * A fiber's states, all under the world lock:
+ *   READY     in the queue;
+ *   RUNNING   on a worker;
+ *   YIELDING  gave its worker up, context not saved yet (a wake now is remembered);
+ *   PARKED    context saved, waiting for fsdp_sim_fiber_wake_locked;
+ *   EXITED    its function returned.
+ * A fiber is only resumed once PARKED, so a round that ends while a waiter is still switching
+ * out cannot run it twice. Collective timeouts are fired by the launching thread, which scans
+ * the parked fibers' deadlines a few times per timeout period.
+ *
+ * Sanitizers do not follow unannotated stack switches: builds with ASan or TSan run a thread
+ * per rank instead (fsdp_sim_fibers_available() is 0).
+ */
+#include "sim.h"
+
+#include <fsdp/log.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FSDP_SIM_FIBERS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FSDP_SIM_FIBERS 0
+#else
+#define FSDP_SIM_FIBERS 1
+#endif
+#else
+#define FSDP_SIM_FIBERS 1
+#endif
+
+typedef enum {
+    FIBER_READY,
+    FIBER_RUNNING,
+    FIBER_YIELDING,
+    FIBER_PARKED,
+    FIBER_EXITED
+} fiber_state_t;
+
+typedef struct fiber_worker {
+    ucontext_t ctx; /* the scheduling loop, while a fiber runs */
+    pthread_t thread;
+    fsdp_sim_sched_t *sched;
+} fiber_worker_t;
+
+struct fsdp_sim_fiber {
+    ucontext_t ctx;
+    char *map; /* the stack's mapping, a guard page first */
+    size_t map_size;
+    fiber_state_t state;
+    int wake_pending;
+    fsdp_sim_fiber_t *next; /* in the ready queue */
+    fiber_worker_t *worker; /* the one running it */
+    fsdp_sim_dev_t *dev;
+};
+
+struct fsdp_sim_sched {
+    fsdp_sim_world_t *world;
+    fsdp_sim_fiber_t *fibers; /* one per rank */
+    fiber_worker_t *workers;
+    int n_workers;
+    fsdp_sim_fiber_t *head, *tail; /* the ready queue */
+    int n_exited;
+    pthread_cond_t work;  /* workers: a fiber is ready, or all have exited */
+    pthread_cond_t watch; /* the launcher: all have exited */
+};
+
+int fsdp_sim_fibers_available(void)
+{
+    return FSDP_SIM_FIBERS;
+}
+
+#if FSDP_SIM_FIBERS
+
+static void enqueue_locked(fsdp_sim_sched_t *s, fsdp_sim_fiber_t *f)
+{
+    f->state = FIBER_READY;
+    f->next = NULL;
+    if (s->tail != NULL)
+        s->tail->next = f;
+    else
+        s->head = f;
+    s->tail = f;
+}
+
+void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call)
+{
+    fsdp_sim_fiber_t *f = d->fiber;
+    fsdp_sim_world_t *w = d->world;
+
+    while (!call->done) {
+        f->state = FIBER_YIELDING;
+        pthread_mutex_unlock(&w->lock);
+        /* f->worker is only written by the worker that resumes f, before it does */
+        swapcontext(&f->ctx, &f->worker->ctx);
+        pthread_mutex_lock(&w->lock);
+    }
+}
+
+void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d)
+{
+    fsdp_sim_fiber_t *f = d->fiber;
+    fsdp_sim_sched_t *s = d->world->sched;
+
+    if (f->state == FIBER_PARKED) {
+        enqueue_locked(s, f);
+        pthread_cond_signal(&s->work);
+    } else if (f->state == FIBER_YIELDING) {
+        f->wake_pending = 1; /* its worker queues it once it is parked */
+    }
+}
+
+static void fiber_entry(unsigned lo, unsigned hi)
+{
+    fsdp_sim_fiber_t *f = (fsdp_sim_fiber_t *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
+    fsdp_sim_world_t *w = f->dev->world;
+
+    fsdp_sim_rank_body(f->dev);
+    pthread_mutex_lock(&w->lock);
+    f->state = FIBER_EXITED;
+    pthread_mutex_unlock(&w->lock);
+    setcontext(&f->worker->ctx); /* never returns */
+}
+
+static void *worker_main(void *arg)
+{
+    fiber_worker_t *wk = arg;
+    fsdp_sim_sched_t *s = wk->sched;
+    fsdp_sim_world_t *w = s->world;
+    int size = w->params.world_size;
+
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        fsdp_sim_fiber_t *f = s->head;
+        if (f == NULL) {
+            if (s->n_exited == size)
+                break;
+            pthread_cond_wait(&s->work, &w->lock);
+            continue;
+        }
+        s->head = f->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        f->state = FIBER_RUNNING;
+        f->worker = wk;
+        pthread_mutex_unlock(&w->lock);
+        swapcontext(&wk->ctx, &f->ctx);
+        pthread_mutex_lock(&w->lock);
+        if (f->state == FIBER_EXITED) {
+            if (++s->n_exited == size) {
+                pthread_cond_broadcast(&s->work);
+                pthread_cond_signal(&s->watch);
+            }
+            continue;
+        }
+        /* it yielded: its context is saved, it may be resumed from now on */
+        f->state = FIBER_PARKED;
+        if (f->wake_pending) {
+            f->wake_pending = 0;
+            enqueue_locked(s, f);
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static int timespec_before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* The launcher's watch: fails the rounds of parked fibers whose deadline has passed. */
+static void watch_timeouts_locked(fsdp_sim_sched_t *s)
+{
+    fsdp_sim_world_t *w = s->world;
+    double period = w->params.timeout_s / 8.0;
+    struct timespec until;
+
+    if (period < 0.01)
+        period = 0.01;
+    if (period > 1.0)
+        period = 1.0;
+    while (s->n_exited < w->params.world_size) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        until = now;
+        until.tv_nsec += (long)(period * 1e9);
+        while (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&s->watch, &w->lock, &until) != ETIMEDOUT)
+            continue;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        for (int r = 0; r < w->params.world_size; r++) {
+            fsdp_sim_dev_t *d = &w->devs[r];
+            if (d->phase == FSDP_SIM_RANK_BLOCKED && d->fiber->state == FIBER_PARKED &&
+                d->waiting != NULL && !d->waiting->done && timespec_before(&d->deadline, &now))
+                fsdp_sim_comm_timeout_locked(d->waiting_comm);
+        }
+    }
+}
+
+static void sched_free(fsdp_sim_sched_t *s)
+{
+    for (int r = 0; r < s->world->params.world_size; r++) {
+        if (s->fibers[r].map != NULL)
+            munmap(s->fibers[r].map, s->fibers[r].map_size);
+    }
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->watch);
+    free(s->fibers);
+    free(s->workers);
+    free(s);
+}
+
+/* A fiber's stack: a guard page below it, reserved lazily (only touched pages cost memory). */
+static int fiber_setup(fsdp_sim_fiber_t *f, size_t stack)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t p = (uintptr_t)f;
+    void *map;
+
+    f->map_size = stack + page;
+    map = mmap(NULL, f->map_size, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (map == MAP_FAILED)
+        return -1;
+    f->map = map;
+    if (mprotect(f->map, page, PROT_NONE) != 0 || getcontext(&f->ctx) != 0)
+        return -1;
+    f->ctx.uc_stack.ss_sp = f->map + page;
+    f->ctx.uc_stack.ss_size = stack;
+    f->ctx.uc_link = NULL;
+    /* makecontext passes ints: the fiber's address in two halves */
+    makecontext(&f->ctx, (void (*)(void))fiber_entry, 2, (unsigned)(p & 0xffffffffu),
+                (unsigned)(p >> 32));
+    return 0;
+}
+
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
+{
+    int size = w->params.world_size, n = w->params.workers;
+    size_t stack = fsdp_sim_stack_size(size);
+    pthread_condattr_t attr;
+    fsdp_sim_sched_t *s;
+    int started = 0;
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        goto err_no_memory;
+    s->world = w;
+    s->fibers = calloc((size_t)size, sizeof(*s->fibers));
+    s->workers = calloc((size_t)n, sizeof(*s->workers));
+    if (s->fibers == NULL || s->workers == NULL || pthread_condattr_init(&attr) != 0) {
+        free(s->fibers);
+        free(s->workers);
+        free(s);
+        goto err_no_memory;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->watch, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_cond_init(&s->work, NULL);
+    for (int r = 0; r < size; r++) {
+        fsdp_sim_fiber_t *f = &s->fibers[r];
+        f->dev = &w->devs[r];
+        w->devs[r].fiber = f;
+        if (fiber_setup(f, stack) != 0) {
+            fsdp_error("fsdp_sim_launch: cannot make the fiber of rank %d of %d: %s", r, size,
+                       strerror(errno));
+            sched_free(s);
+            return FSDP_ERR_NO_MEMORY;
+        }
+        enqueue_locked(s, f); /* no worker runs yet */
+    }
+    w->sched = s;
+
+    pthread_mutex_lock(&w->lock);
+    for (; started < n; started++) {
+        s->workers[started].sched = s;
+        if (pthread_create(&s->workers[started].thread, NULL, worker_main,
+                           &s->workers[started]) != 0)
+            break;
+    }
+    if (started == 0) {
+        pthread_mutex_unlock(&w->lock);
+        fsdp_error("fsdp_sim_launch: cannot start a worker thread for %d fibers", size);
+        w->sched = NULL;
+        sched_free(s);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    watch_timeouts_locked(s);
+    pthread_mutex_unlock(&w->lock);
+    for (int i = 0; i < started; i++)
+        pthread_join(s->workers[i].thread, NULL);
+    w->sched = NULL;
+    sched_free(s);
+    return FSDP_OK;
+
+err_no_memory:
+    fsdp_error("fsdp_sim_launch: out of host memory setting up %d fibers", size);
+    return FSDP_ERR_NO_MEMORY;
+}
+
+#else /* !FSDP_SIM_FIBERS */
+
+void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call)
+{
+    (void)d, (void)call;
+}
+
+void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d)
+{
+    (void)d;
+}
+
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
+{
+    (void)w;
+    return FSDP_ERR_UNSUPPORTED;
+}
+
+#endif
