@@ -1,7 +1,9 @@
 /* The FSDP runtime against its references: W-rank training equals single-process training,
  * collective counts equal PyTorch's, and illegal hook orders are refused. */
 #include <fsdp/fsdp.h>
+#include <fsdp/trace.h>
 #include <math.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1261,6 +1263,100 @@ static void test_frozen_and_sync_module_states(void)
     }
 }
 
+/* The runtime's events in the trace: hooks in PyTorch's order, allocations attributed to the
+ * unit whose hook made them, memory after each event. */
+typedef struct trace_ctx {
+    fsdp_trace_t *trace;
+} trace_ctx_t;
+
+static fsdp_status_t traced_rank(fsdp_dev_t *dev, void *arg)
+{
+    trace_ctx_t *tc = arg;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp;
+    float loss;
+    size_t rows = MAXB / 2;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_attach(tc->trace, dev), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_mlp_create(fs, dims, NL, &mlp), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_mlp_init_params(mlp, 1), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
+                                              ys + (size_t)dev->rank * rows * 3, rows, &loss),
+                    FSDP_OK);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    fsdp_trace_detach(dev);
+    return FSDP_OK;
+}
+
+typedef struct hook_seen {
+    char hooks[64][48];
+    int nhooks;
+    int unsharded_allocs[NL];
+    int bad_memory;
+} hook_seen_t;
+
+static int collect_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    hook_seen_t *hs = arg;
+    (void)rank, (void)seq;
+    if (ev->kind == FSDP_EV_HOOK && hs->nhooks < 64)
+        snprintf(hs->hooks[hs->nhooks++], sizeof(hs->hooks[0]), "%s %s", ev->name,
+                 ev->unit ? ev->unit : "-");
+    if (ev->kind == FSDP_EV_ALLOC && strcmp(ev->name, "unsharded_param") == 0 && ev->unit &&
+        strncmp(ev->unit, "layers.", 7) == 0)
+        hs->unsharded_allocs[ev->unit[7] - '0']++;
+    if (ev->kind == FSDP_EV_ALLOC && ev->allocated < ev->bytes)
+        hs->bad_memory++;
+    return 0;
+}
+
+static void test_trace_events(void)
+{
+    static const char *const want[] = {
+        "root_pre_forward root", "pre_forward root", "pre_forward layers.0",
+        "post_forward layers.0", "pre_forward layers.1", "post_forward layers.1",
+        "pre_forward layers.2", "post_forward layers.2", "post_forward root",
+        "pre_backward root", "pre_backward layers.2", "post_backward layers.2",
+        "pre_backward layers.1", "post_backward layers.1", "pre_backward layers.0",
+        "post_backward layers.0", "final_callback root"};
+    char path[] = "/tmp/fsdp-trace-test-XXXXXX";
+    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 2, .strategy = "full_shard"};
+    trace_ctx_t tc;
+    fsdp_sim_params_t p;
+    fsdp_trace_reader_t *rd;
+    hook_seen_t *hs = calloc(1, sizeof(*hs));
+    int fd = mkstemp(path);
+
+    make_batch();
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    unlink(path);
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &tc.trace), FSDP_OK);
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, traced_rank, &tc, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_close(tc.trace), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
+    int64_t run = 0;
+    CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 1, collect_event, hs), FSDP_OK);
+    fsdp_trace_reader_close(rd);
+    CU_ASSERT_EQUAL(hs->nhooks, (int)(sizeof(want) / sizeof(want[0])));
+    for (int i = 0; i < hs->nhooks && i < (int)(sizeof(want) / sizeof(want[0])); i++) {
+        if (strcmp(hs->hooks[i], want[i]) != 0)
+            fprintf(stderr, "\n  hook %d: got '%s', want '%s'\n", i, hs->hooks[i], want[i]);
+        CU_ASSERT_STRING_EQUAL(hs->hooks[i], want[i]);
+    }
+    /* FULL_SHARD, parameter-less root: each unit gathers in forward and again in backward */
+    for (int l = 0; l < NL; l++)
+        CU_ASSERT_EQUAL(hs->unsharded_allocs[l], 2);
+    CU_ASSERT_EQUAL(hs->bad_memory, 0);
+    unlink(path);
+    free(hs);
+}
+
 /* World size 1 forces NO_SHARD, as PyTorch does. */
 static void test_world_one_is_no_shard(void)
 {
@@ -1652,6 +1748,7 @@ int main(void)
         {"tied parameters stored once", test_tied_parameters},
         {"forward order validated across ranks", test_forward_order},
         {"summon_full_params", test_summon_full_params},
+        {"runtime events in the trace", test_trace_events},
         {"frozen parameters and sync_module_states", test_frozen_and_sync_module_states},
         {"mixed precision bf16: parity with an emulated single process",
          test_mixed_precision_parity},

@@ -1,0 +1,281 @@
+/* What simulating ranks costs.
+ *
+ *     bench_sim [--quick] [--world W] [--threads] [--workers N] [--rows R] [--data-only]
+ *               [--shape-only]
+ *
+ * Shape mode: one FULL_SHARD step (forward, backward, AdamW) of a GPT-3-175B-sized model on W
+ * simulated ranks (default 1024, 128 nodes of 8 H100). Only the MLP exists as a built-in model
+ * so far: 96 Linear units alternating 12288 -> 147456 -> 12288, 1.81e9 parameters each
+ * (GPT-3's 96 blocks of 12 x 12288^2), 1.74e11 in all, 2048 rows (tokens) per rank. Reported:
+ * wall time of the launch (setup, the step, teardown), the process's peak resident memory,
+ * and ops simulated (kernels, copies and collectives summed over ranks) per wall second.
+ * Target: <= 5 s and <= 4 GiB on 2 cores at 1024 ranks.
+ *
+ * Data mode: the cost of simulating W ranks against the same arithmetic in one plain
+ * process. The same MLP step (global batch B rows) runs (a) on W ranks with B/W rows each and
+ * (b) on one rank with all B rows (NO_SHARD, no collectives): the same GEMM FLOPs. The ratio
+ * of process CPU time (user + system) a/b is the simulation's overhead: all-gathers,
+ * reduce-scatters and the per-rank optimizer, plus thread switching. Target: <= 1.3.
+ */
+#include <fsdp/fsdp.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double peak_rss_gib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / (1024.0 * 1024.0); /* KiB on Linux */
+}
+
+typedef struct bench_run {
+    int dims[FSDP_MLP_MAX_LAYERS + 1];
+    int nlayers;
+    size_t rows;  /* per rank */
+    float *x, *y; /* data mode: the global batch, NULL in shape mode */
+    fsdp_strategy_t strategy;
+    /* per rank */
+    uint64_t *ops;
+    double *step_time;
+    size_t *peak_reserved;
+} bench_run_t;
+
+static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
+{
+    bench_run_t *b = arg;
+    fsdp_config_t cfg;
+    fsdp_optim_config_t oc;
+    fsdp_sim_time_stats_t ts;
+    fsdp_mem_stats_t ms;
+    fsdp_t *fs = NULL;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_optim_t *opt = NULL;
+    const float *x = NULL, *y = NULL;
+    float loss;
+    double t0;
+    fsdp_status_t st;
+
+    fsdp_config_init(&cfg);
+    cfg.strategy = b->strategy;
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
+    st = fsdp_create(dev, &cfg, &fs);
+    if (st != FSDP_OK)
+        return st;
+    st = fsdp_mlp_create(fs, b->dims, b->nlayers, &mlp);
+    if (st == FSDP_OK && b->x != NULL) {
+        st = fsdp_mlp_init_params(mlp, 1);
+        x = b->x + (size_t)dev->rank * b->rows * (size_t)b->dims[0];
+        y = b->y + (size_t)dev->rank * b->rows * (size_t)b->dims[b->nlayers];
+    }
+    if (st == FSDP_OK)
+        st = fsdp_optim_create(fs, &oc, &opt);
+    t0 = dev->ops->host_time(dev);
+    if (st == FSDP_OK)
+        st = fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+    if (st == FSDP_OK)
+        st = fsdp_optim_step(opt);
+    if (st == FSDP_OK)
+        st = dev->ops->stream_synchronize(dev, NULL);
+    if (st == FSDP_OK)
+        st = fsdp_sim_time_stats(dev, &ts);
+    if (st == FSDP_OK) {
+        fsdp_mem_get_stats(fsdp_memory(fs), &ms);
+        b->ops[dev->rank] = ts.n_kernels + ts.n_copies + ts.n_colls;
+        b->step_time[dev->rank] = dev->ops->host_time(dev) - t0;
+        b->peak_reserved[dev->rank] = ms.peak_reserved;
+    }
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return st;
+}
+
+typedef struct bench_result {
+    fsdp_status_t status;
+    double wall, cpu;
+    uint64_t ops;
+    double step_time;
+    size_t peak_reserved;
+} bench_result_t;
+
+static bench_result_t bench_launch(bench_run_t *b, int world, fsdp_sim_mode_t mode, int fibers,
+                                   int workers)
+{
+    fsdp_sim_params_t p;
+    bench_result_t r;
+    double w0, c0;
+
+    memset(&r, 0, sizeof(r));
+    b->ops = calloc((size_t)world, sizeof(*b->ops));
+    b->step_time = calloc((size_t)world, sizeof(*b->step_time));
+    b->peak_reserved = calloc((size_t)world, sizeof(*b->peak_reserved));
+    if (b->ops == NULL || b->step_time == NULL || b->peak_reserved == NULL) {
+        r.status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    p.ranks_per_node = world % 8 == 0 ? 8 : world;
+    p.mode = mode;
+    p.fibers = fibers;
+    p.workers = workers;
+    p.timeout_s = 600;
+    w0 = wall_now();
+    c0 = cpu_now();
+    r.status = fsdp_sim_launch(&p, bench_rank, b, NULL);
+    r.wall = wall_now() - w0;
+    r.cpu = cpu_now() - c0;
+    for (int i = 0; i < world; i++) {
+        r.ops += b->ops[i];
+        if (b->step_time[i] > r.step_time)
+            r.step_time = b->step_time[i];
+        if (b->peak_reserved[i] > r.peak_reserved)
+            r.peak_reserved = b->peak_reserved[i];
+    }
+out:
+    free(b->ops);
+    free(b->step_time);
+    free(b->peak_reserved);
+    return r;
+}
+
+static int bench_shape(int world, int fibers, int workers, size_t rows, int quick)
+{
+    bench_run_t b;
+    bench_result_t r;
+    double params = 0.0;
+
+    memset(&b, 0, sizeof(b));
+    b.nlayers = quick ? 24 : 96;
+    for (int i = 0; i <= b.nlayers; i++)
+        b.dims[i] = i % 2 ? 12 * 12288 : 12288;
+    for (int i = 0; i < b.nlayers; i++)
+        params += (double)b.dims[i] * b.dims[i + 1] + b.dims[i + 1];
+    b.rows = rows;
+    b.strategy = FSDP_FULL_SHARD;
+    r = bench_launch(&b, world, FSDP_SIM_SHAPE, fibers, workers);
+    if (r.status != FSDP_OK) {
+        fprintf(stderr, "bench_sim: the shape-mode run failed: %s\n",
+                fsdp_status_string(r.status));
+        return 1;
+    }
+    printf("shape mode: %d units, %.3g parameters, %zu rows per rank, FULL_SHARD + AdamW, "
+           "%d ranks as %s\n",
+           b.nlayers, params, rows, world, fibers ? "fibers" : "threads");
+    printf("  wall %.2f s (target <= 5 s on 2 cores), process CPU %.2f s, peak RSS %.2f GiB "
+           "(target <= 4 GiB)\n",
+           r.wall, r.cpu, peak_rss_gib());
+    printf("  %llu ops simulated (%.0f per rank), %.3g rank-ops per wall second\n",
+           (unsigned long long)r.ops, (double)r.ops / world, (double)r.ops / r.wall);
+    printf("  simulated step time %.3f s on h100, peak reserved %.2f GiB per rank\n",
+           r.step_time, (double)r.peak_reserved / (double)((size_t)1 << 30));
+    return 0;
+}
+
+static int bench_data(int world, int quick)
+{
+    static const int dims[] = {512, 2048, 2048, 512};
+    size_t batch = quick ? 256 : 1024;
+    bench_run_t b;
+    bench_result_t sim, plain;
+    int rc = 0;
+
+    memset(&b, 0, sizeof(b));
+    memcpy(b.dims, dims, sizeof(dims));
+    b.nlayers = 3;
+    b.x = calloc(batch * (size_t)dims[0], sizeof(float));
+    b.y = calloc(batch * (size_t)dims[3], sizeof(float));
+    if (b.x == NULL || b.y == NULL) {
+        fprintf(stderr, "bench_sim: out of host memory\n");
+        rc = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < batch * (size_t)dims[0]; i++)
+        b.x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    /* (a) W ranks, B/W rows each, FULL_SHARD */
+    b.rows = batch / (size_t)world;
+    b.strategy = FSDP_FULL_SHARD;
+    sim = bench_launch(&b, world, FSDP_SIM_DATA, 0, 0);
+    /* (b) the same arithmetic on one rank: all B rows */
+    b.rows = batch;
+    plain = bench_launch(&b, 1, FSDP_SIM_DATA, 0, 0);
+    if (sim.status != FSDP_OK || plain.status != FSDP_OK) {
+        fprintf(stderr, "bench_sim: the data-mode run failed: %s / %s\n",
+                fsdp_status_string(sim.status), fsdp_status_string(plain.status));
+        rc = 1;
+        goto out;
+    }
+    printf("data mode: mlp:%d,%d,%d,%d, global batch %zu rows, one step (forward, backward, "
+           "AdamW)\n",
+           dims[0], dims[1], dims[2], dims[3], batch);
+    printf("  %d ranks x %zu rows (FULL_SHARD): CPU %.3f s, wall %.3f s\n", world,
+           batch / (size_t)world, sim.cpu, sim.wall);
+    printf("  1 rank x %zu rows (same GEMM FLOPs): CPU %.3f s, wall %.3f s\n", batch, plain.cpu,
+           plain.wall);
+    printf("  overhead of simulating %d ranks: %.2fx CPU time (target <= 1.3), %.2fx wall\n",
+           world, sim.cpu / plain.cpu, sim.wall / plain.wall);
+out:
+    free(b.x);
+    free(b.y);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int world = 1024, fibers = 1, workers = 0, quick = 0, shape = 1, data = 1;
+    size_t rows = 2048;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) {
+            world = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--workers") == 0 && i + 1 < argc) {
+            workers = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            rows = (size_t)atol(argv[++i]);
+        } else if (strcmp(argv[i], "--threads") == 0) {
+            fibers = 0;
+        } else if (strcmp(argv[i], "--shape-only") == 0) {
+            data = 0;
+        } else if (strcmp(argv[i], "--data-only") == 0) {
+            shape = 0;
+        } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
+            i++; /* bench_gemm's flag, passed by make bench to every benchmark */
+        } else {
+            fprintf(stderr,
+                    "usage: bench_sim [--quick] [--world W] [--threads] [--workers N] "
+                    "[--rows R] [--shape-only] [--data-only]\n");
+            return 2;
+        }
+    }
+    if (world < 1 || world > 65536 || rows < 1) {
+        fprintf(stderr, "bench_sim: --world must be in [1, 65536] and --rows positive\n");
+        return 2;
+    }
+    if (quick && world == 1024)
+        world = 256;
+    if (shape && bench_shape(world, fibers, workers, rows, quick) != 0)
+        return 1;
+    if (data && bench_data(8, quick) != 0)
+        return 1;
+    return 0;
+}
