@@ -82,8 +82,8 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     ROW("layernorm_fwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_LAYERNORM_BWD;
-    k.u.layernorm_bwd = (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w,
-                                                        n, C, 1};
+    k.u.layernorm_bwd =
+        (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w, n, C, 1};
     t = time_kernel(&k, reps);
     ROW("layernorm_bwd", n * C);
     memset(&k, 0, sizeof(k));

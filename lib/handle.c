@@ -1,5 +1,5 @@
 /* Flat-parameter handles: flattening, shard metadata, unshard, reshard and gradient reduction
- * (fsdp-semantics.md sections 2 B, C, G and 4). */
+ * (docs/runtime.md sections 2 B, C, G and 4). */
 #include "runtime.h"
 
 #include <stdlib.h>

@@ -24,7 +24,7 @@ fsdp_status_t fsdp_k_div(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dty
 {
     fsdp_kernel_t k = {.kind = FSDP_K_DIV};
     if (n == 0 || divisor == 1.0f)
-        return FSDP_OK; /* a factor of 1 is not applied (fsdp-semantics.md section 4) */
+        return FSDP_OK; /* a factor of 1 is not applied (docs/runtime.md section 4) */
     k.u.scale.x = x;
     k.u.scale.dtype = dtype;
     k.u.scale.n = n;

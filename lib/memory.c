@@ -1,5 +1,6 @@
-/* The caching-allocator policy: PyTorch's CUDA caching allocator (reference PART 1) over the
- * backend's raw segments, one fsdp_mem_t per rank.
+/* The caching-allocator policy: PyTorch's CUDA caching allocator (docs/allocator.md part 1,
+ * whose section numbers the comments below cite) over the backend's raw segments, one
+ * fsdp_mem_t per rank.
  *
  * malloc: process completed record_stream events (1.6); round to 512 and pick the pool (1.2);
  * best fit among the free blocks of the requesting stream (1.3); else a new segment, else

@@ -1,5 +1,5 @@
 /* The FSDP runtime: configuration, units, and the hooks with their training-state machines
- * (fsdp-semantics.md sections 2 and 3). */
+ * (docs/runtime.md sections 2 and 3). */
 #include "runtime.h"
 
 #include <fsdp/trace.h>
@@ -150,7 +150,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     fs->dev = dev;
     fs->cfg = *cfg;
     fs->strategy = cfg->strategy;
-    /* reduce_dtype defaults to param_dtype when only that is set (fsdp-semantics.md 1) */
+    /* reduce_dtype defaults to param_dtype when only that is set (docs/runtime.md section 1) */
     {
         const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
         fs->param_dtype = mp->param_dtype == FSDP_DTYPE_UNSET ? FSDP_DTYPE_F32 : mp->param_dtype;
@@ -461,7 +461,7 @@ static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
 }
 
 /* sync_module_states: rank 0's values, broadcast over the world in buckets, then each rank
- * keeps its part (fsdp-semantics.md: 250 MiB buckets). A collective. */
+ * keeps its part (docs/runtime.md section 4: 250 MiB buckets). A collective. */
 static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_t *pi,
                                           const float *host_values)
 {

@@ -10,7 +10,7 @@
 
 typedef struct fsdp_handle fsdp_handle_t;
 
-/* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow fsdp-semantics.md
+/* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow docs/runtime.md
  * section 2: LS local shard, FP padded unsharded parameter, G unsharded gradient, SGS sharded
  * gradient kept for the optimizer. */
 struct fsdp_handle {
@@ -92,7 +92,7 @@ struct fsdp {
     int sync_gradients;
     int post_backward_callback_queued;
 
-    /* execution order (fsdp-semantics.md: recorded in the first iteration) */
+    /* execution order (docs/runtime.md section 2: recorded in the first iteration) */
     int forward_position; /* handles pre-forwarded so far this iteration */
     int order_change_warned;
     fsdp_handle_t **pre_forward_order;

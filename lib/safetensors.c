@@ -1,4 +1,4 @@
-/* safetensors files: a strict reader that enforces every rule of formats.md section 1, and an
+/* safetensors files: a strict reader that enforces every rule of docs/formats.md section 1, and an
  * atomic writer that follows the reference writer's layout (prepare() in tensor.rs).
  *
  * fsdp_st_open maps the file read-only instead of reading it: checkpoints are gigabytes, a

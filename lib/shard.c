@@ -1,4 +1,4 @@
-/* Shard arithmetic of a flat parameter (fsdp-semantics.md section 4). */
+/* Shard arithmetic of a flat parameter (docs/runtime.md section 4). */
 #include <fsdp/core.h>
 
 size_t fsdp_shard_numel(size_t total, int world)

@@ -7,7 +7,7 @@
  * writer thread takes the whole queue at once and inserts it in one transaction through prepared
  * statements. A chunk that carries a step row ends that rank's step, so every step is committed
  * together with all of its events, in the rank's order: a run killed at any point leaves a
- * database holding every step whose commit record reached the WAL (formats.md section 5).
+ * database holding every step whose commit record reached the WAL (docs/formats.md section 5).
  *
  * Sequence numbers are per rank and counted at emission, so two identical runs write identical
  * rows whatever the threads' timing.

@@ -1,5 +1,5 @@
 /* The SQLite boundary of the trace module: error conversion, opening a database with its schema
- * version checked (formats.md section 5), run lookup, row decoding, and the small name tables
+ * version checked (docs/formats.md section 5), run lookup, row decoding, and the small name tables
  * of trace.h. */
 #include "trace_int.h"
 

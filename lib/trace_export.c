@@ -1,5 +1,5 @@
 /* fsdp-trace export --chrome: Chrome trace JSON for Perfetto and chrome://tracing
- * (formats.md section 4).
+ * (docs/formats.md section 4).
  *
  * Mapping: one process per rank (pid rank + 1, named "rank N", sorted by rank), one thread per
  * stream in order of first use plus a "host" thread for events without a stream; tids are unique

@@ -48,8 +48,9 @@ double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
     double flops, bytes, peak, tc, tm;
 
     fsdp_kernel_cost(k, &flops, &bytes);
-    /* the GEMM descriptor is f32 (kernel.h); element-wise work runs on CUDA cores */
-    peak = k->kind == FSDP_K_GEMM ? fsdp_sim_profile_matmul_flops(p, FSDP_DTYPE_F32)
+    /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
+     * allowed); element-wise work on CUDA cores */
+    peak = k->kind == FSDP_K_GEMM ? fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype)
                                   : p->gpu.vector_flops_per_s;
     tc = rate_time(flops, peak, p->gpu.compute_efficiency);
     tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);

@@ -194,8 +194,7 @@ fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
     case FSDP_K_CROSS_ENTROPY: /* the mean, after every row's loss */
         if (k->u.cross_entropy.loss != NULL)
             k->u.cross_entropy.loss[0] =
-                (float)(fsdp_kb_reduce_sum(k, k->u.cross_entropy.rows,
-                                           fsdp_kb_cross_entropy_term) /
+                (float)(fsdp_kb_reduce_sum(k, k->u.cross_entropy.rows, fsdp_kb_cross_entropy_term) /
                         k->u.cross_entropy.denom);
         break;
     default:

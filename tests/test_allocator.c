@@ -1,6 +1,6 @@
-/* The caching allocator (lib/memory.c) against reference PART 1: rounding, pools, the worked
- * examples of section 1.10 byte for byte, split and merge, stream-aware reuse, record_stream,
- * the OOM path, statistics, and a randomized run against a model of its invariants.
+/* The caching allocator (lib/memory.c) against docs/allocator.md part 1: rounding, pools, the
+ * worked examples of section 1.10 byte for byte, split and merge, stream-aware reuse,
+ * record_stream, the OOM path, statistics, and a randomized run against a model of its invariants.
  *
  * Each test drives an allocator over a real sim rank (world size 1). Checks in the rank thread
  * record the first failure, which the main thread asserts (no CUnit calls off the main thread).

@@ -238,8 +238,7 @@ int main(void)
         {"llm.c header: magic, version, count and size checked", test_llmc_header},
         {"llm.c windows: i*B*T, wrapping before the end", test_llmc_windows},
         {"llm.c rows: each rank its slice, inputs and shifted targets", test_llmc_ranks},
-        {"seeded sampler: deterministic, one global batch split across ranks",
-         test_random_sampler},
+        {"seeded sampler: deterministic, one global batch split across ranks", test_random_sampler},
         {"default corpus found and read", test_default_corpus},
         {NULL, NULL},
     };

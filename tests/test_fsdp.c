@@ -438,8 +438,8 @@ static void test_prefetch_policies(void)
 }
 
 /* Gradient accumulation over micro-batches, with no_sync or without, in any interleaving,
- * equals one step over the concatenated batch (anchors.md), for every strategy and prefetch
- * policy. */
+ * equals one step over the concatenated batch (docs/runtime.md section 5), for every strategy
+ * and prefetch policy. */
 static void test_grad_accumulation(void)
 {
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
@@ -720,9 +720,10 @@ static void test_hybrid_parity_and_counts(void)
     }
 }
 
-/* Per iteration, PyTorch's counts (anchors.md): with a parameter-less root, N forward and N
- * backward all-gathers for FULL_SHARD, none in backward for SHARD_GRAD_OP, N reduce-scatters;
- * NO_SHARD: N all-reduces and no all-gather. The MLP has N = 3 units with parameters. */
+/* Per iteration, PyTorch's counts (docs/runtime.md section 5): with a parameter-less root, N
+ * forward and N backward all-gathers for FULL_SHARD, none in backward for SHARD_GRAD_OP, N
+ * reduce-scatters; NO_SHARD: N all-reduces and no all-gather. The MLP has N = 3 units with
+ * parameters. */
 static void test_collective_counts_mlp(void)
 {
     make_batch();
@@ -1394,7 +1395,7 @@ static float mpt_bf16(float x)
     return x;
 }
 
-/* fsdp-semantics.md section 4: pre = f(D), f doubling while D % f == 0 and D / f > f. */
+/* docs/runtime.md section 4: pre = f(D), f doubling while D % f == 0 and D / f > f. */
 static void mpt_divide_factors(int d, float *pre_p, float *post_p)
 {
     int f = 1;

@@ -192,13 +192,12 @@ static void test_layernorm(void)
     k.u.layernorm_bwd.accumulate = 1;
     CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
     for (int i = 0; i < LN_R * LN_C && ok; i++)
-        ok = close_to(dx[i] - 0.25, ln_fd(xd, i, xd, wd, bd, dy), FD_TOL, "layernorm dx",
-                      (size_t)i);
+        ok =
+            close_to(dx[i] - 0.25, ln_fd(xd, i, xd, wd, bd, dy), FD_TOL, "layernorm dx", (size_t)i);
     for (int i = 0; i < LN_C && ok; i++)
         ok = close_to(dw[i] - 0.5, ln_fd(wd, i, xd, wd, bd, dy), FD_TOL, "layernorm dw",
                       (size_t)i) &&
-             close_to(db[i] + 0.5, ln_fd(bd, i, xd, wd, bd, dy), FD_TOL, "layernorm db",
-                      (size_t)i);
+             close_to(db[i] + 0.5, ln_fd(bd, i, xd, wd, bd, dy), FD_TOL, "layernorm db", (size_t)i);
     CU_ASSERT(ok);
 
     /* accumulate 0 overwrites; dx overlapping dy is refused */
@@ -464,8 +463,7 @@ static void test_cross_entropy(void)
         ld[i] = keep - FD_H;
         lm = ce_loss(ld, t, 4.0);
         ld[i] = keep;
-        ok = close_to(d[i], (lp - lm) / (2.0 * FD_H), FD_TOL, "cross-entropy dlogits",
-                      (size_t)i);
+        ok = close_to(d[i], (lp - lm) / (2.0 * FD_H), FD_TOL, "cross-entropy dlogits", (size_t)i);
     }
     CU_ASSERT(ok);
     /* a target past the vocabulary poisons its row; no dlogits and no loss is fine */
@@ -541,10 +539,11 @@ static void test_add_and_batched_gemm(void)
 /* every new kind has a name and a cost, and a malformed descriptor is refused */
 static void test_names_costs_checks(void)
 {
-    static const fsdp_kernel_kind_t kinds[] = {
-        FSDP_K_LAYERNORM_FWD, FSDP_K_LAYERNORM_BWD, FSDP_K_GELU_FWD,     FSDP_K_GELU_BWD,
-        FSDP_K_SOFTMAX_FWD,   FSDP_K_SOFTMAX_BWD,   FSDP_K_EMBEDDING_FWD, FSDP_K_EMBEDDING_BWD,
-        FSDP_K_CROSS_ENTROPY, FSDP_K_ADD};
+    static const fsdp_kernel_kind_t kinds[] = {FSDP_K_LAYERNORM_FWD, FSDP_K_LAYERNORM_BWD,
+                                               FSDP_K_GELU_FWD,      FSDP_K_GELU_BWD,
+                                               FSDP_K_SOFTMAX_FWD,   FSDP_K_SOFTMAX_BWD,
+                                               FSDP_K_EMBEDDING_FWD, FSDP_K_EMBEDDING_BWD,
+                                               FSDP_K_CROSS_ENTROPY, FSDP_K_ADD};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         fsdp_kernel_t k;
         double f, b;
@@ -555,17 +554,45 @@ static void test_names_costs_checks(void)
         CU_ASSERT_EQUAL(run(&k), FSDP_OK);
         /* one row or element of work with NULL pointers is not */
         switch (kinds[i]) {
-        case FSDP_K_GELU_FWD: k.u.gelu_fwd.n = 4; break;
-        case FSDP_K_GELU_BWD: k.u.gelu_bwd.n = 4; break;
-        case FSDP_K_ADD: k.u.add.n = 4; break;
-        case FSDP_K_LAYERNORM_FWD: k.u.layernorm_fwd.rows = 1; k.u.layernorm_fwd.cols = 4; break;
-        case FSDP_K_LAYERNORM_BWD: k.u.layernorm_bwd.rows = 1; k.u.layernorm_bwd.cols = 4; break;
-        case FSDP_K_SOFTMAX_FWD: k.u.softmax_fwd.rows = 1; k.u.softmax_fwd.cols = 4; break;
-        case FSDP_K_SOFTMAX_BWD: k.u.softmax_bwd.rows = 1; k.u.softmax_bwd.cols = 4; break;
-        case FSDP_K_EMBEDDING_FWD: k.u.embedding_fwd.rows = 1; k.u.embedding_fwd.cols = 4; break;
-        case FSDP_K_EMBEDDING_BWD: k.u.embedding_bwd.rows = 1; k.u.embedding_bwd.cols = 4; break;
-        case FSDP_K_CROSS_ENTROPY: k.u.cross_entropy.rows = 1; k.u.cross_entropy.vocab = 4; break;
-        default: break;
+        case FSDP_K_GELU_FWD:
+            k.u.gelu_fwd.n = 4;
+            break;
+        case FSDP_K_GELU_BWD:
+            k.u.gelu_bwd.n = 4;
+            break;
+        case FSDP_K_ADD:
+            k.u.add.n = 4;
+            break;
+        case FSDP_K_LAYERNORM_FWD:
+            k.u.layernorm_fwd.rows = 1;
+            k.u.layernorm_fwd.cols = 4;
+            break;
+        case FSDP_K_LAYERNORM_BWD:
+            k.u.layernorm_bwd.rows = 1;
+            k.u.layernorm_bwd.cols = 4;
+            break;
+        case FSDP_K_SOFTMAX_FWD:
+            k.u.softmax_fwd.rows = 1;
+            k.u.softmax_fwd.cols = 4;
+            break;
+        case FSDP_K_SOFTMAX_BWD:
+            k.u.softmax_bwd.rows = 1;
+            k.u.softmax_bwd.cols = 4;
+            break;
+        case FSDP_K_EMBEDDING_FWD:
+            k.u.embedding_fwd.rows = 1;
+            k.u.embedding_fwd.cols = 4;
+            break;
+        case FSDP_K_EMBEDDING_BWD:
+            k.u.embedding_bwd.rows = 1;
+            k.u.embedding_bwd.cols = 4;
+            break;
+        case FSDP_K_CROSS_ENTROPY:
+            k.u.cross_entropy.rows = 1;
+            k.u.cross_entropy.vocab = 4;
+            break;
+        default:
+            break;
         }
         fsdp_kernel_cost(&k, &f, &b);
         CU_ASSERT(b > 0.0);

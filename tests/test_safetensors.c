@@ -1,5 +1,5 @@
 /* safetensors reader and writer: round trips, the writer's layout, one test per rule the strict
- * reader enforces (formats.md section 1), I/O errors and the atomic write. */
+ * reader enforces (docs/formats.md section 1), I/O errors and the atomic write. */
 #include <fsdp/fsdp.h>
 
 #include <dirent.h>

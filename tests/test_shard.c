@@ -1,4 +1,4 @@
-/* Shard arithmetic (fsdp-semantics.md section 4): sizes, padding, per-parameter shard info and
+/* Shard arithmetic (docs/runtime.md section 4): sizes, padding, per-parameter shard info and
  * gradient divide factors. */
 #include <fsdp/fsdp.h>
 #include <string.h>
@@ -35,7 +35,7 @@ static void test_shard_table(void)
         }
         CU_ASSERT_EQUAL(sum, cases[c].total);
     }
-    /* the example of the semantics: T=5, W=4 pads 0,0,1,2 */
+    /* the example of docs/runtime.md section 4: T=5, W=4 pads 0,0,1,2 */
     size_t numel, pad;
     fsdp_shard_extent(5, 4, 3, &numel, &pad);
     CU_ASSERT(numel == 0 && pad == 2);

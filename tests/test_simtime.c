@@ -10,7 +10,7 @@
  *    the communicator (NCCL runs one collective at a time), so both are exposed per unit.
  * Then the rate limiter against CPU run-ahead, persistent model-state memory (16 bytes per
  * parameter over N ranks, plus the 512-byte rounding), NCCL's formula against hand-computed
- * numbers from the reference tables, profile errors, and determinism. */
+ * numbers from the tables of docs/allocator.md part 2, profile errors, and determinism. */
 #include <fsdp/fsdp.h>
 
 #include <math.h>
@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "test_util.h"
 
@@ -419,7 +420,7 @@ static void test_model_state_memory(void)
     }
 }
 
-/* ---- NCCL's formula against the reference's worked examples ---- */
+/* ---- NCCL's formula against the worked examples of docs/allocator.md section 2.5 ---- */
 
 static void close_to(double got, double want, double rel)
 {
@@ -690,7 +691,7 @@ static fsdp_status_t mlp_rank(fsdp_dev_t *dev, void *arg)
     return st;
 }
 
-static void run_mlp(mlp_case_t *c, fsdp_sim_mode_t mode)
+static void run_mlp(mlp_case_t *c, fsdp_sim_mode_t mode, int fibers)
 {
     fsdp_sim_params_t p;
 
@@ -700,6 +701,8 @@ static void run_mlp(mlp_case_t *c, fsdp_sim_mode_t mode)
     fsdp_sim_params_init(&p); /* the default profile: one 8xH100 node */
     p.world_size = c->world;
     p.mode = mode;
+    p.fibers = fibers;
+    p.workers = 2;
     p.timeout_s = 20.0;
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, mlp_rank, c, NULL), FSDP_OK);
 }
@@ -727,15 +730,23 @@ static void test_determinism(void)
 
     CU_ASSERT_PTR_NOT_NULL_FATAL(a);
     CU_ASSERT_PTR_NOT_NULL_FATAL(b);
-    run_mlp(a, FSDP_SIM_DATA);
-    run_mlp(b, FSDP_SIM_DATA);
+    run_mlp(a, FSDP_SIM_DATA, 0);
+    run_mlp(b, FSDP_SIM_DATA, 0);
     same_times(a, b);
     for (int r = 0; r < a->world; r++) {
         CU_ASSERT(a->step_time[r][0] > 0.0);
         CU_ASSERT(memcmp(a->loss[r], b->loss[r], sizeof(a->loss[r])) == 0);
     }
     /* shape mode runs the same code without data: the same times and memory */
-    run_mlp(b, FSDP_SIM_SHAPE);
+    run_mlp(b, FSDP_SIM_SHAPE, 0);
+    same_times(a, b);
+    /* ranks as fibers on two workers (threads where sanitizers forbid fibers): the same again,
+     * losses included */
+    run_mlp(b, FSDP_SIM_DATA, 1);
+    same_times(a, b);
+    for (int r = 0; r < a->world; r++)
+        CU_ASSERT(memcmp(a->loss[r], b->loss[r], sizeof(a->loss[r])) == 0);
+    run_mlp(b, FSDP_SIM_SHAPE, 1);
     same_times(a, b);
     free(a);
     free(b);
@@ -796,6 +807,52 @@ static void test_query_api(void)
     CU_ASSERT_PTR_NULL(fsdp_sim_rank_profile(NULL));
 }
 
+/* ---- fibers: what fails a collective still fails it, never hangs ---- */
+
+static fsdp_status_t fiber_fail_rank(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_group_t *world = ops->group_world(dev);
+    int what = *(int *)arg;
+
+    if (what == 0) /* rank 1 leaves early: a rank that can never arrive */
+        return dev->rank == 1 ? FSDP_OK : ops->barrier(dev, world);
+    if (what == 1) /* different collectives */
+        return dev->rank == 1 ? ops->barrier(dev, world)
+                              : ops->all_reduce(dev, world, NULL, NULL, 1, FSDP_DTYPE_F32,
+                                                FSDP_REDUCE_SUM, NULL);
+    /* rank 1 is slow (on the host, holding its worker): the others time out */
+    if (dev->rank == 1) {
+        struct timespec ts = {0, 600 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        return FSDP_OK;
+    }
+    return ops->barrier(dev, world);
+}
+
+static void test_fiber_failures(void)
+{
+    static const fsdp_status_t want[3] = {FSDP_ERR_COLLECTIVE_MISMATCH,
+                                          FSDP_ERR_COLLECTIVE_MISMATCH, FSDP_ERR_TIMEOUT};
+
+    capture_start(); /* the errors are expected */
+    for (int what = 0; what < 3; what++) {
+        fsdp_sim_params_t p;
+        fsdp_status_t st[4];
+        fsdp_sim_params_init(&p);
+        p.world_size = 4;
+        p.mode = FSDP_SIM_SHAPE;
+        p.fibers = 1;
+        p.workers = 2;
+        p.timeout_s = what == 2 ? 0.2 : 20.0;
+        fsdp_sim_launch(&p, fiber_fail_rank, &what, st);
+        CU_ASSERT_EQUAL(st[0], want[what]);
+        CU_ASSERT_EQUAL(st[2], want[what]);
+        CU_ASSERT_EQUAL(st[3], want[what]);
+    }
+    capture_end();
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -807,8 +864,9 @@ int main(void)
         {"NCCL formula against the reference tables", test_nccl_formula},
         {"profile errors", test_profile_errors},
         {"profile JSON round trip and preset files", test_profile_json},
-        {"determinism; shape mode equals data mode", test_determinism},
+        {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
+        {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},
         {NULL, NULL},
     };
     return fsdp_test_run("simtime", tests);

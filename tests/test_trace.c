@@ -391,7 +391,7 @@ static void test_versions(void)
     CU_ASSERT_FATAL(fsdp_trace_open(path, NULL, &t) == FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_close(t), FSDP_OK);
     CU_ASSERT_EQUAL(db_int(path, "PRAGMA user_version"), FSDP_TRACE_SCHEMA_VERSION);
-    /* WAL is persistent (formats.md section 5) */
+    /* WAL is persistent (docs/formats.md section 5) */
     CU_ASSERT_EQUAL(db_int(path, "SELECT journal_mode = 'wal' FROM pragma_journal_mode"), 1);
     /* a second run in the same file */
     CU_ASSERT_FATAL(fsdp_trace_open(path, NULL, &t) == FSDP_OK);

@@ -1,6 +1,6 @@
 /* fsdp-plan: how a model would train with FSDP on a cluster, before the job is launched.
  *
- *   fsdp-plan --model mlp-175b --profile h100:nodes=128 --batch 2048
+ *   fsdp-plan --model gpt3-175b --profile h100:nodes=128 --mixed-precision bf16
  *   fsdp-plan --model mlp:4096,16384,4096 --profile a100 --sweep
  *
  * Runs the real training step (the same hooks, allocator and model code as fsdp-train) on
@@ -9,6 +9,7 @@
  * exposed communication and the MFU; --sweep tries strategies, backward prefetch policies and
  * the rate limiter and says which fit the device memory and which is fastest. */
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt2.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -26,8 +27,10 @@
 #define MAX_DIMS (FSDP_MLP_MAX_LAYERS + 1)
 
 typedef struct model_cfg {
-    int dims[MAX_DIMS];
+    int dims[MAX_DIMS]; /* mlp */
     int nlayers;
+    fsdp_gpt2_config_t gpt; /* gpt */
+    int checkpoint_activations;
 } model_cfg_t;
 
 typedef struct model_ops {
@@ -36,6 +39,9 @@ typedef struct model_ops {
     fsdp_status_t (*create)(fsdp_t *fs, const model_cfg_t *cfg, void **model_p);
     /* One forward and backward over `rows` rows of this rank's batch. */
     fsdp_status_t (*step)(void *model, size_t rows);
+    /* Calls func as the forward and the backward of a step begin; NULL when the model cannot
+     * (its forward and backward are then reported together, as forward). */
+    void (*phase_hook)(void *model, fsdp_phase_func_t func, void *arg);
     void (*destroy)(void *model);
     double (*params)(const model_cfg_t *cfg);
     int (*units)(const model_cfg_t *cfg);
@@ -60,6 +66,11 @@ static fsdp_status_t mlp_step(void *model, size_t rows)
     return fsdp_mlp_forward_backward(model, NULL, NULL, rows, &loss);
 }
 
+static void mlp_phase_hook(void *model, fsdp_phase_func_t func, void *arg)
+{
+    fsdp_mlp_set_phase_hook(model, func, arg);
+}
+
 static void mlp_destroy(void *model)
 {
     fsdp_mlp_destroy(model);
@@ -78,8 +89,8 @@ static int mlp_units(const model_cfg_t *cfg)
     return cfg->nlayers;
 }
 
-static const model_ops_t mlp_ops = {mlp_parse, mlp_create, mlp_step, mlp_destroy, mlp_params,
-                                    mlp_units};
+static const model_ops_t mlp_ops = {mlp_parse,   mlp_create, mlp_step,  mlp_phase_hook,
+                                    mlp_destroy, mlp_params, mlp_units};
 
 /* GPT-3 175B's shape (96 blocks of 12 x 12288^2 = 1.81e9 parameters) as an MLP: 96 Linear
  * units alternating 12288 -> 147456 -> 12288, 1.74e11 parameters. */
@@ -92,20 +103,77 @@ static int mlp_175b_parse(const char *spec, model_cfg_t *cfg)
     return 0;
 }
 
-static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create, mlp_step, mlp_destroy,
-                                         mlp_params, mlp_units};
+static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create,  mlp_step, mlp_phase_hook,
+                                         mlp_destroy,    mlp_params,  mlp_units};
+
+/* GPT-2 and the GPT-3 family (include/fsdp/gpt2.h): a preset name or gpt2:layers=...,
+ * one sequence of n_positions tokens per `rows` of them. */
+static int gpt_parse(const char *spec, model_cfg_t *cfg)
+{
+    return fsdp_gpt2_config_parse(spec, &cfg->gpt) == FSDP_OK ? 0 : -1;
+}
+
+static fsdp_status_t gpt_create(fsdp_t *fs, const model_cfg_t *cfg, void **model_p)
+{
+    fsdp_status_t st = fsdp_gpt2_create(fs, &cfg->gpt, (fsdp_gpt2_t **)model_p);
+    if (st == FSDP_OK && cfg->checkpoint_activations)
+        st = fsdp_gpt2_set_checkpointing(*model_p, -1, 1);
+    return st;
+}
+
+static fsdp_status_t gpt_step(void *model, size_t rows)
+{
+    size_t seq = (size_t)fsdp_gpt2_config(model)->n_positions;
+    size_t batch = rows > seq ? rows / seq : 1;
+    int32_t *tokens;
+    float loss;
+    fsdp_status_t st;
+
+    if (rows < seq)
+        seq = rows;
+    /* shape mode reads no tokens: zeros stand for the batch */
+    tokens = calloc(batch * seq, sizeof(*tokens));
+    if (tokens == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    st = fsdp_gpt2_forward_backward(model, tokens, tokens, batch, seq, &loss);
+    free(tokens);
+    return st;
+}
+
+static void gpt_destroy(void *model)
+{
+    fsdp_gpt2_destroy(model);
+}
+
+static double gpt_params(const model_cfg_t *cfg)
+{
+    return (double)fsdp_gpt2_num_params(&cfg->gpt);
+}
+
+static int gpt_units(const model_cfg_t *cfg)
+{
+    return cfg->gpt.n_layer + 1;
+}
+
+static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step, NULL,
+                                    gpt_destroy, gpt_params, gpt_units};
 
 typedef struct model_entry {
-    const char *name;   /* exact name, or a family prefix ending in ':' */
+    const char *name; /* exact name, or a family prefix ending in ':' */
+    int (*match)(const char *spec); /* or this, when not NULL */
     const char *what;
     const model_ops_t *ops;
-    size_t default_rows; /* per rank */
+    size_t default_rows; /* per rank; 0: one sequence */
 } model_entry_t;
 
 static const model_entry_t models[] = {
-    {"mlp:", "mlp:D0,D1,...,DL: a Linear/ReLU stack, one unit per Linear", &mlp_ops, 8},
-    {"mlp-175b", "GPT-3 175B's parameter and unit count as an MLP (96 units of 1.81e9)",
+    {"mlp:", NULL, "mlp:D0,D1,...,DL: a Linear/ReLU stack, one unit per Linear", &mlp_ops, 8},
+    {"mlp-175b", NULL, "GPT-3 175B's parameter and unit count as an MLP (96 units of 1.81e9)",
      &mlp_175b_ops, 2048},
+    {"gpt", fsdp_gpt2_spec_is_gpt,
+     "a GPT-2 / GPT-3 preset (--list-models) or gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V; "
+     "--batch counts tokens, one sequence by default",
+     &gpt_ops, 0},
 };
 #define N_MODELS (sizeof(models) / sizeof(models[0]))
 
@@ -113,8 +181,9 @@ static const model_entry_t *model_find(const char *spec)
 {
     for (size_t i = 0; i < N_MODELS; i++) {
         size_t n = strlen(models[i].name);
-        if (models[i].name[n - 1] == ':' ? strncmp(spec, models[i].name, n) == 0
-                                         : strcmp(spec, models[i].name) == 0)
+        if (models[i].match != NULL ? models[i].match(spec)
+            : models[i].name[n - 1] == ':' ? strncmp(spec, models[i].name, n) == 0
+                                           : strcmp(spec, models[i].name) == 0)
             return &models[i];
     }
     return NULL;
@@ -169,19 +238,24 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
 static void usage(FILE *f)
 {
     fputs("usage: fsdp-plan --model SPEC [options]\n"
-          "  --model SPEC               mlp:D0,D1,...,DL, or a named model (--list-models)\n"
+          "  --model SPEC               mlp:D0,D1,...,DL, a GPT preset (gpt2, gpt3-175b, ...), or\n"
+          "                             another named model (--list-models)\n"
           "  --profile P                cluster: a preset (h100, a100) or a JSON file, optionally\n"
           "                             with :nodes=N,gpus_per_node=G (default h100)\n"
           "  --nodes N, --gpus-per-node G   the cluster's shape (override the profile's)\n"
           "  --world W                  ranks (default nodes x gpus per node)\n"
           "  --capacity BYTES           device memory per GPU, with K/M/G/T; 0 is unlimited\n"
           "                             (default: the profile's GPU memory)\n"
-          "  --batch ROWS               rows (tokens) per rank per step (default per model)\n"
+          "  --batch ROWS               rows (tokens) per rank per step (default: 8 for an mlp,\n"
+          "                             2048 for mlp-175b, one sequence for a GPT)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
+          "  --mixed-precision bf16|f16 param_dtype: the all-gathers and compute in it\n"
+          "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
+          "  --checkpoint-activations   GPT models: recompute each block in backward\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch and limiter setting\n"
@@ -229,7 +303,8 @@ static size_t parse_bytes(const char *opt, const char *s)
 enum {
     OPT_MODEL = 256, OPT_PROFILE, OPT_NODES, OPT_GPN, OPT_WORLD, OPT_CAPACITY, OPT_BATCH,
     OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT, OPT_NO_LIMIT, OPT_OPTIM,
-    OPT_STEPS, OPT_SWEEP, OPT_PRINT_PROFILE, OPT_LIST, OPT_TIMEOUT, OPT_VERSION, OPT_HELP
+    OPT_STEPS, OPT_SWEEP, OPT_PRINT_PROFILE, OPT_LIST, OPT_TIMEOUT, OPT_VERSION, OPT_HELP,
+    OPT_MP, OPT_CKPT_ACT, OPT_CPU_OFFLOAD
 };
 
 static int is_hybrid(fsdp_strategy_t s)
@@ -258,13 +333,16 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"mixed-precision", required_argument, NULL, OPT_MP},
+        {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"cpu-offload", no_argument, NULL, OPT_CPU_OFFLOAD},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0},
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
     long nodes = 0, gpn = 0, batch = 0;
-    int c, print_profile = 0;
+    int c, print_profile = 0, ckpt_act = 0;
 
     memset(a, 0, sizeof(*a));
     fsdp_config_init(&a->fsdp);
@@ -309,11 +387,26 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_STEPS: a->steps = (int)parse_long("--steps", optarg, 1, 1000); break;
         case OPT_SWEEP: a->sweep = 1; break;
+        case OPT_MP: {
+            fsdp_dtype_t dt;
+            if (!fsdp_dtype_parse(optarg, &dt) || (dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16))
+                die("--mixed-precision: '%s' is not one of bf16, f16", optarg);
+            a->fsdp.mixed_precision.param_dtype = dt;
+            break;
+        }
+        case OPT_CKPT_ACT: ckpt_act = 1; break;
+        case OPT_CPU_OFFLOAD: a->fsdp.cpu_offload = 1; break;
         case OPT_PRINT_PROFILE: print_profile = 1; break;
-        case OPT_LIST:
+        case OPT_LIST: {
+            int n = 0;
+            const fsdp_gpt2_preset_t *gp = fsdp_gpt2_presets(&n);
             for (size_t i = 0; i < N_MODELS; i++)
-                printf("%-12s %s\n", models[i].name, models[i].what);
+                printf("%-14s %s\n", models[i].name, models[i].what);
+            for (int i = 0; i < n; i++)
+                printf("  %-12s %.4g parameters: %s\n", gp[i].name,
+                       (double)fsdp_gpt2_num_params(&gp[i].cfg), gp[i].description);
             exit(0);
+        }
         case OPT_TIMEOUT: {
             char *end;
             a->timeout_s = strtod(optarg, &end);
@@ -353,9 +446,18 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     if (a->model_spec == NULL)
         die("--model is required (see --help and --list-models)");
     a->model = model_find(a->model_spec);
-    if (a->model == NULL || a->model->ops->parse(a->model_spec, &a->mcfg) != 0)
+    if (a->model == NULL)
         die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
             "widths, or one of --list-models", a->model_spec, MAX_DIMS);
+    if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
+        if (a->model->ops == &gpt_ops)
+            exit(2); /* the library said what is allowed */
+        die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
+            "widths, or one of --list-models", a->model_spec, MAX_DIMS);
+    }
+    if (ckpt_act && a->model->ops != &gpt_ops)
+        die("--checkpoint-activations needs a GPT model");
+    a->mcfg.checkpoint_activations = ckpt_act;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
         if ((double)a->profile.nodes * a->per_node > 65536)
@@ -366,6 +468,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         a->per_node = a->world < a->per_node ? a->world : 1;
     a->capacity = capacity ? parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
     a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
+    if (a->rows == 0) /* one sequence */
+        a->rows = (size_t)a->mcfg.gpt.n_positions;
     if (is_hybrid(a->fsdp.strategy) && a->world % a->per_node != 0)
         die("--strategy %s needs the world (%d) to be a multiple of the GPUs per node (%d)",
             fsdp_strategy_name(a->fsdp.strategy), a->world, a->per_node);
@@ -373,8 +477,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
 
 /* ---- one simulated run -------------------------------------------------------------------- */
 
-enum { PH_FWD_BWD = 0, PH_OPTIM = 1, N_PHASES };
-static const char *const phase_names[N_PHASES] = {"forward+backward", "optimizer"};
+enum { PH_SETUP = 0, PH_FORWARD, PH_BACKWARD, PH_OPTIM, N_PHASES };
+static const char *const phase_names[N_PHASES] = {"setup", "forward", "backward", "optimizer"};
 
 typedef struct rank_result {
     fsdp_status_t status;
@@ -410,6 +514,19 @@ static void phase_end(fsdp_mem_t *mem, rank_result_t *r, int phase)
     fsdp_mem_reset_peaks(mem);
 }
 
+typedef struct phase_ctx {
+    fsdp_mem_t *mem;
+    rank_result_t *r;
+    int cur;
+} phase_ctx_t;
+
+static void phase_begin(fsdp_phase_t phase, void *arg)
+{
+    phase_ctx_t *p = arg;
+    phase_end(p->mem, p->r, p->cur);
+    p->cur = phase == FSDP_PHASE_BACKWARD ? PH_BACKWARD : PH_FORWARD;
+}
+
 static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
 {
     plan_run_t *run = arg;
@@ -417,6 +534,7 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     rank_result_t *r = &run->res[dev->rank];
     fsdp_optim_config_t oc;
     fsdp_optim_t *opt = NULL;
+    phase_ctx_t pc;
     void *model = NULL;
     fsdp_t *fs = NULL;
     fsdp_mem_t *mem;
@@ -426,19 +544,27 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     if (st != FSDP_OK)
         return r->status = st;
     mem = fsdp_memory(fs);
+    pc.mem = mem;
+    pc.r = r;
+    pc.cur = PH_SETUP;
     fsdp_optim_config_init(&oc, a->optim);
     st = a->model->ops->create(fs, &a->mcfg, &model);
-    if (st == FSDP_OK)
+    if (st == FSDP_OK) {
+        if (a->model->ops->phase_hook != NULL)
+            a->model->ops->phase_hook(model, phase_begin, &pc);
         st = fsdp_optim_create(fs, &oc, &opt);
+    }
     for (int step = 0; step < a->steps && st == FSDP_OK; step++) {
         double t0;
-        phase_end(mem, r, PH_OPTIM); /* what came before: model creation, the last step */
+        /* what came before (setup, or the last step's optimizer) ends */
+        phase_begin(FSDP_PHASE_FORWARD, &pc);
         fsdp_sim_time_reset(dev);
         t0 = dev->ops->host_time(dev);
         st = a->model->ops->step(model, a->rows);
         if (st != FSDP_OK)
             break;
-        phase_end(mem, r, PH_FWD_BWD);
+        phase_end(mem, r, pc.cur);
+        pc.cur = PH_OPTIM;
         st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
         if (st == FSDP_OK)
@@ -448,7 +574,7 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         r->step_time = dev->ops->host_time(dev) - t0;
     }
     if (st == FSDP_OK)
-        phase_end(mem, r, PH_OPTIM);
+        phase_end(mem, r, pc.cur);
     if (opt != NULL)
         fsdp_optim_destroy(opt);
     if (model != NULL)
@@ -466,13 +592,20 @@ typedef struct summary {
     size_t peak_alloc, peak_reserved; /* max over ranks */
 } summary_t;
 
+/* The dtype GEMMs run in: MFU is against its peak. */
+static fsdp_dtype_t compute_dtype(const fsdp_config_t *cfg)
+{
+    fsdp_dtype_t dt = cfg->mixed_precision.param_dtype;
+    return dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16 ? dt : FSDP_DTYPE_F32;
+}
+
 static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
                           rank_result_t *res)
 {
     fsdp_sim_params_t sp;
     plan_run_t run = {.a = a, .cfg = *cfg, .res = res};
     summary_t s;
-    double peak = fsdp_sim_profile_matmul_flops(&a->profile, FSDP_DTYPE_F32);
+    double peak = fsdp_sim_profile_matmul_flops(&a->profile, compute_dtype(cfg));
     int slow = 0;
 
     memset(&s, 0, sizeof(s));
@@ -590,9 +723,11 @@ static void memory_line(const rank_result_t *r, char *buf, size_t n)
 static void phase_line(const rank_result_t *r, char *buf, size_t n)
 {
     int off = 0;
-    for (int p = 0; p < N_PHASES && off >= 0 && (size_t)off < n; p++)
-        off += snprintf(buf + off, n - (size_t)off, "%s%9.2f / %-9.2f", p ? "   " : "",
-                        u(r->phase_alloc[p]), u(r->phase_reserved[p]));
+    for (int p = 0; p < N_PHASES && off >= 0 && (size_t)off < n; p++) {
+        char cell[64];
+        snprintf(cell, sizeof(cell), "%.2f / %.2f", u(r->phase_alloc[p]), u(r->phase_reserved[p]));
+        off += snprintf(buf + off, n - (size_t)off, "%s%-21s", p ? " " : "", cell);
+    }
 }
 
 static const char *prefetch_name(fsdp_backward_prefetch_t p)
@@ -617,17 +752,22 @@ static void print_header(const plan_args_t *a)
 
 static int print_plan(const plan_args_t *a, rank_result_t *res)
 {
-    summary_t s = plan_config(a, &a->fsdp, res, 0);
-    double peak = fsdp_sim_profile_matmul_flops(&a->profile, FSDP_DTYPE_F32);
+    fsdp_dtype_t dt = compute_dtype(&a->fsdp);
+    double peak = fsdp_sim_profile_matmul_flops(&a->profile, dt);
     char cap[32];
+    summary_t s;
 
     print_header(a);
-    printf("config %s, backward prefetch %s, forward prefetch %s, limit all-gathers %s\n",
+    printf("config %s, backward prefetch %s, forward prefetch %s, limit all-gathers %s%s%s\n",
            fsdp_strategy_name(a->fsdp.strategy), prefetch_name(a->fsdp.backward_prefetch),
-           a->fsdp.forward_prefetch ? "on" : "off", a->fsdp.limit_all_gathers ? "on" : "off");
+           a->fsdp.forward_prefetch ? "on" : "off", a->fsdp.limit_all_gathers ? "on" : "off",
+           dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
+           dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
+    fflush(stdout);
+    s = plan_config(a, &a->fsdp, res, 0);
     if (s.status != FSDP_OK && !s.oom) {
-        fprintf(stderr, "fsdp-plan: error: the simulation failed: %s\n",
-                fsdp_status_string(s.status));
+        fprintf(stderr, "fsdp-plan: error: the simulation failed (%s); see above\n",
+                fsdp_status_name(s.status));
         return 1;
     }
     printf("step time %.3f ms, compute %.3f ms, exposed communication %.3f ms (%.1f%% of the "
@@ -635,7 +775,8 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            s.step_time * 1e3, s.compute * 1e3, s.exposed * 1e3,
            s.step_time > 0 ? 100.0 * s.exposed / s.step_time : 0.0);
     printf("MFU %.1f%% (GEMM FLOPs per rank / step time / %.4g TFLOP/s %s peak)\n", 100.0 * s.mfu,
-           peak / 1e12, a->profile.gpu.allow_tf32 ? "tf32" : "f32");
+           peak / 1e12,
+           dt == FSDP_DTYPE_F32 && a->profile.gpu.allow_tf32 ? "tf32" : fsdp_dtype_name(dt));
     pick_unit(s.peak_reserved);
     printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
            unit_name);
@@ -649,9 +790,11 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     print_folded(a, res, memory_line);
     printf("peaks by phase, %s (allocated / reserved):\n  %-15s", unit_name, "");
     for (int p = 0; p < N_PHASES; p++)
-        printf("%s%-21s", p ? "   " : "", phase_names[p]);
+        printf("%s%-21s", p ? " " : "", phase_names[p]);
     printf("\n");
     print_folded(a, res, phase_line);
+    if (a->model->ops->phase_hook == NULL)
+        printf("  (this model reports its forward and backward together, as forward)\n");
     fmt_capacity(a->capacity, cap, sizeof(cap));
     if (s.oom)
         printf("fits: no: needs %.2f GiB reserved (%.2f GiB allocated) per GPU of %s\n",

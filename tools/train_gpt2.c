@@ -149,8 +149,9 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
 
     if (o->fsdp.mixed_precision.param_dtype != FSDP_DTYPE_UNSET &&
         o->fsdp.mixed_precision.param_dtype != FSDP_DTYPE_F32) {
-        fprintf(stderr, "fsdp-train: error: gpt models compute in f32: --mixed-precision "
-                        "param=%s is not supported for them\n",
+        fprintf(stderr,
+                "fsdp-train: error: gpt models compute in f32: --mixed-precision "
+                "param=%s is not supported for them\n",
                 fsdp_dtype_name(o->fsdp.mixed_precision.param_dtype));
         return 2;
     }
@@ -160,14 +161,14 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         fprintf(stderr,
                 "fsdp-train: error: %s: token ids reach %u, beyond the model's vocabulary of %d "
                 "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)\n",
-                fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens),
-                o->model.vocab_size, fsdp_tokens_max_id(sh.tokens) + 1);
+                fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), o->model.vocab_size,
+                fsdp_tokens_max_id(sh.tokens) + 1);
         goto out;
     }
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
         goto out;
-    if (o->init_path != NULL && fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights) !=
-                                    FSDP_OK)
+    if (o->init_path != NULL &&
+        fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights) != FSDP_OK)
         goto out;
     sh.peak = calloc((size_t)o->world, sizeof(size_t));
     if (sh.peak == NULL) {
@@ -177,10 +178,10 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (!o->quiet) {
         printf("model %s: %llu parameters (layers=%d heads=%d dim=%d seq=%d vocab=%d); data: %s, "
                "%zu tokens; global batch %d x %d on %d ranks, %s\n",
-               o->model_name, (unsigned long long)fsdp_gpt2_num_params(&o->model),
-               o->model.n_layer, o->model.n_head, o->model.n_embd, o->model.n_positions,
-               o->model.vocab_size, fsdp_tokens_source(sh.tokens), fsdp_tokens_count(sh.tokens),
-               o->batch, o->seq, o->world, fsdp_strategy_name(o->fsdp.strategy));
+               o->model_name, (unsigned long long)fsdp_gpt2_num_params(&o->model), o->model.n_layer,
+               o->model.n_head, o->model.n_embd, o->model.n_positions, o->model.vocab_size,
+               fsdp_tokens_source(sh.tokens), fsdp_tokens_count(sh.tokens), o->batch, o->seq,
+               o->world, fsdp_strategy_name(o->fsdp.strategy));
         fflush(stdout);
     }
     fsdp_sim_params_init(&sim);

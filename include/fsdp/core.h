@@ -12,7 +12,7 @@
  *     fsdp_pre_backward(u); ...gradients of u's layers...; fsdp_post_backward(u);
  *
  * then fsdp_final_callback(fs). The order of collectives, waits, allocations and frees inside
- * the hooks is PyTorch FSDP's (shared/reference/fsdp-semantics.md section 2).
+ * the hooks is PyTorch FSDP's (docs/runtime.md section 2).
  */
 #ifndef FSDP_CORE_H
 #define FSDP_CORE_H
@@ -107,7 +107,7 @@ typedef struct fsdp_param_spec {
 } fsdp_param_spec_t;
 
 /* Where a parameter sits in its handle's flat parameter and in this rank's shard
- * (fsdp-semantics.md section 4). */
+ * (docs/runtime.md section 4). */
 typedef struct fsdp_param_info {
     const char *name;
     int ndim;

@@ -2,7 +2,7 @@
  *
  * A token source is a read-only array of token ids that any number of rank threads share:
  * the bytes of a text file (byte-level tokens, ids < 256), the project's own sources as a
- * default corpus, or an llm.c token shard (shared/reference/formats.md section 3). A global
+ * default corpus, or an llm.c token shard (docs/formats.md section 3). A global
  * batch is B rows of T tokens (inputs) and the same shifted by one (targets); rank r of W
  * takes rows r B/W .. (r + 1) B/W - 1, so the ranks together see exactly the global batch.
  *
@@ -25,14 +25,11 @@
 extern "C" {
 #endif
 
-#define FSDP_LLMC_MAGIC 20240520   /* llm.c's uint16 token shards */
+#define FSDP_LLMC_MAGIC 20240520 /* llm.c's uint16 token shards */
 #define FSDP_LLMC_VERSION 1
 #define FSDP_LLMC_HEADER_BYTES 1024 /* 256 int32 */
 
-typedef enum {
-    FSDP_TOKENS_RANDOM = 0,
-    FSDP_TOKENS_SEQUENTIAL = 1
-} fsdp_tokens_order_t;
+typedef enum { FSDP_TOKENS_RANDOM = 0, FSDP_TOKENS_SEQUENTIAL = 1 } fsdp_tokens_order_t;
 
 typedef struct fsdp_tokens fsdp_tokens_t;
 

@@ -9,7 +9,7 @@
  *
  * Units: the root "transformer" owns wte, wpe and ln_f (its parameters stay unsharded from
  * forward to backward, as PyTorch's root does); every block "transformer.h.<i>" is a unit.
- * Parameters carry HF's names and layouts (shared/reference/formats.md section 2):
+ * Parameters carry HF's names and layouts (docs/formats.md section 2):
  * "transformer.wte.weight" [vocab, C], "transformer.h.<i>.attn.c_attn.weight" [C, 3C] in Conv1D
  * [in, out] layout, ... so a FULL checkpoint (checkpoint.h) is an HF state dict. The LM head
  * is wte itself: stored once, its gradient the sum of both uses.
@@ -24,18 +24,18 @@ extern "C" {
 #endif
 
 typedef struct fsdp_gpt2_config {
-    int n_layer;         /* transformer blocks */
-    int n_head;          /* attention heads; must divide n_embd */
-    int n_embd;          /* width C */
-    int n_positions;     /* rows of wpe: the longest sequence */
-    int vocab_size;      /* rows of wte and logits */
-    float layer_norm_eps;  /* 1e-5 */
+    int n_layer;             /* transformer blocks */
+    int n_head;              /* attention heads; must divide n_embd */
+    int n_embd;              /* width C */
+    int n_positions;         /* rows of wpe: the longest sequence */
+    int vocab_size;          /* rows of wte and logits */
+    float layer_norm_eps;    /* 1e-5 */
     float initializer_range; /* 0.02: std of the normal init */
 } fsdp_gpt2_config_t;
 
 /* A named configuration. */
 typedef struct fsdp_gpt2_preset {
-    const char *name;        /* "gpt2-tiny", "gpt2", ..., "gpt3-175b" */
+    const char *name; /* "gpt2-tiny", "gpt2", ..., "gpt3-175b" */
     fsdp_gpt2_config_t cfg;
     const char *description; /* where the numbers come from */
 } fsdp_gpt2_preset_t;
@@ -85,9 +85,18 @@ fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer); /* NULL out of rang
 
 /* Parameter indexes within a block unit and within the root. */
 enum {
-    FSDP_GPT2_LN1_W = 0, FSDP_GPT2_LN1_B, FSDP_GPT2_ATTN_W, FSDP_GPT2_ATTN_B,
-    FSDP_GPT2_ATTN_PROJ_W, FSDP_GPT2_ATTN_PROJ_B, FSDP_GPT2_LN2_W, FSDP_GPT2_LN2_B,
-    FSDP_GPT2_FC_W, FSDP_GPT2_FC_B, FSDP_GPT2_FC_PROJ_W, FSDP_GPT2_FC_PROJ_B,
+    FSDP_GPT2_LN1_W = 0,
+    FSDP_GPT2_LN1_B,
+    FSDP_GPT2_ATTN_W,
+    FSDP_GPT2_ATTN_B,
+    FSDP_GPT2_ATTN_PROJ_W,
+    FSDP_GPT2_ATTN_PROJ_B,
+    FSDP_GPT2_LN2_W,
+    FSDP_GPT2_LN2_B,
+    FSDP_GPT2_FC_W,
+    FSDP_GPT2_FC_B,
+    FSDP_GPT2_FC_PROJ_W,
+    FSDP_GPT2_FC_PROJ_B,
     FSDP_GPT2_BLOCK_NPARAMS
 };
 enum { FSDP_GPT2_WTE = 0, FSDP_GPT2_WPE, FSDP_GPT2_LNF_W, FSDP_GPT2_LNF_B, FSDP_GPT2_ROOT_NPARAMS };

@@ -1,14 +1,14 @@
 /* libfsdp: device memory as the core sees it.
  *
- * Every allocation of the runtime and of the built-in models goes through a per-rank
- * fsdp_mem_t: PyTorch's CUDA caching allocator policy (reference PART 1) over the backend's raw
+ * Every allocation of the runtime and of the built-in models goes through a per-rank fsdp_mem_t:
+ * PyTorch's CUDA caching allocator policy (docs/allocator.md part 1) over the backend's raw
  * segments, so the sim and the gpu backends make the same decisions and report the same
- * `allocated` bytes. Requests are rounded to 512 bytes; requests of up to 1 MiB come from
- * 2 MiB segments of the small pool, larger ones from the large pool (20 MiB segments below
- * 10 MiB, else the request rounded up to 2 MiB); a free block is reused, best fit, only by
- * requests on the stream it was allocated on; blocks are split and merged inside a segment,
- * and a plain free never returns a segment to the backend. Each block is tagged with a
- * category; statistics are kept as torch.cuda.memory_stats() keeps them, plus per category.
+ * `allocated` bytes. Requests are rounded to 512 bytes; requests of up to 1 MiB come from 2 MiB
+ * segments of the small pool, larger ones from the large pool (20 MiB segments below 10 MiB, else
+ * the request rounded up to 2 MiB); a free block is reused, best fit, only by requests on the
+ * stream it was allocated on; blocks are split and merged inside a segment, and a plain free never
+ * returns a segment to the backend. Each block is tagged with a category; statistics are kept as
+ * torch.cuda.memory_stats() keeps them, plus per category.
  *
  * One fsdp_mem_t belongs to one rank and is used by that rank's thread only.
  */

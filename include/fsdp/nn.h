@@ -87,6 +87,13 @@ fsdp_status_t fsdp_mlp_init_params(fsdp_mlp_t *mlp, uint64_t seed);
  * forward reports stays the plain mean. Default 1. */
 void fsdp_mlp_set_loss_scale(fsdp_mlp_t *mlp, float scale);
 
+/* The phases of a model's step, for tools that account memory per phase (fsdp-plan). */
+typedef enum { FSDP_PHASE_FORWARD = 0, FSDP_PHASE_BACKWARD = 1 } fsdp_phase_t;
+typedef void (*fsdp_phase_func_t)(fsdp_phase_t phase, void *arg);
+/* func (NULL: none, the default) is called on the rank's thread as each phase of
+ * fsdp_mlp_forward_backward begins. */
+void fsdp_mlp_set_phase_hook(fsdp_mlp_t *mlp, fsdp_phase_func_t func, void *arg);
+
 /* One forward and backward over `batch` rows: x [batch, dims[0]] and y [batch, dims[L]] in
  * host memory. Runs every FSDP hook and the final callback; leaves the sharded gradients for
  * the optimizer. *loss_p: mean squared error over this rank's rows. */

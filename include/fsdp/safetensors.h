@@ -1,4 +1,4 @@
-/* libfsdp: safetensors files (shared/reference/formats.md section 1).
+/* libfsdp: safetensors files (docs/formats.md section 1).
  *
  * The reader enforces every rule of the format: header size limits, UTF-8 JSON that starts with
  * '{', no duplicate keys, string-only __metadata__, known dtypes, contiguous non-overlapping

@@ -246,7 +246,7 @@ typedef struct fsdp_trace_diff {
 fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b, int64_t run_b,
                               FILE *out, fsdp_trace_diff_t *result_p);
 
-/* Chrome trace JSON for Perfetto (formats.md section 4): one process per rank, one thread per
+/* Chrome trace JSON for Perfetto (docs/formats.md section 4): one process per rank, one thread per
  * stream plus a host thread, memory as counter tracks, timestamps in microseconds. */
 fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char *out_path);
 

@@ -7,8 +7,8 @@
  * sum over rows (a weight gradient) runs in row order per column, so a row per thread on the GPU
  * and a loop on the host give the same bits. exp and log are computed here from
  * +, -, *, / and exact conversions only (all correctly rounded in IEEE f32, and not contracted:
- * nvcc builds with --fmad=false), never from libm or CUDA's math library, whose last bits differ; they are
- * within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
+ * nvcc builds with --fmad=false), never from libm or CUDA's math library, whose last bits differ;
+ * they are within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
 #ifndef FSDP_KERNELS_NN_BODIES_H
 #define FSDP_KERNELS_NN_BODIES_H
 
@@ -78,7 +78,7 @@ FSDP_HD float fsdp_kb_expf(float x)
         p *= 2.0f;
         n -= 1;
     }
-    if (n < -126) { /* a subnormal result: scale in two exact steps, round once */
+    if (n < -126) {           /* a subnormal result: scale in two exact steps, round once */
         p *= 5.42101086e-20f; /* 2^-64 */
         n += 64;
     }

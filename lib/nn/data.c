@@ -281,8 +281,8 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
         return FSDP_ERR_IO;
     }
     if (!S_ISREG(st.st_mode) || st.st_size < FSDP_LLMC_HEADER_BYTES) {
-        fsdp_error("%s: %lld bytes is shorter than the %d-byte header of an llm.c token file",
-                   path, (long long)st.st_size, FSDP_LLMC_HEADER_BYTES);
+        fsdp_error("%s: %lld bytes is shorter than the %d-byte header of an llm.c token file", path,
+                   (long long)st.st_size, FSDP_LLMC_HEADER_BYTES);
         close(fd);
         return FSDP_ERR_FORMAT;
     }
@@ -321,7 +321,8 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
     if (count <= 0 || (uint64_t)st.st_size != FSDP_LLMC_HEADER_BYTES + 2 * (uint64_t)count) {
         fsdp_error("%s: the header counts %d tokens, so the file should be %llu bytes, but it "
                    "is %lld",
-                   path, (int)count, (unsigned long long)(FSDP_LLMC_HEADER_BYTES + 2 * (int64_t)count),
+                   path, (int)count,
+                   (unsigned long long)(FSDP_LLMC_HEADER_BYTES + 2 * (int64_t)count),
                    (long long)st.st_size);
         fsdp_tokens_close(t);
         return FSDP_ERR_FORMAT;
@@ -354,8 +355,7 @@ fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens, const fsdp_bat
     need = tokens->order == FSDP_TOKENS_SEQUENTIAL ? spec->batch * spec->seq + 1 : spec->seq + 1;
     if (tokens->n < need) {
         fsdp_error("%s: %zu tokens are too few for %s of %zu x %zu (needs %zu)", tokens->source,
-                   tokens->n,
-                   tokens->order == FSDP_TOKENS_SEQUENTIAL ? "a global batch" : "a row",
+                   tokens->n, tokens->order == FSDP_TOKENS_SEQUENTIAL ? "a global batch" : "a row",
                    spec->batch, spec->seq, need);
         return FSDP_ERR_INVALID_PARAM;
     }
@@ -369,8 +369,8 @@ size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq,
 }
 
 /* RANDOM order: the start of global row b of batch `step`, uniform over the full windows. */
-static size_t random_start(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
-                           int64_t step, size_t b)
+static size_t random_start(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec, int64_t step,
+                           size_t b)
 {
     fsdp_rng_t rng;
     uint64_t span = (uint64_t)(tokens->n - spec->seq); /* starts 0 .. n - T - 1 */

@@ -20,7 +20,9 @@
 
 /* name, layers, heads, width, positions, vocab */
 #define GPT2_PRESET(name, l, h, c, p, v, what)                                                     \
-    {name, {l, h, c, p, v, 1e-5f, 0.02f}, what}
+    {                                                                                              \
+        name, {l, h, c, p, v, 1e-5f, 0.02f}, what                                                  \
+    }
 
 static const fsdp_gpt2_preset_t presets[] = {
     GPT2_PRESET("gpt2-tiny", 2, 2, 64, 64, 256,
@@ -119,8 +121,7 @@ fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p
     p = spec + 5;
     while (*p != '\0') {
         static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab"};
-        int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions,
-                         &cfg.vocab_size};
+        int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions, &cfg.vocab_size};
         const char *eq = strchr(p, '=');
         size_t klen = eq ? (size_t)(eq - p) : 0;
         int key = -1;
@@ -199,12 +200,12 @@ static void spec_2d(fsdp_param_spec_t *s, const char *name, int64_t rows, int64_
 
 /* HF's names of a block's parameters, in FSDP_GPT2_* order. */
 static const char *const block_names[FSDP_GPT2_BLOCK_NPARAMS] = {
-    "ln_1.weight",      "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",     "ln_2.bias",
-    "mlp.c_fc.weight",  "mlp.c_fc.bias", "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
 
 static const char *const root_names[FSDP_GPT2_ROOT_NPARAMS] = {"wte.weight", "wpe.weight",
-                                                                "ln_f.weight", "ln_f.bias"};
+                                                               "ln_f.weight", "ln_f.bias"};
 
 const char *fsdp_gpt2_block_param_name(int index)
 {
@@ -224,20 +225,45 @@ void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, 
     if (block < 0) {
         static const int nd[FSDP_GPT2_ROOT_NPARAMS] = {2, 2, 1, 1};
         *ndim_p = nd[index];
-        shape[0] = index == FSDP_GPT2_WTE ? cfg->vocab_size
+        shape[0] = index == FSDP_GPT2_WTE   ? cfg->vocab_size
                    : index == FSDP_GPT2_WPE ? cfg->n_positions
                                             : c;
         shape[1] = c;
         return;
     }
     switch (index) {
-    case FSDP_GPT2_ATTN_W: *ndim_p = 2; shape[0] = c; shape[1] = 3 * c; break;
-    case FSDP_GPT2_ATTN_B: *ndim_p = 1; shape[0] = 3 * c; break;
-    case FSDP_GPT2_ATTN_PROJ_W: *ndim_p = 2; shape[0] = c; shape[1] = c; break;
-    case FSDP_GPT2_FC_W: *ndim_p = 2; shape[0] = c; shape[1] = 4 * c; break;
-    case FSDP_GPT2_FC_B: *ndim_p = 1; shape[0] = 4 * c; break;
-    case FSDP_GPT2_FC_PROJ_W: *ndim_p = 2; shape[0] = 4 * c; shape[1] = c; break;
-    default: *ndim_p = 1; shape[0] = c; break; /* layernorms and the width-C biases */
+    case FSDP_GPT2_ATTN_W:
+        *ndim_p = 2;
+        shape[0] = c;
+        shape[1] = 3 * c;
+        break;
+    case FSDP_GPT2_ATTN_B:
+        *ndim_p = 1;
+        shape[0] = 3 * c;
+        break;
+    case FSDP_GPT2_ATTN_PROJ_W:
+        *ndim_p = 2;
+        shape[0] = c;
+        shape[1] = c;
+        break;
+    case FSDP_GPT2_FC_W:
+        *ndim_p = 2;
+        shape[0] = c;
+        shape[1] = 4 * c;
+        break;
+    case FSDP_GPT2_FC_B:
+        *ndim_p = 1;
+        shape[0] = 4 * c;
+        break;
+    case FSDP_GPT2_FC_PROJ_W:
+        *ndim_p = 2;
+        shape[0] = 4 * c;
+        shape[1] = c;
+        break;
+    default:
+        *ndim_p = 1;
+        shape[0] = c;
+        break; /* layernorms and the width-C biases */
     }
 }
 
@@ -296,8 +322,8 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
             else
                 spec_1d(&specs[i], names[i], shape[0]);
         }
-        status = fsdp_unit_create(fs, uname, m->root, specs, FSDP_GPT2_BLOCK_NPARAMS,
-                                  &m->blocks[l]);
+        status =
+            fsdp_unit_create(fs, uname, m->root, specs, FSDP_GPT2_BLOCK_NPARAMS, &m->blocks[l]);
         if (status != FSDP_OK)
             goto err_free;
     }
@@ -354,6 +380,24 @@ void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale)
 
 /* ---- initialization ---- */
 
+/* n normal values of standard deviation std: Marsaglia's polar method, two values per accepted
+ * pair and one log, no trigonometry (every rank draws the whole model: 124M values for gpt2). */
+static void fill_normal(fsdp_rng_t *rng, float *buf, size_t n, float std)
+{
+    for (size_t i = 0; i < n; i += 2) {
+        double u, v, s, f;
+        do {
+            u = (double)(fsdp_rng_next(rng) >> 11) * 0x1p-52 - 1.0;
+            v = (double)(fsdp_rng_next(rng) >> 11) * 0x1p-52 - 1.0;
+            s = u * u + v * v;
+        } while (s >= 1.0 || s == 0.0);
+        f = sqrt(-2.0 * log(s) / s);
+        buf[i] = (float)(std * u * f);
+        if (i + 1 < n)
+            buf[i + 1] = (float)(std * v * f);
+    }
+}
+
 static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, fsdp_rng_t *rng,
                                 float *buf)
 {
@@ -362,8 +406,10 @@ static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, 
 
     if (status != FSDP_OK)
         return status;
-    for (size_t i = 0; i < info.numel; i++)
-        buf[i] = kind == 0 ? std * fsdp_rng_normal(rng) : kind == 1 ? 1.0f : 0.0f;
+    if (kind == 0)
+        fill_normal(rng, buf, info.numel, std);
+    for (size_t i = 0; kind != 0 && i < info.numel; i++)
+        buf[i] = kind == 1 ? 1.0f : 0.0f;
     return fsdp_unit_set_param(u, index, buf);
 }
 

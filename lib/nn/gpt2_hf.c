@@ -1,4 +1,4 @@
-/* GPT-2 weights in Hugging Face's safetensors checkpoints (formats.md section 2): HF's names,
+/* GPT-2 weights in Hugging Face's safetensors checkpoints (docs/formats.md section 2): HF's names,
  * with or without the "transformer." prefix, and layouts (Conv1D weights [in, out], which is
  * also how the model stores them, so nothing is transposed); the hub's attention-mask buffers
  * are skipped and the tied lm_head.weight is neither needed nor written. */
@@ -187,8 +187,8 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
     for (int l = 0; l < L; l++) {
         for (int i = 0; i < NB; i++) {
             if (w->blocks[(size_t)l * NB + (size_t)i] == NULL) {
-                fsdp_error("%s: no tensor '%sh.%d.%s' (with or without the prefix)", path,
-                           PREFIX, l, fsdp_gpt2_block_param_name(i));
+                fsdp_error("%s: no tensor '%sh.%d.%s' (with or without the prefix)", path, PREFIX,
+                           l, fsdp_gpt2_block_param_name(i));
                 status = FSDP_ERR_FORMAT;
                 goto err_close;
             }
@@ -209,8 +209,8 @@ static void read_f32(const fsdp_st_tensor_t *t, float *out)
 
     if (strcmp(t->dtype, "F32") == 0) {
         for (uint64_t i = 0; i < t->numel; i++, p += 4)
-            out[i] = fsdp_kb_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 |
-                                      (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+            out[i] = fsdp_kb_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                      (uint32_t)p[3] << 24);
         return;
     }
     for (uint64_t i = 0; i < t->numel; i++, p += 2) {
@@ -254,9 +254,9 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights
         status = set_param(model->root, i, weights->root[i], buf);
     for (int l = 0; l < c->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++)
-            status = set_param(model->blocks[l], i,
-                               weights->blocks[(size_t)l * FSDP_GPT2_BLOCK_NPARAMS + (size_t)i],
-                               buf);
+            status =
+                set_param(model->blocks[l], i,
+                          weights->blocks[(size_t)l * FSDP_GPT2_BLOCK_NPARAMS + (size_t)i], buf);
     }
     free(buf);
     return status;

@@ -23,8 +23,21 @@
 #include "nn/gpt2_int.h"
 
 /* what a block's backward reads, by index */
-enum { A_LN1, A_MEAN1, A_RSTD1, A_QKV, A_ATT, A_Y, A_XMID, A_LN2, A_MEAN2, A_RSTD2, A_H, A_G,
-       A_COUNT };
+enum {
+    A_LN1,
+    A_MEAN1,
+    A_RSTD1,
+    A_QKV,
+    A_ATT,
+    A_Y,
+    A_XMID,
+    A_LN2,
+    A_MEAN2,
+    A_RSTD2,
+    A_H,
+    A_G,
+    A_COUNT
+};
 
 typedef struct block_act {
     float *buf[A_COUNT];
@@ -36,13 +49,13 @@ typedef struct gpt2_run {
     fsdp_stream_t *s;
     fsdp_mem_t *mem;
     size_t B, T, BT, C, H, hs, V;
-    float att_scale; /* 1 / sqrt(hs) */
+    float att_scale;           /* 1 / sqrt(hs) */
     int32_t *tokens, *targets; /* [BT] on the device */
     float **resid;             /* [L + 1]: the input of block l, then the last output */
     block_act_t *act;          /* [L] */
     /* the head: ln_f's output and statistics, logits (then their gradient), losses */
     float *lnf, *meanf, *rstdf, *logits, *losses, *loss;
-    float *dres; /* the gradient of the residual stream, walked down the blocks */
+    float *dres;   /* the gradient of the residual stream, walked down the blocks */
     float *tmp[5]; /* a block's backward scratch */
 } gpt2_run_t;
 
@@ -151,8 +164,8 @@ static fsdp_status_t layernorm_fwd(gpt2_run_t *r, const float *x, const float *w
 }
 
 static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const float *dy, const float *x,
-                                   const float *mean, const float *rstd, const float *w,
-                                   float *dx, int accumulate, float *dw, float *db)
+                                   const float *mean, const float *rstd, const float *w, float *dx,
+                                   int accumulate, float *dw, float *db)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_LAYERNORM_BWD};
     d.u.layernorm_bwd.dx = dx;
@@ -205,8 +218,8 @@ static fsdp_status_t attention_fwd(gpt2_run_t *r, const float *qkv, float *att, 
     status = launch(r, &d);
     for (size_t b = 0; b < r->B && status == FSDP_OK; b++) { /* y_h = att_h V_h */
         const float *v = qkv + b * T * 3 * C + 2 * C;
-        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, att + b * H * tt, T, tt, v, 3 * C, hs,
-                              0.0f, y + b * T * C, C, hs, H);
+        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, att + b * H * tt, T, tt, v, 3 * C, hs, 0.0f,
+                              y + b * T * C, C, hs, H);
     }
     return status;
 }
@@ -245,8 +258,8 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const float *qkv, const float 
         const float *q = qkv + b * T * 3 * C, *ds = datt + b * H * tt;
         float *dq = dqkv + b * T * 3 * C;
         /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, ds, T, tt, q + C, 3 * C, hs, 0.0f, dq,
-                              3 * C, hs, H);
+        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, ds, T, tt, q + C, 3 * C, hs, 0.0f, dq, 3 * C,
+                              hs, H);
         if (status == FSDP_OK)
             status = gemm_batched(r, 1, 0, T, hs, T, 1.0f, ds, T, tt, q, 3 * C, hs, 0.0f, dq + C,
                                   3 * C, hs, H);
@@ -259,11 +272,20 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const float *qkv, const float 
 static size_t act_numel(const gpt2_run_t *r, int i)
 {
     switch (i) {
-    case A_MEAN1: case A_RSTD1: case A_MEAN2: case A_RSTD2: return r->BT;
-    case A_QKV: return r->BT * 3 * r->C;
-    case A_ATT: return r->B * r->H * r->T * r->T;
-    case A_H: case A_G: return r->BT * 4 * r->C;
-    default: return r->BT * r->C;
+    case A_MEAN1:
+    case A_RSTD1:
+    case A_MEAN2:
+    case A_RSTD2:
+        return r->BT;
+    case A_QKV:
+        return r->BT * 3 * r->C;
+    case A_ATT:
+        return r->B * r->H * r->T * r->T;
+    case A_H:
+    case A_G:
+        return r->BT * 4 * r->C;
+    default:
+        return r->BT * r->C;
     }
 }
 
@@ -292,21 +314,21 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
         status = layernorm_fwd(r, x, P(u, FSDP_GPT2_LN1_W), P(u, FSDP_GPT2_LN1_B), a[A_LN1],
                                a[A_MEAN1], a[A_RSTD1]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B),
-                            3 * C, a[A_QKV]);
+        status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
+                            a[A_QKV]);
     if (status == FSDP_OK)
         status = attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W),
-                            P(u, FSDP_GPT2_ATTN_PROJ_B), C, a[A_XMID]);
+        status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), P(u, FSDP_GPT2_ATTN_PROJ_B),
+                            C, a[A_XMID]);
     if (status == FSDP_OK)
         status = add(r, a[A_XMID], a[A_XMID], x, BT * C);
     if (status == FSDP_OK)
-        status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B),
-                               a[A_LN2], a[A_MEAN2], a[A_RSTD2]);
+        status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
+                               a[A_MEAN2], a[A_RSTD2]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C,
-                            a[A_H]);
+        status =
+            linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, a[A_H]);
     if (status == FSDP_OK) {
         d.u.gelu_fwd.y = a[A_G];
         d.u.gelu_fwd.x = a[A_H];
@@ -317,8 +339,8 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
         return status;
     status = alloc_f(r, BT * C, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W),
-                            P(u, FSDP_GPT2_FC_PROJ_B), C, r->resid[l + 1]);
+        status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), P(u, FSDP_GPT2_FC_PROJ_B),
+                            C, r->resid[l + 1]);
     if (status == FSDP_OK)
         status = add(r, r->resid[l + 1], r->resid[l + 1], a[A_XMID], BT * C);
     return status;
@@ -354,14 +376,13 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_f(r, BT * C, FSDP_MEM_TEMPORARY, dln);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), 4 * C, *dh,
-                            g[FSDP_GPT2_FC_W], g[FSDP_GPT2_FC_B], *dln);
+        status = linear_bwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), 4 * C, *dh, g[FSDP_GPT2_FC_W],
+                            g[FSDP_GPT2_FC_B], *dln);
     free_f(r, dh);
     /* the mid residual: dres += ln_2's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, a[A_XMID], a[A_MEAN2], a[A_RSTD2],
-                               P(u, FSDP_GPT2_LN2_W), r->dres, 1, g[FSDP_GPT2_LN2_W],
-                               g[FSDP_GPT2_LN2_B]);
+        status = layernorm_bwd(r, *dln, a[A_XMID], a[A_MEAN2], a[A_RSTD2], P(u, FSDP_GPT2_LN2_W),
+                               r->dres, 1, g[FSDP_GPT2_LN2_W], g[FSDP_GPT2_LN2_B]);
     /* attention */
     if (status == FSDP_OK)
         status = alloc_f(r, BT * C, FSDP_MEM_TEMPORARY, dy);
@@ -382,9 +403,8 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     free_f(r, dqkv);
     /* the block's input: dres += ln_1's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, r->resid[l], a[A_MEAN1], a[A_RSTD1],
-                               P(u, FSDP_GPT2_LN1_W), r->dres, 1, g[FSDP_GPT2_LN1_W],
-                               g[FSDP_GPT2_LN1_B]);
+        status = layernorm_bwd(r, *dln, r->resid[l], a[A_MEAN1], a[A_RSTD1], P(u, FSDP_GPT2_LN1_W),
+                               r->dres, 1, g[FSDP_GPT2_LN1_W], g[FSDP_GPT2_LN1_B]);
     free_f(r, dln);
     return status;
 }
@@ -393,8 +413,7 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
 
 /* Checks the batch on the host; *count_p gets the number of targets to predict. */
 static fsdp_status_t check_batch(const fsdp_gpt2_t *m, const int32_t *inputs,
-                                 const int32_t *targets, size_t batch, size_t seq,
-                                 size_t *count_p)
+                                 const int32_t *targets, size_t batch, size_t seq, size_t *count_p)
 {
     const fsdp_gpt2_config_t *cfg = &m->cfg;
     size_t count = 0, n;
@@ -406,8 +425,9 @@ static fsdp_status_t check_batch(const fsdp_gpt2_t *m, const int32_t *inputs,
         return FSDP_ERR_INVALID_PARAM;
     }
     /* the largest buffers, logits [B*T, V] and att [B, H, T, T], in bytes */
-    if ((double)batch * (double)seq * ((double)cfg->vocab_size + 16.0 * cfg->n_embd +
-                                       (double)cfg->n_head * (double)seq) * 4.0 >
+    if ((double)batch * (double)seq *
+            ((double)cfg->vocab_size + 16.0 * cfg->n_embd + (double)cfg->n_head * (double)seq) *
+            4.0 >
         0x1p60) {
         fsdp_error("gpt2: a batch of %zu x %zu is too large", batch, seq);
         return FSDP_ERR_INVALID_PARAM;
@@ -550,8 +570,8 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
         status = alloc_f(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->tmp[0]);
     /* dln_f = dlogits wte, dwte += dlogits^T ln_f */
     if (status == FSDP_OK)
-        status = gemm(r, 0, 0, r->BT, r->C, r->V, r->logits, r->V, P(m->root, FSDP_GPT2_WTE),
-                      r->C, 0.0f, r->tmp[0], r->C);
+        status = gemm(r, 0, 0, r->BT, r->C, r->V, r->logits, r->V, P(m->root, FSDP_GPT2_WTE), r->C,
+                      0.0f, r->tmp[0], r->C);
     if (status == FSDP_OK)
         status = gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C, 1.0f,
                       g[FSDP_GPT2_WTE], r->C);
@@ -642,11 +662,11 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
         status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
                                 (void **)&run.targets);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.tokens, inputs,
-                                            run.BT * sizeof(int32_t), run.s);
+        status = run.dev->ops->memcpy_async(run.dev, run.tokens, inputs, run.BT * sizeof(int32_t),
+                                            run.s);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.targets, targets,
-                                            run.BT * sizeof(int32_t), run.s);
+        status = run.dev->ops->memcpy_async(run.dev, run.targets, targets, run.BT * sizeof(int32_t),
+                                            run.s);
     if (status == FSDP_OK)
         status = forward(&run);
     /* the scale divides the denominator: the loss and every gradient carry it */

@@ -21,9 +21,23 @@ struct fsdp_mlp {
     int nlayers;
     int dims[FSDP_MLP_MAX_LAYERS + 1];
     float loss_scale;
+    fsdp_phase_func_t phase_fn;
+    void *phase_arg;
     fsdp_unit_t *root;
     fsdp_unit_t *layers[FSDP_MLP_MAX_LAYERS];
 };
+
+void fsdp_mlp_set_phase_hook(fsdp_mlp_t *mlp, fsdp_phase_func_t func, void *arg)
+{
+    mlp->phase_fn = func;
+    mlp->phase_arg = arg;
+}
+
+static void phase(fsdp_mlp_t *mlp, fsdp_phase_t p)
+{
+    if (mlp->phase_fn != NULL)
+        mlp->phase_fn(p, mlp->phase_arg);
+}
 
 int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims)
 {
@@ -361,6 +375,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     status = compute_dtype(mlp, &run.dt);
     if (status != FSDP_OK)
         return status;
+    phase(mlp, FSDP_PHASE_FORWARD);
     /* inputs and targets move to the device on the compute stream (A.4); in f32 the input is
      * act[0] itself, else an f32 copy that the root casts */
     status = fsdp_mem_alloc(run.mem, in_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &x32);
@@ -417,6 +432,8 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     status = kernel(&run, &k);
 
     /* backward: the root's gradient arrives first, then the units in reverse */
+    if (status == FSDP_OK)
+        phase(mlp, FSDP_PHASE_BACKWARD);
     if (status == FSDP_OK)
         status = fsdp_pre_backward(mlp->root);
     for (int i = L - 1; i >= 0 && status == FSDP_OK; i--) {
