@@ -8,6 +8,7 @@
 #include "sim.h"
 
 #include <fsdp/log.h>
+#include <fsdp/trace.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,14 +210,48 @@ void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
     dev->host_clock += dev->profile->host.launch_overhead_s;
 }
 
+void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *name,
+                       const fsdp_sim_stream_t *stream, double host, double start, double end,
+                       double bytes, uint64_t count, int dtype, const char *group)
+{
+    fsdp_trace_event_t ev;
+
+    fsdp_trace_event_init(&ev, kind, name);
+    ev.stream = stream != NULL ? stream->super.name : NULL;
+    ev.host_time = host;
+    ev.start = start;
+    ev.end = end;
+    ev.bytes = bytes > 0.0 ? (uint64_t)bytes : 0;
+    ev.count = count;
+    ev.dtype = dtype;
+    ev.group = group;
+    fsdp_trace_emit(&dev->super, &ev);
+}
+
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                              const fsdp_sim_op_t *op)
 {
-    double start = fsdp_sim_stream_ready(dev, stream);
+    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream);
 
     stream->clock = start + fsdp_sim_op_cost(dev, op);
     account_op(dev, stream, op, start, stream->clock);
     fsdp_sim_host_launch(dev);
+    if (fsdp_trace_enabled(&dev->super)) {
+        if (op->kind == FSDP_SIM_OP_KERNEL) {
+            double flops, bytes;
+            fsdp_kernel_cost(op->kernel, &flops, &bytes);
+            fsdp_sim_trace_op(dev, FSDP_EV_KERNEL, fsdp_kernel_name(op->kernel->kind), stream,
+                              host, start, stream->clock, bytes, 0,
+                              op->kernel->kind == FSDP_K_GEMM ? (int)op->kernel->u.gemm.a_dtype
+                                                              : -1,
+                              NULL);
+        } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
+            fsdp_sim_trace_op(dev, FSDP_EV_COPY,
+                              fsdp_sim_copy_name(fsdp_sim_copy_kind(dev, op->dst, op->src)),
+                              stream, host, start, stream->clock, (double)op->bytes, op->bytes,
+                              -1, NULL);
+        }
+    }
     return stream->clock;
 }
 
@@ -432,11 +467,16 @@ static fsdp_status_t sim_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stre
     fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
     fsdp_sim_stream_t *s = NULL;
     fsdp_status_t status;
+    double host;
 
     status = fsdp_sim_stream_get(sdev, stream, &s);
     if (status != FSDP_OK)
         return status;
+    host = sdev->host_clock;
     sdev->host_clock = max2(sdev->host_clock, s->clock);
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(sdev, FSDP_EV_SYNC, "stream_synchronize", s, host, host,
+                          sdev->host_clock, 0.0, 0, -1, NULL);
     return FSDP_OK;
 }
 
@@ -496,6 +536,9 @@ static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
      * an idle stream; it does not hold the stream up. */
     ev->time = max2(s->clock, sdev->host_clock);
     ev->recorded = 1;
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(sdev, FSDP_EV_RECORD, "record", s, sdev->host_clock, ev->time,
+                          ev->time, 0.0, 0, -1, NULL);
     sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }
@@ -518,6 +561,9 @@ static fsdp_status_t sim_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *strea
      * it. An event never recorded is complete, as in CUDA. */
     if (ev->recorded)
         s->clock = max2(s->clock, ev->time);
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(sdev, FSDP_EV_WAIT, "wait", s, sdev->host_clock, s->clock, s->clock,
+                          0.0, 0, -1, NULL);
     sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }
@@ -542,13 +588,18 @@ static fsdp_status_t sim_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
     fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
     fsdp_sim_event_t *ev = NULL;
     fsdp_status_t status;
+    double host;
 
     status = sim_event_get(sdev, event, &ev);
     if (status != FSDP_OK)
         return status;
     /* The host jumps to the event's time: how CPU run-ahead is bounded. */
+    host = sdev->host_clock;
     if (ev->recorded)
         sdev->host_clock = max2(sdev->host_clock, ev->time);
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(sdev, FSDP_EV_SYNC, "event_synchronize", NULL, host, host,
+                          sdev->host_clock, 0.0, 0, -1, NULL);
     return FSDP_OK;
 }
 

@@ -127,23 +127,29 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
     fsdp_sim_group_t *h = NULL;
     fsdp_sim_stream_t *s = NULL;
     fsdp_status_t status;
+    double host, nbytes;
 
     status = coll_prepare(d, group, stream, call, &h, &s);
     if (status != FSDP_OK)
         return status;
+    host = d->host_clock;
     fsdp_sim_host_launch(d);
     status = fsdp_sim_coll_run(d, h, call);
     if (status != FSDP_OK)
         return status;
     if (call->end > s->clock)
         s->clock = call->end;
-    {
-        /* as NCCL counts bytes: the full buffer of an all-gather or reduce-scatter */
-        double nbytes = (double)call->count * (double)fsdp_dtype_size(call->dtype);
-        if (call->kind == FSDP_SIM_COLL_ALL_GATHER || call->kind == FSDP_SIM_COLL_REDUCE_SCATTER)
-            nbytes *= h->super.size;
-        fsdp_sim_account_coll(d, s, call->kind, call->ready, call->end, nbytes);
-    }
+    /* as NCCL counts bytes: the full buffer of an all-gather or reduce-scatter */
+    nbytes = (double)call->count * (double)fsdp_dtype_size(call->dtype);
+    if (call->kind == FSDP_SIM_COLL_ALL_GATHER || call->kind == FSDP_SIM_COLL_REDUCE_SCATTER)
+        nbytes *= h->super.size;
+    fsdp_sim_account_coll(d, s, call->kind, call->ready, call->end, nbytes);
+    /* in the trace as on a GPU: from when the stream launched it (waiting for the peers
+     * included) to its end */
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(d, FSDP_EV_COLLECTIVE, fsdp_sim_coll_name(call->kind), s, host,
+                          call->ready, call->end, nbytes, call->count, (int)call->dtype,
+                          h->super.name);
     return FSDP_OK;
 }
 
@@ -199,5 +205,8 @@ fsdp_status_t fsdp_sim_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
         return status;
     if (call.end > d->host_clock)
         d->host_clock = call.end;
+    if (fsdp_trace_enabled(dev))
+        fsdp_sim_trace_op(d, FSDP_EV_COLLECTIVE, "barrier", NULL, call.ready, call.ready,
+                          call.end, 0.0, 0, -1, h->super.name);
     return FSDP_OK;
 }

@@ -19,6 +19,7 @@
 
 #include <fsdp/backend.h>
 #include <fsdp/sim.h>
+#include <fsdp/trace.h>
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -221,6 +222,11 @@ void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
 void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
                            fsdp_sim_coll_kind_t kind, double ready, double end,
                            double nccl_bytes);
+/* Writes an op to the rank's event trace (call only when fsdp_trace_enabled): host is the
+ * host clock when it was issued, [start, end] when it ran. */
+void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *name,
+                       const fsdp_sim_stream_t *stream, double host, double start, double end,
+                       double bytes, uint64_t count, int dtype, const char *group);
 /* Frees the accounting state of a rank. */
 void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev);
 /* Issues op on stream (start = ready time, end = start + cost); returns the end time. */

@@ -464,15 +464,15 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             die("%d nodes x %d GPUs is more than 65536 ranks", a->profile.nodes, a->per_node);
         a->world = a->profile.nodes * a->per_node;
     }
-    if (a->world % a->per_node != 0)
-        a->per_node = a->world < a->per_node ? a->world : 1;
+    if (a->world < a->per_node)
+        a->per_node = a->world; /* part of one node */
+    else if (a->world % a->per_node != 0)
+        die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)",
+            a->world, a->per_node);
     a->capacity = capacity ? parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
     a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
     if (a->rows == 0) /* one sequence */
         a->rows = (size_t)a->mcfg.gpt.n_positions;
-    if (is_hybrid(a->fsdp.strategy) && a->world % a->per_node != 0)
-        die("--strategy %s needs the world (%d) to be a multiple of the GPUs per node (%d)",
-            fsdp_strategy_name(a->fsdp.strategy), a->world, a->per_node);
 }
 
 /* ---- one simulated run -------------------------------------------------------------------- */

@@ -364,7 +364,9 @@ fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens, const fsdp_bat
 
 size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq, int64_t step)
 {
-    size_t bt = batch * seq, windows = (tokens->n - 1) / bt;
+    size_t bt = batch * seq, windows = bt > 0 && tokens->n > 0 ? (tokens->n - 1) / bt : 0;
+    if (windows == 0 || step < 0) /* no whole window (fsdp_tokens_check_spec refuses it) */
+        return 0;
     return (size_t)((uint64_t)step % (uint64_t)windows) * bt;
 }
 
