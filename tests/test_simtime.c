@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -71,6 +72,7 @@ typedef struct sim_case {
     double bwd_flops[MAXU];
     int sync_after_forward;  /* the host waits for the forward (loss.item()) */
     int optim;               /* then an AdamW step */
+    fsdp_trace_t *trace;     /* every rank traces into it, when set */
     /* per rank */
     double t_fwd[MAXW], t_bwd[MAXW];
     int max_live[MAXW];      /* unsharded-parameter blocks allocated or awaiting a stream */
@@ -133,6 +135,8 @@ static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
     fsdp_status_t st;
     double t0, t1;
 
+    if (c->trace != NULL && (st = fsdp_trace_attach(c->trace, dev)) != FSDP_OK)
+        return st;
     st = fsdp_create(dev, &c->cfg, &fs);
     if (st != FSDP_OK)
         return st;
@@ -213,6 +217,7 @@ static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
 out:
     fsdp_optim_destroy(opt);
     fsdp_destroy(fs);
+    fsdp_trace_detach(dev);
     return st;
 }
 
@@ -371,6 +376,80 @@ static void test_limiter_bounds_memory(void)
      * are the same: the difference is in blocks waiting for the GPU */
     CU_ASSERT_EQUAL(with.mem[0].peak_by_category[FSDP_MEM_UNSHARDED_PARAM],
                     without.mem[0].peak_by_category[FSDP_MEM_UNSHARDED_PARAM]);
+}
+
+/* ---- the trace: every op with its virtual interval ---- */
+
+typedef struct trace_check {
+    char streams[8][24];
+    double last_end[8];
+    int n_streams;
+    int overlaps, early, n_ag, n_rs, n_gemm;
+    double gemm_s;
+} trace_check_t;
+
+static int check_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    trace_check_t *t = arg;
+    int i;
+
+    (void)rank, (void)seq;
+    if (ev->stream == NULL || (ev->kind != FSDP_EV_KERNEL && ev->kind != FSDP_EV_COPY &&
+                               ev->kind != FSDP_EV_COLLECTIVE))
+        return 0;
+    for (i = 0; i < t->n_streams && strcmp(t->streams[i], ev->stream) != 0; i++)
+        ;
+    if (i == t->n_streams && i < 8)
+        snprintf(t->streams[t->n_streams++], sizeof(t->streams[0]), "%s", ev->stream);
+    if (i < 8) {
+        /* a stream runs its work in issue order, one op at a time */
+        t->overlaps += ev->start < t->last_end[i];
+        t->last_end[i] = ev->end;
+    }
+    t->early += ev->start < ev->host_time || ev->end < ev->start;
+    t->n_ag += ev->kind == FSDP_EV_COLLECTIVE && strcmp(ev->name, "all_gather") == 0;
+    t->n_rs += ev->kind == FSDP_EV_COLLECTIVE && strcmp(ev->name, "reduce_scatter") == 0;
+    if (ev->kind == FSDP_EV_KERNEL && strcmp(ev->name, "gemm") == 0) {
+        t->n_gemm++;
+        t->gemm_s += ev->end - ev->start;
+    }
+    return 0;
+}
+
+static void test_trace_intervals(void)
+{
+    char path[] = "/tmp/fsdp-simtime-XXXXXX";
+    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 4, .strategy = "full_shard"};
+    fsdp_trace_reader_t *rd;
+    trace_check_t t;
+    sim_case_t c;
+    int64_t run = 0;
+    char *profile;
+    int fd = mkstemp(path);
+
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    unlink(path);
+    four_units(&c);
+    profile = fsdp_sim_profile_to_json(&c.profile);
+    info.profile_json = profile;
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &c.trace), FSDP_OK);
+    run_case(&c);
+    CU_ASSERT_EQUAL(fsdp_trace_close(c.trace), FSDP_OK);
+    free(profile);
+    memset(&t, 0, sizeof(t));
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 0, check_event, &t), FSDP_OK);
+    fsdp_trace_reader_close(rd);
+    unlink(path);
+    CU_ASSERT(t.n_streams >= 3); /* compute, unshard, post_backward */
+    CU_ASSERT_EQUAL(t.overlaps, 0);
+    CU_ASSERT_EQUAL(t.early, 0);
+    CU_ASSERT_EQUAL(t.n_ag, 8);
+    CU_ASSERT_EQUAL(t.n_rs, 4);
+    CU_ASSERT_EQUAL(t.n_gemm, 8);
+    CU_ASSERT_EQUAL(t.gemm_s, sum_s(c.fwd_flops, 4) + sum_s(c.bwd_flops, 4));
 }
 
 /* ---- persistent model state ---- */
@@ -860,6 +939,7 @@ int main(void)
         {"backward BACKWARD_PRE: first all-gather and last reduce-scatter", test_backward_prefetch_pre},
         {"backward without prefetch: all-gathers exposed", test_backward_no_prefetch},
         {"limiter bounds live unsharded buffers", test_limiter_bounds_memory},
+        {"the trace: ops in stream order with their intervals", test_trace_intervals},
         {"model-state memory: 16 psi / N plus rounding", test_model_state_memory},
         {"NCCL formula against the reference tables", test_nccl_formula},
         {"profile errors", test_profile_errors},

@@ -7,6 +7,8 @@
  * peak allocated bytes. */
 #include <fsdp/fsdp.h>
 
+#include "train_trace.h"
+
 #include "train_gpt2.h"
 
 #include <errno.h>
@@ -37,6 +39,7 @@ typedef struct train_args {
     int ckpt_every;          /* steps between checkpoints; 0 = at the end only */
     fsdp_state_dict_type_t state_dict;
     const char *resume_dir;
+    const char *trace_path;
     /* --model gpt2...: the GPT-2 path (train_gpt2.c) */
     int gpt;
     const char *model_name;
@@ -53,6 +56,7 @@ typedef struct train_shared {
     float **init_biases;   /* per layer [out], or NULL */
     size_t *peak;          /* per rank */
     float *losses;         /* per step (rank 0 writes) */
+    fsdp_trace_t *trace;   /* --trace, or NULL */
 } train_shared_t;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -110,6 +114,7 @@ static void usage(FILE *f)
           "  --checkpoint-every N       also every N steps\n"
           "  --state-dict full|sharded  checkpoint format (default full)\n"
           "  --resume DIR               continue from the newest checkpoint in DIR\n"
+          "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
@@ -165,7 +170,7 @@ enum {
     OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
-    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
+    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
     OPT_MIXED
 };
 
@@ -234,6 +239,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
         {"state-dict", required_argument, NULL, OPT_STATE_DICT},
         {"resume", required_argument, NULL, OPT_RESUME},
+        {"trace", required_argument, NULL, OPT_TRACE},
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
@@ -355,6 +361,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             state_dict_given = 1;
             break;
         case OPT_RESUME: a->resume_dir = optarg; break;
+        case OPT_TRACE: a->trace_path = optarg; break;
         case OPT_TOKENS: a->tokens_path = optarg; break;
         case OPT_SEQ:
             a->seq = (int)parse_long("--seq", optarg, 1, 1 << 20);
@@ -610,9 +617,13 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mem_stats_t st;
     fsdp_status_t status;
 
-    status = fsdp_create(dev, &a->fsdp, &fs);
-    if (status != FSDP_OK)
+    status = sh->trace != NULL ? fsdp_trace_attach(sh->trace, dev) : FSDP_OK;
+    if (status == FSDP_OK)
+        status = fsdp_create(dev, &a->fsdp, &fs);
+    if (status != FSDP_OK) {
+        fsdp_trace_detach(dev);
         return status;
+    }
     status = fsdp_mlp_create(fs, a->dims, a->nlayers, &mlp);
     if (status != FSDP_OK)
         goto out;
@@ -637,6 +648,8 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mlp_set_loss_scale(mlp, 1.0f / (float)a->grad_accum);
     for (int step = (int)first_step; step < a->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
+        train_step_clock_t clock;
+        train_step_begin(dev, &clock);
         /* gradient accumulation: the first micro-batches under no_sync, the last syncs */
         for (int k = 0; k < a->grad_accum && status == FSDP_OK; k++) {
             float micro_loss = 0.0f;
@@ -667,6 +680,8 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
                                             fsdp_compute_stream(fs));
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            train_step_end(dev, fs, &clock, step + 1, loss);
         if (status == FSDP_OK && dev->rank == 0) {
             sh->losses[step] = loss;
             if (!a->quiet) {
@@ -684,12 +699,14 @@ out:
     fsdp_optim_destroy(opt);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
+    fsdp_trace_detach(dev);
     return status;
 }
 
 /* The GPT-2 path: the options train_gpt2.c takes. */
-static int train_gpt2(const train_args_t *a, const char *argv0)
+static int train_gpt2(const train_args_t *a, int argc, char **argv)
 {
+    const char *argv0 = argv[0];
     gpt2_train_opts_t o;
 
     memset(&o, 0, sizeof(o));
@@ -716,6 +733,9 @@ static int train_gpt2(const train_args_t *a, const char *argv0)
     o.resume_dir = a->resume_dir;
     o.quiet = a->quiet;
     o.argv0 = argv0;
+    o.trace_path = a->trace_path;
+    o.argc = argc;
+    o.argv = argv;
     return gpt2_train_main(&o);
 }
 
@@ -729,7 +749,7 @@ int main(int argc, char **argv)
     fsdp_log_set_handler(log_to_stderr, NULL);
     parse_args(argc, argv, &args);
     if (args.gpt)
-        return train_gpt2(&args, argv[0]);
+        return train_gpt2(&args, argc, argv);
     memset(&sh, 0, sizeof(sh));
     sh.args = &args;
     if (args.init_path)
@@ -746,7 +766,12 @@ int main(int argc, char **argv)
     fsdp_sim_params_init(&sim);
     sim.world_size = args.world;
     sim.timeout_s = args.timeout_s;
+    if (train_trace_open(args.trace_path, &args.fsdp, args.world, "mlp", argc, argv, &sh.trace) !=
+        FSDP_OK)
+        fail_quietly();
     status = fsdp_sim_launch(&sim, train_rank, &sh, NULL);
+    if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
+        status = FSDP_ERR_IO;
     /* on failure the failing rank logged why; peers only saw it fail */
     for (int r = 0; status == FSDP_OK && r < args.world; r++)
         printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "train_gpt2.h"
+#include "train_trace.h"
 
 typedef struct gpt2_shared {
     const gpt2_train_opts_t *o;
@@ -19,6 +20,9 @@ typedef struct gpt2_shared {
     fsdp_gpt2_weights_t *weights; /* --init, or NULL */
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
+    fsdp_trace_t *trace;          /* --trace, or NULL */
+    double first_loss, last_loss; /* rank 0's */
+    double sim_time;              /* rank 0's simulated seconds over the steps run */
 } gpt2_shared_t;
 
 static double wall_now(void)
@@ -65,7 +69,9 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         free(targets);
         return FSDP_ERR_NO_MEMORY;
     }
-    status = fsdp_create(dev, &o->fsdp, &fs);
+    status = sh->trace != NULL ? fsdp_trace_attach(sh->trace, dev) : FSDP_OK;
+    if (status == FSDP_OK)
+        status = fsdp_create(dev, &o->fsdp, &fs);
     if (status == FSDP_OK)
         status = fsdp_gpt2_create(fs, &o->model, &m);
     if (status == FSDP_OK && o->checkpoint_activations)
@@ -84,6 +90,9 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         fsdp_gpt2_set_loss_scale(m, 1.0f / (float)o->grad_accum);
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
+        train_step_clock_t clock;
+        double wall0 = wall_now();
+        train_step_begin(dev, &clock);
         status = fsdp_tokens_batch(sh->tokens, &spec, step, inputs, targets);
         /* gradient accumulation: no_sync for all micro-batches but the last */
         for (int k = 0; k < o->grad_accum && status == FSDP_OK; k++) {
@@ -105,11 +114,23 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             status = fsdp_checkpoint_save(fs, opt, o->ckpt_dir, o->state_dict, step + 1);
         if (status == FSDP_OK)
             status = global_mean(dev, fs, dloss, &loss);
+        double sim_dt = status == FSDP_OK ? train_step_end(dev, fs, &clock, step + 1, loss) : 0;
         if (status == FSDP_OK && dev->rank == 0) {
+            double wall = wall_now() - wall0;
+            fsdp_mem_get_stats(fsdp_memory(fs), &st);
+            if (sh->steps_run == 0)
+                sh->first_loss = loss;
+            sh->last_loss = loss;
             sh->steps_run++;
+            sh->sim_time += sim_dt;
             if (!o->quiet) {
-                printf("step %lld loss %.9g\n", (long long)step + 1, (double)loss);
+                /* tokens/s: this process's wall time; the step time: the simulated device's */
+                printf("step %lld loss %.9g tok/s %.0f sim_step_ms %.3f peak_mib %.2f\n",
+                       (long long)step + 1, (double)loss,
+                       wall > 0 ? (double)o->batch * (double)T / wall : 0.0, sim_dt * 1e3,
+                       (double)st.peak_allocated / 1048576.0);
                 fflush(stdout);
+                train_progress(step + 1, o->steps, loss);
             }
         }
     }
@@ -123,6 +144,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_destroy(opt);
     fsdp_gpt2_destroy(m);
     fsdp_destroy(fs);
+    fsdp_trace_detach(dev);
     free(inputs);
     free(targets);
     return status;
@@ -184,12 +206,18 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                o->world, fsdp_strategy_name(o->fsdp.strategy));
         fflush(stdout);
     }
+    if (train_trace_open(o->trace_path, &o->fsdp, o->world, o->model_name, o->argc, o->argv,
+                         &sh.trace) != FSDP_OK)
+        goto out;
     fsdp_sim_params_init(&sim);
     sim.world_size = o->world;
     sim.timeout_s = o->timeout_s;
     t0 = wall_now();
     status = fsdp_sim_launch(&sim, gpt2_rank, &sh, NULL);
     dt = wall_now() - t0;
+    if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
+        status = FSDP_ERR_IO;
+    sh.trace = NULL;
     if (status != FSDP_OK) { /* the failing rank logged why; its peers only saw it fail */
         rc = 1;
         goto out;
@@ -198,13 +226,21 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         double tokens = (double)sh.steps_run * (double)o->batch * (double)o->seq;
         printf("trained %.0f tokens in %.2f s: %.0f tokens/s\n", tokens, dt,
                dt > 0.0 ? tokens / dt : 0.0);
+        printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
+               sh.first_loss, sh.last_loss, (long long)sh.steps_run,
+               sh.sim_time / (double)sh.steps_run * 1e3, "the default cluster profile");
     }
     for (int r = 0; r < o->world; r++)
         printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
     if (o->save_path != NULL)
         printf("saved %s\n", o->save_path);
+    if (o->ckpt_dir != NULL)
+        printf("checkpoint %s\n", o->ckpt_dir);
+    if (o->trace_path != NULL)
+        printf("trace %s (fsdp-trace summary %s)\n", o->trace_path, o->trace_path);
     rc = 0;
 out:
+    fsdp_trace_close(sh.trace);
     free(sh.peak);
     fsdp_gpt2_weights_close(sh.weights);
     fsdp_tokens_close(sh.tokens);

@@ -29,6 +29,9 @@ typedef struct gpt2_train_opts {
     const char *resume_dir;
     int quiet;
     const char *argv0; /* to find the default corpus */
+    const char *trace_path; /* --trace, or NULL */
+    int argc;               /* the command line, for the trace's run row */
+    char **argv;
 } gpt2_train_opts_t;
 
 /* Trains and prints "step N loss X" per step, then tokens/s and each rank's peak memory.

@@ -1,0 +1,75 @@
+/* fsdp-train's trace database and step accounting, shared by the MLP and GPT-2 paths. */
+#include "train_trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+fsdp_status_t train_trace_open(const char *path, const fsdp_config_t *cfg, int world,
+                               const char *model, int argc, char **argv, fsdp_trace_t **trace_p)
+{
+    char config[512], cmd[2048];
+    size_t off = 0;
+    fsdp_trace_run_info_t info;
+
+    *trace_p = NULL;
+    if (path == NULL)
+        return FSDP_OK;
+    cmd[0] = '\0';
+    for (int i = 0; i < argc && off < sizeof(cmd); i++)
+        off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s%s", i ? " " : "", argv[i]);
+    snprintf(config, sizeof(config),
+             "{\"model\": \"%s\", \"strategy\": \"%s\", \"backward_prefetch\": %d, "
+             "\"forward_prefetch\": %d, \"limit_all_gathers\": %d, \"cpu_offload\": %d, "
+             "\"ranks_per_node\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\"}",
+             model, fsdp_strategy_name(cfg->strategy), (int)cfg->backward_prefetch,
+             cfg->forward_prefetch, cfg->limit_all_gathers, cfg->cpu_offload,
+             cfg->ranks_per_node,
+             cfg->mixed_precision.param_dtype == FSDP_DTYPE_UNSET
+                 ? "f32" : fsdp_dtype_name(cfg->mixed_precision.param_dtype),
+             cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
+                 ? "default" : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
+    memset(&info, 0, sizeof(info));
+    info.backend = "sim";
+    info.world_size = world;
+    info.strategy = fsdp_strategy_name(cfg->strategy);
+    info.config_json = config;
+    info.command_line = cmd;
+    return fsdp_trace_open(path, &info, trace_p);
+}
+
+void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)
+{
+    clock->start = dev->ops->host_time(dev);
+}
+
+double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, int64_t step,
+                      double loss)
+{
+    double dt = dev->ops->host_time(dev) - clock->start;
+    if (fsdp_trace_enabled(dev)) {
+        fsdp_mem_stats_t st;
+        fsdp_mem_get_stats(fsdp_memory(fs), &st);
+        fsdp_trace_step(dev, step, loss, dt, &st);
+    }
+    return dt;
+}
+
+void train_progress(int64_t step, int64_t steps, double loss)
+{
+    enum { WIDTH = 30 };
+    char bar[WIDTH + 1];
+    int filled;
+
+    if (steps <= 0 || !isatty(STDERR_FILENO))
+        return;
+    filled = (int)(WIDTH * step / steps);
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = '\0';
+    fprintf(stderr, "\r[%s] %lld/%lld loss %.4f", bar, (long long)step, (long long)steps, loss);
+    if (step == steps)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
