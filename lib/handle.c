@@ -273,20 +273,6 @@ static fsdp_status_t limiter_enqueue(fsdp_t *fs)
     return FSDP_OK;
 }
 
-static fsdp_status_t cast(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dst_dtype,
-                          const void *src, fsdp_dtype_t src_dtype, size_t n)
-{
-    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
-    if (n == 0)
-        return FSDP_OK;
-    k.u.cast.dst = dst;
-    k.u.cast.dst_dtype = dst_dtype;
-    k.u.cast.src = src;
-    k.u.cast.src_dtype = src_dtype;
-    k.u.cast.n = n;
-    return fs->dev->ops->kernel(fs->dev, s, &k);
-}
-
 /* B.1 on the pre-unshard stream: the low-precision shard (cast of LS) under mixed precision,
  * or the device copy of an offloaded LS. *did_work_p: something was enqueued on P. */
 static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
@@ -323,7 +309,7 @@ static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
     status = fsdp_mem_alloc(fs->mem, n * fsdp_dtype_size(h->compute_dtype),
                             FSDP_MEM_LOW_PREC_SHARD, p, &h->mp_shard);
     if (status == FSDP_OK)
-        status = cast(fs, p, h->mp_shard, h->compute_dtype, src, FSDP_DTYPE_F32, n);
+        status = fsdp_k_cast(fs, p, h->mp_shard, h->compute_dtype, src, FSDP_DTYPE_F32, n);
     /* the transient f32 copy of an offloaded shard is not needed past the cast */
     fsdp_mem_free(fs->mem, staged);
     return status;
@@ -466,7 +452,7 @@ static fsdp_status_t to_full_precision(fsdp_t *fs, fsdp_handle_t *h, void **grad
         return FSDP_OK;
     status = fsdp_mem_alloc(fs->mem, n * sizeof(float), FSDP_MEM_GRADIENT, stream, &full);
     if (status == FSDP_OK)
-        status = cast(fs, stream, full, FSDP_DTYPE_F32, *grad, h->reduce_dtype, n);
+        status = fsdp_k_cast(fs, stream, full, FSDP_DTYPE_F32, *grad, h->reduce_dtype, n);
     if (status == FSDP_OK)
         status = fsdp_mem_record_stream(fs->mem, *grad, stream);
     fsdp_mem_free(fs->mem, *grad);
@@ -526,7 +512,7 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
         /* the gradient in the reduce dtype */
         status = fsdp_mem_alloc(fs->mem, h->numel * esz, FSDP_MEM_GRADIENT, r, &low);
         if (status == FSDP_OK)
-            status = cast(fs, r, low, rd, grad, h->compute_dtype, h->numel);
+            status = fsdp_k_cast(fs, r, low, rd, grad, h->compute_dtype, h->numel);
     }
     if (status != FSDP_OK)
         goto out;

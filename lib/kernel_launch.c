@@ -46,3 +46,17 @@ fsdp_status_t fsdp_k_axpy(fsdp_t *fs, fsdp_stream_t *s, float *y, const float *x
     k.u.axpy.alpha = alpha;
     return launch(fs, s, &k);
 }
+
+fsdp_status_t fsdp_k_cast(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dst_dtype,
+                          const void *src, fsdp_dtype_t src_dtype, size_t n)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+    if (n == 0)
+        return FSDP_OK;
+    k.u.cast.dst = dst;
+    k.u.cast.dst_dtype = dst_dtype;
+    k.u.cast.src = src;
+    k.u.cast.src_dtype = src_dtype;
+    k.u.cast.n = n;
+    return launch(fs, s, &k);
+}

@@ -152,6 +152,8 @@ fsdp_status_t fsdp_k_fill(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dt
                           double value);
 fsdp_status_t fsdp_k_div(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,
                          float divisor);
+fsdp_status_t fsdp_k_cast(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dst_dtype,
+                          const void *src, fsdp_dtype_t src_dtype, size_t n);
 fsdp_status_t fsdp_k_axpy(fsdp_t *fs, fsdp_stream_t *s, float *y, const float *x, size_t n,
                           float alpha);
 

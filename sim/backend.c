@@ -13,11 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Data-mode segments are aligned like a cache line (the spec of segment_alloc); shape-mode
  * fake addresses like cudaMalloc's, so the allocator above sees realistic pointers. */
 #define SIM_DATA_ALIGN 64
 #define SIM_SHAPE_ALIGN 512
+/* Data-mode segments of this size and more are mapped from the kernel. */
+#define SIM_MMAP_MIN ((size_t)1 << 20)
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
@@ -317,15 +320,18 @@ static fsdp_status_t seg_insert(fsdp_sim_dev_t *dev, void *ptr, size_t size, fsd
     return FSDP_OK;
 }
 
-static void seg_remove(fsdp_sim_dev_t *dev, void *ptr)
+/* Forgets the segment at ptr; returns its size (0 if unknown). */
+static size_t seg_remove(fsdp_sim_dev_t *dev, void *ptr)
 {
-    size_t i = seg_search(dev, (uintptr_t)ptr);
+    size_t i = seg_search(dev, (uintptr_t)ptr), size;
 
     if (i == 0 || dev->segs[i - 1].base != (uintptr_t)ptr)
-        return;
+        return 0;
     i--;
+    size = dev->segs[i].end - dev->segs[i].base;
     memmove(&dev->segs[i], &dev->segs[i + 1], (dev->n_segs - i - 1) * sizeof(*dev->segs));
     dev->n_segs--;
+    return size;
 }
 
 /* 0: device memory, 1: host memory (pinned or not). */
@@ -388,28 +394,48 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
     }
 
     /* Out of memory is a normal answer here (the caching allocator frees its cache and
-     * retries), so it is reported at debug level only. */
-    ptr = aligned_alloc(align, size);
+     * retries), so it is reported at debug level only. Segments start zeroed, so that nothing
+     * depends on what memory held before: large ones come zeroed from the kernel, page by page
+     * as they are touched (W simulated ranks hold W unsharded copies: no extra pass over
+     * them); small ones are cleared here. */
+    if (size >= SIM_MMAP_MIN) {
+        ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (ptr == MAP_FAILED)
+            ptr = NULL;
+    } else {
+        ptr = aligned_alloc(align, size);
+        if (ptr != NULL)
+            memset(ptr, 0, size);
+    }
     if (ptr == NULL) {
         fsdp_debug("rank %d: segment_alloc of %zu bytes failed", dev->rank, bytes);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
     if (seg_insert(sdev, ptr, size, kind) != FSDP_OK) {
-        free(ptr);
+        if (size >= SIM_MMAP_MIN)
+            munmap(ptr, size);
+        else
+            free(ptr);
         return FSDP_ERR_NO_MEMORY;
     }
-    memset(ptr, 0, size);
     *ptr_p = ptr;
     return FSDP_OK;
 }
 
 static void sim_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
 {
+    fsdp_sim_dev_t *sdev = (fsdp_sim_dev_t *)dev;
+    size_t size;
+
     (void)kind;
     if (ptr == NULL)
         return;
-    seg_remove((fsdp_sim_dev_t *)dev, ptr);
-    if (!fsdp_sim_is_shape((fsdp_sim_dev_t *)dev))
+    size = seg_remove(sdev, ptr);
+    if (fsdp_sim_is_shape(sdev))
+        return;
+    if (size >= SIM_MMAP_MIN)
+        munmap(ptr, size);
+    else
         free(ptr);
 }
 
