@@ -220,11 +220,11 @@ static int bench_shape(int world, int fibers, int workers, size_t rows, int quic
     return 0;
 }
 
-static int bench_data(int world, size_t batch)
+static int bench_data(int world, size_t batch, int reps)
 {
     static const int dims[] = {512, 2048, 2048, 512};
     bench_run_t b;
-    bench_result_t sim, plain;
+    bench_result_t sim = {.status = FSDP_OK}, plain = {.status = FSDP_OK};
     int rc = 0;
 
     memset(&b, 0, sizeof(b));
@@ -241,13 +241,23 @@ static int bench_data(int world, size_t batch)
         b.x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     b.warmup = 1;
     b.steps = 2;
-    /* (a) W ranks, B/W rows each, FULL_SHARD */
-    b.rows = batch / (size_t)world;
-    b.strategy = FSDP_FULL_SHARD;
-    sim = bench_launch(&b, world, FSDP_SIM_DATA, 0, 0);
-    /* (b) the same arithmetic on one rank: all B rows */
-    b.rows = batch;
-    plain = bench_launch(&b, 1, FSDP_SIM_DATA, 0, 0);
+    /* alternately, best of `reps`: a shared machine's noise only ever adds time */
+    for (int rep = 0; rep < reps; rep++) {
+        bench_result_t r;
+        /* (a) W ranks, B/W rows each, FULL_SHARD */
+        b.rows = batch / (size_t)world;
+        b.strategy = FSDP_FULL_SHARD;
+        r = bench_launch(&b, world, FSDP_SIM_DATA, 0, 0);
+        if (rep == 0 || r.status != FSDP_OK || r.step_cpu < sim.step_cpu)
+            sim = r;
+        /* (b) the same arithmetic on one rank: all B rows */
+        b.rows = batch;
+        r = bench_launch(&b, 1, FSDP_SIM_DATA, 0, 0);
+        if (rep == 0 || r.status != FSDP_OK || r.step_cpu < plain.step_cpu)
+            plain = r;
+        if (sim.status != FSDP_OK || plain.status != FSDP_OK)
+            break;
+    }
     if (sim.status != FSDP_OK || plain.status != FSDP_OK) {
         fprintf(stderr, "bench_sim: the data-mode run failed: %s / %s\n",
                 fsdp_status_string(sim.status), fsdp_status_string(plain.status));
@@ -255,8 +265,8 @@ static int bench_data(int world, size_t batch)
         goto out;
     }
     printf("data mode: mlp:%d,%d,%d,%d, global batch %zu rows, %d steps (forward, backward, "
-           "AdamW) after %d\n",
-           dims[0], dims[1], dims[2], dims[3], batch, b.steps, b.warmup);
+           "AdamW) after %d, best of %d\n",
+           dims[0], dims[1], dims[2], dims[3], batch, b.steps, b.warmup, reps);
     printf("  %d ranks x %zu rows (FULL_SHARD): the steps %.3f s CPU (summed over ranks); the "
            "whole launch %.3f s CPU, %.3f s wall\n",
            world, batch / (size_t)world, sim.step_cpu, sim.cpu, sim.wall);
@@ -311,7 +321,8 @@ int main(int argc, char **argv)
     if (shape && bench_shape(world, fibers, workers, rows, quick) != 0)
         return 1;
     /* the same arithmetic per rank, in smaller and larger slices of the batch */
-    if (data && (bench_data(8, quick ? 256 : 1024) != 0 || (!quick && bench_data(8, 4096) != 0)))
+    if (data && (bench_data(8, quick ? 256 : 1024, quick ? 1 : 3) != 0 ||
+                 (!quick && bench_data(8, 4096, 3) != 0)))
         return 1;
     return 0;
 }

@@ -406,14 +406,17 @@ static void test_timeout(void)
     CU_ASSERT_EQUAL(run(c, SC_TIMEOUT, 4, 0.3, NULL), FSDP_ERR_TIMEOUT);
     CU_ASSERT(now() - t0 < 5.0);
     expect_all(c, 4, FSDP_ERR_TIMEOUT, 5.0, needles);
+    double longest = 0.0;
     for (int r = 0; r < 4; r++) {
         if (r == 1) {
             CU_ASSERT(c->elapsed[r] < 1.0); /* the late rank learns of it at once */
         } else {
-            CU_ASSERT(c->elapsed[r] >= 0.29);
+            /* the timeout runs from the first arrival; later arrivals wait less */
+            longest = c->elapsed[r] > longest ? c->elapsed[r] : longest;
             CU_ASSERT(c->elapsed[r] < 2.5); /* before the late rank wakes up */
         }
     }
+    CU_ASSERT(longest >= 0.29);
     CU_ASSERT_EQUAL(log_count(), 1);
     free(c);
 }

@@ -1,6 +1,8 @@
 /* libfsdp: the sim backend.
  *
- * Ranks are threads of one process. A collective is a rendezvous of the group's ranks: the last
+ * Ranks are threads of one process (or fibers on a few threads, params.fibers). Each has
+ * virtual clocks priced by a cluster profile (below). A collective is a rendezvous of the
+ * group's ranks: the last
  * to arrive checks that every call matches and computes the result in rank order, so results
  * never depend on thread timing. Mismatched calls, a rank that never arrives or a rank that has
  * failed make the collective return an error on every waiting rank, naming each rank's call;
@@ -208,7 +210,7 @@ void fsdp_sim_params_init(fsdp_sim_params_t *params);
 /* The work of one rank. `dev` is the rank's own backend context. */
 typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
 
-/* Runs `func` on world_size threads and waits for all of them. A rank whose function returns
+/* Runs `func` on world_size ranks and waits for all of them. A rank whose function returns
  * an error is marked failed: collectives that wait for it fail at once. Returns FSDP_OK when all
  * ranks succeeded, else the status of the lowest failing rank. If rank_status is not NULL it
  * receives each rank's status (world_size entries). */
@@ -236,8 +238,9 @@ int fsdp_dev_is_sim(const fsdp_dev_t *dev);
  * waits for), or for a collective at the latest such time over its group and after the
  * previous collective of the same communicator (NCCL runs them one at a time, in call order);
  * it ends after its cost. Issuing advances the host clock by the launch overhead; a host that
- * synchronizes jumps to the event's or stream's time. All of it is deterministic. The
- * functions below return 0 / FSDP_ERR_INVALID_PARAM for a dev that is not a sim rank. */
+ * synchronizes jumps to the event's or stream's time. All of it is deterministic. Call the
+ * functions below from the rank itself (its function); they return 0, NULL or
+ * FSDP_ERR_INVALID_PARAM for a dev that is not a sim rank. */
 
 /* The time at which the work issued so far on a stream (NULL: the compute stream) ends. */
 double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream);
