@@ -220,6 +220,47 @@ static void test_sharded_sgd_offload(void)
     check_resume(FSDP_STATE_DICT_SHARDED, FSDP_OPTIM_SGD, 1);
 }
 
+/* LOCAL: resumes exactly on the same world and sharding, and refuses any other. */
+static void test_local(void)
+{
+    char dir[300];
+    job_t *full = calloc(1, sizeof(job_t)), *first = calloc(1, sizeof(job_t)),
+          *second = calloc(1, sizeof(job_t));
+    fsdp_log_level_t lvl = fsdp_log_level();
+
+    snprintf(dir, sizeof(dir), "%s/local", tmpdir);
+    *full = (job_t){.world = 4, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                    .steps = 6};
+    CU_ASSERT_EQUAL_FATAL(run(full), FSDP_OK);
+    *first = *full;
+    first->steps = 3;
+    first->save = 1;
+    first->save_step = 3;
+    first->type = FSDP_STATE_DICT_LOCAL;
+    first->dir = dir;
+    CU_ASSERT_EQUAL_FATAL(run(first), FSDP_OK);
+    *second = *full;
+    second->steps = 3;
+    second->load = 1;
+    second->dir = dir;
+    CU_ASSERT_EQUAL_FATAL(run(second), FSDP_OK);
+    CU_ASSERT(memcmp(second->losses, full->losses + 3, 3 * sizeof(float)) == 0);
+    CU_ASSERT(memcmp(second->params, full->params, sizeof(full->params)) == 0);
+    /* another world size or strategy is refused on every rank */
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    *second = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                      .load = 1, .dir = dir};
+    CU_ASSERT_NOT_EQUAL(run(second), FSDP_OK);
+    CU_ASSERT(second->status[0] != FSDP_OK && second->status[1] != FSDP_OK);
+    *second = (job_t){.world = 4, .strategy = FSDP_NO_SHARD, .optim = FSDP_OPTIM_ADAMW,
+                      .load = 1, .dir = dir};
+    CU_ASSERT_NOT_EQUAL(run(second), FSDP_OK);
+    fsdp_log_set_level(lvl);
+    free(full);
+    free(first);
+    free(second);
+}
+
 /* The FULL checkpoint's model file holds plain names and nn.Linear shapes. */
 static void test_full_file_names(void)
 {
@@ -342,6 +383,7 @@ int main(void)
         {"full checkpoint, adamw: resume and reshard", test_full_adamw},
         {"sharded checkpoint, sgd, cpu offload", test_sharded_sgd_offload},
         {"full checkpoint file names", test_full_file_names},
+        {"local checkpoint: same world only", test_local},
         {"a killed save leaves the old checkpoint", test_killed_save},
         {"corrupted checkpoints refused", test_corrupted},
         {NULL, NULL},

@@ -183,7 +183,7 @@ refuse "a missing text file" --model "$tiny" --data "$tmp/none.txt"
 
 refuse "a grad-accum that does not divide the rows" --world 2 --batch 8 --grad-accum 3
 refuse "a state-dict without a checkpoint dir" --state-dict sharded
-refuse "an unknown state-dict" --save-checkpoint "$tmp/x" --state-dict local
+refuse "an unknown state-dict" --save-checkpoint "$tmp/x" --state-dict bogus
 refuse "ranks per node not dividing the world" --world 4 --strategy hybrid_shard --ranks-per-node 3
 refuse "resuming from nothing" --resume "$tmp/no-such-dir"
 # --trace writes a database fsdp-trace reads; two identical runs diff as identical

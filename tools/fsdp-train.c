@@ -112,7 +112,7 @@ static void usage(FILE *f)
           "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
           "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
           "  --checkpoint-every N       also every N steps\n"
-          "  --state-dict full|sharded  checkpoint format (default full)\n"
+          "  --state-dict full|sharded|local  checkpoint format (default full)\n"
           "  --resume DIR               continue from the newest checkpoint in DIR\n"
           "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"

@@ -13,6 +13,9 @@
  * its optimizer state) in that rank's shard, as 1-D tensors; `checkpoint.json` indexes which
  * elements of each flattened parameter each piece holds, so a checkpoint loads into any world
  * size or sharding strategy.
+ * LOCAL: `rank-RRRRR.safetensors` per rank holding each unit's flat shard as it is, padding
+ * included (`<unit>.flat_param`, and `state.<unit>.flat_param.<buffer>`), as PyTorch's
+ * LOCAL_STATE_DICT: it loads only into the same world size and sharding.
  */
 #ifndef FSDP_CHECKPOINT_H
 #define FSDP_CHECKPOINT_H
@@ -25,10 +28,12 @@ extern "C" {
 
 typedef enum {
     FSDP_STATE_DICT_FULL = 0,
-    FSDP_STATE_DICT_SHARDED = 1
+    FSDP_STATE_DICT_SHARDED = 1,
+    FSDP_STATE_DICT_LOCAL = 2
 } fsdp_state_dict_type_t;
 
-const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type); /* "full", "sharded" */
+/* "full", "sharded", "local" */
+const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type);
 int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p);
 
 /* Saves the model's parameters and, when opt is not NULL, the optimizer state, as step `step`.

@@ -21,7 +21,9 @@
 
 const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type)
 {
-    return type == FSDP_STATE_DICT_SHARDED ? "sharded" : "full";
+    return type == FSDP_STATE_DICT_SHARDED ? "sharded"
+           : type == FSDP_STATE_DICT_LOCAL ? "local"
+                                           : "full";
 }
 
 int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p)
@@ -30,6 +32,8 @@ int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p)
         *type_p = FSDP_STATE_DICT_FULL;
     else if (strcmp(s, "sharded") == 0)
         *type_p = FSDP_STATE_DICT_SHARDED;
+    else if (strcmp(s, "local") == 0)
+        *type_p = FSDP_STATE_DICT_LOCAL;
     else
         return 0;
     return 1;
@@ -414,6 +418,71 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
     return status;
 }
 
+/* LOCAL: every rank writes its flat shards as they are. */
+static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
+{
+    fsdp_dev_t *dev = fsdp_device(fs);
+    entry_list_t flat = {0};
+    int *dims = NULL;
+    json_t *units = json_object(), *steps = json_object();
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        size_t n = fsdp_unit_shard_numel(u);
+        int64_t len = (int64_t)n;
+        unit_bufs_t b;
+        char base[400];
+        if (!fsdp_unit_has_params(u))
+            continue;
+        status = get_bufs(u, opt, 0, &b);
+        snprintf(base, sizeof(base), "%s.flat_param", fsdp_unit_name(u));
+        json_object_set_new(units, fsdp_unit_name(u),
+                            json_pack("{s:I}", "shard_numel", (json_int_t)n));
+        if (opt != NULL)
+            json_object_set_new(steps, fsdp_unit_name(u),
+                                json_pack("{s:I, s:b}", "step", (json_int_t)b.step, "has_buffer",
+                                          b.has_buffer));
+        for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+            char name[512];
+            float *copy = malloc(n * sizeof(float) + 1);
+            if (copy == NULL) {
+                status = FSDP_ERR_NO_MEMORY;
+                break;
+            }
+            status = dev->ops->memcpy_async(dev, copy, b.shard[k], n * sizeof(float),
+                                            fsdp_compute_stream(fs));
+            if (status == FSDP_OK)
+                status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            tensor_name(name, sizeof(name), base, b.names[k]);
+            if (status == FSDP_OK)
+                status = list_add(&flat, name, 1, &len, copy);
+            if (status != FSDP_OK)
+                free(copy);
+        }
+    }
+    if (status == FSDP_OK) {
+        char path[PATH_MAX], fname[64];
+        dims = calloc((size_t)flat.n + 1, sizeof(int));
+        if (dims == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+        } else {
+            for (int e = 0; e < flat.n; e++)
+                dims[e] = 1;
+            list_finish(&flat, dims);
+            snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
+            status = path_join(path, sizeof(path), tmpdir, fname);
+            if (status == FSDP_OK)
+                status = fsdp_st_write(path, flat.e, flat.n, NULL, 0);
+        }
+    }
+    json_object_set_new(meta, "units", units);
+    json_object_set_new(meta, "optimizer_steps", steps);
+    free(dims);
+    list_free(&flat);
+    return status;
+}
+
 fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
                                    fsdp_state_dict_type_t type, int64_t step)
 {
@@ -424,7 +493,8 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     fsdp_status_t status = FSDP_OK;
 
     if (dir == NULL || step < 0 || (type != FSDP_STATE_DICT_FULL &&
-                                     type != FSDP_STATE_DICT_SHARDED)) {
+                                     type != FSDP_STATE_DICT_SHARDED &&
+                                     type != FSDP_STATE_DICT_LOCAL)) {
         fsdp_error("checkpoint save: a directory, a step >= 0 and a type full or sharded are "
                    "required");
         json_decref(meta);
@@ -452,7 +522,8 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     status = agree(fs, status); /* the directory exists for everybody */
     if (status == FSDP_OK)
         status = type == FSDP_STATE_DICT_FULL ? save_full(fs, opt, tmpdir, meta)
-                                              : save_sharded(fs, opt, tmpdir, meta);
+                 : type == FSDP_STATE_DICT_LOCAL ? save_local(fs, opt, tmpdir, meta)
+                                                 : save_sharded(fs, opt, tmpdir, meta);
     status = agree(fs, status); /* every rank's files are written */
     if (status == FSDP_OK && dev->rank == 0) {
         char *text;
@@ -600,6 +671,54 @@ static fsdp_status_t read_full_range(load_ctx_t *lc, int file, const fsdp_param_
     return FSDP_OK;
 }
 
+/* LOCAL: the unit's flat shards from this rank's own file; the same world and sharding only. */
+static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt)
+{
+    fsdp_t *fs = lc->fs;
+    fsdp_dev_t *dev = fsdp_device(fs);
+    json_t *ui = json_object_get(json_object_get(lc->meta, "units"), fsdp_unit_name(u));
+    json_t *ps = json_object_get(json_object_get(lc->meta, "optimizer_steps"), fsdp_unit_name(u));
+    size_t n = fsdp_unit_shard_numel(u);
+    char fname[64], base[400], msg[600];
+    fsdp_st_file_t *f;
+    unit_bufs_t b;
+    fsdp_status_t status;
+
+    if (lc->old_world != dev->world_size || !json_is_object(ui) ||
+        (size_t)json_integer_value(json_object_get(ui, "shard_numel")) != n) {
+        snprintf(msg, sizeof(msg),
+                 "a local checkpoint (saved on %d ranks) loads only into the same world size and "
+                 "sharding; unit '%s' differs: load a sharded or full checkpoint instead",
+                 lc->old_world, fsdp_unit_name(u));
+        return bad_checkpoint(lc, msg);
+    }
+    if (opt != NULL && !json_is_object(ps))
+        return bad_checkpoint(lc, "no optimizer state for a unit (saved without an optimizer?)");
+    snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
+    status = open_file(lc, dev->rank, fname, &f);
+    if (status == FSDP_OK)
+        status = get_bufs(u, opt, opt != NULL, &b);
+    snprintf(base, sizeof(base), "%s.flat_param", fsdp_unit_name(u));
+    for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+        char name[512];
+        const fsdp_st_tensor_t *t;
+        tensor_name(name, sizeof(name), base, b.names[k]);
+        t = fsdp_st_find(f, name);
+        if (t == NULL || strcmp(t->dtype, "F32") != 0 || t->numel != n) {
+            snprintf(msg, sizeof(msg), "tensor '%s' missing, or not %zu F32 elements", name, n);
+            return bad_checkpoint(lc, msg);
+        }
+        status = dev->ops->memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
+                                        fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+    }
+    if (status == FSDP_OK && opt != NULL)
+        status = fsdp_optim_set_unit_step(opt, u, json_integer_value(json_object_get(ps, "step")),
+                                          json_is_true(json_object_get(ps, "has_buffer")));
+    return status;
+}
+
 static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt)
 {
     fsdp_t *fs = lc->fs;
@@ -610,6 +729,8 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
     int64_t step = 0;
     int has_buffer = 0, have_step = 0;
 
+    if (lc->type == FSDP_STATE_DICT_LOCAL)
+        return load_unit_local(lc, u, opt);
     status = get_bufs(u, opt, opt != NULL, &b);
     for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
         fsdp_param_info_t pi;
@@ -690,7 +811,7 @@ static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
     t = json_object_get(lc->meta, "type");
     if (!json_is_string(t) ||
         !fsdp_state_dict_type_parse(json_string_value(t), (fsdp_state_dict_type_t *)&lc->type))
-        return bad_checkpoint(lc, "checkpoint.json has no type full or sharded");
+        return bad_checkpoint(lc, "checkpoint.json has no type full, sharded or local");
     lc->old_world = (int)json_integer_value(json_object_get(lc->meta, "world_size"));
     if (lc->old_world < 1 || lc->old_world > 1 << 20)
         return bad_checkpoint(lc, "checkpoint.json has no valid world_size");
@@ -713,7 +834,7 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
                fsdp_optim_config(opt)->kind == FSDP_OPTIM_ADAMW ? "adamw" : "sgd") != 0)
         status = bad_checkpoint(&lc, "the optimizer differs from the one saved");
     if (status == FSDP_OK) {
-        lc.nfiles = lc.type == FSDP_STATE_DICT_SHARDED ? lc.old_world : 2;
+        lc.nfiles = lc.type == FSDP_STATE_DICT_FULL ? 2 : lc.old_world;
         lc.files = calloc((size_t)lc.nfiles, sizeof(*lc.files));
         if (lc.files == NULL)
             status = FSDP_ERR_NO_MEMORY;
