@@ -153,8 +153,7 @@ static bench_result_t bench_launch(bench_run_t *b, int world, fsdp_sim_mode_t mo
     b->step_time = calloc((size_t)world, sizeof(*b->step_time));
     b->step_cpu = calloc((size_t)world, sizeof(*b->step_cpu));
     b->peak_reserved = calloc((size_t)world, sizeof(*b->peak_reserved));
-    if (b->ops == NULL || b->step_time == NULL || b->step_cpu == NULL ||
-        b->peak_reserved == NULL) {
+    if (b->ops == NULL || b->step_time == NULL || b->step_cpu == NULL || b->peak_reserved == NULL) {
         r.status = FSDP_ERR_NO_MEMORY;
         goto out;
     }
@@ -203,8 +202,7 @@ static int bench_shape(int world, int fibers, int workers, size_t rows, int quic
     b.steps = 1;
     r = bench_launch(&b, world, FSDP_SIM_SHAPE, fibers, workers);
     if (r.status != FSDP_OK) {
-        fprintf(stderr, "bench_sim: the shape-mode run failed: %s\n",
-                fsdp_status_string(r.status));
+        fprintf(stderr, "bench_sim: the shape-mode run failed: %s\n", fsdp_status_string(r.status));
         return 1;
     }
     printf("shape mode: %d units, %.3g parameters, %zu rows per rank, FULL_SHARD + AdamW, "
@@ -215,8 +213,8 @@ static int bench_shape(int world, int fibers, int workers, size_t rows, int quic
            r.wall, r.cpu, peak_rss_gib());
     printf("  %llu ops simulated (%.0f per rank), %.3g rank-ops per wall second\n",
            (unsigned long long)r.ops, (double)r.ops / world, (double)r.ops / r.wall);
-    printf("  simulated step time %.3f s on h100, peak reserved %.2f GiB per rank\n",
-           r.step_time, (double)r.peak_reserved / (double)((size_t)1 << 30));
+    printf("  simulated step time %.3f s on h100, peak reserved %.2f GiB per rank\n", r.step_time,
+           (double)r.peak_reserved / (double)((size_t)1 << 30));
     return 0;
 }
 
@@ -306,9 +304,8 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             i++; /* bench_gemm's flag, passed by make bench to every benchmark */
         } else {
-            fprintf(stderr,
-                    "usage: bench_sim [--quick] [--world W] [--threads] [--workers N] "
-                    "[--rows R] [--shape-only] [--data-only]\n");
+            fprintf(stderr, "usage: bench_sim [--quick] [--world W] [--threads] [--workers N] "
+                            "[--rows R] [--shape-only] [--data-only]\n");
             return 2;
         }
     }

@@ -146,7 +146,8 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         if (kind == FSDP_SIM_COLL_BROADCAST) {
             /* a chain of n steps; Simple pays the tree's chunk latency per step */
             int la = pr == FSDP_SIM_PROTO_SIMPLE ? FSDP_SIM_ALGO_TREE : FSDP_SIM_ALGO_RING;
-            lat += nsteps * (nodes == 1 ? nc->intra_latency_s[la][pr] : nc->inter_latency_s[la][pr]);
+            lat +=
+                nsteps * (nodes == 1 ? nc->intra_latency_s[la][pr] : nc->inter_latency_s[la][pr]);
         } else {
             double intra = nc->intra_latency_s[a][pr];
             if (nodes > 1) {

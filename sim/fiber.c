@@ -296,8 +296,8 @@ fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
     pthread_mutex_lock(&w->lock);
     for (; started < n; started++) {
         s->workers[started].sched = s;
-        if (pthread_create(&s->workers[started].thread, NULL, worker_main,
-                           &s->workers[started]) != 0)
+        if (pthread_create(&s->workers[started].thread, NULL, worker_main, &s->workers[started]) !=
+            0)
             break;
     }
     if (started == 0) {

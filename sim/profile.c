@@ -57,12 +57,12 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
     };
     /* treeCorrectionFactor, powers of two of nBytes/64 from 64 B to 256 MiB */
     static const double corr[FSDP_SIM_PROTO_COUNT][FSDP_SIM_TREE_SIZES] = {
-        {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
-         1.0, 1.0},
-        {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9,
-         1.0, 1.0},
-        {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9,
-         .9},
+        {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7,  .7,  .7,  .6, .5,
+         .4,  .4,  .5,  .6,  .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
+        {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7,  .6, .6,
+         .6,  .6,  .6,  .6,  .8,  .9, .9, .9, .9, 1.0, 1.0},
+        {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
+         .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9},
     };
 
     for (int a = 0; a < FSDP_SIM_ALGO_COUNT; a++) {
@@ -73,8 +73,8 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
         }
     }
     memcpy(nc->tree_correction, corr, sizeof(corr));
-    nc->protocols = 1u << FSDP_SIM_PROTO_LL | 1u << FSDP_SIM_PROTO_LL128 |
-                    1u << FSDP_SIM_PROTO_SIMPLE;
+    nc->protocols =
+        1u << FSDP_SIM_PROTO_LL | 1u << FSDP_SIM_PROTO_LL128 | 1u << FSDP_SIM_PROTO_SIMPLE;
     nc->ring_plateau_factor = 1.4; /* sm80 and later */
     nc->net_latency_s = 0.0;
 }
@@ -109,8 +109,8 @@ static void preset_h100(fsdp_sim_profile_t *p)
     p->host.h2d_bytes_per_s = 51e9;
     p->host.d2h_bytes_per_s = 51e9;
     nccl_latencies(&p->nccl);
-    p->nccl.algorithms = 1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE |
-                         1u << FSDP_SIM_ALGO_NVLS;
+    p->nccl.algorithms =
+        1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE | 1u << FSDP_SIM_ALGO_NVLS;
     p->nccl.channels = 12;
     p->nccl.intra_bus_bytes_per_s = 370e9;
     p->nccl.nic_bytes_per_s = 47e9;
@@ -208,8 +208,8 @@ static fsdp_status_t apply_shape(const char *what, const char *opts, fsdp_sim_pr
         }
         v = strtol(eq + 1, &num_end, 10);
         if (num_end == eq + 1 || num_end != s + len || v < 1 || v > 1000000) {
-            fsdp_error("profile '%s': '%.*s' needs an integer from 1 to 1000000", what,
-                       (int)len, s);
+            fsdp_error("profile '%s': '%.*s' needs an integer from 1 to 1000000", what, (int)len,
+                       s);
             return FSDP_ERR_INVALID_PARAM;
         }
         *field = (int)v;
@@ -259,7 +259,7 @@ static int bad_double(double v, double lo, double hi)
 #define CHECK_RANGE(expr, lo, hi, field_, what_)                                                   \
     do {                                                                                           \
         if (bad_double((expr), (lo), (hi))) {                                                      \
-            fsdp_error("cluster profile '%s': %s is %g; it must be %s", p->name, (field_),        \
+            fsdp_error("cluster profile '%s': %s is %g; it must be %s", p->name, (field_),         \
                        (double)(expr), (what_));                                                   \
             return FSDP_ERR_INVALID_PARAM;                                                         \
         }                                                                                          \
@@ -298,18 +298,21 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     if (!(nc->algorithms & (1u << FSDP_SIM_ALGO_RING)) ||
         nc->algorithms >= (1u << FSDP_SIM_ALGO_COUNT)) {
         fsdp_error("cluster profile '%s': nccl.algorithms must include ring (all-gather and "
-                   "reduce-scatter have no other); allowed: ring, tree, nvls", p->name);
+                   "reduce-scatter have no other); allowed: ring, tree, nvls",
+                   p->name);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (nc->protocols == 0 || nc->protocols >= (1u << FSDP_SIM_PROTO_COUNT)) {
         fsdp_error("cluster profile '%s': nccl.protocols must name at least one of ll, ll128, "
-                   "simple", p->name);
+                   "simple",
+                   p->name);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (nc->channels < 1 || nc->channels > 1024 || nc->nics_per_node < 1 ||
         nc->nics_per_node > 1024) {
         fsdp_error("cluster profile '%s': nccl.channels %d and nccl.nics_per_node %d must be in "
-                   "[1, 1024]", p->name, nc->channels, nc->nics_per_node);
+                   "[1, 1024]",
+                   p->name, nc->channels, nc->nics_per_node);
         return FSDP_ERR_INVALID_PARAM;
     }
     for (int a = 0; a < FSDP_SIM_ALGO_COUNT; a++) {
@@ -339,25 +342,24 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
                     "nccl.tree_ll128_channel_bytes_per_s", ">= 0 (0: no cap)");
     }
     CHECK_RANGE(nc->ring_plateau_factor, 1e-6, 100, "nccl.ring_plateau_factor", "in (0, 100]");
-    CHECK_RANGE(nc->nvls_bus_bytes_per_s, 0, BIG, "nccl.nvls_bus_bytes_per_s",
-                ">= 0 (0: no NVLS)");
+    CHECK_RANGE(nc->nvls_bus_bytes_per_s, 0, BIG, "nccl.nvls_bus_bytes_per_s", ">= 0 (0: no NVLS)");
     return FSDP_OK;
 }
 
 /* ---- JSON -------------------------------------------------------------------------------- */
 
 typedef enum {
-    F_INT,      /* int */
-    F_SIZE,     /* size_t, a non-negative integer */
-    F_DOUBLE,   /* double */
-    F_BOOL,     /* int 0/1 */
-    F_STRING,   /* char[64] */
-    F_CLASSES,  /* double[3]: one node, two nodes, three or more */
-    F_TABLE,    /* double[ALGO][PROTO]: {"ring": [ll, ll128, simple], ...} */
-    F_FLOPS,    /* the gpu's matmul rates: {"f32":, "tf32":, "bf16":, "f16":} */
-    F_ALGOS,    /* unsigned bitmask: ["ring", "tree"] */
-    F_PROTOS,   /* unsigned bitmask: ["ll", "simple"] */
-    F_TREECORR  /* double[PROTO][23]: {"ll": [...], "ll128": [...], "simple": [...]} */
+    F_INT,     /* int */
+    F_SIZE,    /* size_t, a non-negative integer */
+    F_DOUBLE,  /* double */
+    F_BOOL,    /* int 0/1 */
+    F_STRING,  /* char[64] */
+    F_CLASSES, /* double[3]: one node, two nodes, three or more */
+    F_TABLE,   /* double[ALGO][PROTO]: {"ring": [ll, ll128, simple], ...} */
+    F_FLOPS,   /* the gpu's matmul rates: {"f32":, "tf32":, "bf16":, "f16":} */
+    F_ALGOS,   /* unsigned bitmask: ["ring", "tree"] */
+    F_PROTOS,  /* unsigned bitmask: ["ll", "simple"] */
+    F_TREECORR /* double[PROTO][23]: {"ll": [...], "ll128": [...], "simple": [...]} */
 } field_type_t;
 
 typedef struct field {
@@ -368,7 +370,10 @@ typedef struct field {
     int required; /* without a base preset */
 } field_t;
 
-#define FLD(sec, key, type, member, req) {sec, key, type, offsetof(fsdp_sim_profile_t, member), req}
+#define FLD(sec, key, type, member, req)                                                           \
+    {                                                                                              \
+        sec, key, type, offsetof(fsdp_sim_profile_t, member), req                                  \
+    }
 
 static const field_t fields[] = {
     FLD("", "name", F_STRING, name, 0),
@@ -524,8 +529,7 @@ static fsdp_status_t get_keyed_rows(parse_ctx_t *c, json_t *v, const char *(*nam
 
     if (!json_is_object(v))
         return bad(c, "must be an object");
-    json_object_foreach(v, key, val)
-    {
+    json_object_foreach (v, key, val) {
         fsdp_status_t st;
         int k;
         for (k = 0; k < n && strcmp(key, name(k)) != 0; k++)
@@ -545,8 +549,7 @@ static fsdp_status_t get_keyed_rows(parse_ctx_t *c, json_t *v, const char *(*nam
     return FSDP_OK;
 }
 
-static fsdp_status_t get_flops(parse_ctx_t *c, json_t *v, fsdp_sim_gpu_profile_t *gpu,
-                               int *has_f32)
+static fsdp_status_t get_flops(parse_ctx_t *c, json_t *v, fsdp_sim_gpu_profile_t *gpu, int *has_f32)
 {
     const char *key;
     json_t *val;
@@ -555,8 +558,7 @@ static fsdp_status_t get_flops(parse_ctx_t *c, json_t *v, fsdp_sim_gpu_profile_t
     if (!json_is_object(v))
         return bad(c, "must be an object {\"f32\": ..., \"tf32\": ..., \"bf16\": ..., "
                       "\"f16\": ...}");
-    json_object_foreach(v, key, val)
-    {
+    json_object_foreach (v, key, val) {
         double *dst = NULL;
         fsdp_status_t st;
         fsdp_dtype_t dt;
@@ -659,8 +661,7 @@ static fsdp_status_t parse_object(parse_ctx_t *c, const char *section, json_t *o
     const char *key;
     json_t *val;
 
-    json_object_foreach(obj, key, val)
-    {
+    json_object_foreach (obj, key, val) {
         const field_t *f;
         fsdp_status_t st;
         int is_section = 0;
@@ -745,8 +746,7 @@ static fsdp_status_t profile_from_json(json_t *root, const char *source, int qui
         }
         if (!has_f32) {
             if (!quiet)
-                fsdp_error("cluster profile %s: gpu.matmul_flops_per_s.f32 is required",
-                           source);
+                fsdp_error("cluster profile %s: gpu.matmul_flops_per_s.f32 is required", source);
             return FSDP_ERR_INVALID_PARAM;
         }
     }
@@ -797,8 +797,8 @@ fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profil
     root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
     fclose(f);
     if (root == NULL) {
-        fsdp_error("cluster profile %s: malformed JSON at line %d, column %d: %s", path,
-                   err.line, err.column, err.text);
+        fsdp_error("cluster profile %s: malformed JSON at line %d, column %d: %s", path, err.line,
+                   err.column, err.text);
         return FSDP_ERR_FORMAT;
     }
     st = profile_from_json(root, path, 0, profile_p);
@@ -944,12 +944,12 @@ static json_t *field_json(const fsdp_sim_profile_t *p, const field_t *f)
         v = classes_json((const double *)addr);
         break;
     case F_TABLE:
-        v = rows_json((const double *)addr, algo_name_i, FSDP_SIM_ALGO_COUNT,
-                      FSDP_SIM_PROTO_COUNT, FSDP_SIM_PROTO_COUNT);
+        v = rows_json((const double *)addr, algo_name_i, FSDP_SIM_ALGO_COUNT, FSDP_SIM_PROTO_COUNT,
+                      FSDP_SIM_PROTO_COUNT);
         break;
     case F_TREECORR:
-        v = rows_json((const double *)addr, proto_name_i, FSDP_SIM_PROTO_COUNT,
-                      FSDP_SIM_TREE_SIZES, FSDP_SIM_TREE_SIZES);
+        v = rows_json((const double *)addr, proto_name_i, FSDP_SIM_PROTO_COUNT, FSDP_SIM_TREE_SIZES,
+                      FSDP_SIM_TREE_SIZES);
         break;
     case F_FLOPS:
         v = json_object();
@@ -1003,8 +1003,8 @@ char *fsdp_sim_profile_to_json(const fsdp_sim_profile_t *p)
         return NULL;
     root = json_loads(text, 0, NULL);
     if (root != NULL) {
-        same = profile_from_json(root, "(round trip)", 1, &back) == FSDP_OK &&
-               profile_equal(p, &back);
+        same =
+            profile_from_json(root, "(round trip)", 1, &back) == FSDP_OK && profile_equal(p, &back);
         json_decref(root);
     }
     if (same)

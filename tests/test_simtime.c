@@ -67,15 +67,15 @@ typedef struct sim_case {
     int world;
     fsdp_config_t cfg;
     int nunits;
-    size_t numel[MAXU];      /* one 1-d parameter per unit */
-    double fwd_flops[MAXU];  /* one GEMM per unit and pass */
+    size_t numel[MAXU];     /* one 1-d parameter per unit */
+    double fwd_flops[MAXU]; /* one GEMM per unit and pass */
     double bwd_flops[MAXU];
-    int sync_after_forward;  /* the host waits for the forward (loss.item()) */
-    int optim;               /* then an AdamW step */
-    fsdp_trace_t *trace;     /* every rank traces into it, when set */
+    int sync_after_forward; /* the host waits for the forward (loss.item()) */
+    int optim;              /* then an AdamW step */
+    fsdp_trace_t *trace;    /* every rank traces into it, when set */
     /* per rank */
     double t_fwd[MAXW], t_bwd[MAXW];
-    int max_live[MAXW];      /* unsharded-parameter blocks allocated or awaiting a stream */
+    int max_live[MAXW]; /* unsharded-parameter blocks allocated or awaiting a stream */
     fsdp_mem_stats_t mem[MAXW];
     fsdp_sim_time_stats_t ts[MAXW];
     fsdp_status_t status[MAXW];
@@ -394,8 +394,8 @@ static int check_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event
     int i;
 
     (void)rank, (void)seq;
-    if (ev->stream == NULL || (ev->kind != FSDP_EV_KERNEL && ev->kind != FSDP_EV_COPY &&
-                               ev->kind != FSDP_EV_COLLECTIVE))
+    if (ev->stream == NULL ||
+        (ev->kind != FSDP_EV_KERNEL && ev->kind != FSDP_EV_COPY && ev->kind != FSDP_EV_COLLECTIVE))
         return 0;
     for (i = 0; i < t->n_streams && strcmp(t->streams[i], ev->stream) != 0; i++)
         ;
@@ -607,8 +607,7 @@ static void test_profile_errors(void)
     expect_error(fsdp_sim_profile_preset("h200", &p), FSDP_ERR_INVALID_PARAM, "h100, a100");
     expect_error(fsdp_sim_profile_preset("h100:gpus=4", &p), FSDP_ERR_INVALID_PARAM,
                  "allowed: nodes=N, gpus_per_node=G");
-    expect_error(fsdp_sim_profile_preset("h100:nodes=0", &p), FSDP_ERR_INVALID_PARAM,
-                 "'nodes=0'");
+    expect_error(fsdp_sim_profile_preset("h100:nodes=0", &p), FSDP_ERR_INVALID_PARAM, "'nodes=0'");
     expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\",", &p), FSDP_ERR_FORMAT,
                  "malformed JSON at line 1");
     expect_error(fsdp_sim_profile_parse("[1, 2]", &p), FSDP_ERR_FORMAT, "JSON object");
@@ -642,8 +641,7 @@ static void test_profile_errors(void)
                  FSDP_ERR_INVALID_PARAM, "is required");
     expect_error(fsdp_sim_profile_load("/nonexistent/profile.json", &p), FSDP_ERR_NOT_FOUND,
                  "cannot open");
-    expect_error(fsdp_sim_profile_from_arg("missing.json", &p), FSDP_ERR_NOT_FOUND,
-                 "missing.json");
+    expect_error(fsdp_sim_profile_from_arg("missing.json", &p), FSDP_ERR_NOT_FOUND, "missing.json");
     /* a launch with a bad profile names the bad field */
     {
         fsdp_sim_params_t sp;
@@ -936,7 +934,8 @@ int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"forward: first all-gather plus compute", test_forward_overlap},
-        {"backward BACKWARD_PRE: first all-gather and last reduce-scatter", test_backward_prefetch_pre},
+        {"backward BACKWARD_PRE: first all-gather and last reduce-scatter",
+         test_backward_prefetch_pre},
         {"backward without prefetch: all-gathers exposed", test_backward_no_prefetch},
         {"limiter bounds live unsharded buffers", test_limiter_bounds_memory},
         {"the trace: ops in stream order with their intervals", test_trace_intervals},

@@ -89,7 +89,7 @@ static int mlp_units(const model_cfg_t *cfg)
     return cfg->nlayers;
 }
 
-static const model_ops_t mlp_ops = {mlp_parse,   mlp_create, mlp_step,  mlp_phase_hook,
+static const model_ops_t mlp_ops = {mlp_parse,   mlp_create, mlp_step, mlp_phase_hook,
                                     mlp_destroy, mlp_params, mlp_units};
 
 /* GPT-3 175B's shape (96 blocks of 12 x 12288^2 = 1.81e9 parameters) as an MLP: 96 Linear
@@ -103,8 +103,8 @@ static int mlp_175b_parse(const char *spec, model_cfg_t *cfg)
     return 0;
 }
 
-static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create,  mlp_step, mlp_phase_hook,
-                                         mlp_destroy,    mlp_params,  mlp_units};
+static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create, mlp_step, mlp_phase_hook,
+                                         mlp_destroy,    mlp_params, mlp_units};
 
 /* GPT-2 and the GPT-3 family (include/fsdp/gpt2.h): a preset name or gpt2:layers=...,
  * one sequence of n_positions tokens per `rows` of them. */
@@ -159,7 +159,7 @@ static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step, NULL,
                                     gpt_destroy, gpt_params, gpt_units};
 
 typedef struct model_entry {
-    const char *name; /* exact name, or a family prefix ending in ':' */
+    const char *name;               /* exact name, or a family prefix ending in ':' */
     int (*match)(const char *spec); /* or this, when not NULL */
     const char *what;
     const model_ops_t *ops;
@@ -181,7 +181,7 @@ static const model_entry_t *model_find(const char *spec)
 {
     for (size_t i = 0; i < N_MODELS; i++) {
         size_t n = strlen(models[i].name);
-        if (models[i].match != NULL ? models[i].match(spec)
+        if (models[i].match != NULL        ? models[i].match(spec)
             : models[i].name[n - 1] == ':' ? strncmp(spec, models[i].name, n) == 0
                                            : strcmp(spec, models[i].name) == 0)
             return &models[i];
@@ -301,10 +301,29 @@ static size_t parse_bytes(const char *opt, const char *s)
 }
 
 enum {
-    OPT_MODEL = 256, OPT_PROFILE, OPT_NODES, OPT_GPN, OPT_WORLD, OPT_CAPACITY, OPT_BATCH,
-    OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT, OPT_NO_LIMIT, OPT_OPTIM,
-    OPT_STEPS, OPT_SWEEP, OPT_PRINT_PROFILE, OPT_LIST, OPT_TIMEOUT, OPT_VERSION, OPT_HELP,
-    OPT_MP, OPT_CKPT_ACT, OPT_CPU_OFFLOAD
+    OPT_MODEL = 256,
+    OPT_PROFILE,
+    OPT_NODES,
+    OPT_GPN,
+    OPT_WORLD,
+    OPT_CAPACITY,
+    OPT_BATCH,
+    OPT_STRATEGY,
+    OPT_BWD_PREFETCH,
+    OPT_FWD_PREFETCH,
+    OPT_LIMIT,
+    OPT_NO_LIMIT,
+    OPT_OPTIM,
+    OPT_STEPS,
+    OPT_SWEEP,
+    OPT_PRINT_PROFILE,
+    OPT_LIST,
+    OPT_TIMEOUT,
+    OPT_VERSION,
+    OPT_HELP,
+    OPT_MP,
+    OPT_CKPT_ACT,
+    OPT_CPU_OFFLOAD
 };
 
 static int is_hybrid(fsdp_strategy_t s)
@@ -352,17 +371,32 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case OPT_MODEL: a->model_spec = optarg; break;
-        case OPT_PROFILE: profile = optarg; break;
-        case OPT_NODES: nodes = parse_long("--nodes", optarg, 1, 1000000); break;
-        case OPT_GPN: gpn = parse_long("--gpus-per-node", optarg, 1, 1024); break;
-        case OPT_WORLD: a->world = (int)parse_long("--world", optarg, 1, 65536); break;
-        case OPT_CAPACITY: capacity = optarg; break;
-        case OPT_BATCH: batch = parse_long("--batch", optarg, 1, 1L << 30); break;
+        case OPT_MODEL:
+            a->model_spec = optarg;
+            break;
+        case OPT_PROFILE:
+            profile = optarg;
+            break;
+        case OPT_NODES:
+            nodes = parse_long("--nodes", optarg, 1, 1000000);
+            break;
+        case OPT_GPN:
+            gpn = parse_long("--gpus-per-node", optarg, 1, 1024);
+            break;
+        case OPT_WORLD:
+            a->world = (int)parse_long("--world", optarg, 1, 65536);
+            break;
+        case OPT_CAPACITY:
+            capacity = optarg;
+            break;
+        case OPT_BATCH:
+            batch = parse_long("--batch", optarg, 1, 1L << 30);
+            break;
         case OPT_STRATEGY:
             if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy))
                 die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard, "
-                    "hybrid_shard, hybrid_shard_zero2", optarg);
+                    "hybrid_shard, hybrid_shard_zero2",
+                    optarg);
             break;
         case OPT_BWD_PREFETCH:
             if (strcmp(optarg, "pre") == 0)
@@ -374,9 +408,15 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             else
                 die("--backward-prefetch: '%s' is not one of pre, post, none", optarg);
             break;
-        case OPT_FWD_PREFETCH: a->fsdp.forward_prefetch = 1; break;
-        case OPT_LIMIT: a->fsdp.limit_all_gathers = 1; break;
-        case OPT_NO_LIMIT: a->fsdp.limit_all_gathers = 0; break;
+        case OPT_FWD_PREFETCH:
+            a->fsdp.forward_prefetch = 1;
+            break;
+        case OPT_LIMIT:
+            a->fsdp.limit_all_gathers = 1;
+            break;
+        case OPT_NO_LIMIT:
+            a->fsdp.limit_all_gathers = 0;
+            break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
                 a->optim = FSDP_OPTIM_ADAMW;
@@ -385,8 +425,12 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             else
                 die("--optim: '%s' is not one of adamw, sgd", optarg);
             break;
-        case OPT_STEPS: a->steps = (int)parse_long("--steps", optarg, 1, 1000); break;
-        case OPT_SWEEP: a->sweep = 1; break;
+        case OPT_STEPS:
+            a->steps = (int)parse_long("--steps", optarg, 1, 1000);
+            break;
+        case OPT_SWEEP:
+            a->sweep = 1;
+            break;
         case OPT_MP: {
             fsdp_dtype_t dt;
             if (!fsdp_dtype_parse(optarg, &dt) || (dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16))
@@ -394,9 +438,15 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             a->fsdp.mixed_precision.param_dtype = dt;
             break;
         }
-        case OPT_CKPT_ACT: ckpt_act = 1; break;
-        case OPT_CPU_OFFLOAD: a->fsdp.cpu_offload = 1; break;
-        case OPT_PRINT_PROFILE: print_profile = 1; break;
+        case OPT_CKPT_ACT:
+            ckpt_act = 1;
+            break;
+        case OPT_CPU_OFFLOAD:
+            a->fsdp.cpu_offload = 1;
+            break;
+        case OPT_PRINT_PROFILE:
+            print_profile = 1;
+            break;
         case OPT_LIST: {
             int n = 0;
             const fsdp_gpt2_preset_t *gp = fsdp_gpt2_presets(&n);
@@ -448,12 +498,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->model = model_find(a->model_spec);
     if (a->model == NULL)
         die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
-            "widths, or one of --list-models", a->model_spec, MAX_DIMS);
+            "widths, or one of --list-models",
+            a->model_spec, MAX_DIMS);
     if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
         if (a->model->ops == &gpt_ops)
             exit(2); /* the library said what is allowed */
         die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
-            "widths, or one of --list-models", a->model_spec, MAX_DIMS);
+            "widths, or one of --list-models",
+            a->model_spec, MAX_DIMS);
     }
     if (ckpt_act && a->model->ops != &gpt_ops)
         die("--checkpoint-activations needs a GPT model");
@@ -467,8 +519,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     if (a->world < a->per_node)
         a->per_node = a->world; /* part of one node */
     else if (a->world % a->per_node != 0)
-        die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)",
-            a->world, a->per_node);
+        die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)", a->world,
+            a->per_node);
     a->capacity = capacity ? parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
     a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
     if (a->rows == 0) /* one sequence */
@@ -585,8 +637,8 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
 
 typedef struct summary {
     fsdp_status_t status;
-    int oom;               /* did not fit the capacity */
-    double step_time;      /* max over ranks */
+    int oom;                 /* did not fit the capacity */
+    double step_time;        /* max over ranks */
     double exposed, compute; /* of the slowest rank */
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
@@ -732,8 +784,9 @@ static void phase_line(const rank_result_t *r, char *buf, size_t n)
 
 static const char *prefetch_name(fsdp_backward_prefetch_t p)
 {
-    return p == FSDP_BACKWARD_PREFETCH_PRE ? "pre" : p == FSDP_BACKWARD_PREFETCH_POST ? "post"
-                                                                                      : "none";
+    return p == FSDP_BACKWARD_PREFETCH_PRE    ? "pre"
+           : p == FSDP_BACKWARD_PREFETCH_POST ? "post"
+                                              : "none";
 }
 
 static void print_header(const plan_args_t *a)
@@ -774,8 +827,9 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            "step)\n",
            s.step_time * 1e3, s.compute * 1e3, s.exposed * 1e3,
            s.step_time > 0 ? 100.0 * s.exposed / s.step_time : 0.0);
-    printf("MFU %.1f%% (GEMM FLOPs per rank / step time / %.4g TFLOP/s %s peak)\n", 100.0 * s.mfu,
-           peak / 1e12,
+    printf("MFU %.1f%% (GEMM FLOPs run per rank, recomputation included, / step time / %.4g "
+           "TFLOP/s %s peak)\n",
+           100.0 * s.mfu, peak / 1e12,
            dt == FSDP_DTYPE_F32 && a->profile.gpu.allow_tf32 ? "tf32" : fsdp_dtype_name(dt));
     pick_unit(s.peak_reserved);
     printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
@@ -808,9 +862,8 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
 
 static int print_sweep(const plan_args_t *a, rank_result_t *res)
 {
-    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
-                                                 FSDP_NO_SHARD, FSDP_HYBRID_SHARD,
-                                                 FSDP_HYBRID_SHARD_ZERO2};
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD,
+                                                 FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2};
     static const fsdp_backward_prefetch_t prefetches[] = {
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
     fsdp_config_t best_cfg = a->fsdp;
@@ -842,8 +895,7 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
                        fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
                        lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
                        (double)s.peak_alloc / (double)((size_t)1 << 30),
-                       (double)s.peak_reserved / (double)((size_t)1 << 30),
-                       s.oom ? "no" : "yes");
+                       (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
                 fflush(stdout);
                 if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
                     best = s;

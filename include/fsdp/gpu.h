@@ -75,6 +75,68 @@ void fsdp_gpu_finalize(fsdp_dev_t *dev);
 /* 1 when the dev belongs to the gpu backend. */
 int fsdp_dev_is_gpu(const fsdp_dev_t *dev);
 
+/* ---- Launch environment and rendezvous (built with or without CUDA; need no GPU) ---- */
+
+/* Longest master address kept (a host name or a numeric IPv4/IPv6 address), with its NUL. */
+#define FSDP_LAUNCH_ADDR_MAX 256
+/* Default rendezvous port where the launcher names none (torchrun's default). */
+#define FSDP_LAUNCH_DEFAULT_PORT 29500
+/* Largest blob fsdp_rendezvous() hands out, and longest job token it accepts. */
+#define FSDP_RENDEZVOUS_BLOB_MAX 4096
+#define FSDP_RENDEZVOUS_TOKEN_MAX 1024
+
+/* Where this process sits in the job, as its launcher says. */
+typedef struct fsdp_launch_info {
+    const char *launcher; /* "torchrun", "openmpi", "slurm" or "single" (a static string) */
+    int rank;             /* 0 <= rank < world_size */
+    int world_size;       /* >= 1 */
+    int local_rank;       /* rank within its node */
+    int local_size;       /* ranks on its node; 0 when the launcher does not say */
+    char master_addr[FSDP_LAUNCH_ADDR_MAX]; /* where rank 0 listens */
+    int master_port;                        /* 1..65535 */
+} fsdp_launch_info_t;
+
+/* Reads rank, world size, local rank, local size and the master address and port from the
+ * launcher's environment, the first that is present winning:
+ *  - torchrun (RANK set): RANK, WORLD_SIZE, LOCAL_RANK (default RANK), LOCAL_WORLD_SIZE
+ *    (optional), MASTER_ADDR and MASTER_PORT (required when WORLD_SIZE > 1);
+ *  - Open MPI (OMPI_COMM_WORLD_RANK set): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE,
+ *    MASTER_ADDR and MASTER_PORT (required when the size is > 1);
+ *  - Slurm (SLURM_PROCID set): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+ *    or this node's count in SLURM_TASKS_PER_NODE ("2(x3),1"); the master is MASTER_ADDR or
+ *    else the first host of SLURM_JOB_NODELIST ("node[3-5,7],gpu01" -> "node3"), the port
+ *    MASTER_PORT or else FSDP_LAUNCH_DEFAULT_PORT;
+ *  - none of these: a single process, rank 0 of 1, master 127.0.0.1 (MASTER_ADDR and
+ *    MASTER_PORT still apply when set).
+ * A malformed or inconsistent value (not a number, rank >= world size, local rank >= local
+ * size, a missing master for a world > 1) is FSDP_ERR_INVALID_PARAM, logged with the variable
+ * and what is allowed. *info_p is written only on success. */
+fsdp_status_t fsdp_launch_env(fsdp_launch_info_t *info_p);
+
+/* Host number index (from 0) of a Slurm host list such as "node[3-5,7],gpu[01-02]-ib" (ranges
+ * keep their zero padding; several bracket groups in one name expand as a product), written
+ * into host (size bytes with the NUL). FSDP_ERR_NOT_FOUND when the list has index hosts or
+ * fewer, FSDP_ERR_INVALID_PARAM for a malformed list or a name that does not fit. */
+fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t size);
+
+/* Hands blob (blob_size bytes, 1..FSDP_RENDEZVOUS_BLOB_MAX; typically the NCCL unique id rank 0
+ * made with fsdp_gpu_unique_id()) from rank 0 to every rank over TCP, at
+ * info->master_addr:info->master_port. Rank 0 listens there (SO_REUSEADDR; on the loopback
+ * address when the master address is a loopback one, else on every interface, IPv6 and IPv4)
+ * and answers once all world_size - 1 other ranks have joined; the others connect, retrying
+ * while rank 0 is not up yet, and receive the blob into the same buffer. A collective: it
+ * returns on every rank when all have joined, or FSDP_ERR_TIMEOUT after timeout_s seconds
+ * (> 0), with the ranks that arrived and those missing logged.
+ *
+ * token (NULL or "" = none, else at most FSDP_RENDEZVOUS_TOKEN_MAX bytes; typically the
+ * FSDP_JOB_TOKEN environment variable, the same on every rank) is the job's shared secret:
+ * rank 0 refuses a rank whose token differs. Rank 0 also refuses a rank out of range or
+ * already joined, a different world size or blob size and a different protocol version
+ * (the refused rank gets FSDP_ERR_INVALID_PARAM with the reason), and drops malformed
+ * connections, then goes on waiting for the real ranks. A world of one returns at once. */
+fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token,
+                              double timeout_s, void *blob, size_t blob_size);
+
 #ifdef __cplusplus
 }
 #endif

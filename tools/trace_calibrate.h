@@ -1,0 +1,47 @@
+/* fsdp-trace calibrate: fits a cluster profile (include/fsdp/sim.h) to the measured events of a
+ * trace, by least squares of each op's time against the sim's cost model (sim/cost.c).
+ *
+ * What is fitted, from what:
+ *  - collectives (all-gather, reduce-scatter, all-reduce), per NCCL (algorithm, protocol) that
+ *    the current profile picks for each call (re-classified until the choice is stable): the
+ *    base latency, the per-step latency over NVLink (one-node groups), the per-step floor of a
+ *    multi-node ring (net_overhead_s), the per-step network latency (ring row; the tree row when
+ *    a node holds one rank of the group), and for the Simple protocol the intra-node bus
+ *    bandwidth and the NIC bandwidth. Regressors per call: 1, steps by link, bus bytes by link
+ *    (nbytes x steps / nranks, divided by the NICs a node drives for the network).
+ *    A call's time is end - max(start, the end of the rank's previous call on the group),
+ *    the smallest over the group's ranks (the last rank to arrive waits for nobody).
+ *  - kernels: the kernel latency and the HBM bandwidth from the memory-bound kinds (every
+ *    kind but GEMM: t = latency + bytes / (HBM x memory efficiency)), and the GEMM FLOP rate
+ *    per dtype from compute-bound GEMMs whose event records its FLOPs in `count` (t = latency +
+ *    FLOPs / (peak x compute efficiency)); the efficiencies stay the base's.
+ *  - copies: the host-to-device and device-to-host bandwidths.
+ * Everything else (and whatever the trace does not constrain) keeps the base's value. */
+#ifndef FSDP_TRACE_CALIBRATE_H
+#define FSDP_TRACE_CALIBRATE_H
+
+#include <fsdp/sim.h>
+#include <fsdp/status.h>
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct fsdp_calib_options {
+    int64_t run;        /* as fsdp_trace_reader_find_run (0: the latest run) */
+    int ranks_per_node; /* 0: the run's config "ranks_per_node", else the whole world on one node */
+} fsdp_calib_options_t;
+
+/* Fits *out from the trace at `path`, starting from *base; writes a short report to `report`
+ * (may be NULL). FSDP_ERR_NOT_FOUND / FSDP_ERR_FORMAT from the reader; FSDP_ERR_INVALID_PARAM
+ * when the fitted profile does not pass fsdp_sim_profile_check. */
+fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t *opts,
+                                   const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
+                                   FILE *report);
+
+/* Least squares: theta minimizing |X theta - y| for X of rows x cols (row-major). Columns that
+ * are zero or linear combinations of earlier ones are not identified: used[j] = 0 and
+ * theta[j] = 0. Returns the number of identified columns, -1 when out of memory. */
+int fsdp_calib_lsq(const double *x, const double *y, int rows, int cols, double *theta,
+                   int *used);
+
+#endif
