@@ -198,6 +198,7 @@ check "two identical runs diff as identical" \
 "$ftrace" diff "$tmp/t1.db" "$tmp/t3.db" >/dev/null 2>&1
 check "another strategy diffs as different" test $? -eq 1
 
+refuse "an unknown cluster profile" --profile nosuch
 refuse "an unknown flag" --no-such-flag
 refuse "a malformed model" --model mlp:16,,4
 refuse "a model of one width" --model mlp:16

@@ -4,9 +4,12 @@
  *   fsdp-trace diff A B [--run-a ID] [--run-b ID]      exit 0 identical, 1 different, 2 error
  *   fsdp-trace export --chrome OUT.json DB [--run ID]
  *   fsdp-trace plot --svg OUT.svg DB [--run ID] [--ranks N]
+ *   fsdp-trace calibrate DB [--run ID] [--base PROFILE] [--ranks-per-node N] > profile.json
  */
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
+
+#include "trace_calibrate.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -30,6 +33,13 @@ static void usage(FILE *f)
         "  export --chrome OUT.json DB [--run ID] Chrome trace JSON (Perfetto, chrome://tracing)\n"
         "  plot --svg OUT.svg DB [--run ID] [--ranks N]\n"
         "                                         memory by category and stream timelines\n"
+        "  calibrate DB [--run ID] [--base PROFILE] [--ranks-per-node N]\n"
+        "                                         fit the cluster profile (collective latency\n"
+        "                                         and bandwidth per link, kernel rates) to the\n"
+        "                                         measured events; prints its JSON, the fit\n"
+        "                                         report on stderr. PROFILE: a preset or JSON\n"
+        "                                         file for what the trace does not constrain\n"
+        "                                         (default " FSDP_SIM_DEFAULT_PROFILE "); N: default the run's config\n"
         "A run ID defaults to the latest run of the file; 0 is the latest, -1 the one before.\n"
         "diff of one file without run ids compares the previous run with the latest.\n"
         "  --version, --help\n");
@@ -114,6 +124,60 @@ static int fail(const char *cmd, fsdp_status_t status)
     return EXIT_ERROR;
 }
 
+static int calibrate(int argc, char **argv)
+{
+    fsdp_calib_options_t opts = {0, 0};
+    const char *db = NULL, *base_arg = FSDP_SIM_DEFAULT_PROFILE;
+    fsdp_sim_profile_t base, fitted;
+    fsdp_status_t status;
+    char *json;
+
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(arg, "--run") == 0 && has_value) {
+            if (parse_run(arg, argv[++i], &opts.run) != 0)
+                return EXIT_ERROR;
+        } else if (strcmp(arg, "--base") == 0 && has_value) {
+            base_arg = argv[++i];
+        } else if (strcmp(arg, "--ranks-per-node") == 0 && has_value) {
+            opts.ranks_per_node = atoi(argv[++i]);
+            if (opts.ranks_per_node <= 0) {
+                fprintf(stderr, "fsdp-trace calibrate: --ranks-per-node '%s' must be a "
+                                "positive number\n", argv[i]);
+                return EXIT_ERROR;
+            }
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            fprintf(stderr, "fsdp-trace calibrate: unknown option or missing value: '%s' "
+                            "(try --help)\n", arg);
+            return EXIT_ERROR;
+        } else if (db == NULL) {
+            db = arg;
+        } else {
+            fprintf(stderr, "fsdp-trace calibrate: unexpected argument '%s' (try --help)\n",
+                    arg);
+            return EXIT_ERROR;
+        }
+    }
+    if (db == NULL) {
+        fprintf(stderr, "fsdp-trace calibrate: expected a trace database (try --help)\n");
+        return EXIT_ERROR;
+    }
+    status = fsdp_sim_profile_from_arg(base_arg, &base);
+    if (status == FSDP_OK)
+        status = fsdp_trace_calibrate(db, &opts, &base, &fitted, stderr);
+    if (status != FSDP_OK)
+        return fail("calibrate", status);
+    json = fsdp_sim_profile_to_json(&fitted);
+    if (json == NULL)
+        return fail("calibrate", FSDP_ERR_OUT_OF_MEMORY);
+    fputs(json, stdout);
+    if (json[0] != '\0' && json[strlen(json) - 1] != '\n')
+        fputc('\n', stdout);
+    free(json);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *cmd;
@@ -161,8 +225,10 @@ int main(int argc, char **argv)
         status = fsdp_trace_plot_svg(a.pos[0], a.run, a.ranks, a.out);
         return status == FSDP_OK ? 0 : fail(cmd, status);
     }
+    if (strcmp(cmd, "calibrate") == 0)
+        return calibrate(argc, argv);
     fprintf(stderr,
-            "fsdp-trace: unknown command '%s': use summary, diff, export or plot "
+            "fsdp-trace: unknown command '%s': use summary, diff, export, plot or calibrate "
             "(try --help)\n",
             cmd);
     return EXIT_ERROR;

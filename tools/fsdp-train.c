@@ -40,6 +40,8 @@ typedef struct train_args {
     fsdp_state_dict_type_t state_dict;
     const char *resume_dir;
     const char *trace_path;
+    const char *profile_arg;       /* --profile, or NULL for the default */
+    fsdp_sim_profile_t profile;
     /* --model gpt2...: the GPT-2 path (train_gpt2.c) */
     int gpt;
     const char *model_name;
@@ -115,6 +117,8 @@ static void usage(FILE *f)
           "  --state-dict full|sharded|local  checkpoint format (default full)\n"
           "  --resume DIR               continue from the newest checkpoint in DIR\n"
           "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
+          "  --profile P                cluster profile the simulated times come from: a preset\n"
+          "                             (h100, a100, h100:nodes=N,gpus_per_node=G) or a JSON file\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
@@ -170,7 +174,7 @@ enum {
     OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
-    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
+    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_PROFILE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
     OPT_MIXED
 };
 
@@ -240,6 +244,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"state-dict", required_argument, NULL, OPT_STATE_DICT},
         {"resume", required_argument, NULL, OPT_RESUME},
         {"trace", required_argument, NULL, OPT_TRACE},
+        {"profile", required_argument, NULL, OPT_PROFILE},
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
@@ -362,6 +367,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             break;
         case OPT_RESUME: a->resume_dir = optarg; break;
         case OPT_TRACE: a->trace_path = optarg; break;
+        case OPT_PROFILE: a->profile_arg = optarg; break;
         case OPT_TOKENS: a->tokens_path = optarg; break;
         case OPT_SEQ:
             a->seq = (int)parse_long("--seq", optarg, 1, 1 << 20);
@@ -382,6 +388,14 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     }
     if (optind < argc)
         die("unexpected argument '%s' (see --help)", argv[optind]);
+    {
+        fsdp_sim_params_t defaults;
+        fsdp_sim_params_init(&defaults);
+        a->profile = defaults.profile;
+        if (a->profile_arg != NULL &&
+            fsdp_sim_profile_from_arg(a->profile_arg, &a->profile) != FSDP_OK)
+            fail_quietly(); /* the library said what is wrong and what is allowed */
+    }
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)
@@ -734,6 +748,7 @@ static int train_gpt2(const train_args_t *a, int argc, char **argv)
     o.quiet = a->quiet;
     o.argv0 = argv0;
     o.trace_path = a->trace_path;
+    o.profile = &a->profile;
     o.argc = argc;
     o.argv = argv;
     return gpt2_train_main(&o);
@@ -766,6 +781,7 @@ int main(int argc, char **argv)
     fsdp_sim_params_init(&sim);
     sim.world_size = args.world;
     sim.timeout_s = args.timeout_s;
+    sim.profile = args.profile;
     if (train_trace_open(args.trace_path, &args.fsdp, args.world, "mlp", argc, argv, &sh.trace) !=
         FSDP_OK)
         fail_quietly();

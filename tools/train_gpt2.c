@@ -212,6 +212,8 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     fsdp_sim_params_init(&sim);
     sim.world_size = o->world;
     sim.timeout_s = o->timeout_s;
+    if (o->profile != NULL)
+        sim.profile = *o->profile;
     t0 = wall_now();
     status = fsdp_sim_launch(&sim, gpt2_rank, &sh, NULL);
     dt = wall_now() - t0;
@@ -228,7 +230,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                dt > 0.0 ? tokens / dt : 0.0);
         printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
                sh.first_loss, sh.last_loss, (long long)sh.steps_run,
-               sh.sim_time / (double)sh.steps_run * 1e3, "the default cluster profile");
+               sh.sim_time / (double)sh.steps_run * 1e3, sim.profile.name);
     }
     for (int r = 0; r < o->world; r++)
         printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);

@@ -30,6 +30,7 @@ typedef struct gpt2_train_opts {
     int quiet;
     const char *argv0; /* to find the default corpus */
     const char *trace_path; /* --trace, or NULL */
+    const fsdp_sim_profile_t *profile; /* the cluster the simulated times come from */
     int argc;               /* the command line, for the trace's run row */
     char **argv;
 } gpt2_train_opts_t;

@@ -134,8 +134,8 @@ fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t 
  * already joined, a different world size or blob size and a different protocol version
  * (the refused rank gets FSDP_ERR_INVALID_PARAM with the reason), and drops malformed
  * connections, then goes on waiting for the real ranks. A world of one returns at once. */
-fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token,
-                              double timeout_s, void *blob, size_t blob_size);
+fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token, double timeout_s,
+                              void *blob, size_t blob_size);
 
 #ifdef __cplusplus
 }
