@@ -9,6 +9,9 @@
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u)
 {
     fsdp_trace_event_t ev;
+    /* the phase an out-of-memory report names */
+    fs->cur_phase = hook;
+    fsdp_mem_set_context(fs->mem, u != NULL ? u->name : NULL, hook);
     if (!fsdp_trace_enabled(fs->dev))
         return;
     fsdp_trace_event_init(&ev, FSDP_EV_HOOK, hook);
@@ -23,6 +26,7 @@ const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit)
     const char *prev = fs->cur_unit;
     fs->cur_unit = unit;
     fsdp_trace_set_unit(fs->dev, unit);
+    fsdp_mem_set_context(fs->mem, unit, fs->cur_phase);
     return prev;
 }
 

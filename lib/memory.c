@@ -592,10 +592,11 @@ static void log_oom(const fsdp_mem_t *mem, size_t bytes, size_t seg_size,
     else
         snprintf(capacity, sizeof(capacity), "unlimited");
     fsdp_error("rank %d: out of device memory: tried to allocate %zu bytes (a segment for %zu "
-               "bytes of %s on stream '%s'); allocated %llu bytes (%s), reserved %llu, "
-               "capacity %s",
+               "bytes of %s on stream '%s', unit '%s', in %s); allocated %llu bytes (%s), "
+               "reserved %llu, capacity %s",
                mem->dev->rank, seg_size != 0 ? seg_size : bytes, bytes,
                fsdp_mem_category_name(category), stream->name,
+               mem->ctx_unit ? mem->ctx_unit : "-", mem->ctx_phase ? mem->ctx_phase : "setup",
                (unsigned long long)all->allocated_bytes.current, off ? breakdown : "nothing",
                (unsigned long long)all->reserved_bytes.current, capacity);
 }
@@ -790,6 +791,12 @@ fsdp_status_t fsdp_mem_record_stream(fsdp_mem_t *mem, void *ptr, fsdp_stream_t *
 }
 
 /* ---- statistics and cache -------------------------------------------------------------- */
+
+void fsdp_mem_set_context(fsdp_mem_t *mem, const char *unit, const char *phase)
+{
+    mem->ctx_unit = unit;
+    mem->ctx_phase = phase;
+}
 
 void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p)
 {

@@ -56,6 +56,8 @@ typedef struct mem_stream {
 struct fsdp_mem {
     fsdp_dev_t *dev;
     size_t capacity;
+    const char *ctx_unit;  /* who is asking, for the out-of-memory report */
+    const char *ctx_phase;
     fsdp_mem_stats_t stats; /* the flat shorthands are filled in by fsdp_mem_get_stats */
     mem_stream_t *streams;
     int n_streams, cap_streams;

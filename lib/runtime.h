@@ -104,7 +104,8 @@ struct fsdp {
     fsdp_event_t *limiter_events[FSDP_LIMITER_MAX_INFLIGHT + 1];
     int n_limiter_events;
 
-    const char *cur_unit; /* the unit trace events are attributed to */
+    const char *cur_unit;  /* the unit trace events are attributed to */
+    const char *cur_phase; /* the hook running, for out-of-memory reports */
     char last_error[512];
 };
 

@@ -101,6 +101,9 @@ void fsdp_mem_free(fsdp_mem_t *mem, void *ptr);
 fsdp_status_t fsdp_mem_record_stream(fsdp_mem_t *mem, void *ptr, fsdp_stream_t *stream);
 
 void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p);
+/* Who is allocating (a unit name and a phase such as "pre_forward"; the strings must stay
+ * valid), named by the out-of-memory report. The runtime sets it in its hooks. */
+void fsdp_mem_set_context(fsdp_mem_t *mem, const char *unit, const char *phase);
 /* Just the current allocated and reserved bytes (cheap: for every trace event). */
 void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p);
 /* Every peak becomes its current value (reset_peak_memory_stats). */
