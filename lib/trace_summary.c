@@ -174,6 +174,130 @@ static void memory_sql(char *sql, size_t size)
         snprintf(sql + len, size - len, " FROM steps WHERE run = ?1 GROUP BY rank ORDER BY rank");
 }
 
+/* ---- exposed communication: collective time not hidden behind compute-stream work ---- */
+
+typedef struct interval {
+    double a, b;
+} interval_t;
+
+typedef struct interval_list {
+    interval_t *v;
+    size_t n, cap;
+} interval_list_t;
+
+static int interval_push(interval_list_t *l, double a, double b)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        interval_t *v = realloc(l->v, cap * sizeof(*v));
+        if (v == NULL)
+            return 0;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n].a = a;
+    l->v[l->n].b = b;
+    l->n++;
+    return 1;
+}
+
+static int interval_cmp(const void *x, const void *y)
+{
+    const interval_t *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a ? 1 : (p->b < q->b ? -1 : p->b > q->b);
+}
+
+/* Sorts and merges in place; returns the length of the union. */
+static double interval_union(interval_list_t *l)
+{
+    size_t k = 0;
+    double len = 0.0;
+
+    if (l->n == 0)
+        return 0.0;
+    qsort(l->v, l->n, sizeof(*l->v), interval_cmp);
+    for (size_t i = 1; i < l->n; i++) {
+        if (l->v[i].a <= l->v[k].b) {
+            if (l->v[i].b > l->v[k].b)
+                l->v[k].b = l->v[i].b;
+        } else {
+            l->v[++k] = l->v[i];
+        }
+    }
+    l->n = k + 1;
+    for (size_t i = 0; i < l->n; i++)
+        len += l->v[i].b - l->v[i].a;
+    return len;
+}
+
+/* Length of the intersection of two merged interval lists. */
+static double interval_overlap(const interval_list_t *x, const interval_list_t *y)
+{
+    size_t i = 0, j = 0;
+    double len = 0.0;
+
+    while (i < x->n && j < y->n) {
+        double a = x->v[i].a > y->v[j].a ? x->v[i].a : y->v[j].a;
+        double b = x->v[i].b < y->v[j].b ? x->v[i].b : y->v[j].b;
+        if (b > a)
+            len += b - a;
+        if (x->v[i].b < y->v[j].b)
+            i++;
+        else
+            j++;
+    }
+    return len;
+}
+
+static fsdp_status_t summary_exposed(summary_t *s)
+{
+    interval_list_t comm = {0}, compute = {0};
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int rc, rank = -1;
+
+    for (int r = 0; r < s->nranks; r++)
+        fsdp_strbuf_reset(&s->blocks[r]);
+    status = fsdp_trace_db_prepare(
+        s->db,
+        "SELECT rank, kind = 'collective', start_time, end_time FROM events "
+        "WHERE run = ?1 AND end_time > start_time AND (kind = 'collective' OR "
+        "(kind IN ('kernel', 'copy') AND stream = 'compute')) ORDER BY rank",
+        &st);
+    if (status != FSDP_OK)
+        return status;
+    sqlite3_bind_int64(st, 1, s->run);
+    for (;;) {
+        rc = sqlite3_step(st);
+        int r = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+        if (r != rank && rank >= 0 && rank < s->nranks) {
+            /* the previous rank is complete */
+            double c = interval_union(&comm), k = interval_union(&compute);
+            double hidden = interval_overlap(&comm, &compute);
+            fsdp_strbuf_printf(&s->blocks[rank],
+                               "    communication %.6g s, compute %.6g s, exposed communication "
+                               "%.6g s (%.1f%% of the communication)\n",
+                               c, k, c - hidden, c > 0 ? 100.0 * (c - hidden) / c : 0.0);
+            comm.n = compute.n = 0;
+        }
+        if (rc != SQLITE_ROW)
+            break;
+        rank = r;
+        if (!interval_push(sqlite3_column_int(st, 1) ? &comm : &compute,
+                           sqlite3_column_double(st, 2), sqlite3_column_double(st, 3))) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+    }
+    status = FSDP_SQLITE_CALL(s->db, rc);
+    sqlite3_finalize(st);
+    free(comm.v);
+    free(compute.v);
+    if (status == FSDP_OK)
+        summary_print_folded(s, "exposed communication (collectives not overlapped by compute)");
+    return status;
+}
+
 fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
 {
     fsdp_trace_reader_t *reader = NULL;
@@ -244,6 +368,9 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
                              "s2.rank = steps.rank ORDER BY step DESC LIMIT 1) "
                              "FROM steps WHERE run = ?1 GROUP BY rank ORDER BY rank",
                              row_steps, 0);
+    if (status != FSDP_OK)
+        goto out;
+    status = summary_exposed(&s);
     if (status != FSDP_OK)
         goto out;
     memory_sql(sql, sizeof(sql));

@@ -1268,6 +1268,7 @@ static void test_frozen_and_sync_module_states(void)
  * unit whose hook made them, memory after each event. */
 typedef struct trace_ctx {
     fsdp_trace_t *trace;
+    double comm[2], exposed[2]; /* the simulator's own accounting, per rank */
 } trace_ctx_t;
 
 static fsdp_status_t traced_rank(fsdp_dev_t *dev, void *arg)
@@ -1285,6 +1286,10 @@ static fsdp_status_t traced_rank(fsdp_dev_t *dev, void *arg)
     CU_ASSERT_EQUAL(fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
                                               ys + (size_t)dev->rank * rows * 3, rows, &loss),
                     FSDP_OK);
+    fsdp_sim_time_stats_t ts;
+    CU_ASSERT_EQUAL(fsdp_sim_time_stats(dev, &ts), FSDP_OK);
+    tc->comm[dev->rank] = ts.comm_s;
+    tc->exposed[dev->rank] = ts.exposed_comm_s;
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
     fsdp_trace_detach(dev);
@@ -1354,6 +1359,24 @@ static void test_trace_events(void)
     for (int l = 0; l < NL; l++)
         CU_ASSERT_EQUAL(hs->unsharded_allocs[l], 2);
     CU_ASSERT_EQUAL(hs->bad_memory, 0);
+
+    /* the summary's exposed communication, from the trace, equals the simulator's account */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    CU_ASSERT_EQUAL(fsdp_trace_summary(path, 0, mf), FSDP_OK);
+    fclose(mf);
+    const char *sec = text ? strstr(text, "exposed communication (") : NULL;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(sec);
+    double comm = -1, compute = -1, exposed = -1;
+    const char *line = strstr(sec, "    communication ");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(line);
+    CU_ASSERT_EQUAL(sscanf(line, " communication %lf s, compute %lf s, exposed communication %lf",
+                           &comm, &compute, &exposed), 3);
+    CU_ASSERT(tc.comm[0] > 0 && fabs(comm - tc.comm[0]) <= 1e-5 * tc.comm[0]);
+    CU_ASSERT(fabs(exposed - tc.exposed[0]) <= 1e-5 * tc.comm[0]);
+    CU_ASSERT(exposed <= comm);
+    free(text);
     unlink(path);
     free(hs);
 }
