@@ -1381,6 +1381,105 @@ static void test_trace_events(void)
     free(hs);
 }
 
+/* Peak allocated of one iteration equals the peak of the allocation order of section 2,
+ * replayed by hand: units a (1000 elements) and b (3000) under a parameter-less root, W = 2,
+ * BACKWARD_PRE, one iteration. Every size rounds to 512 bytes as the allocator does. */
+static size_t r512(size_t bytes)
+{
+    return (bytes + 511) / 512 * 512;
+}
+
+typedef struct peak_ctx {
+    fsdp_strategy_t strategy;
+    size_t peak[2];
+} peak_ctx_t;
+
+static fsdp_status_t peak_rank(fsdp_dev_t *dev, void *arg)
+{
+    peak_ctx_t *pc = arg;
+    fsdp_param_spec_t sa = {.name = "a.w", .ndim = 1, .shape = {1000}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_param_spec_t sb = {.name = "b.w", .ndim = 1, .shape = {3000}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_config_t fc;
+    fsdp_unit_t *root, *a, *b;
+    fsdp_mem_stats_t st;
+    fsdp_t *fs;
+    void *g;
+
+    fsdp_config_init(&fc);
+    fc.strategy = pc->strategy;
+    fc.validate_exec_order = 0; /* its small temporaries are not part of section 2 */
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, &fc, &fs), FSDP_OK);
+    fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    fsdp_unit_create(fs, "a", root, &sa, 1, &a);
+    fsdp_unit_create(fs, "b", root, &sb, 1, &b);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(a), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_forward(a), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_forward(b), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_forward(b), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(b), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(b, 0, &g), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(b), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_pre_backward(a), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_grad(a, 0, &g), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(a), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    pc->peak[dev->rank] = st.peak_allocated;
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+/* Replays a list of +bytes / -bytes and returns the highest running total. */
+static size_t replay(const long *ops, int n)
+{
+    long cur = 0, peak = 0;
+    for (int i = 0; i < n; i++) {
+        cur += ops[i];
+        peak = cur > peak ? cur : peak;
+    }
+    return (size_t)peak;
+}
+
+static void test_peak_by_hand(void)
+{
+    const long Ta = 1000, Tb = 3000, Sa = 500, Sb = 1500; /* W = 2: no padding */
+    const long LSa = (long)r512(Sa * 4), LSb = (long)r512(Sb * 4);
+    const long FPa = (long)r512(2 * Sa * 4), FPb = (long)r512(2 * Sb * 4);
+    const long Ga = (long)r512(Ta * 4), Gb = (long)r512(Tb * 4);
+    const long Gsa = (long)r512(Sa * 4), Gsb = (long)r512(Sb * 4);
+    /* FULL_SHARD: forward frees each FP; backward gathers b, prefetches a (BACKWARD_PRE),
+     * b's gradient, b resharded, its shard reduced into Gs (kept as the sharded gradient),
+     * G freed; then a alike. */
+    const long full[] = {LSa, LSb, FPa, -FPa, FPb, -FPb, FPb, FPa, Gb, -FPb, Gsb, -Gb,
+                         Ga,  -FPa, Gsa, -Ga};
+    /* SHARD_GRAD_OP: FP kept from forward; backward gathers nothing; freed in post-backward */
+    const long zero2[] = {LSa, LSb, FPa, FPb, Gb, -FPb, Gsb, -Gb, Ga, -FPa, Gsa, -Ga};
+    /* NO_SHARD: the shard is the whole parameter; the all-reduced gradient is kept */
+    const long noshard[] = {(long)r512(Ta * 4), (long)r512(Tb * 4), Gb, Ga};
+    static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                 FSDP_NO_SHARD};
+    const size_t want[] = {replay(full, 16), replay(zero2, 12), replay(noshard, 4)};
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    for (int s = 0; s < 3; s++) {
+        peak_ctx_t pc = {.strategy = strategies[s]};
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, peak_rank, &pc, NULL), FSDP_OK);
+        for (int r = 0; r < 2; r++) {
+            if (pc.peak[r] != want[s])
+                fprintf(stderr, "\n  %s rank %d: peak %zu, by hand %zu\n",
+                        fsdp_strategy_name(strategies[s]), r, pc.peak[r], want[s]);
+            CU_ASSERT_EQUAL(pc.peak[r], want[s]);
+        }
+    }
+}
+
 /* World size 1 forces NO_SHARD, as PyTorch does. */
 static void test_world_one_is_no_shard(void)
 {
@@ -1773,6 +1872,7 @@ int main(void)
         {"forward order validated across ranks", test_forward_order},
         {"summon_full_params", test_summon_full_params},
         {"runtime events in the trace", test_trace_events},
+        {"peak allocated equals the allocation order by hand", test_peak_by_hand},
         {"frozen parameters and sync_module_states", test_frozen_and_sync_module_states},
         {"mixed precision bf16: parity with an emulated single process",
          test_mixed_precision_parity},
