@@ -58,6 +58,11 @@ check "a JSON profile file" grep -q "^cluster a100: 2 ranks" "$tmp/a100"
 "$plan" --help >"$tmp/help"
 check "--help" grep -q "^usage: fsdp-plan" "$tmp/help"
 
+# --trace: the simulated run's events, readable by fsdp-trace
+"$plan" --model mlp:8,16,4 --world 4 --trace "$tmp/plan.db" >/dev/null 2>&1
+check "the plan's trace has the run's collectives" \
+    sh -c "'$(dirname "$plan")/fsdp-trace' summary '$tmp/plan.db' | grep -q reduce_scatter"
+
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
 refuse "an unknown profile" --model mlp:4,4 --profile h200

@@ -10,6 +10,7 @@
  * the rate limiter and says which fit the device memory and which is fastest. */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/trace.h>
 
 #include <errno.h>
 #include <getopt.h>
@@ -204,6 +205,7 @@ typedef struct plan_args {
     int sweep;
     int world, per_node;
     double timeout_s;
+    const char *trace_path; /* --trace: every simulated run becomes a run of this database */
 } plan_args_t;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -259,6 +261,7 @@ static void usage(FILE *f)
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch and limiter setting\n"
+          "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
@@ -323,7 +326,8 @@ enum {
     OPT_HELP,
     OPT_MP,
     OPT_CKPT_ACT,
-    OPT_CPU_OFFLOAD
+    OPT_CPU_OFFLOAD,
+    OPT_TRACE
 };
 
 static int is_hybrid(fsdp_strategy_t s)
@@ -349,6 +353,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"optim", required_argument, NULL, OPT_OPTIM},
         {"steps", required_argument, NULL, OPT_STEPS},
         {"sweep", no_argument, NULL, OPT_SWEEP},
+        {"trace", required_argument, NULL, OPT_TRACE},
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -427,6 +432,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_STEPS:
             a->steps = (int)parse_long("--steps", optarg, 1, 1000);
+            break;
+        case OPT_TRACE:
+            a->trace_path = optarg;
             break;
         case OPT_SWEEP:
             a->sweep = 1;
@@ -544,7 +552,8 @@ typedef struct rank_result {
 typedef struct plan_run {
     const plan_args_t *a;
     fsdp_config_t cfg;
-    rank_result_t *res; /* per rank */
+    rank_result_t *res;  /* per rank */
+    fsdp_trace_t *trace; /* --trace, or NULL */
 } plan_run_t;
 
 /* Folds the phase's peaks into the rank's and starts the next phase's. */
@@ -592,9 +601,13 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mem_t *mem;
     fsdp_status_t st;
 
-    st = fsdp_create(dev, &run->cfg, &fs);
-    if (st != FSDP_OK)
+    st = run->trace != NULL ? fsdp_trace_attach(run->trace, dev) : FSDP_OK;
+    if (st == FSDP_OK)
+        st = fsdp_create(dev, &run->cfg, &fs);
+    if (st != FSDP_OK) {
+        fsdp_trace_detach(dev);
         return r->status = st;
+    }
     mem = fsdp_memory(fs);
     pc.mem = mem;
     pc.r = r;
@@ -624,6 +637,11 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         if (st == FSDP_OK)
             st = fsdp_sim_time_stats(dev, &r->ts);
         r->step_time = dev->ops->host_time(dev) - t0;
+        if (st == FSDP_OK && run->trace != NULL) {
+            fsdp_mem_stats_t ms;
+            fsdp_mem_get_stats(mem, &ms);
+            fsdp_trace_step(dev, step + 1, 0.0, r->step_time, &ms);
+        }
     }
     if (st == FSDP_OK)
         phase_end(mem, r, pc.cur);
@@ -632,6 +650,7 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     if (model != NULL)
         a->model->ops->destroy(model);
     fsdp_destroy(fs);
+    fsdp_trace_detach(dev);
     return r->status = st;
 }
 
@@ -670,7 +689,19 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     sp.fibers = 1; /* thousands of ranks on a few cores */
     sp.timeout_s = a->timeout_s;
     sp.profile = a->profile;
+    if (a->trace_path != NULL) {
+        fsdp_trace_run_info_t info;
+        memset(&info, 0, sizeof(info));
+        info.backend = "sim (shape mode)";
+        info.world_size = a->world;
+        info.strategy = fsdp_strategy_name(cfg->strategy);
+        info.command_line = a->model_spec;
+        if (fsdp_trace_open(a->trace_path, &info, &run.trace) != FSDP_OK)
+            die("cannot write the trace to %s (see the message above)", a->trace_path);
+    }
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
+    if (fsdp_trace_close(run.trace) != FSDP_OK && s.status == FSDP_OK)
+        s.status = FSDP_ERR_IO;
     for (int r = 0; r < a->world; r++) {
         if (res[r].status == FSDP_ERR_OUT_OF_MEMORY)
             s.oom = 1;
