@@ -1,6 +1,8 @@
 /* Shard arithmetic of a flat parameter (docs/runtime.md section 4). */
 #include <fsdp/core.h>
 
+#include <string.h>
+
 size_t fsdp_shard_numel(size_t total, int world)
 {
     size_t w = world < 1 ? 1 : (size_t)world;
@@ -53,6 +55,23 @@ int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p)
         }
         if (*a == '\0' && *b == '\0') {
             *s_p = (fsdp_strategy_t)i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p)
+{
+    static const struct {
+        const char *a, *b;
+        fsdp_backward_prefetch_t p;
+    } names[] = {{"pre", "BACKWARD_PRE", FSDP_BACKWARD_PREFETCH_PRE},
+                 {"post", "BACKWARD_POST", FSDP_BACKWARD_PREFETCH_POST},
+                 {"none", "NONE", FSDP_BACKWARD_PREFETCH_NONE}};
+    for (size_t i = 0; s != NULL && i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(s, names[i].a) == 0 || strcmp(s, names[i].b) == 0) {
+            *p_p = names[i].p;
             return 1;
         }
     }

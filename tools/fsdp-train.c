@@ -295,13 +295,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
                     "hybrid_shard, hybrid_shard_zero2", optarg);
             break;
         case OPT_BWD_PREFETCH:
-            if (strcmp(optarg, "pre") == 0)
-                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_PRE;
-            else if (strcmp(optarg, "post") == 0)
-                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_POST;
-            else if (strcmp(optarg, "none") == 0)
-                a->fsdp.backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
-            else
+            if (!fsdp_backward_prefetch_parse(optarg, &a->fsdp.backward_prefetch))
                 die("--backward-prefetch: '%s' is not one of pre, post, none", optarg);
             break;
         case OPT_FWD_PREFETCH:

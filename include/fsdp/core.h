@@ -44,6 +44,9 @@ typedef enum {
     FSDP_BACKWARD_PREFETCH_NONE = 2
 } fsdp_backward_prefetch_t;
 
+/* "pre", "post", "none" (PyTorch's BackwardPrefetch names also accepted: BACKWARD_PRE...). */
+int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
+
 /* A dtype left unset in fsdp_mixed_precision_t. */
 #define FSDP_DTYPE_UNSET FSDP_DTYPE_COUNT
 
