@@ -1,0 +1,201 @@
+/* Trace events of the gpu backend: the same events the simulator emits (lib/trace_emit.c), with
+ * device times from CUDA events.
+ *
+ * Each traced op on a stream gets a timer, a pair of timing-enabled events recorded around it
+ * (one event for an instant: an event record or a stream's wait). The event is emitted at once,
+ * so its sequence number and memory figures are those of its place in the rank's order, with
+ * host times standing in for the device's; the trace resolves the timer when it hands the
+ * event's chunk to its writer (a full chunk, a step boundary, detach, flush). Resolving waits for
+ * the op's end event (bounded by the collective timeout), reads both events against a reference
+ * event recorded at init on an idle stream with the host clock beside it, and puts the timer
+ * back into the dev's pool. So the device is never synchronized per op: at most once per chunk
+ * of events, and at step ends.
+ *
+ * Absolute device times are the reference's host time plus cudaEventElapsedTime from the
+ * reference (a float of milliseconds: about 0.25 ms of resolution an hour into a run); an op's
+ * duration is measured between its own two events, to CUDA's 0.5 us. */
+#include "config.h"
+
+#include "gpu_trace.h"
+
+#include <stdlib.h>
+
+struct fsdp_gpu_timer {
+    fsdp_trace_timing_t super;
+    fsdp_gpu_dev_t *gdev;
+    cudaEvent_t start, end;
+    int instant;                /* only `end` was recorded */
+    struct fsdp_gpu_timer *next; /* the free list */
+    struct fsdp_gpu_timer *all;  /* every timer of the dev, to free them */
+};
+
+fsdp_status_t fsdp_gpu_trace_init(fsdp_gpu_dev_t *gdev)
+{
+    fsdp_status_t status;
+
+    if (pthread_mutex_init(&gdev->timer_lock, NULL) != 0)
+        return FSDP_ERR_NO_MEMORY;
+    gdev->timer_lock_init = 1;
+    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&gdev->trace_ref, cudaEventDefault));
+    if (status != FSDP_OK)
+        return status;
+    /* aux has done nothing yet: its event completes as it is recorded */
+    gdev->trace_ref_host = fsdp_gpu_now();
+    return FSDP_CUDA_CALL(cudaEventRecord(gdev->trace_ref, gdev->aux));
+}
+
+void fsdp_gpu_trace_fini(fsdp_gpu_dev_t *gdev)
+{
+    fsdp_gpu_timer_t *t, *next;
+
+    for (t = gdev->timers_all; t != NULL; t = next) {
+        next = t->all;
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(t->start));
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(t->end));
+        free(t);
+    }
+    gdev->timers_all = gdev->timers_free = NULL;
+    if (gdev->trace_ref != NULL)
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(gdev->trace_ref));
+    gdev->trace_ref = NULL;
+    if (gdev->timer_lock_init)
+        pthread_mutex_destroy(&gdev->timer_lock);
+    gdev->timer_lock_init = 0;
+}
+
+static void timer_put(fsdp_gpu_timer_t *t)
+{
+    fsdp_gpu_dev_t *gdev = t->gdev;
+
+    pthread_mutex_lock(&gdev->timer_lock);
+    t->next = gdev->timers_free;
+    gdev->timers_free = t;
+    pthread_mutex_unlock(&gdev->timer_lock);
+}
+
+/* Called by the trace, from the rank's thread or a flushing one. */
+static void timer_resolve(fsdp_trace_timing_t *timing, double *start_p, double *end_p)
+{
+    fsdp_gpu_timer_t *t = (fsdp_gpu_timer_t *)timing;
+    fsdp_gpu_dev_t *gdev = t->gdev;
+    cudaEvent_t start = t->instant ? t->end : t->start;
+    float from_ref = 0.0f, span = 0.0f;
+    fsdp_status_t status;
+
+    /* After a failure the communicators are aborted and the work behind a collective may
+     * never finish: keep the host times of what is not done. */
+    if (gdev->failed != FSDP_OK)
+        status = cudaEventQuery(t->end) == cudaSuccess ? FSDP_OK : gdev->failed;
+    else
+        status = fsdp_gpu_host_wait(gdev, t->end, NULL, "a traced op");
+    if (status == FSDP_OK)
+        status = FSDP_CUDA_CALL(cudaEventElapsedTime(&from_ref, gdev->trace_ref, start));
+    if (status == FSDP_OK && !t->instant)
+        status = FSDP_CUDA_CALL(cudaEventElapsedTime(&span, t->start, t->end));
+    if (status == FSDP_OK) {
+        *start_p = gdev->trace_ref_host + 1e-3 * (double)from_ref;
+        *end_p = *start_p + 1e-3 * (double)span;
+    }
+    timer_put(t);
+}
+
+static fsdp_gpu_timer_t *timer_get(fsdp_gpu_dev_t *gdev)
+{
+    fsdp_gpu_timer_t *t;
+
+    pthread_mutex_lock(&gdev->timer_lock);
+    t = gdev->timers_free;
+    if (t != NULL)
+        gdev->timers_free = t->next;
+    pthread_mutex_unlock(&gdev->timer_lock);
+    if (t != NULL)
+        return t;
+    t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    if (FSDP_CUDA_CALL(cudaEventCreateWithFlags(&t->start, cudaEventDefault)) != FSDP_OK) {
+        free(t);
+        return NULL;
+    }
+    if (FSDP_CUDA_CALL(cudaEventCreateWithFlags(&t->end, cudaEventDefault)) != FSDP_OK) {
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(t->start));
+        free(t);
+        return NULL;
+    }
+    t->super.resolve = timer_resolve;
+    t->gdev = gdev;
+    pthread_mutex_lock(&gdev->timer_lock);
+    t->all = gdev->timers_all;
+    gdev->timers_all = t;
+    pthread_mutex_unlock(&gdev->timer_lock);
+    return t;
+}
+
+fsdp_gpu_timer_t *fsdp_gpu_trace_begin(fsdp_gpu_dev_t *gdev, cudaStream_t stream, int instant)
+{
+    fsdp_gpu_timer_t *t;
+
+    if (!fsdp_trace_enabled(&gdev->super))
+        return NULL;
+    t = timer_get(gdev);
+    if (t == NULL)
+        return NULL; /* the event keeps its host times */
+    t->instant = instant;
+    if (!instant && FSDP_CUDA_CALL(cudaEventRecord(t->start, stream)) != FSDP_OK) {
+        timer_put(t);
+        return NULL;
+    }
+    return t;
+}
+
+void fsdp_gpu_trace_cancel(fsdp_gpu_timer_t *timer)
+{
+    if (timer != NULL)
+        timer_put(timer);
+}
+
+void fsdp_gpu_trace_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_timer_t *timer, cudaStream_t stream,
+                        const fsdp_trace_op_t *op)
+{
+    if (!fsdp_trace_enabled(&gdev->super)) {
+        fsdp_gpu_trace_cancel(timer);
+        return;
+    }
+    if (timer != NULL && FSDP_CUDA_CALL(cudaEventRecord(timer->end, stream)) != FSDP_OK) {
+        timer_put(timer);
+        timer = NULL;
+    }
+    fsdp_trace_op(&gdev->super, op, timer != NULL ? &timer->super : NULL);
+}
+
+void fsdp_gpu_trace_host(fsdp_gpu_dev_t *gdev, fsdp_event_kind_t kind, const char *name,
+                         const fsdp_gpu_stream_t *stream, double host, const char *group)
+{
+    fsdp_trace_op_t op = {.kind = kind,
+                          .name = name,
+                          .stream = stream != NULL ? stream->super.name : NULL,
+                          .host = host,
+                          .start = host,
+                          .end = fsdp_gpu_now(),
+                          .dtype = -1,
+                          .group = group};
+
+    fsdp_trace_op(&gdev->super, &op, NULL);
+}
+
+const char *fsdp_gpu_copy_name(const void *dst, const void *src)
+{
+    struct cudaPointerAttributes a;
+    int d = 0, s = 0;
+
+    /* Unregistered host memory is cudaMemoryTypeUnregistered, not an error (CUDA >= 11). */
+    if (FSDP_CUDA_CALL(cudaPointerGetAttributes(&a, dst)) == FSDP_OK)
+        d = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    if (FSDP_CUDA_CALL(cudaPointerGetAttributes(&a, src)) == FSDP_OK)
+        s = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    if (d && s)
+        return "d2d";
+    if (d)
+        return "h2d";
+    return s ? "d2h" : "h2h";
+}
