@@ -403,3 +403,33 @@ fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t 
     }
     return FSDP_ERR_NOT_FOUND;
 }
+
+fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
+                                     fsdp_dev_t **dev_p)
+{
+    fsdp_gpu_params_t p;
+    fsdp_status_t status;
+
+    if (info == NULL || dev_p == NULL) {
+        fsdp_error("fsdp_gpu_init_launched: %s is NULL", info == NULL ? "info" : "dev_p");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    fsdp_gpu_params_init(&p);
+    p.rank = info->rank;
+    p.world_size = info->world_size;
+    p.local_rank = info->local_rank;
+    p.local_size = info->local_size;
+    p.timeout_s = timeout_s;
+    if (p.world_size > 1) {
+        if (p.rank == 0) {
+            status = fsdp_gpu_unique_id(&p.unique_id);
+            if (status != FSDP_OK)
+                return status;
+        }
+        status = fsdp_rendezvous(info, getenv("FSDP_JOB_TOKEN"), timeout_s, p.unique_id.bytes,
+                                 sizeof(p.unique_id.bytes));
+        if (status != FSDP_OK)
+            return status;
+    }
+    return fsdp_gpu_init(&p, dev_p);
+}

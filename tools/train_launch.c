@@ -69,28 +69,10 @@ int train_launch_reports(const train_launch_t *l)
 
 static fsdp_status_t run_gpu(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
 {
-    fsdp_gpu_params_t p;
     fsdp_dev_t *dev = NULL;
     fsdp_status_t status;
 
-    fsdp_gpu_params_init(&p);
-    p.rank = l->info.rank;
-    p.world_size = l->info.world_size;
-    p.local_rank = l->info.local_rank;
-    p.local_size = l->info.local_size;
-    p.timeout_s = l->timeout_s;
-    if (p.world_size > 1) {
-        if (p.rank == 0) {
-            status = fsdp_gpu_unique_id(&p.unique_id);
-            if (status != FSDP_OK)
-                return status;
-        }
-        status = fsdp_rendezvous(&l->info, getenv("FSDP_JOB_TOKEN"), l->timeout_s,
-                                 p.unique_id.bytes, sizeof(p.unique_id.bytes));
-        if (status != FSDP_OK)
-            return status;
-    }
-    status = fsdp_gpu_init(&p, &dev);
+    status = fsdp_gpu_init_launched(&l->info, l->timeout_s, &dev);
     if (status != FSDP_OK)
         return status;
     status = func(dev, arg);
