@@ -25,7 +25,6 @@
 #include <fsdp/gpu.h>
 #include <fsdp/sim.h>
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,10 +36,6 @@ typedef struct bench {
     int quick;
     fsdp_sim_profile_t profile;
     int nnodes;
-    /* threads mode: every rank's init parameters */
-    fsdp_gpu_unique_id_t uid;
-    int nthreads;
-    fsdp_status_t *status;
 } bench_t;
 
 static const fsdp_sim_coll_kind_t kinds[] = {FSDP_SIM_COLL_ALL_GATHER,
@@ -170,67 +165,9 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
     return st;
 }
 
-typedef struct thread_arg {
-    bench_t *b;
-    int rank;
-} thread_arg_t;
-
-static void *thread_main(void *arg)
+static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
 {
-    thread_arg_t *a = arg;
-    fsdp_gpu_params_t p;
-    fsdp_dev_t *dev = NULL;
-    fsdp_status_t st;
-
-    fsdp_gpu_params_init(&p);
-    p.rank = p.local_rank = a->rank;
-    p.world_size = p.local_size = a->b->nthreads;
-    p.device = a->rank;
-    p.unique_id = a->b->uid;
-    st = fsdp_gpu_init(&p, &dev);
-    if (st == FSDP_OK)
-        st = bench_rank(dev, a->b);
-    fsdp_gpu_finalize(dev);
-    a->b->status[a->rank] = st;
-    return NULL;
-}
-
-/* Every visible GPU from this process, one thread each. */
-static int run_threads(bench_t *b)
-{
-    pthread_t *tid = calloc((size_t)b->nthreads, sizeof(*tid));
-    thread_arg_t *args = calloc((size_t)b->nthreads, sizeof(*args));
-    int rc = 0, started = 0;
-
-    b->status = calloc((size_t)b->nthreads, sizeof(*b->status));
-    if (tid == NULL || args == NULL || b->status == NULL) {
-        fprintf(stderr, "bench_coll: out of host memory\n");
-        rc = 1;
-        goto out;
-    }
-    if (fsdp_gpu_unique_id(&b->uid) != FSDP_OK) {
-        rc = 1;
-        goto out;
-    }
-    for (; started < b->nthreads; started++) {
-        args[started].b = b;
-        args[started].rank = started;
-        if (pthread_create(&tid[started], NULL, thread_main, &args[started]) != 0) {
-            fprintf(stderr, "bench_coll: cannot start a thread per GPU\n");
-            rc = 1;
-            break;
-        }
-    }
-    for (int i = 0; i < started; i++) {
-        pthread_join(tid[i], NULL);
-        if (b->status[i] != FSDP_OK)
-            rc = 1;
-    }
-out:
-    free(tid);
-    free(args);
-    free(b->status);
-    return rc;
+    return bench_rank(dev, arg);
 }
 
 int main(int argc, char **argv)
@@ -269,8 +206,9 @@ int main(int argc, char **argv)
         return 2;
     if (info.world_size == 1) {
         b.nnodes = 1;
-        b.nthreads = fsdp_gpu_device_count();
-        return run_threads(&b);
+        return fsdp_gpu_launch_local(fsdp_gpu_device_count(), 600.0, rank_main, &b) == FSDP_OK
+                   ? 0
+                   : 1;
     }
     b.nnodes = info.local_size > 0 ? (info.world_size + info.local_size - 1) / info.local_size : 1;
     st = fsdp_gpu_init_launched(&info, 600.0, &dev);

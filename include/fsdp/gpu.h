@@ -144,6 +144,13 @@ fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token,
 fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
                                      fsdp_dev_t **dev_p);
 
+/* Runs func on `world` ranks of this process, one thread and one device each (rank r on device
+ * r, sharing one unique id), as fsdp_sim_launch runs them on the simulator; each dev is
+ * finalized after its func returns. FSDP_OK when every rank's func and init succeeded, else the
+ * first failure in rank order. world must be 1..fsdp_gpu_device_count(). */
+fsdp_status_t fsdp_gpu_launch_local(int world, double timeout_s,
+                                    fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg), void *arg);
+
 #ifdef __cplusplus
 }
 #endif
