@@ -106,6 +106,7 @@ struct fsdp_gpu_dev {
     double trace_ref_host;
     pthread_mutex_t timer_lock;
     int timer_lock_init;
+    int trace_gave_up; /* an op's end did not come within the timeout (under timer_lock) */
     fsdp_gpu_timer_t *timers_free, *timers_all;
 };
 

@@ -6,7 +6,7 @@
  * so its sequence number and memory figures are those of its place in the rank's order, with
  * host times standing in for the device's; the trace resolves the timer when it hands the
  * event's chunk to its writer (a full chunk, a step boundary, detach, flush). Resolving waits for
- * the op's end event (bounded by the collective timeout), reads both events against a reference
+ * the op's end event (polling, bounded by the collective timeout), reads both events against a reference
  * event recorded at init on an idle stream with the host clock beside it, and puts the timer
  * back into the dev's pool. So the device is never synchronized per op: at most once per chunk
  * of events, and at step ends.
@@ -19,6 +19,7 @@
 #include "gpu_trace.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 struct fsdp_gpu_timer {
     fsdp_trace_timing_t super;
@@ -73,6 +74,64 @@ static void timer_put(fsdp_gpu_timer_t *t)
     pthread_mutex_unlock(&gdev->timer_lock);
 }
 
+/* Whether resolving has given up waiting, after setting it when `now`. */
+static int gave_up(fsdp_gpu_dev_t *gdev, int now)
+{
+    int v;
+
+    pthread_mutex_lock(&gdev->timer_lock);
+    if (now && gdev->trace_gave_up == 0)
+        gdev->trace_gave_up = 1;
+    v = gdev->trace_gave_up != 0;
+    pthread_mutex_unlock(&gdev->timer_lock);
+    return v;
+}
+
+/* 1 the first time only, once given up: the warning is said once. */
+static int first_give_up(fsdp_gpu_dev_t *gdev)
+{
+    int first;
+
+    pthread_mutex_lock(&gdev->timer_lock);
+    first = gdev->trace_gave_up == 1;
+    gdev->trace_gave_up = 2;
+    pthread_mutex_unlock(&gdev->timer_lock);
+    return first;
+}
+
+/* Polls until the op's end event is done: 1; 0 when it is not within the collective timeout, or
+ * after an earlier one was not (a hung collective: the communicators' failure is the watchdog's
+ * to report, on the rank's own thread). Touches no state of the rank but trace_gave_up, so a
+ * flush on another thread may call it. */
+static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
+{
+    double t0 = fsdp_gpu_now();
+    long nap_ns = 10000;
+    cudaError_t err;
+
+    for (unsigned spin = 0;; spin++) {
+        err = cudaEventQuery(ev);
+        if (err == cudaSuccess)
+            return 1;
+        if (err != cudaErrorNotReady) {
+            (void)fsdp_gpu_cuda_status(err, "cudaEventQuery(end)", __FILE__, __LINE__, __func__);
+            return 0;
+        }
+        if (gave_up(gdev, gdev->timeout_s > 0 && fsdp_gpu_now() - t0 > gdev->timeout_s)) {
+            if (first_give_up(gdev))
+                fsdp_warn("rank %d: a traced op did not finish within %g s: the trace keeps "
+                          "host times for the ops not done",
+                          gdev->super.rank, gdev->timeout_s);
+            return 0;
+        }
+        if (spin >= 64) {
+            struct timespec ts = {0, nap_ns};
+            nanosleep(&ts, NULL);
+            nap_ns = nap_ns >= 500000 ? 1000000 : nap_ns * 2;
+        }
+    }
+}
+
 /* Called by the trace, from the rank's thread or a flushing one. */
 static void timer_resolve(fsdp_trace_timing_t *timing, double *start_p, double *end_p)
 {
@@ -82,12 +141,7 @@ static void timer_resolve(fsdp_trace_timing_t *timing, double *start_p, double *
     float from_ref = 0.0f, span = 0.0f;
     fsdp_status_t status;
 
-    /* After a failure the communicators are aborted and the work behind a collective may
-     * never finish: keep the host times of what is not done. */
-    if (gdev->failed != FSDP_OK)
-        status = cudaEventQuery(t->end) == cudaSuccess ? FSDP_OK : gdev->failed;
-    else
-        status = fsdp_gpu_host_wait(gdev, t->end, NULL, "a traced op");
+    status = end_done(gdev, t->end) ? FSDP_OK : FSDP_ERR_TIMEOUT;
     if (status == FSDP_OK)
         status = FSDP_CUDA_CALL(cudaEventElapsedTime(&from_ref, gdev->trace_ref, start));
     if (status == FSDP_OK && !t->instant)
