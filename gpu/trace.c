@@ -164,6 +164,10 @@ static fsdp_gpu_timer_t *timer_get(fsdp_gpu_dev_t *gdev)
     pthread_mutex_unlock(&gdev->timer_lock);
     if (t != NULL)
         return t;
+    /* events belong to the current device: make it this rank's (a caller such as event_record
+     * has not) */
+    if (FSDP_CUDA_CALL(cudaSetDevice(gdev->device)) != FSDP_OK)
+        return NULL;
     t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
