@@ -1,7 +1,7 @@
 /* The gpu backend: its ops table, and making and finalizing a rank's device context. */
 #include "config.h"
 
-#include "gpu.h"
+#include "gpu_trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +86,7 @@ fsdp_status_t fsdp_gpu_unique_id(fsdp_gpu_unique_id_t *id_p)
 /* Frees what init made, in reverse order; accepts a partly made dev. */
 static void dev_free(fsdp_gpu_dev_t *gdev)
 {
+    fsdp_gpu_trace_fini(gdev);
     for (int i = 0; i < FSDP_GPU_WATCH_SLOTS; i++) {
         if (gdev->watch[i].done != NULL)
             (void)FSDP_CUDA_CALL(cudaEventDestroy(gdev->watch[i].done));
@@ -224,6 +225,9 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
         if (status != FSDP_OK)
             goto err_free;
     }
+    status = fsdp_gpu_trace_init(gdev);
+    if (status != FSDP_OK)
+        goto err_free;
     status = fsdp_gpu_world_create(gdev, &id);
     if (status != FSDP_OK)
         goto err_free;
@@ -246,6 +250,8 @@ void fsdp_gpu_finalize(fsdp_dev_t *dev)
     if (dev == NULL)
         return;
     gdev = fsdp_gpu_dev_of(dev);
+    /* Events still in the trace hold this dev's timers: resolved and handed over now. */
+    fsdp_trace_detach(dev);
     (void)FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
     /* Work still queued must not outlive the buffers and communicators it uses; every wait is
      * bounded by the timeout, after which the communicators are aborted. */

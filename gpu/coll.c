@@ -10,7 +10,7 @@
  */
 #include "config.h"
 
-#include "gpu.h"
+#include "gpu_trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -359,12 +359,35 @@ static fsdp_status_t coll_args(fsdp_gpu_dev_t *gdev, const char *op, const void 
     return FSDP_OK;
 }
 
+/* The collective's trace event (status: the enqueue's), as the simulator emits it. */
+static fsdp_status_t coll_traced(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g,
+                                 fsdp_gpu_stream_t *s, const char *name, size_t count,
+                                 fsdp_dtype_t dtype, double host, fsdp_gpu_timer_t *timer,
+                                 fsdp_status_t status)
+{
+    fsdp_trace_op_t op = {.kind = FSDP_EV_COLLECTIVE, .name = name, .stream = s->super.name,
+                          .host = host, .start = host, .end = host, .count = count,
+                          .dtype = (int)dtype, .group = g->super.name};
+
+    if (status != FSDP_OK || !fsdp_trace_enabled(&gdev->super)) {
+        fsdp_gpu_trace_cancel(timer);
+        return status;
+    }
+    op.bytes = fsdp_trace_coll_bytes(name, count, dtype, g->super.size);
+    fsdp_gpu_trace_end(gdev, timer, s->cu, &op);
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
                                   void *recv, size_t count, fsdp_dtype_t dtype,
                                   fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
+    cudaStream_t s = gs->cu;
+    double host = fsdp_gpu_now();
+    fsdp_gpu_timer_t *timer;
+    ncclResult_t res;
     fsdp_gpu_group_t *g;
     ncclDataType_t type;
     fsdp_status_t status;
@@ -374,13 +397,15 @@ fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     if (count == 0)
-        return FSDP_OK;
+        return coll_traced(gdev, g, gs, "all_gather", 0, dtype, host, NULL, FSDP_OK);
     status = coll_args(gdev, "all_gather", send, recv, dtype, &type);
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_gather", count, dtype, g);
-    return coll_end(gdev, g, s, ncclAllGather(send, recv, count, type, g->comm, s), "ncclAllGather",
-                    what);
+    timer = fsdp_gpu_trace_begin(gdev, s, 0);
+    res = ncclAllGather(send, recv, count, type, g->comm, s);
+    status = coll_end(gdev, g, s, res, "ncclAllGather", what);
+    return coll_traced(gdev, g, gs, "all_gather", count, dtype, host, timer, status);
 }
 
 fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
@@ -388,7 +413,11 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
                                       fsdp_reduce_op_t op, fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
+    cudaStream_t s = gs->cu;
+    double host = fsdp_gpu_now();
+    fsdp_gpu_timer_t *timer;
+    ncclResult_t res;
     fsdp_gpu_group_t *g;
     ncclDataType_t type;
     ncclRedOp_t nop;
@@ -404,13 +433,15 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
         return FSDP_ERR_INVALID_PARAM;
     }
     if (count == 0)
-        return FSDP_OK;
+        return coll_traced(gdev, g, gs, "reduce_scatter", 0, dtype, host, NULL, FSDP_OK);
     status = coll_args(gdev, "reduce_scatter", send, recv, dtype, &type);
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
-    return coll_end(gdev, g, s, ncclReduceScatter(send, recv, count, type, nop, g->comm, s),
-                    "ncclReduceScatter", what);
+    timer = fsdp_gpu_trace_begin(gdev, s, 0);
+    res = ncclReduceScatter(send, recv, count, type, nop, g->comm, s);
+    status = coll_end(gdev, g, s, res, "ncclReduceScatter", what);
+    return coll_traced(gdev, g, gs, "reduce_scatter", count, dtype, host, timer, status);
 }
 
 fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
@@ -418,7 +449,11 @@ fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const vo
                                   fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
+    cudaStream_t s = gs->cu;
+    double host = fsdp_gpu_now();
+    fsdp_gpu_timer_t *timer;
+    ncclResult_t res;
     fsdp_gpu_group_t *g;
     ncclDataType_t type;
     ncclRedOp_t nop;
@@ -434,20 +469,26 @@ fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const vo
         return FSDP_ERR_INVALID_PARAM;
     }
     if (count == 0)
-        return FSDP_OK;
+        return coll_traced(gdev, g, gs, "all_reduce", 0, dtype, host, NULL, FSDP_OK);
     status = coll_args(gdev, "all_reduce", send, recv, dtype, &type);
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
-    return coll_end(gdev, g, s, ncclAllReduce(send, recv, count, type, nop, g->comm, s),
-                    "ncclAllReduce", what);
+    timer = fsdp_gpu_trace_begin(gdev, s, 0);
+    res = ncclAllReduce(send, recv, count, type, nop, g->comm, s);
+    status = coll_end(gdev, g, s, res, "ncclAllReduce", what);
+    return coll_traced(gdev, g, gs, "all_reduce", count, dtype, host, timer, status);
 }
 
 fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
                                  fsdp_dtype_t dtype, int root, fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    cudaStream_t s = fsdp_gpu_stream_of(gdev, stream)->cu;
+    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
+    cudaStream_t s = gs->cu;
+    double host = fsdp_gpu_now();
+    fsdp_gpu_timer_t *timer;
+    ncclResult_t res;
     fsdp_gpu_group_t *g;
     ncclDataType_t type;
     fsdp_status_t status;
@@ -462,13 +503,15 @@ fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf
         return FSDP_ERR_INVALID_PARAM;
     }
     if (count == 0)
-        return FSDP_OK;
+        return coll_traced(gdev, g, gs, "broadcast", 0, dtype, host, NULL, FSDP_OK);
     status = coll_args(gdev, "broadcast", buf, buf, dtype, &type);
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "broadcast", count, dtype, g);
-    return coll_end(gdev, g, s, ncclBroadcast(buf, buf, count, type, root, g->comm, s),
-                    "ncclBroadcast", what);
+    timer = fsdp_gpu_trace_begin(gdev, s, 0);
+    res = ncclBroadcast(buf, buf, count, type, root, g->comm, s);
+    status = coll_end(gdev, g, s, res, "ncclBroadcast", what);
+    return coll_traced(gdev, g, gs, "broadcast", count, dtype, host, timer, status);
 }
 
 /* A one-element all-reduce on the internal stream, waited for by the host. */
@@ -477,6 +520,7 @@ fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_group_t *g;
     fsdp_status_t status;
+    double host = fsdp_gpu_now();
     char what[FSDP_GPU_WHAT_SIZE];
 
     status = coll_begin(gdev, group, "barrier", &g);
@@ -489,7 +533,10 @@ fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
                  "ncclAllReduce(barrier)", what);
     if (status != FSDP_OK)
         return status;
-    return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
+    status = fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
+    if (status == FSDP_OK && fsdp_trace_enabled(dev))
+        fsdp_gpu_trace_host(gdev, FSDP_EV_COLLECTIVE, "barrier", NULL, host, g->super.name);
+    return status;
 }
 
 /* ---- groups ---- */

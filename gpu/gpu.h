@@ -22,6 +22,8 @@
 #include <fsdp/gpu.h>
 #include <fsdp/log.h>
 
+#include <pthread.h>
+
 /* The toolkit's headers are foreign code: they test undefined macros and declare "f()". */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wundef"
@@ -42,6 +44,7 @@ extern "C" {
 #endif
 
 typedef struct fsdp_gpu_dev fsdp_gpu_dev_t;
+typedef struct fsdp_gpu_timer fsdp_gpu_timer_t; /* trace.c */
 
 /* Element-wise launches use this many threads per block (reductions: FSDP_KB_RED_LANES). */
 #define FSDP_GPU_THREADS 256
@@ -96,6 +99,15 @@ struct fsdp_gpu_dev {
 
     fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* ring of collectives in flight */
     unsigned watch_head, watch_count;
+
+    /* Trace timing (trace.c): the reference event and its host time, and the timer pool (a
+     * flush on another thread may resolve timers: the lock guards the lists). */
+    cudaEvent_t trace_ref;
+    double trace_ref_host;
+    pthread_mutex_t timer_lock;
+    int timer_lock_init;
+    int trace_gave_up; /* an op's end did not come within the timeout (under timer_lock) */
+    fsdp_gpu_timer_t *timers_free, *timers_all;
 };
 
 static inline fsdp_gpu_dev_t *fsdp_gpu_dev_of(fsdp_dev_t *dev)

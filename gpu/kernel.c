@@ -2,7 +2,7 @@
  * the CUDA launchers of kernels.cu. */
 #include "config.h"
 
-#include "gpu.h"
+#include "gpu_trace.h"
 
 #include <limits.h>
 
@@ -298,6 +298,8 @@ fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
+    fsdp_trace_op_t op = {.stream = s->super.name};
+    fsdp_gpu_timer_t *timer;
     fsdp_status_t status;
 
     if (k == NULL) {
@@ -310,7 +312,16 @@ fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp
     status = FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
     if (status != FSDP_OK)
         return status;
-    if (k->kind == FSDP_K_GEMM)
-        return gemm(gdev, s, k);
-    return fsdp_gpu_launch(s, k);
+    op.host = op.start = op.end = fsdp_gpu_now();
+    timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
+    status = k->kind == FSDP_K_GEMM ? gemm(gdev, s, k) : fsdp_gpu_launch(s, k);
+    if (status != FSDP_OK) {
+        fsdp_gpu_trace_cancel(timer);
+        return status;
+    }
+    if (fsdp_trace_enabled(dev)) {
+        fsdp_trace_kernel_fields(k, &op);
+        fsdp_gpu_trace_end(gdev, timer, s->cu, &op);
+    }
+    return FSDP_OK;
 }

@@ -7,6 +7,7 @@
 
 #include <ctype.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -402,4 +403,111 @@ fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t 
             return FSDP_ERR_INVALID_PARAM;
     }
     return FSDP_ERR_NOT_FOUND;
+}
+
+fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
+                                     fsdp_dev_t **dev_p)
+{
+    fsdp_gpu_params_t p;
+    fsdp_status_t status;
+
+    if (info == NULL || dev_p == NULL) {
+        fsdp_error("fsdp_gpu_init_launched: %s is NULL", info == NULL ? "info" : "dev_p");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    fsdp_gpu_params_init(&p);
+    p.rank = info->rank;
+    p.world_size = info->world_size;
+    p.local_rank = info->local_rank;
+    p.local_size = info->local_size;
+    p.timeout_s = timeout_s;
+    if (p.world_size > 1) {
+        if (p.rank == 0) {
+            status = fsdp_gpu_unique_id(&p.unique_id);
+            if (status != FSDP_OK)
+                return status;
+        }
+        status = fsdp_rendezvous(info, getenv("FSDP_JOB_TOKEN"), timeout_s, p.unique_id.bytes,
+                                 sizeof(p.unique_id.bytes));
+        if (status != FSDP_OK)
+            return status;
+    }
+    return fsdp_gpu_init(&p, dev_p);
+}
+
+typedef struct local_rank {
+    int rank, world;
+    double timeout_s;
+    const fsdp_gpu_unique_id_t *uid;
+    fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg);
+    void *arg;
+    fsdp_status_t status;
+} local_rank_t;
+
+static void *local_rank_main(void *arg)
+{
+    local_rank_t *r = arg;
+    fsdp_gpu_params_t p;
+    fsdp_dev_t *dev = NULL;
+
+    fsdp_gpu_params_init(&p);
+    p.rank = p.local_rank = p.device = r->rank;
+    p.world_size = p.local_size = r->world;
+    p.timeout_s = r->timeout_s;
+    p.unique_id = *r->uid;
+    r->status = fsdp_gpu_init(&p, &dev);
+    if (r->status == FSDP_OK)
+        r->status = r->func(dev, r->arg);
+    fsdp_gpu_finalize(dev);
+    return NULL;
+}
+
+fsdp_status_t fsdp_gpu_launch_local(int world, double timeout_s,
+                                    fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg), void *arg)
+{
+    fsdp_gpu_unique_id_t uid;
+    local_rank_t *ranks;
+    pthread_t *tids;
+    fsdp_status_t status;
+    int ndev = fsdp_gpu_device_count(), started = 0;
+
+    if (func == NULL || world < 1 || world > ndev) {
+        fsdp_error("fsdp_gpu_launch_local: %s (world %d; this process sees %d device%s)",
+                   func == NULL ? "func is NULL" : "one device per rank is needed", world, ndev,
+                   ndev == 1 ? "" : "s");
+        return func == NULL || ndev > 0 ? FSDP_ERR_INVALID_PARAM : FSDP_ERR_NO_DEVICE;
+    }
+    status = fsdp_gpu_unique_id(&uid);
+    if (status != FSDP_OK)
+        return status;
+    ranks = calloc((size_t)world, sizeof(*ranks));
+    tids = calloc((size_t)world, sizeof(*tids));
+    if (ranks == NULL || tids == NULL) {
+        free(ranks);
+        free(tids);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    for (; started < world; started++) {
+        local_rank_t *r = &ranks[started];
+        r->rank = started;
+        r->world = world;
+        r->timeout_s = timeout_s;
+        r->uid = &uid;
+        r->func = func;
+        r->arg = arg;
+        if (pthread_create(&tids[started], NULL, local_rank_main, r) != 0) {
+            /* the ranks started time out waiting for this one at init */
+            fsdp_error("fsdp_gpu_launch_local: cannot start the thread of rank %d", started);
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++) {
+        pthread_join(tids[i], NULL);
+        if (status == FSDP_OK)
+            status = ranks[i].status;
+    }
+    free(ranks);
+    free(tids);
+    return status;
 }

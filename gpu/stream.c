@@ -2,7 +2,7 @@
  * outlive the collective timeout. */
 #include "config.h"
 
-#include "gpu.h"
+#include "gpu_trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +85,11 @@ fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, i
         return status;
     s->super.id = id;
     s->super.priority = prio;
-    snprintf(s->super.name, sizeof(s->super.name), "%s", name != NULL ? name : "");
+    /* unnamed streams are named as the simulator names them */
+    if (name != NULL)
+        snprintf(s->super.name, sizeof(s->super.name), "%s", name);
+    else
+        snprintf(s->super.name, sizeof(s->super.name), "stream%d", id);
     return FSDP_OK;
 }
 
@@ -184,10 +188,15 @@ fsdp_status_t fsdp_gpu_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
+    double host = fsdp_gpu_now();
+    fsdp_status_t status;
     char what[48];
 
     snprintf(what, sizeof(what), "stream '%s'", s->super.name);
-    return fsdp_gpu_host_wait(gdev, NULL, s->cu, what);
+    status = fsdp_gpu_host_wait(gdev, NULL, s->cu, what);
+    if (status == FSDP_OK && fsdp_trace_enabled(dev))
+        fsdp_gpu_trace_host(gdev, FSDP_EV_SYNC, "stream_synchronize", s, host, NULL);
+    return status;
 }
 
 fsdp_status_t fsdp_gpu_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
@@ -224,28 +233,47 @@ void fsdp_gpu_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
     free(event);
 }
 
+/* The trace event of an event record or a stream's wait (status: the call's), timed by an event
+ * recorded on the stream right after it. */
+static fsdp_status_t traced_instant(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
+                                    fsdp_event_kind_t kind, const char *name, fsdp_status_t status)
+{
+    double host = fsdp_gpu_now();
+    fsdp_trace_op_t op = {.kind = kind, .name = name, .stream = s->super.name, .host = host,
+                          .start = host, .end = host, .dtype = -1};
+
+    if (status != FSDP_OK || !fsdp_trace_enabled(&gdev->super))
+        return status;
+    fsdp_gpu_trace_end(gdev, fsdp_gpu_trace_begin(gdev, s->cu, 1), s->cu, &op);
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_gpu_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
 
     if (event == NULL) {
         fsdp_error("rank %d: event_record: event is NULL", dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return FSDP_CUDA_CALL(cudaEventRecord(event->cu, fsdp_gpu_stream_of(gdev, stream)->cu));
+    return traced_instant(gdev, s, FSDP_EV_RECORD, "record",
+                          FSDP_CUDA_CALL(cudaEventRecord(event->cu, s->cu)));
 }
 
 fsdp_status_t fsdp_gpu_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
                                          fsdp_event_t *event)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
 
     if (event == NULL) {
         fsdp_error("rank %d: stream_wait_event: event is NULL", dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return FSDP_CUDA_CALL(
-        cudaStreamWaitEvent(fsdp_gpu_stream_of(gdev, stream)->cu, event->cu, cudaEventWaitDefault));
+    return traced_instant(gdev, s, FSDP_EV_WAIT, "wait",
+                          FSDP_CUDA_CALL(cudaStreamWaitEvent(s->cu, event->cu,
+                                                             cudaEventWaitDefault)));
 }
 
 fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)
@@ -279,22 +307,32 @@ fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *do
 
 fsdp_status_t fsdp_gpu_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
 {
+    fsdp_status_t status;
+    double host;
+
     if (event == NULL) {
         fsdp_error("rank %d: event_synchronize: event is NULL", dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return fsdp_gpu_host_wait(fsdp_gpu_dev_of(dev), event->cu, NULL, "event");
+    host = fsdp_gpu_now();
+    status = fsdp_gpu_host_wait(fsdp_gpu_dev_of(dev), event->cu, NULL, "event");
+    if (status == FSDP_OK && fsdp_trace_enabled(dev))
+        fsdp_gpu_trace_host(fsdp_gpu_dev_of(dev), FSDP_EV_SYNC, "event_synchronize", NULL, host,
+                            NULL);
+    return status;
 }
 
 fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
                                     fsdp_stream_t *stream)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
+    fsdp_gpu_stream_t *s = fsdp_gpu_stream_of(gdev, stream);
+    fsdp_trace_op_t op = {.kind = FSDP_EV_COPY, .stream = s->super.name, .bytes = bytes,
+                          .count = bytes, .dtype = -1};
+    fsdp_gpu_timer_t *timer;
     fsdp_status_t status;
 
-    if (bytes == 0)
-        return FSDP_OK;
-    if (dst == NULL || src == NULL) {
+    if (bytes > 0 && (dst == NULL || src == NULL)) {
         fsdp_error("rank %d: memcpy_async of %zu bytes: %s is NULL", dev->rank, bytes,
                    dst == NULL ? "dst" : "src");
         return FSDP_ERR_INVALID_PARAM;
@@ -302,7 +340,18 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
     status = use_device(gdev);
     if (status != FSDP_OK)
         return status;
+    op.host = op.start = op.end = fsdp_gpu_now();
+    timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
     /* Unified addressing: the runtime tells host from device by the pointers. */
-    return FSDP_CUDA_CALL(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, fsdp_gpu_stream_of(gdev, stream)->cu));
+    if (bytes > 0)
+        status = FSDP_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cu));
+    if (status != FSDP_OK) {
+        fsdp_gpu_trace_cancel(timer);
+        return status;
+    }
+    if (fsdp_trace_enabled(dev)) {
+        op.name = dst != NULL && src != NULL ? fsdp_gpu_copy_name(dst, src) : "h2h";
+        fsdp_gpu_trace_end(gdev, timer, s->cu, &op);
+    }
+    return FSDP_OK;
 }

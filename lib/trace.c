@@ -66,9 +66,11 @@ typedef struct trace_chunk {
     int rank;
     int n;        /* records used */
     int has_step; /* the chunk ends a step: `step` is valid */
+    int n_timed;  /* records whose device times are still to be resolved */
     uint32_t arena_used;
     trace_step_rec_t step;
     trace_rec_t recs[TRACE_CHUNK_EVENTS];
+    fsdp_trace_timing_t *timing[TRACE_CHUNK_EVENTS]; /* valid for i < n; NULL: times known */
     char arena[TRACE_CHUNK_ARENA];
 } trace_chunk_t;
 
@@ -275,6 +277,19 @@ static void *trace_writer_main(void *arg)
 
 /* ---- Rank side --------------------------------------------------------------------------- */
 
+/* Fills in the device times an emitter left to resolve, before the chunk leaves its rank. */
+static void chunk_resolve(trace_chunk_t *c)
+{
+    for (int i = 0; c->n_timed > 0 && i < c->n; i++) {
+        fsdp_trace_timing_t *timing = c->timing[i];
+        if (timing == NULL)
+            continue;
+        c->timing[i] = NULL;
+        c->n_timed--;
+        timing->resolve(timing, &c->recs[i].start, &c->recs[i].end);
+    }
+}
+
 /* Called with r->lock held. Queues the rank's current chunk (if it holds anything) and, when
  * `replace`, gives the rank a fresh one; returns 0 if no memory was left for it. */
 static int rank_handover(fsdp_trace_rank_t *r, int replace)
@@ -284,6 +299,8 @@ static int rank_handover(fsdp_trace_rank_t *r, int replace)
 
     if (c != NULL && c->n == 0 && !c->has_step)
         return 1; /* nothing to hand over: keep it */
+    if (c != NULL)
+        chunk_resolve(c);
     pthread_mutex_lock(&t->lock);
     if (c != NULL) {
         c->next = NULL;
@@ -320,6 +337,7 @@ static int rank_handover(fsdp_trace_rank_t *r, int replace)
     fresh->rank = r->rank;
     fresh->n = 0;
     fresh->has_step = 0;
+    fresh->n_timed = 0;
     fresh->arena_used = 0;
     r->cur = fresh;
     return 1;
@@ -358,13 +376,24 @@ void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_t *mem)
 
 void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
 {
+    fsdp_trace_emit_timed(dev, ev, NULL);
+}
+
+void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
+                           fsdp_trace_timing_t *timing)
+{
     fsdp_trace_rank_t *r;
     trace_chunk_t *c;
     trace_rec_t *rec;
     size_t room;
 
-    if (dev == NULL || (r = dev->trace) == NULL || ev == NULL)
+    if (dev == NULL || (r = dev->trace) == NULL || ev == NULL) {
+        if (timing != NULL) {
+            double start = 0.0, end = 0.0;
+            timing->resolve(timing, &start, &end); /* nothing to time: release it */
+        }
         return;
+    }
     room = str_room(ev->name != NULL ? ev->name : "") + str_room(ev->unit) + str_room(ev->stream) +
            str_room(ev->group);
     pthread_mutex_lock(&r->lock);
@@ -375,10 +404,16 @@ void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev)
             r->seq++;
             pthread_mutex_unlock(&r->lock);
             fsdp_error("rank %d: no memory for a trace chunk: event dropped", r->rank);
+            if (timing != NULL) {
+                double start = ev->start, end = ev->end;
+                timing->resolve(timing, &start, &end);
+            }
             return;
         }
         c = r->cur;
     }
+    c->timing[c->n] = timing;
+    c->n_timed += timing != NULL;
     rec = &c->recs[c->n++];
     rec->seq = r->seq++;
     rec->kind = (int32_t)ev->kind;

@@ -217,18 +217,18 @@ void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *
                        const fsdp_sim_stream_t *stream, double host, double start, double end,
                        double bytes, uint64_t count, int dtype, const char *group)
 {
-    fsdp_trace_event_t ev;
+    fsdp_trace_op_t op = {.kind = kind,
+                          .name = name,
+                          .stream = stream != NULL ? stream->super.name : NULL,
+                          .host = host,
+                          .start = start,
+                          .end = end,
+                          .bytes = bytes > 0.0 ? (uint64_t)bytes : 0,
+                          .count = count,
+                          .dtype = dtype,
+                          .group = group};
 
-    fsdp_trace_event_init(&ev, kind, name);
-    ev.stream = stream != NULL ? stream->super.name : NULL;
-    ev.host_time = host;
-    ev.start = start;
-    ev.end = end;
-    ev.bytes = bytes > 0.0 ? (uint64_t)bytes : 0;
-    ev.count = count;
-    ev.dtype = dtype;
-    ev.group = group;
-    fsdp_trace_emit(&dev->super, &ev);
+    fsdp_trace_op(&dev->super, &op, NULL);
 }
 
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
@@ -241,13 +241,10 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
     fsdp_sim_host_launch(dev);
     if (fsdp_trace_enabled(&dev->super)) {
         if (op->kind == FSDP_SIM_OP_KERNEL) {
-            double flops, bytes;
-            fsdp_kernel_cost(op->kernel, &flops, &bytes);
-            fsdp_sim_trace_op(dev, FSDP_EV_KERNEL, fsdp_kernel_name(op->kernel->kind), stream,
-                              host, start, stream->clock, bytes, 0,
-                              op->kernel->kind == FSDP_K_GEMM ? (int)op->kernel->u.gemm.a_dtype
-                                                              : -1,
-                              NULL);
+            fsdp_trace_op_t ev = {.stream = stream->super.name, .host = host, .start = start,
+                                  .end = stream->clock};
+            fsdp_trace_kernel_fields(op->kernel, &ev);
+            fsdp_trace_op(&dev->super, &ev, NULL);
         } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
             fsdp_sim_trace_op(dev, FSDP_EV_COPY,
                               fsdp_sim_copy_name(fsdp_sim_copy_kind(dev, op->dst, op->src)),

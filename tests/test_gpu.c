@@ -982,11 +982,7 @@ static const fsdp_test_case_t tests[] = {
 
 static int skip(const char *why)
 {
-    const char *req = getenv("FSDP_REQUIRE_GPU");
-    int required = req != NULL && req[0] != '\0' && strcmp(req, "0") != 0;
-
-    printf("test_gpu: %s: %s\n", required ? "FAIL (FSDP_REQUIRE_GPU is set)" : "skipped", why);
-    return required ? 1 : 77;
+    return fsdp_test_skip_gpu("test_gpu", why);
 }
 
 int main(void)

@@ -1114,6 +1114,110 @@ static void test_plot_svg(void)
     remove(out_path);
 }
 
+/* ---- Device times resolved after emission ------------------------------------------------ */
+
+#define TIMED_EVENTS 600 /* a few chunks per rank, with a step boundary between */
+
+typedef struct timed {
+    fsdp_trace_timing_t super;
+    int rank, i;
+    atomic_int resolved; /* times resolve() was called */
+} timed_t;
+
+static timed_t timed[2][TIMED_EVENTS + 1];
+
+static double timed_start(int rank, int i)
+{
+    return 1000.0 + 10000.0 * rank + i;
+}
+
+static void timed_resolve(fsdp_trace_timing_t *timing, double *start_p, double *end_p)
+{
+    timed_t *t = (timed_t *)timing;
+
+    atomic_fetch_add(&t->resolved, 1);
+    *start_p = timed_start(t->rank, t->i);
+    *end_p = *start_p + 0.25;
+}
+
+static fsdp_status_t timed_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_trace_t *trace = arg;
+    fsdp_status_t status;
+
+    for (int i = 0; i <= TIMED_EVENTS; i++) {
+        timed[dev->rank][i].super.resolve = timed_resolve;
+        timed[dev->rank][i].rank = dev->rank;
+        timed[dev->rank][i].i = i;
+        atomic_store(&timed[dev->rank][i].resolved, 0);
+    }
+    /* not tracing yet: the timing is released at once */
+    {
+        fsdp_trace_op_t op = {.kind = FSDP_EV_KERNEL, .name = "gemm", .dtype = -1};
+        fsdp_trace_op(dev, &op, &timed[dev->rank][TIMED_EVENTS].super);
+    }
+    RCHECK(atomic_load(&timed[dev->rank][TIMED_EVENTS].resolved) == 1,
+           "rank %d: an untraced timed event was not released", dev->rank);
+    status = fsdp_trace_attach(trace, dev);
+    if (status != FSDP_OK)
+        return status;
+    for (int i = 0; i < TIMED_EVENTS; i++) {
+        fsdp_trace_op_t op = {.kind = FSDP_EV_COLLECTIVE, .name = "all_gather",
+                              .stream = "all_gather", .host = 1.0 * i, .start = -1.0,
+                              .end = -1.0, .bytes = 64, .count = 16, .dtype = FSDP_DTYPE_F32,
+                              .group = "world"};
+        fsdp_trace_op(dev, &op, i % 3 == 2 ? NULL : &timed[dev->rank][i].super);
+        if (i == TIMED_EVENTS / 2)
+            fsdp_trace_step(dev, 0, 1.0, 0.0, NULL);
+    }
+    fsdp_trace_detach(dev);
+    for (int i = 0; i < TIMED_EVENTS; i++)
+        RCHECK(atomic_load(&timed[dev->rank][i].resolved) == (i % 3 == 2 ? 0 : 1),
+               "rank %d: event %d resolved %d times", dev->rank, i,
+               atomic_load(&timed[dev->rank][i].resolved));
+    return FSDP_OK;
+}
+
+static int timed_check(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    int *n = arg;
+    int i = (int)seq;
+    double start = i % 3 == 2 ? -1.0 : timed_start(rank, i);
+
+    (*n)++;
+    if (ev->start != start || ev->end != (i % 3 == 2 ? -1.0 : start + 0.25) ||
+        ev->host_time != 1.0 * i) {
+        fail("rank %d seq %d: start %g end %g host %g, expected start %g", rank, i, ev->start,
+             ev->end, ev->host_time, start);
+        return 1;
+    }
+    return 0;
+}
+
+static void test_timed(void)
+{
+    const char *path = tpath("timed.db");
+    fsdp_trace_reader_t *rd = NULL;
+    fsdp_trace_t *trace = NULL;
+    int64_t run = 0;
+    int n = 0;
+
+    remove_db(path);
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, NULL, &trace), FSDP_OK);
+    CU_ASSERT_EQUAL(launch(2, timed_rank, trace), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_close(trace), FSDP_OK);
+    if (failure[0] != '\0')
+        fprintf(stderr, "\n  %s\n", failure);
+    CU_ASSERT_STRING_EQUAL(failure, "");
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, -1, timed_check, &n), FSDP_OK);
+    CU_ASSERT_STRING_EQUAL(failure, "");
+    CU_ASSERT_EQUAL(n, 2 * TIMED_EVENTS);
+    fsdp_trace_reader_close(rd);
+    remove_db(path);
+}
+
 int main(int argc, char **argv)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1127,6 +1231,7 @@ int main(int argc, char **argv)
         {"summary", test_summary},
         {"chrome export", test_export_chrome},
         {"svg plot", test_plot_svg},
+        {"device times resolved after emission", test_timed},
         {NULL, NULL},
     };
     int rc;

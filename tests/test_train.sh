@@ -166,6 +166,10 @@ check "gpt2: resume from a checkpoint continues the loss sequence exactly" \
     sh -c "tail -n 3 '$tmp/gsix' | cmp -s - '$tmp/gthree'"
 
 refuse "an unknown gpt preset" --model gpt2-huge
+refuse "an unknown backend" --backend tpu
+# without a device (or a library built without CUDA) this is refused for that; with one, for a
+# --world the launcher (none: a single process) contradicts
+refuse "a gpu world the launcher did not start" --backend gpu --world 3
 refuse "a gpt spec with a zero" --model "gpt2:layers=0"
 refuse "heads that do not divide the width" --model "gpt2:heads=3,dim=16"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17

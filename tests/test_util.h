@@ -5,6 +5,7 @@
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct fsdp_test_case {
     const char *name;
@@ -31,6 +32,17 @@ static inline int fsdp_test_run(const char *suite_name, const fsdp_test_case_t *
     failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     CU_cleanup_registry();
     return failures == 0 ? 0 : 1;
+}
+
+/* A gpu test without a device: 77 (skipped), or 1 when FSDP_REQUIRE_GPU is set (make
+ * check-gpu), saying which and why. */
+static inline int fsdp_test_skip_gpu(const char *prog, const char *why)
+{
+    const char *req = getenv("FSDP_REQUIRE_GPU");
+    int required = req != NULL && req[0] != '\0' && strcmp(req, "0") != 0;
+
+    printf("%s: %s: %s\n", prog, required ? "FAIL (FSDP_REQUIRE_GPU is set)" : "skipped", why);
+    return required ? 1 : 77;
 }
 
 #endif

@@ -1,15 +1,17 @@
-/* fsdp-train: trains a built-in model with FSDP on simulated ranks.
+/* fsdp-train: trains a built-in model with FSDP on simulated ranks, or on GPUs (--backend gpu:
+ * one process per rank, as a launcher starts them; train_launch.c).
  *
  *   fsdp-train --model mlp:16,32,4 --world 4 --strategy full_shard --optim adamw --lr 1e-2
  *              --steps 10
  *
- * Prints "step N loss X" per step (X as %.9g, the mean over the global batch) and each rank's
- * peak allocated bytes. */
+ * Prints "step N loss X" per step (X as %.9g, the mean over the global batch; rank 0 only) and
+ * each rank's peak allocated bytes (on the gpu backend, each process its own rank's). */
 #include <fsdp/fsdp.h>
 
 #include "train_trace.h"
 
 #include "train_gpt2.h"
+#include "train_launch.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -49,6 +51,7 @@ typedef struct train_args {
     const char *tokens_path;
     int seq; /* 0: the model's positions */
     int checkpoint_activations;
+    train_launch_t launch; /* --backend: how the ranks run */
 } train_args_t;
 
 typedef struct train_shared {
@@ -103,7 +106,9 @@ static void usage(FILE *f)
           "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
           "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
           "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
-          "  --world W                  simulated ranks (default 4)\n"
+          "  --backend sim|gpu          simulated ranks in this process (default), or this\n"
+          "                             process one GPU rank of a job (torchrun, srun, mpirun)\n"
+          "  --world W                  simulated ranks (default 4; gpu: the launcher's)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
           "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
@@ -175,7 +180,7 @@ enum {
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
     OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_PROFILE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
-    OPT_MIXED
+    OPT_MIXED, OPT_BACKEND
 };
 
 /* --mixed-precision param=bf16,reduce=fp32,buffer=fp32: PyTorch's MixedPrecision fields (with
@@ -213,6 +218,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     static const struct option opts[] = {
         {"model", required_argument, NULL, OPT_MODEL},
         {"world", required_argument, NULL, OPT_WORLD},
+        {"backend", required_argument, NULL, OPT_BACKEND},
         {"strategy", required_argument, NULL, OPT_STRATEGY},
         {"backward-prefetch", required_argument, NULL, OPT_BWD_PREFETCH},
         {"forward-prefetch", no_argument, NULL, OPT_FWD_PREFETCH},
@@ -257,11 +263,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
     int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0;
+    train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
     memset(a, 0, sizeof(*a));
     a->nlayers = fsdp_mlp_parse_spec("16,32,4", a->dims, FSDP_MLP_MAX_LAYERS + 1);
-    a->world = 4;
+    a->world = 0; /* --world, else the backend's */
     fsdp_config_init(&a->fsdp);
     a->steps = 10;
     a->batch = 32;
@@ -288,6 +295,10 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             break;
         case OPT_WORLD:
             a->world = (int)parse_long("--world", optarg, 1, 4096);
+            break;
+        case OPT_BACKEND:
+            if (train_backend_parse(optarg, &backend) != 0)
+                die("--backend: '%s' is not one of sim, gpu", optarg);
             break;
         case OPT_STRATEGY:
             if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy))
@@ -390,6 +401,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             fsdp_sim_profile_from_arg(a->profile_arg, &a->profile) != FSDP_OK)
             fail_quietly(); /* the library said what is wrong and what is allowed */
     }
+    if (train_launch_prepare(&a->launch, backend, a->world, a->timeout_s, &a->profile) != 0)
+        fail_quietly();
+    a->world = a->launch.world;
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)
@@ -743,6 +757,7 @@ static int train_gpt2(const train_args_t *a, int argc, char **argv)
     o.argv0 = argv0;
     o.trace_path = a->trace_path;
     o.profile = &a->profile;
+    o.launch = &a->launch;
     o.argc = argc;
     o.argv = argv;
     return gpt2_train_main(&o);
@@ -752,8 +767,9 @@ int main(int argc, char **argv)
 {
     train_args_t args;
     train_shared_t sh;
-    fsdp_sim_params_t sim;
     fsdp_status_t status;
+    char trace_buf[4096];
+    const char *trace_path;
 
     fsdp_log_set_handler(log_to_stderr, NULL);
     parse_args(argc, argv, &args);
@@ -772,20 +788,21 @@ int main(int argc, char **argv)
     if (sh.peak == NULL || sh.losses == NULL)
         die("out of host memory");
 
-    fsdp_sim_params_init(&sim);
-    sim.world_size = args.world;
-    sim.timeout_s = args.timeout_s;
-    sim.profile = args.profile;
-    if (train_trace_open(args.trace_path, &args.fsdp, args.world, "mlp", argc, argv, &sh.trace) !=
-        FSDP_OK)
+    trace_path = train_launch_trace_path(&args.launch, args.trace_path, trace_buf,
+                                         sizeof(trace_buf));
+    if (train_trace_open(trace_path, train_backend_name(args.launch.backend), &args.fsdp,
+                         args.world, "mlp", argc, argv, &sh.trace) != FSDP_OK)
         fail_quietly();
-    status = fsdp_sim_launch(&sim, train_rank, &sh, NULL);
+    status = train_launch_run(&args.launch, train_rank, &sh);
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
-    /* on failure the failing rank logged why; peers only saw it fail */
-    for (int r = 0; status == FSDP_OK && r < args.world; r++)
-        printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
-    if (status == FSDP_OK && args.save_path)
+    /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each
+     * process knows its own rank's peak. */
+    for (int r = 0; status == FSDP_OK && r < args.world; r++) {
+        if (args.launch.backend == TRAIN_BACKEND_SIM || r == args.launch.rank)
+            printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
+    }
+    if (status == FSDP_OK && args.save_path && train_launch_reports(&args.launch))
         printf("saved %s\n", args.save_path);
 
     for (int i = 0; sh.init_weights && i < args.nlayers; i++) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "train_gpt2.h"
+#include "train_launch.h"
 #include "train_trace.h"
 
 typedef struct gpt2_shared {
@@ -124,10 +125,13 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             sh->steps_run++;
             sh->sim_time += sim_dt;
             if (!o->quiet) {
-                /* tokens/s: this process's wall time; the step time: the simulated device's */
-                printf("step %lld loss %.9g tok/s %.0f sim_step_ms %.3f peak_mib %.2f\n",
+                /* tokens/s: this process's wall time; the step time: the simulated device's
+                 * (on a GPU, the host's wall clock over the step) */
+                printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f\n",
                        (long long)step + 1, (double)loss,
-                       wall > 0 ? (double)o->batch * (double)T / wall : 0.0, sim_dt * 1e3,
+                       wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
+                       o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                       sim_dt * 1e3,
                        (double)st.peak_allocated / 1048576.0);
                 fflush(stdout);
                 train_progress(step + 1, o->steps, loss);
@@ -163,7 +167,10 @@ static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p
 int gpt2_train_main(const gpt2_train_opts_t *o)
 {
     gpt2_shared_t sh = {.o = o};
-    fsdp_sim_params_t sim;
+    const int report = train_launch_reports(o->launch);
+    char trace_buf[4096];
+    const char *trace_path = train_launch_trace_path(o->launch, o->trace_path, trace_buf,
+                                                     sizeof(trace_buf));
     fsdp_batch_spec_t spec = {(size_t)o->batch, (size_t)o->seq, 0, o->world, o->seed};
     fsdp_status_t status;
     double t0, dt;
@@ -197,7 +204,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         fprintf(stderr, "fsdp-train: error: out of host memory\n");
         goto out;
     }
-    if (!o->quiet) {
+    if (!o->quiet && report) {
         printf("model %s: %llu parameters (layers=%d heads=%d dim=%d seq=%d vocab=%d); data: %s, "
                "%zu tokens; global batch %d x %d on %d ranks, %s\n",
                o->model_name, (unsigned long long)fsdp_gpt2_num_params(&o->model), o->model.n_layer,
@@ -206,16 +213,11 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                o->world, fsdp_strategy_name(o->fsdp.strategy));
         fflush(stdout);
     }
-    if (train_trace_open(o->trace_path, &o->fsdp, o->world, o->model_name, o->argc, o->argv,
-                         &sh.trace) != FSDP_OK)
+    if (train_trace_open(trace_path, train_backend_name(o->launch->backend), &o->fsdp, o->world,
+                         o->model_name, o->argc, o->argv, &sh.trace) != FSDP_OK)
         goto out;
-    fsdp_sim_params_init(&sim);
-    sim.world_size = o->world;
-    sim.timeout_s = o->timeout_s;
-    if (o->profile != NULL)
-        sim.profile = *o->profile;
     t0 = wall_now();
-    status = fsdp_sim_launch(&sim, gpt2_rank, &sh, NULL);
+    status = train_launch_run(o->launch, gpt2_rank, &sh);
     dt = wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
@@ -224,22 +226,30 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         rc = 1;
         goto out;
     }
-    if (sh.steps_run > 0) {
+    if (sh.steps_run > 0 && report) {
         double tokens = (double)sh.steps_run * (double)o->batch * (double)o->seq;
         printf("trained %.0f tokens in %.2f s: %.0f tokens/s\n", tokens, dt,
                dt > 0.0 ? tokens / dt : 0.0);
-        printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
-               sh.first_loss, sh.last_loss, (long long)sh.steps_run,
-               sh.sim_time / (double)sh.steps_run * 1e3, sim.profile.name);
+        if (o->launch->backend == TRAIN_BACKEND_GPU)
+            printf("loss %.4f -> %.4f over %lld steps; step time %.3f ms on the gpu backend\n",
+                   sh.first_loss, sh.last_loss, (long long)sh.steps_run,
+                   sh.sim_time / (double)sh.steps_run * 1e3);
+        else
+            printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
+                   sh.first_loss, sh.last_loss, (long long)sh.steps_run,
+                   sh.sim_time / (double)sh.steps_run * 1e3, o->profile->name);
     }
-    for (int r = 0; r < o->world; r++)
-        printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
-    if (o->save_path != NULL)
+    /* on the gpu backend each process knows its own rank's peak */
+    for (int r = 0; r < o->world; r++) {
+        if (o->launch->backend == TRAIN_BACKEND_SIM || r == o->launch->rank)
+            printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
+    }
+    if (o->save_path != NULL && report)
         printf("saved %s\n", o->save_path);
-    if (o->ckpt_dir != NULL)
+    if (o->ckpt_dir != NULL && report)
         printf("checkpoint %s\n", o->ckpt_dir);
-    if (o->trace_path != NULL)
-        printf("trace %s (fsdp-trace summary %s)\n", o->trace_path, o->trace_path);
+    if (trace_path != NULL)
+        printf("trace %s (fsdp-trace summary %s)\n", trace_path, trace_path);
     rc = 0;
 out:
     fsdp_trace_close(sh.trace);

@@ -5,6 +5,8 @@
 
 #include <fsdp/fsdp.h>
 
+#include "train_launch.h"
+
 typedef struct gpt2_train_opts {
     const char *model_name; /* as given to --model, for the log */
     fsdp_gpt2_config_t model;
@@ -31,6 +33,7 @@ typedef struct gpt2_train_opts {
     const char *argv0; /* to find the default corpus */
     const char *trace_path; /* --trace, or NULL */
     const fsdp_sim_profile_t *profile; /* the cluster the simulated times come from */
+    const train_launch_t *launch;      /* how the ranks run (sim threads or this gpu rank) */
     int argc;               /* the command line, for the trace's run row */
     char **argv;
 } gpt2_train_opts_t;

@@ -6,8 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-fsdp_status_t train_trace_open(const char *path, const fsdp_config_t *cfg, int world,
-                               const char *model, int argc, char **argv, fsdp_trace_t **trace_p)
+fsdp_status_t train_trace_open(const char *path, const char *backend, const fsdp_config_t *cfg,
+                               int world, const char *model, int argc, char **argv,
+                               fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
     size_t off = 0;
@@ -31,7 +32,7 @@ fsdp_status_t train_trace_open(const char *path, const fsdp_config_t *cfg, int w
              cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
                  ? "default" : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
     memset(&info, 0, sizeof(info));
-    info.backend = "sim";
+    info.backend = backend;
     info.world_size = world;
     info.strategy = fsdp_strategy_name(cfg->strategy);
     info.config_json = config;

@@ -5,11 +5,13 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
 
-/* Opens --trace FILE for a run (NULL path: *trace_p = NULL). Reports errors itself. */
-fsdp_status_t train_trace_open(const char *path, const fsdp_config_t *cfg, int world,
-                               const char *model, int argc, char **argv, fsdp_trace_t **trace_p);
+/* Opens --trace FILE for a run of backend "sim" or "gpu" (NULL path: *trace_p = NULL). Reports
+ * errors itself. */
+fsdp_status_t train_trace_open(const char *path, const char *backend, const fsdp_config_t *cfg,
+                               int world, const char *model, int argc, char **argv,
+                               fsdp_trace_t **trace_p);
 
-/* Per-rank step accounting: the simulated time of a step and the rank's peak memory. */
+/* Per-rank step accounting: the (simulated, or on a GPU wall) time of a step and the rank's peak memory. */
 typedef struct train_step_clock {
     double start; /* host clock at the step's start */
 } train_step_clock_t;

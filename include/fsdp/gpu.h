@@ -137,6 +137,20 @@ fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t 
 fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token, double timeout_s,
                               void *blob, size_t blob_size);
 
+/* This process as one rank of the job its launcher describes (info from fsdp_launch_env): for a
+ * world of more than one, rank 0 makes the NCCL unique id and fsdp_rendezvous hands it to every
+ * rank (token: the FSDP_JOB_TOKEN environment variable, or none); then fsdp_gpu_init opens the
+ * device of the local rank, with timeout_s as the collective timeout. Errors as those calls'. */
+fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
+                                     fsdp_dev_t **dev_p);
+
+/* Runs func on `world` ranks of this process, one thread and one device each (rank r on device
+ * r, sharing one unique id), as fsdp_sim_launch runs them on the simulator; each dev is
+ * finalized after its func returns. FSDP_OK when every rank's func and init succeeded, else the
+ * first failure in rank order. world must be 1..fsdp_gpu_device_count(). */
+fsdp_status_t fsdp_gpu_launch_local(int world, double timeout_s,
+                                    fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg), void *arg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,104 @@
+/* fsdp-train's two ways of running ranks (see train_launch.h). */
+#include "train_launch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int train_backend_parse(const char *s, train_backend_t *backend_p)
+{
+    if (strcmp(s, "sim") == 0)
+        *backend_p = TRAIN_BACKEND_SIM;
+    else if (strcmp(s, "gpu") == 0)
+        *backend_p = TRAIN_BACKEND_GPU;
+    else
+        return -1;
+    return 0;
+}
+
+const char *train_backend_name(train_backend_t backend)
+{
+    return backend == TRAIN_BACKEND_GPU ? "gpu" : "sim";
+}
+
+int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_arg,
+                         double timeout_s, const fsdp_sim_profile_t *profile)
+{
+    memset(l, 0, sizeof(*l));
+    l->backend = backend;
+    l->timeout_s = timeout_s;
+    l->profile = profile;
+    if (backend == TRAIN_BACKEND_SIM) {
+        l->world = world_arg > 0 ? world_arg : 4;
+        return 0;
+    }
+    if (!fsdp_gpu_built()) {
+        fprintf(stderr, "fsdp-train: error: --backend gpu: this libfsdp was built without CUDA "
+                        "and NCCL (configure found none); use --backend sim, or rebuild with "
+                        "CUDA and NCCL installed\n");
+        return -1;
+    }
+    if (fsdp_gpu_device_count() == 0) {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        fprintf(stderr,
+                "fsdp-train: error: --backend gpu: no CUDA device is visible to this process "
+                "(CUDA_VISIBLE_DEVICES=%s); use --backend sim without one\n",
+                visible != NULL ? visible : "unset");
+        return -1;
+    }
+    if (fsdp_launch_env(&l->info) != FSDP_OK)
+        return -1; /* the library named the variable and what is allowed */
+    if (world_arg > 0 && world_arg != l->info.world_size) {
+        fprintf(stderr,
+                "fsdp-train: error: --world %d, but the launcher (%s) started %d rank%s: with "
+                "--backend gpu the world is one process per rank; leave --world out or make "
+                "them agree\n",
+                world_arg, l->info.launcher, l->info.world_size,
+                l->info.world_size == 1 ? "" : "s");
+        return -1;
+    }
+    l->world = l->info.world_size;
+    l->rank = l->info.rank;
+    return 0;
+}
+
+int train_launch_reports(const train_launch_t *l)
+{
+    return l->backend == TRAIN_BACKEND_SIM || l->rank == 0;
+}
+
+static fsdp_status_t run_gpu(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
+{
+    fsdp_dev_t *dev = NULL;
+    fsdp_status_t status;
+
+    status = fsdp_gpu_init_launched(&l->info, l->timeout_s, &dev);
+    if (status != FSDP_OK)
+        return status;
+    status = func(dev, arg);
+    fsdp_gpu_finalize(dev);
+    return status;
+}
+
+fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
+{
+    fsdp_sim_params_t sim;
+
+    if (l->backend == TRAIN_BACKEND_GPU)
+        return run_gpu(l, func, arg);
+    fsdp_sim_params_init(&sim);
+    sim.world_size = l->world;
+    sim.timeout_s = l->timeout_s;
+    if (l->profile != NULL)
+        sim.profile = *l->profile;
+    return fsdp_sim_launch(&sim, func, arg, NULL);
+}
+
+const char *train_launch_trace_path(const train_launch_t *l, const char *path, char *buf,
+                                    size_t size)
+{
+    if (path == NULL || l->backend == TRAIN_BACKEND_SIM || l->world == 1)
+        return path;
+    snprintf(buf, size, "%s.rank%d", path, l->rank);
+    return buf;
+}

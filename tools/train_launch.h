@@ -1,0 +1,45 @@
+/* How fsdp-train runs its ranks: every rank a thread of this process on the simulator, or this
+ * process one rank of a job on the gpu backend. Both call the same per-rank function. */
+#ifndef FSDP_TOOLS_TRAIN_LAUNCH_H
+#define FSDP_TOOLS_TRAIN_LAUNCH_H
+
+#include <fsdp/fsdp.h>
+#include <fsdp/gpu.h>
+#include <fsdp/sim.h>
+
+typedef enum { TRAIN_BACKEND_SIM = 0, TRAIN_BACKEND_GPU = 1 } train_backend_t;
+
+typedef struct train_launch {
+    train_backend_t backend;
+    int world;      /* every rank of the run */
+    int rank;       /* gpu: this process's rank; sim: 0 (it runs them all) */
+    double timeout_s;
+    const fsdp_sim_profile_t *profile; /* sim: the cluster its times come from */
+    fsdp_launch_info_t info;           /* gpu: what the launcher said */
+} train_launch_t;
+
+/* "sim" or "gpu" into *backend_p; -1 for anything else. */
+int train_backend_parse(const char *s, train_backend_t *backend_p);
+const char *train_backend_name(train_backend_t backend);
+
+/* gpu: checks that the library has the gpu backend and that this process sees a device, and
+ * reads rank and world from the launcher's environment (fsdp_launch_env); world_arg (> 0 when
+ * --world was given) must then agree with it. sim: the world is world_arg. Reports what is
+ * wrong on stderr and returns non-zero. */
+int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_arg,
+                         double timeout_s, const fsdp_sim_profile_t *profile);
+
+/* 1 when this process prints the run's report (sim: always; gpu: rank 0). */
+int train_launch_reports(const train_launch_t *l);
+
+/* Runs func on the ranks: sim: all of them, as threads; gpu: this process's one, after the
+ * NCCL id went from rank 0 to every rank (fsdp_rendezvous, token FSDP_JOB_TOKEN) and
+ * fsdp_gpu_init chose the device by local rank. */
+fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg);
+
+/* The trace database this process writes for --trace path: path itself, or on the gpu backend
+ * with more than one rank "path.rank<N>" (each process writes its own rank's events). */
+const char *train_launch_trace_path(const train_launch_t *l, const char *path, char *buf,
+                                    size_t size);
+
+#endif
