@@ -3,11 +3,13 @@
  * of trace.h. */
 #include "trace_int.h"
 
+#include <fsdp/kernel.h>
 #include <fsdp/log.h>
 #include <fsdp/version.h>
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +57,23 @@ void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const
     ev->kind = kind;
     ev->name = name;
     ev->dtype = -1;
+}
+
+static uint64_t trace_round_count(double v)
+{
+    return v > 0.0 ? (uint64_t)llround(v) : 0;
+}
+
+void fsdp_trace_kernel_event_init(fsdp_trace_event_t *ev, const fsdp_kernel_t *k)
+{
+    double flops, bytes;
+
+    fsdp_trace_event_init(ev, FSDP_EV_KERNEL, fsdp_kernel_name(k->kind));
+    fsdp_kernel_cost(k, &flops, &bytes);
+    ev->count = trace_round_count(flops);
+    ev->bytes = trace_round_count(bytes);
+    if (k->kind == FSDP_K_GEMM)
+        ev->dtype = (int)k->u.gemm.a_dtype;
 }
 
 static const char *const divergence_names[] = {

@@ -241,13 +241,13 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
     fsdp_sim_host_launch(dev);
     if (fsdp_trace_enabled(&dev->super)) {
         if (op->kind == FSDP_SIM_OP_KERNEL) {
-            double flops, bytes;
-            fsdp_kernel_cost(op->kernel, &flops, &bytes);
-            fsdp_sim_trace_op(dev, FSDP_EV_KERNEL, fsdp_kernel_name(op->kernel->kind), stream,
-                              host, start, stream->clock, bytes, 0,
-                              op->kernel->kind == FSDP_K_GEMM ? (int)op->kernel->u.gemm.a_dtype
-                                                              : -1,
-                              NULL);
+            fsdp_trace_event_t ev;
+            fsdp_trace_kernel_event_init(&ev, op->kernel);
+            ev.stream = stream->super.name;
+            ev.host_time = host;
+            ev.start = start;
+            ev.end = stream->clock;
+            fsdp_trace_emit(&dev->super, &ev);
         } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
             fsdp_sim_trace_op(dev, FSDP_EV_COPY,
                               fsdp_sim_copy_name(fsdp_sim_copy_kind(dev, op->dst, op->src)),

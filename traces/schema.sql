@@ -32,14 +32,25 @@ CREATE TABLE IF NOT EXISTS events (
     host_time REAL NOT NULL,
     start_time REAL NOT NULL,
     end_time REAL NOT NULL,
-    bytes INTEGER NOT NULL,
-    count INTEGER NOT NULL,            -- elements
+    bytes INTEGER NOT NULL,            -- by kind: see below
+    count INTEGER NOT NULL,            -- by kind: see below
     dtype TEXT,                        -- "f32", "bf16", "f16", "i32", or NULL
     grp TEXT,                          -- communication group, or NULL
     allocated INTEGER NOT NULL,        -- bytes allocated on the rank after the event
     reserved INTEGER NOT NULL,         -- bytes reserved on the rank after the event
     PRIMARY KEY (run, rank, seq)
 ) WITHOUT ROWID;
+
+-- bytes and count by kind (every backend records them so; fsdp_trace_kernel_event_init):
+--   kernel      bytes = bytes the kernel reads and writes, count = its floating-point operations
+--               (fsdp_kernel_cost, the figures the sim prices it with); dtype = the operands'
+--               dtype of a GEMM, NULL for the others
+--   copy        bytes = count = bytes copied
+--   collective  bytes = the collective's full buffer (NCCL's nbytes: an all-gather's output, a
+--               reduce-scatter's input), count = the count the rank passed (elements)
+--   alloc, free bytes = the block's size; others: as their emitter documents, 0 when unused
+-- fsdp-trace calibrate fits the HBM bandwidth to kernel bytes and the FLOP rates (per GEMM
+-- dtype, and the vector rate of element-wise kinds) to kernel counts.
 
 -- The diff and the exports read a rank's events in order through the primary key (run, rank,
 -- seq). Summaries group collectives by name, unit and rank: a partial index covers them without

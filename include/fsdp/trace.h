@@ -80,6 +80,14 @@ typedef struct fsdp_trace_event {
 /* Zeroes *ev and sets kind, name and dtype = -1. */
 void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const char *name);
 
+struct fsdp_kernel;
+
+/* A kernel event for `k`, as every backend records one: kind FSDP_EV_KERNEL, the kernel's
+ * name, count = its FLOPs and bytes = the bytes it moves (fsdp_kernel_cost, rounded to the
+ * nearest integer), dtype = the operands' dtype of a GEMM and -1 otherwise. The caller sets
+ * the stream and the times. */
+void fsdp_trace_kernel_event_init(fsdp_trace_event_t *ev, const struct fsdp_kernel *k);
+
 typedef struct fsdp_trace fsdp_trace_t; /* one database, one run */
 
 typedef struct fsdp_trace_run_info {
