@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS events (
     bytes INTEGER NOT NULL,            -- by kind: see below
     count INTEGER NOT NULL,            -- by kind: see below
     dtype TEXT,                        -- "f32", "bf16", "f16", "i32", or NULL
-    grp TEXT,                          -- communication group, or NULL
+    grp TEXT,                          -- communication group (unique in the run), or NULL
     allocated INTEGER NOT NULL,        -- bytes allocated on the rank after the event
     reserved INTEGER NOT NULL,         -- bytes reserved on the rank after the event
     PRIMARY KEY (run, rank, seq)
