@@ -598,6 +598,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     all = malloc(2 * (size_t)n * sizeof(*all));
     if (all == NULL)
         return FSDP_ERR_NO_MEMORY;
+    p->splits++; /* every member counts the round, whatever its color or outcome */
     status = split_exchange(gdev, p, color < 0 ? -1 : color, key, all);
     if (status != FSDP_OK)
         goto out;
@@ -660,9 +661,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     g->super.rank = me;
     g->super.size = members;
     g->super.ranks = g->ranks;
-    if (snprintf(g->super.name, sizeof(g->super.name), "%s/split(%d)", p->super.name, color) >=
-        (int)sizeof(g->super.name))
-        fsdp_debug("rank %d: group name truncated to '%s'", dev->rank, g->super.name);
+    fsdp_group_split_name(g->super.name, p->super.name, p->splits, color);
     group_link(gdev, g);
     *group_p = &g->super;
     g = NULL;

@@ -68,6 +68,7 @@ typedef struct fsdp_gpu_group {
     fsdp_gpu_dev_t *dev;
     ncclComm_t comm;             /* NULL once aborted or destroyed */
     int *ranks;                  /* super.ranks */
+    unsigned splits;             /* group_split calls made on it (names their groups) */
     struct fsdp_gpu_group *next; /* the dev's list of live groups */
 } fsdp_gpu_group_t;
 

@@ -2,7 +2,10 @@
 #include <fsdp/backend.h>
 #include <fsdp/log.h>
 
+#include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
 fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops)
 {
@@ -64,4 +67,28 @@ fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
         status = dev->ops->stream_wait_event(dev, waiter, ev);
     dev->ops->event_destroy(dev, ev);
     return status;
+}
+
+void fsdp_group_split_name(char name[FSDP_GROUP_NAME_SIZE], const char *parent, unsigned round,
+                           int color)
+{
+    char full[FSDP_GROUP_NAME_SIZE + 64];
+    uint64_t h = 14695981039346656037ull; /* FNV-1a, 64 bits */
+    int n;
+
+    if (round <= 1)
+        n = snprintf(full, sizeof(full), "%s/split(%d)", parent, color);
+    else
+        n = snprintf(full, sizeof(full), "%s/split%u(%d)", parent, round, color);
+    if (n >= 0 && (size_t)n < FSDP_GROUP_NAME_SIZE) {
+        memcpy(name, full, (size_t)n + 1);
+        return;
+    }
+    /* too long for the field (a parent name is at most FSDP_GROUP_NAME_SIZE - 1 bytes, so
+     * `full` held all of it) */
+    for (const unsigned char *p = (const unsigned char *)full; *p != '\0'; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    snprintf(name, FSDP_GROUP_NAME_SIZE, "g:%016" PRIx64, h);
 }

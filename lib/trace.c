@@ -61,6 +61,13 @@ typedef struct trace_step_rec {
     uint64_t peak[FSDP_MEM_CATEGORY_COUNT], at_peak[FSDP_MEM_CATEGORY_COUNT];
 } trace_step_rec_t;
 
+/* The writer's copy of the strings table: text -> id, open addressing. */
+typedef struct trace_str {
+    uint64_t hash;
+    int64_t id; /* 0: an empty slot */
+    char *text;
+} trace_str_t;
+
 typedef struct trace_chunk {
     struct trace_chunk *next;
     int rank;
@@ -90,6 +97,12 @@ struct fsdp_trace {
     sqlite3 *db;
     int64_t run_id;
     sqlite3_stmt *ins_event, *ins_events, *ins_step; /* one row, TRACE_INSERT_ROWS rows */
+    sqlite3_stmt *ins_str, *sel_str;
+    /* the writer thread's own: interned texts, and the ids of the kinds and dtypes (0: not
+     * looked up yet) */
+    trace_str_t *strs;
+    size_t n_strs, cap_strs;
+    int64_t kind_id[FSDP_EV_KIND_COUNT], dtype_id[FSDP_DTYPE_COUNT], invalid_kind_id;
 
     pthread_mutex_t lock; /* everything below */
     pthread_cond_t work;  /* the writer waits for chunks */
@@ -112,37 +125,138 @@ struct fsdp_trace {
 
 /* ---- The writer thread ------------------------------------------------------------------- */
 
-static void bind_str(sqlite3_stmt *st, int col, const trace_chunk_t *c, uint32_t off)
+static uint64_t str_hash(const char *s)
 {
-    if (off == TRACE_NO_STR)
-        sqlite3_bind_null(st, col);
-    else
-        sqlite3_bind_text(st, col, c->arena + off, -1, SQLITE_STATIC);
+    uint64_t h = 14695981039346656037ull; /* FNV-1a */
+
+    for (; *s != '\0'; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    return h;
 }
 
-/* Binds one record at parameters first .. first + 14 (the run is ?1, bound once). */
-static void bind_event(sqlite3_stmt *st, int first, const trace_chunk_t *c, const trace_rec_t *r)
+/* The slot of `text` in the table, or the empty slot where it goes. */
+static trace_str_t *str_slot(const fsdp_trace_t *t, const char *text, uint64_t h)
 {
+    size_t mask = t->cap_strs - 1, i = (size_t)h & mask;
+
+    while (t->strs[i].id != 0 && (t->strs[i].hash != h || strcmp(t->strs[i].text, text) != 0))
+        i = (i + 1) & mask;
+    return &t->strs[i];
+}
+
+static fsdp_status_t str_grow(fsdp_trace_t *t)
+{
+    size_t cap = t->cap_strs != 0 ? 2 * t->cap_strs : 256;
+    trace_str_t *old = t->strs, *strs = calloc(cap, sizeof(*strs));
+    size_t old_cap = t->cap_strs;
+
+    if (strs == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    t->strs = strs;
+    t->cap_strs = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].id != 0)
+            *str_slot(t, old[i].text, old[i].hash) = old[i];
+    free(old);
+    return FSDP_OK;
+}
+
+/* The id of `text` in the strings table, inserted (in the writer's open transaction) when new.
+ * 0 on an error. A text's id never changes once committed; one whose transaction fails stays
+ * cached, but then the writer writes nothing more. */
+static int64_t str_id(fsdp_trace_t *t, const char *text)
+{
+    uint64_t h = str_hash(text);
+    trace_str_t *slot;
+    int64_t id = 0;
+    char *copy;
+
+    if (t->cap_strs != 0) {
+        slot = str_slot(t, text, h);
+        if (slot->id != 0)
+            return slot->id;
+    }
+    if ((2 * (t->n_strs + 1) > t->cap_strs && str_grow(t) != FSDP_OK) ||
+        (copy = strdup(text)) == NULL) {
+        fsdp_error("trace '%s': out of host memory for the strings table", t->path);
+        return 0;
+    }
+    sqlite3_bind_text(t->ins_str, 1, text, -1, SQLITE_STATIC);
+    sqlite3_bind_text(t->sel_str, 1, text, -1, SQLITE_STATIC);
+    if (FSDP_SQLITE_CALL(t->db, sqlite3_step(t->ins_str)) == FSDP_OK &&
+        sqlite3_step(t->sel_str) == SQLITE_ROW)
+        id = sqlite3_column_int64(t->sel_str, 0);
+    sqlite3_reset(t->ins_str);
+    sqlite3_reset(t->sel_str);
+    if (id == 0) {
+        free(copy);
+        return 0;
+    }
+    slot = str_slot(t, text, h);
+    slot->hash = h;
+    slot->id = id;
+    slot->text = copy;
+    t->n_strs++;
+    return id;
+}
+
+/* Binds a text column as its id; 0 on an error. */
+static int bind_str(fsdp_trace_t *t, sqlite3_stmt *st, int col, const trace_chunk_t *c,
+                    uint32_t off)
+{
+    int64_t id;
+
+    if (off == TRACE_NO_STR) {
+        sqlite3_bind_null(st, col);
+        return 1;
+    }
+    id = str_id(t, c->arena + off);
+    sqlite3_bind_int64(st, col, id);
+    return id != 0;
+}
+
+/* Binds a kind or dtype through its cached id; 0 on an error. */
+static int bind_enum(fsdp_trace_t *t, sqlite3_stmt *st, int col, int64_t *id, const char *text)
+{
+    if (*id == 0)
+        *id = str_id(t, text);
+    sqlite3_bind_int64(st, col, *id);
+    return *id != 0;
+}
+
+/* Binds one record at parameters first .. first + 14 (the run is ?1, bound once); 0 when a
+ * text could not be interned. */
+static int bind_event(fsdp_trace_t *t, sqlite3_stmt *st, int first, const trace_chunk_t *c,
+                      const trace_rec_t *r)
+{
+    int ok = 1;
+
     sqlite3_bind_int(st, first, c->rank);
     sqlite3_bind_int64(st, first + 1, (sqlite3_int64)r->seq);
-    sqlite3_bind_text(st, first + 2, fsdp_event_kind_name((fsdp_event_kind_t)r->kind), -1,
-                      SQLITE_STATIC);
-    bind_str(st, first + 3, c, r->name);
-    bind_str(st, first + 4, c, r->unit);
-    bind_str(st, first + 5, c, r->stream);
+    if ((unsigned)r->kind < FSDP_EV_KIND_COUNT)
+        ok &= bind_enum(t, st, first + 2, &t->kind_id[r->kind],
+                        fsdp_event_kind_name((fsdp_event_kind_t)r->kind));
+    else
+        ok &= bind_enum(t, st, first + 2, &t->invalid_kind_id, "invalid");
+    ok &= bind_str(t, st, first + 3, c, r->name);
+    ok &= bind_str(t, st, first + 4, c, r->unit);
+    ok &= bind_str(t, st, first + 5, c, r->stream);
     sqlite3_bind_double(st, first + 6, r->host_time);
     sqlite3_bind_double(st, first + 7, r->start);
     sqlite3_bind_double(st, first + 8, r->end);
     sqlite3_bind_int64(st, first + 9, (sqlite3_int64)r->bytes);
     sqlite3_bind_int64(st, first + 10, (sqlite3_int64)r->count);
     if (r->dtype >= 0 && r->dtype < FSDP_DTYPE_COUNT)
-        sqlite3_bind_text(st, first + 11, fsdp_dtype_name((fsdp_dtype_t)r->dtype), -1,
-                          SQLITE_STATIC);
+        ok &= bind_enum(t, st, first + 11, &t->dtype_id[r->dtype],
+                        fsdp_dtype_name((fsdp_dtype_t)r->dtype));
     else
         sqlite3_bind_null(st, first + 11);
-    bind_str(st, first + 12, c, r->group);
+    ok &= bind_str(t, st, first + 12, c, r->group);
     sqlite3_bind_int64(st, first + 13, (sqlite3_int64)r->allocated);
     sqlite3_bind_int64(st, first + 14, (sqlite3_int64)r->reserved);
+    return ok;
 }
 
 static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
@@ -154,10 +268,12 @@ static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
     /* Rows go in groups of TRACE_INSERT_ROWS per statement: one step of the virtual machine
      * for many rows halves the writer's time per event. */
     while (i < c->n) {
-        int rows = c->n - i >= TRACE_INSERT_ROWS ? TRACE_INSERT_ROWS : 1;
+        int rows = c->n - i >= TRACE_INSERT_ROWS ? TRACE_INSERT_ROWS : 1, ok = 1;
         st = rows > 1 ? t->ins_events : t->ins_event;
         for (int k = 0; k < rows; k++)
-            bind_event(st, 2 + k * FSDP_TRACE_EVENT_NCOLS, c, &c->recs[i + k]);
+            ok &= bind_event(t, st, 2 + k * FSDP_TRACE_EVENT_NCOLS, c, &c->recs[i + k]);
+        if (!ok)
+            return FSDP_ERR_IO;
         status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
         sqlite3_reset(st);
         if (status != FSDP_OK)
@@ -595,7 +711,7 @@ static fsdp_status_t trace_insert_run(fsdp_trace_t *t, const fsdp_trace_run_info
     return status;
 }
 
-/* "INSERT OR FAIL INTO events (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ...": OR
+/* "INSERT OR FAIL INTO event_rows (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ...": OR
  * FAIL spares SQLite the statement journal a multi-row INSERT needs to undo its own rows on an
  * error; the batch is rolled back as a whole then anyway. */
 static fsdp_status_t prepare_event_insert(fsdp_trace_t *t, int rows, sqlite3_stmt **stmt_p)
@@ -605,7 +721,7 @@ static fsdp_status_t prepare_event_insert(fsdp_trace_t *t, int rows, sqlite3_stm
     int p = 2;
 
     len = (size_t)snprintf(
-        sql, sizeof(sql), "INSERT OR FAIL INTO events (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
+        sql, sizeof(sql), "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
     for (int r = 0; r < rows && len < sizeof(sql); r++) {
         len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
         for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)
@@ -639,6 +755,12 @@ static fsdp_status_t trace_prepare(fsdp_trace_t *t)
         return FSDP_ERR_INTERNAL;
     strcat(sql, ")");
     status = fsdp_trace_db_prepare(t->db, sql, &t->ins_step);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_prepare(t->db, "INSERT OR IGNORE INTO strings (text) VALUES (?1)",
+                                       &t->ins_str);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_prepare(t->db, "SELECT id FROM strings WHERE text = ?1",
+                                       &t->sel_str);
     if (status != FSDP_OK)
         return status;
     sqlite3_bind_int64(t->ins_event, 1, t->run_id);
@@ -670,6 +792,11 @@ static void trace_free(fsdp_trace_t *t)
     sqlite3_finalize(t->ins_event);
     sqlite3_finalize(t->ins_events);
     sqlite3_finalize(t->ins_step);
+    sqlite3_finalize(t->ins_str);
+    sqlite3_finalize(t->sel_str);
+    for (size_t i = 0; i < t->cap_strs; i++)
+        free(t->strs[i].text);
+    free(t->strs);
     sqlite3_close(t->db);
     free(t->path);
     free(t);

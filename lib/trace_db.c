@@ -3,6 +3,7 @@
  * of trace.h. */
 #include "trace_int.h"
 
+#include <fsdp/kernel.h>
 #include <fsdp/log.h>
 #include <fsdp/version.h>
 
@@ -186,6 +187,37 @@ static fsdp_status_t db_check_newer(const char *path, int64_t version)
     return FSDP_OK;
 }
 
+/* Version 1 kept the texts in every event row: its rows move to event_rows with their texts
+ * interned, and the view takes the table's place. Run inside the writer's creating
+ * transaction. */
+static fsdp_status_t db_migrate_v1(sqlite3 *db, const char *path)
+{
+#define V1_ID_(col) "(SELECT id FROM strings WHERE text = v." col ")"
+    static const char *const steps[] = {
+        "ALTER TABLE events RENAME TO events_v1",
+        "DROP INDEX IF EXISTS events_collectives",
+        NULL, /* the schema */
+        "INSERT OR IGNORE INTO strings (text) SELECT kind FROM events_v1 UNION "
+        "SELECT name FROM events_v1 UNION SELECT unit FROM events_v1 WHERE unit IS NOT NULL UNION "
+        "SELECT stream FROM events_v1 WHERE stream IS NOT NULL UNION "
+        "SELECT dtype FROM events_v1 WHERE dtype IS NOT NULL UNION "
+        "SELECT grp FROM events_v1 WHERE grp IS NOT NULL",
+        "INSERT INTO event_rows SELECT v.run, v.rank, v.seq, " V1_ID_("kind") ", "
+        V1_ID_("name") ", " V1_ID_("unit") ", " V1_ID_("stream") ", v.host_time, v.start_time, "
+        "v.end_time, v.bytes, v.count, " V1_ID_("dtype") ", " V1_ID_("grp") ", v.allocated, "
+        "v.reserved FROM events_v1 v",
+        "DROP TABLE events_v1",
+    };
+#undef V1_ID_
+    fsdp_status_t status = FSDP_OK;
+
+    fsdp_info("trace database '%s': converting schema version 1 to %d", path,
+              FSDP_TRACE_SCHEMA_VERSION);
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]) && status == FSDP_OK; i++)
+        status = fsdp_trace_db_exec(db, steps[i] != NULL ? steps[i] : trace_schema_sql);
+    return status;
+}
+
 static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
 {
     sqlite3_stmt *st;
@@ -220,7 +252,9 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
     status = db_user_version(db, path, &version);
     if (status == FSDP_OK)
         status = db_check_newer(path, version);
-    if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
+    if (status == FSDP_OK && version == 1)
+        status = db_migrate_v1(db, path);
+    else if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
         status = fsdp_trace_db_exec(db, trace_schema_sql);
     if (status != FSDP_OK) {
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
@@ -277,9 +311,10 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
         status = db_setup_writer(db, path);
         if (status != FSDP_OK)
             goto err_close;
-    } else if (version < FSDP_TRACE_SCHEMA_VERSION) {
+    } else if (version < 1) {
+        /* version 1 reads as it is: its events table has the view's columns */
         fsdp_error("'%s' is not a libfsdp trace database (schema version %" PRId64 ", "
-                   "expected %d)",
+                   "expected 1 to %d)",
                    path, version, FSDP_TRACE_SCHEMA_VERSION);
         status = FSDP_ERR_FORMAT;
         goto err_close;

@@ -3,6 +3,7 @@
  * differ only in their times. */
 #include <fsdp/trace.h>
 
+#include <math.h>
 #include <string.h>
 
 void fsdp_trace_op(fsdp_dev_t *dev, const fsdp_trace_op_t *op, fsdp_trace_timing_t *timing)
@@ -28,8 +29,8 @@ void fsdp_trace_kernel_fields(const fsdp_kernel_t *k, fsdp_trace_op_t *op)
     fsdp_kernel_cost(k, &flops, &bytes);
     op->kind = FSDP_EV_KERNEL;
     op->name = fsdp_kernel_name(k->kind);
-    op->bytes = bytes > 0.0 ? (uint64_t)bytes : 0;
-    op->count = 0;
+    op->bytes = bytes > 0.0 ? (uint64_t)llround(bytes) : 0;
+    op->count = flops > 0.0 ? (uint64_t)llround(flops) : 0; /* a kernel event's count: FLOPs */
     op->dtype = k->kind == FSDP_K_GEMM ? (int)k->u.gemm.a_dtype : -1;
     op->group = NULL;
 }

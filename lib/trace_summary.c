@@ -344,7 +344,6 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
         goto out;
     status = summary_section(&s, "collectives (calls, bytes)",
                              "SELECT rank, name, count(*), sum(bytes) FROM events "
-                             "INDEXED BY events_collectives "
                              "WHERE run = ?1 AND kind = 'collective' "
                              "GROUP BY rank, name ORDER BY rank, name",
                              row_collectives, 0);

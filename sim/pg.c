@@ -515,11 +515,12 @@ static fsdp_status_t comm_split_locked(fsdp_sim_comm_t *parent)
     }
     /* Members of a color are ordered by (key, rank in the parent), as MPI_Comm_split does. */
     qsort(items, (size_t)n_items, sizeof(*items), split_item_cmp);
+    parent->splits++;
     for (int i = 0, j; i < n_items; i = j) {
-        char name[96];
+        char name[FSDP_GROUP_NAME_SIZE];
         for (j = i; j < n_items && items[j].color == items[i].color; j++)
             ranks[j - i] = parent->ranks[items[j].grank];
-        snprintf(name, sizeof(name), "%s/split(%d)", parent->name, items[i].color);
+        fsdp_group_split_name(name, parent->name, parent->splits, items[i].color);
         status = comm_create(w, name, j - i, ranks, &comm);
         if (status != FSDP_OK)
             goto out;

@@ -81,7 +81,8 @@ typedef struct fsdp_sim_call {
  * the world lock. A round is one collective call of every member. */
 struct fsdp_sim_comm {
     fsdp_sim_world_t *world;
-    char name[48];
+    char name[FSDP_GROUP_NAME_SIZE];
+    unsigned splits;            /* split rounds completed (names the next round's groups) */
     int size;
     int nodes;                  /* nodes its members are on (ranks_per_node of the launch) */
     int *ranks;                 /* global ranks in group-rank order (read-only) */

@@ -5,7 +5,9 @@
  * The run: 8 ranks, 4 per node (2 nodes), shape mode. Collectives of several sizes on the
  * world (8 ranks, 2 nodes), on each node (4 ranks, 1 node), across nodes with 2 ranks per
  * node (4 ranks, 2 nodes) and with 1 rank per node (2 ranks, 2 nodes), so that every step
- * count and link is seen; memory-bound kernels of several sizes. */
+ * count and link is seen; memory-bound kernels of several sizes, compute-bound element-wise
+ * ones (gelu_fwd under a low vector rate), and GEMMs of three dtypes from memory-bound to
+ * compute-bound sizes. */
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
 
@@ -63,6 +65,30 @@ static void known_profile(fsdp_sim_profile_t *p)
     p->nccl.nic_bytes_per_s = 38e9;
     p->gpu.kernel_latency_s = 2.1e-6;
     p->gpu.hbm_bytes_per_s = 2.6e12;
+    p->gpu.matmul_flops_per_s[FSDP_DTYPE_F32] = 52e12;
+    p->gpu.matmul_flops_per_s[FSDP_DTYPE_BF16] = 760e12;
+    p->gpu.matmul_flops_per_s[FSDP_DTYPE_F16] = 690e12;
+    /* low enough that gelu_fwd (20 FLOPs per 8 bytes) is compute-bound, axpy and relu not */
+    p->gpu.vector_flops_per_s = 4e12;
+}
+
+/* A GEMM of m x k by k x n in `dtype`: compute-bound from a few hundred rows on, memory-bound
+ * below (both kinds must be told apart). */
+static fsdp_status_t gemm(fsdp_dev_t *dev, size_t m, size_t n, size_t k, fsdp_dtype_t dtype)
+{
+    fsdp_kernel_t g;
+
+    memset(&g, 0, sizeof(g));
+    g.kind = FSDP_K_GEMM;
+    g.u.gemm.m = m;
+    g.u.gemm.n = n;
+    g.u.gemm.k = k;
+    g.u.gemm.lda = k;
+    g.u.gemm.ldb = n;
+    g.u.gemm.ldc = n;
+    g.u.gemm.alpha = 1.0f;
+    g.u.gemm.a_dtype = g.u.gemm.b_dtype = g.u.gemm.c_dtype = dtype;
+    return dev->ops->kernel(dev, NULL, &g);
 }
 
 static fsdp_status_t issue(fsdp_dev_t *dev, fsdp_group_t *g, size_t count)
@@ -104,6 +130,15 @@ static fsdp_status_t calib_rank(fsdp_dev_t *dev, void *arg)
         k.u.relu_fwd.y_dtype = k.u.relu_fwd.x_dtype = FSDP_DTYPE_BF16;
         k.u.relu_fwd.n = counts[i] * 5;
         TRY("relu", ops->kernel(dev, NULL, &k));
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_GELU_FWD;
+        k.u.gelu_fwd.n = counts[i] * 2;
+        TRY("gelu", ops->kernel(dev, NULL, &k));
+    }
+    for (size_t s = 32; s <= 4096; s *= 4) {
+        TRY("gemm f32", gemm(dev, s, 2 * s, s, FSDP_DTYPE_F32));
+        TRY("gemm bf16", gemm(dev, s, s, 3 * s, FSDP_DTYPE_BF16));
+        TRY("gemm f16", gemm(dev, 2 * s, s, s, FSDP_DTYPE_F16));
     }
     TRY("sync", ops->stream_synchronize(dev, NULL));
     ops->group_destroy(dev, cross1);
@@ -111,6 +146,11 @@ static fsdp_status_t calib_rank(fsdp_dev_t *dev, void *arg)
     ops->group_destroy(dev, node);
     fsdp_trace_detach(dev);
     return FSDP_OK;
+}
+
+static int close_rel_quiet(double got, double want)
+{
+    return fabs(got - want) <= 0.01 * fabs(want);
 }
 
 static int close_rel(double got, double want)
@@ -166,6 +206,16 @@ static void test_recovers_profile(void)
     CU_ASSERT(close_rel(f->nic_bytes_per_s, k->nic_bytes_per_s));
     CU_ASSERT(close_rel(fitted.gpu.kernel_latency_s, params.profile.gpu.kernel_latency_s));
     CU_ASSERT(close_rel(fitted.gpu.hbm_bytes_per_s, params.profile.gpu.hbm_bytes_per_s));
+    /* the FLOP rates the profile prices kernels with: GEMMs per dtype, element-wise kinds */
+    for (int dt = FSDP_DTYPE_F32; dt <= FSDP_DTYPE_F16; dt++)
+        CU_ASSERT(close_rel(fitted.gpu.matmul_flops_per_s[dt],
+                            params.profile.gpu.matmul_flops_per_s[dt]));
+    CU_ASSERT(close_rel(fitted.gpu.vector_flops_per_s, params.profile.gpu.vector_flops_per_s));
+    /* (the base's differ by far more than 1%: the fit is not the base kept) */
+    CU_ASSERT(!close_rel_quiet(base.gpu.matmul_flops_per_s[FSDP_DTYPE_BF16],
+                               params.profile.gpu.matmul_flops_per_s[FSDP_DTYPE_BF16]));
+    CU_ASSERT(!close_rel_quiet(base.gpu.vector_flops_per_s,
+                               params.profile.gpu.vector_flops_per_s));
     CU_ASSERT_EQUAL(fitted.nodes, 2);
     CU_ASSERT_EQUAL(fitted.gpus_per_node, PER_NODE);
     /* and the fitted model prices the calls as the run did */

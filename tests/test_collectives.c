@@ -417,7 +417,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
     n = 0;
     for (int i = r / 2 * 2; i < W && i < r / 2 * 2 + 2; i++)
         members[n++] = i;
-    snprintf(name, sizeof(name), "world/split(%d)", r / 2);
+    snprintf(name, sizeof(name), "world/split2(%d)", r / 2); /* world's second split */
     if ((st = check_group(c, dev, pair, members, n, name)) != FSDP_OK)
         return st;
 
@@ -425,7 +425,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
     RCALL(c, dev, dev->ops->group_split(dev, world, 7, W - r, &rev));
     for (int i = 0; i < W; i++)
         members[i] = W - 1 - i;
-    if ((st = check_group(c, dev, rev, members, W, "world/split(7)")) != FSDP_OK)
+    if ((st = check_group(c, dev, rev, members, W, "world/split3(7)")) != FSDP_OK)
         return st;
 
     /* a negative color leaves the rank out */
@@ -435,7 +435,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
     } else {
         for (int i = 1; i < W; i++)
             members[i - 1] = i;
-        if ((st = check_group(c, dev, none, members, W - 1, "world/split(0)")) != FSDP_OK)
+        if ((st = check_group(c, dev, none, members, W - 1, "world/split4(0)")) != FSDP_OK)
             return st;
     }
 
@@ -475,6 +475,87 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
 static void test_split(void)
 {
     run_on_worlds(rank_split);
+}
+
+/* ---- group names ----------------------------------------------------------------------- */
+
+#define NAMES_WORLD 8
+#define NAMES_DEPTH 6
+#define NAMES_SLOTS (4 + NAMES_DEPTH)
+
+/* Each rank's groups, by the split call (slot) that made them: name and member set. */
+typedef struct names_ctx {
+    ctx_t c; /* first: rank functions get a ctx_t */
+    char name[NAMES_WORLD][NAMES_SLOTS][FSDP_GROUP_NAME_SIZE];
+    unsigned members[NAMES_WORLD][NAMES_SLOTS]; /* bit r: global rank r */
+} names_ctx_t;
+
+static void names_record(names_ctx_t *nc, fsdp_dev_t *dev, int slot, const fsdp_group_t *g)
+{
+    snprintf(nc->name[dev->rank][slot], FSDP_GROUP_NAME_SIZE, "%s", g->name);
+    for (int i = 0; i < g->size; i++)
+        nc->members[dev->rank][slot] |= 1u << g->ranks[i];
+}
+
+/* Splits of two parents with the same colors, a parent split twice with the same colors, a
+ * split that keeps every member, and a chain of splits deep enough that its names outgrow the
+ * name field. */
+static fsdp_status_t rank_names(fsdp_dev_t *dev, void *arg)
+{
+    names_ctx_t *nc = arg;
+    ctx_t *c = &nc->c;
+    fsdp_group_t *world = dev->ops->group_world(dev), *g[NAMES_SLOTS];
+    int r = dev->rank;
+
+    RCALL(c, dev, dev->ops->group_split(dev, world, r / 4, r, &g[0]));      /* by node */
+    RCALL(c, dev, dev->ops->group_split(dev, world, r % 4, r, &g[1]));      /* across nodes */
+    RCALL(c, dev, dev->ops->group_split(dev, g[0], g[0]->rank % 2, 0, &g[2]));
+    RCALL(c, dev, dev->ops->group_split(dev, g[1], 0, 0, &g[3])); /* = g[1]'s members */
+    for (int d = 0; d < NAMES_DEPTH; d++)
+        RCALL(c, dev, dev->ops->group_split(dev, d == 0 ? g[0] : g[3 + d], 0, 0, &g[4 + d]));
+    for (int s = 0; s < NAMES_SLOTS; s++)
+        names_record(nc, dev, s, g[s]);
+    for (int s = NAMES_SLOTS - 1; s >= 0; s--)
+        dev->ops->group_destroy(dev, g[s]);
+    return FSDP_OK;
+}
+
+static void test_split_names(void)
+{
+    static names_ctx_t a, b;
+    int hashed = 0;
+
+    ctx_init(&a.c);
+    launch_ok(NAMES_WORLD, rank_names, &a.c);
+    ctx_init(&b.c);
+    launch_ok(NAMES_WORLD, rank_names, &b.c);
+    /* the same run names its groups the same */
+    CU_ASSERT(memcmp(a.name, b.name, sizeof(a.name)) == 0);
+    /* one name per group: the same split call and members, whatever the rank asking */
+    for (int r = 0; r < NAMES_WORLD; r++)
+        for (int s = 0; s < NAMES_SLOTS; s++)
+            for (int r2 = 0; r2 < NAMES_WORLD; r2++)
+                for (int s2 = 0; s2 < NAMES_SLOTS; s2++) {
+                    int same = s == s2 && a.members[r][s] == a.members[r2][s2];
+                    int named = strcmp(a.name[r][s], a.name[r2][s2]) == 0;
+                    if (same != named)
+                        fprintf(stderr, "\n  rank %d slot %d '%s', rank %d slot %d '%s'\n", r,
+                                s, a.name[r][s], r2, s2, a.name[r2][s2]);
+                    CU_ASSERT_EQUAL(same, named);
+                }
+    /* the rule itself: the parent's name, the round of its splits, the color */
+    CU_ASSERT_STRING_EQUAL(a.name[5][0], "world/split(1)");
+    CU_ASSERT_STRING_EQUAL(a.name[5][1], "world/split2(1)");
+    CU_ASSERT_STRING_EQUAL(a.name[5][2], "world/split(1)/split(1)");
+    CU_ASSERT_STRING_EQUAL(a.name[5][3], "world/split2(1)/split(0)");
+    CU_ASSERT_STRING_EQUAL(a.name[5][4], "world/split(1)/split2(0)");
+    for (int s = 0; s < NAMES_SLOTS; s++) {
+        CU_ASSERT(strlen(a.name[0][s]) < FSDP_GROUP_NAME_SIZE);
+        hashed += strncmp(a.name[0][s], "g:", 2) == 0;
+    }
+    CU_ASSERT(hashed > 0); /* the deep chain outgrew the field */
+    pthread_mutex_destroy(&a.c.lock);
+    pthread_mutex_destroy(&b.c.lock);
 }
 
 /* ---- determinism ----------------------------------------------------------------------- */
@@ -589,6 +670,7 @@ int main(void)
         {"all_reduce", test_all_reduce},
         {"broadcast", test_broadcast},
         {"split", test_split},
+        {"split names", test_split_names},
         {"determinism", test_determinism},
         {"large_world", test_large_world},
         {NULL, NULL},

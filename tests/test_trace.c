@@ -340,7 +340,7 @@ static void test_schema_and_names(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     CU_ASSERT_STRING_EQUAL(fsdp_trace_schema(), text); /* the built-in copy is the file */
     free(text);
-    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_trace_schema(), "PRAGMA user_version = 1;"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_trace_schema(), "PRAGMA user_version = 2;"));
 
     CU_ASSERT_STRING_EQUAL(fsdp_event_kind_name(FSDP_EV_HOOK), "hook");
     CU_ASSERT_STRING_EQUAL(fsdp_event_kind_name(FSDP_EV_COLLECTIVE), "collective");
@@ -400,14 +400,14 @@ static void test_versions(void)
     CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM runs"), 2);
 
     /* newer than ours: refused by the writer and the reader, with a message that says so */
-    CU_ASSERT_EQUAL(db_exec(path, "PRAGMA user_version = 2"), SQLITE_OK);
+    CU_ASSERT_EQUAL(db_exec(path, "PRAGMA user_version = 3"), SQLITE_OK);
     fsdp_log_set_handler(capture, NULL);
     last_log[0] = '\0';
     t = NULL;
     CU_ASSERT_EQUAL(fsdp_trace_open(path, NULL, &t), FSDP_ERR_FORMAT);
     CU_ASSERT_PTR_NULL(t);
     CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "newer"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "schema version 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "schema version 3"));
     CU_ASSERT_EQUAL(fsdp_trace_reader_open(path, &r), FSDP_ERR_FORMAT);
     CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM runs"), 2); /* untouched */
 
@@ -433,6 +433,85 @@ static void test_versions(void)
     remove_db(path);
     remove_db(empty);
     remove(junk);
+}
+
+/* Version 1 kept the texts in the events table itself. */
+static const char v1_events_sql[] =
+    "DROP VIEW events; DROP TABLE event_rows; DROP TABLE strings; "
+    "CREATE TABLE events (run INTEGER NOT NULL, rank INTEGER NOT NULL, seq INTEGER NOT NULL, "
+    "kind TEXT NOT NULL, name TEXT NOT NULL, unit TEXT, stream TEXT, host_time REAL NOT NULL, "
+    "start_time REAL NOT NULL, end_time REAL NOT NULL, bytes INTEGER NOT NULL, "
+    "count INTEGER NOT NULL, dtype TEXT, grp TEXT, allocated INTEGER NOT NULL, "
+    "reserved INTEGER NOT NULL, PRIMARY KEY (run, rank, seq)) WITHOUT ROWID; "
+    "CREATE INDEX events_collectives ON events (run, name, unit, rank, bytes, dtype) "
+    "WHERE kind = 'collective'; "
+    "INSERT INTO runs (id, created, backend, world_size, version) "
+    "VALUES (1, '2026-01-01T00:00:00Z', 'sim', 2, 'v1'); "
+    "INSERT INTO events VALUES (1, 0, 0, 'collective', 'all_gather', 'layers.0', 'nccl', "
+    "1.0, 1.5, 2.5, 4096, 1024, 'bf16', 'world', 8192, 16384); "
+    "INSERT INTO events VALUES (1, 0, 1, 'kernel', 'gemm', 'layers.0', 'compute', "
+    "2.0, 2.5, 3.0, 3072, 524288, 'f32', NULL, 8192, 16384); "
+    "INSERT INTO events VALUES (1, 1, 0, 'hook', 'pre_forward', NULL, NULL, "
+    "0.5, 0.5, 0.5, 0, 0, NULL, NULL, 0, 0); "
+    "PRAGMA user_version = 1;";
+
+typedef struct v1_seen {
+    int n;
+    char text[3][160];
+} v1_seen_t;
+
+static int v1_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    v1_seen_t *v = arg;
+
+    if (v->n < 3)
+        snprintf(v->text[v->n], sizeof(v->text[0]),
+                 "%d %d %s %s %s %s %g %g %g %d %d %s %s %d %d", rank, (int)seq,
+                 fsdp_event_kind_name(ev->kind), ev->name, ev->unit ? ev->unit : "-",
+                 ev->stream ? ev->stream : "-", ev->host_time, ev->start, ev->end,
+                 (int)ev->bytes, (int)ev->count, ev->dtype >= 0 ? fsdp_dtype_name(ev->dtype) : "-",
+                 ev->group ? ev->group : "-", (int)ev->allocated, (int)ev->reserved);
+    v->n++;
+    return 0;
+}
+
+/* A version 1 file reads as it is, and adding a run converts it without losing an event. */
+static void test_version_1(void)
+{
+    static const char *const want[3] = {
+        "0 0 collective all_gather layers.0 nccl 1 1.5 2.5 4096 1024 bf16 world 8192 16384",
+        "0 1 kernel gemm layers.0 compute 2 2.5 3 3072 524288 f32 - 8192 16384",
+        "1 0 hook pre_forward - - 0.5 0.5 0.5 0 0 - - 0 0"};
+    const char *path = tpath("v1.db");
+    fsdp_trace_t *t = NULL;
+    fsdp_trace_reader_t *r = NULL;
+    v1_seen_t seen;
+
+    remove_db(path);
+    CU_ASSERT_FATAL(db_exec(path, fsdp_trace_schema()) == SQLITE_OK);
+    CU_ASSERT_FATAL(db_exec(path, v1_events_sql) == SQLITE_OK);
+    CU_ASSERT_EQUAL(db_int(path, "PRAGMA user_version"), 1);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(&seen, 0, sizeof(seen));
+        CU_ASSERT_FATAL(fsdp_trace_reader_open(path, &r) == FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_reader_events(r, 1, -1, v1_event, &seen), FSDP_OK);
+        fsdp_trace_reader_close(r);
+        CU_ASSERT_EQUAL(seen.n, 3);
+        for (int i = 0; i < 3; i++)
+            CU_ASSERT_STRING_EQUAL(seen.text[i], want[i]);
+        if (pass == 0) {
+            /* the writer converts it, and its run goes after the old one */
+            CU_ASSERT_FATAL(fsdp_trace_open(path, NULL, &t) == FSDP_OK);
+            CU_ASSERT_EQUAL(fsdp_trace_run_id(t), 2);
+            CU_ASSERT_EQUAL(fsdp_trace_close(t), FSDP_OK);
+            CU_ASSERT_EQUAL(db_int(path, "PRAGMA user_version"), FSDP_TRACE_SCHEMA_VERSION);
+            CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM event_rows"), 3);
+            /* each text once */
+            CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM strings WHERE text = 'layers.0'"),
+                            1);
+        }
+    }
+    remove_db(path);
 }
 
 /* ---- A workload shaped like a FULL_SHARD step, for determinism and the diff -------------- */
@@ -1224,6 +1303,7 @@ int main(int argc, char **argv)
         {"schema and names", test_schema_and_names},
         {"round trip of every field", test_round_trip},
         {"schema versions", test_versions},
+        {"schema version 1", test_version_1},
         {"determinism", test_determinism},
         {"killed writer", test_killed_writer},
         {"flush while emitting", test_flush_while_emitting},

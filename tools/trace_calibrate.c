@@ -280,25 +280,52 @@ static double median_abs_rel(double *e, int n)
     return n > 0 ? e[n / 2] : 0.0;
 }
 
+/* A kernel above the memory line by more than this is compute-bound. */
+#define CALIB_ABOVE_LINE 0.01
+
+/* The FLOP rate r of the kernels `match` selects that sit above the memory line: t - latency
+ * = FLOPs / r, by least squares through the origin. 0 when none records FLOPs. */
+static double fit_flop_rate(const calib_t *c, int kind, int dtype, double lat, double inv_bw,
+                            int *n_p)
+{
+    double sxy = 0.0, sxx = 0.0;
+    int m = 0;
+
+    for (int i = 0; i < c->nk; i++) {
+        const kev_t *k = &c->k[i];
+        if (k->flops <= 0.0 || (kind == FSDP_K_GEMM) != (k->kind == FSDP_K_GEMM) ||
+            k->kind < 0 || (dtype >= 0 && k->dtype != dtype))
+            continue;
+        if (k->dur <= (lat + k->bytes * inv_bw) * (1.0 + CALIB_ABOVE_LINE))
+            continue; /* on the memory line: the FLOPs do not set its time */
+        sxy += k->flops * (k->dur - lat);
+        sxx += k->flops * k->flops;
+        m++;
+    }
+    *n_p = m;
+    return m > 0 && sxy > 0.0 ? sxx / sxy : 0.0;
+}
+
 static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
 {
     fsdp_sim_gpu_profile_t *gpu = &p->gpu;
     double *x = malloc((size_t)(c->nk + 1) * 2 * sizeof(*x));
     double *y = malloc((size_t)(c->nk + 1) * sizeof(*y));
     unsigned char *keep = malloc((size_t)c->nk + 1);
-    double theta[2], lat = gpu->kernel_latency_s, inv_bw = 0.0;
-    int used[2], n;
+    double theta[2], lat = gpu->kernel_latency_s, inv_bw = 0.0, rate;
+    int used[2], n = 0, nfit;
 
     if (x == NULL || y == NULL || keep == NULL) {
         free(x), free(y), free(keep);
         return -1;
     }
-    /* memory-bound kinds: t = latency + bytes / (HBM x efficiency); events far above the
-     * line (compute-bound ones) are dropped and the line fitted again */
+    /* The memory line: t = latency + bytes / (HBM x efficiency), the lower envelope of the
+     * element-wise kinds. Compute-bound kernels sit above it, so the line is fitted again to
+     * the kernels not above the previous one until the set is stable. */
     for (int i = 0; i < c->nk; i++)
         keep[i] = c->k[i].kind >= 0 && c->k[i].kind != FSDP_K_GEMM && c->k[i].bytes > 0.0;
-    for (int pass = 0; pass < 4; pass++) {
-        int dropped = 0;
+    for (int pass = 0; pass < 8; pass++) {
+        int changed = 0;
         n = 0;
         for (int i = 0; i < c->nk; i++) {
             if (!keep[i])
@@ -312,13 +339,15 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
         lat = used[0] && theta[0] >= 0.0 ? theta[0] : lat;
         inv_bw = theta[1];
         for (int i = 0; i < c->nk; i++) {
-            double pred = lat + c->k[i].bytes * inv_bw;
-            if (keep[i] && fabs(c->k[i].dur - pred) > 0.01 * pred) {
-                keep[i] = 0;
-                dropped++;
-            }
+            const kev_t *k = &c->k[i];
+            int on_line;
+            if (k->kind < 0 || k->kind == FSDP_K_GEMM || k->bytes <= 0.0)
+                continue;
+            on_line = k->dur <= (lat + k->bytes * inv_bw) * (1.0 + CALIB_ABOVE_LINE);
+            changed += on_line != keep[i];
+            keep[i] = (unsigned char)on_line;
         }
-        if (dropped == 0)
+        if (changed == 0)
             break;
     }
     if (inv_bw > 0.0) {
@@ -333,7 +362,7 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
             double sxy = 0.0, sxx = 0.0;
             int m = 0;
             for (int i = 0; i < c->nk; i++) {
-                if (c->k[i].kind != kind || kind == FSDP_K_GEMM || c->k[i].bytes <= 0.0)
+                if (c->k[i].kind != kind || !keep[i])
                     continue;
                 sxy += c->k[i].bytes * (c->k[i].dur - lat);
                 sxx += c->k[i].bytes * c->k[i].bytes;
@@ -343,45 +372,36 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
                 fprintf(rep, "  %-16s %6d events, %.4g B/s effective\n",
                         fsdp_kernel_name((fsdp_kernel_kind_t)kind), m, sxx / sxy);
         }
-    } else if (rep != NULL) {
-        fprintf(rep, "kernels: no memory-bound kernels with bytes; latency and HBM kept\n");
+    } else {
+        /* no line: the base's one classifies the kernels below */
+        if (gpu->hbm_bytes_per_s > 0.0)
+            inv_bw = 1.0 / (gpu->hbm_bytes_per_s * gpu->memory_efficiency);
+        if (rep != NULL)
+            fprintf(rep, "kernels: no memory-bound kernels with bytes; latency and HBM kept\n");
     }
-    /* GEMMs that record their FLOPs: compute-bound ones (by the current rates) give the peak
-     * of their dtype, t - latency = FLOPs / (peak x efficiency) */
+    /* Kernels above the line whose events record their FLOPs (count) give the FLOP rate:
+     * t - latency = FLOPs / (peak x compute efficiency). Element-wise kinds run at the vector
+     * rate, GEMMs at the matmul rate of their dtype. */
+    rate = fit_flop_rate(c, -1, -1, lat, inv_bw, &nfit);
+    if (rate > 0.0) {
+        gpu->vector_flops_per_s = rate / gpu->compute_efficiency;
+        if (rep != NULL)
+            fprintf(rep, "vector: %.4g FLOP/s peak from %d compute-bound element-wise kernels\n",
+                    gpu->vector_flops_per_s, nfit);
+    }
     for (int dt = 0; dt < FSDP_DTYPE_COUNT; dt++) {
-        double sxy = 0.0, sxx = 0.0, peak = fsdp_sim_profile_matmul_flops(p, (fsdp_dtype_t)dt);
-        int m = 0;
-        for (int pass = 0; pass < 3; pass++) {
-            sxy = sxx = 0.0;
-            m = 0;
-            for (int i = 0; i < c->nk; i++) {
-                const kev_t *k = &c->k[i];
-                double tc, tm;
-                if (k->kind != FSDP_K_GEMM || k->dtype != dt || k->flops <= 0.0)
-                    continue;
-                tc = peak > 0.0 ? k->flops / (peak * gpu->compute_efficiency) : 0.0;
-                tm = gpu->hbm_bytes_per_s > 0.0
-                         ? k->bytes / (gpu->hbm_bytes_per_s * gpu->memory_efficiency)
-                         : 0.0;
-                if (tc < tm)
-                    continue;
-                sxy += k->flops * (k->dur - gpu->kernel_latency_s);
-                sxx += k->flops * k->flops;
-                m++;
-            }
-            if (m == 0 || sxy <= 0.0)
-                break;
-            peak = sxx / sxy / gpu->compute_efficiency;
-        }
-        if (m > 0 && sxy > 0.0) {
-            if (dt == FSDP_DTYPE_F32 && gpu->allow_tf32)
-                gpu->tf32_flops_per_s = peak;
-            else
-                gpu->matmul_flops_per_s[dt] = peak;
-            if (rep != NULL)
-                fprintf(rep, "gemm %s: %.4g FLOP/s peak from %d compute-bound GEMMs\n",
-                        fsdp_dtype_name((fsdp_dtype_t)dt), peak, m);
-        }
+        rate = fit_flop_rate(c, FSDP_K_GEMM, dt, lat, inv_bw, &nfit);
+        if (rate <= 0.0)
+            continue;
+        rate /= gpu->compute_efficiency;
+        if (dt == FSDP_DTYPE_F32 && gpu->allow_tf32)
+            gpu->tf32_flops_per_s = rate;
+        else
+            gpu->matmul_flops_per_s[dt] = rate;
+        if (rep != NULL)
+            fprintf(rep, "gemm %s%s: %.4g FLOP/s peak from %d compute-bound GEMMs\n",
+                    fsdp_dtype_name((fsdp_dtype_t)dt),
+                    dt == FSDP_DTYPE_F32 && gpu->allow_tf32 ? " (tf32)" : "", rate, nfit);
     }
     /* copies over PCIe: t - latency = bytes / bandwidth */
     for (int ck = FSDP_SIM_COPY_H2D; ck <= FSDP_SIM_COPY_D2H; ck++) {

@@ -11,10 +11,13 @@
  *    (nbytes x steps / nranks, divided by the NICs a node drives for the network).
  *    A call's time is end - max(start, the end of the rank's previous call on the group),
  *    the smallest over the group's ranks (the last rank to arrive waits for nobody).
- *  - kernels: the kernel latency and the HBM bandwidth from the memory-bound kinds (every
- *    kind but GEMM: t = latency + bytes / (HBM x memory efficiency)), and the GEMM FLOP rate
- *    per dtype from compute-bound GEMMs whose event records its FLOPs in `count` (t = latency +
- *    FLOPs / (peak x compute efficiency)); the efficiencies stay the base's.
+ *  - kernels: the kernel latency and the HBM bandwidth from the memory line, t = latency +
+ *    bytes / (HBM x memory efficiency), the lower envelope of the element-wise kinds (fitted
+ *    again without the kernels above it until the set is stable). Kernels more than 1% above
+ *    the line are compute-bound: those whose event records its FLOPs in `count` give the FLOP
+ *    rate, t = latency + FLOPs / (peak x compute efficiency), of GEMMs per dtype (TF32 for f32
+ *    when the base allows it) and of the element-wise kinds (the vector rate). The
+ *    efficiencies stay the base's.
  *  - copies: the host-to-device and device-to-host bandwidths.
  * Everything else (and whatever the trace does not constrain) keeps the base's value. */
 #ifndef FSDP_TRACE_CALIBRATE_H

@@ -42,13 +42,15 @@ typedef struct fsdp_stream {
     char name[24];
 } fsdp_stream_t;
 
+#define FSDP_GROUP_NAME_SIZE 48
+
 /* A communication group (the world, or a sub-group made by group_split). Backends embed it
  * first. */
 typedef struct fsdp_group {
     int rank;         /* this rank's index in the group */
     int size;         /* number of ranks in the group */
     const int *ranks; /* global ranks of the members, in group-rank order */
-    char name[48];    /* "world", or "split(<color>)" of the parent's name */
+    char name[FSDP_GROUP_NAME_SIZE]; /* "world", or a split's name (fsdp_group_split_name) */
 } fsdp_group_t;
 
 typedef enum {
@@ -123,6 +125,16 @@ struct fsdp_backend_ops {
 
 /* Checks that an ops table is complete (size matches, no NULL slot). */
 fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
+
+/* The name of the group that members of color `color` get from the `round`-th group_split of
+ * the group named `parent` (rounds count from 1, per parent group, over every split call its
+ * members make: each member makes the same calls in the same order, so all agree):
+ * "<parent>/split(<color>)" for round 1, "<parent>/split<round>(<color>)" after. A name longer
+ * than a group's name field is replaced by "g:" and 16 hex digits of a 64-bit FNV-1a hash of
+ * it. Distinct groups of a run thus get distinct names (unless two long names collide in 64
+ * bits), and the same run gives the same names. Every backend names its splits with it. */
+void fsdp_group_split_name(char name[FSDP_GROUP_NAME_SIZE], const char *parent, unsigned round,
+                           int color);
 
 /* Convenience: X.wait_stream(Y) as PyTorch spells it, through a temporary event. */
 fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,

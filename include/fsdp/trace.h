@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 /* Version of the schema this library writes (PRAGMA user_version). */
-#define FSDP_TRACE_SCHEMA_VERSION 1
+#define FSDP_TRACE_SCHEMA_VERSION 2
 
 /* X(name, "name"): the kinds of event; the name is what the database stores. */
 #define FSDP_FOREACH_EVENT_KIND(X)                                                                 \
@@ -146,8 +146,10 @@ typedef struct fsdp_trace_op {
 } fsdp_trace_op_t;
 void fsdp_trace_op(fsdp_dev_t *dev, const fsdp_trace_op_t *op, fsdp_trace_timing_t *timing);
 
-/* The name, bytes and dtype a kernel descriptor's event carries: fsdp_kernel_name(), the bytes
- * of the cost model (fsdp_kernel_cost) and, for a GEMM, the dtype of A (-1 otherwise). */
+/* The name, bytes, count and dtype a kernel descriptor's event carries, as every backend records
+ * them: fsdp_kernel_name(), bytes = the bytes it moves and count = its FLOPs (the cost model's,
+ * fsdp_kernel_cost, rounded to the nearest integer), dtype = the operands' dtype of a GEMM and
+ * -1 otherwise. */
 void fsdp_trace_kernel_fields(const fsdp_kernel_t *k, fsdp_trace_op_t *op);
 
 /* The bytes a collective's event carries, as NCCL counts them: count elements of dtype, times
