@@ -182,6 +182,8 @@ static void test_recovers_profile(void)
     params.ranks_per_node = PER_NODE;
     params.mode = FSDP_SIM_SHAPE;
     known_profile(&params.profile);
+    params.profile.gpus_per_node = PER_NODE; /* the run row describes the simulated cluster */
+    params.profile.nodes = WORLD / PER_NODE;
     json = fsdp_sim_profile_to_json(&params.profile);
     info.profile_json = json;
     CU_ASSERT_FATAL(fsdp_trace_open(path, &info, &t) == FSDP_OK);

@@ -201,6 +201,15 @@ check "two identical runs diff as identical" \
     >/dev/null 2>&1
 "$ftrace" diff "$tmp/t1.db" "$tmp/t3.db" >/dev/null 2>&1
 check "another strategy diffs as different" test $? -eq 1
+# the run row holds the simulated cluster: 16 ranks on the default profile are two nodes of 8,
+# and calibrate takes its topology from there; --ranks-per-node 4 makes four nodes of 4
+"$train" --model mlp:8,12,3 --world 16 --batch 32 --steps 1 --trace "$tmp/t16.db" >/dev/null 2>&1
+check "calibrate reads two nodes of 8 from a 16-rank run" \
+    sh -c "'$ftrace' calibrate '$tmp/t16.db' 2>&1 >/dev/null | grep -q '16 ranks, 8 per node'"
+"$train" --model mlp:8,12,3 --world 16 --batch 32 --steps 1 --strategy hybrid_shard \
+    --ranks-per-node 4 --trace "$tmp/t16h.db" >/dev/null 2>&1
+check "calibrate reads --ranks-per-node 4 as the simulated node" \
+    sh -c "'$ftrace' calibrate '$tmp/t16h.db' 2>&1 >/dev/null | grep -q '16 ranks, 4 per node'"
 
 refuse "an unknown cluster profile" --profile nosuch
 refuse "an unknown flag" --no-such-flag

@@ -685,12 +685,23 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     sp.profile = a->profile;
     if (a->trace_path != NULL) {
         fsdp_trace_run_info_t info;
+        fsdp_sim_profile_t topo = a->profile; /* the profile with the simulated topology */
+        char *profile_json;
+        fsdp_status_t st;
+        topo.gpus_per_node = a->per_node;
+        topo.nodes = a->world / a->per_node;
+        profile_json = fsdp_sim_profile_to_json(&topo);
+        if (profile_json == NULL)
+            die("out of host memory");
         memset(&info, 0, sizeof(info));
         info.backend = "sim (shape mode)";
         info.world_size = a->world;
         info.strategy = fsdp_strategy_name(cfg->strategy);
+        info.profile_json = profile_json;
         info.command_line = a->model_spec;
-        if (fsdp_trace_open(a->trace_path, &info, &run.trace) != FSDP_OK)
+        st = fsdp_trace_open(a->trace_path, &info, &run.trace);
+        free(profile_json);
+        if (st != FSDP_OK)
             die("cannot write the trace to %s (see the message above)", a->trace_path);
     }
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);

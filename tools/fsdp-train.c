@@ -458,6 +458,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
          a->fsdp.ranks_per_node > 0) &&
         a->world % (a->fsdp.ranks_per_node > 0 ? a->fsdp.ranks_per_node : a->world) != 0)
         die("--ranks-per-node %d does not divide --world %d", a->fsdp.ranks_per_node, a->world);
+    a->launch.ranks_per_node = a->fsdp.ranks_per_node; /* the simulated node */
     if ((a->ckpt_every > 0 || state_dict_given) && a->ckpt_dir == NULL)
         die("--checkpoint-every and --state-dict need --save-checkpoint DIR");
 }
@@ -790,8 +791,8 @@ int main(int argc, char **argv)
 
     trace_path = train_launch_trace_path(&args.launch, args.trace_path, trace_buf,
                                          sizeof(trace_buf));
-    if (train_trace_open(trace_path, train_backend_name(args.launch.backend), &args.fsdp,
-                         args.world, "mlp", argc, argv, &sh.trace) != FSDP_OK)
+    if (train_trace_open(trace_path, &args.launch, &args.fsdp, "mlp", argc, argv, &sh.trace) !=
+        FSDP_OK)
         fail_quietly();
     status = train_launch_run(&args.launch, train_rank, &sh);
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)

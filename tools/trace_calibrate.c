@@ -263,6 +263,18 @@ static int config_ranks_per_node(const char *json)
     return (int)strtol(p, NULL, 10);
 }
 
+/* The run's GPUs per node: its profile's (the topology a simulated run had) when the run row
+ * holds one, else the config's ranks_per_node (hybrid sharding's node); 0 when neither says. */
+static int run_ranks_per_node(const fsdp_trace_run_row_t *row)
+{
+    fsdp_sim_profile_t prof;
+
+    if (row->profile_json != NULL && fsdp_sim_profile_parse(row->profile_json, &prof) == FSDP_OK &&
+        prof.gpus_per_node > 0)
+        return prof.gpus_per_node;
+    return config_ranks_per_node(row->config_json);
+}
+
 /* ---- kernels and copies ---------------------------------------------------------------------- */
 
 static double median_abs_rel(double *e, int n)
@@ -693,7 +705,7 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
         goto done;
     c.world = row.world_size > 0 ? row.world_size : 1;
     per_node = opts != NULL && opts->ranks_per_node > 0 ? opts->ranks_per_node
-                                                        : config_ranks_per_node(row.config_json);
+                                                        : run_ranks_per_node(&row);
     if (per_node <= 0 || per_node > c.world)
         per_node = c.world;
     st = fsdp_trace_reader_events(r, run, -1, on_event, &c);

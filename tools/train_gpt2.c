@@ -213,8 +213,8 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                o->world, fsdp_strategy_name(o->fsdp.strategy));
         fflush(stdout);
     }
-    if (train_trace_open(trace_path, train_backend_name(o->launch->backend), &o->fsdp, o->world,
-                         o->model_name, o->argc, o->argv, &sh.trace) != FSDP_OK)
+    if (train_trace_open(trace_path, o->launch, &o->fsdp, o->model_name, o->argc, o->argv,
+                         &sh.trace) != FSDP_OK)
         goto out;
     t0 = wall_now();
     status = train_launch_run(o->launch, gpt2_rank, &sh);

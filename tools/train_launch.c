@@ -80,6 +80,26 @@ static fsdp_status_t run_gpu(const train_launch_t *l, fsdp_rank_func_t func, voi
     return status;
 }
 
+void train_launch_sim_profile(const train_launch_t *l, fsdp_sim_profile_t *profile_p)
+{
+    int per_node = l->ranks_per_node;
+
+    if (l->profile != NULL) {
+        *profile_p = *l->profile;
+    } else {
+        fsdp_sim_params_t defaults;
+        fsdp_sim_params_init(&defaults);
+        *profile_p = defaults.profile;
+    }
+    if (per_node <= 0 || l->world % per_node != 0) {
+        per_node = profile_p->gpus_per_node;
+        if (per_node <= 0 || l->world < per_node || l->world % per_node != 0)
+            per_node = l->world;
+    }
+    profile_p->gpus_per_node = per_node;
+    profile_p->nodes = l->world / per_node;
+}
+
 fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
 {
     fsdp_sim_params_t sim;
@@ -89,8 +109,8 @@ fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, v
     fsdp_sim_params_init(&sim);
     sim.world_size = l->world;
     sim.timeout_s = l->timeout_s;
-    if (l->profile != NULL)
-        sim.profile = *l->profile;
+    train_launch_sim_profile(l, &sim.profile);
+    sim.ranks_per_node = sim.profile.gpus_per_node;
     return fsdp_sim_launch(&sim, func, arg, NULL);
 }
 

@@ -15,6 +15,7 @@ typedef struct train_launch {
     int rank;       /* gpu: this process's rank; sim: 0 (it runs them all) */
     double timeout_s;
     const fsdp_sim_profile_t *profile; /* sim: the cluster its times come from */
+    int ranks_per_node; /* sim: GPUs per simulated node (--ranks-per-node), 0 = the profile's */
     fsdp_launch_info_t info;           /* gpu: what the launcher said */
 } train_launch_t;
 
@@ -36,6 +37,12 @@ int train_launch_reports(const train_launch_t *l);
  * NCCL id went from rank 0 to every rank (fsdp_rendezvous, token FSDP_JOB_TOKEN) and
  * fsdp_gpu_init chose the device by local rank. */
 fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg);
+
+/* sim: the cluster the run simulates: the profile with its nodes and GPUs per node set to the
+ * run's topology: ranks_per_node GPUs per node when set (hybrid sharding's node, as PyTorch's
+ * default groups take one node), else the profile's GPUs per node when the world is whole nodes
+ * of it, else one node of every rank. */
+void train_launch_sim_profile(const train_launch_t *l, fsdp_sim_profile_t *profile_p);
 
 /* The trace database this process writes for --trace path: path itself, or on the gpu backend
  * with more than one rank "path.rank<N>" (each process writes its own rank's events). */

@@ -6,13 +6,15 @@
 #include <string.h>
 #include <unistd.h>
 
-fsdp_status_t train_trace_open(const char *path, const char *backend, const fsdp_config_t *cfg,
-                               int world, const char *model, int argc, char **argv,
-                               fsdp_trace_t **trace_p)
+fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
+                               const fsdp_config_t *cfg, const char *model, int argc,
+                               char **argv, fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
     size_t off = 0;
     fsdp_trace_run_info_t info;
+    char *profile_json = NULL;
+    fsdp_status_t status;
 
     *trace_p = NULL;
     if (path == NULL)
@@ -32,12 +34,24 @@ fsdp_status_t train_trace_open(const char *path, const char *backend, const fsdp
              cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
                  ? "default" : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
     memset(&info, 0, sizeof(info));
-    info.backend = backend;
-    info.world_size = world;
+    if (launch->backend == TRAIN_BACKEND_SIM) {
+        fsdp_sim_profile_t profile;
+        train_launch_sim_profile(launch, &profile);
+        profile_json = fsdp_sim_profile_to_json(&profile);
+        if (profile_json == NULL) {
+            fprintf(stderr, "fsdp-train: error: --trace: out of host memory\n");
+            return FSDP_ERR_OUT_OF_MEMORY;
+        }
+    }
+    info.backend = train_backend_name(launch->backend);
+    info.world_size = launch->world;
     info.strategy = fsdp_strategy_name(cfg->strategy);
     info.config_json = config;
+    info.profile_json = profile_json;
     info.command_line = cmd;
-    return fsdp_trace_open(path, &info, trace_p);
+    status = fsdp_trace_open(path, &info, trace_p);
+    free(profile_json);
+    return status;
 }
 
 void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)

@@ -5,11 +5,14 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
 
-/* Opens --trace FILE for a run of backend "sim" or "gpu" (NULL path: *trace_p = NULL). Reports
- * errors itself. */
-fsdp_status_t train_trace_open(const char *path, const char *backend, const fsdp_config_t *cfg,
-                               int world, const char *model, int argc, char **argv,
-                               fsdp_trace_t **trace_p);
+#include "train_launch.h"
+
+/* Opens --trace FILE for the run launch describes (NULL path: *trace_p = NULL): its backend,
+ * world, options and, on the simulator, the cluster profile with the simulated topology (what
+ * `fsdp-trace calibrate` reads nodes and GPUs per node from). Reports errors itself. */
+fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
+                               const fsdp_config_t *cfg, const char *model, int argc,
+                               char **argv, fsdp_trace_t **trace_p);
 
 /* Per-rank step accounting: the (simulated, or on a GPU wall) time of a step and the rank's peak memory. */
 typedef struct train_step_clock {
