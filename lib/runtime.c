@@ -42,8 +42,9 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->device_capacity = 0;
 }
 
-static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_precision_t *mp)
+static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t *cfg)
 {
+    const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
     const fsdp_dtype_t dts[3] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype};
     static const char *const names[3] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
 
@@ -54,9 +55,10 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_pre
             return FSDP_ERR_INVALID_PARAM;
         }
     }
-    if (mp->keep_low_precision_grads) {
-        fsdp_error("rank %d: keep_low_precision_grads is not supported yet: gradients are "
-                   "handed to the optimizer in f32", dev->rank);
+    if (mp->keep_low_precision_grads && cfg->cpu_offload && mp->param_dtype != FSDP_DTYPE_UNSET &&
+        mp->param_dtype != FSDP_DTYPE_F32) {
+        fsdp_error("rank %d: keep_low_precision_grads with cpu_offload is not supported: the "
+                   "host optimizer steps on f32 gradients; drop one of the two", dev->rank);
         return FSDP_ERR_UNSUPPORTED;
     }
     return FSDP_OK;
@@ -64,6 +66,11 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_pre
 
 static void destroy_groups(fsdp_t *fs)
 {
+    if (fs->unit_hybrid_pg != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_pg);
+    if (fs->unit_hybrid_replicate != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_replicate);
+    fs->unit_hybrid_pg = fs->unit_hybrid_replicate = NULL;
     if (!fs->owns_groups)
         return;
     if (fs->pg != NULL)
@@ -76,7 +83,8 @@ static void destroy_groups(fsdp_t *fs)
 
 /* PyTorch's default hybrid groups: shard within a node, replicate across nodes over the ranks
  * that share a local rank. Collective over the world. */
-static fsdp_status_t make_hybrid_groups(fsdp_t *fs)
+static fsdp_status_t make_hybrid_groups(fsdp_t *fs, fsdp_group_t **pg_p,
+                                        fsdp_group_t **replicate_p)
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_group_t *world = dev->ops->group_world(dev);
@@ -88,15 +96,16 @@ static fsdp_status_t make_hybrid_groups(fsdp_t *fs)
                    per_node, world->size);
         return FSDP_ERR_INVALID_PARAM;
     }
-    fs->owns_groups = 1;
-    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, &fs->pg);
+    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, pg_p);
     if (status == FSDP_OK)
         status = dev->ops->group_split(dev, world, world->rank % per_node, world->rank,
-                                       &fs->replicate);
+                                       replicate_p);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: cannot make the hybrid shard and replicate groups: %s", dev->rank,
                    fsdp_status_string(status));
-        destroy_groups(fs);
+        if (*pg_p != NULL)
+            dev->ops->group_destroy(dev, *pg_p);
+        *pg_p = NULL;
     }
     return status;
 }
@@ -129,7 +138,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         return FSDP_ERR_INVALID_PARAM;
     }
 
-    status = check_mixed_precision(dev, &cfg->mixed_precision);
+    status = check_mixed_precision(dev, cfg);
     if (status != FSDP_OK)
         return status;
     if ((cfg->process_group == NULL) != (cfg->replicate_group == NULL) &&
@@ -158,9 +167,10 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
                                                                 : fs->param_dtype;
     }
     if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
-        status = make_hybrid_groups(fs);
+        status = make_hybrid_groups(fs, &fs->pg, &fs->replicate);
         if (status != FSDP_OK)
             goto err_free_fs;
+        fs->owns_groups = 1;
     } else {
         fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
         fs->replicate = cfg->replicate_group;
@@ -286,12 +296,85 @@ static int param_name_taken(const fsdp_t *fs, const char *name)
     return 0;
 }
 
+void fsdp_unit_options_init(fsdp_unit_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->strategy = FSDP_STRATEGY_DEFAULT;
+    opts->process_group = NULL;
+    opts->replicate_group = NULL;
+}
+
+/* The unit's strategy and groups (fsdp_unit_options_t), with PyTorch's NO_SHARD on a one-rank
+ * shard group. */
+static fsdp_status_t unit_groups(fsdp_t *fs, const char *name, const fsdp_unit_options_t *o,
+                                 fsdp_unit_t *u)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_strategy_t s = o->strategy == FSDP_STRATEGY_DEFAULT ? fs->cfg.strategy : o->strategy;
+    fsdp_status_t status;
+
+    if ((unsigned)s >= FSDP_STRATEGY_COUNT)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': invalid sharding strategy %d; allowed: full_shard, "
+                         "shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, or "
+                         "FSDP_STRATEGY_DEFAULT for the config's", name, (int)o->strategy);
+    if (o->replicate_group != NULL && !fsdp_strategy_is_hybrid(s))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': a replicate group is only for hybrid_shard and "
+                         "hybrid_shard_zero2, not %s", name, fsdp_strategy_name(s));
+    if (fsdp_strategy_is_hybrid(s) && (o->process_group == NULL) != (o->replicate_group == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': %s needs both a shard group and a replicate group, or "
+                         "neither", name, fsdp_strategy_name(s));
+    u->strategy = s;
+    u->replicate = NULL;
+    if (!fsdp_strategy_is_hybrid(s)) {
+        u->pg = o->process_group             ? o->process_group
+                : fsdp_strategy_is_hybrid(fs->cfg.strategy) ? dev->ops->group_world(dev)
+                                                            : fs->pg;
+        if (u->pg->size == 1 && s != FSDP_NO_SHARD)
+            u->strategy = FSDP_NO_SHARD;
+        return FSDP_OK;
+    }
+    fs->any_hybrid = 1;
+    if (o->process_group != NULL) {
+        u->pg = o->process_group;
+        u->replicate = o->replicate_group;
+    } else if (fsdp_strategy_is_hybrid(fs->cfg.strategy)) {
+        u->pg = fs->pg;
+        u->replicate = fs->replicate;
+    } else {
+        if (fs->unit_hybrid_pg == NULL) {
+            status = make_hybrid_groups(fs, &fs->unit_hybrid_pg, &fs->unit_hybrid_replicate);
+            if (status != FSDP_OK)
+                return fsdp_fail(fs, status, "unit '%s': cannot make the default hybrid "
+                                 "groups", name);
+        }
+        u->pg = fs->unit_hybrid_pg;
+        u->replicate = fs->unit_hybrid_replicate;
+    }
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
                                const fsdp_param_spec_t *params, int nparams,
                                fsdp_unit_t **unit_p)
 {
+    return fsdp_unit_create_ex(fs, name, parent, params, nparams, NULL, unit_p);
+}
+
+fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                  const fsdp_param_spec_t *params, int nparams,
+                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p)
+{
+    fsdp_unit_options_t defaults;
     fsdp_unit_t *u;
     fsdp_status_t status;
+
+    if (opts == NULL) {
+        fsdp_unit_options_init(&defaults);
+        opts = &defaults;
+    }
 
     if (name == NULL || nparams < 0 || (nparams > 0 && params == NULL))
         return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
@@ -334,6 +417,9 @@ fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent
     u->index = fs->nunits;
     u->is_root = parent == NULL;
     u->state = FSDP_STATE_IDLE;
+    status = unit_groups(fs, u->name, opts, u);
+    if (status != FSDP_OK)
+        goto err_free_name;
     if (nparams > 0) {
         status = fsdp_handle_create(u, params, nparams, &u->handle);
         if (status != FSDP_OK)
@@ -400,6 +486,21 @@ size_t fsdp_unit_shard_numel(const fsdp_unit_t *u)
     return u->handle ? u->handle->shard_numel : 0;
 }
 
+fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u)
+{
+    return u->strategy;
+}
+
+fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u)
+{
+    return u->pg;
+}
+
+fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u)
+{
+    return u->replicate;
+}
+
 fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u)
 {
     return u->handle ? u->handle->state : FSDP_HANDLE_IDLE;
@@ -425,6 +526,16 @@ float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
     return h->saved_grad_shard;
 }
 
+void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p)
+{
+    fsdp_handle_t *h = u->handle;
+    int low = h != NULL && h->low_grad != NULL;
+
+    if (dtype_p != NULL)
+        *dtype_p = low ? h->compute_dtype : FSDP_DTYPE_F32;
+    return low ? h->low_grad : fsdp_unit_sharded_grad(u);
+}
+
 int fsdp_unit_offloaded(const fsdp_unit_t *u)
 {
     return u->handle ? u->handle->offload : 0;
@@ -446,7 +557,9 @@ void fsdp_zero_grad(fsdp_t *fs)
         fsdp_handle_t *h = fs->units[i]->handle;
         if (h != NULL) {
             fsdp_mem_free(fs->mem, h->saved_grad_shard);
+            fsdp_mem_free(fs->mem, h->low_grad);
             h->saved_grad_shard = NULL;
+            h->low_grad = NULL;
             h->has_cpu_grad = 0;
         }
     }
@@ -541,7 +654,7 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
     status = require_idle(u, "gathering the full parameters");
     if (status != FSDP_OK)
         return status;
-    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+    if (!fsdp_strategy_is_sharded(u->strategy)) {
         status = dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float),
                                         fs->compute);
     } else {
@@ -558,7 +671,7 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
             src = staged;
         }
         if (status == FSDP_OK)
-            status = dev->ops->all_gather(dev, fs->pg, src, full, h->shard_numel,
+            status = dev->ops->all_gather(dev, u->pg, src, full, h->shard_numel,
                                           FSDP_DTYPE_F32, fs->compute);
         if (status == FSDP_OK)
             status = dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float),
@@ -586,7 +699,7 @@ void *fsdp_unit_param(fsdp_unit_t *u, int index)
         return NULL;
     if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
         return h->summon_param ? h->summon_param + h->params[index].offset : NULL;
-    base = fsdp_strategy_is_sharded(u->fs->strategy) ? (char *)h->full_param_padded
+    base = fsdp_strategy_is_sharded(u->strategy) ? (char *)h->full_param_padded
                                                      : (char *)fsdp_handle_shard_source(h);
     return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
 }

@@ -34,6 +34,7 @@ struct fsdp_handle {
     void *h2d_shard;          /* offload: device copy of LS, S f32, between pre-unshard and unshard */
     void *unsharded_grad;     /* G: T compute dtype (GRADIENT), NULL outside backward */
     float *saved_grad_shard;  /* SGS: S f32 (GRADIENT) */
+    void *low_grad;           /* keep_low_precision_grads: SGS cast to the compute dtype (S) */
     float *cpu_grad;          /* CG: S f32 pinned host (offload) */
     int has_cpu_grad;         /* CG holds this step's gradient */
     float *summon_param;      /* summon_full_params: T f32 (device or host) */
@@ -61,6 +62,9 @@ struct fsdp_unit {
     int is_root;
     fsdp_handle_t *handle; /* NULL when the unit owns no parameters */
     fsdp_training_state_t state;
+    fsdp_strategy_t strategy; /* effective, this unit's */
+    fsdp_group_t *pg;         /* this unit's shard group */
+    fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
 };
 
 #define FSDP_LIMITER_MAX_INFLIGHT 2
@@ -72,6 +76,9 @@ struct fsdp {
     fsdp_group_t *pg;        /* shard group */
     fsdp_group_t *replicate; /* hybrid: the inter-node group, else NULL */
     int owns_groups;         /* made by fsdp_create: destroyed with it */
+    /* default hybrid groups made for hybrid units of a non-hybrid config (owned) */
+    fsdp_group_t *unit_hybrid_pg, *unit_hybrid_replicate;
+    int any_hybrid;          /* some unit is hybrid: the all-reduce stream exists */
     fsdp_dtype_t param_dtype;  /* effective mixed precision */
     fsdp_dtype_t reduce_dtype;
     size_t host_pinned_bytes;
@@ -144,6 +151,7 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unsharded);
 fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_handle_keep_low_precision_grad(fsdp_t *fs, fsdp_handle_t *h);
 const void *fsdp_handle_shard_source(const fsdp_handle_t *h);
 fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
 void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);

@@ -35,6 +35,9 @@ typedef enum {
     FSDP_STRATEGY_COUNT
 } fsdp_strategy_t;
 
+/* In fsdp_unit_options_t: the unit takes the config's strategy. */
+#define FSDP_STRATEGY_DEFAULT FSDP_STRATEGY_COUNT
+
 const char *fsdp_strategy_name(fsdp_strategy_t s); /* "full_shard", ... */
 int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p);
 
@@ -57,7 +60,10 @@ typedef struct fsdp_mixed_precision {
     fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET = full precision */
     fsdp_dtype_t reduce_dtype; /* FSDP_DTYPE_UNSET */
     fsdp_dtype_t buffer_dtype; /* FSDP_DTYPE_UNSET */
-    int keep_low_precision_grads; /* 0 */
+    /* 1: after backward the sharded gradient is handed to the optimizer in param_dtype (it is
+     * reduced and accumulated as without it, then cast in the final callback); read it with
+     * fsdp_unit_sharded_grad_data. No effect without param_dtype. 0 by default. */
+    int keep_low_precision_grads;
     int cast_forward_inputs;      /* 0 */
 } fsdp_mixed_precision_t;
 
@@ -183,6 +189,28 @@ fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent
                                const fsdp_param_spec_t *params, int nparams,
                                fsdp_unit_t **unit_p);
 
+/* Arguments PyTorch takes per FullyShardedDataParallel instance. */
+typedef struct fsdp_unit_options {
+    /* FSDP_STRATEGY_DEFAULT: the config's. Units of one model may mix strategies, hybrid and
+     * not; each uses its own strategy's collectives, groups and divide factors. */
+    fsdp_strategy_t strategy;
+    /* The unit's shard group; NULL: for hybrid strategies the config's hybrid groups (or the
+     * default intra-node ones), else the config's process_group when the config is not
+     * hybrid, else the world. */
+    fsdp_group_t *process_group;
+    /* Hybrid only: the unit's replicate group; set both groups or neither. */
+    fsdp_group_t *replicate_group;
+} fsdp_unit_options_t;
+
+void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
+
+/* fsdp_unit_create with per-unit options (NULL: the config's). A collective over the world
+ * when the unit is the first hybrid one without explicit groups in a model whose config is not
+ * hybrid: the default hybrid groups are made then. */
+fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                  const fsdp_param_spec_t *params, int nparams,
+                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p);
+
 int fsdp_num_units(const fsdp_t *fs);
 fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
 fsdp_unit_t *fsdp_root(fsdp_t *fs);
@@ -193,6 +221,10 @@ fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_i
 /* T: flat numel (tied parameters once), S: shard numel, W: shard-group size. */
 size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
 size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
+/* The unit's effective strategy (NO_SHARD on a one-rank shard group) and groups. */
+fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
+fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u);
+fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u); /* NULL unless hybrid */
 fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
 fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
@@ -203,8 +235,12 @@ float *fsdp_unit_local_shard(fsdp_unit_t *u);
 int fsdp_unit_offloaded(const fsdp_unit_t *u);
 /* The dtype parameters have between the hooks, and gradients are written in. */
 fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
-/* This rank's sharded gradient after the final callback (S elements), NULL when none. */
+/* This rank's sharded gradient after the final callback (S elements, f32), NULL when none or
+ * when it is kept in low precision (keep_low_precision_grads). */
 float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
+/* The sharded gradient in whatever dtype it has (f32, or param_dtype with
+ * keep_low_precision_grads), NULL when none; *dtype_p (may be NULL) gets the dtype. */
+void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p);
 /* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
 void fsdp_zero_grad(fsdp_t *fs);
 

@@ -1,0 +1,591 @@
+/* FSDP semantics against independent references: keep_low_precision_grads, per-unit
+ * sharding strategies (hybrid and non-hybrid units in one model), ignored parameters and
+ * module buffers. */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+/* ---------------- collectives logged per rank ---------------- */
+
+typedef enum { C_AG = 0, C_RS = 1, C_AR = 2, C_BC = 3 } coll_kind_t;
+
+typedef struct coll {
+    coll_kind_t kind;
+    size_t n;       /* elements each rank sends (all-gather, broadcast) or receives (rs) */
+    int group_size;
+    fsdp_dtype_t dtype;
+} coll_t;
+
+#define MAX_LOG 256
+
+static _Thread_local coll_t tl_log[MAX_LOG];
+static _Thread_local int tl_nlog;
+static _Thread_local const fsdp_backend_ops_t *tl_inner;
+
+static void log_coll(coll_kind_t kind, size_t n, const fsdp_group_t *g, fsdp_dtype_t dt)
+{
+    if (dt == FSDP_DTYPE_I32) /* the first iteration's forward-order check */
+        return;
+    if (tl_nlog < MAX_LOG)
+        tl_log[tl_nlog++] = (coll_t){kind, n, g->size, dt};
+}
+
+static fsdp_status_t log_all_gather(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                    size_t n, fsdp_dtype_t dt, fsdp_stream_t *st)
+{
+    log_coll(C_AG, n, g, dt);
+    return tl_inner->all_gather(dev, g, s, r, n, dt, st);
+}
+
+static fsdp_status_t log_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *g, const void *s,
+                                        void *r, size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
+                                        fsdp_stream_t *st)
+{
+    log_coll(C_RS, n, g, dt);
+    return tl_inner->reduce_scatter(dev, g, s, r, n, dt, op, st);
+}
+
+static fsdp_status_t log_all_reduce(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                    size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
+                                    fsdp_stream_t *st)
+{
+    log_coll(C_AR, n, g, dt);
+    return tl_inner->all_reduce(dev, g, s, r, n, dt, op, st);
+}
+
+static fsdp_status_t log_broadcast(fsdp_dev_t *dev, fsdp_group_t *g, void *buf, size_t n,
+                                   fsdp_dtype_t dt, int root, fsdp_stream_t *st)
+{
+    log_coll(C_BC, n, g, dt);
+    return tl_inner->broadcast(dev, g, buf, n, dt, root, st);
+}
+
+static void wrap_ops(fsdp_dev_t *dev, fsdp_backend_ops_t *wrapped)
+{
+    tl_inner = dev->ops;
+    *wrapped = *dev->ops;
+    wrapped->all_gather = log_all_gather;
+    wrapped->reduce_scatter = log_reduce_scatter;
+    wrapped->all_reduce = log_all_reduce;
+    wrapped->broadcast = log_broadcast;
+    dev->ops = wrapped;
+    tl_nlog = 0;
+}
+
+/* Collectives of the log with this kind, size and group size. */
+static int count_colls(const coll_t *log, int nlog, coll_kind_t kind, size_t n, int group_size)
+{
+    int c = 0;
+    for (int i = 0; i < nlog; i++)
+        c += log[i].kind == kind && log[i].n == n && log[i].group_size == group_size;
+    return c;
+}
+
+static float round_to(fsdp_dtype_t dt, float x)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        return fsdp_bf16_to_f32(fsdp_f32_to_bf16(x));
+    if (dt == FSDP_DTYPE_F16)
+        return fsdp_f16_to_f32(fsdp_f32_to_f16(x));
+    return x;
+}
+
+static uint16_t to_low(fsdp_dtype_t dt, float x)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_f32_to_bf16(x) : fsdp_f32_to_f16(x);
+}
+
+static float from_low(fsdp_dtype_t dt, uint16_t x)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(x) : fsdp_f16_to_f32(x);
+}
+
+/* ---------------- keep_low_precision_grads ---------------- */
+
+#define KL_WORLD 4
+#define KL_N 15
+
+typedef struct kl_ctx {
+    fsdp_strategy_t strategy;
+    fsdp_dtype_t param, reduce;
+    int keep;
+    fsdp_dtype_t grad_dtype[KL_WORLD];
+    fsdp_dtype_t ag[KL_WORLD], rs[KL_WORLD], ar[KL_WORLD];
+    float grad[KL_WORLD][KL_N]; /* this rank's part of the sharded gradient, by element */
+    int in_shard[KL_WORLD][KL_N];
+    float stepped[KL_WORLD][KL_N]; /* the shard after one SGD step with lr 0.5 */
+    int has_f32_view[KL_WORLD];
+    double norm[KL_WORLD];
+} kl_ctx_t;
+
+/* The spacing of the dtype's values in [1, 2): 2^-7 for bf16, 2^-10 for f16. */
+static float kl_ulp(fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_BF16 ? 0x1p-7f : 0x1p-10f;
+}
+
+/* Element i of rank r's gradient: 1 + (i + r) ulp, exact in the compute dtype; the mean over
+ * four ranks, 1 + (i + 1.5) ulp, is not. */
+static float kl_grad(fsdp_dtype_t dt, int r, int i)
+{
+    return 1.0f + (float)(i + r) * kl_ulp(dt);
+}
+
+static float kl_init(int i)
+{
+    return 0.25f * (float)i - 1.0f;
+}
+
+static fsdp_status_t kl_rank(fsdp_dev_t *dev, void *arg)
+{
+    kl_ctx_t *kc = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_param_spec_t sa = {.name = "a.w", .ndim = 2, .shape = {3, 5}, .requires_grad = 1,
+                            .tied_to = -1};
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt = NULL;
+    fsdp_unit_t *root, *a;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    float init[KL_N];
+    fsdp_status_t status;
+    int r = dev->rank;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.strategy = kc->strategy;
+    fc.ranks_per_node = 2;
+    fc.mixed_precision.param_dtype = kc->param;
+    fc.mixed_precision.reduce_dtype = kc->reduce;
+    fc.mixed_precision.keep_low_precision_grads = kc->keep;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    if (status == FSDP_OK)
+        status = fsdp_unit_create(fs, "a", root, &sa, 1, &a);
+    for (int i = 0; i < KL_N; i++)
+        init[i] = kl_init(i);
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_param(a, 0, init);
+    if (status == FSDP_OK)
+        status = fsdp_pre_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(a);
+    if (status == FSDP_OK) {
+        void *g;
+        status = fsdp_unit_grad(a, 0, &g);
+        for (int i = 0; i < KL_N && status == FSDP_OK; i++)
+            ((uint16_t *)g)[i] = to_low(kc->param, kl_grad(kc->param, r, i));
+    }
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_final_callback(fs);
+    if (status != FSDP_OK)
+        goto out;
+    kc->ag[r] = kc->rs[r] = kc->ar[r] = FSDP_DTYPE_UNSET;
+    for (int i = 0; i < tl_nlog; i++) {
+        fsdp_dtype_t *slot = tl_log[i].kind == C_AG   ? &kc->ag[r]
+                             : tl_log[i].kind == C_RS ? &kc->rs[r]
+                                                      : &kc->ar[r];
+        *slot = tl_log[i].dtype;
+    }
+    fsdp_param_info_t pi;
+    fsdp_unit_param_info(a, 0, &pi);
+    const void *sg = fsdp_unit_sharded_grad_data(a, &kc->grad_dtype[r]);
+    kc->has_f32_view[r] = fsdp_unit_sharded_grad(a) != NULL;
+    for (int i = 0; i < KL_N; i++) {
+        size_t j = pi.offset_in_shard + ((size_t)i - pi.intra_start);
+        kc->in_shard[r][i] = pi.in_shard && (size_t)i >= pi.intra_start &&
+                             (size_t)i < pi.intra_start + pi.numel_in_shard;
+        if (!kc->in_shard[r][i] || sg == NULL)
+            continue;
+        kc->grad[r][i] = kc->grad_dtype[r] == FSDP_DTYPE_F32
+                             ? ((const float *)sg)[j]
+                             : from_low(kc->grad_dtype[r], ((const uint16_t *)sg)[j]);
+    }
+    status = fsdp_clip_grad_norm(fs, 1e9, 2.0, &kc->norm[r]);
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
+    oc.lr = 0.5f;
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &oc, &opt);
+    if (status == FSDP_OK)
+        status = fsdp_optim_step(opt);
+    for (int i = 0; i < KL_N && status == FSDP_OK; i++) {
+        if (kc->in_shard[r][i])
+            kc->stepped[r][i] =
+                fsdp_unit_local_shard(a)[pi.offset_in_shard + ((size_t)i - pi.intra_start)];
+    }
+    fsdp_optim_destroy(opt);
+out:
+    fsdp_destroy(fs);
+    return status;
+}
+
+/* The sharded gradient after backward is in param_dtype, equal to the exact average rounded
+ * to it; communication keeps reduce_dtype; the optimizer steps with it. */
+static void test_keep_low_precision_grads(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        fsdp_dtype_t param, reduce;
+    } cases[] = {
+        {FSDP_FULL_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F16, FSDP_DTYPE_F32},
+        {FSDP_NO_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+        {FSDP_HYBRID_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_F32},
+        {FSDP_FULL_SHARD, FSDP_DTYPE_BF16, FSDP_DTYPE_UNSET},
+    };
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = KL_WORLD;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int keep = 0; keep < 2; keep++) {
+            kl_ctx_t *kc = calloc(1, sizeof(*kc));
+            int rounded_differs = 0, covered[KL_N] = {0};
+            fsdp_dtype_t want_reduce = cases[c].reduce == FSDP_DTYPE_UNSET ? cases[c].param
+                                                                           : cases[c].reduce;
+            kc->strategy = cases[c].strategy;
+            kc->param = cases[c].param;
+            kc->reduce = cases[c].reduce;
+            kc->keep = keep;
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, kl_rank, kc, NULL), FSDP_OK);
+            for (int r = 0; r < KL_WORLD; r++) {
+                int sharded = cases[c].strategy != FSDP_NO_SHARD;
+                CU_ASSERT_EQUAL(kc->grad_dtype[r], keep ? cases[c].param : FSDP_DTYPE_F32);
+                CU_ASSERT_EQUAL(kc->has_f32_view[r], !keep);
+                CU_ASSERT_EQUAL(sharded ? kc->rs[r] : kc->ar[r], want_reduce);
+                CU_ASSERT_EQUAL(kc->ag[r], sharded ? cases[c].param : FSDP_DTYPE_UNSET);
+                if (cases[c].reduce == FSDP_DTYPE_UNSET)
+                    continue; /* a low-precision reduction rounds: dtypes only */
+                for (int i = 0; i < KL_N; i++) {
+                    /* the mean over ranks of 1 + (i + r) ulp, exact in f32 */
+                    float exact = 1.0f + ((float)i + 1.5f) * kl_ulp(cases[c].param);
+                    float want = keep ? round_to(cases[c].param, exact) : exact;
+                    if (!kc->in_shard[r][i])
+                        continue;
+                    covered[i] = 1;
+                    CU_ASSERT_EQUAL(kc->grad[r][i], want);
+                    rounded_differs |= want != exact;
+                    /* SGD: p - lr * g with the gradient the optimizer was handed */
+                    CU_ASSERT_EQUAL(kc->stepped[r][i], kl_init(i) - 0.5f * want);
+                }
+            }
+            for (int i = 0; i < KL_N && cases[c].reduce != FSDP_DTYPE_UNSET; i++)
+                CU_ASSERT(covered[i]);
+            /* the rounding is visible: the test would fail on f32 gradients */
+            if (keep && cases[c].reduce != FSDP_DTYPE_UNSET)
+                CU_ASSERT(rounded_differs);
+            /* clip_grad_norm reads the low-precision gradient too */
+            if (cases[c].reduce != FSDP_DTYPE_UNSET) {
+                double want = 0.0;
+                for (int i = 0; i < KL_N; i++) {
+                    float exact = 1.0f + ((float)i + 1.5f) * kl_ulp(cases[c].param);
+                    double g = keep ? round_to(cases[c].param, exact) : exact;
+                    want += g * g;
+                }
+                CU_ASSERT(fabs(kc->norm[0] - sqrt(want)) <= 1e-5 * sqrt(want));
+            }
+            free(kc);
+        }
+    }
+}
+
+static fsdp_status_t kl_offload_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_config_t fc;
+    fsdp_t *fs = NULL;
+    fsdp_status_t status;
+
+    (void)arg;
+    fsdp_config_init(&fc);
+    fc.cpu_offload = 1;
+    fc.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
+    fc.mixed_precision.keep_low_precision_grads = 1;
+    status = fsdp_create(dev, &fc, &fs);
+    fsdp_destroy(fs);
+    return status == FSDP_ERR_UNSUPPORTED ? FSDP_OK : FSDP_ERR_INTERNAL;
+}
+
+static void test_keep_low_precision_grads_offload_refused(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, kl_offload_rank, NULL, NULL), FSDP_OK);
+}
+
+/* ---------------- per-unit strategies ---------------- */
+
+/* A model of four units, each parameter w with loss 0.5 |w - t_r|^2 on rank r: the averaged
+ * gradient is w - mean_r t_r, so SGD has a closed-form reference. The root is NO_SHARD, its
+ * children FULL_SHARD, HYBRID_SHARD and SHARD_GRAD_OP; flat sizes give distinct shard sizes. */
+#define MX_WORLD 4
+#define MX_UNITS 4
+#define MX_STEPS 4
+#define MX_LR 0.3f
+
+static const int mx_numel[MX_UNITS] = {6, 10, 9, 26};
+static const fsdp_strategy_t mx_strategy[MX_UNITS] = {FSDP_NO_SHARD, FSDP_FULL_SHARD,
+                                                      FSDP_HYBRID_SHARD, FSDP_SHARD_GRAD_OP};
+static const char *const mx_names[MX_UNITS] = {"root", "full", "hybrid", "zero2"};
+
+typedef struct mx_ctx {
+    fsdp_strategy_t config_strategy;
+    float final[MX_UNITS][32];
+    float init[MX_UNITS][32];
+    coll_t log[MX_WORLD][MAX_LOG]; /* the last iteration's collectives */
+    int nlog[MX_WORLD];
+    fsdp_strategy_t effective[MX_WORLD][MX_UNITS];
+    int shard_group_size[MX_WORLD][MX_UNITS], replicate_size[MX_WORLD][MX_UNITS];
+} mx_ctx_t;
+
+static float mx_target(int r, int u, int i)
+{
+    return sinf((float)(i + 3 * u + 7 * r));
+}
+
+static float mx_init(int u, int i)
+{
+    return cosf((float)(i + 5 * u)) * 0.5f;
+}
+
+/* The gradient of unit k: w - t_r, read from the unsharded parameter. */
+static fsdp_status_t mx_backward(fsdp_unit_t *unit, int k, int r)
+{
+    void *g;
+    const float *w = fsdp_unit_param(unit, 0);
+    fsdp_status_t status;
+
+    if (w == NULL)
+        return FSDP_ERR_STATE;
+    status = fsdp_unit_grad(unit, 0, &g);
+    for (int i = 0; i < mx_numel[k] && status == FSDP_OK; i++)
+        ((float *)g)[i] = w[i] - mx_target(r, k, i);
+    return status;
+}
+
+static fsdp_status_t mx_rank(fsdp_dev_t *dev, void *arg)
+{
+    mx_ctx_t *mc = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_unit_t *units[MX_UNITS];
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt = NULL;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_status_t status;
+    int r = dev->rank;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.strategy = mc->config_strategy;
+    fc.ranks_per_node = 2;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    for (int k = 0; k < MX_UNITS && status == FSDP_OK; k++) {
+        fsdp_param_spec_t spec = {.name = NULL, .ndim = 1, .shape = {mx_numel[k]},
+                                  .requires_grad = 1, .tied_to = -1};
+        fsdp_unit_options_t uo;
+        char pname[32];
+        snprintf(pname, sizeof(pname), "%s.w", mx_names[k]);
+        spec.name = pname;
+        fsdp_unit_options_init(&uo);
+        uo.strategy = mx_strategy[k];
+        status = fsdp_unit_create_ex(fs, mx_names[k], k ? units[0] : NULL, &spec, 1, &uo,
+                                     &units[k]);
+        float v[32];
+        for (int i = 0; i < mx_numel[k]; i++)
+            v[i] = mx_init(k, i);
+        if (status == FSDP_OK)
+            status = fsdp_unit_set_param(units[k], 0, v);
+        if (r == 0)
+            memcpy(mc->init[k], v, sizeof(float) * (size_t)mx_numel[k]);
+        if (status == FSDP_OK) {
+            mc->effective[r][k] = fsdp_unit_strategy(units[k]);
+            mc->shard_group_size[r][k] = fsdp_unit_shard_group(units[k])->size;
+            mc->replicate_size[r][k] = fsdp_unit_replicate_group(units[k])
+                                           ? fsdp_unit_replicate_group(units[k])->size
+                                           : 0;
+        }
+    }
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
+    oc.lr = MX_LR;
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &oc, &opt);
+    for (int step = 0; step < MX_STEPS && status == FSDP_OK; step++) {
+        tl_nlog = 0;
+        status = fsdp_pre_forward(units[0]);
+        for (int k = 1; k < MX_UNITS && status == FSDP_OK; k++) {
+            status = fsdp_pre_forward(units[k]);
+            if (status == FSDP_OK && fsdp_unit_param(units[k], 0) == NULL)
+                status = FSDP_ERR_STATE;
+            if (status == FSDP_OK)
+                status = fsdp_post_forward(units[k]);
+        }
+        if (status == FSDP_OK)
+            status = fsdp_post_forward(units[0]);
+        if (status == FSDP_OK)
+            status = fsdp_pre_backward(units[0]);
+        for (int k = MX_UNITS - 1; k >= 1 && status == FSDP_OK; k--) {
+            status = fsdp_pre_backward(units[k]);
+            if (status == FSDP_OK)
+                status = mx_backward(units[k], k, r);
+            if (status == FSDP_OK)
+                status = fsdp_post_backward(units[k]);
+        }
+        if (status == FSDP_OK)
+            status = mx_backward(units[0], 0, r);
+        if (status == FSDP_OK)
+            status = fsdp_post_backward(units[0]);
+        if (status == FSDP_OK)
+            status = fsdp_final_callback(fs);
+        if (status == FSDP_OK)
+            status = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+    }
+    memcpy(mc->log[r], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
+    mc->nlog[r] = tl_nlog;
+    for (int k = 0; k < MX_UNITS && status == FSDP_OK; k++) {
+        float full[32];
+        status = fsdp_unit_gather_full(units[k], full);
+        if (status == FSDP_OK && r == 0)
+            memcpy(mc->final[k], full, sizeof(float) * (size_t)mx_numel[k]);
+    }
+    fsdp_optim_destroy(opt);
+    fsdp_destroy(fs);
+    return status;
+}
+
+static void check_mixed_model(fsdp_strategy_t config_strategy)
+{
+    mx_ctx_t *mc = calloc(1, sizeof(*mc));
+    fsdp_sim_params_t p;
+    double maxdiff = 0.0, moved = 0.0;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = MX_WORLD;
+    mc->config_strategy = config_strategy;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, mx_rank, mc, NULL), FSDP_OK);
+    /* reference: w <- w - lr (w - mean_r t_r), in double */
+    for (int k = 0; k < MX_UNITS; k++) {
+        for (int i = 0; i < mx_numel[k]; i++) {
+            double w = mc->init[k][i], tbar = 0.0;
+            for (int r = 0; r < MX_WORLD; r++)
+                tbar += mx_target(r, k, i);
+            tbar /= MX_WORLD;
+            for (int s = 0; s < MX_STEPS; s++)
+                w -= (double)MX_LR * (w - tbar);
+            maxdiff = fmax(maxdiff, fabs(mc->final[k][i] - w));
+            moved += fabs(mc->final[k][i] - mc->init[k][i]);
+        }
+    }
+    CU_ASSERT(maxdiff <= 1e-6);
+    CU_ASSERT(moved > 1.0);
+    for (int r = 0; r < MX_WORLD; r++) {
+        const coll_t *log = mc->log[r];
+        int n = mc->nlog[r];
+        int hybrid_rs = 0, inter_ar = 0;
+        for (int k = 0; k < MX_UNITS; k++) {
+            CU_ASSERT_EQUAL(mc->effective[r][k], mx_strategy[k]);
+            CU_ASSERT_EQUAL(mc->shard_group_size[r][k], k == 2 ? 2 : MX_WORLD);
+            CU_ASSERT_EQUAL(mc->replicate_size[r][k], k == 2 ? 2 : 0);
+        }
+        /* root, NO_SHARD: one all-reduce of its 6 elements over the world, no all-gather */
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AR, 6, 4), 1);
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AG, 6, 4), 0);
+        /* FULL_SHARD, T = 10 over 4 ranks (S = 3): gathered in forward and in backward */
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AG, 3, 4), 2);
+        CU_ASSERT_EQUAL(count_colls(log, n, C_RS, 3, 4), 1);
+        /* HYBRID_SHARD, T = 9 over the 2 ranks of a node (S = 5), all-reduced across nodes */
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AG, 5, 2), 2);
+        CU_ASSERT_EQUAL(count_colls(log, n, C_RS, 5, 2), 1);
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AR, 5, 2), 1);
+        /* SHARD_GRAD_OP, T = 26 over 4 ranks (S = 7): gathered once, kept for backward */
+        CU_ASSERT_EQUAL(count_colls(log, n, C_AG, 7, 4), 1);
+        CU_ASSERT_EQUAL(count_colls(log, n, C_RS, 7, 4), 1);
+        /* nothing else */
+        CU_ASSERT_EQUAL(n, 1 + 3 + 4 + 2);
+        /* as many inter-node all-reduces as reduce-scatters of hybrid handles */
+        for (int i = 0; i < n; i++) {
+            hybrid_rs += log[i].kind == C_RS && log[i].group_size == 2;
+            inter_ar += log[i].kind == C_AR && log[i].group_size == 2;
+        }
+        CU_ASSERT_EQUAL(inter_ar, hybrid_rs);
+    }
+    free(mc);
+}
+
+/* A mixed model whatever the config's strategy is: every unit states its own. */
+static void test_mixed_strategies(void)
+{
+    check_mixed_model(FSDP_FULL_SHARD);
+    check_mixed_model(FSDP_HYBRID_SHARD);
+    check_mixed_model(FSDP_NO_SHARD);
+}
+
+static fsdp_status_t bad_options_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_param_spec_t spec = {.name = "w", .ndim = 1, .shape = {4}, .requires_grad = 1,
+                              .tied_to = -1};
+    fsdp_unit_options_t uo;
+    fsdp_unit_t *u;
+    fsdp_t *fs;
+    int bad = 0;
+
+    (void)arg;
+    if (fsdp_create(dev, NULL, &fs) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    fsdp_unit_options_init(&uo);
+    uo.strategy = (fsdp_strategy_t)42;
+    bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;
+    bad += strstr(fsdp_last_error(fs), "full_shard") != NULL;
+    fsdp_unit_options_init(&uo);
+    uo.strategy = FSDP_FULL_SHARD;
+    uo.replicate_group = dev->ops->group_world(dev);
+    bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;
+    uo.strategy = FSDP_HYBRID_SHARD;
+    bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;
+    bad += strstr(fsdp_last_error(fs), "both") != NULL;
+    /* refused units leave no trace: a valid one is still the root */
+    bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, NULL, &u) == FSDP_OK;
+    bad += fsdp_num_units(fs) == 1;
+    fsdp_destroy(fs);
+    return bad == 7 ? FSDP_OK : FSDP_ERR_INTERNAL;
+}
+
+static void test_unit_options_refused(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, bad_options_rank, NULL, NULL), FSDP_OK);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"keep_low_precision_grads", test_keep_low_precision_grads},
+        {"keep_low_precision_grads_offload_refused",
+         test_keep_low_precision_grads_offload_refused},
+        {"mixed_strategies", test_mixed_strategies},
+        {"unit_options_refused", test_unit_options_refused},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("semantics", tests);
+}
