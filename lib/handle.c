@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static fsdp_status_t check_spec(fsdp_t *fs, const char *unit, const fsdp_param_spec_t *params,
-                                int nparams, int i)
+fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
+                                    const fsdp_param_spec_t *params, int nparams, int i)
 {
     const fsdp_param_spec_t *p = &params[i];
 
@@ -40,6 +40,11 @@ static fsdp_status_t check_spec(fsdp_t *fs, const char *unit, const fsdp_param_s
             return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
                              "unit '%s': tied parameters '%s' and '%s' differ in shape", unit,
                              p->name, t->name);
+        if (p->ignored || t->ignored)
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': parameter '%s' is tied to '%s' and one of them is "
+                             "ignored; tied parameters must both be managed", unit, p->name,
+                             t->name);
     }
     return FSDP_OK;
 }
@@ -108,7 +113,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     int nfrozen = 0;
 
     for (int i = 0; i < nparams; i++) {
-        status = check_spec(fs, u->name, params, nparams, i);
+        status = fsdp_check_param_spec(fs, u->name, params, nparams, i);
         if (status != FSDP_OK)
             return status;
         nfrozen += !params[i].requires_grad;

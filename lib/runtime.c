@@ -210,6 +210,8 @@ static void destroy_streams(fsdp_t *fs)
     fs->unshard = fs->pre_unshard = fs->post_backward = fs->all_reduce = NULL;
 }
 
+static void free_ignored(fsdp_t *fs, fsdp_unit_t *u);
+
 void fsdp_destroy(fsdp_t *fs)
 {
     if (fs == NULL)
@@ -218,6 +220,7 @@ void fsdp_destroy(fsdp_t *fs)
         fs->dev->ops->event_destroy(fs->dev, fs->limiter_events[i]);
     for (int i = 0; i < fs->nunits; i++) {
         fsdp_handle_destroy(fs, fs->units[i]->handle);
+        free_ignored(fs, fs->units[i]);
         free(fs->units[i]->name);
         free(fs->units[i]);
     }
@@ -287,13 +290,150 @@ fsdp_training_state_t fsdp_training_state(const fsdp_t *fs)
 static int param_name_taken(const fsdp_t *fs, const char *name)
 {
     for (int i = 0; i < fs->nunits; i++) {
-        const fsdp_handle_t *h = fs->units[i]->handle;
+        const fsdp_unit_t *u = fs->units[i];
+        const fsdp_handle_t *h = u->handle;
         for (int j = 0; h && j < h->nparams; j++) {
             if (strcmp(h->params[j].name, name) == 0)
                 return 1;
         }
+        for (int j = 0; j < u->nignored; j++) {
+            if (strcmp(u->ignored[j].info.name, name) == 0)
+                return 1;
+        }
     }
     return 0;
+}
+
+static void free_ignored(fsdp_t *fs, fsdp_unit_t *u)
+{
+    for (int i = 0; i < u->nignored; i++) {
+        fsdp_mem_free(fs->mem, u->ignored[i].value);
+        fsdp_mem_free(fs->mem, u->ignored[i].grad);
+        free((char *)u->ignored[i].info.name);
+    }
+    free(u->ignored);
+    u->ignored = NULL;
+    u->nignored = 0;
+}
+
+/* Splits a unit's specs: ignored ones get their own whole, zeroed value and gradient; the
+ * others go to *managed_p (tied_to renumbered among them) for the flat parameter. */
+static fsdp_status_t split_ignored(fsdp_t *fs, fsdp_unit_t *u, const fsdp_param_spec_t *params,
+                                   int nparams, fsdp_param_spec_t **managed_p, int *nmanaged_p)
+{
+    fsdp_param_spec_t *managed;
+    int *index_of, nmanaged = 0, nignored = 0;
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < nparams; i++) {
+        status = fsdp_check_param_spec(fs, u->name, params, nparams, i);
+        if (status != FSDP_OK)
+            return status;
+        nignored += params[i].ignored != 0;
+    }
+    managed = calloc((size_t)nparams + 1, sizeof(*managed));
+    index_of = calloc((size_t)nparams + 1, sizeof(*index_of));
+    u->ignored = calloc((size_t)nignored + 1, sizeof(*u->ignored));
+    if (managed == NULL || index_of == NULL || u->ignored == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int i = 0; i < nparams && status == FSDP_OK; i++) {
+        fsdp_ignored_param_t *ip;
+        size_t numel = 1;
+        if (!params[i].ignored) {
+            index_of[i] = nmanaged;
+            managed[nmanaged] = params[i];
+            if (params[i].tied_to >= 0)
+                managed[nmanaged].tied_to = index_of[params[i].tied_to];
+            nmanaged++;
+            continue;
+        }
+        ip = &u->ignored[u->nignored];
+        for (int d = 0; d < params[i].ndim; d++) {
+            ip->info.shape[d] = params[i].shape[d];
+            numel *= (size_t)params[i].shape[d];
+        }
+        ip->info.name = strdup(params[i].name);
+        if (ip->info.name == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+        u->nignored++;
+        ip->info.ndim = params[i].ndim;
+        ip->info.numel = ip->info.numel_in_shard = numel;
+        ip->info.tied_to = -1;
+        ip->info.requires_grad = params[i].requires_grad != 0;
+        ip->info.in_shard = numel > 0;
+        status = fsdp_mem_alloc(fs->mem, numel * sizeof(float), FSDP_MEM_UNSHARDED_PARAM,
+                                fs->compute, (void **)&ip->value);
+        if (status == FSDP_OK)
+            status = fsdp_mem_alloc(fs->mem, numel * sizeof(float), FSDP_MEM_GRADIENT,
+                                    fs->compute, (void **)&ip->grad);
+        if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, fs->compute, ip->value, FSDP_DTYPE_F32, numel, 0.0);
+        if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, fs->compute, ip->grad, FSDP_DTYPE_F32, numel, 0.0);
+    }
+out:
+    free(index_of);
+    if (status != FSDP_OK) {
+        free(managed);
+        free_ignored(fs, u);
+        return status;
+    }
+    *managed_p = managed;
+    *nmanaged_p = nmanaged;
+    return FSDP_OK;
+}
+
+int fsdp_unit_num_ignored_params(const fsdp_unit_t *u)
+{
+    return u->nignored;
+}
+
+static const fsdp_ignored_param_t *ignored_at(const fsdp_unit_t *u, int index)
+{
+    return index >= 0 && index < u->nignored ? &u->ignored[index] : NULL;
+}
+
+fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
+                                           fsdp_param_info_t *info_p)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    if (ip == NULL)
+        return FSDP_ERR_INVALID_PARAM;
+    *info_p = ip->info;
+    return FSDP_OK;
+}
+
+float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    return ip ? ip->value : NULL;
+}
+
+float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    return ip ? ip->grad : NULL;
+}
+
+fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    fsdp_status_t status;
+
+    if (ip == NULL || host_values == NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no ignored parameter %d to set (it has %d)", u->name, index,
+                         u->nignored);
+    status = fs->dev->ops->memcpy_async(fs->dev, ip->value, host_values,
+                                        ip->info.numel * sizeof(float), fs->compute);
+    if (status == FSDP_OK)
+        status = fs->dev->ops->stream_synchronize(fs->dev, fs->compute);
+    return status;
 }
 
 void fsdp_unit_options_init(fsdp_unit_options_t *opts)
@@ -368,6 +508,8 @@ fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *par
                                   const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p)
 {
     fsdp_unit_options_t defaults;
+    fsdp_param_spec_t *managed = NULL;
+    int nmanaged = 0;
     fsdp_unit_t *u;
     fsdp_status_t status;
 
@@ -420,10 +562,15 @@ fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *par
     status = unit_groups(fs, u->name, opts, u);
     if (status != FSDP_OK)
         goto err_free_name;
-    if (nparams > 0) {
-        status = fsdp_handle_create(u, params, nparams, &u->handle);
-        if (status != FSDP_OK)
-            goto err_free_name;
+    status = split_ignored(fs, u, params, nparams, &managed, &nmanaged);
+    if (status != FSDP_OK)
+        goto err_free_name;
+    if (nmanaged > 0)
+        status = fsdp_handle_create(u, managed, nmanaged, &u->handle);
+    free(managed);
+    if (status != FSDP_OK) {
+        free_ignored(fs, u);
+        goto err_free_name;
     }
     fs->units[fs->nunits++] = u;
     if (u->is_root)

@@ -52,6 +52,13 @@ struct fsdp_handle {
     int post_forward_index;       /* -1 until recorded this iteration */
 };
 
+/* A parameter the unit does not manage (ignored_states): whole on every rank. */
+typedef struct fsdp_ignored_param {
+    fsdp_param_info_t info; /* name owned; offset 0, whole "shard" */
+    float *value;           /* numel f32, device */
+    float *grad;            /* numel f32, device */
+} fsdp_ignored_param_t;
+
 struct fsdp_unit {
     fsdp_summon_options_t summon; /* of the summon this unit is in */
     fsdp_unit_t *summon_owner;    /* the unit fsdp_summon_full_params was called on */
@@ -65,6 +72,8 @@ struct fsdp_unit {
     fsdp_strategy_t strategy; /* effective, this unit's */
     fsdp_group_t *pg;         /* this unit's shard group */
     fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
+    fsdp_ignored_param_t *ignored;
+    int nignored;
 };
 
 #define FSDP_LIMITER_MAX_INFLIGHT 2
@@ -144,6 +153,8 @@ const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);
 
 /* handle.c */
+fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
+                                    const fsdp_param_spec_t *params, int nparams, int i);
 fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,
                                  fsdp_handle_t **h_p);
 void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h);

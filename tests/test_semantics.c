@@ -1,10 +1,14 @@
 /* FSDP semantics against independent references: keep_low_precision_grads, per-unit
  * sharding strategies (hybrid and non-hybrid units in one model), ignored parameters and
  * module buffers. */
+#include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -577,6 +581,296 @@ static void test_unit_options_refused(void)
     CU_ASSERT_EQUAL(fsdp_sim_launch(&p, bad_options_rank, NULL, NULL), FSDP_OK);
 }
 
+/* ---------------- ignored parameters ---------------- */
+
+#define IG_WORLD 4
+#define IG_LR 0.5f
+
+typedef struct ig_ctx {
+    char dirs[3][256]; /* FULL, SHARDED, LOCAL checkpoints */
+    coll_t log[IG_WORLD][MAX_LOG];
+    int nlog[IG_WORLD];
+    int sync_log[IG_WORLD][4]; /* broadcasts of 10, 5 and 6 elements; other collectives */
+    int ok[IG_WORLD][8];
+    float managed[15];
+} ig_ctx_t;
+
+static float ig_init(int i)
+{
+    return 0.1f * (float)i - 0.7f;
+}
+
+static float ig_target(int r, int i)
+{
+    return cosf((float)(2 * i + r));
+}
+
+static float ig_value(int r, int i)
+{
+    return 100.0f * (float)r + (float)i;
+}
+
+static float ig_grad(int r, int i)
+{
+    return (float)((r + 1) * (i + 1));
+}
+
+/* ok = 1 when the ignored parameter holds this rank's own values and gradient. */
+static int ig_untouched(fsdp_unit_t *a, int r, float grad_scale)
+{
+    const float *v = fsdp_unit_ignored_param(a, 0), *g = fsdp_unit_ignored_grad(a, 0);
+    int ok = v != NULL && g != NULL;
+    for (int i = 0; ok && i < 6; i++)
+        ok = v[i] == ig_value(r, i) && g[i] == grad_scale * ig_grad(r, i);
+    return ok;
+}
+
+static fsdp_status_t ig_rank(fsdp_dev_t *dev, void *arg)
+{
+    ig_ctx_t *ic = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_param_spec_t specs[3] = {
+        {.name = "a.w", .ndim = 2, .shape = {2, 5}, .requires_grad = 1, .tied_to = -1},
+        {.name = "a.emb", .ndim = 1, .shape = {6}, .requires_grad = 1, .tied_to = -1,
+         .ignored = 1},
+        {.name = "a.b", .ndim = 1, .shape = {5}, .requires_grad = 1, .tied_to = -1},
+    };
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt = NULL;
+    fsdp_unit_t *root, *a;
+    fsdp_param_info_t pi;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    float w[10], b[5], e[6], full[15];
+    fsdp_status_t status;
+    int r = dev->rank;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.sync_module_states = 1;
+    status = fsdp_create(dev, &fc, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    if (status == FSDP_OK)
+        status = fsdp_unit_create(fs, "a", root, specs, 3, &a);
+    if (status != FSDP_OK)
+        goto out;
+    /* the flat parameter holds a.w and a.b only */
+    ic->ok[r][0] = fsdp_unit_num_params(a) == 2 && fsdp_unit_flat_numel(a) == 15 &&
+                   fsdp_unit_shard_numel(a) == 4 && fsdp_unit_num_ignored_params(a) == 1 &&
+                   fsdp_unit_ignored_param_info(a, 0, &pi) == FSDP_OK &&
+                   strcmp(pi.name, "a.emb") == 0 && pi.numel == 6 &&
+                   fsdp_unit_param_info(a, 1, &pi) == FSDP_OK && strcmp(pi.name, "a.b") == 0 &&
+                   pi.offset == 10;
+    for (int i = 0; i < 10; i++)
+        w[i] = ig_init(i);
+    for (int i = 0; i < 5; i++)
+        b[i] = ig_init(10 + i);
+    for (int i = 0; i < 6; i++)
+        e[i] = ig_value(r, i); /* differs per rank: sync_module_states must leave it */
+    status = fsdp_unit_set_param(a, 0, w);
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_param(a, 1, b);
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_ignored_param(a, 0, e);
+    for (int i = 0; i < tl_nlog; i++) {
+        int k = tl_log[i].kind != C_BC ? 3 : tl_log[i].n == 10 ? 0 : tl_log[i].n == 5 ? 1 : 2;
+        ic->sync_log[r][k]++;
+    }
+    tl_nlog = 0;
+    if (status == FSDP_OK)
+        status = fsdp_pre_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(a);
+    for (int j = 0; j < 2 && status == FSDP_OK; j++) {
+        const float *p = fsdp_unit_param(a, j);
+        void *g;
+        status = fsdp_unit_grad(a, j, &g);
+        for (int i = 0; i < (j ? 5 : 10) && status == FSDP_OK; i++)
+            ((float *)g)[i] = p[i] - ig_target(r, 10 * j + i);
+    }
+    if (status == FSDP_OK) {
+        /* the model's own backward writes the ignored gradient; FSDP leaves it */
+        float *g = fsdp_unit_ignored_grad(a, 0);
+        for (int i = 0; i < 6; i++)
+            g[i] += ig_grad(r, i);
+    }
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_final_callback(fs);
+    memcpy(ic->log[r], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
+    ic->nlog[r] = tl_nlog;
+    ic->ok[r][1] = status == FSDP_OK && ig_untouched(a, r, 1.0f);
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
+    oc.lr = IG_LR;
+    if (status == FSDP_OK)
+        status = fsdp_optim_create(fs, &oc, &opt);
+    if (status == FSDP_OK)
+        status = fsdp_optim_step(opt);
+    fsdp_zero_grad(fs);
+    ic->ok[r][2] = status == FSDP_OK && ig_untouched(a, r, 1.0f);
+    if (status == FSDP_OK)
+        status = fsdp_unit_gather_full(a, full);
+    if (status == FSDP_OK && r == 0)
+        memcpy(ic->managed, full, sizeof(full));
+    /* state dicts of every type leave the ignored parameter out; loading leaves it alone */
+    for (int t = 0; t < 3 && status == FSDP_OK; t++)
+        status = fsdp_checkpoint_save(fs, opt, ic->dirs[t], (fsdp_state_dict_type_t)t, 1);
+    for (int t = 0; t < 3 && status == FSDP_OK; t++)
+        status = fsdp_checkpoint_load(fs, opt, ic->dirs[t], NULL);
+    ic->ok[r][3] = status == FSDP_OK && ig_untouched(a, r, 1.0f);
+    fsdp_optim_destroy(opt);
+out:
+    fsdp_destroy(fs);
+    return status;
+}
+
+/* 1 when some regular file under dir contains `needle`. */
+static int tree_contains(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+
+    if (d == NULL)
+        return 0;
+    while (!found && (de = readdir(d)) != NULL) {
+        char path[512];
+        struct stat st;
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (stat(path, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            found = tree_contains(path, needle);
+        } else if (S_ISREG(st.st_mode)) {
+            FILE *f = fopen(path, "rb");
+            char *buf = malloc((size_t)st.st_size + 1);
+            size_t n = f && buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
+            for (size_t i = 0; i + strlen(needle) <= n && !found; i++)
+                found = memcmp(buf + i, needle, strlen(needle)) == 0;
+            free(buf);
+            if (f)
+                fclose(f);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+
+    if (d == NULL)
+        return;
+    while ((de = readdir(d)) != NULL) {
+        char path[512];
+        struct stat st;
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree(path);
+        else
+            unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Ignored parameters: outside the flat parameter and every collective, left whole and as each
+ * rank set them, their gradients unreduced, and absent from FULL, SHARDED and LOCAL state
+ * dicts. */
+static void test_ignored_params(void)
+{
+    ig_ctx_t *ic = calloc(1, sizeof(*ic));
+    fsdp_sim_params_t p;
+    char base[] = "/tmp/fsdp-test-ignored-XXXXXX";
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(base));
+    for (int t = 0; t < 3; t++)
+        snprintf(ic->dirs[t], sizeof(ic->dirs[t]), "%s/%d", base, t);
+    fsdp_sim_params_init(&p);
+    p.world_size = IG_WORLD;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, ig_rank, ic, NULL), FSDP_OK);
+    for (int r = 0; r < IG_WORLD; r++) {
+        for (int k = 0; k < 4; k++)
+            CU_ASSERT(ic->ok[r][k]);
+        /* sync_module_states broadcast a.w and a.b, not a.emb */
+        CU_ASSERT_EQUAL(ic->sync_log[r][0], 1);
+        CU_ASSERT_EQUAL(ic->sync_log[r][1], 1);
+        CU_ASSERT_EQUAL(ic->sync_log[r][2], 0);
+        CU_ASSERT_EQUAL(ic->sync_log[r][3], 0);
+        /* T = 15 over 4 ranks: S = 4 (with a.emb it would be 21 and 6); gathered twice,
+         * reduce-scattered once, nothing else */
+        CU_ASSERT_EQUAL(ic->nlog[r], 3);
+        CU_ASSERT_EQUAL(count_colls(ic->log[r], ic->nlog[r], C_AG, 4, 4), 2);
+        CU_ASSERT_EQUAL(count_colls(ic->log[r], ic->nlog[r], C_RS, 4, 4), 1);
+    }
+    /* the managed parameters trained as without the ignored one: w - lr (w - mean_r t_r) */
+    for (int i = 0; i < 15; i++) {
+        double tbar = 0.0, w0 = ig_init(i);
+        for (int r = 0; r < IG_WORLD; r++)
+            tbar += ig_target(r, i);
+        tbar /= IG_WORLD;
+        CU_ASSERT(fabs(ic->managed[i] - (w0 - IG_LR * (w0 - tbar))) <= 1e-6);
+    }
+    CU_ASSERT(tree_contains(ic->dirs[0], "a.w"));
+    CU_ASSERT(tree_contains(ic->dirs[1], "a.w"));
+    CU_ASSERT(tree_contains(ic->dirs[2], "a.flat_param"));
+    for (int t = 0; t < 3; t++)
+        CU_ASSERT(!tree_contains(ic->dirs[t], "a.emb"));
+    remove_tree(base);
+    free(ic);
+}
+
+static fsdp_status_t ig_refused_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_param_spec_t specs[2] = {
+        {.name = "w", .ndim = 1, .shape = {4}, .requires_grad = 1, .tied_to = -1},
+        {.name = "w2", .ndim = 1, .shape = {4}, .requires_grad = 1, .tied_to = 0, .ignored = 1},
+    };
+    fsdp_unit_t *u;
+    fsdp_t *fs;
+    int ok;
+
+    (void)arg;
+    if (fsdp_create(dev, NULL, &fs) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    ok = fsdp_unit_create(fs, "root", NULL, specs, 2, &u) == FSDP_ERR_INVALID_PARAM &&
+         strstr(fsdp_last_error(fs), "ignored") != NULL;
+    /* an ignored name is taken like any other */
+    specs[1].tied_to = -1;
+    ok = ok && fsdp_unit_create(fs, "root", NULL, specs, 2, &u) == FSDP_OK;
+    specs[0].name = "w2";
+    ok = ok && fsdp_unit_create(fs, "child", u, specs, 1, &u) == FSDP_ERR_INVALID_PARAM;
+    fsdp_destroy(fs);
+    return ok ? FSDP_OK : FSDP_ERR_INTERNAL;
+}
+
+static void test_ignored_params_refused(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, ig_refused_rank, NULL, NULL), FSDP_OK);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -585,6 +879,8 @@ int main(void)
          test_keep_low_precision_grads_offload_refused},
         {"mixed_strategies", test_mixed_strategies},
         {"unit_options_refused", test_unit_options_refused},
+        {"ignored_params", test_ignored_params},
+        {"ignored_params_refused", test_ignored_params_refused},
         {NULL, NULL},
     };
     return fsdp_test_run("semantics", tests);

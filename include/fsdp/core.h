@@ -113,6 +113,11 @@ typedef struct fsdp_param_spec {
     /* 0: frozen. A unit mixing frozen and trainable parameters needs use_orig_params. */
     int requires_grad;
     int tied_to;       /* -1, or the index of an earlier spec of the same unit to share with */
+    /* 1: PyTorch's ignored_states. The parameter is not flattened or sharded: every rank keeps
+     * it whole, no collective touches it, FSDP reduces no gradient for it and it is not in
+     * FSDP's state dicts; it is the caller's (fsdp_unit_ignored_param). Its index counts among
+     * the unit's ignored parameters, the others' among the flattened ones. 0 by default. */
+    int ignored;
 } fsdp_param_spec_t;
 
 /* Where a parameter sits in its handle's flat parameter and in this rank's shard
@@ -243,6 +248,19 @@ float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
 void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p);
 /* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
 void fsdp_zero_grad(fsdp_t *fs);
+
+/* Ignored parameters (fsdp_param_spec_t.ignored), indexed in spec order among themselves.
+ * Each is whole on every rank: value and gradient are numel f32 in device memory, the gradient
+ * zero at creation. FSDP never reads or writes them after that: no collective, no gradient
+ * reduction, no broadcast under sync_module_states, no fsdp_zero_grad, no optimizer step, no
+ * state dict or checkpoint; the caller owns them. */
+int fsdp_unit_num_ignored_params(const fsdp_unit_t *u);
+fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
+                                           fsdp_param_info_t *info_p);
+float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
+float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
+/* Copies this rank's host values (numel floats) into ignored parameter `index`. */
+fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values);
 
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */
