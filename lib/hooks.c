@@ -94,6 +94,12 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     fs->post_forward_order = calloc((size_t)fs->nunits * 4 + 4, sizeof(*fs->post_forward_order));
     if (fs->pre_forward_order == NULL || fs->post_forward_order == NULL)
         return FSDP_ERR_NO_MEMORY;
+    /* buffers to buffer_dtype for the computation (section 2 A.1) */
+    if (fs->cfg.mixed_precision.buffer_dtype != FSDP_DTYPE_UNSET) {
+        status = fsdp_cast_buffers(fs, fs->cfg.mixed_precision.buffer_dtype);
+        if (status != FSDP_OK)
+            return status;
+    }
     fs->lazy_init_done = 1;
     fsdp_trace_set_memory(dev, fs->mem);
     return FSDP_OK;
@@ -116,6 +122,13 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
             return status;
     }
     fsdp_trace_hook(fs, "root_pre_forward", fs->root);
+    /* a root without a flat parameter casts the buffers back to full precision at every
+     * forward, as PyTorch's root does without a handle */
+    if (fs->root->handle == NULL) {
+        status = fsdp_cast_buffers(fs, FSDP_DTYPE_F32);
+        if (status != FSDP_OK)
+            return status;
+    }
     fs->forward_position = 0;
     if (fs->cfg.forward_prefetch) {
         for (int i = 0; i < fs->nunits; i++) {

@@ -59,6 +59,13 @@ typedef struct fsdp_ignored_param {
     float *grad;            /* numel f32, device */
 } fsdp_ignored_param_t;
 
+/* A module buffer: whole on every rank, f32 until lazy init casts it to buffer_dtype. */
+typedef struct fsdp_buffer {
+    fsdp_param_info_t info; /* name owned */
+    void *data;             /* numel elements of dtype, device */
+    fsdp_dtype_t dtype;
+} fsdp_buffer_t;
+
 struct fsdp_unit {
     fsdp_summon_options_t summon; /* of the summon this unit is in */
     fsdp_unit_t *summon_owner;    /* the unit fsdp_summon_full_params was called on */
@@ -74,6 +81,8 @@ struct fsdp_unit {
     fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
     fsdp_ignored_param_t *ignored;
     int nignored;
+    fsdp_buffer_t *buffers;
+    int nbuffers;
 };
 
 #define FSDP_LIMITER_MAX_INFLIGHT 2
@@ -148,6 +157,9 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
 /* Trace helpers (no-ops when the rank is not tracing). */
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
 const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
+
+/* runtime.c */
+fsdp_status_t fsdp_cast_buffers(fsdp_t *fs, fsdp_dtype_t dtype);
 
 /* hooks.c */
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);

@@ -59,7 +59,10 @@ int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
 typedef struct fsdp_mixed_precision {
     fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET = full precision */
     fsdp_dtype_t reduce_dtype; /* FSDP_DTYPE_UNSET */
-    fsdp_dtype_t buffer_dtype; /* FSDP_DTYPE_UNSET */
+    /* FSDP_DTYPE_UNSET. The units' buffers are cast to it at lazy init (the first root
+     * pre-forward) and stay in it, except that a root without parameters casts them back to
+     * f32 (their dtype) at every pre-forward, as PyTorch; state dicts hold them in f32. */
+    fsdp_dtype_t buffer_dtype;
     /* 1: after backward the sharded gradient is handed to the optimizer in param_dtype (it is
      * reduced and accumulated as without it, then cast in the final callback); read it with
      * fsdp_unit_sharded_grad_data. No effect without param_dtype. 0 by default. */
@@ -194,6 +197,13 @@ fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent
                                const fsdp_param_spec_t *params, int nparams,
                                fsdp_unit_t **unit_p);
 
+/* A module buffer (non-trainable state: running statistics, masks), f32 when created. */
+typedef struct fsdp_buffer_spec {
+    const char *name; /* full name, unique among parameters and buffers; copied */
+    int ndim;         /* 0..FSDP_MAX_DIMS */
+    int64_t shape[FSDP_MAX_DIMS];
+} fsdp_buffer_spec_t;
+
 /* Arguments PyTorch takes per FullyShardedDataParallel instance. */
 typedef struct fsdp_unit_options {
     /* FSDP_STRATEGY_DEFAULT: the config's. Units of one model may mix strategies, hybrid and
@@ -205,6 +215,10 @@ typedef struct fsdp_unit_options {
     fsdp_group_t *process_group;
     /* Hybrid only: the unit's replicate group; set both groups or neither. */
     fsdp_group_t *replicate_group;
+    /* The module buffers of the unit's layers: not sharded, whole on every rank, zero when
+     * created (fsdp_unit_set_buffer); none by default. */
+    const fsdp_buffer_spec_t *buffers;
+    int nbuffers;
 } fsdp_unit_options_t;
 
 void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
@@ -261,6 +275,19 @@ float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
 float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
 /* Copies this rank's host values (numel floats) into ignored parameter `index`. */
 fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values);
+
+/* Module buffers (fsdp_unit_options_t.buffers), in spec order. info: name, ndim, shape,
+ * numel. fsdp_unit_buffer: the buffer in device memory as the model computes with it, in
+ * *dtype_p (f32, or buffer_dtype after lazy init). */
+int fsdp_unit_num_buffers(const fsdp_unit_t *u);
+fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p);
+void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p);
+/* Sets buffer `index` from numel f32 host values (stored in the buffer's present dtype). With
+ * sync_module_states, rank 0's values, broadcast over the world (a collective), as PyTorch
+ * broadcasts module buffers. Call while the unit is idle. */
+fsdp_status_t fsdp_unit_set_buffer(fsdp_unit_t *u, int index, const float *host_values);
+/* The buffer in full precision (f32), as state dicts hold it, into numel host floats. */
+fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *host_out);
 
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */
