@@ -3,6 +3,7 @@
  * module buffers. */
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt2.h>
 #include <fsdp/safetensors.h>
 #include <dirent.h>
 #include <math.h>
@@ -1126,6 +1127,121 @@ static void test_buffers_refused(void)
     CU_ASSERT_EQUAL(fsdp_sim_launch(&p, bf_refused_rank, NULL, NULL), FSDP_OK);
 }
 
+/* ---------------- GPT-2 units by auto-wrap ---------------- */
+
+typedef struct expected_param {
+    const char *suffix;
+    int ndim;
+    int64_t rows_c, cols_c; /* multiples of C (0: the vocabulary or positions) */
+} expected_param_t;
+
+/* The layout the model had when it made its units by hand: a root "transformer" with wte, wpe
+ * and ln_f, and one unit per block with HF's parameters in module order. */
+static const expected_param_t exp_block[12] = {
+    {"ln_1.weight", 1, 1, 0},        {"ln_1.bias", 1, 1, 0},
+    {"attn.c_attn.weight", 2, 1, 3}, {"attn.c_attn.bias", 1, 3, 0},
+    {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
+    {"ln_2.weight", 1, 1, 0},        {"ln_2.bias", 1, 1, 0},
+    {"mlp.c_fc.weight", 2, 1, 4},    {"mlp.c_fc.bias", 1, 4, 0},
+    {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
+};
+
+typedef struct gl_ctx {
+    const char *spec;
+    uint64_t total;
+    int bad;
+} gl_ctx_t;
+
+static int check_param(fsdp_unit_t *u, int i, const char *name, int ndim, int64_t r, int64_t c,
+                       size_t offset)
+{
+    fsdp_param_info_t pi;
+    if (fsdp_unit_param_info(u, i, &pi) != FSDP_OK || strcmp(pi.name, name) != 0 ||
+        pi.ndim != ndim || pi.shape[0] != r || (ndim == 2 && pi.shape[1] != c) ||
+        pi.offset != offset) {
+        fprintf(stderr, "\n  unit '%s' parameter %d: expected %s\n", fsdp_unit_name(u), i, name);
+        return 1;
+    }
+    return 0;
+}
+
+static fsdp_status_t gl_rank(fsdp_dev_t *dev, void *arg)
+{
+    gl_ctx_t *gc = arg;
+    fsdp_gpt2_config_t cfg;
+    fsdp_gpt2_t *m;
+    fsdp_t *fs;
+    fsdp_status_t status;
+    int bad = 0;
+
+    status = fsdp_gpt2_config_parse(gc->spec, &cfg);
+    if (status == FSDP_OK)
+        status = fsdp_create(dev, NULL, &fs);
+    if (status != FSDP_OK)
+        return status;
+    status = fsdp_gpt2_create(fs, &cfg, &m);
+    if (status == FSDP_OK) {
+        int64_t c = cfg.n_embd;
+        fsdp_unit_t *root = fsdp_gpt2_root(m);
+        size_t off = 0;
+        uint64_t total = 0;
+        bad |= fsdp_num_units(fs) != 1 + cfg.n_layer || fsdp_unit_at(fs, 0) != root;
+        bad |= strcmp(fsdp_unit_name(root), "transformer") != 0 ||
+               fsdp_unit_num_params(root) != 4;
+        bad |= check_param(root, 0, "transformer.wte.weight", 2, cfg.vocab_size, c, 0);
+        bad |= check_param(root, 1, "transformer.wpe.weight", 2, cfg.n_positions, c,
+                           (size_t)(cfg.vocab_size * c));
+        off = (size_t)((cfg.vocab_size + cfg.n_positions) * c);
+        bad |= check_param(root, 2, "transformer.ln_f.weight", 1, c, 0, off);
+        bad |= check_param(root, 3, "transformer.ln_f.bias", 1, c, 0, off + (size_t)c);
+        bad |= fsdp_unit_flat_numel(root) != off + 2 * (size_t)c;
+        total += fsdp_unit_flat_numel(root);
+        for (int l = 0; l < cfg.n_layer; l++) {
+            fsdp_unit_t *u = fsdp_gpt2_block(m, l);
+            char uname[64], pname[128];
+            snprintf(uname, sizeof(uname), "transformer.h.%d", l);
+            bad |= u != fsdp_unit_at(fs, 1 + l) || strcmp(fsdp_unit_name(u), uname) != 0 ||
+                   fsdp_unit_num_params(u) != 12;
+            off = 0;
+            for (int i = 0; i < 12 && !bad; i++) {
+                const expected_param_t *e = &exp_block[i];
+                snprintf(pname, sizeof(pname), "%s.%s", uname, e->suffix);
+                bad |= check_param(u, i, pname, e->ndim, e->rows_c * c, e->cols_c * c, off);
+                off += (size_t)(e->rows_c * c * (e->ndim == 2 ? e->cols_c * c : 1));
+            }
+            bad |= fsdp_unit_flat_numel(u) != off;
+            total += fsdp_unit_flat_numel(u);
+        }
+        if (dev->rank == 0)
+            gc->total = total;
+        fsdp_gpt2_destroy(m);
+    }
+    if (dev->rank == 0)
+        gc->bad = bad;
+    fsdp_destroy(fs);
+    return status;
+}
+
+/* GPT-2 makes its units with ModuleWrapPolicy({GPT2Block}): the same units, names, parameter
+ * order, shapes and offsets as its hand-made layout. */
+static void test_gpt2_auto_wrap_layout(void)
+{
+    static const char *const specs[] = {"gpt2-tiny",
+                                        "gpt2:layers=3,heads=2,dim=16,seq=8,vocab=40"};
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    for (int k = 0; k < 2; k++) {
+        gl_ctx_t gc = {.spec = specs[k]};
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, gl_rank, &gc, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL(gc.bad, 0);
+        /* gpt2-tiny: the preset's documented count; the other 3 (12 C^2 + 13 C) +
+         * (40 + 8) C + 2 C with C = 16 */
+        CU_ASSERT_EQUAL(gc.total, k == 0 ? 120576 : 3 * (12 * 256 + 13 * 16) + 48 * 16 + 2 * 16);
+    }
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1138,6 +1254,7 @@ int main(void)
         {"ignored_params_refused", test_ignored_params_refused},
         {"buffers", test_buffers},
         {"buffers_refused", test_buffers_refused},
+        {"gpt2_auto_wrap_layout", test_gpt2_auto_wrap_layout},
         {NULL, NULL},
     };
     return fsdp_test_run("semantics", tests);
