@@ -90,6 +90,43 @@ static int count_colls(const coll_t *log, int nlog, coll_kind_t kind, size_t n, 
     return c;
 }
 
+/* Runs func on `world` simulated ranks; the launch's status. */
+static fsdp_status_t run_ranks(int world, fsdp_rank_func_t func, void *arg)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    return fsdp_sim_launch(&p, func, arg, NULL);
+}
+
+/* The forward of a root and its child a, then the pre-backward hooks of both. */
+static fsdp_status_t forward_to_backward(fsdp_unit_t *root, fsdp_unit_t *a)
+{
+    fsdp_status_t status = fsdp_pre_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(a);
+    return status;
+}
+
+/* The post-backward hooks of a and its root, then the final callback. */
+static fsdp_status_t finish_backward(fsdp_t *fs, fsdp_unit_t *root, fsdp_unit_t *a)
+{
+    fsdp_status_t status = fsdp_post_backward(a);
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(root);
+    if (status == FSDP_OK)
+        status = fsdp_final_callback(fs);
+    return status;
+}
+
 static float round_to(fsdp_dtype_t dt, float x)
 {
     if (dt == FSDP_DTYPE_BF16)
@@ -178,17 +215,7 @@ static fsdp_status_t kl_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_unit_set_param(a, 0, init);
     if (status == FSDP_OK)
-        status = fsdp_pre_forward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_forward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_forward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_forward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_backward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_backward(a);
+        status = forward_to_backward(root, a);
     if (status == FSDP_OK) {
         void *g;
         status = fsdp_unit_grad(a, 0, &g);
@@ -196,11 +223,7 @@ static fsdp_status_t kl_rank(fsdp_dev_t *dev, void *arg)
             ((uint16_t *)g)[i] = to_low(kc->param, kl_grad(kc->param, r, i));
     }
     if (status == FSDP_OK)
-        status = fsdp_post_backward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_backward(root);
-    if (status == FSDP_OK)
-        status = fsdp_final_callback(fs);
+        status = finish_backward(fs, root, a);
     if (status != FSDP_OK)
         goto out;
     kc->ag[r] = kc->rs[r] = kc->ar[r] = FSDP_DTYPE_UNSET;
@@ -329,10 +352,7 @@ static fsdp_status_t kl_offload_rank(fsdp_dev_t *dev, void *arg)
 
 static void test_keep_low_precision_grads_offload_refused(void)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, kl_offload_rank, NULL, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(run_ranks(2, kl_offload_rank, NULL), FSDP_OK);
 }
 
 /* ---------------- per-unit strategies ---------------- */
@@ -577,10 +597,7 @@ static fsdp_status_t bad_options_rank(fsdp_dev_t *dev, void *arg)
 
 static void test_unit_options_refused(void)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, bad_options_rank, NULL, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(run_ranks(2, bad_options_rank, NULL), FSDP_OK);
 }
 
 /* ---------------- ignored parameters ---------------- */
@@ -682,17 +699,7 @@ static fsdp_status_t ig_rank(fsdp_dev_t *dev, void *arg)
     }
     tl_nlog = 0;
     if (status == FSDP_OK)
-        status = fsdp_pre_forward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_forward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_forward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_forward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_backward(root);
-    if (status == FSDP_OK)
-        status = fsdp_pre_backward(a);
+        status = forward_to_backward(root, a);
     for (int j = 0; j < 2 && status == FSDP_OK; j++) {
         const float *p = fsdp_unit_param(a, j);
         void *g;
@@ -707,11 +714,7 @@ static fsdp_status_t ig_rank(fsdp_dev_t *dev, void *arg)
             g[i] += ig_grad(r, i);
     }
     if (status == FSDP_OK)
-        status = fsdp_post_backward(a);
-    if (status == FSDP_OK)
-        status = fsdp_post_backward(root);
-    if (status == FSDP_OK)
-        status = fsdp_final_callback(fs);
+        status = finish_backward(fs, root, a);
     memcpy(ic->log[r], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
     ic->nlog[r] = tl_nlog;
     ic->ok[r][1] = status == FSDP_OK && ig_untouched(a, r, 1.0f);
@@ -867,10 +870,7 @@ static fsdp_status_t ig_refused_rank(fsdp_dev_t *dev, void *arg)
 
 static void test_ignored_params_refused(void)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, ig_refused_rank, NULL, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(run_ranks(2, ig_refused_rank, NULL), FSDP_OK);
 }
 
 /* ---------------- module buffers ---------------- */
@@ -1121,10 +1121,7 @@ static fsdp_status_t bf_refused_rank(fsdp_dev_t *dev, void *arg)
 
 static void test_buffers_refused(void)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, bf_refused_rank, NULL, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(run_ranks(2, bf_refused_rank, NULL), FSDP_OK);
 }
 
 /* ---------------- GPT-2 units by auto-wrap ---------------- */
