@@ -6,13 +6,35 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* This rank's partial: sum of |g|^p over its shards (or max |g| for p = inf). p = 2 runs on
- * the device (sumsq); other norms read the gradients on the host. */
-static fsdp_status_t local_partial(fsdp_t *fs, double p, double *partial_p)
+/* A unit's shard group for the norm: NULL for a NO_SHARD unit, whose every rank holds the
+ * whole gradient. */
+static fsdp_group_t *norm_group(const fsdp_unit_t *u)
+{
+    return fsdp_strategy_is_sharded(u->strategy) && u->pg->size > 1 ? u->pg : NULL;
+}
+
+static double host_abs(const void *x, fsdp_dtype_t dtype, size_t j)
+{
+    switch (dtype) {
+    case FSDP_DTYPE_BF16:
+        return fabs((double)fsdp_bf16_to_f32(((const uint16_t *)x)[j]));
+    case FSDP_DTYPE_F16:
+        return fabs((double)fsdp_f16_to_f32(((const uint16_t *)x)[j]));
+    default:
+        return fabs((double)((const float *)x)[j]);
+    }
+}
+
+/* This rank's partial over the units whose norm group is `group`: sum of |g|^p over their
+ * shards (or max |g| for p = inf). p = 2 runs on the device (sumsq); other norms read the
+ * gradients on the host. */
+static fsdp_status_t local_partial(fsdp_t *fs, const fsdp_group_t *group, double p,
+                                   double *partial_p)
 {
     fsdp_dev_t *dev = fs->dev;
     double partial = 0.0;
-    float *host = NULL, *d = NULL;
+    float *d = NULL;
+    void *host = NULL;
     size_t host_cap = 0;
     fsdp_status_t status = FSDP_OK;
 
@@ -21,16 +43,17 @@ static fsdp_status_t local_partial(fsdp_t *fs, double p, double *partial_p)
                                 (void **)&d);
     for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
         fsdp_unit_t *u = fs->units[i];
-        float *g = fsdp_unit_sharded_grad(u);
-        size_t n = u->handle ? u->handle->shard_numel : 0;
-        if (g == NULL || n == 0)
+        fsdp_dtype_t dtype;
+        void *g = fsdp_unit_sharded_grad_data(u, &dtype);
+        size_t n = u->handle ? u->handle->shard_numel : 0, bytes = n * fsdp_dtype_size(dtype);
+        if (g == NULL || n == 0 || norm_group(u) != group)
             continue;
         if (p == 2.0) {
             fsdp_kernel_t k = {.kind = FSDP_K_SUMSQ};
             float sq = 0.0f;
             k.u.sumsq.out = d;
             k.u.sumsq.x = g;
-            k.u.sumsq.dtype = FSDP_DTYPE_F32;
+            k.u.sumsq.dtype = dtype;
             k.u.sumsq.n = n;
             status = dev->ops->kernel(dev, fs->compute, &k);
             if (status == FSDP_OK)
@@ -40,20 +63,20 @@ static fsdp_status_t local_partial(fsdp_t *fs, double p, double *partial_p)
             partial += sq;
             continue;
         }
-        if (n > host_cap) {
-            float *grown = realloc(host, n * sizeof(float));
+        if (bytes > host_cap) {
+            void *grown = realloc(host, bytes);
             if (grown == NULL) {
                 status = FSDP_ERR_NO_MEMORY;
                 break;
             }
             host = grown;
-            host_cap = n;
+            host_cap = bytes;
         }
-        status = dev->ops->memcpy_async(dev, host, g, n * sizeof(float), fs->compute);
+        status = dev->ops->memcpy_async(dev, host, g, bytes, fs->compute);
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fs->compute);
         for (size_t j = 0; j < n && status == FSDP_OK && !dev->no_data; j++) {
-            double a = fabs((double)host[j]);
+            double a = host_abs(host, dtype, j);
             if (isinf(p))
                 partial = a > partial ? a : partial;
             else
@@ -66,13 +89,35 @@ static fsdp_status_t local_partial(fsdp_t *fs, double p, double *partial_p)
     return status;
 }
 
+/* Combines a partial over the ranks of `group` (sum, or max for p = inf). A collective. */
+static fsdp_status_t combine(fsdp_t *fs, fsdp_group_t *group, double p, double *partial_p)
+{
+    fsdp_dev_t *dev = fs->dev;
+    float *d = NULL, f = (float)*partial_p;
+    fsdp_status_t status;
+
+    status = fsdp_mem_alloc(fs->mem, sizeof(float), FSDP_MEM_TEMPORARY, fs->compute,
+                            (void **)&d);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, d, &f, sizeof(f), fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->all_reduce(dev, group, d, d, 1, FSDP_DTYPE_F32,
+                                      isinf(p) ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM, fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, &f, d, sizeof(f), fs->compute);
+    if (status == FSDP_OK)
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    fsdp_mem_free(fs->mem, d);
+    *partial_p = f;
+    return status;
+}
+
 fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
                                   double *total_norm_p)
 {
     fsdp_dev_t *dev = fs->dev;
-    double partial, total;
-    float *d = NULL, f;
-    fsdp_status_t status;
+    double partial = 0.0, total;
+    fsdp_status_t status = FSDP_OK;
 
     if (!(norm_type > 0.0) || !(max_norm >= 0.0))
         return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
@@ -81,29 +126,29 @@ fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
     if (fs->post_backward_callback_queued)
         return fsdp_fail(fs, FSDP_ERR_STATE, "rank %d: clip_grad_norm inside backward",
                          dev->rank);
-    status = local_partial(fs, norm_type, &partial);
+    /* one partial per shard group, in unit creation order (the same on every rank), combined
+     * over that group; replicas (hybrid) hold the same shard, so the shard group suffices;
+     * NO_SHARD units (group NULL) need no combining */
+    for (int i = 0; i <= fs->nunits && status == FSDP_OK; i++) {
+        fsdp_group_t *group = i < fs->nunits ? norm_group(fs->units[i]) : NULL;
+        double part;
+        int seen = 0;
+        if (i < fs->nunits && group == NULL)
+            continue;
+        for (int j = 0; j < i && i < fs->nunits; j++)
+            seen |= norm_group(fs->units[j]) == group;
+        if (seen)
+            continue;
+        status = local_partial(fs, group, norm_type, &part);
+        if (status == FSDP_OK && group != NULL)
+            status = combine(fs, group, norm_type, &part);
+        if (isinf(norm_type))
+            partial = part > partial ? part : partial;
+        else
+            partial += part;
+    }
     if (status != FSDP_OK)
         return status;
-    /* replicas (hybrid) hold the same shard: combine over the shard group only */
-    if (fsdp_strategy_is_sharded(fs->strategy) && fs->pg->size > 1) {
-        f = (float)partial;
-        status = fsdp_mem_alloc(fs->mem, sizeof(float), FSDP_MEM_TEMPORARY, fs->compute,
-                                (void **)&d);
-        if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, d, &f, sizeof(f), fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, fs->pg, d, d, 1, FSDP_DTYPE_F32,
-                                          isinf(norm_type) ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM,
-                                          fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, &f, d, sizeof(f), fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->compute);
-        fsdp_mem_free(fs->mem, d);
-        if (status != FSDP_OK)
-            return status;
-        partial = f;
-    }
     total = isinf(norm_type) ? partial : pow(partial, 1.0 / norm_type);
     if (total_norm_p != NULL)
         *total_norm_p = total;
@@ -113,12 +158,13 @@ fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
         return FSDP_OK;
     for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
         fsdp_unit_t *u = fs->units[i];
-        float *g = fsdp_unit_sharded_grad(u);
+        fsdp_dtype_t dtype;
+        void *g = fsdp_unit_sharded_grad_data(u, &dtype);
         fsdp_kernel_t k = {.kind = FSDP_K_SCALE};
         if (g == NULL)
             continue;
         k.u.scale.x = g;
-        k.u.scale.dtype = FSDP_DTYPE_F32;
+        k.u.scale.dtype = dtype;
         k.u.scale.n = u->handle->shard_numel;
         k.u.scale.alpha = (float)coef;
         status = dev->ops->kernel(dev, fs->compute, &k);

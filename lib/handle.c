@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static fsdp_status_t check_spec(fsdp_t *fs, const char *unit, const fsdp_param_spec_t *params,
-                                int nparams, int i)
+fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
+                                    const fsdp_param_spec_t *params, int nparams, int i)
 {
     const fsdp_param_spec_t *p = &params[i];
 
@@ -40,6 +40,11 @@ static fsdp_status_t check_spec(fsdp_t *fs, const char *unit, const fsdp_param_s
             return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
                              "unit '%s': tied parameters '%s' and '%s' differ in shape", unit,
                              p->name, t->name);
+        if (p->ignored || t->ignored)
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': parameter '%s' is tied to '%s' and one of them is "
+                             "ignored; tied parameters must both be managed", unit, p->name,
+                             t->name);
     }
     return FSDP_OK;
 }
@@ -108,7 +113,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     int nfrozen = 0;
 
     for (int i = 0; i < nparams; i++) {
-        status = check_spec(fs, u->name, params, nparams, i);
+        status = fsdp_check_param_spec(fs, u->name, params, nparams, i);
         if (status != FSDP_OK)
             return status;
         nfrozen += !params[i].requires_grad;
@@ -173,9 +178,9 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
         }
     }
     h->numel = total;
-    if (fsdp_strategy_is_sharded(fs->strategy)) {
-        h->world = fs->pg->size;
-        h->rank = fs->pg->rank;
+    if (fsdp_strategy_is_sharded(h->unit->strategy)) {
+        h->world = h->unit->pg->size;
+        h->rank = h->unit->pg->rank;
     } else {
         h->world = 1;
         h->rank = 0;
@@ -218,6 +223,7 @@ void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h)
     fsdp_mem_free(fs->mem, h->h2d_shard);
     fsdp_mem_free(fs->mem, h->unsharded_grad);
     fsdp_mem_free(fs->mem, h->saved_grad_shard);
+    fsdp_mem_free(fs->mem, h->low_grad);
     fsdp_shard_free(fs, h, h->cpu_grad, h->shard_numel);
     fsdp_shard_free(fs, h, h->local_shard, h->shard_numel);
     for (int i = 0; i < h->nparams; i++)
@@ -286,7 +292,7 @@ static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
     fsdp_status_t status;
 
     *did_work_p = 0;
-    if (fsdp_strategy_is_sharded(fs->strategy) && !h->offload && h->full_param_padded != NULL)
+    if (fsdp_strategy_is_sharded(h->unit->strategy) && !h->offload && h->full_param_padded != NULL)
         return FSDP_OK; /* unsharded since forward: nothing to prepare */
     if (!mp && !h->offload)
         return FSDP_OK;
@@ -339,9 +345,9 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
     if (status != FSDP_OK)
         return status;
     /* B.4: NO_SHARD, or an unsharded parameter kept since forward: a pointer switch */
-    if (!fsdp_strategy_is_sharded(fs->strategy) || h->full_param_padded != NULL) {
+    if (!fsdp_strategy_is_sharded(h->unit->strategy) || h->full_param_padded != NULL) {
         h->uses_unsharded_view = 1;
-        if (fsdp_strategy_is_sharded(fs->strategy)) {
+        if (fsdp_strategy_is_sharded(h->unit->strategy)) {
             /* a redundant staging copy (SHARD_GRAD_OP with offload) is dropped */
             fsdp_mem_free(fs->mem, h->h2d_shard);
             h->h2d_shard = NULL;
@@ -358,8 +364,9 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
         return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate its unsharded "
                          "parameter (%zu elements)", dev->rank, h->unit->name,
                          h->shard_numel * (size_t)h->world);
-    status = dev->ops->all_gather(dev, fs->pg, fsdp_handle_shard_source(h), h->full_param_padded,
-                                  h->shard_numel, h->compute_dtype, fs->unshard);
+    status = dev->ops->all_gather(dev, h->unit->pg, fsdp_handle_shard_source(h),
+                                  h->full_param_padded, h->shard_numel, h->compute_dtype,
+                                  fs->unshard);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
                          h->unit->name, fsdp_status_string(status));
@@ -389,7 +396,7 @@ fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unshard
             status = limiter_enqueue(fs); /* C.4 */
     }
     /* C.3: NO_SHARD's low-precision (or staged) full parameter was read by compute */
-    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+    if (!fsdp_strategy_is_sharded(h->unit->strategy)) {
         void **bufs[2] = {&h->mp_shard, &h->h2d_shard};
         for (int i = 0; i < 2; i++) {
             fsdp_status_t st = fsdp_mem_record_stream(fs->mem, *bufs[i], fs->compute);
@@ -424,6 +431,21 @@ static fsdp_status_t accumulate_grad(fsdp_t *fs, fsdp_handle_t *h, void **grad,
 {
     fsdp_status_t status;
 
+    if (h->low_grad != NULL) {
+        /* keep_low_precision_grads: last step's low-precision gradient, back to f32 to
+         * accumulate into (docs/runtime.md section 5) */
+        status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float), FSDP_MEM_GRADIENT,
+                                stream, (void **)&h->saved_grad_shard);
+        if (status == FSDP_OK)
+            status = fsdp_k_cast(fs, stream, h->saved_grad_shard, FSDP_DTYPE_F32, h->low_grad,
+                                 h->compute_dtype, h->shard_numel);
+        if (status == FSDP_OK)
+            status = fsdp_mem_record_stream(fs->mem, h->low_grad, stream);
+        fsdp_mem_free(fs->mem, h->low_grad);
+        h->low_grad = NULL;
+        if (status != FSDP_OK)
+            return status;
+    }
     if (h->saved_grad_shard == NULL) {
         h->saved_grad_shard = *grad;
         *grad = NULL;
@@ -476,7 +498,7 @@ static fsdp_status_t offload_grad(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *s
     if (status == FSDP_OK)
         status = fsdp_mem_record_stream(fs->mem, h->saved_grad_shard, stream);
     /* NO_SHARD's offload copy is blocking (G.6) */
-    if (status == FSDP_OK && !fsdp_strategy_is_sharded(fs->strategy))
+    if (status == FSDP_OK && !fsdp_strategy_is_sharded(h->unit->strategy))
         status = dev->ops->stream_synchronize(dev, stream);
     h->has_cpu_grad = status == FSDP_OK;
     return status;
@@ -504,7 +526,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
                                  h->compute_dtype, h->params[i].numel, 0.0);
     }
     /* D counts every rank the gradient is averaged over: W, or W * R for hybrid */
-    fsdp_divide_factors(fs->pg->size * (fs->replicate ? fs->replicate->size : 1), &pre, &post);
+    fsdp_divide_factors(h->unit->pg->size * (h->unit->replicate ? h->unit->replicate->size : 1),
+                        &pre, &post);
     /* G.4: the post-backward stream waits for the gradient computation */
     if (status == FSDP_OK)
         status = fsdp_stream_wait_stream(dev, r, fs->compute);
@@ -518,11 +541,11 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
         goto out;
     input = low != NULL ? low : grad;
 
-    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+    if (!fsdp_strategy_is_sharded(h->unit->strategy)) {
         /* G.6: all-reduce the whole gradient in place */
         status = fsdp_k_div(fs, r, input, rd, h->numel, (float)pre);
         if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, fs->pg, input, input, h->numel, rd,
+            status = dev->ops->all_reduce(dev, h->unit->pg, input, input, h->numel, rd,
                                           FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
             fsdp_fail(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
@@ -555,21 +578,21 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
             status = fsdp_k_div(fs, r, input, rd, padded_numel, (float)pre);
         if (status != FSDP_OK)
             goto out;
-        status = dev->ops->reduce_scatter(dev, fs->pg, input, reduced, h->shard_numel, rd,
+        status = dev->ops->reduce_scatter(dev, h->unit->pg, input, reduced, h->shard_numel, rd,
                                           FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
             fsdp_fail(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
                       dev->rank, h->unit->name, fsdp_status_string(status));
             goto out;
         }
-        if (fs->replicate != NULL) {
+        if (h->unit->replicate != NULL) {
             /* hybrid: all-reduce the shard across replicas on the all-reduce stream */
             fsdp_stream_t *a = fs->all_reduce;
             status = fsdp_stream_wait_stream(dev, a, r);
             if (status == FSDP_OK)
                 status = fsdp_mem_record_stream(fs->mem, reduced, a);
             if (status == FSDP_OK)
-                status = dev->ops->all_reduce(dev, fs->replicate, reduced, reduced,
+                status = dev->ops->all_reduce(dev, h->unit->replicate, reduced, reduced,
                                               h->shard_numel, rd, FSDP_REDUCE_SUM, a);
             if (status != FSDP_OK) {
                 fsdp_fail(fs, status,
@@ -595,5 +618,26 @@ out:
     fsdp_mem_free(fs->mem, padded);
     fsdp_mem_free(fs->mem, low);
     fsdp_mem_free(fs->mem, grad);
+    return status;
+}
+
+/* prepare_gradient_for_optim's keep_low_precision_grads cast (section 2 H.3): the f32 sharded
+ * gradient becomes one in the compute dtype, on the compute stream the optimizer runs on. */
+fsdp_status_t fsdp_handle_keep_low_precision_grad(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_status_t status;
+
+    if (!fs->cfg.mixed_precision.keep_low_precision_grads || h->offload ||
+        h->compute_dtype == FSDP_DTYPE_F32 || h->saved_grad_shard == NULL)
+        return FSDP_OK;
+    status = fsdp_mem_alloc(fs->mem, h->shard_numel * fsdp_dtype_size(h->compute_dtype),
+                            FSDP_MEM_GRADIENT, fs->compute, &h->low_grad);
+    if (status == FSDP_OK)
+        status = fsdp_k_cast(fs, fs->compute, h->low_grad, h->compute_dtype,
+                             h->saved_grad_shard, FSDP_DTYPE_F32, h->shard_numel);
+    if (status == FSDP_OK)
+        status = fsdp_mem_record_stream(fs->mem, h->saved_grad_shard, fs->compute);
+    fsdp_mem_free(fs->mem, h->saved_grad_shard);
+    h->saved_grad_shard = NULL;
     return status;
 }

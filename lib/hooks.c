@@ -76,7 +76,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     if (fs->root->state != FSDP_STATE_IDLE)
         return bad_state(fs->root, "lazy init", "the root idle");
     /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation) */
-    int prio = fs->replicate != NULL && fs->cfg.limit_all_gathers ? -1 : 0;
+    int prio = fs->any_hybrid && fs->cfg.limit_all_gathers ? -1 : 0;
     status = dev->ops->stream_create(dev, "unshard", prio, &fs->unshard);
     if (status == FSDP_OK)
         status = dev->ops->stream_create(dev, "pre_unshard", prio, &fs->pre_unshard);
@@ -84,7 +84,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
         status = dev->ops->stream_create(dev, "post_backward", prio, &fs->post_backward);
     /* the all-reduce stream is the compute stream unless a unit is hybrid */
     fs->all_reduce = fs->compute;
-    if (status == FSDP_OK && fs->replicate != NULL)
+    if (status == FSDP_OK && fs->any_hybrid)
         status = dev->ops->stream_create(dev, "all_reduce", 0, &fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
@@ -94,6 +94,12 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     fs->post_forward_order = calloc((size_t)fs->nunits * 4 + 4, sizeof(*fs->post_forward_order));
     if (fs->pre_forward_order == NULL || fs->post_forward_order == NULL)
         return FSDP_ERR_NO_MEMORY;
+    /* buffers to buffer_dtype for the computation (section 2 A.1) */
+    if (fs->cfg.mixed_precision.buffer_dtype != FSDP_DTYPE_UNSET) {
+        status = fsdp_cast_buffers(fs, fs->cfg.mixed_precision.buffer_dtype);
+        if (status != FSDP_OK)
+            return status;
+    }
     fs->lazy_init_done = 1;
     fsdp_trace_set_memory(dev, fs->mem);
     return FSDP_OK;
@@ -116,6 +122,13 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
             return status;
     }
     fsdp_trace_hook(fs, "root_pre_forward", fs->root);
+    /* a root without a flat parameter casts the buffers back to full precision at every
+     * forward, as PyTorch's root does without a handle */
+    if (fs->root->handle == NULL) {
+        status = fsdp_cast_buffers(fs, FSDP_DTYPE_F32);
+        if (status != FSDP_OK)
+            return status;
+    }
     fs->forward_position = 0;
     if (fs->cfg.forward_prefetch) {
         for (int i = 0; i < fs->nunits; i++) {
@@ -300,7 +313,7 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
             fs->post_forward_order[fs->n_post_forward++] = h;
         /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies */
         status = fsdp_handle_reshard(fs, h, !u->is_root &&
-                                                fsdp_strategy_reshards_after_forward(fs->strategy));
+                                                fsdp_strategy_reshards_after_forward(u->strategy));
         if (status != FSDP_OK)
             return status;
         h->needs_pre_backward_unshard = 1;
@@ -379,9 +392,9 @@ fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
     if (h->unsharded_grad == NULL)
         return FSDP_OK; /* G.1: no gradient reached this unit */
 
-    status = fsdp_handle_reshard(fs, h, fsdp_strategy_is_sharded(fs->strategy) &&
+    status = fsdp_handle_reshard(fs, h, fsdp_strategy_is_sharded(u->strategy) &&
                                             (fs->sync_gradients ||
-                                             fsdp_strategy_reshards_after_forward(fs->strategy)));
+                                             fsdp_strategy_reshards_after_forward(u->strategy)));
     if (status == FSDP_OK)
         status = backward_prefetch(fs, h); /* G.3, BACKWARD_POST */
     if (status == FSDP_OK && fs->sync_gradients)
@@ -427,12 +440,14 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
             /* catch-all reshard for a unit whose post-backward did not run */
             if (h->uses_unsharded_view) {
                 fsdp_status_t st = fsdp_handle_reshard(
-                    fs, h, fsdp_strategy_is_sharded(fs->strategy) &&
+                    fs, h, fsdp_strategy_is_sharded(u->strategy) &&
                                (fs->sync_gradients ||
-                                fsdp_strategy_reshards_after_forward(fs->strategy)));
+                                fsdp_strategy_reshards_after_forward(u->strategy)));
                 if (status == FSDP_OK)
                     status = st;
             }
+            if (fs->sync_gradients && status == FSDP_OK)
+                status = fsdp_handle_keep_low_precision_grad(fs, h);
             if (h->offload && h->has_cpu_grad) {
                 /* the device copy of an offloaded gradient goes only now (H.3) */
                 fsdp_mem_free(fs->mem, h->saved_grad_shard);

@@ -42,8 +42,9 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->device_capacity = 0;
 }
 
-static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_precision_t *mp)
+static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t *cfg)
 {
+    const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
     const fsdp_dtype_t dts[3] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype};
     static const char *const names[3] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
 
@@ -54,9 +55,10 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_pre
             return FSDP_ERR_INVALID_PARAM;
         }
     }
-    if (mp->keep_low_precision_grads) {
-        fsdp_error("rank %d: keep_low_precision_grads is not supported yet: gradients are "
-                   "handed to the optimizer in f32", dev->rank);
+    if (mp->keep_low_precision_grads && cfg->cpu_offload && mp->param_dtype != FSDP_DTYPE_UNSET &&
+        mp->param_dtype != FSDP_DTYPE_F32) {
+        fsdp_error("rank %d: keep_low_precision_grads with cpu_offload is not supported: the "
+                   "host optimizer steps on f32 gradients; drop one of the two", dev->rank);
         return FSDP_ERR_UNSUPPORTED;
     }
     return FSDP_OK;
@@ -64,6 +66,11 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_mixed_pre
 
 static void destroy_groups(fsdp_t *fs)
 {
+    if (fs->unit_hybrid_pg != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_pg);
+    if (fs->unit_hybrid_replicate != NULL)
+        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_replicate);
+    fs->unit_hybrid_pg = fs->unit_hybrid_replicate = NULL;
     if (!fs->owns_groups)
         return;
     if (fs->pg != NULL)
@@ -76,7 +83,8 @@ static void destroy_groups(fsdp_t *fs)
 
 /* PyTorch's default hybrid groups: shard within a node, replicate across nodes over the ranks
  * that share a local rank. Collective over the world. */
-static fsdp_status_t make_hybrid_groups(fsdp_t *fs)
+static fsdp_status_t make_hybrid_groups(fsdp_t *fs, fsdp_group_t **pg_p,
+                                        fsdp_group_t **replicate_p)
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_group_t *world = dev->ops->group_world(dev);
@@ -88,15 +96,16 @@ static fsdp_status_t make_hybrid_groups(fsdp_t *fs)
                    per_node, world->size);
         return FSDP_ERR_INVALID_PARAM;
     }
-    fs->owns_groups = 1;
-    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, &fs->pg);
+    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, pg_p);
     if (status == FSDP_OK)
         status = dev->ops->group_split(dev, world, world->rank % per_node, world->rank,
-                                       &fs->replicate);
+                                       replicate_p);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: cannot make the hybrid shard and replicate groups: %s", dev->rank,
                    fsdp_status_string(status));
-        destroy_groups(fs);
+        if (*pg_p != NULL)
+            dev->ops->group_destroy(dev, *pg_p);
+        *pg_p = NULL;
     }
     return status;
 }
@@ -129,7 +138,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         return FSDP_ERR_INVALID_PARAM;
     }
 
-    status = check_mixed_precision(dev, &cfg->mixed_precision);
+    status = check_mixed_precision(dev, cfg);
     if (status != FSDP_OK)
         return status;
     if ((cfg->process_group == NULL) != (cfg->replicate_group == NULL) &&
@@ -158,9 +167,10 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
                                                                 : fs->param_dtype;
     }
     if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
-        status = make_hybrid_groups(fs);
+        status = make_hybrid_groups(fs, &fs->pg, &fs->replicate);
         if (status != FSDP_OK)
             goto err_free_fs;
+        fs->owns_groups = 1;
     } else {
         fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
         fs->replicate = cfg->replicate_group;
@@ -200,6 +210,9 @@ static void destroy_streams(fsdp_t *fs)
     fs->unshard = fs->pre_unshard = fs->post_backward = fs->all_reduce = NULL;
 }
 
+static void free_ignored(fsdp_t *fs, fsdp_unit_t *u);
+static void free_buffers(fsdp_t *fs, fsdp_unit_t *u);
+
 void fsdp_destroy(fsdp_t *fs)
 {
     if (fs == NULL)
@@ -208,6 +221,8 @@ void fsdp_destroy(fsdp_t *fs)
         fs->dev->ops->event_destroy(fs->dev, fs->limiter_events[i]);
     for (int i = 0; i < fs->nunits; i++) {
         fsdp_handle_destroy(fs, fs->units[i]->handle);
+        free_ignored(fs, fs->units[i]);
+        free_buffers(fs, fs->units[i]);
         free(fs->units[i]->name);
         free(fs->units[i]);
     }
@@ -277,21 +292,468 @@ fsdp_training_state_t fsdp_training_state(const fsdp_t *fs)
 static int param_name_taken(const fsdp_t *fs, const char *name)
 {
     for (int i = 0; i < fs->nunits; i++) {
-        const fsdp_handle_t *h = fs->units[i]->handle;
+        const fsdp_unit_t *u = fs->units[i];
+        const fsdp_handle_t *h = u->handle;
         for (int j = 0; h && j < h->nparams; j++) {
             if (strcmp(h->params[j].name, name) == 0)
+                return 1;
+        }
+        for (int j = 0; j < u->nignored; j++) {
+            if (strcmp(u->ignored[j].info.name, name) == 0)
+                return 1;
+        }
+        for (int j = 0; j < u->nbuffers; j++) {
+            if (strcmp(u->buffers[j].info.name, name) == 0)
                 return 1;
         }
     }
     return 0;
 }
 
+/* sync_module_states: rank 0's n values of `host_values`, broadcast over the world in buckets
+ * (docs/runtime.md section 4: 250 MiB), into host_out on every rank. A collective. */
+static fsdp_status_t broadcast_from_rank0(fsdp_t *fs, const float *host_values, size_t numel,
+                                          float *host_out)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_group_t *world = dev->ops->group_world(dev);
+    size_t bucket = fs->cfg.sync_bucket_bytes ? fs->cfg.sync_bucket_bytes : (size_t)250 << 20;
+    size_t per = bucket / sizeof(float) ? bucket / sizeof(float) : 1;
+    void *d = NULL;
+    fsdp_status_t status;
+
+    status = fsdp_mem_alloc(fs->mem, (numel < per ? numel : per) * sizeof(float) + 4,
+                            FSDP_MEM_COMM_BUFFER, fs->compute, &d);
+    for (size_t off = 0; off < numel && status == FSDP_OK; off += per) {
+        size_t n = numel - off < per ? numel - off : per;
+        status = dev->ops->memcpy_async(dev, d, host_values + off, n * sizeof(float),
+                                        fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->broadcast(dev, world, d, n, FSDP_DTYPE_F32, 0, fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, host_out + off, d, n * sizeof(float),
+                                            fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fs->compute);
+    }
+    fsdp_mem_free(fs->mem, d);
+    return status;
+}
+
+static void free_buffers(fsdp_t *fs, fsdp_unit_t *u)
+{
+    for (int i = 0; i < u->nbuffers; i++) {
+        fsdp_mem_free(fs->mem, u->buffers[i].data);
+        free((char *)u->buffers[i].info.name);
+    }
+    free(u->buffers);
+    u->buffers = NULL;
+    u->nbuffers = 0;
+}
+
+/* The unit's module buffers: checked, then zeroed f32 device memory each. */
+static fsdp_status_t create_buffers(fsdp_t *fs, fsdp_unit_t *u, const fsdp_unit_options_t *o,
+                                    const fsdp_param_spec_t *params, int nparams)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    if (o->nbuffers < 0 || (o->nbuffers > 0 && o->buffers == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': buffers must hold nbuffers (>= 0) specs", u->name);
+    for (int i = 0; i < o->nbuffers; i++) {
+        const fsdp_buffer_spec_t *b = &o->buffers[i];
+        int taken = 0;
+        if (b->name == NULL || b->name[0] == '\0')
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM, "unit '%s': buffer %d has no name",
+                             u->name, i);
+        for (int j = 0; j < nparams; j++)
+            taken |= strcmp(params[j].name, b->name) == 0;
+        for (int j = 0; j < i; j++)
+            taken |= strcmp(o->buffers[j].name, b->name) == 0;
+        if (taken || param_name_taken(fs, b->name))
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': buffer name '%s' is already used by a parameter or "
+                             "buffer", u->name, b->name);
+        if (b->ndim < 0 || b->ndim > FSDP_MAX_DIMS)
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': buffer '%s' has %d dimensions; 0 to %d are allowed",
+                             u->name, b->name, b->ndim, FSDP_MAX_DIMS);
+        for (int d = 0; d < b->ndim; d++) {
+            if (b->shape[d] < 0)
+                return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                                 "unit '%s': buffer '%s' has negative dimension %lld", u->name,
+                                 b->name, (long long)b->shape[d]);
+        }
+    }
+    u->buffers = calloc((size_t)o->nbuffers + 1, sizeof(*u->buffers));
+    if (u->buffers == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    for (int i = 0; i < o->nbuffers && status == FSDP_OK; i++) {
+        fsdp_buffer_t *b = &u->buffers[i];
+        size_t numel = 1;
+        b->info.name = strdup(o->buffers[i].name);
+        if (b->info.name == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+        u->nbuffers++;
+        b->info.ndim = o->buffers[i].ndim;
+        for (int d = 0; d < b->info.ndim; d++) {
+            b->info.shape[d] = o->buffers[i].shape[d];
+            numel *= (size_t)b->info.shape[d];
+        }
+        b->info.numel = b->info.numel_in_shard = numel;
+        b->info.tied_to = -1;
+        b->info.in_shard = numel > 0;
+        b->dtype = FSDP_DTYPE_F32;
+        status = fsdp_mem_alloc(fs->mem, numel * sizeof(float), FSDP_MEM_UNSHARDED_PARAM,
+                                fs->compute, &b->data);
+        if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, fs->compute, b->data, FSDP_DTYPE_F32, numel, 0.0);
+    }
+    if (status != FSDP_OK)
+        free_buffers(fs, u);
+    return status;
+}
+
+/* Casts one buffer's storage to `dtype` on the compute stream. */
+static fsdp_status_t cast_buffer(fsdp_t *fs, fsdp_buffer_t *b, fsdp_dtype_t dtype)
+{
+    void *to = NULL;
+    fsdp_status_t status;
+
+    if (b->dtype == dtype)
+        return FSDP_OK;
+    status = fsdp_mem_alloc(fs->mem, b->info.numel * fsdp_dtype_size(dtype),
+                            FSDP_MEM_UNSHARDED_PARAM, fs->compute, &to);
+    if (status == FSDP_OK)
+        status = fsdp_k_cast(fs, fs->compute, to, dtype, b->data, b->dtype, b->info.numel);
+    if (status != FSDP_OK) {
+        fsdp_mem_free(fs->mem, to);
+        return status;
+    }
+    fsdp_mem_free(fs->mem, b->data);
+    b->data = to;
+    b->dtype = dtype;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_cast_buffers(fsdp_t *fs, fsdp_dtype_t dtype)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
+        for (int j = 0; j < fs->units[i]->nbuffers && status == FSDP_OK; j++)
+            status = cast_buffer(fs, &fs->units[i]->buffers[j], dtype);
+    }
+    return status;
+}
+
+static fsdp_buffer_t *buffer_at(const fsdp_unit_t *u, int index)
+{
+    return index >= 0 && index < u->nbuffers ? &u->buffers[index] : NULL;
+}
+
+int fsdp_unit_num_buffers(const fsdp_unit_t *u)
+{
+    return u->nbuffers;
+}
+
+fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p)
+{
+    const fsdp_buffer_t *b = buffer_at(u, index);
+    if (b == NULL)
+        return FSDP_ERR_INVALID_PARAM;
+    *info_p = b->info;
+    return FSDP_OK;
+}
+
+void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p)
+{
+    const fsdp_buffer_t *b = buffer_at(u, index);
+    if (dtype_p != NULL)
+        *dtype_p = b ? b->dtype : FSDP_DTYPE_F32;
+    return b ? b->data : NULL;
+}
+
+/* Copies numel f32 between host and a buffer of any dtype, through a device f32 staging copy
+ * when the buffer is in low precision. */
+static fsdp_status_t buffer_copy(fsdp_t *fs, fsdp_buffer_t *b, float *host, int to_host)
+{
+    fsdp_dev_t *dev = fs->dev;
+    size_t bytes = b->info.numel * sizeof(float);
+    void *f32 = b->data;
+    fsdp_status_t status = FSDP_OK;
+
+    if (b->dtype != FSDP_DTYPE_F32)
+        status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_TEMPORARY, fs->compute, &f32);
+    if (status == FSDP_OK && to_host && f32 != b->data)
+        status = fsdp_k_cast(fs, fs->compute, f32, FSDP_DTYPE_F32, b->data, b->dtype,
+                             b->info.numel);
+    if (status == FSDP_OK)
+        status = to_host ? dev->ops->memcpy_async(dev, host, f32, bytes, fs->compute)
+                         : dev->ops->memcpy_async(dev, f32, host, bytes, fs->compute);
+    if (status == FSDP_OK && !to_host && f32 != b->data)
+        status = fsdp_k_cast(fs, fs->compute, b->data, b->dtype, f32, FSDP_DTYPE_F32,
+                             b->info.numel);
+    if (status == FSDP_OK)
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    if (f32 != b->data)
+        fsdp_mem_free(fs->mem, f32);
+    return status;
+}
+
+fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *host_out)
+{
+    fsdp_buffer_t *b = buffer_at(u, index);
+
+    if (b == NULL || host_out == NULL)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no buffer %d to read (it has %d)", u->name, index,
+                         u->nbuffers);
+    return buffer_copy(u->fs, b, host_out, 1);
+}
+
+fsdp_status_t fsdp_unit_set_buffer(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_buffer_t *b = buffer_at(u, index);
+    float *vals;
+    fsdp_status_t status = FSDP_OK;
+
+    if (b == NULL || host_values == NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no buffer %d to set (it has %d)", u->name, index,
+                         u->nbuffers);
+    if (u->state != FSDP_STATE_IDLE)
+        return fsdp_fail(fs, FSDP_ERR_STATE, "unit '%s': setting a buffer needs the unit idle, "
+                         "not in forward or backward", u->name);
+    vals = malloc(b->info.numel * sizeof(float) + 1);
+    if (vals == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    if (fs->cfg.sync_module_states && !fs->dev->no_data)
+        status = broadcast_from_rank0(fs, host_values, b->info.numel, vals);
+    else
+        memcpy(vals, host_values, b->info.numel * sizeof(float));
+    if (status == FSDP_OK)
+        status = buffer_copy(fs, b, vals, 0);
+    free(vals);
+    return status;
+}
+
+static void free_ignored(fsdp_t *fs, fsdp_unit_t *u)
+{
+    for (int i = 0; i < u->nignored; i++) {
+        fsdp_mem_free(fs->mem, u->ignored[i].value);
+        fsdp_mem_free(fs->mem, u->ignored[i].grad);
+        free((char *)u->ignored[i].info.name);
+    }
+    free(u->ignored);
+    u->ignored = NULL;
+    u->nignored = 0;
+}
+
+/* Splits a unit's specs: ignored ones get their own whole, zeroed value and gradient; the
+ * others go to *managed_p (tied_to renumbered among them) for the flat parameter. */
+static fsdp_status_t split_ignored(fsdp_t *fs, fsdp_unit_t *u, const fsdp_param_spec_t *params,
+                                   int nparams, fsdp_param_spec_t **managed_p, int *nmanaged_p)
+{
+    fsdp_param_spec_t *managed;
+    int *index_of, nmanaged = 0, nignored = 0;
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < nparams; i++) {
+        status = fsdp_check_param_spec(fs, u->name, params, nparams, i);
+        if (status != FSDP_OK)
+            return status;
+        nignored += params[i].ignored != 0;
+    }
+    managed = calloc((size_t)nparams + 1, sizeof(*managed));
+    index_of = calloc((size_t)nparams + 1, sizeof(*index_of));
+    u->ignored = calloc((size_t)nignored + 1, sizeof(*u->ignored));
+    if (managed == NULL || index_of == NULL || u->ignored == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int i = 0; i < nparams && status == FSDP_OK; i++) {
+        fsdp_ignored_param_t *ip;
+        size_t numel = 1;
+        if (!params[i].ignored) {
+            index_of[i] = nmanaged;
+            managed[nmanaged] = params[i];
+            if (params[i].tied_to >= 0)
+                managed[nmanaged].tied_to = index_of[params[i].tied_to];
+            nmanaged++;
+            continue;
+        }
+        ip = &u->ignored[u->nignored];
+        for (int d = 0; d < params[i].ndim; d++) {
+            ip->info.shape[d] = params[i].shape[d];
+            numel *= (size_t)params[i].shape[d];
+        }
+        ip->info.name = strdup(params[i].name);
+        if (ip->info.name == NULL) {
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+        u->nignored++;
+        ip->info.ndim = params[i].ndim;
+        ip->info.numel = ip->info.numel_in_shard = numel;
+        ip->info.tied_to = -1;
+        ip->info.requires_grad = params[i].requires_grad != 0;
+        ip->info.in_shard = numel > 0;
+        status = fsdp_mem_alloc(fs->mem, numel * sizeof(float), FSDP_MEM_UNSHARDED_PARAM,
+                                fs->compute, (void **)&ip->value);
+        if (status == FSDP_OK)
+            status = fsdp_mem_alloc(fs->mem, numel * sizeof(float), FSDP_MEM_GRADIENT,
+                                    fs->compute, (void **)&ip->grad);
+        if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, fs->compute, ip->value, FSDP_DTYPE_F32, numel, 0.0);
+        if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, fs->compute, ip->grad, FSDP_DTYPE_F32, numel, 0.0);
+    }
+out:
+    free(index_of);
+    if (status != FSDP_OK) {
+        free(managed);
+        free_ignored(fs, u);
+        return status;
+    }
+    *managed_p = managed;
+    *nmanaged_p = nmanaged;
+    return FSDP_OK;
+}
+
+int fsdp_unit_num_ignored_params(const fsdp_unit_t *u)
+{
+    return u->nignored;
+}
+
+static const fsdp_ignored_param_t *ignored_at(const fsdp_unit_t *u, int index)
+{
+    return index >= 0 && index < u->nignored ? &u->ignored[index] : NULL;
+}
+
+fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
+                                           fsdp_param_info_t *info_p)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    if (ip == NULL)
+        return FSDP_ERR_INVALID_PARAM;
+    *info_p = ip->info;
+    return FSDP_OK;
+}
+
+float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    return ip ? ip->value : NULL;
+}
+
+float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index)
+{
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    return ip ? ip->grad : NULL;
+}
+
+fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    const fsdp_ignored_param_t *ip = ignored_at(u, index);
+    fsdp_status_t status;
+
+    if (ip == NULL || host_values == NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no ignored parameter %d to set (it has %d)", u->name, index,
+                         u->nignored);
+    status = fs->dev->ops->memcpy_async(fs->dev, ip->value, host_values,
+                                        ip->info.numel * sizeof(float), fs->compute);
+    if (status == FSDP_OK)
+        status = fs->dev->ops->stream_synchronize(fs->dev, fs->compute);
+    return status;
+}
+
+void fsdp_unit_options_init(fsdp_unit_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->strategy = FSDP_STRATEGY_DEFAULT;
+    opts->process_group = NULL;
+    opts->replicate_group = NULL;
+}
+
+/* The unit's strategy and groups (fsdp_unit_options_t), with PyTorch's NO_SHARD on a one-rank
+ * shard group. */
+static fsdp_status_t unit_groups(fsdp_t *fs, const char *name, const fsdp_unit_options_t *o,
+                                 fsdp_unit_t *u)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_strategy_t s = o->strategy == FSDP_STRATEGY_DEFAULT ? fs->cfg.strategy : o->strategy;
+    fsdp_status_t status;
+
+    if ((unsigned)s >= FSDP_STRATEGY_COUNT)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': invalid sharding strategy %d; allowed: full_shard, "
+                         "shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, or "
+                         "FSDP_STRATEGY_DEFAULT for the config's", name, (int)o->strategy);
+    if (o->replicate_group != NULL && !fsdp_strategy_is_hybrid(s))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': a replicate group is only for hybrid_shard and "
+                         "hybrid_shard_zero2, not %s", name, fsdp_strategy_name(s));
+    if (fsdp_strategy_is_hybrid(s) && (o->process_group == NULL) != (o->replicate_group == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': %s needs both a shard group and a replicate group, or "
+                         "neither", name, fsdp_strategy_name(s));
+    u->strategy = s;
+    u->replicate = NULL;
+    if (!fsdp_strategy_is_hybrid(s)) {
+        u->pg = o->process_group             ? o->process_group
+                : fsdp_strategy_is_hybrid(fs->cfg.strategy) ? dev->ops->group_world(dev)
+                                                            : fs->pg;
+        if (u->pg->size == 1 && s != FSDP_NO_SHARD)
+            u->strategy = FSDP_NO_SHARD;
+        return FSDP_OK;
+    }
+    fs->any_hybrid = 1;
+    if (o->process_group != NULL) {
+        u->pg = o->process_group;
+        u->replicate = o->replicate_group;
+    } else if (fsdp_strategy_is_hybrid(fs->cfg.strategy)) {
+        u->pg = fs->pg;
+        u->replicate = fs->replicate;
+    } else {
+        if (fs->unit_hybrid_pg == NULL) {
+            status = make_hybrid_groups(fs, &fs->unit_hybrid_pg, &fs->unit_hybrid_replicate);
+            if (status != FSDP_OK)
+                return fsdp_fail(fs, status, "unit '%s': cannot make the default hybrid "
+                                 "groups", name);
+        }
+        u->pg = fs->unit_hybrid_pg;
+        u->replicate = fs->unit_hybrid_replicate;
+    }
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
                                const fsdp_param_spec_t *params, int nparams,
                                fsdp_unit_t **unit_p)
 {
+    return fsdp_unit_create_ex(fs, name, parent, params, nparams, NULL, unit_p);
+}
+
+fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                  const fsdp_param_spec_t *params, int nparams,
+                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p)
+{
+    fsdp_unit_options_t defaults;
+    fsdp_param_spec_t *managed = NULL;
+    int nmanaged = 0;
     fsdp_unit_t *u;
     fsdp_status_t status;
+
+    if (opts == NULL) {
+        fsdp_unit_options_init(&defaults);
+        opts = &defaults;
+    }
 
     if (name == NULL || nparams < 0 || (nparams > 0 && params == NULL))
         return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
@@ -334,10 +796,25 @@ fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent
     u->index = fs->nunits;
     u->is_root = parent == NULL;
     u->state = FSDP_STATE_IDLE;
-    if (nparams > 0) {
-        status = fsdp_handle_create(u, params, nparams, &u->handle);
-        if (status != FSDP_OK)
-            goto err_free_name;
+    status = unit_groups(fs, u->name, opts, u);
+    if (status != FSDP_OK)
+        goto err_free_name;
+    status = split_ignored(fs, u, params, nparams, &managed, &nmanaged);
+    if (status != FSDP_OK)
+        goto err_free_name;
+    status = create_buffers(fs, u, opts, params, nparams);
+    if (status != FSDP_OK) {
+        free(managed);
+        free_ignored(fs, u);
+        goto err_free_name;
+    }
+    if (nmanaged > 0)
+        status = fsdp_handle_create(u, managed, nmanaged, &u->handle);
+    free(managed);
+    if (status != FSDP_OK) {
+        free_buffers(fs, u);
+        free_ignored(fs, u);
+        goto err_free_name;
     }
     fs->units[fs->nunits++] = u;
     if (u->is_root)
@@ -400,6 +877,21 @@ size_t fsdp_unit_shard_numel(const fsdp_unit_t *u)
     return u->handle ? u->handle->shard_numel : 0;
 }
 
+fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u)
+{
+    return u->strategy;
+}
+
+fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u)
+{
+    return u->pg;
+}
+
+fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u)
+{
+    return u->replicate;
+}
+
 fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u)
 {
     return u->handle ? u->handle->state : FSDP_HANDLE_IDLE;
@@ -425,6 +917,16 @@ float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
     return h->saved_grad_shard;
 }
 
+void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p)
+{
+    fsdp_handle_t *h = u->handle;
+    int low = h != NULL && h->low_grad != NULL;
+
+    if (dtype_p != NULL)
+        *dtype_p = low ? h->compute_dtype : FSDP_DTYPE_F32;
+    return low ? h->low_grad : fsdp_unit_sharded_grad(u);
+}
+
 int fsdp_unit_offloaded(const fsdp_unit_t *u)
 {
     return u->handle ? u->handle->offload : 0;
@@ -446,7 +948,9 @@ void fsdp_zero_grad(fsdp_t *fs)
         fsdp_handle_t *h = fs->units[i]->handle;
         if (h != NULL) {
             fsdp_mem_free(fs->mem, h->saved_grad_shard);
+            fsdp_mem_free(fs->mem, h->low_grad);
             h->saved_grad_shard = NULL;
+            h->low_grad = NULL;
             h->has_cpu_grad = 0;
         }
     }
@@ -460,35 +964,18 @@ static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
     return FSDP_OK;
 }
 
-/* sync_module_states: rank 0's values, broadcast over the world in buckets, then each rank
- * keeps its part (docs/runtime.md section 4: 250 MiB buckets). A collective. */
+/* sync_module_states for a parameter: rank 0's values, then each rank keeps its part. */
 static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_t *pi,
                                           const float *host_values)
 {
     fsdp_t *fs = u->fs;
     fsdp_dev_t *dev = fs->dev;
-    fsdp_group_t *world = dev->ops->group_world(dev);
-    size_t bucket = fs->cfg.sync_bucket_bytes ? fs->cfg.sync_bucket_bytes : (size_t)250 << 20;
-    size_t per = bucket / sizeof(float) ? bucket / sizeof(float) : 1;
     float *full = malloc(pi->numel * sizeof(float) + 1);
-    void *d = NULL;
     fsdp_status_t status;
 
     if (full == NULL)
         return FSDP_ERR_NO_MEMORY;
-    status = fsdp_mem_alloc(fs->mem, (pi->numel < per ? pi->numel : per) * sizeof(float) + 4,
-                            FSDP_MEM_COMM_BUFFER, fs->compute, &d);
-    for (size_t off = 0; off < pi->numel && status == FSDP_OK; off += per) {
-        size_t n = pi->numel - off < per ? pi->numel - off : per;
-        status = dev->ops->memcpy_async(dev, d, host_values + off, n * sizeof(float),
-                                        fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->broadcast(dev, world, d, n, FSDP_DTYPE_F32, 0, fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, full + off, d, n * sizeof(float), fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->compute);
-    }
+    status = broadcast_from_rank0(fs, host_values, pi->numel, full);
     if (status == FSDP_OK && pi->in_shard) {
         status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
                                         full + pi->intra_start,
@@ -496,7 +983,6 @@ static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fs->compute);
     }
-    fsdp_mem_free(fs->mem, d);
     free(full);
     return status;
 }
@@ -541,7 +1027,7 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
     status = require_idle(u, "gathering the full parameters");
     if (status != FSDP_OK)
         return status;
-    if (!fsdp_strategy_is_sharded(fs->strategy)) {
+    if (!fsdp_strategy_is_sharded(u->strategy)) {
         status = dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float),
                                         fs->compute);
     } else {
@@ -558,7 +1044,7 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
             src = staged;
         }
         if (status == FSDP_OK)
-            status = dev->ops->all_gather(dev, fs->pg, src, full, h->shard_numel,
+            status = dev->ops->all_gather(dev, u->pg, src, full, h->shard_numel,
                                           FSDP_DTYPE_F32, fs->compute);
         if (status == FSDP_OK)
             status = dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float),
@@ -586,7 +1072,7 @@ void *fsdp_unit_param(fsdp_unit_t *u, int index)
         return NULL;
     if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
         return h->summon_param ? h->summon_param + h->params[index].offset : NULL;
-    base = fsdp_strategy_is_sharded(u->fs->strategy) ? (char *)h->full_param_padded
+    base = fsdp_strategy_is_sharded(u->strategy) ? (char *)h->full_param_padded
                                                      : (char *)fsdp_handle_shard_source(h);
     return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
 }

@@ -34,6 +34,7 @@ struct fsdp_handle {
     void *h2d_shard;          /* offload: device copy of LS, S f32, between pre-unshard and unshard */
     void *unsharded_grad;     /* G: T compute dtype (GRADIENT), NULL outside backward */
     float *saved_grad_shard;  /* SGS: S f32 (GRADIENT) */
+    void *low_grad;           /* keep_low_precision_grads: SGS cast to the compute dtype (S) */
     float *cpu_grad;          /* CG: S f32 pinned host (offload) */
     int has_cpu_grad;         /* CG holds this step's gradient */
     float *summon_param;      /* summon_full_params: T f32 (device or host) */
@@ -51,6 +52,20 @@ struct fsdp_handle {
     int post_forward_index;       /* -1 until recorded this iteration */
 };
 
+/* A parameter the unit does not manage (ignored_states): whole on every rank. */
+typedef struct fsdp_ignored_param {
+    fsdp_param_info_t info; /* name owned; offset 0, whole "shard" */
+    float *value;           /* numel f32, device */
+    float *grad;            /* numel f32, device */
+} fsdp_ignored_param_t;
+
+/* A module buffer: whole on every rank, f32 until lazy init casts it to buffer_dtype. */
+typedef struct fsdp_buffer {
+    fsdp_param_info_t info; /* name owned */
+    void *data;             /* numel elements of dtype, device */
+    fsdp_dtype_t dtype;
+} fsdp_buffer_t;
+
 struct fsdp_unit {
     fsdp_summon_options_t summon; /* of the summon this unit is in */
     fsdp_unit_t *summon_owner;    /* the unit fsdp_summon_full_params was called on */
@@ -61,6 +76,13 @@ struct fsdp_unit {
     int is_root;
     fsdp_handle_t *handle; /* NULL when the unit owns no parameters */
     fsdp_training_state_t state;
+    fsdp_strategy_t strategy; /* effective, this unit's */
+    fsdp_group_t *pg;         /* this unit's shard group */
+    fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
+    fsdp_ignored_param_t *ignored;
+    int nignored;
+    fsdp_buffer_t *buffers;
+    int nbuffers;
 };
 
 #define FSDP_LIMITER_MAX_INFLIGHT 2
@@ -72,6 +94,9 @@ struct fsdp {
     fsdp_group_t *pg;        /* shard group */
     fsdp_group_t *replicate; /* hybrid: the inter-node group, else NULL */
     int owns_groups;         /* made by fsdp_create: destroyed with it */
+    /* default hybrid groups made for hybrid units of a non-hybrid config (owned) */
+    fsdp_group_t *unit_hybrid_pg, *unit_hybrid_replicate;
+    int any_hybrid;          /* some unit is hybrid: the all-reduce stream exists */
     fsdp_dtype_t param_dtype;  /* effective mixed precision */
     fsdp_dtype_t reduce_dtype;
     size_t host_pinned_bytes;
@@ -133,10 +158,15 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
 const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
+/* runtime.c */
+fsdp_status_t fsdp_cast_buffers(fsdp_t *fs, fsdp_dtype_t dtype);
+
 /* hooks.c */
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);
 
 /* handle.c */
+fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
+                                    const fsdp_param_spec_t *params, int nparams, int i);
 fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,
                                  fsdp_handle_t **h_p);
 void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h);
@@ -144,6 +174,7 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unsharded);
 fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_handle_keep_low_precision_grad(fsdp_t *fs, fsdp_handle_t *h);
 const void *fsdp_handle_shard_source(const fsdp_handle_t *h);
 fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
 void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);

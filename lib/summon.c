@@ -90,10 +90,6 @@ fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *top, const fsdp_summon_option
         return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
                          "summon_full_params: writeback with rank0_only is not supported (as "
                          "in PyTorch): the other ranks would keep stale shards");
-    if (o.offload_to_cpu && !fsdp_strategy_is_sharded(fs->strategy))
-        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
-                         "summon_full_params: offload_to_cpu is not supported with no_shard (as "
-                         "in PyTorch)");
     if (o.with_grads && fs->cfg.cpu_offload)
         return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
                          "summon_full_params: with_grads is not supported with CPU offload (as "
@@ -102,6 +98,10 @@ fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *top, const fsdp_summon_option
         fsdp_unit_t *u = fs->units[i];
         if (!in_scope(top, u, o.recurse))
             continue;
+        if (o.offload_to_cpu && u->handle != NULL && !fsdp_strategy_is_sharded(u->strategy))
+            return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                             "summon_full_params: offload_to_cpu is not supported with no_shard "
+                             "(as in PyTorch; unit '%s' is no_shard)", u->name);
         if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
             return fsdp_fail(fs, FSDP_ERR_STATE,
                              "rank %d: unit '%s': summon_full_params inside another summon",
@@ -112,12 +112,12 @@ fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *top, const fsdp_summon_option
                              "rank %d: unit '%s': summon_full_params during forward or "
                              "backward", fs->dev->rank, u->name);
     }
-    keep = !o.rank0_only || fs->pg->rank == 0;
     for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
         fsdp_unit_t *u = fs->units[i];
         fsdp_handle_t *h = u->handle;
         if (!in_scope(top, u, o.recurse))
             continue;
+        keep = !o.rank0_only || u->pg->rank == 0;
         if (h != NULL) {
             /* gathered while still idle; then the unit enters the summon state */
             h->summon_on_host = o.offload_to_cpu;

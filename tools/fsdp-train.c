@@ -114,7 +114,9 @@ static void usage(FILE *f)
           "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
           "  --mixed-precision SPEC     param=D,reduce=D,buffer=D, any subset; D is fp32, bf16\n"
-          "                             or fp16 (PyTorch's MixedPrecision; default: full)\n"
+          "                             or fp16 (PyTorch's MixedPrecision; default: full);\n"
+          "                             add keep_low_precision_grads to keep the gradients\n"
+          "                             in param's dtype\n"
           "  --grad-accum K             K micro-batches per step (no_sync for the first K-1)\n"
           "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
           "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
@@ -195,8 +197,13 @@ static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
         fsdp_dtype_t dt, *field;
+        if (strcmp(item, "keep_low_precision_grads") == 0) {
+            mp->keep_low_precision_grads = 1;
+            continue;
+        }
         if (eq == NULL)
-            die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer)", item);
+            die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer) or "
+                "keep_low_precision_grads", item);
         *eq = '\0';
         if (strcmp(item, "param") == 0 || strcmp(item, "param_dtype") == 0)
             field = &mp->param_dtype;

@@ -16,6 +16,9 @@
  * LOCAL: `rank-RRRRR.safetensors` per rank holding each unit's flat shard as it is, padding
  * included (`<unit>.flat_param`, and `state.<unit>.flat_param.<buffer>`), as PyTorch's
  * LOCAL_STATE_DICT: it loads only into the same world size and sharding.
+ * Module buffers (fsdp_unit_options_t.buffers) are saved whole, in f32, under their names: in
+ * model.safetensors (FULL), rank 0's file (SHARDED) or every rank's file (LOCAL). Ignored
+ * parameters are not saved.
  */
 #ifndef FSDP_CHECKPOINT_H
 #define FSDP_CHECKPOINT_H

@@ -35,6 +35,9 @@ typedef enum {
     FSDP_STRATEGY_COUNT
 } fsdp_strategy_t;
 
+/* In fsdp_unit_options_t: the unit takes the config's strategy. */
+#define FSDP_STRATEGY_DEFAULT FSDP_STRATEGY_COUNT
+
 const char *fsdp_strategy_name(fsdp_strategy_t s); /* "full_shard", ... */
 int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p);
 
@@ -56,8 +59,14 @@ int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
 typedef struct fsdp_mixed_precision {
     fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET = full precision */
     fsdp_dtype_t reduce_dtype; /* FSDP_DTYPE_UNSET */
-    fsdp_dtype_t buffer_dtype; /* FSDP_DTYPE_UNSET */
-    int keep_low_precision_grads; /* 0 */
+    /* FSDP_DTYPE_UNSET. The units' buffers are cast to it at lazy init (the first root
+     * pre-forward) and stay in it, except that a root without parameters casts them back to
+     * f32 (their dtype) at every pre-forward, as PyTorch; state dicts hold them in f32. */
+    fsdp_dtype_t buffer_dtype;
+    /* 1: after backward the sharded gradient is handed to the optimizer in param_dtype (it is
+     * reduced and accumulated as without it, then cast in the final callback); read it with
+     * fsdp_unit_sharded_grad_data. No effect without param_dtype. 0 by default. */
+    int keep_low_precision_grads;
     int cast_forward_inputs;      /* 0 */
 } fsdp_mixed_precision_t;
 
@@ -107,6 +116,11 @@ typedef struct fsdp_param_spec {
     /* 0: frozen. A unit mixing frozen and trainable parameters needs use_orig_params. */
     int requires_grad;
     int tied_to;       /* -1, or the index of an earlier spec of the same unit to share with */
+    /* 1: PyTorch's ignored_states. The parameter is not flattened or sharded: every rank keeps
+     * it whole, no collective touches it, FSDP reduces no gradient for it and it is not in
+     * FSDP's state dicts; it is the caller's (fsdp_unit_ignored_param). Its index counts among
+     * the unit's ignored parameters, the others' among the flattened ones. 0 by default. */
+    int ignored;
 } fsdp_param_spec_t;
 
 /* Where a parameter sits in its handle's flat parameter and in this rank's shard
@@ -183,6 +197,39 @@ fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent
                                const fsdp_param_spec_t *params, int nparams,
                                fsdp_unit_t **unit_p);
 
+/* A module buffer (non-trainable state: running statistics, masks), f32 when created. */
+typedef struct fsdp_buffer_spec {
+    const char *name; /* full name, unique among parameters and buffers; copied */
+    int ndim;         /* 0..FSDP_MAX_DIMS */
+    int64_t shape[FSDP_MAX_DIMS];
+} fsdp_buffer_spec_t;
+
+/* Arguments PyTorch takes per FullyShardedDataParallel instance. */
+typedef struct fsdp_unit_options {
+    /* FSDP_STRATEGY_DEFAULT: the config's. Units of one model may mix strategies, hybrid and
+     * not; each uses its own strategy's collectives, groups and divide factors. */
+    fsdp_strategy_t strategy;
+    /* The unit's shard group; NULL: for hybrid strategies the config's hybrid groups (or the
+     * default intra-node ones), else the config's process_group when the config is not
+     * hybrid, else the world. */
+    fsdp_group_t *process_group;
+    /* Hybrid only: the unit's replicate group; set both groups or neither. */
+    fsdp_group_t *replicate_group;
+    /* The module buffers of the unit's layers: not sharded, whole on every rank, zero when
+     * created (fsdp_unit_set_buffer); none by default. */
+    const fsdp_buffer_spec_t *buffers;
+    int nbuffers;
+} fsdp_unit_options_t;
+
+void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
+
+/* fsdp_unit_create with per-unit options (NULL: the config's). A collective over the world
+ * when the unit is the first hybrid one without explicit groups in a model whose config is not
+ * hybrid: the default hybrid groups are made then. */
+fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                  const fsdp_param_spec_t *params, int nparams,
+                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p);
+
 int fsdp_num_units(const fsdp_t *fs);
 fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
 fsdp_unit_t *fsdp_root(fsdp_t *fs);
@@ -193,6 +240,10 @@ fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_i
 /* T: flat numel (tied parameters once), S: shard numel, W: shard-group size. */
 size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
 size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
+/* The unit's effective strategy (NO_SHARD on a one-rank shard group) and groups. */
+fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
+fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u);
+fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u); /* NULL unless hybrid */
 fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
 fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
@@ -203,10 +254,40 @@ float *fsdp_unit_local_shard(fsdp_unit_t *u);
 int fsdp_unit_offloaded(const fsdp_unit_t *u);
 /* The dtype parameters have between the hooks, and gradients are written in. */
 fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
-/* This rank's sharded gradient after the final callback (S elements), NULL when none. */
+/* This rank's sharded gradient after the final callback (S elements, f32), NULL when none or
+ * when it is kept in low precision (keep_low_precision_grads). */
 float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
+/* The sharded gradient in whatever dtype it has (f32, or param_dtype with
+ * keep_low_precision_grads), NULL when none; *dtype_p (may be NULL) gets the dtype. */
+void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p);
 /* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
 void fsdp_zero_grad(fsdp_t *fs);
+
+/* Ignored parameters (fsdp_param_spec_t.ignored), indexed in spec order among themselves.
+ * Each is whole on every rank: value and gradient are numel f32 in device memory, the gradient
+ * zero at creation. FSDP never reads or writes them after that: no collective, no gradient
+ * reduction, no broadcast under sync_module_states, no fsdp_zero_grad, no optimizer step, no
+ * state dict or checkpoint; the caller owns them. */
+int fsdp_unit_num_ignored_params(const fsdp_unit_t *u);
+fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
+                                           fsdp_param_info_t *info_p);
+float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
+float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
+/* Copies this rank's host values (numel floats) into ignored parameter `index`. */
+fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values);
+
+/* Module buffers (fsdp_unit_options_t.buffers), in spec order. info: name, ndim, shape,
+ * numel. fsdp_unit_buffer: the buffer in device memory as the model computes with it, in
+ * *dtype_p (f32, or buffer_dtype after lazy init). */
+int fsdp_unit_num_buffers(const fsdp_unit_t *u);
+fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p);
+void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p);
+/* Sets buffer `index` from numel f32 host values (stored in the buffer's present dtype). With
+ * sync_module_states, rank 0's values, broadcast over the world (a collective), as PyTorch
+ * broadcasts module buffers. Call while the unit is idle. */
+fsdp_status_t fsdp_unit_set_buffer(fsdp_unit_t *u, int index, const float *host_values);
+/* The buffer in full precision (f32), as state dicts hold it, into numel host floats. */
+fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *host_out);
 
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */

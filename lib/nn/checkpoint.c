@@ -244,6 +244,46 @@ static void list_free(entry_list_t *l)
     free(l->shapes);
 }
 
+/* Every module buffer, whole and in f32 (state dicts hold buffers in full precision). */
+static fsdp_status_t add_module_buffers(fsdp_t *fs, entry_list_t *l)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        for (int j = 0; j < fsdp_unit_num_buffers(u) && status == FSDP_OK; j++) {
+            fsdp_param_info_t bi;
+            float *copy;
+            fsdp_unit_buffer_info(u, j, &bi);
+            copy = malloc(bi.numel * sizeof(float) + 1);
+            if (copy == NULL)
+                return FSDP_ERR_NO_MEMORY;
+            status = fsdp_unit_get_buffer(u, j, copy);
+            if (status == FSDP_OK)
+                status = list_add(l, bi.name, bi.ndim, bi.shape, copy);
+            if (status != FSDP_OK)
+                free(copy);
+        }
+    }
+    return status;
+}
+
+/* The dimension count of the list's module buffers (entries named as a buffer). */
+static void module_buffer_dims(fsdp_t *fs, const entry_list_t *l, int *dims)
+{
+    for (int i = 0; i < fsdp_num_units(fs); i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        for (int j = 0; j < fsdp_unit_num_buffers(u); j++) {
+            fsdp_param_info_t bi;
+            fsdp_unit_buffer_info(u, j, &bi);
+            for (int e = 0; e < l->n; e++) {
+                if (strcmp(l->names[e], bi.name) == 0)
+                    dims[e] = bi.ndim;
+            }
+        }
+    }
+}
+
 /* FULL: gather every buffer; rank 0 writes model.safetensors and optimizer.safetensors. */
 static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
 {
@@ -292,6 +332,8 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
         for (int k = 0; k < 3; k++)
             free(full[k]);
     }
+    if (status == FSDP_OK && rank == 0)
+        status = add_module_buffers(fs, &model);
     if (status == FSDP_OK && rank == 0) {
         char path[PATH_MAX];
         static const char *const pt[] = {"format", "pt"};
@@ -317,6 +359,7 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
             }
         }
         if (status == FSDP_OK) {
+            module_buffer_dims(fs, &model, mdims);
             list_finish(&model, mdims);
             status = path_join(path, sizeof(path), tmpdir, "model.safetensors");
             if (status == FSDP_OK)
@@ -396,6 +439,9 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
             }
         }
     }
+    /* buffers are not sharded: rank 0's file holds them whole */
+    if (status == FSDP_OK && dev->rank == 0)
+        status = add_module_buffers(fs, &pieces);
     if (status == FSDP_OK) {
         char path[PATH_MAX], fname[64];
         dims = calloc((size_t)pieces.n + 1, sizeof(int));
@@ -404,6 +450,7 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
         } else {
             for (int e = 0; e < pieces.n; e++)
                 dims[e] = 1;
+            module_buffer_dims(fs, &pieces, dims);
             list_finish(&pieces, dims);
             snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
             status = path_join(path, sizeof(path), tmpdir, fname);
@@ -461,6 +508,9 @@ static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdi
                 free(copy);
         }
     }
+    /* every rank's own buffers, as PyTorch's local state dict holds them */
+    if (status == FSDP_OK)
+        status = add_module_buffers(fs, &flat);
     if (status == FSDP_OK) {
         char path[PATH_MAX], fname[64];
         dims = calloc((size_t)flat.n + 1, sizeof(int));
@@ -469,6 +519,7 @@ static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdi
         } else {
             for (int e = 0; e < flat.n; e++)
                 dims[e] = 1;
+            module_buffer_dims(fs, &flat, dims);
             list_finish(&flat, dims);
             snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
             status = path_join(path, sizeof(path), tmpdir, fname);
@@ -774,6 +825,45 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
     return status;
 }
 
+/* The module buffers, whole, from model.safetensors (FULL), rank 0's file (SHARDED) or this
+ * rank's own file (LOCAL). */
+static fsdp_status_t load_module_buffers(load_ctx_t *lc)
+{
+    fsdp_t *fs = lc->fs;
+    int rank = fsdp_device(fs)->rank;
+    int index = lc->type == FSDP_STATE_DICT_LOCAL ? rank : 0;
+    char fname[64], msg[700];
+    fsdp_status_t status = FSDP_OK;
+
+    if (lc->type == FSDP_STATE_DICT_FULL)
+        snprintf(fname, sizeof(fname), "model.safetensors");
+    else
+        snprintf(fname, sizeof(fname), "rank-%05d.safetensors", index);
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        for (int j = 0; j < fsdp_unit_num_buffers(u) && status == FSDP_OK; j++) {
+            fsdp_param_info_t bi;
+            const fsdp_st_tensor_t *t;
+            fsdp_st_file_t *f;
+            fsdp_unit_buffer_info(u, j, &bi);
+            if (index >= lc->nfiles)
+                return bad_checkpoint(lc, "a local checkpoint of fewer ranks holds no buffers "
+                                          "for this rank");
+            status = open_file(lc, index, fname, &f);
+            if (status != FSDP_OK)
+                return status;
+            t = fsdp_st_find(f, bi.name);
+            if (t == NULL || strcmp(t->dtype, "F32") != 0 || t->numel != bi.numel) {
+                snprintf(msg, sizeof(msg), "buffer '%s' missing from %s, or not %zu F32 "
+                         "elements", bi.name, fname, bi.numel);
+                return bad_checkpoint(lc, msg);
+            }
+            status = fsdp_unit_set_buffer(u, j, t->data);
+        }
+    }
+    return status;
+}
+
 static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
 {
     char path[PATH_MAX], sub[128];
@@ -844,6 +934,8 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         if (fsdp_unit_has_params(u))
             status = load_unit(&lc, u, opt);
     }
+    if (status == FSDP_OK)
+        status = load_module_buffers(&lc);
     if (status == FSDP_OK && opt != NULL)
         fsdp_optim_set_num_steps(
             opt, json_integer_value(json_object_get(lc.meta, "optimizer_num_steps")));

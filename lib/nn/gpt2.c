@@ -11,6 +11,7 @@
 
 #include <fsdp/gpt2.h>
 #include <fsdp/log.h>
+#include <fsdp/wrap.h>
 
 #include "nn/gpt2_int.h"
 
@@ -267,10 +268,163 @@ void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, 
     }
 }
 
+/* HF's GPT2Model as a module tree, in named_modules order, with each module's own parameters:
+ * module m holds params [first[m], first[m] + count[m]) of the parameter list. */
+typedef struct gpt2_tree {
+    fsdp_module_desc_t *mods;
+    int nmods;
+    int *first, *count;
+    fsdp_param_spec_t *params; /* names point into pnames */
+    char (*pnames)[96];
+    char (*mnames)[64];
+    int nparams;
+} gpt2_tree_t;
+
+static void tree_free(gpt2_tree_t *t)
+{
+    free(t->mods);
+    free(t->first);
+    free(t->count);
+    free(t->params);
+    free(t->pnames);
+    free(t->mnames);
+}
+
+/* Adds module `name` of `type` under `parent`, owning `np` parameters: block `block` (or the
+ * root's, -1) parameters of FSDP_GPT2_* index `pi0` onward. Returns its index. */
+static int tree_add(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *name,
+                    const char *type, int parent, int block, int pi0, int np)
+{
+    int m = t->nmods++;
+    size_t own = 0;
+
+    snprintf(t->mnames[m], sizeof(t->mnames[m]), "%s", name);
+    t->first[m] = t->nparams;
+    t->count[m] = np;
+    for (int k = 0; k < np; k++) {
+        fsdp_param_spec_t *sp = &t->params[t->nparams];
+        char *pn = t->pnames[t->nparams];
+        int nd;
+        int64_t shape[2];
+        fsdp_gpt2_param_shape(cfg, block, pi0 + k, &nd, shape);
+        if (block < 0)
+            snprintf(pn, sizeof(t->pnames[0]), "transformer.%s", root_names[pi0 + k]);
+        else
+            snprintf(pn, sizeof(t->pnames[0]), "transformer.h.%d.%s", block,
+                     block_names[pi0 + k]);
+        if (nd == 2)
+            spec_2d(sp, pn, shape[0], shape[1]);
+        else
+            spec_1d(sp, pn, shape[0]);
+        own += (size_t)shape[0] * (nd == 2 ? (size_t)shape[1] : 1);
+        t->nparams++;
+    }
+    t->mods[m].name = t->mnames[m];
+    t->mods[m].type = type;
+    t->mods[m].own_numel = own;
+    t->mods[m].parent = parent;
+    return m;
+}
+
+/* "transformer.h.<l>.<suffix>" into n (64 bytes). */
+static const char *sub_name(char *n, int l, const char *suffix)
+{
+    snprintf(n, 64, "transformer.h.%d.%s", l, suffix);
+    return n;
+}
+
+static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
+{
+    int cap = 5 + 10 * cfg->n_layer;
+    int ncap = FSDP_GPT2_ROOT_NPARAMS + FSDP_GPT2_BLOCK_NPARAMS * cfg->n_layer;
+    int list;
+
+    memset(t, 0, sizeof(*t));
+    t->mods = calloc((size_t)cap, sizeof(*t->mods));
+    t->first = calloc((size_t)cap, sizeof(*t->first));
+    t->count = calloc((size_t)cap, sizeof(*t->count));
+    t->mnames = calloc((size_t)cap, sizeof(*t->mnames));
+    t->params = calloc((size_t)ncap, sizeof(*t->params));
+    t->pnames = calloc((size_t)ncap, sizeof(*t->pnames));
+    if (!t->mods || !t->first || !t->count || !t->mnames || !t->params || !t->pnames) {
+        tree_free(t);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    tree_add(t, cfg, "transformer", "GPT2Model", -1, -1, 0, 0);
+    tree_add(t, cfg, "transformer.wte", "Embedding", 0, -1, FSDP_GPT2_WTE, 1);
+    tree_add(t, cfg, "transformer.wpe", "Embedding", 0, -1, FSDP_GPT2_WPE, 1);
+    list = tree_add(t, cfg, "transformer.h", "ModuleList", 0, -1, 0, 0);
+    for (int l = 0; l < cfg->n_layer; l++) {
+        char n[64];
+        int blk, attn, mlp;
+        snprintf(n, sizeof(n), "transformer.h.%d", l);
+        blk = tree_add(t, cfg, n, "GPT2Block", list, l, 0, 0);
+        tree_add(t, cfg, sub_name(n, l, "ln_1"), "LayerNorm", blk, l, FSDP_GPT2_LN1_W, 2);
+        attn = tree_add(t, cfg, sub_name(n, l, "attn"), "GPT2Attention", blk, l, 0, 0);
+        tree_add(t, cfg, sub_name(n, l, "attn.c_attn"), "Conv1D", attn, l, FSDP_GPT2_ATTN_W, 2);
+        tree_add(t, cfg, sub_name(n, l, "attn.c_proj"), "Conv1D", attn, l,
+                 FSDP_GPT2_ATTN_PROJ_W, 2);
+        tree_add(t, cfg, sub_name(n, l, "ln_2"), "LayerNorm", blk, l, FSDP_GPT2_LN2_W, 2);
+        mlp = tree_add(t, cfg, sub_name(n, l, "mlp"), "GPT2MLP", blk, l, 0, 0);
+        tree_add(t, cfg, sub_name(n, l, "mlp.c_fc"), "Conv1D", mlp, l, FSDP_GPT2_FC_W, 2);
+        tree_add(t, cfg, sub_name(n, l, "mlp.c_proj"), "Conv1D", mlp, l, FSDP_GPT2_FC_PROJ_W,
+                 2);
+    }
+    tree_add(t, cfg, "transformer.ln_f", "LayerNorm", 0, -1, FSDP_GPT2_LNF_W, 2);
+    return FSDP_OK;
+}
+
+/* The units of ModuleWrapPolicy({GPT2Block}): the root holds wte, wpe and ln_f, each block its
+ * own parameters, flattened in named_parameters order. */
+static fsdp_status_t create_units(fsdp_t *fs, fsdp_gpt2_t *m, const gpt2_tree_t *t)
+{
+    static const char *const wrap_types[] = {"GPT2Block"};
+    fsdp_wrap_policy_t policy;
+    fsdp_param_spec_t *specs = calloc((size_t)t->nparams + 1, sizeof(*specs));
+    int *unit_of = calloc((size_t)t->nmods, sizeof(*unit_of));
+    fsdp_unit_t **unit_at = calloc((size_t)t->nmods, sizeof(*unit_at));
+    fsdp_status_t status;
+    int nblocks = 0;
+
+    fsdp_wrap_policy_init(&policy, FSDP_WRAP_BY_TYPE);
+    policy.types = wrap_types;
+    policy.ntypes = 1;
+    status = specs && unit_of && unit_at ? fsdp_auto_wrap(&policy, t->mods, t->nmods, unit_of)
+                                         : FSDP_ERR_NO_MEMORY;
+    for (int w = 0; w < t->nmods && status == FSDP_OK; w++) {
+        int n = 0;
+        if (unit_of[w] != w)
+            continue;
+        for (int i = w; i < t->nmods; i++) {
+            if (unit_of[i] != w)
+                continue;
+            memcpy(specs + n, t->params + t->first[i], sizeof(*specs) * (size_t)t->count[i]);
+            n += t->count[i];
+        }
+        status = fsdp_unit_create(fs, t->mods[w].name,
+                                  w == 0 ? NULL : unit_at[unit_of[t->mods[w].parent]], specs, n,
+                                  &unit_at[w]);
+        if (status != FSDP_OK)
+            break;
+        if (w == 0)
+            m->root = unit_at[w];
+        else if (nblocks < m->cfg.n_layer)
+            m->blocks[nblocks++] = unit_at[w];
+    }
+    if (status == FSDP_OK && nblocks != m->cfg.n_layer) {
+        fsdp_error("gpt2: the wrap policy made %d block units for %d layers", nblocks,
+                   m->cfg.n_layer);
+        status = FSDP_ERR_INTERNAL;
+    }
+    free(specs);
+    free(unit_of);
+    free(unit_at);
+    return status;
+}
+
 fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p)
 {
-    fsdp_param_spec_t specs[FSDP_GPT2_BLOCK_NPARAMS];
-    char names[FSDP_GPT2_BLOCK_NPARAMS][96];
+    gpt2_tree_t tree;
     fsdp_gpt2_t *m;
     fsdp_status_t status;
 
@@ -290,17 +444,11 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
     m->cfg = *cfg;
     m->loss_scale = 1.0f;
 
-    for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++) {
-        int nd;
-        int64_t shape[2];
-        fsdp_gpt2_param_shape(cfg, -1, i, &nd, shape);
-        snprintf(names[i], sizeof(names[i]), "transformer.%s", root_names[i]);
-        if (nd == 2)
-            spec_2d(&specs[i], names[i], shape[0], shape[1]);
-        else
-            spec_1d(&specs[i], names[i], shape[0]);
-    }
-    status = fsdp_unit_create(fs, "transformer", NULL, specs, FSDP_GPT2_ROOT_NPARAMS, &m->root);
+    status = tree_build(&tree, cfg);
+    if (status != FSDP_OK)
+        goto err_free;
+    status = create_units(fs, m, &tree);
+    tree_free(&tree);
     if (status != FSDP_OK)
         goto err_free;
     if (fsdp_unit_compute_dtype(m->root) != FSDP_DTYPE_F32) {
@@ -308,24 +456,6 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
                    fsdp_dtype_name(fsdp_unit_compute_dtype(m->root)));
         status = FSDP_ERR_UNSUPPORTED;
         goto err_free;
-    }
-    for (int l = 0; l < cfg->n_layer; l++) {
-        char uname[48];
-        snprintf(uname, sizeof(uname), "transformer.h.%d", l);
-        for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS; i++) {
-            int nd;
-            int64_t shape[2];
-            fsdp_gpt2_param_shape(cfg, l, i, &nd, shape);
-            snprintf(names[i], sizeof(names[i]), "transformer.h.%d.%s", l, block_names[i]);
-            if (nd == 2)
-                spec_2d(&specs[i], names[i], shape[0], shape[1]);
-            else
-                spec_1d(&specs[i], names[i], shape[0]);
-        }
-        status =
-            fsdp_unit_create(fs, uname, m->root, specs, FSDP_GPT2_BLOCK_NPARAMS, &m->blocks[l]);
-        if (status != FSDP_OK)
-            goto err_free;
     }
     *model_p = m;
     return FSDP_OK;

@@ -285,13 +285,30 @@ static fsdp_status_t fsdp_optim_update(fsdp_optim_t *opt, fsdp_optim_unit_t *st,
 static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
                                           fsdp_optim_unit_t *st)
 {
-    float *param = fsdp_unit_local_shard(u), *grad = fsdp_unit_sharded_grad(u);
+    float *param = fsdp_unit_local_shard(u), *grad = fsdp_unit_sharded_grad(u), *up = NULL;
     int nparams = fsdp_unit_num_params(u);
     fsdp_status_t status;
 
     status = fsdp_optim_unit_state(opt, u, st, fsdp_unit_shard_numel(u));
-    if (status != FSDP_OK)
+    if (status == FSDP_OK && grad == NULL) {
+        /* keep_low_precision_grads: the update reads the gradient upcast to f32, as torch's
+         * optimizers compute in the parameter's dtype */
+        fsdp_kernel_t k = {.kind = FSDP_K_CAST};
+        size_t n = fsdp_unit_shard_numel(u);
+        k.u.cast.src = fsdp_unit_sharded_grad_data(u, &k.u.cast.src_dtype);
+        k.u.cast.dst_dtype = FSDP_DTYPE_F32;
+        k.u.cast.n = n;
+        status = fsdp_mem_alloc(fsdp_memory(opt->fs), n * sizeof(float), FSDP_MEM_TEMPORARY,
+                                fsdp_compute_stream(opt->fs), (void **)&up);
+        k.u.cast.dst = up;
+        if (status == FSDP_OK)
+            status = fsdp_optim_launch(opt, &k);
+        grad = up;
+    }
+    if (status != FSDP_OK) {
+        fsdp_mem_free(fsdp_memory(opt->fs), up);
         return status;
+    }
     st->step++;
     for (int i = 0; i < nparams; i++) {
         fsdp_param_info_t info;
@@ -299,7 +316,7 @@ static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
 
         status = fsdp_unit_param_info(u, i, &info);
         if (status != FSDP_OK)
-            return status;
+            break;
         /* a tied parameter shares its storage: the first one updates it once */
         if (info.tied_to >= 0 || !info.in_shard || info.numel_in_shard == 0 ||
             !info.requires_grad)
@@ -309,8 +326,11 @@ static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
         status = fsdp_optim_update(opt, st, param, grad, info.offset_in_shard,
                                    info.numel_in_shard, wd);
         if (status != FSDP_OK)
-            return status;
+            break;
     }
+    fsdp_mem_free(fsdp_memory(opt->fs), up); /* read on the compute stream it was made on */
+    if (status != FSDP_OK)
+        return status;
     st->has_buffer = st->state0 != NULL;
     return FSDP_OK;
 }
@@ -331,7 +351,7 @@ fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt)
     for (int i = 0; i < nunits; i++) {
         fsdp_unit_t *u = fsdp_unit_at(opt->fs, i);
         /* torch skips a parameter whose .grad is None, and its step does not advance */
-        if (u == NULL || !fsdp_unit_has_params(u) || fsdp_unit_sharded_grad(u) == NULL)
+        if (u == NULL || !fsdp_unit_has_params(u) || fsdp_unit_sharded_grad_data(u, NULL) == NULL)
             continue;
         status = fsdp_optim_step_unit(opt, u, &opt->units[i]);
         if (status != FSDP_OK)
