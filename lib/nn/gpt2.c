@@ -303,12 +303,6 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
     status = fsdp_unit_create(fs, "transformer", NULL, specs, FSDP_GPT2_ROOT_NPARAMS, &m->root);
     if (status != FSDP_OK)
         goto err_free;
-    if (fsdp_unit_compute_dtype(m->root) != FSDP_DTYPE_F32) {
-        fsdp_error("gpt2 computes in f32: mixed precision with param_dtype %s is not supported",
-                   fsdp_dtype_name(fsdp_unit_compute_dtype(m->root)));
-        status = FSDP_ERR_UNSUPPORTED;
-        goto err_free;
-    }
     for (int l = 0; l < cfg->n_layer; l++) {
         char uname[48];
         snprintf(uname, sizeof(uname), "transformer.h.%d", l);
