@@ -1,6 +1,6 @@
 /* The sim's GPT-2: host throughput of each transformer kernel on the shapes of gpt2-tiny and
- * GPT-2 124M, then whole training steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4
- * simulated ranks, in tokens per second.
+ * GPT-2 124M, in f32 and in bf16 (the loads and stores through the dtype), then whole training
+ * steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4 simulated ranks, in tokens per second.
  *
  *     bench_gpt2 [--quick]
  *
@@ -44,6 +44,14 @@ static float *buf(size_t n, float v)
     return p;
 }
 
+/* The first n floats of p rewritten as n values of dt, in place (element i of dt ends before
+ * float i, which is read before anything at or after it is written). */
+static void to_dtype(float *p, size_t n, fsdp_dtype_t dt)
+{
+    for (size_t i = 0; dt != FSDP_DTYPE_F32 && i < n; i++)
+        ((uint16_t *)p)[i] = dt == FSDP_DTYPE_BF16 ? fsdp_f32_to_bf16(p[i]) : fsdp_f32_to_f16(p[i]);
+}
+
 /* best CPU time of `reps` runs of k, in seconds */
 static double time_kernel(const fsdp_kernel_t *k, int reps)
 {
@@ -60,7 +68,7 @@ static double time_kernel(const fsdp_kernel_t *k, int reps)
 }
 
 static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t H, size_t V,
-                          int reps)
+                          fsdp_dtype_t dt, int reps)
 {
     const size_t n = B * T, att = B * H * T * T;
     float *x = buf(n * 4 * C, 0.1f), *y = buf(n * 4 * C, 0.0f), *w = buf(4 * C, 1.0f);
@@ -73,52 +81,56 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
 
     for (size_t i = 0; i < n; i++)
         tok[i] = (int32_t)(i * 7 % V);
-    printf("%s (B=%zu T=%zu C=%zu H=%zu V=%zu), ns per element:\n", what, B, T, C, H, V);
+    to_dtype(x, n * 4 * C, dt), to_dtype(y, n * 4 * C, dt), to_dtype(w, 4 * C, dt);
+    to_dtype(b, 4 * C, dt), to_dtype(a, att, dt), to_dtype(logits, n * V, dt);
+    to_dtype(dw, 4 * C, dt), to_dtype(db, 4 * C, dt), to_dtype(wte, V * C, dt);
+    printf("%s (B=%zu T=%zu C=%zu H=%zu V=%zu) in %s, ns per element:\n", what, B, T, C, H, V,
+           fsdp_dtype_name(dt));
 #define ROW(name, count) printf("  %-16s %8.2f\n", name, 1e9 * t / (double)(count))
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_LAYERNORM_FWD;
-    k.u.layernorm_fwd = (__typeof__(k.u.layernorm_fwd)){y, mean, rstd, x, w, b, n, C, 1e-5f};
+    k.u.layernorm_fwd = (__typeof__(k.u.layernorm_fwd)){y, mean, rstd, x, w, b, n, C, 1e-5f, dt};
     t = time_kernel(&k, reps);
     ROW("layernorm_fwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_LAYERNORM_BWD;
     k.u.layernorm_bwd =
-        (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w, n, C, 1};
+        (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w, n, C, 1, dt};
     t = time_kernel(&k, reps);
     ROW("layernorm_bwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_GELU_FWD;
-    k.u.gelu_fwd = (__typeof__(k.u.gelu_fwd)){y, x, n * 4 * C};
+    k.u.gelu_fwd = (__typeof__(k.u.gelu_fwd)){y, x, n * 4 * C, dt};
     t = time_kernel(&k, reps);
     ROW("gelu_fwd", n * 4 * C);
     k.kind = FSDP_K_GELU_BWD;
-    k.u.gelu_bwd = (__typeof__(k.u.gelu_bwd)){y, y, x, n * 4 * C};
+    k.u.gelu_bwd = (__typeof__(k.u.gelu_bwd)){y, y, x, n * 4 * C, dt};
     t = time_kernel(&k, reps);
     ROW("gelu_bwd", n * 4 * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_FWD;
-    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1};
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt};
     t = time_kernel(&k, reps);
     ROW("softmax_fwd", att);
     k.kind = FSDP_K_SOFTMAX_BWD;
-    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1};
+    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt};
     if (att <= n * 4 * C) {
         t = time_kernel(&k, reps);
         ROW("softmax_bwd", att);
     }
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_EMBEDDING_FWD;
-    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V};
+    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V, dt};
     t = time_kernel(&k, reps);
     ROW("embedding_fwd", n * C);
     k.kind = FSDP_K_EMBEDDING_BWD;
-    k.u.embedding_bwd = (__typeof__(k.u.embedding_bwd)){wte, y, x, tok, n, C, T, V};
+    k.u.embedding_bwd = (__typeof__(k.u.embedding_bwd)){wte, y, x, tok, n, C, T, V, dt};
     t = time_kernel(&k, reps);
     ROW("embedding_bwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_CROSS_ENTROPY;
     k.u.cross_entropy =
-        (__typeof__(k.u.cross_entropy)){&loss, losses, logits, logits, tok, n, V, (double)n};
+        (__typeof__(k.u.cross_entropy)){&loss, losses, logits, logits, tok, n, V, (double)n, dt};
     t = time_kernel(&k, reps);
     ROW("cross_entropy", n * V);
 #undef ROW
@@ -200,9 +212,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_gpt2 [--quick]\n");
         return 2;
     }
-    bench_kernels("gpt2-tiny", 8, 64, 64, 2, 256, quick ? 3 : 10);
-    if (!quick)
-        bench_kernels("gpt2 124M", 4, 256, 768, 12, 50257, 2);
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = d == 0 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16;
+        bench_kernels("gpt2-tiny", 8, 64, 64, 2, 256, dt, quick ? 3 : 10);
+        if (!quick)
+            bench_kernels("gpt2 124M", 4, 256, 768, 12, 50257, dt, 2);
+    }
     if (fsdp_tokens_open_default(argv[0], &t) != FSDP_OK)
         return 1;
     bench_steps(t, 1, quick ? 5 : 20);

@@ -266,8 +266,9 @@ FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     }
 }
 
-/* The exponentials are computed twice (for the sum, then for the output) so that no
- * unnormalized value passes through a low-precision y; the bits are the same either way. */
+/* In f32 y keeps each exponential until the division (y may be x); in a 16-bit dtype they are
+ * computed again for the output instead, so that no unnormalized value is rounded. The same
+ * function of the same argument, so the same bits either way. */
 FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
 {
     const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
@@ -283,10 +284,17 @@ FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
         if (z > mx)
             mx = z;
     }
-    for (size_t j = 0; j < valid; j++)
-        sum += fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
-    for (size_t j = 0; j < valid; j++)
-        fsdp_kb_store(y, dt, o + j, fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx) / sum);
+    for (size_t j = 0; j < valid; j++) {
+        float e = fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
+        sum += e;
+        if (dt == FSDP_DTYPE_F32)
+            ((float *)y)[o + j] = e;
+    }
+    for (size_t j = 0; j < valid; j++) {
+        float e = dt == FSDP_DTYPE_F32 ? ((const float *)y)[o + j]
+                                       : fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
+        fsdp_kb_store(y, dt, o + j, e / sum);
+    }
     for (size_t j = valid; j < n; j++)
         fsdp_kb_store(y, dt, o + j, 0.0f);
 }
@@ -310,9 +318,9 @@ FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
         fsdp_kb_store(dx, dt, o + j, 0.0f);
 }
 
-/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom). Each
- * exponential is computed twice (the sum, then the gradient), so that dlogits may be the
- * logits in any dtype. */
+/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom). As in
+ * softmax_fwd, f32 dlogits keep the exponentials until the division; in a 16-bit dtype they are
+ * computed again for the gradient (dlogits may be the logits). */
 FSDP_HD void fsdp_kb_cross_entropy_row(const fsdp_kernel_t *k, float inv_denom, size_t r)
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
@@ -340,11 +348,17 @@ FSDP_HD void fsdp_kb_cross_entropy_row(const fsdp_kernel_t *k, float inv_denom, 
         if (lj > mx)
             mx = lj;
     }
-    for (size_t j = 0; j < v; j++)
-        sum += fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
+    for (size_t j = 0; j < v; j++) {
+        float e = fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
+        sum += e;
+        if (d != NULL && dt == FSDP_DTYPE_F32)
+            ((float *)d)[o + j] = e;
+    }
     k->u.cross_entropy.losses[r] = (mx + fsdp_kb_logf(sum)) - lt;
     for (size_t j = 0; d != NULL && j < v; j++) {
-        float p = fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx) / sum;
+        float e = dt == FSDP_DTYPE_F32 ? ((const float *)d)[o + j]
+                                       : fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
+        float p = e / sum;
         fsdp_kb_store(d, dt, o + j, ((size_t)t == j ? p - 1.0f : p) * inv_denom);
     }
 }
