@@ -736,6 +736,21 @@ static void test_reference_self_check(void)
 }
 
 /* the model's loss and gradients (W = 1) against the double reference */
+/* one forward-backward of the small model on one rank from init, its gradients kept */
+static void small_job(job_t *j, const float *init, const int32_t *in, const int32_t *tg,
+                      size_t total)
+{
+    cfg_of(&j->cfg, &small);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 1;
+    j->init = init;
+    j->inputs = in;
+    j->targets = tg;
+    j->batch = SB;
+    j->seq = ST;
+    j->grads = malloc(total * sizeof(float));
+}
+
 static void test_against_reference(void)
 {
     ref_model_t p, g;
@@ -753,15 +768,7 @@ static void test_against_reference(void)
     small_batch(in, tg);
     loss = ref_run(&p, &g, in, tg, SB, ST);
 
-    cfg_of(&j->cfg, &small);
-    j->strategy = FSDP_FULL_SHARD;
-    j->world = 1;
-    j->init = init;
-    j->inputs = in;
-    j->targets = tg;
-    j->batch = SB;
-    j->seq = ST;
-    j->grads = malloc(total * sizeof(float));
+    small_job(j, init, in, tg, total);
     CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
     fprintf(stderr, "\n  loss %.9g, reference %.9g\n", (double)j->losses[0][0], loss);
     CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
@@ -1307,15 +1314,7 @@ static void test_mp_against_f32(void)
     ref_alloc(&g, &small);
     float *init = random_params(&small, &p);
     small_batch(in, tg);
-    cfg_of(&j->cfg, &small);
-    j->strategy = FSDP_FULL_SHARD;
-    j->world = 1;
-    j->init = init;
-    j->inputs = in;
-    j->targets = tg;
-    j->batch = SB;
-    j->seq = ST;
-    j->grads = malloc(total * sizeof(float));
+    small_job(j, init, in, tg, total);
     CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
     loss32 = j->losses[0][0];
     memcpy(grads32, j->grads, total * sizeof(float));
