@@ -47,38 +47,9 @@ static int nn_overlap(const void *a, size_t an, const void *b, size_t bn, size_t
     return an > 0 && bn > 0 && x < y + bn * es && y < x + an * es;
 }
 
-/* The dtype of a transformer kernel's tensors (kernel.h). */
-static fsdp_dtype_t nn_dtype(const fsdp_kernel_t *k)
-{
-    switch (k->kind) {
-    case FSDP_K_LAYERNORM_FWD:
-        return k->u.layernorm_fwd.dtype;
-    case FSDP_K_LAYERNORM_BWD:
-        return k->u.layernorm_bwd.dtype;
-    case FSDP_K_GELU_FWD:
-        return k->u.gelu_fwd.dtype;
-    case FSDP_K_GELU_BWD:
-        return k->u.gelu_bwd.dtype;
-    case FSDP_K_SOFTMAX_FWD:
-        return k->u.softmax_fwd.dtype;
-    case FSDP_K_SOFTMAX_BWD:
-        return k->u.softmax_bwd.dtype;
-    case FSDP_K_EMBEDDING_FWD:
-        return k->u.embedding_fwd.dtype;
-    case FSDP_K_EMBEDDING_BWD:
-        return k->u.embedding_bwd.dtype;
-    case FSDP_K_CROSS_ENTROPY:
-        return k->u.cross_entropy.dtype;
-    case FSDP_K_ADD:
-        return k->u.add.dtype;
-    default:
-        return FSDP_DTYPE_F32;
-    }
-}
-
 static fsdp_status_t nn_check(const fsdp_kernel_t *k)
 {
-    fsdp_dtype_t dt = nn_dtype(k);
+    fsdp_dtype_t dt = fsdp_kb_nn_dtype(k);
 
     if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16)
         NN_INVALID(k, "dtype %s (%d): the transformer kernels take f32, bf16 or f16",

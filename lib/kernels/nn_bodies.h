@@ -397,6 +397,35 @@ FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     }
 }
 
+/* The dtype of a transformer kernel's tensors (f32 for the other kinds). */
+FSDP_HD fsdp_dtype_t fsdp_kb_nn_dtype(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        return k->u.layernorm_fwd.dtype;
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.dtype;
+    case FSDP_K_GELU_FWD:
+        return k->u.gelu_fwd.dtype;
+    case FSDP_K_GELU_BWD:
+        return k->u.gelu_bwd.dtype;
+    case FSDP_K_SOFTMAX_FWD:
+        return k->u.softmax_fwd.dtype;
+    case FSDP_K_SOFTMAX_BWD:
+        return k->u.softmax_bwd.dtype;
+    case FSDP_K_EMBEDDING_FWD:
+        return k->u.embedding_fwd.dtype;
+    case FSDP_K_EMBEDDING_BWD:
+        return k->u.embedding_bwd.dtype;
+    case FSDP_K_CROSS_ENTROPY:
+        return k->u.cross_entropy.dtype;
+    case FSDP_K_ADD:
+        return k->u.add.dtype;
+    default:
+        return FSDP_DTYPE_F32;
+    }
+}
+
 /* ---- dispatch: what a thread (GPU) or an iteration (host) runs, by kind ---- */
 
 /* The number of rows a row kernel runs over (0 for the others). */
