@@ -1362,6 +1362,16 @@ static void test_mp_against_f32(void)
         CU_ASSERT(de[d] <= 0.05 * us[d]); /* the rounding points are the model's */
         CU_ASSERT(dg[d] <= 150.0 * us[d]);
         CU_ASSERT(dg[d] > 0.0); /* it really rounds */
+        {
+            /* checkpointed blocks recompute the same low-precision activations */
+            float *g0 = malloc(total * sizeof(float));
+            memcpy(g0, j->grads, total * sizeof(float));
+            j->checkpoint = 1;
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            j->checkpoint = 0;
+            CU_ASSERT(memcmp(g0, j->grads, total * sizeof(float)) == 0);
+            free(g0);
+        }
         free(gt);
         free(gt_d);
     }
@@ -1491,7 +1501,9 @@ int main(void)
         {"loss and gradients against the double reference, checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
-        {"bf16 and f16 loss and gradients against f32 within their roundoff", test_mp_against_f32},
+        {"bf16 and f16 loss and gradients against f32 within their roundoff, checkpointing the "
+         "same",
+         test_mp_against_f32},
         {"bf16: FULL_SHARD equals NO_SHARD; one process within roundoff; collective dtypes",
          test_mp_parity},
         {"shape mode: bf16 activations take half the bytes of f32", test_mp_shape_activations},
