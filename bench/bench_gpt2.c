@@ -1,6 +1,7 @@
 /* The sim's GPT-2: host throughput of each transformer kernel on the shapes of gpt2-tiny and
  * GPT-2 124M, in f32 and in bf16 (the loads and stores through the dtype), then whole training
- * steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4 simulated ranks, in tokens per second.
+ * steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4 simulated ranks, in tokens per second,
+ * in f32 and under bf16 mixed precision, with the ratio of the two step times.
  *
  *     bench_gpt2 [--quick]
  *
@@ -144,6 +145,7 @@ typedef struct step_ctx {
     fsdp_tokens_t *tokens;
     int steps;
     size_t batch, seq;
+    fsdp_dtype_t param_dtype; /* FSDP_DTYPE_UNSET: f32 */
 } step_ctx_t;
 
 static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
@@ -161,6 +163,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_status_t st;
 
     fsdp_config_init(&fc);
+    fc.mixed_precision.param_dtype = c->param_dtype;
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
     fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
     st = fsdp_create(dev, &fc, &fs);
@@ -187,9 +190,10 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     return st;
 }
 
-static void bench_steps(fsdp_tokens_t *t, int world, int steps)
+/* the step rate under param_dtype (FSDP_DTYPE_UNSET: f32); returns seconds per step */
+static double bench_steps(fsdp_tokens_t *t, int world, int steps, fsdp_dtype_t param_dtype)
 {
-    step_ctx_t c = {t, steps, 32, 64};
+    step_ctx_t c = {t, steps, 32, 64, param_dtype};
     fsdp_sim_params_t p;
     double t0, dt;
 
@@ -199,8 +203,11 @@ static void bench_steps(fsdp_tokens_t *t, int world, int steps)
     if (fsdp_sim_launch(&p, step_rank, &c, NULL) != FSDP_OK)
         exit(1);
     dt = wall_now() - t0;
-    printf("gpt2-tiny, %d rank%s full_shard, batch 32 x 64: %.1f ms per step, %.0f tokens/s\n",
-           world, world > 1 ? "s" : "", 1e3 * dt / steps, (double)steps * 32 * 64 / dt);
+    printf("gpt2-tiny, %d rank%s full_shard, batch 32 x 64, %s: %.1f ms per step, %.0f tokens/s\n",
+           world, world > 1 ? "s" : "",
+           param_dtype == FSDP_DTYPE_UNSET ? "f32" : fsdp_dtype_name(param_dtype), 1e3 * dt / steps,
+           (double)steps * 32 * 64 / dt);
+    return dt / steps;
 }
 
 int main(int argc, char **argv)
@@ -220,8 +227,11 @@ int main(int argc, char **argv)
     }
     if (fsdp_tokens_open_default(argv[0], &t) != FSDP_OK)
         return 1;
-    bench_steps(t, 1, quick ? 5 : 20);
-    bench_steps(t, 4, quick ? 5 : 20);
+    for (int w = 1; w <= 4; w += 3) { /* bf16 against f32 in this run: loads and stores cost */
+        double f32 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET);
+        double bf16 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_BF16);
+        printf("  bf16 / f32 step time on %d rank%s: %.2f\n", w, w > 1 ? "s" : "", bf16 / f32);
+    }
     fsdp_tokens_close(t);
     return 0;
 }
