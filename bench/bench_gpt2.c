@@ -1,6 +1,7 @@
 /* The sim's GPT-2: host throughput of each transformer kernel on the shapes of gpt2-tiny and
- * GPT-2 124M, then whole training steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4
- * simulated ranks, in tokens per second.
+ * GPT-2 124M, in f32 and in bf16 (the loads and stores through the dtype), then whole training
+ * steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4 simulated ranks, in tokens per second,
+ * in f32 and under bf16 mixed precision, with the ratio of the two step times.
  *
  *     bench_gpt2 [--quick]
  *
@@ -44,6 +45,14 @@ static float *buf(size_t n, float v)
     return p;
 }
 
+/* The first n floats of p rewritten as n values of dt, in place (element i of dt ends before
+ * float i, which is read before anything at or after it is written). */
+static void to_dtype(float *p, size_t n, fsdp_dtype_t dt)
+{
+    for (size_t i = 0; dt != FSDP_DTYPE_F32 && i < n; i++)
+        ((uint16_t *)p)[i] = dt == FSDP_DTYPE_BF16 ? fsdp_f32_to_bf16(p[i]) : fsdp_f32_to_f16(p[i]);
+}
+
 /* best CPU time of `reps` runs of k, in seconds */
 static double time_kernel(const fsdp_kernel_t *k, int reps)
 {
@@ -60,7 +69,7 @@ static double time_kernel(const fsdp_kernel_t *k, int reps)
 }
 
 static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t H, size_t V,
-                          int reps)
+                          fsdp_dtype_t dt, int reps)
 {
     const size_t n = B * T, att = B * H * T * T;
     float *x = buf(n * 4 * C, 0.1f), *y = buf(n * 4 * C, 0.0f), *w = buf(4 * C, 1.0f);
@@ -73,52 +82,56 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
 
     for (size_t i = 0; i < n; i++)
         tok[i] = (int32_t)(i * 7 % V);
-    printf("%s (B=%zu T=%zu C=%zu H=%zu V=%zu), ns per element:\n", what, B, T, C, H, V);
+    to_dtype(x, n * 4 * C, dt), to_dtype(y, n * 4 * C, dt), to_dtype(w, 4 * C, dt);
+    to_dtype(b, 4 * C, dt), to_dtype(a, att, dt), to_dtype(logits, n * V, dt);
+    to_dtype(dw, 4 * C, dt), to_dtype(db, 4 * C, dt), to_dtype(wte, V * C, dt);
+    printf("%s (B=%zu T=%zu C=%zu H=%zu V=%zu) in %s, ns per element:\n", what, B, T, C, H, V,
+           fsdp_dtype_name(dt));
 #define ROW(name, count) printf("  %-16s %8.2f\n", name, 1e9 * t / (double)(count))
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_LAYERNORM_FWD;
-    k.u.layernorm_fwd = (__typeof__(k.u.layernorm_fwd)){y, mean, rstd, x, w, b, n, C, 1e-5f};
+    k.u.layernorm_fwd = (__typeof__(k.u.layernorm_fwd)){y, mean, rstd, x, w, b, n, C, 1e-5f, dt};
     t = time_kernel(&k, reps);
     ROW("layernorm_fwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_LAYERNORM_BWD;
     k.u.layernorm_bwd =
-        (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w, n, C, 1};
+        (__typeof__(k.u.layernorm_bwd)){y, dw, db, x, x + n * C, mean, rstd, w, n, C, 1, dt};
     t = time_kernel(&k, reps);
     ROW("layernorm_bwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_GELU_FWD;
-    k.u.gelu_fwd = (__typeof__(k.u.gelu_fwd)){y, x, n * 4 * C};
+    k.u.gelu_fwd = (__typeof__(k.u.gelu_fwd)){y, x, n * 4 * C, dt};
     t = time_kernel(&k, reps);
     ROW("gelu_fwd", n * 4 * C);
     k.kind = FSDP_K_GELU_BWD;
-    k.u.gelu_bwd = (__typeof__(k.u.gelu_bwd)){y, y, x, n * 4 * C};
+    k.u.gelu_bwd = (__typeof__(k.u.gelu_bwd)){y, y, x, n * 4 * C, dt};
     t = time_kernel(&k, reps);
     ROW("gelu_bwd", n * 4 * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_FWD;
-    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1};
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt};
     t = time_kernel(&k, reps);
     ROW("softmax_fwd", att);
     k.kind = FSDP_K_SOFTMAX_BWD;
-    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1};
+    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt};
     if (att <= n * 4 * C) {
         t = time_kernel(&k, reps);
         ROW("softmax_bwd", att);
     }
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_EMBEDDING_FWD;
-    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V};
+    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V, dt};
     t = time_kernel(&k, reps);
     ROW("embedding_fwd", n * C);
     k.kind = FSDP_K_EMBEDDING_BWD;
-    k.u.embedding_bwd = (__typeof__(k.u.embedding_bwd)){wte, y, x, tok, n, C, T, V};
+    k.u.embedding_bwd = (__typeof__(k.u.embedding_bwd)){wte, y, x, tok, n, C, T, V, dt};
     t = time_kernel(&k, reps);
     ROW("embedding_bwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_CROSS_ENTROPY;
     k.u.cross_entropy =
-        (__typeof__(k.u.cross_entropy)){&loss, losses, logits, logits, tok, n, V, (double)n};
+        (__typeof__(k.u.cross_entropy)){&loss, losses, logits, logits, tok, n, V, (double)n, dt};
     t = time_kernel(&k, reps);
     ROW("cross_entropy", n * V);
 #undef ROW
@@ -132,6 +145,7 @@ typedef struct step_ctx {
     fsdp_tokens_t *tokens;
     int steps;
     size_t batch, seq;
+    fsdp_dtype_t param_dtype; /* FSDP_DTYPE_UNSET: f32 */
 } step_ctx_t;
 
 static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
@@ -149,6 +163,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_status_t st;
 
     fsdp_config_init(&fc);
+    fc.mixed_precision.param_dtype = c->param_dtype;
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
     fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
     st = fsdp_create(dev, &fc, &fs);
@@ -175,9 +190,10 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     return st;
 }
 
-static void bench_steps(fsdp_tokens_t *t, int world, int steps)
+/* the step rate under param_dtype (FSDP_DTYPE_UNSET: f32); returns seconds per step */
+static double bench_steps(fsdp_tokens_t *t, int world, int steps, fsdp_dtype_t param_dtype)
 {
-    step_ctx_t c = {t, steps, 32, 64};
+    step_ctx_t c = {t, steps, 32, 64, param_dtype};
     fsdp_sim_params_t p;
     double t0, dt;
 
@@ -187,8 +203,11 @@ static void bench_steps(fsdp_tokens_t *t, int world, int steps)
     if (fsdp_sim_launch(&p, step_rank, &c, NULL) != FSDP_OK)
         exit(1);
     dt = wall_now() - t0;
-    printf("gpt2-tiny, %d rank%s full_shard, batch 32 x 64: %.1f ms per step, %.0f tokens/s\n",
-           world, world > 1 ? "s" : "", 1e3 * dt / steps, (double)steps * 32 * 64 / dt);
+    printf("gpt2-tiny, %d rank%s full_shard, batch 32 x 64, %s: %.1f ms per step, %.0f tokens/s\n",
+           world, world > 1 ? "s" : "",
+           param_dtype == FSDP_DTYPE_UNSET ? "f32" : fsdp_dtype_name(param_dtype), 1e3 * dt / steps,
+           (double)steps * 32 * 64 / dt);
+    return dt / steps;
 }
 
 int main(int argc, char **argv)
@@ -200,13 +219,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_gpt2 [--quick]\n");
         return 2;
     }
-    bench_kernels("gpt2-tiny", 8, 64, 64, 2, 256, quick ? 3 : 10);
-    if (!quick)
-        bench_kernels("gpt2 124M", 4, 256, 768, 12, 50257, 2);
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = d == 0 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16;
+        bench_kernels("gpt2-tiny", 8, 64, 64, 2, 256, dt, quick ? 3 : 10);
+        if (!quick)
+            bench_kernels("gpt2 124M", 4, 256, 768, 12, 50257, dt, 2);
+    }
     if (fsdp_tokens_open_default(argv[0], &t) != FSDP_OK)
         return 1;
-    bench_steps(t, 1, quick ? 5 : 20);
-    bench_steps(t, 4, quick ? 5 : 20);
+    for (int w = 1; w <= 4; w += 3) { /* bf16 against f32 in this run: loads and stores cost */
+        double f32 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET);
+        double bf16 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_BF16);
+        printf("  bf16 / f32 step time on %d rank%s: %.2f\n", w, w > 1 ? "s" : "", bf16 / f32);
+    }
     fsdp_tokens_close(t);
     return 0;
 }

@@ -6,6 +6,8 @@
 
 #include <limits.h>
 
+#include "kernels/nn_bodies.h"
+
 static int dtype_ok(fsdp_dtype_t dtype)
 {
     return (int)dtype >= 0 && dtype < FSDP_DTYPE_COUNT;
@@ -26,6 +28,8 @@ static int in_place_ok(const void *out, fsdp_dtype_t out_dtype, const void *in,
 /* The transformer kinds: what is wrong, or NULL. */
 static const char *check_nn(const fsdp_kernel_t *k)
 {
+    if (!float_ok(fsdp_kb_nn_dtype(k)))
+        return "dtype: the transformer kernels take f32, bf16 or f16";
     switch (k->kind) {
     case FSDP_K_LAYERNORM_FWD:
         if (k->u.layernorm_fwd.rows > 0 && k->u.layernorm_fwd.cols > 0 &&

@@ -101,32 +101,36 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         bytes = n * (double)fsdp_dtype_size(k->u.sumsq.dtype);
         break;
     /* The transformer kernels: exp and tanh count 10 operations each (the polynomials of
-     * lib/kernels/nn_bodies.h); these are memory-bound kernels on any GPU either way. */
+     * lib/kernels/nn_bodies.h); these are memory-bound kernels on any GPU either way. e is the
+     * size of an element of the kernel's dtype; mean, rstd, the losses and token ids are 4
+     * bytes. */
     case FSDP_K_LAYERNORM_FWD: {
         double rows = (double)k->u.layernorm_fwd.rows, cols = (double)k->u.layernorm_fwd.cols;
+        double e = (double)fsdp_dtype_size(k->u.layernorm_fwd.dtype);
         n = rows * cols;
         flops = 8.0 * n;
-        bytes = 8.0 * n + 8.0 * cols + 8.0 * rows; /* x, y; weight, bias; mean, rstd */
+        bytes = 2.0 * e * (n + cols) + 8.0 * rows; /* x, y; weight, bias; mean, rstd */
         break;
     }
     case FSDP_K_LAYERNORM_BWD: {
         double rows = (double)k->u.layernorm_bwd.rows, cols = (double)k->u.layernorm_bwd.cols;
+        double e = (double)fsdp_dtype_size(k->u.layernorm_bwd.dtype);
         n = rows * cols;
         flops = 14.0 * n;
-        bytes = 8.0 * n + 12.0 * rows + 20.0 * cols; /* dy, x; mean, rstd; weight, dw, db */
+        bytes = 2.0 * e * n + 12.0 * rows + 5.0 * e * cols; /* dy, x; mean, rstd; weight, dw, db */
         if (k->u.layernorm_bwd.dx != NULL)
-            bytes += (k->u.layernorm_bwd.accumulate ? 8.0 : 4.0) * n;
+            bytes += (k->u.layernorm_bwd.accumulate ? 2.0 : 1.0) * e * n;
         break;
     }
     case FSDP_K_GELU_FWD:
         n = (double)k->u.gelu_fwd.n;
         flops = 20.0 * n;
-        bytes = 8.0 * n;
+        bytes = 2.0 * (double)fsdp_dtype_size(k->u.gelu_fwd.dtype) * n;
         break;
     case FSDP_K_GELU_BWD:
         n = (double)k->u.gelu_bwd.n;
         flops = 25.0 * n;
-        bytes = 12.0 * n;
+        bytes = 3.0 * (double)fsdp_dtype_size(k->u.gelu_bwd.dtype) * n;
         break;
     case FSDP_K_SOFTMAX_FWD:
     case FSDP_K_SOFTMAX_BWD: {
@@ -134,32 +138,39 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         double rows = (double)(fwd ? k->u.softmax_fwd.rows : k->u.softmax_bwd.rows);
         double cols = (double)(fwd ? k->u.softmax_fwd.cols : k->u.softmax_bwd.cols);
         int causal = fwd ? k->u.softmax_fwd.causal : k->u.softmax_bwd.causal;
+        double e = (double)fsdp_dtype_size(fwd ? k->u.softmax_fwd.dtype : k->u.softmax_bwd.dtype);
         double valid = causal ? rows * (cols + 1.0) / 2.0 : rows * cols;
         flops = (fwd ? 15.0 : 5.0) * valid;
-        bytes = (fwd ? 8.0 : 12.0) * rows * cols;
+        bytes = (fwd ? 2.0 : 3.0) * e * rows * cols;
         break;
     }
-    case FSDP_K_EMBEDDING_FWD:
+    case FSDP_K_EMBEDDING_FWD: {
+        double e = (double)fsdp_dtype_size(k->u.embedding_fwd.dtype);
         n = (double)k->u.embedding_fwd.rows * (double)k->u.embedding_fwd.cols;
         flops = k->u.embedding_fwd.wpe != NULL ? n : 0.0;
-        bytes = (k->u.embedding_fwd.wpe != NULL ? 12.0 : 8.0) * n +
+        bytes = (k->u.embedding_fwd.wpe != NULL ? 3.0 : 2.0) * e * n +
                 4.0 * (double)k->u.embedding_fwd.rows;
         break;
-    case FSDP_K_EMBEDDING_BWD:
+    }
+    case FSDP_K_EMBEDDING_BWD: {
+        double e = (double)fsdp_dtype_size(k->u.embedding_bwd.dtype);
         n = (double)k->u.embedding_bwd.rows * (double)k->u.embedding_bwd.cols;
         flops = ((k->u.embedding_bwd.dwte != NULL) + (k->u.embedding_bwd.dwpe != NULL)) * n;
-        bytes = 4.0 * n + 8.0 * flops + 4.0 * (double)k->u.embedding_bwd.rows;
+        bytes = e * n + 2.0 * e * flops + 4.0 * (double)k->u.embedding_bwd.rows;
         break;
-    case FSDP_K_CROSS_ENTROPY:
+    }
+    case FSDP_K_CROSS_ENTROPY: {
+        double e = (double)fsdp_dtype_size(k->u.cross_entropy.dtype);
         n = (double)k->u.cross_entropy.rows * (double)k->u.cross_entropy.vocab;
         flops = (k->u.cross_entropy.dlogits != NULL ? 15.0 : 12.0) * n;
-        bytes = (k->u.cross_entropy.dlogits != NULL ? 8.0 : 4.0) * n +
+        bytes = (k->u.cross_entropy.dlogits != NULL ? 2.0 : 1.0) * e * n +
                 8.0 * (double)k->u.cross_entropy.rows;
         break;
+    }
     case FSDP_K_ADD:
         n = (double)k->u.add.n;
         flops = n;
-        bytes = 12.0 * n;
+        bytes = 3.0 * (double)fsdp_dtype_size(k->u.add.dtype) * n;
         break;
     default:
         break;

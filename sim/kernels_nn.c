@@ -40,15 +40,20 @@ int fsdp_sim_nn_kernel(fsdp_kernel_kind_t kind)
     return kind >= FSDP_K_LAYERNORM_FWD && kind <= FSDP_K_ADD;
 }
 
-/* Do [a, a + an) and [b, b + bn) (floats) overlap? */
-static int nn_overlap(const float *a, size_t an, const float *b, size_t bn)
+/* Do [a, a + an) and [b, b + bn) (elements of es bytes) overlap? */
+static int nn_overlap(const void *a, size_t an, const void *b, size_t bn, size_t es)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return an > 0 && bn > 0 && x < y + bn * sizeof(float) && y < x + an * sizeof(float);
+    return an > 0 && bn > 0 && x < y + bn * es && y < x + an * es;
 }
 
 static fsdp_status_t nn_check(const fsdp_kernel_t *k)
 {
+    fsdp_dtype_t dt = fsdp_kb_nn_dtype(k);
+
+    if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16)
+        NN_INVALID(k, "dtype %s (%d): the transformer kernels take f32, bf16 or f16",
+                   fsdp_dtype_name(dt), (int)dt);
     switch (k->kind) {
     case FSDP_K_LAYERNORM_FWD: {
         size_t rows = k->u.layernorm_fwd.rows, cols = k->u.layernorm_fwd.cols;
@@ -73,8 +78,9 @@ static fsdp_status_t nn_check(const fsdp_kernel_t *k)
         NN_NEED(k, k->u.layernorm_bwd.rstd, cols > 0 ? rows : 0);
         if (k->u.layernorm_bwd.dx != NULL) {
             NN_NEED(k, k->u.layernorm_bwd.weight, rows > 0 ? cols : 0);
-            if (nn_overlap(k->u.layernorm_bwd.dx, n, k->u.layernorm_bwd.dy, n) ||
-                nn_overlap(k->u.layernorm_bwd.dx, n, k->u.layernorm_bwd.x, n))
+            size_t es = fsdp_dtype_size(dt);
+            if (nn_overlap(k->u.layernorm_bwd.dx, n, k->u.layernorm_bwd.dy, n, es) ||
+                nn_overlap(k->u.layernorm_bwd.dx, n, k->u.layernorm_bwd.x, n, es))
                 NN_INVALID(k, "dx overlaps dy or x (%zu elements)", n);
         }
         break;

@@ -80,6 +80,25 @@ static void ref_free(ref_model_t *m)
     free(m->blk);
 }
 
+/* The rounding points of a low-precision run, for the forward of the reference: every tensor a
+ * kernel writes is rounded to the compute dtype (identity: the plain double reference). */
+static double ref_exact(double x)
+{
+    return x;
+}
+
+static double ref_round_bf16(double x)
+{
+    return (double)fsdp_bf16_to_f32(fsdp_f32_to_bf16((float)x));
+}
+
+static double ref_round_f16(double x)
+{
+    return (double)fsdp_f16_to_f32(fsdp_f32_to_f16((float)x));
+}
+
+static double (*ref_rnd)(double) = ref_exact;
+
 static void ref_ln(const double *x, const double *w, const double *b, double *y, double *xhat,
                    double *rstd, int n, int C)
 {
@@ -93,7 +112,7 @@ static void ref_ln(const double *x, const double *w, const double *b, double *y,
         rstd[r] = 1.0 / sqrt(var / C + 1e-5);
         for (int c = 0; c < C; c++) {
             xhat[r * C + c] = (x[r * C + c] - mean) * rstd[r];
-            y[r * C + c] = xhat[r * C + c] * w[c] + b[c];
+            y[r * C + c] = ref_rnd(xhat[r * C + c] * w[c] + b[c]);
         }
     }
 }
@@ -124,10 +143,10 @@ static void ref_mm(const double *x, const double *W, const double *b, double *y,
 {
     for (int r = 0; r < n; r++)
         for (int m = 0; m < M; m++) {
-            double s = b[m];
+            double s = 0.0;
             for (int k = 0; k < K; k++)
                 s += x[r * K + k] * W[k * M + m];
-            y[r * M + m] = s;
+            y[r * M + m] = ref_rnd(ref_rnd(s) + b[m]); /* the GEMM, then the bias add */
         }
 }
 
@@ -175,18 +194,18 @@ static void ref_attn(const double *qkv, double *att, double *y, int B, int T, in
                     double s = 0.0;
                     for (int d = 0; d < hs; d++)
                         s += QKV(b, t, 0, h, d) * QKV(b, j, 1, h, d);
-                    p[j] = s * sc;
+                    p[j] = ref_rnd(s) * sc; /* the scores' GEMM; the softmax scales */
                     mx = fmax(mx, p[j]);
                 }
                 for (int j = 0; j <= t; j++)
                     sum += (p[j] = exp(p[j] - mx));
                 for (int j = 0; j < T; j++)
-                    p[j] = j <= t ? p[j] / sum : 0.0;
+                    p[j] = j <= t ? ref_rnd(p[j] / sum) : 0.0;
                 for (int d = 0; d < hs; d++) {
                     double s = 0.0;
                     for (int j = 0; j <= t; j++)
                         s += p[j] * QKV(b, j, 2, h, d);
-                    y[((size_t)b * T + t) * C + h * hs + d] = s;
+                    y[((size_t)b * T + t) * C + h * hs + d] = ref_rnd(s);
                 }
             }
 }
@@ -255,8 +274,8 @@ static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, c
         x[l] = calloc((size_t)n * C, sizeof(double));
     for (int r = 0; r < n; r++)
         for (int c = 0; c < C; c++)
-            x[0][r * C + c] =
-                p->root[FSDP_GPT2_WTE][in[r] * C + c] + p->root[FSDP_GPT2_WPE][(r % T) * C + c];
+            x[0][r * C + c] = ref_rnd(p->root[FSDP_GPT2_WTE][in[r] * C + c] +
+                                      p->root[FSDP_GPT2_WPE][(r % T) * C + c]);
     for (int l = 0; l < L; l++) {
         double **a = cache[l] = calloc(NC, sizeof(double *));
         for (int i = 0; i < NC; i++)
@@ -267,14 +286,14 @@ static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, c
         ref_attn(a[QKVB], a[ATT], a[Y], B, T, C, H);
         ref_mm(a[Y], W(4), W(5), a[XMID], n, C, C);
         for (int i = 0; i < n * C; i++)
-            a[XMID][i] += x[l][i];
+            a[XMID][i] = ref_rnd(a[XMID][i] + x[l][i]);
         ref_ln(a[XMID], W(6), W(7), a[LN2], a[X2], a[RS2], n, C);
         ref_mm(a[LN2], W(8), W(9), a[HH], n, C, 4 * C);
         for (int i = 0; i < n * 4 * C; i++)
-            a[GG][i] = gelu_d(a[HH][i]);
+            a[GG][i] = ref_rnd(gelu_d(a[HH][i]));
         ref_mm(a[GG], W(10), W(11), x[l + 1], n, 4 * C, C);
         for (int i = 0; i < n * C; i++)
-            x[l + 1][i] += a[XMID][i];
+            x[l + 1][i] = ref_rnd(x[l + 1][i] + a[XMID][i]);
     }
     ref_ln(x[L], p->root[FSDP_GPT2_LNF_W], p->root[FSDP_GPT2_LNF_B], lnf, xhf, rsf, n, C);
     for (int r = 0; r < n; r++)
@@ -282,7 +301,7 @@ static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, c
             double s = 0.0;
             for (int c = 0; c < C; c++)
                 s += lnf[r * C + c] * p->root[FSDP_GPT2_WTE][v * C + c];
-            logits[r * V + v] = s;
+            logits[r * V + v] = ref_rnd(s);
         }
     for (int r = 0; r < n; r++) { /* logits become the loss's gradient wrt them */
         double mx = -INFINITY, sum = 0.0;
@@ -382,7 +401,51 @@ typedef struct job {
     float losses[MAX_STEPS][MAX_W];
     float *params; /* canonical order, after training */
     float *grads;  /* canonical order, world 1 and steps 0 */
+    /* mixed precision (use_mp), shape mode, and what the ranks saw */
+    int use_mp;
+    fsdp_mixed_precision_t mp;
+    int shape;                                     /* FSDP_SIM_SHAPE: no data, no inputs */
+    unsigned ag_dtypes[MAX_W], rs_dtypes[MAX_W];   /* 1 << dtype of each all-gather, ... */
+    unsigned gemm_dtypes[MAX_W], nn_dtypes[MAX_W]; /* ... of each GEMM's A, each nn kernel */
+    size_t act_peak[MAX_W];                        /* bytes of FSDP_MEM_ACTIVATION at peak */
 } job_t;
+
+/* ---- per-rank interposers on the backend's ops: which dtypes the collectives and kernels of a
+ * step ran in ---- */
+
+static _Thread_local const fsdp_backend_ops_t *tl_inner;
+static _Thread_local unsigned tl_ag, tl_rs, tl_gemm, tl_nn;
+
+static fsdp_status_t spy_all_gather(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                    size_t n, fsdp_dtype_t dt, fsdp_stream_t *st)
+{
+    if (dt != FSDP_DTYPE_I32) /* the first iteration's order check gathers i32 */
+        tl_ag |= 1u << dt;
+    return tl_inner->all_gather(dev, g, s, r, n, dt, st);
+}
+
+static fsdp_status_t spy_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
+                                        size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
+                                        fsdp_stream_t *st)
+{
+    tl_rs |= 1u << dt;
+    return tl_inner->reduce_scatter(dev, g, s, r, n, dt, op, st);
+}
+
+static fsdp_status_t spy_kernel(fsdp_dev_t *dev, fsdp_stream_t *st, const fsdp_kernel_t *k)
+{
+    if (k->kind == FSDP_K_GEMM)
+        tl_gemm |= 1u << k->u.gemm.a_dtype;
+    else if (k->kind == FSDP_K_LAYERNORM_FWD)
+        tl_nn |= 1u << k->u.layernorm_fwd.dtype;
+    else if (k->kind == FSDP_K_SOFTMAX_FWD)
+        tl_nn |= 1u << k->u.softmax_fwd.dtype;
+    else if (k->kind == FSDP_K_CROSS_ENTROPY)
+        tl_nn |= 1u << k->u.cross_entropy.dtype;
+    else if (k->kind == FSDP_K_EMBEDDING_BWD)
+        tl_nn |= 1u << k->u.embedding_bwd.dtype;
+    return tl_inner->kernel(dev, st, k);
+}
 
 /* the parameters of every unit in canonical order (root, then blocks), from flat buffers */
 static void canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off)
@@ -408,8 +471,18 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     int32_t *tg = malloc(rows * j->seq * sizeof(int32_t));
     fsdp_status_t st;
 
+    fsdp_backend_ops_t spy = *dev->ops;
+
+    tl_inner = dev->ops;
+    tl_ag = tl_rs = tl_gemm = tl_nn = 0;
+    spy.all_gather = spy_all_gather;
+    spy.reduce_scatter = spy_reduce_scatter;
+    spy.kernel = spy_kernel;
+    dev->ops = &spy;
     fsdp_config_init(&fc);
     fc.strategy = j->strategy;
+    if (j->use_mp)
+        fc.mixed_precision = j->mp;
     st = fsdp_create(dev, &fc, &fs);
     if (st == FSDP_OK)
         st = fsdp_gpt2_create(fs, &j->cfg, &m);
@@ -437,7 +510,10 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_optim_create(fs, &j->optim, &opt);
     for (int s = 0; s < (j->steps > 0 ? j->steps : 1) && st == FSDP_OK; s++) {
         float loss = 0.0f;
-        if (j->tokens != NULL) {
+        if (j->shape) {
+            free(in), free(tg);
+            in = tg = NULL;
+        } else if (j->tokens != NULL) {
             fsdp_batch_spec_t spec = {j->batch, j->seq, dev->rank, dev->world_size, j->seed};
             st = fsdp_tokens_batch(j->tokens, &spec, s, in, tg);
         } else {
@@ -458,6 +534,11 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
+    /* the training's collectives and kernels, before the gathers of the full parameters */
+    j->ag_dtypes[dev->rank] = tl_ag;
+    j->rs_dtypes[dev->rank] = tl_rs;
+    j->gemm_dtypes[dev->rank] = tl_gemm;
+    j->nn_dtypes[dev->rank] = tl_nn;
     off = 0;
     for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK && j->params != NULL; k++) {
         fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
@@ -469,11 +550,17 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     }
     if (st == FSDP_OK && j->save_path != NULL)
         st = fsdp_gpt2_save_weights(m, j->save_path, j->save_names);
+    if (fs != NULL) {
+        fsdp_mem_stats_t ms;
+        fsdp_mem_get_stats(fsdp_memory(fs), &ms);
+        j->act_peak[dev->rank] = ms.peak_by_category[FSDP_MEM_ACTIVATION];
+    }
     free(in);
     free(tg);
     fsdp_optim_destroy(opt);
     fsdp_gpt2_destroy(m);
     fsdp_destroy(fs);
+    dev->ops = tl_inner;
     return st;
 }
 
@@ -482,6 +569,7 @@ static fsdp_status_t job_run(job_t *j)
     fsdp_sim_params_t p;
     fsdp_sim_params_init(&p);
     p.world_size = j->world;
+    p.mode = j->shape ? FSDP_SIM_SHAPE : FSDP_SIM_DATA;
     return fsdp_sim_launch(&p, job_rank, j, NULL);
 }
 
@@ -648,6 +736,21 @@ static void test_reference_self_check(void)
 }
 
 /* the model's loss and gradients (W = 1) against the double reference */
+/* one forward-backward of the small model on one rank from init, its gradients kept */
+static void small_job(job_t *j, const float *init, const int32_t *in, const int32_t *tg,
+                      size_t total)
+{
+    cfg_of(&j->cfg, &small);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 1;
+    j->init = init;
+    j->inputs = in;
+    j->targets = tg;
+    j->batch = SB;
+    j->seq = ST;
+    j->grads = malloc(total * sizeof(float));
+}
+
 static void test_against_reference(void)
 {
     ref_model_t p, g;
@@ -665,15 +768,7 @@ static void test_against_reference(void)
     small_batch(in, tg);
     loss = ref_run(&p, &g, in, tg, SB, ST);
 
-    cfg_of(&j->cfg, &small);
-    j->strategy = FSDP_FULL_SHARD;
-    j->world = 1;
-    j->init = init;
-    j->inputs = in;
-    j->targets = tg;
-    j->batch = SB;
-    j->seq = ST;
-    j->grads = malloc(total * sizeof(float));
+    small_job(j, init, in, tg, total);
     CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
     fprintf(stderr, "\n  loss %.9g, reference %.9g\n", (double)j->losses[0][0], loss);
     CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
@@ -1171,6 +1266,233 @@ static void test_learns_default_corpus(void)
     free(j);
 }
 
+/* ---------------- mixed precision ---------------- */
+
+static void mp_of(job_t *j, fsdp_dtype_t param, fsdp_dtype_t reduce)
+{
+    j->use_mp = 1;
+    j->mp.param_dtype = param;
+    j->mp.reduce_dtype = reduce;
+    j->mp.buffer_dtype = FSDP_DTYPE_UNSET;
+    j->mp.cast_forward_inputs = 1;
+}
+
+static void sgd_of(job_t *j)
+{
+    fsdp_optim_config_init(&j->optim, FSDP_OPTIM_SGD);
+    j->optim.lr = 0.3f;
+}
+
+/* Unit roundoff of the 16-bit dtypes: half the spacing at 1 (8 and 11 significant bits). */
+#define U_BF16 0x1p-9
+#define U_F16 0x1p-12
+
+/* The small model of test_against_reference in bf16 and in f16 against the same model in f32
+ * (itself within 1e-5 of the double reference). Every kernel rounds its output once, so each
+ * activation carries a relative error of a few u; through 2 blocks (about 12 rounded tensors a
+ * block on the path of the loss, each adding its u, some amplified by layernorm's rstd) the
+ * loss stays within 30 u relative, and each gradient tensor (about 25 more roundings on the way
+ * back, and weight gradients summed from rounded products) within 150 u of its largest value;
+ * the bounds are checked to be tight enough to tell the dtypes apart: f16's errors are smaller
+ * than bf16's. The double reference run with the model's rounding points (every tensor a kernel
+ * writes rounded to the dtype, the weights too) gives the model's loss within 0.05 u: what is
+ * left is f32 arithmetic against double inside each kernel, and the rare value that this moves
+ * across a rounding boundary. */
+static void test_mp_against_f32(void)
+{
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    static const double us[] = {U_BF16, U_F16};
+    ref_model_t p, g;
+    int32_t in[SB * ST], tg[SB * ST];
+    job_t *j = calloc(1, sizeof(*j));
+    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f});
+    float *grads32 = malloc(total * sizeof(float)), loss32;
+    double dl[2], dg[2], de[2];
+
+    rng_state = 11;
+    ref_alloc(&p, &small);
+    ref_alloc(&g, &small);
+    float *init = random_params(&small, &p);
+    small_batch(in, tg);
+    small_job(j, init, in, tg, total);
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    loss32 = j->losses[0][0];
+    memcpy(grads32, j->grads, total * sizeof(float));
+    for (int d = 0; d < 2; d++) {
+        double *gt_d = malloc(total * sizeof(double));
+        const double **gt = malloc(sizeof(double *) * (size_t)(NR + small.L * NB));
+        size_t off = 0;
+        int t = 0;
+        mp_of(j, dts[d], FSDP_DTYPE_F32);
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        CU_ASSERT(j->gemm_dtypes[0] == 1u << dts[d]); /* every GEMM in the compute dtype */
+        CU_ASSERT(j->nn_dtypes[0] == 1u << dts[d]);
+        for (size_t e = 0; e < total; e++)
+            gt_d[e] = grads32[e];
+        for (int k = -1; k < small.L; k++)
+            for (int i = 0; i < (k < 0 ? NR : NB); i++) {
+                gt[t++] = gt_d + off;
+                off += ref_numel(&small, k, i);
+            }
+        dl[d] = fabs((double)j->losses[0][0] - loss32) / loss32;
+        dg[d] = max_rel_diff(&small, j->grads, gt);
+        {
+            /* the double reference rounding where the model rounds, from the rounded weights */
+            ref_model_t pr;
+            double le;
+            ref_alloc(&pr, &small);
+            ref_rnd = d == 0 ? ref_round_bf16 : ref_round_f16;
+            for (int k = -1; k < small.L; k++)
+                for (int i = 0; i < (k < 0 ? NR : NB); i++)
+                    for (size_t e = 0; e < ref_numel(&small, k, i); e++)
+                        ref_param(&pr, k, i)[e] = ref_rnd(ref_param(&p, k, i)[e]);
+            le = ref_run(&pr, NULL, in, tg, SB, ST);
+            ref_rnd = ref_exact;
+            de[d] = fabs((double)j->losses[0][0] - le) / le;
+            fprintf(stderr, "\n  %s: loss %.7g, the reference rounding as it does %.7g (%.2g u)",
+                    fsdp_dtype_name(dts[d]), (double)j->losses[0][0], le, de[d] / us[d]);
+            ref_free(&pr);
+        }
+        fprintf(stderr,
+                "\n  %s: loss %.7g vs f32 %.7g (%.2f u); gradients within %.3g of each "
+                "tensor's largest (%.1f u)",
+                fsdp_dtype_name(dts[d]), (double)j->losses[0][0], (double)loss32, dl[d] / us[d],
+                dg[d], dg[d] / us[d]);
+        CU_ASSERT(dl[d] <= 30.0 * us[d]);
+        CU_ASSERT(de[d] <= 0.05 * us[d]); /* the rounding points are the model's */
+        CU_ASSERT(dg[d] <= 150.0 * us[d]);
+        CU_ASSERT(dg[d] > 0.0); /* it really rounds */
+        {
+            /* checkpointed blocks recompute the same low-precision activations */
+            float *g0 = malloc(total * sizeof(float));
+            memcpy(g0, j->grads, total * sizeof(float));
+            j->checkpoint = 1;
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            j->checkpoint = 0;
+            CU_ASSERT(memcmp(g0, j->grads, total * sizeof(float)) == 0);
+            free(g0);
+        }
+        free(gt);
+        free(gt_d);
+    }
+    CU_ASSERT(dg[1] < dg[0]); /* f16 has 3 more bits */
+    free(grads32);
+    free(j->grads);
+    free(j);
+    free(init);
+    ref_free(&p);
+    ref_free(&g);
+}
+
+/* FSDP parity in bf16 (reduce_dtype f32): W = 2 ranks under FULL_SHARD against 2 ranks under
+ * NO_SHARD, and against one process (NO_SHARD, W = 1), 5 AdamW steps of gpt2-tiny.
+ * - FULL_SHARD and NO_SHARD at W = 2 run the same rows per rank through the same kernels and
+ *   reduce the same bf16 gradients in f32 in rank order: the same bits, losses and parameters.
+ * - One process runs both halves of the batch at once: its weight gradients are summed over all
+ *   rows before their one rounding to bf16, where each of 2 ranks rounds its half and the
+ *   halves add in f32. The gradients then differ by about u_bf16 relative. The runs use SGD,
+ *   whose update is linear in the gradient, so the parameters move apart by about lr * u |g| a
+ *   step (AdamW normalizes every element by its own size, and an element whose gradient is
+ *   within roundoff of 0 moves by +-lr whichever way the roundoff falls). The zero-initialized
+ *   biases are all update, so relative to their norm they inherit the gradients' 1-2 u
+ *   difference a step, plus the forward's own once the weights differ: the asserted bounds
+ *   are parameters within 10 u of their norm per tensor, mean losses within 20 u relative.
+ * The collectives: every all-gather of the step in bf16 (param_dtype), every reduce-scatter in
+ * f32 (reduce_dtype), and with reduce_dtype bf16 the reduce-scatter in bf16. */
+static void test_mp_parity(void)
+{
+    fsdp_tokens_t *t = parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *ns = calloc(1, sizeof(*ns)),
+          *fs = calloc(1, sizeof(*fs));
+    fsdp_gpt2_config_t cfg;
+    size_t total;
+    double dl = 0.0, dp, kb;
+
+    fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
+    total = fsdp_gpt2_num_params(&cfg);
+    ref->params = malloc(total * sizeof(float));
+    ns->params = malloc(total * sizeof(float));
+    fs->params = malloc(total * sizeof(float));
+    parity_job(ref, t, FSDP_NO_SHARD, 1);
+    parity_job(ns, t, FSDP_NO_SHARD, 2);
+    parity_job(fs, t, FSDP_FULL_SHARD, 2);
+    sgd_of(ref);
+    sgd_of(ns);
+    sgd_of(fs);
+    mp_of(ref, FSDP_DTYPE_BF16, FSDP_DTYPE_F32);
+    mp_of(ns, FSDP_DTYPE_BF16, FSDP_DTYPE_F32);
+    mp_of(fs, FSDP_DTYPE_BF16, FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(job_run(ns), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(job_run(fs), FSDP_OK);
+    CU_ASSERT(ref->losses[4][0] < ref->losses[0][0] - 0.1f); /* it trained */
+    CU_ASSERT(memcmp(ns->losses, fs->losses, sizeof(fs->losses)) == 0);
+    CU_ASSERT(memcmp(ns->params, fs->params, total * sizeof(float)) == 0);
+    for (int step = 0; step < 5; step++) {
+        double mean = (fs->losses[step][0] + fs->losses[step][1]) / 2.0;
+        dl = fmax(dl, fabs(mean - ref->losses[step][0]) / ref->losses[step][0]);
+    }
+    dp = tensor_diff(&cfg, fs->params, ref->params, &kb);
+    fprintf(stderr,
+            "\n  bf16 FULL_SHARD W=2 vs one process: losses within %.2g (%.1f u), "
+            "parameters within %.2g",
+            dl, dl / U_BF16, dp);
+    CU_ASSERT(dl <= 20.0 * U_BF16);
+    CU_ASSERT(dp <= 10.0 * U_BF16);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(fs->ag_dtypes[r], 1u << FSDP_DTYPE_BF16);
+        CU_ASSERT_EQUAL(fs->rs_dtypes[r], 1u << FSDP_DTYPE_F32);
+        CU_ASSERT_EQUAL(fs->gemm_dtypes[r], 1u << FSDP_DTYPE_BF16);
+    }
+    /* reduce_dtype bf16: the gradients travel in bf16 */
+    parity_job(fs, t, FSDP_FULL_SHARD, 2);
+    fs->steps = 1;
+    mp_of(fs, FSDP_DTYPE_BF16, FSDP_DTYPE_BF16);
+    CU_ASSERT_EQUAL_FATAL(job_run(fs), FSDP_OK);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(fs->ag_dtypes[r], 1u << FSDP_DTYPE_BF16);
+        CU_ASSERT_EQUAL(fs->rs_dtypes[r], 1u << FSDP_DTYPE_BF16);
+    }
+    free(ref->params);
+    free(ns->params);
+    free(fs->params);
+    free(ref);
+    free(ns);
+    free(fs);
+    fsdp_tokens_close(t);
+}
+
+/* Shape mode (no data) prices the same step: GPT-2 124M, 2 ranks of 2 x 256 tokens. In bf16
+ * every saved activation is 2 bytes instead of 4; only the f32 layernorm statistics and the
+ * token ids (8 bytes a token a layernorm, 8 a token) keep their size, under 0.1% of the total
+ * here, so the activation peak is half of f32's within 1% (the caching allocator rounds blocks
+ * to its size classes, and which blocks share a segment differs with the sizes). */
+static void test_mp_shape_activations(void)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    size_t f32_peak;
+    double ratio;
+
+    fsdp_gpt2_config_parse("gpt2", &j->cfg);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 2;
+    j->shape = 1;
+    j->batch = 4;
+    j->seq = 256;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    f32_peak = j->act_peak[0];
+    mp_of(j, FSDP_DTYPE_BF16, FSDP_DTYPE_F32);
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    ratio = (double)j->act_peak[0] / (double)f32_peak;
+    fprintf(stderr, "\n  activation peak: f32 %zu bytes, bf16 %zu bytes (ratio %.4f)", f32_peak,
+            j->act_peak[0], ratio);
+    CU_ASSERT(f32_peak > (size_t)2 * 256 * 768 * 4 * 12); /* at least a width a layer */
+    CU_ASSERT(ratio >= 0.49 && ratio <= 0.51);
+    CU_ASSERT_EQUAL(j->act_peak[1], j->act_peak[0]);
+    CU_ASSERT_EQUAL(j->gemm_dtypes[0], 1u << FSDP_DTYPE_BF16);
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1179,6 +1501,12 @@ int main(void)
         {"loss and gradients against the double reference, checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {"bf16 and f16 loss and gradients against f32 within their roundoff, checkpointing the "
+         "same",
+         test_mp_against_f32},
+        {"bf16: FULL_SHARD equals NO_SHARD; one process within roundoff; collective dtypes",
+         test_mp_parity},
+        {"shape mode: bf16 activations take half the bytes of f32", test_mp_shape_activations},
         {"HF names round trip across world sizes, with and without the prefix", test_hf_round_trip},
         {"the hub's layout, buffers and BF16 computed as the reference", test_hf_hub_layout},
         {"malformed checkpoints refused, naming the tensor", test_hf_errors},

@@ -602,6 +602,370 @@ static void test_names_costs_checks(void)
     }
 }
 
+/* ---- the low-precision variants (bf16, f16) against the f32 bodies ----
+ *
+ * Every input is drawn, rounded to the low dtype, and held twice: as 16-bit values for the
+ * low-precision launch and as the same values in f32 for the f32 launch. The low-precision
+ * kernel loads exactly those f32 values and runs the f32 arithmetic, so each output must be the
+ * f32 kernel's output rounded once: at most 1 ulp of the output dtype apart where a rounding
+ * point differs, else equal (they are equal throughout; layernorm_bwd's accumulate, which
+ * rounds its term before the add, and embedding_bwd, which rounds every add, are checked
+ * against f32 emulations of those rounding points). The f32
+ * outputs (mean, rstd, losses, loss) must be the same bits. */
+
+#define LP_MAX 4096
+#define LP_N 8
+
+typedef struct lp_tensor {
+    float f[LP_MAX];    /* f32 launch */
+    uint16_t h[LP_MAX]; /* low-precision launch */
+    size_t n;
+} lp_tensor_t;
+
+static lp_tensor_t lp_t[LP_N];
+static float lp_sf[4][LP_MAX], lp_sh[4][LP_MAX]; /* f32 outputs of the two launches */
+
+static uint16_t lp_to16(float v, fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_kb_f32_to_bf16(v) : fsdp_kb_f32_to_f16(v);
+}
+
+static float lp_from16(uint16_t h, fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_BF16 ? fsdp_kb_bf16_to_f32(h) : fsdp_kb_f16_to_f32(h);
+}
+
+static void lp_fill(int i, size_t n, double lo, double hi, fsdp_dtype_t dt)
+{
+    lp_t[i].n = n;
+    for (size_t e = 0; e < n; e++) {
+        lp_t[i].h[e] = lp_to16((float)urand(lo, hi), dt);
+        lp_t[i].f[e] = lp_from16(lp_t[i].h[e], dt);
+    }
+}
+
+/* the f32 copy of tensor i made the 16-bit one's values again (after an in-place launch) */
+static void lp_sync(int i, fsdp_dtype_t dt)
+{
+    for (size_t e = 0; e < lp_t[i].n; e++)
+        lp_t[i].f[e] = lp_from16(lp_t[i].h[e], dt);
+}
+
+/* the tensor for the launch: lp 0 the f32 copy, 1 the 16-bit one */
+static void *lp_ptr(int i, int lp)
+{
+    return lp ? (void *)lp_t[i].h : (void *)lp_t[i].f;
+}
+
+/* the 16-bit patterns on one line: distance in ulps between two finite values */
+static long lp_ulps(uint16_t a, uint16_t b)
+{
+    long x = a & 0x8000 ? -(long)(a & 0x7fff) : (long)a;
+    long y = b & 0x8000 ? -(long)(b & 0x7fff) : (long)b;
+    return labs(x - y);
+}
+
+/* tensor i after both launches: the worst distance of h from round(f) */
+static long lp_worst(int i, fsdp_dtype_t dt)
+{
+    long worst = 0;
+    for (size_t e = 0; e < lp_t[i].n; e++) {
+        long u = lp_ulps(lp_t[i].h[e], lp_to16(lp_t[i].f[e], dt));
+        if (u > worst)
+            worst = u;
+    }
+    return worst;
+}
+
+typedef void (*lp_make_t)(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt);
+
+/* Runs make's descriptor in f32 and in dt; outputs out[0..nout) must be within max_ulps, the
+ * f32 outputs lp_sf/lp_sh[0..nstat) of nstat_n elements the same bits. */
+static void lp_check(const char *what, lp_make_t make, fsdp_dtype_t dt, const int *out, int nout,
+                     long max_ulps, int nstat, size_t nstat_n)
+{
+    fsdp_kernel_t k;
+    for (int lp = 0; lp < 2; lp++) {
+        memset(&k, 0, sizeof(k));
+        make(&k, lp, dt);
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+    }
+    for (int o = 0; o < nout; o++) {
+        long w = lp_worst(out[o], dt);
+        if (w > max_ulps)
+            fprintf(stderr, "\n  %s %s output %d: %ld ulp\n", what, fsdp_dtype_name(dt), o, w);
+        CU_ASSERT(w <= max_ulps);
+    }
+    for (int s = 0; s < nstat; s++)
+        CU_ASSERT(memcmp(lp_sf[s], lp_sh[s], nstat_n * sizeof(float)) == 0);
+}
+
+#define LP_R 24 /* rows */
+#define LP_C 40 /* columns: two chunks and a remainder of FSDP_KB_COLS */
+static int32_t lp_tok[LP_R], lp_tgt[LP_R];
+
+static void mk_ln_fwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_LAYERNORM_FWD;
+    k->u.layernorm_fwd.y = lp_ptr(1, lp);
+    k->u.layernorm_fwd.mean = lp ? lp_sh[0] : lp_sf[0];
+    k->u.layernorm_fwd.rstd = lp ? lp_sh[1] : lp_sf[1];
+    k->u.layernorm_fwd.x = lp_ptr(0, lp);
+    k->u.layernorm_fwd.weight = lp_ptr(2, lp);
+    k->u.layernorm_fwd.bias = lp_ptr(3, lp);
+    k->u.layernorm_fwd.rows = LP_R;
+    k->u.layernorm_fwd.cols = LP_C;
+    k->u.layernorm_fwd.eps = 1e-5f;
+    k->u.layernorm_fwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static int lp_accumulate;
+
+static void mk_ln_bwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_LAYERNORM_BWD;
+    k->u.layernorm_bwd.dx = lp_ptr(4, lp);
+    k->u.layernorm_bwd.dweight = lp_ptr(5, lp);
+    k->u.layernorm_bwd.dbias = lp_ptr(6, lp);
+    k->u.layernorm_bwd.dy = lp_ptr(7, lp);
+    k->u.layernorm_bwd.x = lp_ptr(0, lp);
+    k->u.layernorm_bwd.mean = lp_sf[0]; /* the same statistics for both */
+    k->u.layernorm_bwd.rstd = lp_sf[1];
+    k->u.layernorm_bwd.weight = lp_ptr(2, lp);
+    k->u.layernorm_bwd.rows = LP_R;
+    k->u.layernorm_bwd.cols = LP_C;
+    k->u.layernorm_bwd.accumulate = lp_accumulate;
+    k->u.layernorm_bwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_gelu_fwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_GELU_FWD;
+    k->u.gelu_fwd.y = lp_ptr(1, lp);
+    k->u.gelu_fwd.x = lp_ptr(0, lp);
+    k->u.gelu_fwd.n = lp_t[0].n;
+    k->u.gelu_fwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_gelu_bwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_GELU_BWD;
+    k->u.gelu_bwd.dx = lp_ptr(2, lp); /* in place on dy */
+    k->u.gelu_bwd.dy = lp_ptr(2, lp);
+    k->u.gelu_bwd.x = lp_ptr(0, lp);
+    k->u.gelu_bwd.n = lp_t[0].n;
+    k->u.gelu_bwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_softmax_fwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_SOFTMAX_FWD;
+    k->u.softmax_fwd.y = lp_ptr(0, lp); /* in place, as the model runs it */
+    k->u.softmax_fwd.x = lp_ptr(0, lp);
+    k->u.softmax_fwd.rows = 3 * 8;
+    k->u.softmax_fwd.cols = 8;
+    k->u.softmax_fwd.scale = 0.35f;
+    k->u.softmax_fwd.causal = 1;
+    k->u.softmax_fwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_softmax_bwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_SOFTMAX_BWD;
+    k->u.softmax_bwd.dx = lp_ptr(1, lp);
+    k->u.softmax_bwd.dy = lp_ptr(1, lp);
+    k->u.softmax_bwd.y = lp_ptr(0, lp);
+    k->u.softmax_bwd.rows = 3 * 8;
+    k->u.softmax_bwd.cols = 8;
+    k->u.softmax_bwd.scale = 0.35f;
+    k->u.softmax_bwd.causal = 1;
+    k->u.softmax_bwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_emb_fwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_EMBEDDING_FWD;
+    k->u.embedding_fwd.y = lp_ptr(2, lp);
+    k->u.embedding_fwd.tokens = lp_tok;
+    k->u.embedding_fwd.wte = lp_ptr(0, lp);
+    k->u.embedding_fwd.wpe = lp_ptr(1, lp);
+    k->u.embedding_fwd.rows = LP_R;
+    k->u.embedding_fwd.cols = LP_C;
+    k->u.embedding_fwd.seq = 8;
+    k->u.embedding_fwd.vocab = 11;
+    k->u.embedding_fwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_emb_bwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_EMBEDDING_BWD;
+    k->u.embedding_bwd.dwte = lp_ptr(0, lp);
+    k->u.embedding_bwd.dwpe = lp_ptr(1, lp);
+    k->u.embedding_bwd.dy = lp_ptr(2, lp);
+    k->u.embedding_bwd.tokens = lp_tok;
+    k->u.embedding_bwd.rows = LP_R;
+    k->u.embedding_bwd.cols = LP_C;
+    k->u.embedding_bwd.seq = 8;
+    k->u.embedding_bwd.vocab = 11;
+    k->u.embedding_bwd.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_ce(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_CROSS_ENTROPY;
+    k->u.cross_entropy.loss = lp ? lp_sh[1] : lp_sf[1];
+    k->u.cross_entropy.losses = lp ? lp_sh[0] : lp_sf[0];
+    k->u.cross_entropy.dlogits = lp_ptr(0, lp); /* in place */
+    k->u.cross_entropy.logits = lp_ptr(0, lp);
+    k->u.cross_entropy.targets = lp_tgt;
+    k->u.cross_entropy.rows = LP_R;
+    k->u.cross_entropy.vocab = LP_C;
+    k->u.cross_entropy.denom = 17.0;
+    k->u.cross_entropy.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void mk_add(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
+{
+    k->kind = FSDP_K_ADD;
+    k->u.add.y = lp_ptr(0, lp); /* in place on a */
+    k->u.add.a = lp_ptr(0, lp);
+    k->u.add.b = lp_ptr(1, lp);
+    k->u.add.n = lp_t[0].n;
+    k->u.add.dtype = lp ? dt : FSDP_DTYPE_F32;
+}
+
+static void test_low_precision(void)
+{
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    const size_t n = (size_t)LP_R * LP_C;
+
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = dts[d];
+        static const int o1[] = {1}, o2[] = {2}, o0[] = {0}, o01[] = {0, 1}, o456[] = {4, 5, 6};
+
+        rng_state = 5 + (uint64_t)d;
+        for (int r = 0; r < LP_R; r++) {
+            lp_tok[r] = (int32_t)urand(0, 10.99); /* repeated tokens */
+            lp_tgt[r] = r == 5 ? -1 : (int32_t)urand(0, LP_C - 0.01);
+        }
+        /* layernorm: x with an offset (the mean matters), weight near 1 */
+        lp_fill(0, n, 1.0, 3.0, dt);
+        lp_fill(1, n, 0.0, 0.0, dt);
+        lp_fill(2, LP_C, 0.5, 1.5, dt);
+        lp_fill(3, LP_C, -0.5, 0.5, dt);
+        lp_check("layernorm_fwd", mk_ln_fwd, dt, o1, 1, 0, 2, LP_R);
+        lp_fill(4, n, -1.0, 1.0, dt);
+        lp_fill(5, LP_C, -1.0, 1.0, dt);
+        lp_fill(6, LP_C, -1.0, 1.0, dt);
+        lp_fill(7, n, -1.0, 1.0, dt);
+        lp_accumulate = 0;
+        lp_check("layernorm_bwd", mk_ln_bwd, dt, o456, 3, 0, 0, 0);
+        {
+            /* accumulate: dx0 + round(term), rounded, the two roundings of a separate add;
+             * the term is the f32 launch's dx just computed */
+            uint16_t dx0[LP_R * LP_C];
+            fsdp_kernel_t k;
+            long worst = 0;
+            lp_fill(4, n, -1.0, 1.0, dt);
+            memcpy(dx0, lp_t[4].h, sizeof(dx0));
+            memset(&k, 0, sizeof(k));
+            lp_accumulate = 1;
+            mk_ln_bwd(&k, 1, dt);
+            k.u.layernorm_bwd.dweight = k.u.layernorm_bwd.dbias = NULL;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            memset(lp_t[4].f, 0, sizeof(lp_t[4].f)); /* the f32 term alone */
+            lp_accumulate = 0;
+            mk_ln_bwd(&k, 0, dt);
+            k.u.layernorm_bwd.dweight = k.u.layernorm_bwd.dbias = NULL;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            for (size_t e = 0; e < n; e++) {
+                float term = lp_from16(lp_to16(lp_t[4].f[e], dt), dt);
+                long u = lp_ulps(lp_t[4].h[e], lp_to16(lp_from16(dx0[e], dt) + term, dt));
+                worst = u > worst ? u : worst;
+            }
+            CU_ASSERT_EQUAL(worst, 0);
+        }
+        lp_fill(0, n, -6.0, 6.0, dt);
+        lp_fill(1, n, 0.0, 0.0, dt);
+        lp_check("gelu_fwd", mk_gelu_fwd, dt, o1, 1, 0, 0, 0);
+        lp_fill(2, n, -1.0, 1.0, dt);
+        lp_check("gelu_bwd", mk_gelu_bwd, dt, o2, 1, 0, 0, 0);
+        lp_fill(0, 3 * 64, -8.0, 8.0, dt);
+        lp_check("softmax_fwd", mk_softmax_fwd, dt, o0, 1, 0, 0, 0);
+        lp_sync(0, dt); /* the probabilities as the low-precision forward left them */
+        lp_fill(1, 3 * 64, -1.0, 1.0, dt);
+        lp_check("softmax_bwd", mk_softmax_bwd, dt, o1, 1, 0, 0, 0);
+        lp_fill(0, 11 * LP_C, -1.0, 1.0, dt);
+        lp_fill(1, 8 * LP_C, -1.0, 1.0, dt);
+        lp_fill(2, n, 0.0, 0.0, dt);
+        lp_check("embedding_fwd", mk_emb_fwd, dt, o2, 1, 0, 0, 0);
+        lp_fill(2, n, -1.0, 1.0, dt);
+        {
+            /* the f32 reference of the low-precision backward: every add rounded, in row
+             * order (a token repeats, and each position takes 3 rows) */
+            float wte[11 * LP_C], wpe[8 * LP_C];
+            fsdp_kernel_t k;
+            long off_ulps = 0; /* summed over both tables */
+            memcpy(wte, lp_t[0].f, sizeof(wte));
+            memcpy(wpe, lp_t[1].f, sizeof(wpe));
+            for (size_t r = 0; r < LP_R; r++)
+                for (size_t c = 0; c < LP_C; c++) {
+                    float g = lp_t[2].f[r * LP_C + c];
+                    float *w = &wte[(size_t)lp_tok[r] * LP_C + c], *p = &wpe[(r % 8) * LP_C + c];
+                    *w = lp_from16(lp_to16(*w + g, dt), dt);
+                    *p = lp_from16(lp_to16(*p + g, dt), dt);
+                }
+            memset(&k, 0, sizeof(k));
+            mk_emb_bwd(&k, 1, dt);
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            for (size_t e = 0; e < 11 * LP_C; e++)
+                off_ulps += lp_ulps(lp_t[0].h[e], lp_to16(wte[e], dt));
+            for (size_t e = 0; e < 8 * LP_C; e++)
+                off_ulps += lp_ulps(lp_t[1].h[e], lp_to16(wpe[e], dt));
+            CU_ASSERT_EQUAL(off_ulps, 0);
+        }
+        lp_fill(0, n, -4.0, 4.0, dt);
+        lp_check("cross_entropy", mk_ce, dt, o0, 1, 0, 2, LP_R);
+        lp_fill(0, n, -2.0, 2.0, dt);
+        lp_fill(1, n, -2.0, 2.0, dt);
+        lp_check("add", mk_add, dt, o01, 1, 0, 0, 0);
+    }
+}
+
+/* A dtype the transformer kernels do not take is refused by name. */
+static void test_low_precision_refusals(void)
+{
+    fsdp_kernel_t k;
+    memset(&k, 0, sizeof(k));
+    mk_add(&k, 0, FSDP_DTYPE_F32);
+    k.u.add.dtype = FSDP_DTYPE_I32;
+    CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+    k.u.add.dtype = (fsdp_dtype_t)42;
+    CU_ASSERT_EQUAL(run(&k), FSDP_ERR_INVALID_PARAM);
+}
+
+/* The cost model prices the low-precision tensors at 2 bytes: half the f32 bytes for the kinds
+ * whose every tensor has the dtype. */
+static void test_low_precision_costs(void)
+{
+    fsdp_kernel_t k;
+    double f32_flops, f32_bytes, flops, bytes;
+    memset(&k, 0, sizeof(k));
+    mk_add(&k, 0, FSDP_DTYPE_F32);
+    fsdp_kernel_cost(&k, &f32_flops, &f32_bytes);
+    k.u.add.dtype = FSDP_DTYPE_BF16;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(flops, f32_flops);
+    CU_ASSERT_EQUAL(bytes * 2.0, f32_bytes);
+    memset(&k, 0, sizeof(k));
+    mk_softmax_fwd(&k, 0, FSDP_DTYPE_F32);
+    fsdp_kernel_cost(&k, &f32_flops, &f32_bytes);
+    k.u.softmax_fwd.dtype = FSDP_DTYPE_F16;
+    fsdp_kernel_cost(&k, &flops, &bytes);
+    CU_ASSERT_EQUAL(flops, f32_flops);
+    CU_ASSERT_EQUAL(bytes * 2.0, f32_bytes);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -614,6 +978,9 @@ int main(void)
          test_cross_entropy},
         {"add; batched GEMM equals single products, cost scales", test_add_and_batched_gemm},
         {"names, costs and checks of every transformer kind", test_names_costs_checks},
+        {"bf16 and f16 variants equal the f32 bodies rounded once", test_low_precision},
+        {"a dtype the transformer kernels do not take is refused", test_low_precision_refusals},
+        {"low-precision tensors cost 2 bytes", test_low_precision_costs},
         {NULL, NULL},
     };
     return fsdp_test_run("gpt2_kernels", tests);

@@ -58,6 +58,19 @@ check "a JSON profile file" grep -q "^cluster a100: 2 ranks" "$tmp/a100"
 "$plan" --help >"$tmp/help"
 check "--help" grep -q "^usage: fsdp-plan" "$tmp/help"
 
+# GPT-2 under bf16 mixed precision: 2-byte activations (half of f32's, within 2%) and the bf16
+# FLOP rate
+"$plan" --model gpt2 >"$tmp/g32" 2>&1
+"$plan" --model gpt2 --mixed-precision bf16 >"$tmp/gbf16" 2>"$tmp/err"
+check "gpt2 bf16 plans and exits 0" test $? -eq 0
+check "gpt2 bf16: nothing on stderr" test ! -s "$tmp/err"
+check "gpt2 bf16: MFU against the bf16 peak" grep -q "^MFU .* bf16 peak)$" "$tmp/gbf16"
+check "gpt2 bf16: activation memory half of f32's" \
+    awk 'FNR==1{f++} /^  ranks 0-7 /&&!(f in a){a[f]=$10} END{r=a[2]/a[1]; exit !(r > 0.48 && r < 0.52)}' \
+    "$tmp/g32" "$tmp/gbf16"
+check "gpt2 bf16: a shorter step than f32" \
+    awk 'FNR==1{f++} /^step time /{t[f]=$3} END{exit !(t[2] < t[1])}' "$tmp/g32" "$tmp/gbf16"
+
 # --trace: the simulated run's events, readable by fsdp-trace
 "$plan" --model mlp:8,16,4 --world 4 --trace "$tmp/plan.db" >/dev/null 2>&1
 check "the plan's trace has the run's collectives" \

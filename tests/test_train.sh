@@ -172,6 +172,22 @@ refuse "an unknown backend" --backend tpu
 refuse "a gpu world the launcher did not start" --backend gpu --world 3
 refuse "a gpt spec with a zero" --model "gpt2:layers=0"
 refuse "heads that do not divide the width" --model "gpt2:heads=3,dim=16"
+# GPT-2 under bf16 mixed precision: it computes in bf16 (other losses than f32's) and learns
+"$train" --model gpt2-tiny --world 2 --batch 4 --steps 20 --lr 3e-3 \
+    --mixed-precision param=bf16 >"$tmp/gbf16" 2>"$tmp/err"
+check "gpt2 bf16 mixed precision trains and exits 0" test $? -eq 0
+check "gpt2 bf16: nothing on stderr" test ! -s "$tmp/err"
+check "gpt2 bf16: the loss falls over 20 steps" \
+    awk '/^step 1 /{a=$4} /^step 20 /{b=$4} END{exit !(b < a - 1.0)}' "$tmp/gbf16"
+"$train" --model gpt2-tiny --world 2 --batch 4 --steps 20 --lr 3e-3 >"$tmp/gf32" 2>&1
+check "gpt2 bf16 computes in bf16 (its losses are not f32's)" \
+    sh -c "! cmp -s '$tmp/gbf16' '$tmp/gf32'"
+check "gpt2 bf16 ends within 0.3 nats of f32" \
+    awk 'NR==FNR{if(/^step 20 /)a=$4;next} /^step 20 /{d=a-$4; if(d<0)d=-d; exit !(d < 0.3)}' \
+    "$tmp/gbf16" "$tmp/gf32"
+check "gpt2 bf16 peaks lower than f32" \
+    awk 'NR==FNR{if(/^rank 0 peak/)a=$5;next} /^rank 0 peak/{exit !(a < $5)}' \
+    "$tmp/gbf16" "$tmp/gf32"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
 refuse "llm.c tokens for an mlp" --tokens "$tmp/tok.bin"
 refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --tokens "$tmp/tok.bin"
@@ -182,7 +198,6 @@ refuse "a batch larger than an llm.c shard" --model "$tiny" --tokens "$tmp/tok.b
 refuse "an mlp checkpoint as gpt2 weights" --model "$tiny" --init "$tmp/a.safetensors"
 refuse "gpt2 weights of another width" --model "gpt2:layers=1,heads=2,dim=8,seq=16,vocab=256" \
     --init "$tmp/g.safetensors"
-refuse "gpt2 with bf16 mixed precision" --model "$tiny" --mixed-precision param=bf16
 refuse "a missing text file" --model "$tiny" --data "$tmp/none.txt"
 
 refuse "a grad-accum that does not divide the rows" --world 2 --batch 8 --grad-accum 3

@@ -176,14 +176,6 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     double t0, dt;
     int rc = 2;
 
-    if (o->fsdp.mixed_precision.param_dtype != FSDP_DTYPE_UNSET &&
-        o->fsdp.mixed_precision.param_dtype != FSDP_DTYPE_F32) {
-        fprintf(stderr,
-                "fsdp-train: error: gpt models compute in f32: --mixed-precision "
-                "param=%s is not supported for them\n",
-                fsdp_dtype_name(o->fsdp.mixed_precision.param_dtype));
-        return 2;
-    }
     if (open_tokens(o, &sh.tokens) != FSDP_OK)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)o->model.vocab_size) {

@@ -76,7 +76,8 @@ typedef struct fsdp_gpt2 fsdp_gpt2_t;
 
 /* Creates the units on fs: the root "transformer" (wte, wpe, ln_f) and n_layer blocks
  * "transformer.h.<i>", as fsdp_auto_wrap with ModuleWrapPolicy({GPT2Block}) decides over HF's
- * module tree. The model computes in f32: a mixed-precision param_dtype is refused. */
+ * module tree. The model computes in the units' compute dtype: f32, or a mixed-precision
+ * param_dtype (bf16, f16), with activations and their gradients in it and the loss in f32. */
 fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p);
 void fsdp_gpt2_destroy(fsdp_gpt2_t *model);
 

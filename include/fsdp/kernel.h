@@ -105,57 +105,67 @@ typedef struct fsdp_kernel {
         /* out[0] = sum x[i]^2 (f32 out, computed in double in index order) */
         struct { float *out; const void *x; fsdp_dtype_t dtype; size_t n; } sumsq;
 
-        /* ---- the transformer kernels (GPT-2), f32. Row kernels run one row at a time in
-         * index order; reductions over a row are sequential in f32, sums over rows (weight
-         * gradients) are in row order, so every result depends on the shapes alone. exp and
-         * log are the shared bodies' own (lib/kernels/nn_bodies.h), the same bits on the host
-         * and the GPU. ---- */
+        /* ---- the transformer kernels (GPT-2). Every tensor but the layernorm statistics
+         * (mean, rstd) and the cross-entropy losses (f32 always) is of the descriptor's dtype:
+         * f32 (0, the default), bf16 or f16 (the activations, weights and gradients of a model
+         * under mixed precision). Each kernel loads its inputs as f32, computes in f32 and
+         * rounds every output once on store (nearest even), as torch's CUDA kernels do for
+         * low-precision inputs. Row kernels run one row at a time in index order; reductions
+         * over a row are sequential in f32, sums over rows (weight gradients) are in row
+         * order, so every result depends on the shapes alone. exp and log are the shared
+         * bodies' own (lib/kernels/nn_bodies.h), the same bits on the host and the GPU. ---- */
 
         /* LayerNorm over the last dimension of x [rows, cols]: mean = sum(x) / cols,
          * var = sum((x - mean)^2) / cols, rstd = 1 / sqrt(var + eps),
-         * y = (x - mean) * rstd * weight + bias. mean[r] and rstd[r] are saved unless NULL.
-         * y may equal x. */
-        struct { float *y; float *mean; float *rstd; const float *x; const float *weight;
-                 const float *bias; size_t rows, cols; float eps; } layernorm_fwd;
+         * y = (x - mean) * rstd * weight + bias. mean[r] and rstd[r] (f32) are saved unless
+         * NULL. y may equal x. */
+        struct { void *y; float *mean; float *rstd; const void *x; const void *weight;
+                 const void *bias; size_t rows, cols; float eps; fsdp_dtype_t dtype; }
+            layernorm_fwd;
         /* Its backward from x and the saved mean and rstd: with xhat = (x - mean) * rstd and
          * g = dy * weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), written
-         * (accumulate 0) or added (accumulate 1); dweight[c] += sum over r of dy * xhat and
-         * dbias[c] += sum over r of dy. Any of dx, dweight, dbias may be NULL (not computed).
-         * dx must not overlap dy or x. */
-        struct { float *dx; float *dweight; float *dbias; const float *dy; const float *x;
-                 const float *mean; const float *rstd; const float *weight; size_t rows, cols;
-                 int accumulate; } layernorm_bwd;
+         * (accumulate 0) or added (accumulate 1: the term is rounded to the dtype, then the sum,
+         * as a separate add would); dweight[c] += sum over r of dy * xhat and dbias[c] += sum
+         * over r of dy (summed in f32, added once). Any of dx, dweight, dbias may be NULL (not
+         * computed). dx must not overlap dy or x. */
+        struct { void *dx; void *dweight; void *dbias; const void *dy; const void *x;
+                 const float *mean; const float *rstd; const void *weight; size_t rows, cols;
+                 int accumulate; fsdp_dtype_t dtype; } layernorm_bwd;
         /* y = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), HF's gelu_new; y may equal x */
-        struct { float *y; const float *x; size_t n; } gelu_fwd;
+        struct { void *y; const void *x; size_t n; fsdp_dtype_t dtype; } gelu_fwd;
         /* dx = dy * gelu_new'(x); dx may equal dy */
-        struct { float *dx; const float *dy; const float *x; size_t n; } gelu_bwd;
+        struct { void *dx; const void *dy; const void *x; size_t n; fsdp_dtype_t dtype; }
+            gelu_bwd;
         /* y = softmax(scale * x) over each row of x [rows, cols]. causal: x is [batch, cols,
          * cols] (rows = batch * cols) and row r keeps columns 0 .. r % cols, the others are
          * 0 (the masked attention of a decoder). y may equal x. */
-        struct { float *y; const float *x; size_t rows, cols; float scale; int causal; }
-            softmax_fwd;
+        struct { void *y; const void *x; size_t rows, cols; float scale; int causal;
+                 fsdp_dtype_t dtype; } softmax_fwd;
         /* Its backward from the saved y: dx = scale * y * (dy - sum(y * dy)) per row (0 where
          * masked); dx may equal dy. */
-        struct { float *dx; const float *dy; const float *y; size_t rows, cols; float scale;
-                 int causal; } softmax_bwd;
+        struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
+                 int causal; fsdp_dtype_t dtype; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
          * (no position term). A token outside [0, vocab) gives a row of NaN. */
-        struct { float *y; const int32_t *tokens; const float *wte; const float *wpe;
-                 size_t rows, cols, seq, vocab; } embedding_fwd;
+        struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;
+                 size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; } embedding_fwd;
         /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c], each element in row
-         * order; dwte or dwpe may be NULL; tokens outside [0, vocab) add nothing. */
-        struct { float *dwte; float *dwpe; const float *dy; const int32_t *tokens; size_t rows,
-                 cols, seq, vocab; } embedding_bwd;
+         * order (each add rounded to the dtype); dwte or dwpe may be NULL; tokens outside
+         * [0, vocab) add nothing. */
+        struct { void *dwte; void *dwpe; const void *dy; const int32_t *tokens; size_t rows,
+                 cols, seq, vocab; fsdp_dtype_t dtype; } embedding_bwd;
         /* Softmax cross-entropy over logits [rows, vocab]: losses[r] = logsumexp(logits[r]) -
          * logits[r, targets[r]] (0 for a target < 0: ignored, as torch's ignore_index);
          * loss[0] = sum(losses) / denom, summed in double along the tree of sumsq;
          * dlogits[r] = (softmax(logits[r]) - onehot(targets[r])) / denom (a zero row when
-         * ignored). loss and dlogits may be NULL; dlogits may equal logits; losses (rows
+         * ignored). loss and losses are f32 whatever the dtype (the logits upcast, as HF's
+         * loss does). loss and dlogits may be NULL; dlogits may equal logits; losses (rows
          * floats) is always written. A target >= vocab gives NaN. */
-        struct { float *loss; float *losses; float *dlogits; const float *logits;
-                 const int32_t *targets; size_t rows, vocab; double denom; } cross_entropy;
+        struct { float *loss; float *losses; void *dlogits; const void *logits;
+                 const int32_t *targets; size_t rows, vocab; double denom; fsdp_dtype_t dtype; }
+            cross_entropy;
         /* y = a + b (the residual add); y may equal a or b */
-        struct { float *y; const float *a; const float *b; size_t n; } add;
+        struct { void *y; const void *a; const void *b; size_t n; fsdp_dtype_t dtype; } add;
     } u;
 } fsdp_kernel_t;
 

@@ -200,16 +200,21 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
                     k->u.sgd.first_step);
         break;
     case FSDP_K_GELU_FWD:
-        k->u.gelu_fwd.y[i] = fsdp_kb_gelu(k->u.gelu_fwd.x[i]);
+        fsdp_kb_store(k->u.gelu_fwd.y, k->u.gelu_fwd.dtype, i,
+                      fsdp_kb_gelu(fsdp_kb_load(k->u.gelu_fwd.x, k->u.gelu_fwd.dtype, i)));
         break;
     case FSDP_K_GELU_BWD:
-        k->u.gelu_bwd.dx[i] = fsdp_kb_gelu_grad(k->u.gelu_bwd.dy[i], k->u.gelu_bwd.x[i]);
+        fsdp_kb_store(k->u.gelu_bwd.dx, k->u.gelu_bwd.dtype, i,
+                      fsdp_kb_gelu_grad(fsdp_kb_load(k->u.gelu_bwd.dy, k->u.gelu_bwd.dtype, i),
+                                        fsdp_kb_load(k->u.gelu_bwd.x, k->u.gelu_bwd.dtype, i)));
         break;
     case FSDP_K_EMBEDDING_FWD:
         fsdp_kb_embedding_fwd_at(k, i);
         break;
     case FSDP_K_ADD:
-        k->u.add.y[i] = k->u.add.a[i] + k->u.add.b[i];
+        fsdp_kb_store(k->u.add.y, k->u.add.dtype, i,
+                      fsdp_kb_load(k->u.add.a, k->u.add.dtype, i) +
+                          fsdp_kb_load(k->u.add.b, k->u.add.dtype, i));
         break;
     default:
         break;

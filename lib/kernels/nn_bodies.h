@@ -19,6 +19,7 @@
 #include <fsdp/kernel.h>
 
 #include "kernels/convert.h"
+#include "kernels/elementwise.h"
 #include "kernels/hd.h"
 
 /* Columns one weight-gradient body sums (a thread on the GPU): row-major reads stay within a
@@ -149,11 +150,24 @@ FSDP_HD float fsdp_kb_gelu_grad(float dy, float x)
     return dy * (t == 0.0f ? s : s + 2.0f * x * t * du);
 }
 
-/* ---- element bodies (called from fsdp_kb_elem) ---- */
+/* ---- element bodies (called from fsdp_kb_elem) ----
+ *
+ * Every tensor of a descriptor but mean, rstd and the losses has the descriptor's dtype: the
+ * bodies load through it (fsdp_kb_load), compute in f32 and round once on store. With f32 the
+ * loads and stores are plain, and the arithmetic is that of the f32 kernels. */
 
-/* embedding_fwd, element i of y [rows, cols] */
+/* v rounded to dtype and back: the value a separate operation would hand on */
+FSDP_HD float fsdp_kb_round_to(float v, fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_BF16  ? fsdp_kb_round_bf16(v)
+           : dt == FSDP_DTYPE_F16 ? fsdp_kb_round_f16(v)
+                                  : v;
+}
+
+/* embedding_fwd, element i of y [rows, cols]: the sum of the two rows, rounded once */
 FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
 {
+    const fsdp_dtype_t dt = k->u.embedding_fwd.dtype;
     size_t cols = k->u.embedding_fwd.cols, r = i / cols, c = i - r * cols;
     int32_t t = k->u.embedding_fwd.tokens[r];
     float v;
@@ -161,33 +175,36 @@ FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
     if (t < 0 || (size_t)t >= k->u.embedding_fwd.vocab) {
         v = fsdp_kb_nanf();
     } else {
-        v = k->u.embedding_fwd.wte[(size_t)t * cols + c];
+        v = fsdp_kb_load(k->u.embedding_fwd.wte, dt, (size_t)t * cols + c);
         if (k->u.embedding_fwd.wpe != NULL)
-            v = v + k->u.embedding_fwd.wpe[(r % k->u.embedding_fwd.seq) * cols + c];
+            v = v +
+                fsdp_kb_load(k->u.embedding_fwd.wpe, dt, (r % k->u.embedding_fwd.seq) * cols + c);
     }
-    k->u.embedding_fwd.y[i] = v;
+    fsdp_kb_store(k->u.embedding_fwd.y, dt, i, v);
 }
 
 /* ---- row bodies ---- */
 
 FSDP_HD void fsdp_kb_layernorm_fwd_row(const fsdp_kernel_t *k, size_t r)
 {
-    const size_t n = k->u.layernorm_fwd.cols;
-    const float *x = k->u.layernorm_fwd.x + r * n;
-    const float *w = k->u.layernorm_fwd.weight, *b = k->u.layernorm_fwd.bias;
-    float *y = k->u.layernorm_fwd.y + r * n;
+    const fsdp_dtype_t dt = k->u.layernorm_fwd.dtype;
+    const size_t n = k->u.layernorm_fwd.cols, o = r * n;
+    const void *x = k->u.layernorm_fwd.x;
+    const void *w = k->u.layernorm_fwd.weight, *b = k->u.layernorm_fwd.bias;
     float sum = 0.0f, var = 0.0f, mean, rstd;
 
     for (size_t c = 0; c < n; c++)
-        sum += x[c];
+        sum += fsdp_kb_load(x, dt, o + c);
     mean = sum / (float)n;
     for (size_t c = 0; c < n; c++) {
-        float d = x[c] - mean;
+        float d = fsdp_kb_load(x, dt, o + c) - mean;
         var += d * d;
     }
     rstd = 1.0f / sqrtf(var / (float)n + k->u.layernorm_fwd.eps);
     for (size_t c = 0; c < n; c++)
-        y[c] = (x[c] - mean) * rstd * w[c] + b[c];
+        fsdp_kb_store(k->u.layernorm_fwd.y, dt, o + c,
+                      (fsdp_kb_load(x, dt, o + c) - mean) * rstd * fsdp_kb_load(w, dt, c) +
+                          fsdp_kb_load(b, dt, c));
     if (k->u.layernorm_fwd.mean != NULL)
         k->u.layernorm_fwd.mean[r] = mean;
     if (k->u.layernorm_fwd.rstd != NULL)
@@ -197,134 +214,152 @@ FSDP_HD void fsdp_kb_layernorm_fwd_row(const fsdp_kernel_t *k, size_t r)
 /* layernorm_bwd, the input gradient of row r */
 FSDP_HD void fsdp_kb_layernorm_bwd_row(const fsdp_kernel_t *k, size_t r)
 {
-    const size_t n = k->u.layernorm_bwd.cols;
-    const float *x = k->u.layernorm_bwd.x + r * n, *dy = k->u.layernorm_bwd.dy + r * n;
-    const float *w = k->u.layernorm_bwd.weight;
+    const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
+    const size_t n = k->u.layernorm_bwd.cols, o = r * n;
+    const void *x = k->u.layernorm_bwd.x, *dy = k->u.layernorm_bwd.dy;
+    const void *w = k->u.layernorm_bwd.weight;
     const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
-    float *dx = k->u.layernorm_bwd.dx + r * n;
+    void *dx = k->u.layernorm_bwd.dx;
     float sg = 0.0f, sgx = 0.0f;
 
     for (size_t c = 0; c < n; c++) {
-        float g = dy[c] * w[c];
+        float g = fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c);
         sg += g;
-        sgx += g * ((x[c] - mean) * rstd);
+        sgx += g * ((fsdp_kb_load(x, dt, o + c) - mean) * rstd);
     }
     sg = sg / (float)n;
     sgx = sgx / (float)n;
     for (size_t c = 0; c < n; c++) {
-        float xhat = (x[c] - mean) * rstd;
-        float d = (dy[c] * w[c] - sg - xhat * sgx) * rstd;
-        dx[c] = k->u.layernorm_bwd.accumulate ? dx[c] + d : d;
+        float xhat = (fsdp_kb_load(x, dt, o + c) - mean) * rstd;
+        float d = (fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c) - sg - xhat * sgx) * rstd;
+        if (k->u.layernorm_bwd.accumulate)
+            d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
+        fsdp_kb_store(dx, dt, o + c, d);
     }
 }
 
 /* layernorm_bwd, the weight and bias gradients of columns [chunk * FSDP_KB_COLS, ...) */
 FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
 {
+    const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
     const size_t n = k->u.layernorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
     const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    void *dw = k->u.layernorm_bwd.dweight, *db = k->u.layernorm_bwd.dbias;
     float sw[FSDP_KB_COLS], sb[FSDP_KB_COLS];
 
     for (size_t j = 0; j < nc; j++)
         sw[j] = sb[j] = 0.0f;
     for (size_t r = 0; r < k->u.layernorm_bwd.rows; r++) {
-        const float *x = k->u.layernorm_bwd.x + r * n + c0;
-        const float *dy = k->u.layernorm_bwd.dy + r * n + c0;
+        const size_t o = r * n + c0;
         const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
         for (size_t j = 0; j < nc; j++) {
-            sw[j] += dy[j] * ((x[j] - mean) * rstd);
-            sb[j] += dy[j];
+            float g = fsdp_kb_load(k->u.layernorm_bwd.dy, dt, o + j);
+            sw[j] += g * ((fsdp_kb_load(k->u.layernorm_bwd.x, dt, o + j) - mean) * rstd);
+            sb[j] += g;
         }
     }
     for (size_t j = 0; j < nc; j++) {
-        if (k->u.layernorm_bwd.dweight != NULL)
-            k->u.layernorm_bwd.dweight[c0 + j] += sw[j];
-        if (k->u.layernorm_bwd.dbias != NULL)
-            k->u.layernorm_bwd.dbias[c0 + j] += sb[j];
+        if (dw != NULL)
+            fsdp_kb_store(dw, dt, c0 + j, fsdp_kb_load(dw, dt, c0 + j) + sw[j]);
+        if (db != NULL)
+            fsdp_kb_store(db, dt, c0 + j, fsdp_kb_load(db, dt, c0 + j) + sb[j]);
     }
 }
 
+/* In f32 y keeps each exponential until the division (y may be x); in a 16-bit dtype they are
+ * computed again for the output instead, so that no unnormalized value is rounded. The same
+ * function of the same argument, so the same bits either way. */
 FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
 {
-    const size_t n = k->u.softmax_fwd.cols;
+    const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
+    const size_t n = k->u.softmax_fwd.cols, o = r * n;
     const size_t valid = k->u.softmax_fwd.causal ? r % n + 1 : n;
-    const float *x = k->u.softmax_fwd.x + r * n;
+    const void *x = k->u.softmax_fwd.x;
     const float s = k->u.softmax_fwd.scale;
-    float *y = k->u.softmax_fwd.y + r * n;
+    void *y = k->u.softmax_fwd.y;
     float mx = -fsdp_kb_inff(), sum = 0.0f;
 
     for (size_t j = 0; j < valid; j++) {
-        float z = x[j] * s;
+        float z = fsdp_kb_load(x, dt, o + j) * s;
         if (z > mx)
             mx = z;
     }
     for (size_t j = 0; j < valid; j++) {
-        float e = fsdp_kb_expf(x[j] * s - mx);
-        y[j] = e;
+        float e = fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
         sum += e;
+        if (dt == FSDP_DTYPE_F32)
+            ((float *)y)[o + j] = e;
     }
-    for (size_t j = 0; j < valid; j++)
-        y[j] = y[j] / sum;
+    for (size_t j = 0; j < valid; j++) {
+        float e = dt == FSDP_DTYPE_F32 ? ((const float *)y)[o + j]
+                                       : fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
+        fsdp_kb_store(y, dt, o + j, e / sum);
+    }
     for (size_t j = valid; j < n; j++)
-        y[j] = 0.0f;
+        fsdp_kb_store(y, dt, o + j, 0.0f);
 }
 
 FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
 {
-    const size_t n = k->u.softmax_bwd.cols;
+    const fsdp_dtype_t dt = k->u.softmax_bwd.dtype;
+    const size_t n = k->u.softmax_bwd.cols, o = r * n;
     const size_t valid = k->u.softmax_bwd.causal ? r % n + 1 : n;
-    const float *y = k->u.softmax_bwd.y + r * n, *dy = k->u.softmax_bwd.dy + r * n;
+    const void *y = k->u.softmax_bwd.y, *dy = k->u.softmax_bwd.dy;
     const float s = k->u.softmax_bwd.scale;
-    float *dx = k->u.softmax_bwd.dx + r * n;
+    void *dx = k->u.softmax_bwd.dx;
     float dot = 0.0f;
 
     for (size_t j = 0; j < valid; j++)
-        dot += y[j] * dy[j];
+        dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
     for (size_t j = 0; j < valid; j++)
-        dx[j] = s * (y[j] * (dy[j] - dot));
+        fsdp_kb_store(dx, dt, o + j,
+                      s * (fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot)));
     for (size_t j = valid; j < n; j++)
-        dx[j] = 0.0f;
+        fsdp_kb_store(dx, dt, o + j, 0.0f);
 }
 
-/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom) */
+/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom). As in
+ * softmax_fwd, f32 dlogits keep the exponentials until the division; in a 16-bit dtype they are
+ * computed again for the gradient (dlogits may be the logits). */
 FSDP_HD void fsdp_kb_cross_entropy_row(const fsdp_kernel_t *k, float inv_denom, size_t r)
 {
-    const size_t v = k->u.cross_entropy.vocab;
-    const float *l = k->u.cross_entropy.logits + r * v;
-    float *d = k->u.cross_entropy.dlogits != NULL ? k->u.cross_entropy.dlogits + r * v : NULL;
+    const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
+    const size_t v = k->u.cross_entropy.vocab, o = r * v;
+    const void *l = k->u.cross_entropy.logits;
+    void *d = k->u.cross_entropy.dlogits;
     const int32_t t = k->u.cross_entropy.targets[r];
     float mx = -fsdp_kb_inff(), sum = 0.0f, lt;
 
     if (t >= 0 && (size_t)t >= v) { /* no such class: poison the row, read nothing */
         k->u.cross_entropy.losses[r] = fsdp_kb_nanf();
         for (size_t j = 0; d != NULL && j < v; j++)
-            d[j] = fsdp_kb_nanf();
+            fsdp_kb_store(d, dt, o + j, fsdp_kb_nanf());
         return;
     }
     if (t < 0) { /* ignored */
         k->u.cross_entropy.losses[r] = 0.0f;
         for (size_t j = 0; d != NULL && j < v; j++)
-            d[j] = 0.0f;
+            fsdp_kb_store(d, dt, o + j, 0.0f);
         return;
     }
-    lt = l[t]; /* before d (which may be l) is written */
-    for (size_t j = 0; j < v; j++)
-        if (l[j] > mx)
-            mx = l[j];
-    if (d == NULL) {
-        for (size_t j = 0; j < v; j++)
-            sum += fsdp_kb_expf(l[j] - mx);
-    } else {
-        for (size_t j = 0; j < v; j++) {
-            float e = fsdp_kb_expf(l[j] - mx);
-            d[j] = e;
-            sum += e;
-        }
+    lt = fsdp_kb_load(l, dt, o + (size_t)t); /* before d (which may be l) is written */
+    for (size_t j = 0; j < v; j++) {
+        float lj = fsdp_kb_load(l, dt, o + j);
+        if (lj > mx)
+            mx = lj;
+    }
+    for (size_t j = 0; j < v; j++) {
+        float e = fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
+        sum += e;
+        if (d != NULL && dt == FSDP_DTYPE_F32)
+            ((float *)d)[o + j] = e;
     }
     k->u.cross_entropy.losses[r] = (mx + fsdp_kb_logf(sum)) - lt;
     for (size_t j = 0; d != NULL && j < v; j++) {
-        float p = d[j] / sum;
-        d[j] = ((size_t)t == j ? p - 1.0f : p) * inv_denom;
+        float e = dt == FSDP_DTYPE_F32 ? ((const float *)d)[o + j]
+                                       : fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
+        float p = e / sum;
+        fsdp_kb_store(d, dt, o + j, ((size_t)t == j ? p - 1.0f : p) * inv_denom);
     }
 }
 
@@ -337,23 +372,57 @@ FSDP_HD double fsdp_kb_cross_entropy_term(const fsdp_kernel_t *k, size_t i)
 /* embedding_bwd, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order */
 FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
 {
+    const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
     const size_t n = k->u.embedding_bwd.cols, c0 = chunk * FSDP_KB_COLS;
     const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
-    float *dwte = k->u.embedding_bwd.dwte, *dwpe = k->u.embedding_bwd.dwpe;
+    void *dwte = k->u.embedding_bwd.dwte, *dwpe = k->u.embedding_bwd.dwpe;
 
     for (size_t r = 0; r < k->u.embedding_bwd.rows; r++) {
-        const float *g = k->u.embedding_bwd.dy + r * n + c0;
+        const size_t g = r * n + c0;
         int32_t t = k->u.embedding_bwd.tokens[r];
         if (dwte != NULL && t >= 0 && (size_t)t < k->u.embedding_bwd.vocab) {
-            float *w = dwte + (size_t)t * n + c0;
+            const size_t w = (size_t)t * n + c0;
             for (size_t j = 0; j < nc; j++)
-                w[j] += g[j];
+                fsdp_kb_store(dwte, dt, w + j,
+                              fsdp_kb_load(dwte, dt, w + j) +
+                                  fsdp_kb_load(k->u.embedding_bwd.dy, dt, g + j));
         }
         if (dwpe != NULL) {
-            float *p = dwpe + (r % k->u.embedding_bwd.seq) * n + c0;
+            const size_t p = (r % k->u.embedding_bwd.seq) * n + c0;
             for (size_t j = 0; j < nc; j++)
-                p[j] += g[j];
+                fsdp_kb_store(dwpe, dt, p + j,
+                              fsdp_kb_load(dwpe, dt, p + j) +
+                                  fsdp_kb_load(k->u.embedding_bwd.dy, dt, g + j));
         }
+    }
+}
+
+/* The dtype of a transformer kernel's tensors (f32 for the other kinds). */
+FSDP_HD fsdp_dtype_t fsdp_kb_nn_dtype(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        return k->u.layernorm_fwd.dtype;
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.dtype;
+    case FSDP_K_GELU_FWD:
+        return k->u.gelu_fwd.dtype;
+    case FSDP_K_GELU_BWD:
+        return k->u.gelu_bwd.dtype;
+    case FSDP_K_SOFTMAX_FWD:
+        return k->u.softmax_fwd.dtype;
+    case FSDP_K_SOFTMAX_BWD:
+        return k->u.softmax_bwd.dtype;
+    case FSDP_K_EMBEDDING_FWD:
+        return k->u.embedding_fwd.dtype;
+    case FSDP_K_EMBEDDING_BWD:
+        return k->u.embedding_bwd.dtype;
+    case FSDP_K_CROSS_ENTROPY:
+        return k->u.cross_entropy.dtype;
+    case FSDP_K_ADD:
+        return k->u.add.dtype;
+    default:
+        return FSDP_DTYPE_F32;
     }
 }
 

@@ -451,12 +451,6 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
     tree_free(&tree);
     if (status != FSDP_OK)
         goto err_free;
-    if (fsdp_unit_compute_dtype(m->root) != FSDP_DTYPE_F32) {
-        fsdp_error("gpt2 computes in f32: mixed precision with param_dtype %s is not supported",
-                   fsdp_dtype_name(fsdp_unit_compute_dtype(m->root)));
-        status = FSDP_ERR_UNSUPPORTED;
-        goto err_free;
-    }
     *model_p = m;
     return FSDP_OK;
 

@@ -6,6 +6,13 @@
  * Attention is two batched products per sequence (a batch over the heads: Q K^T, then att V)
  * around a causal softmax that also applies 1/sqrt(hs).
  *
+ * Mixed precision: everything runs in the units' compute dtype (param_dtype), as torch runs HF's
+ * model under FSDP's MixedPrecision: the unsharded weights, the activations and their gradients
+ * are in it, the GEMMs sum in f32 and round their output once, the other kernels load
+ * low-precision inputs, compute in f32 and round their outputs (kernel.h); the layernorm
+ * statistics and the per-row losses are f32, and so is the loss. The weight gradients are
+ * written in the compute dtype; FSDP reduces them in reduce_dtype.
+ *
  * Memory: the forward keeps, per block, its input and the activations its backward reads
  * (ln_1, qkv, att, y, the mid residual, ln_2, the MLP pre- and post-activation, the layernorm
  * statistics); a checkpointed block keeps only its input and recomputes the rest after its
@@ -40,7 +47,7 @@ enum {
 };
 
 typedef struct block_act {
-    float *buf[A_COUNT];
+    void *buf[A_COUNT]; /* mean and rstd are f32, the others of the compute dtype */
 } block_act_t;
 
 typedef struct gpt2_run {
@@ -49,14 +56,17 @@ typedef struct gpt2_run {
     fsdp_stream_t *s;
     fsdp_mem_t *mem;
     size_t B, T, BT, C, H, hs, V;
+    fsdp_dtype_t dt;           /* the compute dtype: weights, activations, their gradients */
+    size_t es;                 /* its element size */
     float att_scale;           /* 1 / sqrt(hs) */
     int32_t *tokens, *targets; /* [BT] on the device */
-    float **resid;             /* [L + 1]: the input of block l, then the last output */
+    void **resid;              /* [L + 1]: the input of block l, then the last output */
     block_act_t *act;          /* [L] */
     /* the head: ln_f's output and statistics, logits (then their gradient), losses */
-    float *lnf, *meanf, *rstdf, *logits, *losses, *loss;
-    float *dres;   /* the gradient of the residual stream, walked down the blocks */
-    float *tmp[5]; /* a block's backward scratch */
+    void *lnf, *logits;
+    float *meanf, *rstdf, *losses, *loss;
+    void *dres;   /* the gradient of the residual stream, walked down the blocks */
+    void *tmp[5]; /* a block's backward scratch */
 } gpt2_run_t;
 
 static fsdp_status_t launch(gpt2_run_t *r, const fsdp_kernel_t *k)
@@ -69,21 +79,29 @@ static fsdp_status_t alloc_f(gpt2_run_t *r, size_t n, fsdp_mem_category_t cat, f
     return fsdp_mem_alloc(r->mem, n * sizeof(float), cat, r->s, (void **)p);
 }
 
-static void free_f(gpt2_run_t *r, float **p)
+/* n elements of the compute dtype */
+static fsdp_status_t alloc_a(gpt2_run_t *r, size_t n, fsdp_mem_category_t cat, void **p)
 {
-    fsdp_mem_free(r->mem, *p);
-    *p = NULL;
+    return fsdp_mem_alloc(r->mem, n * r->es, cat, r->s, p);
 }
+
+/* frees a buffer of the run and forgets it */
+#define FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
+
+/* element i of a tensor of the compute dtype */
+#define AT(r, p, i) ((const char *)(p) + (size_t)(i) * (r)->es)
+#define AT_W(r, p, i) ((char *)(p) + (size_t)(i) * (r)->es)
 
 /* ---- kernel launches ---- */
 
 /* c = alpha op(a) op(b) + beta c, `batch` times with the given strides (elements) */
 static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
-                                  float alpha, const float *a, size_t lda, size_t sa,
-                                  const float *b, size_t ldb, size_t sb, float beta, float *c,
-                                  size_t ldc, size_t sc, size_t batch)
+                                  float alpha, const void *a, size_t lda, size_t sa, const void *b,
+                                  size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
+                                  size_t batch)
 {
-    fsdp_kernel_t d = {.kind = FSDP_K_GEMM}; /* f32 operands: the dtypes are zero */
+    fsdp_kernel_t d = {.kind = FSDP_K_GEMM}; /* every operand in the compute dtype */
+    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
     d.u.gemm.trans_a = ta;
     d.u.gemm.trans_b = tb;
     d.u.gemm.m = m;
@@ -105,15 +123,15 @@ static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_
 }
 
 static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
-                          const float *a, size_t lda, const float *b, size_t ldb, float beta,
-                          float *c, size_t ldc)
+                          const void *a, size_t lda, const void *b, size_t ldb, float beta, void *c,
+                          size_t ldc)
 {
     return gemm_batched(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
 /* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D) */
-static fsdp_status_t linear_fwd(gpt2_run_t *r, const float *x, size_t k, const float *w,
-                                const float *bias, size_t n, float *out)
+static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
+                                const void *bias, size_t n, void *out)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_BIAS_ADD};
     fsdp_status_t status = gemm(r, 0, 0, r->BT, n, k, x, k, w, n, 0.0f, out, n);
@@ -124,13 +142,14 @@ static fsdp_status_t linear_fwd(gpt2_run_t *r, const float *x, size_t k, const f
     d.u.bias_add.bias = bias;
     d.u.bias_add.rows = r->BT;
     d.u.bias_add.cols = n;
+    d.u.bias_add.y_dtype = d.u.bias_add.bias_dtype = r->dt;
     return launch(r, &d);
 }
 
 /* dW[k, n] += x^T dout, dbias += the column sums of dout, dx[BT, k] = dout W^T (dx NULL: not
  * wanted) */
-static fsdp_status_t linear_bwd(gpt2_run_t *r, const float *x, size_t k, const float *w, size_t n,
-                                const float *dout, float *dw, float *dbias, float *dx)
+static fsdp_status_t linear_bwd(gpt2_run_t *r, const void *x, size_t k, const void *w, size_t n,
+                                const void *dout, void *dw, void *dbias, void *dx)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_BIAS_GRAD};
     fsdp_status_t status = gemm(r, 1, 0, k, n, r->BT, x, k, dout, n, 1.0f, dw, n);
@@ -141,14 +160,15 @@ static fsdp_status_t linear_bwd(gpt2_run_t *r, const float *x, size_t k, const f
     d.u.bias_grad.dy = dout;
     d.u.bias_grad.rows = r->BT;
     d.u.bias_grad.cols = n;
+    d.u.bias_grad.dbias_dtype = d.u.bias_grad.dy_dtype = r->dt;
     status = launch(r, &d);
     if (status != FSDP_OK || dx == NULL)
         return status;
     return gemm(r, 0, 1, r->BT, k, n, dout, n, w, n, 0.0f, dx, k);
 }
 
-static fsdp_status_t layernorm_fwd(gpt2_run_t *r, const float *x, const float *w, const float *b,
-                                   float *y, float *mean, float *rstd)
+static fsdp_status_t layernorm_fwd(gpt2_run_t *r, const void *x, const void *w, const void *b,
+                                   void *y, float *mean, float *rstd)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_LAYERNORM_FWD};
     d.u.layernorm_fwd.y = y;
@@ -160,12 +180,13 @@ static fsdp_status_t layernorm_fwd(gpt2_run_t *r, const float *x, const float *w
     d.u.layernorm_fwd.rows = r->BT;
     d.u.layernorm_fwd.cols = r->C;
     d.u.layernorm_fwd.eps = r->m->cfg.layer_norm_eps;
+    d.u.layernorm_fwd.dtype = r->dt;
     return launch(r, &d);
 }
 
-static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const float *dy, const float *x,
-                                   const float *mean, const float *rstd, const float *w, float *dx,
-                                   int accumulate, float *dw, float *db)
+static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const void *dy, const void *x, const float *mean,
+                                   const float *rstd, const void *w, void *dx, int accumulate,
+                                   void *dw, void *db)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_LAYERNORM_BWD};
     d.u.layernorm_bwd.dx = dx;
@@ -179,16 +200,18 @@ static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const float *dy, const float *
     d.u.layernorm_bwd.rows = r->BT;
     d.u.layernorm_bwd.cols = r->C;
     d.u.layernorm_bwd.accumulate = accumulate;
+    d.u.layernorm_bwd.dtype = r->dt;
     return launch(r, &d);
 }
 
-static fsdp_status_t add(gpt2_run_t *r, float *y, const float *a, const float *b, size_t n)
+static fsdp_status_t add(gpt2_run_t *r, void *y, const void *a, const void *b, size_t n)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_ADD};
     d.u.add.y = y;
     d.u.add.a = a;
     d.u.add.b = b;
     d.u.add.n = n;
+    d.u.add.dtype = r->dt;
     return launch(r, &d);
 }
 
@@ -196,16 +219,16 @@ static fsdp_status_t add(gpt2_run_t *r, float *y, const float *a, const float *b
 
 /* y[BT, C] = the heads' softmax(Q K^T / sqrt(hs), causal) V, side by side; att keeps the
  * probabilities. */
-static fsdp_status_t attention_fwd(gpt2_run_t *r, const float *qkv, float *att, float *y)
+static fsdp_status_t attention_fwd(gpt2_run_t *r, const void *qkv, void *att, void *y)
 {
     const size_t T = r->T, C = r->C, H = r->H, hs = r->hs, tt = T * T;
     fsdp_kernel_t d = {.kind = FSDP_K_SOFTMAX_FWD};
     fsdp_status_t status = FSDP_OK;
 
     for (size_t b = 0; b < r->B && status == FSDP_OK; b++) { /* scores = Q K^T, per head */
-        const float *q = qkv + b * T * 3 * C;
-        status = gemm_batched(r, 0, 1, T, T, hs, 1.0f, q, 3 * C, hs, q + C, 3 * C, hs, 0.0f,
-                              att + b * H * tt, T, tt, H);
+        const void *q = AT(r, qkv, b * T * 3 * C);
+        status = gemm_batched(r, 0, 1, T, T, hs, 1.0f, q, 3 * C, hs, AT(r, q, C), 3 * C, hs, 0.0f,
+                              AT_W(r, att, b * H * tt), T, tt, H);
     }
     if (status != FSDP_OK)
         return status;
@@ -215,34 +238,35 @@ static fsdp_status_t attention_fwd(gpt2_run_t *r, const float *qkv, float *att, 
     d.u.softmax_fwd.cols = T;
     d.u.softmax_fwd.scale = r->att_scale;
     d.u.softmax_fwd.causal = 1;
+    d.u.softmax_fwd.dtype = r->dt;
     status = launch(r, &d);
     for (size_t b = 0; b < r->B && status == FSDP_OK; b++) { /* y_h = att_h V_h */
-        const float *v = qkv + b * T * 3 * C + 2 * C;
-        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, att + b * H * tt, T, tt, v, 3 * C, hs, 0.0f,
-                              y + b * T * C, C, hs, H);
+        const void *v = AT(r, qkv, b * T * 3 * C + 2 * C);
+        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, AT(r, att, b * H * tt), T, tt, v, 3 * C, hs,
+                              0.0f, AT_W(r, y, b * T * C), C, hs, H);
     }
     return status;
 }
 
 /* From dy [BT, C] (the gradient of the heads' output): dqkv [BT, 3C]; datt is [B, H, T, T]
  * scratch. */
-static fsdp_status_t attention_bwd(gpt2_run_t *r, const float *qkv, const float *att,
-                                   const float *dy, float *datt, float *dqkv)
+static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *att, const void *dy,
+                                   void *datt, void *dqkv)
 {
     const size_t T = r->T, C = r->C, H = r->H, hs = r->hs, tt = T * T;
     fsdp_kernel_t d = {.kind = FSDP_K_SOFTMAX_BWD};
     fsdp_status_t status = FSDP_OK;
 
     for (size_t b = 0; b < r->B && status == FSDP_OK; b++) {
-        const float *v = qkv + b * T * 3 * C + 2 * C, *dyb = dy + b * T * C;
-        const float *attb = att + b * H * tt;
+        const void *v = AT(r, qkv, b * T * 3 * C + 2 * C), *dyb = AT(r, dy, b * T * C);
+        const void *attb = AT(r, att, b * H * tt);
         /* datt_h = dy_h V_h^T */
         status = gemm_batched(r, 0, 1, T, T, hs, 1.0f, dyb, C, hs, v, 3 * C, hs, 0.0f,
-                              datt + b * H * tt, T, tt, H);
+                              AT_W(r, datt, b * H * tt), T, tt, H);
         /* dV_h = att_h^T dy_h */
         if (status == FSDP_OK)
             status = gemm_batched(r, 1, 0, T, hs, T, 1.0f, attb, T, tt, dyb, C, hs, 0.0f,
-                                  dqkv + b * T * 3 * C + 2 * C, 3 * C, hs, H);
+                                  AT_W(r, dqkv, b * T * 3 * C + 2 * C), 3 * C, hs, H);
     }
     if (status != FSDP_OK)
         return status;
@@ -253,16 +277,17 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const float *qkv, const float 
     d.u.softmax_bwd.cols = T;
     d.u.softmax_bwd.scale = r->att_scale;
     d.u.softmax_bwd.causal = 1;
+    d.u.softmax_bwd.dtype = r->dt;
     status = launch(r, &d);
     for (size_t b = 0; b < r->B && status == FSDP_OK; b++) {
-        const float *q = qkv + b * T * 3 * C, *ds = datt + b * H * tt;
-        float *dq = dqkv + b * T * 3 * C;
+        const void *q = AT(r, qkv, b * T * 3 * C), *ds = AT(r, datt, b * H * tt);
+        void *dq = AT_W(r, dqkv, b * T * 3 * C);
         /* dQ_h = dS_h K_h, dK_h = dS_h^T Q_h */
-        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, ds, T, tt, q + C, 3 * C, hs, 0.0f, dq, 3 * C,
-                              hs, H);
+        status = gemm_batched(r, 0, 0, T, hs, T, 1.0f, ds, T, tt, AT(r, q, C), 3 * C, hs, 0.0f, dq,
+                              3 * C, hs, H);
         if (status == FSDP_OK)
-            status = gemm_batched(r, 1, 0, T, hs, T, 1.0f, ds, T, tt, q, 3 * C, hs, 0.0f, dq + C,
-                                  3 * C, hs, H);
+            status = gemm_batched(r, 1, 0, T, hs, T, 1.0f, ds, T, tt, q, 3 * C, hs, 0.0f,
+                                  AT_W(r, dq, C), 3 * C, hs, H);
     }
     return status;
 }
@@ -289,30 +314,37 @@ static size_t act_numel(const gpt2_run_t *r, int i)
     }
 }
 
+/* its bytes: the layernorm statistics are f32, the rest of the compute dtype */
+static size_t act_bytes(const gpt2_run_t *r, int i)
+{
+    int stat = i == A_MEAN1 || i == A_RSTD1 || i == A_MEAN2 || i == A_RSTD2;
+    return act_numel(r, i) * (stat ? sizeof(float) : r->es);
+}
+
 static void free_act(gpt2_run_t *r, int l)
 {
     for (int i = 0; i < A_COUNT; i++)
-        free_f(r, &r->act[l].buf[i]);
+        FREE(r, r->act[l].buf[i]);
 }
 
-#define P(u, i) ((const float *)fsdp_unit_param((u), (i)))
+#define P(u, i) ((const void *)fsdp_unit_param((u), (i)))
 
 /* Block l's forward from resid[l]: its activations, and (unless recompute, which stops at
  * what the backward reads) its output resid[l + 1]. */
 static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
 {
     fsdp_unit_t *u = r->m->blocks[l];
-    float **a = r->act[l].buf;
-    const float *x = r->resid[l];
+    void **a = r->act[l].buf;
+    const void *x = r->resid[l];
     const size_t C = r->C, BT = r->BT;
     fsdp_kernel_t d = {.kind = FSDP_K_GELU_FWD};
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < A_COUNT && status == FSDP_OK; i++)
-        status = alloc_f(r, act_numel(r, i), FSDP_MEM_ACTIVATION, &a[i]);
+        status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
     if (status == FSDP_OK)
         status = layernorm_fwd(r, x, P(u, FSDP_GPT2_LN1_W), P(u, FSDP_GPT2_LN1_B), a[A_LN1],
-                               a[A_MEAN1], a[A_RSTD1]);
+                               (float *)a[A_MEAN1], (float *)a[A_RSTD1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
                             a[A_QKV]);
@@ -325,7 +357,7 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
         status = add(r, a[A_XMID], a[A_XMID], x, BT * C);
     if (status == FSDP_OK)
         status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
-                               a[A_MEAN2], a[A_RSTD2]);
+                               (float *)a[A_MEAN2], (float *)a[A_RSTD2]);
     if (status == FSDP_OK)
         status =
             linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, a[A_H]);
@@ -333,11 +365,12 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
         d.u.gelu_fwd.y = a[A_G];
         d.u.gelu_fwd.x = a[A_H];
         d.u.gelu_fwd.n = BT * 4 * C;
+        d.u.gelu_fwd.dtype = r->dt;
         status = launch(r, &d);
     }
     if (status != FSDP_OK || recompute)
         return status;
-    status = alloc_f(r, BT * C, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
+    status = alloc_a(r, BT * C, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), P(u, FSDP_GPT2_FC_PROJ_B),
                             C, r->resid[l + 1]);
@@ -351,18 +384,18 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
 static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
 {
     fsdp_unit_t *u = r->m->blocks[l];
-    float **a = r->act[l].buf, *g[FSDP_GPT2_BLOCK_NPARAMS];
-    float **dh = &r->tmp[0], **dln = &r->tmp[1], **dy = &r->tmp[2], **datt = &r->tmp[3];
-    float **dqkv = &r->tmp[4];
+    void **a = r->act[l].buf, *g[FSDP_GPT2_BLOCK_NPARAMS];
+    void **dh = &r->tmp[0], **dln = &r->tmp[1], **dy = &r->tmp[2], **datt = &r->tmp[3];
+    void **dqkv = &r->tmp[4];
     const size_t C = r->C, BT = r->BT;
     fsdp_kernel_t d = {.kind = FSDP_K_GELU_BWD};
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++)
-        status = fsdp_unit_grad(u, i, (void **)&g[i]);
+        status = fsdp_unit_grad(u, i, &g[i]);
     /* MLP: dG = dres W_proj^T, dH = dG gelu'(H), dln2 = dH W_fc^T */
     if (status == FSDP_OK)
-        status = alloc_f(r, BT * 4 * C, FSDP_MEM_TEMPORARY, dh);
+        status = alloc_a(r, BT * 4 * C, FSDP_MEM_TEMPORARY, dh);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), C, r->dres,
                             g[FSDP_GPT2_FC_PROJ_W], g[FSDP_GPT2_FC_PROJ_B], *dh);
@@ -371,41 +404,44 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
         d.u.gelu_bwd.dy = *dh;
         d.u.gelu_bwd.x = a[A_H];
         d.u.gelu_bwd.n = BT * 4 * C;
+        d.u.gelu_bwd.dtype = r->dt;
         status = launch(r, &d);
     }
     if (status == FSDP_OK)
-        status = alloc_f(r, BT * C, FSDP_MEM_TEMPORARY, dln);
+        status = alloc_a(r, BT * C, FSDP_MEM_TEMPORARY, dln);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), 4 * C, *dh, g[FSDP_GPT2_FC_W],
                             g[FSDP_GPT2_FC_B], *dln);
-    free_f(r, dh);
+    FREE(r, *dh);
     /* the mid residual: dres += ln_2's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, a[A_XMID], a[A_MEAN2], a[A_RSTD2], P(u, FSDP_GPT2_LN2_W),
-                               r->dres, 1, g[FSDP_GPT2_LN2_W], g[FSDP_GPT2_LN2_B]);
+        status = layernorm_bwd(r, *dln, a[A_XMID], (float *)a[A_MEAN2], (float *)a[A_RSTD2],
+                               P(u, FSDP_GPT2_LN2_W), r->dres, 1, g[FSDP_GPT2_LN2_W],
+                               g[FSDP_GPT2_LN2_B]);
     /* attention */
     if (status == FSDP_OK)
-        status = alloc_f(r, BT * C, FSDP_MEM_TEMPORARY, dy);
+        status = alloc_a(r, BT * C, FSDP_MEM_TEMPORARY, dy);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), C, r->dres,
                             g[FSDP_GPT2_ATTN_PROJ_W], g[FSDP_GPT2_ATTN_PROJ_B], *dy);
     if (status == FSDP_OK)
-        status = alloc_f(r, act_numel(r, A_ATT), FSDP_MEM_TEMPORARY, datt);
+        status = alloc_a(r, act_numel(r, A_ATT), FSDP_MEM_TEMPORARY, datt);
     if (status == FSDP_OK)
-        status = alloc_f(r, BT * 3 * C, FSDP_MEM_TEMPORARY, dqkv);
+        status = alloc_a(r, BT * 3 * C, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
         status = attention_bwd(r, a[A_QKV], a[A_ATT], *dy, *datt, *dqkv);
-    free_f(r, datt);
-    free_f(r, dy);
+    FREE(r, *datt);
+    FREE(r, *dy);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), 3 * C, *dqkv,
                             g[FSDP_GPT2_ATTN_W], g[FSDP_GPT2_ATTN_B], *dln);
-    free_f(r, dqkv);
+    FREE(r, *dqkv);
     /* the block's input: dres += ln_1's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, r->resid[l], a[A_MEAN1], a[A_RSTD1], P(u, FSDP_GPT2_LN1_W),
-                               r->dres, 1, g[FSDP_GPT2_LN1_W], g[FSDP_GPT2_LN1_B]);
-    free_f(r, dln);
+        status = layernorm_bwd(r, *dln, r->resid[l], (float *)a[A_MEAN1], (float *)a[A_RSTD1],
+                               P(u, FSDP_GPT2_LN1_W), r->dres, 1, g[FSDP_GPT2_LN1_W],
+                               g[FSDP_GPT2_LN1_B]);
+    FREE(r, *dln);
     return status;
 }
 
@@ -471,16 +507,16 @@ static void run_cleanup(gpt2_run_t *r)
     for (int l = 0; r->act != NULL && l < L; l++)
         free_act(r, l);
     for (int l = 0; r->resid != NULL && l <= L; l++)
-        free_f(r, &r->resid[l]);
+        FREE(r, r->resid[l]);
     for (int i = 0; i < 5; i++)
-        free_f(r, &r->tmp[i]);
-    free_f(r, &r->dres);
-    free_f(r, &r->logits);
-    free_f(r, &r->losses);
-    free_f(r, &r->loss);
-    free_f(r, &r->lnf);
-    free_f(r, &r->meanf);
-    free_f(r, &r->rstdf);
+        FREE(r, r->tmp[i]);
+    FREE(r, r->dres);
+    FREE(r, r->logits);
+    FREE(r, r->losses);
+    FREE(r, r->loss);
+    FREE(r, r->lnf);
+    FREE(r, r->meanf);
+    FREE(r, r->rstdf);
     fsdp_mem_free(r->mem, r->tokens);
     fsdp_mem_free(r->mem, r->targets);
     free(r->act);
@@ -496,7 +532,7 @@ static fsdp_status_t forward(gpt2_run_t *r)
     fsdp_status_t status = fsdp_pre_forward(m->root);
 
     if (status == FSDP_OK)
-        status = alloc_f(r, r->BT * r->C, FSDP_MEM_ACTIVATION, &r->resid[0]);
+        status = alloc_a(r, r->BT * r->C, FSDP_MEM_ACTIVATION, &r->resid[0]);
     if (status == FSDP_OK) {
         d.u.embedding_fwd.y = r->resid[0];
         d.u.embedding_fwd.tokens = r->tokens;
@@ -506,6 +542,7 @@ static fsdp_status_t forward(gpt2_run_t *r)
         d.u.embedding_fwd.cols = r->C;
         d.u.embedding_fwd.seq = r->T;
         d.u.embedding_fwd.vocab = r->V;
+        d.u.embedding_fwd.dtype = r->dt;
         status = launch(r, &d);
     }
     for (int l = 0; l < L && status == FSDP_OK; l++) {
@@ -519,7 +556,7 @@ static fsdp_status_t forward(gpt2_run_t *r)
     }
     /* ln_f, then the LM head: logits = ln_f(x) wte^T */
     if (status == FSDP_OK)
-        status = alloc_f(r, r->BT * r->C, FSDP_MEM_ACTIVATION, &r->lnf);
+        status = alloc_a(r, r->BT * r->C, FSDP_MEM_ACTIVATION, &r->lnf);
     if (status == FSDP_OK)
         status = alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, &r->meanf);
     if (status == FSDP_OK)
@@ -528,7 +565,7 @@ static fsdp_status_t forward(gpt2_run_t *r)
         status = layernorm_fwd(r, r->resid[L], P(m->root, FSDP_GPT2_LNF_W),
                                P(m->root, FSDP_GPT2_LNF_B), r->lnf, r->meanf, r->rstdf);
     if (status == FSDP_OK)
-        status = alloc_f(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
+        status = alloc_a(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
     if (status == FSDP_OK)
         status = gemm(r, 0, 1, r->BT, r->V, r->C, r->lnf, r->C, P(m->root, FSDP_GPT2_WTE), r->C,
                       0.0f, r->logits, r->V);
@@ -543,7 +580,7 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
     fsdp_gpt2_t *m = r->m;
     const int L = m->cfg.n_layer;
     fsdp_kernel_t d = {.kind = FSDP_K_CROSS_ENTROPY};
-    float *g[FSDP_GPT2_ROOT_NPARAMS];
+    void *g[FSDP_GPT2_ROOT_NPARAMS];
     fsdp_status_t status;
 
     status = alloc_f(r, r->BT, FSDP_MEM_TEMPORARY, &r->losses);
@@ -559,15 +596,16 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
     d.u.cross_entropy.rows = r->BT;
     d.u.cross_entropy.vocab = r->V;
     d.u.cross_entropy.denom = denom;
+    d.u.cross_entropy.dtype = r->dt;
     status = launch(r, &d);
 
     /* the root's gradient arrives first: the LM head and ln_f */
     if (status == FSDP_OK)
         status = fsdp_pre_backward(m->root);
     for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS && status == FSDP_OK; i++)
-        status = fsdp_unit_grad(m->root, i, (void **)&g[i]);
+        status = fsdp_unit_grad(m->root, i, &g[i]);
     if (status == FSDP_OK)
-        status = alloc_f(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->tmp[0]);
+        status = alloc_a(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->tmp[0]);
     /* dln_f = dlogits wte, dwte += dlogits^T ln_f */
     if (status == FSDP_OK)
         status = gemm(r, 0, 0, r->BT, r->C, r->V, r->logits, r->V, P(m->root, FSDP_GPT2_WTE), r->C,
@@ -575,18 +613,18 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
     if (status == FSDP_OK)
         status = gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C, 1.0f,
                       g[FSDP_GPT2_WTE], r->C);
-    free_f(r, &r->logits);
+    FREE(r, r->logits);
     if (status == FSDP_OK)
-        status = alloc_f(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->dres);
+        status = alloc_a(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->dres);
     if (status == FSDP_OK)
         status = layernorm_bwd(r, r->tmp[0], r->resid[L], r->meanf, r->rstdf,
                                P(m->root, FSDP_GPT2_LNF_W), r->dres, 0, g[FSDP_GPT2_LNF_W],
                                g[FSDP_GPT2_LNF_B]);
-    free_f(r, &r->tmp[0]);
-    free_f(r, &r->lnf);
-    free_f(r, &r->meanf);
-    free_f(r, &r->rstdf);
-    free_f(r, &r->resid[L]);
+    FREE(r, r->tmp[0]);
+    FREE(r, r->lnf);
+    FREE(r, r->meanf);
+    FREE(r, r->rstdf);
+    FREE(r, r->resid[L]);
 
     for (int l = L - 1; l >= 0 && status == FSDP_OK; l--) {
         status = fsdp_pre_backward(m->blocks[l]);
@@ -598,9 +636,9 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
             status = fsdp_post_backward(m->blocks[l]);
         free_act(r, l);
         if (l > 0)
-            free_f(r, &r->resid[l]);
+            FREE(r, r->resid[l]);
     }
-    free_f(r, &r->resid[0]);
+    FREE(r, r->resid[0]);
 
     /* the embeddings: the token rows of wte (on top of the LM head's) and wpe */
     if (status == FSDP_OK) {
@@ -613,9 +651,10 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
         e.u.embedding_bwd.cols = r->C;
         e.u.embedding_bwd.seq = r->T;
         e.u.embedding_bwd.vocab = r->V;
+        e.u.embedding_bwd.dtype = r->dt;
         status = launch(r, &e);
     }
-    free_f(r, &r->dres);
+    FREE(r, r->dres);
     if (status == FSDP_OK)
         status = fsdp_post_backward(m->root);
     if (status == FSDP_OK)
@@ -649,6 +688,17 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
     run.hs = run.C / run.H;
     run.V = (size_t)model->cfg.vocab_size;
     run.att_scale = (float)(1.0 / sqrt((double)run.hs));
+    run.dt = fsdp_unit_compute_dtype(model->root);
+    run.es = fsdp_dtype_size(run.dt);
+    for (int l = 0; l < model->cfg.n_layer; l++) {
+        if (fsdp_unit_compute_dtype(model->blocks[l]) != run.dt) {
+            fsdp_error("gpt2: block %d computes in %s, the root in %s; the model needs one "
+                       "compute dtype",
+                       l, fsdp_dtype_name(fsdp_unit_compute_dtype(model->blocks[l])),
+                       fsdp_dtype_name(run.dt));
+            return FSDP_ERR_INVALID_PARAM;
+        }
+    }
     run.resid = calloc((size_t)model->cfg.n_layer + 1, sizeof(*run.resid));
     run.act = calloc((size_t)model->cfg.n_layer, sizeof(*run.act));
     if (run.resid == NULL || run.act == NULL) {
