@@ -12,13 +12,14 @@
  * 2. emit from many ranks: the same on W sim ranks at once (contention on the writer's queue).
  * 3. step: real data-mode training steps of two MLPs, a small one (64-256-256-256-64, 32 rows)
  *    and a medium one (256-1024-1024-1024-256, 64 rows), under FULL_SHARD on the sim (world 4),
- * with and without a trace attached. The traced run also emits, per unit and step, the events the
- *    runtime's hooks and the backend would emit (32 per unit), on top of whatever the runtime
- *    emits itself, so the figure stays an upper bound once the runtime is wired. The cost of
- *    tracing is measured directly: the rank threads' CPU time inside fsdp_trace_emit and
- *    fsdp_trace_step plus the writer thread's CPU time, against the CPU time of a step without
- *    tracing (all threads). An A/B comparison of whole steps is printed too; on a shared machine
- *    it is noisier than the cost itself. Runs alternate; the best of each is kept.
+ *    with and without a trace attached: every event is the runtime's and the backend's own
+ *    (hooks, allocations, frees, kernels, copies, collectives, records, waits, synchronizations)
+ *    plus the step rows. The cost of tracing is the CPU time of a traced step (all threads: the
+ *    ranks building and handing over their events, and the writer) over that of the same step
+ *    untraced, and at least the writer thread's own CPU time, which is measured directly and
+ *    which noise cannot lower: the budget holds when both are within it. Runs alternate; the
+ *    best of each is kept, since on a shared machine the least disturbed run is the best
+ *    estimate.
  *
  * CPU times come from the thread and process CPU clocks, so time spent descheduled on a busy
  * machine does not count; the writer's rate is wall-clock.
@@ -35,7 +36,6 @@
 #include <unistd.h>
 
 #define BENCH_BUDGET 0.05
-#define EVENTS_PER_UNIT_STEP 32
 #define MLP_LAYERS 4
 
 static double now(void)
@@ -186,8 +186,7 @@ typedef struct step_arg {
     const int *dims; /* MLP_LAYERS + 1 */
     size_t rows;
     int steps;
-    double t_step;         /* seconds per step, rank 0 */
-    _Atomic double emit_s; /* rank threads' CPU time in fsdp_trace_emit and fsdp_trace_step */
+    double t_step; /* seconds per step, rank 0 */
 } step_arg_t;
 
 static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
@@ -203,10 +202,8 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_group_t *world = dev->ops->group_world(dev);
     float *x = NULL, *y = NULL, loss;
     fsdp_status_t status;
-    fsdp_trace_event_t ev;
     fsdp_mem_stats_t mem;
     double t0 = 0;
-    int64_t seq = 0;
 
     x = malloc(rows * dims[0] * sizeof(float));
     y = malloc(rows * dims[MLP_LAYERS] * sizeof(float));
@@ -243,18 +240,8 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
         if (fsdp_trace_enabled(dev)) {
-            double t = dev->ops->host_time(dev), c0 = thread_cpu();
-            for (int k = 0; k < EVENTS_PER_UNIT_STEP * MLP_LAYERS; k++, seq++) {
-                bench_event(seq, t, &ev);
-                fsdp_trace_emit(dev, &ev);
-            }
             fsdp_mem_get_stats(fsdp_memory(fs), &mem);
             fsdp_trace_step(dev, s, loss, 0.0, &mem);
-            if (s >= 0) {
-                double d = thread_cpu() - c0, old = atomic_load(&a->emit_s);
-                while (!atomic_compare_exchange_weak(&a->emit_s, &old, old + d))
-                    ;
-            }
         }
     }
     if (status == FSDP_OK)
@@ -297,7 +284,7 @@ static double min_of(const double *v, int n)
 static int bench_steps(const int *dims, size_t rows, int steps, int reps)
 {
     fsdp_sim_params_t p;
-    double wall[2][16], cpu[2][16], emit[16], writer[16], commits[16], wb, wt, cb, ct, ce, cw;
+    double wall[2][16], cpu[2][16], writer[16], commits[16], wb, wt, cb, ct, cw;
     char path[512];
     seq_span_t span = {0, 0, 0};
 
@@ -308,7 +295,7 @@ static int bench_steps(const int *dims, size_t rows, int steps, int reps)
     db_path(path, sizeof(path), "steps.db");
     db_remove(path);
     for (int r = 0; r < reps; r++) {
-        step_arg_t a = {NULL, dims, rows, steps, 0, 0};
+        step_arg_t a = {NULL, dims, rows, steps, 0};
         fsdp_trace_reader_t *reader;
         fsdp_trace_stats_t st;
         int64_t run;
@@ -330,7 +317,6 @@ static int bench_steps(const int *dims, size_t rows, int steps, int reps)
         fsdp_trace_get_stats(a.trace, &st);
         writer[r] = st.writer_cpu_s / (steps + 1); /* the untimed first step wrote too */
         commits[r] = (double)st.commits / (steps + 1);
-        emit[r] = atomic_load(&a.emit_s) / steps;
         if (fsdp_trace_close(a.trace) != FSDP_OK)
             return -1;
         if (r == 0 && fsdp_trace_reader_open(path, &reader) == FSDP_OK) {
@@ -343,21 +329,22 @@ static int bench_steps(const int *dims, size_t rows, int steps, int reps)
     wt = min_of(wall[1], reps);
     cb = min_of(cpu[0], reps);
     ct = min_of(cpu[1], reps);
-    ce = min_of(emit, reps);
     cw = min_of(writer, reps);
     printf("step, mlp %d-%d-%d-%d-%d, %zu rows, full_shard, adamw, world 4, data mode, "
-           "%.0f events per rank and step (%d from the bench):\n",
+           "%.0f events per rank and step:\n",
            dims[0], dims[1], dims[2], dims[3], dims[4], rows,
-           span.n > 1 ? (double)(span.last - span.first) / (double)(span.n - 1) : 0.0,
-           EVENTS_PER_UNIT_STEP * MLP_LAYERS);
-    printf("  tracing itself: %.3f ms/step on the rank threads + %.3f ms/step on the writer "
-           "(%.1f commits/step) = %.2f%% of the step's CPU time (%.3f ms, all threads)\n",
-           ce * 1e3, cw * 1e3, min_of(commits, reps), 100.0 * (ce + cw) / cb, cb * 1e3);
-    printf("  A/B: wall %.3f -> %.3f ms/step (%+.2f%%), cpu %.3f -> %.3f ms/step (%+.2f%%)\n",
-           wb * 1e3, wt * 1e3, 100.0 * (wt / wb - 1.0), cb * 1e3, ct * 1e3,
-           100.0 * (ct / cb - 1.0));
-    printf("  budget %.0f%% of a step: %s (best of %d alternating runs of %d steps)\n",
-           100.0 * BENCH_BUDGET, (ce + cw) / cb <= BENCH_BUDGET ? "ok" : "OVER", reps, steps);
+           span.n > 1 ? (double)(span.last - span.first) / (double)(span.n - 1) : 0.0);
+    printf("  cpu %.3f -> %.3f ms/step traced (%+.2f%%, all threads), of which the writer thread "
+           "%.3f ms (%.1f commits/step); wall %.3f -> %.3f ms/step (%+.2f%%)\n",
+           cb * 1e3, ct * 1e3, 100.0 * (ct / cb - 1.0), cw * 1e3, min_of(commits, reps),
+           wb * 1e3, wt * 1e3, 100.0 * (wt / wb - 1.0));
+    /* The writer's own share is a floor of the cost that noise cannot lower; the A/B difference
+     * adds the ranks' side. Within budget only when both are. */
+    printf("  budget %.0f%% of a step's CPU time: %s (writer %.2f%%, A/B %+.2f%%; best of %d "
+           "alternating runs of %d steps)\n",
+           100.0 * BENCH_BUDGET,
+           cw / cb <= BENCH_BUDGET && ct / cb - 1.0 <= BENCH_BUDGET ? "ok" : "OVER",
+           100.0 * cw / cb, 100.0 * (ct / cb - 1.0), reps, steps);
     db_remove(path);
     return 0;
 }
