@@ -19,6 +19,7 @@
  * Target: <= 1.3. The whole launch's process CPU time is reported too.
  */
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt2.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ static double peak_rss_gib(void)
 }
 
 typedef struct bench_run {
+    const fsdp_gpt2_config_t *gpt; /* the model: this GPT when set, else the MLP */
     int dims[FSDP_MLP_MAX_LAYERS + 1];
     int nlayers;
     size_t rows;  /* per rank */
@@ -70,6 +72,19 @@ typedef struct bench_run {
     size_t *peak_reserved;
 } bench_run_t;
 
+/* One forward and backward: the MLP over its rows, or the GPT over one sequence of `rows`
+ * tokens (shape mode reads no tokens: zeros stand for them). */
+static fsdp_status_t bench_forward_backward(const bench_run_t *b, fsdp_mlp_t *mlp,
+                                            fsdp_gpt2_t *gpt, const int32_t *tokens,
+                                            const float *x, const float *y)
+{
+    float loss;
+
+    if (gpt != NULL)
+        return fsdp_gpt2_forward_backward(gpt, tokens, tokens, 1, b->rows, &loss);
+    return fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+}
+
 static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
 {
     bench_run_t *b = arg;
@@ -79,9 +94,10 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mem_stats_t ms;
     fsdp_t *fs = NULL;
     fsdp_mlp_t *mlp = NULL;
+    fsdp_gpt2_t *gpt = NULL;
+    int32_t *tokens = NULL;
     fsdp_optim_t *opt = NULL;
     const float *x = NULL, *y = NULL;
-    float loss;
     double t0, c0;
     fsdp_status_t st;
 
@@ -91,7 +107,14 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     st = fsdp_create(dev, &cfg, &fs);
     if (st != FSDP_OK)
         return st;
-    st = fsdp_mlp_create(fs, b->dims, b->nlayers, &mlp);
+    if (b->gpt != NULL) {
+        st = fsdp_gpt2_create(fs, b->gpt, &gpt);
+        tokens = calloc(b->rows, sizeof(*tokens));
+        if (st == FSDP_OK && tokens == NULL)
+            st = FSDP_ERR_NO_MEMORY;
+    } else {
+        st = fsdp_mlp_create(fs, b->dims, b->nlayers, &mlp);
+    }
     if (st == FSDP_OK && b->x != NULL) {
         st = fsdp_mlp_init_params(mlp, 1);
         x = b->x + (size_t)dev->rank * b->rows * (size_t)b->dims[0];
@@ -101,7 +124,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_optim_create(fs, &oc, &opt);
     /* data mode: a first step (segments, optimizer state, page faults) then the measured ones */
     for (int step = 0; step < b->warmup && st == FSDP_OK; step++) {
-        st = fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+        st = bench_forward_backward(b, mlp, gpt, tokens, x, y);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -110,7 +133,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     t0 = dev->ops->host_time(dev);
     c0 = thread_cpu_now();
     for (int step = 0; step < b->steps && st == FSDP_OK; step++) {
-        st = fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+        st = bench_forward_backward(b, mlp, gpt, tokens, x, y);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -127,6 +150,8 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         b->peak_reserved[dev->rank] = ms.peak_reserved;
     }
     fsdp_optim_destroy(opt);
+    fsdp_gpt2_destroy(gpt);
+    free(tokens);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
     return st;
@@ -185,18 +210,44 @@ out:
     return r;
 }
 
-static int bench_shape(int world, int fibers, int workers, size_t rows, int quick)
+/* One shape-mode FULL_SHARD step on `world` ranks: the GPT-3-175B preset (gpt != 0; one
+ * sequence of `rows` tokens per rank) or its MLP stand-in (`rows` rows per rank). --quick
+ * keeps 24 of the 96 blocks or units. */
+static int bench_shape(int gpt, int world, int fibers, int workers, size_t rows, int quick)
 {
+    fsdp_gpt2_config_t cfg;
     bench_run_t b;
     bench_result_t r;
     double params = 0.0;
+    char what[96];
 
     memset(&b, 0, sizeof(b));
-    b.nlayers = quick ? 24 : 96;
-    for (int i = 0; i <= b.nlayers; i++)
-        b.dims[i] = i % 2 ? 12 * 12288 : 12288;
-    for (int i = 0; i < b.nlayers; i++)
-        params += (double)b.dims[i] * b.dims[i + 1] + b.dims[i + 1];
+    if (gpt) {
+        const fsdp_gpt2_preset_t *preset = fsdp_gpt2_preset_find("gpt3-175b");
+        if (preset == NULL) {
+            fprintf(stderr, "bench_sim: the gpt3-175b preset is missing\n");
+            return 1;
+        }
+        cfg = preset->cfg;
+        if (quick)
+            cfg.n_layer = 24;
+        if (rows > (size_t)cfg.n_positions) {
+            fprintf(stderr, "bench_sim: --rows %zu is longer than gpt3-175b's %d positions\n",
+                    rows, cfg.n_positions);
+            return 1;
+        }
+        b.gpt = &cfg;
+        params = (double)fsdp_gpt2_num_params(&cfg);
+        snprintf(what, sizeof(what), "gpt3-175b%s: %d blocks, one sequence of %zu tokens",
+                 quick ? " (--quick)" : "", cfg.n_layer, rows);
+    } else {
+        b.nlayers = quick ? 24 : 96;
+        for (int i = 0; i <= b.nlayers; i++)
+            b.dims[i] = i % 2 ? 12 * 12288 : 12288;
+        for (int i = 0; i < b.nlayers; i++)
+            params += (double)b.dims[i] * b.dims[i + 1] + b.dims[i + 1];
+        snprintf(what, sizeof(what), "mlp-175b stand-in: %d units, %zu rows", b.nlayers, rows);
+    }
     b.rows = rows;
     b.strategy = FSDP_FULL_SHARD;
     b.steps = 1;
@@ -205,11 +256,10 @@ static int bench_shape(int world, int fibers, int workers, size_t rows, int quic
         fprintf(stderr, "bench_sim: the shape-mode run failed: %s\n", fsdp_status_string(r.status));
         return 1;
     }
-    printf("shape mode: %d units, %.3g parameters, %zu rows per rank, FULL_SHARD + AdamW, "
-           "%d ranks as %s\n",
-           b.nlayers, params, rows, world, fibers ? "fibers" : "threads");
-    printf("  wall %.2f s (target <= 5 s on 2 cores), process CPU %.2f s, peak RSS %.2f GiB "
-           "(target <= 4 GiB)\n",
+    printf("shape mode, %s per rank, %.4g parameters, FULL_SHARD + AdamW, %d ranks as %s\n",
+           what, params, world, fibers ? "fibers" : "threads");
+    printf("  wall %.2f s (target <= 5 s on 2 cores), process CPU %.2f s, peak RSS so far %.2f "
+           "GiB (target <= 4 GiB)\n",
            r.wall, r.cpu, peak_rss_gib());
     printf("  %llu ops simulated (%.0f per rank), %.3g rank-ops per wall second\n",
            (unsigned long long)r.ops, (double)r.ops / world, (double)r.ops / r.wall);
@@ -315,7 +365,9 @@ int main(int argc, char **argv)
     }
     if (quick && world == 1024)
         world = 256;
-    if (shape && bench_shape(world, fibers, workers, rows, quick) != 0)
+    /* the real model first: the process's peak RSS is its own */
+    if (shape && (bench_shape(1, world, fibers, workers, rows, quick) != 0 ||
+                  bench_shape(0, world, fibers, workers, rows, quick) != 0))
         return 1;
     /* the same arithmetic per rank, in smaller and larger slices of the batch */
     if (data && (bench_data(8, quick ? 256 : 1024, quick ? 1 : 3) != 0 ||
