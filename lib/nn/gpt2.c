@@ -311,17 +311,21 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_g
     }
     for (int l = 0; l < cfg->n_layer; l++) {
         char uname[48];
-        snprintf(uname, sizeof(uname), "transformer.h.%d", l);
+        /* "transformer.h.L." then the parameter's name: one format per block, not per name */
+        int ulen = snprintf(uname, sizeof(uname), "transformer.h.%d.", l);
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS; i++) {
             int nd;
             int64_t shape[2];
             fsdp_gpt2_param_shape(cfg, l, i, &nd, shape);
-            snprintf(names[i], sizeof(names[i]), "transformer.h.%d.%s", l, block_names[i]);
+            size_t bl = strlen(block_names[i]); /* short constants: they fit */
+            memcpy(names[i], uname, (size_t)ulen);
+            memcpy(names[i] + ulen, block_names[i], bl + 1);
             if (nd == 2)
                 spec_2d(&specs[i], names[i], shape[0], shape[1]);
             else
                 spec_1d(&specs[i], names[i], shape[0]);
         }
+        uname[ulen - 1] = '\0'; /* the unit: "transformer.h.L" */
         status =
             fsdp_unit_create(fs, uname, m->root, specs, FSDP_GPT2_BLOCK_NPARAMS, &m->blocks[l]);
         if (status != FSDP_OK)
