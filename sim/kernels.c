@@ -213,13 +213,14 @@ static int fsdp_sim_elem_fast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
         memcpy(&bits, &p->fill_f32, sizeof(bits));
         if (k->u.fill.dtype == FSDP_DTYPE_I32 ? p->fill_i32 != 0 : bits != 0)
             return 0;
-        memset(k->u.fill.x, 0, p->n * fsdp_dtype_size(k->u.fill.dtype));
+        if (p->n > 0) /* x may be NULL for no elements */
+            memset(k->u.fill.x, 0, p->n * fsdp_dtype_size(k->u.fill.dtype));
         return 1;
     }
     case FSDP_K_CAST:
         if (k->u.cast.src_dtype != k->u.cast.dst_dtype)
             return 0;
-        if (k->u.cast.dst != k->u.cast.src) /* the check refused an overlap */
+        if (p->n > 0 && k->u.cast.dst != k->u.cast.src) /* the check refused an overlap */
             memcpy(k->u.cast.dst, k->u.cast.src, p->n * fsdp_dtype_size(k->u.cast.dst_dtype));
         return 1;
     case FSDP_K_SCALE:
