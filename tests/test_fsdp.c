@@ -918,15 +918,23 @@ static fsdp_status_t states_rank(fsdp_dev_t *dev, void *arg)
     return FSDP_OK;
 }
 
-static void test_illegal_transitions(void)
+/* Runs rank_fn on `world` ranks with logging off: the refusals it provokes are expected. */
+static void launch_quiet(int world, fsdp_sim_mode_t mode,
+                         fsdp_status_t (*rank_fn)(fsdp_dev_t *, void *))
 {
     fsdp_sim_params_t p;
     fsdp_log_level_t lvl = fsdp_log_level();
     fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    fsdp_log_set_level(FSDP_LOG_OFF); /* the refusals are expected: keep them quiet */
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, states_rank, NULL, NULL), FSDP_OK);
+    p.world_size = world;
+    p.mode = mode;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_fn, NULL, NULL), FSDP_OK);
     fsdp_log_set_level(lvl);
+}
+
+static void test_illegal_transitions(void)
+{
+    launch_quiet(2, FSDP_SIM_DATA, states_rank);
 }
 
 /* Parameter names are unique across the model however many units it has: a name of the
@@ -977,14 +985,7 @@ static fsdp_status_t many_names_rank(fsdp_dev_t *dev, void *arg)
 
 static void test_many_param_names(void)
 {
-    fsdp_sim_params_t p;
-    fsdp_log_level_t lvl = fsdp_log_level();
-    fsdp_sim_params_init(&p);
-    p.world_size = 1;
-    p.mode = FSDP_SIM_SHAPE;
-    fsdp_log_set_level(FSDP_LOG_OFF); /* the refusals are expected: keep them quiet */
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, many_names_rank, NULL, NULL), FSDP_OK);
-    fsdp_log_set_level(lvl);
+    launch_quiet(1, FSDP_SIM_SHAPE, many_names_rank);
 }
 
 /* Tied parameters are stored once: both names view the same storage, and gradients written
