@@ -56,7 +56,12 @@ static void reduce_block_f32(fsdp_sim_call_t *const *calls, int n, size_t in, si
                 acc[j] = fsdp_kb_load(send, dtype, in + j);
         } else if (dtype == FSDP_DTYPE_F32 && op != FSDP_REDUCE_MAX) {
             const float *s = (const float *)send + in;
-            for (size_t j = 0; j < len; j++)
+            size_t j = 0;
+            /* whole groups of 8 first: a fixed trip count the compiler vectorizes */
+            for (; j + 8 <= len; j += 8)
+                for (size_t l = 0; l < 8; l++)
+                    acc[j + l] += s[j + l];
+            for (; j < len; j++)
                 acc[j] += s[j];
         } else {
             for (size_t j = 0; j < len; j++) {
