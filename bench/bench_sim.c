@@ -1,24 +1,38 @@
 /* What simulating ranks costs.
  *
  *     bench_sim [--quick] [--world W] [--threads] [--workers N] [--rows R] [--data-only]
- *               [--shape-only]
+ *               [--shape-only] [--batch B]
  *
- * Shape mode: one FULL_SHARD step (forward, backward, AdamW) of a GPT-3-175B-sized model on W
- * simulated ranks (default 1024, 128 nodes of 8 H100). Only the MLP exists as a built-in model
- * so far: 96 Linear units alternating 12288 -> 147456 -> 12288, 1.81e9 parameters each
- * (GPT-3's 96 blocks of 12 x 12288^2), 1.74e11 in all, 2048 rows (tokens) per rank. Reported:
- * wall time of the launch (setup, the step, teardown), the process's peak resident memory,
- * and ops simulated (kernels, copies and collectives summed over ranks) per wall second.
- * Target: <= 5 s and <= 4 GiB on 2 cores at 1024 ranks.
+ * Shape mode: one FULL_SHARD step (forward, backward, AdamW) on W simulated ranks (default
+ * 1024, 128 nodes of 8 H100), first of the real GPT-3-175B preset (lib/nn/gpt2*.c: 96 blocks,
+ * width 12288, 96 heads, vocabulary 50257, 1.746e11 parameters, 97 units) on one sequence of
+ * R = 2048 tokens per rank, then of its MLP stand-in (96 Linear units alternating 12288 ->
+ * 147456 -> 12288, 1.74e11 parameters, R rows per rank), which has a third of the ops.
+ * Reported: wall and CPU time of the launch (set-up, the step, teardown), the process's peak
+ * resident memory, and ops simulated (kernels, copies and collectives summed over ranks) per
+ * wall second. Target for the GPT-3 preset: <= 5 s and <= 4 GiB on 2 cores at 1024 ranks.
+ * Measured on a 2-core machine shared with other builds (load 2 to 5): 4.0-7.8 s wall,
+ * 7.7-9.5 s CPU, 4.44e6 ops (4340 per rank), 0.58 GiB peak RSS (0.79 GiB when libfsdp links
+ * the gpu backend's CUDA libraries); the wall time is the CPU time over the two fiber workers
+ * when the cores are free, and more when they are not. Of the CPU time, set-up and teardown
+ * (1024 models of 97 units) take about 3 s and the step about 5 s; in the step, the
+ * caching-allocator model (each rank's free-block tree and live-block map, cold in the cache
+ * after the rank's fiber was switched out) takes half.
  *
  * Data mode: the cost of simulating W ranks against the same arithmetic in one plain
  * process. The same MLP step (global batch B rows) runs (a) on W ranks with B/W rows each and
  * (b) on one rank with all B rows (NO_SHARD, no collectives): the same GEMM FLOPs. The ratio
  * of the step's CPU time (each rank thread's own, summed; set-up excluded) a/b is the cost of
  * simulating W ranks: all-gathers, reduce-scatters, smaller GEMMs per rank, the rendezvous.
- * Target: <= 1.3. The whole launch's process CPU time is reported too.
+ * Target: <= 1.3; measured at 128, 256 and 512 rows per rank (W = 8): 1.30-1.33, 1.18-1.22
+ * and 1.10-1.15 (two runs; --batch B runs one global batch). What remains above 1 is the
+ * work each rank does on whole unsharded buffers, which one process does once: the
+ * weight-gradient GEMMs' packing and C tiles (their K is B/W; the largest part at 128
+ * rows), W gradients zero-filled and pre-divided, W all-gathered copies of the parameters
+ * (forward and backward) and the reduce-scatter reading all W gradients.
  */
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt2.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +71,7 @@ static double peak_rss_gib(void)
 }
 
 typedef struct bench_run {
+    const fsdp_gpt2_config_t *gpt; /* the model: this GPT when set, else the MLP */
     int dims[FSDP_MLP_MAX_LAYERS + 1];
     int nlayers;
     size_t rows;  /* per rank */
@@ -70,6 +85,19 @@ typedef struct bench_run {
     size_t *peak_reserved;
 } bench_run_t;
 
+/* One forward and backward: the MLP over its rows, or the GPT over one sequence of `rows`
+ * tokens (shape mode reads no tokens: zeros stand for them). */
+static fsdp_status_t bench_forward_backward(const bench_run_t *b, fsdp_mlp_t *mlp,
+                                            fsdp_gpt2_t *gpt, const int32_t *tokens,
+                                            const float *x, const float *y)
+{
+    float loss;
+
+    if (gpt != NULL)
+        return fsdp_gpt2_forward_backward(gpt, tokens, tokens, 1, b->rows, &loss);
+    return fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+}
+
 static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
 {
     bench_run_t *b = arg;
@@ -79,9 +107,10 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mem_stats_t ms;
     fsdp_t *fs = NULL;
     fsdp_mlp_t *mlp = NULL;
+    fsdp_gpt2_t *gpt = NULL;
+    int32_t *tokens = NULL;
     fsdp_optim_t *opt = NULL;
     const float *x = NULL, *y = NULL;
-    float loss;
     double t0, c0;
     fsdp_status_t st;
 
@@ -91,7 +120,14 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     st = fsdp_create(dev, &cfg, &fs);
     if (st != FSDP_OK)
         return st;
-    st = fsdp_mlp_create(fs, b->dims, b->nlayers, &mlp);
+    if (b->gpt != NULL) {
+        st = fsdp_gpt2_create(fs, b->gpt, &gpt);
+        tokens = calloc(b->rows, sizeof(*tokens));
+        if (st == FSDP_OK && tokens == NULL)
+            st = FSDP_ERR_NO_MEMORY;
+    } else {
+        st = fsdp_mlp_create(fs, b->dims, b->nlayers, &mlp);
+    }
     if (st == FSDP_OK && b->x != NULL) {
         st = fsdp_mlp_init_params(mlp, 1);
         x = b->x + (size_t)dev->rank * b->rows * (size_t)b->dims[0];
@@ -101,7 +137,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_optim_create(fs, &oc, &opt);
     /* data mode: a first step (segments, optimizer state, page faults) then the measured ones */
     for (int step = 0; step < b->warmup && st == FSDP_OK; step++) {
-        st = fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+        st = bench_forward_backward(b, mlp, gpt, tokens, x, y);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -110,7 +146,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     t0 = dev->ops->host_time(dev);
     c0 = thread_cpu_now();
     for (int step = 0; step < b->steps && st == FSDP_OK; step++) {
-        st = fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
+        st = bench_forward_backward(b, mlp, gpt, tokens, x, y);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -127,6 +163,8 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         b->peak_reserved[dev->rank] = ms.peak_reserved;
     }
     fsdp_optim_destroy(opt);
+    fsdp_gpt2_destroy(gpt);
+    free(tokens);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
     return st;
@@ -185,18 +223,44 @@ out:
     return r;
 }
 
-static int bench_shape(int world, int fibers, int workers, size_t rows, int quick)
+/* One shape-mode FULL_SHARD step on `world` ranks: the GPT-3-175B preset (gpt != 0; one
+ * sequence of `rows` tokens per rank) or its MLP stand-in (`rows` rows per rank). --quick
+ * keeps 24 of the 96 blocks or units. */
+static int bench_shape(int gpt, int world, int fibers, int workers, size_t rows, int quick)
 {
+    fsdp_gpt2_config_t cfg;
     bench_run_t b;
     bench_result_t r;
     double params = 0.0;
+    char what[96];
 
     memset(&b, 0, sizeof(b));
-    b.nlayers = quick ? 24 : 96;
-    for (int i = 0; i <= b.nlayers; i++)
-        b.dims[i] = i % 2 ? 12 * 12288 : 12288;
-    for (int i = 0; i < b.nlayers; i++)
-        params += (double)b.dims[i] * b.dims[i + 1] + b.dims[i + 1];
+    if (gpt) {
+        const fsdp_gpt2_preset_t *preset = fsdp_gpt2_preset_find("gpt3-175b");
+        if (preset == NULL) {
+            fprintf(stderr, "bench_sim: the gpt3-175b preset is missing\n");
+            return 1;
+        }
+        cfg = preset->cfg;
+        if (quick)
+            cfg.n_layer = 24;
+        if (rows > (size_t)cfg.n_positions) {
+            fprintf(stderr, "bench_sim: --rows %zu is longer than gpt3-175b's %d positions\n",
+                    rows, cfg.n_positions);
+            return 1;
+        }
+        b.gpt = &cfg;
+        params = (double)fsdp_gpt2_num_params(&cfg);
+        snprintf(what, sizeof(what), "gpt3-175b%s: %d blocks, one sequence of %zu tokens",
+                 quick ? " (--quick)" : "", cfg.n_layer, rows);
+    } else {
+        b.nlayers = quick ? 24 : 96;
+        for (int i = 0; i <= b.nlayers; i++)
+            b.dims[i] = i % 2 ? 12 * 12288 : 12288;
+        for (int i = 0; i < b.nlayers; i++)
+            params += (double)b.dims[i] * b.dims[i + 1] + b.dims[i + 1];
+        snprintf(what, sizeof(what), "mlp-175b stand-in: %d units, %zu rows", b.nlayers, rows);
+    }
     b.rows = rows;
     b.strategy = FSDP_FULL_SHARD;
     b.steps = 1;
@@ -205,11 +269,10 @@ static int bench_shape(int world, int fibers, int workers, size_t rows, int quic
         fprintf(stderr, "bench_sim: the shape-mode run failed: %s\n", fsdp_status_string(r.status));
         return 1;
     }
-    printf("shape mode: %d units, %.3g parameters, %zu rows per rank, FULL_SHARD + AdamW, "
-           "%d ranks as %s\n",
-           b.nlayers, params, rows, world, fibers ? "fibers" : "threads");
-    printf("  wall %.2f s (target <= 5 s on 2 cores), process CPU %.2f s, peak RSS %.2f GiB "
-           "(target <= 4 GiB)\n",
+    printf("shape mode, %s per rank, %.4g parameters, FULL_SHARD + AdamW, %d ranks as %s\n",
+           what, params, world, fibers ? "fibers" : "threads");
+    printf("  wall %.2f s (target <= 5 s on 2 cores), process CPU %.2f s, peak RSS so far %.2f "
+           "GiB (target <= 4 GiB)\n",
            r.wall, r.cpu, peak_rss_gib());
     printf("  %llu ops simulated (%.0f per rank), %.3g rank-ops per wall second\n",
            (unsigned long long)r.ops, (double)r.ops / world, (double)r.ops / r.wall);
@@ -284,7 +347,7 @@ out:
 int main(int argc, char **argv)
 {
     int world = 1024, fibers = 1, workers = 0, quick = 0, shape = 1, data = 1;
-    size_t rows = 2048;
+    size_t rows = 2048, batch = 0; /* batch: data mode's global batch, 0 for the defaults */
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
@@ -295,6 +358,9 @@ int main(int argc, char **argv)
             workers = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
             rows = (size_t)atol(argv[++i]);
+        } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+            long v = atol(argv[++i]);
+            batch = v > 0 ? (size_t)v : 1; /* 1: refused below */
         } else if (strcmp(argv[i], "--threads") == 0) {
             fibers = 0;
         } else if (strcmp(argv[i], "--shape-only") == 0) {
@@ -305,21 +371,26 @@ int main(int argc, char **argv)
             i++; /* bench_gemm's flag, passed by make bench to every benchmark */
         } else {
             fprintf(stderr, "usage: bench_sim [--quick] [--world W] [--threads] [--workers N] "
-                            "[--rows R] [--shape-only] [--data-only]\n");
+                            "[--rows R] [--shape-only] [--data-only] [--batch B]\n");
             return 2;
         }
     }
-    if (world < 1 || world > 65536 || rows < 1) {
-        fprintf(stderr, "bench_sim: --world must be in [1, 65536] and --rows positive\n");
+    if (world < 1 || world > 65536 || rows < 1 || (batch != 0 && batch % 8 != 0)) {
+        fprintf(stderr, "bench_sim: --world must be in [1, 65536], --rows positive and --batch "
+                        "a positive multiple of 8 (data mode runs 8 ranks)\n");
         return 2;
     }
     if (quick && world == 1024)
         world = 256;
-    if (shape && bench_shape(world, fibers, workers, rows, quick) != 0)
+    /* the real model first: the process's peak RSS is its own */
+    if (shape && (bench_shape(1, world, fibers, workers, rows, quick) != 0 ||
+                  bench_shape(0, world, fibers, workers, rows, quick) != 0))
         return 1;
-    /* the same arithmetic per rank, in smaller and larger slices of the batch */
+    if (data && batch != 0)
+        return bench_data(8, batch, quick ? 1 : 3);
+    /* the same arithmetic per rank, in slices of 128, 256 and 512 rows of the batch */
     if (data && (bench_data(8, quick ? 256 : 1024, quick ? 1 : 3) != 0 ||
-                 (!quick && bench_data(8, 4096, 3) != 0)))
+                 (!quick && (bench_data(8, 2048, 3) != 0 || bench_data(8, 4096, 3) != 0))))
         return 1;
     return 0;
 }

@@ -101,6 +101,8 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
             return status;
     }
     fs->lazy_init_done = 1;
+    /* no unit can be added from here on: the name index has done its work */
+    fsdp_ptrmap_destroy(&fs->param_names);
     fsdp_trace_set_memory(dev, fs->mem);
     return FSDP_OK;
 }

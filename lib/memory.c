@@ -504,8 +504,10 @@ static fsdp_status_t release_cached_blocks(fsdp_mem_t *mem)
 
     if (status != FSDP_OK)
         return status;
-    for (seg = mem->seg_first; seg != NULL; seg = next) {
-        next = seg->next;
+    /* newest first: a backend that keeps its segments sorted by address (the simulator)
+     * then mostly drops its last entry, not its first */
+    for (seg = mem->seg_last; seg != NULL; seg = next) {
+        next = seg->prev;
         if (seg->head->state == FSDP_MEM_BLOCK_FREE && seg->head->next == NULL)
             release_segment(mem, seg);
     }

@@ -219,14 +219,18 @@ void fsdp_destroy(fsdp_t *fs)
         return;
     for (int i = 0; i < fs->n_limiter_events; i++)
         fs->dev->ops->event_destroy(fs->dev, fs->limiter_events[i]);
+    /* each unit's frees are its own; none names a unit already freed */
     for (int i = 0; i < fs->nunits; i++) {
+        fsdp_trace_unit_swap(fs, fs->units[i]->name);
         fsdp_handle_destroy(fs, fs->units[i]->handle);
         free_ignored(fs, fs->units[i]);
         free_buffers(fs, fs->units[i]);
+        fsdp_trace_unit_swap(fs, NULL);
         free(fs->units[i]->name);
         free(fs->units[i]);
     }
     free(fs->units);
+    fsdp_ptrmap_destroy(&fs->param_names);
     free(fs->pre_forward_order);
     free(fs->post_forward_order);
     destroy_streams(fs);
@@ -289,8 +293,51 @@ fsdp_training_state_t fsdp_training_state(const fsdp_t *fs)
 
 /* ---- units ---- */
 
+/* FNV-1a, never 0 (the index's empty key). */
+static uintptr_t name_hash(const char *name)
+{
+    uint64_t h = 14695981039346656037ull;
+
+    for (const unsigned char *c = (const unsigned char *)name; *c != '\0'; c++)
+        h = (h ^ *c) * 1099511628211ull;
+    return (uintptr_t)h != 0 ? (uintptr_t)h : 1;
+}
+
+static void index_name(fsdp_t *fs, const char *name)
+{
+    uintptr_t key = name_hash(name);
+
+    if (fsdp_ptrmap_get(&fs->param_names, key) == NULL)
+        fsdp_ptrmap_put(&fs->param_names, key, (void *)name);
+}
+
+/* Adds a new unit's names (parameters, ignored parameters, buffers) to the model's index. */
+static fsdp_status_t index_unit_names(fsdp_t *fs, const fsdp_unit_t *u)
+{
+    int nparams = u->handle != NULL ? u->handle->nparams : 0;
+    fsdp_status_t status = fsdp_ptrmap_reserve(
+        &fs->param_names, fs->param_names.count + (size_t)(nparams + u->nignored + u->nbuffers));
+
+    if (status != FSDP_OK)
+        return status;
+    for (int i = 0; i < nparams; i++)
+        index_name(fs, u->handle->params[i].name);
+    for (int i = 0; i < u->nignored; i++)
+        index_name(fs, u->ignored[i].info.name);
+    for (int i = 0; i < u->nbuffers; i++)
+        index_name(fs, u->buffers[i].info.name);
+    return FSDP_OK;
+}
+
 static int param_name_taken(const fsdp_t *fs, const char *name)
 {
+    const char *hit = fsdp_ptrmap_get(&fs->param_names, name_hash(name));
+
+    if (hit == NULL)
+        return 0;
+    if (strcmp(hit, name) == 0)
+        return 1;
+    /* two names share a hash (the index holds the first): look at every name */
     for (int i = 0; i < fs->nunits; i++) {
         const fsdp_unit_t *u = fs->units[i];
         const fsdp_handle_t *h = u->handle;
@@ -816,12 +863,19 @@ fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *par
         free_ignored(fs, u);
         goto err_free_name;
     }
+    status = index_unit_names(fs, u);
+    if (status != FSDP_OK)
+        goto err_free_all;
     fs->units[fs->nunits++] = u;
     if (u->is_root)
         fs->root = u;
     *unit_p = u;
     return FSDP_OK;
 
+err_free_all:
+    fsdp_handle_destroy(fs, u->handle);
+    free_buffers(fs, u);
+    free_ignored(fs, u);
 err_free_name:
     free(u->name);
 err_free_u:

@@ -3,6 +3,8 @@
 #ifndef FSDP_LIB_RUNTIME_H
 #define FSDP_LIB_RUNTIME_H
 
+#include "mem_index.h"
+
 #include <fsdp/core.h>
 #include <fsdp/log.h>
 
@@ -111,6 +113,9 @@ struct fsdp {
     fsdp_unit_t **units;
     int nunits, cap_units;
     fsdp_unit_t *root;
+    /* parameter names of all units by hash (value: a name owned by its handle), so that a
+     * new unit's names are checked against the model's in O(1) each, not O(parameters) */
+    fsdp_ptrmap_t param_names;
 
     int lazy_init_done;
     int first_iter_done;

@@ -501,6 +501,7 @@ void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
     fsdp_trace_rank_t *r;
     trace_chunk_t *c;
     trace_rec_t *rec;
+    const char *unit;
     size_t room;
 
     if (dev == NULL || (r = dev->trace) == NULL || ev == NULL) {
@@ -510,7 +511,8 @@ void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
         }
         return;
     }
-    room = str_room(ev->name != NULL ? ev->name : "") + str_room(ev->unit) + str_room(ev->stream) +
+    unit = ev->unit != NULL ? ev->unit : r->unit;
+    room = str_room(ev->name != NULL ? ev->name : "") + str_room(unit) + str_room(ev->stream) +
            str_room(ev->group);
     pthread_mutex_lock(&r->lock);
     c = r->cur;
@@ -548,7 +550,7 @@ void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
         rec->reserved = rs;
     }
     rec->name = chunk_str(c, ev->name != NULL ? ev->name : "");
-    rec->unit = chunk_str(c, ev->unit != NULL ? ev->unit : r->unit);
+    rec->unit = chunk_str(c, unit);
     rec->stream = chunk_str(c, ev->stream);
     rec->group = chunk_str(c, ev->group);
     pthread_mutex_unlock(&r->lock);

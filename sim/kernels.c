@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #include <fsdp/log.h>
 
@@ -199,6 +200,58 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
             fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
     } while (0)
 
+/* The runtime's own arithmetic on whole flat buffers (zero fills, the gradient divides, f32
+ * copies) as plain loops over one dtype: the same value to the bit as fsdp_kb_elem's
+ * per-element load and store (a zero fill is all zero bits in every dtype; f32 loads and
+ * stores are the identity), without a dtype switch per element. Returns 0 for a kernel it
+ * leaves to the general loop. */
+#define FAST_LANES 8
+
+static int fsdp_sim_elem_fast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    switch (k->kind) {
+    case FSDP_K_FILL: {
+        uint32_t bits;
+        memcpy(&bits, &p->fill_f32, sizeof(bits));
+        if (k->u.fill.dtype == FSDP_DTYPE_I32 ? p->fill_i32 != 0 : bits != 0)
+            return 0;
+        if (p->n > 0) /* x may be NULL for no elements */
+            memset(k->u.fill.x, 0, p->n * fsdp_dtype_size(k->u.fill.dtype));
+        return 1;
+    }
+    case FSDP_K_CAST:
+        if (k->u.cast.src_dtype != k->u.cast.dst_dtype)
+            return 0;
+        if (p->n > 0 && k->u.cast.dst != k->u.cast.src) /* the check refused an overlap */
+            memcpy(k->u.cast.dst, k->u.cast.src, p->n * fsdp_dtype_size(k->u.cast.dst_dtype));
+        return 1;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV: {
+        float *x = k->u.scale.x, alpha = k->u.scale.alpha;
+        if (k->u.scale.dtype != FSDP_DTYPE_F32)
+            return 0;
+        size_t n = p->n, i = 0;
+        /* whole groups of FAST_LANES first: a fixed trip count the compiler vectorizes */
+        if (k->kind == FSDP_K_SCALE) {
+            for (; i + FAST_LANES <= n; i += FAST_LANES)
+                for (size_t j = 0; j < FAST_LANES; j++)
+                    x[i + j] *= alpha;
+            for (; i < n; i++)
+                x[i] *= alpha;
+        } else {
+            for (; i + FAST_LANES <= n; i += FAST_LANES)
+                for (size_t j = 0; j < FAST_LANES; j++)
+                    x[i + j] /= alpha;
+            for (; i < n; i++)
+                x[i] /= alpha;
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
 /* GEMM, or a batch of them in index order (kernel.h: batch 0 or 1 is one product). */
 static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k)
 {
@@ -247,6 +300,8 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return fsdp_sim_gemm_desc(k);
 
     fsdp_kb_prepare(k, &prep);
+    if (fsdp_sim_elem_fast(k, &prep))
+        return FSDP_OK;
     switch (k->kind) {
     case FSDP_K_FILL:
         FSDP_SIM_ELEM_LOOP(FSDP_K_FILL, k, &prep);

@@ -17,7 +17,8 @@
 #include "test_util.h"
 
 static const int worlds[] = {1, 2, 3, 4, 8};
-static const size_t counts[] = {0, 1, 7, 13, 1000};
+/* 5000: more than two of the sim's reduction blocks, the last one partial */
+static const size_t counts[] = {0, 1, 7, 13, 1000, 5000};
 static const fsdp_dtype_t dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16,
                                       FSDP_DTYPE_I32};
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))

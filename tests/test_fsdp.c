@@ -918,15 +918,74 @@ static fsdp_status_t states_rank(fsdp_dev_t *dev, void *arg)
     return FSDP_OK;
 }
 
-static void test_illegal_transitions(void)
+/* Runs rank_fn on `world` ranks with logging off: the refusals it provokes are expected. */
+static void launch_quiet(int world, fsdp_sim_mode_t mode,
+                         fsdp_status_t (*rank_fn)(fsdp_dev_t *, void *))
 {
     fsdp_sim_params_t p;
     fsdp_log_level_t lvl = fsdp_log_level();
     fsdp_sim_params_init(&p);
-    p.world_size = 2;
-    fsdp_log_set_level(FSDP_LOG_OFF); /* the refusals are expected: keep them quiet */
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, states_rank, NULL, NULL), FSDP_OK);
+    p.world_size = world;
+    p.mode = mode;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_fn, NULL, NULL), FSDP_OK);
     fsdp_log_set_level(lvl);
+}
+
+static void test_illegal_transitions(void)
+{
+    launch_quiet(2, FSDP_SIM_DATA, states_rank);
+}
+
+/* Parameter names are unique across the model however many units it has: a name of the
+ * first, a middle or the last unit is refused in a new unit, one refused unit leaves its names
+ * free, and every fresh name is accepted. */
+static fsdp_status_t many_names_rank(fsdp_dev_t *dev, void *arg)
+{
+    enum { NUNITS = 300 };
+    char names[NUNITS][2][24], extra[2][24];
+    fsdp_param_spec_t s[2] = {{.ndim = 1, .shape = {4}, .requires_grad = 1, .tied_to = -1},
+                              {.ndim = 1, .shape = {2}, .requires_grad = 1, .tied_to = -1}};
+    const int taken[] = {0, NUNITS / 2, NUNITS - 1};
+    fsdp_unit_t *root, *u;
+    fsdp_t *fs;
+    (void)arg;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
+    for (int i = 0; i < NUNITS; i++) {
+        char unit[24];
+        snprintf(unit, sizeof(unit), "layer%d", i);
+        for (int j = 0; j < 2; j++) {
+            snprintf(names[i][j], sizeof(names[i][j]), "layer%d.%s", i, j ? "bias" : "weight");
+            s[j].name = names[i][j];
+        }
+        CU_ASSERT_EQUAL(fsdp_unit_create(fs, unit, root, s, 2, &u), FSDP_OK);
+    }
+    CU_ASSERT_EQUAL(fsdp_num_units(fs), NUNITS + 1);
+    for (size_t k = 0; k < sizeof(taken) / sizeof(taken[0]); k++) {
+        snprintf(extra[0], sizeof(extra[0]), "fresh%zu", k);
+        s[0].name = extra[0];
+        s[1].name = names[taken[k]][1];
+        CU_ASSERT_EQUAL(fsdp_unit_create(fs, "again", root, s, 2, &u), FSDP_ERR_INVALID_PARAM);
+        CU_ASSERT(strstr(fsdp_last_error(fs), names[taken[k]][1]) != NULL);
+    }
+    /* the refused units' fresh names were not kept */
+    for (size_t k = 0; k < sizeof(taken) / sizeof(taken[0]); k++) {
+        snprintf(extra[0], sizeof(extra[0]), "fresh%zu", k);
+        snprintf(extra[1], sizeof(extra[1]), "fresh%zu.b", k);
+        s[0].name = extra[0];
+        s[1].name = extra[1];
+        CU_ASSERT_EQUAL(fsdp_unit_create(fs, extra[0], root, s, 2, &u), FSDP_OK);
+    }
+    CU_ASSERT_EQUAL(fsdp_num_units(fs), NUNITS + 4);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_many_param_names(void)
+{
+    launch_quiet(1, FSDP_SIM_SHAPE, many_names_rank);
 }
 
 /* Tied parameters are stored once: both names view the same storage, and gradients written
@@ -1867,6 +1926,7 @@ int main(void)
         {"mixed precision: dtypes, low-precision shard lifetime", test_mixed_precision},
         {"collective counts, root owns parameters", test_collective_counts_root_params},
         {"illegal hook transitions", test_illegal_transitions},
+        {"parameter names unique across many units", test_many_param_names},
         {"world size 1 is no_shard", test_world_one_is_no_shard},
         {"tied parameters stored once", test_tied_parameters},
         {"forward order validated across ranks", test_forward_order},

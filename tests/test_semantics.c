@@ -1115,6 +1115,34 @@ static fsdp_status_t bf_refused_rank(fsdp_dev_t *dev, void *arg)
          fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM &&
          strstr(fsdp_last_error(fs), "0 to 4") != NULL;
     ok = ok && fsdp_num_units(fs) == 0;
+    /* names are unique across units too, whatever each is: parameter, ignored one or buffer */
+    {
+        fsdp_param_spec_t keep = {.name = "k", .ndim = 1, .shape = {3}, .requires_grad = 1,
+                                  .tied_to = -1, .ignored = 1};
+        fsdp_param_spec_t rp[2] = {spec, keep};
+        fsdp_buffer_spec_t mb = {.name = "m", .ndim = 1, .shape = {2}};
+        fsdp_param_spec_t kid = spec;
+        fsdp_unit_t *root;
+        uo.buffers = &mb;
+        uo.nbuffers = 1;
+        rp[0].name = "v";
+        ok = ok && fsdp_unit_create_ex(fs, "root", NULL, rp, 2, &uo, &root) == FSDP_OK;
+        fsdp_unit_options_init(&uo);
+        for (int c = 0; c < 3 && ok; c++) {
+            kid.name = c == 0 ? "m" : c == 1 ? "k" : "v"; /* root's buffer, ignored, parameter */
+            ok = fsdp_unit_create_ex(fs, "kid", root, &kid, 1, &uo, &u) ==
+                     FSDP_ERR_INVALID_PARAM &&
+                 strstr(fsdp_last_error(fs), "already used") != NULL;
+        }
+        bs[0].name = "k"; /* a buffer named as root's ignored parameter */
+        uo.buffers = &bs[0];
+        uo.nbuffers = 1;
+        kid.name = "fresh";
+        ok = ok &&
+             fsdp_unit_create_ex(fs, "kid", root, &kid, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM &&
+             strstr(fsdp_last_error(fs), "already used") != NULL;
+        ok = ok && fsdp_num_units(fs) == 1;
+    }
     fsdp_destroy(fs);
     return ok ? FSDP_OK : FSDP_ERR_INTERNAL;
 }
