@@ -3,18 +3,18 @@
 
 #include "gpu.h"
 
-#include <stdatomic.h>
-
-static atomic_int log_rank = -1;
+/* Per thread: fsdp_gpu_launch_local runs every rank of a process on its own thread, and each
+ * thread's messages name its own rank. A thread that made no dev (a trace flusher) names none. */
+static _Thread_local int log_rank = -1;
 
 void fsdp_gpu_set_log_rank(int rank)
 {
-    atomic_store(&log_rank, rank);
+    log_rank = rank;
 }
 
 int fsdp_gpu_log_rank(void)
 {
-    return atomic_load(&log_rank);
+    return log_rank;
 }
 
 /* Logs at `level` with the caller's location, prefixed with the rank when one is known. */
