@@ -54,12 +54,22 @@ fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_
     return FSDP_OK;
 }
 
+/* cudaFree and cudaFreeHost synchronize the whole device: a collective that never completes
+ * would hang them. Its wait is bounded first; past the timeout the communicators are aborted,
+ * which ends NCCL's kernels, and the free then returns. */
+static void before_free(fsdp_gpu_dev_t *gdev)
+{
+    if (gdev->watch_count > 0)
+        (void)fsdp_gpu_watch_drain(gdev);
+}
+
 void fsdp_gpu_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
 {
     if (ptr == NULL)
         return;
     if (use_device(fsdp_gpu_dev_of(dev)) != FSDP_OK)
         return;
+    before_free(fsdp_gpu_dev_of(dev));
     if (kind == FSDP_MEMKIND_HOST_PINNED)
         (void)FSDP_CUDA_CALL(cudaFreeHost(ptr));
     else
@@ -143,6 +153,8 @@ void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
     if (s == NULL || s == &gdev->compute)
         return;
     (void)use_device(gdev);
+    if (s->scratch != NULL)
+        before_free(gdev);
     fsdp_gpu_stream_fini(s);
     free(s);
 }
