@@ -334,6 +334,18 @@ fsdp_status_t fsdp_gpu_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
     return status;
 }
 
+/* Host memory that is neither pinned nor managed (malloc, the stack). */
+static int pageable(const void *ptr)
+{
+    struct cudaPointerAttributes a;
+
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
 fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
                                     fsdp_stream_t *stream)
 {
@@ -352,6 +364,15 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
     status = use_device(gdev);
     if (status != FSDP_OK)
         return status;
+    /* A copy from or to pageable memory waits on the host for the work before it on the stream
+     * (CUDA's API synchronization rules: a stream sync before a pageable H2D, completion before
+     * a D2H returns). Behind a collective that never completes it would hang the host, so the
+     * stream is polled empty first, within the collective timeout. */
+    if (bytes > 0 && gdev->watch_count > 0 && (pageable(dst) || pageable(src))) {
+        status = fsdp_gpu_host_wait(gdev, NULL, s->cu, "the stream before a pageable copy");
+        if (status != FSDP_OK)
+            return status;
+    }
     op.host = op.start = op.end = fsdp_gpu_now();
     timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
     /* Unified addressing: the runtime tells host from device by the pointers. */
