@@ -36,13 +36,16 @@ fsdp_status_t fsdp_gpu_cuda_status(cudaError_t err, const char *call, const char
 {
     if (err == cudaSuccess || err == cudaErrorNotReady)
         return FSDP_OK;
+    /* Reported here, once: the thread's last error is reset, or the next launch check
+     * (cudaGetLastError after a kernel) would blame that kernel for this call's failure. A
+     * sticky error survives the reset and fails every later call anyway. */
+    (void)cudaGetLastError();
     switch (err) {
     case cudaErrorMemoryAllocation:
         /* Not sticky, and the caching allocator may free cached blocks and retry: it reports
          * the out-of-memory with its breakdown if the retry fails too. */
         log_failure(FSDP_LOG_DEBUG, file, line, func, call, cudaGetErrorString(err),
                     cudaGetErrorName(err));
-        (void)cudaGetLastError();
         return FSDP_ERR_OUT_OF_MEMORY;
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:

@@ -793,6 +793,34 @@ static void test_kernel_errors(void)
     CU_ASSERT(lines >= 4);
 }
 
+/* A failed CUDA call is reported once, by its own op: the next kernel launch does not inherit
+ * it (the thread's last error, which launches check, is reset). */
+static void test_error_not_inherited(void)
+{
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t k = {.kind = FSDP_K_FILL};
+    float host[16];
+    void *x = NULL;
+    int lines = 0;
+
+    CU_ASSERT_EQUAL_FATAL(ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(host), &x), FSDP_OK);
+    fsdp_log_set_handler(quiet, &lines);
+    /* cudaFree of an address that is no allocation: cudaErrorInvalidValue, not sticky */
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)(uintptr_t)0x1000);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT(lines >= 1);
+    k.u.fill.x = x;
+    k.u.fill.n = 16;
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    k.u.fill.value = 2.5f;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, host, x, sizeof(host), s), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    for (int i = 0; i < 16; i++)
+        CU_ASSERT_EQUAL(host[i], 2.5f);
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, x);
+}
+
 /* ---- memory, streams, events ---- */
 
 static void test_memory_streams_events(void)
@@ -1022,6 +1050,7 @@ static const fsdp_test_case_t tests[] = {
     {"adamw and sgd", test_optimizers},
     {"gemm", test_gemm},
     {"kernel errors", test_kernel_errors},
+    {"an error is not inherited", test_error_not_inherited},
     {"collectives of one rank", test_collectives},
     {"blocking collectives", test_blocking_collectives},
     {NULL, NULL},
