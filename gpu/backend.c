@@ -216,7 +216,9 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
         cudaMalloc((void **)&gdev->dbuf, (2 + 2 * (size_t)params->world_size) * sizeof(int)));
     if (status != FSDP_OK)
         goto err_free;
-    status = FSDP_CUDA_CALL(cudaMemset(gdev->dbuf, 0, sizeof(int)));
+    /* On aux, where the barrier and the split read and write it: a plain cudaMemset runs on the
+     * legacy default stream, which a non-blocking stream is not ordered after. */
+    status = FSDP_CUDA_CALL(cudaMemsetAsync(gdev->dbuf, 0, sizeof(int), gdev->aux));
     if (status != FSDP_OK)
         goto err_free;
     for (int i = 0; i < FSDP_GPU_WATCH_SLOTS; i++) {

@@ -568,6 +568,11 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
                  "ncclAllGather(split)", what);
     if (status != FSDP_OK)
         return status;
+    /* `all` is pageable: a copy into it returns only once done, so it would block the host on
+     * the all-gather beyond the timeout. The gather is waited for first, by polling. */
+    status = fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
+    if (status != FSDP_OK)
+        return status;
     status = FSDP_CUDA_CALL(cudaMemcpyAsync(all, gdev->dbuf + 2, 2 * n * sizeof(int),
                                             cudaMemcpyDeviceToHost, gdev->aux));
     if (status != FSDP_OK)

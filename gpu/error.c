@@ -3,18 +3,18 @@
 
 #include "gpu.h"
 
-#include <stdatomic.h>
-
-static atomic_int log_rank = -1;
+/* Per thread: fsdp_gpu_launch_local runs every rank of a process on its own thread, and each
+ * thread's messages name its own rank. A thread that made no dev (a trace flusher) names none. */
+static _Thread_local int log_rank = -1;
 
 void fsdp_gpu_set_log_rank(int rank)
 {
-    atomic_store(&log_rank, rank);
+    log_rank = rank;
 }
 
 int fsdp_gpu_log_rank(void)
 {
-    return atomic_load(&log_rank);
+    return log_rank;
 }
 
 /* Logs at `level` with the caller's location, prefixed with the rank when one is known. */
@@ -36,13 +36,16 @@ fsdp_status_t fsdp_gpu_cuda_status(cudaError_t err, const char *call, const char
 {
     if (err == cudaSuccess || err == cudaErrorNotReady)
         return FSDP_OK;
+    /* Reported here, once: the thread's last error is reset, or the next launch check
+     * (cudaGetLastError after a kernel) would blame that kernel for this call's failure. A
+     * sticky error survives the reset and fails every later call anyway. */
+    (void)cudaGetLastError();
     switch (err) {
     case cudaErrorMemoryAllocation:
         /* Not sticky, and the caching allocator may free cached blocks and retry: it reports
          * the out-of-memory with its breakdown if the retry fails too. */
         log_failure(FSDP_LOG_DEBUG, file, line, func, call, cudaGetErrorString(err),
                     cudaGetErrorName(err));
-        (void)cudaGetLastError();
         return FSDP_ERR_OUT_OF_MEMORY;
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:

@@ -132,7 +132,8 @@ fsdp_status_t fsdp_gpu_cublas_status(cublasStatus_t st, const char *call, const 
 /* ncclInProgress is success here: the caller polls the communicator (coll.c). */
 fsdp_status_t fsdp_gpu_nccl_status(ncclResult_t res, const char *call, const char *file, int line,
                                    const char *func);
-/* The rank printed in front of every message of this process (set by fsdp_gpu_init). */
+/* The rank printed in front of every message of the calling thread (set by fsdp_gpu_init on the
+ * rank's thread; -1, none, on any other). */
 void fsdp_gpu_set_log_rank(int rank);
 int fsdp_gpu_log_rank(void);
 

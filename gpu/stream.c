@@ -54,12 +54,22 @@ fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_
     return FSDP_OK;
 }
 
+/* cudaFree and cudaFreeHost synchronize the whole device: a collective that never completes
+ * would hang them. Its wait is bounded first; past the timeout the communicators are aborted,
+ * which ends NCCL's kernels, and the free then returns. */
+static void before_free(fsdp_gpu_dev_t *gdev)
+{
+    if (gdev->watch_count > 0)
+        (void)fsdp_gpu_watch_drain(gdev);
+}
+
 void fsdp_gpu_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
 {
     if (ptr == NULL)
         return;
     if (use_device(fsdp_gpu_dev_of(dev)) != FSDP_OK)
         return;
+    before_free(fsdp_gpu_dev_of(dev));
     if (kind == FSDP_MEMKIND_HOST_PINNED)
         (void)FSDP_CUDA_CALL(cudaFreeHost(ptr));
     else
@@ -143,6 +153,8 @@ void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
     if (s == NULL || s == &gdev->compute)
         return;
     (void)use_device(gdev);
+    if (s->scratch != NULL)
+        before_free(gdev);
     fsdp_gpu_stream_fini(s);
     free(s);
 }
@@ -322,6 +334,18 @@ fsdp_status_t fsdp_gpu_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
     return status;
 }
 
+/* Host memory that is neither pinned nor managed (malloc, the stack). */
+static int pageable(const void *ptr)
+{
+    struct cudaPointerAttributes a;
+
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
 fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
                                     fsdp_stream_t *stream)
 {
@@ -340,6 +364,15 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
     status = use_device(gdev);
     if (status != FSDP_OK)
         return status;
+    /* A copy from or to pageable memory waits on the host for the work before it on the stream
+     * (CUDA's API synchronization rules: a stream sync before a pageable H2D, completion before
+     * a D2H returns). Behind a collective that never completes it would hang the host, so the
+     * stream is polled empty first, within the collective timeout. */
+    if (bytes > 0 && gdev->watch_count > 0 && (pageable(dst) || pageable(src))) {
+        status = fsdp_gpu_host_wait(gdev, NULL, s->cu, "the stream before a pageable copy");
+        if (status != FSDP_OK)
+            return status;
+    }
     op.host = op.start = op.end = fsdp_gpu_now();
     timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
     /* Unified addressing: the runtime tells host from device by the pointers. */

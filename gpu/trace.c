@@ -40,7 +40,7 @@ fsdp_status_t fsdp_gpu_trace_init(fsdp_gpu_dev_t *gdev)
     status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&gdev->trace_ref, cudaEventDefault));
     if (status != FSDP_OK)
         return status;
-    /* aux has done nothing yet: its event completes as it is recorded */
+    /* aux has only zeroed the barrier word: its event completes almost as it is recorded */
     gdev->trace_ref_host = fsdp_gpu_now();
     return FSDP_CUDA_CALL(cudaEventRecord(gdev->trace_ref, gdev->aux));
 }

@@ -8,6 +8,7 @@
 #include <fsdp/fsdp.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,11 @@
 /* The sim's kernel executor (sim/sim_kernels.h) is internal to the library: looked up weakly,
  * so this test also builds against a library that does not have it yet. */
 extern fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k) __attribute__((weak));
+
+/* The rank that prefixes the backend's messages (gpu/error.c), internal and only in a build with
+ * the gpu backend: looked up weakly. */
+extern void fsdp_gpu_set_log_rank(int rank) __attribute__((weak));
+extern int fsdp_gpu_log_rank(void) __attribute__((weak));
 
 static fsdp_dev_t *dev;
 static const fsdp_backend_ops_t *ops;
@@ -787,6 +793,34 @@ static void test_kernel_errors(void)
     CU_ASSERT(lines >= 4);
 }
 
+/* A failed CUDA call is reported once, by its own op: the next kernel launch does not inherit
+ * it (the thread's last error, which launches check, is reset). */
+static void test_error_not_inherited(void)
+{
+    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_kernel_t k = {.kind = FSDP_K_FILL};
+    float host[16];
+    void *x = NULL;
+    int lines = 0;
+
+    CU_ASSERT_EQUAL_FATAL(ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(host), &x), FSDP_OK);
+    fsdp_log_set_handler(quiet, &lines);
+    /* cudaFree of an address that is no allocation: cudaErrorInvalidValue, not sticky */
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)(uintptr_t)0x1000);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT(lines >= 1);
+    k.u.fill.x = x;
+    k.u.fill.n = 16;
+    k.u.fill.dtype = FSDP_DTYPE_F32;
+    k.u.fill.value = 2.5f;
+    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->memcpy_async(dev, host, x, sizeof(host), s), FSDP_OK);
+    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    for (int i = 0; i < 16; i++)
+        CU_ASSERT_EQUAL(host[i], 2.5f);
+    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, x);
+}
+
 /* ---- memory, streams, events ---- */
 
 static void test_memory_streams_events(void)
@@ -963,6 +997,47 @@ static void test_params(void)
     fsdp_gpu_finalize(NULL);
 }
 
+/* ---- what needs no device ---- */
+
+static void *other_rank_main(void *arg)
+{
+    int *seen = arg;
+
+    seen[0] = fsdp_gpu_log_rank(); /* a thread that made no dev names no rank */
+    fsdp_gpu_set_log_rank(5);
+    seen[1] = fsdp_gpu_log_rank();
+    return NULL;
+}
+
+/* fsdp_gpu_launch_local makes every rank on its own thread: each thread's messages name its own
+ * rank, not the last one set by any thread. Returns the number of failed checks. */
+static int check_log_rank_per_thread(void)
+{
+    int seen[2] = {0, 0}, fails = 0;
+    pthread_t tid;
+
+    if (fsdp_gpu_set_log_rank == NULL || fsdp_gpu_log_rank == NULL)
+        return 0; /* built without the gpu backend */
+    fsdp_gpu_set_log_rank(3);
+    if (pthread_create(&tid, NULL, other_rank_main, seen) != 0) {
+        fprintf(stderr, "test_gpu: cannot start a thread\n");
+        return 1;
+    }
+    pthread_join(tid, NULL);
+    if (seen[0] != -1 || seen[1] != 5) {
+        fprintf(stderr, "test_gpu: another thread's log rank read %d then %d, not -1 then 5\n",
+                seen[0], seen[1]);
+        fails++;
+    }
+    if (fsdp_gpu_log_rank() != 3) {
+        fprintf(stderr, "test_gpu: this thread's log rank became %d, not 3\n",
+                fsdp_gpu_log_rank());
+        fails++;
+    }
+    fsdp_gpu_set_log_rank(-1);
+    return fails;
+}
+
 static const fsdp_test_case_t tests[] = {
     {"ops table", test_ops_table},
     {"params", test_params},
@@ -975,6 +1050,7 @@ static const fsdp_test_case_t tests[] = {
     {"adamw and sgd", test_optimizers},
     {"gemm", test_gemm},
     {"kernel errors", test_kernel_errors},
+    {"an error is not inherited", test_error_not_inherited},
     {"collectives of one rank", test_collectives},
     {"blocking collectives", test_blocking_collectives},
     {NULL, NULL},
@@ -997,6 +1073,8 @@ int main(void)
         fprintf(stderr, "test_gpu: the gpu ops table is incomplete\n");
         return 1;
     }
+    if (check_log_rank_per_thread() != 0)
+        return 1;
     fsdp_log_set_handler(quiet, &lines);
     status = fsdp_gpu_init(NULL, &d);
     fsdp_log_set_handler(NULL, NULL);

@@ -104,7 +104,8 @@ struct fsdp_backend_ops {
      * reduce_scatter: recv (count) = reduction over ranks of send[rank*count ..).
      * all_reduce: recv (count) = reduction over ranks of send; send may equal recv.
      * broadcast: buf of `root` (a group rank) copied to every rank.
-     * Floating-point sums accumulate in f32 in group-rank order and round once. */
+     * Floating-point sums accumulate in f32 in group-rank order and round once (the sim; NCCL
+     * rounds 16-bit sums at every step of its own order: DESIGN.md, "Where the code differs"). */
     fsdp_status_t (*all_gather)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
                                 void *recv, size_t count, fsdp_dtype_t dtype,
                                 fsdp_stream_t *stream);
