@@ -358,9 +358,15 @@ fsdp_status_t fsdp_ptrmap_reserve(fsdp_ptrmap_t *map, size_t n)
         cap *= 2;
     if (cap == map->cap)
         return FSDP_OK;
-    slots = calloc(cap, sizeof(*slots));
+    /* Written before the first probe reads it: calloc's fresh pages would map the shared zero
+     * page on that read, and the first put into each would then fault again and flush the
+     * other threads' TLBs. (The empty asm keeps the compiler from making malloc and memset a
+     * calloc again.) */
+    slots = malloc(cap * sizeof(*slots));
     if (slots == NULL)
         return FSDP_ERR_NO_MEMORY;
+    __asm__ volatile("" : "+r"(slots));
+    memset(slots, 0, cap * sizeof(*slots));
     for (size_t i = 0; i < map->cap; i++) {
         if (map->slots[i].key != 0)
             place(slots, cap, map->slots[i].key, map->slots[i].val);

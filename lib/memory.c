@@ -556,8 +556,10 @@ void fsdp_mem_destroy(fsdp_mem_t *mem)
     for (size_t i = 0; i < mem->n_spare_events; i++)
         mem->dev->ops->event_destroy(mem->dev, mem->spare_events[i]);
     free(mem->spare_events);
-    for (seg = mem->seg_first; seg != NULL; seg = next) {
-        next = seg->next;
+    /* newest first, as in release_cached_blocks: a backend that keeps its segments sorted by
+     * address then drops its last entry each time, not its first */
+    for (seg = mem->seg_last; seg != NULL; seg = next) {
+        next = seg->prev;
         mem->dev->ops->segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
         free(seg);
     }
