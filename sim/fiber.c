@@ -60,12 +60,13 @@ typedef enum {
  * old stack and loads them from the new one: what a function call may not change, and nothing
  * else. glibc's swapcontext also saves and restores the signal mask, a system call per switch
  * (two per collective and rank); no fiber changes its mask, so that call is pure cost. Other
- * targets use ucontext. */
+ * targets use ucontext, and so do builds for shadow stacks (-fcf-protection=return), whose
+ * return addresses this switch does not keep. */
 #if !FSDP_SIM_FIBERS
 typedef struct fiber_ctx {
     void *unused;
 } fiber_ctx_t;
-#elif defined(__x86_64__) && defined(__ELF__)
+#elif defined(__x86_64__) && defined(__ELF__) && !(defined(__CET__) && (__CET__ & 2))
 
 typedef struct fiber_ctx {
     void *sp; /* the saved stack pointer while switched out */
