@@ -11,25 +11,29 @@
  * Reported: wall and CPU time of the launch (set-up, the step, teardown), the process's peak
  * resident memory, and ops simulated (kernels, copies and collectives summed over ranks) per
  * wall second. Target for the GPT-3 preset: <= 5 s and <= 4 GiB on 2 cores at 1024 ranks.
- * Measured on a 2-core machine shared with other builds (load 2 to 5): 4.0-7.8 s wall,
- * 7.7-9.5 s CPU, 4.44e6 ops (4340 per rank), 0.58 GiB peak RSS (0.79 GiB when libfsdp links
- * the gpu backend's CUDA libraries); the wall time is the CPU time over the two fiber workers
- * when the cores are free, and more when they are not. Of the CPU time, set-up and teardown
- * (1024 models of 97 units) take about 3 s and the step about 5 s; in the step, the
- * caching-allocator model (each rank's free-block tree and live-block map, cold in the cache
- * after the rank's fiber was switched out) takes half.
+ * Measured on a 2-core machine shared with other builds: with the other core free (load about
+ * 1), 2.6-3.1 s wall and 4.9-5.9 s CPU on two fiber workers, 4.6-5.5 s on one; with other
+ * builds running (load 2 to 4), 3.3-7.7 s on two workers, as the second worker then gets only
+ * part of a core. 4.44e6 ops (4340 per rank), 0.81 GiB peak RSS (with libfsdp linking the gpu
+ * backend's CUDA libraries). Both workers stay busy from the first rank to the last (a perf
+ * timeline shows them at the same sample rate throughout); the serial set-up before the
+ * workers start and the teardown after they end take 0.1-0.2 s together. The CPU time is
+ * mostly cache misses: a rank's state is cold each time its fiber resumes, so what costs is
+ * how many distinct cache lines an op touches, above all in the caching-allocator model (each
+ * rank's free-block trees and live-block map: over two fifths of the time) and the stream and
+ * collective accounting.
  *
  * Data mode: the cost of simulating W ranks against the same arithmetic in one plain
  * process. The same MLP step (global batch B rows) runs (a) on W ranks with B/W rows each and
  * (b) on one rank with all B rows (NO_SHARD, no collectives): the same GEMM FLOPs. The ratio
  * of the step's CPU time (each rank thread's own, summed; set-up excluded) a/b is the cost of
  * simulating W ranks: all-gathers, reduce-scatters, smaller GEMMs per rank, the rendezvous.
- * Target: <= 1.3; measured at 128, 256 and 512 rows per rank (W = 8): 1.30-1.33, 1.18-1.22
- * and 1.10-1.15 (two runs; --batch B runs one global batch). What remains above 1 is the
- * work each rank does on whole unsharded buffers, which one process does once: the
- * weight-gradient GEMMs' packing and C tiles (their K is B/W; the largest part at 128
- * rows), W gradients zero-filled and pre-divided, W all-gathered copies of the parameters
- * (forward and backward) and the reduce-scatter reading all W gradients.
+ * Target: <= 1.3; measured at 128, 256 and 512 rows per rank (W = 8), on the shared 2-core
+ * machine: 1.39-1.45, 1.16-1.19 and 1.02-1.20 (two runs; --batch B runs one global batch).
+ * What remains above 1 is the work each rank does on whole unsharded buffers, which one
+ * process does once: the weight-gradient GEMMs' packing and C tiles (their K is B/W; the
+ * largest part at 128 rows), W gradients zero-filled and pre-divided, W all-gathered copies of
+ * the parameters (forward and backward) and the reduce-scatter reading all W gradients.
  */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>

@@ -131,6 +131,7 @@ static mem_block_t *block_get(fsdp_mem_t *mem, mem_segment_t *seg, size_t offset
 
     mem->spare_blocks = b->next;
     mem->n_spare_blocks--;
+    mem->streams[seg->sidx].n_blocks[seg->pool]++;
     memset(b, 0, sizeof(*b));
     b->uses = uses;
     b->cap_uses = cap_uses;
@@ -143,6 +144,7 @@ static mem_block_t *block_get(fsdp_mem_t *mem, mem_segment_t *seg, size_t offset
 
 static void block_put(fsdp_mem_t *mem, mem_block_t *b)
 {
+    mem->streams[b->seg->sidx].n_blocks[b->seg->pool]--;
     b->next = mem->spare_blocks;
     mem->spare_blocks = b;
     mem->n_spare_blocks++;
@@ -205,7 +207,7 @@ static fsdp_stream_t *normalize_stream(fsdp_mem_t *mem, fsdp_stream_t *stream)
 
 /* ---- free pools ------------------------------------------------------------------------ */
 
-static fsdp_atree_node_t **pool_tree(fsdp_mem_t *mem, const mem_block_t *b)
+static fsdp_atree_t *pool_tree(fsdp_mem_t *mem, const mem_block_t *b)
 {
     return &mem->streams[b->seg->sidx].free_tree[b->seg->pool];
 }
@@ -226,7 +228,7 @@ static void pool_remove(fsdp_mem_t *mem, mem_block_t *b)
 /* 1.3: the smallest free block of the stream that fits, lowest position on ties. */
 static mem_block_t *get_free_block(fsdp_mem_t *mem, int sidx, fsdp_mem_pool_t pool, size_t rounded)
 {
-    fsdp_atree_node_t *node = fsdp_atree_lower_bound(mem->streams[sidx].free_tree[pool], rounded);
+    fsdp_atree_node_t *node = fsdp_atree_lower_bound(&mem->streams[sidx].free_tree[pool], rounded);
     mem_block_t *b;
 
     if (node == NULL)
@@ -547,13 +549,17 @@ void fsdp_mem_destroy(fsdp_mem_t *mem)
         for (size_t j = s->ev_head; j < s->ev_tail; j++)
             mem->dev->ops->event_destroy(mem->dev, s->events[j].event);
         free(s->events);
+        for (int p = 0; p < FSDP_MEM_POOL_COUNT; p++)
+            fsdp_atree_destroy(&s->free_tree[p]);
     }
     free(mem->streams);
     for (size_t i = 0; i < mem->n_spare_events; i++)
         mem->dev->ops->event_destroy(mem->dev, mem->spare_events[i]);
     free(mem->spare_events);
-    for (seg = mem->seg_first; seg != NULL; seg = next) {
-        next = seg->next;
+    /* newest first, as in release_cached_blocks: a backend that keeps its segments sorted by
+     * address then drops its last entry each time, not its first */
+    for (seg = mem->seg_last; seg != NULL; seg = next) {
+        next = seg->prev;
         mem->dev->ops->segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
         free(seg);
     }
@@ -704,6 +710,10 @@ fsdp_status_t fsdp_mem_alloc(fsdp_mem_t *mem, size_t bytes, fsdp_mem_category_t 
     status = stream_slot(mem, stream, &sidx);
     if (status == FSDP_OK)
         status = reserve_blocks(mem, 2);
+    /* up to two new blocks below (a segment, a split): each may bring a new free size */
+    if (status == FSDP_OK)
+        status = fsdp_atree_reserve(&mem->streams[sidx].free_tree[pool],
+                                    mem->streams[sidx].n_blocks[pool] + 2);
     if (status == FSDP_OK)
         status = fsdp_ptrmap_reserve(&mem->live, mem->live.count + 1);
     if (status != FSDP_OK)

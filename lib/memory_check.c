@@ -71,19 +71,6 @@ static int count_node(fsdp_atree_node_t *node, void *arg)
     return tc->error != NULL;
 }
 
-static int height_ok(const fsdp_atree_node_t *n)
-{
-    int hl, hr;
-
-    if (n == NULL)
-        return 0;
-    hl = height_ok(n->left);
-    hr = height_ok(n->right);
-    if (hl < 0 || hr < 0 || hl - hr > 1 || hr - hl > 1 || n->height != 1 + (hl > hr ? hl : hr))
-        return -1;
-    return n->height;
-}
-
 static const char *check_stats(const fsdp_mem_pool_stats_t *p, const expect_t *e)
 {
     if (p->allocation.current != e->allocation)
@@ -204,11 +191,11 @@ fsdp_status_t fsdp_mem_check(const fsdp_mem_t *mem)
         for (int p = FSDP_MEM_POOL_SMALL; p <= FSDP_MEM_POOL_LARGE; p++) {
             tree_count_t tc = {.mem = mem, .sidx = i, .pool = (fsdp_mem_pool_t)p};
 
-            if (height_ok(s->free_tree[p]) < 0) {
-                what = "a free tree is out of balance";
-                goto fail;
-            }
-            fsdp_atree_walk(s->free_tree[p], count_node, &tc);
+            tc.error = fsdp_atree_check(&s->free_tree[p]);
+            if (tc.error == NULL)
+                fsdp_atree_walk(&s->free_tree[p], count_node, &tc);
+            if (tc.error == NULL && s->free_tree[p].cap_sizes < s->n_blocks[p])
+                tc.error = "a free tree has less room for sizes than its stream has blocks";
             if (tc.error != NULL) {
                 what = tc.error;
                 goto fail;

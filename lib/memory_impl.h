@@ -48,7 +48,10 @@ typedef struct mem_event_entry {
  * it for blocks freed while in use there (a FIFO, polled in order). */
 typedef struct mem_stream {
     fsdp_stream_t *stream;
-    fsdp_atree_node_t *free_tree[FSDP_MEM_POOL_COUNT]; /* [SMALL] and [LARGE] */
+    fsdp_atree_t free_tree[FSDP_MEM_POOL_COUNT]; /* [SMALL] and [LARGE] */
+    /* blocks of this stream's segments, free or not, per pool: the most distinct free sizes
+     * its tree can hold, whose room fsdp_mem_alloc reserves */
+    size_t n_blocks[FSDP_MEM_POOL_COUNT];
     mem_event_entry_t *events;
     size_t ev_head, ev_tail, ev_cap;
 } mem_stream_t;

@@ -165,14 +165,11 @@ void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
     spans_add(dev, l, ready, end, 1);
 }
 
-/* Accounts a kernel or copy that ran on stream over [start, end). */
+/* Accounts a kernel (of `flops`, as priced) or copy that ran on stream over [start, end). */
 static void account_op(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
-                       const fsdp_sim_op_t *op, double start, double end)
+                       const fsdp_sim_op_t *op, double flops, double start, double end)
 {
-    double flops, bytes;
-
     if (op->kind == FSDP_SIM_OP_KERNEL) {
-        fsdp_kernel_cost(op->kernel, &flops, &bytes);
         dev->acct.kernel_s += end - start;
         dev->acct.flops += flops;
         dev->acct.n_kernels++;
@@ -234,10 +231,10 @@ void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                              const fsdp_sim_op_t *op)
 {
-    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream);
+    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops;
 
-    stream->clock = start + fsdp_sim_op_cost(dev, op);
-    account_op(dev, stream, op, start, stream->clock);
+    stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    account_op(dev, stream, op, flops, start, stream->clock);
     fsdp_sim_host_launch(dev);
     if (fsdp_trace_enabled(&dev->super)) {
         if (op->kind == FSDP_SIM_OP_KERNEL) {

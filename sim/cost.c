@@ -43,11 +43,12 @@ static double rate_time(double work, double rate, double efficiency)
     return work / (rate * efficiency);
 }
 
-double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+/* k's time from its FLOPs and bytes (fsdp_kernel_cost). */
+static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k, double flops,
+                             double bytes)
 {
-    double flops, bytes, peak, tc, tm;
+    double peak, tc, tm;
 
-    fsdp_kernel_cost(k, &flops, &bytes);
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
      * allowed); element-wise work on CUDA cores */
     peak = k->kind == FSDP_K_GEMM ? fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype)
@@ -55,6 +56,14 @@ double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
     tc = rate_time(flops, peak, p->gpu.compute_efficiency);
     tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
     return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+}
+
+double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+{
+    double flops, bytes;
+
+    fsdp_kernel_cost(k, &flops, &bytes);
+    return kernel_time_of(p, k, flops, bytes);
 }
 
 double fsdp_sim_copy_time(const fsdp_sim_profile_t *p, fsdp_sim_copy_kind_t kind, double bytes)
@@ -279,12 +288,21 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node)
 
 double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op)
 {
+    double flops;
+
+    return fsdp_sim_op_cost_flops(dev, op, &flops);
+}
+
+double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p)
+{
     const fsdp_sim_profile_t *p = dev->profile;
     double nbytes;
 
+    *flops_p = 0.0;
     switch (op->kind) {
     case FSDP_SIM_OP_KERNEL:
-        return fsdp_sim_kernel_time(p, op->kernel);
+        fsdp_kernel_cost(op->kernel, flops_p, &nbytes);
+        return kernel_time_of(p, op->kernel, *flops_p, nbytes);
     case FSDP_SIM_OP_MEMCPY:
         return fsdp_sim_copy_time(p, fsdp_sim_copy_kind(dev, op->dst, op->src), (double)op->bytes);
     case FSDP_SIM_OP_COLLECTIVE:

@@ -3,7 +3,7 @@
  * With a thread per rank, every collective puts all but one rank to sleep and wakes them again:
  * a futex wake and a context switch per rank and round, tens of microseconds each on a
  * virtual machine, which dominates a shape-mode step of a large model. In fiber mode
- * (params.fibers) each rank is a ucontext fiber with its own stack, run by a few worker
+ * (params.fibers) each rank is a fiber with its own stack, run by a few worker
  * threads from one ready queue; a rank that waits in a collective switches back to its worker
  * (a few hundred nanoseconds) and is queued again when the round ends. The rendezvous itself
  * (pg.c) is unchanged: the same world lock, the same rounds, the same results.
@@ -54,14 +54,136 @@ typedef enum {
     FIBER_EXITED
 } fiber_state_t;
 
+/* ---- context switch ----------------------------------------------------------------------
+ *
+ * On x86-64 a switch saves the callee-saved registers, MXCSR and the x87 control word on the
+ * old stack and loads them from the new one: what a function call may not change, and nothing
+ * else. glibc's swapcontext also saves and restores the signal mask, a system call per switch
+ * (two per collective and rank); no fiber changes its mask, so that call is pure cost. Other
+ * targets use ucontext, and so do builds for shadow stacks (-fcf-protection=return), whose
+ * return addresses this switch does not keep. */
+#if !FSDP_SIM_FIBERS
+typedef struct fiber_ctx {
+    void *unused;
+} fiber_ctx_t;
+#elif defined(__x86_64__) && defined(__ELF__) && !(defined(__CET__) && (__CET__ & 2))
+
+typedef struct fiber_ctx {
+    void *sp; /* the saved stack pointer while switched out */
+} fiber_ctx_t;
+
+/* void fsdp_sim_ctx_switch(void **save_sp, void *load_sp); the frame it leaves behind, from the
+ * saved stack pointer up: MXCSR and the x87 control word (8 bytes), r15, r14, r13, r12, rbx,
+ * rbp, the return address. A new fiber's frame returns into fsdp_sim_ctx_start, which calls
+ * r12(r13). */
+void fsdp_sim_ctx_switch(void **save_sp, void *load_sp);
+void fsdp_sim_ctx_start(void);
+__asm__(".text\n"
+        ".globl fsdp_sim_ctx_switch\n"
+        ".hidden fsdp_sim_ctx_switch\n"
+        ".type fsdp_sim_ctx_switch,@function\n"
+        "fsdp_sim_ctx_switch:\n"
+        "    endbr64\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size fsdp_sim_ctx_switch, .-fsdp_sim_ctx_switch\n"
+        ".globl fsdp_sim_ctx_start\n"
+        ".hidden fsdp_sim_ctx_start\n"
+        ".type fsdp_sim_ctx_start,@function\n"
+        "fsdp_sim_ctx_start:\n"
+        "    endbr64\n"
+        "    movq %r13, %rdi\n"
+        "    callq *%r12\n"
+        "    ud2\n"
+        ".size fsdp_sim_ctx_start, .-fsdp_sim_ctx_start\n");
+
+static void ctx_switch(fiber_ctx_t *from, fiber_ctx_t *to)
+{
+    fsdp_sim_ctx_switch(&from->sp, to->sp);
+}
+
+/* A frame for fsdp_sim_ctx_switch to return into fsdp_sim_ctx_start at the top of the stack,
+ * 16-byte aligned there as the ABI wants it before a call; entry(arg) must never return. */
+static int ctx_make(fiber_ctx_t *ctx, char *stack, size_t size, void (*entry)(void *), void *arg)
+{
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    uint64_t *frame = (uint64_t *)(top - 8 * sizeof(uint64_t));
+    uint32_t mxcsr;
+    uint16_t fpucw;
+
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+    frame[0] = (uint64_t)mxcsr | (uint64_t)fpucw << 32;
+    frame[1] = 0;                          /* r15 */
+    frame[2] = 0;                          /* r14 */
+    frame[3] = (uint64_t)(uintptr_t)arg;   /* r13 */
+    frame[4] = (uint64_t)(uintptr_t)entry; /* r12 */
+    frame[5] = 0;                          /* rbx */
+    frame[6] = 0;                          /* rbp: the end of the frame chain */
+    frame[7] = (uint64_t)(uintptr_t)fsdp_sim_ctx_start;
+    ctx->sp = frame;
+    return 0;
+}
+#else
+typedef struct fiber_ctx {
+    ucontext_t uc;
+} fiber_ctx_t;
+
+static void ctx_switch(fiber_ctx_t *from, fiber_ctx_t *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+
+/* makecontext passes ints: the entry's argument in two halves */
+static void ctx_trampoline(unsigned fn_lo, unsigned fn_hi, unsigned lo, unsigned hi)
+{
+    void (*entry)(void *) = (void (*)(void *))(((uintptr_t)fn_hi << 32) | (uintptr_t)fn_lo);
+
+    entry((void *)(((uintptr_t)hi << 32) | (uintptr_t)lo));
+}
+
+static int ctx_make(fiber_ctx_t *ctx, char *stack, size_t size, void (*entry)(void *), void *arg)
+{
+    uintptr_t p = (uintptr_t)arg, e = (uintptr_t)entry;
+
+    if (getcontext(&ctx->uc) != 0)
+        return -1;
+    ctx->uc.uc_stack.ss_sp = stack;
+    ctx->uc.uc_stack.ss_size = size;
+    ctx->uc.uc_link = NULL;
+    makecontext(&ctx->uc, (void (*)(void))ctx_trampoline, 4, (unsigned)(e & 0xffffffffu),
+                (unsigned)(e >> 32), (unsigned)(p & 0xffffffffu), (unsigned)(p >> 32));
+    return 0;
+}
+#endif
+
 typedef struct fiber_worker {
-    ucontext_t ctx; /* the scheduling loop, while a fiber runs */
+    fiber_ctx_t ctx; /* the scheduling loop, while a fiber runs */
     pthread_t thread;
     fsdp_sim_sched_t *sched;
 } fiber_worker_t;
 
 struct fsdp_sim_fiber {
-    ucontext_t ctx;
+    fiber_ctx_t ctx;
     char *map; /* the stack's mapping, a guard page first */
     size_t map_size;
     fiber_state_t state;
@@ -109,7 +231,7 @@ void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call)
         f->state = FIBER_YIELDING;
         pthread_mutex_unlock(&w->lock);
         /* f->worker is only written by the worker that resumes f, before it does */
-        swapcontext(&f->ctx, &f->worker->ctx);
+        ctx_switch(&f->ctx, &f->worker->ctx);
         pthread_mutex_lock(&w->lock);
     }
 }
@@ -127,16 +249,17 @@ void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d)
     }
 }
 
-static void fiber_entry(unsigned lo, unsigned hi)
+static void fiber_entry(void *arg)
 {
-    fsdp_sim_fiber_t *f = (fsdp_sim_fiber_t *)(((uintptr_t)hi << 32) | (uintptr_t)lo);
+    fsdp_sim_fiber_t *f = arg;
     fsdp_sim_world_t *w = f->dev->world;
 
     fsdp_sim_rank_body(f->dev);
     pthread_mutex_lock(&w->lock);
     f->state = FIBER_EXITED;
     pthread_mutex_unlock(&w->lock);
-    setcontext(&f->worker->ctx); /* never returns */
+    ctx_switch(&f->ctx, &f->worker->ctx); /* never comes back */
+    abort();
 }
 
 static void *worker_main(void *arg)
@@ -161,7 +284,7 @@ static void *worker_main(void *arg)
         f->state = FIBER_RUNNING;
         f->worker = wk;
         pthread_mutex_unlock(&w->lock);
-        swapcontext(&wk->ctx, &f->ctx);
+        ctx_switch(&wk->ctx, &f->ctx);
         pthread_mutex_lock(&w->lock);
         if (f->state == FIBER_EXITED) {
             if (++s->n_exited == size) {
@@ -235,7 +358,6 @@ static void sched_free(fsdp_sim_sched_t *s)
 static int fiber_setup(fsdp_sim_fiber_t *f, size_t stack)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t p = (uintptr_t)f;
     void *map;
 
     f->map_size = stack + page;
@@ -244,15 +366,9 @@ static int fiber_setup(fsdp_sim_fiber_t *f, size_t stack)
     if (map == MAP_FAILED)
         return -1;
     f->map = map;
-    if (mprotect(f->map, page, PROT_NONE) != 0 || getcontext(&f->ctx) != 0)
+    if (mprotect(f->map, page, PROT_NONE) != 0)
         return -1;
-    f->ctx.uc_stack.ss_sp = f->map + page;
-    f->ctx.uc_stack.ss_size = stack;
-    f->ctx.uc_link = NULL;
-    /* makecontext passes ints: the fiber's address in two halves */
-    makecontext(&f->ctx, (void (*)(void))fiber_entry, 2, (unsigned)(p & 0xffffffffu),
-                (unsigned)(p >> 32));
-    return 0;
+    return ctx_make(&f->ctx, f->map + page, stack, fiber_entry, f);
 }
 
 fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)

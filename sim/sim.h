@@ -205,6 +205,8 @@ static inline int fsdp_sim_is_shape(const fsdp_sim_dev_t *dev)
 
 /* cost.c: seconds the op takes once started. The only place op costs come from. */
 double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op);
+/* The same, and a kernel's FLOPs (0 for other ops) into *flops_p: each op is priced once. */
+double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p);
 
 /* backend.c: what a copy between dst and src is, from the rank's segments (memory outside
  * them is pageable host memory). */

@@ -280,6 +280,52 @@ typedef struct gpt2_tree {
     int nparams;
 } gpt2_tree_t;
 
+/* Appends src to out[*len..cap), truncating, always terminated. */
+static void name_append(char *out, size_t cap, size_t *len, const char *src)
+{
+    size_t n = strlen(src);
+
+    if (n > cap - 1 - *len)
+        n = cap - 1 - *len;
+    memcpy(out + *len, src, n);
+    *len += n;
+    out[*len] = '\0';
+}
+
+/* "transformer.h.<block>.<suffix>" into out (cap bytes), without the ".<suffix>" when suffix
+ * is NULL, "transformer.<suffix>" when block < 0. The tree holds some two thousand names for
+ * GPT-3, built by every rank: this is what snprintf would write, without its format parsing. */
+static const char *block_name(char *out, size_t cap, int block, const char *suffix)
+{
+    char digits[12];
+    size_t len = 0;
+    int nd = 0;
+
+    out[0] = '\0';
+    if (block < 0) {
+        name_append(out, cap, &len, "transformer.");
+        name_append(out, cap, &len, suffix);
+        return out;
+    }
+    name_append(out, cap, &len, "transformer.h.");
+    do {
+        digits[nd++] = (char)('0' + block % 10);
+        block /= 10;
+    } while (block > 0);
+    for (int i = 0; i < nd / 2; i++) {
+        char c = digits[i];
+        digits[i] = digits[nd - 1 - i];
+        digits[nd - 1 - i] = c;
+    }
+    digits[nd] = '\0';
+    name_append(out, cap, &len, digits);
+    if (suffix != NULL) {
+        name_append(out, cap, &len, ".");
+        name_append(out, cap, &len, suffix);
+    }
+    return out;
+}
+
 static void tree_free(gpt2_tree_t *t)
 {
     free(t->mods);
@@ -296,9 +342,9 @@ static int tree_add(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *n
                     const char *type, int parent, int block, int pi0, int np)
 {
     int m = t->nmods++;
-    size_t own = 0;
+    size_t own = 0, len = 0;
 
-    snprintf(t->mnames[m], sizeof(t->mnames[m]), "%s", name);
+    name_append(t->mnames[m], sizeof(t->mnames[m]), &len, name);
     t->first[m] = t->nparams;
     t->count[m] = np;
     for (int k = 0; k < np; k++) {
@@ -307,11 +353,8 @@ static int tree_add(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *n
         int nd;
         int64_t shape[2];
         fsdp_gpt2_param_shape(cfg, block, pi0 + k, &nd, shape);
-        if (block < 0)
-            snprintf(pn, sizeof(t->pnames[0]), "transformer.%s", root_names[pi0 + k]);
-        else
-            snprintf(pn, sizeof(t->pnames[0]), "transformer.h.%d.%s", block,
-                     block_names[pi0 + k]);
+        block_name(pn, sizeof(t->pnames[0]), block,
+                   block < 0 ? root_names[pi0 + k] : block_names[pi0 + k]);
         if (nd == 2)
             spec_2d(sp, pn, shape[0], shape[1]);
         else
@@ -329,8 +372,7 @@ static int tree_add(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *n
 /* "transformer.h.<l>.<suffix>" into n (64 bytes). */
 static const char *sub_name(char *n, int l, const char *suffix)
 {
-    snprintf(n, 64, "transformer.h.%d.%s", l, suffix);
-    return n;
+    return block_name(n, 64, l, suffix);
 }
 
 static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
@@ -357,7 +399,7 @@ static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
     for (int l = 0; l < cfg->n_layer; l++) {
         char n[64];
         int blk, attn, mlp;
-        snprintf(n, sizeof(n), "transformer.h.%d", l);
+        block_name(n, sizeof(n), l, NULL);
         blk = tree_add(t, cfg, n, "GPT2Block", list, l, 0, 0);
         tree_add(t, cfg, sub_name(n, l, "ln_1"), "LayerNorm", blk, l, FSDP_GPT2_LN1_W, 2);
         attn = tree_add(t, cfg, sub_name(n, l, "attn"), "GPT2Attention", blk, l, 0, 0);
