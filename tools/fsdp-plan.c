@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
+
 /* ---- models ------------------------------------------------------------------------------
  *
  * A model is a family of ops (how to build it on a rank and run one forward and backward in
@@ -311,11 +313,6 @@ enum {
     OPT_WORLD,
     OPT_CAPACITY,
     OPT_BATCH,
-    OPT_STRATEGY,
-    OPT_BWD_PREFETCH,
-    OPT_FWD_PREFETCH,
-    OPT_LIMIT,
-    OPT_NO_LIMIT,
     OPT_OPTIM,
     OPT_STEPS,
     OPT_SWEEP,
@@ -345,11 +342,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"world", required_argument, NULL, OPT_WORLD},
         {"capacity", required_argument, NULL, OPT_CAPACITY},
         {"batch", required_argument, NULL, OPT_BATCH},
-        {"strategy", required_argument, NULL, OPT_STRATEGY},
-        {"backward-prefetch", required_argument, NULL, OPT_BWD_PREFETCH},
-        {"forward-prefetch", no_argument, NULL, OPT_FWD_PREFETCH},
-        {"limit-all-gathers", no_argument, NULL, OPT_LIMIT},
-        {"no-limit-all-gathers", no_argument, NULL, OPT_NO_LIMIT},
+        CLI_FSDP_LONG_OPTIONS,
         {"optim", required_argument, NULL, OPT_OPTIM},
         {"steps", required_argument, NULL, OPT_STEPS},
         {"sweep", no_argument, NULL, OPT_SWEEP},
@@ -396,25 +389,6 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_BATCH:
             batch = parse_long("--batch", optarg, 1, 1L << 30);
-            break;
-        case OPT_STRATEGY:
-            if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy))
-                die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard, "
-                    "hybrid_shard, hybrid_shard_zero2",
-                    optarg);
-            break;
-        case OPT_BWD_PREFETCH:
-            if (!fsdp_backward_prefetch_parse(optarg, &a->fsdp.backward_prefetch))
-                die("--backward-prefetch: '%s' is not one of pre, post, none", optarg);
-            break;
-        case OPT_FWD_PREFETCH:
-            a->fsdp.forward_prefetch = 1;
-            break;
-        case OPT_LIMIT:
-            a->fsdp.limit_all_gathers = 1;
-            break;
-        case OPT_NO_LIMIT:
-            a->fsdp.limit_all_gathers = 0;
             break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
@@ -474,8 +448,12 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             exit(0);
         case ':':
             die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default:
-            die("unknown option '%s' (see --help)", argv[optind - 1]);
+        default: {
+            char why[256];
+            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
+                die("%s", why);
+            break;
+        }
         }
     }
     if (optind < argc)

@@ -8,6 +8,7 @@
  * each rank's peak allocated bytes (on the gpu backend, each process its own rank's). */
 #include <fsdp/fsdp.h>
 
+#include "cli.h"
 #include "train_trace.h"
 
 #include "train_gpt2.h"
@@ -177,8 +178,7 @@ static long parse_long(const char *opt, const char *s, long lo, long hi)
 }
 
 enum {
-    OPT_MODEL = 256, OPT_WORLD, OPT_STRATEGY, OPT_BWD_PREFETCH, OPT_FWD_PREFETCH, OPT_LIMIT,
-    OPT_NO_LIMIT, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
+    OPT_MODEL = 256, OPT_WORLD, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
     OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_PROFILE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
@@ -226,11 +226,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"model", required_argument, NULL, OPT_MODEL},
         {"world", required_argument, NULL, OPT_WORLD},
         {"backend", required_argument, NULL, OPT_BACKEND},
-        {"strategy", required_argument, NULL, OPT_STRATEGY},
-        {"backward-prefetch", required_argument, NULL, OPT_BWD_PREFETCH},
-        {"forward-prefetch", no_argument, NULL, OPT_FWD_PREFETCH},
-        {"limit-all-gathers", no_argument, NULL, OPT_LIMIT},
-        {"no-limit-all-gathers", no_argument, NULL, OPT_NO_LIMIT},
+        CLI_FSDP_LONG_OPTIONS,
         {"optim", required_argument, NULL, OPT_OPTIM},
         {"lr", required_argument, NULL, OPT_LR},
         {"betas", required_argument, NULL, OPT_BETAS},
@@ -307,24 +303,6 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             if (train_backend_parse(optarg, &backend) != 0)
                 die("--backend: '%s' is not one of sim, gpu", optarg);
             break;
-        case OPT_STRATEGY:
-            if (!fsdp_strategy_parse(optarg, &a->fsdp.strategy))
-                die("--strategy: '%s' is not one of full_shard, shard_grad_op, no_shard, "
-                    "hybrid_shard, hybrid_shard_zero2", optarg);
-            break;
-        case OPT_BWD_PREFETCH:
-            if (!fsdp_backward_prefetch_parse(optarg, &a->fsdp.backward_prefetch))
-                die("--backward-prefetch: '%s' is not one of pre, post, none", optarg);
-            break;
-        case OPT_FWD_PREFETCH:
-            a->fsdp.forward_prefetch = 1;
-            break;
-        case OPT_LIMIT:
-            a->fsdp.limit_all_gathers = 1;
-            break;
-        case OPT_NO_LIMIT:
-            a->fsdp.limit_all_gathers = 0;
-            break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
                 kind = FSDP_OPTIM_ADAMW;
@@ -394,8 +372,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             exit(0);
         case ':':
             die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default:
-            die("unknown option '%s' (see --help)", argv[optind - 1]);
+        default: {
+            char why[256];
+            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
+                die("%s", why);
+            break;
+        }
         }
     }
     if (optind < argc)
