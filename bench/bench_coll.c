@@ -25,6 +25,8 @@
 #include <fsdp/gpu.h>
 #include <fsdp/sim.h>
 
+#include "bench_gpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,38 +174,19 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
 
 int main(int argc, char **argv)
 {
-    const char *profile_arg = NULL;
+    bench_gpu_args_t args;
     fsdp_launch_info_t info;
-    fsdp_sim_params_t defaults;
     fsdp_dev_t *dev = NULL;
     fsdp_status_t st;
     bench_t b;
+    int rc = bench_gpu_setup("bench_coll", argc, argv, &args);
 
+    if (rc >= 0)
+        return rc;
     memset(&b, 0, sizeof(b));
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0)
-            b.quick = 1;
-        else if (strcmp(argv[i], "--profile") == 0 && i + 1 < argc)
-            profile_arg = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_coll [--quick] [--profile P]\n");
-            return 2;
-        }
-    }
-    if (!fsdp_gpu_built()) {
-        printf("bench_coll: skipped: libfsdp was built without CUDA and NCCL\n");
-        return 0;
-    }
-    if (fsdp_gpu_device_count() == 0) {
-        printf("bench_coll: skipped: no CUDA device is visible\n");
-        return 0;
-    }
-    fsdp_sim_params_init(&defaults);
-    b.profile = defaults.profile;
-    if (profile_arg != NULL && fsdp_sim_profile_from_arg(profile_arg, &b.profile) != FSDP_OK)
-        return 2; /* the library said what is wrong */
-    if (fsdp_launch_env(&info) != FSDP_OK)
-        return 2;
+    b.quick = args.quick;
+    b.profile = args.profile;
+    info = args.info;
     if (info.world_size == 1) {
         b.nnodes = 1;
         return fsdp_gpu_launch_local(fsdp_gpu_device_count(), 600.0, rank_main, &b) == FSDP_OK

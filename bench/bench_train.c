@@ -24,6 +24,8 @@
 #include <fsdp/gpu.h>
 #include <fsdp/sim.h>
 
+#include "bench_gpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,40 +163,15 @@ static int bench_model(const char *name, size_t rows, int steps, const fsdp_laun
 
 int main(int argc, char **argv)
 {
-    const char *profile_arg = NULL;
-    fsdp_launch_info_t info;
-    fsdp_sim_params_t defaults;
-    fsdp_sim_profile_t profile;
-    int quick = 0, rc;
+    bench_gpu_args_t a;
+    int rc = bench_gpu_setup("bench_train", argc, argv, &a);
 
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0)
-            quick = 1;
-        else if (strcmp(argv[i], "--profile") == 0 && i + 1 < argc)
-            profile_arg = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_train [--quick] [--profile P]\n");
-            return 2;
-        }
-    }
-    if (!fsdp_gpu_built()) {
-        printf("bench_train: skipped: libfsdp was built without CUDA and NCCL\n");
-        return 0;
-    }
-    if (fsdp_gpu_device_count() == 0) {
-        printf("bench_train: skipped: no CUDA device is visible\n");
-        return 0;
-    }
-    fsdp_sim_params_init(&defaults);
-    profile = defaults.profile;
-    if (profile_arg != NULL && fsdp_sim_profile_from_arg(profile_arg, &profile) != FSDP_OK)
-        return 2;
-    if (fsdp_launch_env(&info) != FSDP_OK)
-        return 2;
-    if (info.rank == 0)
-        printf("simulated: profile %s\n", profile.name);
-    rc = bench_model("gpt2-tiny", 8, quick ? 3 : 10, &info, &profile);
+    if (rc >= 0)
+        return rc;
+    if (a.info.rank == 0)
+        printf("simulated: profile %s\n", a.profile.name);
+    rc = bench_model("gpt2-tiny", 8, a.quick ? 3 : 10, &a.info, &a.profile);
     if (rc == 0)
-        rc = bench_model("gpt2", 4, quick ? 3 : 10, &info, &profile);
+        rc = bench_model("gpt2", 4, a.quick ? 3 : 10, &a.info, &a.profile);
     return rc;
 }
