@@ -35,11 +35,11 @@
  *   (b) in a plain process as one pass of B rows: the same FLOPs in larger GEMMs.
  * The cost of simulating is a/c, the process's CPU time over the measured steps (from a barrier
  * after the warm-up step to one after the last; set-up excluded). Target: <= 1.3 at 128, 256
- * and 512 rows per rank. Measured on the 2-core machine: 1.09-1.14, 1.05-1.11 and 1.04-1.11
- * (1.23-1.26 at 128 rows with threads). What it pays for is what a world of W ranks does on top
+ * and 512 rows per rank. Measured on the 2-core machine over several runs: 1.09-1.19,
+ * 1.00-1.16 and 1.04-1.15 (1.23-1.26 at 128 rows with threads). What it pays for is what a world of W ranks does on top
  * of one process's arithmetic: W copies of the all-gathered parameters (forward and backward),
  * W unsharded gradients zero-filled and pre-divided, the reduce-scatter reading all of them,
- * the hooks, the allocator and stream models and the switches between ranks. c/b (1.1-1.2 at
+ * the hooks, the allocator and stream models and the switches between ranks. c/b (1.0-1.3 at
  * 128 rows) is the arithmetic's own price for smaller GEMMs, which a/c does not charge to the
  * simulator.
  */
