@@ -18,17 +18,18 @@
  *    sequences of 64 tokens), a medium MLP (256-1024-1024-1024-256, 64 rows) and a small one
  *    (64-256-256-256-64, 32 rows). Every event is the runtime's and the backend's own (hooks,
  *    allocations, frees, kernels, copies, collectives, records, waits, synchronizations) plus
- *    the step rows. The cost of tracing is the CPU time of a traced step (all threads: the ranks
- *    building and handing over their events, and the writer) over that of the same step
- *    untraced, and at least the writer thread's own CPU time, which is measured directly and
- *    which noise cannot lower. Runs alternate; the best of each is kept, since on a shared
- *    machine the least disturbed run is the best estimate.
+ *    the step rows. In each run the measured steps alternate, traced and untraced (ABBA), the
+ *    trace attached to every rank for the traced ones only. Tracing's cost is what the ranks'
+ *    own CPU time (their thread clocks) gains in a traced step, building and handing over
+ *    their events, plus the writer's: its thread's CPU time and the closing checkpoint, per
+ *    traced step. Of several runs the one with the smallest untraced step is kept, since on a
+ *    shared machine the least disturbed run is the best estimate.
  *
- * The budget (tracing costs at most 5% of a data-mode step, writer and A/B both) is judged on
- * the main job's step. The small MLP is a stress case: its step spends about 14 us of CPU per
- * event, and SQLite's own insert of a row (part 3) is over a tenth of that on this machine, so
- * no writer that stores one row per event fits 5% of it; the report gives the writer's cost per
- * row against SQLite's.
+ * The budget (tracing costs at most 5% of a data-mode step's CPU time) is judged on the main
+ * job's step. The small MLP is a stress case: its step spends 10-20 us of CPU per event, and
+ * SQLite's own insert of a row (part 3) is a tenth of that or more on this machine, so no writer
+ * that stores one row per event fits 5% of it; the report gives the writer's cost per row
+ * against SQLite's.
  *
  * CPU times come from the thread and process CPU clocks, so time spent descheduled on a busy
  * machine does not count; the writer's rate is wall-clock.
