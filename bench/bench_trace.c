@@ -196,21 +196,20 @@ static int bench_emit(int world, int64_t n_per_rank)
 
 /* What SQLite alone takes to store the rows the writer stores: the same events (the mix of
  * bench_event, four ranks in chunks of 256, their texts as fixed ids) inserted by a plain loop
- * into a database the library set up (its schema, WAL, pragmas), through the writer's statement
- * shape (16 rows an INSERT) and one transaction per `per_commit` rows. CPU seconds per row, or a
+ * into a database the library set up (its schema, WAL, pragmas), through the writer's own
+ * statement (16 rows an INSERT) and one transaction per `per_commit` rows. CPU seconds per row, or a
  * negative value on an error. */
 static double bench_sqlite_floor(int64_t n, int per_commit)
 {
     enum { ROWS = 16 };
-    char path[512], sql[8192];
+    char path[512];
     fsdp_trace_t *t;
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     fsdp_trace_event_t ev;
     int64_t run;
-    size_t len;
     double c0, cpu = -1.0;
-    int p = 2, ok = 1;
+    int ok = 1;
 
     db_path(path, sizeof(path), "floor.db");
     db_remove(path);
@@ -219,16 +218,7 @@ static double bench_sqlite_floor(int64_t n, int per_commit)
     run = fsdp_trace_run_id(t);
     if (fsdp_trace_close(t) != FSDP_OK || fsdp_trace_db_open(path, 1, &db) != FSDP_OK)
         goto out;
-    len = (size_t)snprintf(sql, sizeof(sql),
-                           "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS
-                           ") VALUES ");
-    for (int r = 0; r < ROWS; r++) {
-        len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
-        for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS; k++)
-            len += (size_t)snprintf(sql + len, sizeof(sql) - len, ", ?%d", p++);
-        len += (size_t)snprintf(sql + len, sizeof(sql) - len, ")");
-    }
-    if (len >= sizeof(sql) || fsdp_trace_db_prepare(db, sql, &st) != FSDP_OK)
+    if (fsdp_trace_db_prepare_event_insert(db, ROWS, &st) != FSDP_OK)
         goto out;
     sqlite3_bind_int64(st, 1, run);
     c0 = process_cpu();

@@ -713,38 +713,15 @@ static fsdp_status_t trace_insert_run(fsdp_trace_t *t, const fsdp_trace_run_info
     return status;
 }
 
-/* "INSERT OR FAIL INTO event_rows (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ...": OR
- * FAIL spares SQLite the statement journal a multi-row INSERT needs to undo its own rows on an
- * error; the batch is rolled back as a whole then anyway. */
-static fsdp_status_t prepare_event_insert(fsdp_trace_t *t, int rows, sqlite3_stmt **stmt_p)
-{
-    char sql[8192];
-    size_t len;
-    int p = 2;
-
-    len = (size_t)snprintf(
-        sql, sizeof(sql), "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
-    for (int r = 0; r < rows && len < sizeof(sql); r++) {
-        len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
-        for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)
-            len += (size_t)snprintf(sql + len, sizeof(sql) - len, ", ?%d", p++);
-        if (len < sizeof(sql))
-            len += (size_t)snprintf(sql + len, sizeof(sql) - len, ")");
-    }
-    if (len >= sizeof(sql))
-        return FSDP_ERR_INTERNAL;
-    return fsdp_trace_db_prepare(t->db, sql, stmt_p);
-}
-
 static fsdp_status_t trace_prepare(fsdp_trace_t *t)
 {
     char sql[1024];
     size_t len;
     fsdp_status_t status;
 
-    status = prepare_event_insert(t, 1, &t->ins_event);
+    status = fsdp_trace_db_prepare_event_insert(t->db, 1, &t->ins_event);
     if (status == FSDP_OK)
-        status = prepare_event_insert(t, TRACE_INSERT_ROWS, &t->ins_events);
+        status = fsdp_trace_db_prepare_event_insert(t->db, TRACE_INSERT_ROWS, &t->ins_events);
     if (status != FSDP_OK)
         return status;
     /* A rank that repeats a step number (attached twice) keeps its latest row. */

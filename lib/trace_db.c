@@ -133,6 +133,29 @@ fsdp_status_t fsdp_trace_db_prepare(sqlite3 *db, const char *sql, sqlite3_stmt *
     return FSDP_SQLITE_CALL(db, sqlite3_prepare_v2(db, sql, -1, stmt_p, NULL));
 }
 
+/* "INSERT OR FAIL INTO event_rows (run, ...) VALUES (?1, ?2, ..., ?16), (?1, ?17, ...), ...": OR
+ * FAIL spares SQLite the statement journal a multi-row INSERT needs to undo its own rows on an
+ * error; the writer rolls its batch back as a whole then anyway. */
+fsdp_status_t fsdp_trace_db_prepare_event_insert(sqlite3 *db, int rows, sqlite3_stmt **stmt_p)
+{
+    char sql[8192];
+    size_t len;
+    int p = 2;
+
+    len = (size_t)snprintf(
+        sql, sizeof(sql), "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
+    for (int r = 0; r < rows && len < sizeof(sql); r++) {
+        len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
+        for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)
+            len += (size_t)snprintf(sql + len, sizeof(sql) - len, ", ?%d", p++);
+        if (len < sizeof(sql))
+            len += (size_t)snprintf(sql + len, sizeof(sql) - len, ")");
+    }
+    if (len >= sizeof(sql))
+        return FSDP_ERR_INTERNAL;
+    return fsdp_trace_db_prepare(db, sql, stmt_p);
+}
+
 static fsdp_status_t db_get_int(sqlite3 *db, const char *sql, int64_t *value_p, int *found_p)
 {
     sqlite3_stmt *st;

@@ -28,6 +28,9 @@ fsdp_status_t fsdp_trace_db_exec(sqlite3 *db, const char *sql);
 
 /* A prepared statement, logged on failure. */
 fsdp_status_t fsdp_trace_db_prepare(sqlite3 *db, const char *sql, sqlite3_stmt **stmt_p);
+/* The writer's insert of `rows` events at once (FSDP_TRACE_EVENT_COLUMNS after the run): the run
+ * is ?1, row r's columns are ?(2 + 15 r) .. ?(16 + 15 r). */
+fsdp_status_t fsdp_trace_db_prepare_event_insert(sqlite3 *db, int rows, sqlite3_stmt **stmt_p);
 
 /* Column text or NULL. */
 static inline const char *fsdp_trace_col_text(sqlite3_stmt *st, int col)
