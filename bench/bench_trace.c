@@ -37,7 +37,7 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
 
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>

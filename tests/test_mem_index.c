@@ -2,7 +2,7 @@
  * best-fit answer is the block a scan of all free blocks picks (smallest size at or above the
  * request, then lowest segment number, then lowest offset), through random inserts and removes
  * over few sizes and many blocks per size, as a pool of a large model holds them. */
-#include "mem_index.h"
+#include "alloc/mem_index.h"
 
 #include <stdint.h>
 #include <stdlib.h>

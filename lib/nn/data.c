@@ -219,14 +219,14 @@ static int find_tree(const char *argv0, char *out, size_t len, char *tried, size
 
 fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p)
 {
-    static const char *const patterns[] = {"README.md", "DESIGN.md", "lib/*.c", "lib/nn/*.c"};
+    static const char *const patterns[] = {"README.md", "DESIGN.md", "lib/*/*.c"};
     char tree[PATH_MAX], tried[2048];
     fsdp_tokens_t *t;
     size_t cap = 0;
     fsdp_status_t status = FSDP_OK;
 
     if (!find_tree(argv0, tree, sizeof(tree), tried, sizeof(tried))) {
-        fsdp_error("no default corpus: the libfsdp source tree (README.md, DESIGN.md, lib/*.c) "
+        fsdp_error("no default corpus: the libfsdp source tree (README.md, DESIGN.md, lib/*/*.c) "
                    "is not at %s; pass a text file with --data",
                    tried[0] ? tried : "the build's source directory");
         return FSDP_ERR_IO;

@@ -1,6 +1,6 @@
 /* Flat-parameter handles: flattening, shard metadata, unshard, reshard and gradient reduction
  * (docs/runtime.md sections 2 B, C, G and 4). */
-#include "runtime.h"
+#include "core/runtime.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -12,7 +12,7 @@
  * Sequence numbers are per rank and counted at emission, so two identical runs write identical
  * rows whatever the threads' timing.
  */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/log.h>
 #include <fsdp/version.h>

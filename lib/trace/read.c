@@ -1,6 +1,6 @@
 /* Reading a trace database: runs, events and step rows, each through a callback so a run of any
  * size streams through in (rank, seq) order without being held in memory. */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/log.h>
 

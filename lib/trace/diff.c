@@ -12,7 +12,7 @@
  *
  * Timing and memory: totals per kind and per unit from SQL aggregates, printed as B / A.
  */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/log.h>
 

@@ -11,7 +11,7 @@
  * counter are drawn stacked), and "memory by category", whose series are disjoint and stack.
  * Timestamps are microseconds. The file is written as it is read, so a trace of any size fits.
  */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/log.h>
 

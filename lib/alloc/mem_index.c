@@ -1,6 +1,6 @@
 /* The caching allocator's host-side indexes: an AVL tree of free blocks and a hash map from
  * address to live block (mem_index.h). */
-#include "mem_index.h"
+#include "alloc/mem_index.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * of the host and of each stream. Everything is reduced to the plot's pixel columns while it is
  * read, so the picture stays small for any trace: per column, memory keeps its highest point and
  * adjacent spans of one kind merge. */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/log.h>
 

@@ -1,6 +1,6 @@
 /* The FSDP runtime: configuration, units, and the hooks with their training-state machines
  * (docs/runtime.md sections 2 and 3). */
-#include "runtime.h"
+#include "core/runtime.h"
 
 #include <fsdp/trace.h>
 

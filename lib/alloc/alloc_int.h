@@ -11,7 +11,7 @@
 
 #include <fsdp/memory.h>
 
-#include "mem_index.h"
+#include "alloc/mem_index.h"
 
 typedef struct mem_segment mem_segment_t;
 

@@ -1,7 +1,7 @@
 /* The SQLite boundary of the trace module: error conversion, opening a database with its schema
  * version checked (docs/formats.md section 5), run lookup, row decoding, and the small name tables
  * of trace.h. */
-#include "trace_int.h"
+#include "trace/trace_int.h"
 
 #include <fsdp/kernel.h>
 #include <fsdp/log.h>

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory_impl.h"
+#include "alloc/alloc_int.h"
 
 #define BLOCKS_PER_SLAB 256
 

@@ -3,7 +3,7 @@
 #ifndef FSDP_LIB_RUNTIME_H
 #define FSDP_LIB_RUNTIME_H
 
-#include "mem_index.h"
+#include "alloc/mem_index.h"
 
 #include <fsdp/core.h>
 #include <fsdp/log.h>

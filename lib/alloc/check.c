@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "memory_impl.h"
+#include "alloc/alloc_int.h"
 
 static void segment_info(const mem_segment_t *seg, const fsdp_mem_t *mem,
                          fsdp_mem_segment_info_t *info)
