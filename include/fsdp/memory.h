@@ -106,6 +106,11 @@ void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p);
 void fsdp_mem_set_context(fsdp_mem_t *mem, const char *unit, const char *phase);
 /* Just the current allocated and reserved bytes (cheap: for every trace event). */
 void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p);
+/* The live statistics of all blocks (pool FSDP_MEM_POOL_ALL), updated in place by every
+ * allocation and free, for readers that must not call back into the allocator (the trace
+ * writer stamps each event with allocated_bytes.current and reserved_bytes.current). Valid
+ * until fsdp_mem_destroy; read on the thread that allocates. */
+const fsdp_mem_pool_stats_t *fsdp_mem_counters(const fsdp_mem_t *mem);
 /* Every peak becomes its current value (reset_peak_memory_stats). */
 void fsdp_mem_reset_peaks(fsdp_mem_t *mem);
 /* Waits for the events of record_stream'd blocks, then returns every segment that is one free

@@ -161,9 +161,10 @@ uint64_t fsdp_trace_coll_bytes(const char *name, uint64_t count, fsdp_dtype_t dt
 /* The FSDP unit this rank's next events belong to when they name none (NULL: none). The name
  * must stay valid until the next call. The runtime sets it in its hooks. */
 void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit);
-/* The memory whose allocated and reserved bytes every event of this rank records (the
- * runtime's allocator; NULL: zeros). */
-void fsdp_trace_set_memory(fsdp_dev_t *dev, const struct fsdp_mem *mem);
+/* The live counters (fsdp_mem_counters of the runtime's allocator) whose allocated and reserved
+ * bytes every event of this rank records when its emitter leaves both 0 (NULL: zeros). The
+ * writer reads them and never calls the allocator. */
+void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_pool_stats_t *counters);
 /* The rank's step row (loss, step time, peak memory by category from `mem`, which may be NULL)
  * and a step boundary: the rank's pending events are handed to the writer, which commits them
  * together with the row. */

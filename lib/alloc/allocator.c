@@ -603,8 +603,8 @@ static void log_oom(const fsdp_mem_t *mem, size_t bytes, size_t seg_size,
                "bytes of %s on stream '%s', unit '%s', in %s); allocated %llu bytes (%s), "
                "reserved %llu, capacity %s",
                mem->dev->rank, seg_size != 0 ? seg_size : bytes, bytes,
-               fsdp_mem_category_name(category), stream->name,
-               mem->ctx_unit ? mem->ctx_unit : "-", mem->ctx_phase ? mem->ctx_phase : "setup",
+               fsdp_mem_category_name(category), stream->name, mem->ctx_unit ? mem->ctx_unit : "-",
+               mem->ctx_phase ? mem->ctx_phase : "setup",
                (unsigned long long)all->allocated_bytes.current, off ? breakdown : "nothing",
                (unsigned long long)all->reserved_bytes.current, capacity);
 }
@@ -815,6 +815,11 @@ void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserv
     const fsdp_mem_pool_stats_t *all = &mem->stats.pool[FSDP_MEM_POOL_ALL];
     *allocated_p = (size_t)all->allocated_bytes.current;
     *reserved_p = (size_t)all->reserved_bytes.current;
+}
+
+const fsdp_mem_pool_stats_t *fsdp_mem_counters(const fsdp_mem_t *mem)
+{
+    return &mem->stats.pool[FSDP_MEM_POOL_ALL];
 }
 
 void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p)

@@ -232,53 +232,6 @@ void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h)
     free(h);
 }
 
-/* The CPU rate limiter (section 2 B.3): with two reshard-free events outstanding, wait for
- * the oldest before issuing another all-gather. */
-static fsdp_status_t limiter_dequeue_if_needed(fsdp_t *fs)
-{
-    fsdp_event_t *ev;
-    fsdp_status_t status;
-
-    if (!fs->cfg.limit_all_gathers || fs->n_limiter_events < FSDP_LIMITER_MAX_INFLIGHT)
-        return FSDP_OK;
-    ev = fs->limiter_events[0];
-    memmove(&fs->limiter_events[0], &fs->limiter_events[1],
-            sizeof(ev) * (size_t)(fs->n_limiter_events - 1));
-    fs->n_limiter_events--;
-    status = fs->dev->ops->event_synchronize(fs->dev, ev);
-    fs->dev->ops->event_destroy(fs->dev, ev);
-    return status;
-}
-
-static fsdp_status_t limiter_enqueue(fsdp_t *fs)
-{
-    fsdp_event_t *ev;
-    fsdp_status_t status;
-
-    /* bounded: each unshard dequeues one; if the queue ever fills, wait for the oldest now,
-     * which only makes the limiter stricter */
-    if (fs->n_limiter_events == FSDP_LIMITER_MAX_INFLIGHT + 1) {
-        ev = fs->limiter_events[0];
-        memmove(&fs->limiter_events[0], &fs->limiter_events[1],
-                sizeof(ev) * (size_t)(fs->n_limiter_events - 1));
-        fs->n_limiter_events--;
-        status = fs->dev->ops->event_synchronize(fs->dev, ev);
-        fs->dev->ops->event_destroy(fs->dev, ev);
-        if (status != FSDP_OK)
-            return status;
-    }
-    status = fs->dev->ops->event_create(fs->dev, &ev);
-    if (status != FSDP_OK)
-        return status;
-    status = fs->dev->ops->event_record(fs->dev, ev, fs->compute);
-    if (status != FSDP_OK) {
-        fs->dev->ops->event_destroy(fs->dev, ev);
-        return status;
-    }
-    fs->limiter_events[fs->n_limiter_events++] = ev;
-    return FSDP_OK;
-}
-
 /* B.1 on the pre-unshard stream: the low-precision shard (cast of LS) under mixed precision,
  * or the device copy of an offloaded LS. *did_work_p: something was enqueued on P. */
 static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
@@ -341,7 +294,7 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
     if (status == FSDP_OK && did_work)
         status = fsdp_stream_wait_stream(dev, fs->unshard, fs->pre_unshard); /* B.2 */
     if (status == FSDP_OK)
-        status = limiter_dequeue_if_needed(fs); /* B.3 */
+        status = fsdp_limiter_wait(fs); /* B.3 */
     if (status != FSDP_OK)
         return status;
     /* B.4: NO_SHARD, or an unsharded parameter kept since forward: a pointer switch */
@@ -393,7 +346,7 @@ fsdp_status_t fsdp_handle_reshard(fsdp_t *fs, fsdp_handle_t *h, int free_unshard
         fsdp_mem_free(fs->mem, h->full_param_padded);
         h->full_param_padded = NULL;
         if (status == FSDP_OK && fs->cfg.limit_all_gathers)
-            status = limiter_enqueue(fs); /* C.4 */
+            status = fsdp_limiter_record(fs); /* C.4 */
     }
     /* C.3: NO_SHARD's low-precision (or staged) full parameter was read by compute */
     if (!fsdp_strategy_is_sharded(h->unit->strategy)) {

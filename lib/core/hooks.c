@@ -6,30 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u)
-{
-    fsdp_trace_event_t ev;
-    /* the phase an out-of-memory report names */
-    fs->cur_phase = hook;
-    fsdp_mem_set_context(fs->mem, u != NULL ? u->name : NULL, hook);
-    if (!fsdp_trace_enabled(fs->dev))
-        return;
-    fsdp_trace_event_init(&ev, FSDP_EV_HOOK, hook);
-    ev.unit = u != NULL ? u->name : NULL;
-    ev.host_time = fs->dev->ops->host_time(fs->dev);
-    ev.start = ev.end = ev.host_time;
-    fsdp_trace_emit(fs->dev, &ev);
-}
-
-const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit)
-{
-    const char *prev = fs->cur_unit;
-    fs->cur_unit = unit;
-    fsdp_trace_set_unit(fs->dev, unit);
-    fsdp_mem_set_context(fs->mem, unit, fs->cur_phase);
-    return prev;
-}
-
 static const char *state_name(fsdp_training_state_t s)
 {
     switch (s) {
@@ -103,7 +79,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     fs->lazy_init_done = 1;
     /* no unit can be added from here on: the name index has done its work */
     fsdp_ptrmap_destroy(&fs->param_names);
-    fsdp_trace_set_memory(dev, fs->mem);
+    fsdp_trace_set_memory(dev, fsdp_mem_counters(fs->mem));
     return FSDP_OK;
 }
 

@@ -30,19 +30,19 @@ struct fsdp_handle {
     fsdp_dtype_t reduce_dtype;  /* gradient communication */
     int offload;                /* CPU offload: LS and CG in pinned host memory */
 
-    float *local_shard;       /* LS: S f32 (SHARDED_PARAM, or pinned host with offload) */
-    void *full_param_padded;  /* FP: S*W compute dtype (UNSHARDED_PARAM), NULL when freed */
-    void *mp_shard;           /* MPS: S (T for NO_SHARD) compute dtype (LOW_PREC_SHARD) */
-    void *h2d_shard;          /* offload: device copy of LS, S f32, between pre-unshard and unshard */
-    void *unsharded_grad;     /* G: T compute dtype (GRADIENT), NULL outside backward */
-    float *saved_grad_shard;  /* SGS: S f32 (GRADIENT) */
-    void *low_grad;           /* keep_low_precision_grads: SGS cast to the compute dtype (S) */
-    float *cpu_grad;          /* CG: S f32 pinned host (offload) */
-    int has_cpu_grad;         /* CG holds this step's gradient */
-    float *summon_param;      /* summon_full_params: T f32 (device or host) */
-    float *summon_grad;       /* summon with_grads: T f32 */
+    float *local_shard;      /* LS: S f32 (SHARDED_PARAM, or pinned host with offload) */
+    void *full_param_padded; /* FP: S*W compute dtype (UNSHARDED_PARAM), NULL when freed */
+    void *mp_shard;          /* MPS: S (T for NO_SHARD) compute dtype (LOW_PREC_SHARD) */
+    void *h2d_shard;      /* offload: device copy of LS, S f32, between pre-unshard and unshard */
+    void *unsharded_grad; /* G: T compute dtype (GRADIENT), NULL outside backward */
+    float *saved_grad_shard; /* SGS: S f32 (GRADIENT) */
+    void *low_grad;          /* keep_low_precision_grads: SGS cast to the compute dtype (S) */
+    float *cpu_grad;         /* CG: S f32 pinned host (offload) */
+    int has_cpu_grad;        /* CG holds this step's gradient */
+    float *summon_param;     /* summon_full_params: T f32 (device or host) */
+    float *summon_grad;      /* summon with_grads: T f32 */
     int summon_on_host;
-    int uses_unsharded_view;  /* parameters currently point into FP (or LS for NO_SHARD) */
+    int uses_unsharded_view; /* parameters currently point into FP (or LS for NO_SHARD) */
 
     fsdp_handle_state_t state;
     int prefetched;
@@ -50,8 +50,8 @@ struct fsdp_handle {
     int needs_pre_forward_unshard;
     int post_backward_called;
     int ran_pre_backward_hook;
-    int pre_forward_order_index;  /* -1 until recorded */
-    int post_forward_index;       /* -1 until recorded this iteration */
+    int pre_forward_order_index; /* -1 until recorded */
+    int post_forward_index;      /* -1 until recorded this iteration */
 };
 
 /* A parameter the unit does not manage (ignored_states): whole on every rank. */
@@ -93,13 +93,13 @@ struct fsdp {
     fsdp_dev_t *dev;
     fsdp_config_t cfg;
     fsdp_strategy_t strategy; /* effective */
-    fsdp_group_t *pg;        /* shard group */
-    fsdp_group_t *replicate; /* hybrid: the inter-node group, else NULL */
-    int owns_groups;         /* made by fsdp_create: destroyed with it */
+    fsdp_group_t *pg;         /* shard group */
+    fsdp_group_t *replicate;  /* hybrid: the inter-node group, else NULL */
+    int owns_groups;          /* made by fsdp_create: destroyed with it */
     /* default hybrid groups made for hybrid units of a non-hybrid config (owned) */
     fsdp_group_t *unit_hybrid_pg, *unit_hybrid_replicate;
-    int any_hybrid;          /* some unit is hybrid: the all-reduce stream exists */
-    fsdp_dtype_t param_dtype;  /* effective mixed precision */
+    int any_hybrid;           /* some unit is hybrid: the all-reduce stream exists */
+    fsdp_dtype_t param_dtype; /* effective mixed precision */
     fsdp_dtype_t reduce_dtype;
     size_t host_pinned_bytes;
     fsdp_mem_t *mem;
@@ -159,19 +159,43 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
     return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
 }
 
-/* Trace helpers (no-ops when the rank is not tracing). */
+/* error.c: trace helpers (no-ops when the rank is not tracing). */
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
 const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
-/* runtime.c */
+/* groups.c: the intra-node shard group and the inter-node replicate group of hybrid sharding */
+fsdp_status_t fsdp_groups_make_hybrid(fsdp_t *fs, fsdp_group_t **pg_p, fsdp_group_t **replicate_p);
+
+/* names.c: the model's names by hash */
+fsdp_status_t fsdp_names_add_unit(fsdp_t *fs, const fsdp_unit_t *u);
+int fsdp_name_taken(const fsdp_t *fs, const char *name);
+
+/* sync.c: rank 0's numel values into host_out on every rank (a collective over the world) */
+fsdp_status_t fsdp_broadcast_from_rank0(fsdp_t *fs, const float *host_values, size_t numel,
+                                        float *host_out);
+
+/* buffers.c */
+fsdp_status_t fsdp_buffers_create(fsdp_t *fs, fsdp_unit_t *u, const fsdp_unit_options_t *o,
+                                  const fsdp_param_spec_t *params, int nparams);
+void fsdp_buffers_free(fsdp_t *fs, fsdp_unit_t *u);
 fsdp_status_t fsdp_cast_buffers(fsdp_t *fs, fsdp_dtype_t dtype);
+
+/* ignored.c: splits a unit's specs into its ignored parameters and *managed_p */
+fsdp_status_t fsdp_ignored_split(fsdp_t *fs, fsdp_unit_t *u, const fsdp_param_spec_t *params,
+                                 int nparams, fsdp_param_spec_t **managed_p, int *nmanaged_p);
+void fsdp_ignored_free(fsdp_t *fs, fsdp_unit_t *u);
+
+/* limiter.c: wait before an all-gather; record after a freeing reshard; drop all events */
+fsdp_status_t fsdp_limiter_wait(fsdp_t *fs);
+fsdp_status_t fsdp_limiter_record(fsdp_t *fs);
+void fsdp_limiter_clear(fsdp_t *fs);
 
 /* hooks.c */
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);
 
 /* handle.c */
-fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
-                                    const fsdp_param_spec_t *params, int nparams, int i);
+fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit, const fsdp_param_spec_t *params,
+                                    int nparams, int i);
 fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params, int nparams,
                                  fsdp_handle_t **h_p);
 void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h);

@@ -88,8 +88,8 @@ struct fsdp_trace_rank {
     pthread_mutex_t lock; /* guards cur and seq: the rank's thread, or a flush */
     uint64_t seq;
     trace_chunk_t *cur;
-    const char *unit;       /* the rank's own thread only */
-    const fsdp_mem_t *mem;  /* the rank's own thread only */
+    const char *unit;                 /* the rank's own thread only */
+    const fsdp_mem_pool_stats_t *mem; /* live allocator counters; the rank's own thread only */
 };
 
 struct fsdp_trace {
@@ -484,7 +484,7 @@ void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit)
         dev->trace->unit = unit;
 }
 
-void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_t *mem)
+void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_pool_stats_t *mem)
 {
     if (dev != NULL && dev->trace != NULL)
         dev->trace->mem = mem;
@@ -544,10 +544,8 @@ void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
     rec->allocated = ev->allocated;
     rec->reserved = ev->reserved;
     if (r->mem != NULL && ev->allocated == 0 && ev->reserved == 0) {
-        size_t a, rs;
-        fsdp_mem_current(r->mem, &a, &rs);
-        rec->allocated = a;
-        rec->reserved = rs;
+        rec->allocated = r->mem->allocated_bytes.current;
+        rec->reserved = r->mem->reserved_bytes.current;
     }
     rec->name = chunk_str(c, ev->name != NULL ? ev->name : "");
     rec->unit = chunk_str(c, unit);
@@ -738,8 +736,8 @@ static fsdp_status_t trace_prepare(fsdp_trace_t *t)
         status = fsdp_trace_db_prepare(t->db, "INSERT OR IGNORE INTO strings (text) VALUES (?1)",
                                        &t->ins_str);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_prepare(t->db, "SELECT id FROM strings WHERE text = ?1",
-                                       &t->sel_str);
+        status =
+            fsdp_trace_db_prepare(t->db, "SELECT id FROM strings WHERE text = ?1", &t->sel_str);
     if (status != FSDP_OK)
         return status;
     sqlite3_bind_int64(t->ins_event, 1, t->run_id);

@@ -1,0 +1,452 @@
+/* Units: creation with their strategy and groups (fsdp_unit_create), and each unit's parameters,
+ * gradients and flat-parameter state seen from outside. */
+#include "core/runtime.h"
+
+#include <fsdp/trace.h>
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fsdp_unit_options_init(fsdp_unit_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->strategy = FSDP_STRATEGY_DEFAULT;
+    opts->process_group = NULL;
+    opts->replicate_group = NULL;
+}
+
+/* The unit's strategy and groups (fsdp_unit_options_t), with PyTorch's NO_SHARD on a one-rank
+ * shard group. */
+static fsdp_status_t unit_groups(fsdp_t *fs, const char *name, const fsdp_unit_options_t *o,
+                                 fsdp_unit_t *u)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_strategy_t s = o->strategy == FSDP_STRATEGY_DEFAULT ? fs->cfg.strategy : o->strategy;
+    fsdp_status_t status;
+
+    if ((unsigned)s >= FSDP_STRATEGY_COUNT)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': invalid sharding strategy %d; allowed: full_shard, "
+                         "shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, or "
+                         "FSDP_STRATEGY_DEFAULT for the config's",
+                         name, (int)o->strategy);
+    if (o->replicate_group != NULL && !fsdp_strategy_is_hybrid(s))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': a replicate group is only for hybrid_shard and "
+                         "hybrid_shard_zero2, not %s",
+                         name, fsdp_strategy_name(s));
+    if (fsdp_strategy_is_hybrid(s) && (o->process_group == NULL) != (o->replicate_group == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': %s needs both a shard group and a replicate group, or "
+                         "neither",
+                         name, fsdp_strategy_name(s));
+    u->strategy = s;
+    u->replicate = NULL;
+    if (!fsdp_strategy_is_hybrid(s)) {
+        u->pg = o->process_group                            ? o->process_group
+                : fsdp_strategy_is_hybrid(fs->cfg.strategy) ? dev->ops->group_world(dev)
+                                                            : fs->pg;
+        if (u->pg->size == 1 && s != FSDP_NO_SHARD)
+            u->strategy = FSDP_NO_SHARD;
+        return FSDP_OK;
+    }
+    fs->any_hybrid = 1;
+    if (o->process_group != NULL) {
+        u->pg = o->process_group;
+        u->replicate = o->replicate_group;
+    } else if (fsdp_strategy_is_hybrid(fs->cfg.strategy)) {
+        u->pg = fs->pg;
+        u->replicate = fs->replicate;
+    } else {
+        if (fs->unit_hybrid_pg == NULL) {
+            status = fsdp_groups_make_hybrid(fs, &fs->unit_hybrid_pg, &fs->unit_hybrid_replicate);
+            if (status != FSDP_OK)
+                return fsdp_fail(fs, status,
+                                 "unit '%s': cannot make the default hybrid "
+                                 "groups",
+                                 name);
+        }
+        u->pg = fs->unit_hybrid_pg;
+        u->replicate = fs->unit_hybrid_replicate;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                               const fsdp_param_spec_t *params, int nparams, fsdp_unit_t **unit_p)
+{
+    return fsdp_unit_create_ex(fs, name, parent, params, nparams, NULL, unit_p);
+}
+
+fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                  const fsdp_param_spec_t *params, int nparams,
+                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p)
+{
+    fsdp_unit_options_t defaults;
+    fsdp_param_spec_t *managed = NULL;
+    int nmanaged = 0;
+    fsdp_unit_t *u;
+    fsdp_status_t status;
+
+    if (opts == NULL) {
+        fsdp_unit_options_init(&defaults);
+        opts = &defaults;
+    }
+
+    if (name == NULL || nparams < 0 || (nparams > 0 && params == NULL))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "fsdp_unit_create: a name is required and params must hold nparams "
+                         "(>= 0) specs");
+    if (fs->lazy_init_done)
+        return fsdp_fail(fs, FSDP_ERR_STATE,
+                         "unit '%s': units must be created before the first forward", name);
+    if (parent == NULL && fs->root != NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': the model already has a root ('%s'); give a parent", name,
+                         fs->root->name);
+    if (parent != NULL && parent->fs != fs)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': its parent belongs to another fsdp_t", name);
+    for (int i = 0; i < nparams; i++) {
+        if (params[i].name != NULL && fsdp_name_taken(fs, params[i].name))
+            return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                             "unit '%s': parameter name '%s' is already used by another unit", name,
+                             params[i].name);
+    }
+    if (fs->nunits == fs->cap_units) {
+        int cap = fs->cap_units ? fs->cap_units * 2 : 16;
+        fsdp_unit_t **units = realloc(fs->units, sizeof(*units) * (size_t)cap);
+        if (units == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        fs->units = units;
+        fs->cap_units = cap;
+    }
+    u = calloc(1, sizeof(*u));
+    if (u == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    u->name = strdup(name);
+    if (u->name == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto err_free_u;
+    }
+    u->fs = fs;
+    u->parent = parent;
+    u->index = fs->nunits;
+    u->is_root = parent == NULL;
+    u->state = FSDP_STATE_IDLE;
+    status = unit_groups(fs, u->name, opts, u);
+    if (status != FSDP_OK)
+        goto err_free_name;
+    status = fsdp_ignored_split(fs, u, params, nparams, &managed, &nmanaged);
+    if (status != FSDP_OK)
+        goto err_free_name;
+    status = fsdp_buffers_create(fs, u, opts, params, nparams);
+    if (status != FSDP_OK) {
+        free(managed);
+        fsdp_ignored_free(fs, u);
+        goto err_free_name;
+    }
+    if (nmanaged > 0)
+        status = fsdp_handle_create(u, managed, nmanaged, &u->handle);
+    free(managed);
+    if (status != FSDP_OK) {
+        fsdp_buffers_free(fs, u);
+        fsdp_ignored_free(fs, u);
+        goto err_free_name;
+    }
+    status = fsdp_names_add_unit(fs, u);
+    if (status != FSDP_OK)
+        goto err_free_all;
+    fs->units[fs->nunits++] = u;
+    if (u->is_root)
+        fs->root = u;
+    *unit_p = u;
+    return FSDP_OK;
+
+err_free_all:
+    fsdp_handle_destroy(fs, u->handle);
+    fsdp_buffers_free(fs, u);
+    fsdp_ignored_free(fs, u);
+err_free_name:
+    free(u->name);
+err_free_u:
+    free(u);
+    return status;
+}
+
+int fsdp_num_units(const fsdp_t *fs)
+{
+    return fs->nunits;
+}
+
+fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index)
+{
+    return index >= 0 && index < fs->nunits ? fs->units[index] : NULL;
+}
+
+fsdp_unit_t *fsdp_root(fsdp_t *fs)
+{
+    return fs->root;
+}
+
+const char *fsdp_unit_name(const fsdp_unit_t *u)
+{
+    return u->name;
+}
+
+int fsdp_unit_has_params(const fsdp_unit_t *u)
+{
+    return u->handle != NULL;
+}
+
+int fsdp_unit_num_params(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->nparams : 0;
+}
+
+fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p)
+{
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams)
+        return FSDP_ERR_INVALID_PARAM;
+    *info_p = u->handle->params[index];
+    return FSDP_OK;
+}
+
+size_t fsdp_unit_flat_numel(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->numel : 0;
+}
+
+size_t fsdp_unit_shard_numel(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->shard_numel : 0;
+}
+
+fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u)
+{
+    return u->strategy;
+}
+
+fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u)
+{
+    return u->pg;
+}
+
+fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u)
+{
+    return u->replicate;
+}
+
+fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->state : FSDP_HANDLE_IDLE;
+}
+
+fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u)
+{
+    return u->state;
+}
+
+float *fsdp_unit_local_shard(fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->local_shard : NULL;
+}
+
+float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
+{
+    fsdp_handle_t *h = u->handle;
+    if (h == NULL)
+        return NULL;
+    if (h->offload)
+        return h->has_cpu_grad ? h->cpu_grad : NULL;
+    return h->saved_grad_shard;
+}
+
+void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p)
+{
+    fsdp_handle_t *h = u->handle;
+    int low = h != NULL && h->low_grad != NULL;
+
+    if (dtype_p != NULL)
+        *dtype_p = low ? h->compute_dtype : FSDP_DTYPE_F32;
+    return low ? h->low_grad : fsdp_unit_sharded_grad(u);
+}
+
+int fsdp_unit_offloaded(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->offload : 0;
+}
+
+fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u)
+{
+    return u->handle ? u->handle->compute_dtype : u->fs->param_dtype;
+}
+
+size_t fsdp_host_pinned_bytes(const fsdp_t *fs)
+{
+    return fs->host_pinned_bytes;
+}
+
+void fsdp_zero_grad(fsdp_t *fs)
+{
+    for (int i = 0; i < fs->nunits; i++) {
+        fsdp_handle_t *h = fs->units[i]->handle;
+        if (h != NULL) {
+            fsdp_mem_free(fs->mem, h->saved_grad_shard);
+            fsdp_mem_free(fs->mem, h->low_grad);
+            h->saved_grad_shard = NULL;
+            h->low_grad = NULL;
+            h->has_cpu_grad = 0;
+        }
+    }
+}
+
+static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
+{
+    if (u->state != FSDP_STATE_IDLE || (u->handle && u->handle->state != FSDP_HANDLE_IDLE))
+        return fsdp_fail(u->fs, FSDP_ERR_STATE,
+                         "unit '%s': %s needs the unit idle, not in "
+                         "forward or backward",
+                         u->name, what);
+    return FSDP_OK;
+}
+
+/* sync_module_states for a parameter: rank 0's values, then each rank keeps its part. */
+static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_t *pi,
+                                          const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    float *full = malloc(pi->numel * sizeof(float) + 1);
+    fsdp_status_t status;
+
+    if (full == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = fsdp_broadcast_from_rank0(fs, host_values, pi->numel, full);
+    if (status == FSDP_OK && pi->in_shard) {
+        status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
+                                        full + pi->intra_start, pi->numel_in_shard * sizeof(float),
+                                        fs->compute);
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fs->compute);
+    }
+    free(full);
+    return status;
+}
+
+fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    const fsdp_param_info_t *pi;
+    fsdp_status_t status;
+
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams || host_values == NULL)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no parameter %d to set (it has %d)", u->name, index,
+                         fsdp_unit_num_params(u));
+    status = require_idle(u, "setting a parameter");
+    if (status != FSDP_OK)
+        return status;
+    pi = &u->handle->params[index];
+    if (fs->cfg.sync_module_states && !dev->no_data)
+        return set_param_from_rank0(u, pi, host_values);
+    if (!pi->in_shard)
+        return FSDP_OK;
+    status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
+                                    host_values + pi->intra_start,
+                                    pi->numel_in_shard * sizeof(float), fs->compute);
+    if (status == FSDP_OK) /* the caller's buffer may go away on return */
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    return status;
+}
+
+fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_handle_t *h = u->handle;
+    void *full = NULL, *staged = NULL;
+    fsdp_status_t status;
+
+    if (h == NULL)
+        return FSDP_OK;
+    status = require_idle(u, "gathering the full parameters");
+    if (status != FSDP_OK)
+        return status;
+    if (!fsdp_strategy_is_sharded(u->strategy)) {
+        status =
+            dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float), fs->compute);
+    } else {
+        const void *src = shard;
+        status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
+                                FSDP_MEM_TEMPORARY, fs->compute, &full);
+        if (status == FSDP_OK && h->offload) {
+            /* collectives read device memory: stage the host shard */
+            status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float), FSDP_MEM_TEMPORARY,
+                                    fs->compute, &staged);
+            if (status == FSDP_OK)
+                status = dev->ops->memcpy_async(dev, staged, shard, h->shard_numel * sizeof(float),
+                                                fs->compute);
+            src = staged;
+        }
+        if (status == FSDP_OK)
+            status = dev->ops->all_gather(dev, u->pg, src, full, h->shard_numel, FSDP_DTYPE_F32,
+                                          fs->compute);
+        if (status == FSDP_OK)
+            status =
+                dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float), fs->compute);
+    }
+    if (status == FSDP_OK)
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    fsdp_mem_free(fs->mem, staged);
+    fsdp_mem_free(fs->mem, full);
+    return status;
+}
+
+fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
+{
+    return fsdp_unit_gather_buffer(u, u->handle ? u->handle->local_shard : NULL, host_out);
+}
+
+void *fsdp_unit_param(fsdp_unit_t *u, int index)
+{
+    fsdp_handle_t *h = u->handle;
+    char *base;
+
+    if (h == NULL || index < 0 || index >= h->nparams ||
+        (!h->uses_unsharded_view && u->state != FSDP_STATE_SUMMON_FULL_PARAMS))
+        return NULL;
+    if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
+        return h->summon_param ? h->summon_param + h->params[index].offset : NULL;
+    base = fsdp_strategy_is_sharded(u->strategy) ? (char *)h->full_param_padded
+                                                 : (char *)fsdp_handle_shard_source(h);
+    return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
+}
+
+fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
+{
+    fsdp_handle_t *h = u->handle;
+    fsdp_status_t status;
+
+    if (h == NULL || index < 0 || index >= h->nparams)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM, "unit '%s': no parameter %d (it has %d)",
+                         u->name, index, fsdp_unit_num_params(u));
+    if (!h->params[index].requires_grad)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "rank %d: unit '%s': parameter '%s' is frozen (requires_grad=0) and "
+                         "has no gradient",
+                         u->fs->dev->rank, u->name, h->params[index].name);
+    if (h->state != FSDP_HANDLE_BACKWARD_PRE)
+        return fsdp_fail(u->fs, FSDP_ERR_STATE,
+                         "rank %d: unit '%s': gradients are written between its pre- and "
+                         "post-backward hooks",
+                         u->fs->dev->rank, u->name);
+    status = fsdp_handle_alloc_grad(u->fs, h);
+    if (status != FSDP_OK)
+        return status;
+    *grad_p =
+        (char *)h->unsharded_grad + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
+    return FSDP_OK;
+}
