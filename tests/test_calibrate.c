@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
-#include "trace_calibrate.h"
+#include <fsdp/calibrate.h>
 
 #define WORLD 8
 #define PER_NODE 4

@@ -9,7 +9,7 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
 
-#include "trace_calibrate.h"
+#include <fsdp/calibrate.h>
 
 #include <errno.h>
 #include <inttypes.h>

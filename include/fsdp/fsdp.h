@@ -3,6 +3,7 @@
 #define FSDP_FSDP_H
 
 #include <fsdp/backend.h>
+#include <fsdp/calibrate.h>
 #include <fsdp/core.h>
 #include <fsdp/gpu.h>
 #include <fsdp/kernel.h>

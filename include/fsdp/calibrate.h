@@ -1,5 +1,5 @@
-/* fsdp-trace calibrate: fits a cluster profile (include/fsdp/sim.h) to the measured events of a
- * trace, by least squares of each op's time against the sim's cost model (sim/cost.c).
+/* libfsdp: a cluster profile (include/fsdp/sim.h) fitted to the measured events of a trace (what
+ * fsdp-trace calibrate runs), by least squares of each op's time against the sim's cost model (sim/cost.c).
  *
  * What is fitted, from what:
  *  - collectives (all-gather, reduce-scatter, all-reduce), per NCCL (algorithm, protocol) that
@@ -20,8 +20,8 @@
  *    efficiencies stay the base's.
  *  - copies: the host-to-device and device-to-host bandwidths.
  * Everything else (and whatever the trace does not constrain) keeps the base's value. */
-#ifndef FSDP_TRACE_CALIBRATE_H
-#define FSDP_TRACE_CALIBRATE_H
+#ifndef FSDP_CALIBRATE_H
+#define FSDP_CALIBRATE_H
 
 #include <fsdp/sim.h>
 #include <fsdp/status.h>
@@ -41,7 +41,7 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
                                    const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
                                    FILE *report);
 
-/* Least squares: theta minimizing |X theta - y| for X of rows x cols (row-major). Columns that
+/* Least squares (exposed for its tests): theta minimizing |X theta - y| for X of rows x cols (row-major). Columns that
  * are zero or linear combinations of earlier ones are not identified: used[j] = 0 and
  * theta[j] = 0. Returns the number of identified columns, -1 when out of memory. */
 int fsdp_calib_lsq(const double *x, const double *y, int rows, int cols, double *theta,

@@ -1,7 +1,7 @@
-/* fsdp-trace calibrate: a cluster profile fitted to a trace (trace_calibrate.h says what and
- * how). Reads the trace through the public reader; prices nothing itself but through the
- * sim's public cost functions (fsdp_sim_coll_time for the algorithm NCCL picks). */
-#include "trace_calibrate.h"
+/* A cluster profile fitted to a trace (include/fsdp/calibrate.h says what and how), for
+ * fsdp-trace calibrate. Reads the trace through the public reader; prices nothing itself but
+ * through the sim's public cost functions (fsdp_sim_coll_time for the algorithm NCCL picks). */
+#include <fsdp/calibrate.h>
 
 #include <fsdp/fsdp.h>
 #include <fsdp/trace.h>
