@@ -1,6 +1,7 @@
-/* Status table, versions, dtypes and conversions. */
+/* Status table, versions, dtypes and conversions, and the backend table check. */
 #include <fsdp/fsdp.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -20,6 +21,31 @@ static void test_version(void)
 {
     CU_ASSERT_EQUAL(fsdp_version(), FSDP_VERSION_HEX);
     CU_ASSERT_STRING_EQUAL(fsdp_version_string(), FSDP_VERSION_STRING);
+}
+
+/* Every slot FSDP_BACKEND_SLOTS lists is checked: the sim's complete table passes, and the same
+ * table with any one slot NULL, or of another size, is refused. */
+static void test_backend_check(void)
+{
+    const fsdp_backend_ops_t *sim = fsdp_sim_backend();
+    fsdp_backend_ops_t ops;
+    int nslots = 0;
+
+    CU_ASSERT_EQUAL(fsdp_backend_check(sim), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_backend_check(NULL), FSDP_ERR_INVALID_PARAM);
+#define NULL_ONE_(slot)                                                                            \
+    ops = *sim;                                                                                    \
+    CU_ASSERT_PTR_NOT_NULL(ops.slot);                                                              \
+    ops.slot = NULL;                                                                               \
+    CU_ASSERT_EQUAL(fsdp_backend_check(&ops), FSDP_ERR_INVALID_PARAM);                             \
+    nslots++;
+    FSDP_BACKEND_SLOTS(NULL_ONE_)
+#undef NULL_ONE_
+    CU_ASSERT_EQUAL((size_t)nslots * sizeof(void (*)(void)),
+                    sizeof(ops) - offsetof(fsdp_backend_ops_t, segment_alloc));
+    ops = *sim;
+    ops.size = sizeof(ops) - 8;
+    CU_ASSERT_EQUAL(fsdp_backend_check(&ops), FSDP_ERR_INVALID_PARAM);
 }
 
 static void test_dtypes(void)
@@ -74,6 +100,7 @@ int main(void)
         {"status strings", test_status_strings},
         {"version", test_version},
         {"dtypes", test_dtypes},
+        {"backend table check covers every slot", test_backend_check},
         {"bf16 rounding", test_bf16_rounding},
         {"f16 rounding", test_f16_rounding},
         {NULL, NULL},

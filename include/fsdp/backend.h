@@ -124,6 +124,34 @@ struct fsdp_backend_ops {
     fsdp_status_t (*kernel)(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
 };
 
+/* Every function slot of fsdp_backend_ops_t, in order: X(slot) for each. fsdp_backend_check
+ * walks this list, and a static assertion there fails the build when the struct has a slot the
+ * list lacks. */
+#define FSDP_BACKEND_SLOTS(X)                                                                      \
+    X(segment_alloc)                                                                               \
+    X(segment_free)                                                                                \
+    X(compute_stream)                                                                              \
+    X(stream_create)                                                                               \
+    X(stream_destroy)                                                                              \
+    X(stream_synchronize)                                                                          \
+    X(event_create)                                                                                \
+    X(event_destroy)                                                                               \
+    X(event_record)                                                                                \
+    X(stream_wait_event)                                                                           \
+    X(event_query)                                                                                 \
+    X(event_synchronize)                                                                           \
+    X(host_time)                                                                                   \
+    X(memcpy_async)                                                                                \
+    X(group_world)                                                                                 \
+    X(group_split)                                                                                 \
+    X(group_destroy)                                                                               \
+    X(all_gather)                                                                                  \
+    X(reduce_scatter)                                                                              \
+    X(all_reduce)                                                                                  \
+    X(broadcast)                                                                                   \
+    X(barrier)                                                                                     \
+    X(kernel)
+
 /* Checks that an ops table is complete (size matches, no NULL slot). */
 fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
 

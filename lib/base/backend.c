@@ -7,6 +7,14 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The slot list covers the struct: after `size` and `name`, the slots and nothing else. */
+#define FSDP_COUNT_SLOT_(slot) +1
+_Static_assert(sizeof(fsdp_backend_ops_t) ==
+                   offsetof(fsdp_backend_ops_t, segment_alloc) +
+                       (0 FSDP_BACKEND_SLOTS(FSDP_COUNT_SLOT_)) * sizeof(void (*)(void)),
+               "fsdp_backend_ops_t has a slot that FSDP_BACKEND_SLOTS does not list");
+#undef FSDP_COUNT_SLOT_
+
 fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops)
 {
     if (ops == NULL) {
@@ -24,29 +32,7 @@ fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops)
                    ops->name ? ops->name : "?", #slot);                                            \
         return FSDP_ERR_INVALID_PARAM;                                                             \
     }
-    FSDP_CHECK_SLOT_(segment_alloc)
-    FSDP_CHECK_SLOT_(segment_free)
-    FSDP_CHECK_SLOT_(compute_stream)
-    FSDP_CHECK_SLOT_(stream_create)
-    FSDP_CHECK_SLOT_(stream_destroy)
-    FSDP_CHECK_SLOT_(stream_synchronize)
-    FSDP_CHECK_SLOT_(event_create)
-    FSDP_CHECK_SLOT_(event_destroy)
-    FSDP_CHECK_SLOT_(event_record)
-    FSDP_CHECK_SLOT_(stream_wait_event)
-    FSDP_CHECK_SLOT_(event_query)
-    FSDP_CHECK_SLOT_(event_synchronize)
-    FSDP_CHECK_SLOT_(host_time)
-    FSDP_CHECK_SLOT_(memcpy_async)
-    FSDP_CHECK_SLOT_(group_world)
-    FSDP_CHECK_SLOT_(group_split)
-    FSDP_CHECK_SLOT_(group_destroy)
-    FSDP_CHECK_SLOT_(all_gather)
-    FSDP_CHECK_SLOT_(reduce_scatter)
-    FSDP_CHECK_SLOT_(all_reduce)
-    FSDP_CHECK_SLOT_(broadcast)
-    FSDP_CHECK_SLOT_(barrier)
-    FSDP_CHECK_SLOT_(kernel)
+    FSDP_BACKEND_SLOTS(FSDP_CHECK_SLOT_)
 #undef FSDP_CHECK_SLOT_
     return FSDP_OK;
 }
