@@ -13,16 +13,12 @@
 #define FSDP_SIM_SIM_KERNELS_H
 
 #include <fsdp/kernel.h>
+#include <fsdp/sim.h> /* fsdp_sim_kernel_exec */
 #include <fsdp/status.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Runs one kernel on host memory (data mode), synchronously. A malformed descriptor (unknown
- * kind, invalid dtype, NULL pointer with n > 0, leading dimension too small, ...) returns
- * FSDP_ERR_INVALID_PARAM and logs one error line; nothing is written then. */
-fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k);
 
 /* 1 for the transformer kinds (layernorm .. add), which kernels_nn.c runs. */
 int fsdp_sim_nn_kernel(fsdp_kernel_kind_t kind);

@@ -12,6 +12,8 @@
 #ifndef FSDP_BACKEND_H
 #define FSDP_BACKEND_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/kernel.h>
 #include <fsdp/status.h>
 #include <fsdp/types.h>
@@ -153,7 +155,7 @@ struct fsdp_backend_ops {
     X(kernel)
 
 /* Checks that an ops table is complete (size matches, no NULL slot). */
-fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
+FSDP_API fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
 
 /* The name of the group that members of color `color` get from the `round`-th group_split of
  * the group named `parent` (rounds count from 1, per parent group, over every split call its
@@ -162,12 +164,12 @@ fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
  * than a group's name field is replaced by "g:" and 16 hex digits of a 64-bit FNV-1a hash of
  * it. Distinct groups of a run thus get distinct names (unless two long names collide in 64
  * bits), and the same run gives the same names. Every backend names its splits with it. */
-void fsdp_group_split_name(char name[FSDP_GROUP_NAME_SIZE], const char *parent, unsigned round,
-                           int color);
+FSDP_API void fsdp_group_split_name(char name[FSDP_GROUP_NAME_SIZE], const char *parent,
+                                    unsigned round, int color);
 
 /* Convenience: X.wait_stream(Y) as PyTorch spells it, through a temporary event. */
-fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
-                                      fsdp_stream_t *waitee);
+FSDP_API fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
+                                               fsdp_stream_t *waitee);
 
 #ifdef __cplusplus
 }

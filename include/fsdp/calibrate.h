@@ -23,6 +23,8 @@
 #ifndef FSDP_CALIBRATE_H
 #define FSDP_CALIBRATE_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/sim.h>
 #include <fsdp/status.h>
 
@@ -37,14 +39,14 @@ typedef struct fsdp_calib_options {
 /* Fits *out from the trace at `path`, starting from *base; writes a short report to `report`
  * (may be NULL). FSDP_ERR_NOT_FOUND / FSDP_ERR_FORMAT from the reader; FSDP_ERR_INVALID_PARAM
  * when the fitted profile does not pass fsdp_sim_profile_check. */
-fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t *opts,
-                                   const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
-                                   FILE *report);
+FSDP_API fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t *opts,
+                                            const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
+                                            FILE *report);
 
 /* Least squares (exposed for its tests): theta minimizing |X theta - y| for X of rows x cols (row-major). Columns that
  * are zero or linear combinations of earlier ones are not identified: used[j] = 0 and
  * theta[j] = 0. Returns the number of identified columns, -1 when out of memory. */
-int fsdp_calib_lsq(const double *x, const double *y, int rows, int cols, double *theta,
-                   int *used);
+FSDP_API int fsdp_calib_lsq(const double *x, const double *y, int rows, int cols, double *theta,
+                            int *used);
 
 #endif

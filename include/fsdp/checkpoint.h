@@ -23,6 +23,8 @@
 #ifndef FSDP_CHECKPOINT_H
 #define FSDP_CHECKPOINT_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/nn.h>
 
 #ifdef __cplusplus
@@ -36,19 +38,19 @@ typedef enum {
 } fsdp_state_dict_type_t;
 
 /* "full", "sharded", "local" */
-const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type);
-int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p);
+FSDP_API const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type);
+FSDP_API int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p);
 
 /* Saves the model's parameters and, when opt is not NULL, the optimizer state, as step `step`.
  * Creates dir if needed. */
-fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
-                                   fsdp_state_dict_type_t type, int64_t step);
+FSDP_API fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                            fsdp_state_dict_type_t type, int64_t step);
 
 /* Loads the newest complete checkpoint of dir into the model (and opt, when not NULL: its
  * state and step counts). *step_p (may be NULL) gets the saved step. A missing, truncated or
  * corrupted checkpoint is a clear error on every rank. */
-fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
-                                   int64_t *step_p);
+FSDP_API fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
+                                            int64_t *step_p);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,8 @@
 #ifndef FSDP_CORE_H
 #define FSDP_CORE_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/backend.h>
 #include <fsdp/memory.h>
 
@@ -38,8 +40,8 @@ typedef enum {
 /* In fsdp_unit_options_t: the unit takes the config's strategy. */
 #define FSDP_STRATEGY_DEFAULT FSDP_STRATEGY_COUNT
 
-const char *fsdp_strategy_name(fsdp_strategy_t s); /* "full_shard", ... */
-int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p);
+FSDP_API const char *fsdp_strategy_name(fsdp_strategy_t s); /* "full_shard", ... */
+FSDP_API int fsdp_strategy_parse(const char *s, fsdp_strategy_t *s_p);
 
 typedef enum {
     FSDP_BACKWARD_PREFETCH_PRE = 0, /* BACKWARD_PRE (default) */
@@ -48,7 +50,7 @@ typedef enum {
 } fsdp_backward_prefetch_t;
 
 /* "pre", "post", "none" (PyTorch's BackwardPrefetch names also accepted: BACKWARD_PRE...). */
-int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
+FSDP_API int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
 
 /* A dtype left unset in fsdp_mixed_precision_t. */
 #define FSDP_DTYPE_UNSET FSDP_DTYPE_COUNT
@@ -104,7 +106,7 @@ typedef struct fsdp_config {
     size_t device_capacity; /* bytes, 0 = unlimited */
 } fsdp_config_t;
 
-void fsdp_config_init(fsdp_config_t *cfg);
+FSDP_API void fsdp_config_init(fsdp_config_t *cfg);
 
 typedef struct fsdp fsdp_t;
 typedef struct fsdp_unit fsdp_unit_t;
@@ -156,46 +158,46 @@ typedef enum {
 /* ---- shard arithmetic (section 4), exposed for tools and tests ---- */
 
 /* S = ceil(T / W), the chunk each rank holds (padded). W >= 1. */
-size_t fsdp_shard_numel(size_t total, int world);
+FSDP_API size_t fsdp_shard_numel(size_t total, int world);
 /* Elements of the flat parameter rank r holds, and the padding it adds. */
-void fsdp_shard_extent(size_t total, int world, int rank, size_t *numel_p, size_t *pad_p);
+FSDP_API void fsdp_shard_extent(size_t total, int world, int rank, size_t *numel_p, size_t *pad_p);
 /* Gradient division factors for a reduction over D ranks: pre before, post after. */
-void fsdp_divide_factors(int d, double *pre_p, double *post_p);
+FSDP_API void fsdp_divide_factors(int d, double *pre_p, double *post_p);
 
 /* ---- the runtime ---- */
 
-fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p);
-void fsdp_destroy(fsdp_t *fs);
+FSDP_API fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p);
+FSDP_API void fsdp_destroy(fsdp_t *fs);
 
-fsdp_dev_t *fsdp_device(fsdp_t *fs);
-fsdp_mem_t *fsdp_memory(fsdp_t *fs);
-fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs);
+FSDP_API fsdp_dev_t *fsdp_device(fsdp_t *fs);
+FSDP_API fsdp_mem_t *fsdp_memory(fsdp_t *fs);
+FSDP_API fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs);
 /* The effective strategy (NO_SHARD when the shard group has one rank, as PyTorch forces). */
-fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
+FSDP_API fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
 /* The group parameters are sharded over. */
-fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
+FSDP_API fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
 /* The group sharded gradients are all-reduced over (hybrid strategies), else NULL. */
-fsdp_group_t *fsdp_replicate_group(fsdp_t *fs);
+FSDP_API fsdp_group_t *fsdp_replicate_group(fsdp_t *fs);
 
 /* PyTorch's no_sync(): with sync off, backward keeps each unit's unsharded gradient and
  * accumulates into it, with no communication; the next iteration with sync on reduces the sum.
  * Call on every rank, outside forward and backward. */
-fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync);
-int fsdp_sync_gradients(const fsdp_t *fs);
+FSDP_API fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync);
+FSDP_API int fsdp_sync_gradients(const fsdp_t *fs);
 
 /* Clips the sharded gradients of every unit so that their total norm (over all ranks) is at
  * most max_norm, as torch.nn.utils.clip_grad_norm_ / FSDP.clip_grad_norm_. norm_type > 0, or
  * INFINITY for the max norm. A collective. *total_norm_p (may be NULL) gets the norm before
  * clipping. */
-fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
-                                  double *total_norm_p);
-fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);
+FSDP_API fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
+                                           double *total_norm_p);
+FSDP_API fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);
 
 /* Creates a unit. The first unit created with parent NULL is the root; every other unit needs
  * a parent created before it. Parameter names must be unique across the model. */
-fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
-                               const fsdp_param_spec_t *params, int nparams,
-                               fsdp_unit_t **unit_p);
+FSDP_API fsdp_status_t fsdp_unit_create(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                        const fsdp_param_spec_t *params, int nparams,
+                                        fsdp_unit_t **unit_p);
 
 /* A module buffer (non-trainable state: running statistics, masks), f32 when created. */
 typedef struct fsdp_buffer_spec {
@@ -221,106 +223,109 @@ typedef struct fsdp_unit_options {
     int nbuffers;
 } fsdp_unit_options_t;
 
-void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
+FSDP_API void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
 
 /* fsdp_unit_create with per-unit options (NULL: the config's). A collective over the world
  * when the unit is the first hybrid one without explicit groups in a model whose config is not
  * hybrid: the default hybrid groups are made then. */
-fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
-                                  const fsdp_param_spec_t *params, int nparams,
-                                  const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p);
+FSDP_API fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *parent,
+                                           const fsdp_param_spec_t *params, int nparams,
+                                           const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p);
 
-int fsdp_num_units(const fsdp_t *fs);
-fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
-fsdp_unit_t *fsdp_root(fsdp_t *fs);
-const char *fsdp_unit_name(const fsdp_unit_t *u);
-int fsdp_unit_has_params(const fsdp_unit_t *u);
-int fsdp_unit_num_params(const fsdp_unit_t *u);
-fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p);
+FSDP_API int fsdp_num_units(const fsdp_t *fs);
+FSDP_API fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
+FSDP_API fsdp_unit_t *fsdp_root(fsdp_t *fs);
+FSDP_API const char *fsdp_unit_name(const fsdp_unit_t *u);
+FSDP_API int fsdp_unit_has_params(const fsdp_unit_t *u);
+FSDP_API int fsdp_unit_num_params(const fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index,
+                                            fsdp_param_info_t *info_p);
 /* T: flat numel (tied parameters once), S: shard numel, W: shard-group size. */
-size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
-size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
+FSDP_API size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
+FSDP_API size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
 /* The unit's effective strategy (NO_SHARD on a one-rank shard group) and groups. */
-fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
-fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u);
-fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u); /* NULL unless hybrid */
-fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
-fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
+FSDP_API fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
+FSDP_API fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u);
+FSDP_API fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u); /* NULL unless hybrid */
+FSDP_API fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
+FSDP_API fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
 /* This rank's sharded flat parameter (S elements, f32; pinned host memory with CPU offload,
  * else device memory). */
-float *fsdp_unit_local_shard(fsdp_unit_t *u);
+FSDP_API float *fsdp_unit_local_shard(fsdp_unit_t *u);
 /* 1 when the unit's shard and gradient live in host memory (CPU offload). */
-int fsdp_unit_offloaded(const fsdp_unit_t *u);
+FSDP_API int fsdp_unit_offloaded(const fsdp_unit_t *u);
 /* The dtype parameters have between the hooks, and gradients are written in. */
-fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
+FSDP_API fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
 /* This rank's sharded gradient after the final callback (S elements, f32), NULL when none or
  * when it is kept in low precision (keep_low_precision_grads). */
-float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
+FSDP_API float *fsdp_unit_sharded_grad(fsdp_unit_t *u);
 /* The sharded gradient in whatever dtype it has (f32, or param_dtype with
  * keep_low_precision_grads), NULL when none; *dtype_p (may be NULL) gets the dtype. */
-void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p);
+FSDP_API void *fsdp_unit_sharded_grad_data(fsdp_unit_t *u, fsdp_dtype_t *dtype_p);
 /* Drops the sharded gradients of every unit (optimizer.zero_grad(set_to_none=True)). */
-void fsdp_zero_grad(fsdp_t *fs);
+FSDP_API void fsdp_zero_grad(fsdp_t *fs);
 
 /* Ignored parameters (fsdp_param_spec_t.ignored), indexed in spec order among themselves.
  * Each is whole on every rank: value and gradient are numel f32 in device memory, the gradient
  * zero at creation. FSDP never reads or writes them after that: no collective, no gradient
  * reduction, no broadcast under sync_module_states, no fsdp_zero_grad, no optimizer step, no
  * state dict or checkpoint; the caller owns them. */
-int fsdp_unit_num_ignored_params(const fsdp_unit_t *u);
-fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
-                                           fsdp_param_info_t *info_p);
-float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
-float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
+FSDP_API int fsdp_unit_num_ignored_params(const fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
+                                                    fsdp_param_info_t *info_p);
+FSDP_API float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
+FSDP_API float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
 /* Copies this rank's host values (numel floats) into ignored parameter `index`. */
-fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float *host_values);
+FSDP_API fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index,
+                                                   const float *host_values);
 
 /* Module buffers (fsdp_unit_options_t.buffers), in spec order. info: name, ndim, shape,
  * numel. fsdp_unit_buffer: the buffer in device memory as the model computes with it, in
  * *dtype_p (f32, or buffer_dtype after lazy init). */
-int fsdp_unit_num_buffers(const fsdp_unit_t *u);
-fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index, fsdp_param_info_t *info_p);
-void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p);
+FSDP_API int fsdp_unit_num_buffers(const fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index,
+                                             fsdp_param_info_t *info_p);
+FSDP_API void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p);
 /* Sets buffer `index` from numel f32 host values (stored in the buffer's present dtype). With
  * sync_module_states, rank 0's values, broadcast over the world (a collective), as PyTorch
  * broadcasts module buffers. Call while the unit is idle. */
-fsdp_status_t fsdp_unit_set_buffer(fsdp_unit_t *u, int index, const float *host_values);
+FSDP_API fsdp_status_t fsdp_unit_set_buffer(fsdp_unit_t *u, int index, const float *host_values);
 /* The buffer in full precision (f32), as state dicts hold it, into numel host floats. */
-fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *host_out);
+FSDP_API fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *host_out);
 
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */
-fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values);
+FSDP_API fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values);
 /* Gathers the full flat parameter to host memory (T floats, unpadded) on every rank of the
  * shard group. A collective: every rank must call it. */
-fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
+FSDP_API fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
 /* The same for any buffer laid out as the unit's shard (S floats where the shard lives), e.g.
  * an optimizer state. A collective. */
-fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out);
+FSDP_API fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out);
 
 /* ---- during compute ---- */
 
 /* The unsharded value of parameter `index`, valid between the unit's pre- and post-hooks, in
  * the unit's compute dtype (f32, or mixed precision's param_dtype). NULL outside. */
-void *fsdp_unit_param(fsdp_unit_t *u, int index);
+FSDP_API void *fsdp_unit_param(fsdp_unit_t *u, int index);
 /* The unsharded gradient of parameter `index`, in the compute dtype, for the backward compute to
  * accumulate into (zero on first use in an iteration). Valid between pre- and post-backward. */
-fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p);
+FSDP_API fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p);
 
 /* ---- hooks ---- */
 
 /* Lazy init on the first call; then orders the next all-gathers after the optimizer step.
  * fsdp_pre_forward of the root calls it. */
-fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs);
-fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u);
-fsdp_status_t fsdp_post_forward(fsdp_unit_t *u);
-fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u);
-fsdp_status_t fsdp_post_backward(fsdp_unit_t *u);
-fsdp_status_t fsdp_final_callback(fsdp_t *fs);
+FSDP_API fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs);
+FSDP_API fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_post_forward(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_post_backward(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_final_callback(fsdp_t *fs);
 
 /* Bytes of pinned host memory held for CPU offload. */
-size_t fsdp_host_pinned_bytes(const fsdp_t *fs);
+FSDP_API size_t fsdp_host_pinned_bytes(const fsdp_t *fs);
 
 /* ---- summon_full_params ---- */
 
@@ -332,19 +337,19 @@ typedef struct fsdp_summon_options {
     int with_grads;     /* 0: 1 also gathers the sharded gradients (fsdp_unit_full_grad) */
 } fsdp_summon_options_t;
 
-void fsdp_summon_options_init(fsdp_summon_options_t *opts); /* PyTorch's defaults */
+FSDP_API void fsdp_summon_options_init(fsdp_summon_options_t *opts); /* PyTorch's defaults */
 
 /* FSDP.summon_full_params: between this and fsdp_summon_end, fsdp_unit_param of the units in
  * scope returns full-precision (f32) full parameters. Refused (as PyTorch refuses them):
  * writeback with rank0_only, offload_to_cpu with NO_SHARD, with_grads with CPU offload,
  * inside forward/backward, and nested summons. A collective over the shard group. */
-fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *u, const fsdp_summon_options_t *opts);
-fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *u, const fsdp_summon_options_t *opts);
+FSDP_API fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
 /* With with_grads: the full gradient of parameter `index` (f32), or NULL without one. */
-float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
+FSDP_API float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
 
 /* Message of the last error (for tools), "" if none. */
-const char *fsdp_last_error(const fsdp_t *fs);
+FSDP_API const char *fsdp_last_error(const fsdp_t *fs);
 
 #ifdef __cplusplus
 }

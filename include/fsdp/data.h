@@ -17,6 +17,8 @@
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/status.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,34 +37,35 @@ typedef struct fsdp_tokens fsdp_tokens_t;
 
 /* Byte-level tokens of any file (token i = byte i), RANDOM order. An empty or unreadable file
  * is an error (FSDP_ERR_IO, FSDP_ERR_INVALID_PARAM), logged with the path. */
-fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p);
+FSDP_API fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p);
 
 /* The default corpus, on every machine that built the library: README.md, DESIGN.md and the
  * C files of lib/ and lib/nn/ of the source tree, concatenated in that (sorted) order, as
  * bytes. The tree is looked for at the build's source directory, then above the running program
  * (argv0, or /proc/self/exe when NULL). None found is FSDP_ERR_IO, logged with where it
  * looked. */
-fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p);
+FSDP_API fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p);
 
 /* An llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, the token
  * count), then the tokens as uint16; SEQUENTIAL order. A bad magic, version or count (the file
  * must be exactly 1024 + 2 * count bytes) is FSDP_ERR_FORMAT, logged with what was found. */
-fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p);
+FSDP_API fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p);
 
 /* Tokens from memory (copied), in either order; `source` names them in messages. */
-fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n, fsdp_tokens_order_t order,
-                                     const char *source, fsdp_tokens_t **tokens_p);
+FSDP_API fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n,
+                                              fsdp_tokens_order_t order, const char *source,
+                                              fsdp_tokens_t **tokens_p);
 
 /* Accepts NULL. */
-void fsdp_tokens_close(fsdp_tokens_t *tokens);
+FSDP_API void fsdp_tokens_close(fsdp_tokens_t *tokens);
 
-size_t fsdp_tokens_count(const fsdp_tokens_t *tokens);
+FSDP_API size_t fsdp_tokens_count(const fsdp_tokens_t *tokens);
 /* The largest id (0 when empty): a model needs a vocabulary above it. */
-uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens);
-uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i); /* i < count */
-fsdp_tokens_order_t fsdp_tokens_order(const fsdp_tokens_t *tokens);
+FSDP_API uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens);
+FSDP_API uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i); /* i < count */
+FSDP_API fsdp_tokens_order_t fsdp_tokens_order(const fsdp_tokens_t *tokens);
 /* What the tokens are, for a log line: "llm.c shard x.bin", "text y.txt", ... Never NULL. */
-const char *fsdp_tokens_source(const fsdp_tokens_t *tokens);
+FSDP_API const char *fsdp_tokens_source(const fsdp_tokens_t *tokens);
 
 typedef struct fsdp_batch_spec {
     size_t batch; /* global rows B, a multiple of world */
@@ -74,14 +77,16 @@ typedef struct fsdp_batch_spec {
 
 /* Checks that global batches of this shape can be read (rows divisible by the world, at least
  * B*T + 1 tokens for SEQUENTIAL order and T + 1 for RANDOM), logging what is wrong. */
-fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec);
+FSDP_API fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens,
+                                              const fsdp_batch_spec_t *spec);
 
 /* This rank's rows of global batch `step` (>= 0): inputs and targets, [B/W, T] each. */
-fsdp_status_t fsdp_tokens_batch(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
-                                int64_t step, int32_t *inputs, int32_t *targets);
+FSDP_API fsdp_status_t fsdp_tokens_batch(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
+                                         int64_t step, int32_t *inputs, int32_t *targets);
 
 /* SEQUENTIAL order: the position of global batch `step`'s window of B*T + 1 tokens. */
-size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq, int64_t step);
+FSDP_API size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq,
+                                   int64_t step);
 
 #ifdef __cplusplus
 }

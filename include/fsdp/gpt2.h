@@ -17,6 +17,8 @@
 #ifndef FSDP_GPT2_H
 #define FSDP_GPT2_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/nn.h>
 
 #ifdef __cplusplus
@@ -44,31 +46,31 @@ typedef struct fsdp_gpt2_preset {
  * gpt2-xl (HF's checkpoints), and the GPT-3 family of Brown et al. 2020, table 2.1
  * (gpt3-small ... gpt3-175b), as dense-attention models for planning. *count_p gets their
  * number. */
-const fsdp_gpt2_preset_t *fsdp_gpt2_presets(int *count_p);
+FSDP_API const fsdp_gpt2_preset_t *fsdp_gpt2_presets(int *count_p);
 /* The preset of that name, or NULL. */
-const fsdp_gpt2_preset_t *fsdp_gpt2_preset_find(const char *name);
+FSDP_API const fsdp_gpt2_preset_t *fsdp_gpt2_preset_find(const char *name);
 /* A comma-separated list of the preset names. Never NULL. */
-const char *fsdp_gpt2_preset_names(void);
+FSDP_API const char *fsdp_gpt2_preset_names(void);
 
 /* HF's GPT2Config defaults (the 124M model). */
-void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg);
+FSDP_API void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg);
 /* Parses a preset name, or "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V" (any subset, the
  * others from gpt2-tiny; seq sets n_positions). Errors are FSDP_ERR_INVALID_PARAM, logged with
  * what is allowed. */
-fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p);
+FSDP_API fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p);
 /* 1 when spec names a GPT model (a preset, or "gpt2:..."), whether or not it parses. */
-int fsdp_gpt2_spec_is_gpt(const char *spec);
+FSDP_API int fsdp_gpt2_spec_is_gpt(const char *spec);
 /* Checks the ranges (every size >= 1, n_head divides n_embd, ...), logging what is wrong. */
-fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg);
+FSDP_API fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg);
 /* Parameters, tied weights once, without the attention-mask buffers (12 C^2 + 13 C per block,
  * plus (vocab + n_positions) C + 2 C). */
-uint64_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *cfg);
+FSDP_API uint64_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *cfg);
 /* Parameters of one block, and of the root (wte, wpe, ln_f). */
-uint64_t fsdp_gpt2_block_params(const fsdp_gpt2_config_t *cfg);
-uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg);
+FSDP_API uint64_t fsdp_gpt2_block_params(const fsdp_gpt2_config_t *cfg);
+FSDP_API uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg);
 /* Forward FLOPs per token at sequence length seq (matrix products, attention included, with
  * the causal mask not exploited), the usual 2 x parameters + attention; training is about 3x. */
-double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq);
+FSDP_API double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq);
 
 /* ---- the model on one rank ---- */
 
@@ -78,12 +80,13 @@ typedef struct fsdp_gpt2 fsdp_gpt2_t;
  * "transformer.h.<i>", as fsdp_auto_wrap with ModuleWrapPolicy({GPT2Block}) decides over HF's
  * module tree. The model computes in the units' compute dtype: f32, or a mixed-precision
  * param_dtype (bf16, f16), with activations and their gradients in it and the loss in f32. */
-fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p);
-void fsdp_gpt2_destroy(fsdp_gpt2_t *model);
+FSDP_API fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg,
+                                        fsdp_gpt2_t **model_p);
+FSDP_API void fsdp_gpt2_destroy(fsdp_gpt2_t *model);
 
-const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model);
-fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model);
-fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer); /* NULL out of range */
+FSDP_API const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model);
+FSDP_API fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model);
+FSDP_API fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer); /* NULL out of range */
 
 /* Parameter indexes within a block unit and within the root. */
 enum {
@@ -106,23 +109,23 @@ enum { FSDP_GPT2_WTE = 0, FSDP_GPT2_WPE, FSDP_GPT2_LNF_W, FSDP_GPT2_LNF_B, FSDP_
 /* HF's _init_weights: weights N(0, initializer_range), every c_proj weight
  * N(0, initializer_range / sqrt(2 n_layer)), biases 0, LayerNorm weights 1, from a deterministic
  * generator seeded with `seed`, the same on every rank and world size. */
-fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed);
+FSDP_API fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed);
 
 /* Activation checkpointing of block `layer` (-1: every block): its forward keeps only its
  * input, and its backward recomputes the rest after the pre-backward hook (the forward hooks
  * are not re-run). Off by default. */
-fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on);
+FSDP_API fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on);
 /* Scales the loss that backward differentiates (1/K for K accumulation micro-batches); the
  * reported loss stays the plain mean. Default 1. */
-void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale);
+FSDP_API void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale);
 
 /* One forward and backward on this rank's batch: inputs and targets [batch, seq] token ids in
  * host memory (seq <= n_positions; inputs in [0, vocab); a target < 0 is ignored, as torch's
  * ignore_index). Runs every FSDP hook and the final callback, leaving the sharded gradients for
  * the optimizer. *loss_p: the mean cross-entropy over this rank's counted targets. */
-fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inputs,
-                                         const int32_t *targets, size_t batch, size_t seq,
-                                         float *loss_p);
+FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inputs,
+                                                  const int32_t *targets, size_t batch, size_t seq,
+                                                  float *loss_p);
 
 /* ---- Hugging Face checkpoints (safetensors) ---- */
 
@@ -134,14 +137,15 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
  * FSDP_ERR_FORMAT with one logged line naming the tensor. */
 typedef struct fsdp_gpt2_weights fsdp_gpt2_weights_t;
 
-fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
-                                     fsdp_gpt2_weights_t **weights_p);
-void fsdp_gpt2_weights_close(fsdp_gpt2_weights_t *weights);
+FSDP_API fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
+                                              fsdp_gpt2_weights_t **weights_p);
+FSDP_API void fsdp_gpt2_weights_close(fsdp_gpt2_weights_t *weights);
 /* Sets every parameter of the model from the checkpoint (call on every rank, units idle). */
-fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights_t *weights);
+FSDP_API fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model,
+                                              const fsdp_gpt2_weights_t *weights);
 /* Reads a config's shape from a checkpoint's tensors (layers, width, vocab, positions; heads
  * are not in the tensors and are kept from *cfg). */
-fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_t *cfg);
+FSDP_API fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_t *cfg);
 
 typedef enum {
     FSDP_GPT2_SAVE_PREFIXED = 0, /* "transformer.h.0...", as GPT2LMHeadModel.save_pretrained */
@@ -151,8 +155,8 @@ typedef enum {
 /* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0
  * as an HF checkpoint: F32, HF's names and layouts, no lm_head.weight (tied) and no mask
  * buffers, metadata {"format": "pt"}. */
-fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
-                                     fsdp_gpt2_save_names_t names);
+FSDP_API fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
+                                              fsdp_gpt2_save_names_t names);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,8 @@
 #ifndef FSDP_GPU_H
 #define FSDP_GPU_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/backend.h>
 
 #ifdef __cplusplus
@@ -21,11 +23,11 @@ extern "C" {
 #endif
 
 /* 1 when this library was built with the gpu backend. */
-int fsdp_gpu_built(void);
+FSDP_API int fsdp_gpu_built(void);
 /* Number of CUDA devices visible to this process (0 without a driver or device). */
-int fsdp_gpu_device_count(void);
+FSDP_API int fsdp_gpu_device_count(void);
 /* The gpu ops table (every slot returns FSDP_ERR_UNSUPPORTED when not built). */
-const fsdp_backend_ops_t *fsdp_gpu_backend(void);
+FSDP_API const fsdp_backend_ops_t *fsdp_gpu_backend(void);
 
 /* Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
 #define FSDP_GPU_UNIQUE_ID_BYTES 128
@@ -37,7 +39,7 @@ typedef struct {
 
 /* Makes a new unique id (on rank 0: it opens the bootstrap listener the other ranks connect to
  * at init). */
-fsdp_status_t fsdp_gpu_unique_id(fsdp_gpu_unique_id_t *id_p);
+FSDP_API fsdp_status_t fsdp_gpu_unique_id(fsdp_gpu_unique_id_t *id_p);
 
 typedef struct fsdp_gpu_params {
     int rank;       /* global rank, 0 <= rank < world_size; default 0 */
@@ -59,21 +61,21 @@ typedef struct fsdp_gpu_params {
     int blocking_collectives;
 } fsdp_gpu_params_t;
 
-void fsdp_gpu_params_init(fsdp_gpu_params_t *params);
+FSDP_API void fsdp_gpu_params_init(fsdp_gpu_params_t *params);
 
 /* Selects the device, creates the compute stream, the cuBLAS handle and the world communicator
  * (a collective over all ranks: it waits for every rank's init, up to the timeout).
  * FSDP_ERR_NO_DEVICE without a usable device, FSDP_ERR_INVALID_PARAM for inconsistent params,
  * FSDP_ERR_TIMEOUT when the other ranks do not join in time. */
-fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p);
+FSDP_API fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p);
 
 /* Waits for outstanding collectives (up to the timeout), destroys the groups, streams and
  * communicators this dev still owns, and frees it. Streams and events made by the core must be
  * destroyed before. Accepts NULL. */
-void fsdp_gpu_finalize(fsdp_dev_t *dev);
+FSDP_API void fsdp_gpu_finalize(fsdp_dev_t *dev);
 
 /* 1 when the dev belongs to the gpu backend. */
-int fsdp_dev_is_gpu(const fsdp_dev_t *dev);
+FSDP_API int fsdp_dev_is_gpu(const fsdp_dev_t *dev);
 
 /* ---- Launch environment and rendezvous (built with or without CUDA; need no GPU) ---- */
 
@@ -111,13 +113,13 @@ typedef struct fsdp_launch_info {
  * A malformed or inconsistent value (not a number, rank >= world size, local rank >= local
  * size, a missing master for a world > 1) is FSDP_ERR_INVALID_PARAM, logged with the variable
  * and what is allowed. *info_p is written only on success. */
-fsdp_status_t fsdp_launch_env(fsdp_launch_info_t *info_p);
+FSDP_API fsdp_status_t fsdp_launch_env(fsdp_launch_info_t *info_p);
 
 /* Host number index (from 0) of a Slurm host list such as "node[3-5,7],gpu[01-02]-ib" (ranges
  * keep their zero padding; several bracket groups in one name expand as a product), written
  * into host (size bytes with the NUL). FSDP_ERR_NOT_FOUND when the list has index hosts or
  * fewer, FSDP_ERR_INVALID_PARAM for a malformed list or a name that does not fit. */
-fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t size);
+FSDP_API fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t size);
 
 /* Hands blob (blob_size bytes, 1..FSDP_RENDEZVOUS_BLOB_MAX; typically the NCCL unique id rank 0
  * made with fsdp_gpu_unique_id()) from rank 0 to every rank over TCP, at
@@ -134,22 +136,23 @@ fsdp_status_t fsdp_hostlist_get(const char *list, int index, char *host, size_t 
  * already joined, a different world size or blob size and a different protocol version
  * (the refused rank gets FSDP_ERR_INVALID_PARAM with the reason), and drops malformed
  * connections, then goes on waiting for the real ranks. A world of one returns at once. */
-fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token, double timeout_s,
-                              void *blob, size_t blob_size);
+FSDP_API fsdp_status_t fsdp_rendezvous(const fsdp_launch_info_t *info, const char *token,
+                                       double timeout_s, void *blob, size_t blob_size);
 
 /* This process as one rank of the job its launcher describes (info from fsdp_launch_env): for a
  * world of more than one, rank 0 makes the NCCL unique id and fsdp_rendezvous hands it to every
  * rank (token: the FSDP_JOB_TOKEN environment variable, or none); then fsdp_gpu_init opens the
  * device of the local rank, with timeout_s as the collective timeout. Errors as those calls'. */
-fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
-                                     fsdp_dev_t **dev_p);
+FSDP_API fsdp_status_t fsdp_gpu_init_launched(const fsdp_launch_info_t *info, double timeout_s,
+                                              fsdp_dev_t **dev_p);
 
 /* Runs func on `world` ranks of this process, one thread and one device each (rank r on device
  * r, sharing one unique id), as fsdp_sim_launch runs them on the simulator; each dev is
  * finalized after its func returns. FSDP_OK when every rank's func and init succeeded, else the
  * first failure in rank order. world must be 1..fsdp_gpu_device_count(). */
-fsdp_status_t fsdp_gpu_launch_local(int world, double timeout_s,
-                                    fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg), void *arg);
+FSDP_API fsdp_status_t fsdp_gpu_launch_local(int world, double timeout_s,
+                                             fsdp_status_t (*func)(fsdp_dev_t *dev, void *arg),
+                                             void *arg);
 
 #ifdef __cplusplus
 }

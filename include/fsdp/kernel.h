@@ -10,6 +10,8 @@
 #ifndef FSDP_KERNEL_H
 #define FSDP_KERNEL_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/types.h>
 
 #ifdef __cplusplus
@@ -50,7 +52,7 @@ typedef enum {
         FSDP_K_COUNT
 } fsdp_kernel_kind_t;
 
-const char *fsdp_kernel_name(fsdp_kernel_kind_t kind);
+FSDP_API const char *fsdp_kernel_name(fsdp_kernel_kind_t kind);
 
 typedef struct fsdp_kernel {
     fsdp_kernel_kind_t kind;
@@ -171,7 +173,7 @@ typedef struct fsdp_kernel {
 
 /* Arithmetic cost of a launch for the roofline model: floating-point operations and bytes
  * read plus written. Pure function of the descriptor. */
-void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p);
+FSDP_API void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p);
 
 #ifdef __cplusplus
 }

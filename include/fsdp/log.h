@@ -6,6 +6,8 @@
 #ifndef FSDP_LOG_H
 #define FSDP_LOG_H
 
+#include <fsdp/api.h>
+
 #include <stdarg.h>
 
 #ifdef __cplusplus
@@ -22,17 +24,17 @@ typedef enum {
 } fsdp_log_level_t;
 
 /* Current level (from FSDP_LOG_LEVEL on first use, or fsdp_log_set_level). */
-fsdp_log_level_t fsdp_log_level(void);
-void fsdp_log_set_level(fsdp_log_level_t level);
+FSDP_API fsdp_log_level_t fsdp_log_level(void);
+FSDP_API void fsdp_log_set_level(fsdp_log_level_t level);
 
 /* Where messages go: stderr by default. The callback receives the formatted line without a
  * trailing newline. Passing NULL restores stderr. */
 typedef void (*fsdp_log_func_t)(fsdp_log_level_t level, const char *file, int line,
                                 const char *func, const char *msg, void *arg);
-void fsdp_log_set_handler(fsdp_log_func_t func, void *arg);
+FSDP_API void fsdp_log_set_handler(fsdp_log_func_t func, void *arg);
 
-void fsdp_log_emit(fsdp_log_level_t level, const char *file, int line, const char *func,
-                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+FSDP_API void fsdp_log_emit(fsdp_log_level_t level, const char *file, int line, const char *func,
+                            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 #define fsdp_log_(lvl, ...)                                                                        \
     do {                                                                                           \

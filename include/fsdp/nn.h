@@ -3,6 +3,8 @@
 #ifndef FSDP_NN_H
 #define FSDP_NN_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/core.h>
 
 #ifdef __cplusplus
@@ -29,21 +31,21 @@ typedef struct fsdp_optim_config {
 } fsdp_optim_config_t;
 
 /* Defaults of torch.optim for the given kind. */
-void fsdp_optim_config_init(fsdp_optim_config_t *cfg, fsdp_optim_kind_t kind);
+FSDP_API void fsdp_optim_config_init(fsdp_optim_config_t *cfg, fsdp_optim_kind_t kind);
 /* Checks ranges (lr >= 0, 0 <= beta < 1, eps >= 0, nesterov rules...). */
-fsdp_status_t fsdp_optim_config_check(const fsdp_optim_config_t *cfg);
+FSDP_API fsdp_status_t fsdp_optim_config_check(const fsdp_optim_config_t *cfg);
 
 typedef struct fsdp_optim fsdp_optim_t;
 
-fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg,
-                                fsdp_optim_t **opt_p);
-void fsdp_optim_destroy(fsdp_optim_t *opt);
+FSDP_API fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg,
+                                         fsdp_optim_t **opt_p);
+FSDP_API void fsdp_optim_destroy(fsdp_optim_t *opt);
 /* One step over every unit's sharded parameter with its sharded gradient; units without a
  * gradient are skipped, as torch skips parameters whose .grad is None. */
-fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt);
-int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt);
-void fsdp_optim_set_num_steps(fsdp_optim_t *opt, int64_t steps);
-const fsdp_optim_config_t *fsdp_optim_config(const fsdp_optim_t *opt);
+FSDP_API fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt);
+FSDP_API int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt);
+FSDP_API void fsdp_optim_set_num_steps(fsdp_optim_t *opt, int64_t steps);
+FSDP_API const fsdp_optim_config_t *fsdp_optim_config(const fsdp_optim_t *opt);
 
 /* The optimizer state of one unit's shard, laid out as the shard (fsdp_unit_local_shard), for
  * state dicts and checkpoints. */
@@ -56,10 +58,10 @@ typedef struct fsdp_optim_state_view {
 } fsdp_optim_state_view_t;
 
 /* With `allocate`, creates the (zeroed) state first, e.g. to load a checkpoint into it. */
-fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
-                                         fsdp_optim_state_view_t *view_p);
-fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
-                                       int has_buffer);
+FSDP_API fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
+                                                  fsdp_optim_state_view_t *view_p);
+FSDP_API fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
+                                                int has_buffer);
 
 /* ---- MLP: Linear/ReLU stack, MSE loss ---- */
 
@@ -69,36 +71,37 @@ typedef struct fsdp_mlp fsdp_mlp_t;
 
 /* dims[0] inputs, dims[nlayers] outputs; every Linear is its own unit ("layers.<i>") under a
  * parameter-less root. */
-fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers, fsdp_mlp_t **mlp_p);
-void fsdp_mlp_destroy(fsdp_mlp_t *mlp);
+FSDP_API fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers,
+                                       fsdp_mlp_t **mlp_p);
+FSDP_API void fsdp_mlp_destroy(fsdp_mlp_t *mlp);
 /* Parses "mlp:16,32,4" or "16,32,4" into dims; returns the number of layers or -1. */
-int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims);
+FSDP_API int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims);
 
-int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp);
-const int *fsdp_mlp_dims(const fsdp_mlp_t *mlp);
-fsdp_unit_t *fsdp_mlp_layer(fsdp_mlp_t *mlp, int layer);
+FSDP_API int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp);
+FSDP_API const int *fsdp_mlp_dims(const fsdp_mlp_t *mlp);
+FSDP_API fsdp_unit_t *fsdp_mlp_layer(fsdp_mlp_t *mlp, int layer);
 
 /* nn.Linear's default init: weight and bias uniform in +-1/sqrt(in), from a deterministic
  * generator seeded with `seed`; identical on every rank. */
-fsdp_status_t fsdp_mlp_init_params(fsdp_mlp_t *mlp, uint64_t seed);
+FSDP_API fsdp_status_t fsdp_mlp_init_params(fsdp_mlp_t *mlp, uint64_t seed);
 
 /* Scales the loss that backward differentiates (1/K for K gradient-accumulation micro-batches,
  * so that their summed gradients equal one step over the concatenated batch). The loss the
  * forward reports stays the plain mean. Default 1. */
-void fsdp_mlp_set_loss_scale(fsdp_mlp_t *mlp, float scale);
+FSDP_API void fsdp_mlp_set_loss_scale(fsdp_mlp_t *mlp, float scale);
 
 /* The phases of a model's step, for tools that account memory per phase (fsdp-plan). */
 typedef enum { FSDP_PHASE_FORWARD = 0, FSDP_PHASE_BACKWARD = 1 } fsdp_phase_t;
 typedef void (*fsdp_phase_func_t)(fsdp_phase_t phase, void *arg);
 /* func (NULL: none, the default) is called on the rank's thread as each phase of
  * fsdp_mlp_forward_backward begins. */
-void fsdp_mlp_set_phase_hook(fsdp_mlp_t *mlp, fsdp_phase_func_t func, void *arg);
+FSDP_API void fsdp_mlp_set_phase_hook(fsdp_mlp_t *mlp, fsdp_phase_func_t func, void *arg);
 
 /* One forward and backward over `batch` rows: x [batch, dims[0]] and y [batch, dims[L]] in
  * host memory. Runs every FSDP hook and the final callback; leaves the sharded gradients for
  * the optimizer. *loss_p: mean squared error over this rank's rows. */
-fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const float *y,
-                                        size_t batch, float *loss_p);
+FSDP_API fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const float *y,
+                                                 size_t batch, float *loss_p);
 
 /* ---- deterministic random numbers (the same sequence everywhere) ---- */
 
@@ -106,12 +109,12 @@ typedef struct fsdp_rng {
     uint64_t state;
 } fsdp_rng_t;
 
-void fsdp_rng_seed(fsdp_rng_t *rng, uint64_t seed);
-uint64_t fsdp_rng_next(fsdp_rng_t *rng);
+FSDP_API void fsdp_rng_seed(fsdp_rng_t *rng, uint64_t seed);
+FSDP_API uint64_t fsdp_rng_next(fsdp_rng_t *rng);
 /* Uniform in [lo, hi). */
-float fsdp_rng_uniform(fsdp_rng_t *rng, float lo, float hi);
+FSDP_API float fsdp_rng_uniform(fsdp_rng_t *rng, float lo, float hi);
 /* Standard normal (Box-Muller). */
-float fsdp_rng_normal(fsdp_rng_t *rng);
+FSDP_API float fsdp_rng_normal(fsdp_rng_t *rng);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,8 @@
 #ifndef FSDP_SAFETENSORS_H
 #define FSDP_SAFETENSORS_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/status.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,29 +42,29 @@ typedef struct fsdp_st_tensor {
 typedef struct fsdp_st_file fsdp_st_file_t;
 
 /* Bits per element of a safetensors dtype name, 0 if unknown. */
-unsigned fsdp_st_dtype_bits(const char *dtype);
+FSDP_API unsigned fsdp_st_dtype_bits(const char *dtype);
 
 /* Maps the file read-only (no copy; pages load on first touch). A missing file, a directory or
  * a failed read is FSDP_ERR_IO; a file shorter than 8 bytes (an empty one too) or breaking any
  * other rule is FSDP_ERR_FORMAT. Another process truncating the file while it is open makes
  * access to the lost pages fault (SIGBUS), as with any mapping: replace files by rename, as
  * fsdp_st_write does. An open file is read-only: any number of threads may read it. */
-fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p);
+FSDP_API fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p);
 /* Same rules, over a buffer the caller keeps alive while the file is open. `label` names it in
  * messages ("<buffer>" if NULL); buf may be NULL when len is 0. */
-fsdp_status_t fsdp_st_open_buffer(const void *buf, size_t len, const char *label,
-                                  fsdp_st_file_t **file_p);
+FSDP_API fsdp_status_t fsdp_st_open_buffer(const void *buf, size_t len, const char *label,
+                                           fsdp_st_file_t **file_p);
 /* Accepts NULL. */
-void fsdp_st_close(fsdp_st_file_t *file);
+FSDP_API void fsdp_st_close(fsdp_st_file_t *file);
 
-int fsdp_st_num_tensors(const fsdp_st_file_t *file);
+FSDP_API int fsdp_st_num_tensors(const fsdp_st_file_t *file);
 /* In file (offset) order; NULL out of range. The format allows an empty name: a reader
  * accepts it, the writer refuses it. */
-const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, int index);
+FSDP_API const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, int index);
 /* NULL if absent. */
-const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
+FSDP_API const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
 /* Value of a __metadata__ key, NULL if absent. */
-const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
+FSDP_API const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
 
 typedef struct fsdp_st_entry {
     const char *name;
@@ -82,8 +84,8 @@ typedef struct fsdp_st_entry {
  * (FSDP_ERR_IO) the temporary file is removed and an existing `path` is untouched. Only a
  * failure to fsync the directory after the rename returns FSDP_ERR_IO with the new file in
  * place. Concurrent writers of the same path in one process are not supported. */
-fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, int n,
-                            const char *const *meta, int nmeta);
+FSDP_API fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, int n,
+                                     const char *const *meta, int nmeta);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,8 @@
 #ifndef FSDP_SIM_H
 #define FSDP_SIM_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/backend.h>
 
 #include <stdint.h>
@@ -47,8 +49,8 @@ typedef enum {
 } fsdp_sim_proto_t;
 
 /* "ring", "tree", "nvls" / "ll", "ll128", "simple"; "invalid" otherwise. Never NULL. */
-const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo);
-const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto);
+FSDP_API const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo);
+FSDP_API const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto);
 
 /* Columns of NCCL's per-node-count tables: one node, two nodes, three or more. */
 #define FSDP_SIM_NODE_CLASSES 3
@@ -118,27 +120,28 @@ typedef struct fsdp_sim_profile {
  * 80GB per node, DGX A100), optionally with a shape, "h100:nodes=4" or
  * "a100:nodes=2,gpus_per_node=4". An unknown name or option is FSDP_ERR_INVALID_PARAM,
  * logged with what is allowed. */
-fsdp_status_t fsdp_sim_profile_preset(const char *spec, fsdp_sim_profile_t *profile_p);
+FSDP_API fsdp_status_t fsdp_sim_profile_preset(const char *spec, fsdp_sim_profile_t *profile_p);
 /* The presets, comma-separated ("h100, a100"). Never NULL. */
-const char *fsdp_sim_profile_presets(void);
+FSDP_API const char *fsdp_sim_profile_presets(void);
 /* A profile from JSON text or a file (the layout of traces/profiles/h100.json). A "base"
  * member names a preset to start from; otherwise every required number must be present.
  * Malformed JSON is FSDP_ERR_FORMAT (with line and column); an unknown member, a wrong type or
  * a value out of range is FSDP_ERR_INVALID_PARAM naming the member; a missing file
  * FSDP_ERR_NOT_FOUND. Nothing is written to *profile_p unless the result is FSDP_OK. */
-fsdp_status_t fsdp_sim_profile_parse(const char *json, fsdp_sim_profile_t *profile_p);
-fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profile_p);
+FSDP_API fsdp_status_t fsdp_sim_profile_parse(const char *json, fsdp_sim_profile_t *profile_p);
+FSDP_API fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profile_p);
 /* What tools take on the command line: a preset spec, or a JSON file (an argument that ends
  * in ".json" or names an existing file), either followed by ":nodes=N,gpus_per_node=G". */
-fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *profile_p);
+FSDP_API fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *profile_p);
 /* Checks every field's range; FSDP_ERR_INVALID_PARAM, logged, naming the first bad one. */
-fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *profile);
+FSDP_API fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *profile);
 /* The profile as JSON text that fsdp_sim_profile_parse reads back to the same values (for a
  * trace's run row). Free it with free(); NULL when out of memory. */
-char *fsdp_sim_profile_to_json(const fsdp_sim_profile_t *profile);
+FSDP_API char *fsdp_sim_profile_to_json(const fsdp_sim_profile_t *profile);
 
 /* Dense peak FLOP/s of a GEMM in dtype under this profile (tf32 when allowed, for f32). */
-double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *profile, fsdp_dtype_t dtype);
+FSDP_API double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *profile,
+                                              fsdp_dtype_t dtype);
 
 /* ---- the cost model, for tools and tests (sim/cost.c) ---- */
 
@@ -153,7 +156,7 @@ typedef enum {
 } fsdp_sim_coll_kind_t;
 
 /* "all_gather", ...; "invalid" otherwise. Never NULL. */
-const char *fsdp_sim_coll_name(fsdp_sim_coll_kind_t kind);
+FSDP_API const char *fsdp_sim_coll_name(fsdp_sim_coll_kind_t kind);
 
 /* How NCCL would run a collective, and how long it takes. */
 typedef struct fsdp_sim_coll_cost {
@@ -168,11 +171,12 @@ typedef struct fsdp_sim_coll_cost {
  * collective over nranks ranks on nnodes nodes moving nbytes as NCCL counts them (the full
  * buffer for all-gather and reduce-scatter). nranks == 1 costs a device copy of nbytes. Returns
  * time_s; *cost_p (may be NULL) gets the choice. */
-double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
-                          int nranks, int nnodes, double nbytes, fsdp_sim_coll_cost_t *cost_p);
+FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
+                                   int nranks, int nnodes, double nbytes,
+                                   fsdp_sim_coll_cost_t *cost_p);
 /* Roofline: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)) plus the
  * kernel latency. */
-double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+FSDP_API double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
 
 typedef enum {
     FSDP_SIM_COPY_H2D = 0,
@@ -183,10 +187,10 @@ typedef enum {
 } fsdp_sim_copy_kind_t;
 
 /* "h2d", "d2h", "d2d", "h2h". Never NULL. */
-const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
+FSDP_API const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
 /* A copy: over PCIe for h2d/d2h, read and write of HBM for d2d; plus the kernel latency. */
-double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
-                          double bytes);
+FSDP_API double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
+                                   double bytes);
 
 typedef struct fsdp_sim_params {
     int world_size;         /* >= 1; default 1 */
@@ -205,7 +209,7 @@ typedef struct fsdp_sim_params {
     int workers; /* fiber mode: worker threads; 0 (default) = the online CPUs */
 } fsdp_sim_params_t;
 
-void fsdp_sim_params_init(fsdp_sim_params_t *params);
+FSDP_API void fsdp_sim_params_init(fsdp_sim_params_t *params);
 
 /* The work of one rank. `dev` is the rank's own backend context. */
 typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
@@ -214,22 +218,22 @@ typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
  * an error is marked failed: collectives that wait for it fail at once. Returns FSDP_OK when all
  * ranks succeeded, else the status of the lowest failing rank. If rank_status is not NULL it
  * receives each rank's status (world_size entries). */
-fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func, void *arg,
-                              fsdp_status_t *rank_status);
+FSDP_API fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func,
+                                       void *arg, fsdp_status_t *rank_status);
 
 /* The sim ops table (for code that wants to wrap or inspect it). */
-const fsdp_backend_ops_t *fsdp_sim_backend(void);
+FSDP_API const fsdp_backend_ops_t *fsdp_sim_backend(void);
 
 /* The message of the last error this rank's backend reported ("" if none). Valid until the
  * next failing call on the same rank. */
-const char *fsdp_sim_last_error(fsdp_dev_t *dev);
+FSDP_API const char *fsdp_sim_last_error(fsdp_dev_t *dev);
 
 /* Marks this rank failed (as if its function had returned an error): peers waiting in a
  * collective with it return FSDP_ERR_RANK_FAILED. */
-void fsdp_sim_rank_fail(fsdp_dev_t *dev);
+FSDP_API void fsdp_sim_rank_fail(fsdp_dev_t *dev);
 
 /* 1 when the dev belongs to the sim backend. */
-int fsdp_dev_is_sim(const fsdp_dev_t *dev);
+FSDP_API int fsdp_dev_is_sim(const fsdp_dev_t *dev);
 
 /* ---- virtual time: per-rank queries for the runtime and tools ----
  *
@@ -243,11 +247,11 @@ int fsdp_dev_is_sim(const fsdp_dev_t *dev);
  * FSDP_ERR_INVALID_PARAM for a dev that is not a sim rank. */
 
 /* The time at which the work issued so far on a stream (NULL: the compute stream) ends. */
-double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream);
+FSDP_API double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream);
 /* The latest of the host clock and every stream's clock: when everything issued so far ends. */
-double fsdp_sim_device_time(fsdp_dev_t *dev);
+FSDP_API double fsdp_sim_device_time(fsdp_dev_t *dev);
 /* The cluster profile the rank's world runs with. */
-const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev);
+FSDP_API const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev);
 
 /* What a rank's device did, since the rank started or since fsdp_sim_time_reset. Busy times
  * are sums of op durations; a collective's duration runs from when its stream was ready for it
@@ -268,10 +272,17 @@ typedef struct fsdp_sim_time_stats {
     uint64_t n_kernels, n_copies, n_colls;
 } fsdp_sim_time_stats_t;
 
-fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
+FSDP_API fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
 /* Starts a new accounting window (e.g. at a step boundary): later stats count only ops
  * issued from now on. The clocks are not touched. */
-void fsdp_sim_time_reset(fsdp_dev_t *dev);
+FSDP_API void fsdp_sim_time_reset(fsdp_dev_t *dev);
+
+/* Runs one kernel (kernel.h) on host memory, synchronously, on the calling thread: the sim's
+ * data-mode kernels (the element and row bodies the gpu backend launches, and the host GEMM),
+ * with no device or rank. A malformed descriptor (unknown kind, invalid dtype, NULL pointer
+ * with n > 0, leading dimension too small, ...) returns FSDP_ERR_INVALID_PARAM and logs one
+ * error line; nothing is written then. */
+FSDP_API fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k);
 
 #ifdef __cplusplus
 }

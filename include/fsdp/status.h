@@ -5,6 +5,8 @@
 #ifndef FSDP_STATUS_H
 #define FSDP_STATUS_H
 
+#include <fsdp/api.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -34,10 +36,10 @@ typedef enum {
 } fsdp_status_t;
 
 /* Never returns NULL; unknown codes give "unknown status". */
-const char *fsdp_status_string(fsdp_status_t status);
+FSDP_API const char *fsdp_status_string(fsdp_status_t status);
 
 /* The symbolic name, e.g. "FSDP_ERR_TIMEOUT". Never returns NULL. */
-const char *fsdp_status_name(fsdp_status_t status);
+FSDP_API const char *fsdp_status_name(fsdp_status_t status);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,8 @@
 #ifndef FSDP_TRACE_H
 #define FSDP_TRACE_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/backend.h>
 #include <fsdp/memory.h>
 #include <fsdp/status.h>
@@ -56,9 +58,9 @@ typedef enum {
 } fsdp_event_kind_t;
 
 /* "hook", "alloc", ...; "invalid" for anything else. Never NULL. */
-const char *fsdp_event_kind_name(fsdp_event_kind_t kind);
+FSDP_API const char *fsdp_event_kind_name(fsdp_event_kind_t kind);
 /* Parses a kind name; returns 0 on success, -1 if unknown. */
-int fsdp_event_kind_parse(const char *s, fsdp_event_kind_t *kind_p);
+FSDP_API int fsdp_event_kind_parse(const char *s, fsdp_event_kind_t *kind_p);
 
 typedef struct fsdp_trace_event {
     fsdp_event_kind_t kind;
@@ -78,7 +80,8 @@ typedef struct fsdp_trace_event {
 #define FSDP_TRACE_STR_MAX 1024
 
 /* Zeroes *ev and sets kind, name and dtype = -1. */
-void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const char *name);
+FSDP_API void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind,
+                                    const char *name);
 
 typedef struct fsdp_trace fsdp_trace_t; /* one database, one run */
 
@@ -94,18 +97,18 @@ typedef struct fsdp_trace_run_info {
 /* Opens (creating if needed) the database at `path` and starts a new run in it. A database
  * whose schema version is newer than FSDP_TRACE_SCHEMA_VERSION is refused with
  * FSDP_ERR_FORMAT; one without our tables gets them. `info` may be NULL. */
-fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *info,
-                              fsdp_trace_t **trace_p);
+FSDP_API fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *info,
+                                       fsdp_trace_t **trace_p);
 /* The id of the run this trace writes (the runs table's id). */
-int64_t fsdp_trace_run_id(const fsdp_trace_t *t);
+FSDP_API int64_t fsdp_trace_run_id(const fsdp_trace_t *t);
 
 /* Starts tracing dev->rank into t: sets dev->trace. Attaching a rank again after
  * fsdp_trace_detach continues its sequence numbers. A rank attached to two devices at once is
  * FSDP_ERR_INVALID_PARAM. */
-fsdp_status_t fsdp_trace_attach(fsdp_trace_t *t, fsdp_dev_t *dev);
+FSDP_API fsdp_status_t fsdp_trace_attach(fsdp_trace_t *t, fsdp_dev_t *dev);
 /* Hands the rank's pending events to the writer and sets dev->trace = NULL. Accepts a device
  * that is not tracing. */
-void fsdp_trace_detach(fsdp_dev_t *dev);
+FSDP_API void fsdp_trace_detach(fsdp_dev_t *dev);
 
 /* 1 when the device is tracing: emitters can skip building events otherwise. */
 static inline int fsdp_trace_enabled(const fsdp_dev_t *dev)
@@ -115,7 +118,7 @@ static inline int fsdp_trace_enabled(const fsdp_dev_t *dev)
 
 /* Appends one event to the rank's trace and gives it the rank's next sequence number (0, 1,
  * ...). A no-op when dev->trace is NULL. Never blocks on the database. */
-void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev);
+FSDP_API void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev);
 
 /* An event whose device times are known only later (a GPU's timing events). The emitter embeds
  * this first in its own record; resolve() writes the start and end times (leaving them as they
@@ -129,8 +132,8 @@ struct fsdp_trace_timing {
 };
 
 /* As fsdp_trace_emit, with ev->start and ev->end filled in later by timing (NULL: now). */
-void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
-                           fsdp_trace_timing_t *timing);
+FSDP_API void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
+                                    fsdp_trace_timing_t *timing);
 
 /* One op of a backend, built into an event and emitted (a no-op when the device does not
  * trace): stream NULL for a host event, dtype -1 and group NULL where they do not apply.
@@ -144,39 +147,40 @@ typedef struct fsdp_trace_op {
     int dtype;
     const char *group;
 } fsdp_trace_op_t;
-void fsdp_trace_op(fsdp_dev_t *dev, const fsdp_trace_op_t *op, fsdp_trace_timing_t *timing);
+FSDP_API void fsdp_trace_op(fsdp_dev_t *dev, const fsdp_trace_op_t *op,
+                            fsdp_trace_timing_t *timing);
 
 /* The name, bytes, count and dtype a kernel descriptor's event carries, as every backend records
  * them: fsdp_kernel_name(), bytes = the bytes it moves and count = its FLOPs (the cost model's,
  * fsdp_kernel_cost, rounded to the nearest integer), dtype = the operands' dtype of a GEMM and
  * -1 otherwise. */
-void fsdp_trace_kernel_fields(const fsdp_kernel_t *k, fsdp_trace_op_t *op);
+FSDP_API void fsdp_trace_kernel_fields(const fsdp_kernel_t *k, fsdp_trace_op_t *op);
 
 /* The bytes a collective's event carries, as NCCL counts them: count elements of dtype, times
  * the group size for an all-gather or reduce-scatter (their full buffer). name: "all_gather",
  * "reduce_scatter", "all_reduce", "broadcast". */
-uint64_t fsdp_trace_coll_bytes(const char *name, uint64_t count, fsdp_dtype_t dtype,
-                               int group_size);
+FSDP_API uint64_t fsdp_trace_coll_bytes(const char *name, uint64_t count, fsdp_dtype_t dtype,
+                                        int group_size);
 
 /* The FSDP unit this rank's next events belong to when they name none (NULL: none). The name
  * must stay valid until the next call. The runtime sets it in its hooks. */
-void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit);
+FSDP_API void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit);
 /* The live counters (fsdp_mem_counters of the runtime's allocator) whose allocated and reserved
  * bytes every event of this rank records when its emitter leaves both 0 (NULL: zeros). The
  * writer reads them and never calls the allocator. */
-void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_pool_stats_t *counters);
+FSDP_API void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_pool_stats_t *counters);
 /* The rank's step row (loss, step time, peak memory by category from `mem`, which may be NULL)
  * and a step boundary: the rank's pending events are handed to the writer, which commits them
  * together with the row. */
-void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_time,
-                     const fsdp_mem_stats_t *mem);
+FSDP_API void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_time,
+                              const fsdp_mem_stats_t *mem);
 
 /* Waits until everything emitted so far (by every attached rank) is committed. Returns the
  * first error the writer met, if any. */
-fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t);
+FSDP_API fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t);
 /* Flushes, marks the run finished, stops the writer and closes the database. Accepts NULL.
  * Returns the first error the writer met, if any. */
-fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
+FSDP_API fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
 
 /* What the writer has done so far. */
 typedef struct fsdp_trace_stats {
@@ -187,10 +191,10 @@ typedef struct fsdp_trace_stats {
     double writer_cpu_s; /* CPU time of the writer thread */
 } fsdp_trace_stats_t;
 
-void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p);
+FSDP_API void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p);
 
 /* The text of traces/schema.sql, as built into the library. */
-const char *fsdp_trace_schema(void);
+FSDP_API const char *fsdp_trace_schema(void);
 
 /* ---- Reading ------------------------------------------------------------------------------ */
 
@@ -200,12 +204,13 @@ typedef struct fsdp_trace_reader fsdp_trace_reader_t;
  * writer left to do, as any SQLite connection would). A file that is not a trace database, or
  * one of a newer
  * schema version, is FSDP_ERR_FORMAT; a missing file is FSDP_ERR_NOT_FOUND. */
-fsdp_status_t fsdp_trace_reader_open(const char *path, fsdp_trace_reader_t **reader_p);
-void fsdp_trace_reader_close(fsdp_trace_reader_t *reader);
+FSDP_API fsdp_status_t fsdp_trace_reader_open(const char *path, fsdp_trace_reader_t **reader_p);
+FSDP_API void fsdp_trace_reader_close(fsdp_trace_reader_t *reader);
 
 /* run > 0: checks that the run exists (FSDP_ERR_NOT_FOUND otherwise); run == 0: the latest run;
  * run < 0: the run before the latest one by -run (-1: the one before the latest). */
-fsdp_status_t fsdp_trace_reader_find_run(fsdp_trace_reader_t *reader, int64_t run, int64_t *run_p);
+FSDP_API fsdp_status_t fsdp_trace_reader_find_run(fsdp_trace_reader_t *reader, int64_t run,
+                                                  int64_t *run_p);
 
 typedef struct fsdp_trace_run_row {
     int64_t id;
@@ -217,16 +222,16 @@ typedef struct fsdp_trace_run_row {
 } fsdp_trace_run_row_t;
 
 /* The strings stay valid until the next call on the reader. */
-fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *reader, int64_t run,
-                                    fsdp_trace_run_row_t *row_p);
+FSDP_API fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *reader, int64_t run,
+                                             fsdp_trace_run_row_t *row_p);
 
 /* Called for each event of a run, in (rank, seq) order; the strings are valid during the call.
  * A non-zero return stops the iteration (and is not an error). */
 typedef int (*fsdp_trace_event_func_t)(void *arg, int rank, uint64_t seq,
                                        const fsdp_trace_event_t *ev);
 /* rank >= 0: only that rank; -1: every rank. */
-fsdp_status_t fsdp_trace_reader_events(fsdp_trace_reader_t *reader, int64_t run, int rank,
-                                       fsdp_trace_event_func_t func, void *arg);
+FSDP_API fsdp_status_t fsdp_trace_reader_events(fsdp_trace_reader_t *reader, int64_t run, int rank,
+                                                fsdp_trace_event_func_t func, void *arg);
 
 typedef struct fsdp_trace_step_row {
     int rank;
@@ -240,15 +245,15 @@ typedef struct fsdp_trace_step_row {
 
 typedef int (*fsdp_trace_step_func_t)(void *arg, const fsdp_trace_step_row_t *row);
 /* In (rank, step) order; rank -1: every rank. */
-fsdp_status_t fsdp_trace_reader_steps(fsdp_trace_reader_t *reader, int64_t run, int rank,
-                                      fsdp_trace_step_func_t func, void *arg);
+FSDP_API fsdp_status_t fsdp_trace_reader_steps(fsdp_trace_reader_t *reader, int64_t run, int rank,
+                                               fsdp_trace_step_func_t func, void *arg);
 
 /* ---- What fsdp-trace does ----------------------------------------------------------------- */
 
 /* Per rank (ranks with identical lines folded together): counts and bytes per collective, per
  * unit all-gather and reduce-scatter sizes, step times and peak memory by category. run as
  * fsdp_trace_reader_find_run. */
-fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out);
+FSDP_API fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out);
 
 /* X(name, "name") */
 #define FSDP_FOREACH_TRACE_DIVERGENCE(X)                                                           \
@@ -268,7 +273,7 @@ typedef enum {
         FSDP_TRACE_DIV_COUNT
 } fsdp_trace_divergence_t;
 
-const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d);
+FSDP_API const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d);
 
 typedef struct fsdp_trace_diff {
     fsdp_trace_divergence_t what; /* the first structural divergence; NONE if identical */
@@ -285,17 +290,18 @@ typedef struct fsdp_trace_diff {
  * count and dtype; then each rank's issue order across streams. The report written to `out`
  * (may be NULL) gives the first divergence with a few events of context, then timing and memory
  * ratios (B / A) per kind and per unit. */
-fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b, int64_t run_b,
-                              FILE *out, fsdp_trace_diff_t *result_p);
+FSDP_API fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *path_b,
+                                       int64_t run_b, FILE *out, fsdp_trace_diff_t *result_p);
 
 /* Chrome trace JSON for Perfetto (docs/formats.md section 4): one process per rank, one thread per
  * stream plus a host thread, memory as counter tracks, timestamps in microseconds. */
-fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char *out_path);
+FSDP_API fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run,
+                                                const char *out_path);
 
 /* An SVG picture: per rank, memory over time stacked by category and a timeline per stream.
  * max_ranks: how many ranks to draw (0: 8). */
-fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
-                                  const char *out_path);
+FSDP_API fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
+                                           const char *out_path);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,8 @@
 #ifndef FSDP_TYPES_H
 #define FSDP_TYPES_H
 
+#include <fsdp/api.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,13 +26,13 @@ typedef enum {
 } fsdp_dtype_t;
 
 /* Bytes per element; 0 for an invalid dtype. */
-size_t fsdp_dtype_size(fsdp_dtype_t dtype);
+FSDP_API size_t fsdp_dtype_size(fsdp_dtype_t dtype);
 /* "f32", "bf16", "f16", "i32"; "invalid" otherwise. Never NULL. */
-const char *fsdp_dtype_name(fsdp_dtype_t dtype);
+FSDP_API const char *fsdp_dtype_name(fsdp_dtype_t dtype);
 /* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16", "i32". */
-int fsdp_dtype_parse(const char *s, fsdp_dtype_t *dtype_p);
+FSDP_API int fsdp_dtype_parse(const char *s, fsdp_dtype_t *dtype_p);
 /* 1 for the floating-point types. */
-int fsdp_dtype_is_float(fsdp_dtype_t dtype);
+FSDP_API int fsdp_dtype_is_float(fsdp_dtype_t dtype);
 
 typedef enum {
     FSDP_REDUCE_SUM = 0,
@@ -39,7 +41,7 @@ typedef enum {
     FSDP_REDUCE_COUNT
 } fsdp_reduce_op_t;
 
-const char *fsdp_reduce_op_name(fsdp_reduce_op_t op);
+FSDP_API const char *fsdp_reduce_op_name(fsdp_reduce_op_t op);
 
 /* What a byte of device memory is for (DESIGN.md, "Memory"). */
 #define FSDP_FOREACH_MEM_CATEGORY(X)                                                               \
@@ -59,13 +61,13 @@ typedef enum {
         FSDP_MEM_CATEGORY_COUNT
 } fsdp_mem_category_t;
 
-const char *fsdp_mem_category_name(fsdp_mem_category_t cat);
+FSDP_API const char *fsdp_mem_category_name(fsdp_mem_category_t cat);
 
 /* IEEE binary16 and bfloat16 conversions, round to nearest even (NaN stays NaN). */
-uint16_t fsdp_f32_to_bf16(float x);
-float fsdp_bf16_to_f32(uint16_t x);
-uint16_t fsdp_f32_to_f16(float x);
-float fsdp_f16_to_f32(uint16_t x);
+FSDP_API uint16_t fsdp_f32_to_bf16(float x);
+FSDP_API float fsdp_bf16_to_f32(uint16_t x);
+FSDP_API uint16_t fsdp_f32_to_f16(float x);
+FSDP_API float fsdp_f16_to_f32(uint16_t x);
 
 #ifdef __cplusplus
 }

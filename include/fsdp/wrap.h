@@ -7,6 +7,8 @@
 #ifndef FSDP_WRAP_H
 #define FSDP_WRAP_H
 
+#include <fsdp/api.h>
+
 #include <fsdp/status.h>
 #include <stddef.h>
 
@@ -42,12 +44,13 @@ typedef struct fsdp_wrap_policy {
     void *arg;
 } fsdp_wrap_policy_t;
 
-void fsdp_wrap_policy_init(fsdp_wrap_policy_t *policy, fsdp_wrap_kind_t kind);
+FSDP_API void fsdp_wrap_policy_init(fsdp_wrap_policy_t *policy, fsdp_wrap_kind_t kind);
 
 /* Decides the units: unit_of[i] = the index of the wrapped module that owns module i's
  * parameters (itself when wrapped). Modules must be listed parents first. */
-fsdp_status_t fsdp_auto_wrap(const fsdp_wrap_policy_t *policy, const fsdp_module_desc_t *modules,
-                             int nmodules, int *unit_of);
+FSDP_API fsdp_status_t fsdp_auto_wrap(const fsdp_wrap_policy_t *policy,
+                                      const fsdp_module_desc_t *modules, int nmodules,
+                                      int *unit_of);
 
 #ifdef __cplusplus
 }
