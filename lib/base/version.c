@@ -1,3 +1,4 @@
+/* The library version at run time (include/fsdp/version.h has the compile-time macros). */
 #include <fsdp/version.h>
 
 unsigned fsdp_version(void)
