@@ -28,6 +28,7 @@
 #include <fsdp/log.h>
 
 #include "nn/gpt2_int.h"
+#include "nn/nn_int.h"
 
 /* what a block's backward reads, by index */
 enum {
@@ -129,21 +130,28 @@ static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, siz
     return gemm_batched(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
-/* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D) */
+/* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D's addmm), then + residual [BT, n] unless NULL
+ * (the block's residual add, a separate torch op: kernel.h's epilogue rounds it apart) */
 static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
-                                const void *bias, size_t n, void *out)
+                                const void *bias, size_t n, const void *residual, void *out)
 {
-    fsdp_kernel_t d = {.kind = FSDP_K_BIAS_ADD};
-    fsdp_status_t status = gemm(r, 0, 0, r->BT, n, k, x, k, w, n, 0.0f, out, n);
-
-    if (status != FSDP_OK)
-        return status;
-    d.u.bias_add.y = out;
-    d.u.bias_add.bias = bias;
-    d.u.bias_add.rows = r->BT;
-    d.u.bias_add.cols = n;
-    d.u.bias_add.y_dtype = d.u.bias_add.bias_dtype = r->dt;
-    return launch(r, &d);
+    fsdp_kernel_t d = {.kind = FSDP_K_GEMM};
+    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
+    d.u.gemm.m = r->BT;
+    d.u.gemm.n = n;
+    d.u.gemm.k = k;
+    d.u.gemm.alpha = 1.0f;
+    d.u.gemm.a = x;
+    d.u.gemm.lda = k;
+    d.u.gemm.b = w;
+    d.u.gemm.ldb = n;
+    d.u.gemm.c = out;
+    d.u.gemm.ldc = n;
+    d.u.gemm.batch = 1;
+    d.u.gemm.epilogue.bias = bias;
+    d.u.gemm.epilogue.bias_dtype = r->dt;
+    d.u.gemm.epilogue.residual = residual;
+    return fsdp_nn_gemm(r->dev, r->s, &d);
 }
 
 /* dW[k, n] += x^T dout, dbias += the column sums of dout, dx[BT, k] = dout W^T (dx NULL: not
@@ -201,17 +209,6 @@ static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const void *dy, const void *x,
     d.u.layernorm_bwd.cols = r->C;
     d.u.layernorm_bwd.accumulate = accumulate;
     d.u.layernorm_bwd.dtype = r->dt;
-    return launch(r, &d);
-}
-
-static fsdp_status_t add(gpt2_run_t *r, void *y, const void *a, const void *b, size_t n)
-{
-    fsdp_kernel_t d = {.kind = FSDP_K_ADD};
-    d.u.add.y = y;
-    d.u.add.a = a;
-    d.u.add.b = b;
-    d.u.add.n = n;
-    d.u.add.dtype = r->dt;
     return launch(r, &d);
 }
 
@@ -347,20 +344,18 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
                                (float *)a[A_MEAN1], (float *)a[A_RSTD1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
-                            a[A_QKV]);
+                            NULL, a[A_QKV]);
     if (status == FSDP_OK)
         status = attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), P(u, FSDP_GPT2_ATTN_PROJ_B),
-                            C, a[A_XMID]);
-    if (status == FSDP_OK)
-        status = add(r, a[A_XMID], a[A_XMID], x, BT * C);
+                            C, x, a[A_XMID]);
     if (status == FSDP_OK)
         status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
                                (float *)a[A_MEAN2], (float *)a[A_RSTD2]);
     if (status == FSDP_OK)
-        status =
-            linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, a[A_H]);
+        status = linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, NULL,
+                            a[A_H]);
     if (status == FSDP_OK) {
         d.u.gelu_fwd.y = a[A_G];
         d.u.gelu_fwd.x = a[A_H];
@@ -373,9 +368,7 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
     status = alloc_a(r, BT * C, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), P(u, FSDP_GPT2_FC_PROJ_B),
-                            C, r->resid[l + 1]);
-    if (status == FSDP_OK)
-        status = add(r, r->resid[l + 1], r->resid[l + 1], a[A_XMID], BT * C);
+                            C, a[A_XMID], r->resid[l + 1]);
     return status;
 }
 
