@@ -95,11 +95,12 @@ static fsdp_status_t alloc_a(gpt2_run_t *r, size_t n, fsdp_mem_category_t cat, v
 
 /* ---- kernel launches ---- */
 
-/* c = alpha op(a) op(b) + beta c, `batch` times with the given strides (elements) */
-static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
-                                  float alpha, const void *a, size_t lda, size_t sa, const void *b,
-                                  size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
-                                  size_t batch)
+/* c = alpha op(a) op(b) + beta c, `batch` times with the given strides (elements), then the
+ * epilogue epi (NULL: none) */
+static fsdp_status_t gemm_epi(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                              float alpha, const void *a, size_t lda, size_t sa, const void *b,
+                              size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
+                              size_t batch, const fsdp_gemm_epilogue_t *epi)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_GEMM}; /* every operand in the compute dtype */
     d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
@@ -120,7 +121,18 @@ static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_
     d.u.gemm.stride_a = sa;
     d.u.gemm.stride_b = sb;
     d.u.gemm.stride_c = sc;
-    return launch(r, &d);
+    if (epi != NULL)
+        d.u.gemm.epilogue = *epi;
+    return fsdp_nn_gemm(r->dev, r->s, &d);
+}
+
+static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                                  float alpha, const void *a, size_t lda, size_t sa, const void *b,
+                                  size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
+                                  size_t batch)
+{
+    return gemm_epi(r, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch,
+                    NULL);
 }
 
 static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
@@ -135,23 +147,8 @@ static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, siz
 static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
                                 const void *bias, size_t n, const void *residual, void *out)
 {
-    fsdp_kernel_t d = {.kind = FSDP_K_GEMM};
-    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
-    d.u.gemm.m = r->BT;
-    d.u.gemm.n = n;
-    d.u.gemm.k = k;
-    d.u.gemm.alpha = 1.0f;
-    d.u.gemm.a = x;
-    d.u.gemm.lda = k;
-    d.u.gemm.b = w;
-    d.u.gemm.ldb = n;
-    d.u.gemm.c = out;
-    d.u.gemm.ldc = n;
-    d.u.gemm.batch = 1;
-    d.u.gemm.epilogue.bias = bias;
-    d.u.gemm.epilogue.bias_dtype = r->dt;
-    d.u.gemm.epilogue.residual = residual;
-    return fsdp_nn_gemm(r->dev, r->s, &d);
+    fsdp_gemm_epilogue_t epi = {.bias = bias, .bias_dtype = r->dt, .residual = residual};
+    return gemm_epi(r, 0, 0, r->BT, n, k, 1.0f, x, k, 0, w, n, 0, 0.0f, out, n, 0, 1, &epi);
 }
 
 /* dW[k, n] += x^T dout, dbias += the column sums of dout, dx[BT, k] = dout W^T (dx NULL: not
