@@ -170,6 +170,14 @@ fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
  * f32 and stored in dtype. */
 fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *c, fsdp_dtype_t dtype,
                                     size_t rows, size_t cols, size_t ldc, float beta);
+/* The epilogue of the GEMM descriptor k (kernel.h), element by element through the shared body:
+ * C[i, j] (of k's c_dtype and ldc) = epilogue(w[i * ldw + j]), w the product in f32 (C itself
+ * when C is f32). */
+fsdp_status_t fsdp_gpu_gemm_epilogue(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k,
+                                     const float *w, size_t ldw);
+/* w[i * n + j] = C[i * ldc + j] widened to f32, for i < m, j < n. */
+fsdp_status_t fsdp_gpu_widen_matrix(fsdp_gpu_stream_t *stream, float *w, const void *c,
+                                    fsdp_dtype_t dtype, size_t m, size_t n, size_t ldc);
 
 /* The ops table's slots, by file. */
 fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,

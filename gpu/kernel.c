@@ -6,7 +6,7 @@
 
 #include <limits.h>
 
-#include "kernels/nn_bodies.h"
+#include "kernels/kernel_elem.h"
 
 static int dtype_ok(fsdp_dtype_t dtype)
 {
@@ -154,6 +154,14 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
                  (k->u.gemm.c == NULL || (kk > 0 && k->u.gemm.alpha != 0.0f &&
                                           (k->u.gemm.a == NULL || k->u.gemm.b == NULL))))
             bad = "a, b or c is NULL";
+        else if (fsdp_kb_gemm_has_epilogue(k) && k->u.gemm.batch > 1)
+            bad = "an epilogue on a batch of products (needs one)";
+        else if (k->u.gemm.epilogue.bias != NULL && !float_ok(k->u.gemm.epilogue.bias_dtype))
+            bad = "epilogue bias dtype (f32, bf16 or f16)";
+        else if (k->u.gemm.epilogue.act != FSDP_ACT_NONE &&
+                 k->u.gemm.epilogue.act != FSDP_ACT_RELU &&
+                 k->u.gemm.epilogue.act != FSDP_ACT_GELU_TANH)
+            bad = "epilogue activation (none, relu or gelu_tanh)";
         break;
     }
     case FSDP_K_BIAS_ADD:
@@ -298,6 +306,44 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* A GEMM with an epilogue: the product in f32 (C itself when C is f32, else a workspace on the
+ * stream, holding C's old values when beta reads them), then the epilogue's shared body over
+ * it, which rounds where the sim rounds: given the same f32 product, the same bits. */
+static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
+                                   const fsdp_kernel_t *k)
+{
+    const size_t m = k->u.gemm.m, n = k->u.gemm.n;
+    fsdp_kernel_t d = *k;
+    float *w = NULL;
+    fsdp_status_t status;
+
+    if (m == 0 || n == 0)
+        return FSDP_OK;
+    if (k->u.gemm.c_dtype == FSDP_DTYPE_F32) {
+        status = gemm(gdev, s, k);
+        return status != FSDP_OK
+                   ? status
+                   : fsdp_gpu_gemm_epilogue(s, k, (const float *)k->u.gemm.c, k->u.gemm.ldc);
+    }
+    status = FSDP_CUDA_CALL(cudaMallocAsync((void **)&w, m * n * sizeof(float), s->cu));
+    if (status != FSDP_OK)
+        return status;
+    if (k->u.gemm.beta != 0.0f)
+        status = fsdp_gpu_widen_matrix(s, w, k->u.gemm.c, k->u.gemm.c_dtype, m, n, k->u.gemm.ldc);
+    d.u.gemm.c = w;
+    d.u.gemm.c_dtype = FSDP_DTYPE_F32;
+    d.u.gemm.ldc = n;
+    if (status == FSDP_OK)
+        status = gemm(gdev, s, &d);
+    if (status == FSDP_OK)
+        status = fsdp_gpu_gemm_epilogue(s, k, w, n);
+    if (status == FSDP_OK)
+        status = FSDP_CUDA_CALL(cudaFreeAsync(w, s->cu));
+    else
+        (void)cudaFreeAsync(w, s->cu);
+    return status;
+}
+
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
@@ -318,7 +364,10 @@ fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp
         return status;
     op.host = op.start = op.end = fsdp_gpu_now();
     timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
-    status = k->kind == FSDP_K_GEMM ? gemm(gdev, s, k) : fsdp_gpu_launch(s, k);
+    if (k->kind != FSDP_K_GEMM)
+        status = fsdp_gpu_launch(s, k);
+    else
+        status = fsdp_kb_gemm_has_epilogue(k) ? gemm_epilogue(gdev, s, k) : gemm(gdev, s, k);
     if (status != FSDP_OK) {
         fsdp_gpu_trace_cancel(timer);
         return status;

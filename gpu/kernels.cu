@@ -144,7 +144,48 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
     }
 }
 
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    gemm_epilogue_kernel(const fsdp_kernel_t k, const float *w, size_t ldw)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x, n = k.u.gemm.n;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < k.u.gemm.m * n;
+         e += stride) {
+        const size_t i = e / n, j = e - i * n;
+        fsdp_kb_store(k.u.gemm.c, k.u.gemm.c_dtype, i * k.u.gemm.ldc + j,
+                      fsdp_kb_gemm_epilogue(&k.u.gemm.epilogue, k.u.gemm.c_dtype, k.u.gemm.ldc,
+                                            w[i * ldw + j], i, j));
+    }
+}
+
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    widen_matrix_kernel(float *w, const void *c, fsdp_dtype_t dtype, size_t m, size_t n, size_t ldc)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += stride)
+        w[e] = fsdp_kb_load(c, dtype, (e / n) * ldc + e % n);
+}
 } // namespace
+
+extern "C" fsdp_status_t fsdp_gpu_gemm_epilogue(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k,
+                                                const float *w, size_t ldw)
+{
+    if (k->u.gemm.m == 0 || k->u.gemm.n == 0)
+        return FSDP_OK;
+    gemm_epilogue_kernel<<<grid_for(k->u.gemm.m * k->u.gemm.n), FSDP_GPU_THREADS, 0, stream->cu>>>(
+        *k, w, ldw);
+    return launched(k, "gemm_epilogue_kernel");
+}
+
+extern "C" fsdp_status_t fsdp_gpu_widen_matrix(fsdp_gpu_stream_t *stream, float *w, const void *c,
+                                               fsdp_dtype_t dtype, size_t m, size_t n, size_t ldc)
+{
+    if (m == 0 || n == 0)
+        return FSDP_OK;
+    widen_matrix_kernel<<<grid_for(m * n), FSDP_GPU_THREADS, 0, stream->cu>>>(w, c, dtype, m, n,
+                                                                              ldc);
+    return fsdp_gpu_cuda_status(cudaGetLastError(), "launch of widen_matrix_kernel (gemm)",
+                                __FILE__, __LINE__, __func__);
+}
 
 extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *c,
                                                fsdp_dtype_t dtype, size_t rows, size_t cols,

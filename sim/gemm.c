@@ -18,7 +18,8 @@
  *
  * bf16 and f16 operands are widened to f32 while they are packed (exact, and cheap next to the
  * O(mnk) products), so every dtype runs the same micro-kernel in the same order; a 16-bit C
- * goes through an f32 workspace and is rounded once (fsdp_sim_gemm_ex).
+ * goes through an f32 workspace and is rounded once (fsdp_sim_gemm_ex), after the epilogue
+ * (kernel.h: the bias added to the f32 product, as addmm does).
  *
  * Summation order, fixed for a shape: element C[i,j] accumulates k in ascending order inside
  * each KC block starting from 0; the first block is written as alpha*acc (+ beta*C), later
@@ -33,7 +34,7 @@
 
 #include <fsdp/log.h>
 
-#include "kernels/elementwise.h"
+#include "kernels/kernel_elem.h"
 #include "sim_kernels.h"
 
 #define MR 6                /* micro-tile rows */
@@ -404,7 +405,7 @@ static int fsdp_gemm_dtype_float(fsdp_dtype_t dt)
 fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
                                const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
                                fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
-                               fsdp_dtype_t c_dtype, size_t ldc)
+                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi)
 {
     fsdp_status_t status;
     float *cw;
@@ -423,9 +424,16 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
                    c == NULL ? "NULL" : "set", ldc, n);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (c_dtype == FSDP_DTYPE_F32)
-        return fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                             beta, c, ldc);
+    if (c_dtype == FSDP_DTYPE_F32) {
+        status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                               beta, c, ldc);
+        /* the epilogue over the finished f32 product, in place: nothing to round */
+        for (size_t i = 0; i < m && epi != NULL && status == FSDP_OK; i++)
+            for (size_t j = 0; j < n; j++)
+                ((float *)c)[i * ldc + j] =
+                    fsdp_kb_gemm_epilogue(epi, c_dtype, ldc, ((float *)c)[i * ldc + j], i, j);
+        return status;
+    }
 
     /* A 16-bit C: the k blocks add into an f32 workspace, which is rounded once at the end, so
      * that no partial sum is rounded to 16 bits; beta * C is applied there, in f32. */
@@ -442,7 +450,10 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
                            cw, n);
     for (size_t i = 0; i < m && status == FSDP_OK; i++)
         for (size_t j = 0; j < n; j++)
-            fsdp_kb_store(c, c_dtype, i * ldc + j, cw[i * n + j]);
+            fsdp_kb_store(c, c_dtype, i * ldc + j,
+                          epi == NULL
+                              ? cw[i * n + j]
+                              : fsdp_kb_gemm_epilogue(epi, c_dtype, ldc, cw[i * n + j], i, j));
     free(cw);
     return status;
 }
@@ -452,5 +463,5 @@ fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t
                             float *c, size_t ldc)
 {
     return fsdp_sim_gemm_ex(trans_a, trans_b, m, n, k, alpha, a, FSDP_DTYPE_F32, lda, b,
-                            FSDP_DTYPE_F32, ldb, beta, c, FSDP_DTYPE_F32, ldc);
+                            FSDP_DTYPE_F32, ldb, beta, c, FSDP_DTYPE_F32, ldc, NULL);
 }

@@ -115,6 +115,17 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
                             k->u.gemm.c_dtype == k->u.gemm.a_dtype ||
                                 k->u.gemm.c_dtype == FSDP_DTYPE_F32,
                             "a_dtype or f32");
+        if (fsdp_kb_gemm_has_epilogue(k)) {
+            const fsdp_gemm_epilogue_t *e = &k->u.gemm.epilogue;
+            if (k->u.gemm.batch > 1)
+                FSDP_SIM_KERNEL_INVALID(k, "an epilogue on a batch of %zu products (needs one)",
+                                        k->u.gemm.batch);
+            if (e->bias != NULL)
+                FSDP_SIM_NEED_FLOAT(k, e->bias_dtype);
+            if (e->act != FSDP_ACT_NONE && e->act != FSDP_ACT_RELU && e->act != FSDP_ACT_GELU_TANH)
+                FSDP_SIM_KERNEL_INVALID(k, "epilogue activation %d (none, relu or gelu_tanh)",
+                                        (int)e->act);
+        }
         break;
     case FSDP_K_BIAS_ADD: {
         size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
@@ -274,9 +285,10 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k)
             c += i * k->u.gemm.stride_c * sc;
         }
         status = fsdp_sim_gemm_ex(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
-                                  k->u.gemm.k, k->u.gemm.alpha, a, k->u.gemm.a_dtype,
-                                  k->u.gemm.lda, b, k->u.gemm.b_dtype, k->u.gemm.ldb,
-                                  k->u.gemm.beta, c, k->u.gemm.c_dtype, k->u.gemm.ldc);
+                                  k->u.gemm.k, k->u.gemm.alpha, a, k->u.gemm.a_dtype, k->u.gemm.lda,
+                                  b, k->u.gemm.b_dtype, k->u.gemm.ldb, k->u.gemm.beta, c,
+                                  k->u.gemm.c_dtype, k->u.gemm.ldc,
+                                  fsdp_kb_gemm_has_epilogue(k) ? &k->u.gemm.epilogue : NULL);
     }
     return status;
 }

@@ -42,12 +42,13 @@ fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t
 /* The same with dtypes, as the GEMM descriptor of kernel.h: A and B share one of f32, bf16 and
  * f16, C is that dtype or f32. 16-bit operands are widened to f32 while they are packed, so the
  * micro-kernel and the summation order are those of the f32 routine; a 16-bit C is accumulated
- * in an f32 workspace (beta * C included) and rounded once at the end. With every dtype f32 this
- * is fsdp_sim_gemm, bit for bit. */
+ * in an f32 workspace (beta * C included) and rounded once at the end. epi (NULL: none) is the
+ * descriptor's epilogue, applied to each f32 element before that rounding (an f32 C: in place
+ * after the product). With every dtype f32 and no epilogue this is fsdp_sim_gemm, bit for bit. */
 fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
                                const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
                                fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
-                               fsdp_dtype_t c_dtype, size_t ldc);
+                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi);
 
 #define FSDP_SIM_GEMM_KC 256 /* depth of one packed block: fixes the summation order */
 

@@ -1559,7 +1559,8 @@ static void test_world_one_is_no_shard(void)
  * plain loops: every step the weights are rounded to bf16 from the master copies; each rank's
  * rows run forward and backward with bf16 inputs, activations and gradients, every GEMM output
  * summed in f32 (k ascending, the products of two bf16 values exact in f32) and rounded once,
- * bias add and the MSE gradient computed in f32 and rounded, ReLU exact; each rank's bf16
+ * a Linear's bias added to its f32 sum before that one rounding (nn.Linear's addmm), the MSE
+ * gradient computed in f32 and rounded, ReLU exact; each rank's bf16
  * gradient is widened, pre-divided, summed over ranks in f32 in rank order and post-divided
  * (the reduce_dtype reduction); AdamW then steps the master copies (in double here). The
  * per-rank rounding of the gradient is what MixedPrecision does with W ranks, so the reference
@@ -1606,7 +1607,7 @@ static double mpt_ref_rank(float *const wl[NL], float *const bl[NL], int row0, i
                 float s = 0.0f;
                 for (int i = 0; i < in; i++)
                     s += act[l][r * in + i] * wl[l][o * in + i];
-                s = mpt_bf16(mpt_bf16(s) + bl[l][o]); /* GEMM output, then bias add */
+                s = mpt_bf16(s + bl[l][o]); /* addmm: the bias added in f32, one rounding */
                 act[l + 1][r * o2 + o] = (l < NL - 1 && !(s > 0.0f)) ? 0.0f : s;
             }
         }

@@ -1527,10 +1527,10 @@ static void test_elementwise_low_precision(void)
             k.u.bias_grad.dy_dtype = ot;
             CU_ASSERT_EQUAL(run(&k), FSDP_OK);
             for (int c = 0; c < C; c++) {
-                float s = 0.0f; /* rows in order, in f32, rounded once */
+                float s = 0.0f; /* rows in order, in f32, rounded once, then accumulated */
                 for (int r = 0; r < R; r++)
                     s += ld(dy, ot, (size_t)(r * C + c));
-                bad += ld(dbias, dt, c) != round_to(dt, ld(dbias0, dt, c) + s);
+                bad += ld(dbias, dt, c) != round_to(dt, ld(dbias0, dt, c) + round_to(dt, s));
             }
 
             memset(&k, 0, sizeof(k)); /* y (dt) = relu(x (ot)) */

@@ -54,6 +54,27 @@ typedef enum {
 
 FSDP_API const char *fsdp_kernel_name(fsdp_kernel_kind_t kind);
 
+/* The activation of a GEMM epilogue (values appended, never reordered). */
+typedef enum {
+    FSDP_ACT_NONE = 0,
+    FSDP_ACT_RELU,     /* max(x, 0) */
+    FSDP_ACT_GELU_TANH /* HF's gelu_new, the body of gelu_fwd */
+} fsdp_activation_t;
+
+/* What follows a GEMM's product, in this order, each stage one PyTorch op: the bias (torch's
+ * addmm: the product plus the bias, in f32), the activation, then the residual add. Every
+ * stage computes in f32 from its input and, when C is 16-bit, its result is rounded once to C's
+ * dtype, as the op's own kernel does; so the product is rounded only after the bias is added.
+ * In f32 a GEMM with an epilogue gives the bits of the separate launches (gemm, bias_add,
+ * relu_fwd or gelu_fwd, add); under mixed precision, addmm's one rounding instead of two. A
+ * zeroed epilogue does nothing. */
+typedef struct fsdp_gemm_epilogue {
+    const void *bias;        /* [N] of bias_dtype, or NULL: no bias */
+    fsdp_dtype_t bias_dtype; /* f32, bf16 or f16 */
+    fsdp_activation_t act;
+    const void *residual; /* [M, N] of C's dtype with C's leading dimension, or NULL; may be C */
+} fsdp_gemm_epilogue_t;
+
 typedef struct fsdp_kernel {
     fsdp_kernel_kind_t kind;
     union {
@@ -80,13 +101,16 @@ typedef struct fsdp_kernel {
                  /* batch > 1: `batch` independent products, the i-th on a + i * stride_a,
                   * b + i * stride_b and c + i * stride_c (elements), in index order; 0 or 1 is
                   * the one product above (strides unused) */
-                 size_t batch, stride_a, stride_b, stride_c; } gemm;
+                 size_t batch, stride_a, stride_b, stride_c;
+                 /* applied to every element of C before its one store; needs batch <= 1 */
+                 fsdp_gemm_epilogue_t epilogue; } gemm;
         /* The element-wise kinds below load every operand as f32 (any float dtype), compute
          * in f32 and round on store; a buffer used in place must keep one dtype. */
         /* y[r, c] += bias[c] for r < rows, c < cols */
         struct { void *y; const void *bias; size_t rows, cols;
                  fsdp_dtype_t y_dtype, bias_dtype; } bias_add;
-        /* dbias[c] += sum over r of dy[r, c], summed in row order in f32, rounded once */
+        /* dbias[c] += sum over r of dy[r, c], summed in row order in f32 and rounded to dbias's
+         * dtype once, then added (and rounded), as autograd accumulates a new gradient */
         struct { void *dbias; const void *dy; size_t rows, cols;
                  fsdp_dtype_t dbias_dtype, dy_dtype; } bias_grad;
         /* y[i] = max(x[i], 0); y may equal x */
@@ -128,7 +152,8 @@ typedef struct fsdp_kernel {
          * g = dy * weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), written
          * (accumulate 0) or added (accumulate 1: the term is rounded to the dtype, then the sum,
          * as a separate add would); dweight[c] += sum over r of dy * xhat and dbias[c] += sum
-         * over r of dy (summed in f32, added once). Any of dx, dweight, dbias may be NULL (not
+         * over r of dy (summed in f32 and rounded once, then added, as autograd accumulates). Any
+         * of dx, dweight, dbias may be NULL (not
          * computed). dx must not overlap dy or x. */
         struct { void *dx; void *dweight; void *dbias; const void *dy; const void *x;
                  const float *mean; const float *rstd; const void *weight; size_t rows, cols;
@@ -140,19 +165,23 @@ typedef struct fsdp_kernel {
             gelu_bwd;
         /* y = softmax(scale * x) over each row of x [rows, cols]. causal: x is [batch, cols,
          * cols] (rows = batch * cols) and row r keeps columns 0 .. r % cols, the others are
-         * 0 (the masked attention of a decoder). y may equal x. */
+         * 0 (the masked attention of a decoder). y may equal x. In a 16-bit dtype scale * x is
+         * rounded to the dtype first: the scaling is its own torch op. */
         struct { void *y; const void *x; size_t rows, cols; float scale; int causal;
                  fsdp_dtype_t dtype; } softmax_fwd;
         /* Its backward from the saved y: dx = scale * y * (dy - sum(y * dy)) per row (0 where
-         * masked); dx may equal dy. */
+         * masked); dx may equal dy. In a 16-bit dtype y * (dy - sum(y * dy)) is rounded to the
+         * dtype before it is scaled (softmax's backward, then the scaling's). */
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
                  int causal; fsdp_dtype_t dtype; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
          * (no position term). A token outside [0, vocab) gives a row of NaN. */
         struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;
                  size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; } embedding_fwd;
-        /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c], each element in row
-         * order (each add rounded to the dtype); dwte or dwpe may be NULL; tokens outside
+        /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c]. In f32 each row adds
+         * in row order; in a 16-bit dtype the rows of one token (of one position) are summed in
+         * f32 in row order and rounded once, then added and rounded, as torch's embedding
+         * backward and autograd's accumulation do. dwte or dwpe may be NULL; tokens outside
          * [0, vocab) add nothing. */
         struct { void *dwte; void *dwpe; const void *dy; const int32_t *tokens; size_t rows,
                  cols, seq, vocab; fsdp_dtype_t dtype; } embedding_bwd;

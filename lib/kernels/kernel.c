@@ -54,6 +54,18 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
             flops *= (double)k->u.gemm.batch;
             bytes *= (double)k->u.gemm.batch;
         }
+        /* The epilogue runs on the product before it is stored (cuBLASLt's epilogue): it adds
+         * its own arithmetic and reads, and no write of C. */
+        if (k->u.gemm.epilogue.bias != NULL) {
+            flops += m * nn;
+            bytes += nn * dsize(k->u.gemm.epilogue.bias_dtype);
+        }
+        if (k->u.gemm.epilogue.act != FSDP_ACT_NONE)
+            flops += (k->u.gemm.epilogue.act == FSDP_ACT_GELU_TANH ? 20.0 : 1.0) * m * nn;
+        if (k->u.gemm.epilogue.residual != NULL) {
+            flops += m * nn;
+            bytes += m * nn * dsize(k->u.gemm.c_dtype);
+        }
         break;
     }
     case FSDP_K_BIAS_ADD:

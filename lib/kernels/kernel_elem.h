@@ -221,6 +221,33 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
     }
 }
 
+/* Does the GEMM descriptor k have an epilogue (kernel.h)? */
+FSDP_HD int fsdp_kb_gemm_has_epilogue(const fsdp_kernel_t *k)
+{
+    const fsdp_gemm_epilogue_t *e = &k->u.gemm.epilogue;
+    return e->bias != NULL || e->act != FSDP_ACT_NONE || e->residual != NULL;
+}
+
+/* The epilogue of a GEMM whose C has dtype dt and leading dimension ldc, for element (i, j):
+ * v is the product's f32 value (alpha and beta * C applied); returns the value to store, which
+ * the store rounds. Each stage is one torch op: its input is the previous stage's output as
+ * that op would hand it on (rounded to dt), so the product alone is never rounded before the
+ * bias is added (addmm). In f32 every rounding is the identity, and the arithmetic is that of
+ * bias_add, relu_fwd or gelu_fwd and add, in that order. */
+FSDP_HD float fsdp_kb_gemm_epilogue(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t dt, size_t ldc,
+                                    float v, size_t i, size_t j)
+{
+    if (e->bias != NULL)
+        v = v + fsdp_kb_load(e->bias, e->bias_dtype, j);
+    if (e->act == FSDP_ACT_RELU)
+        v = fsdp_kb_relu(fsdp_kb_round_to(v, dt));
+    else if (e->act == FSDP_ACT_GELU_TANH)
+        v = fsdp_kb_gelu(fsdp_kb_round_to(v, dt));
+    if (e->residual != NULL)
+        v = fsdp_kb_round_to(v, dt) + fsdp_kb_load(e->residual, dt, i * ldc + j);
+    return v;
+}
+
 /* bias_grad, column c: dbias[c] += the sum of dy[., c] in row order, in f32, rounded once. */
 FSDP_HD void fsdp_kb_bias_grad_col(const fsdp_kernel_t *k, size_t c)
 {
@@ -229,7 +256,9 @@ FSDP_HD void fsdp_kb_bias_grad_col(const fsdp_kernel_t *k, size_t c)
     float s = 0.0f;
     for (size_t r = 0; r < k->u.bias_grad.rows; r++)
         s += fsdp_kb_load(k->u.bias_grad.dy, k->u.bias_grad.dy_dtype, r * cols + c);
-    fsdp_kb_store(k->u.bias_grad.dbias, dt, c, fsdp_kb_load(k->u.bias_grad.dbias, dt, c) + s);
+    /* the sum is rounded (torch's sum over the rows), then added (autograd's accumulate) */
+    fsdp_kb_store(k->u.bias_grad.dbias, dt, c,
+                  fsdp_kb_load(k->u.bias_grad.dbias, dt, c) + fsdp_kb_round_to(s, dt));
 }
 
 /* sumsq, element i: x[i]^2 in double (exact for every f32 x). */

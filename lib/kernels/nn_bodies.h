@@ -258,17 +258,21 @@ FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
             sb[j] += g;
         }
     }
-    for (size_t j = 0; j < nc; j++) {
+    for (size_t j = 0; j < nc; j++) { /* each sum rounded, then added (autograd's accumulate) */
         if (dw != NULL)
-            fsdp_kb_store(dw, dt, c0 + j, fsdp_kb_load(dw, dt, c0 + j) + sw[j]);
+            fsdp_kb_store(dw, dt, c0 + j,
+                          fsdp_kb_load(dw, dt, c0 + j) + fsdp_kb_round_to(sw[j], dt));
         if (db != NULL)
-            fsdp_kb_store(db, dt, c0 + j, fsdp_kb_load(db, dt, c0 + j) + sb[j]);
+            fsdp_kb_store(db, dt, c0 + j,
+                          fsdp_kb_load(db, dt, c0 + j) + fsdp_kb_round_to(sb[j], dt));
     }
 }
 
 /* In f32 y keeps each exponential until the division (y may be x); in a 16-bit dtype they are
  * computed again for the output instead, so that no unnormalized value is rounded. The same
- * function of the same argument, so the same bits either way. */
+ * function of the same argument, so the same bits either way. The scaled scores are rounded to
+ * the dtype before the softmax reads them: the scaling is its own torch op (HF's eager
+ * attention divides the scores, then calls softmax), which rounds its output. */
 FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
 {
     const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
@@ -280,19 +284,20 @@ FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
     float mx = -fsdp_kb_inff(), sum = 0.0f;
 
     for (size_t j = 0; j < valid; j++) {
-        float z = fsdp_kb_load(x, dt, o + j) * s;
+        float z = fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt);
         if (z > mx)
             mx = z;
     }
     for (size_t j = 0; j < valid; j++) {
-        float e = fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
+        float e = fsdp_kb_expf(fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt) - mx);
         sum += e;
         if (dt == FSDP_DTYPE_F32)
             ((float *)y)[o + j] = e;
     }
     for (size_t j = 0; j < valid; j++) {
-        float e = dt == FSDP_DTYPE_F32 ? ((const float *)y)[o + j]
-                                       : fsdp_kb_expf(fsdp_kb_load(x, dt, o + j) * s - mx);
+        float e = dt == FSDP_DTYPE_F32
+                      ? ((const float *)y)[o + j]
+                      : fsdp_kb_expf(fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt) - mx);
         fsdp_kb_store(y, dt, o + j, e / sum);
     }
     for (size_t j = valid; j < n; j++)
@@ -311,9 +316,11 @@ FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
 
     for (size_t j = 0; j < valid; j++)
         dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
-    for (size_t j = 0; j < valid; j++)
-        fsdp_kb_store(dx, dt, o + j,
-                      s * (fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot)));
+    for (size_t j = 0; j < valid; j++) /* softmax's gradient is rounded, then scaled */
+        fsdp_kb_store(
+            dx, dt, o + j,
+            s * fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot),
+                                 dt));
     for (size_t j = valid; j < n; j++)
         fsdp_kb_store(dx, dt, o + j, 0.0f);
 }
@@ -369,7 +376,54 @@ FSDP_HD double fsdp_kb_cross_entropy_term(const fsdp_kernel_t *k, size_t i)
     return (double)k->u.cross_entropy.losses[i];
 }
 
-/* embedding_bwd, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order */
+/* embedding_bwd in a 16-bit dtype, columns [c0, c0 + nc): each token's rows (and each
+ * position's) summed in f32 in row order and rounded once, then added to the gradient and
+ * rounded, as torch's embedding backward and autograd's accumulation do. A row whose token came
+ * earlier was summed with that earlier row. */
+FSDP_HD void fsdp_kb_embedding_bwd_cols16(const fsdp_kernel_t *k, size_t c0, size_t nc)
+{
+    const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
+    const size_t n = k->u.embedding_bwd.cols, rows = k->u.embedding_bwd.rows;
+    const size_t seq = k->u.embedding_bwd.seq;
+    const int32_t *tok = k->u.embedding_bwd.tokens;
+    const void *dy = k->u.embedding_bwd.dy;
+    void *dwte = k->u.embedding_bwd.dwte, *dwpe = k->u.embedding_bwd.dwpe;
+    float s[FSDP_KB_COLS];
+
+    for (size_t r = 0; dwte != NULL && r < rows; r++) {
+        const int32_t t = tok[r];
+        size_t q = 0;
+        if (t < 0 || (size_t)t >= k->u.embedding_bwd.vocab)
+            continue;
+        while (q < r && tok[q] != t)
+            q++;
+        if (q < r)
+            continue; /* summed with row q */
+        for (size_t j = 0; j < nc; j++)
+            s[j] = 0.0f;
+        for (q = r; q < rows; q++)
+            for (size_t j = 0; tok[q] == t && j < nc; j++)
+                s[j] += fsdp_kb_load(dy, dt, q * n + c0 + j);
+        for (size_t j = 0; j < nc; j++) {
+            const size_t w = (size_t)t * n + c0 + j;
+            fsdp_kb_store(dwte, dt, w, fsdp_kb_load(dwte, dt, w) + fsdp_kb_round_to(s[j], dt));
+        }
+    }
+    for (size_t p = 0; dwpe != NULL && p < seq && p < rows; p++) {
+        for (size_t j = 0; j < nc; j++)
+            s[j] = 0.0f;
+        for (size_t q = p; q < rows; q += seq)
+            for (size_t j = 0; j < nc; j++)
+                s[j] += fsdp_kb_load(dy, dt, q * n + c0 + j);
+        for (size_t j = 0; j < nc; j++) {
+            const size_t w = p * n + c0 + j;
+            fsdp_kb_store(dwpe, dt, w, fsdp_kb_load(dwpe, dt, w) + fsdp_kb_round_to(s[j], dt));
+        }
+    }
+}
+
+/* embedding_bwd, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order. In f32 each row
+ * adds onto the gradient in turn (f32 sums either way). */
 FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
 {
     const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
@@ -377,6 +431,10 @@ FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
     void *dwte = k->u.embedding_bwd.dwte, *dwpe = k->u.embedding_bwd.dwpe;
 
+    if (dt != FSDP_DTYPE_F32) {
+        fsdp_kb_embedding_bwd_cols16(k, c0, nc);
+        return;
+    }
     for (size_t r = 0; r < k->u.embedding_bwd.rows; r++) {
         const size_t g = r * n + c0;
         int32_t t = k->u.embedding_bwd.tokens[r];

@@ -28,6 +28,7 @@
 #include <fsdp/log.h>
 
 #include "nn/gpt2_int.h"
+#include "nn/nn_int.h"
 
 /* what a block's backward reads, by index */
 enum {
@@ -94,11 +95,12 @@ static fsdp_status_t alloc_a(gpt2_run_t *r, size_t n, fsdp_mem_category_t cat, v
 
 /* ---- kernel launches ---- */
 
-/* c = alpha op(a) op(b) + beta c, `batch` times with the given strides (elements) */
-static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
-                                  float alpha, const void *a, size_t lda, size_t sa, const void *b,
-                                  size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
-                                  size_t batch)
+/* c = alpha op(a) op(b) + beta c, `batch` times with the given strides (elements), then the
+ * epilogue epi (NULL: none) */
+static fsdp_status_t gemm_epi(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                              float alpha, const void *a, size_t lda, size_t sa, const void *b,
+                              size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
+                              size_t batch, const fsdp_gemm_epilogue_t *epi)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_GEMM}; /* every operand in the compute dtype */
     d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
@@ -119,7 +121,18 @@ static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_
     d.u.gemm.stride_a = sa;
     d.u.gemm.stride_b = sb;
     d.u.gemm.stride_c = sc;
-    return launch(r, &d);
+    if (epi != NULL)
+        d.u.gemm.epilogue = *epi;
+    return fsdp_nn_gemm(r->dev, r->s, &d);
+}
+
+static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                                  float alpha, const void *a, size_t lda, size_t sa, const void *b,
+                                  size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
+                                  size_t batch)
+{
+    return gemm_epi(r, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch,
+                    NULL);
 }
 
 static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
@@ -129,21 +142,13 @@ static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, siz
     return gemm_batched(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
-/* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D) */
+/* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D's addmm), then + residual [BT, n] unless NULL
+ * (the block's residual add, a separate torch op: kernel.h's epilogue rounds it apart) */
 static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
-                                const void *bias, size_t n, void *out)
+                                const void *bias, size_t n, const void *residual, void *out)
 {
-    fsdp_kernel_t d = {.kind = FSDP_K_BIAS_ADD};
-    fsdp_status_t status = gemm(r, 0, 0, r->BT, n, k, x, k, w, n, 0.0f, out, n);
-
-    if (status != FSDP_OK)
-        return status;
-    d.u.bias_add.y = out;
-    d.u.bias_add.bias = bias;
-    d.u.bias_add.rows = r->BT;
-    d.u.bias_add.cols = n;
-    d.u.bias_add.y_dtype = d.u.bias_add.bias_dtype = r->dt;
-    return launch(r, &d);
+    fsdp_gemm_epilogue_t epi = {.bias = bias, .bias_dtype = r->dt, .residual = residual};
+    return gemm_epi(r, 0, 0, r->BT, n, k, 1.0f, x, k, 0, w, n, 0, 0.0f, out, n, 0, 1, &epi);
 }
 
 /* dW[k, n] += x^T dout, dbias += the column sums of dout, dx[BT, k] = dout W^T (dx NULL: not
@@ -201,17 +206,6 @@ static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const void *dy, const void *x,
     d.u.layernorm_bwd.cols = r->C;
     d.u.layernorm_bwd.accumulate = accumulate;
     d.u.layernorm_bwd.dtype = r->dt;
-    return launch(r, &d);
-}
-
-static fsdp_status_t add(gpt2_run_t *r, void *y, const void *a, const void *b, size_t n)
-{
-    fsdp_kernel_t d = {.kind = FSDP_K_ADD};
-    d.u.add.y = y;
-    d.u.add.a = a;
-    d.u.add.b = b;
-    d.u.add.n = n;
-    d.u.add.dtype = r->dt;
     return launch(r, &d);
 }
 
@@ -347,20 +341,18 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
                                (float *)a[A_MEAN1], (float *)a[A_RSTD1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
-                            a[A_QKV]);
+                            NULL, a[A_QKV]);
     if (status == FSDP_OK)
         status = attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), P(u, FSDP_GPT2_ATTN_PROJ_B),
-                            C, a[A_XMID]);
-    if (status == FSDP_OK)
-        status = add(r, a[A_XMID], a[A_XMID], x, BT * C);
+                            C, x, a[A_XMID]);
     if (status == FSDP_OK)
         status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
                                (float *)a[A_MEAN2], (float *)a[A_RSTD2]);
     if (status == FSDP_OK)
-        status =
-            linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, a[A_H]);
+        status = linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, NULL,
+                            a[A_H]);
     if (status == FSDP_OK) {
         d.u.gelu_fwd.y = a[A_G];
         d.u.gelu_fwd.x = a[A_H];
@@ -373,9 +365,7 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
     status = alloc_a(r, BT * C, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), P(u, FSDP_GPT2_FC_PROJ_B),
-                            C, r->resid[l + 1]);
-    if (status == FSDP_OK)
-        status = add(r, r->resid[l + 1], r->resid[l + 1], a[A_XMID], BT * C);
+                            C, a[A_XMID], r->resid[l + 1]);
     return status;
 }
 

@@ -4,7 +4,9 @@
  * Under mixed precision the model computes in the units' compute dtype (param_dtype), as a
  * PyTorch module under FSDP's MixedPrecision does: the input is cast to it at the root
  * (cast_root_forward_inputs), weights, activations and their gradients are in it, GEMMs sum in
- * f32 and round their output once, element-wise kernels compute in f32 and round on store. The
+ * f32 and round their output once (a Linear's bias is added before that rounding, as addmm
+ * does, and its ReLU rounds nothing more: the epilogue of kernel.h), element-wise kernels
+ * compute in f32 and round on store. The
  * target stays f32 and the loss is f32; its gradient is rounded to the compute dtype, and the
  * weight gradients are written in it (FSDP casts them to reduce_dtype). */
 #include <fsdp/log.h>
@@ -15,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "nn/nn_int.h"
 
 struct fsdp_mlp {
     fsdp_t *fs;
@@ -204,7 +208,6 @@ static fsdp_status_t linear_forward(mlp_run_t *r, int i)
     size_t in = (size_t)r->mlp->dims[i], out = (size_t)r->mlp->dims[i + 1];
     const void *w = fsdp_unit_param(u, 0), *b = fsdp_unit_param(u, 1);
     fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
-    fsdp_status_t status;
 
     /* y[B, out] = x[B, in] @ W^T, W is [out, in] as nn.Linear stores it */
     k.u.gemm.trans_a = 0;
@@ -221,26 +224,11 @@ static fsdp_status_t linear_forward(mlp_run_t *r, int i)
     k.u.gemm.c = r->act[i + 1];
     k.u.gemm.ldc = out;
     k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = r->dt;
-    status = kernel(r, &k);
-    if (status != FSDP_OK)
-        return status;
-    memset(&k, 0, sizeof(k));
-    k.kind = FSDP_K_BIAS_ADD;
-    k.u.bias_add.y = r->act[i + 1];
-    k.u.bias_add.bias = b;
-    k.u.bias_add.rows = r->batch;
-    k.u.bias_add.cols = out;
-    k.u.bias_add.y_dtype = k.u.bias_add.bias_dtype = r->dt;
-    status = kernel(r, &k);
-    if (status != FSDP_OK || i == r->mlp->nlayers - 1)
-        return status;
-    memset(&k, 0, sizeof(k));
-    k.kind = FSDP_K_RELU_FWD;
-    k.u.relu_fwd.y = r->act[i + 1];
-    k.u.relu_fwd.x = r->act[i + 1];
-    k.u.relu_fwd.n = r->batch * out;
-    k.u.relu_fwd.y_dtype = k.u.relu_fwd.x_dtype = r->dt;
-    return kernel(r, &k);
+    /* nn.Linear's addmm, then the ReLU module (not after the last layer) */
+    k.u.gemm.epilogue.bias = b;
+    k.u.gemm.epilogue.bias_dtype = r->dt;
+    k.u.gemm.epilogue.act = i < r->mlp->nlayers - 1 ? FSDP_ACT_RELU : FSDP_ACT_NONE;
+    return fsdp_nn_gemm(r->dev, r->c, &k);
 }
 
 /* dy: gradient of layer i's output [B, out]; dx (NULL for the first layer) receives the
