@@ -9,6 +9,17 @@
 
 #include "test_util.h"
 
+/* Rank functions record their failed checks here (test_util.h). */
+static fsdp_test_failure_t failure;
+
+/* Runs func on the ranks of p, asserts the ranks' checks, and returns the launch's status. */
+static fsdp_status_t launch_checked(const fsdp_sim_params_t *p, fsdp_rank_func_t func, void *arg)
+{
+    fsdp_status_t status = fsdp_sim_launch(p, func, arg, NULL);
+    fsdp_test_failure_assert(&failure);
+    return status;
+}
+
 #define NL 3
 static const int dims[NL + 1] = {5, 7, 6, 3}; /* flat sizes 42, 48, 21: not multiples of W */
 #define MAXB 12                               /* global batch, divisible by 1, 2, 3, 4 */
@@ -534,7 +545,7 @@ static fsdp_status_t mp_rank(fsdp_dev_t *dev, void *arg)
     fsdp_unit_set_param(kids[0], 0, va);
     fsdp_unit_set_param(kids[1], 0, vb);
 
-    CU_ASSERT_EQUAL(fsdp_unit_compute_dtype(kids[0]), mc->param);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_compute_dtype(kids[0]), mc->param);
     status = fsdp_pre_forward(root);
     mc->values_rounded[r] = 1;
     for (int k = 0; k < 2 && status == FSDP_OK; k++) {
@@ -611,7 +622,7 @@ static void test_mixed_precision(void)
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         mp_ctx_t mc = {.strategy = cases[c].strategy, .param = cases[c].param,
                        .reduce = cases[c].reduce, .offload = cases[c].offload};
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, mp_rank, &mc, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(launch_checked(&p, mp_rank, &mc), FSDP_OK);
         for (int r = 0; r < 4; r++) {
             if (cases[c].strategy == FSDP_NO_SHARD) {
                 CU_ASSERT_EQUAL(mc.ag[r], FSDP_DTYPE_UNSET); /* no all-gather of parameters */
@@ -797,10 +808,10 @@ static fsdp_status_t root_model_rank(fsdp_dev_t *dev, void *arg)
     for (int iter = 0; iter < 2 && status == FSDP_OK; iter++) {
         memset(&tl_counts, 0, sizeof(tl_counts));
         status = fsdp_pre_forward(root);
-        CU_ASSERT_PTR_NOT_NULL(fsdp_unit_param(root, 0));
+        FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(root, 0) != NULL);
         for (int k = 0; k < 2 && status == FSDP_OK; k++) {
             status = fsdp_pre_forward(kids[k]);
-            CU_ASSERT_PTR_NOT_NULL(fsdp_unit_param(kids[k], 0));
+            FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(kids[k], 0) != NULL);
             if (status == FSDP_OK)
                 status = fsdp_post_forward(kids[k]);
         }
@@ -843,7 +854,7 @@ static void test_collective_counts_root_params(void)
     p.world_size = 4;
     for (int i = 0; i < 3; i++) {
         phase_counts_t pc = {.strategy = FSDP_FULL_SHARD, .prefetch = prefetches[i]};
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, root_model_rank, &pc, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(launch_checked(&p, root_model_rank, &pc), FSDP_OK);
         for (int r = 0; r < 4; r++) {
             CU_ASSERT_EQUAL(pc.fwd[r].all_gather, 3);     /* N */
             CU_ASSERT_EQUAL(pc.bwd[r].all_gather, 2);     /* N - 1: the root kept its own */
@@ -851,7 +862,7 @@ static void test_collective_counts_root_params(void)
             CU_ASSERT_EQUAL(pc.fwd[r].reduce_scatter + pc.fwd[r].all_reduce, 0);
         }
         pc.strategy = FSDP_SHARD_GRAD_OP;
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, root_model_rank, &pc, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(launch_checked(&p, root_model_rank, &pc), FSDP_OK);
         for (int r = 0; r < 4; r++) {
             CU_ASSERT_EQUAL(pc.fwd[r].all_gather, 3);
             CU_ASSERT_EQUAL(pc.bwd[r].all_gather, 0);
@@ -876,44 +887,56 @@ static fsdp_status_t states_rank(fsdp_dev_t *dev, void *arg)
     void *g;
     (void)arg;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "u", root, &s, 1, &u), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, NULL, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root),
+                       FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "u", root, &s, 1, &u), FSDP_OK);
     /* a name reused across units, a second root, frozen parameters mixed in */
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "dup", root, &s, 1, &late), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root2", NULL, NULL, 0, &late), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "frz", root, frozen, 2, &late), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT(strstr(fsdp_last_error(fs), "f2") != NULL);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "dup", root, &s, 1, &late),
+                       FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "root2", NULL, NULL, 0, &late),
+                       FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "frz", root, frozen, 2, &late),
+                       FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK(&failure, dev->rank, strstr(fsdp_last_error(fs), "f2") != NULL);
 
     /* a child before the root; post-forward without pre-forward; backward before forward */
-    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(u), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(root), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(u), FSDP_ERR_STATE);
 
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "late", root, &s2, 1, &late), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_ERR_STATE); /* twice */
-    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_ERR_STATE); /* not in backward */
-    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_post_forward(u), FSDP_OK);
-    CU_ASSERT_PTR_NULL(fsdp_unit_param(u, 0)); /* resharded: no unsharded view */
-    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "late", root, &s2, 1, &late),
+                       FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(u), FSDP_OK);
+    /* twice */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(u), FSDP_ERR_STATE);
+    /* not in backward */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(u, 0, &g), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(u), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(u), FSDP_OK);
+    /* resharded: no unsharded view */
+    FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(u, 0) == NULL);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(root), FSDP_OK);
 
-    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_ERR_STATE); /* before the root's */
-    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_ERR_STATE); /* forward before final callback */
-    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK); /* fires once; a second call is a no-op */
-    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_ERR_STATE);
-    CU_ASSERT_EQUAL(fsdp_training_state(fs), FSDP_STATE_IDLE);
-    CU_ASSERT_EQUAL(fsdp_unit_handle_state(u), FSDP_HANDLE_IDLE);
-    CU_ASSERT_PTR_NOT_NULL(fsdp_unit_sharded_grad(u));
+    /* before the root's */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(u), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(root), FSDP_OK);
+    /* forward before final callback */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(u), FSDP_OK);
+    /* fires once; a second call is a no-op */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(u, 0, &g), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_training_state(fs), FSDP_STATE_IDLE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_handle_state(u), FSDP_HANDLE_IDLE);
+    FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_sharded_grad(u) != NULL);
     fsdp_destroy(fs);
     return FSDP_OK;
 }
@@ -928,7 +951,7 @@ static void launch_quiet(int world, fsdp_sim_mode_t mode,
     p.world_size = world;
     p.mode = mode;
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_fn, NULL, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(launch_checked(&p, rank_fn, NULL), FSDP_OK);
     fsdp_log_set_level(lvl);
 }
 
@@ -951,8 +974,10 @@ static fsdp_status_t many_names_rank(fsdp_dev_t *dev, void *arg)
     fsdp_t *fs;
     (void)arg;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, NULL, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root),
+                       FSDP_OK);
     for (int i = 0; i < NUNITS; i++) {
         char unit[24];
         snprintf(unit, sizeof(unit), "layer%d", i);
@@ -960,15 +985,18 @@ static fsdp_status_t many_names_rank(fsdp_dev_t *dev, void *arg)
             snprintf(names[i][j], sizeof(names[i][j]), "layer%d.%s", i, j ? "bias" : "weight");
             s[j].name = names[i][j];
         }
-        CU_ASSERT_EQUAL(fsdp_unit_create(fs, unit, root, s, 2, &u), FSDP_OK);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, unit, root, s, 2, &u),
+                           FSDP_OK);
     }
-    CU_ASSERT_EQUAL(fsdp_num_units(fs), NUNITS + 1);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_num_units(fs), NUNITS + 1);
     for (size_t k = 0; k < sizeof(taken) / sizeof(taken[0]); k++) {
         snprintf(extra[0], sizeof(extra[0]), "fresh%zu", k);
         s[0].name = extra[0];
         s[1].name = names[taken[k]][1];
-        CU_ASSERT_EQUAL(fsdp_unit_create(fs, "again", root, s, 2, &u), FSDP_ERR_INVALID_PARAM);
-        CU_ASSERT(strstr(fsdp_last_error(fs), names[taken[k]][1]) != NULL);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "again", root, s, 2, &u),
+                           FSDP_ERR_INVALID_PARAM);
+        FSDP_RANK_CHECK(&failure, dev->rank,
+                        strstr(fsdp_last_error(fs), names[taken[k]][1]) != NULL);
     }
     /* the refused units' fresh names were not kept */
     for (size_t k = 0; k < sizeof(taken) / sizeof(taken[0]); k++) {
@@ -976,9 +1004,10 @@ static fsdp_status_t many_names_rank(fsdp_dev_t *dev, void *arg)
         snprintf(extra[1], sizeof(extra[1]), "fresh%zu.b", k);
         s[0].name = extra[0];
         s[1].name = extra[1];
-        CU_ASSERT_EQUAL(fsdp_unit_create(fs, extra[0], root, s, 2, &u), FSDP_OK);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, extra[0], root, s, 2, &u),
+                           FSDP_OK);
     }
-    CU_ASSERT_EQUAL(fsdp_num_units(fs), NUNITS + 4);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_num_units(fs), NUNITS + 4);
     fsdp_destroy(fs);
     return FSDP_OK;
 }
@@ -1006,41 +1035,47 @@ static fsdp_status_t tied_rank(fsdp_dev_t *dev, void *arg)
     fsdp_status_t status;
     (void)arg;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "root", NULL, specs, 3, &root), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, NULL, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank,
+                            fsdp_unit_create(fs, "root", NULL, specs, 3, &root), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_unit_create(fs, "bad", root, &bad, 1, &late), FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "bad", root, &bad, 1, &late),
+                       FSDP_ERR_INVALID_PARAM);
     fsdp_log_set_level(FSDP_LOG_WARN);
-    CU_ASSERT_EQUAL(fsdp_unit_flat_numel(root), 11); /* 6 + 5, the tie stored once */
+    /* 6 + 5, the tie stored once */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_flat_numel(root), 11);
     fsdp_unit_param_info(root, 0, &a);
     fsdp_unit_param_info(root, 2, &b);
-    CU_ASSERT_EQUAL(a.offset, b.offset);
-    CU_ASSERT_EQUAL(b.tied_to, 0);
-    CU_ASSERT_EQUAL(fsdp_unit_set_param(root, 0, ones), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
-    CU_ASSERT_PTR_EQUAL(fsdp_unit_param(root, 0), fsdp_unit_param(root, 2));
-    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(root, 0, &g0), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(root, 2, &g2), FSDP_OK);
-    CU_ASSERT_PTR_EQUAL(g0, g2);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, a.offset, b.offset);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, b.tied_to, 0);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_set_param(root, 0, ones), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(root, 0) == fsdp_unit_param(root, 2));
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(root, 0, &g0), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(root, 2, &g2), FSDP_OK);
+    FSDP_RANK_CHECK(&failure, dev->rank, g0 == g2);
     /* two uses each add their gradient, as autograd accumulates into one .grad */
     for (int i = 0; i < 6; i++) {
         ((float *)g0)[i] += ones[i];
         ((float *)g2)[i] += twos[i];
     }
-    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_OK);
     /* the averaged gradient: every rank wrote 3 into each element of the tied weight */
     status = fsdp_unit_gather_full(root, full);
-    CU_ASSERT_EQUAL(status, FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, status, FSDP_OK);
     for (int i = 0; i < 6; i++)
-        CU_ASSERT_EQUAL(full[i], 1.0f);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, full[i], 1.0f);
     float *sg = fsdp_unit_sharded_grad(root);
     fsdp_param_info_t pi;
     fsdp_unit_param_info(root, 0, &pi);
     for (size_t i = 0; pi.in_shard && i < pi.numel_in_shard; i++)
-        CU_ASSERT_DOUBLE_EQUAL(sg[pi.offset_in_shard + i], 3.0, 1e-6);
+        FSDP_RANK_CHECK_MSG(&failure, dev->rank, fabs(sg[pi.offset_in_shard + i] - 3.0) <= 1e-6,
+                            "%g, expected %g", sg[pi.offset_in_shard + i], 3.0);
     fsdp_destroy(fs);
     return FSDP_OK;
 }
@@ -1051,7 +1086,7 @@ static void test_tied_parameters(void)
     fsdp_sim_params_init(&p);
     for (int w = 1; w <= 3; w++) {
         p.world_size = w;
-        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, tied_rank, NULL, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL(launch_checked(&p, tied_rank, NULL), FSDP_OK);
     }
 }
 
@@ -1085,7 +1120,8 @@ static fsdp_status_t order_rank(fsdp_dev_t *dev, void *arg)
     fsdp_t *fs;
     fsdp_status_t status;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, NULL, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
     fsdp_unit_create(fs, "a", root, &sa, 1, &kids[0]);
     fsdp_unit_create(fs, "b", root, &sb, 1, &kids[1]);
@@ -1125,7 +1161,7 @@ static void test_forward_order(void)
     p.world_size = 4;
     p.timeout_s = 20;
     fsdp_log_set_handler(capture_log, NULL);
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, order_rank, &oc, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(launch_checked(&p, order_rank, &oc), FSDP_OK);
     for (int r = 0; r < 4; r++) {
         CU_ASSERT_EQUAL(oc.status[r], FSDP_ERR_COLLECTIVE_MISMATCH);
         CU_ASSERT(strstr(oc.message[r], "forward order differs across ranks") != NULL);
@@ -1134,7 +1170,7 @@ static void test_forward_order(void)
     memset(&oc, 0, sizeof(oc));
     oc.swap_rank = -1;
     oc.swap_later = 1;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, order_rank, &oc, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(launch_checked(&p, order_rank, &oc), FSDP_OK);
     for (int r = 0; r < 4; r++) {
         CU_ASSERT_EQUAL(oc.status[r], FSDP_OK);
         CU_ASSERT(strstr(oc.message[r], "forward order changed after the first iteration") !=
@@ -1158,72 +1194,87 @@ static fsdp_status_t summon_rank(fsdp_dev_t *dev, void *arg)
 
     fsdp_config_init(&fc);
     fc.strategy = strategy;
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, &fc, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_mlp_create(fs, dims, NL, &mlp), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_mlp_init_params(mlp, 5), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, &fc, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_mlp_create(fs, dims, NL, &mlp), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_mlp_init_params(mlp, 5), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     fsdp_unit_t *root = fsdp_root(fs), *l0 = fsdp_mlp_layer(mlp, 0);
-    CU_ASSERT_EQUAL(fsdp_unit_gather_full(l0, before), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_gather_full(l0, before), FSDP_OK);
 
     /* default: every rank sees the full parameters; a change is written back */
     fsdp_summon_options_init(&o);
-    CU_ASSERT_EQUAL_FATAL(fsdp_summon_full_params(root, &o), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     float *w = fsdp_unit_param(l0, 0);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
-    CU_ASSERT(memcmp(w, before, sizeof(float) * 35) == 0);
+    if (!FSDP_RANK_CHECK(&failure, dev->rank, w != NULL))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK(&failure, dev->rank, memcmp(w, before, sizeof(float) * 35) == 0);
     w[3] += 1.0f;
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_summon_full_params(root, &o), FSDP_ERR_STATE); /* nested */
-    CU_ASSERT_EQUAL(fsdp_summon_end(l0), FSDP_ERR_STATE); /* not the summoned unit */
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_ERR_STATE);
+    /* nested */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o), FSDP_ERR_STATE);
+    /* not the summoned unit */
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(l0), FSDP_ERR_STATE);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_ERR_STATE);
     fsdp_log_set_level(FSDP_LOG_WARN);
-    CU_ASSERT_EQUAL(fsdp_summon_end(root), FSDP_OK);
-    CU_ASSERT_PTR_NULL(fsdp_unit_param(l0, 0));
-    CU_ASSERT_EQUAL(fsdp_unit_gather_full(l0, after), FSDP_OK);
-    CU_ASSERT_EQUAL(after[3], before[3] + 1.0f);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(root), FSDP_OK);
+    FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(l0, 0) == NULL);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_gather_full(l0, after), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, after[3], before[3] + 1.0f);
 
     /* without writeback the change is dropped; on the host; rank 0 only */
     o.writeback = 0;
     o.offload_to_cpu = sharded;
     o.rank0_only = 1;
-    CU_ASSERT_EQUAL_FATAL(fsdp_summon_full_params(root, &o), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     w = fsdp_unit_param(l0, 0);
-    CU_ASSERT((w != NULL) == (fsdp_shard_group(fs)->rank == 0));
+    FSDP_RANK_CHECK(&failure, dev->rank, (w != NULL) == (fsdp_shard_group(fs)->rank == 0));
     if (w != NULL)
         w[0] = 1234.0f;
-    CU_ASSERT_EQUAL(fsdp_summon_end(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_gather_full(l0, before), FSDP_OK);
-    CU_ASSERT(memcmp(before, after, sizeof(float) * 42) == 0);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_gather_full(l0, before), FSDP_OK);
+    FSDP_RANK_CHECK(&failure, dev->rank, memcmp(before, after, sizeof(float) * 42) == 0);
 
     /* not recursive: the root alone (which has no parameters) */
     fsdp_summon_options_init(&o);
     o.recurse = 0;
-    CU_ASSERT_EQUAL_FATAL(fsdp_summon_full_params(root, &o), FSDP_OK);
-    CU_ASSERT_PTR_NULL(fsdp_unit_param(l0, 0));
-    CU_ASSERT_EQUAL(fsdp_summon_end(root), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_param(l0, 0) == NULL);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(root), FSDP_OK);
 
     /* with gradients: the full gradient equals the gathered sharded one */
-    CU_ASSERT_EQUAL(fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
-                                              ys + (size_t)dev->rank * rows * 3, rows, &loss),
-                    FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_gather_buffer(l0, fsdp_unit_sharded_grad(l0), grads), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank,
+                       fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
+                                                 ys + (size_t)dev->rank * rows * 3, rows, &loss),
+                       FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank,
+                       fsdp_unit_gather_buffer(l0, fsdp_unit_sharded_grad(l0), grads), FSDP_OK);
     fsdp_summon_options_init(&o);
     o.with_grads = 1;
-    CU_ASSERT_EQUAL_FATAL(fsdp_summon_full_params(l0, &o), FSDP_OK);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(fsdp_unit_full_grad(l0, 1));
-    CU_ASSERT(memcmp(fsdp_unit_full_grad(l0, 0), grads, sizeof(float) * 42) == 0);
-    CU_ASSERT_EQUAL(fsdp_summon_end(l0), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(l0, &o), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK(&failure, dev->rank, fsdp_unit_full_grad(l0, 1) != NULL))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK(&failure, dev->rank,
+                    memcmp(fsdp_unit_full_grad(l0, 0), grads, sizeof(float) * 42) == 0);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(l0), FSDP_OK);
 
     /* refused combinations */
     fsdp_log_set_level(FSDP_LOG_OFF);
     fsdp_summon_options_init(&o);
     o.rank0_only = 1;
-    CU_ASSERT_EQUAL(fsdp_summon_full_params(root, &o), FSDP_ERR_UNSUPPORTED);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o),
+                       FSDP_ERR_UNSUPPORTED);
     fsdp_summon_options_init(&o);
     o.offload_to_cpu = 1;
-    CU_ASSERT_EQUAL(fsdp_summon_full_params(root, &o),
-                    sharded ? FSDP_OK : FSDP_ERR_UNSUPPORTED);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_full_params(root, &o),
+                       sharded ? FSDP_OK : FSDP_ERR_UNSUPPORTED);
     if (sharded)
-        CU_ASSERT_EQUAL(fsdp_summon_end(root), FSDP_OK);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_summon_end(root), FSDP_OK);
     fsdp_log_set_level(FSDP_LOG_WARN);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
@@ -1240,7 +1291,7 @@ static void test_summon_full_params(void)
     p.world_size = 4;
     for (int s = 0; s < 3; s++) {
         fsdp_strategy_t st = strategies[s];
-        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, summon_rank, &st, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL(launch_checked(&p, summon_rank, &st), FSDP_OK);
     }
 }
 
@@ -1266,48 +1317,56 @@ static fsdp_status_t frozen_sync_rank(fsdp_dev_t *dev, void *arg)
     fc.use_orig_params = 1;
     fc.sync_module_states = 1;
     fc.sync_bucket_bytes = 64; /* 16 floats: "w" takes 4 broadcasts */
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, &fc, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "root", NULL, NULL, 0, &root), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_unit_create(fs, "u", root, specs, 2, &u), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, &fc, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root),
+                            FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_create(fs, "u", root, specs, 2, &u),
+                            FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     for (int i = 0; i < 50; i++)
         w[i] = (float)(dev->rank * 100 + i); /* every rank differs: rank 0's must win */
     for (int i = 0; i < 7; i++)
         f[i] = (float)(dev->rank * 100 - i);
-    CU_ASSERT_EQUAL(fsdp_unit_set_param(u, 0, w), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_set_param(u, 1, f), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_gather_full(u, full), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_set_param(u, 0, w), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_set_param(u, 1, f), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_gather_full(u, full), FSDP_OK);
     for (int i = 0; i < 50; i++)
-        CU_ASSERT_EQUAL(full[i], (float)i);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, full[i], (float)i);
     for (int i = 0; i < 7; i++)
-        CU_ASSERT_EQUAL(full[50 + i], (float)-i);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, full[50 + i], (float)-i);
     fsdp_unit_param_info(u, 1, &pi);
-    CU_ASSERT_EQUAL(pi.requires_grad, 0);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, pi.requires_grad, 0);
 
     fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
     oc.lr = 0.5f;
     oc.weight_decay = 0.1f;
-    CU_ASSERT_EQUAL_FATAL(fsdp_optim_create(fs, &oc, &opt), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_forward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 0, &g), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_optim_create(fs, &oc, &opt), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(u, 0, &g), FSDP_OK);
     for (int i = 0; i < 50; i++)
         ((float *)g)[i] = 1.0f;
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(u, 1, &g), FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(u, 1, &g), FSDP_ERR_INVALID_PARAM);
     fsdp_log_set_level(FSDP_LOG_WARN);
-    CU_ASSERT_EQUAL(fsdp_post_backward(u), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_optim_step(opt), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_gather_full(u, full), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(u), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_optim_step(opt), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_gather_full(u, full), FSDP_OK);
     for (int i = 0; i < 50; i++) /* w - lr * (g + wd * w) */
-        CU_ASSERT_DOUBLE_EQUAL(full[i], (float)i - 0.5f * (1.0f + 0.1f * (float)i), 1e-5);
+        FSDP_RANK_CHECK_MSG(&failure, dev->rank,
+                            fabs(full[i] - ((float)i - 0.5f * (1.0f + 0.1f * (float)i))) <= 1e-5,
+                            "%g, expected %g", full[i], (float)i - 0.5f * (1.0f + 0.1f * (float)i));
     for (int i = 0; i < 7; i++) /* frozen: untouched, weight decay included */
-        CU_ASSERT_EQUAL(full[50 + i], (float)-i);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, full[50 + i], (float)-i);
     fsdp_optim_destroy(opt);
     fsdp_destroy(fs);
     return FSDP_OK;
@@ -1319,7 +1378,7 @@ static void test_frozen_and_sync_module_states(void)
     fsdp_sim_params_init(&p);
     for (int w = 1; w <= 4; w += 3) {
         p.world_size = w;
-        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, frozen_sync_rank, NULL, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL(launch_checked(&p, frozen_sync_rank, NULL), FSDP_OK);
     }
 }
 
@@ -1338,15 +1397,19 @@ static fsdp_status_t traced_rank(fsdp_dev_t *dev, void *arg)
     float loss;
     size_t rows = MAXB / 2;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_trace_attach(tc->trace, dev), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, NULL, &fs), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(fsdp_mlp_create(fs, dims, NL, &mlp), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_mlp_init_params(mlp, 1), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
-                                              ys + (size_t)dev->rank * rows * 3, rows, &loss),
-                    FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_trace_attach(tc->trace, dev), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, NULL, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_mlp_create(fs, dims, NL, &mlp), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_mlp_init_params(mlp, 1), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank,
+                       fsdp_mlp_forward_backward(mlp, xs + (size_t)dev->rank * rows * 5,
+                                                 ys + (size_t)dev->rank * rows * 3, rows, &loss),
+                       FSDP_OK);
     fsdp_sim_time_stats_t ts;
-    CU_ASSERT_EQUAL(fsdp_sim_time_stats(dev, &ts), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_sim_time_stats(dev, &ts), FSDP_OK);
     tc->comm[dev->rank] = ts.comm_s;
     tc->exposed[dev->rank] = ts.exposed_comm_s;
     fsdp_mlp_destroy(mlp);
@@ -1401,7 +1464,7 @@ static void test_trace_events(void)
     CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &tc.trace), FSDP_OK);
     fsdp_sim_params_init(&p);
     p.world_size = 2;
-    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, traced_rank, &tc, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(launch_checked(&p, traced_rank, &tc), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_close(tc.trace), FSDP_OK);
     CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
     int64_t run = 0;
@@ -1469,25 +1532,26 @@ static fsdp_status_t peak_rank(fsdp_dev_t *dev, void *arg)
     fsdp_config_init(&fc);
     fc.strategy = pc->strategy;
     fc.validate_exec_order = 0; /* its small temporaries are not part of section 2 */
-    CU_ASSERT_EQUAL_FATAL(fsdp_create(dev, &fc, &fs), FSDP_OK);
+    if (!FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_create(dev, &fc, &fs), FSDP_OK))
+        return FSDP_ERR_INTERNAL;
     fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
     fsdp_unit_create(fs, "a", root, &sa, 1, &a);
     fsdp_unit_create(fs, "b", root, &sb, 1, &b);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(a), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_forward(a), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_forward(b), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_forward(b), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_forward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(b), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(b, 0, &g), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(b), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_pre_backward(a), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_unit_grad(a, 0, &g), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(a), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_post_backward(root), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_final_callback(fs), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(a), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(a), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_forward(b), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(b), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_forward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(b), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(b, 0, &g), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(b), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_pre_backward(a), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_grad(a, 0, &g), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(a), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_post_backward(root), FSDP_OK);
+    FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_final_callback(fs), FSDP_OK);
     fsdp_mem_get_stats(fsdp_memory(fs), &st);
     pc->peak[dev->rank] = st.peak_allocated;
     fsdp_destroy(fs);
@@ -1529,7 +1593,7 @@ static void test_peak_by_hand(void)
     p.world_size = 2;
     for (int s = 0; s < 3; s++) {
         peak_ctx_t pc = {.strategy = strategies[s]};
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, peak_rank, &pc, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(launch_checked(&p, peak_rank, &pc), FSDP_OK);
         for (int r = 0; r < 2; r++) {
             if (pc.peak[r] != want[s])
                 fprintf(stderr, "\n  %s rank %d: peak %zu, by hand %zu\n",

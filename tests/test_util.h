@@ -95,6 +95,14 @@ static inline int fsdp_test_check_eq(fsdp_test_failure_t *f, const char *file, i
     return fsdp_test_fail(f, file, line, rank, expr, "%lld, expected %lld", a, b);
 }
 
+static inline int fsdp_test_check_eq_fp(fsdp_test_failure_t *f, const char *file, int line,
+                                        int rank, double a, double b, const char *expr)
+{
+    if (a == b)
+        return 1;
+    return fsdp_test_fail(f, file, line, rank, expr, "%.9g, expected %.9g", a, b);
+}
+
 /* Each check is an expression, true when it passed, so that a rank can stop where the rest
  * cannot run: `if (!FSDP_RANK_CHECK(...)) return FSDP_ERR_INTERNAL;`. */
 #define FSDP_RANK_CHECK(fail, rank, cond)                                                          \
@@ -104,10 +112,13 @@ static inline int fsdp_test_check_eq(fsdp_test_failure_t *f, const char *file, i
 #define FSDP_RANK_CHECK_MSG(fail, rank, cond, ...)                                                 \
     ((cond) ? 1 : fsdp_test_fail((fail), __FILE__, __LINE__, (rank), #cond, __VA_ARGS__))
 
-/* Integer (or status) equality, reporting both values. */
+/* Equality of two numbers (integers, statuses or floating point, compared as such), reporting
+ * both values. */
 #define FSDP_RANK_CHECK_EQ(fail, rank, a, b)                                                       \
-    fsdp_test_check_eq((fail), __FILE__, __LINE__, (rank), (long long)(a), (long long)(b),         \
-                       #a " == " #b)
+    _Generic((a) + (b), float                                                                      \
+             : fsdp_test_check_eq_fp, double                                                       \
+             : fsdp_test_check_eq_fp, default                                                      \
+             : fsdp_test_check_eq)((fail), __FILE__, __LINE__, (rank), (a), (b), #a " == " #b)
 
 /* A check the rest of the rank function depends on (a _FATAL assert on the main thread): when
  * it fails, the rank function returns FSDP_ERR_INTERNAL. */
