@@ -273,3 +273,14 @@ void run_fsdp(const run_cfg_t *cfg, run_result_t *res)
     memset(res, 0, sizeof(*res));
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, fsdp_run_rank, &ctx, NULL), FSDP_OK);
 }
+
+double run_fsdp_against_ref(const run_cfg_t *cfg, run_result_t *res)
+{
+    double ref[512], maxdiff = 0.0;
+
+    run_fsdp(cfg, res);
+    ref_train(cfg, res->init, ref);
+    for (size_t i = 0; i < res->total; i++)
+        maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+    return maxdiff;
+}

@@ -61,4 +61,8 @@ fsdp_status_t gather_all(fsdp_mlp_t *mlp, float *out, size_t *total_p);
 /* Trains the MLP with FSDP on cfg's ranks, each rank on its rows of the batch. */
 void run_fsdp(const run_cfg_t *cfg, run_result_t *res);
 
+/* run_fsdp, then ref_train from the same initial parameters: the largest difference of a
+ * final parameter. */
+double run_fsdp_against_ref(const run_cfg_t *cfg, run_result_t *res);
+
 #endif

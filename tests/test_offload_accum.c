@@ -28,14 +28,11 @@ static void test_grad_accumulation(void)
                              .ranks_per_node = 1,
                              .micro = patterns[p].micro};
             run_result_t *res = calloc(1, sizeof(*res));
-            double ref[512], maxdiff = 0.0;
+            double maxdiff;
             memcpy(cfg.sync, patterns[p].sync, sizeof(cfg.sync));
             fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
             cfg.optim.lr = 1e-2f;
-            run_fsdp(&cfg, res);
-            ref_train(&cfg, res->init, ref);
-            for (size_t i = 0; i < res->total; i++)
-                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            maxdiff = run_fsdp_against_ref(&cfg, res);
             if (maxdiff > 1e-6)
                 fprintf(stderr, "\n  %s, pattern %zu: max |fsdp - reference| = %g\n",
                         fsdp_strategy_name(strategies[s]), p, maxdiff);
@@ -74,14 +71,11 @@ static void test_cpu_offload(void)
                              .ranks_per_node = 1,
                              .cpu_offload = 1};
             run_result_t *res = calloc(1, sizeof(*res));
-            double ref[512], maxdiff = 0.0;
+            double maxdiff;
             fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_SGD);
             cfg.optim.lr = 5e-2f;
             cfg.optim.momentum = 0.9f;
-            run_fsdp(&cfg, res);
-            ref_train(&cfg, res->init, ref);
-            for (size_t i = 0; i < res->total; i++)
-                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            maxdiff = run_fsdp_against_ref(&cfg, res);
             CU_ASSERT(maxdiff <= 1e-6);
             for (int r = 0; r < 3; r++) {
                 /* between steps no sharded parameter is on the device */

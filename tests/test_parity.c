@@ -18,7 +18,7 @@ static void check_parity(fsdp_optim_kind_t kind)
                              .steps = 5,
                              .prefetch = FSDP_BACKWARD_PREFETCH_PRE};
             run_result_t *res = calloc(1, sizeof(*res));
-            double ref[512], maxdiff = 0.0;
+            double maxdiff;
             fsdp_optim_config_init(&cfg.optim, kind);
             if (kind == FSDP_OPTIM_ADAMW) {
                 cfg.optim.lr = 1e-2f;
@@ -28,14 +28,8 @@ static void check_parity(fsdp_optim_kind_t kind)
                 cfg.optim.dampening = 0.1f;
                 cfg.optim.weight_decay = 1e-3f;
             }
-            run_fsdp(&cfg, res);
+            maxdiff = run_fsdp_against_ref(&cfg, res);
             CU_ASSERT_EQUAL(res->total, 42 + 48 + 21);
-            ref_train(&cfg, res->init, ref);
-            for (size_t i = 0; i < res->total; i++) {
-                double d = fabs((double)res->final_params[i] - ref[i]);
-                if (d > maxdiff)
-                    maxdiff = d;
-            }
             if (maxdiff > 1e-6)
                 fprintf(stderr, "\n  %s W=%d: max |fsdp - reference| = %g\n",
                         fsdp_strategy_name(strategies[s]), w, maxdiff);
@@ -78,13 +72,10 @@ static void test_prefetch_policies(void)
                                  .forward_prefetch = fwd,
                                  .no_limiter = fwd};
                 run_result_t *res = calloc(1, sizeof(*res));
-                double ref[512], maxdiff = 0.0;
+                double maxdiff;
                 fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
                 cfg.optim.lr = 1e-2f;
-                run_fsdp(&cfg, res);
-                ref_train(&cfg, res->init, ref);
-                for (size_t i = 0; i < res->total; i++)
-                    maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+                maxdiff = run_fsdp_against_ref(&cfg, res);
                 CU_ASSERT(maxdiff <= 1e-6);
                 for (int r = 0; r < 4; r++) {
                     int keeps = strategies[s] == FSDP_SHARD_GRAD_OP;
@@ -109,13 +100,10 @@ static void test_hybrid_parity_and_counts(void)
                              .prefetch = FSDP_BACKWARD_PREFETCH_PRE,
                              .ranks_per_node = rpn};
             run_result_t *res = calloc(1, sizeof(*res));
-            double ref[512], maxdiff = 0.0;
+            double maxdiff;
             fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
             cfg.optim.lr = 1e-2f;
-            run_fsdp(&cfg, res);
-            ref_train(&cfg, res->init, ref);
-            for (size_t i = 0; i < res->total; i++)
-                maxdiff = fmax(maxdiff, fabs((double)res->final_params[i] - ref[i]));
+            maxdiff = run_fsdp_against_ref(&cfg, res);
             CU_ASSERT(maxdiff <= 1e-6);
             for (int r = 0; r < 4; r++) {
                 /* one inter-node all-reduce per reduce-scatter, one per hybrid handle */
