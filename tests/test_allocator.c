@@ -9,7 +9,6 @@
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,37 +21,11 @@
 
 /* ---- harness ---------------------------------------------------------------------------- */
 
-static char failure[1024];
-static int n_failures;
+/* every check runs on the one rank (world size 1) */
+static fsdp_test_failure_t failure;
 
-static void fail_at(int line, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail_at(int line, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    n_failures++;
-    if (failure[0] != '\0')
-        return;
-    n = snprintf(failure, sizeof(failure), "line %d: ", line);
-    va_start(ap, fmt);
-    vsnprintf(failure + n, sizeof(failure) - (size_t)n, fmt, ap);
-    va_end(ap);
-}
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            fail_at(__LINE__, "%s", #cond);                                                        \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                             \
-    do {                                                                                           \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);             \
-        if (a_ != b_)                                                                              \
-            fail_at(__LINE__, "%s == %llu, expected %s == %llu", #a, a_, #b, b_);                  \
-    } while (0)
-
+#define CHECK(cond) FSDP_RANK_CHECK(&failure, 0, cond)
+#define CHECK_EQ(a, b) FSDP_RANK_CHECK_EQ(&failure, 0, a, b)
 #define CHECK_OK(call) CHECK_EQ((call), FSDP_OK)
 
 typedef struct env {
@@ -87,16 +60,12 @@ static void run_mode(body_func_t func, fsdp_sim_mode_t mode)
     body_t body = {func};
     fsdp_status_t st;
 
-    failure[0] = '\0';
-    n_failures = 0;
     fsdp_sim_params_init(&p);
     p.world_size = 1;
     p.mode = mode;
     st = fsdp_sim_launch(&p, rank_main, &body, NULL);
-    if (failure[0] != '\0')
-        fprintf(stderr, "\n  %d failed check(s), first: %s\n", n_failures, failure);
     CU_ASSERT_EQUAL(st, FSDP_OK);
-    CU_ASSERT_STRING_EQUAL(failure, "");
+    fsdp_test_failure_assert(&failure);
 }
 
 /* Shape mode: the sim hands out fake addresses, which the allocator must never dereference. */
@@ -1193,7 +1162,7 @@ static void stress(env_t *env, const stress_cfg_t *cfg)
     uint64_t rng = cfg->seed;
     int n = 0, ooms = 0, frees = 0, allocs = 0;
 
-    for (int op = 0; op < cfg->ops && failure[0] == '\0'; op++) {
+    for (int op = 0; op < cfg->ops && atomic_load(&failure.count) == 0; op++) {
         uint64_t r = rng_next(&rng) % 100;
 
         if (n > 0 && (r < 40 || n == MAX_LIVE)) {

@@ -3,12 +3,10 @@
  * results that do not depend on thread timing.
  *
  * Rank functions run on their own threads, where CUnit's asserts must not be used: they record
- * the first failed check in the shared context and return FSDP_ERR_INTERNAL, and the main
- * thread asserts on that. */
+ * the first failed check in the shared context (test_util.h) and return FSDP_ERR_INTERNAL, and
+ * the main thread asserts on that. */
 #include <fsdp/fsdp.h>
 
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +22,8 @@ static const fsdp_dtype_t dtypes[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYP
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 typedef struct ctx {
-    pthread_mutex_t lock;
-    char failure[512]; /* the first failed check, "" if none */
-    uint8_t *out[8];   /* test_determinism: each rank's result */
+    fsdp_test_failure_t fail; /* the ranks' first failed check */
+    uint8_t *out[8];          /* test_determinism: each rank's result */
     size_t out_bytes;
     int jitter; /* sleep a little, differently per rank and run */
     unsigned seed;
@@ -35,37 +32,7 @@ typedef struct ctx {
 static void ctx_init(ctx_t *c)
 {
     memset(c, 0, sizeof(*c));
-    pthread_mutex_init(&c->lock, NULL);
 }
-
-static void ctx_fail(ctx_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void ctx_fail(ctx_t *c, const char *fmt, ...)
-{
-    va_list ap;
-
-    pthread_mutex_lock(&c->lock);
-    if (c->failure[0] == '\0') {
-        va_start(ap, fmt);
-        vsnprintf(c->failure, sizeof(c->failure), fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&c->lock);
-}
-
-#define RCHECK(c, cond, ...)                                                                       \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            ctx_fail((c), __VA_ARGS__);                                                            \
-            return FSDP_ERR_INTERNAL;                                                              \
-        }                                                                                          \
-    } while (0)
-
-#define RCALL(c, dev, call)                                                                        \
-    do {                                                                                           \
-        fsdp_status_t st_ = (call);                                                                \
-        RCHECK((c), st_ == FSDP_OK, "rank %d: %s returned %s: %s", (dev)->rank, #call,            \
-               fsdp_status_name(st_), fsdp_sim_last_error(dev));                                   \
-    } while (0)
 
 static void launch_ok(int world, fsdp_rank_func_t func, ctx_t *c)
 {
@@ -76,10 +43,10 @@ static void launch_ok(int world, fsdp_rank_func_t func, ctx_t *c)
     p.world_size = world;
     p.timeout_s = 20.0;
     st = fsdp_sim_launch(&p, func, c, NULL);
-    if (st != FSDP_OK || c->failure[0] != '\0')
-        fprintf(stderr, "\n  world %d: %s: %s\n", world, fsdp_status_name(st), c->failure);
+    if (st != FSDP_OK || atomic_load(&c->fail.count) != 0)
+        fprintf(stderr, "\n  world %d: %s\n", world, fsdp_status_name(st));
     CU_ASSERT_EQUAL(st, FSDP_OK);
-    CU_ASSERT_STRING_EQUAL(c->failure, "");
+    fsdp_test_failure_assert(&c->fail);
 }
 
 /* ---- values and expected results, computed here independently of the backend ---------- */
@@ -172,31 +139,35 @@ static fsdp_status_t rank_all_gather(fsdp_dev_t *dev, void *arg)
             fsdp_dtype_t dt = dtypes[di];
             uint8_t *send = dev_alloc(dev, n * es), *recv = dev_alloc(dev, n * es * W);
             uint8_t want[4];
-            RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+            FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, send && recv, "segment_alloc failed");
             for (size_t i = 0; i < n; i++)
                 put(send, dt, i, input(dt, dev->rank, i));
             memset(recv, 0xa5, n * es * W);
-            RCALL(c, dev, dev->ops->all_gather(dev, g, send, recv, n, dt, NULL));
+            FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                                 dev->ops->all_gather(dev, g, send, recv, n, dt, NULL));
             for (int r = 0; r < W; r++) {
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, r, i));
-                    RCHECK(c, same_elem(recv, r * n + i, want, 0, es),
-                           "rank %d: all_gather %s count %zu: element %zu of rank %d wrong",
-                           dev->rank, fsdp_dtype_name(dt), n, i, r);
+                    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
+                                          same_elem(recv, r * n + i, want, 0, es),
+                                          "all_gather %s count %zu: element %zu of rank %d wrong",
+                                          fsdp_dtype_name(dt), n, i, r);
                 }
             }
             /* in place: the send buffer is this rank's slot of recv */
             memset(recv, 0, n * es * W);
             for (size_t i = 0; i < n; i++)
                 put(recv + dev->rank * n * es, dt, i, input(dt, dev->rank, i));
-            RCALL(c, dev,
-                  dev->ops->all_gather(dev, g, recv + dev->rank * n * es, recv, n, dt, NULL));
+            FSDP_RANK_REQUIRE_OK(
+                &c->fail, dev,
+                dev->ops->all_gather(dev, g, recv + dev->rank * n * es, recv, n, dt, NULL));
             for (int r = 0; r < W; r++) {
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, r, i));
-                    RCHECK(c, same_elem(recv, r * n + i, want, 0, es),
-                           "rank %d: in-place all_gather %s count %zu: element %zu of rank %d",
-                           dev->rank, fsdp_dtype_name(dt), n, i, r);
+                    FSDP_RANK_REQUIRE_MSG(
+                        &c->fail, dev->rank, same_elem(recv, r * n + i, want, 0, es),
+                        "in-place all_gather %s count %zu: element %zu of rank %d",
+                        fsdp_dtype_name(dt), n, i, r);
                 }
             }
             dev_free(dev, send);
@@ -231,23 +202,26 @@ static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
                     continue;
                 send = dev_alloc(dev, n * es * W);
                 recv = dev_alloc(dev, n * es);
-                RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+                FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, send && recv, "segment_alloc failed");
                 for (size_t j = 0; j < n * W; j++)
                     put(send, dt, j, input(dt, dev->rank, j));
-                RCALL(c, dev, dev->ops->reduce_scatter(dev, g, send, recv, n, dt, op, NULL));
+                FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                                     dev->ops->reduce_scatter(dev, g, send, recv, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
                     expect_reduce(dt, op, W, me * n + i, want);
-                    RCHECK(c, same_elem(recv, i, want, 0, es),
-                           "rank %d: reduce_scatter %s %s count %zu: element %zu wrong",
-                           dev->rank, fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, same_elem(recv, i, want, 0, es),
+                                          "reduce_scatter %s %s count %zu: element %zu wrong",
+                                          fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
                 }
                 /* in place: recv is this rank's chunk of send */
-                RCALL(c, dev,
-                      dev->ops->reduce_scatter(dev, g, send, send + me * n * es, n, dt, op, NULL));
+                FSDP_RANK_REQUIRE_OK(
+                    &c->fail, dev,
+                    dev->ops->reduce_scatter(dev, g, send, send + me * n * es, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
-                    RCHECK(c, same_elem(send, me * n + i, recv, i, es),
-                           "rank %d: in-place reduce_scatter %s %s count %zu: element %zu",
-                           dev->rank, fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
+                                          same_elem(send, me * n + i, recv, i, es),
+                                          "in-place reduce_scatter %s %s count %zu: element %zu",
+                                          fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
                 }
                 dev_free(dev, send);
                 dev_free(dev, recv);
@@ -274,17 +248,21 @@ static fsdp_status_t rank_all_reduce(fsdp_dev_t *dev, void *arg)
                     continue;
                 send = dev_alloc(dev, n * es);
                 recv = dev_alloc(dev, n * es);
-                RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+                FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, send && recv, "segment_alloc failed");
                 for (size_t i = 0; i < n; i++)
                     put(send, dt, i, input(dt, dev->rank, i));
-                RCALL(c, dev, dev->ops->all_reduce(dev, g, send, recv, n, dt, op, NULL));
+                FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                                     dev->ops->all_reduce(dev, g, send, recv, n, dt, op, NULL));
                 /* in place */
-                RCALL(c, dev, dev->ops->all_reduce(dev, g, send, send, n, dt, op, NULL));
+                FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                                     dev->ops->all_reduce(dev, g, send, send, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
                     expect_reduce(dt, op, W, i, want);
-                    RCHECK(c, same_elem(recv, i, want, 0, es) && same_elem(send, i, want, 0, es),
-                           "rank %d: all_reduce %s %s count %zu: element %zu wrong", dev->rank,
-                           fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
+                    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
+                                          same_elem(recv, i, want, 0, es) &&
+                                              same_elem(send, i, want, 0, es),
+                                          "all_reduce %s %s count %zu: element %zu wrong",
+                                          fsdp_dtype_name(dt), fsdp_reduce_op_name(op), n, i);
                 }
                 dev_free(dev, send);
                 dev_free(dev, recv);
@@ -305,20 +283,21 @@ static fsdp_status_t rank_broadcast(fsdp_dev_t *dev, void *arg)
                 size_t n = counts[ci], es = fsdp_dtype_size(dtypes[di]);
                 fsdp_dtype_t dt = dtypes[di];
                 uint8_t *buf = dev_alloc(dev, n * es), want[4];
-                RCHECK(c, buf, "rank %d: segment_alloc failed", dev->rank);
+                FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, buf, "segment_alloc failed");
                 for (size_t i = 0; i < n; i++)
                     put(buf, dt, i, input(dt, g->rank == root ? root : 100 + g->rank, i));
-                RCALL(c, dev, dev->ops->broadcast(dev, g, buf, n, dt, root, NULL));
+                FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                                     dev->ops->broadcast(dev, g, buf, n, dt, root, NULL));
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, root, i));
-                    RCHECK(c, same_elem(buf, i, want, 0, es),
-                           "rank %d: broadcast %s count %zu from %d: element %zu wrong",
-                           dev->rank, fsdp_dtype_name(dt), n, root, i);
+                    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, same_elem(buf, i, want, 0, es),
+                                          "broadcast %s count %zu from %d: element %zu wrong",
+                                          fsdp_dtype_name(dt), n, root, i);
                 }
                 dev_free(dev, buf);
             }
         }
-        RCALL(c, dev, dev->ops->barrier(dev, g));
+        FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, g));
     }
     return FSDP_OK;
 }
@@ -329,7 +308,6 @@ static void run_on_worlds(fsdp_rank_func_t func)
         ctx_t c;
         ctx_init(&c);
         launch_ok(worlds[w], func, &c);
-        pthread_mutex_destroy(&c.lock);
     }
 }
 
@@ -359,16 +337,17 @@ static void test_broadcast(void)
 static fsdp_status_t check_group(ctx_t *c, fsdp_dev_t *dev, const fsdp_group_t *g,
                                  const int *members, int n, const char *name)
 {
-    RCHECK(c, g != NULL, "rank %d: no group %s", dev->rank, name);
-    RCHECK(c, g->size == n, "rank %d: group %s has %d ranks, want %d", dev->rank, name, g->size,
-           n);
-    RCHECK(c, strcmp(g->name, name) == 0, "rank %d: group named '%s', want '%s'", dev->rank,
-           g->name, name);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, g != NULL, "no group %s", name);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, g->size == n, "group %s has %d ranks, want %d", name,
+                          g->size, n);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, strcmp(g->name, name) == 0,
+                          "group named '%s', want '%s'", g->name, name);
     for (int i = 0; i < n; i++)
-        RCHECK(c, g->ranks[i] == members[i], "rank %d: group %s rank %d is global %d, want %d",
-               dev->rank, name, i, g->ranks[i], members[i]);
-    RCHECK(c, g->ranks[g->rank] == dev->rank, "rank %d: group rank %d maps to %d", dev->rank,
-           g->rank, g->ranks[g->rank]);
+        FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, g->ranks[i] == members[i],
+                              "group %s rank %d is global %d, want %d", name, i, g->ranks[i],
+                              members[i]);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, g->ranks[g->rank] == dev->rank,
+                          "group rank %d maps to %d", g->rank, g->ranks[g->rank]);
     return FSDP_OK;
 }
 
@@ -378,17 +357,23 @@ static fsdp_status_t check_group_collectives(ctx_t *c, fsdp_dev_t *dev, fsdp_gro
     int32_t me = dev->rank, sum = 0, all[8];
     float f = (float)dev->rank + 0.5f;
 
-    RCALL(c, dev, dev->ops->all_gather(dev, g, &me, all, 1, FSDP_DTYPE_I32, NULL));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->all_gather(dev, g, &me, all, 1, FSDP_DTYPE_I32, NULL));
     for (int i = 0; i < g->size; i++) {
-        RCHECK(c, all[i] == g->ranks[i], "rank %d: all_gather on %s slot %d holds %d, want %d",
-               dev->rank, g->name, i, all[i], g->ranks[i]);
+        FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, all[i] == g->ranks[i],
+                              "all_gather on %s slot %d holds %d, want %d", g->name, i, all[i],
+                              g->ranks[i]);
         sum += g->ranks[i];
     }
-    RCALL(c, dev, dev->ops->all_reduce(dev, g, &me, &me, 1, FSDP_DTYPE_I32, FSDP_REDUCE_SUM, NULL));
-    RCHECK(c, me == sum, "rank %d: sum over %s is %d, want %d", dev->rank, g->name, me, sum);
-    RCALL(c, dev, dev->ops->broadcast(dev, g, &f, 1, FSDP_DTYPE_F32, g->size - 1, NULL));
-    RCHECK(c, f == (float)g->ranks[g->size - 1] + 0.5f, "rank %d: broadcast on %s gave %g",
-           dev->rank, g->name, (double)f);
+    FSDP_RANK_REQUIRE_OK(
+        &c->fail, dev,
+        dev->ops->all_reduce(dev, g, &me, &me, 1, FSDP_DTYPE_I32, FSDP_REDUCE_SUM, NULL));
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, me == sum, "sum over %s is %d, want %d", g->name, me,
+                          sum);
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->broadcast(dev, g, &f, 1, FSDP_DTYPE_F32, g->size - 1, NULL));
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, f == (float)g->ranks[g->size - 1] + 0.5f,
+                          "broadcast on %s gave %g", g->name, (double)f);
     return FSDP_OK;
 }
 
@@ -400,12 +385,12 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
     char name[48];
     fsdp_status_t st;
 
-    RCHECK(c, strcmp(world->name, "world") == 0 && world->size == W && world->rank == r,
-           "rank %d: world group is %s (%d ranks, rank %d)", r, world->name, world->size,
-           world->rank);
+    FSDP_RANK_REQUIRE_MSG(
+        &c->fail, r, strcmp(world->name, "world") == 0 && world->size == W && world->rank == r,
+        "world group is %s (%d ranks, rank %d)", world->name, world->size, world->rank);
 
     /* parity: evens and odds, ordered by global rank */
-    RCALL(c, dev, dev->ops->group_split(dev, world, r % 2, r, &par));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, r % 2, r, &par));
     n = 0;
     for (int i = r % 2; i < W; i += 2)
         members[n++] = i;
@@ -414,7 +399,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         return st;
 
     /* pairs {0,1}, {2,3}, ... */
-    RCALL(c, dev, dev->ops->group_split(dev, world, r / 2, 0, &pair));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, r / 2, 0, &pair));
     n = 0;
     for (int i = r / 2 * 2; i < W && i < r / 2 * 2 + 2; i++)
         members[n++] = i;
@@ -423,16 +408,17 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         return st;
 
     /* one group whose order the keys reverse */
-    RCALL(c, dev, dev->ops->group_split(dev, world, 7, W - r, &rev));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, 7, W - r, &rev));
     for (int i = 0; i < W; i++)
         members[i] = W - 1 - i;
     if ((st = check_group(c, dev, rev, members, W, "world/split3(7)")) != FSDP_OK)
         return st;
 
     /* a negative color leaves the rank out */
-    RCALL(c, dev, dev->ops->group_split(dev, world, r == 0 ? -1 : 0, 0, &none));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, world, r == 0 ? -1 : 0, 0, &none));
     if (r == 0) {
-        RCHECK(c, none == NULL, "rank 0: a negative color gave a group");
+        FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, none == NULL, "a negative color gave a group");
     } else {
         for (int i = 1; i < W; i++)
             members[i - 1] = i;
@@ -449,10 +435,11 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
             (st = check_group_collectives(c, dev, world)) != FSDP_OK)
             return st;
     }
-    RCALL(c, dev, dev->ops->barrier(dev, par));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, par));
 
     /* a split of a split: within the parity group, halves by group rank */
-    RCALL(c, dev, dev->ops->group_split(dev, par, par->rank / 2, par->rank, &nested));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, par, par->rank / 2, par->rank, &nested));
     n = 0;
     for (int i = par->rank / 2 * 2; i < par->size && i < par->rank / 2 * 2 + 2; i++)
         members[n++] = par->ranks[i];
@@ -508,12 +495,16 @@ static fsdp_status_t rank_names(fsdp_dev_t *dev, void *arg)
     fsdp_group_t *world = dev->ops->group_world(dev), *g[NAMES_SLOTS];
     int r = dev->rank;
 
-    RCALL(c, dev, dev->ops->group_split(dev, world, r / 4, r, &g[0]));      /* by node */
-    RCALL(c, dev, dev->ops->group_split(dev, world, r % 4, r, &g[1]));      /* across nodes */
-    RCALL(c, dev, dev->ops->group_split(dev, g[0], g[0]->rank % 2, 0, &g[2]));
-    RCALL(c, dev, dev->ops->group_split(dev, g[1], 0, 0, &g[3])); /* = g[1]'s members */
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, world, r / 4, r, &g[0])); /* by node */
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, world, r % 4, r, &g[1])); /* across nodes */
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, g[0], g[0]->rank % 2, 0, &g[2]));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, g[1], 0, 0, &g[3])); /* = g[1]'s members */
     for (int d = 0; d < NAMES_DEPTH; d++)
-        RCALL(c, dev, dev->ops->group_split(dev, d == 0 ? g[0] : g[3 + d], 0, 0, &g[4 + d]));
+        FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                             dev->ops->group_split(dev, d == 0 ? g[0] : g[3 + d], 0, 0, &g[4 + d]));
     for (int s = 0; s < NAMES_SLOTS; s++)
         names_record(nc, dev, s, g[s]);
     for (int s = NAMES_SLOTS - 1; s >= 0; s--)
@@ -540,8 +531,8 @@ static void test_split_names(void)
                     int same = s == s2 && a.members[r][s] == a.members[r2][s2];
                     int named = strcmp(a.name[r][s], a.name[r2][s2]) == 0;
                     if (same != named)
-                        fprintf(stderr, "\n  rank %d slot %d '%s', rank %d slot %d '%s'\n", r,
-                                s, a.name[r][s], r2, s2, a.name[r2][s2]);
+                        fprintf(stderr, "\n  rank %d slot %d '%s', rank %d slot %d '%s'\n", r, s,
+                                a.name[r][s], r2, s2, a.name[r2][s2]);
                     CU_ASSERT_EQUAL(same, named);
                 }
     /* the rule itself: the parent's name, the round of its splits, the color */
@@ -555,8 +546,6 @@ static void test_split_names(void)
         hashed += strncmp(a.name[0][s], "g:", 2) == 0;
     }
     CU_ASSERT(hashed > 0); /* the deep chain outgrew the field */
-    pthread_mutex_destroy(&a.c.lock);
-    pthread_mutex_destroy(&b.c.lock);
 }
 
 /* ---- determinism ----------------------------------------------------------------------- */
@@ -571,17 +560,18 @@ static fsdp_status_t rank_determinism(fsdp_dev_t *dev, void *arg)
     uint8_t *send = dev_alloc(dev, n * es * g->size), *recv = dev_alloc(dev, n * es);
     unsigned seed = c->seed * 131u + (unsigned)dev->rank;
 
-    RCHECK(c, send && recv, "rank %d: segment_alloc failed", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, send && recv, "segment_alloc failed");
     for (size_t j = 0; j < n * g->size; j++)
         put(send, FSDP_DTYPE_BF16, j, input(FSDP_DTYPE_F32, dev->rank, j));
     for (int k = 0; k < 4; k++) {
         if (c->jitter)
             usleep(rand_r(&seed) % 2000);
-        RCALL(c, dev,
-              dev->ops->reduce_scatter(dev, g, send, recv, n, FSDP_DTYPE_BF16,
-                                       k % 2 ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM, NULL));
-        RCALL(c, dev,
-              dev->ops->all_gather(dev, g, recv, send, n, FSDP_DTYPE_BF16, NULL));
+        FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                             dev->ops->reduce_scatter(dev, g, send, recv, n, FSDP_DTYPE_BF16,
+                                                      k % 2 ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM,
+                                                      NULL));
+        FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                             dev->ops->all_gather(dev, g, recv, send, n, FSDP_DTYPE_BF16, NULL));
     }
     memcpy(c->out[dev->rank], send, n * es * g->size);
     dev_free(dev, send);
@@ -612,11 +602,9 @@ static void test_determinism(void)
         }
         for (int r = 0; r < 8; r++)
             free(again.out[r]);
-        pthread_mutex_destroy(&again.lock);
     }
     for (int r = 0; r < 8; r++)
         free(first.out[r]);
-    pthread_mutex_destroy(&first.lock);
 }
 
 /* ---- a large world, shape mode --------------------------------------------------------- */
@@ -627,18 +615,23 @@ static fsdp_status_t rank_large(fsdp_dev_t *dev, void *arg)
     fsdp_group_t *world = dev->ops->group_world(dev), *node;
     void *buf = NULL;
 
-    RCHECK(c, dev->local_size == 8 && dev->local_rank == dev->rank % 8,
-           "rank %d: local rank %d of %d", dev->rank, dev->local_rank, dev->local_size);
-    RCALL(c, dev, dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, 1u << 30, &buf));
-    RCHECK(c, buf != NULL, "rank %d: shape-mode segment is NULL", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
+                          dev->local_size == 8 && dev->local_rank == dev->rank % 8,
+                          "local rank %d of %d", dev->local_rank, dev->local_size);
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, 1u << 30, &buf));
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, buf != NULL, "shape-mode segment is NULL");
     /* shape mode: no data moves, fake pointers are never touched */
-    RCALL(c, dev, dev->ops->all_gather(dev, world, buf, buf, 1u << 20, FSDP_DTYPE_BF16, NULL));
-    RCALL(c, dev, dev->ops->group_split(dev, world, dev->rank / 8, dev->rank, &node));
-    RCHECK(c, node->size == 8 && node->rank == dev->local_rank, "rank %d: node group %d/%d",
-           dev->rank, node->rank, node->size);
-    RCALL(c, dev, dev->ops->reduce_scatter(dev, node, buf, buf, 1000, FSDP_DTYPE_F32,
-                                           FSDP_REDUCE_AVG, NULL));
-    RCALL(c, dev, dev->ops->barrier(dev, world));
+    FSDP_RANK_REQUIRE_OK(
+        &c->fail, dev, dev->ops->all_gather(dev, world, buf, buf, 1u << 20, FSDP_DTYPE_BF16, NULL));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev,
+                         dev->ops->group_split(dev, world, dev->rank / 8, dev->rank, &node));
+    FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, node->size == 8 && node->rank == dev->local_rank,
+                          "node group %d/%d", node->rank, node->size);
+    FSDP_RANK_REQUIRE_OK(
+        &c->fail, dev,
+        dev->ops->reduce_scatter(dev, node, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDUCE_AVG, NULL));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, world));
     dev->ops->group_destroy(dev, node);
     dev->ops->segment_free(dev, FSDP_MEMKIND_DEVICE, buf);
     return FSDP_OK;
@@ -656,11 +649,8 @@ static void test_large_world(void)
     p.ranks_per_node = 8;
     p.mode = FSDP_SIM_SHAPE;
     st = fsdp_sim_launch(&p, rank_large, &c, NULL);
-    if (st != FSDP_OK)
-        fprintf(stderr, "\n  %s: %s\n", fsdp_status_name(st), c.failure);
     CU_ASSERT_EQUAL(st, FSDP_OK);
-    CU_ASSERT_STRING_EQUAL(c.failure, "");
-    pthread_mutex_destroy(&c.lock);
+    fsdp_test_failure_assert(&c.fail);
 }
 
 int main(void)

@@ -76,6 +76,7 @@ typedef struct {
 } info_table_t;
 
 static info_table_t seen;
+static fsdp_test_failure_t failure; /* info_rank's checks */
 
 static fsdp_status_t info_rank(fsdp_dev_t *dev, void *arg)
 {
@@ -102,8 +103,8 @@ static fsdp_status_t info_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_unit_create(fs, "u", root, specs, 3, &u);
     if (status == FSDP_OK) {
-        CU_ASSERT_EQUAL(fsdp_unit_flat_numel(u), 9);
-        CU_ASSERT_EQUAL(fsdp_unit_shard_numel(u), 3);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_flat_numel(u), 9);
+        FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_shard_numel(u), 3);
         for (int i = 0; i < 3; i++) {
             fsdp_param_info_t pi;
             fsdp_unit_param_info(u, i, &pi);
@@ -126,9 +127,12 @@ static void test_param_shard_info(void)
         .numel = {{3, 0, 0}, {0, 3, 0}, {0, 1, 2}, {0, 0, 0}},
     };
     fsdp_sim_params_t p;
+    fsdp_status_t status;
     fsdp_sim_params_init(&p);
     p.world_size = 4;
-    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, info_rank, NULL, NULL), FSDP_OK);
+    status = fsdp_sim_launch(&p, info_rank, NULL, NULL);
+    fsdp_test_failure_assert(&failure);
+    CU_ASSERT_EQUAL_FATAL(status, FSDP_OK);
     CU_ASSERT(memcmp(&seen, &want, sizeof(want)) == 0);
 }
 

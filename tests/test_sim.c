@@ -1,48 +1,16 @@
 /* The sim backend's ops table apart from collectives: rank contexts, segments in data and
  * shape mode, streams, events, copies, the kernel slot in shape mode, and errors.
  *
- * Rank functions record the first failed check (no CUnit calls off the main thread). */
+ * Rank functions record the first failed check (test_util.h); the main thread asserts it. */
 #include <fsdp/fsdp.h>
 
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "test_util.h"
 
-static pthread_mutex_t fail_lock = PTHREAD_MUTEX_INITIALIZER;
-static char failure[512];
-
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    pthread_mutex_lock(&fail_lock);
-    if (failure[0] == '\0') {
-        va_start(ap, fmt);
-        vsnprintf(failure, sizeof(failure), fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&fail_lock);
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fail(__VA_ARGS__);                                                                     \
-            return FSDP_ERR_INTERNAL;                                                              \
-        }                                                                                          \
-    } while (0)
-
-#define RCALL(dev, call)                                                                           \
-    do {                                                                                           \
-        fsdp_status_t st_ = (call);                                                                \
-        RCHECK(st_ == FSDP_OK, "rank %d: %s returned %s: %s", (dev)->rank, #call,                 \
-               fsdp_status_name(st_), fsdp_sim_last_error(dev));                                   \
-    } while (0)
+static fsdp_test_failure_t failure;
 
 static void quiet(fsdp_log_level_t level, const char *file, int line, const char *func,
                   const char *msg, void *arg)
@@ -55,17 +23,14 @@ static void launch_ok(int world, int per_node, fsdp_sim_mode_t mode, fsdp_rank_f
     fsdp_sim_params_t p;
     fsdp_status_t st;
 
-    failure[0] = '\0';
     fsdp_sim_params_init(&p);
     p.world_size = world;
     p.ranks_per_node = per_node;
     p.mode = mode;
     p.timeout_s = 20.0;
     st = fsdp_sim_launch(&p, func, NULL, NULL);
-    if (st != FSDP_OK || failure[0] != '\0')
-        fprintf(stderr, "\n  %s: %s\n", fsdp_status_name(st), failure);
     CU_ASSERT_EQUAL(st, FSDP_OK);
-    CU_ASSERT_STRING_EQUAL(failure, "");
+    fsdp_test_failure_assert(&failure);
 }
 
 static void test_ops_table(void)
@@ -79,13 +44,14 @@ static void test_ops_table(void)
 static fsdp_status_t rank_dev(fsdp_dev_t *dev, void *arg)
 {
     (void)arg;
-    RCHECK(fsdp_dev_is_sim(dev) && dev->ops == fsdp_sim_backend(), "rank %d: not a sim dev",
-           dev->rank);
-    RCHECK(dev->world_size == 6 && dev->local_size == 3 && dev->local_rank == dev->rank % 3,
-           "rank %d: world %d, local %d of %d", dev->rank, dev->world_size, dev->local_rank,
-           dev->local_size);
-    RCHECK(strcmp(fsdp_sim_last_error(dev), "") == 0, "rank %d: fresh rank has an error",
-           dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          fsdp_dev_is_sim(dev) && dev->ops == fsdp_sim_backend(), "not a sim dev");
+    FSDP_RANK_REQUIRE_MSG(
+        &failure, dev->rank,
+        dev->world_size == 6 && dev->local_size == 3 && dev->local_rank == dev->rank % 3,
+        "world %d, local %d of %d", dev->world_size, dev->local_rank, dev->local_size);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, strcmp(fsdp_sim_last_error(dev), "") == 0,
+                          "fresh rank has an error");
     return FSDP_OK;
 }
 
@@ -102,25 +68,31 @@ static fsdp_status_t rank_segments(fsdp_dev_t *dev, void *arg)
     (void)arg;
 
     for (int i = 0; i < 6; i++) {
-        RCALL(dev, ops->segment_alloc(dev, i % 2 ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE,
-                                      sizes[i], &p[i]));
-        RCHECK(p[i] != NULL && (uintptr_t)p[i] % 64 == 0, "rank %d: segment %d at %p",
-               dev->rank, i, p[i]);
+        FSDP_RANK_REQUIRE_OK(
+            &failure, dev,
+            ops->segment_alloc(dev, i % 2 ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE,
+                               sizes[i], &p[i]));
+        FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, p[i] != NULL && (uintptr_t)p[i] % 64 == 0,
+                              "segment %d at %p", i, p[i]);
         for (size_t j = 0; j < sizes[i]; j++)
-            RCHECK(((unsigned char *)p[i])[j] == 0, "rank %d: segment %d byte %zu not zero",
-                   dev->rank, i, j);
+            FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, ((unsigned char *)p[i])[j] == 0,
+                                  "segment %d byte %zu not zero", i, j);
         memset(p[i], 0xff, sizes[i]);
     }
     for (int i = 0; i < 6; i++) {
         for (int j = 0; j < i; j++)
-            RCHECK(p[i] != p[j], "rank %d: segments %d and %d share an address", dev->rank, i, j);
+            FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, p[i] != p[j],
+                                  "segments %d and %d share an address", i, j);
         ops->segment_free(dev, i % 2 ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE, p[i]);
     }
-    RCHECK(ops->segment_alloc(dev, (fsdp_memkind_t)9, 8, &p[0]) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: a bad memkind was accepted", dev->rank);
-    RCHECK(strstr(fsdp_sim_last_error(dev), "segment_alloc") != NULL &&
-               strncmp(fsdp_sim_last_error(dev), "rank ", 5) == 0,
-           "rank %d: last error is '%s'", dev->rank, fsdp_sim_last_error(dev));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->segment_alloc(dev, (fsdp_memkind_t)9, 8, &p[0]) ==
+                              FSDP_ERR_INVALID_PARAM,
+                          "a bad memkind was accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          strstr(fsdp_sim_last_error(dev), "segment_alloc") != NULL &&
+                              strncmp(fsdp_sim_last_error(dev), "rank ", 5) == 0,
+                          "last error is '%s'", fsdp_sim_last_error(dev));
     return FSDP_OK;
 }
 
@@ -134,12 +106,15 @@ static fsdp_status_t rank_shape_segments(fsdp_dev_t *dev, void *arg)
     /* never touched, so terabytes are fine; ranges must not overlap */
     for (int i = 0; i < 4; i++) {
         void *v = NULL;
-        RCALL(dev, ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, (size_t)1 << 40, &v));
+        FSDP_RANK_REQUIRE_OK(&failure, dev,
+                             ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, (size_t)1 << 40, &v));
         p[i] = (uintptr_t)v;
-        RCHECK(p[i] != 0, "rank %d: shape segment is NULL", dev->rank);
+        FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, p[i] != 0, "shape segment is NULL");
         for (int j = 0; j < i; j++)
-            RCHECK(p[i] >= p[j] + ((size_t)1 << 40) || p[j] >= p[i] + ((size_t)1 << 40),
-                   "rank %d: shape segments %d and %d overlap", dev->rank, i, j);
+            FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                                  p[i] >= p[j] + ((size_t)1 << 40) ||
+                                      p[j] >= p[i] + ((size_t)1 << 40),
+                                  "shape segments %d and %d overlap", i, j);
     }
     for (int i = 0; i < 4; i++)
         ops->segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)p[i]);
@@ -147,8 +122,9 @@ static fsdp_status_t rank_shape_segments(fsdp_dev_t *dev, void *arg)
     k.u.fill.x = (void *)p[0];
     k.u.fill.dtype = FSDP_DTYPE_F32;
     k.u.fill.n = 1000;
-    RCALL(dev, ops->kernel(dev, NULL, &k));
-    RCALL(dev, ops->memcpy_async(dev, (void *)p[1], (void *)p[2], 4096, NULL));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->kernel(dev, NULL, &k));
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         ops->memcpy_async(dev, (void *)p[1], (void *)p[2], 4096, NULL));
     return FSDP_OK;
 }
 
@@ -171,60 +147,69 @@ static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
     int done = 0;
     (void)arg;
 
-    RCHECK(compute->id == 0 && strcmp(compute->name, "compute") == 0,
-           "rank %d: compute stream is %d '%s'", dev->rank, compute->id, compute->name);
-    RCALL(dev, ops->stream_create(dev, "unshard", -1, &s1));
-    RCALL(dev, ops->stream_create(dev, "post_backward", 0, &s2));
-    RCHECK(s1->id == 1 && s2->id == 2 && s1->priority == -1 && strcmp(s1->name, "unshard") == 0 &&
-               strcmp(s2->name, "post_backward") == 0,
-           "rank %d: streams %d '%s' %d, %d '%s'", dev->rank, s1->id, s1->name, s1->priority,
-           s2->id, s2->name);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          compute->id == 0 && strcmp(compute->name, "compute") == 0,
+                          "compute stream is %d '%s'", compute->id, compute->name);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_create(dev, "unshard", -1, &s1));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_create(dev, "post_backward", 0, &s2));
+    FSDP_RANK_REQUIRE_MSG(
+        &failure, dev->rank,
+        s1->id == 1 && s2->id == 2 && s1->priority == -1 && strcmp(s1->name, "unshard") == 0 &&
+            strcmp(s2->name, "post_backward") == 0,
+        "streams %d '%s' %d, %d '%s'", s1->id, s1->name, s1->priority, s2->id, s2->name);
 
     for (int i = 0; i < 100; i++)
         src[i] = (char)(i + dev->rank);
-    RCALL(dev, ops->memcpy_async(dev, dst, src, sizeof(src), s1));
-    RCALL(dev, ops->memcpy_async(dev, dst, dst, 0, s1));
-    RCHECK(memcmp(dst, src, sizeof(src)) == 0, "rank %d: memcpy_async did not copy", dev->rank);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->memcpy_async(dev, dst, src, sizeof(src), s1));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->memcpy_async(dev, dst, dst, 0, s1));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, memcmp(dst, src, sizeof(src)) == 0,
+                          "memcpy_async did not copy");
 
-    RCALL(dev, ops->event_create(dev, &ev));
-    RCALL(dev, ops->event_query(dev, ev, &done)); /* never recorded: complete */
-    RCHECK(done == 1, "rank %d: unrecorded event not complete", dev->rank);
-    RCALL(dev, ops->event_record(dev, ev, s1));
-    RCALL(dev, ops->stream_wait_event(dev, s2, ev));
-    RCALL(dev, ops->stream_wait_event(dev, NULL, ev));
-    RCALL(dev, fsdp_stream_wait_stream(dev, compute, s2));
-    RCALL(dev, ops->event_synchronize(dev, ev));
-    RCALL(dev, ops->event_query(dev, ev, &done));
-    RCHECK(done == 1, "rank %d: event not complete after synchronize", dev->rank);
-    RCALL(dev, ops->stream_synchronize(dev, s2));
-    RCALL(dev, ops->stream_synchronize(dev, NULL));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->event_create(dev, &ev));
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         ops->event_query(dev, ev, &done)); /* never recorded: complete */
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, done == 1, "unrecorded event not complete");
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->event_record(dev, ev, s1));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_wait_event(dev, s2, ev));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_wait_event(dev, NULL, ev));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_stream_wait_stream(dev, compute, s2));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->event_synchronize(dev, ev));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->event_query(dev, ev, &done));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, done == 1, "event not complete after synchronize");
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_synchronize(dev, s2));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->stream_synchronize(dev, NULL));
     /* launches cost the host time (the default profile's launch overhead) */
-    RCHECK(ops->host_time(dev) > 0.0, "rank %d: host time %g", dev->rank, ops->host_time(dev));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, ops->host_time(dev) > 0.0, "host time %g",
+                          ops->host_time(dev));
     ops->event_destroy(dev, ev);
     ops->stream_destroy(dev, s2);
     ops->stream_destroy(dev, s1);
     ops->stream_destroy(dev, compute); /* the backend's: ignored */
     ops->stream_destroy(dev, NULL);
     ops->event_destroy(dev, NULL);
-    RCHECK(ops->compute_stream(dev)->id == 0, "rank %d: compute stream gone", dev->rank);
-    RCHECK(ops->event_record(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: NULL event accepted", dev->rank);
-    RCHECK(ops->kernel(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: NULL kernel accepted", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, ops->compute_stream(dev)->id == 0,
+                          "compute stream gone");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->event_record(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
+                          "NULL event accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->kernel(dev, NULL, NULL) == FSDP_ERR_INVALID_PARAM,
+                          "NULL kernel accepted");
 
     /* data mode runs the kernel now, on this thread */
     k.u.fill.x = x;
     k.u.fill.dtype = FSDP_DTYPE_F32;
     k.u.fill.n = 4;
     k.u.fill.value = 2.5;
-    RCALL(dev, ops->kernel(dev, ops->compute_stream(dev), &k));
-    RCHECK(x[0] == 2.5f && x[3] == 2.5f && x[4] == 0.0f, "rank %d: fill gave %g %g %g",
-           dev->rank, (double)x[0], (double)x[3], (double)x[4]);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->kernel(dev, ops->compute_stream(dev), &k));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, x[0] == 2.5f && x[3] == 2.5f && x[4] == 0.0f,
+                          "fill gave %g %g %g", (double)x[0], (double)x[3], (double)x[4]);
     k.u.fill.x = NULL; /* malformed: the executor refuses it and the rank remembers */
-    RCHECK(ops->kernel(dev, NULL, &k) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: a NULL fill was accepted", dev->rank);
-    RCHECK(strstr(fsdp_sim_last_error(dev), "kernel fill failed") != NULL,
-           "rank %d: last error '%s'", dev->rank, fsdp_sim_last_error(dev));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, ops->kernel(dev, NULL, &k) == FSDP_ERR_INVALID_PARAM,
+                          "a NULL fill was accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          strstr(fsdp_sim_last_error(dev), "kernel fill failed") != NULL,
+                          "last error '%s'", fsdp_sim_last_error(dev));
     return FSDP_OK;
 }
 
@@ -243,27 +228,38 @@ static fsdp_status_t rank_bad_args(fsdp_dev_t *dev, void *arg)
     (void)arg;
 
     /* bad arguments are refused on the calling rank, before any rendezvous */
-    RCHECK(ops->all_reduce(dev, NULL, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL) ==
-               FSDP_ERR_INVALID_PARAM,
-           "rank %d: NULL group accepted", dev->rank);
-    RCHECK(ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_I32, FSDP_REDUCE_AVG, NULL) ==
-               FSDP_ERR_INVALID_PARAM,
-           "rank %d: i32 avg accepted", dev->rank);
-    RCHECK(strstr(fsdp_sim_last_error(dev), "avg needs a floating-point dtype") != NULL,
-           "rank %d: last error '%s'", dev->rank, fsdp_sim_last_error(dev));
-    RCHECK(ops->all_reduce(dev, w, x, x, 4, (fsdp_dtype_t)17, FSDP_REDUCE_SUM, NULL) ==
-               FSDP_ERR_INVALID_PARAM,
-           "rank %d: dtype 17 accepted", dev->rank);
-    RCHECK(ops->reduce_scatter(dev, w, x, x, 1, FSDP_DTYPE_F32, (fsdp_reduce_op_t)9, NULL) ==
-               FSDP_ERR_INVALID_PARAM,
-           "rank %d: op 9 accepted", dev->rank);
-    RCHECK(ops->broadcast(dev, w, x, 4, FSDP_DTYPE_F32, w->size, NULL) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: root %d accepted", dev->rank, w->size);
-    RCHECK(ops->all_gather(dev, w, NULL, x, 1, FSDP_DTYPE_F32, NULL) == FSDP_ERR_INVALID_PARAM,
-           "rank %d: NULL send accepted", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->all_reduce(dev, NULL, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                          NULL) == FSDP_ERR_INVALID_PARAM,
+                          "NULL group accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_I32, FSDP_REDUCE_AVG, NULL) ==
+                              FSDP_ERR_INVALID_PARAM,
+                          "i32 avg accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          strstr(fsdp_sim_last_error(dev), "avg needs a floating-point dtype") !=
+                              NULL,
+                          "last error '%s'", fsdp_sim_last_error(dev));
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->all_reduce(dev, w, x, x, 4, (fsdp_dtype_t)17, FSDP_REDUCE_SUM,
+                                          NULL) == FSDP_ERR_INVALID_PARAM,
+                          "dtype 17 accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->reduce_scatter(dev, w, x, x, 1, FSDP_DTYPE_F32, (fsdp_reduce_op_t)9,
+                                              NULL) == FSDP_ERR_INVALID_PARAM,
+                          "op 9 accepted");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->broadcast(dev, w, x, 4, FSDP_DTYPE_F32, w->size, NULL) ==
+                              FSDP_ERR_INVALID_PARAM,
+                          "root %d accepted", w->size);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          ops->all_gather(dev, w, NULL, x, 1, FSDP_DTYPE_F32, NULL) ==
+                              FSDP_ERR_INVALID_PARAM,
+                          "NULL send accepted");
     /* and the group still works afterwards: nothing was deposited */
-    RCALL(dev, ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
-    RCALL(dev, ops->barrier(dev, w));
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         ops->all_reduce(dev, w, x, x, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->barrier(dev, w));
     return FSDP_OK;
 }
 
@@ -277,12 +273,9 @@ static void test_bad_args(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
-        {"ops_table", test_ops_table},
-        {"ranks", test_ranks},
-        {"segments", test_segments},
-        {"streams_events", test_streams_events},
-        {"bad_args", test_bad_args},
-        {NULL, NULL},
+        {"ops_table", test_ops_table}, {"ranks", test_ranks},
+        {"segments", test_segments},   {"streams_events", test_streams_events},
+        {"bad_args", test_bad_args},   {NULL, NULL},
     };
     return fsdp_test_run("sim", tests);
 }

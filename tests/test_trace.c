@@ -2,7 +2,7 @@
  * version check, a writer killed mid-run, determinism, and the tools' logic (diff, summary,
  * Chrome export, SVG plot).
  *
- * Rank functions record the first failed check (no CUnit calls off the main thread). The
+ * Rank functions record the first failed check (test_util.h); the main thread asserts it. The
  * killed-writer test runs this binary again as a child process (fork and exec), so no thread of
  * the parent is duplicated. */
 #include <fsdp/fsdp.h>
@@ -30,30 +30,7 @@
 #define CHILD_FLAG "--killed-writer-child"
 
 static char tmpdir[256];
-static pthread_mutex_t fail_lock = PTHREAD_MUTEX_INITIALIZER;
-static char failure[512];
-
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-
-    pthread_mutex_lock(&fail_lock);
-    if (failure[0] == '\0') {
-        va_start(ap, fmt);
-        vsnprintf(failure, sizeof(failure), fmt, ap);
-        va_end(ap);
-    }
-    pthread_mutex_unlock(&fail_lock);
-}
-
-#define RCHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fail(__VA_ARGS__);                                                                     \
-            return FSDP_ERR_INTERNAL;                                                              \
-        }                                                                                          \
-    } while (0)
+static fsdp_test_failure_t failure;
 
 static const char *tpath(const char *name)
 {
@@ -89,7 +66,6 @@ static fsdp_status_t launch(int world, fsdp_rank_func_t func, void *arg)
     fsdp_sim_params_init(&p);
     p.world_size = world;
     p.timeout_s = 30;
-    failure[0] = '\0';
     return fsdp_sim_launch(&p, func, arg, NULL);
 }
 
@@ -142,13 +118,14 @@ static fsdp_status_t rt_rank(fsdp_dev_t *dev, void *arg)
     fsdp_trace_event_t ev;
     fsdp_mem_stats_t m;
 
-    RCHECK(dev->trace == NULL, "rank %d: tracing before attach", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, dev->trace == NULL, "tracing before attach");
     fsdp_trace_event_init(&ev, FSDP_EV_HOOK, "ignored");
     fsdp_trace_emit(dev, &ev); /* not tracing: a no-op */
-    RCHECK(fsdp_trace_attach(t, dev) == FSDP_OK, "rank %d: attach failed", dev->rank);
-    RCHECK(fsdp_trace_enabled(dev), "rank %d: not tracing after attach", dev->rank);
-    RCHECK(fsdp_trace_attach(t, dev) == FSDP_ERR_INVALID_PARAM, "rank %d: attached twice",
-           dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_attach(t, dev) == FSDP_OK,
+                          "attach failed");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_enabled(dev), "not tracing after attach");
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_attach(t, dev) == FSDP_ERR_INVALID_PARAM,
+                          "attached twice");
     for (int i = 0; i < RT_EVENTS; i++) {
         rt_event(dev->rank, i, &ev);
         fsdp_trace_emit(dev, &ev);
@@ -159,8 +136,10 @@ static fsdp_status_t rt_rank(fsdp_dev_t *dev, void *arg)
         if (i == 100) {
             /* detach and attach again: the sequence goes on */
             fsdp_trace_detach(dev);
-            RCHECK(dev->trace == NULL, "rank %d: still tracing after detach", dev->rank);
-            RCHECK(fsdp_trace_attach(t, dev) == FSDP_OK, "rank %d: re-attach", dev->rank);
+            FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, dev->trace == NULL,
+                                  "still tracing after detach");
+            FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_attach(t, dev) == FSDP_OK,
+                                  "re-attach");
         }
     }
     fsdp_trace_step(dev, RT_EVENTS, 0.5, 0.25, NULL); /* no memory stats */
@@ -261,9 +240,7 @@ static void test_round_trip(void)
     fsdp_log_set_handler(capture, NULL); /* the double attach is logged */
     CU_ASSERT_EQUAL(launch(WORLD, rt_rank, t), FSDP_OK);
     fsdp_log_set_handler(NULL, NULL);
-    if (failure[0] != '\0')
-        fprintf(stderr, "\n  %s\n", failure);
-    CU_ASSERT_STRING_EQUAL(failure, "");
+    fsdp_test_failure_assert(&failure);
     CU_ASSERT_EQUAL(fsdp_trace_flush(t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_close(t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_close(NULL), FSDP_OK);
@@ -465,12 +442,12 @@ static int v1_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t 
     v1_seen_t *v = arg;
 
     if (v->n < 3)
-        snprintf(v->text[v->n], sizeof(v->text[0]),
-                 "%d %d %s %s %s %s %g %g %g %d %d %s %s %d %d", rank, (int)seq,
-                 fsdp_event_kind_name(ev->kind), ev->name, ev->unit ? ev->unit : "-",
-                 ev->stream ? ev->stream : "-", ev->host_time, ev->start, ev->end,
-                 (int)ev->bytes, (int)ev->count, ev->dtype >= 0 ? fsdp_dtype_name(ev->dtype) : "-",
-                 ev->group ? ev->group : "-", (int)ev->allocated, (int)ev->reserved);
+        snprintf(v->text[v->n], sizeof(v->text[0]), "%d %d %s %s %s %s %g %g %g %d %d %s %s %d %d",
+                 rank, (int)seq, fsdp_event_kind_name(ev->kind), ev->name,
+                 ev->unit ? ev->unit : "-", ev->stream ? ev->stream : "-", ev->host_time, ev->start,
+                 ev->end, (int)ev->bytes, (int)ev->count,
+                 ev->dtype >= 0 ? fsdp_dtype_name(ev->dtype) : "-", ev->group ? ev->group : "-",
+                 (int)ev->allocated, (int)ev->reserved);
     v->n++;
     return 0;
 }
@@ -573,7 +550,8 @@ static fsdp_status_t work_rank(fsdp_dev_t *dev, void *arg)
     clk_t c = {dev, 0.0, 0};
     fsdp_mem_stats_t m;
 
-    RCHECK(fsdp_trace_attach(w->trace, dev) == FSDP_OK, "rank %d: attach", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_attach(w->trace, dev) == FSDP_OK,
+                          "attach");
     op(&c, FSDP_EV_ALLOC, "sharded_param", NULL, "compute", 3 * 8192, -1, NULL);
     for (int s = 0; s < w->steps; s++) {
         int here = dev->rank == 2 && s == 1;
@@ -644,10 +622,9 @@ static int64_t work_run(const char *path, inject_t inject, int world)
     if (fsdp_trace_open(path, &info, &w.trace) != FSDP_OK)
         return 0;
     id = fsdp_trace_run_id(w.trace);
-    if (launch(world, work_rank, &w) != FSDP_OK || failure[0] != '\0') {
-        fprintf(stderr, "\n  %s\n", failure);
+    if (launch(world, work_rank, &w) != FSDP_OK || atomic_load(&failure.count) != 0)
         id = 0;
-    }
+    fsdp_test_failure_assert(&failure);
     if (fsdp_trace_close(w.trace) != FSDP_OK)
         id = 0;
     return id;
@@ -832,7 +809,7 @@ static fsdp_status_t busy_rank(fsdp_dev_t *dev, void *arg)
     flusher_t *f = arg;
     clk_t c = {dev, 0.0, 0};
 
-    RCHECK(fsdp_trace_attach(f->t, dev) == FSDP_OK, "rank %d: attach", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, fsdp_trace_attach(f->t, dev) == FSDP_OK, "attach");
     for (int i = 0; i < 5000; i++) {
         op(&c, FSDP_EV_KERNEL, "gemm", "layers.0", "compute", 1024, FSDP_DTYPE_F32, NULL);
         if (i % 1000 == 999)
@@ -852,6 +829,7 @@ static void test_flush_while_emitting(void)
     CU_ASSERT_FATAL(fsdp_trace_open(path, NULL, &f.t) == FSDP_OK);
     CU_ASSERT_FATAL(pthread_create(&th, NULL, flush_loop, &f) == 0);
     CU_ASSERT_EQUAL(launch(8, busy_rank, &f), FSDP_OK);
+    fsdp_test_failure_assert(&failure);
     atomic_store(&f.done, 1);
     pthread_join(th, NULL);
     CU_ASSERT_EQUAL(f.errors, 0);
@@ -1235,15 +1213,22 @@ static fsdp_status_t timed_rank(fsdp_dev_t *dev, void *arg)
         fsdp_trace_op_t op = {.kind = FSDP_EV_KERNEL, .name = "gemm", .dtype = -1};
         fsdp_trace_op(dev, &op, &timed[dev->rank][TIMED_EVENTS].super);
     }
-    RCHECK(atomic_load(&timed[dev->rank][TIMED_EVENTS].resolved) == 1,
-           "rank %d: an untraced timed event was not released", dev->rank);
+    FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                          atomic_load(&timed[dev->rank][TIMED_EVENTS].resolved) == 1,
+                          "an untraced timed event was not released");
     status = fsdp_trace_attach(trace, dev);
     if (status != FSDP_OK)
         return status;
     for (int i = 0; i < TIMED_EVENTS; i++) {
-        fsdp_trace_op_t op = {.kind = FSDP_EV_COLLECTIVE, .name = "all_gather",
-                              .stream = "all_gather", .host = 1.0 * i, .start = -1.0,
-                              .end = -1.0, .bytes = 64, .count = 16, .dtype = FSDP_DTYPE_F32,
+        fsdp_trace_op_t op = {.kind = FSDP_EV_COLLECTIVE,
+                              .name = "all_gather",
+                              .stream = "all_gather",
+                              .host = 1.0 * i,
+                              .start = -1.0,
+                              .end = -1.0,
+                              .bytes = 64,
+                              .count = 16,
+                              .dtype = FSDP_DTYPE_F32,
                               .group = "world"};
         fsdp_trace_op(dev, &op, i % 3 == 2 ? NULL : &timed[dev->rank][i].super);
         if (i == TIMED_EVENTS / 2)
@@ -1251,9 +1236,9 @@ static fsdp_status_t timed_rank(fsdp_dev_t *dev, void *arg)
     }
     fsdp_trace_detach(dev);
     for (int i = 0; i < TIMED_EVENTS; i++)
-        RCHECK(atomic_load(&timed[dev->rank][i].resolved) == (i % 3 == 2 ? 0 : 1),
-               "rank %d: event %d resolved %d times", dev->rank, i,
-               atomic_load(&timed[dev->rank][i].resolved));
+        FSDP_RANK_REQUIRE_MSG(
+            &failure, dev->rank, atomic_load(&timed[dev->rank][i].resolved) == (i % 3 == 2 ? 0 : 1),
+            "event %d resolved %d times", i, atomic_load(&timed[dev->rank][i].resolved));
     return FSDP_OK;
 }
 
@@ -1264,13 +1249,13 @@ static int timed_check(void *arg, int rank, uint64_t seq, const fsdp_trace_event
     double start = i % 3 == 2 ? -1.0 : timed_start(rank, i);
 
     (*n)++;
-    if (ev->start != start || ev->end != (i % 3 == 2 ? -1.0 : start + 0.25) ||
-        ev->host_time != 1.0 * i) {
-        fail("rank %d seq %d: start %g end %g host %g, expected start %g", rank, i, ev->start,
-             ev->end, ev->host_time, start);
-        return 1;
-    }
-    return 0;
+    /* read back on this thread; recorded as the ranks' checks are */
+    return !FSDP_RANK_CHECK_MSG(&failure, rank,
+                                ev->start == start &&
+                                    ev->end == (i % 3 == 2 ? -1.0 : start + 0.25) &&
+                                    ev->host_time == 1.0 * i,
+                                "seq %d: start %g end %g host %g, expected start %g", i, ev->start,
+                                ev->end, ev->host_time, start);
 }
 
 static void test_timed(void)
@@ -1285,13 +1270,11 @@ static void test_timed(void)
     CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, NULL, &trace), FSDP_OK);
     CU_ASSERT_EQUAL(launch(2, timed_rank, trace), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_close(trace), FSDP_OK);
-    if (failure[0] != '\0')
-        fprintf(stderr, "\n  %s\n", failure);
-    CU_ASSERT_STRING_EQUAL(failure, "");
+    fsdp_test_failure_assert(&failure);
     CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, -1, timed_check, &n), FSDP_OK);
-    CU_ASSERT_STRING_EQUAL(failure, "");
+    fsdp_test_failure_assert(&failure);
     CU_ASSERT_EQUAL(n, 2 * TIMED_EVENTS);
     fsdp_trace_reader_close(rd);
     remove_db(path);

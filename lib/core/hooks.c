@@ -66,8 +66,10 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
         return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
 
     fs->pre_forward_order = calloc((size_t)fs->nunits, sizeof(*fs->pre_forward_order));
-    /* a unit may run post-forward more than once per iteration (reused modules) */
-    fs->post_forward_order = calloc((size_t)fs->nunits * 4 + 4, sizeof(*fs->post_forward_order));
+    /* a first size: a unit may run post-forward more than once per iteration (reused
+     * modules), and record_post_forward grows the order as needed */
+    fs->post_forward_cap = fs->nunits * 4 + 4;
+    fs->post_forward_order = calloc((size_t)fs->post_forward_cap, sizeof(*fs->post_forward_order));
     if (fs->pre_forward_order == NULL || fs->post_forward_order == NULL)
         return FSDP_ERR_NO_MEMORY;
     /* buffers to buffer_dtype for the computation (section 2 A.1) */
@@ -274,6 +276,26 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
     return status;
 }
 
+/* Appends h to this iteration's post-forward order, doubling the order when it is full. */
+static fsdp_status_t record_post_forward(fsdp_t *fs, fsdp_handle_t *h)
+{
+    if (fs->n_post_forward == fs->post_forward_cap) {
+        int cap = 2 * fs->post_forward_cap;
+        fsdp_handle_t **order = realloc(fs->post_forward_order, (size_t)cap * sizeof(*order));
+        if (order == NULL)
+            return fsdp_fail(fs, FSDP_ERR_NO_MEMORY,
+                             "rank %d: cannot grow the post-forward order to %d entries",
+                             fs->dev->rank, cap);
+        fs->post_forward_order = order;
+        fs->post_forward_cap = cap;
+    }
+    /* record_post_forward, with PyTorch's truthiness test: index 0 is re-indexed */
+    if (h->post_forward_index <= 0)
+        h->post_forward_index = fs->n_post_forward;
+    fs->post_forward_order[fs->n_post_forward++] = h;
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
 {
     fsdp_t *fs = u->fs;
@@ -284,11 +306,9 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
         return bad_state(u, "post-forward", "forward (after pre-forward)");
     fsdp_trace_hook(fs, "post_forward", u);
     if (h != NULL) {
-        /* record_post_forward, with PyTorch's truthiness test: index 0 is re-indexed */
-        if (h->post_forward_index <= 0)
-            h->post_forward_index = fs->n_post_forward;
-        if (fs->n_post_forward < fs->nunits * 4 + 4)
-            fs->post_forward_order[fs->n_post_forward++] = h;
+        status = record_post_forward(fs, h);
+        if (status != FSDP_OK)
+            return status;
         /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies */
         status = fsdp_handle_reshard(fs, h, !u->is_root &&
                                                 fsdp_strategy_reshards_after_forward(u->strategy));

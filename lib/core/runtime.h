@@ -128,7 +128,7 @@ struct fsdp {
     fsdp_handle_t **pre_forward_order;
     int n_pre_forward;
     fsdp_handle_t **post_forward_order;
-    int n_post_forward;
+    int n_post_forward, post_forward_cap;
 
     /* rate limiter: free events of reshards, oldest first */
     fsdp_event_t *limiter_events[FSDP_LIMITER_MAX_INFLIGHT + 1];
