@@ -5,11 +5,10 @@
  * absent. The first call that needs the backend loads the module, once per process
  * (pthread_once), from the first of:
  *  - FSDP_GPU_MODULE, a path, when it is set (and then only there);
- *  - fsdp/libfsdp-gpu.so beside the libfsdp that is running (an installed tree, wherever it
- *    was moved or staged);
- *  - the install directory, $(libdir)/fsdp, as configured;
- *  - the build tree's gpu/.libs, only when this libfsdp runs from its own build tree (the
- *    tests and tools before make install).
+ *  - for a libfsdp that runs from its own build tree (the tests, the tools before make
+ *    install): that tree's gpu/.libs, and only there;
+ *  - else fsdp/libfsdp-gpu.so beside the libfsdp that is running (an installed tree, wherever
+ *    it was moved or staged), then the install directory, $(libdir)/fsdp, as configured.
  * A file that is not there is skipped; the first that is there is the module, or the reason the
  * backend is unavailable: a library it needs is missing (dlerror names it), or it is not a
  * module of this libfsdp. Without a module, every slot of the ops table returns
@@ -290,16 +289,19 @@ static void load(void)
                      "gpu backend module missing: no file at FSDP_GPU_MODULE=%s", env);
     } else {
         self_dir(self);
-        if (self[0] != '\0') {
-            snprintf(beside, sizeof(beside), "%s/fsdp/%s", self, FSDP_GPU_MODULE_FILE);
-            candidates[n++] = beside;
-        }
-        if (n == 0 || strcmp(beside, installed) != 0)
-            candidates[n++] = installed;
-        /* The build tree, only for the libfsdp built there (in its .libs). */
         if (self[0] != '\0' && realpath(FSDP_BUILDDIR "/.libs", build) != NULL &&
-            strcmp(self, build) == 0)
+            strcmp(self, build) == 0) {
+            /* The libfsdp of a build tree (in its .libs) takes that tree's module only: an
+             * installed one of the same version may be older. */
             candidates[n++] = uninstalled;
+        } else {
+            if (self[0] != '\0') {
+                snprintf(beside, sizeof(beside), "%s/fsdp/%s", self, FSDP_GPU_MODULE_FILE);
+                candidates[n++] = beside;
+            }
+            if (n == 0 || strcmp(beside, installed) != 0)
+                candidates[n++] = installed;
+        }
         tried[0] = '\0';
         for (int i = 0; i < n && path == NULL; i++) {
             if (access(candidates[i], F_OK) == 0)

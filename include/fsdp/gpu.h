@@ -8,8 +8,8 @@
  * The backend's CUDA and NCCL code is a module, libfsdp-gpu.so, that libfsdp loads on the first
  * call that needs it (libfsdp itself links no CUDA or NCCL library, so the simulator runs
  * without them). It is looked for at the path in the environment variable FSDP_GPU_MODULE when
- * that is set (and then only there), else in fsdp/ beside the running libfsdp, in the install
- * directory ($(libdir)/fsdp), and, for a libfsdp run from its build tree, in the build tree.
+ * that is set (and then only there); for a libfsdp run from its build tree, in that tree only;
+ * else in fsdp/ beside the running libfsdp, then in the install directory ($(libdir)/fsdp).
  * Without a loadable module (none was built, none is installed, or a CUDA or NCCL library it
  * needs is missing), fsdp_gpu_built() is 0, fsdp_gpu_device_count() is 0, fsdp_gpu_init() and
  * fsdp_gpu_unique_id() return FSDP_ERR_UNSUPPORTED, logging fsdp_gpu_load_error()'s line, and
