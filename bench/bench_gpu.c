@@ -23,7 +23,7 @@ int bench_gpu_setup(const char *name, int argc, char **argv, bench_gpu_args_t *a
         }
     }
     if (!fsdp_gpu_built()) {
-        printf("%s: skipped: libfsdp was built without CUDA and NCCL\n", name);
+        printf("%s: skipped: %s\n", name, fsdp_gpu_load_error());
         return 0;
     }
     if (fsdp_gpu_device_count() == 0) {

@@ -1,7 +1,11 @@
-/* The gpu backend: its ops table, and making and finalizing a rank's device context. */
+/* The gpu backend: its ops table, making and finalizing a rank's device context, and the entry
+ * table through which libfsdp reaches them (module.h): the module's one exported symbol. */
 #include "config.h"
 
 #include "gpu_trace.h"
+#include "module.h"
+
+#include <fsdp/version.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,22 +41,7 @@ static const fsdp_backend_ops_t gpu_ops = {
     .kernel = fsdp_gpu_kernel,
 };
 
-int fsdp_gpu_built(void)
-{
-    return 1;
-}
-
-const fsdp_backend_ops_t *fsdp_gpu_backend(void)
-{
-    return &gpu_ops;
-}
-
-int fsdp_dev_is_gpu(const fsdp_dev_t *dev)
-{
-    return dev != NULL && dev->ops == &gpu_ops;
-}
-
-int fsdp_gpu_device_count(void)
+static int device_count(void)
 {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
@@ -67,7 +56,7 @@ int fsdp_gpu_device_count(void)
     return n;
 }
 
-fsdp_status_t fsdp_gpu_unique_id(fsdp_gpu_unique_id_t *id_p)
+static fsdp_status_t unique_id(fsdp_gpu_unique_id_t *id_p)
 {
     ncclUniqueId id;
     fsdp_status_t status;
@@ -127,22 +116,17 @@ static int id_is_zero(const fsdp_gpu_unique_id_t *id)
     return 1;
 }
 
-fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
+static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
 {
-    fsdp_gpu_params_t defaults;
     fsdp_gpu_unique_id_t uid;
     fsdp_gpu_dev_t *gdev;
     fsdp_status_t status;
     ncclUniqueId id;
     int ndev = 0, device;
 
-    if (dev_p == NULL) {
-        fsdp_error("fsdp_gpu_init: dev_p is NULL");
+    if (params == NULL || dev_p == NULL) {
+        fsdp_error("fsdp_gpu_init: %s is NULL", params == NULL ? "params" : "dev_p");
         return FSDP_ERR_INVALID_PARAM;
-    }
-    if (params == NULL) {
-        fsdp_gpu_params_init(&defaults);
-        params = &defaults;
     }
     status = check_params(params);
     if (status != FSDP_OK)
@@ -169,7 +153,7 @@ fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
                        params->rank);
             return FSDP_ERR_INVALID_PARAM;
         }
-        status = fsdp_gpu_unique_id(&uid);
+        status = unique_id(&uid);
         if (status != FSDP_OK)
             return status;
     }
@@ -245,7 +229,7 @@ err_free:
     return status;
 }
 
-void fsdp_gpu_finalize(fsdp_dev_t *dev)
+static void finalize(fsdp_dev_t *dev)
 {
     fsdp_gpu_dev_t *gdev;
 
@@ -263,4 +247,22 @@ void fsdp_gpu_finalize(fsdp_dev_t *dev)
     }
     fsdp_gpu_groups_destroy(gdev, gdev->failed != FSDP_OK);
     dev_free(gdev);
+}
+
+static const fsdp_gpu_module_t gpu_module = {
+    .size = sizeof(fsdp_gpu_module_t),
+    .abi = FSDP_GPU_MODULE_ABI,
+    .version = FSDP_VERSION_STRING,
+    .ops = &gpu_ops,
+    .device_count = device_count,
+    .unique_id = unique_id,
+    .init = init,
+    .finalize = finalize,
+    .set_log_rank = fsdp_gpu_set_log_rank,
+    .log_rank = fsdp_gpu_log_rank,
+};
+
+const fsdp_gpu_module_t *fsdp_gpu_module_v1(void)
+{
+    return &gpu_module;
 }

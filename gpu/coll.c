@@ -1,12 +1,9 @@
-/* Groups and collectives over NCCL, and the watchdog that bounds every wait on them.
+/* Groups and collectives over NCCL.
  *
  * Communicators are created non-blocking: ncclCommInitRankConfig, ncclCommSplit and even a
  * collective's enqueue may return ncclInProgress, and comm_ready() polls the communicator until
- * it settles or the timeout passes. Each collective then records an event into the dev's ring
- * (gdev->watch); fsdp_gpu_watchdog() retires the finished ones, and fails the oldest once it is
- * older than the timeout, or any communicator that reports an asynchronous error: then every
- * communicator of the rank is aborted (ncclCommAbort ends NCCL kernels that wait for a peer
- * that will never come), and later collectives fail at once with the same status.
+ * it settles or the timeout passes. Each collective is then handed to the watchdog (watch.c),
+ * which bounds every later wait on it.
  */
 #include "config.h"
 
@@ -15,33 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static void nap(long *ns)
-{
-    struct timespec ts = {0, *ns};
-    nanosleep(&ts, NULL);
-    *ns = *ns >= 500000 ? 1000000 : *ns * 2;
-}
-
-static int timed_out(const fsdp_gpu_dev_t *gdev, double t0)
-{
-    return gdev->timeout_s > 0.0 && fsdp_gpu_now() - t0 > gdev->timeout_s;
-}
-
-/* Aborts every communicator of the rank and remembers why. */
-static void fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status)
-{
-    if (gdev->failed == FSDP_OK)
-        gdev->failed = status;
-    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
-        if (g->comm != NULL) {
-            (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
-            g->comm = NULL;
-        }
-    }
-    gdev->watch_count = 0;
-}
 
 /* Polls a communicator until its pending operation (init, split, enqueue, finalize) settles. */
 static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const char *what)
@@ -59,12 +29,12 @@ static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const cha
             return FSDP_OK;
         if (st != ncclInProgress)
             return fsdp_gpu_nccl_status(st, what, __FILE__, __LINE__, __func__);
-        if (timed_out(gdev, t0)) {
+        if (fsdp_gpu_timed_out(gdev, t0)) {
             fsdp_error("rank %d: %s did not complete within %g s (collective timeout)",
                        gdev->super.rank, what, gdev->timeout_s);
             return FSDP_ERR_TIMEOUT;
         }
-        nap(&nap_ns);
+        fsdp_gpu_nap(&nap_ns);
     }
 }
 
@@ -161,80 +131,6 @@ void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort)
     gdev->world = NULL;
 }
 
-/* ---- the watchdog ---- */
-
-fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
-{
-    fsdp_status_t status;
-    ncclResult_t st;
-    cudaError_t err;
-
-    if (gdev->failed != FSDP_OK)
-        return gdev->failed;
-    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
-        if (g->comm == NULL)
-            continue;
-        status = FSDP_NCCL_CALL(ncclCommGetAsyncError(g->comm, &st));
-        if (status == FSDP_OK && st != ncclSuccess && st != ncclInProgress) {
-            const char *what = "no collective in flight";
-            for (unsigned i = 0; i < gdev->watch_count; i++) {
-                const fsdp_gpu_watch_t *w =
-                    &gdev->watch[(gdev->watch_head + i) % FSDP_GPU_WATCH_SLOTS];
-                if (w->group == g) {
-                    what = w->what;
-                    break;
-                }
-            }
-            fsdp_error("rank %d: asynchronous NCCL error on group %s (oldest collective in "
-                       "flight: %s)",
-                       gdev->super.rank, g->super.name, what);
-            status =
-                fsdp_gpu_nccl_status(st, "ncclCommGetAsyncError", __FILE__, __LINE__, __func__);
-        }
-        if (status != FSDP_OK) {
-            fail_all(gdev, status);
-            return status;
-        }
-    }
-    while (gdev->watch_count > 0) {
-        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
-        err = cudaEventQuery(w->done);
-        if (err == cudaErrorNotReady)
-            break;
-        if (err != cudaSuccess) {
-            status = fsdp_gpu_cuda_status(err, "cudaEventQuery(collective done)", __FILE__,
-                                          __LINE__, __func__);
-            fsdp_error("rank %d: %s failed on the device", gdev->super.rank, w->what);
-            fail_all(gdev, status);
-            return status;
-        }
-        gdev->watch_head = (gdev->watch_head + 1) % FSDP_GPU_WATCH_SLOTS;
-        gdev->watch_count--;
-    }
-    if (gdev->watch_count > 0 && timed_out(gdev, gdev->watch[gdev->watch_head].t0)) {
-        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
-        fsdp_error("rank %d: %s did not complete within %g s (collective timeout): aborting the "
-                   "communicators",
-                   gdev->super.rank, w->what, gdev->timeout_s);
-        fail_all(gdev, FSDP_ERR_TIMEOUT);
-        return FSDP_ERR_TIMEOUT;
-    }
-    return FSDP_OK;
-}
-
-fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev)
-{
-    long nap_ns = 1000;
-    fsdp_status_t status;
-
-    for (;;) {
-        status = fsdp_gpu_watchdog(gdev);
-        if (status != FSDP_OK || gdev->watch_count == 0)
-            return status;
-        nap(&nap_ns);
-    }
-}
-
 /* ---- collectives ---- */
 
 static int nccl_dtype(fsdp_dtype_t dtype, ncclDataType_t *type_p)
@@ -300,7 +196,7 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK || gdev->watch_count < FSDP_GPU_WATCH_SLOTS)
             break;
-        nap(&nap_ns);
+        fsdp_gpu_nap(&nap_ns);
     }
     *g_p = g;
     return status;
@@ -311,7 +207,6 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
 static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStream_t stream,
                               ncclResult_t res, const char *call, const char *what)
 {
-    fsdp_gpu_watch_t *w;
     fsdp_status_t status;
 
     status = fsdp_gpu_nccl_status(res, call, __FILE__, __LINE__, __func__);
@@ -319,20 +214,10 @@ static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStr
         status = comm_ready(gdev, g->comm, what);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: %s failed: aborting the communicators", gdev->super.rank, what);
-        fail_all(gdev, status);
+        fsdp_gpu_fail_all(gdev, status);
         return status;
     }
-    w = &gdev->watch[(gdev->watch_head + gdev->watch_count) % FSDP_GPU_WATCH_SLOTS];
-    status = FSDP_CUDA_CALL(cudaEventRecord(w->done, stream));
-    if (status != FSDP_OK)
-        return status;
-    w->t0 = fsdp_gpu_now();
-    w->group = g;
-    snprintf(w->what, sizeof(w->what), "%s", what);
-    gdev->watch_count++;
-    if (gdev->blocking_collectives)
-        return fsdp_gpu_host_wait(gdev, w->done, NULL, what);
-    return FSDP_OK;
+    return fsdp_gpu_watch_add(gdev, g, stream, what);
 }
 
 /* "all_gather(count 4096, bf16) on group world" */
@@ -618,7 +503,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
         if (comm != NULL)
             (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
         comm = NULL;
-        fail_all(gdev, status);
+        fsdp_gpu_fail_all(gdev, status);
         goto out;
     }
     if (color < 0) {

@@ -7,8 +7,8 @@
  * here at the boundary. No CUDA or NCCL type leaves gpu/.
  *
  * Communicators are non-blocking (ncclConfig_t.blocking = 0), so no NCCL call can hang the host:
- * every wait on NCCL is a poll bounded by the collective timeout (coll.c). Collectives are
- * enqueued asynchronously; each one records an event into the dev's watchdog ring, and every
+ * every wait on NCCL is a poll bounded by the collective timeout (coll.c, watch.c). Collectives
+ * are enqueued asynchronously; each one records an event into the dev's watchdog ring, and every
  * host wait (event and stream synchronization, barrier, finalize) polls the ring: a collective
  * older than the timeout, or an asynchronous NCCL error, aborts the communicators and fails the
  * wait with FSDP_ERR_TIMEOUT, FSDP_ERR_RANK_FAILED or FSDP_ERR_BACKEND naming the collective.
@@ -141,26 +141,39 @@ int fsdp_gpu_log_rank(void);
 #define FSDP_CUBLAS_CALL(call) fsdp_gpu_cublas_status((call), #call, __FILE__, __LINE__, __func__)
 #define FSDP_NCCL_CALL(call) fsdp_gpu_nccl_status((call), #call, __FILE__, __LINE__, __func__)
 
-/* stream.c */
+/* watch.c: the clock, naps, and the watchdog every host wait runs while collectives are in
+ * flight. */
 double fsdp_gpu_now(void); /* CLOCK_MONOTONIC, seconds */
-fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, int id,
-                                   const char *name, int priority);
-void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s);
-/* Polls until the event (or, with ev NULL, the stream) is done, running the watchdog between
- * polls while collectives are in flight. */
-fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
+/* Sleeps *ns nanoseconds and doubles it, up to 1 ms: the pause between two polls. */
+void fsdp_gpu_nap(long *ns);
+/* 1 when more than the collective timeout has passed since t0 (never when it is <= 0). */
+int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0);
+/* Aborts every communicator of the rank and remembers why in gdev->failed. */
+void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status);
+/* Watches a collective just enqueued on stream (the ring has room: the watchdog made it), and
+ * waits for it when collectives are blocking. */
+fsdp_status_t fsdp_gpu_watch_add(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStream_t stream,
                                  const char *what);
-
-/* coll.c */
-fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id);
-/* Destroys every live group (the world last); aborts their communicators when `abort`. */
-void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
 /* Checks every communicator for asynchronous errors and the oldest collective in flight for
  * the timeout; retires the collectives that have finished. On failure every communicator is
  * aborted and the status is remembered in gdev->failed. */
 fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev);
 /* Waits (bounded by the timeout) until no collective is in flight. */
 fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev);
+/* Polls until the event (or, with ev NULL, the stream) is done, running the watchdog between
+ * polls while collectives are in flight. */
+fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
+                                 const char *what);
+
+/* stream.c */
+fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, int id,
+                                   const char *name, int priority);
+void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s);
+
+/* coll.c */
+fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id);
+/* Destroys every live group (the world last); aborts their communicators when `abort`. */
+void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
 
 /* kernel.c / kernels.cu */
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);

@@ -4,7 +4,7 @@
 
 #include "gpu.h"
 
-#include <fsdp/trace.h>
+#include <fsdp/backend/trace.h>
 
 /* The events of traced ops, with device times from CUDA events (see trace.c). */
 fsdp_status_t fsdp_gpu_trace_init(fsdp_gpu_dev_t *gdev);

@@ -1,5 +1,5 @@
-/* Device and pinned segments, streams, events, copies and the host clock; host waits that never
- * outlive the collective timeout. */
+/* Device and pinned segments, streams, events, copies and the host clock slot; every host wait
+ * goes through the watchdog (watch.c). */
 #include "config.h"
 
 #include "gpu_trace.h"
@@ -7,14 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-double fsdp_gpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 double fsdp_gpu_host_time(fsdp_dev_t *dev)
 {
@@ -157,43 +149,6 @@ void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
         before_free(gdev);
     fsdp_gpu_stream_fini(s);
     free(s);
-}
-
-/* The host waits by polling, so that a collective that never completes cannot hang it: a short
- * spin first (most waits are short), then naps growing to 1 ms. */
-fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
-                                 const char *what)
-{
-    long nap_ns = 10000;
-    fsdp_status_t status;
-    cudaError_t err;
-
-    if (gdev->watch_count == 0 && gdev->failed == FSDP_OK) {
-        /* No collective in flight: nothing this wait depends on can hang. */
-        if (ev != NULL)
-            return FSDP_CUDA_CALL(cudaEventSynchronize(ev));
-        return FSDP_CUDA_CALL(cudaStreamSynchronize(stream));
-    }
-    for (unsigned spin = 0;; spin++) {
-        err = ev != NULL ? cudaEventQuery(ev) : cudaStreamQuery(stream);
-        if (err == cudaSuccess)
-            return FSDP_OK;
-        if (err != cudaErrorNotReady)
-            return fsdp_gpu_cuda_status(
-                err, ev != NULL ? "cudaEventQuery(ev)" : "cudaStreamQuery(stream)", __FILE__,
-                __LINE__, __func__);
-        status = fsdp_gpu_watchdog(gdev);
-        if (status != FSDP_OK) {
-            fsdp_error("rank %d: wait for %s abandoned: %s", gdev->super.rank, what,
-                       fsdp_status_string(status));
-            return status;
-        }
-        if (spin >= 64) {
-            struct timespec ts = {0, nap_ns};
-            nanosleep(&ts, NULL); /* a signal only shortens the nap */
-            nap_ns = nap_ns >= 500000 ? 1000000 : nap_ns * 2;
-        }
-    }
 }
 
 fsdp_status_t fsdp_gpu_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream)

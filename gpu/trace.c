@@ -19,7 +19,6 @@
 #include "gpu_trace.h"
 
 #include <stdlib.h>
-#include <time.h>
 
 struct fsdp_gpu_timer {
     fsdp_trace_timing_t super;
@@ -124,11 +123,8 @@ static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
                           gdev->super.rank, gdev->timeout_s);
             return 0;
         }
-        if (spin >= 64) {
-            struct timespec ts = {0, nap_ns};
-            nanosleep(&ts, NULL);
-            nap_ns = nap_ns >= 500000 ? 1000000 : nap_ns * 2;
-        }
+        if (spin >= 64)
+            fsdp_gpu_nap(&nap_ns);
     }
 }
 

@@ -19,6 +19,7 @@
 
 #include <fsdp/backend.h>
 #include <fsdp/sim.h>
+#include <fsdp/backend/trace.h>
 #include <fsdp/trace.h>
 
 #include <pthread.h>

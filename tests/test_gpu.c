@@ -2,11 +2,12 @@
  * (the sim's executor when the library has it, else a host loop over the same shared bodies),
  * GEMM against a double-precision reference, and the collectives and splits of one rank.
  *
- * Exits 77 (skipped) when the library was built without the gpu backend or no device is
- * visible, unless FSDP_REQUIRE_GPU is set (make check-gpu): then that is a failure. The checks
- * that need no device (a complete ops table, init failing cleanly) run first either way. */
+ * Exits 77 (skipped) when the gpu backend module is not loaded or no device is visible, unless
+ * FSDP_REQUIRE_GPU is set (make check-gpu): then that is a failure. The checks that need no
+ * device (a complete ops table, init failing cleanly) run first either way. */
 #include <fsdp/fsdp.h>
 
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -15,16 +16,30 @@
 #include <string.h>
 
 #include "kernels/kernel_elem.h"
+#include "module.h"
 #include "test_util.h"
 
 /* The sim's kernel executor (sim/sim_kernels.h) is internal to the library: looked up weakly,
  * so this test also builds against a library that does not have it yet. */
 extern fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k) __attribute__((weak));
 
-/* The rank that prefixes the backend's messages (gpu/error.c), internal and only in a build with
- * the gpu backend: looked up weakly. */
-extern void fsdp_gpu_set_log_rank(int rank) __attribute__((weak));
-extern int fsdp_gpu_log_rank(void) __attribute__((weak));
+/* The rank that prefixes the backend's messages (gpu/error.c) is internal to the module: reached
+ * through its entry table (gpu/module.h), from the module libfsdp loaded. NULL without one. */
+static const fsdp_gpu_module_t *loaded_module(void)
+{
+    fsdp_gpu_module_func_t entry;
+    const char *path = fsdp_gpu_module_path();
+    void *handle, *sym;
+
+    if (path == NULL)
+        return NULL;
+    handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    sym = handle != NULL ? dlsym(handle, FSDP_GPU_MODULE_SYMBOL) : NULL;
+    if (sym == NULL)
+        return NULL;
+    memcpy(&entry, &sym, sizeof(entry));
+    return entry();
+}
 
 static fsdp_dev_t *dev;
 static const fsdp_backend_ops_t *ops;
@@ -999,13 +1014,15 @@ static void test_params(void)
 
 /* ---- what needs no device ---- */
 
+static const fsdp_gpu_module_t *module;
+
 static void *other_rank_main(void *arg)
 {
     int *seen = arg;
 
-    seen[0] = fsdp_gpu_log_rank(); /* a thread that made no dev names no rank */
-    fsdp_gpu_set_log_rank(5);
-    seen[1] = fsdp_gpu_log_rank();
+    seen[0] = module->log_rank(); /* a thread that made no dev names no rank */
+    module->set_log_rank(5);
+    seen[1] = module->log_rank();
     return NULL;
 }
 
@@ -1016,9 +1033,16 @@ static int check_log_rank_per_thread(void)
     int seen[2] = {0, 0}, fails = 0;
     pthread_t tid;
 
-    if (fsdp_gpu_set_log_rank == NULL || fsdp_gpu_log_rank == NULL)
-        return 0; /* built without the gpu backend */
-    fsdp_gpu_set_log_rank(3);
+    module = loaded_module();
+    if (module == NULL) {
+        if (fsdp_gpu_built()) {
+            fprintf(stderr, "test_gpu: %s is loaded but its entry table is not reachable\n",
+                    fsdp_gpu_module_path());
+            return 1;
+        }
+        return 0; /* no module */
+    }
+    module->set_log_rank(3);
     if (pthread_create(&tid, NULL, other_rank_main, seen) != 0) {
         fprintf(stderr, "test_gpu: cannot start a thread\n");
         return 1;
@@ -1029,12 +1053,11 @@ static int check_log_rank_per_thread(void)
                 seen[0], seen[1]);
         fails++;
     }
-    if (fsdp_gpu_log_rank() != 3) {
-        fprintf(stderr, "test_gpu: this thread's log rank became %d, not 3\n",
-                fsdp_gpu_log_rank());
+    if (module->log_rank() != 3) {
+        fprintf(stderr, "test_gpu: this thread's log rank became %d, not 3\n", module->log_rank());
         fails++;
     }
-    fsdp_gpu_set_log_rank(-1);
+    module->set_log_rank(-1);
     return fails;
 }
 
@@ -1085,8 +1108,7 @@ int main(void)
                     fsdp_status_name(status), fsdp_status_name(want));
             return 1;
         }
-        return skip(fsdp_gpu_built() ? "no CUDA device visible"
-                                     : "libfsdp was built without the gpu backend");
+        return skip(fsdp_gpu_built() ? "no CUDA device visible" : fsdp_gpu_load_error());
     }
     if (status != FSDP_OK) {
         fprintf(stderr, "test_gpu: fsdp_gpu_init failed: %s\n", fsdp_status_string(status));

@@ -8,8 +8,8 @@
  *  - both runs traced: `fsdp-trace diff sim.db gpu.db` finds no structural difference (exit 0),
  *    and the caching allocator's `allocated` after every event is the same figure on both.
  *
- * Exits 77 (skipped) when the library was built without the gpu backend or no device is
- * visible, unless FSDP_REQUIRE_GPU is set (make check-gpu): then that is a failure. */
+ * Exits 77 (skipped) when the gpu backend module is not loaded or no device is visible, unless
+ * FSDP_REQUIRE_GPU is set (make check-gpu): then that is a failure. */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpu.h>
 #include <fsdp/sim.h>
@@ -374,7 +374,7 @@ int main(void)
     int rc;
 
     if (!fsdp_gpu_built())
-        return skip("libfsdp was built without the gpu backend");
+        return skip(fsdp_gpu_load_error());
     if (fsdp_gpu_device_count() == 0)
         return skip("no CUDA device visible");
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/fsdp_test_gpu_sim.XXXXXX");

@@ -5,6 +5,7 @@
  * Rank functions record the first failed check (test_util.h); the main thread asserts it. The
  * killed-writer test runs this binary again as a child process (fork and exec), so no thread of
  * the parent is duplicated. */
+#include <fsdp/backend/trace.h>
 #include <fsdp/fsdp.h>
 
 #include <errno.h>

@@ -167,7 +167,7 @@ check "gpt2: resume from a checkpoint continues the loss sequence exactly" \
 
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
-# without a device (or a library built without CUDA) this is refused for that; with one, for a
+# without a device (or without the gpu module) this is refused for that; with one, for a
 # --world the launcher (none: a single process) contradicts
 refuse "a gpu world the launcher did not start" --backend gpu --world 3
 refuse "a gpt spec with a zero" --model "gpt2:layers=0"

@@ -33,9 +33,9 @@ int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_a
         return 0;
     }
     if (!fsdp_gpu_built()) {
-        fprintf(stderr, "fsdp-train: error: --backend gpu: this libfsdp was built without CUDA "
-                        "and NCCL (configure found none); use --backend sim, or rebuild with "
-                        "CUDA and NCCL installed\n");
+        /* module missing (the paths tried), a library it needs missing (named), or not ours */
+        fprintf(stderr, "fsdp-train: error: --backend gpu: %s; use --backend sim without it\n",
+                fsdp_gpu_load_error());
         return -1;
     }
     if (fsdp_gpu_device_count() == 0) {

@@ -5,9 +5,15 @@
  * the launcher, a file, MPI, ...); each rank then calls fsdp_gpu_init() with its rank, and gets
  * the dev it hands to the core. A world of one needs no exchange.
  *
- * Always declared; when the library was built without CUDA and NCCL, fsdp_gpu_built() is 0,
- * fsdp_gpu_device_count() is 0, fsdp_gpu_init() and fsdp_gpu_unique_id() return
- * FSDP_ERR_UNSUPPORTED, and every slot of fsdp_gpu_backend() returns FSDP_ERR_UNSUPPORTED.
+ * The backend's CUDA and NCCL code is a module, libfsdp-gpu.so, that libfsdp loads on the first
+ * call that needs it (libfsdp itself links no CUDA or NCCL library, so the simulator runs
+ * without them). It is looked for at the path in the environment variable FSDP_GPU_MODULE when
+ * that is set (and then only there); for a libfsdp run from its build tree, in that tree only;
+ * else in fsdp/ beside the running libfsdp, then in the install directory ($(libdir)/fsdp).
+ * Without a loadable module (none was built, none is installed, or a CUDA or NCCL library it
+ * needs is missing), fsdp_gpu_built() is 0, fsdp_gpu_device_count() is 0, fsdp_gpu_init() and
+ * fsdp_gpu_unique_id() return FSDP_ERR_UNSUPPORTED, logging fsdp_gpu_load_error()'s line, and
+ * every slot of fsdp_gpu_backend() returns FSDP_ERR_UNSUPPORTED.
  *
  * No CUDA or NCCL header is needed to use this one.
  */
@@ -22,11 +28,18 @@
 extern "C" {
 #endif
 
-/* 1 when this library was built with the gpu backend. */
+/* 1 when the gpu backend module is loaded. The first call of this, or of a function below that
+ * needs the module, loads it: once per process, thread-safe. */
 FSDP_API int fsdp_gpu_built(void);
-/* Number of CUDA devices visible to this process (0 without a driver or device). */
+/* Why the module is not loaded, in one line: "gpu backend module missing: ..." with the paths
+ * tried, "gpu backend module PATH: a library it needs is missing: ..." naming it, or "gpu
+ * backend module PATH cannot be loaded: ...". "" when it is loaded. Never NULL. */
+FSDP_API const char *fsdp_gpu_load_error(void);
+/* The path of the loaded module, or NULL. */
+FSDP_API const char *fsdp_gpu_module_path(void);
+/* Number of CUDA devices visible to this process (0 without the module, a driver or a device). */
 FSDP_API int fsdp_gpu_device_count(void);
-/* The gpu ops table (every slot returns FSDP_ERR_UNSUPPORTED when not built). */
+/* The gpu ops table (every slot returns FSDP_ERR_UNSUPPORTED without the module). */
 FSDP_API const fsdp_backend_ops_t *fsdp_gpu_backend(void);
 
 /* Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
@@ -66,7 +79,8 @@ FSDP_API void fsdp_gpu_params_init(fsdp_gpu_params_t *params);
 /* Selects the device, creates the compute stream, the cuBLAS handle and the world communicator
  * (a collective over all ranks: it waits for every rank's init, up to the timeout).
  * FSDP_ERR_NO_DEVICE without a usable device, FSDP_ERR_INVALID_PARAM for inconsistent params,
- * FSDP_ERR_TIMEOUT when the other ranks do not join in time. */
+ * FSDP_ERR_TIMEOUT when the other ranks do not join in time, FSDP_ERR_UNSUPPORTED without the
+ * module. params NULL: the defaults (fsdp_gpu_params_init). */
 FSDP_API fsdp_status_t fsdp_gpu_init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p);
 
 /* Waits for outstanding collectives (up to the timeout), destroys the groups, streams and
@@ -77,7 +91,8 @@ FSDP_API void fsdp_gpu_finalize(fsdp_dev_t *dev);
 /* 1 when the dev belongs to the gpu backend. */
 FSDP_API int fsdp_dev_is_gpu(const fsdp_dev_t *dev);
 
-/* ---- Launch environment and rendezvous (built with or without CUDA; need no GPU) ---- */
+/* ---- Launch environment and rendezvous (in libfsdp, built with or without CUDA; need no GPU nor
+ * the module) ---- */
 
 /* Longest master address kept (a host name or a numeric IPv4/IPv6 address), with its NUL. */
 #define FSDP_LAUNCH_ADDR_MAX 256

@@ -3,6 +3,7 @@
 #ifndef FSDP_TRACE_INT_H
 #define FSDP_TRACE_INT_H
 
+#include <fsdp/backend/trace.h>
 #include <fsdp/trace.h>
 
 #include <sqlite3.h>

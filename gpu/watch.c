@@ -1,0 +1,172 @@
+/* The watchdog of collectives in flight, and every host wait bounded by the collective timeout:
+ * the clock, naps between polls, draining the ring, polling an event or a stream.
+ *
+ * Each collective records an event into the dev's ring (gdev->watch); fsdp_gpu_watchdog()
+ * retires the finished ones, and fails the oldest once it is older than the timeout, or any
+ * communicator that reports an asynchronous error: then every communicator of the rank is
+ * aborted (ncclCommAbort ends NCCL kernels that wait for a peer that will never come), and later
+ * collectives fail at once with the same status. Below streams, collectives and traces, which
+ * all wait through here. */
+#include "config.h"
+
+#include "gpu.h"
+
+#include <stdio.h>
+#include <time.h>
+
+double fsdp_gpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fsdp_gpu_nap(long *ns)
+{
+    struct timespec ts = {0, *ns};
+    nanosleep(&ts, NULL); /* a signal only shortens the nap */
+    *ns = *ns >= 500000 ? 1000000 : *ns * 2;
+}
+
+int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0)
+{
+    return gdev->timeout_s > 0.0 && fsdp_gpu_now() - t0 > gdev->timeout_s;
+}
+
+void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status)
+{
+    if (gdev->failed == FSDP_OK)
+        gdev->failed = status;
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+        if (g->comm != NULL) {
+            (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
+            g->comm = NULL;
+        }
+    }
+    gdev->watch_count = 0;
+}
+
+fsdp_status_t fsdp_gpu_watch_add(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStream_t stream,
+                                 const char *what)
+{
+    fsdp_gpu_watch_t *w;
+    fsdp_status_t status;
+
+    w = &gdev->watch[(gdev->watch_head + gdev->watch_count) % FSDP_GPU_WATCH_SLOTS];
+    status = FSDP_CUDA_CALL(cudaEventRecord(w->done, stream));
+    if (status != FSDP_OK)
+        return status;
+    w->t0 = fsdp_gpu_now();
+    w->group = g;
+    snprintf(w->what, sizeof(w->what), "%s", what);
+    gdev->watch_count++;
+    if (gdev->blocking_collectives)
+        return fsdp_gpu_host_wait(gdev, w->done, NULL, what);
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
+{
+    fsdp_status_t status;
+    ncclResult_t st;
+    cudaError_t err;
+
+    if (gdev->failed != FSDP_OK)
+        return gdev->failed;
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+        if (g->comm == NULL)
+            continue;
+        status = FSDP_NCCL_CALL(ncclCommGetAsyncError(g->comm, &st));
+        if (status == FSDP_OK && st != ncclSuccess && st != ncclInProgress) {
+            const char *what = "no collective in flight";
+            for (unsigned i = 0; i < gdev->watch_count; i++) {
+                const fsdp_gpu_watch_t *w =
+                    &gdev->watch[(gdev->watch_head + i) % FSDP_GPU_WATCH_SLOTS];
+                if (w->group == g) {
+                    what = w->what;
+                    break;
+                }
+            }
+            fsdp_error("rank %d: asynchronous NCCL error on group %s (oldest collective in "
+                       "flight: %s)",
+                       gdev->super.rank, g->super.name, what);
+            status =
+                fsdp_gpu_nccl_status(st, "ncclCommGetAsyncError", __FILE__, __LINE__, __func__);
+        }
+        if (status != FSDP_OK) {
+            fsdp_gpu_fail_all(gdev, status);
+            return status;
+        }
+    }
+    while (gdev->watch_count > 0) {
+        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
+        err = cudaEventQuery(w->done);
+        if (err == cudaErrorNotReady)
+            break;
+        if (err != cudaSuccess) {
+            status = fsdp_gpu_cuda_status(err, "cudaEventQuery(collective done)", __FILE__,
+                                          __LINE__, __func__);
+            fsdp_error("rank %d: %s failed on the device", gdev->super.rank, w->what);
+            fsdp_gpu_fail_all(gdev, status);
+            return status;
+        }
+        gdev->watch_head = (gdev->watch_head + 1) % FSDP_GPU_WATCH_SLOTS;
+        gdev->watch_count--;
+    }
+    if (gdev->watch_count > 0 && fsdp_gpu_timed_out(gdev, gdev->watch[gdev->watch_head].t0)) {
+        fsdp_gpu_watch_t *w = &gdev->watch[gdev->watch_head];
+        fsdp_error("rank %d: %s did not complete within %g s (collective timeout): aborting the "
+                   "communicators",
+                   gdev->super.rank, w->what, gdev->timeout_s);
+        fsdp_gpu_fail_all(gdev, FSDP_ERR_TIMEOUT);
+        return FSDP_ERR_TIMEOUT;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev)
+{
+    long nap_ns = 1000;
+    fsdp_status_t status;
+
+    for (;;) {
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK || gdev->watch_count == 0)
+            return status;
+        fsdp_gpu_nap(&nap_ns);
+    }
+}
+
+/* The host waits by polling, so that a collective that never completes cannot hang it: a short
+ * spin first (most waits are short), then naps growing to 1 ms. */
+fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
+                                 const char *what)
+{
+    long nap_ns = 10000;
+    fsdp_status_t status;
+    cudaError_t err;
+
+    if (gdev->watch_count == 0 && gdev->failed == FSDP_OK) {
+        /* No collective in flight: nothing this wait depends on can hang. */
+        if (ev != NULL)
+            return FSDP_CUDA_CALL(cudaEventSynchronize(ev));
+        return FSDP_CUDA_CALL(cudaStreamSynchronize(stream));
+    }
+    for (unsigned spin = 0;; spin++) {
+        err = ev != NULL ? cudaEventQuery(ev) : cudaStreamQuery(stream);
+        if (err == cudaSuccess)
+            return FSDP_OK;
+        if (err != cudaErrorNotReady)
+            return fsdp_gpu_cuda_status(
+                err, ev != NULL ? "cudaEventQuery(ev)" : "cudaStreamQuery(stream)", __FILE__,
+                __LINE__, __func__);
+        status = fsdp_gpu_watchdog(gdev);
+        if (status != FSDP_OK) {
+            fsdp_error("rank %d: wait for %s abandoned: %s", gdev->super.rank, what,
+                       fsdp_status_string(status));
+            return status;
+        }
+        if (spin >= 64)
+            fsdp_gpu_nap(&nap_ns);
+    }
+}
