@@ -185,8 +185,7 @@ void fsdp_destroy(fsdp_t *fs)
     }
     free(fs->units);
     fsdp_ptrmap_destroy(&fs->param_names);
-    free(fs->pre_forward_order);
-    free(fs->post_forward_order);
+    fsdp_exec_order_destroy(fs);
     destroy_streams(fs);
     fsdp_trace_set_memory(fs->dev, NULL);
     fsdp_mem_destroy(fs->mem);

@@ -190,8 +190,15 @@ fsdp_status_t fsdp_limiter_wait(fsdp_t *fs);
 fsdp_status_t fsdp_limiter_record(fsdp_t *fs);
 void fsdp_limiter_clear(fsdp_t *fs);
 
-/* hooks.c */
+/* exec_order.c: the forward order of the first iteration and each iteration's post-forward
+ * order; the prefetch targets they give (NULL: none) */
+fsdp_status_t fsdp_exec_order_init(fsdp_t *fs);
+void fsdp_exec_order_destroy(fsdp_t *fs);
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h);
+void fsdp_exec_order_record_pre_forward(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_exec_order_record_post_forward(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_handle_t *fsdp_exec_order_forward_next(const fsdp_t *fs, const fsdp_handle_t *h);
+fsdp_handle_t *fsdp_exec_order_backward_next(const fsdp_t *fs, const fsdp_handle_t *h);
 
 /* handle.c */
 fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit, const fsdp_param_spec_t *params,
