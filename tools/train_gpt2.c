@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "corpus.h"
 #include "train_gpt2.h"
 #include "train_launch.h"
 #include "train_trace.h"
@@ -162,7 +163,7 @@ static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p
         return fsdp_tokens_open_llmc(o->tokens_path, t_p);
     if (o->data_path != NULL)
         return fsdp_tokens_open_text(o->data_path, t_p);
-    return fsdp_tokens_open_default(o->argv0, t_p);
+    return corpus_open_default(o->argv0, t_p);
 }
 
 int gpt2_train_main(const gpt2_train_opts_t *o)
