@@ -137,3 +137,19 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         return -1;
     }
 }
+
+void cli_other_option(int opt, char **argv, fsdp_config_t *cfg)
+{
+    char why[256];
+
+    if (opt == ':')
+        cli_die("option '%s' needs a value (see --help)", argv[optind - 1]);
+    if (cli_fsdp_option(opt, optarg, argv[optind - 1], cfg, why, sizeof(why)) != 0)
+        cli_die("%s", why);
+}
+
+void cli_no_arguments(int argc, char **argv)
+{
+    if (optind < argc)
+        cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+}

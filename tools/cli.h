@@ -51,5 +51,10 @@ enum {
  * its own switch does not take. */
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len);
+/* What a tool's switch leaves over after getopt_long returned opt: ':' (an option without its
+ * value) and FSDP's options; the tool dies saying what was wrong with anything else. */
+void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
+/* After the options: the tool takes no other arguments, and dies naming the first one. */
+void cli_no_arguments(int argc, char **argv);
 
 #endif

@@ -382,18 +382,12 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_HELP:
             usage(stdout);
             exit(0);
-        case ':':
-            cli_die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default: {
-            char why[256];
-            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
-                cli_die("%s", why);
+        default:
+            cli_other_option(c, argv, &a->fsdp);
             break;
         }
-        }
     }
-    if (optind < argc)
-        cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+    cli_no_arguments(argc, argv);
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */

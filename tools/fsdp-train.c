@@ -323,18 +323,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_HELP:
             usage(stdout);
             exit(0);
-        case ':':
-            cli_die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default: {
-            char why[256];
-            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
-                cli_die("%s", why);
+        default:
+            cli_other_option(c, argv, &a->fsdp);
             break;
         }
-        }
     }
-    if (optind < argc)
-        cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+    cli_no_arguments(argc, argv);
     {
         fsdp_sim_params_t defaults;
         fsdp_sim_params_init(&defaults);
