@@ -17,6 +17,7 @@
 
 #include <fsdp/fsdp.h>
 
+#include "corpus.h"
 #include "sim_kernels.h"
 
 static double cpu_now(void)
@@ -225,7 +226,7 @@ int main(int argc, char **argv)
         if (!quick)
             bench_kernels("gpt2 124M", 4, 256, 768, 12, 50257, dt, 2);
     }
-    if (fsdp_tokens_open_default(argv[0], &t) != FSDP_OK)
+    if (corpus_open_default(argv[0], &t) != FSDP_OK)
         return 1;
     for (int w = 1; w <= 4; w += 3) { /* bf16 against f32 in this run: loads and stores cost */
         double f32 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET);

@@ -1,5 +1,5 @@
-/* The sim ops table: segments, streams, events, copies and kernels of one rank, and its
- * virtual clocks. Groups and collectives are in pg.c.
+/* The sim ops table: segments, streams, events, copies and kernels of one rank, over its clocks
+ * and accounting (rank.c); groups and collectives are in coll.c and pg.c.
  *
  * Data mode executes every op eagerly on the calling thread, in issue order, so whatever the
  * streams and events say, memory effects are already ordered; the clocks report when the op
@@ -24,34 +24,6 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-void fsdp_sim_set_error(fsdp_sim_dev_t *dev, const char *msg)
-{
-    char *copy = strdup(msg);
-
-    /* Out of host memory: keep the previous message rather than lose the rank's state. */
-    if (copy == NULL)
-        return;
-    free(dev->last_error);
-    dev->last_error = copy;
-}
-
-fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const char *file,
-                                int line, const char *func, const char *fmt, ...)
-{
-    char msg[1024];
-    int n;
-    va_list ap;
-
-    n = snprintf(msg, sizeof(msg), "rank %d: ", dev->super.rank);
-    va_start(ap, fmt);
-    vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
-    va_end(ap);
-    fsdp_sim_set_error(dev, msg);
-    if (fsdp_log_level() >= FSDP_LOG_ERROR)
-        fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "%s", msg);
-    return status;
-}
-
 const char *fsdp_sim_last_error(fsdp_dev_t *dev)
 {
     fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
@@ -61,213 +33,7 @@ const char *fsdp_sim_last_error(fsdp_dev_t *dev)
     return sdev->last_error;
 }
 
-/* ---- accounting ------------------------------------------------------------------------ */
-
-static double max2(double a, double b)
-{
-    return a > b ? a : b;
-}
-
-/* Appends [start, end) to a span list; with merge, joins it to the last span it touches (lists
- * whose spans come in time order). */
-static void spans_add(fsdp_sim_dev_t *dev, fsdp_sim_spans_t *l, double start, double end,
-                      int merge)
-{
-    if (!(end > start))
-        return;
-    if (merge && l->n > 0 && start <= l->v[l->n - 1].end) {
-        l->v[l->n - 1].end = max2(l->v[l->n - 1].end, end);
-        return;
-    }
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 256;
-        fsdp_sim_span_t *v = realloc(l->v, cap * sizeof(*v));
-        if (v == NULL) {
-            dev->acct_oom = 1; /* accounting only: the simulation goes on */
-            return;
-        }
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n].start = start;
-    l->v[l->n].end = end;
-    l->n++;
-}
-
-static int span_cmp(const void *a, const void *b)
-{
-    const fsdp_sim_span_t *x = a, *y = b;
-
-    if (x->start != y->start)
-        return x->start < y->start ? -1 : 1;
-    return x->end < y->end ? -1 : x->end > y->end;
-}
-
-/* Sorts and merges a span list in place. */
-static void spans_normalize(fsdp_sim_spans_t *l)
-{
-    size_t w = 0;
-
-    if (l->n < 2)
-        return;
-    qsort(l->v, l->n, sizeof(*l->v), span_cmp);
-    for (size_t i = 1; i < l->n; i++) {
-        if (l->v[i].start <= l->v[w].end)
-            l->v[w].end = max2(l->v[w].end, l->v[i].end);
-        else
-            l->v[++w] = l->v[i];
-    }
-    l->n = w + 1;
-}
-
-static double spans_total(const fsdp_sim_spans_t *l)
-{
-    double t = 0.0;
-
-    for (size_t i = 0; i < l->n; i++)
-        t += l->v[i].end - l->v[i].start;
-    return t;
-}
-
-/* Length of the intersection of two sorted, merged span lists. */
-static double spans_overlap(const fsdp_sim_spans_t *a, const fsdp_sim_spans_t *b)
-{
-    size_t i = 0, j = 0;
-    double t = 0.0;
-
-    while (i < a->n && j < b->n) {
-        double lo = max2(a->v[i].start, b->v[j].start);
-        double hi = a->v[i].end < b->v[j].end ? a->v[i].end : b->v[j].end;
-        if (hi > lo)
-            t += hi - lo;
-        if (a->v[i].end < b->v[j].end)
-            i++;
-        else
-            j++;
-    }
-    return t;
-}
-
-void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
-                           fsdp_sim_coll_kind_t kind, double ready, double end,
-                           double nccl_bytes)
-{
-    fsdp_sim_spans_t *l = &dev->comm_spans;
-
-    (void)stream;
-    if ((unsigned)kind <= FSDP_SIM_COLL_SPLIT)
-        dev->acct.coll_s[kind] += end - ready;
-    dev->acct.coll_bytes += nccl_bytes;
-    dev->acct.n_colls++;
-    /* keep the list short: collectives of several streams interleave, but most touch */
-    if (l->n == l->cap && l->n >= 4096)
-        spans_normalize(l);
-    spans_add(dev, l, ready, end, 1);
-}
-
-/* Accounts a kernel (of `flops`, as priced) or copy that ran on stream over [start, end). */
-static void account_op(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
-                       const fsdp_sim_op_t *op, double flops, double start, double end)
-{
-    if (op->kind == FSDP_SIM_OP_KERNEL) {
-        dev->acct.kernel_s += end - start;
-        dev->acct.flops += flops;
-        dev->acct.n_kernels++;
-        if (op->kernel->kind == FSDP_K_GEMM) {
-            dev->acct.gemm_s += end - start;
-            dev->acct.gemm_flops += flops;
-        }
-    } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
-        dev->acct.copy_s[fsdp_sim_copy_kind(dev, op->dst, op->src)] += end - start;
-        dev->acct.n_copies++;
-    } else {
-        return;
-    }
-    if (stream == &dev->compute)
-        spans_add(dev, &dev->compute_spans, start, end, 1);
-}
-
-void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev)
-{
-    free(dev->compute_spans.v);
-    free(dev->comm_spans.v);
-    free(dev->segs);
-    memset(&dev->compute_spans, 0, sizeof(dev->compute_spans));
-    memset(&dev->comm_spans, 0, sizeof(dev->comm_spans));
-    dev->segs = NULL;
-    dev->n_segs = dev->cap_segs = 0;
-}
-
 /* ---- clocks ---------------------------------------------------------------------------- */
-
-double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream)
-{
-    return max2(dev->host_clock + dev->profile->host.launch_latency_s, stream->clock);
-}
-
-void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
-{
-    dev->host_clock += dev->profile->host.launch_overhead_s;
-}
-
-void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *name,
-                       const fsdp_sim_stream_t *stream, double host, double start, double end,
-                       double bytes, uint64_t count, int dtype, const char *group)
-{
-    fsdp_trace_op_t op = {.kind = kind,
-                          .name = name,
-                          .stream = stream != NULL ? stream->super.name : NULL,
-                          .host = host,
-                          .start = start,
-                          .end = end,
-                          .bytes = bytes > 0.0 ? (uint64_t)bytes : 0,
-                          .count = count,
-                          .dtype = dtype,
-                          .group = group};
-
-    fsdp_trace_op(&dev->super, &op, NULL);
-}
-
-double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
-                             const fsdp_sim_op_t *op)
-{
-    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops;
-
-    stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
-    account_op(dev, stream, op, flops, start, stream->clock);
-    fsdp_sim_host_launch(dev);
-    if (fsdp_trace_enabled(&dev->super)) {
-        if (op->kind == FSDP_SIM_OP_KERNEL) {
-            fsdp_trace_op_t ev = {.stream = stream->super.name, .host = host, .start = start,
-                                  .end = stream->clock};
-            fsdp_trace_kernel_fields(op->kernel, &ev);
-            fsdp_trace_op(&dev->super, &ev, NULL);
-        } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
-            fsdp_sim_trace_op(dev, FSDP_EV_COPY,
-                              fsdp_sim_copy_name(fsdp_sim_copy_kind(dev, op->dst, op->src)),
-                              stream, host, start, stream->clock, (double)op->bytes, op->bytes,
-                              -1, NULL);
-        }
-    }
-    return stream->clock;
-}
-
-fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
-                                  fsdp_sim_stream_t **stream_p)
-{
-    fsdp_sim_stream_t *s = (fsdp_sim_stream_t *)stream;
-
-    if (s == NULL) {
-        *stream_p = &dev->compute;
-        return FSDP_OK;
-    }
-    if (s->dev != dev)
-        return fsdp_sim_errorf(dev, FSDP_ERR_INVALID_PARAM,
-                               "stream '%s' belongs to another rank; use one of this rank's "
-                               "streams or NULL for the compute stream", s->super.name);
-    *stream_p = s;
-    return FSDP_OK;
-}
 
 static double sim_host_time(fsdp_dev_t *dev)
 {
@@ -275,22 +41,6 @@ static double sim_host_time(fsdp_dev_t *dev)
 }
 
 /* ---- segments -------------------------------------------------------------------------- */
-
-/* The live segments, sorted by base: a copy's kind comes from where its pointers lie. */
-static size_t seg_search(const fsdp_sim_dev_t *dev, uintptr_t addr)
-{
-    size_t lo = 0, hi = dev->n_segs;
-
-    /* the first segment whose base is above addr */
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (dev->segs[mid].base <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
 
 static fsdp_status_t seg_insert(fsdp_sim_dev_t *dev, void *ptr, size_t size, fsdp_memkind_t kind)
 {
@@ -305,7 +55,7 @@ static fsdp_status_t seg_insert(fsdp_sim_dev_t *dev, void *ptr, size_t size, fsd
         dev->segs = v;
         dev->cap_segs = cap;
     }
-    i = seg_search(dev, base);
+    i = fsdp_sim_seg_search(dev, base);
     memmove(&dev->segs[i + 1], &dev->segs[i], (dev->n_segs - i) * sizeof(*dev->segs));
     dev->segs[i].base = base;
     dev->segs[i].end = base + size;
@@ -317,7 +67,7 @@ static fsdp_status_t seg_insert(fsdp_sim_dev_t *dev, void *ptr, size_t size, fsd
 /* Forgets the segment at ptr; returns its size (0 if unknown). */
 static size_t seg_remove(fsdp_sim_dev_t *dev, void *ptr)
 {
-    size_t i = seg_search(dev, (uintptr_t)ptr), size;
+    size_t i = fsdp_sim_seg_search(dev, (uintptr_t)ptr), size;
 
     if (i == 0 || dev->segs[i - 1].base != (uintptr_t)ptr)
         return 0;
@@ -326,27 +76,6 @@ static size_t seg_remove(fsdp_sim_dev_t *dev, void *ptr)
     memmove(&dev->segs[i], &dev->segs[i + 1], (dev->n_segs - i - 1) * sizeof(*dev->segs));
     dev->n_segs--;
     return size;
-}
-
-/* 0: device memory, 1: host memory (pinned or not). */
-static int addr_on_device(const fsdp_sim_dev_t *dev, const void *p)
-{
-    uintptr_t a = (uintptr_t)p;
-    size_t i = seg_search(dev, a);
-
-    return i > 0 && a < dev->segs[i - 1].end && dev->segs[i - 1].kind == FSDP_MEMKIND_DEVICE;
-}
-
-fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst,
-                                        const void *src)
-{
-    int d = addr_on_device(dev, dst), s = addr_on_device(dev, src);
-
-    if (d && s)
-        return FSDP_SIM_COPY_D2D;
-    if (d)
-        return FSDP_SIM_COPY_H2D;
-    return s ? FSDP_SIM_COPY_D2H : FSDP_SIM_COPY_H2H;
 }
 
 static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
@@ -493,7 +222,7 @@ static fsdp_status_t sim_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stre
     if (status != FSDP_OK)
         return status;
     host = sdev->host_clock;
-    sdev->host_clock = max2(sdev->host_clock, s->clock);
+    sdev->host_clock = fsdp_sim_max2(sdev->host_clock, s->clock);
     if (fsdp_trace_enabled(dev))
         fsdp_sim_trace_op(sdev, FSDP_EV_SYNC, "stream_synchronize", s, host, host,
                           sdev->host_clock, 0.0, 0, -1, NULL);
@@ -554,7 +283,7 @@ static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
         return status;
     /* The event completes when the stream has done the work issued before it, or at once on
      * an idle stream; it does not hold the stream up. */
-    ev->time = max2(s->clock, sdev->host_clock);
+    ev->time = fsdp_sim_max2(s->clock, sdev->host_clock);
     ev->recorded = 1;
     if (fsdp_trace_enabled(dev))
         fsdp_sim_trace_op(sdev, FSDP_EV_RECORD, "record", s, sdev->host_clock, ev->time,
@@ -580,7 +309,7 @@ static fsdp_status_t sim_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *strea
     /* Folding the event into the stream clock makes every later op on the stream start after
      * it. An event never recorded is complete, as in CUDA. */
     if (ev->recorded)
-        s->clock = max2(s->clock, ev->time);
+        s->clock = fsdp_sim_max2(s->clock, ev->time);
     if (fsdp_trace_enabled(dev))
         fsdp_sim_trace_op(sdev, FSDP_EV_WAIT, "wait", s, sdev->host_clock, s->clock, s->clock,
                           0.0, 0, -1, NULL);
@@ -616,7 +345,7 @@ static fsdp_status_t sim_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
     /* The host jumps to the event's time: how CPU run-ahead is bounded. */
     host = sdev->host_clock;
     if (ev->recorded)
-        sdev->host_clock = max2(sdev->host_clock, ev->time);
+        sdev->host_clock = fsdp_sim_max2(sdev->host_clock, ev->time);
     if (fsdp_trace_enabled(dev))
         fsdp_sim_trace_op(sdev, FSDP_EV_SYNC, "event_synchronize", NULL, host, host,
                           sdev->host_clock, 0.0, 0, -1, NULL);
@@ -693,9 +422,9 @@ double fsdp_sim_device_time(fsdp_dev_t *dev)
 
     if (sdev == NULL)
         return 0.0;
-    t = max2(sdev->host_clock, sdev->compute.clock);
+    t = fsdp_sim_max2(sdev->host_clock, sdev->compute.clock);
     for (const fsdp_sim_stream_t *s = sdev->streams; s != NULL; s = s->next)
-        t = max2(t, s->clock);
+        t = fsdp_sim_max2(t, s->clock);
     return t;
 }
 
@@ -718,12 +447,7 @@ fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_
     st = sdev->acct;
     st.host_time = sdev->host_clock;
     st.device_time = fsdp_sim_device_time(dev);
-    spans_normalize(&sdev->comm_spans);
-    st.compute_s = spans_total(&sdev->compute_spans);
-    st.comm_s = spans_total(&sdev->comm_spans);
-    st.exposed_comm_s = st.comm_s - spans_overlap(&sdev->comm_spans, &sdev->compute_spans);
-    if (st.exposed_comm_s < 0.0)
-        st.exposed_comm_s = 0.0;
+    fsdp_sim_acct_spans(sdev, &st);
     *stats_p = st;
     return FSDP_OK;
 }

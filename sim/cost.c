@@ -26,6 +26,26 @@ const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind)
     return (unsigned)kind < FSDP_SIM_COPY_COUNT ? names[kind] : "invalid";
 }
 
+/* 0: device memory, 1: host memory (pinned or not). */
+static int addr_on_device(const fsdp_sim_dev_t *dev, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    size_t i = fsdp_sim_seg_search(dev, a);
+
+    return i > 0 && a < dev->segs[i - 1].end && dev->segs[i - 1].kind == FSDP_MEMKIND_DEVICE;
+}
+
+fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst, const void *src)
+{
+    int d = addr_on_device(dev, dst), s = addr_on_device(dev, src);
+
+    if (d && s)
+        return FSDP_SIM_COPY_D2D;
+    if (d)
+        return FSDP_SIM_COPY_H2D;
+    return s ? FSDP_SIM_COPY_D2H : FSDP_SIM_COPY_H2H;
+}
+
 double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *p, fsdp_dtype_t dtype)
 {
     if ((unsigned)dtype >= FSDP_DTYPE_COUNT)

@@ -185,17 +185,6 @@ err_no_memory:
     return FSDP_ERR_NO_MEMORY;
 }
 
-void fsdp_sim_rank_body(fsdp_sim_dev_t *dev)
-{
-    fsdp_sim_world_t *world = dev->world;
-
-    dev->status = world->func(&dev->super, world->arg);
-    if (dev->status != FSDP_OK)
-        fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
-                   fsdp_status_name(dev->status));
-    fsdp_sim_pg_rank_exit(dev, dev->status != FSDP_OK);
-}
-
 static void *sim_rank_main(void *arg)
 {
     fsdp_sim_rank_body(arg);

@@ -1,5 +1,5 @@
-/* The sim's fake process group: communicators, the rendezvous of a collective, and the
- * detection of everything that would make a real job hang.
+/* The sim's fake process group: communicators, the rendezvous of a collective, each rank's run
+ * of its function and its exit, and the detection of everything that would make a real job hang.
  *
  * A collective is a round of a communicator: every member deposits its call and the last one
  * to arrive checks that the calls match and computes the results for all of them, in group-rank
@@ -434,6 +434,17 @@ void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *d, int failed)
     if (w->n_running == 0)
         world_deadlock_locked(w);
     pthread_mutex_unlock(&w->lock);
+}
+
+void fsdp_sim_rank_body(fsdp_sim_dev_t *dev)
+{
+    fsdp_sim_world_t *world = dev->world;
+
+    dev->status = world->func(&dev->super, world->arg);
+    if (dev->status != FSDP_OK)
+        fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
+                   fsdp_status_name(dev->status));
+    fsdp_sim_pg_rank_exit(dev, dev->status != FSDP_OK);
 }
 
 void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *d)

@@ -204,12 +204,33 @@ static inline int fsdp_sim_is_shape(const fsdp_sim_dev_t *dev)
     return dev->world->params.mode == FSDP_SIM_SHAPE;
 }
 
+static inline double fsdp_sim_max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+/* The live segments, sorted by base: a copy's kind comes from where its pointers lie. The
+ * index of the first segment whose base is above addr. */
+static inline size_t fsdp_sim_seg_search(const fsdp_sim_dev_t *dev, uintptr_t addr)
+{
+    size_t lo = 0, hi = dev->n_segs;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (dev->segs[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* cost.c: seconds the op takes once started. The only place op costs come from. */
 double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op);
 /* The same, and a kernel's FLOPs (0 for other ops) into *flops_p: each op is priced once. */
 double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p);
 
-/* backend.c: what a copy between dst and src is, from the rank's segments (memory outside
+/* cost.c: what a copy between dst and src is, from the rank's segments (memory outside
  * them is pageable host memory). */
 fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst,
                                         const void *src);
@@ -217,7 +238,7 @@ fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *d
 /* cost.c: nodes spanned by `n` global ranks, per_node ranks to a node. */
 int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
 
-/* backend.c: the clocks. The earliest start of an op issued now on stream (host clock plus the
+/* rank.c: the clocks. The earliest start of an op issued now on stream (host clock plus the
  * launch latency, or the stream's clock). */
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
 /* The host pays for one launch (kernel, copy or collective). */
@@ -233,6 +254,8 @@ void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *
                        double bytes, uint64_t count, int dtype, const char *group);
 /* Frees the accounting state of a rank. */
 void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev);
+/* Fills the span totals of stats (compute_s, comm_s, exposed_comm_s) from the rank's spans. */
+void fsdp_sim_acct_spans(fsdp_sim_dev_t *dev, fsdp_sim_time_stats_t *stats);
 /* Issues op on stream (start = ready time, end = start + cost); returns the end time. */
 double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                              const fsdp_sim_op_t *op);
@@ -240,7 +263,7 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
 fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
                                   fsdp_sim_stream_t **stream_p);
 
-/* backend.c: errors. Sets the rank's last error message (copying msg; no log). */
+/* rank.c: errors. Sets the rank's last error message (copying msg; no log). */
 void fsdp_sim_set_error(fsdp_sim_dev_t *dev, const char *msg);
 /* Formats "rank N: <message>", makes it the rank's last error, logs it (once, at the caller's
  * file and line) and returns status. */
@@ -256,6 +279,8 @@ void fsdp_sim_pg_cleanup(fsdp_sim_world_t *world);
 /* The rank's function returned (failed = it returned an error) or its thread never started. */
 void fsdp_sim_pg_rank_exit(fsdp_sim_dev_t *dev, int failed);
 void fsdp_sim_pg_rank_fail(fsdp_sim_dev_t *dev);
+/* A rank's function, run on its own thread or fiber: calls it and reports its exit. */
+void fsdp_sim_rank_body(fsdp_sim_dev_t *dev);
 /* Deposits call (kind and arguments filled in, `ready` set) in the round in progress of the
  * group and returns when that round has ended, with its status; on success call->end is the
  * virtual end time (and call->new_group the result of a split). */
@@ -277,8 +302,6 @@ fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *world);
  * fsdp_sim_fiber_wake_locked(d); returns with the lock held. */
 void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call);
 void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d);
-/* A rank's function, run on its own thread or fiber: calls it and reports its exit. */
-void fsdp_sim_rank_body(fsdp_sim_dev_t *dev);
 
 /* coll.c: the group and collective slots of the ops table. */
 fsdp_group_t *fsdp_sim_group_world(fsdp_dev_t *dev);

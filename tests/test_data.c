@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "corpus.h"
 #include "test_util.h"
 
 static char tmpdir[] = "/tmp/test_data.XXXXXX";
@@ -216,17 +217,55 @@ static void test_random_sampler(void)
     fsdp_log_set_level(FSDP_LOG_ERROR);
 }
 
+/* several text files, as one source in the order given, under the caller's label */
+static void test_texts(void)
+{
+    char a[256], b[256], none[256];
+    const char *paths[3];
+    fsdp_tokens_t *t = NULL;
+    FILE *f;
+
+    tmp_path(a, sizeof(a), "a.txt");
+    tmp_path(b, sizeof(b), "b.txt");
+    tmp_path(none, sizeof(none), "none.txt");
+    f = fopen(a, "wb");
+    fputs("abc", f);
+    fclose(f);
+    f = fopen(b, "wb");
+    fputs("de", f);
+    fclose(f);
+    paths[0] = b;
+    paths[1] = a;
+    paths[2] = b;
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_texts(paths, 3, "three files", &t), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_tokens_count(t), 7);
+    for (size_t i = 0; i < 7; i++)
+        CU_ASSERT_EQUAL(fsdp_tokens_at(t, i), (uint32_t) "deabcde"[i]);
+    CU_ASSERT_STRING_EQUAL(fsdp_tokens_source(t), "three files");
+    CU_ASSERT_EQUAL(fsdp_tokens_order(t), FSDP_TOKENS_RANDOM);
+    CU_ASSERT_EQUAL(fsdp_tokens_max_id(t), (uint32_t)'e');
+    fsdp_tokens_close(t);
+
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 0, "nothing", &t), FSDP_ERR_INVALID_PARAM);
+    paths[1] = none;
+    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 2, "a missing file", &t), FSDP_ERR_IO);
+    fsdp_log_set_level(FSDP_LOG_ERROR);
+    remove(a);
+    remove(b);
+}
+
 /* the default corpus is the project's own sources, found from the build */
 static void test_default_corpus(void)
 {
     fsdp_tokens_t *t = NULL, *u = NULL;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_default(NULL, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(corpus_open_default(NULL, &t), FSDP_OK);
     CU_ASSERT(fsdp_tokens_count(t) > 100000);
     CU_ASSERT(fsdp_tokens_max_id(t) < 256);
     CU_ASSERT(strstr(fsdp_tokens_source(t), "libfsdp sources") != NULL);
     /* from argv[0] too: the tests run in tests/, below the tree */
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_default("./test_data", &u), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(corpus_open_default("./test_data", &u), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_count(t), fsdp_tokens_count(u));
     fsdp_tokens_close(t);
     fsdp_tokens_close(u);
@@ -239,6 +278,7 @@ int main(void)
         {"llm.c windows: i*B*T, wrapping before the end", test_llmc_windows},
         {"llm.c rows: each rank its slice, inputs and shifted targets", test_llmc_ranks},
         {"seeded sampler: deterministic, one global batch split across ranks", test_random_sampler},
+        {"text files concatenated under a label", test_texts},
         {"default corpus found and read", test_default_corpus},
         {NULL, NULL},
     };

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "corpus.h"
 #include "test_util.h"
 
 #define NB FSDP_GPT2_BLOCK_NPARAMS
@@ -1243,7 +1244,7 @@ static void test_learns_default_corpus(void)
     fsdp_tokens_t *t = NULL;
     double first, last = 0.0;
 
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_default(NULL, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(corpus_open_default(NULL, &t), FSDP_OK);
     CU_ASSERT_EQUAL_FATAL(
         fsdp_gpt2_config_parse("gpt2:layers=1,heads=2,dim=32,seq=32,vocab=256", &j->cfg), FSDP_OK);
     j->strategy = FSDP_FULL_SHARD;

@@ -1,7 +1,108 @@
-/* Command-line options that fsdp-train and fsdp-plan share (cli.h). */
+/* What fsdp-train and fsdp-plan share on the command line (cli.h). */
 #include "cli.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *cli_tool = "fsdp";
+static int cli_quiet;
+
+static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
+                          const char *msg, void *arg)
+{
+    static const char *const names[] = {"error", "warning", "info", "debug", "trace"};
+    static char last[1024]; /* the handler runs under the log lock */
+    (void)file, (void)line, (void)func, (void)arg;
+    /* ranks that fail alike (a bad checkpoint) say it once */
+    if (cli_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
+        return;
+    snprintf(last, sizeof(last), "%s", msg);
+    fprintf(stderr, "%s: %s: %s\n", cli_tool, names[level >= 0 && level <= 4 ? level : 0], msg);
+}
+
+void cli_init(const char *tool)
+{
+    cli_tool = tool;
+    fsdp_log_set_handler(log_to_stderr, NULL);
+}
+
+void cli_log_quiet(int quiet)
+{
+    cli_quiet = quiet;
+}
+
+static void cli_verror(const char *fmt, va_list ap)
+{
+    fprintf(stderr, "%s: error: ", cli_tool);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(fmt, ap);
+    va_end(ap);
+}
+
+void cli_die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(fmt, ap);
+    va_end(ap);
+    exit(2);
+}
+
+long cli_parse_long(const char *opt, const char *s, long lo, long hi)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi)
+        cli_die("%s: '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
+    return v;
+}
+
+double cli_parse_double(const char *opt, const char *s, double lo, double hi)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi)
+        cli_die("%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
+    return v;
+}
+
+size_t cli_parse_bytes(const char *opt, const char *s)
+{
+    char *end;
+    double v, mult = 1.0;
+    errno = 0;
+    v = strtod(s, &end);
+    if (*end == 'K' || *end == 'k')
+        mult = 1024.0, end++;
+    else if (*end == 'M')
+        mult = 1024.0 * 1024, end++;
+    else if (*end == 'G')
+        mult = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 'T')
+        mult = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'i')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (errno || end == s || *end != '\0' || !(v >= 0) || v * mult > 1e18)
+        cli_die("%s: '%s' is not a size in bytes (e.g. 80G, 85899345920; 0 is unlimited)", opt, s);
+    return (size_t)(v * mult);
+}
 
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
@@ -35,4 +136,20 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         snprintf(why, why_len, "unknown option '%s' (see --help)", spelled);
         return -1;
     }
+}
+
+void cli_other_option(int opt, char **argv, fsdp_config_t *cfg)
+{
+    char why[256];
+
+    if (opt == ':')
+        cli_die("option '%s' needs a value (see --help)", argv[optind - 1]);
+    if (cli_fsdp_option(opt, optarg, argv[optind - 1], cfg, why, sizeof(why)) != 0)
+        cli_die("%s", why);
+}
+
+void cli_no_arguments(int argc, char **argv)
+{
+    if (optind < argc)
+        cli_die("unexpected argument '%s' (see --help)", argv[optind]);
 }

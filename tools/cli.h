@@ -1,4 +1,5 @@
-/* Command-line options that fsdp-train and fsdp-plan share: FSDP's own, under PyTorch's names. */
+/* What fsdp-train and fsdp-plan share on the command line: the tool's error messages, the
+ * library's log as the tool's own, number parsing, and FSDP's options under PyTorch's names. */
 #ifndef FSDP_TOOLS_CLI_H
 #define FSDP_TOOLS_CLI_H
 
@@ -6,6 +7,26 @@
 
 #include <getopt.h>
 #include <stddef.h>
+
+/* Names the tool in its messages (e.g. "fsdp-train") and makes the library's log messages come
+ * out as the tool's own: "<tool>: error: ...", one line each, and a message repeated at once
+ * (every rank may say the same) only once. Call first in main. */
+void cli_init(const char *tool);
+/* While quiet, the library's log messages are dropped (a tool probing what may fail). */
+void cli_log_quiet(int quiet);
+
+/* Prints "<tool>: error: <message>" on stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same, then exits with status 2. */
+void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* The value of option opt (for the message) written as s, which must be a decimal integer or a
+ * finite number in [lo, hi]; otherwise the tool dies saying so. */
+long cli_parse_long(const char *opt, const char *s, long lo, long hi);
+double cli_parse_double(const char *opt, const char *s, double lo, double hi);
+/* A size in bytes: a number with an optional K, M, G or T (powers of 1024; KiB, KB and K are
+ * alike); 0 is unlimited. */
+size_t cli_parse_bytes(const char *opt, const char *s);
 
 /* getopt_long values, above any single character and any tool's own option values. */
 enum {
@@ -30,5 +51,10 @@ enum {
  * its own switch does not take. */
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len);
+/* What a tool's switch leaves over after getopt_long returned opt: ':' (an option without its
+ * value) and FSDP's options; the tool dies saying what was wrong with anything else. */
+void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
+/* After the options: the tool takes no other arguments, and dies naming the first one. */
+void cli_no_arguments(int argc, char **argv);
 
 #endif

@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,35 +209,6 @@ typedef struct plan_args {
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
 } plan_args_t;
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("fsdp-plan: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(2);
-}
-
-/* Library messages as the tool's own, once each (every rank may say the same); none while a
- * sweep probes configurations that may not fit. */
-static int log_quiet;
-
-static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
-                          const char *msg, void *arg)
-{
-    static const char *const names[] = {"error", "warning", "info", "debug", "trace"};
-    static char last[1024]; /* the handler runs under the log lock */
-    (void)file, (void)line, (void)func, (void)arg;
-    if (log_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
-        return;
-    snprintf(last, sizeof(last), "%s", msg);
-    fprintf(stderr, "fsdp-plan: %s: %s\n", names[level >= 0 && level <= 4 ? level : 0], msg);
-}
-
 static void usage(FILE *f)
 {
     fputs("usage: fsdp-plan --model SPEC [options]\n"
@@ -269,40 +239,6 @@ static void usage(FILE *f)
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
           "  --version, --help\n",
           f);
-}
-
-static long parse_long(const char *opt, const char *s, long lo, long hi)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        die("%s: '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
-    return v;
-}
-
-static size_t parse_bytes(const char *opt, const char *s)
-{
-    char *end;
-    double v, mult = 1.0;
-    errno = 0;
-    v = strtod(s, &end);
-    if (*end == 'K' || *end == 'k')
-        mult = 1024.0, end++;
-    else if (*end == 'M')
-        mult = 1024.0 * 1024, end++;
-    else if (*end == 'G')
-        mult = 1024.0 * 1024 * 1024, end++;
-    else if (*end == 'T')
-        mult = 1024.0 * 1024 * 1024 * 1024, end++;
-    if (*end == 'i')
-        end++;
-    if (*end == 'B')
-        end++;
-    if (errno || end == s || *end != '\0' || !(v >= 0) || v * mult > 1e18)
-        die("%s: '%s' is not a size in bytes (e.g. 80G, 85899345920; 0 is unlimited)", opt, s);
-    return (size_t)(v * mult);
 }
 
 enum {
@@ -376,19 +312,19 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             profile = optarg;
             break;
         case OPT_NODES:
-            nodes = parse_long("--nodes", optarg, 1, 1000000);
+            nodes = cli_parse_long("--nodes", optarg, 1, 1000000);
             break;
         case OPT_GPN:
-            gpn = parse_long("--gpus-per-node", optarg, 1, 1024);
+            gpn = cli_parse_long("--gpus-per-node", optarg, 1, 1024);
             break;
         case OPT_WORLD:
-            a->world = (int)parse_long("--world", optarg, 1, 65536);
+            a->world = (int)cli_parse_long("--world", optarg, 1, 65536);
             break;
         case OPT_CAPACITY:
             capacity = optarg;
             break;
         case OPT_BATCH:
-            batch = parse_long("--batch", optarg, 1, 1L << 30);
+            batch = cli_parse_long("--batch", optarg, 1, 1L << 30);
             break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
@@ -396,10 +332,10 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             else if (strcmp(optarg, "sgd") == 0)
                 a->optim = FSDP_OPTIM_SGD;
             else
-                die("--optim: '%s' is not one of adamw, sgd", optarg);
+                cli_die("--optim: '%s' is not one of adamw, sgd", optarg);
             break;
         case OPT_STEPS:
-            a->steps = (int)parse_long("--steps", optarg, 1, 1000);
+            a->steps = (int)cli_parse_long("--steps", optarg, 1, 1000);
             break;
         case OPT_TRACE:
             a->trace_path = optarg;
@@ -410,7 +346,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_MP: {
             fsdp_dtype_t dt;
             if (!fsdp_dtype_parse(optarg, &dt) || (dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16))
-                die("--mixed-precision: '%s' is not one of bf16, f16", optarg);
+                cli_die("--mixed-precision: '%s' is not one of bf16, f16", optarg);
             a->fsdp.mixed_precision.param_dtype = dt;
             break;
         }
@@ -437,7 +373,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             char *end;
             a->timeout_s = strtod(optarg, &end);
             if (end == optarg || *end != '\0' || !(a->timeout_s > 0) || a->timeout_s > 1e6)
-                die("--timeout: '%s' is not a number of seconds in (0, 1e6]", optarg);
+                cli_die("--timeout: '%s' is not a number of seconds in (0, 1e6]", optarg);
             break;
         }
         case OPT_VERSION:
@@ -446,18 +382,12 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_HELP:
             usage(stdout);
             exit(0);
-        case ':':
-            die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default: {
-            char why[256];
-            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
-                die("%s", why);
+        default:
+            cli_other_option(c, argv, &a->fsdp);
             break;
         }
-        }
     }
-    if (optind < argc)
-        die("unexpected argument '%s' (see --help)", argv[optind]);
+    cli_no_arguments(argc, argv);
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */
@@ -468,40 +398,40 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     if (print_profile) {
         char *json = fsdp_sim_profile_to_json(&a->profile);
         if (json == NULL)
-            die("out of host memory");
+            cli_die("out of host memory");
         printf("%s\n", json);
         free(json);
         exit(0);
     }
     if (a->model_spec == NULL)
-        die("--model is required (see --help and --list-models)");
+        cli_die("--model is required (see --help and --list-models)");
     a->model = model_find(a->model_spec);
     if (a->model == NULL)
-        die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
-            "widths, or one of --list-models",
-            a->model_spec, MAX_DIMS);
+        cli_die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
+                "widths, or one of --list-models",
+                a->model_spec, MAX_DIMS);
     if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
         if (a->model->ops == &gpt_ops)
             exit(2); /* the library said what is allowed */
-        die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
-            "widths, or one of --list-models",
-            a->model_spec, MAX_DIMS);
+        cli_die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
+                "widths, or one of --list-models",
+                a->model_spec, MAX_DIMS);
     }
     if (ckpt_act && a->model->ops != &gpt_ops)
-        die("--checkpoint-activations needs a GPT model");
+        cli_die("--checkpoint-activations needs a GPT model");
     a->mcfg.checkpoint_activations = ckpt_act;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
         if ((double)a->profile.nodes * a->per_node > 65536)
-            die("%d nodes x %d GPUs is more than 65536 ranks", a->profile.nodes, a->per_node);
+            cli_die("%d nodes x %d GPUs is more than 65536 ranks", a->profile.nodes, a->per_node);
         a->world = a->profile.nodes * a->per_node;
     }
     if (a->world < a->per_node)
         a->per_node = a->world; /* part of one node */
     else if (a->world % a->per_node != 0)
-        die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)", a->world,
-            a->per_node);
-    a->capacity = capacity ? parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
+        cli_die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)",
+                a->world, a->per_node);
+    a->capacity = capacity ? cli_parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
     a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
     if (a->rows == 0) /* one sequence */
         a->rows = (size_t)a->mcfg.gpt.n_positions;
@@ -670,7 +600,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         topo.nodes = a->world / a->per_node;
         profile_json = fsdp_sim_profile_to_json(&topo);
         if (profile_json == NULL)
-            die("out of host memory");
+            cli_die("out of host memory");
         memset(&info, 0, sizeof(info));
         info.backend = "sim (shape mode)";
         info.world_size = a->world;
@@ -680,7 +610,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         st = fsdp_trace_open(a->trace_path, &info, &run.trace);
         free(profile_json);
         if (st != FSDP_OK)
-            die("cannot write the trace to %s (see the message above)", a->trace_path);
+            cli_die("cannot write the trace to %s (see the message above)", a->trace_path);
     }
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
     if (fsdp_trace_close(run.trace) != FSDP_OK && s.status == FSDP_OK)
@@ -709,13 +639,13 @@ static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, ran
 {
     summary_t s;
 
-    log_quiet = 1; /* out of memory is an answer here, not an error to print */
+    cli_log_quiet(1); /* out of memory is an answer here, not an error to print */
     s = run_plan(a, cfg, a->capacity, res);
     if (s.oom) {
         s = run_plan(a, cfg, 0, res);
         s.oom = 1;
     }
-    log_quiet = 0;
+    cli_log_quiet(0);
     if (s.status != FSDP_OK && !quiet) {
         /* say why, with the messages on */
         run_plan(a, cfg, 0, res);
@@ -833,8 +763,7 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     fflush(stdout);
     s = plan_config(a, &a->fsdp, res, 0);
     if (s.status != FSDP_OK && !s.oom) {
-        fprintf(stderr, "fsdp-plan: error: the simulation failed (%s); see above\n",
-                fsdp_status_name(s.status));
+        cli_error("the simulation failed (%s); see above", fsdp_status_name(s.status));
         return 1;
     }
     printf("step time %.3f ms, compute %.3f ms, exposed communication %.3f ms (%.1f%% of the "
@@ -938,11 +867,11 @@ int main(int argc, char **argv)
     rank_result_t *res;
     int rc;
 
-    fsdp_log_set_handler(log_to_stderr, NULL);
+    cli_init("fsdp-plan");
     parse_args(argc, argv, &args);
     res = calloc((size_t)args.world, sizeof(*res));
     if (res == NULL)
-        die("out of host memory for %d ranks", args.world);
+        cli_die("out of host memory for %d ranks", args.world);
     rc = args.sweep ? print_sweep(&args, res) : print_plan(&args, res);
     free(res);
     return rc;

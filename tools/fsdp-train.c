@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,33 +63,6 @@ typedef struct train_shared {
     float *losses;         /* per step (rank 0 writes) */
     fsdp_trace_t *trace;   /* --trace, or NULL */
 } train_shared_t;
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("fsdp-train: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(2);
-}
-
-/* Library messages come out as the tool's own: "fsdp-train: error: ...", one line each. */
-static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
-                          const char *msg, void *arg)
-{
-    static const char *const names[] = {"error", "warning", "info", "debug", "trace"};
-    static char last[1024]; /* the handler runs under the log lock */
-    (void)file, (void)line, (void)func, (void)arg;
-    /* ranks that fail alike (a bad checkpoint) say it once */
-    if (strncmp(last, msg, sizeof(last) - 1) == 0)
-        return;
-    snprintf(last, sizeof(last), "%s", msg);
-    fprintf(stderr, "fsdp-train: %s: %s\n", names[level >= 0 && level <= 4 ? level : 0], msg);
-}
 
 /* The library already said what was wrong. */
 static void fail_quietly(void) __attribute__((noreturn));
@@ -155,28 +127,6 @@ static void usage(FILE *f)
           f);
 }
 
-static double parse_double(const char *opt, const char *s, double lo, double hi)
-{
-    char *end;
-    double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi)
-        die("%s: '%s' is not a number in [%g, %g]", opt, s, lo, hi);
-    return v;
-}
-
-static long parse_long(const char *opt, const char *s, long lo, long hi)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        die("%s: '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
-    return v;
-}
-
 enum {
     OPT_MODEL = 256, OPT_WORLD, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
@@ -192,7 +142,7 @@ static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
     char buf[256], *save = NULL;
 
     if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
-        die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D", spec);
+        cli_die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D", spec);
     strcpy(buf, spec);
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
@@ -202,8 +152,9 @@ static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
             continue;
         }
         if (eq == NULL)
-            die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer) or "
-                "keep_low_precision_grads", item);
+            cli_die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer) or "
+                    "keep_low_precision_grads",
+                    item);
         *eq = '\0';
         if (strcmp(item, "param") == 0 || strcmp(item, "param_dtype") == 0)
             field = &mp->param_dtype;
@@ -212,10 +163,11 @@ static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
         else if (strcmp(item, "buffer") == 0 || strcmp(item, "buffer_dtype") == 0)
             field = &mp->buffer_dtype;
         else
-            die("--mixed-precision: unknown key '%s' (keys: param, reduce, buffer)", item);
+            cli_die("--mixed-precision: unknown key '%s' (keys: param, reduce, buffer)", item);
         if (!fsdp_dtype_parse(eq + 1, &dt) || !fsdp_dtype_is_float(dt))
-            die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
-                "bf16/bfloat16, fp16/f16/float16)", item, eq + 1);
+            cli_die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
+                    "bf16/bfloat16, fp16/f16/float16)",
+                    item, eq + 1);
         *field = dt;
     }
 }
@@ -292,16 +244,17 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             }
             a->nlayers = fsdp_mlp_parse_spec(optarg, a->dims, FSDP_MLP_MAX_LAYERS + 1);
             if (a->nlayers < 1)
-                die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
-                    "positive widths, or a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
-                    "vocab=V)", optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names());
+                cli_die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
+                        "positive widths, or a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
+                        "vocab=V)",
+                        optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names());
             break;
         case OPT_WORLD:
-            a->world = (int)parse_long("--world", optarg, 1, 4096);
+            a->world = (int)cli_parse_long("--world", optarg, 1, 4096);
             break;
         case OPT_BACKEND:
             if (train_backend_parse(optarg, &backend) != 0)
-                die("--backend: '%s' is not one of sim, gpu", optarg);
+                cli_die("--backend: '%s' is not one of sim, gpu", optarg);
             break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
@@ -309,7 +262,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             else if (strcmp(optarg, "sgd") == 0)
                 kind = FSDP_OPTIM_SGD;
             else
-                die("--optim: '%s' is not one of adamw, sgd", optarg);
+                cli_die("--optim: '%s' is not one of adamw, sgd", optarg);
             break;
         case OPT_LR: lr = optarg; break;
         case OPT_BETAS: betas = optarg; break;
@@ -319,40 +272,40 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_DAMPENING: dampening = optarg; break;
         case OPT_NESTEROV: nesterov = 1; break;
         case OPT_STEPS:
-            a->steps = (int)parse_long("--steps", optarg, 0, 100000000);
+            a->steps = (int)cli_parse_long("--steps", optarg, 0, 100000000);
             break;
         case OPT_BATCH:
-            a->batch = (int)parse_long("--batch", optarg, 1, 1 << 24);
+            a->batch = (int)cli_parse_long("--batch", optarg, 1, 1 << 24);
             batch_given = 1;
             break;
         case OPT_SEED:
-            a->seed = (uint64_t)parse_long("--seed", optarg, 0, 0x7fffffffffffffffL);
+            a->seed = (uint64_t)cli_parse_long("--seed", optarg, 0, 0x7fffffffffffffffL);
             break;
         case OPT_INIT: a->init_path = optarg; break;
         case OPT_DATA: a->data_path = optarg; break;
         case OPT_SAVE: a->save_path = optarg; break;
         case OPT_TIMEOUT:
-            a->timeout_s = parse_double("--timeout", optarg, 1e-3, 1e6);
+            a->timeout_s = cli_parse_double("--timeout", optarg, 1e-3, 1e6);
             break;
         case OPT_QUIET: a->quiet = 1; break;
         case OPT_RPN:
-            a->fsdp.ranks_per_node = (int)parse_long("--ranks-per-node", optarg, 1, 4096);
+            a->fsdp.ranks_per_node = (int)cli_parse_long("--ranks-per-node", optarg, 1, 4096);
             break;
         case OPT_OFFLOAD: a->fsdp.cpu_offload = 1; break;
         case OPT_MIXED: parse_mixed_precision(optarg, &a->fsdp.mixed_precision); break;
         case OPT_ACCUM:
-            a->grad_accum = (int)parse_long("--grad-accum", optarg, 1, 1 << 20);
+            a->grad_accum = (int)cli_parse_long("--grad-accum", optarg, 1, 1 << 20);
             break;
         case OPT_CLIP:
-            a->clip_grad_norm = parse_double("--clip-grad-norm", optarg, 1e-30, 1e30);
+            a->clip_grad_norm = cli_parse_double("--clip-grad-norm", optarg, 1e-30, 1e30);
             break;
         case OPT_CKPT: a->ckpt_dir = optarg; break;
         case OPT_CKPT_EVERY:
-            a->ckpt_every = (int)parse_long("--checkpoint-every", optarg, 1, 100000000);
+            a->ckpt_every = (int)cli_parse_long("--checkpoint-every", optarg, 1, 100000000);
             break;
         case OPT_STATE_DICT:
             if (!fsdp_state_dict_type_parse(optarg, &a->state_dict))
-                die("--state-dict: '%s' is not one of full, sharded", optarg);
+                cli_die("--state-dict: '%s' is not one of full, sharded", optarg);
             state_dict_given = 1;
             break;
         case OPT_RESUME: a->resume_dir = optarg; break;
@@ -360,7 +313,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_PROFILE: a->profile_arg = optarg; break;
         case OPT_TOKENS: a->tokens_path = optarg; break;
         case OPT_SEQ:
-            a->seq = (int)parse_long("--seq", optarg, 1, 1 << 20);
+            a->seq = (int)cli_parse_long("--seq", optarg, 1, 1 << 20);
             break;
         case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
@@ -370,18 +323,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_HELP:
             usage(stdout);
             exit(0);
-        case ':':
-            die("option '%s' needs a value (see --help)", argv[optind - 1]);
-        default: {
-            char why[256];
-            if (cli_fsdp_option(c, optarg, argv[optind - 1], &a->fsdp, why, sizeof(why)) != 0)
-                die("%s", why);
+        default:
+            cli_other_option(c, argv, &a->fsdp);
             break;
         }
-        }
     }
-    if (optind < argc)
-        die("unexpected argument '%s' (see --help)", argv[optind]);
+    cli_no_arguments(argc, argv);
     {
         fsdp_sim_params_t defaults;
         fsdp_sim_params_init(&defaults);
@@ -396,32 +343,32 @@ static void parse_args(int argc, char **argv, train_args_t *a)
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)
-        a->optim.lr = (float)parse_double("--lr", lr, 0.0, 1e6);
+        a->optim.lr = (float)cli_parse_double("--lr", lr, 0.0, 1e6);
     if (betas) {
         char b1[64], b2[64];
         const char *comma = strchr(betas, ',');
         if (comma == NULL || (size_t)(comma - betas) >= sizeof(b1) || strlen(comma + 1) >= sizeof(b2))
-            die("--betas: '%s' is not two numbers B1,B2", betas);
+            cli_die("--betas: '%s' is not two numbers B1,B2", betas);
         memcpy(b1, betas, (size_t)(comma - betas));
         b1[comma - betas] = '\0';
         strcpy(b2, comma + 1);
-        a->optim.beta1 = (float)parse_double("--betas", b1, 0.0, 0.999999999);
-        a->optim.beta2 = (float)parse_double("--betas", b2, 0.0, 0.999999999);
+        a->optim.beta1 = (float)cli_parse_double("--betas", b1, 0.0, 0.999999999);
+        a->optim.beta2 = (float)cli_parse_double("--betas", b2, 0.0, 0.999999999);
     }
     if (eps)
-        a->optim.eps = (float)parse_double("--eps", eps, 0.0, 1.0);
+        a->optim.eps = (float)cli_parse_double("--eps", eps, 0.0, 1.0);
     if (wd)
-        a->optim.weight_decay = (float)parse_double("--weight-decay", wd, 0.0, 1e6);
+        a->optim.weight_decay = (float)cli_parse_double("--weight-decay", wd, 0.0, 1e6);
     if (momentum)
-        a->optim.momentum = (float)parse_double("--momentum", momentum, 0.0, 1e6);
+        a->optim.momentum = (float)cli_parse_double("--momentum", momentum, 0.0, 1e6);
     if (dampening)
-        a->optim.dampening = (float)parse_double("--dampening", dampening, 0.0, 1.0);
+        a->optim.dampening = (float)cli_parse_double("--dampening", dampening, 0.0, 1.0);
     a->optim.nesterov = nesterov;
     a->optim.no_decay_1d = no_decay_1d;
     if ((betas || eps) && kind != FSDP_OPTIM_ADAMW)
-        die("--betas and --eps apply to --optim adamw only");
+        cli_die("--betas and --eps apply to --optim adamw only");
     if ((momentum || dampening || nesterov) && kind != FSDP_OPTIM_SGD)
-        die("--momentum, --dampening and --nesterov apply to --optim sgd only");
+        cli_die("--momentum, --dampening and --nesterov apply to --optim sgd only");
     if (fsdp_optim_config_check(&a->optim) != FSDP_OK)
         fail_quietly();
     if (a->gpt) {
@@ -430,26 +377,29 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         if (a->seq == 0)
             a->seq = a->gpt_cfg.n_positions;
         if (a->seq > a->gpt_cfg.n_positions)
-            die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
-                "them)", a->seq, a->gpt_cfg.n_positions);
+            cli_die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
+                    "them)",
+                    a->seq, a->gpt_cfg.n_positions);
         if (a->tokens_path != NULL && a->data_path != NULL)
-            die("--data (text) and --tokens (llm.c) are two sources of data: give one");
+            cli_die("--data (text) and --tokens (llm.c) are two sources of data: give one");
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
-        die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
+        cli_die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
     }
     if (a->batch % a->world != 0)
-        die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
+        cli_die(
+            "--batch %d is not divisible by --world %d: every rank needs the same number of rows",
             a->batch, a->world);
     if (a->batch / a->world % a->grad_accum != 0)
-        die("--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
+        cli_die(
+            "--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
             a->grad_accum, a->batch / a->world, a->batch, a->world);
     if ((a->fsdp.strategy == FSDP_HYBRID_SHARD || a->fsdp.strategy == FSDP_HYBRID_SHARD_ZERO2 ||
          a->fsdp.ranks_per_node > 0) &&
         a->world % (a->fsdp.ranks_per_node > 0 ? a->fsdp.ranks_per_node : a->world) != 0)
-        die("--ranks-per-node %d does not divide --world %d", a->fsdp.ranks_per_node, a->world);
+        cli_die("--ranks-per-node %d does not divide --world %d", a->fsdp.ranks_per_node, a->world);
     a->launch.ranks_per_node = a->fsdp.ranks_per_node; /* the simulated node */
     if ((a->ckpt_every > 0 || state_dict_given) && a->ckpt_dir == NULL)
-        die("--checkpoint-every and --state-dict need --save-checkpoint DIR");
+        cli_die("--checkpoint-every and --state-dict need --save-checkpoint DIR");
 }
 
 /* ---- data and weights ---- */
@@ -459,14 +409,14 @@ static const fsdp_st_tensor_t *need_tensor(fsdp_st_file_t *f, const char *path, 
 {
     const fsdp_st_tensor_t *t = fsdp_st_find(f, name);
     if (t == NULL)
-        die("%s: no tensor '%s'", path, name);
+        cli_die("%s: no tensor '%s'", path, name);
     if (strcmp(t->dtype, "F32") != 0)
-        die("%s: tensor '%s' is %s; F32 is required", path, name, t->dtype);
+        cli_die("%s: tensor '%s' is %s; F32 is required", path, name, t->dtype);
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
         if (ndim == 2)
-            die("%s: tensor '%s' must have shape [%lld, %lld] for this model", path, name,
-                (long long)d0, (long long)d1);
-        die("%s: tensor '%s' must have shape [%lld] for this model", path, name, (long long)d0);
+            cli_die("%s: tensor '%s' must have shape [%lld, %lld] for this model", path, name,
+                    (long long)d0, (long long)d1);
+        cli_die("%s: tensor '%s' must have shape [%lld] for this model", path, name, (long long)d0);
     }
     return t;
 }
@@ -475,7 +425,7 @@ static float *copy_tensor(const fsdp_st_tensor_t *t)
 {
     float *p = malloc(t->nbytes ? t->nbytes : 1);
     if (p == NULL)
-        die("out of host memory");
+        cli_die("out of host memory");
     memcpy(p, t->data, t->nbytes);
     return p;
 }
@@ -490,7 +440,7 @@ static void load_init(const train_args_t *a, train_shared_t *sh)
     sh->init_weights = calloc((size_t)a->nlayers, sizeof(float *));
     sh->init_biases = calloc((size_t)a->nlayers, sizeof(float *));
     if (sh->init_weights == NULL || sh->init_biases == NULL)
-        die("out of host memory");
+        cli_die("out of host memory");
     for (int i = 0; i < a->nlayers; i++) {
         char name[64];
         snprintf(name, sizeof(name), "layers.%d.weight", i);
@@ -507,8 +457,8 @@ static void load_init(const train_args_t *a, train_shared_t *sh)
             if (sscanf(name, "layers.%d.%15[a-z]%n", &layer, kind, &n) != 2 ||
                 (size_t)n != strlen(name) || layer < 0 || layer >= a->nlayers ||
                 (strcmp(kind, "weight") && strcmp(kind, "bias")))
-                die("%s: unexpected tensor '%s' for a %d-layer mlp", a->init_path, name,
-                    a->nlayers);
+                cli_die("%s: unexpected tensor '%s' for a %d-layer mlp", a->init_path, name,
+                        a->nlayers);
         }
     }
     fsdp_st_close(f);
@@ -523,12 +473,12 @@ static void load_data(const train_args_t *a, train_shared_t *sh)
         fail_quietly();
     x = fsdp_st_find(f, "x");
     if (x == NULL || x->ndim != 2)
-        die("%s: needs a 2-d tensor 'x' [B, %d]", a->data_path, a->dims[0]);
+        cli_die("%s: needs a 2-d tensor 'x' [B, %d]", a->data_path, a->dims[0]);
     need_tensor(f, a->data_path, "x", x->shape[0], a->dims[0], 2);
     y = need_tensor(f, a->data_path, "y", x->shape[0], a->dims[a->nlayers], 2);
     if (x->shape[0] % a->world != 0)
-        die("%s: the batch of %lld rows is not divisible by --world %d", a->data_path,
-            (long long)x->shape[0], a->world);
+        cli_die("%s: the batch of %lld rows is not divisible by --world %d", a->data_path,
+                (long long)x->shape[0], a->world);
     ((train_args_t *)a)->batch = (int)x->shape[0];
     sh->x = copy_tensor(x);
     sh->y = copy_tensor(y);
@@ -545,7 +495,7 @@ static void make_data(const train_args_t *a, train_shared_t *sh)
     sh->x = malloc(b * din * sizeof(float));
     sh->y = malloc(b * dout * sizeof(float));
     if (proj == NULL || sh->x == NULL || sh->y == NULL)
-        die("out of host memory");
+        cli_die("out of host memory");
     fsdp_rng_seed(&rng, a->seed ^ 0x5eedda7aull);
     for (size_t i = 0; i < din * dout; i++)
         proj[i] = fsdp_rng_normal(&rng) / sqrtf((float)din);
@@ -761,7 +711,7 @@ int main(int argc, char **argv)
     char trace_buf[4096];
     const char *trace_path;
 
-    fsdp_log_set_handler(log_to_stderr, NULL);
+    cli_init("fsdp-train");
     parse_args(argc, argv, &args);
     if (args.gpt)
         return train_gpt2(&args, argc, argv);
@@ -776,7 +726,7 @@ int main(int argc, char **argv)
     sh.peak = calloc((size_t)args.world, sizeof(size_t));
     sh.losses = calloc((size_t)args.steps + 1, sizeof(float));
     if (sh.peak == NULL || sh.losses == NULL)
-        die("out of host memory");
+        cli_die("out of host memory");
 
     trace_path = train_launch_trace_path(&args.launch, args.trace_path, trace_buf,
                                          sizeof(trace_buf));

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
+#include "corpus.h"
 #include "train_gpt2.h"
 #include "train_launch.h"
 #include "train_trace.h"
@@ -161,7 +163,7 @@ static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p
         return fsdp_tokens_open_llmc(o->tokens_path, t_p);
     if (o->data_path != NULL)
         return fsdp_tokens_open_text(o->data_path, t_p);
-    return fsdp_tokens_open_default(o->argv0, t_p);
+    return corpus_open_default(o->argv0, t_p);
 }
 
 int gpt2_train_main(const gpt2_train_opts_t *o)
@@ -179,11 +181,10 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (open_tokens(o, &sh.tokens) != FSDP_OK)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)o->model.vocab_size) {
-        fprintf(stderr,
-                "fsdp-train: error: %s: token ids reach %u, beyond the model's vocabulary of %d "
-                "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)\n",
-                fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), o->model.vocab_size,
-                fsdp_tokens_max_id(sh.tokens) + 1);
+        cli_error("%s: token ids reach %u, beyond the model's vocabulary of %d "
+                  "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)",
+                  fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), o->model.vocab_size,
+                  fsdp_tokens_max_id(sh.tokens) + 1);
         goto out;
     }
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
@@ -193,7 +194,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         goto out;
     sh.peak = calloc((size_t)o->world, sizeof(size_t));
     if (sh.peak == NULL) {
-        fprintf(stderr, "fsdp-train: error: out of host memory\n");
+        cli_error("out of host memory");
         goto out;
     }
     if (!o->quiet && report) {

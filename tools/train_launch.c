@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
+
 int train_backend_parse(const char *s, train_backend_t *backend_p)
 {
     if (strcmp(s, "sim") == 0)
@@ -34,27 +36,23 @@ int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_a
     }
     if (!fsdp_gpu_built()) {
         /* module missing (the paths tried), a library it needs missing (named), or not ours */
-        fprintf(stderr, "fsdp-train: error: --backend gpu: %s; use --backend sim without it\n",
-                fsdp_gpu_load_error());
+        cli_error("--backend gpu: %s; use --backend sim without it", fsdp_gpu_load_error());
         return -1;
     }
     if (fsdp_gpu_device_count() == 0) {
         const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-        fprintf(stderr,
-                "fsdp-train: error: --backend gpu: no CUDA device is visible to this process "
-                "(CUDA_VISIBLE_DEVICES=%s); use --backend sim without one\n",
-                visible != NULL ? visible : "unset");
+        cli_error("--backend gpu: no CUDA device is visible to this process "
+                  "(CUDA_VISIBLE_DEVICES=%s); use --backend sim without one",
+                  visible != NULL ? visible : "unset");
         return -1;
     }
     if (fsdp_launch_env(&l->info) != FSDP_OK)
         return -1; /* the library named the variable and what is allowed */
     if (world_arg > 0 && world_arg != l->info.world_size) {
-        fprintf(stderr,
-                "fsdp-train: error: --world %d, but the launcher (%s) started %d rank%s: with "
-                "--backend gpu the world is one process per rank; leave --world out or make "
-                "them agree\n",
-                world_arg, l->info.launcher, l->info.world_size,
-                l->info.world_size == 1 ? "" : "s");
+        cli_error("--world %d, but the launcher (%s) started %d rank%s: with --backend gpu the "
+                  "world is one process per rank; leave --world out or make them agree",
+                  world_arg, l->info.launcher, l->info.world_size,
+                  l->info.world_size == 1 ? "" : "s");
         return -1;
     }
     l->world = l->info.world_size;

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli.h"
+
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
                                const fsdp_config_t *cfg, const char *model, int argc,
                                char **argv, fsdp_trace_t **trace_p)
@@ -39,7 +41,7 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
         train_launch_sim_profile(launch, &profile);
         profile_json = fsdp_sim_profile_to_json(&profile);
         if (profile_json == NULL) {
-            fprintf(stderr, "fsdp-train: error: --trace: out of host memory\n");
+            cli_error("--trace: out of host memory");
             return FSDP_ERR_OUT_OF_MEMORY;
         }
     }

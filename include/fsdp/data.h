@@ -1,10 +1,10 @@
 /* libfsdp: token data for language-model training.
  *
  * A token source is a read-only array of token ids that any number of rank threads share:
- * the bytes of a text file (byte-level tokens, ids < 256), the project's own sources as a
- * default corpus, or an llm.c token shard (docs/formats.md section 3). A global
- * batch is B rows of T tokens (inputs) and the same shifted by one (targets); rank r of W
- * takes rows r B/W .. (r + 1) B/W - 1, so the ranks together see exactly the global batch.
+ * the bytes of text files (byte-level tokens, ids < 256), or an llm.c token shard
+ * (docs/formats.md section 3). A global batch is B rows of T tokens (inputs) and the same
+ * shifted by one (targets); rank r of W takes rows r B/W .. (r + 1) B/W - 1, so the ranks
+ * together see exactly the global batch.
  *
  * Two orders:
  *  - RANDOM (text): row b of global batch `step` is the window at a position drawn from a
@@ -39,12 +39,11 @@ typedef struct fsdp_tokens fsdp_tokens_t;
  * is an error (FSDP_ERR_IO, FSDP_ERR_INVALID_PARAM), logged with the path. */
 FSDP_API fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p);
 
-/* The default corpus, on every machine that built the library: README.md, DESIGN.md and the
- * C files of lib/ and lib/nn/ of the source tree, concatenated in that (sorted) order, as
- * bytes. The tree is looked for at the build's source directory, then above the running program
- * (argv0, or /proc/self/exe when NULL). None found is FSDP_ERR_IO, logged with where it
- * looked. */
-FSDP_API fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p);
+/* Byte-level tokens of the files paths[0..n), concatenated in that order, RANDOM order;
+ * fsdp_tokens_source() says label. An unreadable file is FSDP_ERR_IO, logged with its path;
+ * no bytes at all FSDP_ERR_INVALID_PARAM, logged with the label. */
+FSDP_API fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const char *label,
+                                              fsdp_tokens_t **tokens_p);
 
 /* An llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, the token
  * count), then the tokens as uint16; SEQUENTIAL order. A bad magic, version or count (the file

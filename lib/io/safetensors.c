@@ -9,6 +9,8 @@
 
 #include <fsdp/log.h>
 
+#include "io/fs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -879,55 +881,6 @@ err_nomem:
     return status;
 }
 
-static fsdp_status_t st_write_all(int fd, const void *buf, uint64_t len, const char *path,
-                                  const char *tmp)
-{
-    const unsigned char *p = buf;
-
-    while (len > 0) {
-        size_t chunk = len > (1u << 30) ? (1u << 30) : (size_t)len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            fsdp_error("%s: writing %s failed: %s", path, tmp, strerror(errno));
-            return FSDP_ERR_IO;
-        }
-        p += w;
-        len -= (uint64_t)w;
-    }
-    return FSDP_OK;
-}
-
-/* Makes the rename durable. Filesystems that cannot sync a directory say EINVAL: nothing to do. */
-static fsdp_status_t st_sync_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    fsdp_status_t status = FSDP_OK;
-    char *dir;
-    int fd;
-
-    if (slash == NULL)
-        dir = strdup(".");
-    else if (slash == path)
-        dir = strdup("/");
-    else
-        dir = strndup(path, (size_t)(slash - path));
-    if (dir == NULL) {
-        fsdp_error("%s: written, but out of memory syncing its directory", path);
-        return FSDP_ERR_NO_MEMORY;
-    }
-    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) {
-        fsdp_error("%s: written, but syncing directory %s failed: %s", path, dir, strerror(errno));
-        status = FSDP_ERR_IO;
-    }
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return status;
-}
-
 fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, int n,
                             const char *const *meta, int nmeta)
 {
@@ -935,8 +888,7 @@ fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, in
     unsigned char *header;
     size_t header_len;
     st_wslot_t *slots;
-    char *tmp;
-    int fd;
+    fsdp_fs_chunk_t *chunks;
 
     if (path == NULL || path[0] == '\0' || n < 0 || (n > 0 && entries == NULL) || nmeta < 0 ||
         (nmeta > 0 && meta == NULL) || nmeta > INT_MAX / 2) {
@@ -961,54 +913,20 @@ fsdp_status_t fsdp_st_write(const char *path, const fsdp_st_entry_t *entries, in
     if (status != FSDP_OK)
         goto err_free_slots;
 
-    /* Same directory as the target, so the rename cannot cross filesystems. */
-    tmp = malloc(strlen(path) + 32);
-    if (tmp == NULL) {
+    chunks = malloc(((size_t)n + 1) * sizeof(*chunks));
+    if (chunks == NULL) {
         fsdp_error("%s: out of memory", path);
         status = FSDP_ERR_NO_MEMORY;
         goto err_free_header;
     }
-    snprintf(tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) {
-        fsdp_error("%s: cannot create %s: %s", path, tmp, strerror(errno));
-        status = FSDP_ERR_IO;
-        goto err_free_tmp;
+    chunks[0].data = header;
+    chunks[0].len = header_len;
+    for (int i = 0; i < n; i++) {
+        chunks[i + 1].data = slots[i].e->data;
+        chunks[i + 1].len = slots[i].nbytes;
     }
-    status = st_write_all(fd, header, header_len, path, tmp);
-    for (int i = 0; i < n && status == FSDP_OK; i++)
-        status = st_write_all(fd, slots[i].e->data, slots[i].nbytes, path, tmp);
-    if (status != FSDP_OK)
-        goto err_unlink;
-    if (fsync(fd) != 0) {
-        fsdp_error("%s: fsync of %s failed: %s", path, tmp, strerror(errno));
-        status = FSDP_ERR_IO;
-        goto err_unlink;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        fsdp_error("%s: closing %s failed: %s", path, tmp, strerror(errno));
-        status = FSDP_ERR_IO;
-        goto err_unlink;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        fsdp_error("%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-        status = FSDP_ERR_IO;
-        goto err_unlink;
-    }
-    status = st_sync_dir(path);
-    free(tmp);
-    free(header);
-    free(slots);
-    return status;
-
-err_unlink:
-    if (fd >= 0)
-        close(fd);
-    unlink(tmp);
-err_free_tmp:
-    free(tmp);
+    status = fsdp_fs_write_atomic(path, chunks, n + 1);
+    free(chunks);
 err_free_header:
     free(header);
 err_free_slots:

@@ -4,6 +4,8 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
+#include "io/fs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -66,48 +68,15 @@ static int rm_tree(const char *path)
     return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static fsdp_status_t fsync_path(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd < 0)
-        fd = open(path, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) {
-        fsdp_error("%s: cannot sync: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return FSDP_ERR_IO;
-    }
-    close(fd);
-    return FSDP_OK;
-}
-
-/* Writes a small text file atomically: temporary file, fsync, rename, fsync the directory. */
+/* Writes a small text file atomically (dir/name). */
 static fsdp_status_t write_atomic(const char *dir, const char *name, const char *text)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    size_t len = strlen(text);
-    int fd;
+    fsdp_fs_chunk_t chunk = {text, strlen(text)};
+    char path[PATH_MAX];
 
-    char tmpname[128];
-    snprintf(tmpname, sizeof(tmpname), ".%s.tmp.%ld", name, (long)getpid());
-    if (path_join(path, sizeof(path), dir, name) != FSDP_OK ||
-        path_join(tmp, sizeof(tmp), dir, tmpname) != FSDP_OK)
+    if (path_join(path, sizeof(path), dir, name) != FSDP_OK)
         return FSDP_ERR_INVALID_PARAM;
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
-        fsdp_error("%s: cannot write: %s", tmp, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        unlink(tmp);
-        return FSDP_ERR_IO;
-    }
-    close(fd);
-    if (rename(tmp, path) != 0) {
-        fsdp_error("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-        return FSDP_ERR_IO;
-    }
-    return fsync_path(dir);
+    return fsdp_fs_write_atomic(path, &chunk, 1);
 }
 
 /* ---- the parts of a unit that a checkpoint holds ---- */
@@ -607,7 +576,7 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         if (status == FSDP_OK) {
             char latest[80];
             snprintf(latest, sizeof(latest), "%s\n", sub);
-            status = fsync_path(dir);
+            status = fsdp_fs_sync_dir(dir);
             if (status == FSDP_OK)
                 status = write_atomic(dir, "latest", latest);
         }

@@ -1,10 +1,9 @@
-/* Token data: text files as bytes, the project's sources as a default corpus, llm.c token
- * shards, and the per-rank slice of every global batch (include/fsdp/data.h). */
+/* Token data: text files as bytes, llm.c token shards, and the per-rank slice of every global
+ * batch (include/fsdp/data.h). */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <glob.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,17 +139,21 @@ static fsdp_status_t append_file(const char *path, unsigned char **buf, size_t *
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p)
+/* Reads paths[0..n) one after the other into t as its tokens; closes t on failure. `name` says
+ * what t is in the message when there is nothing to read. */
+static fsdp_status_t tokens_load(fsdp_tokens_t *t, const char *const *paths, size_t n,
+                                 const char *name, fsdp_tokens_t **tokens_p)
 {
-    fsdp_tokens_t *t = tokens_new(FSDP_TOKENS_RANDOM, 1, "text", path);
     size_t cap = 0;
-    fsdp_status_t status;
+    fsdp_status_t status = FSDP_OK;
 
-    if (t == NULL)
-        return FSDP_ERR_NO_MEMORY;
-    status = append_file(path, &t->owned, &t->n, &cap);
+    for (size_t i = 0; i < n && status == FSDP_OK; i++)
+        status = append_file(paths[i], &t->owned, &t->n, &cap);
     if (status == FSDP_OK && t->n == 0) {
-        fsdp_error("%s: the file is empty: no tokens to train on", path);
+        fsdp_error("%s: %s: no tokens to train on", name,
+                   n == 1   ? "the file is empty"
+                   : n == 0 ? "no files"
+                            : "the files are empty");
         status = FSDP_ERR_INVALID_PARAM;
     }
     if (status != FSDP_OK) {
@@ -163,99 +166,29 @@ fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p)
     return FSDP_OK;
 }
 
-/* ---- the default corpus ---- */
-
-static int is_source_tree(const char *dir)
+fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p)
 {
-    char path[PATH_MAX];
-    struct stat st;
-    int n = snprintf(path, sizeof(path), "%s/lib/nn/data.c", dir);
-    return n > 0 && (size_t)n < sizeof(path) && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
+    fsdp_tokens_t *t = tokens_new(FSDP_TOKENS_RANDOM, 1, "text", path);
 
-/* Candidate trees: the build's source directory, then the directory of the program and up to
- * three levels above it (tools/, tools/.libs/, an installed bin/). */
-static int find_tree(const char *argv0, char *out, size_t len, char *tried, size_t tried_len)
-{
-    char exe[PATH_MAX], dir[PATH_MAX];
-    size_t off = 0;
-
-    tried[0] = '\0';
-#ifdef FSDP_SRCDIR
-    if (is_source_tree(FSDP_SRCDIR)) {
-        snprintf(out, len, "%s", FSDP_SRCDIR);
-        return 1;
-    }
-    off += (size_t)snprintf(tried + off, tried_len - off, "%s", FSDP_SRCDIR);
-#endif
-    if (argv0 != NULL && strchr(argv0, '/') != NULL) {
-        snprintf(exe, sizeof(exe), "%s", argv0);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-        if (n <= 0)
-            return 0;
-        exe[n] = '\0';
-    }
-    snprintf(dir, sizeof(dir), "%s", exe);
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(dir, '/');
-        if (slash == NULL)
-            break;
-        if (slash == dir)
-            slash[1] = '\0';
-        else
-            *slash = '\0';
-        if (is_source_tree(dir)) {
-            snprintf(out, len, "%s", dir);
-            return 1;
-        }
-        if (off < tried_len)
-            off += (size_t)snprintf(tried + off, tried_len - off, "%s%s", off ? ", " : "", dir);
-        if (strcmp(dir, "/") == 0)
-            break;
-    }
-    return 0;
-}
-
-fsdp_status_t fsdp_tokens_open_default(const char *argv0, fsdp_tokens_t **tokens_p)
-{
-    static const char *const patterns[] = {"README.md", "DESIGN.md", "lib/*/*.c"};
-    char tree[PATH_MAX], tried[2048];
-    fsdp_tokens_t *t;
-    size_t cap = 0;
-    fsdp_status_t status = FSDP_OK;
-
-    if (!find_tree(argv0, tree, sizeof(tree), tried, sizeof(tried))) {
-        fsdp_error("no default corpus: the libfsdp source tree (README.md, DESIGN.md, lib/*/*.c) "
-                   "is not at %s; pass a text file with --data",
-                   tried[0] ? tried : "the build's source directory");
-        return FSDP_ERR_IO;
-    }
-    t = tokens_new(FSDP_TOKENS_RANDOM, 1, "the libfsdp sources in", tree);
     if (t == NULL)
         return FSDP_ERR_NO_MEMORY;
-    for (size_t p = 0; p < sizeof(patterns) / sizeof(patterns[0]) && status == FSDP_OK; p++) {
-        char pat[PATH_MAX + 16];
-        glob_t g;
-        snprintf(pat, sizeof(pat), "%s/%s", tree, patterns[p]);
-        if (glob(pat, 0, NULL, &g) != 0) /* sorted; a missing README.md is no error */
-            continue;
-        for (size_t i = 0; i < g.gl_pathc && status == FSDP_OK; i++)
-            status = append_file(g.gl_pathv[i], &t->owned, &t->n, &cap);
-        globfree(&g);
+    return tokens_load(t, &path, 1, path, tokens_p);
+}
+
+fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const char *label,
+                                     fsdp_tokens_t **tokens_p)
+{
+    fsdp_tokens_t *t;
+
+    if ((paths == NULL && n > 0) || label == NULL || tokens_p == NULL) {
+        fsdp_error("fsdp_tokens_open_texts: needs n paths, a label and tokens_p");
+        return FSDP_ERR_INVALID_PARAM;
     }
-    if (status == FSDP_OK && t->n == 0) {
-        fsdp_error("no default corpus: %s holds no sources", tree);
-        status = FSDP_ERR_IO;
-    }
-    if (status != FSDP_OK) {
-        fsdp_tokens_close(t);
-        return status;
-    }
-    t->data = t->owned;
-    tokens_scan(t);
-    *tokens_p = t;
-    return FSDP_OK;
+    t = tokens_new(FSDP_TOKENS_RANDOM, 1, "", "");
+    if (t == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    snprintf(t->source, sizeof(t->source), "%s", label);
+    return tokens_load(t, paths, n, label, tokens_p);
 }
 
 /* ---- llm.c shards ---- */

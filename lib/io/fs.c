@@ -1,0 +1,135 @@
+/* File-system helpers shared by the writers of lib/ (safetensors, checkpoints): atomic writes
+ * and directory syncs, with one policy for filesystems that cannot sync a directory. */
+#include "io/fs.h"
+
+#include <fsdp/log.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 0, or the errno of the failing open or fsync (EINVAL from fsync counts as success). */
+static int fs_sync_dir_errno(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
+
+    if (fd < 0)
+        return errno;
+    if (fsync(fd) != 0 && errno != EINVAL)
+        err = errno;
+    close(fd);
+    return err;
+}
+
+fsdp_status_t fsdp_fs_sync_dir(const char *dir)
+{
+    int err = fs_sync_dir_errno(dir);
+
+    if (err != 0) {
+        fsdp_error("%s: cannot sync the directory: %s", dir, strerror(err));
+        return FSDP_ERR_IO;
+    }
+    return FSDP_OK;
+}
+
+static fsdp_status_t fs_write_all(int fd, const void *buf, uint64_t len, const char *path,
+                                  const char *tmp)
+{
+    const unsigned char *p = buf;
+
+    while (len > 0) {
+        size_t chunk = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            fsdp_error("%s: writing %s failed: %s", path, tmp, strerror(errno));
+            return FSDP_ERR_IO;
+        }
+        p += w;
+        len -= (uint64_t)w;
+    }
+    return FSDP_OK;
+}
+
+/* Makes the rename of path durable. */
+static fsdp_status_t fs_sync_parent(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    fsdp_status_t status = FSDP_OK;
+    char *dir;
+    int err;
+
+    if (slash == NULL)
+        dir = strdup(".");
+    else if (slash == path)
+        dir = strdup("/");
+    else
+        dir = strndup(path, (size_t)(slash - path));
+    if (dir == NULL) {
+        fsdp_error("%s: written, but out of memory syncing its directory", path);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    err = fs_sync_dir_errno(dir);
+    if (err != 0) {
+        fsdp_error("%s: written, but syncing directory %s failed: %s", path, dir, strerror(err));
+        status = FSDP_ERR_IO;
+    }
+    free(dir);
+    return status;
+}
+
+fsdp_status_t fsdp_fs_write_atomic(const char *path, const fsdp_fs_chunk_t *chunks, int n)
+{
+    fsdp_status_t status = FSDP_OK;
+    size_t tmp_size = strlen(path) + 32;
+    char *tmp;
+    int fd;
+
+    tmp = malloc(tmp_size);
+    if (tmp == NULL) {
+        fsdp_error("%s: out of memory", path);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    snprintf(tmp, tmp_size, "%s.tmp.%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) {
+        fsdp_error("%s: cannot create %s: %s", path, tmp, strerror(errno));
+        status = FSDP_ERR_IO;
+        goto err_free_tmp;
+    }
+    for (int i = 0; i < n && status == FSDP_OK; i++)
+        status = fs_write_all(fd, chunks[i].data, chunks[i].len, path, tmp);
+    if (status != FSDP_OK)
+        goto err_unlink;
+    if (fsync(fd) != 0) {
+        fsdp_error("%s: fsync of %s failed: %s", path, tmp, strerror(errno));
+        status = FSDP_ERR_IO;
+        goto err_unlink;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        fsdp_error("%s: closing %s failed: %s", path, tmp, strerror(errno));
+        status = FSDP_ERR_IO;
+        goto err_unlink;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        fsdp_error("%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
+        status = FSDP_ERR_IO;
+        goto err_unlink;
+    }
+    free(tmp);
+    return fs_sync_parent(path);
+
+err_unlink:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+err_free_tmp:
+    free(tmp);
+    return status;
+}

@@ -1,0 +1,253 @@
+/* One sim rank's own books, below its ops table (backend.c) and its collectives (coll.c): the
+ * last error, the virtual clocks of its host and streams, the accounting of what ran and when,
+ * and the trace row of each op.
+ */
+#include "sim.h"
+
+#include <fsdp/log.h>
+#include <fsdp/trace.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+void fsdp_sim_set_error(fsdp_sim_dev_t *dev, const char *msg)
+{
+    char *copy = strdup(msg);
+
+    /* Out of host memory: keep the previous message rather than lose the rank's state. */
+    if (copy == NULL)
+        return;
+    free(dev->last_error);
+    dev->last_error = copy;
+}
+
+fsdp_status_t fsdp_sim_error_at(fsdp_sim_dev_t *dev, fsdp_status_t status, const char *file,
+                                int line, const char *func, const char *fmt, ...)
+{
+    char msg[1024];
+    int n;
+    va_list ap;
+
+    n = snprintf(msg, sizeof(msg), "rank %d: ", dev->super.rank);
+    va_start(ap, fmt);
+    vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+    va_end(ap);
+    fsdp_sim_set_error(dev, msg);
+    if (fsdp_log_level() >= FSDP_LOG_ERROR)
+        fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "%s", msg);
+    return status;
+}
+
+/* ---- accounting ------------------------------------------------------------------------ */
+
+/* Appends [start, end) to a span list; with merge, joins it to the last span it touches (lists
+ * whose spans come in time order). */
+static void spans_add(fsdp_sim_dev_t *dev, fsdp_sim_spans_t *l, double start, double end, int merge)
+{
+    if (!(end > start))
+        return;
+    if (merge && l->n > 0 && start <= l->v[l->n - 1].end) {
+        l->v[l->n - 1].end = fsdp_sim_max2(l->v[l->n - 1].end, end);
+        return;
+    }
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        fsdp_sim_span_t *v = realloc(l->v, cap * sizeof(*v));
+        if (v == NULL) {
+            dev->acct_oom = 1; /* accounting only: the simulation goes on */
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n].start = start;
+    l->v[l->n].end = end;
+    l->n++;
+}
+
+static int span_cmp(const void *a, const void *b)
+{
+    const fsdp_sim_span_t *x = a, *y = b;
+
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Sorts and merges a span list in place. */
+static void spans_normalize(fsdp_sim_spans_t *l)
+{
+    size_t w = 0;
+
+    if (l->n < 2)
+        return;
+    qsort(l->v, l->n, sizeof(*l->v), span_cmp);
+    for (size_t i = 1; i < l->n; i++) {
+        if (l->v[i].start <= l->v[w].end)
+            l->v[w].end = fsdp_sim_max2(l->v[w].end, l->v[i].end);
+        else
+            l->v[++w] = l->v[i];
+    }
+    l->n = w + 1;
+}
+
+static double spans_total(const fsdp_sim_spans_t *l)
+{
+    double t = 0.0;
+
+    for (size_t i = 0; i < l->n; i++)
+        t += l->v[i].end - l->v[i].start;
+    return t;
+}
+
+/* Length of the intersection of two sorted, merged span lists. */
+static double spans_overlap(const fsdp_sim_spans_t *a, const fsdp_sim_spans_t *b)
+{
+    size_t i = 0, j = 0;
+    double t = 0.0;
+
+    while (i < a->n && j < b->n) {
+        double lo = fsdp_sim_max2(a->v[i].start, b->v[j].start);
+        double hi = a->v[i].end < b->v[j].end ? a->v[i].end : b->v[j].end;
+        if (hi > lo)
+            t += hi - lo;
+        if (a->v[i].end < b->v[j].end)
+            i++;
+        else
+            j++;
+    }
+    return t;
+}
+
+void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
+                           fsdp_sim_coll_kind_t kind, double ready, double end, double nccl_bytes)
+{
+    fsdp_sim_spans_t *l = &dev->comm_spans;
+
+    (void)stream;
+    if ((unsigned)kind <= FSDP_SIM_COLL_SPLIT)
+        dev->acct.coll_s[kind] += end - ready;
+    dev->acct.coll_bytes += nccl_bytes;
+    dev->acct.n_colls++;
+    /* keep the list short: collectives of several streams interleave, but most touch */
+    if (l->n == l->cap && l->n >= 4096)
+        spans_normalize(l);
+    spans_add(dev, l, ready, end, 1);
+}
+
+/* Accounts a kernel (of `flops`, as priced) or copy that ran on stream over [start, end). */
+static void account_op(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
+                       const fsdp_sim_op_t *op, double flops, double start, double end)
+{
+    if (op->kind == FSDP_SIM_OP_KERNEL) {
+        dev->acct.kernel_s += end - start;
+        dev->acct.flops += flops;
+        dev->acct.n_kernels++;
+        if (op->kernel->kind == FSDP_K_GEMM) {
+            dev->acct.gemm_s += end - start;
+            dev->acct.gemm_flops += flops;
+        }
+    } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
+        dev->acct.copy_s[fsdp_sim_copy_kind(dev, op->dst, op->src)] += end - start;
+        dev->acct.n_copies++;
+    } else {
+        return;
+    }
+    if (stream == &dev->compute)
+        spans_add(dev, &dev->compute_spans, start, end, 1);
+}
+
+void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev)
+{
+    free(dev->compute_spans.v);
+    free(dev->comm_spans.v);
+    free(dev->segs);
+    memset(&dev->compute_spans, 0, sizeof(dev->compute_spans));
+    memset(&dev->comm_spans, 0, sizeof(dev->comm_spans));
+    dev->segs = NULL;
+    dev->n_segs = dev->cap_segs = 0;
+}
+
+void fsdp_sim_acct_spans(fsdp_sim_dev_t *dev, fsdp_sim_time_stats_t *stats)
+{
+    spans_normalize(&dev->comm_spans);
+    stats->compute_s = spans_total(&dev->compute_spans);
+    stats->comm_s = spans_total(&dev->comm_spans);
+    stats->exposed_comm_s = stats->comm_s - spans_overlap(&dev->comm_spans, &dev->compute_spans);
+    if (stats->exposed_comm_s < 0.0)
+        stats->exposed_comm_s = 0.0;
+}
+
+/* ---- clocks ---------------------------------------------------------------------------- */
+
+double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream)
+{
+    return fsdp_sim_max2(dev->host_clock + dev->profile->host.launch_latency_s, stream->clock);
+}
+
+void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
+{
+    dev->host_clock += dev->profile->host.launch_overhead_s;
+}
+
+void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *name,
+                       const fsdp_sim_stream_t *stream, double host, double start, double end,
+                       double bytes, uint64_t count, int dtype, const char *group)
+{
+    fsdp_trace_op_t op = {.kind = kind,
+                          .name = name,
+                          .stream = stream != NULL ? stream->super.name : NULL,
+                          .host = host,
+                          .start = start,
+                          .end = end,
+                          .bytes = bytes > 0.0 ? (uint64_t)bytes : 0,
+                          .count = count,
+                          .dtype = dtype,
+                          .group = group};
+
+    fsdp_trace_op(&dev->super, &op, NULL);
+}
+
+double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
+                             const fsdp_sim_op_t *op)
+{
+    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops;
+
+    stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    account_op(dev, stream, op, flops, start, stream->clock);
+    fsdp_sim_host_launch(dev);
+    if (fsdp_trace_enabled(&dev->super)) {
+        if (op->kind == FSDP_SIM_OP_KERNEL) {
+            fsdp_trace_op_t ev = {
+                .stream = stream->super.name, .host = host, .start = start, .end = stream->clock};
+            fsdp_trace_kernel_fields(op->kernel, &ev);
+            fsdp_trace_op(&dev->super, &ev, NULL);
+        } else if (op->kind == FSDP_SIM_OP_MEMCPY) {
+            fsdp_sim_trace_op(dev, FSDP_EV_COPY,
+                              fsdp_sim_copy_name(fsdp_sim_copy_kind(dev, op->dst, op->src)), stream,
+                              host, start, stream->clock, (double)op->bytes, op->bytes, -1, NULL);
+        }
+    }
+    return stream->clock;
+}
+
+fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
+                                  fsdp_sim_stream_t **stream_p)
+{
+    fsdp_sim_stream_t *s = (fsdp_sim_stream_t *)stream;
+
+    if (s == NULL) {
+        *stream_p = &dev->compute;
+        return FSDP_OK;
+    }
+    if (s->dev != dev)
+        return fsdp_sim_errorf(dev, FSDP_ERR_INVALID_PARAM,
+                               "stream '%s' belongs to another rank; use one of this rank's "
+                               "streams or NULL for the compute stream",
+                               s->super.name);
+    *stream_p = s;
+    return FSDP_OK;
+}
