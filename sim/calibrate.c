@@ -446,19 +446,21 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
 /* Columns in the order they are identified: when calls cannot tell them apart (one group,
  * one kind), the later ones keep the current profile's values. */
 enum {
-    C_INTRA,       /* intra_latency_s[ring][proto]: steps of one-node groups */
-    C_NET_INTRA,   /* max(intra, net_overhead x k): NVLink steps of multi-node rings */
-    C_INTER,       /* inter_latency_s[ring][proto] + net_latency x k */
-    C_INTER_TREE,  /* inter_latency_s[tree][proto] + net_latency x k: one rank per node */
-    C_BW_INTRA,    /* 1 / intra_bus_bytes_per_s */
-    C_BW_NIC,      /* 1 / nic_bytes_per_s */
-    C_BASE,        /* base_latency_s[ring][proto] */
+    C_INTRA,      /* intra_latency_s[ring][proto]: steps of one-node groups */
+    C_NET_INTRA,  /* max(intra, net_overhead x k): NVLink steps of multi-node rings */
+    C_INTER,      /* inter_latency_s[ring][proto] + net_latency x k */
+    C_INTER_TREE, /* inter_latency_s[tree][proto] + net_latency x k: one rank per node */
+    C_BW_INTRA,   /* 1 / intra_bus_bytes_per_s */
+    C_BW_NIC,     /* 1 / nic_bytes_per_s */
+    C_FLOOR,      /* call_floor_s: every call */
+    C_NET_FLOOR,  /* net_floor_s: calls across nodes */
     C_NCOLS
 };
 
-static const char *const col_names[C_NCOLS] = {
-    "NVLink step latency", "multi-node NVLink step", "network step latency",
-    "network step (1 rank/node)", "NVLink bus bandwidth", "NIC bandwidth", "base latency"};
+static const char *const col_names[C_NCOLS] = {"NVLink step latency",  "multi-node NVLink step",
+                                               "network step latency", "network step (1 rank/node)",
+                                               "NVLink bus bandwidth", "NIC bandwidth",
+                                               "call floor",           "network call floor"};
 
 /* The current profile's value of each column (what an unidentified column keeps). */
 static void ring_prior(const fsdp_sim_profile_t *p, int proto, double *v)
@@ -468,7 +470,8 @@ static void ring_prior(const fsdp_sim_profile_t *p, int proto, double *v)
     double klat = proto == FSDP_SIM_PROTO_SIMPLE ? 2.0 : 1.0;
     double intra = nc->intra_latency_s[FSDP_SIM_ALGO_RING][proto];
 
-    v[C_BASE] = nc->base_latency_s[FSDP_SIM_ALGO_RING][proto];
+    v[C_FLOOR] = nc->call_floor_s;
+    v[C_NET_FLOOR] = nc->net_floor_s;
     v[C_INTRA] = intra;
     v[C_NET_INTRA] = intra > kovh * nc->net_overhead_s ? intra : kovh * nc->net_overhead_s;
     v[C_INTER] = nc->inter_latency_s[FSDP_SIM_ALGO_RING][proto] + klat * nc->net_latency_s;
@@ -477,9 +480,12 @@ static void ring_prior(const fsdp_sim_profile_t *p, int proto, double *v)
     v[C_BW_NIC] = nc->nic_bytes_per_s > 0.0 ? 1.0 / nc->nic_bytes_per_s : 0.0;
 }
 
-/* The regressors of one ring call; 0 when the call is not a ring one we model. */
+/* The regressors of one ring call on `channels` of the profile's channels, and in *known_p
+ * what NCCL's base latency (a tuning constant, kept) adds; 0 when the call is not a ring one we
+ * model. The base and the call floor are both once per call: the floor is fitted, the base
+ * kept. */
 static int ring_row(const fsdp_sim_profile_t *p, int proto, fsdp_sim_coll_kind_t kind, int n,
-                    int nodes, double nbytes, double *row)
+                    int nodes, double nbytes, int channels, double *row, double *known_p)
 {
     const fsdp_sim_nccl_profile_t *nc = &p->nccl;
     int all_reduce = kind == FSDP_SIM_COLL_ALL_REDUCE, ppn = n / nodes;
@@ -492,15 +498,20 @@ static int ring_row(const fsdp_sim_profile_t *p, int proto, fsdp_sim_coll_kind_t
 
     if (kind == FSDP_SIM_COLL_BROADCAST)
         return 0;
+    /* a call on fewer channels runs at their share of the bus */
+    if (channels > 0 && channels < nc->channels)
+        bus_bytes *= (double)nc->channels / channels;
     memset(row, 0, C_NCOLS * sizeof(*row));
     if (proto == FSDP_SIM_PROTO_SIMPLE && nodes > 1 && all_reduce &&
         nbytes / ((double)nc->channels * n) >= 64.0)
         f = nc->ring_plateau_factor;
-    row[C_BASE] = f;
+    *known_p = f * nc->base_latency_s[FSDP_SIM_ALGO_RING][proto];
+    row[C_FLOOR] = 1.0;
     if (nodes == 1) {
         row[C_INTRA] = f * nsteps;
         row[C_BW_INTRA] = bus_bytes;
     } else {
+        row[C_NET_FLOOR] = 1.0;
         row[C_NET_INTRA] = f * (nsteps - ninter);
         row[ppn == 1 ? C_INTER_TREE : C_INTER] = f * ninter;
         row[C_BW_NIC] = bus_bytes / (nc->nics_per_node < ppn ? nc->nics_per_node : ppn);
@@ -512,11 +523,12 @@ typedef struct ccall {
     fsdp_sim_coll_kind_t kind;
     int n, nodes;
     double nbytes, dur;
-    int cls; /* algo * FSDP_SIM_PROTO_COUNT + proto */
+    int cls;      /* algo * FSDP_SIM_PROTO_COUNT + proto */
+    int channels; /* the channels the call runs on */
 } ccall_t;
 
 static void fit_ring_class(const ccall_t *cc, int ncc, int proto, const fsdp_sim_profile_t *cur,
-                           fsdp_sim_profile_t *p, FILE *rep, double *x, double *y)
+                           fsdp_sim_profile_t *p, FILE *rep, double *x, double *y, int *floor_calls)
 {
     fsdp_sim_nccl_profile_t *nc = &p->nccl;
     const double kovh = proto == FSDP_SIM_PROTO_SIMPLE ? 3.0 : 1.0;
@@ -525,11 +537,12 @@ static void fit_ring_class(const ccall_t *cc, int ncc, int proto, const fsdp_sim
     int used[C_NCOLS], n = 0, cls = FSDP_SIM_ALGO_RING * FSDP_SIM_PROTO_COUNT + proto;
 
     for (int i = 0; i < ncc; i++) {
+        double known;
         if (cc[i].cls != cls)
             continue;
-        if (ring_row(cur, proto, cc[i].kind, cc[i].n, cc[i].nodes, cc[i].nbytes,
-                     x + (size_t)n * C_NCOLS))
-            y[n++] = cc[i].dur;
+        if (ring_row(cur, proto, cc[i].kind, cc[i].n, cc[i].nodes, cc[i].nbytes, cc[i].channels,
+                     x + (size_t)n * C_NCOLS, &known))
+            y[n++] = cc[i].dur - known;
     }
     if (n == 0)
         return;
@@ -563,8 +576,14 @@ static void fit_ring_class(const ccall_t *cc, int ncc, int proto, const fsdp_sim
         else
             fprintf(rep, "  %-28s not identified (kept)\n", col_names[j]);
     }
-    if (used[C_BASE] && theta[C_BASE] >= 0.0)
-        nc->base_latency_s[FSDP_SIM_ALGO_RING][proto] = theta[C_BASE];
+    /* the floors are one per profile: the class with the most calls sets them */
+    if (n > *floor_calls) {
+        if (used[C_FLOOR] && theta[C_FLOOR] >= 0.0)
+            nc->call_floor_s = theta[C_FLOOR];
+        if (used[C_NET_FLOOR] && theta[C_NET_FLOOR] >= 0.0)
+            nc->net_floor_s = theta[C_NET_FLOOR];
+        *floor_calls = n;
+    }
     if (used[C_INTRA] && theta[C_INTRA] >= 0.0)
         nc->intra_latency_s[FSDP_SIM_ALGO_RING][proto] = theta[C_INTRA];
     if (used[C_NET_INTRA] && theta[C_NET_INTRA] >= 0.0) {
@@ -636,6 +655,7 @@ static int fit_collectives(calib_t *c, int per_node, fsdp_sim_profile_t *p, FILE
             cc[ncc].nbytes = call->nbytes;
             cc[ncc].dur = call->dur;
             cc[ncc].cls = -1;
+            cc[ncc].channels = 0;
             ncc++;
         }
     }
@@ -648,16 +668,17 @@ static int fit_collectives(calib_t *c, int per_node, fsdp_sim_profile_t *p, FILE
             int cls;
             fsdp_sim_coll_time(&cur, cc[i].kind, cc[i].n, cc[i].nodes, cc[i].nbytes, &cost);
             cls = (int)cost.algo * FSDP_SIM_PROTO_COUNT + (int)cost.proto;
-            changed += cls != cc[i].cls;
+            changed += cls != cc[i].cls || cost.channels != cc[i].channels;
             cc[i].cls = cls;
+            cc[i].channels = cost.channels;
         }
         if (!changed && iter > 0)
             break;
         if (rep != NULL)
             fprintf(rep, "-- collective fit, pass %d (%d calls re-classified)\n", iter + 1,
                     changed);
-        for (int pr = 0; pr < FSDP_SIM_PROTO_COUNT; pr++)
-            fit_ring_class(cc, ncc, pr, &cur, p, rep, x, y);
+        for (int pr = 0, floor_calls = 0; pr < FSDP_SIM_PROTO_COUNT; pr++)
+            fit_ring_class(cc, ncc, pr, &cur, p, rep, x, y, &floor_calls);
     }
     for (int i = 0; i < ncc; i++)
         other += cc[i].cls / FSDP_SIM_PROTO_COUNT != FSDP_SIM_ALGO_RING;
@@ -673,8 +694,9 @@ static int fit_collectives(calib_t *c, int per_node, fsdp_sim_profile_t *p, FILE
                 m++;
             }
         }
-        fprintf(rep, "collectives: %d calls in %d groups (%d tree/nvls calls kept at the base's "
-                     "numbers, %d broadcasts skipped); model error median %.3g%%, max %.3g%%\n",
+        fprintf(rep,
+                "collectives: %d calls in %d groups (%d tree/nvls/pat calls kept at the base's "
+                "numbers, %d broadcasts skipped); model error median %.3g%%, max %.3g%%\n",
                 ncc, c->ngroups, other, c->skipped_bcast, 100.0 * median_abs_rel(err, m),
                 100.0 * worst);
     }

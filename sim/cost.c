@@ -136,14 +136,20 @@ static double cap(double v, double c)
     return c > 0.0 && c < v ? c : v;
 }
 
-/* Latency and algorithm bandwidth of one (algorithm, protocol); returns 0 if not applicable. */
+/* PAT's per-rank latency term, src/graph/tuning.cc (v2.30.7): base + log2(nodes) x inter / 3.5
+ * + 2.8 us x nranks. */
+#define PAT_RANK_LATENCY_S 2.8e-6
+
+/* NCCL's tuning model of one (algorithm, protocol) on all channels: its latency and algorithm
+ * bandwidth; 0 if the pair does not apply. */
 static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kind, int a, int pr,
                      int n, int nodes, double nbytes, double *lat_p, double *bw_p)
 {
     int ppn = n / nodes, cls = nodes <= 1 ? 0 : nodes == 2 ? 1 : 2;
     int all_reduce = kind == FSDP_SIM_COLL_ALL_REDUCE || kind == FSDP_SIM_COLL_BARRIER;
+    int gather = kind == FSDP_SIM_COLL_ALL_GATHER || kind == FSDP_SIM_COLL_REDUCE_SCATTER;
     int nsteps, ninter;
-    double bus, lat, bw, inter;
+    double bus, nic_bus = 0.0, lat, bw, inter, klat = pr == FSDP_SIM_PROTO_SIMPLE ? 2.0 : 1.0;
 
     if (all_reduce) {
         nsteps = 2 * (n - 1);
@@ -158,11 +164,14 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
     /* A ring or tree crossing nodes leaves each node once per channel: the NICs the group's
      * ranks on a node drive together carry what NVLink carries inside it. */
     bus = nc->intra_bus_bytes_per_s;
-    if (nodes > 1)
-        bus = cap(bus, nc->nic_bytes_per_s * (nc->nics_per_node < ppn ? nc->nics_per_node : ppn));
+    if (nodes > 1) {
+        nic_bus = nc->nic_bytes_per_s * (nc->nics_per_node < ppn ? nc->nics_per_node : ppn);
+        bus = cap(bus, nic_bus);
+    }
     /* with one rank per node, latencies are fully exposed: the tree's network row */
-    inter = (ppn == 1 ? nc->inter_latency_s[FSDP_SIM_ALGO_TREE][pr] : nc->inter_latency_s[a][pr]) +
-            nc->net_latency_s * (pr == FSDP_SIM_PROTO_SIMPLE ? 2.0 : 1.0);
+    inter = (ppn == 1 && a == FSDP_SIM_ALGO_RING ? nc->inter_latency_s[FSDP_SIM_ALGO_TREE][pr]
+                                                 : nc->inter_latency_s[a][pr]) +
+            nc->net_latency_s * klat;
 
     switch (a) {
     case FSDP_SIM_ALGO_RING:
@@ -216,6 +225,26 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         bw = nc->nvls_bus_bytes_per_s * n / nsteps;
         lat = nc->intra_latency_s[a][pr];
         break;
+    case FSDP_SIM_ALGO_NVLS_TREE:
+        /* NVLS inside each node, a tree of nodes over the network: all-reduce across nodes */
+        if (!all_reduce || nodes == 1 || pr != FSDP_SIM_PROTO_SIMPLE ||
+            nc->nvls_bus_bytes_per_s <= 0.0)
+            return 0;
+        bus = cap(cap(nc->nvls_bus_bytes_per_s, nic_bus),
+                  (nc->nvls_channels > 0 ? nc->nvls_channels : nc->channels) *
+                      nc->nvls_tree_channel_bytes_per_s[cls]);
+        bw = bus * n / nsteps;
+        lat = nc->base_latency_s[a][pr] + nc->intra_latency_s[a][pr] + 2.0 * ilog2(nodes) * inter;
+        break;
+    case FSDP_SIM_ALGO_PAT:
+        /* all-gather and reduce-scatter with one rank per node, NCCL 2.23+; its busBw is left
+         * unconverted, as NCCL's other non-ring all-gathers */
+        if (!gather || nodes == 1 || ppn != 1 || pr != FSDP_SIM_PROTO_SIMPLE ||
+            nc->pat_bandwidth_factor <= 0.0)
+            return 0;
+        bw = bus * nc->pat_bandwidth_factor;
+        lat = nc->base_latency_s[a][pr] + ilog2(nodes) * inter / 3.5 + PAT_RANK_LATENCY_S * n;
+        break;
     default:
         return 0;
     }
@@ -226,11 +255,29 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
     return 1;
 }
 
+/* The channels NCCL runs a call on (src/enqueue.cc topoGetAlgoInfo): NVLS always its own;
+ * ring, tree and PAT drop one while nbytes < channels x nt x threadThreshold. */
+static int call_channels(const fsdp_sim_nccl_profile_t *nc, int a, int pr, int n, double nbytes)
+{
+    double per = nc->channel_bytes[pr];
+    double c;
+
+    if (a == FSDP_SIM_ALGO_NVLS || a == FSDP_SIM_ALGO_NVLS_TREE)
+        return nc->nvls_channels > 0 ? nc->nvls_channels : nc->channels;
+    if (a == FSDP_SIM_ALGO_RING && pr == FSDP_SIM_PROTO_LL)
+        per *= n;
+    if (per <= 0.0)
+        return nc->channels;
+    c = floor(nbytes / per);
+    return c >= nc->channels ? nc->channels : c < 1.0 ? 1 : (int)c;
+}
+
 double fsdp_sim_coll_time(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind, int nranks,
                           int nnodes, double nbytes, fsdp_sim_coll_cost_t *cost_p)
 {
     const fsdp_sim_nccl_profile_t *nc = &p->nccl;
-    fsdp_sim_coll_cost_t best = {FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 0.0, 0.0, 0.0};
+    fsdp_sim_coll_cost_t best = {FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 0.0, 0.0, 0.0, 0.0, 0};
+    double best_tuned = 0.0;
     int found = 0;
 
     if (nbytes < 0.0)
@@ -254,16 +301,26 @@ double fsdp_sim_coll_time(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind
                     !nccl_algo(nc, kind, a, pr, nranks, nnodes, nbytes, &lat, &bw))
                     continue;
                 t = lat + nbytes / bw;
-                /* strictly faster wins: ties keep the earlier (algorithm, protocol), as NCCL */
-                if (!found || t < best.time_s) {
+                /* NCCL ranks by its tuning time; strictly faster wins, ties keep the earlier */
+                if (!found || t < best_tuned) {
                     best.algo = (fsdp_sim_algo_t)a;
                     best.proto = (fsdp_sim_proto_t)pr;
                     best.latency_s = lat;
                     best.algo_bytes_per_s = bw;
-                    best.time_s = t;
+                    best_tuned = t;
                     found = 1;
                 }
             }
+        }
+        if (found) {
+            int full = best.algo == FSDP_SIM_ALGO_NVLS || best.algo == FSDP_SIM_ALGO_NVLS_TREE
+                           ? 0
+                           : nc->channels;
+            best.channels = call_channels(nc, best.algo, best.proto, nranks, nbytes);
+            if (full > 0)
+                best.algo_bytes_per_s *= (double)best.channels / full;
+            best.floor_s = nc->call_floor_s + (nnodes > 1 ? nc->net_floor_s : 0.0);
+            best.time_s = best.floor_s + best.latency_s + nbytes / best.algo_bytes_per_s;
         }
     }
     if (cost_p != NULL)

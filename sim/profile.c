@@ -18,7 +18,8 @@
 
 const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo)
 {
-    static const char *const names[FSDP_SIM_ALGO_COUNT] = {"ring", "tree", "nvls"};
+    static const char *const names[FSDP_SIM_ALGO_COUNT] = {"ring", "tree", "nvls", "nvls_tree",
+                                                           "pat"};
 
     return (unsigned)algo < FSDP_SIM_ALGO_COUNT ? names[algo] : "invalid";
 }
@@ -35,6 +36,13 @@ const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto)
 /* Numbers are written as decimal literals in SI units (6.6e-6 s, not 6.6 * 1e-6), so that
  * the JSON files, which hold the same literals, parse to the very same doubles. */
 #define GIB ((size_t)1 << 30)
+#define ALGO_NAMES "ring, tree, nvls, nvls_tree, pat"
+
+/* The per-call floor: nccl-tests' time of the smallest all-reduce on 8 GPUs of one node
+ * (1 KiB; Azure ND H100 v5 and ND A100 v4, NCCL 2.18.5) less what NCCL's latency and the one
+ * channel such a call runs on give (docs/costs.md, "The floor"). */
+#define H100_CALL_FLOOR_S 10.3e-6
+#define A100_CALL_FLOOR_S 29.5e-6
 
 /* NCCL's latency tables, v2.30.7 src/graph/tuning.cc ncclTunerConstantsDefaults (the same for
  * every GPU generation), [algorithm][LL, LL128, Simple]. */
@@ -44,16 +52,16 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
         {6.6e-6, 14.0e-6, 8.4e-6}, /* ring */
         {6.8e-6, 14.0e-6, 8.4e-6}, /* tree */
         {0.0, 0.0, 0.0},           /* nvls */
+        {0.0, 0.0, 0.0},           /* nvls_tree */
+        {8.0e-6, 8.0e-6, 8.0e-6},  /* pat */
     };
     static const double nvlink[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT] = {
-        {0.6e-6, 1.9e-6, 3.4e-6},
-        {0.6e-6, 1.25e-6, 4.0e-6},
-        {0.0, 0.0, 25.0e-6},
+        {0.6e-6, 1.9e-6, 3.4e-6}, {0.6e-6, 1.25e-6, 4.0e-6}, {0.0, 0.0, 25.0e-6},
+        {0.0, 0.0, 25.0e-6},      {0.0, 0.0, 4.0e-6},
     };
     static const double net[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT] = {
-        {2.7e-6, 4.0e-6, 14.0e-6},
-        {5.0e-6, 8.5e-6, 14.0e-6},
-        {0.0, 0.0, 18.0e-6},
+        {2.7e-6, 4.0e-6, 14.0e-6}, {5.0e-6, 8.5e-6, 14.0e-6}, {0.0, 0.0, 18.0e-6},
+        {0.0, 0.0, 20.9e-6},       {0.0, 0.0, 14.0e-6},
     };
     /* treeCorrectionFactor, powers of two of nBytes/64 from 64 B to 256 MiB */
     static const double corr[FSDP_SIM_PROTO_COUNT][FSDP_SIM_TREE_SIZES] = {
@@ -77,6 +85,12 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
         1u << FSDP_SIM_PROTO_LL | 1u << FSDP_SIM_PROTO_LL128 | 1u << FSDP_SIM_PROTO_SIMPLE;
     nc->ring_plateau_factor = 1.4; /* sm80 and later */
     nc->net_latency_s = 0.0;
+    /* nt x threadThreshold of src/enqueue.cc topoGetAlgoInfo: LL 512 threads x 8 B (the ring's
+     * x nranks), LL128 640 x 8 B, Simple 512 x 64 B (NCCL_*_THREAD_THRESHOLD, device.h) */
+    nc->channel_bytes[FSDP_SIM_PROTO_LL] = 4096.0;
+    nc->channel_bytes[FSDP_SIM_PROTO_LL128] = 5120.0;
+    nc->channel_bytes[FSDP_SIM_PROTO_SIMPLE] = 32768.0;
+    nc->pat_bandwidth_factor = 0.75;
 }
 
 static void set3(double *v, double a, double b, double c)
@@ -109,9 +123,10 @@ static void preset_h100(fsdp_sim_profile_t *p)
     p->host.h2d_bytes_per_s = 51e9;
     p->host.d2h_bytes_per_s = 51e9;
     nccl_latencies(&p->nccl);
-    p->nccl.algorithms =
-        1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE | 1u << FSDP_SIM_ALGO_NVLS;
-    p->nccl.channels = 12;
+    p->nccl.algorithms = 1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE |
+                         1u << FSDP_SIM_ALGO_NVLS | 1u << FSDP_SIM_ALGO_NVLS_TREE |
+                         1u << FSDP_SIM_ALGO_PAT;
+    p->nccl.channels = 32;
     p->nccl.intra_bus_bytes_per_s = 370e9;
     p->nccl.nic_bytes_per_s = 47e9;
     p->nccl.nics_per_node = 8;
@@ -121,6 +136,9 @@ static void preset_h100(fsdp_sim_profile_t *p)
     set3(p->nccl.tree_channel_bytes_per_s, 38.7e9, 41.4e9, 36e9);
     set3(p->nccl.tree_ll128_channel_bytes_per_s, 36.7e9, 36.7e9, 29.0e9);
     p->nccl.nvls_bus_bytes_per_s = 480e9;
+    p->nccl.nvls_channels = 16;
+    set3(p->nccl.nvls_tree_channel_bytes_per_s, 0.0, 57.7e9, 45.5e9);
+    p->nccl.call_floor_s = H100_CALL_FLOOR_S;
 }
 
 /* DGX A100: 8x A100 SXM4 80GB on NVLink 3 / NVSwitch, AMD EPYC hosts, 8x 200 Gb/s NICs. */
@@ -146,8 +164,9 @@ static void preset_a100(fsdp_sim_profile_t *p)
     p->host.h2d_bytes_per_s = 26.28e9;
     p->host.d2h_bytes_per_s = 26.28e9;
     nccl_latencies(&p->nccl);
-    p->nccl.algorithms = 1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE;
-    p->nccl.channels = 12;
+    p->nccl.algorithms =
+        1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_TREE | 1u << FSDP_SIM_ALGO_PAT;
+    p->nccl.channels = 24;
     p->nccl.intra_bus_bytes_per_s = 231.58e9;
     p->nccl.nic_bytes_per_s = 24e9;
     p->nccl.nics_per_node = 8;
@@ -157,6 +176,7 @@ static void preset_a100(fsdp_sim_profile_t *p)
     set3(p->nccl.tree_channel_bytes_per_s, 24e9, 23.6e9, 17.8e9);
     set3(p->nccl.tree_ll128_channel_bytes_per_s, 20e9, 20e9, 20e9);
     p->nccl.nvls_bus_bytes_per_s = 0.0;
+    p->nccl.call_floor_s = A100_CALL_FLOOR_S;
 }
 
 typedef struct preset {
@@ -298,7 +318,7 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     if (!(nc->algorithms & (1u << FSDP_SIM_ALGO_RING)) ||
         nc->algorithms >= (1u << FSDP_SIM_ALGO_COUNT)) {
         fsdp_error("cluster profile '%s': nccl.algorithms must include ring (all-gather and "
-                   "reduce-scatter have no other); allowed: ring, tree, nvls",
+                   "reduce-scatter need it); allowed: " ALGO_NAMES,
                    p->name);
         return FSDP_ERR_INVALID_PARAM;
     }
@@ -343,6 +363,22 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     }
     CHECK_RANGE(nc->ring_plateau_factor, 1e-6, 100, "nccl.ring_plateau_factor", "in (0, 100]");
     CHECK_RANGE(nc->nvls_bus_bytes_per_s, 0, BIG, "nccl.nvls_bus_bytes_per_s", ">= 0 (0: no NVLS)");
+    CHECK_RANGE(nc->call_floor_s, 0, 1, "nccl.call_floor_s", "in [0, 1] s");
+    CHECK_RANGE(nc->net_floor_s, 0, 1, "nccl.net_floor_s", "in [0, 1] s");
+    for (int pr = 0; pr < FSDP_SIM_PROTO_COUNT; pr++)
+        CHECK_RANGE(nc->channel_bytes[pr], 0, BIG, "nccl.channel_bytes",
+                    ">= 0 bytes (0: every call on all channels)");
+    for (int i = 0; i < FSDP_SIM_NODE_CLASSES; i++)
+        CHECK_RANGE(nc->nvls_tree_channel_bytes_per_s[i], 0, BIG,
+                    "nccl.nvls_tree_channel_bytes_per_s", ">= 0 (0: no cap)");
+    CHECK_RANGE(nc->pat_bandwidth_factor, 0, 1, "nccl.pat_bandwidth_factor",
+                "in [0, 1] (0: no PAT)");
+    if (nc->nvls_channels < 0 || nc->nvls_channels > 1024) {
+        fsdp_error(
+            "cluster profile '%s': nccl.nvls_channels %d must be in [0, 1024] (0: the ring's)",
+            p->name, nc->nvls_channels);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     return FSDP_OK;
 }
 
@@ -355,6 +391,7 @@ typedef enum {
     F_BOOL,    /* int 0/1 */
     F_STRING,  /* char[64] */
     F_CLASSES, /* double[3]: one node, two nodes, three or more */
+    F_PROTO3,  /* double[PROTO]: [ll, ll128, simple] */
     F_TABLE,   /* double[ALGO][PROTO]: {"ring": [ll, ll128, simple], ...} */
     F_FLOPS,   /* the gpu's matmul rates: {"f32":, "tf32":, "bf16":, "f16":} */
     F_ALGOS,   /* unsigned bitmask: ["ring", "tree"] */
@@ -413,6 +450,12 @@ static const field_t fields[] = {
     FLD("nccl", "tree_correction", F_TREECORR, nccl.tree_correction, 0),
     FLD("nccl", "ring_plateau_factor", F_DOUBLE, nccl.ring_plateau_factor, 0),
     FLD("nccl", "nvls_bus_bytes_per_s", F_DOUBLE, nccl.nvls_bus_bytes_per_s, 0),
+    FLD("nccl", "call_floor_s", F_DOUBLE, nccl.call_floor_s, 0),
+    FLD("nccl", "net_floor_s", F_DOUBLE, nccl.net_floor_s, 0),
+    FLD("nccl", "channel_bytes", F_PROTO3, nccl.channel_bytes, 0),
+    FLD("nccl", "nvls_channels", F_INT, nccl.nvls_channels, 0),
+    FLD("nccl", "nvls_tree_channel_bytes_per_s", F_CLASSES, nccl.nvls_tree_channel_bytes_per_s, 0),
+    FLD("nccl", "pat_bandwidth_factor", F_DOUBLE, nccl.pat_bandwidth_factor, 0),
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 
@@ -616,6 +659,8 @@ static fsdp_status_t get_field(parse_ctx_t *c, const field_t *f, json_t *v, fsdp
         return FSDP_OK;
     case F_CLASSES:
         return get_numbers(c, v, FSDP_SIM_NODE_CLASSES, (double *)addr);
+    case F_PROTO3:
+        return get_numbers(c, v, FSDP_SIM_PROTO_COUNT, (double *)addr);
     case F_TABLE:
         return get_keyed_rows(c, v, algo_name_i, FSDP_SIM_ALGO_COUNT, FSDP_SIM_PROTO_COUNT,
                               (double *)addr, FSDP_SIM_PROTO_COUNT);
@@ -625,8 +670,7 @@ static fsdp_status_t get_field(parse_ctx_t *c, const field_t *f, json_t *v, fsdp
     case F_FLOPS:
         return get_flops(c, v, &p->gpu, has_f32);
     case F_ALGOS:
-        return get_names(c, v, algo_name_i, FSDP_SIM_ALGO_COUNT, "ring, tree, nvls",
-                         (unsigned *)addr);
+        return get_names(c, v, algo_name_i, FSDP_SIM_ALGO_COUNT, ALGO_NAMES, (unsigned *)addr);
     case F_PROTOS:
         return get_names(c, v, proto_name_i, FSDP_SIM_PROTO_COUNT, "ll, ll128, simple",
                          (unsigned *)addr);
@@ -845,13 +889,18 @@ fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *pro
 
 /* ---- to JSON ------------------------------------------------------------------------------ */
 
-static json_t *classes_json(const double *v)
+static json_t *numbers_json(const double *v, int n)
 {
     json_t *a = json_array();
 
-    for (int i = 0; i < FSDP_SIM_NODE_CLASSES; i++)
+    for (int i = 0; i < n; i++)
         json_array_append_new(a, json_real(v[i]));
     return a;
+}
+
+static json_t *classes_json(const double *v)
+{
+    return numbers_json(v, FSDP_SIM_NODE_CLASSES);
 }
 
 static json_t *rows_json(const double *rows, const char *(*name)(int), int n, size_t m,
@@ -893,6 +942,8 @@ static size_t field_size(const field_t *f)
         return 64;
     case F_CLASSES:
         return FSDP_SIM_NODE_CLASSES * sizeof(double);
+    case F_PROTO3:
+        return FSDP_SIM_PROTO_COUNT * sizeof(double);
     case F_TABLE:
         return FSDP_SIM_ALGO_COUNT * FSDP_SIM_PROTO_COUNT * sizeof(double);
     case F_TREECORR:
@@ -942,6 +993,9 @@ static json_t *field_json(const fsdp_sim_profile_t *p, const field_t *f)
         break;
     case F_CLASSES:
         v = classes_json((const double *)addr);
+        break;
+    case F_PROTO3:
+        v = numbers_json((const double *)addr, FSDP_SIM_PROTO_COUNT);
         break;
     case F_TABLE:
         v = rows_json((const double *)addr, algo_name_i, FSDP_SIM_ALGO_COUNT, FSDP_SIM_PROTO_COUNT,

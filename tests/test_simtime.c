@@ -517,20 +517,25 @@ static void test_nccl_formula(void)
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100", &a100), FSDP_OK);
 
-    /* 8xH100 ring all-gather, Simple, 1 GiB: 8.4 + 7 x 3.4 us, algBw = 370 x 8/7 GB/s: 2,571 us */
+    /* 8xH100 ring all-gather, Simple, 1 GiB: 8.4 + 7 x 3.4 us, algBw = 370 x 8/7 GB/s, on all 32
+     * channels, after the 10.3 us floor: 2,581 us */
     t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, gib, &cc);
     CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
     CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_SIMPLE);
+    CU_ASSERT_EQUAL(cc.channels, 32);
     close_to(cc.latency_s, 32.2e-6, 1e-12);
+    close_to(cc.floor_s, 10.3e-6, 1e-12);
     close_to(cc.algo_bytes_per_s, 370e9 * 8 / 7, 1e-12);
-    close_to(t, 32.2e-6 + gib / (370e9 * 8 / 7), 1e-12);
-    CU_ASSERT(fabs(t - 2571e-6) < 1e-6);
-    /* 1 MiB: LL wins, 6.6 + 7 x 0.6 us and min(141, 370/2) x 8/7 GB/s: 17.3 us */
+    close_to(t, 10.3e-6 + 32.2e-6 + gib / (370e9 * 8 / 7), 1e-12);
+    CU_ASSERT(fabs(t - 2581e-6) < 1e-6);
+    /* 1 MiB: LL wins, 6.6 + 7 x 0.6 us and min(141, 370/2) x 8/7 GB/s on 1 MiB / (4096 B x 8
+     * ranks) = 32 channels: 10.3 + 17.3 us */
     t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, mib, &cc);
     CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    CU_ASSERT_EQUAL(cc.channels, 32);
     close_to(cc.latency_s, 10.8e-6, 1e-12);
-    close_to(t, 10.8e-6 + mib / (141e9 * 8 / 7), 1e-12);
-    CU_ASSERT(fabs(t - 17.3e-6) < 0.05e-6);
+    close_to(t, 10.3e-6 + 10.8e-6 + mib / (141e9 * 8 / 7), 1e-12);
+    CU_ASSERT(fabs(t - 27.6e-6) < 0.05e-6);
 
     /* 2 nodes x 8 GPUs, ring all-reduce, Simple, Intel hosts: 8.4 + 28 x 3.4 + 2 x 14 us
      * = 131.6 us, x 1.4 on the plateau = 184.24 us */
@@ -552,7 +557,8 @@ static void test_nccl_formula(void)
     /* measured busbw at 8 GB (nccl-tests, Azure): A100 231.58 GB/s (ring), H100 ~480 (NVLS) */
     t = fsdp_sim_coll_time(&a100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8e9, &cc);
     CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
-    close_to(8e9 / t * 14 / 8, 231.58e9, 1e-3);
+    close_to(cc.algo_bytes_per_s * 14 / 8, 231.58e9, 1e-12);
+    close_to(8e9 / t * 14 / 8, 231.58e9, 2e-3); /* the floor and latency: 86 of 64,998 us */
     t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8e9, &cc);
     CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS);
     close_to(8e9 / t * 14 / 8, 480e9, 2e-3);
@@ -586,6 +592,179 @@ static void test_nccl_formula(void)
         close_to(fsdp_sim_kernel_time(&h100, &k), 4.0 * (1 << 28) / (3350e9 * 0.87) + 1.2e-6,
                  1e-12);
         close_to(fsdp_sim_copy_time(&h100, FSDP_SIM_COPY_H2D, gib), gib / 51e9 + 1.2e-6, 1e-12);
+    }
+}
+
+/* The terms beyond NCCL's tuning model (docs/costs.md), each in closed form. */
+static void test_nccl_terms(void)
+{
+    fsdp_sim_profile_t h100, a100, p;
+    fsdp_sim_coll_cost_t cc;
+    double t, ll, ll128, simple, s;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100", &a100), FSDP_OK);
+
+    /* the floor at 8 B: ring LL (6.6 + 14 x 0.6 us) on one channel after the 10.3 us floor */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8.0, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    CU_ASSERT_EQUAL(cc.channels, 1);
+    close_to(cc.floor_s, 10.3e-6, 1e-12);
+    close_to(cc.latency_s, 15.0e-6, 1e-12);
+    close_to(t, 10.3e-6 + 15.0e-6 + 8.0 / (141e9 * 8 / 14 / 32), 1e-12);
+    t = fsdp_sim_coll_time(&a100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8.0, &cc);
+    close_to(cc.floor_s, 29.5e-6, 1e-12);
+    /* across nodes the network floor adds */
+    p = h100;
+    p.nccl.net_floor_s = 20e-6;
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, 8.0, &cc);
+    close_to(cc.floor_s, 30.3e-6, 1e-12);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 8.0, &cc);
+    close_to(cc.floor_s, 10.3e-6, 1e-12);
+
+    /* channels around the thresholds: Simple drops one below channels x 32 KiB, ring LL below
+     * channels x 4 KiB x nranks, LL128 below channels x 5 KiB */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": {\"algorithms\":"
+                                                 " [\"ring\"], \"protocols\": [\"simple\"]}}",
+                                                 &p),
+                          FSDP_OK);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 5 * 32768.0 - 1, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 4);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 5 * 32768.0, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 5);
+    close_to(cc.algo_bytes_per_s, 370e9 * 8 / 7 * 5 / 32, 1e-12);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 32 * 32768.0 - 1, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 31);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 32 * 32768.0, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 32);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 100.0, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 1);
+    p.nccl.protocols = 1u << FSDP_SIM_PROTO_LL;
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 3 * 32768.0 - 1, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 2);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 16, 2, 3 * 65536.0, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 3);
+    p.nccl.protocols = 1u << FSDP_SIM_PROTO_LL128;
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 7 * 5120.0 - 1, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 6);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 7 * 5120.0, &cc);
+    CU_ASSERT_EQUAL(cc.channels, 7);
+
+    /* protocol switch points of an 8xH100 all-gather, where NCCL's tuning times cross:
+     * LL 10.8 us + S / 161.1 GB/s, LL128 27.3 us + S / (0.92 x 370 x 8/7), Simple 32.2 us + S /
+     * (370 x 8/7) */
+    ll = 141e9 * 8 / 7;
+    ll128 = 0.92 * 370e9 * 8 / 7;
+    simple = 370e9 * 8 / 7;
+    s = (27.3e-6 - 10.8e-6) / (1 / ll - 1 / ll128);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 0.99 * s, &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 1.01 * s, &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL128);
+    s = (32.2e-6 - 27.3e-6) / (1 / ll128 - 1 / simple);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 0.99 * s, &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL128);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 8, 1, 1.01 * s, &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_SIMPLE);
+    /* algorithm switch: ring LL (15 us, 141 x 8/14) to NVLS (25 us, 480 x 8/14) */
+    s = (25e-6 - 15e-6) / (1 / (141e9 * 8 / 14) - 1 / (480e9 * 8 / 14));
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 0.99 * s, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 1.01 * s, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS);
+    /* NVLS runs on its 16 channels at any size, on and off */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 64.0 * P2(20), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS);
+    CU_ASSERT_EQUAL(cc.channels, 16);
+    close_to(t, 10.3e-6 + 25e-6 + 64.0 * P2(20) / (480e9 * 8 / 14), 1e-12);
+    p = h100;
+    p.nccl.nvls_bus_bytes_per_s = 0.0;
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 8, 1, 64.0 * P2(20), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, P2(30), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_NVLS_TREE);
+    fsdp_sim_coll_time(&a100, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, P2(30), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_NVLS_TREE && cc.algo != FSDP_SIM_ALGO_NVLS);
+
+    /* across nodes: NVLS-tree for a large all-reduce of 2 x 8 H100, 25 + 2 x log2(2) x 20.9 us,
+     * busBw min(480, 8 NICs x 47, 16 x 57.7) = 376 GB/s x 16/30 */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, P2(30), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS_TREE);
+    close_to(cc.latency_s, 66.8e-6, 1e-12);
+    close_to(t, 10.3e-6 + 66.8e-6 + P2(30) / (376e9 * 16 / 30), 1e-12);
+    /* PAT: all-gather and reduce-scatter, one rank per node, 8 + log2(16) x 14 / 3.5 + 2.8 x 16
+     * us at 0.75 of one NIC; not with two ranks per node, not for all-reduce */
+    t = fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_REDUCE_SCATTER, 16, 16, P2(20), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_PAT);
+    close_to(cc.latency_s, 68.8e-6, 1e-12);
+    close_to(t, 10.3e-6 + 68.8e-6 + P2(20) / (47e9 * 0.75), 1e-12);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 32, 16, P2(20), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_PAT);
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, P2(20), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_PAT);
+    /* ... and the ring takes over once bandwidth counts: 47 x 16/15 beats 47 x 0.75 */
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 16, 16, P2(30), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    p = h100;
+    p.nccl.pat_bandwidth_factor = 0.0;
+    fsdp_sim_coll_time(&p, FSDP_SIM_COLL_REDUCE_SCATTER, 16, 16, P2(20), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_PAT);
+}
+
+#define ALL_REDUCE_K FSDP_SIM_COLL_ALL_REDUCE
+#define ALL_GATHER_K FSDP_SIM_COLL_ALL_GATHER
+#define REDUCE_SCATTER_K FSDP_SIM_COLL_REDUCE_SCATTER
+
+/* The model's time for stored calls against the formulas of docs/costs.md, evaluated apart
+ * (floor + latency + bytes / (algorithm bandwidth x channels / all channels)). */
+static void test_nccl_table(void)
+{
+    static const struct {
+        const char *profile;
+        fsdp_sim_coll_kind_t kind;
+        int n, nodes;
+        double bytes;
+        fsdp_sim_algo_t algo;
+        fsdp_sim_proto_t proto;
+        int channels;
+        double time_s;
+    } rows[] = {
+        {"h100", ALL_REDUCE_K, 8, 1, 8.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL, 1, 25.303177e-6},
+        {"h100", ALL_REDUCE_K, 8, 1, 65536.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL, 2,
+         38.314241e-6},
+        {"h100", ALL_REDUCE_K, 8, 1, 16777216.0, FSDP_SIM_ALGO_NVLS, FSDP_SIM_PROTO_SIMPLE, 16,
+         96.466933e-6},
+        {"h100", ALL_GATHER_K, 8, 1, 1048576.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL, 32,
+         27.607121e-6},
+        {"h100", ALL_GATHER_K, 8, 1, 65536.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL, 2,
+         27.607121e-6},
+        {"h100", REDUCE_SCATTER_K, 8, 1, 268435456.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 32,
+         677.313578e-6},
+        {"h100", ALL_REDUCE_K, 16, 2, 1073741824.0, FSDP_SIM_ALGO_NVLS_TREE, FSDP_SIM_PROTO_SIMPLE,
+         16, 5431.530638e-6},
+        {"h100", ALL_GATHER_K, 16, 16, 1048576.0, FSDP_SIM_ALGO_PAT, FSDP_SIM_PROTO_SIMPLE, 32,
+         108.846837e-6},
+        {"h100", ALL_GATHER_K, 16, 2, 268435456.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 32,
+         760.457405e-6},
+        {"a100", ALL_REDUCE_K, 8, 1, 1024.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL, 1,
+         44.990399e-6},
+        {"a100", ALL_REDUCE_K, 8, 1, 1073741824.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 24,
+         8199.534856e-6},
+        {"a100", ALL_GATHER_K, 8, 1, 4194304.0, FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_LL128, 24,
+         74.025787e-6},
+    };
+
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        fsdp_sim_profile_t p;
+        fsdp_sim_coll_cost_t cc;
+        double t;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(rows[i].profile, &p), FSDP_OK);
+        t = fsdp_sim_coll_time(&p, rows[i].kind, rows[i].n, rows[i].nodes, rows[i].bytes, &cc);
+        CU_ASSERT_EQUAL(cc.algo, rows[i].algo);
+        CU_ASSERT_EQUAL(cc.proto, rows[i].proto);
+        CU_ASSERT_EQUAL(cc.channels, rows[i].channels);
+        close_to(t, rows[i].time_s, 1e-3);
     }
 }
 
@@ -943,6 +1122,8 @@ int main(void)
         {"NCCL formula against the reference tables", test_nccl_formula},
         {"profile errors", test_profile_errors},
         {"profile JSON round trip and preset files", test_profile_json},
+        {"NCCL terms: floor, channels, switch points, NVLS, tree, PAT", test_nccl_terms},
+        {"NCCL model against stored times", test_nccl_table},
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},

@@ -1,14 +1,17 @@
 /* libfsdp: a cluster profile (include/fsdp/sim.h) fitted to the measured events of a trace (what
- * fsdp-trace calibrate runs), by least squares of each op's time against the sim's cost model (sim/cost.c).
+ * fsdp-trace calibrate runs), by least squares of each op's time against the sim's cost model
+ * (sim/cost.c).
  *
  * What is fitted, from what:
  *  - collectives (all-gather, reduce-scatter, all-reduce), per NCCL (algorithm, protocol) that
  *    the current profile picks for each call (re-classified until the choice is stable): the
- *    base latency, the per-step latency over NVLink (one-node groups), the per-step floor of a
- *    multi-node ring (net_overhead_s), the per-step network latency (ring row; the tree row when
+ *    per-call floor and the network's per-call floor (NCCL's base latency, once a call as
+ *    the floor is, is kept), the per-step latency over NVLink (one-node groups), the per-step floor
+ * of a multi-node ring (net_overhead_s), the per-step network latency (ring row; the tree row when
  *    a node holds one rank of the group), and for the Simple protocol the intra-node bus
- *    bandwidth and the NIC bandwidth. Regressors per call: 1, steps by link, bus bytes by link
- *    (nbytes x steps / nranks, divided by the NICs a node drives for the network).
+ *    bandwidth and the NIC bandwidth. Regressors per call: 1, 1 across nodes, steps by link,
+ *    bus bytes by link (nbytes x steps / nranks, divided by the NICs a node drives for the
+ *    network, and by the share of the channels the call runs on).
  *    A call's time is end - max(start, the end of the rank's previous call on the group),
  *    the smallest over the group's ranks (the last rank to arrive waits for nobody).
  *  - kernels: the kernel latency and the HBM bandwidth from the memory line, t = latency +

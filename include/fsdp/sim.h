@@ -36,8 +36,10 @@ typedef enum {
 /* NCCL's algorithms and protocols (src/graph/tuning.cc), as indexes of the tables below. */
 typedef enum {
     FSDP_SIM_ALGO_RING = 0,
-    FSDP_SIM_ALGO_TREE = 1, /* all-reduce only */
-    FSDP_SIM_ALGO_NVLS = 2, /* NVLink SHARP all-reduce inside one node */
+    FSDP_SIM_ALGO_TREE = 1,      /* all-reduce only */
+    FSDP_SIM_ALGO_NVLS = 2,      /* NVLink SHARP all-reduce inside one node */
+    FSDP_SIM_ALGO_NVLS_TREE = 3, /* NVLS inside nodes, a tree between them: all-reduce */
+    FSDP_SIM_ALGO_PAT = 4,       /* all-gather and reduce-scatter, one rank per node (NCCL 2.23+) */
     FSDP_SIM_ALGO_COUNT
 } fsdp_sim_algo_t;
 
@@ -48,7 +50,8 @@ typedef enum {
     FSDP_SIM_PROTO_COUNT
 } fsdp_sim_proto_t;
 
-/* "ring", "tree", "nvls" / "ll", "ll128", "simple"; "invalid" otherwise. Never NULL. */
+/* "ring", "tree", "nvls", "nvls_tree", "pat" / "ll", "ll128", "simple"; "invalid" otherwise.
+ * Never NULL. */
 FSDP_API const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo);
 FSDP_API const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto);
 
@@ -102,6 +105,17 @@ typedef struct fsdp_sim_nccl_profile {
     double tree_correction[FSDP_SIM_PROTO_COUNT][FSDP_SIM_TREE_SIZES];
     double ring_plateau_factor;   /* multi-node ring Simple all-reduce latency factor */
     double nvls_bus_bytes_per_s;  /* NVLS all-reduce busBw on one node; 0: no NVLS */
+    /* What NCCL's tuning model leaves out (docs/costs.md): it ranks algorithms, the time of a
+     * call also holds these. */
+    double call_floor_s; /* every call of 2+ ranks: host enqueue, kernel launch and start */
+    double net_floor_s;  /* a call whose group spans nodes, on top: proxy progress, first
+                          * network round trip */
+    /* nt x threadThreshold [protocol]: below channels x this many bytes NCCL drops a ring or
+     * tree channel (ring LL: x nranks), src/enqueue.cc topoGetAlgoInfo */
+    double channel_bytes[FSDP_SIM_PROTO_COUNT];
+    int nvls_channels; /* NVLS and NVLS-tree channels (no size-dependent drop) */
+    double nvls_tree_channel_bytes_per_s[FSDP_SIM_NODE_CLASSES]; /* perChMaxNVLSTree */
+    double pat_bandwidth_factor; /* PAT's busBw factor (0.75); 0: no PAT */
 } fsdp_sim_nccl_profile_t;
 
 typedef struct fsdp_sim_profile {
@@ -163,14 +177,18 @@ typedef struct fsdp_sim_coll_cost {
     fsdp_sim_algo_t algo;
     fsdp_sim_proto_t proto;
     double latency_s;         /* lat x latCount, corrections included */
-    double algo_bytes_per_s;  /* algorithm bandwidth (corrections included) */
-    double time_s;            /* latency_s + bytes / algo_bytes_per_s */
+    double algo_bytes_per_s;  /* algorithm bandwidth on the channels the call runs on */
+    double time_s;            /* floor_s + latency_s + bytes / algo_bytes_per_s */
+    double floor_s;           /* call_floor_s, plus net_floor_s across nodes */
+    int channels;             /* channels the call runs on (ring and tree: fewer for small sizes) */
 } fsdp_sim_coll_cost_t;
 
-/* NCCL's model (ncclTopoGetAlgoTime): the fastest enabled (algorithm, protocol) for a
- * collective over nranks ranks on nnodes nodes moving nbytes as NCCL counts them (the full
- * buffer for all-gather and reduce-scatter). nranks == 1 costs a device copy of nbytes. Returns
- * time_s; *cost_p (may be NULL) gets the choice. */
+/* The fastest enabled (algorithm, protocol) by NCCL's tuning model (ncclTopoGetAlgoTime, all
+ * channels, no floor) for a collective over nranks ranks on nnodes nodes moving nbytes as NCCL
+ * counts them (the full buffer for all-gather and reduce-scatter), and its time: the floor, the
+ * latency and the bytes over the bandwidth of the channels NCCL runs it on (docs/costs.md).
+ * nranks == 1 costs a device copy of nbytes. Returns time_s; *cost_p (may be NULL) gets the
+ * choice. */
 FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
                                    int nranks, int nnodes, double nbytes,
                                    fsdp_sim_coll_cost_t *cost_p);
