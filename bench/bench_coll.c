@@ -16,8 +16,10 @@
  *   algbw  S / t, GB/s (1e9 bytes);
  *   busbw  algbw x (n-1)/n for all-gather and reduce-scatter, x 2(n-1)/n for all-reduce, x 1
  *          for broadcast;
- *   sim    fsdp_sim_coll_time of the profile (NCCL's own cost model) for n ranks on the job's
- *          nodes and S bytes, and measured / sim.
+ *   sim    fsdp_sim_coll_time of the profile (docs/costs.md) for n ranks on the job's nodes and
+ *          S bytes, and measured / sim.
+ * After each collective, the model's error per band of sizes (< 64 KiB, 64 KiB-16 MiB,
+ * > 16 MiB) as docs/costs.md reports it: the mean of |sim / measured - 1|, and the worst size.
  * Without the gpu backend or a device it says why and exits 0 (make bench goes on). */
 #include "config.h"
 
@@ -56,6 +58,38 @@ static double bus_factor(fsdp_sim_coll_kind_t kind, int n)
     default:
         return 1.0;
     }
+}
+
+/* The bands of docs/costs.md: < 64 KiB, 64 KiB to 16 MiB, above. */
+#define BANDS 3
+
+typedef struct band_err {
+    double sum[BANDS], worst[BANDS];
+    int n[BANDS];
+} band_err_t;
+
+static void band_add(band_err_t *e, size_t bytes, double measured, double sim)
+{
+    int b = bytes < ((size_t)64 << 10) ? 0 : bytes <= ((size_t)16 << 20) ? 1 : 2;
+    double err = measured > 0.0 ? sim / measured - 1.0 : 0.0;
+
+    err = err < 0.0 ? -err : err;
+    e->sum[b] += err;
+    e->worst[b] = err > e->worst[b] ? err : e->worst[b];
+    e->n[b]++;
+}
+
+static void band_print(const band_err_t *e, fsdp_sim_coll_kind_t kind)
+{
+    static const char *const names[BANDS] = {"< 64 KiB", "64 KiB-16 MiB", "> 16 MiB"};
+
+    printf("%-15s model error", fsdp_sim_coll_name(kind));
+    for (int b = 0; b < BANDS; b++) {
+        if (e->n[b] > 0)
+            printf("; %s: mean %.1f%%, worst %.1f%%", names[b], 100.0 * e->sum[b] / e->n[b],
+                   100.0 * e->worst[b]);
+    }
+    printf("\n");
 }
 
 /* Elements per call for a size S (0: the size is too small for n ranks). */
@@ -127,6 +161,8 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
                "collective", "size(B)", "count", "time(us)", "algbw", "busbw", "sim(us)",
                "meas/sim");
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]) && st == FSDP_OK; k++) {
+        band_err_t err;
+        memset(&err, 0, sizeof(err));
         for (size_t size = 8; size <= max && st == FSDP_OK; size *= factor) {
             size_t count = coll_count(kinds[k], size, n);
             size_t bytes = kinds[k] == FSDP_SIM_COLL_ALL_GATHER ||
@@ -158,8 +194,11 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
             printf("%-15s %12zu %12zu %10.2f %10.3f %10.3f %10.2f %8.3f\n",
                    fsdp_sim_coll_name(kinds[k]), bytes, count, t * 1e6, algbw,
                    algbw * bus_factor(kinds[k], n), sim * 1e6, sim > 0 ? t / sim : 0.0);
+            band_add(&err, bytes, t, sim);
             fflush(stdout);
         }
+        if (st == FSDP_OK && dev->rank == 0)
+            band_print(&err, kinds[k]);
     }
     o->segment_free(dev, FSDP_MEMKIND_DEVICE, dbuf);
     o->segment_free(dev, FSDP_MEMKIND_DEVICE, recv);
