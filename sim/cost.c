@@ -218,8 +218,9 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         }
         break;
     case FSDP_SIM_ALGO_NVLS:
-        /* NVLink SHARP: all-reduce inside one node (multi-node NVLS needs CollNet) */
-        if (!all_reduce || nodes > 1 || pr != FSDP_SIM_PROTO_SIMPLE ||
+        /* NVLink SHARP: all-reduce inside one node (multi-node NVLS needs CollNet); NVLS needs
+         * two ranks or more on a node (src/transport/nvls.cc, localRanks) */
+        if (!all_reduce || nodes > 1 || ppn < 2 || pr != FSDP_SIM_PROTO_SIMPLE ||
             nc->nvls_bus_bytes_per_s <= 0.0)
             return 0;
         bw = nc->nvls_bus_bytes_per_s * n / nsteps;
@@ -227,7 +228,7 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         break;
     case FSDP_SIM_ALGO_NVLS_TREE:
         /* NVLS inside each node, a tree of nodes over the network: all-reduce across nodes */
-        if (!all_reduce || nodes == 1 || pr != FSDP_SIM_PROTO_SIMPLE ||
+        if (!all_reduce || nodes == 1 || ppn < 2 || pr != FSDP_SIM_PROTO_SIMPLE ||
             nc->nvls_bus_bytes_per_s <= 0.0)
             return 0;
         bus = cap(cap(nc->nvls_bus_bytes_per_s, nic_bus),

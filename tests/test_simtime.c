@@ -686,6 +686,9 @@ static void test_nccl_terms(void)
     CU_ASSERT(cc.algo != FSDP_SIM_ALGO_NVLS_TREE);
     fsdp_sim_coll_time(&a100, FSDP_SIM_COLL_ALL_REDUCE, 16, 2, P2(30), &cc);
     CU_ASSERT(cc.algo != FSDP_SIM_ALGO_NVLS_TREE && cc.algo != FSDP_SIM_ALGO_NVLS);
+    /* NVLS needs two ranks or more on a node: not for one rank per node */
+    fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, P2(30), &cc);
+    CU_ASSERT(cc.algo != FSDP_SIM_ALGO_NVLS_TREE && cc.algo != FSDP_SIM_ALGO_NVLS);
 
     /* across nodes: NVLS-tree for a large all-reduce of 2 x 8 H100, 25 + 2 x log2(2) x 20.9 us,
      * busBw min(480, 8 NICs x 47, 16 x 57.7) = 376 GB/s x 16/30 */
