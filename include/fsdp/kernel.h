@@ -163,17 +163,23 @@ typedef struct fsdp_kernel {
         /* dx = dy * gelu_new'(x); dx may equal dy */
         struct { void *dx; const void *dy; const void *x; size_t n; fsdp_dtype_t dtype; }
             gelu_bwd;
-        /* y = softmax(scale * x) over each row of x [rows, cols]. causal: x is [batch, cols,
-         * cols] (rows = batch * cols) and row r keeps columns 0 .. r % cols, the others are
-         * 0 (the masked attention of a decoder). y may equal x. In a 16-bit dtype scale * x is
-         * rounded to the dtype first: the scaling is its own torch op. */
+        /* y = softmax(z) over each row of x [rows, cols], where the scaled scores z are
+         * scale * x (divisor 0: torch's multiply by a Python-float scale, as Llama's eager
+         * attention does) or x / divisor, divisor first rounded to the dtype (HF's eager GPT-2
+         * attention divides by torch.full([], sqrt(head size), dtype=dtype)); f32 arithmetic
+         * either way. causal: x is [batch, cols, cols] (rows = batch * cols) and row r keeps
+         * columns 0 .. r % cols, the others are 0 (the masked attention of a decoder). y may
+         * equal x. In a 16-bit dtype z is rounded to the dtype first: the scaling is its own
+         * torch op. */
         struct { void *y; const void *x; size_t rows, cols; float scale; int causal;
-                 fsdp_dtype_t dtype; } softmax_fwd;
-        /* Its backward from the saved y: dx = scale * y * (dy - sum(y * dy)) per row (0 where
-         * masked); dx may equal dy. In a 16-bit dtype y * (dy - sum(y * dy)) is rounded to the
-         * dtype before it is scaled (softmax's backward, then the scaling's). */
+                 fsdp_dtype_t dtype; float divisor; } softmax_fwd;
+        /* Its backward from the saved y: with g = y * (dy - sum(y * dy)) per row,
+         * dx = scale * g or g / divisor (the forward's scaling; 0 where masked); dx may equal
+         * dy. In a 16-bit dtype g is rounded to the dtype before it is scaled (softmax's
+         * backward, then the scaling's: torch's div backward divides by the same rounded
+         * divisor). */
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
-                 int causal; fsdp_dtype_t dtype; } softmax_bwd;
+                 int causal; fsdp_dtype_t dtype; float divisor; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
          * (no position term). A token outside [0, vocab) gives a row of NaN. */
         struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;
