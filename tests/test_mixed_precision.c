@@ -310,6 +310,92 @@ static void test_softmax(void)
     }
 }
 
+/* ---- HF's GPT-2 attention: the scores divided by sqrt(head size) held in the dtype ----
+ *
+ * GPT2Attention divides the scores by torch.full([], sqrt(hs), dtype=dtype): the divisor is
+ * rounded to the dtype (sqrt(32) = 5.65685... is 5.65625 in bf16 and f16), the quotient is
+ * computed in f32 and rounded, then softmax; the backward divides softmax's rounded gradient by
+ * the same divisor. Head size 32 is gpt2-tiny's; multiplying by 1/sqrt(32) in f32 (the divisor
+ * unrounded) gives other scores. Causal rows of T columns, as the model launches them. */
+
+#define HS 32
+#define DT 16
+#define DR (2 * DT)
+
+static void test_softmax_divisor(void)
+{
+    const float div = (float)sqrt((double)HS);
+    const double dv = 5.65625; /* sqrt(32) rounded to 8 (bf16) or 11 (f16) significant bits */
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = dts[d];
+        uint16_t x[DR * DT], y[DR * DT], dy[DR * DT], dx[DR * DT];
+        fsdp_kernel_t k = {.kind = FSDP_K_SOFTMAX_FWD};
+        int bad = 0, ties = 0, old = 0, scores = 0;
+
+        CU_ASSERT_EQUAL(rne(div, dt), dv);
+        rng_state = 47 + (uint64_t)d;
+        fill16(x, DR * DT, 1000, 6, dt); /* scores in (-16, 16) */
+        fill16(dy, DR * DT, 100, 6, dt);
+        k.u.softmax_fwd.y = y, k.u.softmax_fwd.x = x;
+        k.u.softmax_fwd.rows = DR, k.u.softmax_fwd.cols = DT;
+        k.u.softmax_fwd.scale = 1.0f / div; /* unused with a divisor */
+        k.u.softmax_fwd.divisor = div;
+        k.u.softmax_fwd.causal = 1;
+        k.u.softmax_fwd.dtype = dt;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_SOFTMAX_BWD;
+        k.u.softmax_bwd.dx = dx, k.u.softmax_bwd.dy = dy, k.u.softmax_bwd.y = y;
+        k.u.softmax_bwd.rows = DR, k.u.softmax_bwd.cols = DT;
+        k.u.softmax_bwd.scale = 1.0f / div;
+        k.u.softmax_bwd.divisor = div;
+        k.u.softmax_bwd.causal = 1;
+        k.u.softmax_bwd.dtype = dt;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        for (int r = 0; r < DR; r++) {
+            const int valid = r % DT + 1;
+            double z[DT], mx = -INFINITY, sum = 0.0, dot = 0.0;
+            for (int c = 0; c < valid; c++) { /* the division in f32, rounded to dt */
+                double xv = from16(x[r * DT + c], dt);
+                z[c] = rne((double)(float)(xv / dv), dt);
+                old += z[c] != rne((double)((float)xv * (1.0f / div)), dt);
+                scores++;
+                mx = fmax(mx, z[c]);
+            }
+            for (int c = 0; c < valid; c++)
+                sum += exp(z[c] - mx);
+            for (int c = 0; c < DT; c++) {
+                double p = c < valid ? exp(z[c] - mx) / sum : 0.0;
+                if (near_tie(p, dt, 1e-6)) {
+                    ties++;
+                    continue;
+                }
+                bad += from16(y[r * DT + c], dt) != rne(p, dt);
+            }
+            for (int c = 0; c < valid; c++)
+                dot += from16(y[r * DT + c], dt) * from16(dy[r * DT + c], dt);
+            for (int c = 0; c < DT; c++) {
+                double g = c < valid
+                               ? from16(y[r * DT + c], dt) * (from16(dy[r * DT + c], dt) - dot)
+                               : 0.0;
+                if (near_tie(g, dt, 1e-6)) {
+                    ties++;
+                    continue;
+                }
+                /* the quotient of two values of dt in f32, then rounded to dt */
+                bad += from16(dx[r * DT + c], dt) != rne((double)(float)(rne(g, dt) / dv), dt);
+            }
+        }
+        fprintf(stderr,
+                "\n  %s: %d of %d scaled scores differ where 1/sqrt(%d) multiplies in f32; %d "
+                "values within 1e-6 of a tie not judged",
+                fsdp_dtype_name(dt), old, scores, HS, ties);
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT(old > 0); /* the inputs tell the division from the multiply */
+        CU_ASSERT(ties <= DR * DT / 4);
+    }
+}
+
 /* ---- embedding backward: a token's rows summed in f32, rounded once, then accumulated ---- */
 
 #define ER 10
@@ -479,6 +565,9 @@ int main(void)
         {"Linear backward: each gradient rounded once (bf16, f16)", test_linear_bwd},
         {"LayerNorm forward rounds once (bf16, f16)", test_layernorm},
         {"softmax: scaled scores rounded, then the softmax (bf16, f16)", test_softmax},
+        {"softmax of HF's GPT-2 attention: scores divided by sqrt(32) held in the dtype (bf16, "
+         "f16)",
+         test_softmax_divisor},
         {"embedding backward: a token's rows summed in f32, rounded once (bf16, f16)",
          test_embedding_bwd},
         {"one-layer Linear under FSDP MixedPrecision(bf16, reduce f32): the rule, bit for bit",
