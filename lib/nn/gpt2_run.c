@@ -146,6 +146,16 @@ static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, siz
     return gemm_batched(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
+/* dw[m, n] += op(a) op(b), a weight gradient accumulated as autograd accumulates it (kernel.h's
+ * accumulate: in a 16-bit dtype the new gradient is rounded, then the sum) */
+static fsdp_status_t grad_gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                               const void *a, size_t lda, const void *b, size_t ldb, void *dw,
+                               size_t ldc)
+{
+    fsdp_gemm_epilogue_t epi = {.accumulate = 1};
+    return gemm_epi(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, dw, ldc, 0, 1, &epi);
+}
+
 /* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D's addmm), then + residual [BT, n] unless NULL
  * (the block's residual add, a separate torch op: kernel.h's epilogue rounds it apart) */
 static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
@@ -161,7 +171,7 @@ static fsdp_status_t linear_bwd(gpt2_run_t *r, const void *x, size_t k, const vo
                                 const void *dout, void *dw, void *dbias, void *dx)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_BIAS_GRAD};
-    fsdp_status_t status = gemm(r, 1, 0, k, n, r->BT, x, k, dout, n, 1.0f, dw, n);
+    fsdp_status_t status = grad_gemm(r, 1, 0, k, n, r->BT, x, k, dout, n, dw, n);
 
     if (status != FSDP_OK)
         return status;
@@ -607,8 +617,8 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
         status = gemm(r, 0, 0, r->BT, r->C, r->V, r->logits, r->V, P(m->root, FSDP_GPT2_WTE), r->C,
                       0.0f, r->tmp[0], r->C);
     if (status == FSDP_OK)
-        status = gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C, 1.0f,
-                      g[FSDP_GPT2_WTE], r->C);
+        status = grad_gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C,
+                           g[FSDP_GPT2_WTE], r->C);
     FREE(r, r->logits);
     if (status == FSDP_OK)
         status = alloc_a(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->dres);
