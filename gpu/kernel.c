@@ -162,6 +162,10 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
                  k->u.gemm.epilogue.act != FSDP_ACT_RELU &&
                  k->u.gemm.epilogue.act != FSDP_ACT_GELU_TANH)
             bad = "epilogue activation (none, relu or gelu_tanh)";
+        else if (k->u.gemm.epilogue.accumulate != 0 && k->u.gemm.epilogue.accumulate != 1)
+            bad = "epilogue accumulate (0 or 1)";
+        else if (k->u.gemm.epilogue.accumulate && (k->u.gemm.beta != 1.0f || k->u.gemm.batch > 1))
+            bad = "an accumulating epilogue needs beta 1 and batch 0 or 1";
         break;
     }
     case FSDP_K_BIAS_ADD:
@@ -307,7 +311,8 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
 }
 
 /* A GEMM with an epilogue: the product in f32 (C itself when C is f32, else a workspace on the
- * stream, holding C's old values when beta reads them), then the epilogue's shared body over
+ * stream, holding C's old values when beta reads them and the epilogue does not accumulate
+ * them itself), then the epilogue's shared body over
  * it, which rounds where the sim rounds: given the same f32 product, the same bits. */
 static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
                                    const fsdp_kernel_t *k)
@@ -328,7 +333,9 @@ static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
     status = FSDP_CUDA_CALL(cudaMallocAsync((void **)&w, m * n * sizeof(float), s->cu));
     if (status != FSDP_OK)
         return status;
-    if (k->u.gemm.beta != 0.0f)
+    if (fsdp_kb_gemm_accumulates(&k->u.gemm.epilogue, k->u.gemm.c_dtype))
+        d.u.gemm.beta = 0.0f; /* the epilogue adds C after rounding the product */
+    if (d.u.gemm.beta != 0.0f)
         status = fsdp_gpu_widen_matrix(s, w, k->u.gemm.c, k->u.gemm.c_dtype, m, n, k->u.gemm.ldc);
     d.u.gemm.c = w;
     d.u.gemm.c_dtype = FSDP_DTYPE_F32;

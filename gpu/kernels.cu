@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
          e += stride) {
         const size_t i = e / n, j = e - i * n;
         fsdp_kb_store(k.u.gemm.c, k.u.gemm.c_dtype, i * k.u.gemm.ldc + j,
-                      fsdp_kb_gemm_epilogue(&k.u.gemm.epilogue, k.u.gemm.c_dtype, k.u.gemm.ldc,
-                                            w[i * ldw + j], i, j));
+                      fsdp_kb_gemm_epilogue(&k.u.gemm.epilogue, k.u.gemm.c_dtype, k.u.gemm.c,
+                                            k.u.gemm.ldc, w[i * ldw + j], i, j));
     }
 }
 
