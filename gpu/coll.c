@@ -13,14 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Polls a communicator until its pending operation (init, split, enqueue, finalize) settles. */
-static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const char *what)
+/* Polls a communicator until its pending operation settles: an enqueue (FSDP_GPU_POLL_ENQUEUE,
+ * microseconds: yields), or init, split, finalize (FSDP_GPU_POLL_COMM: growing naps). */
+static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, fsdp_gpu_poll_kind_t kind,
+                                const char *what)
 {
     double t0 = fsdp_gpu_now();
-    long nap_ns = 1000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
     ncclResult_t st;
 
+    fsdp_gpu_poll_begin(&poll, kind);
     for (;;) {
         status = FSDP_NCCL_CALL(ncclCommGetAsyncError(comm, &st));
         if (status != FSDP_OK)
@@ -34,7 +37,7 @@ static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const cha
                        gdev->super.rank, what, gdev->timeout_s);
             return FSDP_ERR_TIMEOUT;
         }
-        fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }
 
@@ -69,7 +72,7 @@ static void group_free(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, int abort)
     if (g->comm != NULL) {
         snprintf(what, sizeof(what), "ncclCommFinalize(group %s)", g->super.name);
         if (abort || FSDP_NCCL_CALL(ncclCommFinalize(g->comm)) != FSDP_OK ||
-            comm_ready(gdev, g->comm, what) != FSDP_OK)
+            comm_ready(gdev, g->comm, FSDP_GPU_POLL_COMM, what) != FSDP_OK)
             (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
         else
             (void)FSDP_NCCL_CALL(ncclCommDestroy(g->comm));
@@ -105,7 +108,7 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
     comm_config(&config);
     status = FSDP_NCCL_CALL(ncclCommInitRankConfig(&g->comm, size, *id, rank, &config));
     if (status == FSDP_OK && g->comm != NULL)
-        status = comm_ready(gdev, g->comm, "ncclCommInitRankConfig(world)");
+        status = comm_ready(gdev, g->comm, FSDP_GPU_POLL_COMM, "ncclCommInitRankConfig(world)");
     if (status != FSDP_OK) {
         if (g->comm != NULL)
             (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
@@ -175,7 +178,7 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
                                 fsdp_gpu_group_t **g_p)
 {
     fsdp_gpu_group_t *g = (fsdp_gpu_group_t *)group;
-    long nap_ns = 1000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
 
     if (g == NULL) {
@@ -192,11 +195,12 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     status = FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
     if (status != FSDP_OK)
         return status;
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
     for (;;) {
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK || gdev->watch_count < FSDP_GPU_WATCH_SLOTS)
             break;
-        fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
     *g_p = g;
     return status;
@@ -211,7 +215,7 @@ static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStr
 
     status = fsdp_gpu_nccl_status(res, call, __FILE__, __LINE__, __func__);
     if (status == FSDP_OK && res == ncclInProgress)
-        status = comm_ready(gdev, g->comm, what);
+        status = comm_ready(gdev, g->comm, FSDP_GPU_POLL_ENQUEUE, what);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: %s failed: aborting the communicators", gdev->super.rank, what);
         fsdp_gpu_fail_all(gdev, status);
@@ -498,7 +502,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
     status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
     if (status == FSDP_OK && res == ncclInProgress)
-        status = comm_ready(gdev, comm != NULL ? comm : p->comm, what);
+        status = comm_ready(gdev, comm != NULL ? comm : p->comm, FSDP_GPU_POLL_COMM, what);
     if (status != FSDP_OK) {
         if (comm != NULL)
             (void)FSDP_NCCL_CALL(ncclCommAbort(comm));

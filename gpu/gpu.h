@@ -22,6 +22,8 @@
 #include <fsdp/gpu.h>
 #include <fsdp/log.h>
 
+#include "poll.h"
+
 #include <pthread.h>
 
 /* The toolkit's headers are foreign code: they test undefined macros and declare "f()". */
@@ -144,8 +146,10 @@ int fsdp_gpu_log_rank(void);
 /* watch.c: the clock, naps, and the watchdog every host wait runs while collectives are in
  * flight. */
 double fsdp_gpu_now(void); /* CLOCK_MONOTONIC, seconds */
-/* Sleeps *ns nanoseconds and doubles it, up to 1 ms: the pause between two polls. */
-void fsdp_gpu_nap(long *ns);
+/* Starts a poll of the given kind now (poll.h). */
+void fsdp_gpu_poll_begin(fsdp_gpu_poll_t *p, fsdp_gpu_poll_kind_t kind);
+/* The pause between two polls that found the operation pending: nothing, a yield or a nap. */
+void fsdp_gpu_pause(fsdp_gpu_poll_t *p);
 /* 1 when more than the collective timeout has passed since t0 (never when it is <= 0). */
 int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0);
 /* Aborts every communicator of the rank and remembers why in gdev->failed. */

@@ -105,10 +105,11 @@ static int first_give_up(fsdp_gpu_dev_t *gdev)
 static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
 {
     double t0 = fsdp_gpu_now();
-    long nap_ns = 10000;
+    fsdp_gpu_poll_t poll;
     cudaError_t err;
 
-    for (unsigned spin = 0;; spin++) {
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
+    for (;;) {
         err = cudaEventQuery(ev);
         if (err == cudaSuccess)
             return 1;
@@ -123,8 +124,7 @@ static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
                           gdev->super.rank, gdev->timeout_s);
             return 0;
         }
-        if (spin >= 64)
-            fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }
 

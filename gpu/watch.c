@@ -11,6 +11,7 @@
 
 #include "gpu.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -21,11 +22,21 @@ double fsdp_gpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void fsdp_gpu_nap(long *ns)
+void fsdp_gpu_poll_begin(fsdp_gpu_poll_t *p, fsdp_gpu_poll_kind_t kind)
 {
-    struct timespec ts = {0, *ns};
-    nanosleep(&ts, NULL); /* a signal only shortens the nap */
-    *ns = *ns >= 500000 ? 1000000 : *ns * 2;
+    fsdp_gpu_poll_start(p, kind, fsdp_gpu_now());
+}
+
+void fsdp_gpu_pause(fsdp_gpu_poll_t *p)
+{
+    long ns = fsdp_gpu_poll_pause(p, fsdp_gpu_now());
+
+    if (ns == FSDP_GPU_POLL_YIELD) {
+        sched_yield();
+    } else if (ns > 0) {
+        struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+        nanosleep(&ts, NULL); /* a signal only shortens the nap */
+    }
 }
 
 int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0)
@@ -126,23 +137,24 @@ fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev)
 
 fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev)
 {
-    long nap_ns = 1000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
 
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
     for (;;) {
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK || gdev->watch_count == 0)
             return status;
-        fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }
 
 /* The host waits by polling, so that a collective that never completes cannot hang it: a short
- * spin first (most waits are short), then naps growing to 1 ms. */
+ * spin first (most waits are short), then naps of tens of microseconds (poll.h). */
 fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStream_t stream,
                                  const char *what)
 {
-    long nap_ns = 10000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
     cudaError_t err;
 
@@ -152,7 +164,8 @@ fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStrea
             return FSDP_CUDA_CALL(cudaEventSynchronize(ev));
         return FSDP_CUDA_CALL(cudaStreamSynchronize(stream));
     }
-    for (unsigned spin = 0;; spin++) {
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
+    for (;;) {
         err = ev != NULL ? cudaEventQuery(ev) : cudaStreamQuery(stream);
         if (err == cudaSuccess)
             return FSDP_OK;
@@ -166,7 +179,6 @@ fsdp_status_t fsdp_gpu_host_wait(fsdp_gpu_dev_t *gdev, cudaEvent_t ev, cudaStrea
                        fsdp_status_string(status));
             return status;
         }
-        if (spin >= 64)
-            fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }

@@ -1,0 +1,83 @@
+/* How the gpu backend paces its polls, and the ring of collectives in flight: plain C, no CUDA,
+ * so that tests/test_gpu_poll.c runs it on any machine (never installed).
+ *
+ * Every host wait of the backend is a poll, so that a collective that never completes cannot
+ * hang the host (watch.c). What a poll does between two queries depends on what it waits for:
+ *
+ * - FSDP_GPU_POLL_ENQUEUE: a collective's enqueue on a non-blocking communicator. NCCL hands the
+ *   launch to a thread of its own and returns ncclInProgress; it settles within microseconds.
+ *   A nap would cost the kernel's timer slack (50 us by default) on every collective, so the
+ *   poll yields the CPU for up to FSDP_GPU_POLL_YIELD_S before it naps (PyTorch's fix of the
+ *   same cost, pytorch#142291).
+ * - FSDP_GPU_POLL_WAIT: the host waiting for the device (an event, a stream, a collective's end).
+ *   A few polls back to back, then naps that grow to FSDP_GPU_POLL_WAIT_NAP_MAX_NS only: a wait
+ *   ends at most a few tens of microseconds after its work.
+ * - FSDP_GPU_POLL_COMM: init, split and finalize of a communicator, which take milliseconds to
+ *   seconds: naps from 1 us, doubling up to FSDP_GPU_POLL_NAP_MAX_NS.
+ */
+#ifndef FSDP_GPU_POLL_H
+#define FSDP_GPU_POLL_H
+
+typedef enum fsdp_gpu_poll_kind {
+    FSDP_GPU_POLL_ENQUEUE,
+    FSDP_GPU_POLL_WAIT,
+    FSDP_GPU_POLL_COMM,
+} fsdp_gpu_poll_kind_t;
+
+/* An enqueue yields this long (seconds) before its first nap. */
+#define FSDP_GPU_POLL_YIELD_S 1e-3
+/* A wait polls this many times back to back before its first nap. */
+#define FSDP_GPU_POLL_SPINS 64u
+/* A wait's naps: from 2 us, doubling up to 20 us. */
+#define FSDP_GPU_POLL_WAIT_NAP_NS 2000L
+#define FSDP_GPU_POLL_WAIT_NAP_MAX_NS 20000L
+/* Every other nap: from 1 us, doubling up to 1 ms. */
+#define FSDP_GPU_POLL_NAP_NS 1000L
+#define FSDP_GPU_POLL_NAP_MAX_NS 1000000L
+
+/* What a poll does after finding its operation still pending. */
+#define FSDP_GPU_POLL_AGAIN 0L  /* poll again at once */
+#define FSDP_GPU_POLL_YIELD -1L /* sched_yield() first */
+/* > 0: nap that many nanoseconds first */
+
+typedef struct fsdp_gpu_poll {
+    fsdp_gpu_poll_kind_t kind;
+    double t0;      /* when the poll began (seconds, any monotonic clock) */
+    unsigned polls; /* pending polls so far */
+    long nap_ns;    /* the next nap */
+} fsdp_gpu_poll_t;
+
+static inline void fsdp_gpu_poll_start(fsdp_gpu_poll_t *p, fsdp_gpu_poll_kind_t kind, double now)
+{
+    p->kind = kind;
+    p->t0 = now;
+    p->polls = 0;
+    p->nap_ns = kind == FSDP_GPU_POLL_WAIT ? FSDP_GPU_POLL_WAIT_NAP_NS : FSDP_GPU_POLL_NAP_NS;
+}
+
+/* The pause after a poll that found the operation pending at time `now`: FSDP_GPU_POLL_AGAIN,
+ * FSDP_GPU_POLL_YIELD, or a nap in nanoseconds. */
+static inline long fsdp_gpu_poll_pause(fsdp_gpu_poll_t *p, double now)
+{
+    long nap, max = FSDP_GPU_POLL_NAP_MAX_NS;
+
+    p->polls++;
+    switch (p->kind) {
+    case FSDP_GPU_POLL_ENQUEUE:
+        if (now - p->t0 < FSDP_GPU_POLL_YIELD_S)
+            return FSDP_GPU_POLL_YIELD;
+        break;
+    case FSDP_GPU_POLL_WAIT:
+        if (p->polls <= FSDP_GPU_POLL_SPINS)
+            return FSDP_GPU_POLL_AGAIN;
+        max = FSDP_GPU_POLL_WAIT_NAP_MAX_NS;
+        break;
+    case FSDP_GPU_POLL_COMM:
+        break;
+    }
+    nap = p->nap_ns;
+    p->nap_ns = nap >= max / 2 ? max : 2 * nap;
+    return nap;
+}
+
+#endif
