@@ -174,6 +174,7 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     gdev->timeout_s = params->timeout_s;
     gdev->blocking_collectives = params->blocking_collectives != 0;
     gdev->failed = FSDP_OK;
+    fsdp_gpu_ring_init(&gdev->ring, FSDP_GPU_WATCH_SLOTS);
 
     status =
         FSDP_CUDA_CALL(cudaDeviceGetStreamPriorityRange(&gdev->prio_least, &gdev->prio_greatest));

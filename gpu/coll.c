@@ -198,7 +198,7 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
     for (;;) {
         status = fsdp_gpu_watchdog(gdev);
-        if (status != FSDP_OK || gdev->watch_count < FSDP_GPU_WATCH_SLOTS)
+        if (status != FSDP_OK || !fsdp_gpu_ring_full(&gdev->ring))
             break;
         fsdp_gpu_pause(&poll);
     }

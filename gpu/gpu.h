@@ -100,8 +100,8 @@ struct fsdp_gpu_dev {
     fsdp_gpu_group_t *groups; /* live groups, world included */
     fsdp_status_t failed;     /* FSDP_OK, or why the communicators were aborted */
 
-    fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* ring of collectives in flight */
-    unsigned watch_head, watch_count;
+    fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* collectives in flight, ordered by ring */
+    fsdp_gpu_ring_t ring;
 
     /* Trace timing (trace.c): the reference event and its host time, and the timer pool (a
      * flush on another thread may resolve timers: the lock guards the lists). */
@@ -162,6 +162,10 @@ fsdp_status_t fsdp_gpu_watch_add(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cuda
  * the timeout; retires the collectives that have finished. On failure every communicator is
  * aborted and the status is remembered in gdev->failed. */
 fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev);
+/* Retires the collectives that have finished, oldest first (no timeout, no communicator
+ * check): a wait that succeeded calls it, so that later waits take the fast path once nothing
+ * is in flight. On a device error every communicator is aborted. */
+fsdp_status_t fsdp_gpu_watch_retire(fsdp_gpu_dev_t *gdev);
 /* Waits (bounded by the timeout) until no collective is in flight. */
 fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev);
 /* Polls until the event (or, with ev NULL, the stream) is done, running the watchdog between

@@ -14,6 +14,8 @@
  *   ends at most a few tens of microseconds after its work.
  * - FSDP_GPU_POLL_COMM: init, split and finalize of a communicator, which take milliseconds to
  *   seconds: naps from 1 us, doubling up to FSDP_GPU_POLL_NAP_MAX_NS.
+ *
+ * The ring (fsdp_gpu_ring_t) orders the watchdog's collectives in flight, oldest first.
  */
 #ifndef FSDP_GPU_POLL_H
 #define FSDP_GPU_POLL_H
@@ -78,6 +80,75 @@ static inline long fsdp_gpu_poll_pause(fsdp_gpu_poll_t *p, double now)
     nap = p->nap_ns;
     p->nap_ns = nap >= max / 2 ? max : 2 * nap;
     return nap;
+}
+
+/* The watchdog's ring of collectives in flight: slot indexes only, the caller holds the
+ * entries. Oldest first; a collective is retired once its end is seen, oldest first, since a
+ * later one of the same communicator cannot end before it. */
+typedef struct fsdp_gpu_ring {
+    unsigned head, count, slots;
+} fsdp_gpu_ring_t;
+
+static inline void fsdp_gpu_ring_init(fsdp_gpu_ring_t *r, unsigned slots)
+{
+    r->head = 0;
+    r->count = 0;
+    r->slots = slots;
+}
+
+/* The slot of the i-th oldest entry (i < count). */
+static inline unsigned fsdp_gpu_ring_at(const fsdp_gpu_ring_t *r, unsigned i)
+{
+    return (r->head + i) % r->slots;
+}
+
+static inline int fsdp_gpu_ring_full(const fsdp_gpu_ring_t *r)
+{
+    return r->count == r->slots;
+}
+
+/* The slot for a new entry (the ring is not full), which then counts as in flight. */
+static inline unsigned fsdp_gpu_ring_push(fsdp_gpu_ring_t *r)
+{
+    unsigned slot = fsdp_gpu_ring_at(r, r->count);
+    r->count++;
+    return slot;
+}
+
+/* The slot of the newest entry: 1, or 0 when the ring is empty. */
+static inline int fsdp_gpu_ring_newest(const fsdp_gpu_ring_t *r, unsigned *slot_p)
+{
+    if (r->count == 0)
+        return 0;
+    *slot_p = fsdp_gpu_ring_at(r, r->count - 1);
+    return 1;
+}
+
+/* done(ctx, slot): 1 when the entry's collective has ended, 0 when not yet, < 0 on an error. */
+typedef int (*fsdp_gpu_ring_done_func_t)(void *ctx, unsigned slot);
+
+/* Retires entries from the oldest while done() says 1. Returns 0, or done()'s negative result,
+ * its entry left in place; *slot_p is then that entry's slot. */
+static inline int fsdp_gpu_ring_retire(fsdp_gpu_ring_t *r, fsdp_gpu_ring_done_func_t done,
+                                       void *ctx, unsigned *slot_p)
+{
+    while (r->count > 0) {
+        int d = done(ctx, r->head);
+        if (d < 0) {
+            *slot_p = r->head;
+            return d;
+        }
+        if (d == 0)
+            break;
+        r->head = (r->head + 1) % r->slots;
+        r->count--;
+    }
+    return 0;
+}
+
+static inline void fsdp_gpu_ring_clear(fsdp_gpu_ring_t *r)
+{
+    r->count = 0;
 }
 
 #endif

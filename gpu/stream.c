@@ -51,7 +51,7 @@ fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_
  * which ends NCCL's kernels, and the free then returns. */
 static void before_free(fsdp_gpu_dev_t *gdev)
 {
-    if (gdev->watch_count > 0)
+    if (gdev->ring.count > 0)
         (void)fsdp_gpu_watch_drain(gdev);
 }
 
@@ -256,6 +256,12 @@ fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *do
     }
     err = cudaEventQuery(event->cu);
     if (err == cudaSuccess) {
+        /* the limiter's poll ends here: what has finished leaves the watchdog's ring */
+        if (gdev->ring.count > 0 && gdev->failed == FSDP_OK) {
+            status = fsdp_gpu_watch_retire(gdev);
+            if (status != FSDP_OK)
+                return status;
+        }
         *done_p = 1;
         return FSDP_OK;
     }
@@ -263,7 +269,7 @@ fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *do
     if (status != FSDP_OK)
         return status;
     /* A caller that polls (the rate limiter) must also learn that a collective hung. */
-    if (gdev->watch_count > 0 || gdev->failed != FSDP_OK) {
+    if (gdev->ring.count > 0 || gdev->failed != FSDP_OK) {
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK)
             return status;
@@ -323,7 +329,7 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
      * (CUDA's API synchronization rules: a stream sync before a pageable H2D, completion before
      * a D2H returns). Behind a collective that never completes it would hang the host, so the
      * stream is polled empty first, within the collective timeout. */
-    if (bytes > 0 && gdev->watch_count > 0 && (pageable(dst) || pageable(src))) {
+    if (bytes > 0 && gdev->ring.count > 0 && (pageable(dst) || pageable(src))) {
         status = fsdp_gpu_host_wait(gdev, NULL, s->cu, "the stream before a pageable copy");
         if (status != FSDP_OK)
             return status;

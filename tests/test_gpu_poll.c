@@ -1,7 +1,7 @@
 /* The gpu backend's polling (gpu/poll.h), which needs no CUDA: how long each kind of poll
  * spins, yields and naps. A collective's enqueue never naps within its first millisecond; a host
  * wait never naps longer than tens of microseconds; init, split and finalize nap from 1 us up to
- * 1 ms. */
+ * 1 ms. The watchdog's ring retires finished collectives oldest first, and only those. */
 #include "poll.h"
 
 #include "test_util.h"
@@ -54,12 +54,85 @@ static void test_comm_naps_grow(void)
     CU_ASSERT_EQUAL(pause, FSDP_GPU_POLL_NAP_MAX_NS);
 }
 
+/* A stub of the device: which slots' collectives have ended, and one that failed. */
+typedef struct stub_device {
+    int ended[8];
+    int failed_slot;
+    unsigned queries;
+} stub_device_t;
+
+static int stub_done(void *ctx, unsigned slot)
+{
+    stub_device_t *d = ctx;
+
+    d->queries++;
+    if ((int)slot == d->failed_slot)
+        return -1;
+    return d->ended[slot];
+}
+
+static void test_ring_retires_oldest_first(void)
+{
+    stub_device_t d = {.failed_slot = -1};
+    fsdp_gpu_ring_t r;
+    unsigned slot = 99;
+
+    fsdp_gpu_ring_init(&r, 8);
+    CU_ASSERT_FALSE(fsdp_gpu_ring_newest(&r, &slot));
+    for (unsigned i = 0; i < 8; i++)
+        CU_ASSERT_EQUAL(fsdp_gpu_ring_push(&r), i);
+    CU_ASSERT_TRUE(fsdp_gpu_ring_full(&r));
+    CU_ASSERT_TRUE(fsdp_gpu_ring_newest(&r, &slot));
+    CU_ASSERT_EQUAL(slot, 7);
+
+    /* 0, 1 ended, 2 not, 3 ended: 0 and 1 retire, 3 waits behind 2 */
+    d.ended[0] = d.ended[1] = d.ended[3] = 1;
+    CU_ASSERT_EQUAL(fsdp_gpu_ring_retire(&r, stub_done, &d, &slot), 0);
+    CU_ASSERT_EQUAL(r.count, 6);
+    CU_ASSERT_EQUAL(r.head, 2);
+    CU_ASSERT_EQUAL(d.queries, 3);
+
+    /* two more wrap around the end of the slots */
+    CU_ASSERT_EQUAL(fsdp_gpu_ring_push(&r), 0);
+    CU_ASSERT_EQUAL(fsdp_gpu_ring_push(&r), 1);
+    d.ended[0] = d.ended[1] = 0;
+    CU_ASSERT_TRUE(fsdp_gpu_ring_newest(&r, &slot));
+    CU_ASSERT_EQUAL(slot, 1);
+
+    /* everything ended: the ring empties, a wait would take the fast path */
+    for (unsigned i = 0; i < 8; i++)
+        d.ended[i] = 1;
+    CU_ASSERT_EQUAL(fsdp_gpu_ring_retire(&r, stub_done, &d, &slot), 0);
+    CU_ASSERT_EQUAL(r.count, 0);
+    CU_ASSERT_EQUAL(r.head, 2);
+}
+
+static void test_ring_stops_at_a_failure(void)
+{
+    stub_device_t d = {.failed_slot = 2};
+    fsdp_gpu_ring_t r;
+    unsigned slot = 99;
+
+    fsdp_gpu_ring_init(&r, 8);
+    for (unsigned i = 0; i < 4; i++)
+        (void)fsdp_gpu_ring_push(&r);
+    for (unsigned i = 0; i < 8; i++)
+        d.ended[i] = 1;
+    CU_ASSERT_EQUAL(fsdp_gpu_ring_retire(&r, stub_done, &d, &slot), -1);
+    CU_ASSERT_EQUAL(slot, 2); /* the failed one, left in place to be named */
+    CU_ASSERT_EQUAL(r.count, 2);
+    fsdp_gpu_ring_clear(&r);
+    CU_ASSERT_EQUAL(r.count, 0);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"an enqueue yields for 1 ms before it naps", test_enqueue_yields_first},
         {"a wait spins, then naps of tens of microseconds", test_wait_naps_stay_short},
         {"init, split, finalize: naps from 1 us to 1 ms", test_comm_naps_grow},
+        {"the ring retires ended collectives, oldest first", test_ring_retires_oldest_first},
+        {"the ring stops at a collective that failed", test_ring_stops_at_a_failure},
         {NULL, NULL},
     };
     return fsdp_test_run("gpu_poll", tests);
