@@ -152,7 +152,7 @@ void fsdp_gpu_poll_begin(fsdp_gpu_poll_t *p, fsdp_gpu_poll_kind_t kind);
 void fsdp_gpu_pause(fsdp_gpu_poll_t *p);
 /* 1 when more than the collective timeout has passed since t0 (never when it is <= 0). */
 int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0);
-/* Aborts every communicator of the rank and remembers why in gdev->failed. */
+/* Revokes, then aborts, every communicator of the rank and remembers why in gdev->failed. */
 void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status);
 /* Watches a collective just enqueued on stream (the ring has room: the watchdog made it), and
  * waits for it when collectives are blocking. */

@@ -4,9 +4,9 @@
  * Each collective records an event into the dev's ring (gdev->watch); fsdp_gpu_watchdog()
  * retires the finished ones, and fails the oldest once it is older than the timeout, or any
  * communicator that reports an asynchronous error: then every communicator of the rank is
- * aborted (ncclCommAbort ends NCCL kernels that wait for a peer that will never come), and later
- * collectives fail at once with the same status. Below streams, collectives and traces, which
- * all wait through here. */
+ * revoked, then aborted (ncclCommAbort ends NCCL kernels that wait for a peer that will never
+ * come), and later collectives fail at once with the same status. Below streams, collectives
+ * and traces, which all wait through here. */
 #include "config.h"
 
 #include "gpu.h"
@@ -44,10 +44,20 @@ int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0)
     return gdev->timeout_s > 0.0 && fsdp_gpu_now() - t0 > gdev->timeout_s;
 }
 
+/* ncclCommAbort is synchronous, and with splitShare = 0 each split communicator has an abort
+ * flag of its own: aborting one communicator can block behind a kernel of another that still
+ * spins for a peer. ncclCommRevoke (NCCL 2.28) stops a communicator's operations in flight
+ * without blocking, so every communicator is revoked first, then each is aborted. */
 void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status)
 {
     if (gdev->failed == FSDP_OK)
         gdev->failed = status;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+        if (g->comm != NULL)
+            (void)FSDP_NCCL_CALL(ncclCommRevoke(g->comm, NCCL_REVOKE_DEFAULT));
+    }
+#endif
     for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
         if (g->comm != NULL) {
             (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
