@@ -212,6 +212,13 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
         if (status != FSDP_OK)
             goto err_free;
     }
+    /* Every kernel loaded now, on an idle device, never at a first launch behind a collective
+     * (kernels.cu); cuBLAS's at least for one shape per dtype pair. */
+    status = fsdp_gpu_load_kernels();
+    if (status == FSDP_OK)
+        status = fsdp_gpu_load_gemms(gdev);
+    if (status != FSDP_OK)
+        goto err_free;
     status = fsdp_gpu_trace_init(gdev);
     if (status != FSDP_OK)
         goto err_free;

@@ -184,6 +184,12 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
 void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
 
 /* kernel.c / kernels.cu */
+/* Loads every kernel of kernels.cu (cudaFuncGetAttributes), so no launch loads a module. */
+fsdp_status_t fsdp_gpu_load_kernels(void);
+/* Loads cuBLAS's kernels for each dtype pair of the GEMM slot by running one small GEMM of
+ * each, plain and batched, on the compute stream, and waits for them; at init, before any
+ * collective. */
+fsdp_status_t fsdp_gpu_load_gemms(fsdp_gpu_dev_t *gdev);
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
 /* Launches any kind but GEMM on the stream; the descriptor has been validated. */
 fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);

@@ -344,6 +344,44 @@ static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
     return status;
 }
 
+fsdp_status_t fsdp_gpu_load_gemms(fsdp_gpu_dev_t *gdev)
+{
+    /* A and B's dtype, C's: each pair gemm() may pass to cuBLAS */
+    static const fsdp_dtype_t pairs[][2] = {
+        {FSDP_DTYPE_F32, FSDP_DTYPE_F32},  {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+        {FSDP_DTYPE_BF16, FSDP_DTYPE_F32}, {FSDP_DTYPE_F16, FSDP_DTYPE_F16},
+        {FSDP_DTYPE_F16, FSDP_DTYPE_F32},
+    };
+    const size_t dim = 16, elems = 2 * dim * dim; /* a batch of two 16x16 matrices */
+    fsdp_status_t status;
+    char *buf = NULL;
+
+    status = FSDP_CUDA_CALL(cudaMalloc((void **)&buf, 3 * elems * sizeof(float)));
+    if (status != FSDP_OK)
+        return status;
+    status = FSDP_CUDA_CALL(cudaMemsetAsync(buf, 0, 3 * elems * sizeof(float), gdev->compute.cu));
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]) && status == FSDP_OK; i++) {
+        for (size_t batch = 1; batch <= 2 && status == FSDP_OK; batch++) {
+            fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+            k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = dim;
+            k.u.gemm.lda = k.u.gemm.ldb = k.u.gemm.ldc = dim;
+            k.u.gemm.alpha = 1.0f;
+            k.u.gemm.a = buf;
+            k.u.gemm.b = buf + elems * sizeof(float);
+            k.u.gemm.c = buf + 2 * elems * sizeof(float);
+            k.u.gemm.a_dtype = k.u.gemm.b_dtype = pairs[i][0];
+            k.u.gemm.c_dtype = pairs[i][1];
+            k.u.gemm.batch = batch;
+            k.u.gemm.stride_a = k.u.gemm.stride_b = k.u.gemm.stride_c = dim * dim;
+            status = gemm(gdev, &gdev->compute, &k);
+        }
+    }
+    if (status == FSDP_OK)
+        status = FSDP_CUDA_CALL(cudaStreamSynchronize(gdev->compute.cu));
+    (void)FSDP_CUDA_CALL(cudaFree(buf));
+    return status;
+}
+
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
