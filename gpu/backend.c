@@ -7,6 +7,9 @@
 
 #include <fsdp/version.h>
 
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,19 +44,89 @@ static const fsdp_backend_ops_t gpu_ops = {
     .kernel = fsdp_gpu_kernel,
 };
 
+/* Whether why there is no device has been said: once per process, at warning level or in
+ * describe()'s line, whichever comes first (a one-line refusal that prints that line says it). */
+static atomic_int no_device_said;
+
 static int device_count(void)
 {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
 
     if (err != cudaSuccess) {
-        /* Not an error here: a machine without a driver or device simply has none. */
-        fsdp_debug("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
-                   cudaGetErrorName(err));
+        /* A machine without a device simply has none; any other cause (a driver older than the
+         * runtime, a broken install) is what the user must see. */
+        if (err == cudaErrorNoDevice || atomic_exchange(&no_device_said, 1))
+            fsdp_debug("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                       cudaGetErrorName(err));
+        else
+            fsdp_warn("no CUDA device usable: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                      cudaGetErrorName(err));
         (void)cudaGetLastError();
         return 0;
     }
     return n;
+}
+
+/* Appends to buf at *len, as snprintf, never past size. */
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (*len + 1 >= size)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *len = *len + (size_t)n < size ? *len + (size_t)n : size - 1;
+}
+
+/* "driver 13.0, runtime 13.0, NCCL 2.28.9, cuBLAS 13.0.0; 1 device: 0 NAME (sm_90, 79.2 GiB)" */
+static void describe(char *buf, size_t size)
+{
+    int drv = 0, rt = 0, nccl = 0, cb[3] = {0, 0, 0}, n = 0;
+    size_t len = 0;
+    cudaError_t err;
+
+    buf[0] = '\0';
+    if (cudaDriverGetVersion(&drv) != cudaSuccess)
+        drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = 0;
+    if (ncclGetVersion(&nccl) != ncclSuccess)
+        nccl = 0;
+    (void)cublasGetProperty(MAJOR_VERSION, &cb[0]);
+    (void)cublasGetProperty(MINOR_VERSION, &cb[1]);
+    (void)cublasGetProperty(PATCH_LEVEL, &cb[2]);
+    if (drv > 0)
+        append(buf, size, &len, "driver %d.%d", drv / 1000, drv % 1000 / 10);
+    else
+        append(buf, size, &len, "driver none");
+    append(buf, size, &len, ", runtime %d.%d, NCCL %d.%d.%d, cuBLAS %d.%d.%d", rt / 1000,
+           rt % 1000 / 10, nccl / 10000, nccl % 10000 / 100, nccl % 100, cb[0], cb[1], cb[2]);
+    err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        atomic_store(&no_device_said, 1);
+        append(buf, size, &len, "; no device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+               cudaGetErrorName(err));
+        (void)cudaGetLastError();
+        return;
+    }
+    append(buf, size, &len, "; %d device%s", n, n == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            append(buf, size, &len, "%s %d (no properties)", i == 0 ? ":" : ",", i);
+            continue;
+        }
+        append(buf, size, &len, "%s %d %s (sm_%d%d, %.1f GiB)", i == 0 ? ":" : ",", i, prop.name,
+               prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    }
 }
 
 static fsdp_status_t unique_id(fsdp_gpu_unique_id_t *id_p)
@@ -268,9 +341,10 @@ static const fsdp_gpu_module_t gpu_module = {
     .finalize = finalize,
     .set_log_rank = fsdp_gpu_set_log_rank,
     .log_rank = fsdp_gpu_log_rank,
+    .describe = describe,
 };
 
-const fsdp_gpu_module_t *fsdp_gpu_module_v1(void)
+const fsdp_gpu_module_t *fsdp_gpu_module_v2(void)
 {
     return &gpu_module;
 }
