@@ -206,6 +206,23 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     return status;
 }
 
+/* NCCL runs the collectives of one communicator in the order they were enqueued, but promises
+ * nothing across communicators: hybrid sharding's reduce-scatter (shard group, post-backward
+ * stream) and all-reduce (replicate group, all-reduce stream) may then run at once, and where
+ * two ranks start them in different orders, or the device cannot hold both kernels, each waits
+ * for a peer stuck in the other (NCCL issues 195 and 574). So before it is enqueued, a
+ * collective's stream waits for the collective enqueued just before it when that one belongs
+ * to another communicator: every rank's collectives run in their host order, across its
+ * communicators, as NCCL_LAUNCH_ORDER_IMPLICIT would make them, without the environment. */
+static fsdp_status_t coll_order(fsdp_gpu_dev_t *gdev, const fsdp_gpu_group_t *g, cudaStream_t s)
+{
+    unsigned slot;
+
+    if (!fsdp_gpu_ring_newest(&gdev->ring, &slot) || gdev->watch[slot].group == g)
+        return FSDP_OK; /* none in flight, or NCCL orders them */
+    return FSDP_CUDA_CALL(cudaStreamWaitEvent(s, gdev->watch[slot].done, cudaEventWaitDefault));
+}
+
 /* After the enqueue: converts its result, waits out ncclInProgress, and watches the collective
  * (waiting for it too when collectives are blocking). */
 static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStream_t stream,
@@ -291,6 +308,9 @@ fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_gather", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclAllGather(send, recv, count, type, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclAllGather", what);
@@ -327,6 +347,9 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclReduceScatter(send, recv, count, type, nop, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclReduceScatter", what);
@@ -363,6 +386,9 @@ fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclAllReduce(send, recv, count, type, nop, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclAllReduce", what);
@@ -397,6 +423,9 @@ fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "broadcast", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclBroadcast(buf, buf, count, type, root, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclBroadcast", what);
@@ -416,6 +445,9 @@ fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
     if (status != FSDP_OK)
         return status;
     snprintf(what, sizeof(what), "barrier on group %s", g->super.name);
+    status = coll_order(gdev, g, gdev->aux);
+    if (status != FSDP_OK)
+        return status;
     status =
         coll_end(gdev, g, gdev->aux,
                  ncclAllReduce(gdev->dbuf, gdev->dbuf, 1, ncclInt32, ncclSum, g->comm, gdev->aux),
@@ -449,6 +481,8 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
              parent->super.name);
     status = FSDP_CUDA_CALL(
         cudaMemcpyAsync(gdev->dbuf, mine, sizeof(mine), cudaMemcpyHostToDevice, gdev->aux));
+    if (status == FSDP_OK)
+        status = coll_order(gdev, parent, gdev->aux);
     if (status != FSDP_OK)
         return status;
     status =
