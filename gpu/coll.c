@@ -503,13 +503,94 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
     return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
 }
 
+/* The split layer of poll.h over NCCL. */
+typedef struct split_ctx {
+    fsdp_gpu_dev_t *gdev;
+    ncclComm_t *child; /* written by NCCL's thread */
+    ncclResult_t res;  /* why the state failed */
+} split_ctx_t;
+
+static int split_state(void *ctx, void *comm)
+{
+    split_ctx_t *c = ctx;
+    ncclResult_t res, st = ncclSuccess;
+
+    res = ncclCommGetAsyncError((ncclComm_t)comm, &st);
+    if (res != ncclSuccess) {
+        c->res = res;
+        return -1;
+    }
+    if (st == ncclInProgress)
+        return 1;
+    c->res = st;
+    return st == ncclSuccess ? 0 : -1;
+}
+
+static void *split_published(void *ctx)
+{
+    split_ctx_t *c = ctx;
+    return __atomic_load_n(c->child, __ATOMIC_ACQUIRE);
+}
+
+static void split_abort_all(void *ctx, int why)
+{
+    split_ctx_t *c = ctx;
+    fsdp_gpu_fail_all(
+        c->gdev, why == FSDP_GPU_SPLIT_TIMED_OUT
+                     ? FSDP_ERR_TIMEOUT
+                     : fsdp_gpu_nccl_status(c->res, "ncclCommSplit", __FILE__, __LINE__, __func__));
+}
+
+static void split_abort(void *ctx, void *comm)
+{
+    (void)ctx;
+    (void)FSDP_NCCL_CALL(ncclCommAbort((ncclComm_t)comm));
+}
+
+static double split_now(void *ctx)
+{
+    (void)ctx;
+    return fsdp_gpu_now();
+}
+
+static void split_pause(void *ctx, fsdp_gpu_poll_t *p)
+{
+    (void)ctx;
+    fsdp_gpu_pause(p);
+}
+
+/* Waits for ncclCommSplit to settle (poll.h); on a failure or the timeout every communicator
+ * is aborted, the child too even when NCCL publishes it only after the split was seen pending.
+ * *unseen_p: 1 when a child was due but never seen, so NCCL's thread may still write *comm_p. */
+static fsdp_status_t split_settle(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *p, ncclComm_t *comm_p,
+                                  int child, const char *what, int *unseen_p)
+{
+    split_ctx_t ctx = {gdev, comm_p, ncclSuccess};
+    const fsdp_gpu_split_layer_t layer = {
+        split_state, split_published, split_abort_all, split_abort, split_now, split_pause, &ctx};
+    void *aborted = NULL;
+    int rc;
+
+    rc = fsdp_gpu_split_settle(&layer, p->comm, child, gdev->timeout_s, &aborted);
+    *unseen_p = rc != 0 && child && aborted == NULL;
+    if (rc == 0)
+        return FSDP_OK;
+    if (rc == FSDP_GPU_SPLIT_TIMED_OUT)
+        fsdp_error("rank %d: %s did not complete within %g s (collective timeout)%s",
+                   gdev->super.rank, what, gdev->timeout_s,
+                   aborted != NULL ? ": the new communicator is aborted too" : "");
+    else
+        fsdp_error("rank %d: %s failed", gdev->super.rank, what);
+    return gdev->failed != FSDP_OK ? gdev->failed : FSDP_ERR_BACKEND;
+}
+
 fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
                                    fsdp_group_t **group_p)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_group_t *p, *g = NULL;
-    int *all = NULL, n, members = 0, me = -1, nccl_rank = -1, nccl_count = -1;
-    ncclComm_t comm = NULL;
+    int *all = NULL, n, members = 0, me = -1, nccl_rank = -1, nccl_count = -1, unseen = 0;
+    ncclComm_t comm = NULL, *slot = NULL; /* slot: where NCCL's thread publishes the child */
     ncclConfig_t config;
     fsdp_status_t status;
     ncclResult_t res;
@@ -533,17 +614,23 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
 
     snprintf(what, sizeof(what), "ncclCommSplit(group %s, color %d)", p->super.name, color);
     comm_config(&config);
-    res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
-    status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
-    if (status == FSDP_OK && res == ncclInProgress)
-        status = comm_ready(gdev, comm != NULL ? comm : p->comm, FSDP_GPU_POLL_COMM, what);
-    if (status != FSDP_OK) {
-        if (comm != NULL)
-            (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
-        comm = NULL;
-        fsdp_gpu_fail_all(gdev, status);
+    slot = calloc(1, sizeof(*slot));
+    if (slot == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
         goto out;
     }
+    res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config);
+    status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
+    if (status == FSDP_OK && res == ncclInProgress)
+        status = split_settle(gdev, p, slot, color >= 0, what, &unseen);
+    else if (status != FSDP_OK)
+        fsdp_gpu_fail_all(gdev, status);
+    if (status != FSDP_OK) {
+        if (unseen)
+            slot = NULL; /* left to NCCL's thread, which may still publish into it */
+        goto out;        /* the child, if seen, was aborted with every other communicator */
+    }
+    comm = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (color < 0) {
         *group_p = NULL;
         goto out;
@@ -597,6 +684,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
 out:
     if (comm != NULL)
         (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
+    free(slot);
     if (g != NULL) {
         free(g->ranks);
         free(g);

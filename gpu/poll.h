@@ -20,6 +20,8 @@
 #ifndef FSDP_GPU_POLL_H
 #define FSDP_GPU_POLL_H
 
+#include <stddef.h>
+
 typedef enum fsdp_gpu_poll_kind {
     FSDP_GPU_POLL_ENQUEUE,
     FSDP_GPU_POLL_WAIT,
@@ -149,6 +151,66 @@ static inline int fsdp_gpu_ring_retire(fsdp_gpu_ring_t *r, fsdp_gpu_ring_done_fu
 static inline void fsdp_gpu_ring_clear(fsdp_gpu_ring_t *r)
 {
     r->count = 0;
+}
+
+/* A split of a non-blocking communicator, as fsdp_gpu_split_settle sees it: NCCL's (coll.c), or
+ * a test's stub. NCCL publishes the child communicator from a thread of its own, possibly after
+ * the split returned, so it is read through published() each time. */
+typedef struct fsdp_gpu_split_layer {
+    /* the communicator's state: 0 settled, 1 still in progress, < 0 failed */
+    int (*state)(void *ctx, void *comm);
+    /* the child as NCCL has published it so far, or NULL */
+    void *(*published)(void *ctx);
+    /* aborts every communicator of the rank, the parent among them; why is
+     * FSDP_GPU_SPLIT_FAILED or FSDP_GPU_SPLIT_TIMED_OUT */
+    void (*abort_all)(void *ctx, int why);
+    void (*abort)(void *ctx, void *comm);
+    double (*now)(void *ctx);
+    void (*pause)(void *ctx, fsdp_gpu_poll_t *p);
+    void *ctx;
+} fsdp_gpu_split_layer_t;
+
+#define FSDP_GPU_SPLIT_FAILED -1
+#define FSDP_GPU_SPLIT_TIMED_OUT -2
+
+/* Waits for a split to settle, polling the child once it is published and the parent before
+ * (timeout_s <= 0: no timeout); a rank outside every new group (child 0) waits for the parent
+ * only. Returns 0, FSDP_GPU_SPLIT_FAILED or FSDP_GPU_SPLIT_TIMED_OUT.
+ * On failure every communicator is aborted, and then the child too if NCCL has published it
+ * by then (a child published after the first look would otherwise leak); *aborted_p is then
+ * that child, or NULL. */
+static inline int fsdp_gpu_split_settle(const fsdp_gpu_split_layer_t *l, void *parent, int child,
+                                        double timeout_s, void **aborted_p)
+{
+    fsdp_gpu_poll_t poll;
+    void *comm;
+    int st, why;
+
+    *aborted_p = NULL;
+    fsdp_gpu_poll_start(&poll, FSDP_GPU_POLL_COMM, l->now(l->ctx));
+    for (;;) {
+        comm = l->published(l->ctx);
+        st = l->state(l->ctx, comm != NULL ? comm : parent);
+        if (st == 0 && (comm != NULL || !child))
+            return 0;
+        if (st < 0) {
+            why = FSDP_GPU_SPLIT_FAILED;
+            break;
+        }
+        /* the parent settled but no child yet (NCCL has not published it): keep polling */
+        if (timeout_s > 0 && l->now(l->ctx) - poll.t0 > timeout_s) {
+            why = FSDP_GPU_SPLIT_TIMED_OUT;
+            break;
+        }
+        l->pause(l->ctx, &poll);
+    }
+    l->abort_all(l->ctx, why);
+    comm = l->published(l->ctx);
+    if (comm != NULL) {
+        l->abort(l->ctx, comm);
+        *aborted_p = comm;
+    }
+    return why;
 }
 
 #endif
