@@ -59,8 +59,8 @@ typedef struct fsdp_gpu_stream {
     double *scratch; /* FSDP_KB_RED_MAX_BLOCKS partial sums (reductions), made on first use */
 } fsdp_gpu_stream_t;
 
-/* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. Timing stays
- * enabled so traces can time spans with cudaEventElapsedTime. */
+/* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. It only orders
+ * and synchronizes (cudaEventDisableTiming); traces time spans with events of their own. */
 struct fsdp_event {
     cudaEvent_t cu;
 };
