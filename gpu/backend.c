@@ -155,8 +155,6 @@ static void dev_free(fsdp_gpu_dev_t *gdev)
     }
     if (gdev->dbuf != NULL)
         (void)FSDP_CUDA_CALL(cudaFree(gdev->dbuf));
-    if (gdev->cublas != NULL)
-        (void)FSDP_CUBLAS_CALL(cublasDestroy(gdev->cublas));
     if (gdev->aux != NULL)
         (void)FSDP_CUDA_CALL(cudaStreamDestroy(gdev->aux));
     fsdp_gpu_stream_fini(&gdev->compute);
@@ -260,13 +258,7 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     status = FSDP_CUDA_CALL(cudaStreamCreateWithFlags(&gdev->aux, cudaStreamNonBlocking));
     if (status != FSDP_OK)
         goto err_free;
-    status = FSDP_CUBLAS_CALL(cublasCreate(&gdev->cublas));
-    if (status != FSDP_OK)
-        goto err_free;
-    /* A 16-bit C is rounded once (kernel.h): split-K partial sums stay f32, never the output
-     * dtype. No effect on f32 GEMMs (no TF32 either). */
-    status = FSDP_CUBLAS_CALL(cublasSetMathMode(
-        gdev->cublas, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    status = fsdp_gpu_stream_cublas(&gdev->compute, &(cublasHandle_t){NULL});
     if (status != FSDP_OK)
         goto err_free;
     /* Barrier word, then room for the (color, key) exchange of a split of the world. */

@@ -57,6 +57,10 @@ typedef struct fsdp_gpu_stream {
     fsdp_stream_t super;
     cudaStream_t cu;
     double *scratch; /* FSDP_KB_RED_MAX_BLOCKS partial sums (reductions), made on first use */
+    /* The stream's own cuBLAS handle, bound to it, made by its first GEMM (the compute stream's
+     * at init): a handle's workspace serves one stream at a time, so two streams running GEMMs
+     * at once must not share one. */
+    cublasHandle_t cublas;
 } fsdp_gpu_stream_t;
 
 /* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. It only orders
@@ -93,7 +97,6 @@ struct fsdp_gpu_dev {
 
     fsdp_gpu_stream_t compute; /* id 0 */
     cudaStream_t aux;          /* barrier and split bookkeeping */
-    cublasHandle_t cublas;
     int *dbuf; /* device ints for barrier and split */
 
     fsdp_gpu_group_t *world;
@@ -184,6 +187,8 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
 void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
 
 /* kernel.c / kernels.cu */
+/* The stream's cuBLAS handle, made and bound to it on first use. */
+fsdp_status_t fsdp_gpu_stream_cublas(fsdp_gpu_stream_t *s, cublasHandle_t *handle_p);
 /* Loads every kernel of kernels.cu (cudaFuncGetAttributes), so no launch loads a module. */
 fsdp_status_t fsdp_gpu_load_kernels(void);
 /* Loads cuBLAS's kernels for each dtype pair of the GEMM slot by running one small GEMM of

@@ -97,8 +97,11 @@ fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, i
 
 void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s)
 {
+    if (s->cublas != NULL) /* synchronizes the device */
+        (void)FSDP_CUBLAS_CALL(cublasDestroy(s->cublas));
     if (s->scratch != NULL)
         (void)FSDP_CUDA_CALL(cudaFree(s->scratch)); /* waits for the work that uses it */
+    s->cublas = NULL;
     if (s->cu != NULL)
         (void)FSDP_CUDA_CALL(cudaStreamDestroy(s->cu));
     s->scratch = NULL;
@@ -145,7 +148,7 @@ void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
     if (s == NULL || s == &gdev->compute)
         return;
     (void)use_device(gdev);
-    if (s->scratch != NULL)
+    if (s->scratch != NULL || s->cublas != NULL)
         before_free(gdev);
     fsdp_gpu_stream_fini(s);
     free(s);
