@@ -46,7 +46,8 @@ extern "C" {
 #endif
 
 typedef struct fsdp_gpu_dev fsdp_gpu_dev_t;
-typedef struct fsdp_gpu_timer fsdp_gpu_timer_t; /* trace.c */
+typedef struct fsdp_gpu_timer fsdp_gpu_timer_t;   /* trace.c */
+typedef struct fsdp_gpu_anchor fsdp_gpu_anchor_t; /* trace.c */
 
 /* Element-wise launches use this many threads per block (reductions: FSDP_KB_RED_LANES). */
 #define FSDP_GPU_THREADS 256
@@ -106,10 +107,9 @@ struct fsdp_gpu_dev {
     fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* collectives in flight, ordered by ring */
     fsdp_gpu_ring_t ring;
 
-    /* Trace timing (trace.c): the reference event and its host time, and the timer pool (a
-     * flush on another thread may resolve timers: the lock guards the lists). */
-    cudaEvent_t trace_ref;
-    double trace_ref_host;
+    /* Trace timing (trace.c): the reference events with their host times, and the timer pool
+     * (a flush on another thread may resolve timers: the lock guards the lists and counts). */
+    fsdp_gpu_anchor_t *anchor; /* the newest reference, first of the list of those in use */
     pthread_mutex_t timer_lock;
     int timer_lock_init;
     int trace_gave_up; /* an op's end did not come within the timeout (under timer_lock) */
