@@ -1,5 +1,6 @@
 /* What fsdp-train and fsdp-plan share on the command line (cli.h). */
 #include "cli.h"
+#include "progress.h"
 
 #include <errno.h>
 #include <math.h>
@@ -21,7 +22,9 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
     if (cli_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
         return;
     snprintf(last, sizeof(last), "%s", msg);
+    progress_hide();
     fprintf(stderr, "%s: %s: %s\n", cli_tool, names[level >= 0 && level <= 4 ? level : 0], msg);
+    progress_show();
 }
 
 void cli_init(const char *tool)
@@ -37,9 +40,11 @@ void cli_log_quiet(int quiet)
 
 static void cli_verror(const char *fmt, va_list ap)
 {
+    progress_hide();
     fprintf(stderr, "%s: error: ", cli_tool);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+    progress_show();
 }
 
 void cli_error(const char *fmt, ...)
@@ -53,6 +58,7 @@ void cli_error(const char *fmt, ...)
 void cli_die(const char *fmt, ...)
 {
     va_list ap;
+    progress_end();
     va_start(ap, fmt);
     cli_verror(fmt, ap);
     va_end(ap);

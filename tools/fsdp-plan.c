@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 
 /* ---- models ------------------------------------------------------------------------------
  *
@@ -761,7 +762,9 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
            dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
     fflush(stdout);
+    progress_start(0, "", "simulating");
     s = plan_config(a, &a->fsdp, res, 0);
+    progress_end();
     if (s.status != FSDP_OK && !s.oom) {
         cli_error("the simulation failed (%s); see above", fsdp_status_name(s.status));
         return 1;
@@ -811,11 +814,15 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
     fsdp_config_t best_cfg = a->fsdp;
     summary_t best = {.status = FSDP_ERR_NOT_FOUND};
-    int n_fit = 0;
+    int n_fit = 0, n_run = 0, n_strategies = 0;
 
     print_header(a);
+    for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++)
+        n_strategies += !is_hybrid(strategies[si]) || a->world > a->per_node;
     printf("%-19s %-8s %-7s %10s %10s %6s %12s %12s  %s\n", "strategy", "prefetch", "limiter",
            "step ms", "exposed ms", "MFU", "peak alloc", "peak reserv", "fits");
+    fflush(stdout);
+    progress_start(n_strategies * 3 * 2, "config", "simulating");
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
         /* hybrid strategies shard within a node: only worth trying on several nodes */
         if (is_hybrid(strategies[si]) && a->world <= a->per_node)
@@ -829,17 +836,19 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
                 cfg.limit_all_gathers = lim;
                 s = plan_config(a, &cfg, res, 1);
                 if (s.status != FSDP_OK && !s.oom) {
-                    printf("%-19s %-8s %-7s  failed: %s\n", fsdp_strategy_name(cfg.strategy),
-                           prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
-                           fsdp_status_string(s.status));
+                    progress_printf("%-19s %-8s %-7s  failed: %s", fsdp_strategy_name(cfg.strategy),
+                                    prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
+                                    fsdp_status_string(s.status));
+                    progress_update(++n_run, NULL);
                     continue;
                 }
-                printf("%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s\n",
-                       fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
-                       lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
-                       (double)s.peak_alloc / (double)((size_t)1 << 30),
-                       (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
-                fflush(stdout);
+                progress_printf(
+                    "%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s",
+                    fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
+                    lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
+                    (double)s.peak_alloc / (double)((size_t)1 << 30),
+                    (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
+                progress_update(++n_run, NULL);
                 if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
                     best = s;
                     best_cfg = cfg;
@@ -848,6 +857,7 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
             }
         }
     }
+    progress_end();
     if (n_fit == 0) {
         printf("nothing fits in %.2f GiB per GPU\n",
                (double)a->capacity / (double)((size_t)1 << 30));

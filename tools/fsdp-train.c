@@ -9,6 +9,7 @@
 #include <fsdp/fsdp.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "train_trace.h"
 
 #include "train_gpt2.h"
@@ -647,8 +648,10 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         if (status == FSDP_OK && dev->rank == 0) {
             sh->losses[step] = loss;
             if (!a->quiet) {
-                printf("step %d loss %.9g\n", step + 1, (double)loss);
-                fflush(stdout);
+                char note[32];
+                progress_printf("step %d loss %.9g", step + 1, (double)loss);
+                snprintf(note, sizeof(note), "loss %.4f", (double)loss);
+                progress_update(step + 1, note);
             }
         }
     }
@@ -733,7 +736,10 @@ int main(int argc, char **argv)
     if (train_trace_open(trace_path, &args.launch, &args.fsdp, "mlp", argc, argv, &sh.trace) !=
         FSDP_OK)
         fail_quietly();
+    if (!args.quiet && train_launch_reports(&args.launch))
+        progress_start(args.steps, "step", "setting up");
     status = train_launch_run(&args.launch, train_rank, &sh);
+    progress_end();
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each

@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "corpus.h"
+#include "progress.h"
 #include "train_gpt2.h"
 #include "train_launch.h"
 #include "train_trace.h"
@@ -129,14 +130,14 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             if (!o->quiet) {
                 /* tokens/s: this process's wall time; the step time: the simulated device's
                  * (on a GPU, the host's wall clock over the step) */
-                printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f\n",
-                       (long long)step + 1, (double)loss,
-                       wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
-                       o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
-                       sim_dt * 1e3,
-                       (double)st.peak_allocated / 1048576.0);
-                fflush(stdout);
-                train_progress(step + 1, o->steps, loss);
+                char note[32];
+                progress_printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f",
+                                (long long)step + 1, (double)loss,
+                                wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
+                                o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                                sim_dt * 1e3, (double)st.peak_allocated / 1048576.0);
+                snprintf(note, sizeof(note), "loss %.4f", (double)loss);
+                progress_update(step + 1, note);
             }
         }
     }
@@ -210,7 +211,10 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                          &sh.trace) != FSDP_OK)
         goto out;
     t0 = wall_now();
+    if (!o->quiet && report)
+        progress_start(o->steps, "step", "setting up");
     status = train_launch_run(o->launch, gpt2_rank, &sh);
+    progress_end();
     dt = wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -71,22 +70,4 @@ double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, in
         fsdp_trace_step(dev, step, loss, dt, &st);
     }
     return dt;
-}
-
-void train_progress(int64_t step, int64_t steps, double loss)
-{
-    enum { WIDTH = 30 };
-    char bar[WIDTH + 1];
-    int filled;
-
-    if (steps <= 0 || !isatty(STDERR_FILENO))
-        return;
-    filled = (int)(WIDTH * step / steps);
-    for (int i = 0; i < WIDTH; i++)
-        bar[i] = i < filled ? '#' : '.';
-    bar[WIDTH] = '\0';
-    fprintf(stderr, "\r[%s] %lld/%lld loss %.4f", bar, (long long)step, (long long)steps, loss);
-    if (step == steps)
-        fputc('\n', stderr);
-    fflush(stderr);
 }

@@ -25,7 +25,4 @@ void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock);
 double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, int64_t step,
                       double loss);
 
-/* A progress bar on stderr when it is a terminal (nothing otherwise). */
-void train_progress(int64_t step, int64_t steps, double loss);
-
 #endif
