@@ -96,6 +96,17 @@ check "bf16 mixed precision computes in bf16" sh -c "! cmp -s '$tmp/bf16' '$tmp/
 "$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --strategy shard_grad_op \
     --mixed-precision param=float16,reduce=float32 >"$tmp/fp16" 2>&1
 check "fp16 mixed precision with PyTorch's names trains" test "$(grep -c '^step' "$tmp/fp16")" -eq 3
+# the short form is MixedPrecision(param_dtype=D): reduce_dtype and buffer_dtype at their defaults
+"$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --mixed-precision bf16 >"$tmp/mp_short" 2>&1
+"$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --mixed-precision param=bf16 >"$tmp/mp_long" 2>&1
+check "--mixed-precision bf16 is param=bf16" cmp -s "$tmp/mp_short" "$tmp/mp_long"
+check "--mixed-precision bf16 trains" test "$(grep -c '^step' "$tmp/mp_short")" -eq 3
+refuse "a mixed precision that is no float dtype" --mixed-precision int8
+# --batch is the global batch, --local-batch each rank's
+"$train" --model mlp:8,12,3 --world 4 --local-batch 2 --steps 3 >"$tmp/lb" 2>&1
+"$train" --model mlp:8,12,3 --world 4 --batch 8 --steps 3 >"$tmp/gb" 2>&1
+check "--local-batch 2 on 4 ranks is --batch 8" cmp -s "$tmp/lb" "$tmp/gb"
+refuse "--batch and --local-batch that disagree" --world 4 --batch 8 --local-batch 4
 
 # ---- GPT-2 ----
 tiny="gpt2:layers=1,heads=2,dim=16,seq=16,vocab=256"
@@ -196,6 +207,14 @@ check "gpt2 bf16 peaks lower than f32" \
     awk 'NR==FNR{if(/^rank 0 peak/)a=$5;next} /^rank 0 peak/{exit !(a < $5)}' \
     "$tmp/gbf16" "$tmp/gf32"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
+# a default batch the world does not divide is rounded up, and that is said
+"$train" --model "$tiny" --world 3 --steps 1 >"$tmp/w3" 2>"$tmp/err"
+check "gpt2 on 3 ranks: the default batch rounded up, with a note" \
+    sh -c "grep -q 'global batch 9 x ' '$tmp/w3' && test \$(grep -c . '$tmp/err') -eq 1 &&
+           grep -q '^fsdp-train: note: global batch 9 sequences: the default 8 rounded up' '$tmp/err'"
+"$train" --model mlp:8,12,3 --world 3 --steps 1 >"$tmp/w3m" 2>"$tmp/err"
+check "mlp on 3 ranks: the default batch rounded up, with a note" \
+    grep -q '^fsdp-train: note: global batch 33 rows: the default 32 rounded up' "$tmp/err"
 refuse "llm.c tokens for an mlp" --tokens "$tmp/tok.bin"
 refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --tokens "$tmp/tok.bin"
 refuse "an llm.c shard with a bad magic" --model "$tiny" --tokens "$tmp/badmagic.bin"
