@@ -176,6 +176,29 @@ check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \
 check "gpt2: resume from a checkpoint continues the loss sequence exactly" \
     sh -c "tail -n 3 '$tmp/gsix' | cmp -s - '$tmp/gthree'"
 
+# resuming says which step it loaded; a checkpoint at or past --steps is nothing to train
+"$train" --model "$tiny" --world 2 --batch 4 --steps 6 --resume "$tmp/gck" >"$tmp/res" 2>&1
+check "gpt2: resuming says which step it loaded" grep -q "^resumed from $tmp/gck at step 3$" "$tmp/res"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 2 --resume "$tmp/gck" >"$tmp/res" 2>"$tmp/err"
+check "gpt2: resuming past --steps exits non-zero" test $? -ne 0
+check "gpt2: and says why" \
+    grep -q '^fsdp-train: error: --resume .* at step 3 and --steps is 2: nothing to train' "$tmp/err"
+"$train" --model mlp:8,12,3 --world 2 --steps 3 --save-checkpoint "$tmp/mck" >/dev/null 2>&1
+"$train" --model mlp:8,12,3 --world 2 --steps 3 --resume "$tmp/mck" >"$tmp/res" 2>"$tmp/err"
+check "mlp: resuming at --steps exits non-zero" test $? -ne 0
+check "mlp: and says why in one line" \
+    sh -c "test \$(grep -c . '$tmp/err') -eq 1 && grep -q 'nothing to train' '$tmp/err'"
+# FSDP_LOG_LEVEL that names no level is said at once
+FSDP_LOG_LEVEL=verbose "$train" --model mlp:8,12,3 --world 2 --steps 1 >/dev/null 2>"$tmp/err"
+check "FSDP_LOG_LEVEL=verbose is said in one line" \
+    grep -q "^fsdp-train: warning: FSDP_LOG_LEVEL='verbose' is not one of" "$tmp/err"
+# the trace records the command as typed, not libtool's binary under .libs/
+"$train" --model mlp:8,12,3 --world 2 --steps 1 --trace "$tmp/cl.db" --data "$tmp/no such.st" \
+    >/dev/null 2>&1
+"$train" --model mlp:8,12,3 --world 2 --steps 1 --trace "$tmp/cl.db" >/dev/null 2>&1
+"$(dirname "$train")/fsdp-trace" summary "$tmp/cl.db" >"$tmp/cl" 2>&1
+check "the trace's command line is the program called, not libtool's binary under .libs/" \
+    grep -q "^command: [^ ]*tools/fsdp-train --model mlp:8,12,3 --world 2 --steps 1 --trace $tmp/cl.db\$" "$tmp/cl"
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
 # without a device (or without the gpu module) this is refused for that; with one, for a

@@ -31,6 +31,7 @@ void cli_init(const char *tool)
 {
     cli_tool = tool;
     fsdp_log_set_handler(log_to_stderr, NULL);
+    fsdp_log_level(); /* a bad FSDP_LOG_LEVEL is said at once, not at the first message */
 }
 
 void cli_log_quiet(int quiet)
@@ -160,6 +161,42 @@ void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
                     item, eq + 1);
         *field = dt;
     }
+}
+
+void cli_command_line(int argc, char **argv, char *buf, size_t size)
+{
+    size_t off = 0;
+
+    if (size == 0)
+        return;
+    buf[0] = '\0';
+    for (int i = 0; i < argc && off + 1 < size; i++) {
+        const char *arg = argv[i], *libs;
+        char prog[1024];
+        int n;
+        /* libtool runs DIR/.libs/NAME or DIR/.libs/lt-NAME for the wrapper DIR/NAME */
+        if (i == 0 && (libs = strstr(arg, ".libs/")) != NULL && strchr(libs + 6, '/') == NULL) {
+            const char *name = libs + 6;
+            if (strncmp(name, "lt-", 3) == 0)
+                name += 3;
+            snprintf(prog, sizeof(prog), "%.*s%s", (int)(libs - arg), arg, name);
+            arg = prog;
+        }
+        if (arg[0] != '\0' && strpbrk(arg, " \t\n'\"\\$`*?[]{}()<>|&;#~") == NULL)
+            n = snprintf(buf + off, size - off, "%s%s", i ? " " : "", arg);
+        else {
+            n = snprintf(buf + off, size - off, "%s'", i ? " " : "");
+            for (const char *p = arg; n >= 0 && *p && off + (size_t)n + 5 < size; p++)
+                n += *p == '\'' ? snprintf(buf + off + n, size - off - (size_t)n, "'\\''")
+                                : snprintf(buf + off + n, size - off - (size_t)n, "%c", *p);
+            n += snprintf(buf + off + n, size - off - (size_t)n, "'");
+        }
+        if (n < 0)
+            break;
+        off += (size_t)n;
+    }
+    if (off >= size)
+        buf[size - 1] = '\0';
 }
 
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,

@@ -36,6 +36,11 @@ size_t cli_parse_bytes(const char *opt, const char *s);
  * and their other spellings. Dies saying what is allowed. */
 void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp);
 
+/* The command line as the user typed it, for a trace's runs table: the program as it was called
+ * (in a build tree, libtool's wrapper, not the binary under .libs/ that it runs) and each
+ * argument, quoted for the shell where it needs to be; cut at size. */
+void cli_command_line(int argc, char **argv, char *buf, size_t size);
+
 /* getopt_long values, above any single character and any tool's own option values. */
 enum {
     CLI_OPT_STRATEGY = 0x10000,

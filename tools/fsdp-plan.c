@@ -209,6 +209,7 @@ typedef struct plan_args {
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
+    char command_line[2048]; /* for the trace */
 } plan_args_t;
 
 static void usage(FILE *f)
@@ -407,6 +408,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         }
     }
     cli_no_arguments(argc, argv);
+    cli_command_line(argc, argv, a->command_line, sizeof(a->command_line));
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */
@@ -635,7 +637,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         info.world_size = a->world;
         info.strategy = fsdp_strategy_name(cfg->strategy);
         info.profile_json = profile_json;
-        info.command_line = a->model_spec;
+        info.command_line = a->command_line;
         st = fsdp_trace_open(a->trace_path, &info, &run.trace);
         free(profile_json);
         if (st != FSDP_OK)

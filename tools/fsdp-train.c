@@ -63,6 +63,7 @@ typedef struct train_shared {
     size_t *peak;          /* per rank */
     float *losses;         /* per step (rank 0 writes) */
     fsdp_trace_t *trace;   /* --trace, or NULL */
+    int64_t resumed_step;  /* rank 0's: the step --resume loaded */
 } train_shared_t;
 
 /* The library already said what was wrong. */
@@ -638,8 +639,13 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
                                 fsdp_compute_stream(fs), (void **)&dloss);
     int64_t first_step = 0;
-    if (status == FSDP_OK && a->resume_dir != NULL)
+    if (status == FSDP_OK && a->resume_dir != NULL) {
         status = fsdp_checkpoint_load(fs, opt, a->resume_dir, &first_step);
+        if (status == FSDP_OK && dev->rank == 0) {
+            sh->resumed_step = first_step;
+            train_resumed(dev, a->resume_dir, first_step, a->quiet);
+        }
+    }
     size_t micro_rows = rows / (size_t)a->grad_accum;
     fsdp_mlp_set_loss_scale(mlp, 1.0f / (float)a->grad_accum);
     for (int step = (int)first_step; step < a->steps && status == FSDP_OK; step++) {
@@ -775,6 +781,9 @@ int main(int argc, char **argv)
     progress_end();
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
+    if (status == FSDP_OK && train_launch_reports(&args.launch) &&
+        train_resume_past_end(args.resume_dir, sh.resumed_step, args.steps))
+        status = FSDP_ERR_INVALID_PARAM;
     /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each
      * process knows its own rank's peak. */
     for (int r = 0; status == FSDP_OK && r < args.world; r++) {

@@ -24,6 +24,7 @@ typedef struct gpt2_shared {
     fsdp_gpt2_weights_t *weights; /* --init, or NULL */
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
+    int64_t resumed_step;         /* rank 0's: the step --resume loaded */
     fsdp_trace_t *trace;          /* --trace, or NULL */
     double first_loss, last_loss; /* rank 0's */
     double sim_time;              /* rank 0's simulated seconds over the steps run */
@@ -88,8 +89,13 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
                                 fsdp_compute_stream(fs), (void **)&dloss);
-    if (status == FSDP_OK && o->resume_dir != NULL)
+    if (status == FSDP_OK && o->resume_dir != NULL) {
         status = fsdp_checkpoint_load(fs, opt, o->resume_dir, &first_step);
+        if (status == FSDP_OK && dev->rank == 0) {
+            sh->resumed_step = first_step;
+            train_resumed(dev, o->resume_dir, first_step, o->quiet);
+        }
+    }
     if (m != NULL)
         fsdp_gpt2_set_loss_scale(m, 1.0f / (float)o->grad_accum);
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
@@ -219,7 +225,8 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     sh.trace = NULL;
-    if (status != FSDP_OK) { /* the failing rank logged why; its peers only saw it fail */
+    if (status != FSDP_OK || /* the failing rank logged why; its peers only saw it fail */
+        (report && train_resume_past_end(o->resume_dir, sh.resumed_step, o->steps))) {
         rc = 1;
         goto out;
     }

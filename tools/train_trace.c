@@ -6,13 +6,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
                                const fsdp_config_t *cfg, const char *model, int argc,
                                char **argv, fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
-    size_t off = 0;
     fsdp_trace_run_info_t info;
     char *profile_json = NULL;
     fsdp_status_t status;
@@ -20,9 +20,7 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
     *trace_p = NULL;
     if (path == NULL)
         return FSDP_OK;
-    cmd[0] = '\0';
-    for (int i = 0; i < argc && off < sizeof(cmd); i++)
-        off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s%s", i ? " " : "", argv[i]);
+    cli_command_line(argc, argv, cmd, sizeof(cmd));
     snprintf(config, sizeof(config),
              "{\"model\": \"%s\", \"strategy\": \"%s\", \"backward_prefetch\": %d, "
              "\"forward_prefetch\": %d, \"limit_all_gathers\": %d, \"cpu_offload\": %d, "
@@ -53,6 +51,22 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
     status = fsdp_trace_open(path, &info, trace_p);
     free(profile_json);
     return status;
+}
+
+void train_resumed(const fsdp_dev_t *dev, const char *dir, int64_t step, int quiet)
+{
+    if (dev->rank == 0 && !quiet)
+        progress_printf("resumed from %s at step %lld", dir, (long long)step);
+}
+
+int train_resume_past_end(const char *dir, int64_t step, int64_t steps)
+{
+    if (dir == NULL || step < steps)
+        return 0;
+    cli_error("--resume %s: the checkpoint is at step %lld and --steps is %lld: nothing to train "
+              "(--steps is the total, counted from step 0; give more than %lld to continue)",
+              dir, (long long)step, (long long)steps, (long long)step);
+    return 1;
 }
 
 void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)
