@@ -199,6 +199,12 @@ check "FSDP_LOG_LEVEL=verbose is said in one line" \
 "$(dirname "$train")/fsdp-trace" summary "$tmp/cl.db" >"$tmp/cl" 2>&1
 check "the trace's command line is the program called, not libtool's binary under .libs/" \
     grep -q "^command: [^ ]*tools/fsdp-train --model mlp:8,12,3 --world 2 --steps 1 --trace $tmp/cl.db\$" "$tmp/cl"
+# the demo's corpus is fixed, so the README's first loss reproduces
+"$train" --model gpt2-tiny --world 4 --strategy full_shard --optim adamw --lr 3e-3 --no-decay-1d \
+    --clip-grad-norm 1.0 --batch 32 --steps 1 --data "${top_srcdir:-..}/data/sqlite3-h.txt" \
+    >"$tmp/demo" 2>&1
+check "the demo's first step prints the README's loss" \
+    grep -q "^step 1 loss 5.53065491 .* sim_step_ms 1.191 peak_mib 6.37$" "$tmp/demo"
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
 # without a device (or without the gpu module) this is refused for that; with one, for a
