@@ -78,6 +78,7 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     float *a = buf(att, 0.01f), *logits = buf(n * V, 0.0f), *losses = buf(n, 0.0f);
     float *dw = buf(4 * C, 0.0f), *db = buf(4 * C, 0.0f), *wte = buf(V * C, 0.0f), loss;
     int32_t *tok = malloc(n * sizeof(int32_t));
+    const float div = dt == FSDP_DTYPE_F32 ? 0.0f : 8.0f; /* the model's sqrt(64) in 16 bits */
     fsdp_kernel_t k;
     double t;
 
@@ -111,11 +112,11 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     ROW("gelu_bwd", n * 4 * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_FWD;
-    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt};
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt, div};
     t = time_kernel(&k, reps);
     ROW("softmax_fwd", att);
     k.kind = FSDP_K_SOFTMAX_BWD;
-    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt};
+    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt, div};
     if (att <= n * 4 * C) {
         t = time_kernel(&k, reps);
         ROW("softmax_bwd", att);

@@ -22,6 +22,11 @@ int bench_gpu_setup(const char *name, int argc, char **argv, bench_gpu_args_t *a
             return 2;
         }
     }
+    {
+        char found[1024]; /* what the tables were measured on */
+        fsdp_gpu_describe(found, sizeof(found));
+        printf("%s: %s\n", name, found);
+    }
     if (!fsdp_gpu_built()) {
         printf("%s: skipped: %s\n", name, fsdp_gpu_load_error());
         return 0;

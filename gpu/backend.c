@@ -7,6 +7,9 @@
 
 #include <fsdp/version.h>
 
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,19 +44,89 @@ static const fsdp_backend_ops_t gpu_ops = {
     .kernel = fsdp_gpu_kernel,
 };
 
+/* Whether why there is no device has been said: once per process, at warning level or in
+ * describe()'s line, whichever comes first (a one-line refusal that prints that line says it). */
+static atomic_int no_device_said;
+
 static int device_count(void)
 {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
 
     if (err != cudaSuccess) {
-        /* Not an error here: a machine without a driver or device simply has none. */
-        fsdp_debug("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
-                   cudaGetErrorName(err));
+        /* A machine without a device simply has none; any other cause (a driver older than the
+         * runtime, a broken install) is what the user must see. */
+        if (err == cudaErrorNoDevice || atomic_exchange(&no_device_said, 1))
+            fsdp_debug("no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                       cudaGetErrorName(err));
+        else
+            fsdp_warn("no CUDA device usable: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                      cudaGetErrorName(err));
         (void)cudaGetLastError();
         return 0;
     }
     return n;
+}
+
+/* Appends to buf at *len, as snprintf, never past size. */
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (*len + 1 >= size)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, size - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *len = *len + (size_t)n < size ? *len + (size_t)n : size - 1;
+}
+
+/* "driver 13.0, runtime 13.0, NCCL 2.28.9, cuBLAS 13.0.0; 1 device: 0 NAME (sm_90, 79.2 GiB)" */
+static void describe(char *buf, size_t size)
+{
+    int drv = 0, rt = 0, nccl = 0, cb[3] = {0, 0, 0}, n = 0;
+    size_t len = 0;
+    cudaError_t err;
+
+    buf[0] = '\0';
+    if (cudaDriverGetVersion(&drv) != cudaSuccess)
+        drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = 0;
+    if (ncclGetVersion(&nccl) != ncclSuccess)
+        nccl = 0;
+    (void)cublasGetProperty(MAJOR_VERSION, &cb[0]);
+    (void)cublasGetProperty(MINOR_VERSION, &cb[1]);
+    (void)cublasGetProperty(PATCH_LEVEL, &cb[2]);
+    if (drv > 0)
+        append(buf, size, &len, "driver %d.%d", drv / 1000, drv % 1000 / 10);
+    else
+        append(buf, size, &len, "driver none");
+    append(buf, size, &len, ", runtime %d.%d, NCCL %d.%d.%d, cuBLAS %d.%d.%d", rt / 1000,
+           rt % 1000 / 10, nccl / 10000, nccl % 10000 / 100, nccl % 100, cb[0], cb[1], cb[2]);
+    err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        atomic_store(&no_device_said, 1);
+        append(buf, size, &len, "; no device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+               cudaGetErrorName(err));
+        (void)cudaGetLastError();
+        return;
+    }
+    append(buf, size, &len, "; %d device%s", n, n == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            append(buf, size, &len, "%s %d (no properties)", i == 0 ? ":" : ",", i);
+            continue;
+        }
+        append(buf, size, &len, "%s %d %s (sm_%d%d, %.1f GiB)", i == 0 ? ":" : ",", i, prop.name,
+               prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    }
 }
 
 static fsdp_status_t unique_id(fsdp_gpu_unique_id_t *id_p)
@@ -82,8 +155,6 @@ static void dev_free(fsdp_gpu_dev_t *gdev)
     }
     if (gdev->dbuf != NULL)
         (void)FSDP_CUDA_CALL(cudaFree(gdev->dbuf));
-    if (gdev->cublas != NULL)
-        (void)FSDP_CUBLAS_CALL(cublasDestroy(gdev->cublas));
     if (gdev->aux != NULL)
         (void)FSDP_CUDA_CALL(cudaStreamDestroy(gdev->aux));
     fsdp_gpu_stream_fini(&gdev->compute);
@@ -174,6 +245,7 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     gdev->timeout_s = params->timeout_s;
     gdev->blocking_collectives = params->blocking_collectives != 0;
     gdev->failed = FSDP_OK;
+    fsdp_gpu_ring_init(&gdev->ring, FSDP_GPU_WATCH_SLOTS);
 
     status =
         FSDP_CUDA_CALL(cudaDeviceGetStreamPriorityRange(&gdev->prio_least, &gdev->prio_greatest));
@@ -186,13 +258,7 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
     status = FSDP_CUDA_CALL(cudaStreamCreateWithFlags(&gdev->aux, cudaStreamNonBlocking));
     if (status != FSDP_OK)
         goto err_free;
-    status = FSDP_CUBLAS_CALL(cublasCreate(&gdev->cublas));
-    if (status != FSDP_OK)
-        goto err_free;
-    /* A 16-bit C is rounded once (kernel.h): split-K partial sums stay f32, never the output
-     * dtype. No effect on f32 GEMMs (no TF32 either). */
-    status = FSDP_CUBLAS_CALL(cublasSetMathMode(
-        gdev->cublas, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    status = fsdp_gpu_stream_cublas(&gdev->compute, &(cublasHandle_t){NULL});
     if (status != FSDP_OK)
         goto err_free;
     /* Barrier word, then room for the (color, key) exchange of a split of the world. */
@@ -211,6 +277,13 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
         if (status != FSDP_OK)
             goto err_free;
     }
+    /* Every kernel loaded now, on an idle device, never at a first launch behind a collective
+     * (kernels.cu); cuBLAS's at least for one shape per dtype pair. */
+    status = fsdp_gpu_load_kernels();
+    if (status == FSDP_OK)
+        status = fsdp_gpu_load_gemms(gdev);
+    if (status != FSDP_OK)
+        goto err_free;
     status = fsdp_gpu_trace_init(gdev);
     if (status != FSDP_OK)
         goto err_free;
@@ -260,9 +333,10 @@ static const fsdp_gpu_module_t gpu_module = {
     .finalize = finalize,
     .set_log_rank = fsdp_gpu_set_log_rank,
     .log_rank = fsdp_gpu_log_rank,
+    .describe = describe,
 };
 
-const fsdp_gpu_module_t *fsdp_gpu_module_v1(void)
+const fsdp_gpu_module_t *fsdp_gpu_module_v2(void)
 {
     return &gpu_module;
 }

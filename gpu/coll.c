@@ -13,14 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Polls a communicator until its pending operation (init, split, enqueue, finalize) settles. */
-static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const char *what)
+/* Polls a communicator until its pending operation settles: an enqueue (FSDP_GPU_POLL_ENQUEUE,
+ * microseconds: yields), or init, split, finalize (FSDP_GPU_POLL_COMM: growing naps). */
+static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, fsdp_gpu_poll_kind_t kind,
+                                const char *what)
 {
     double t0 = fsdp_gpu_now();
-    long nap_ns = 1000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
     ncclResult_t st;
 
+    fsdp_gpu_poll_begin(&poll, kind);
     for (;;) {
         status = FSDP_NCCL_CALL(ncclCommGetAsyncError(comm, &st));
         if (status != FSDP_OK)
@@ -34,7 +37,7 @@ static fsdp_status_t comm_ready(fsdp_gpu_dev_t *gdev, ncclComm_t comm, const cha
                        gdev->super.rank, what, gdev->timeout_s);
             return FSDP_ERR_TIMEOUT;
         }
-        fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }
 
@@ -69,7 +72,7 @@ static void group_free(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, int abort)
     if (g->comm != NULL) {
         snprintf(what, sizeof(what), "ncclCommFinalize(group %s)", g->super.name);
         if (abort || FSDP_NCCL_CALL(ncclCommFinalize(g->comm)) != FSDP_OK ||
-            comm_ready(gdev, g->comm, what) != FSDP_OK)
+            comm_ready(gdev, g->comm, FSDP_GPU_POLL_COMM, what) != FSDP_OK)
             (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
         else
             (void)FSDP_NCCL_CALL(ncclCommDestroy(g->comm));
@@ -105,7 +108,7 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
     comm_config(&config);
     status = FSDP_NCCL_CALL(ncclCommInitRankConfig(&g->comm, size, *id, rank, &config));
     if (status == FSDP_OK && g->comm != NULL)
-        status = comm_ready(gdev, g->comm, "ncclCommInitRankConfig(world)");
+        status = comm_ready(gdev, g->comm, FSDP_GPU_POLL_COMM, "ncclCommInitRankConfig(world)");
     if (status != FSDP_OK) {
         if (g->comm != NULL)
             (void)FSDP_NCCL_CALL(ncclCommAbort(g->comm));
@@ -175,7 +178,7 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
                                 fsdp_gpu_group_t **g_p)
 {
     fsdp_gpu_group_t *g = (fsdp_gpu_group_t *)group;
-    long nap_ns = 1000;
+    fsdp_gpu_poll_t poll;
     fsdp_status_t status;
 
     if (g == NULL) {
@@ -192,14 +195,32 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     status = FSDP_CUDA_CALL(cudaSetDevice(gdev->device));
     if (status != FSDP_OK)
         return status;
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
     for (;;) {
         status = fsdp_gpu_watchdog(gdev);
-        if (status != FSDP_OK || gdev->watch_count < FSDP_GPU_WATCH_SLOTS)
+        if (status != FSDP_OK || !fsdp_gpu_ring_full(&gdev->ring))
             break;
-        fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
     *g_p = g;
     return status;
+}
+
+/* NCCL runs the collectives of one communicator in the order they were enqueued, but promises
+ * nothing across communicators: hybrid sharding's reduce-scatter (shard group, post-backward
+ * stream) and all-reduce (replicate group, all-reduce stream) may then run at once, and where
+ * two ranks start them in different orders, or the device cannot hold both kernels, each waits
+ * for a peer stuck in the other (NCCL issues 195 and 574). So before it is enqueued, a
+ * collective's stream waits for the collective enqueued just before it when that one belongs
+ * to another communicator: every rank's collectives run in their host order, across its
+ * communicators, as NCCL_LAUNCH_ORDER_IMPLICIT would make them, without the environment. */
+static fsdp_status_t coll_order(fsdp_gpu_dev_t *gdev, const fsdp_gpu_group_t *g, cudaStream_t s)
+{
+    unsigned slot;
+
+    if (!fsdp_gpu_ring_newest(&gdev->ring, &slot) || gdev->watch[slot].group == g)
+        return FSDP_OK; /* none in flight, or NCCL orders them */
+    return FSDP_CUDA_CALL(cudaStreamWaitEvent(s, gdev->watch[slot].done, cudaEventWaitDefault));
 }
 
 /* After the enqueue: converts its result, waits out ncclInProgress, and watches the collective
@@ -211,7 +232,7 @@ static fsdp_status_t coll_end(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cudaStr
 
     status = fsdp_gpu_nccl_status(res, call, __FILE__, __LINE__, __func__);
     if (status == FSDP_OK && res == ncclInProgress)
-        status = comm_ready(gdev, g->comm, what);
+        status = comm_ready(gdev, g->comm, FSDP_GPU_POLL_ENQUEUE, what);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: %s failed: aborting the communicators", gdev->super.rank, what);
         fsdp_gpu_fail_all(gdev, status);
@@ -287,6 +308,9 @@ fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_gather", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclAllGather(send, recv, count, type, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclAllGather", what);
@@ -323,6 +347,9 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclReduceScatter(send, recv, count, type, nop, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclReduceScatter", what);
@@ -359,6 +386,9 @@ fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclAllReduce(send, recv, count, type, nop, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclAllReduce", what);
@@ -393,6 +423,9 @@ fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf
     if (status != FSDP_OK)
         return status;
     coll_what(what, sizeof(what), "broadcast", count, dtype, g);
+    status = coll_order(gdev, g, s);
+    if (status != FSDP_OK)
+        return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
     res = ncclBroadcast(buf, buf, count, type, root, g->comm, s);
     status = coll_end(gdev, g, s, res, "ncclBroadcast", what);
@@ -412,6 +445,9 @@ fsdp_status_t fsdp_gpu_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
     if (status != FSDP_OK)
         return status;
     snprintf(what, sizeof(what), "barrier on group %s", g->super.name);
+    status = coll_order(gdev, g, gdev->aux);
+    if (status != FSDP_OK)
+        return status;
     status =
         coll_end(gdev, g, gdev->aux,
                  ncclAllReduce(gdev->dbuf, gdev->dbuf, 1, ncclInt32, ncclSum, g->comm, gdev->aux),
@@ -445,6 +481,8 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
              parent->super.name);
     status = FSDP_CUDA_CALL(
         cudaMemcpyAsync(gdev->dbuf, mine, sizeof(mine), cudaMemcpyHostToDevice, gdev->aux));
+    if (status == FSDP_OK)
+        status = coll_order(gdev, parent, gdev->aux);
     if (status != FSDP_OK)
         return status;
     status =
@@ -465,13 +503,94 @@ static fsdp_status_t split_exchange(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *pare
     return fsdp_gpu_host_wait(gdev, NULL, gdev->aux, what);
 }
 
+/* The split layer of poll.h over NCCL. */
+typedef struct split_ctx {
+    fsdp_gpu_dev_t *gdev;
+    ncclComm_t *child; /* written by NCCL's thread */
+    ncclResult_t res;  /* why the state failed */
+} split_ctx_t;
+
+static int split_state(void *ctx, void *comm)
+{
+    split_ctx_t *c = ctx;
+    ncclResult_t res, st = ncclSuccess;
+
+    res = ncclCommGetAsyncError((ncclComm_t)comm, &st);
+    if (res != ncclSuccess) {
+        c->res = res;
+        return -1;
+    }
+    if (st == ncclInProgress)
+        return 1;
+    c->res = st;
+    return st == ncclSuccess ? 0 : -1;
+}
+
+static void *split_published(void *ctx)
+{
+    split_ctx_t *c = ctx;
+    return __atomic_load_n(c->child, __ATOMIC_ACQUIRE);
+}
+
+static void split_abort_all(void *ctx, int why)
+{
+    split_ctx_t *c = ctx;
+    fsdp_gpu_fail_all(
+        c->gdev, why == FSDP_GPU_SPLIT_TIMED_OUT
+                     ? FSDP_ERR_TIMEOUT
+                     : fsdp_gpu_nccl_status(c->res, "ncclCommSplit", __FILE__, __LINE__, __func__));
+}
+
+static void split_abort(void *ctx, void *comm)
+{
+    (void)ctx;
+    (void)FSDP_NCCL_CALL(ncclCommAbort((ncclComm_t)comm));
+}
+
+static double split_now(void *ctx)
+{
+    (void)ctx;
+    return fsdp_gpu_now();
+}
+
+static void split_pause(void *ctx, fsdp_gpu_poll_t *p)
+{
+    (void)ctx;
+    fsdp_gpu_pause(p);
+}
+
+/* Waits for ncclCommSplit to settle (poll.h); on a failure or the timeout every communicator
+ * is aborted, the child too even when NCCL publishes it only after the split was seen pending.
+ * *unseen_p: 1 when a child was due but never seen, so NCCL's thread may still write *comm_p. */
+static fsdp_status_t split_settle(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *p, ncclComm_t *comm_p,
+                                  int child, const char *what, int *unseen_p)
+{
+    split_ctx_t ctx = {gdev, comm_p, ncclSuccess};
+    const fsdp_gpu_split_layer_t layer = {
+        split_state, split_published, split_abort_all, split_abort, split_now, split_pause, &ctx};
+    void *aborted = NULL;
+    int rc;
+
+    rc = fsdp_gpu_split_settle(&layer, p->comm, child, gdev->timeout_s, &aborted);
+    *unseen_p = rc != 0 && child && aborted == NULL;
+    if (rc == 0)
+        return FSDP_OK;
+    if (rc == FSDP_GPU_SPLIT_TIMED_OUT)
+        fsdp_error("rank %d: %s did not complete within %g s (collective timeout)%s",
+                   gdev->super.rank, what, gdev->timeout_s,
+                   aborted != NULL ? ": the new communicator is aborted too" : "");
+    else
+        fsdp_error("rank %d: %s failed", gdev->super.rank, what);
+    return gdev->failed != FSDP_OK ? gdev->failed : FSDP_ERR_BACKEND;
+}
+
 fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
                                    fsdp_group_t **group_p)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_group_t *p, *g = NULL;
-    int *all = NULL, n, members = 0, me = -1, nccl_rank = -1, nccl_count = -1;
-    ncclComm_t comm = NULL;
+    int *all = NULL, n, members = 0, me = -1, nccl_rank = -1, nccl_count = -1, unseen = 0;
+    ncclComm_t comm = NULL, *slot = NULL; /* slot: where NCCL's thread publishes the child */
     ncclConfig_t config;
     fsdp_status_t status;
     ncclResult_t res;
@@ -495,17 +614,23 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
 
     snprintf(what, sizeof(what), "ncclCommSplit(group %s, color %d)", p->super.name, color);
     comm_config(&config);
-    res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
-    status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
-    if (status == FSDP_OK && res == ncclInProgress)
-        status = comm_ready(gdev, comm != NULL ? comm : p->comm, what);
-    if (status != FSDP_OK) {
-        if (comm != NULL)
-            (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
-        comm = NULL;
-        fsdp_gpu_fail_all(gdev, status);
+    slot = calloc(1, sizeof(*slot));
+    if (slot == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
         goto out;
     }
+    res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config);
+    status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
+    if (status == FSDP_OK && res == ncclInProgress)
+        status = split_settle(gdev, p, slot, color >= 0, what, &unseen);
+    else if (status != FSDP_OK)
+        fsdp_gpu_fail_all(gdev, status);
+    if (status != FSDP_OK) {
+        if (unseen)
+            slot = NULL; /* left to NCCL's thread, which may still publish into it */
+        goto out;        /* the child, if seen, was aborted with every other communicator */
+    }
+    comm = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (color < 0) {
         *group_p = NULL;
         goto out;
@@ -559,6 +684,7 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
 out:
     if (comm != NULL)
         (void)FSDP_NCCL_CALL(ncclCommAbort(comm));
+    free(slot);
     if (g != NULL) {
         free(g->ranks);
         free(g);

@@ -22,6 +22,8 @@
 #include <fsdp/gpu.h>
 #include <fsdp/log.h>
 
+#include "poll.h"
+
 #include <pthread.h>
 
 /* The toolkit's headers are foreign code: they test undefined macros and declare "f()". */
@@ -44,7 +46,8 @@ extern "C" {
 #endif
 
 typedef struct fsdp_gpu_dev fsdp_gpu_dev_t;
-typedef struct fsdp_gpu_timer fsdp_gpu_timer_t; /* trace.c */
+typedef struct fsdp_gpu_timer fsdp_gpu_timer_t;   /* trace.c */
+typedef struct fsdp_gpu_anchor fsdp_gpu_anchor_t; /* trace.c */
 
 /* Element-wise launches use this many threads per block (reductions: FSDP_KB_RED_LANES). */
 #define FSDP_GPU_THREADS 256
@@ -55,10 +58,14 @@ typedef struct fsdp_gpu_stream {
     fsdp_stream_t super;
     cudaStream_t cu;
     double *scratch; /* FSDP_KB_RED_MAX_BLOCKS partial sums (reductions), made on first use */
+    /* The stream's own cuBLAS handle, bound to it, made by its first GEMM (the compute stream's
+     * at init): a handle's workspace serves one stream at a time, so two streams running GEMMs
+     * at once must not share one. */
+    cublasHandle_t cublas;
 } fsdp_gpu_stream_t;
 
-/* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. Timing stays
- * enabled so traces can time spans with cudaEventElapsedTime. */
+/* fsdp_event_t is opaque in backend.h; the gpu's event is this struct behind it. It only orders
+ * and synchronizes (cudaEventDisableTiming); traces time spans with events of their own. */
 struct fsdp_event {
     cudaEvent_t cu;
     uint64_t record_id; /* its last record's number on the rank (the trace's record and wait) */
@@ -93,20 +100,18 @@ struct fsdp_gpu_dev {
 
     fsdp_gpu_stream_t compute; /* id 0 */
     cudaStream_t aux;          /* barrier and split bookkeeping */
-    cublasHandle_t cublas;
     int *dbuf; /* device ints for barrier and split */
 
     fsdp_gpu_group_t *world;
     fsdp_gpu_group_t *groups; /* live groups, world included */
     fsdp_status_t failed;     /* FSDP_OK, or why the communicators were aborted */
 
-    fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* ring of collectives in flight */
-    unsigned watch_head, watch_count;
+    fsdp_gpu_watch_t watch[FSDP_GPU_WATCH_SLOTS]; /* collectives in flight, ordered by ring */
+    fsdp_gpu_ring_t ring;
 
-    /* Trace timing (trace.c): the reference event and its host time, and the timer pool (a
-     * flush on another thread may resolve timers: the lock guards the lists). */
-    cudaEvent_t trace_ref;
-    double trace_ref_host;
+    /* Trace timing (trace.c): the reference events with their host times, and the timer pool
+     * (a flush on another thread may resolve timers: the lock guards the lists and counts). */
+    fsdp_gpu_anchor_t *anchor; /* the newest reference, first of the list of those in use */
     pthread_mutex_t timer_lock;
     int timer_lock_init;
     int trace_gave_up; /* an op's end did not come within the timeout (under timer_lock) */
@@ -146,11 +151,13 @@ int fsdp_gpu_log_rank(void);
 /* watch.c: the clock, naps, and the watchdog every host wait runs while collectives are in
  * flight. */
 double fsdp_gpu_now(void); /* CLOCK_MONOTONIC, seconds */
-/* Sleeps *ns nanoseconds and doubles it, up to 1 ms: the pause between two polls. */
-void fsdp_gpu_nap(long *ns);
+/* Starts a poll of the given kind now (poll.h). */
+void fsdp_gpu_poll_begin(fsdp_gpu_poll_t *p, fsdp_gpu_poll_kind_t kind);
+/* The pause between two polls that found the operation pending: nothing, a yield or a nap. */
+void fsdp_gpu_pause(fsdp_gpu_poll_t *p);
 /* 1 when more than the collective timeout has passed since t0 (never when it is <= 0). */
 int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0);
-/* Aborts every communicator of the rank and remembers why in gdev->failed. */
+/* Revokes, then aborts, every communicator of the rank and remembers why in gdev->failed. */
 void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status);
 /* Watches a collective just enqueued on stream (the ring has room: the watchdog made it), and
  * waits for it when collectives are blocking. */
@@ -160,6 +167,10 @@ fsdp_status_t fsdp_gpu_watch_add(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g, cuda
  * the timeout; retires the collectives that have finished. On failure every communicator is
  * aborted and the status is remembered in gdev->failed. */
 fsdp_status_t fsdp_gpu_watchdog(fsdp_gpu_dev_t *gdev);
+/* Retires the collectives that have finished, oldest first (no timeout, no communicator
+ * check): a wait that succeeded calls it, so that later waits take the fast path once nothing
+ * is in flight. On a device error every communicator is aborted. */
+fsdp_status_t fsdp_gpu_watch_retire(fsdp_gpu_dev_t *gdev);
 /* Waits (bounded by the timeout) until no collective is in flight. */
 fsdp_status_t fsdp_gpu_watch_drain(fsdp_gpu_dev_t *gdev);
 /* Polls until the event (or, with ev NULL, the stream) is done, running the watchdog between
@@ -178,6 +189,14 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
 void fsdp_gpu_groups_destroy(fsdp_gpu_dev_t *gdev, int abort);
 
 /* kernel.c / kernels.cu */
+/* The stream's cuBLAS handle, made and bound to it on first use. */
+fsdp_status_t fsdp_gpu_stream_cublas(fsdp_gpu_stream_t *s, cublasHandle_t *handle_p);
+/* Loads every kernel of kernels.cu (cudaFuncGetAttributes), so no launch loads a module. */
+fsdp_status_t fsdp_gpu_load_kernels(void);
+/* Loads cuBLAS's kernels for each dtype pair of the GEMM slot by running one small GEMM of
+ * each, plain and batched, on the compute stream, and waits for them; at init, before any
+ * collective. */
+fsdp_status_t fsdp_gpu_load_gemms(fsdp_gpu_dev_t *gdev);
 fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
 /* Launches any kind but GEMM on the stream; the descriptor has been validated. */
 fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);

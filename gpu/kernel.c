@@ -162,6 +162,10 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
                  k->u.gemm.epilogue.act != FSDP_ACT_RELU &&
                  k->u.gemm.epilogue.act != FSDP_ACT_GELU_TANH)
             bad = "epilogue activation (none, relu or gelu_tanh)";
+        else if (k->u.gemm.epilogue.accumulate != 0 && k->u.gemm.epilogue.accumulate != 1)
+            bad = "epilogue accumulate (0 or 1)";
+        else if (k->u.gemm.epilogue.accumulate && (k->u.gemm.beta != 1.0f || k->u.gemm.batch > 1))
+            bad = "an accumulating epilogue needs beta 1 and batch 0 or 1";
         break;
     }
     case FSDP_K_BIAS_ADD:
@@ -256,6 +260,31 @@ static cudaDataType_t cuda_dtype(fsdp_dtype_t dtype)
     }
 }
 
+fsdp_status_t fsdp_gpu_stream_cublas(fsdp_gpu_stream_t *s, cublasHandle_t *handle_p)
+{
+    cublasHandle_t h = NULL;
+    fsdp_status_t status;
+
+    if (s->cublas == NULL) {
+        status = FSDP_CUBLAS_CALL(cublasCreate(&h));
+        if (status != FSDP_OK)
+            return status;
+        /* A 16-bit C is rounded once (kernel.h): split-K partial sums stay f32, never the
+         * output dtype. No effect on f32 GEMMs (no TF32 either). */
+        status = FSDP_CUBLAS_CALL(cublasSetMathMode(
+            h, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+        if (status == FSDP_OK)
+            status = FSDP_CUBLAS_CALL(cublasSetStream(h, s->cu));
+        if (status != FSDP_OK) {
+            (void)FSDP_CUBLAS_CALL(cublasDestroy(h));
+            return status;
+        }
+        s->cublas = h;
+    }
+    *handle_p = s->cublas;
+    return FSDP_OK;
+}
+
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS sees each row-major
  * matrix as its transpose, so B comes first, and the dimensions swap (N, M, K). f32 operands
  * take cublasSgemm; 16-bit ones cublasGemmEx with f32 compute (CUBLAS_COMPUTE_32F: products
@@ -270,6 +299,7 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
     const cublasOperation_t op_a = k->u.gemm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = k->u.gemm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1; /* kernel.h: 0 is 1 */
+    cublasHandle_t handle;
     fsdp_status_t status;
 
     if (m == 0 || n == 0)
@@ -284,30 +314,30 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
                 k->u.gemm.c_dtype, k->u.gemm.m, k->u.gemm.n, k->u.gemm.ldc, k->u.gemm.beta);
         return status;
     }
-    status = FSDP_CUBLAS_CALL(cublasSetStream(gdev->cublas, s->cu));
+    status = fsdp_gpu_stream_cublas(s, &handle);
     if (status != FSDP_OK)
         return status;
     /* beta == 0: cuBLAS does not read C (NaN included), as kernel.h asks. */
     if (batch > 1) /* cuBLAS's operand A is our B: the strides swap with the operands */
         return FSDP_CUBLAS_CALL(cublasGemmStridedBatchedEx(
-            gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
+            handle, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
             cuda_dtype(k->u.gemm.b_dtype), ldb, (long long)k->u.gemm.stride_b, k->u.gemm.a,
             cuda_dtype(k->u.gemm.a_dtype), lda, (long long)k->u.gemm.stride_a, &k->u.gemm.beta,
             k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc, (long long)k->u.gemm.stride_c,
             (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (k->u.gemm.a_dtype == FSDP_DTYPE_F32 && k->u.gemm.c_dtype == FSDP_DTYPE_F32)
-        return FSDP_CUBLAS_CALL(cublasSgemm(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
+        return FSDP_CUBLAS_CALL(cublasSgemm(handle, op_b, op_a, n, m, kk, &k->u.gemm.alpha,
                                             k->u.gemm.b, ldb, k->u.gemm.a, lda, &k->u.gemm.beta,
                                             k->u.gemm.c, ldc));
-    return FSDP_CUBLAS_CALL(
-        cublasGemmEx(gdev->cublas, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b,
-                     cuda_dtype(k->u.gemm.b_dtype), ldb, k->u.gemm.a, cuda_dtype(k->u.gemm.a_dtype),
-                     lda, &k->u.gemm.beta, k->u.gemm.c, cuda_dtype(k->u.gemm.c_dtype), ldc,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return FSDP_CUBLAS_CALL(cublasGemmEx(
+        handle, op_b, op_a, n, m, kk, &k->u.gemm.alpha, k->u.gemm.b, cuda_dtype(k->u.gemm.b_dtype),
+        ldb, k->u.gemm.a, cuda_dtype(k->u.gemm.a_dtype), lda, &k->u.gemm.beta, k->u.gemm.c,
+        cuda_dtype(k->u.gemm.c_dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 /* A GEMM with an epilogue: the product in f32 (C itself when C is f32, else a workspace on the
- * stream, holding C's old values when beta reads them), then the epilogue's shared body over
+ * stream, holding C's old values when beta reads them and the epilogue does not accumulate
+ * them itself), then the epilogue's shared body over
  * it, which rounds where the sim rounds: given the same f32 product, the same bits. */
 static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
                                    const fsdp_kernel_t *k)
@@ -328,7 +358,9 @@ static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
     status = FSDP_CUDA_CALL(cudaMallocAsync((void **)&w, m * n * sizeof(float), s->cu));
     if (status != FSDP_OK)
         return status;
-    if (k->u.gemm.beta != 0.0f)
+    if (fsdp_kb_gemm_accumulates(&k->u.gemm.epilogue, k->u.gemm.c_dtype))
+        d.u.gemm.beta = 0.0f; /* the epilogue adds C after rounding the product */
+    if (d.u.gemm.beta != 0.0f)
         status = fsdp_gpu_widen_matrix(s, w, k->u.gemm.c, k->u.gemm.c_dtype, m, n, k->u.gemm.ldc);
     d.u.gemm.c = w;
     d.u.gemm.c_dtype = FSDP_DTYPE_F32;
@@ -341,6 +373,44 @@ static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
         status = FSDP_CUDA_CALL(cudaFreeAsync(w, s->cu));
     else
         (void)cudaFreeAsync(w, s->cu);
+    return status;
+}
+
+fsdp_status_t fsdp_gpu_load_gemms(fsdp_gpu_dev_t *gdev)
+{
+    /* A and B's dtype, C's: each pair gemm() may pass to cuBLAS */
+    static const fsdp_dtype_t pairs[][2] = {
+        {FSDP_DTYPE_F32, FSDP_DTYPE_F32},  {FSDP_DTYPE_BF16, FSDP_DTYPE_BF16},
+        {FSDP_DTYPE_BF16, FSDP_DTYPE_F32}, {FSDP_DTYPE_F16, FSDP_DTYPE_F16},
+        {FSDP_DTYPE_F16, FSDP_DTYPE_F32},
+    };
+    const size_t dim = 16, elems = 2 * dim * dim; /* a batch of two 16x16 matrices */
+    fsdp_status_t status;
+    char *buf = NULL;
+
+    status = FSDP_CUDA_CALL(cudaMalloc((void **)&buf, 3 * elems * sizeof(float)));
+    if (status != FSDP_OK)
+        return status;
+    status = FSDP_CUDA_CALL(cudaMemsetAsync(buf, 0, 3 * elems * sizeof(float), gdev->compute.cu));
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]) && status == FSDP_OK; i++) {
+        for (size_t batch = 1; batch <= 2 && status == FSDP_OK; batch++) {
+            fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+            k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = dim;
+            k.u.gemm.lda = k.u.gemm.ldb = k.u.gemm.ldc = dim;
+            k.u.gemm.alpha = 1.0f;
+            k.u.gemm.a = buf;
+            k.u.gemm.b = buf + elems * sizeof(float);
+            k.u.gemm.c = buf + 2 * elems * sizeof(float);
+            k.u.gemm.a_dtype = k.u.gemm.b_dtype = pairs[i][0];
+            k.u.gemm.c_dtype = pairs[i][1];
+            k.u.gemm.batch = batch;
+            k.u.gemm.stride_a = k.u.gemm.stride_b = k.u.gemm.stride_c = dim * dim;
+            status = gemm(gdev, &gdev->compute, &k);
+        }
+    }
+    if (status == FSDP_OK)
+        status = FSDP_CUDA_CALL(cudaStreamSynchronize(gdev->compute.cu));
+    (void)FSDP_CUDA_CALL(cudaFree(buf));
     return status;
 }
 

@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
          e += stride) {
         const size_t i = e / n, j = e - i * n;
         fsdp_kb_store(k.u.gemm.c, k.u.gemm.c_dtype, i * k.u.gemm.ldc + j,
-                      fsdp_kb_gemm_epilogue(&k.u.gemm.epilogue, k.u.gemm.c_dtype, k.u.gemm.ldc,
-                                            w[i * ldw + j], i, j));
+                      fsdp_kb_gemm_epilogue(&k.u.gemm.epilogue, k.u.gemm.c_dtype, k.u.gemm.c,
+                                            k.u.gemm.ldc, w[i * ldw + j], i, j));
     }
 }
 
@@ -245,6 +245,63 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
                                                    k->u.cross_entropy.loss,
                                                    k->u.cross_entropy.denom);
     return launch_elem<Kind>(stream->cu, k, p);
+}
+
+/* Every kernel that the launchers above instantiate: those of launch_elem, launch_reduce and
+ * launch_nn per kind, and the GEMM helpers. fsdp_gpu_load_kernels loads them all. */
+namespace {
+#define FSDP_GPU_NN(K) (const void *)elem_kernel<K>, (const void *)row_kernel<K>, \
+                       (const void *)cols_kernel<K>
+const void *const all_kernels[] = {
+    (const void *)elem_kernel<FSDP_K_FILL>,
+    (const void *)elem_kernel<FSDP_K_CAST>,
+    (const void *)elem_kernel<FSDP_K_SCALE>,
+    (const void *)elem_kernel<FSDP_K_DIV>,
+    (const void *)elem_kernel<FSDP_K_AXPY>,
+    (const void *)elem_kernel<FSDP_K_BIAS_ADD>,
+    (const void *)elem_kernel<FSDP_K_RELU_FWD>,
+    (const void *)elem_kernel<FSDP_K_RELU_BWD>,
+    (const void *)elem_kernel<FSDP_K_ADAMW>,
+    (const void *)elem_kernel<FSDP_K_SGD>,
+    (const void *)elem_kernel<FSDP_K_MSE_LOSS>,
+    (const void *)reduce_pass1<FSDP_K_MSE_LOSS>,
+    (const void *)reduce_pass1<FSDP_K_SUMSQ>,
+    (const void *)reduce_pass1<FSDP_K_CROSS_ENTROPY>,
+    (const void *)reduce_pass2,
+    (const void *)bias_grad_kernel,
+    (const void *)scale_matrix_kernel,
+    (const void *)gemm_epilogue_kernel,
+    (const void *)widen_matrix_kernel,
+    FSDP_GPU_NN(FSDP_K_LAYERNORM_FWD),
+    FSDP_GPU_NN(FSDP_K_LAYERNORM_BWD),
+    FSDP_GPU_NN(FSDP_K_GELU_FWD),
+    FSDP_GPU_NN(FSDP_K_GELU_BWD),
+    FSDP_GPU_NN(FSDP_K_SOFTMAX_FWD),
+    FSDP_GPU_NN(FSDP_K_SOFTMAX_BWD),
+    FSDP_GPU_NN(FSDP_K_EMBEDDING_FWD),
+    FSDP_GPU_NN(FSDP_K_EMBEDDING_BWD),
+    FSDP_GPU_NN(FSDP_K_CROSS_ENTROPY),
+    FSDP_GPU_NN(FSDP_K_ADD),
+};
+#undef FSDP_GPU_NN
+} // namespace
+
+/* Under lazy module loading (CUDA's default since 12.2) a kernel's first launch loads its
+ * module, waiting for the device's queue to drain while it holds the context lock: behind a
+ * collective whose peer is dead it would block cudaLaunchKernel, out of the watchdog's reach
+ * (and across nodes NCCL's proxy thread can deadlock on that lock). cudaFuncGetAttributes loads
+ * a kernel without launching it: every one is loaded at init, on an idle device. */
+extern "C" fsdp_status_t fsdp_gpu_load_kernels(void)
+{
+    cudaFuncAttributes attr;
+    fsdp_status_t status;
+
+    for (size_t i = 0; i < sizeof(all_kernels) / sizeof(all_kernels[0]); i++) {
+        status = FSDP_CUDA_CALL(cudaFuncGetAttributes(&attr, all_kernels[i]));
+        if (status != FSDP_OK)
+            return status;
+    }
+    return FSDP_OK;
 }
 
 extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)

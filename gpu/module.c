@@ -259,7 +259,8 @@ static const fsdp_gpu_module_t *open_module(const char *path)
         goto err_close;
     }
     if (fsdp_backend_check(m->ops) != FSDP_OK || m->device_count == NULL || m->unique_id == NULL ||
-        m->init == NULL || m->finalize == NULL || m->set_log_rank == NULL || m->log_rank == NULL) {
+        m->init == NULL || m->finalize == NULL || m->set_log_rank == NULL || m->log_rank == NULL ||
+        m->describe == NULL) {
         snprintf(load_error, sizeof(load_error),
                  "gpu backend module %s cannot be loaded: its entry table has an empty slot", path);
         goto err_close;
@@ -356,6 +357,22 @@ int fsdp_gpu_device_count(void)
     const fsdp_gpu_module_t *m = module();
 
     return m != NULL ? m->device_count() : 0;
+}
+
+void fsdp_gpu_describe(char *buf, size_t size)
+{
+    const fsdp_gpu_module_t *m = module();
+    int len;
+
+    if (buf == NULL || size == 0)
+        return;
+    len = snprintf(buf, size, "gpu: ");
+    if (len < 0 || (size_t)len >= size)
+        return;
+    if (m != NULL)
+        m->describe(buf + len, size - (size_t)len);
+    else
+        snprintf(buf + len, size - (size_t)len, "%s", load_error);
 }
 
 const fsdp_backend_ops_t *fsdp_gpu_backend(void)

@@ -19,8 +19,8 @@
 extern "C" {
 #endif
 
-#define FSDP_GPU_MODULE_ABI 1
-#define FSDP_GPU_MODULE_SYMBOL "fsdp_gpu_module_v1"
+#define FSDP_GPU_MODULE_ABI 2
+#define FSDP_GPU_MODULE_SYMBOL "fsdp_gpu_module_v2"
 /* The module's file name, in the directories the loader searches. */
 #define FSDP_GPU_MODULE_FILE "libfsdp-gpu.so"
 
@@ -37,12 +37,14 @@ typedef struct fsdp_gpu_module {
     /* The rank in front of the calling thread's messages (-1: none); for tests. */
     void (*set_log_rank)(int rank);
     int (*log_rank)(void);
+    /* fsdp_gpu_describe's line, past its "gpu: " */
+    void (*describe)(char *buf, size_t size);
 } fsdp_gpu_module_t;
 
 typedef const fsdp_gpu_module_t *(*fsdp_gpu_module_func_t)(void);
 
 /* The one symbol the module exports. */
-const fsdp_gpu_module_t *fsdp_gpu_module_v1(void);
+const fsdp_gpu_module_t *fsdp_gpu_module_v2(void);
 
 #ifdef __cplusplus
 }

@@ -51,7 +51,7 @@ fsdp_status_t fsdp_gpu_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_
  * which ends NCCL's kernels, and the free then returns. */
 static void before_free(fsdp_gpu_dev_t *gdev)
 {
-    if (gdev->watch_count > 0)
+    if (gdev->ring.count > 0)
         (void)fsdp_gpu_watch_drain(gdev);
 }
 
@@ -97,8 +97,11 @@ fsdp_status_t fsdp_gpu_stream_init(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, i
 
 void fsdp_gpu_stream_fini(fsdp_gpu_stream_t *s)
 {
+    if (s->cublas != NULL) /* synchronizes the device */
+        (void)FSDP_CUBLAS_CALL(cublasDestroy(s->cublas));
     if (s->scratch != NULL)
         (void)FSDP_CUDA_CALL(cudaFree(s->scratch)); /* waits for the work that uses it */
+    s->cublas = NULL;
     if (s->cu != NULL)
         (void)FSDP_CUDA_CALL(cudaStreamDestroy(s->cu));
     s->scratch = NULL;
@@ -145,7 +148,7 @@ void fsdp_gpu_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
     if (s == NULL || s == &gdev->compute)
         return;
     (void)use_device(gdev);
-    if (s->scratch != NULL)
+    if (s->scratch != NULL || s->cublas != NULL)
         before_free(gdev);
     fsdp_gpu_stream_fini(s);
     free(s);
@@ -182,7 +185,8 @@ fsdp_status_t fsdp_gpu_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
     ev = calloc(1, sizeof(*ev));
     if (ev == NULL)
         return FSDP_ERR_NO_MEMORY;
-    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&ev->cu, cudaEventDefault));
+    /* synchronization only: an event without timing records and waits faster */
+    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&ev->cu, cudaEventDisableTiming));
     if (status != FSDP_OK) {
         free(ev);
         return status;
@@ -264,6 +268,12 @@ fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *do
     }
     err = cudaEventQuery(event->cu);
     if (err == cudaSuccess) {
+        /* the limiter's poll ends here: what has finished leaves the watchdog's ring */
+        if (gdev->ring.count > 0 && gdev->failed == FSDP_OK) {
+            status = fsdp_gpu_watch_retire(gdev);
+            if (status != FSDP_OK)
+                return status;
+        }
         *done_p = 1;
         return FSDP_OK;
     }
@@ -271,7 +281,7 @@ fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *do
     if (status != FSDP_OK)
         return status;
     /* A caller that polls (the rate limiter) must also learn that a collective hung. */
-    if (gdev->watch_count > 0 || gdev->failed != FSDP_OK) {
+    if (gdev->ring.count > 0 || gdev->failed != FSDP_OK) {
         status = fsdp_gpu_watchdog(gdev);
         if (status != FSDP_OK)
             return status;
@@ -331,15 +341,17 @@ fsdp_status_t fsdp_gpu_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
      * (CUDA's API synchronization rules: a stream sync before a pageable H2D, completion before
      * a D2H returns). Behind a collective that never completes it would hang the host, so the
      * stream is polled empty first, within the collective timeout. */
-    if (bytes > 0 && gdev->watch_count > 0 && (pageable(dst) || pageable(src))) {
+    if (bytes > 0 && dst != src && gdev->ring.count > 0 && (pageable(dst) || pageable(src))) {
         status = fsdp_gpu_host_wait(gdev, NULL, s->cu, "the stream before a pageable copy");
         if (status != FSDP_OK)
             return status;
     }
     op.host = op.start = op.end = fsdp_gpu_now();
     timer = fsdp_gpu_trace_begin(gdev, s->cu, 0);
-    /* Unified addressing: the runtime tells host from device by the pointers. */
-    if (bytes > 0)
+    /* Unified addressing: the runtime tells host from device by the pointers. A copy onto itself
+     * is undefined for cudaMemcpyAsync: none is made, but the op is traced as the sim traces it
+     * (with the time of nothing). */
+    if (bytes > 0 && dst != src)
         status = FSDP_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cu));
     if (status != FSDP_OK) {
         fsdp_gpu_trace_cancel(timer);

@@ -6,42 +6,91 @@
  * so its sequence number and memory figures are those of its place in the rank's order, with
  * host times standing in for the device's; the trace resolves the timer when it hands the
  * event's chunk to its writer (a full chunk, a step boundary, detach, flush). Resolving waits for
- * the op's end event (polling, bounded by the collective timeout), reads both events against a reference
- * event recorded at init on an idle stream with the host clock beside it, and puts the timer
- * back into the dev's pool. So the device is never synchronized per op: at most once per chunk
- * of events, and at step ends.
+ * the op's end event (polling, bounded by the collective timeout), reads both events against a
+ * reference event recorded at init on an idle stream with the host clock beside it, and puts the
+ * timer back into the dev's pool. So the device is never synchronized per op: at most once per
+ * chunk of events, and at step ends.
  *
- * Absolute device times are the reference's host time plus cudaEventElapsedTime from the
- * reference (a float of milliseconds: about 0.25 ms of resolution an hour into a run); an op's
- * duration is measured between its own two events, to CUDA's 0.5 us. */
+ * Absolute device times are a reference's host time plus cudaEventElapsedTime from that
+ * reference, a float of milliseconds whose resolution falls as the span grows (0.25 ms an hour
+ * from one reference). So the reference is renewed every FSDP_GPU_ANCHOR_S seconds: an op is
+ * timed from the newest reference when it was issued, a span of seconds, 0.5 us of resolution
+ * at most, as CUDA's events have. A reference stays while timers use it. An op's duration is
+ * measured between its own two events. */
 #include "config.h"
 
 #include "gpu_trace.h"
 
 #include <stdlib.h>
 
+/* Seconds between two references: float milliseconds of spans below 8.19 s resolve 0.49 us. */
+#define FSDP_GPU_ANCHOR_S 4.0
+
+/* A reference event, recorded on the idle internal stream, and the host time beside it. */
+struct fsdp_gpu_anchor {
+    cudaEvent_t ev;
+    double host;
+    unsigned users; /* timers that will read it (under timer_lock) */
+    struct fsdp_gpu_anchor *next;
+};
+
 struct fsdp_gpu_timer {
     fsdp_trace_timing_t super;
     fsdp_gpu_dev_t *gdev;
+    fsdp_gpu_anchor_t *anchor; /* the reference of its times */
     cudaEvent_t start, end;
     int instant;                /* only `end` was recorded */
     struct fsdp_gpu_timer *next; /* the free list */
     struct fsdp_gpu_timer *all;  /* every timer of the dev, to free them */
 };
 
-fsdp_status_t fsdp_gpu_trace_init(fsdp_gpu_dev_t *gdev)
+/* A new reference on the internal stream, which must be idle so that the event completes
+ * almost as it is recorded; the list then drops the old ones no timer reads any more. On the
+ * rank's thread. */
+static fsdp_status_t anchor_new(fsdp_gpu_dev_t *gdev)
 {
+    fsdp_gpu_anchor_t *a, **pp;
     fsdp_status_t status;
 
+    a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&a->ev, cudaEventDefault));
+    if (status != FSDP_OK) {
+        free(a);
+        return status;
+    }
+    a->host = fsdp_gpu_now();
+    status = FSDP_CUDA_CALL(cudaEventRecord(a->ev, gdev->aux));
+    if (status != FSDP_OK) {
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(a->ev));
+        free(a);
+        return status;
+    }
+    pthread_mutex_lock(&gdev->timer_lock);
+    a->next = gdev->anchor;
+    gdev->anchor = a;
+    for (pp = &a->next; *pp != NULL;) {
+        fsdp_gpu_anchor_t *old = *pp;
+        if (old->users > 0) {
+            pp = &old->next;
+            continue;
+        }
+        *pp = old->next;
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(old->ev));
+        free(old);
+    }
+    pthread_mutex_unlock(&gdev->timer_lock);
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_gpu_trace_init(fsdp_gpu_dev_t *gdev)
+{
     if (pthread_mutex_init(&gdev->timer_lock, NULL) != 0)
         return FSDP_ERR_NO_MEMORY;
     gdev->timer_lock_init = 1;
-    status = FSDP_CUDA_CALL(cudaEventCreateWithFlags(&gdev->trace_ref, cudaEventDefault));
-    if (status != FSDP_OK)
-        return status;
-    /* aux has only zeroed the barrier word: its event completes almost as it is recorded */
-    gdev->trace_ref_host = fsdp_gpu_now();
-    return FSDP_CUDA_CALL(cudaEventRecord(gdev->trace_ref, gdev->aux));
+    /* aux has only zeroed the barrier word */
+    return anchor_new(gdev);
 }
 
 void fsdp_gpu_trace_fini(fsdp_gpu_dev_t *gdev)
@@ -55,9 +104,12 @@ void fsdp_gpu_trace_fini(fsdp_gpu_dev_t *gdev)
         free(t);
     }
     gdev->timers_all = gdev->timers_free = NULL;
-    if (gdev->trace_ref != NULL)
-        (void)FSDP_CUDA_CALL(cudaEventDestroy(gdev->trace_ref));
-    gdev->trace_ref = NULL;
+    while (gdev->anchor != NULL) {
+        fsdp_gpu_anchor_t *a = gdev->anchor;
+        gdev->anchor = a->next;
+        (void)FSDP_CUDA_CALL(cudaEventDestroy(a->ev));
+        free(a);
+    }
     if (gdev->timer_lock_init)
         pthread_mutex_destroy(&gdev->timer_lock);
     gdev->timer_lock_init = 0;
@@ -68,6 +120,9 @@ static void timer_put(fsdp_gpu_timer_t *t)
     fsdp_gpu_dev_t *gdev = t->gdev;
 
     pthread_mutex_lock(&gdev->timer_lock);
+    if (t->anchor != NULL)
+        t->anchor->users--;
+    t->anchor = NULL;
     t->next = gdev->timers_free;
     gdev->timers_free = t;
     pthread_mutex_unlock(&gdev->timer_lock);
@@ -105,10 +160,11 @@ static int first_give_up(fsdp_gpu_dev_t *gdev)
 static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
 {
     double t0 = fsdp_gpu_now();
-    long nap_ns = 10000;
+    fsdp_gpu_poll_t poll;
     cudaError_t err;
 
-    for (unsigned spin = 0;; spin++) {
+    fsdp_gpu_poll_begin(&poll, FSDP_GPU_POLL_WAIT);
+    for (;;) {
         err = cudaEventQuery(ev);
         if (err == cudaSuccess)
             return 1;
@@ -123,8 +179,7 @@ static int end_done(fsdp_gpu_dev_t *gdev, cudaEvent_t ev)
                           gdev->super.rank, gdev->timeout_s);
             return 0;
         }
-        if (spin >= 64)
-            fsdp_gpu_nap(&nap_ns);
+        fsdp_gpu_pause(&poll);
     }
 }
 
@@ -139,11 +194,11 @@ static void timer_resolve(fsdp_trace_timing_t *timing, double *start_p, double *
 
     status = end_done(gdev, t->end) ? FSDP_OK : FSDP_ERR_TIMEOUT;
     if (status == FSDP_OK)
-        status = FSDP_CUDA_CALL(cudaEventElapsedTime(&from_ref, gdev->trace_ref, start));
+        status = FSDP_CUDA_CALL(cudaEventElapsedTime(&from_ref, t->anchor->ev, start));
     if (status == FSDP_OK && !t->instant)
         status = FSDP_CUDA_CALL(cudaEventElapsedTime(&span, t->start, t->end));
     if (status == FSDP_OK) {
-        *start_p = gdev->trace_ref_host + 1e-3 * (double)from_ref;
+        *start_p = t->anchor->host + 1e-3 * (double)from_ref;
         *end_p = *start_p + 1e-3 * (double)span;
     }
     timer_put(t);
@@ -191,9 +246,20 @@ fsdp_gpu_timer_t *fsdp_gpu_trace_begin(fsdp_gpu_dev_t *gdev, cudaStream_t stream
 
     if (!fsdp_trace_enabled(&gdev->super))
         return NULL;
+    /* a reference of seconds ago, renewed when the internal stream is idle (it nearly always
+     * is: only barriers and splits use it) */
+    if (gdev->anchor == NULL || (fsdp_gpu_now() - gdev->anchor->host > FSDP_GPU_ANCHOR_S &&
+                                 cudaStreamQuery(gdev->aux) == cudaSuccess))
+        (void)anchor_new(gdev);
+    if (gdev->anchor == NULL)
+        return NULL;
     t = timer_get(gdev);
     if (t == NULL)
         return NULL; /* the event keeps its host times */
+    pthread_mutex_lock(&gdev->timer_lock);
+    t->anchor = gdev->anchor;
+    t->anchor->users++;
+    pthread_mutex_unlock(&gdev->timer_lock);
     t->instant = instant;
     if (!instant && FSDP_CUDA_CALL(cudaEventRecord(t->start, stream)) != FSDP_OK) {
         timer_put(t);

@@ -45,5 +45,10 @@ AC_DEFUN([FSDP_CHECK_BUILD_FLAGS], [
     # (-O0 sanitizer builds warn where -O2 does not); messages are truncated by design.
     FSDP_CFLAGS="-Wall -Wextra -Wundef -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Wno-format-truncation"
     AS_IF([test "x$enable_werror" = xyes], [FSDP_CFLAGS="$FSDP_CFLAGS -Werror"])
+    # The host C code rounds every operation as written: the kernel bodies it shares with the
+    # CUDA code (compiled with --fmad=false) must give the GPU's bits, which a fused multiply-add
+    # would change under -march=native or any FMA target (gnu11 lets gcc contract by default).
+    # tests/test_build_flags.sh checks it is here.
+    FSDP_CFLAGS="$FSDP_CFLAGS -ffp-contract=off"
     AC_SUBST([FSDP_CFLAGS])
 ])

@@ -431,12 +431,15 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
         for (size_t i = 0; i < m && epi != NULL && status == FSDP_OK; i++)
             for (size_t j = 0; j < n; j++)
                 ((float *)c)[i * ldc + j] =
-                    fsdp_kb_gemm_epilogue(epi, c_dtype, ldc, ((float *)c)[i * ldc + j], i, j);
+                    fsdp_kb_gemm_epilogue(epi, c_dtype, c, ldc, ((float *)c)[i * ldc + j], i, j);
         return status;
     }
 
     /* A 16-bit C: the k blocks add into an f32 workspace, which is rounded once at the end, so
-     * that no partial sum is rounded to 16 bits; beta * C is applied there, in f32. */
+     * that no partial sum is rounded to 16 bits; beta * C is applied there, in f32, unless the
+     * epilogue accumulates into C after rounding the product. */
+    if (fsdp_kb_gemm_accumulates(epi, c_dtype))
+        beta = 0.0f;
     if (m > SIZE_MAX / sizeof(float) / n ||
         posix_memalign((void **)&cw, 64, m * n * sizeof(float)) != 0) {
         fsdp_error("gemm: cannot allocate an f32 workspace for %zu x %zu %s outputs", m, n,
@@ -453,7 +456,7 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
             fsdp_kb_store(c, c_dtype, i * ldc + j,
                           epi == NULL
                               ? cw[i * n + j]
-                              : fsdp_kb_gemm_epilogue(epi, c_dtype, ldc, cw[i * n + j], i, j));
+                              : fsdp_kb_gemm_epilogue(epi, c_dtype, c, ldc, cw[i * n + j], i, j));
     free(cw);
     return status;
 }

@@ -126,6 +126,14 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
                 FSDP_SIM_KERNEL_INVALID(k, "epilogue activation %d (none, relu or gelu_tanh)",
                                         (int)e->act);
         }
+        if (k->u.gemm.epilogue.accumulate != 0 && k->u.gemm.epilogue.accumulate != 1)
+            FSDP_SIM_KERNEL_INVALID(k, "epilogue accumulate %d (0 or 1)",
+                                    k->u.gemm.epilogue.accumulate);
+        if (k->u.gemm.epilogue.accumulate && (k->u.gemm.beta != 1.0f || k->u.gemm.batch > 1))
+            FSDP_SIM_KERNEL_INVALID(k,
+                                    "an accumulating epilogue with beta %g and batch %zu "
+                                    "(needs beta 1 and batch 0 or 1)",
+                                    (double)k->u.gemm.beta, k->u.gemm.batch);
         break;
     case FSDP_K_BIAS_ADD: {
         size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;

@@ -1090,6 +1090,7 @@ int main(void)
     fsdp_status_t status;
     int lines = 0, rc;
 
+    fsdp_test_gpu_banner("test_gpu");
     /* What needs no device: the ops table is complete in either build, and init fails cleanly
      * where it cannot work. */
     if (fsdp_backend_check(fsdp_gpu_backend()) != FSDP_OK) {

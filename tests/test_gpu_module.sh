@@ -47,8 +47,8 @@ if command -v readelf >/dev/null 2>&1 && [ -f "$lib" ]; then
         sh -c "! grep -E 'RPATH|RUNPATH' '$tmp/dynamic' | grep -iq cuda"
     if [ $built -eq 1 ]; then
         # the module's one exported symbol: its entry table
-        check "the module exports only fsdp_gpu_module_v1" \
-            test "$(nm -D --defined-only "$mod" 2>/dev/null | awk '{print $3}')" = fsdp_gpu_module_v1
+        check "the module exports only fsdp_gpu_module_v2" \
+            test "$(nm -D --defined-only "$mod" 2>/dev/null | awk '{print $3}')" = fsdp_gpu_module_v2
     fi
 else
     echo "skipped: readelf or $lib not available, NEEDED entries unchecked"
@@ -78,7 +78,7 @@ refuse_gpu "not a shared object" "gpu backend module $tmp/text.so cannot be load
     FSDP_GPU_MODULE="$tmp/text.so"
 if [ -f "$lib" ]; then
     refuse_gpu "a shared object that is no module" \
-        "gpu backend module .*libfsdp.so cannot be loaded: it has no fsdp_gpu_module_v1" \
+        "gpu backend module .*libfsdp.so cannot be loaded: it has no fsdp_gpu_module_v2" \
         FSDP_GPU_MODULE="$lib"
 fi
 if [ $built -eq 1 ]; then
@@ -94,7 +94,9 @@ if [ $built -eq 1 ]; then
         echo "skipped: no perl or no libcudart entry, the missing-library case unchecked"
     fi
     # the module found in the build tree, no device visible
-    refuse_gpu "no device" "no CUDA device is visible" CUDA_VISIBLE_DEVICES=
+    # with why, and the driver and runtime versions
+    refuse_gpu "no device" "no CUDA device is visible .*driver .*runtime [0-9]+\.[0-9]+, NCCL" \
+        CUDA_VISIBLE_DEVICES=
 fi
 
 exit $fail

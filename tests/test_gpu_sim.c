@@ -373,6 +373,7 @@ int main(void)
 {
     int rc;
 
+    fsdp_test_gpu_banner("test_gpu_sim");
     if (!fsdp_gpu_built())
         return skip(fsdp_gpu_load_error());
     if (fsdp_gpu_device_count() == 0)

@@ -192,6 +192,78 @@ static void test_linear_bwd(void)
     }
 }
 
+/* ---- a weight gradient accumulated into an existing one: autograd's two roundings ----
+ *
+ * Under no_sync (or a tied weight's second use) autograd adds the new gradient, dy^T x rounded
+ * once by its GEMM, to the gradient already held in the dtype, and rounds the sum: the GEMM with
+ * beta = 1 and the epilogue's accumulate. Without it, beta = 1 adds the old gradient to the f32
+ * product and rounds once. In f32 both are the plain beta = 1 GEMM. */
+
+#define AK 40 /* rows summed: k of the GEMM */
+
+static void test_grad_accumulate(void)
+{
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = dts[d];
+        uint16_t x[AK * K], dy[AK * N], dw0[N * K], dw[N * K], once[N * K];
+        float x32[AK * K], dy32[AK * N], w32[N * K], plain32[N * K];
+        fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+        int bad = 0, twice = 0;
+
+        rng_state = 23 + (uint64_t)d;
+        fill16(x, AK * K, 60, 3, dt);
+        fill16(dy, AK * N, 120, 6, dt);
+        fill16(dw0, N * K, 2000, 4, dt); /* the gradient of earlier micro-batches */
+        memcpy(dw, dw0, sizeof(dw));
+        memcpy(once, dw0, sizeof(once));
+        k.u.gemm.trans_a = 1; /* dW[N, K] += dy^T x */
+        k.u.gemm.m = N, k.u.gemm.n = K, k.u.gemm.k = AK;
+        k.u.gemm.alpha = 1.0f;
+        k.u.gemm.a = dy, k.u.gemm.lda = N, k.u.gemm.b = x, k.u.gemm.ldb = K;
+        k.u.gemm.beta = 1.0f;
+        k.u.gemm.c = once, k.u.gemm.ldc = K;
+        k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = dt;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK); /* beta = 1 alone */
+        k.u.gemm.c = dw;
+        k.u.gemm.epilogue.accumulate = 1;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        for (int j = 0; j < N; j++)
+            for (int p = 0; p < K; p++) {
+                double s = 0.0, old = from16(dw0[j * K + p], dt);
+                for (int i = 0; i < AK; i++)
+                    s += from16(dy[i * N + j], dt) * from16(x[i * K + p], dt);
+                bad += from16(dw[j * K + p], dt) != rne(old + rne(s, dt), dt);
+                bad += from16(once[j * K + p], dt) != rne(old + s, dt);
+                twice += rne(old + rne(s, dt), dt) != rne(old + s, dt);
+            }
+        fprintf(stderr, "\n  %s: %d of %d accumulated gradients differ from one rounding",
+                fsdp_dtype_name(dt), twice, N * K);
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT(twice > 0); /* the inputs tell two roundings from one */
+
+        /* accumulate needs beta 1 */
+        k.u.gemm.beta = 0.0f;
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&k), FSDP_ERR_INVALID_PARAM);
+
+        /* f32: the same bits as beta = 1 without it */
+        for (int e = 0; e < AK * K; e++)
+            x32[e] = (float)from16(x[e], dt);
+        for (int e = 0; e < AK * N; e++)
+            dy32[e] = (float)from16(dy[e], dt);
+        for (int e = 0; e < N * K; e++)
+            w32[e] = plain32[e] = (float)from16(dw0[e], dt) + 0x1p-20f;
+        k.u.gemm.a = dy32, k.u.gemm.b = x32;
+        k.u.gemm.beta = 1.0f;
+        k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_F32;
+        k.u.gemm.c = w32;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        k.u.gemm.c = plain32;
+        k.u.gemm.epilogue.accumulate = 0;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        CU_ASSERT(memcmp(w32, plain32, sizeof(w32)) == 0);
+    }
+}
+
 /* ---- LayerNorm: statistics in f32, (x - mean) rstd w + b rounded once ---- */
 
 #define LC 12
@@ -307,6 +379,92 @@ static void test_softmax(void)
                 fsdp_dtype_name(dt), differs, R * SC, ties);
         CU_ASSERT_EQUAL(bad, 0);
         CU_ASSERT(ties <= R * SC / 4); /* of 2 R SC values judged */
+    }
+}
+
+/* ---- HF's GPT-2 attention: the scores divided by sqrt(head size) held in the dtype ----
+ *
+ * GPT2Attention divides the scores by torch.full([], sqrt(hs), dtype=dtype): the divisor is
+ * rounded to the dtype (sqrt(32) = 5.65685... is 5.65625 in bf16 and f16), the quotient is
+ * computed in f32 and rounded, then softmax; the backward divides softmax's rounded gradient by
+ * the same divisor. Head size 32 is gpt2-tiny's; multiplying by 1/sqrt(32) in f32 (the divisor
+ * unrounded) gives other scores. Causal rows of T columns, as the model launches them. */
+
+#define HS 32
+#define DT 16
+#define DR (2 * DT)
+
+static void test_softmax_divisor(void)
+{
+    const float div = (float)sqrt((double)HS);
+    const double dv = 5.65625; /* sqrt(32) rounded to 8 (bf16) or 11 (f16) significant bits */
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = dts[d];
+        uint16_t x[DR * DT], y[DR * DT], dy[DR * DT], dx[DR * DT];
+        fsdp_kernel_t k = {.kind = FSDP_K_SOFTMAX_FWD};
+        int bad = 0, ties = 0, old = 0, scores = 0;
+
+        CU_ASSERT_EQUAL(rne(div, dt), dv);
+        rng_state = 47 + (uint64_t)d;
+        fill16(x, DR * DT, 1000, 6, dt); /* scores in (-16, 16) */
+        fill16(dy, DR * DT, 100, 6, dt);
+        k.u.softmax_fwd.y = y, k.u.softmax_fwd.x = x;
+        k.u.softmax_fwd.rows = DR, k.u.softmax_fwd.cols = DT;
+        k.u.softmax_fwd.scale = 1.0f / div; /* unused with a divisor */
+        k.u.softmax_fwd.divisor = div;
+        k.u.softmax_fwd.causal = 1;
+        k.u.softmax_fwd.dtype = dt;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_SOFTMAX_BWD;
+        k.u.softmax_bwd.dx = dx, k.u.softmax_bwd.dy = dy, k.u.softmax_bwd.y = y;
+        k.u.softmax_bwd.rows = DR, k.u.softmax_bwd.cols = DT;
+        k.u.softmax_bwd.scale = 1.0f / div;
+        k.u.softmax_bwd.divisor = div;
+        k.u.softmax_bwd.causal = 1;
+        k.u.softmax_bwd.dtype = dt;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+        for (int r = 0; r < DR; r++) {
+            const int valid = r % DT + 1;
+            double z[DT], mx = -INFINITY, sum = 0.0, dot = 0.0;
+            for (int c = 0; c < valid; c++) { /* the division in f32, rounded to dt */
+                double xv = from16(x[r * DT + c], dt);
+                z[c] = rne((double)(float)(xv / dv), dt);
+                old += z[c] != rne((double)((float)xv * (1.0f / div)), dt);
+                scores++;
+                mx = fmax(mx, z[c]);
+            }
+            for (int c = 0; c < valid; c++)
+                sum += exp(z[c] - mx);
+            for (int c = 0; c < DT; c++) {
+                double p = c < valid ? exp(z[c] - mx) / sum : 0.0;
+                if (near_tie(p, dt, 1e-6)) {
+                    ties++;
+                    continue;
+                }
+                bad += from16(y[r * DT + c], dt) != rne(p, dt);
+            }
+            for (int c = 0; c < valid; c++)
+                dot += from16(y[r * DT + c], dt) * from16(dy[r * DT + c], dt);
+            for (int c = 0; c < DT; c++) {
+                double g = c < valid
+                               ? from16(y[r * DT + c], dt) * (from16(dy[r * DT + c], dt) - dot)
+                               : 0.0;
+                if (near_tie(g, dt, 1e-6)) {
+                    ties++;
+                    continue;
+                }
+                /* the quotient of two values of dt in f32, then rounded to dt */
+                bad += from16(dx[r * DT + c], dt) != rne((double)(float)(rne(g, dt) / dv), dt);
+            }
+        }
+        fprintf(stderr,
+                "\n  %s: %d of %d scaled scores differ where 1/sqrt(%d) multiplies in f32; %d "
+                "values within 1e-6 of a tie not judged",
+                fsdp_dtype_name(dt), old, scores, HS, ties);
+        CU_ASSERT_EQUAL(bad, 0);
+        CU_ASSERT(old > 0); /* the inputs tell the division from the multiply */
+        CU_ASSERT(ties <= DR * DT / 4);
     }
 }
 
@@ -477,8 +635,13 @@ int main(void)
         {"Linear and Conv1D forward: bias added in f32, one rounding (bf16, f16)",
          test_linear_conv1d_fwd},
         {"Linear backward: each gradient rounded once (bf16, f16)", test_linear_bwd},
+        {"weight gradient accumulated: the new gradient rounded, then the sum (bf16, f16)",
+         test_grad_accumulate},
         {"LayerNorm forward rounds once (bf16, f16)", test_layernorm},
         {"softmax: scaled scores rounded, then the softmax (bf16, f16)", test_softmax},
+        {"softmax of HF's GPT-2 attention: scores divided by sqrt(32) held in the dtype (bf16, "
+         "f16)",
+         test_softmax_divisor},
         {"embedding backward: a token's rows summed in f32, rounded once (bf16, f16)",
          test_embedding_bwd},
         {"one-layer Linear under FSDP MixedPrecision(bf16, reduce f32): the rule, bit for bit",

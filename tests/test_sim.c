@@ -164,6 +164,15 @@ static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
     FSDP_RANK_REQUIRE_OK(&failure, dev, ops->memcpy_async(dev, dst, dst, 0, s1));
     FSDP_RANK_REQUIRE_MSG(&failure, dev->rank, memcmp(dst, src, sizeof(src)) == 0,
                           "memcpy_async did not copy");
+    /* onto itself: no data moves (a device copy onto itself is undefined), but the copy is
+     * still issued, priced and traced */
+    {
+        double before = ops->host_time(dev);
+        FSDP_RANK_REQUIRE_OK(&failure, dev, ops->memcpy_async(dev, dst, dst, sizeof(dst), s1));
+        FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                              memcmp(dst, src, sizeof(src)) == 0 && ops->host_time(dev) > before,
+                              "a copy onto itself changed the data or was not issued");
+    }
 
     FSDP_RANK_REQUIRE_OK(&failure, dev, ops->event_create(dev, &ev));
     FSDP_RANK_REQUIRE_OK(&failure, dev,

@@ -116,8 +116,6 @@ check "gpt2: nothing on stderr" test ! -s "$tmp/err"
 check "gpt2: prints 3 loss lines" test "$(grep -c '^step [0-9]* loss ' "$tmp/gpt")" -eq 3
 check "gpt2: prints tokens/s" grep -q '^trained 768 tokens in [0-9.]* s: [0-9]* tokens/s$' "$tmp/gpt"
 check "gpt2: prints 2 peak lines" test "$(grep -c '^rank [01] peak allocated [0-9]* bytes$' "$tmp/gpt")" -eq 2
-check "gpt2: the first loss is about ln 256" \
-    awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/gpt"
 for s in full_shard shard_grad_op no_shard; do
     "$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --strategy $s \
         | grep '^step' | awk '{print $4}' >"$tmp/gloss.$s"
@@ -205,6 +203,8 @@ check "the trace's command line is the program called, not libtool's binary unde
     >"$tmp/demo" 2>&1
 check "the demo's first step prints the README's loss" \
     grep -q "^step 1 loss 5.53065491 .* sim_step_ms 1.191 peak_mib 6.37$" "$tmp/demo"
+# (on a fixed text: the default corpus, the sources, changes with every commit)
+check "gpt2: the first loss is about ln 256" awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/demo"
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
 # without a device (or without the gpu module) this is refused for that; with one, for a

@@ -3,6 +3,7 @@
 #define FSDP_TEST_UTIL_H
 
 #include <CUnit/Basic.h>
+#include <fsdp/gpu.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -163,6 +164,17 @@ static inline void fsdp_test_failure_assert(fsdp_test_failure_t *f)
     atomic_store(&f->state, 0);
     f->file = NULL;
     f->line = 0;
+}
+
+/* A gpu test's first line: what it found (driver, runtime, NCCL and cuBLAS versions, the
+ * devices and their compute capability, or why there is none). */
+static inline void fsdp_test_gpu_banner(const char *prog)
+{
+    char found[1024];
+
+    fsdp_gpu_describe(found, sizeof(found));
+    printf("%s: %s\n", prog, found);
+    fflush(stdout);
 }
 
 /* A gpu test without a device: 77 (skipped), or 1 when FSDP_REQUIRE_GPU is set (make

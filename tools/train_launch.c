@@ -26,6 +26,8 @@ const char *train_backend_name(train_backend_t backend)
 int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_arg,
                          double timeout_s, const fsdp_sim_profile_t *profile)
 {
+    char found[1024];
+
     memset(l, 0, sizeof(*l));
     l->backend = backend;
     l->timeout_s = timeout_s;
@@ -39,11 +41,14 @@ int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_a
         cli_error("--backend gpu: %s; use --backend sim without it", fsdp_gpu_load_error());
         return -1;
     }
+    /* driver, runtime and library versions, the devices, or why there is none (said here, so
+     * the count below does not log it again) */
+    fsdp_gpu_describe(found, sizeof(found));
     if (fsdp_gpu_device_count() == 0) {
         const char *visible = getenv("CUDA_VISIBLE_DEVICES");
         cli_error("--backend gpu: no CUDA device is visible to this process "
-                  "(CUDA_VISIBLE_DEVICES=%s); use --backend sim without one",
-                  visible != NULL ? visible : "unset");
+                  "(CUDA_VISIBLE_DEVICES=%s; %s); use --backend sim without one",
+                  visible != NULL ? visible : "unset", found);
         return -1;
     }
     if (fsdp_launch_env(&l->info) != FSDP_OK)
@@ -57,6 +62,10 @@ int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_a
     }
     l->world = l->info.world_size;
     l->rank = l->info.rank;
+    if (l->rank == 0) {
+        printf("fsdp-train: %s\n", found);
+        fflush(stdout);
+    }
     return 0;
 }
 

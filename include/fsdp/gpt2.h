@@ -1,7 +1,9 @@
 /* libfsdp: GPT-2, as Hugging Face's GPT2LMHeadModel computes it, trained with FSDP.
  *
  * Token and learned position embeddings; n_layer pre-LayerNorm blocks (eps 1e-5) of causal
- * multi-head self-attention (scores scaled by 1/sqrt(head_dim)) and a 4x MLP with gelu_new;
+ * multi-head self-attention (scores divided by sqrt(head_dim), held in the compute dtype as
+ * HF's eager attention holds it; in f32 multiplied by 1/sqrt(head_dim)) and a 4x MLP with
+ * gelu_new;
  * a final LayerNorm; the LM head tied to the token embedding; mean cross-entropy over the next
  * tokens. No dropout (HF's dropouts at p = 0, or eval mode). Forward and backward are written
  * only against backend kernels (kernel.h) and the FSDP hooks, so the same code runs on the sim

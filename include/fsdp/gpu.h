@@ -39,6 +39,14 @@ FSDP_API const char *fsdp_gpu_load_error(void);
 FSDP_API const char *fsdp_gpu_module_path(void);
 /* Number of CUDA devices visible to this process (0 without the module, a driver or a device). */
 FSDP_API int fsdp_gpu_device_count(void);
+/* What the gpu backend finds here, in one line for a banner or a log, written into buf (at most
+ * size bytes, always terminated): "gpu: driver 13.0, runtime 13.0, NCCL 2.28.9, cuBLAS 13.0.0;
+ * 1 device: 0 NVIDIA H100 80GB HBM3 (sm_90, 79.2 GiB)", with the reason where there is no
+ * device ("no device: cudaGetDeviceCount: ... (cudaErrorInsufficientDriver)"), or "gpu: "
+ * followed by fsdp_gpu_load_error()'s line without the module. A cause other than "no device"
+ * is logged once per process at warning level, by fsdp_gpu_device_count() or fsdp_gpu_init(),
+ * unless this line, which says it, came first. */
+FSDP_API void fsdp_gpu_describe(char *buf, size_t size);
 /* The gpu ops table (every slot returns FSDP_ERR_UNSUPPORTED without the module). */
 FSDP_API const fsdp_backend_ops_t *fsdp_gpu_backend(void);
 

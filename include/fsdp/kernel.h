@@ -62,17 +62,24 @@ typedef enum {
 } fsdp_activation_t;
 
 /* What follows a GEMM's product, in this order, each stage one PyTorch op: the bias (torch's
- * addmm: the product plus the bias, in f32), the activation, then the residual add. Every
- * stage computes in f32 from its input and, when C is 16-bit, its result is rounded once to C's
- * dtype, as the op's own kernel does; so the product is rounded only after the bias is added.
- * In f32 a GEMM with an epilogue gives the bits of the separate launches (gemm, bias_add,
- * relu_fwd or gelu_fwd, add); under mixed precision, addmm's one rounding instead of two. A
- * zeroed epilogue does nothing. */
+ * addmm: the product plus the bias, in f32), the activation, the residual add, then the
+ * accumulation into C. Every stage computes in f32 from its input and, when C is 16-bit, its
+ * result is rounded once to C's dtype, as the op's own kernel does; so the product is rounded
+ * only after the bias is added. In f32 a GEMM with an epilogue gives the bits of the separate
+ * launches (gemm, bias_add, relu_fwd or gelu_fwd, add); under mixed precision, addmm's one
+ * rounding instead of two. A zeroed epilogue does nothing. */
 typedef struct fsdp_gemm_epilogue {
     const void *bias;        /* [N] of bias_dtype, or NULL: no bias */
     fsdp_dtype_t bias_dtype; /* f32, bf16 or f16 */
     fsdp_activation_t act;
     const void *residual; /* [M, N] of C's dtype with C's leading dimension, or NULL; may be C */
+    /* 1: C holds a gradient the product adds to (needs beta == 1 and one product), as autograd
+     * accumulates a new gradient into an existing one. In a 16-bit C the result of the stages
+     * before (the new gradient, beta * C left out) is rounded to C's dtype, then added to C's
+     * old value in f32 and rounded again: two torch ops, where beta = 1 alone rounds once. In an
+     * f32 C, where the new gradient needs no rounding, it changes nothing: beta * C is added
+     * where beta = 1 adds it. 0: no accumulation stage. */
+    int accumulate;
 } fsdp_gemm_epilogue_t;
 
 typedef struct fsdp_kernel {
@@ -94,7 +101,8 @@ typedef struct fsdp_kernel {
          * beta == 0 ignores C's old contents (NaN included).
          * Dtypes (f32 when zeroed): A and B share one of f32, bf16, f16; C is that dtype or
          * f32 (cublasGemmEx's combinations). Products and sums are f32, alpha and beta * C are
-         * applied in f32, and C is rounded once (nearest even). */
+         * applied in f32, and C is rounded once (nearest even), unless the epilogue rounds more
+         * (a 16-bit C's activation, residual or accumulation stage). */
         struct { int trans_a, trans_b; size_t m, n, k; float alpha; const void *a; size_t lda;
                  const void *b; size_t ldb; float beta; void *c; size_t ldc;
                  fsdp_dtype_t a_dtype, b_dtype, c_dtype;
@@ -163,17 +171,23 @@ typedef struct fsdp_kernel {
         /* dx = dy * gelu_new'(x); dx may equal dy */
         struct { void *dx; const void *dy; const void *x; size_t n; fsdp_dtype_t dtype; }
             gelu_bwd;
-        /* y = softmax(scale * x) over each row of x [rows, cols]. causal: x is [batch, cols,
-         * cols] (rows = batch * cols) and row r keeps columns 0 .. r % cols, the others are
-         * 0 (the masked attention of a decoder). y may equal x. In a 16-bit dtype scale * x is
-         * rounded to the dtype first: the scaling is its own torch op. */
+        /* y = softmax(z) over each row of x [rows, cols], where the scaled scores z are
+         * scale * x (divisor 0: torch's multiply by a Python-float scale, as Llama's eager
+         * attention does) or x / divisor, divisor first rounded to the dtype (HF's eager GPT-2
+         * attention divides by torch.full([], sqrt(head size), dtype=dtype)); f32 arithmetic
+         * either way. causal: x is [batch, cols, cols] (rows = batch * cols) and row r keeps
+         * columns 0 .. r % cols, the others are 0 (the masked attention of a decoder). y may
+         * equal x. In a 16-bit dtype z is rounded to the dtype first: the scaling is its own
+         * torch op. */
         struct { void *y; const void *x; size_t rows, cols; float scale; int causal;
-                 fsdp_dtype_t dtype; } softmax_fwd;
-        /* Its backward from the saved y: dx = scale * y * (dy - sum(y * dy)) per row (0 where
-         * masked); dx may equal dy. In a 16-bit dtype y * (dy - sum(y * dy)) is rounded to the
-         * dtype before it is scaled (softmax's backward, then the scaling's). */
+                 fsdp_dtype_t dtype; float divisor; } softmax_fwd;
+        /* Its backward from the saved y: with g = y * (dy - sum(y * dy)) per row,
+         * dx = scale * g or g / divisor (the forward's scaling; 0 where masked); dx may equal
+         * dy. In a 16-bit dtype g is rounded to the dtype before it is scaled (softmax's
+         * backward, then the scaling's: torch's div backward divides by the same rounded
+         * divisor). */
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
-                 int causal; fsdp_dtype_t dtype; } softmax_bwd;
+                 int causal; fsdp_dtype_t dtype; float divisor; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
          * (no position term). A token outside [0, vocab) gives a row of NaN. */
         struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;

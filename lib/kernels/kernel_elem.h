@@ -221,21 +221,31 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
     }
 }
 
-/* Does the GEMM descriptor k have an epilogue (kernel.h)? */
+/* Does the epilogue e accumulate into a C of dtype dt, with a rounding of its own? (In f32 the
+ * accumulation is beta = 1's, inside the product: kernel.h.) Then the backends compute the
+ * product with beta = 0 and the epilogue adds C's old value. */
+FSDP_HD int fsdp_kb_gemm_accumulates(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t dt)
+{
+    return e != NULL && e->accumulate && dt != FSDP_DTYPE_F32;
+}
+
+/* Does the GEMM descriptor k have an epilogue (kernel.h) that changes its f32 product? */
 FSDP_HD int fsdp_kb_gemm_has_epilogue(const fsdp_kernel_t *k)
 {
     const fsdp_gemm_epilogue_t *e = &k->u.gemm.epilogue;
-    return e->bias != NULL || e->act != FSDP_ACT_NONE || e->residual != NULL;
+    return e->bias != NULL || e->act != FSDP_ACT_NONE || e->residual != NULL ||
+           fsdp_kb_gemm_accumulates(e, k->u.gemm.c_dtype);
 }
 
-/* The epilogue of a GEMM whose C has dtype dt and leading dimension ldc, for element (i, j):
- * v is the product's f32 value (alpha and beta * C applied); returns the value to store, which
- * the store rounds. Each stage is one torch op: its input is the previous stage's output as
- * that op would hand it on (rounded to dt), so the product alone is never rounded before the
- * bias is added (addmm). In f32 every rounding is the identity, and the arithmetic is that of
- * bias_add, relu_fwd or gelu_fwd and add, in that order. */
-FSDP_HD float fsdp_kb_gemm_epilogue(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t dt, size_t ldc,
-                                    float v, size_t i, size_t j)
+/* The epilogue of a GEMM whose C (c) has dtype dt and leading dimension ldc, for element
+ * (i, j): v is the product's f32 value (alpha applied, and beta * C unless the epilogue
+ * accumulates into a 16-bit C); returns the value to store, which the store rounds. Each stage
+ * is one torch op: its input is the previous stage's output as that op would hand it on
+ * (rounded to dt), so the product alone is never rounded before the bias is added (addmm). In
+ * f32 every rounding is the identity, and the arithmetic is that of bias_add, relu_fwd or
+ * gelu_fwd and add, in that order. C[i, j] is read before the caller stores into it. */
+FSDP_HD float fsdp_kb_gemm_epilogue(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t dt, const void *c,
+                                    size_t ldc, float v, size_t i, size_t j)
 {
     if (e->bias != NULL)
         v = v + fsdp_kb_load(e->bias, e->bias_dtype, j);
@@ -245,6 +255,8 @@ FSDP_HD float fsdp_kb_gemm_epilogue(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t 
         v = fsdp_kb_gelu(fsdp_kb_round_to(v, dt));
     if (e->residual != NULL)
         v = fsdp_kb_round_to(v, dt) + fsdp_kb_load(e->residual, dt, i * ldc + j);
+    if (fsdp_kb_gemm_accumulates(e, dt)) /* autograd: the new gradient, then the sum */
+        v = fsdp_kb_round_to(v, dt) + fsdp_kb_load(c, dt, i * ldc + j);
     return v;
 }
 

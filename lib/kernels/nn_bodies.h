@@ -268,6 +268,13 @@ FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     }
 }
 
+/* The scaled score of x (kernel.h): x * scale, or with by_div x / div, div being the
+ * descriptor's divisor rounded to the dtype; rounded to the dtype as the scaling op's output. */
+FSDP_HD float fsdp_kb_softmax_scaled(float x, float scale, int by_div, float div, fsdp_dtype_t dt)
+{
+    return fsdp_kb_round_to(by_div ? x / div : x * scale, dt);
+}
+
 /* In f32 y keeps each exponential until the division (y may be x); in a 16-bit dtype they are
  * computed again for the output instead, so that no unnormalized value is rounded. The same
  * function of the same argument, so the same bits either way. The scaled scores are rounded to
@@ -280,24 +287,29 @@ FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
     const size_t valid = k->u.softmax_fwd.causal ? r % n + 1 : n;
     const void *x = k->u.softmax_fwd.x;
     const float s = k->u.softmax_fwd.scale;
+    const int by_div = k->u.softmax_fwd.divisor != 0.0f;
+    const float dv = fsdp_kb_round_to(k->u.softmax_fwd.divisor, dt);
     void *y = k->u.softmax_fwd.y;
     float mx = -fsdp_kb_inff(), sum = 0.0f;
 
     for (size_t j = 0; j < valid; j++) {
-        float z = fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt);
+        float z = fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt);
         if (z > mx)
             mx = z;
     }
     for (size_t j = 0; j < valid; j++) {
-        float e = fsdp_kb_expf(fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt) - mx);
+        float e = fsdp_kb_expf(
+            fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - mx);
         sum += e;
         if (dt == FSDP_DTYPE_F32)
             ((float *)y)[o + j] = e;
     }
     for (size_t j = 0; j < valid; j++) {
-        float e = dt == FSDP_DTYPE_F32
-                      ? ((const float *)y)[o + j]
-                      : fsdp_kb_expf(fsdp_kb_round_to(fsdp_kb_load(x, dt, o + j) * s, dt) - mx);
+        float e =
+            dt == FSDP_DTYPE_F32
+                ? ((const float *)y)[o + j]
+                : fsdp_kb_expf(
+                      fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - mx);
         fsdp_kb_store(y, dt, o + j, e / sum);
     }
     for (size_t j = valid; j < n; j++)
@@ -311,16 +323,18 @@ FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
     const size_t valid = k->u.softmax_bwd.causal ? r % n + 1 : n;
     const void *y = k->u.softmax_bwd.y, *dy = k->u.softmax_bwd.dy;
     const float s = k->u.softmax_bwd.scale;
+    const int by_div = k->u.softmax_bwd.divisor != 0.0f;
+    const float dv = fsdp_kb_round_to(k->u.softmax_bwd.divisor, dt);
     void *dx = k->u.softmax_bwd.dx;
     float dot = 0.0f;
 
     for (size_t j = 0; j < valid; j++)
         dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
-    for (size_t j = 0; j < valid; j++) /* softmax's gradient is rounded, then scaled */
-        fsdp_kb_store(
-            dx, dt, o + j,
-            s * fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot),
-                                 dt));
+    for (size_t j = 0; j < valid; j++) { /* softmax's gradient is rounded, then scaled */
+        float g =
+            fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot), dt);
+        fsdp_kb_store(dx, dt, o + j, by_div ? g / dv : s * g);
+    }
     for (size_t j = valid; j < n; j++)
         fsdp_kb_store(dx, dt, o + j, 0.0f);
 }

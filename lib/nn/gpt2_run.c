@@ -4,7 +4,10 @@
  * C, 2C and head h at h*hs within each (HF's c_attn split); the attention probabilities are
  * [B, H, T, T]. Weights are Conv1D [in, out], so a layer is y = x W + b with no transpose.
  * Attention is two batched products per sequence (a batch over the heads: Q K^T, then att V)
- * around a causal softmax that also applies 1/sqrt(hs).
+ * around a causal softmax that also applies the scaling by sqrt(hs): in a 16-bit dtype it
+ * divides the scores by sqrt(hs) rounded to the dtype, as HF's eager attention divides by
+ * torch.full([], sqrt(hs), dtype=dtype); in f32 it multiplies by 1/sqrt(hs) (f32 runs as they
+ * were, within an f32 rounding of the division).
  *
  * Mixed precision: everything runs in the units' compute dtype (param_dtype), as torch runs HF's
  * model under FSDP's MixedPrecision: the unsharded weights, the activations and their gradients
@@ -59,7 +62,8 @@ typedef struct gpt2_run {
     size_t B, T, BT, C, H, hs, V;
     fsdp_dtype_t dt;           /* the compute dtype: weights, activations, their gradients */
     size_t es;                 /* its element size */
-    float att_scale;           /* 1 / sqrt(hs) */
+    float att_scale;           /* 1 / sqrt(hs), in f32 */
+    float att_div;             /* sqrt(hs) in a 16-bit dtype (the kernel rounds it), else 0 */
     int32_t *tokens, *targets; /* [BT] on the device */
     void **resid;              /* [L + 1]: the input of block l, then the last output */
     block_act_t *act;          /* [L] */
@@ -142,6 +146,16 @@ static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, siz
     return gemm_batched(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
+/* dw[m, n] += op(a) op(b), a weight gradient accumulated as autograd accumulates it (kernel.h's
+ * accumulate: in a 16-bit dtype the new gradient is rounded, then the sum) */
+static fsdp_status_t grad_gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                               const void *a, size_t lda, const void *b, size_t ldb, void *dw,
+                               size_t ldc)
+{
+    fsdp_gemm_epilogue_t epi = {.accumulate = 1};
+    return gemm_epi(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, dw, ldc, 0, 1, &epi);
+}
+
 /* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D's addmm), then + residual [BT, n] unless NULL
  * (the block's residual add, a separate torch op: kernel.h's epilogue rounds it apart) */
 static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
@@ -157,7 +171,7 @@ static fsdp_status_t linear_bwd(gpt2_run_t *r, const void *x, size_t k, const vo
                                 const void *dout, void *dw, void *dbias, void *dx)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_BIAS_GRAD};
-    fsdp_status_t status = gemm(r, 1, 0, k, n, r->BT, x, k, dout, n, 1.0f, dw, n);
+    fsdp_status_t status = grad_gemm(r, 1, 0, k, n, r->BT, x, k, dout, n, dw, n);
 
     if (status != FSDP_OK)
         return status;
@@ -231,6 +245,7 @@ static fsdp_status_t attention_fwd(gpt2_run_t *r, const void *qkv, void *att, vo
     d.u.softmax_fwd.rows = r->B * H * T;
     d.u.softmax_fwd.cols = T;
     d.u.softmax_fwd.scale = r->att_scale;
+    d.u.softmax_fwd.divisor = r->att_div;
     d.u.softmax_fwd.causal = 1;
     d.u.softmax_fwd.dtype = r->dt;
     status = launch(r, &d);
@@ -270,6 +285,7 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *a
     d.u.softmax_bwd.rows = r->B * H * T;
     d.u.softmax_bwd.cols = T;
     d.u.softmax_bwd.scale = r->att_scale;
+    d.u.softmax_bwd.divisor = r->att_div;
     d.u.softmax_bwd.causal = 1;
     d.u.softmax_bwd.dtype = r->dt;
     status = launch(r, &d);
@@ -601,8 +617,8 @@ static fsdp_status_t backward(gpt2_run_t *r, double denom)
         status = gemm(r, 0, 0, r->BT, r->C, r->V, r->logits, r->V, P(m->root, FSDP_GPT2_WTE), r->C,
                       0.0f, r->tmp[0], r->C);
     if (status == FSDP_OK)
-        status = gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C, 1.0f,
-                      g[FSDP_GPT2_WTE], r->C);
+        status = grad_gemm(r, 1, 0, r->V, r->C, r->BT, r->logits, r->V, r->lnf, r->C,
+                           g[FSDP_GPT2_WTE], r->C);
     FREE(r, r->logits);
     if (status == FSDP_OK)
         status = alloc_a(r, r->BT * r->C, FSDP_MEM_TEMPORARY, &r->dres);
@@ -679,6 +695,7 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
     run.V = (size_t)model->cfg.vocab_size;
     run.att_scale = (float)(1.0 / sqrt((double)run.hs));
     run.dt = fsdp_unit_compute_dtype(model->root);
+    run.att_div = run.dt != FSDP_DTYPE_F32 ? (float)sqrt((double)run.hs) : 0.0f;
     run.es = fsdp_dtype_size(run.dt);
     for (int l = 0; l < model->cfg.n_layer; l++) {
         if (fsdp_unit_compute_dtype(model->blocks[l]) != run.dt) {

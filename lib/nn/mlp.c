@@ -261,6 +261,7 @@ static fsdp_status_t linear_backward(mlp_run_t *r, int i, const void *dy, void *
     k.u.gemm.c = dw;
     k.u.gemm.ldc = in;
     k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = r->dt;
+    k.u.gemm.epilogue.accumulate = 1; /* autograd: the new gradient rounded, then the sum */
     status = kernel(r, &k);
     if (status != FSDP_OK)
         return status;
