@@ -68,6 +68,7 @@ typedef struct fsdp_gpu_stream {
  * and synchronizes (cudaEventDisableTiming); traces time spans with events of their own. */
 struct fsdp_event {
     cudaEvent_t cu;
+    uint64_t record_id; /* its last record's number on the rank (the trace's record and wait) */
 };
 
 typedef struct fsdp_gpu_group {
@@ -95,6 +96,7 @@ struct fsdp_gpu_dev {
     int blocking_collectives;
     int prio_least, prio_greatest; /* the device's stream priorities (greatest <= least) */
     int next_stream_id;
+    uint64_t records; /* event records issued, numbering them in the trace */
 
     fsdp_gpu_stream_t compute; /* id 0 */
     cudaStream_t aux;          /* barrier and split bookkeeping */

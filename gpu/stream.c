@@ -182,7 +182,7 @@ fsdp_status_t fsdp_gpu_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
     status = use_device(gdev);
     if (status != FSDP_OK)
         return status;
-    ev = malloc(sizeof(*ev));
+    ev = calloc(1, sizeof(*ev));
     if (ev == NULL)
         return FSDP_ERR_NO_MEMORY;
     /* synchronization only: an event without timing records and waits faster */
@@ -207,11 +207,18 @@ void fsdp_gpu_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
 /* The trace event of an event record or a stream's wait (status: the call's), timed by an event
  * recorded on the stream right after it. */
 static fsdp_status_t traced_instant(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
-                                    fsdp_event_kind_t kind, const char *name, fsdp_status_t status)
+                                    fsdp_event_kind_t kind, const char *name, uint64_t record_id,
+                                    fsdp_status_t status)
 {
     double host = fsdp_gpu_now();
-    fsdp_trace_op_t op = {.kind = kind, .name = name, .stream = s->super.name, .host = host,
-                          .start = host, .end = host, .dtype = -1};
+    fsdp_trace_op_t op = {.kind = kind,
+                          .name = name,
+                          .stream = s->super.name,
+                          .host = host,
+                          .start = host,
+                          .end = host,
+                          .count = record_id,
+                          .dtype = -1};
 
     if (status != FSDP_OK || !fsdp_trace_enabled(&gdev->super))
         return status;
@@ -228,7 +235,8 @@ fsdp_status_t fsdp_gpu_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_s
         fsdp_error("rank %d: event_record: event is NULL", dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return traced_instant(gdev, s, FSDP_EV_RECORD, "record",
+    event->record_id = ++gdev->records;
+    return traced_instant(gdev, s, FSDP_EV_RECORD, "record", event->record_id,
                           FSDP_CUDA_CALL(cudaEventRecord(event->cu, s->cu)));
 }
 
@@ -242,9 +250,9 @@ fsdp_status_t fsdp_gpu_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
         fsdp_error("rank %d: stream_wait_event: event is NULL", dev->rank);
         return FSDP_ERR_INVALID_PARAM;
     }
-    return traced_instant(gdev, s, FSDP_EV_WAIT, "wait",
-                          FSDP_CUDA_CALL(cudaStreamWaitEvent(s->cu, event->cu,
-                                                             cudaEventWaitDefault)));
+    return traced_instant(
+        gdev, s, FSDP_EV_WAIT, "wait", event->record_id,
+        FSDP_CUDA_CALL(cudaStreamWaitEvent(s->cu, event->cu, cudaEventWaitDefault)));
 }
 
 fsdp_status_t fsdp_gpu_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)

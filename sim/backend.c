@@ -285,9 +285,10 @@ static fsdp_status_t sim_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
      * an idle stream; it does not hold the stream up. */
     ev->time = fsdp_sim_max2(s->clock, sdev->host_clock);
     ev->recorded = 1;
+    ev->record_id = ++sdev->records;
     if (fsdp_trace_enabled(dev))
-        fsdp_sim_trace_op(sdev, FSDP_EV_RECORD, "record", s, sdev->host_clock, ev->time,
-                          ev->time, 0.0, 0, -1, NULL);
+        fsdp_sim_trace_op(sdev, FSDP_EV_RECORD, "record", s, sdev->host_clock, ev->time, ev->time,
+                          0.0, ev->record_id, -1, NULL);
     sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }
@@ -311,8 +312,8 @@ static fsdp_status_t sim_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *strea
     if (ev->recorded)
         s->clock = fsdp_sim_max2(s->clock, ev->time);
     if (fsdp_trace_enabled(dev))
-        fsdp_sim_trace_op(sdev, FSDP_EV_WAIT, "wait", s, sdev->host_clock, s->clock, s->clock,
-                          0.0, 0, -1, NULL);
+        fsdp_sim_trace_op(sdev, FSDP_EV_WAIT, "wait", s, sdev->host_clock, s->clock, s->clock, 0.0,
+                          ev->recorded ? ev->record_id : 0, -1, NULL);
     sdev->host_clock += sdev->profile->host.event_overhead_s;
     return FSDP_OK;
 }

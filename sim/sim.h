@@ -46,7 +46,8 @@ typedef struct fsdp_sim_stream {
 typedef struct fsdp_sim_event {
     fsdp_sim_dev_t *dev; /* owner */
     int recorded;
-    double time; /* when the work before the record ends */
+    double time;        /* when the work before the record ends */
+    uint64_t record_id; /* its last record's number on the rank (the trace's record and wait) */
 } fsdp_sim_event_t;
 
 /* A rank's handle on a communicator. The members share one fsdp_sim_comm_t. */
@@ -148,6 +149,7 @@ struct fsdp_sim_dev {
     fsdp_sim_stream_t compute;
     fsdp_sim_stream_t *streams; /* created ones, newest first */
     int next_stream_id;
+    uint64_t records;                  /* event records issued, numbering them in the trace */
     const fsdp_sim_profile_t *profile; /* &world->params.profile */
     fsdp_sim_segment_t *segs;          /* live segments, sorted by base */
     size_t n_segs, cap_segs;

@@ -29,7 +29,7 @@ refuse() { # description, fsdp-plan arguments...
     fi
 }
 
-"$plan" --model mlp:256,1024,1024,256 --profile h100:nodes=2 --batch 64 >"$tmp/run" 2>"$tmp/err"
+"$plan" --model mlp:256,1024,1024,256 --profile h100:nodes=2 --local-batch 64 >"$tmp/run" 2>"$tmp/err"
 check "plans and exits 0" test $? -eq 0
 check "nothing on stderr" test ! -s "$tmp/err"
 check "16 ranks on 2 nodes" grep -q "^cluster h100: 16 ranks, 8 per node" "$tmp/run"
@@ -38,8 +38,18 @@ check "an MFU" grep -q "^MFU [0-9.]*% " "$tmp/run"
 check "memory by category, ranks folded" grep -q "^  ranks 0-15 .*[0-9]" "$tmp/run"
 check "peaks by phase" grep -q "setup *forward *backward *optimizer" "$tmp/run"
 check "it fits" grep -q "^fits: yes" "$tmp/run"
-"$plan" --model mlp:256,1024,1024,256 --profile h100:nodes=2 --batch 64 >"$tmp/run2" 2>&1
-check "deterministic" cmp -s "$tmp/run" "$tmp/run2"
+check "the batch, global and per rank" grep -q "^batch 1024 rows, 64 per rank, adamw" "$tmp/run"
+"$plan" --model mlp:256,1024,1024,256 --profile h100:nodes=2 --batch 1024 >"$tmp/run2" 2>&1
+check "deterministic, and --batch is the global batch" cmp -s "$tmp/run" "$tmp/run2"
+"$plan" --model gpt2-tiny --world 4 --batch 8 >"$tmp/gb" 2>&1
+check "a GPT's batch counts sequences" \
+    grep -q "^batch 8 sequences, 2 per rank (128 tokens per rank)" "$tmp/gb"
+"$plan" --model mlp:64,64 --world 2 --mixed-precision bf16 >"$tmp/mp_short" 2>&1
+"$plan" --model mlp:64,64 --world 2 --mixed-precision param=bf16 >"$tmp/mp_long" 2>&1
+check "--mixed-precision bf16 is param=bf16" cmp -s "$tmp/mp_short" "$tmp/mp_long"
+check "--mixed-precision bf16 plans in bf16" grep -q "param_dtype bf16" "$tmp/mp_short"
+"$plan" --model mlp:64,64 --world 2 --mixed-precision param=bf16,reduce=fp32 >"$tmp/mp_red" 2>&1
+check "--mixed-precision takes PyTorch's fields" grep -q "^fits: yes" "$tmp/mp_red"
 
 "$plan" --model mlp:256,1024,1024,256 --world 4 --capacity 1M >"$tmp/small" 2>"$tmp/err"
 check "a device too small is an answer, not an error" test $? -eq 0
@@ -88,5 +98,8 @@ refuse "malformed profile JSON" --model mlp:4,4 --profile "$tmp/broken.json"
 refuse "a world that is not whole nodes" --model mlp:4,4 --world 12
 refuse "a bad capacity" --model mlp:4,4 --capacity lots
 refuse "an unknown flag" --model mlp:4,4 --no-such-flag
+refuse "a batch the world does not divide" --model mlp:4,4 --world 4 --batch 10
+refuse "--batch and --local-batch that disagree" --model mlp:4,4 --world 4 --batch 8 --local-batch 4
+refuse "a mixed precision that is no float dtype" --model mlp:4,4 --mixed-precision int8
 
 exit $fail

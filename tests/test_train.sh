@@ -96,6 +96,17 @@ check "bf16 mixed precision computes in bf16" sh -c "! cmp -s '$tmp/bf16' '$tmp/
 "$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --strategy shard_grad_op \
     --mixed-precision param=float16,reduce=float32 >"$tmp/fp16" 2>&1
 check "fp16 mixed precision with PyTorch's names trains" test "$(grep -c '^step' "$tmp/fp16")" -eq 3
+# the short form is MixedPrecision(param_dtype=D): reduce_dtype and buffer_dtype at their defaults
+"$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --mixed-precision bf16 >"$tmp/mp_short" 2>&1
+"$train" --model mlp:8,12,3 --world 2 --batch 8 --steps 3 --mixed-precision param=bf16 >"$tmp/mp_long" 2>&1
+check "--mixed-precision bf16 is param=bf16" cmp -s "$tmp/mp_short" "$tmp/mp_long"
+check "--mixed-precision bf16 trains" test "$(grep -c '^step' "$tmp/mp_short")" -eq 3
+refuse "a mixed precision that is no float dtype" --mixed-precision int8
+# --batch is the global batch, --local-batch each rank's
+"$train" --model mlp:8,12,3 --world 4 --local-batch 2 --steps 3 >"$tmp/lb" 2>&1
+"$train" --model mlp:8,12,3 --world 4 --batch 8 --steps 3 >"$tmp/gb" 2>&1
+check "--local-batch 2 on 4 ranks is --batch 8" cmp -s "$tmp/lb" "$tmp/gb"
+refuse "--batch and --local-batch that disagree" --world 4 --batch 8 --local-batch 4
 
 # ---- GPT-2 ----
 tiny="gpt2:layers=1,heads=2,dim=16,seq=16,vocab=256"
@@ -105,8 +116,6 @@ check "gpt2: nothing on stderr" test ! -s "$tmp/err"
 check "gpt2: prints 3 loss lines" test "$(grep -c '^step [0-9]* loss ' "$tmp/gpt")" -eq 3
 check "gpt2: prints tokens/s" grep -q '^trained 768 tokens in [0-9.]* s: [0-9]* tokens/s$' "$tmp/gpt"
 check "gpt2: prints 2 peak lines" test "$(grep -c '^rank [01] peak allocated [0-9]* bytes$' "$tmp/gpt")" -eq 2
-check "gpt2: the first loss is about ln 256" \
-    awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/gpt"
 for s in full_shard shard_grad_op no_shard; do
     "$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --strategy $s \
         | grep '^step' | awk '{print $4}' >"$tmp/gloss.$s"
@@ -165,6 +174,37 @@ check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \
 check "gpt2: resume from a checkpoint continues the loss sequence exactly" \
     sh -c "tail -n 3 '$tmp/gsix' | cmp -s - '$tmp/gthree'"
 
+# resuming says which step it loaded; a checkpoint at or past --steps is nothing to train
+"$train" --model "$tiny" --world 2 --batch 4 --steps 6 --resume "$tmp/gck" >"$tmp/res" 2>&1
+check "gpt2: resuming says which step it loaded" grep -q "^resumed from $tmp/gck at step 3$" "$tmp/res"
+"$train" --model "$tiny" --world 2 --batch 4 --steps 2 --resume "$tmp/gck" >"$tmp/res" 2>"$tmp/err"
+check "gpt2: resuming past --steps exits non-zero" test $? -ne 0
+check "gpt2: and says why" \
+    grep -q '^fsdp-train: error: --resume .* at step 3 and --steps is 2: nothing to train' "$tmp/err"
+"$train" --model mlp:8,12,3 --world 2 --steps 3 --save-checkpoint "$tmp/mck" >/dev/null 2>&1
+"$train" --model mlp:8,12,3 --world 2 --steps 3 --resume "$tmp/mck" >"$tmp/res" 2>"$tmp/err"
+check "mlp: resuming at --steps exits non-zero" test $? -ne 0
+check "mlp: and says why in one line" \
+    sh -c "test \$(grep -c . '$tmp/err') -eq 1 && grep -q 'nothing to train' '$tmp/err'"
+# FSDP_LOG_LEVEL that names no level is said at once
+FSDP_LOG_LEVEL=verbose "$train" --model mlp:8,12,3 --world 2 --steps 1 >/dev/null 2>"$tmp/err"
+check "FSDP_LOG_LEVEL=verbose is said in one line" \
+    grep -q "^fsdp-train: warning: FSDP_LOG_LEVEL='verbose' is not one of" "$tmp/err"
+# the trace records the command as typed, not libtool's binary under .libs/
+"$train" --model mlp:8,12,3 --world 2 --steps 1 --trace "$tmp/cl.db" --data "$tmp/no such.st" \
+    >/dev/null 2>&1
+"$train" --model mlp:8,12,3 --world 2 --steps 1 --trace "$tmp/cl.db" >/dev/null 2>&1
+"$(dirname "$train")/fsdp-trace" summary "$tmp/cl.db" >"$tmp/cl" 2>&1
+check "the trace's command line is the program called, not libtool's binary under .libs/" \
+    grep -q "^command: [^ ]*tools/fsdp-train --model mlp:8,12,3 --world 2 --steps 1 --trace $tmp/cl.db\$" "$tmp/cl"
+# the demo's corpus is fixed, so the README's first loss reproduces
+"$train" --model gpt2-tiny --world 4 --strategy full_shard --optim adamw --lr 3e-3 --no-decay-1d \
+    --clip-grad-norm 1.0 --batch 32 --steps 1 --data "${top_srcdir:-..}/data/sqlite3-h.txt" \
+    >"$tmp/demo" 2>&1
+check "the demo's first step prints the README's loss" \
+    grep -q "^step 1 loss 5.53065491 .* sim_step_ms 1.269 peak_mib 6.37$" "$tmp/demo"
+# (on a fixed text: the default corpus, the sources, changes with every commit)
+check "gpt2: the first loss is about ln 256" awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/demo"
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
 # without a device (or without the gpu module) this is refused for that; with one, for a
@@ -196,6 +236,14 @@ check "gpt2 bf16 peaks lower than f32" \
     awk 'NR==FNR{if(/^rank 0 peak/)a=$5;next} /^rank 0 peak/{exit !(a < $5)}' \
     "$tmp/gbf16" "$tmp/gf32"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
+# a default batch the world does not divide is rounded up, and that is said
+"$train" --model "$tiny" --world 3 --steps 1 >"$tmp/w3" 2>"$tmp/err"
+check "gpt2 on 3 ranks: the default batch rounded up, with a note" \
+    sh -c "grep -q 'global batch 9 x ' '$tmp/w3' && test \$(grep -c . '$tmp/err') -eq 1 &&
+           grep -q '^fsdp-train: note: global batch 9 sequences: the default 8 rounded up' '$tmp/err'"
+"$train" --model mlp:8,12,3 --world 3 --steps 1 >"$tmp/w3m" 2>"$tmp/err"
+check "mlp on 3 ranks: the default batch rounded up, with a note" \
+    grep -q '^fsdp-train: note: global batch 33 rows: the default 32 rounded up' "$tmp/err"
 refuse "llm.c tokens for an mlp" --tokens "$tmp/tok.bin"
 refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --tokens "$tmp/tok.bin"
 refuse "an llm.c shard with a bad magic" --model "$tiny" --tokens "$tmp/badmagic.bin"

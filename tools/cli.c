@@ -1,5 +1,6 @@
 /* What fsdp-train and fsdp-plan share on the command line (cli.h). */
 #include "cli.h"
+#include "progress.h"
 
 #include <errno.h>
 #include <math.h>
@@ -21,13 +22,16 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
     if (cli_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
         return;
     snprintf(last, sizeof(last), "%s", msg);
+    progress_hide();
     fprintf(stderr, "%s: %s: %s\n", cli_tool, names[level >= 0 && level <= 4 ? level : 0], msg);
+    progress_show();
 }
 
 void cli_init(const char *tool)
 {
     cli_tool = tool;
     fsdp_log_set_handler(log_to_stderr, NULL);
+    fsdp_log_level(); /* a bad FSDP_LOG_LEVEL is said at once, not at the first message */
 }
 
 void cli_log_quiet(int quiet)
@@ -35,26 +39,37 @@ void cli_log_quiet(int quiet)
     cli_quiet = quiet;
 }
 
-static void cli_verror(const char *fmt, va_list ap)
+static void cli_vmessage(const char *kind, const char *fmt, va_list ap)
 {
-    fprintf(stderr, "%s: error: ", cli_tool);
+    progress_hide();
+    fprintf(stderr, "%s: %s: ", cli_tool, kind);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+    progress_show();
 }
 
 void cli_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    cli_verror(fmt, ap);
+    cli_vmessage("error", fmt, ap);
+    va_end(ap);
+}
+
+void cli_note(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    cli_vmessage("note", fmt, ap);
     va_end(ap);
 }
 
 void cli_die(const char *fmt, ...)
 {
     va_list ap;
+    progress_end();
     va_start(ap, fmt);
-    cli_verror(fmt, ap);
+    cli_vmessage("error", fmt, ap);
     va_end(ap);
     exit(2);
 }
@@ -102,6 +117,86 @@ size_t cli_parse_bytes(const char *opt, const char *s)
     if (errno || end == s || *end != '\0' || !(v >= 0) || v * mult > 1e18)
         cli_die("%s: '%s' is not a size in bytes (e.g. 80G, 85899345920; 0 is unlimited)", opt, s);
     return (size_t)(v * mult);
+}
+
+void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
+{
+    char buf[256], *save = NULL;
+    fsdp_dtype_t dt0;
+
+    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
+        cli_die("--mixed-precision: '%s' is not a dtype D or a list of param=D, reduce=D, buffer=D",
+                spec);
+    strcpy(buf, spec);
+    if (strchr(buf, '=') == NULL && strchr(buf, ',') == NULL && fsdp_dtype_parse(buf, &dt0)) {
+        /* MixedPrecision(param_dtype=D): reduce_dtype and buffer_dtype keep their defaults */
+        if (!fsdp_dtype_is_float(dt0))
+            cli_die("--mixed-precision: '%s' is not a float dtype (fp32, bf16, fp16)", spec);
+        mp->param_dtype = dt0;
+        return;
+    }
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        fsdp_dtype_t dt, *field;
+        if (strcmp(item, "keep_low_precision_grads") == 0) {
+            mp->keep_low_precision_grads = 1;
+            continue;
+        }
+        if (eq == NULL)
+            cli_die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer) or "
+                    "keep_low_precision_grads",
+                    item);
+        *eq = '\0';
+        if (strcmp(item, "param") == 0 || strcmp(item, "param_dtype") == 0)
+            field = &mp->param_dtype;
+        else if (strcmp(item, "reduce") == 0 || strcmp(item, "reduce_dtype") == 0)
+            field = &mp->reduce_dtype;
+        else if (strcmp(item, "buffer") == 0 || strcmp(item, "buffer_dtype") == 0)
+            field = &mp->buffer_dtype;
+        else
+            cli_die("--mixed-precision: unknown key '%s' (keys: param, reduce, buffer)", item);
+        if (!fsdp_dtype_parse(eq + 1, &dt) || !fsdp_dtype_is_float(dt))
+            cli_die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
+                    "bf16/bfloat16, fp16/f16/float16)",
+                    item, eq + 1);
+        *field = dt;
+    }
+}
+
+void cli_command_line(int argc, char **argv, char *buf, size_t size)
+{
+    size_t off = 0;
+
+    if (size == 0)
+        return;
+    buf[0] = '\0';
+    for (int i = 0; i < argc && off + 1 < size; i++) {
+        const char *arg = argv[i], *libs;
+        char prog[1024];
+        int n;
+        /* libtool runs DIR/.libs/NAME or DIR/.libs/lt-NAME for the wrapper DIR/NAME */
+        if (i == 0 && (libs = strstr(arg, ".libs/")) != NULL && strchr(libs + 6, '/') == NULL) {
+            const char *name = libs + 6;
+            if (strncmp(name, "lt-", 3) == 0)
+                name += 3;
+            snprintf(prog, sizeof(prog), "%.*s%s", (int)(libs - arg), arg, name);
+            arg = prog;
+        }
+        if (arg[0] != '\0' && strpbrk(arg, " \t\n'\"\\$`*?[]{}()<>|&;#~") == NULL)
+            n = snprintf(buf + off, size - off, "%s%s", i ? " " : "", arg);
+        else {
+            n = snprintf(buf + off, size - off, "%s'", i ? " " : "");
+            for (const char *p = arg; n >= 0 && *p && off + (size_t)n + 5 < size; p++)
+                n += *p == '\'' ? snprintf(buf + off + n, size - off - (size_t)n, "'\\''")
+                                : snprintf(buf + off + n, size - off - (size_t)n, "%c", *p);
+            n += snprintf(buf + off + n, size - off - (size_t)n, "'");
+        }
+        if (n < 0)
+            break;
+        off += (size_t)n;
+    }
+    if (off >= size)
+        buf[size - 1] = '\0';
 }
 
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,

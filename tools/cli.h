@@ -17,7 +17,9 @@ void cli_log_quiet(int quiet);
 
 /* Prints "<tool>: error: <message>" on stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* The same, then exits with status 2. */
+/* Prints "<tool>: note: <message>" on stderr: what the tool chose for the user. */
+void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same as cli_error, then exits with status 2. */
 void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 /* The value of option opt (for the message) written as s, which must be a decimal integer or a
@@ -27,6 +29,17 @@ double cli_parse_double(const char *opt, const char *s, double lo, double hi);
 /* A size in bytes: a number with an optional K, M, G or T (powers of 1024; KiB, KB and K are
  * alike); 0 is unlimited. */
 size_t cli_parse_bytes(const char *opt, const char *s);
+
+/* --mixed-precision: PyTorch's MixedPrecision. D alone (bf16) is MixedPrecision(param_dtype=D)
+ * with the other fields at their defaults; param=D,reduce=D,buffer=D (with or without the
+ * _dtype suffix) sets any subset, and keep_low_precision_grads that flag. D: fp32, bf16, fp16
+ * and their other spellings. Dies saying what is allowed. */
+void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp);
+
+/* The command line as the user typed it, for a trace's runs table: the program as it was called
+ * (in a build tree, libtool's wrapper, not the binary under .libs/ that it runs) and each
+ * argument, quoted for the shell where it needs to be; cut at size. */
+void cli_command_line(int argc, char **argv, char *buf, size_t size);
 
 /* getopt_long values, above any single character and any tool's own option values. */
 enum {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 
 /* ---- models ------------------------------------------------------------------------------
  *
@@ -174,7 +175,7 @@ static const model_entry_t models[] = {
      &mlp_175b_ops, 2048},
     {"gpt", fsdp_gpt2_spec_is_gpt,
      "a GPT-2 / GPT-3 preset (--list-models) or gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V; "
-     "--batch counts tokens, one sequence by default",
+     "--batch counts sequences, one per rank by default",
      &gpt_ops, 0},
 };
 #define N_MODELS (sizeof(models) / sizeof(models[0]))
@@ -201,12 +202,14 @@ typedef struct plan_args {
     size_t capacity; /* bytes per GPU */
     fsdp_config_t fsdp;
     fsdp_optim_kind_t optim;
-    size_t rows;
+    size_t local_batch; /* rows or sequences per rank */
+    size_t rows;        /* what the model's step takes per rank: rows or tokens */
     int steps;
     int sweep;
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
+    char command_line[2048]; /* for the trace */
 } plan_args_t;
 
 static void usage(FILE *f)
@@ -220,14 +223,18 @@ static void usage(FILE *f)
           "  --world W                  ranks (default nodes x gpus per node)\n"
           "  --capacity BYTES           device memory per GPU, with K/M/G/T; 0 is unlimited\n"
           "                             (default: the profile's GPU memory)\n"
-          "  --batch ROWS               rows (tokens) per rank per step (default: 8 for an mlp,\n"
-          "                             2048 for mlp-175b, one sequence for a GPT)\n"
+          "  --batch B                  global batch: rows (mlp) or sequences (gpt), divisible\n"
+          "                             by the world\n"
+          "  --local-batch B            per-rank batch (default: 8 rows for an mlp, 2048 for\n"
+          "                             mlp-175b, one sequence for a GPT)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
-          "  --mixed-precision bf16|f16 param_dtype: the all-gathers and compute in it\n"
+          "  --mixed-precision SPEC     D, PyTorch's MixedPrecision(param_dtype=D); or\n"
+          "                             param=D,reduce=D,buffer=D, any subset (D: fp32, bf16,\n"
+          "                             fp16): the all-gathers and compute in param's dtype\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
           "  --checkpoint-activations   GPT models: recompute each block in backward\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
@@ -237,7 +244,13 @@ static void usage(FILE *f)
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
-          "  --version, --help\n",
+          "  --version, --help\n"
+          "fsdp-train's options that plan has not: the training ones (--lr and the optimizer's\n"
+          "hyperparameters, --seed, --init, --data, --tokens, --save, checkpoints, --resume,\n"
+          "--clip-grad-norm, --grad-accum: a plan has no values to train), --backend (a plan\n"
+          "simulates), --ranks-per-node (--gpus-per-node), --seq (a GPT's positions), --quiet.\n"
+          "Environment:\n"
+          "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n",
           f);
 }
 
@@ -249,6 +262,7 @@ enum {
     OPT_WORLD,
     OPT_CAPACITY,
     OPT_BATCH,
+    OPT_LOCAL_BATCH,
     OPT_OPTIM,
     OPT_STEPS,
     OPT_SWEEP,
@@ -262,6 +276,12 @@ enum {
     OPT_CPU_OFFLOAD,
     OPT_TRACE
 };
+
+/* Tokens per item of a batch: a GPT's sequence, or one row. */
+static size_t plan_seq_len(const plan_args_t *a)
+{
+    return a->model->ops == &gpt_ops ? (size_t)a->mcfg.gpt.n_positions : 1;
+}
 
 static int is_hybrid(fsdp_strategy_t s)
 {
@@ -278,6 +298,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"world", required_argument, NULL, OPT_WORLD},
         {"capacity", required_argument, NULL, OPT_CAPACITY},
         {"batch", required_argument, NULL, OPT_BATCH},
+        {"local-batch", required_argument, NULL, OPT_LOCAL_BATCH},
         CLI_FSDP_LONG_OPTIONS,
         {"optim", required_argument, NULL, OPT_OPTIM},
         {"steps", required_argument, NULL, OPT_STEPS},
@@ -294,7 +315,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {NULL, 0, NULL, 0},
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
-    long nodes = 0, gpn = 0, batch = 0;
+    long nodes = 0, gpn = 0, batch = 0, local_batch = 0;
     int c, print_profile = 0, ckpt_act = 0;
 
     memset(a, 0, sizeof(*a));
@@ -326,6 +347,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_BATCH:
             batch = cli_parse_long("--batch", optarg, 1, 1L << 30);
             break;
+        case OPT_LOCAL_BATCH:
+            local_batch = cli_parse_long("--local-batch", optarg, 1, 1L << 30);
+            break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
                 a->optim = FSDP_OPTIM_ADAMW;
@@ -343,13 +367,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_SWEEP:
             a->sweep = 1;
             break;
-        case OPT_MP: {
-            fsdp_dtype_t dt;
-            if (!fsdp_dtype_parse(optarg, &dt) || (dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16))
-                cli_die("--mixed-precision: '%s' is not one of bf16, f16", optarg);
-            a->fsdp.mixed_precision.param_dtype = dt;
+        case OPT_MP:
+            cli_parse_mixed_precision(optarg, &a->fsdp.mixed_precision);
             break;
-        }
         case OPT_CKPT_ACT:
             ckpt_act = 1;
             break;
@@ -388,6 +408,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         }
     }
     cli_no_arguments(argc, argv);
+    cli_command_line(argc, argv, a->command_line, sizeof(a->command_line));
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */
@@ -432,9 +453,19 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         cli_die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)",
                 a->world, a->per_node);
     a->capacity = capacity ? cli_parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
-    a->rows = batch > 0 ? (size_t)batch : a->model->default_rows;
-    if (a->rows == 0) /* one sequence */
-        a->rows = (size_t)a->mcfg.gpt.n_positions;
+    if (batch > 0 && batch % a->world != 0)
+        cli_die("--batch %ld is not divisible by --world %d: every rank needs the same number of "
+                "%s (--local-batch B gives each rank B)",
+                batch, a->world, plan_seq_len(a) > 1 ? "sequences" : "rows");
+    if (batch > 0 && local_batch > 0 && batch != local_batch * a->world)
+        cli_die("--batch %ld and --local-batch %ld disagree on %d ranks: give one", batch,
+                local_batch, a->world);
+    if (local_batch == 0)
+        local_batch = batch > 0 ? batch / a->world : (long)a->model->default_rows;
+    if (local_batch == 0) /* one sequence */
+        local_batch = 1;
+    a->local_batch = (size_t)local_batch;
+    a->rows = a->local_batch * plan_seq_len(a);
 }
 
 /* ---- one simulated run -------------------------------------------------------------------- */
@@ -606,7 +637,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         info.world_size = a->world;
         info.strategy = fsdp_strategy_name(cfg->strategy);
         info.profile_json = profile_json;
-        info.command_line = a->model_spec;
+        info.command_line = a->command_line;
         st = fsdp_trace_open(a->trace_path, &info, &run.trace);
         free(profile_json);
         if (st != FSDP_OK)
@@ -743,8 +774,15 @@ static void print_header(const plan_args_t *a)
            a->model->ops->units(&a->mcfg), params, params * 4 / (double)((size_t)1 << 30));
     printf("cluster %s: %d ranks, %d per node (%s, %s each)\n", a->profile.name, a->world,
            a->per_node, a->profile.gpu.model, cap);
-    printf("batch %zu rows per rank, %s, %d step%s simulated (the last is reported)\n", a->rows,
-           a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
+    if (plan_seq_len(a) > 1)
+        printf("batch %zu sequences, %zu per rank (%zu tokens per rank), %s, %d step%s simulated "
+               "(the last is reported)\n",
+               a->local_batch * (size_t)a->world, a->local_batch, a->rows,
+               a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
+    else
+        printf("batch %zu rows, %zu per rank, %s, %d step%s simulated (the last is reported)\n",
+               a->local_batch * (size_t)a->world, a->local_batch,
+               a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
 }
 
 static int print_plan(const plan_args_t *a, rank_result_t *res)
@@ -761,7 +799,9 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
            dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
     fflush(stdout);
+    progress_start(0, "", "simulating");
     s = plan_config(a, &a->fsdp, res, 0);
+    progress_end();
     if (s.status != FSDP_OK && !s.oom) {
         cli_error("the simulation failed (%s); see above", fsdp_status_name(s.status));
         return 1;
@@ -811,11 +851,15 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
     fsdp_config_t best_cfg = a->fsdp;
     summary_t best = {.status = FSDP_ERR_NOT_FOUND};
-    int n_fit = 0;
+    int n_fit = 0, n_run = 0, n_strategies = 0;
 
     print_header(a);
+    for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++)
+        n_strategies += !is_hybrid(strategies[si]) || a->world > a->per_node;
     printf("%-19s %-8s %-7s %10s %10s %6s %12s %12s  %s\n", "strategy", "prefetch", "limiter",
            "step ms", "exposed ms", "MFU", "peak alloc", "peak reserv", "fits");
+    fflush(stdout);
+    progress_start(n_strategies * 3 * 2, "config", "simulating");
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
         /* hybrid strategies shard within a node: only worth trying on several nodes */
         if (is_hybrid(strategies[si]) && a->world <= a->per_node)
@@ -829,17 +873,19 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
                 cfg.limit_all_gathers = lim;
                 s = plan_config(a, &cfg, res, 1);
                 if (s.status != FSDP_OK && !s.oom) {
-                    printf("%-19s %-8s %-7s  failed: %s\n", fsdp_strategy_name(cfg.strategy),
-                           prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
-                           fsdp_status_string(s.status));
+                    progress_printf("%-19s %-8s %-7s  failed: %s", fsdp_strategy_name(cfg.strategy),
+                                    prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
+                                    fsdp_status_string(s.status));
+                    progress_update(++n_run, NULL);
                     continue;
                 }
-                printf("%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s\n",
-                       fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
-                       lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
-                       (double)s.peak_alloc / (double)((size_t)1 << 30),
-                       (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
-                fflush(stdout);
+                progress_printf(
+                    "%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s",
+                    fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
+                    lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
+                    (double)s.peak_alloc / (double)((size_t)1 << 30),
+                    (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
+                progress_update(++n_run, NULL);
                 if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
                     best = s;
                     best_cfg = cfg;
@@ -848,6 +894,7 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
             }
         }
     }
+    progress_end();
     if (n_fit == 0) {
         printf("nothing fits in %.2f GiB per GPU\n",
                (double)a->capacity / (double)((size_t)1 << 30));

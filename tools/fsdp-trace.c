@@ -39,10 +39,13 @@ static void usage(FILE *f)
         "                                         measured events; prints its JSON, the fit\n"
         "                                         report on stderr. PROFILE: a preset or JSON\n"
         "                                         file for what the trace does not constrain\n"
-        "                                         (default " FSDP_SIM_DEFAULT_PROFILE "); N: default the run's config\n"
+        "                                         (default " FSDP_SIM_DEFAULT_PROFILE
+        "); N: default the run's config\n"
         "A run ID defaults to the latest run of the file; 0 is the latest, -1 the one before.\n"
         "diff of one file without run ids compares the previous run with the latest.\n"
-        "  --version, --help\n");
+        "  --version, --help\n"
+        "Environment:\n"
+        "  FSDP_LOG_LEVEL   error | warn | info | debug | trace (default warn)\n");
 }
 
 static int parse_run(const char *opt, const char *s, int64_t *run_p)

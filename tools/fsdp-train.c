@@ -9,6 +9,7 @@
 #include <fsdp/fsdp.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "train_trace.h"
 
 #include "train_gpt2.h"
@@ -62,6 +63,7 @@ typedef struct train_shared {
     size_t *peak;          /* per rank */
     float *losses;         /* per step (rank 0 writes) */
     fsdp_trace_t *trace;   /* --trace, or NULL */
+    int64_t resumed_step;  /* rank 0's: the step --resume loaded */
 } train_shared_t;
 
 /* The library already said what was wrong. */
@@ -74,103 +76,115 @@ static void fail_quietly(void)
 
 static void usage(FILE *f)
 {
-    fputs("usage: fsdp-train [options]\n"
-          "  --model mlp:D0,D1,...,DL   Linear/ReLU stack (default mlp:16,32,4)\n"
-          "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
-          "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
-          "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
-          "  --backend sim|gpu          simulated ranks in this process (default), or this\n"
-          "                             process one GPU rank of a job (torchrun, srun, mpirun)\n"
-          "  --world W                  simulated ranks (default 4; gpu: the launcher's)\n"
-          "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
-          "                             hybrid_shard_zero2 (default full_shard)\n"
-          "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
-          "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
-          "  --mixed-precision SPEC     param=D,reduce=D,buffer=D, any subset; D is fp32, bf16\n"
-          "                             or fp16 (PyTorch's MixedPrecision; default: full);\n"
-          "                             add keep_low_precision_grads to keep the gradients\n"
-          "                             in param's dtype\n"
-          "  --grad-accum K             K micro-batches per step (no_sync for the first K-1)\n"
-          "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
-          "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
-          "  --checkpoint-every N       also every N steps\n"
-          "  --state-dict full|sharded|local  checkpoint format (default full)\n"
-          "  --resume DIR               continue from the newest checkpoint in DIR\n"
-          "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
-          "  --profile P                cluster profile the simulated times come from: a preset\n"
-          "                             (h100, a100, h100:nodes=N,gpus_per_node=G) or a JSON file\n"
-          "  --backward-prefetch P      pre | post | none (default pre)\n"
-          "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
-          "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
-          "  --optim adamw|sgd          optimizer (default adamw)\n"
-          "  --lr X                     learning rate (default 1e-3)\n"
-          "  --betas B1,B2              AdamW betas (default 0.9,0.999)\n"
-          "  --eps X                    AdamW eps (default 1e-8)\n"
-          "  --weight-decay X           (default 1e-2 for adamw, 0 for sgd)\n"
-          "  --momentum X, --dampening X, --nesterov   SGD options\n"
-          "  --steps N                  training steps (default 10)\n"
-          "  --batch B                  global batch rows, divisible by the world (default 32;\n"
-          "                             8 for gpt models)\n"
-          "  --seq T                    gpt: tokens per row (default: the model's seq)\n"
-          "  --checkpoint-activations   gpt: recompute each block's forward in backward\n"
-          "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
-          "  --seed N                   seed of the init and the synthetic data (default 0)\n"
-          "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
-          "                             gpt: an HF GPT-2 checkpoint)\n"
-          "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL]);\n"
-          "                             gpt: any text file, as bytes (default: the sources)\n"
-          "  --tokens FILE              gpt: an llm.c token shard (uint16, magic 20240520)\n"
-          "  --save FILE                write the final weights (safetensors; gpt: HF names)\n"
-          "  --timeout S                collective timeout in seconds (default 60)\n"
-          "  --quiet                    only the final summary\n"
-          "  --version, --help\n",
-          f);
+    fputs(
+        "usage: fsdp-train [options]\n"
+        "  --model mlp:D0,D1,...,DL   Linear/ReLU stack (default mlp:16,32,4)\n"
+        "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
+        "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
+        "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
+        "  --backend sim|gpu          simulated ranks in this process (default), or this\n"
+        "                             process one GPU rank of a job (torchrun, srun, mpirun)\n"
+        "  --world W                  simulated ranks (default 4; gpu: the launcher's)\n"
+        "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
+        "                             hybrid_shard_zero2 (default full_shard)\n"
+        "  --ranks-per-node R         hybrid sharding: shard within R ranks, replicate across\n"
+        "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
+        "  --mixed-precision SPEC     D, PyTorch's MixedPrecision(param_dtype=D); or\n"
+        "                             param=D,reduce=D,buffer=D, any subset; D is fp32, bf16\n"
+        "                             or fp16 (default: full precision); add\n"
+        "                             keep_low_precision_grads to keep the gradients in\n"
+        "                             param's dtype\n"
+        "  --grad-accum K             K micro-batches per step (no_sync for the first K-1)\n"
+        "  --clip-grad-norm X         clip the total gradient norm (L2) to X\n"
+        "  --save-checkpoint DIR      write checkpoints to DIR (at the end, or see below)\n"
+        "  --checkpoint-every N       also every N steps\n"
+        "  --state-dict full|sharded|local  checkpoint format (default full)\n"
+        "  --resume DIR               continue from the newest checkpoint in DIR\n"
+        "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
+        "  --profile P                cluster profile the simulated times come from: a preset\n"
+        "                             (h100, a100, h100:nodes=N,gpus_per_node=G) or a JSON file\n"
+        "  --backward-prefetch P      pre | post | none (default pre)\n"
+        "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
+        "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
+        "  --optim adamw|sgd          optimizer (default adamw)\n"
+        "  --lr X                     learning rate (default 1e-3)\n"
+        "  --betas B1,B2              AdamW betas (default 0.9,0.999)\n"
+        "  --eps X                    AdamW eps (default 1e-8)\n"
+        "  --weight-decay X           (default 1e-2 for adamw, 0 for sgd)\n"
+        "  --momentum X, --dampening X, --nesterov   SGD options\n"
+        "  --steps N                  training steps (default 10)\n"
+        "  --batch B                  global batch: rows (mlp) or sequences (gpt), divisible\n"
+        "                             by the world (default 32 rows, 8 sequences; rounded up\n"
+        "                             to a multiple of the world, with a note)\n"
+        "  --local-batch B            per-rank batch: the global batch is B x the world\n"
+        "  --seq T                    gpt: tokens per row (default: the model's seq)\n"
+        "  --checkpoint-activations   gpt: recompute each block's forward in backward\n"
+        "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
+        "  --seed N                   seed of the init and the synthetic data (default 0)\n"
+        "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
+        "                             gpt: an HF GPT-2 checkpoint)\n"
+        "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL]);\n"
+        "                             gpt: any text file, as bytes (default: the sources)\n"
+        "  --tokens FILE              gpt: an llm.c token shard (uint16, magic 20240520)\n"
+        "  --save FILE                write the final weights (safetensors; gpt: HF names)\n"
+        "  --timeout S                collective timeout in seconds (default 60)\n"
+        "  --quiet                    only the final summary\n"
+        "  --version, --help\n"
+        "fsdp-plan's options that train has not: --nodes, --gpus-per-node, --capacity (the\n"
+        "simulated device's memory is unlimited here; --profile sets the cluster), --sweep,\n"
+        "--print-profile, --list-models.\n"
+        "Environment:\n"
+        "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n"
+        "  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n"
+        "                             --backend gpu: torchrun's launcher variables\n"
+        "  SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE,\n"
+        "  SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST   --backend gpu under srun\n"
+        "  OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE   --backend gpu under mpirun\n"
+        "  FSDP_JOB_TOKEN             --backend gpu: the job's secret for the rendezvous\n"
+        "  CUDA_VISIBLE_DEVICES       --backend gpu: the GPUs this process sees\n"
+        "  FSDP_GPU_MODULE            --backend gpu: the libfsdp-gpu.so to load\n",
+        f);
 }
 
 enum {
-    OPT_MODEL = 256, OPT_WORLD, OPT_OPTIM, OPT_LR, OPT_BETAS, OPT_EPS, OPT_WD, OPT_MOMENTUM, OPT_DAMPENING,
-    OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
-    OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
-    OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_PROFILE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
-    OPT_MIXED, OPT_BACKEND
+    OPT_MODEL = 256,
+    OPT_WORLD,
+    OPT_OPTIM,
+    OPT_LR,
+    OPT_BETAS,
+    OPT_EPS,
+    OPT_WD,
+    OPT_MOMENTUM,
+    OPT_DAMPENING,
+    OPT_NESTEROV,
+    OPT_STEPS,
+    OPT_BATCH,
+    OPT_SEED,
+    OPT_INIT,
+    OPT_DATA,
+    OPT_SAVE,
+    OPT_TIMEOUT,
+    OPT_QUIET,
+    OPT_VERSION,
+    OPT_HELP,
+    OPT_RPN,
+    OPT_OFFLOAD,
+    OPT_ACCUM,
+    OPT_CLIP,
+    OPT_CKPT,
+    OPT_CKPT_EVERY,
+    OPT_STATE_DICT,
+    OPT_RESUME,
+    OPT_TRACE,
+    OPT_PROFILE,
+    OPT_TOKENS,
+    OPT_SEQ,
+    OPT_CKPT_ACT,
+    OPT_NO_DECAY,
+    OPT_MIXED,
+    OPT_BACKEND,
+    OPT_LOCAL_BATCH
 };
-
-/* --mixed-precision param=bf16,reduce=fp32,buffer=fp32: PyTorch's MixedPrecision fields (with
- * or without their _dtype suffix), any subset, each a float dtype. */
-static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
-{
-    char buf[256], *save = NULL;
-
-    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
-        cli_die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D", spec);
-    strcpy(buf, spec);
-    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(item, '=');
-        fsdp_dtype_t dt, *field;
-        if (strcmp(item, "keep_low_precision_grads") == 0) {
-            mp->keep_low_precision_grads = 1;
-            continue;
-        }
-        if (eq == NULL)
-            cli_die("--mixed-precision: '%s' is not key=dtype (keys param, reduce, buffer) or "
-                    "keep_low_precision_grads",
-                    item);
-        *eq = '\0';
-        if (strcmp(item, "param") == 0 || strcmp(item, "param_dtype") == 0)
-            field = &mp->param_dtype;
-        else if (strcmp(item, "reduce") == 0 || strcmp(item, "reduce_dtype") == 0)
-            field = &mp->reduce_dtype;
-        else if (strcmp(item, "buffer") == 0 || strcmp(item, "buffer_dtype") == 0)
-            field = &mp->buffer_dtype;
-        else
-            cli_die("--mixed-precision: unknown key '%s' (keys: param, reduce, buffer)", item);
-        if (!fsdp_dtype_parse(eq + 1, &dt) || !fsdp_dtype_is_float(dt))
-            cli_die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
-                    "bf16/bfloat16, fp16/f16/float16)",
-                    item, eq + 1);
-        *field = dt;
-    }
-}
 
 static void parse_args(int argc, char **argv, train_args_t *a)
 {
@@ -189,6 +203,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"nesterov", no_argument, NULL, OPT_NESTEROV},
         {"steps", required_argument, NULL, OPT_STEPS},
         {"batch", required_argument, NULL, OPT_BATCH},
+        {"local-batch", required_argument, NULL, OPT_LOCAL_BATCH},
         {"seed", required_argument, NULL, OPT_SEED},
         {"init", required_argument, NULL, OPT_INIT},
         {"data", required_argument, NULL, OPT_DATA},
@@ -217,7 +232,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     /* optimizer options are applied after --optim picks the defaults */
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
-    int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0;
+    int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0, local_batch = 0;
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
@@ -278,6 +293,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->batch = (int)cli_parse_long("--batch", optarg, 1, 1 << 24);
             batch_given = 1;
             break;
+        case OPT_LOCAL_BATCH:
+            local_batch = (int)cli_parse_long("--local-batch", optarg, 1, 1 << 24);
+            break;
         case OPT_SEED:
             a->seed = (uint64_t)cli_parse_long("--seed", optarg, 0, 0x7fffffffffffffffL);
             break;
@@ -292,7 +310,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->fsdp.ranks_per_node = (int)cli_parse_long("--ranks-per-node", optarg, 1, 4096);
             break;
         case OPT_OFFLOAD: a->fsdp.cpu_offload = 1; break;
-        case OPT_MIXED: parse_mixed_precision(optarg, &a->fsdp.mixed_precision); break;
+        case OPT_MIXED:
+            cli_parse_mixed_precision(optarg, &a->fsdp.mixed_precision);
+            break;
         case OPT_ACCUM:
             a->grad_accum = (int)cli_parse_long("--grad-accum", optarg, 1, 1 << 20);
             break;
@@ -371,9 +391,24 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         cli_die("--momentum, --dampening and --nesterov apply to --optim sgd only");
     if (fsdp_optim_config_check(&a->optim) != FSDP_OK)
         fail_quietly();
+    if (a->gpt && !batch_given)
+        a->batch = 8;
+    if (local_batch > 0) {
+        if (batch_given && a->batch != local_batch * a->world)
+            cli_die("--batch %d and --local-batch %d disagree on %d ranks: give one", a->batch,
+                    local_batch, a->world);
+        if ((long)local_batch * a->world > 1 << 24)
+            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->world,
+                    1 << 24);
+        a->batch = local_batch * a->world;
+    } else if (!batch_given && a->batch % a->world != 0 && (a->gpt || a->data_path == NULL)) {
+        int rounded = (a->batch + a->world - 1) / a->world * a->world;
+        cli_note("global batch %d %s: the default %d rounded up to a multiple of --world %d "
+                 "(--batch or --local-batch sets it)",
+                 rounded, a->gpt ? "sequences" : "rows", a->batch, a->world);
+        a->batch = rounded;
+    }
     if (a->gpt) {
-        if (!batch_given) /* 8 rows, or one per rank */
-            a->batch = (8 + a->world - 1) / a->world * a->world;
         if (a->seq == 0)
             a->seq = a->gpt_cfg.n_positions;
         if (a->seq > a->gpt_cfg.n_positions)
@@ -386,9 +421,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         cli_die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
     }
     if (a->batch % a->world != 0)
-        cli_die(
-            "--batch %d is not divisible by --world %d: every rank needs the same number of rows",
-            a->batch, a->world);
+        cli_die("--batch %d is not divisible by --world %d: every rank needs the same number of %s "
+                "(--local-batch B gives each rank B)",
+                a->batch, a->world, a->gpt ? "sequences" : "rows");
     if (a->batch / a->world % a->grad_accum != 0)
         cli_die(
             "--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
@@ -604,8 +639,13 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
                                 fsdp_compute_stream(fs), (void **)&dloss);
     int64_t first_step = 0;
-    if (status == FSDP_OK && a->resume_dir != NULL)
+    if (status == FSDP_OK && a->resume_dir != NULL) {
         status = fsdp_checkpoint_load(fs, opt, a->resume_dir, &first_step);
+        if (status == FSDP_OK && dev->rank == 0) {
+            sh->resumed_step = first_step;
+            train_resumed(dev, a->resume_dir, first_step, a->quiet);
+        }
+    }
     size_t micro_rows = rows / (size_t)a->grad_accum;
     fsdp_mlp_set_loss_scale(mlp, 1.0f / (float)a->grad_accum);
     for (int step = (int)first_step; step < a->steps && status == FSDP_OK; step++) {
@@ -647,8 +687,10 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         if (status == FSDP_OK && dev->rank == 0) {
             sh->losses[step] = loss;
             if (!a->quiet) {
-                printf("step %d loss %.9g\n", step + 1, (double)loss);
-                fflush(stdout);
+                char note[32];
+                progress_printf("step %d loss %.9g", step + 1, (double)loss);
+                snprintf(note, sizeof(note), "loss %.4f", (double)loss);
+                progress_update(step + 1, note);
             }
         }
     }
@@ -733,9 +775,15 @@ int main(int argc, char **argv)
     if (train_trace_open(trace_path, &args.launch, &args.fsdp, "mlp", argc, argv, &sh.trace) !=
         FSDP_OK)
         fail_quietly();
+    if (!args.quiet && train_launch_reports(&args.launch))
+        progress_start(args.steps, "step", "setting up");
     status = train_launch_run(&args.launch, train_rank, &sh);
+    progress_end();
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
+    if (status == FSDP_OK && train_launch_reports(&args.launch) &&
+        train_resume_past_end(args.resume_dir, sh.resumed_step, args.steps))
+        status = FSDP_ERR_INVALID_PARAM;
     /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each
      * process knows its own rank's peak. */
     for (int r = 0; status == FSDP_OK && r < args.world; r++) {

@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "corpus.h"
+#include "progress.h"
 #include "train_gpt2.h"
 #include "train_launch.h"
 #include "train_trace.h"
@@ -23,6 +24,7 @@ typedef struct gpt2_shared {
     fsdp_gpt2_weights_t *weights; /* --init, or NULL */
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
+    int64_t resumed_step;         /* rank 0's: the step --resume loaded */
     fsdp_trace_t *trace;          /* --trace, or NULL */
     double first_loss, last_loss; /* rank 0's */
     double sim_time;              /* rank 0's simulated seconds over the steps run */
@@ -87,8 +89,13 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(fsdp_memory(fs), sizeof(float), FSDP_MEM_TEMPORARY,
                                 fsdp_compute_stream(fs), (void **)&dloss);
-    if (status == FSDP_OK && o->resume_dir != NULL)
+    if (status == FSDP_OK && o->resume_dir != NULL) {
         status = fsdp_checkpoint_load(fs, opt, o->resume_dir, &first_step);
+        if (status == FSDP_OK && dev->rank == 0) {
+            sh->resumed_step = first_step;
+            train_resumed(dev, o->resume_dir, first_step, o->quiet);
+        }
+    }
     if (m != NULL)
         fsdp_gpt2_set_loss_scale(m, 1.0f / (float)o->grad_accum);
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
@@ -129,14 +136,14 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             if (!o->quiet) {
                 /* tokens/s: this process's wall time; the step time: the simulated device's
                  * (on a GPU, the host's wall clock over the step) */
-                printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f\n",
-                       (long long)step + 1, (double)loss,
-                       wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
-                       o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
-                       sim_dt * 1e3,
-                       (double)st.peak_allocated / 1048576.0);
-                fflush(stdout);
-                train_progress(step + 1, o->steps, loss);
+                char note[32];
+                progress_printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f",
+                                (long long)step + 1, (double)loss,
+                                wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
+                                o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                                sim_dt * 1e3, (double)st.peak_allocated / 1048576.0);
+                snprintf(note, sizeof(note), "loss %.4f", (double)loss);
+                progress_update(step + 1, note);
             }
         }
     }
@@ -210,12 +217,16 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
                          &sh.trace) != FSDP_OK)
         goto out;
     t0 = wall_now();
+    if (!o->quiet && report)
+        progress_start(o->steps, "step", "setting up");
     status = train_launch_run(o->launch, gpt2_rank, &sh);
+    progress_end();
     dt = wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     sh.trace = NULL;
-    if (status != FSDP_OK) { /* the failing rank logged why; its peers only saw it fail */
+    if (status != FSDP_OK || /* the failing rank logged why; its peers only saw it fail */
+        (report && train_resume_past_end(o->resume_dir, sh.resumed_step, o->steps))) {
         rc = 1;
         goto out;
     }

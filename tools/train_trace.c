@@ -4,16 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
+#include "progress.h"
 
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
                                const fsdp_config_t *cfg, const char *model, int argc,
                                char **argv, fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
-    size_t off = 0;
     fsdp_trace_run_info_t info;
     char *profile_json = NULL;
     fsdp_status_t status;
@@ -21,9 +20,7 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
     *trace_p = NULL;
     if (path == NULL)
         return FSDP_OK;
-    cmd[0] = '\0';
-    for (int i = 0; i < argc && off < sizeof(cmd); i++)
-        off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s%s", i ? " " : "", argv[i]);
+    cli_command_line(argc, argv, cmd, sizeof(cmd));
     snprintf(config, sizeof(config),
              "{\"model\": \"%s\", \"strategy\": \"%s\", \"backward_prefetch\": %d, "
              "\"forward_prefetch\": %d, \"limit_all_gathers\": %d, \"cpu_offload\": %d, "
@@ -56,6 +53,22 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
     return status;
 }
 
+void train_resumed(const fsdp_dev_t *dev, const char *dir, int64_t step, int quiet)
+{
+    if (dev->rank == 0 && !quiet)
+        progress_printf("resumed from %s at step %lld", dir, (long long)step);
+}
+
+int train_resume_past_end(const char *dir, int64_t step, int64_t steps)
+{
+    if (dir == NULL || step < steps)
+        return 0;
+    cli_error("--resume %s: the checkpoint is at step %lld and --steps is %lld: nothing to train "
+              "(--steps is the total, counted from step 0; give more than %lld to continue)",
+              dir, (long long)step, (long long)steps, (long long)step);
+    return 1;
+}
+
 void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)
 {
     clock->start = dev->ops->host_time(dev);
@@ -71,22 +84,4 @@ double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, in
         fsdp_trace_step(dev, step, loss, dt, &st);
     }
     return dt;
-}
-
-void train_progress(int64_t step, int64_t steps, double loss)
-{
-    enum { WIDTH = 30 };
-    char bar[WIDTH + 1];
-    int filled;
-
-    if (steps <= 0 || !isatty(STDERR_FILENO))
-        return;
-    filled = (int)(WIDTH * step / steps);
-    for (int i = 0; i < WIDTH; i++)
-        bar[i] = i < filled ? '#' : '.';
-    bar[WIDTH] = '\0';
-    fprintf(stderr, "\r[%s] %lld/%lld loss %.4f", bar, (long long)step, (long long)steps, loss);
-    if (step == steps)
-        fputc('\n', stderr);
-    fflush(stderr);
 }

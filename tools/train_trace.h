@@ -25,7 +25,10 @@ void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock);
 double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, int64_t step,
                       double loss);
 
-/* A progress bar on stderr when it is a terminal (nothing otherwise). */
-void train_progress(int64_t step, int64_t steps, double loss);
+/* --resume: rank 0 says which step it loaded (a line above the progress bar; none when quiet). */
+void train_resumed(const fsdp_dev_t *dev, const char *dir, int64_t step, int quiet);
+/* After the run: a checkpoint at or past --steps left nothing to train, which is an error the
+ * tool reports; returns non-zero then. */
+int train_resume_past_end(const char *dir, int64_t step, int64_t steps);
 
 #endif

@@ -69,7 +69,10 @@ CREATE TABLE IF NOT EXISTS event_rows (
 --   copy        bytes = count = bytes copied
 --   collective  bytes = the collective's full buffer (NCCL's nbytes: an all-gather's output, a
 --               reduce-scatter's input), count = the count the rank passed (elements)
---   alloc, free bytes = the block's size; others: as their emitter documents, 0 when unused
+--   alloc, free bytes = the block's size
+--   record      count = the record's number on the rank (1, 2, ... in issue order)
+--   wait        count = the number of the record waited for (0: an event never recorded)
+--   others: as their emitter documents, 0 when unused
 -- fsdp-trace calibrate fits the HBM bandwidth to kernel bytes and the FLOP rates (per GEMM
 -- dtype, and the vector rate of element-wise kinds) to kernel counts.
 CREATE VIEW IF NOT EXISTS events AS

@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #define LOG_LEVEL_UNSET (-2)
+#define LOG_LEVEL_BAD (-3) /* FSDP_LOG_LEVEL names no level */
 
 static atomic_int log_level = LOG_LEVEL_UNSET;
 static fsdp_log_func_t log_func;
@@ -18,6 +19,7 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
 
+/* The level s names, or LOG_LEVEL_BAD. */
 static int parse_level(const char *s)
 {
     if (s == NULL || *s == '\0')
@@ -32,17 +34,23 @@ static int parse_level(const char *s)
         return FSDP_LOG_WARN;
     if (s[0] >= '0' && s[0] <= '4' && s[1] == '\0')
         return s[0] - '0';
-    fprintf(stderr, "fsdp: warn: FSDP_LOG_LEVEL='%s' is not one of off, error, warn, info, debug, "
-                    "trace or 0..4; using warn\n", s);
-    return FSDP_LOG_WARN;
+    return LOG_LEVEL_BAD;
 }
 
 fsdp_log_level_t fsdp_log_level(void)
 {
     int lvl = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (lvl == LOG_LEVEL_UNSET) {
-        lvl = parse_level(getenv("FSDP_LOG_LEVEL"));
-        atomic_store(&log_level, lvl);
+        const char *s = getenv("FSDP_LOG_LEVEL");
+        int parsed = parse_level(s), unset = LOG_LEVEL_UNSET;
+        lvl = parsed != LOG_LEVEL_BAD ? parsed : FSDP_LOG_WARN;
+        /* the thread that settles the level says, through the handler, that it was not valid */
+        if (atomic_compare_exchange_strong(&log_level, &unset, lvl) && parsed == LOG_LEVEL_BAD)
+            fsdp_log_emit(FSDP_LOG_WARN, __FILE__, __LINE__, __func__,
+                          "FSDP_LOG_LEVEL='%s' is not one of off, error, warn, info, debug, trace "
+                          "or 0..4; using warn",
+                          s);
+        lvl = atomic_load(&log_level);
     }
     return (fsdp_log_level_t)lvl;
 }

@@ -2,10 +2,13 @@
  * (docs/formats.md section 4).
  *
  * Mapping: one process per rank (pid rank + 1, named "rank N", sorted by rank), one thread per
- * stream in order of first use plus a "host" thread for events without a stream; tids are unique
- * across processes, since importers treat a tid as a system-wide thread. An event with a
+ * stream in order of first use plus a "host" thread for events without a stream and for the
+ * host's waits (a stream or event synchronize is the host's time, not the stream's); tids are
+ * unique across processes, since importers treat a tid as a system-wide thread. An event with a
  * duration is a complete event (X) at its device interval; ops on one stream are serial, so X
- * events nest. Instant events (i, thread scope) mark records, waits and zero-length ops. Memory
+ * events nest, and so that rounding cannot break that, start and end are rounded to whole
+ * nanoseconds first and dur is their difference. Instant events (i, thread scope) mark records,
+ * waits and zero-length ops; a flow (s to f) joins each wait to the record it waits for. Memory
  * is counter tracks on the rank's process at the host time of each allocation and free:
  * "allocated" and "reserved" as separate counters (one contains the other, and the series of one
  * counter are drawn stacked), and "memory by category", whose series are disjoint and stack.
@@ -17,6 +20,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,11 +72,19 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Where a record was drawn, for the flows of the waits on it. */
+typedef struct export_record {
+    long long ts_ns;
+    int tid_index;
+} export_record_t;
+
 typedef struct export_rank {
     int rank;
     char **streams; /* thread index k + 1 <-> streams[k]; index 0 is the host */
     int nstreams, cap;
     int64_t cat[EXPORT_NCAT];
+    export_record_t *records; /* by record number - 1 (the record event's count) */
+    uint64_t nrecords, records_cap;
 } export_rank_t;
 
 typedef struct export_ctx {
@@ -81,6 +93,7 @@ typedef struct export_ctx {
     int io_error;
     export_rank_t cur; /* the rank being written */
     int have_rank;
+    uint64_t flows; /* flow ids given so far */
 } export_ctx_t;
 
 static void export_sep(export_ctx_t *x)
@@ -122,6 +135,7 @@ static void export_rank_reset(export_ctx_t *x, int rank)
     for (int k = 0; k < r->nstreams; k++)
         free(r->streams[k]);
     r->nstreams = 0;
+    r->nrecords = 0;
     memset(r->cat, 0, sizeof(r->cat));
     r->rank = rank;
     x->have_rank = 1;
@@ -209,11 +223,76 @@ static void export_counters(export_ctx_t *x, int rank, const fsdp_trace_event_t 
     fputs("}}", x->f);
 }
 
+/* Seconds as whole nanoseconds: every time is rounded once, before any difference. */
+static long long export_ns(double seconds)
+{
+    return llround(seconds * 1e9);
+}
+
+/* Nanoseconds as the format's microseconds, exactly. */
+static void export_us(FILE *f, long long ns)
+{
+    fprintf(f, "%s%lld.%03lld", ns < 0 ? "-" : "", llabs(ns) / 1000, llabs(ns) % 1000);
+}
+
+/* Remembers where record number id was drawn (a record without a number, from an older trace,
+ * or one that finds no memory: its waits get no arrow). */
+static void export_note_record(export_ctx_t *x, uint64_t id, long long ts_ns, int tid_index)
+{
+    export_rank_t *r = &x->cur;
+
+    if (id == 0 || id > ((uint64_t)1 << 40))
+        return;
+    if (id > r->records_cap) {
+        uint64_t cap = r->records_cap ? r->records_cap : 1024;
+        export_record_t *v;
+        while (cap < id)
+            cap *= 2;
+        v = realloc(r->records, (size_t)cap * sizeof(*v));
+        if (v == NULL)
+            return;
+        r->records = v;
+        r->records_cap = cap;
+    }
+    for (uint64_t k = r->nrecords; k + 1 < id; k++)
+        r->records[k].tid_index = -1; /* a record the trace does not hold */
+    r->records[id - 1].ts_ns = ts_ns;
+    r->records[id - 1].tid_index = tid_index;
+    if (id > r->nrecords)
+        r->nrecords = id;
+}
+
+/* The arrow from record number id to the wait at (ts_ns, tid_index): a flow start at the record
+ * and its end bound to the wait. */
+static void export_flow(export_ctx_t *x, int rank, uint64_t id, long long ts_ns, int tid_index)
+{
+    const export_record_t *rec;
+    uint64_t flow;
+
+    if (id == 0 || id > x->cur.nrecords || x->cur.records[id - 1].tid_index < 0)
+        return;
+    rec = &x->cur.records[id - 1];
+    flow = ++x->flows;
+    export_sep(x);
+    fprintf(
+        x->f,
+        "{\"name\":\"event\",\"cat\":\"dependency\",\"ph\":\"s\",\"id\":%" PRIu64 ",\"ts\":", flow);
+    export_us(x->f, rec->ts_ns);
+    fprintf(x->f, ",\"pid\":%d,\"tid\":%lld}", export_pid(rank), export_tid(rank, rec->tid_index));
+    export_sep(x);
+    fprintf(x->f,
+            "{\"name\":\"event\",\"cat\":\"dependency\",\"ph\":\"f\",\"bp\":\"e\",\"id\":%" PRIu64
+            ",\"ts\":",
+            flow);
+    export_us(x->f, ts_ns);
+    fprintf(x->f, ",\"pid\":%d,\"tid\":%lld}", export_pid(rank), export_tid(rank, tid_index));
+}
+
 static int export_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
 {
     export_ctx_t *x = arg;
     int tid_index;
-    double ts, dur;
+    long long ts, end;
 
     if (!x->have_rank || rank != x->cur.rank)
         export_rank_reset(x, rank);
@@ -221,18 +300,21 @@ static int export_event(void *arg, int rank, uint64_t seq, const fsdp_trace_even
         export_counters(x, rank, ev);
         return ferror(x->f) ? (x->io_error = 1) : 0;
     }
-    tid_index = export_stream(x, ev->stream);
+    /* the host waiting on a stream is the host's time */
+    tid_index = export_stream(x, ev->kind == FSDP_EV_SYNC ? NULL : ev->stream);
     if (tid_index < 0) {
         x->io_error = 2;
         return 1;
     }
     if (ev->end > ev->start) {
-        ts = ev->start * 1e6;
-        dur = (ev->end - ev->start) * 1e6;
+        ts = export_ns(ev->start);
+        end = export_ns(ev->end);
     } else {
-        ts = (ev->stream != NULL ? ev->start : ev->host_time) * 1e6;
-        dur = -1.0;
+        ts = export_ns(ev->stream != NULL && ev->kind != FSDP_EV_SYNC ? ev->start : ev->host_time);
+        end = -1;
     }
+    if (ev->kind == FSDP_EV_RECORD)
+        export_note_record(x, ev->count, ts, tid_index);
     export_sep(x);
     fputs("{\"name\":", x->f);
     if (ev->unit != NULL) {
@@ -243,12 +325,20 @@ static int export_event(void *arg, int rank, uint64_t seq, const fsdp_trace_even
         json_str(x->f, ev->name);
     }
     fprintf(x->f, ",\"cat\":\"%s\",", fsdp_event_kind_name(ev->kind));
-    if (dur >= 0)
-        fprintf(x->f, "\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,", ts, dur);
-    else
-        fprintf(x->f, "\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,", ts);
-    fprintf(x->f, "\"pid\":%d,\"tid\":%lld,\"args\":{\"seq\":%" PRIu64 ",\"host_time_us\":%.3f",
+    fputs(end >= 0 ? "\"ph\":\"X\",\"ts\":" : "\"ph\":\"i\",\"s\":\"t\",\"ts\":", x->f);
+    export_us(x->f, ts);
+    if (end >= 0) {
+        fputs(",\"dur\":", x->f);
+        export_us(x->f, end - ts);
+    }
+    fprintf(x->f, ",\"pid\":%d,\"tid\":%lld,\"args\":{\"seq\":%" PRIu64 ",\"host_time_us\":%.3f",
             export_pid(rank), export_tid(rank, tid_index), seq, ev->host_time * 1e6);
+    if (ev->kind == FSDP_EV_SYNC && ev->stream != NULL) {
+        fputs(",\"stream\":", x->f);
+        json_str(x->f, ev->stream);
+    }
+    if (ev->kind == FSDP_EV_RECORD || ev->kind == FSDP_EV_WAIT)
+        fprintf(x->f, ",\"record\":%" PRIu64, ev->count);
     if (ev->unit != NULL) {
         fputs(",\"unit\":", x->f);
         json_str(x->f, ev->unit);
@@ -257,11 +347,14 @@ static int export_event(void *arg, int rank, uint64_t seq, const fsdp_trace_even
         fputs(",\"group\":", x->f);
         json_str(x->f, ev->group);
     }
-    if (ev->bytes != 0 || ev->count != 0)
+    if ((ev->bytes != 0 || ev->count != 0) && ev->kind != FSDP_EV_RECORD &&
+        ev->kind != FSDP_EV_WAIT)
         fprintf(x->f, ",\"bytes\":%" PRIu64 ",\"count\":%" PRIu64, ev->bytes, ev->count);
     if (ev->dtype >= 0)
         fprintf(x->f, ",\"dtype\":\"%s\"", fsdp_dtype_name((fsdp_dtype_t)ev->dtype));
     fputs("}}", x->f);
+    if (ev->kind == FSDP_EV_WAIT)
+        export_flow(x, rank, ev->count, ts, tid_index);
     if (ferror(x->f)) {
         x->io_error = 1;
         return 1;
@@ -321,6 +414,7 @@ fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char
     for (int k = 0; k < x.cur.nstreams; k++)
         free(x.cur.streams[k]);
     free(x.cur.streams);
+    free(x.cur.records);
 
 err_close_reader:
     fsdp_trace_reader_close(reader);
