@@ -161,6 +161,10 @@ shard "$tmp/big.bin" 20240520 1 300 300 256
 # HF weights: --save writes them, --init reads them back, across world sizes
 "$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
 check "gpt2: save writes a file" test -s "$tmp/g.safetensors"
+check "gpt2: save writes HF's config.json beside it" \
+    grep -q '"model_type": "gpt2"' "$tmp/config.json"
+check "gpt2: config.json has the model's shape" \
+    sh -c "grep -q '\"n_layer\": ' '$tmp/config.json' && grep -q '\"activation_function\": \"gelu_new\"' '$tmp/config.json'"
 "$train" --model "$tiny" --world 3 --batch 6 --steps 0 --init "$tmp/g.safetensors" \
     --save "$tmp/h.safetensors" >/dev/null 2>&1
 check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \

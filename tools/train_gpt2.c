@@ -164,6 +164,37 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* The token source the options name: --tokens, --data, or the default corpus. */
+/* HF's config.json beside saved weights, so that GPT2LMHeadModel.from_pretrained(DIR) reads a
+ * directory whose weights are DIR/model.safetensors: GPT2Config's fields for this shape, the
+ * rest its defaults (no dropout here, but HF's defaults are what a fine-tune expects). */
+static int write_hf_config(const char *weights_path, const fsdp_gpt2_config_t *c, char *out,
+                           size_t n)
+{
+    const char *slash = strrchr(weights_path, '/');
+    FILE *f;
+
+    if (slash == NULL)
+        snprintf(out, n, "config.json");
+    else
+        snprintf(out, n, "%.*s/config.json", (int)(slash - weights_path), weights_path);
+    f = fopen(out, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f,
+            "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+            "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
+            "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+            "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n"
+            "  \"initializer_range\": %g,\n  \"resid_pdrop\": 0.1,\n  \"embd_pdrop\": 0.1,\n"
+            "  \"attn_pdrop\": 0.1,\n  \"scale_attn_weights\": true,\n"
+            "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": %d,\n"
+            "  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"\n}\n",
+            c->vocab_size, c->n_positions, c->n_positions, c->n_embd, c->n_layer, c->n_head,
+            (double)c->layer_norm_eps, (double)c->initializer_range, c->vocab_size - 1,
+            c->vocab_size - 1);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p)
 {
     if (o->tokens_path != NULL)
@@ -248,8 +279,15 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         if (o->launch->backend == TRAIN_BACKEND_SIM || r == o->launch->rank)
             printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
     }
-    if (o->save_path != NULL && report)
-        printf("saved %s\n", o->save_path);
+    if (o->save_path != NULL && report) {
+        char cfg_path[4096];
+        if (write_hf_config(o->save_path, &o->model, cfg_path, sizeof(cfg_path)) != 0) {
+            cli_error("cannot write %s beside %s", cfg_path, o->save_path);
+            rc = 1;
+            goto out;
+        }
+        printf("saved %s (HF config %s)\n", o->save_path, cfg_path);
+    }
     if (o->ckpt_dir != NULL && report)
         printf("checkpoint %s\n", o->ckpt_dir);
     if (trace_path != NULL)
