@@ -2,6 +2,8 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
@@ -35,4 +37,25 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         snprintf(why, why_len, "unknown option '%s' (see --help)", spelled);
         return -1;
     }
+}
+
+int cli_activation_checkpointing(const char *arg)
+{
+    const char *sel = "selective-layer";
+    size_t n = strlen(sel);
+    char *end;
+    long k;
+
+    if (strcmp(arg, "none") == 0)
+        return 0;
+    if (strcmp(arg, "full") == 0)
+        return 1;
+    if (strncmp(arg, sel, n) != 0)
+        return -1;
+    if (arg[n] == '\0')
+        return 2;
+    if (arg[n] != ':' || arg[n + 1] < '0' || arg[n + 1] > '9')
+        return -1;
+    k = strtol(arg + n + 1, &end, 10);
+    return *end == '\0' && k >= 1 && k <= 1 << 20 ? (int)k : -1;
 }

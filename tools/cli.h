@@ -31,4 +31,8 @@ enum {
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len);
 
+/* --activation-checkpointing, torchtitan's meanings: "none" 0, "full" 1 (every block),
+ * "selective-layer[:K]" K (every K-th block, default 2); -1 for anything else. */
+int cli_activation_checkpointing(const char *arg);
+
 #endif

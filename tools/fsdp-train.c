@@ -45,13 +45,15 @@ typedef struct train_args {
     const char *trace_path;
     const char *profile_arg;       /* --profile, or NULL for the default */
     fsdp_sim_profile_t profile;
-    /* --model gpt2...: the GPT-2 path (train_gpt2.c) */
-    int gpt;
+    /* --model gpt2... or llama...: the language-model path (train_gpt2.c) */
+    int gpt; /* either */
+    int llama;
     const char *model_name;
     fsdp_gpt2_config_t gpt_cfg;
+    fsdp_llama_config_t llama_cfg;
     const char *tokens_path;
     int seq; /* 0: the model's positions */
-    int checkpoint_activations;
+    int checkpoint_activations; /* 1: every layer, K: every K-th */
     train_launch_t launch; /* --backend: how the ranks run */
 } train_args_t;
 
@@ -107,6 +109,11 @@ static void usage(FILE *f)
           "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
           "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
           "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
+          "  --model M                  Llama: llama-tiny | llama2-7b | llama2-13b | llama2-70b |\n"
+          "                             llama3-8b | llama3-70b | llama3.1-405b | llama3.2-1b |\n"
+          "                             llama3.2-3b | llama:layers=L,heads=H,kv_heads=K,dim=D,\n"
+          "                             ffn=F,seq=T,vocab=V,rope_theta=X,eps=E[,tie=1]\n"
+          "                             [,rope_scaling=llama3][,head_dim=hd]\n"
           "  --backend sim|gpu          simulated ranks in this process (default), or this\n"
           "                             process one GPU rank of a job (torchrun, srun, mpirun)\n"
           "  --world W                  simulated ranks (default 4; gpu: the launcher's)\n"
@@ -139,8 +146,11 @@ static void usage(FILE *f)
           "  --steps N                  training steps (default 10)\n"
           "  --batch B                  global batch rows, divisible by the world (default 32;\n"
           "                             8 for gpt models)\n"
-          "  --seq T                    gpt: tokens per row (default: the model's seq)\n"
-          "  --checkpoint-activations   gpt: recompute each block's forward in backward\n"
+          "  --seq T                    gpt, llama: tokens per row (default: the model's seq)\n"
+          "  --checkpoint-activations   gpt, llama: recompute each block's forward in backward\n"
+          "  --activation-checkpointing none|full|selective-layer[:K]\n"
+          "                             gpt, llama: full is --checkpoint-activations;\n"
+          "                             selective-layer every K-th block (default 2)\n"
           "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
           "  --seed N                   seed of the init and the synthetic data (default 0)\n"
           "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
@@ -182,7 +192,7 @@ enum {
     OPT_NESTEROV, OPT_STEPS, OPT_BATCH, OPT_SEED, OPT_INIT, OPT_DATA, OPT_SAVE, OPT_TIMEOUT,
     OPT_QUIET, OPT_VERSION, OPT_HELP, OPT_RPN, OPT_OFFLOAD, OPT_ACCUM, OPT_CLIP, OPT_CKPT,
     OPT_CKPT_EVERY, OPT_STATE_DICT, OPT_RESUME, OPT_TRACE, OPT_PROFILE, OPT_TOKENS, OPT_SEQ, OPT_CKPT_ACT, OPT_NO_DECAY,
-    OPT_MIXED, OPT_BACKEND
+    OPT_MIXED, OPT_BACKEND, OPT_AC
 };
 
 /* --mixed-precision param=bf16,reduce=fp32,buffer=fp32: PyTorch's MixedPrecision fields (with
@@ -257,6 +267,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"activation-checkpointing", required_argument, NULL, OPT_AC},
         {"no-decay-1d", no_argument, NULL, OPT_NO_DECAY},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -284,7 +295,14 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         switch (c) {
         case OPT_MODEL:
             a->gpt = fsdp_gpt2_spec_is_gpt(optarg);
+            a->llama = fsdp_llama_spec_is_llama(optarg);
             a->model_name = optarg;
+            if (a->llama) {
+                if (fsdp_llama_config_parse(optarg, &a->llama_cfg) != FSDP_OK)
+                    fail_quietly();
+                a->gpt = 1;
+                break;
+            }
             if (a->gpt) {
                 if (fsdp_gpt2_config_parse(optarg, &a->gpt_cfg) != FSDP_OK)
                     fail_quietly();
@@ -293,8 +311,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->nlayers = fsdp_mlp_parse_spec(optarg, a->dims, FSDP_MLP_MAX_LAYERS + 1);
             if (a->nlayers < 1)
                 die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
-                    "positive widths, or a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
-                    "vocab=V)", optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names());
+                    "positive widths, a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
+                    "vocab=V) or a llama model (%s, llama:...)", optarg, FSDP_MLP_MAX_LAYERS + 1,
+                    fsdp_gpt2_preset_names(), fsdp_llama_preset_names());
             break;
         case OPT_WORLD:
             a->world = (int)parse_long("--world", optarg, 1, 4096);
@@ -363,6 +382,12 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->seq = (int)parse_long("--seq", optarg, 1, 1 << 20);
             break;
         case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
+        case OPT_AC:
+            a->checkpoint_activations = cli_activation_checkpointing(optarg);
+            if (a->checkpoint_activations < 0)
+                die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
+                    "(K >= 1)", optarg);
+            break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
         case OPT_VERSION:
             printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
@@ -427,15 +452,19 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     if (a->gpt) {
         if (!batch_given) /* 8 rows, or one per rank */
             a->batch = (8 + a->world - 1) / a->world * a->world;
+        int positions = a->llama ? a->llama_cfg.max_seq : a->gpt_cfg.n_positions;
         if (a->seq == 0)
-            a->seq = a->gpt_cfg.n_positions;
-        if (a->seq > a->gpt_cfg.n_positions)
+            a->seq = positions;
+        if (a->seq > positions)
             die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
-                "them)", a->seq, a->gpt_cfg.n_positions);
+                "them)", a->seq, positions);
+        if (a->llama && (a->init_path != NULL || a->save_path != NULL))
+            die("--init and --save read and write GPT-2 checkpoints only; for llama models use "
+                "--save-checkpoint and --resume");
         if (a->tokens_path != NULL && a->data_path != NULL)
             die("--data (text) and --tokens (llm.c) are two sources of data: give one");
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
-        die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
+        die("--tokens, --seq and activation checkpointing apply to gpt and llama models only");
     }
     if (a->batch % a->world != 0)
         die("--batch %d is not divisible by --world %d: every rank needs the same number of rows",
@@ -724,6 +753,8 @@ static int train_gpt2(const train_args_t *a, int argc, char **argv)
     memset(&o, 0, sizeof(o));
     o.model_name = a->model_name;
     o.model = a->gpt_cfg;
+    o.llama = a->llama;
+    o.llama_model = a->llama_cfg;
     o.world = a->world;
     o.fsdp = a->fsdp;
     o.optim = a->optim;
