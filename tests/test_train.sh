@@ -224,6 +224,17 @@ check "llama bf16 with CPU offload trains and exits 0" test $? -eq 0
 check "llama bf16: nothing on stderr" test ! -s "$tmp/err"
 check "llama bf16: the loss falls over 20 steps" \
     awk '/^step 1 /{a=$4} /^step 20 /{b=$4} END{exit !(b < a - 1.0)}' "$tmp/lbf16"
+"$train" --model "$lt" --world 2 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \
+    --save-checkpoint "$tmp/llck" --state-dict sharded >/dev/null 2>&1
+"$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" \
+    --resume "$tmp/llck" | grep '^step' | cut -d' ' -f1-4 >"$tmp/l3"
+check "llama: resume from a sharded checkpoint continues the loss sequence exactly" \
+    sh -c "tail -n 2 '$tmp/l1' | cmp -s - '$tmp/l3'"
+"$train" --model "$lt,tie=1" --world 2 --batch 4 --steps 1 --data "$tmp/fox.txt" \
+    --save-checkpoint "$tmp/llfull" >/dev/null 2>&1
+grep -a -o '"[a-z_.0-9]*weight"' "$tmp/llfull/step-00000001/model.safetensors" | sort >"$tmp/llnames"
+check "llama: a full checkpoint holds HF's 20 tensor names, no lm_head when tied" sh -c \
+    "test \$(wc -l <'$tmp/llnames') -eq 20 && grep -q '\"model.layers.1.self_attn.k_proj.weight\"' '$tmp/llnames' && grep -q '\"model.norm.weight\"' '$tmp/llnames' && ! grep -q lm_head '$tmp/llnames'"
 refuse "an unknown llama preset" --model llama-huge
 refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some
