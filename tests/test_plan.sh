@@ -115,6 +115,32 @@ check "gpt2 bf16: a shorter step than f32" \
 check "the plan's trace has the run's collectives" \
     sh -c "'$(dirname "$plan")/fsdp-trace' summary '$tmp/plan.db' | grep -q reduce_scatter"
 
+# Llama: the presets' published parameter counts, and plans of real jobs in shape mode
+"$plan" --list-models >"$tmp/models"
+for pc in "llama2-7b 6738415616" "llama2-13b 13015864320" "llama2-70b 68976648192" \
+    "llama3-8b 8030261248" "llama3-70b 70553706496" "llama3.1-405b 405853388800" \
+    "llama3.2-1b 1235814400" "llama3.2-3b 3212749824"; do
+    set -- $pc
+    check "--list-models: $1 has $2 parameters" grep -q "^  $1 *$2 parameters" "$tmp/models"
+done
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 >"$tmp/l8" 2>"$tmp/err"
+check "llama3-8b on 64 H100s plans and exits 0" test $? -eq 0
+check "llama3-8b: nothing on stderr" test ! -s "$tmp/err"
+check "llama3-8b: 33 units, its parameters" grep -q "^model llama3-8b: 33 units, 8.03e+09 parameters" "$tmp/l8"
+check "llama3-8b: one 8192-token sequence per rank, it fits" sh -c "grep -q '^batch 64 sequences, 1 per rank (8192 tokens per rank)' '$tmp/l8' && grep -q '^fits: yes' '$tmp/l8'"
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing full >"$tmp/l8ac" 2>&1
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing selective-layer:2 >"$tmp/l8sel" 2>&1
+act() { awk '/^  ranks 0-63 /{print $10; exit}' "$1"; }
+check "llama3-8b: selective-layer checkpointing keeps less than none, more than full" \
+    awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8sel")" -v f="$(act "$tmp/l8ac")" \
+    'BEGIN{exit !(f < s && s < n)}'
+"$plan" --model llama3-70b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing full >"$tmp/l70" 2>"$tmp/err"
+check "llama3-70b on 64 H100s plans" grep -q "^fits: " "$tmp/l70"
+refuse "a llama spec with heads that kv heads do not divide" --model "llama:heads=4,kv_heads=3"
+refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing op
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
 refuse "an unknown profile" --model mlp:4,4 --profile h200

@@ -10,6 +10,7 @@
  * the rate limiter and says which fit the device memory and which is fastest. */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/llama.h>
 #include <fsdp/trace.h>
 
 #include <errno.h>
@@ -33,7 +34,8 @@ typedef struct model_cfg {
     int dims[MAX_DIMS]; /* mlp */
     int nlayers;
     fsdp_gpt2_config_t gpt; /* gpt */
-    int checkpoint_activations;
+    fsdp_llama_config_t llama;  /* llama */
+    int checkpoint_activations; /* 1: every block, K: every K-th */
 } model_cfg_t;
 
 typedef struct model_ops {
@@ -161,6 +163,56 @@ static int gpt_units(const model_cfg_t *cfg)
 static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step, NULL,
                                     gpt_destroy, gpt_params, gpt_units};
 
+/* Llama (include/fsdp/llama.h): a preset name or llama:layers=..., sequences of the model's
+ * length, or of 8192 tokens (Llama 3's training context) for the 128K-context presets. */
+static int llama_parse(const char *spec, model_cfg_t *cfg)
+{
+    return fsdp_llama_config_parse(spec, &cfg->llama) == FSDP_OK ? 0 : -1;
+}
+
+static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **model_p)
+{
+    fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_llama_t **)model_p);
+    int every = cfg->checkpoint_activations;
+    for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
+        st = fsdp_llama_set_checkpointing(*model_p, l, 1);
+    return st;
+}
+
+static size_t llama_seq(const fsdp_llama_config_t *cfg)
+{
+    return cfg->max_seq < 8192 ? (size_t)cfg->max_seq : 8192;
+}
+
+static fsdp_status_t llama_step(void *model, size_t rows)
+{
+    size_t seq = llama_seq(fsdp_llama_config(model));
+    float loss;
+
+    if (rows < seq)
+        seq = rows;
+    /* shape mode reads no tokens */
+    return fsdp_llama_forward_backward(model, NULL, NULL, rows / seq, seq, &loss);
+}
+
+static void llama_destroy(void *model)
+{
+    fsdp_llama_destroy(model);
+}
+
+static double llama_params(const model_cfg_t *cfg)
+{
+    return (double)fsdp_llama_num_params(&cfg->llama);
+}
+
+static int llama_units(const model_cfg_t *cfg)
+{
+    return cfg->llama.n_layer + 1;
+}
+
+static const model_ops_t llama_ops = {llama_parse,   llama_create, llama_step, NULL,
+                                      llama_destroy, llama_params, llama_units};
+
 typedef struct model_entry {
     const char *name;               /* exact name, or a family prefix ending in ':' */
     int (*match)(const char *spec); /* or this, when not NULL */
@@ -177,6 +229,10 @@ static const model_entry_t models[] = {
      "a GPT-2 / GPT-3 preset (--list-models) or gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V; "
      "--batch counts sequences, one per rank by default",
      &gpt_ops, 0},
+    {"llama", fsdp_llama_spec_is_llama,
+     "a Llama preset (--list-models) or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,seq=T,"
+     "vocab=V,...; sequences of at most 8192 tokens, one a rank by default",
+     &llama_ops, 0},
 };
 #define N_MODELS (sizeof(models) / sizeof(models[0]))
 
@@ -250,7 +306,9 @@ static void usage(FILE *f)
           "                             param=D,reduce=D,buffer=D, any subset (D: fp32, bf16,\n"
           "                             fp16): the all-gathers and compute in param's dtype\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
-          "  --checkpoint-activations   GPT models: recompute each block in backward\n"
+          "  --checkpoint-activations   GPT and Llama models: recompute each block in backward\n"
+          "  --activation-checkpointing none|full|selective-layer[:K]   full is the above;\n"
+          "                             selective-layer checkpoints every K-th block (default 2)\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
@@ -293,6 +351,7 @@ enum {
     OPT_HELP,
     OPT_MP,
     OPT_CKPT_ACT,
+    OPT_AC,
     OPT_CPU_OFFLOAD,
     OPT_TRACE,
     OPT_FIT_STATUS
@@ -301,6 +360,8 @@ enum {
 /* Tokens per item of a batch: a GPT's sequence, or one row. */
 static size_t plan_seq_len(const plan_args_t *a)
 {
+    if (a->model->ops == &llama_ops)
+        return llama_seq(&a->mcfg.llama);
     return a->model->ops == &gpt_ops ? (size_t)a->mcfg.gpt.n_positions : 1;
 }
 
@@ -331,6 +392,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"mixed-precision", required_argument, NULL, OPT_MP},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"activation-checkpointing", required_argument, NULL, OPT_AC},
         {"cpu-offload", no_argument, NULL, OPT_CPU_OFFLOAD},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -400,6 +462,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             ckpt_act = 1;
             a->fixed |= FIX_CKPT_ACT;
             break;
+        case OPT_AC:
+            ckpt_act = cli_activation_checkpointing(optarg);
+            if (ckpt_act < 0)
+                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
+                        "(K >= 1)",
+                        optarg);
+            a->fixed |= FIX_CKPT_ACT;
+            break;
         case OPT_CPU_OFFLOAD:
             a->fsdp.cpu_offload = 1;
             break;
@@ -414,6 +484,13 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             for (int i = 0; i < n; i++)
                 printf("  %-12s %.4g parameters: %s\n", gp[i].name,
                        (double)fsdp_gpt2_num_params(&gp[i].cfg), gp[i].description);
+            {
+                const fsdp_llama_preset_t *lp = fsdp_llama_presets(&n);
+                for (int i = 0; i < n; i++)
+                    printf("  %-13s %llu parameters: %s\n", lp[i].name,
+                           (unsigned long long)fsdp_llama_num_params(&lp[i].cfg),
+                           lp[i].description);
+            }
             exit(0);
         }
         case OPT_TIMEOUT: {
@@ -463,14 +540,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
     if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
-        if (a->model->ops == &gpt_ops)
+        if (a->model->ops == &gpt_ops || a->model->ops == &llama_ops)
             exit(2); /* the library said what is allowed */
         cli_die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
     }
-    if (ckpt_act && a->model->ops != &gpt_ops)
-        cli_die("--checkpoint-activations needs a GPT model");
+    if (ckpt_act && a->model->ops != &gpt_ops && a->model->ops != &llama_ops)
+        cli_die("activation checkpointing needs a GPT or Llama model");
     a->mcfg.checkpoint_activations = ckpt_act;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
@@ -911,7 +988,14 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
                                                  FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2};
     static const fsdp_backward_prefetch_t prefetches[] = {
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
-    int gpt = a->model->ops == &gpt_ops, n = 0;
+    /* activation checkpointing: off and every block (the transformers), or what was given */
+    int ckpt[2] = {0, 1}, n_ckpt = a->model->ops == &gpt_ops || a->model->ops == &llama_ops ? 2 : 1;
+    int n = 0;
+
+    if (a->fixed & FIX_CKPT_ACT) {
+        ckpt[0] = a->mcfg.checkpoint_activations;
+        n_ckpt = 1;
+    }
 
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
         if (a->fixed & FIX_STRATEGY ? strategies[si] != a->fsdp.strategy
@@ -923,12 +1007,9 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
             for (int lim = 1; lim >= 0; lim--) {
                 if ((a->fixed & FIX_LIMITER) && lim != a->fsdp.limit_all_gathers)
                     continue;
-                for (int ck = 0; ck <= 1; ck++) {
-                    if ((a->fixed & FIX_CKPT_ACT) ? ck != a->mcfg.checkpoint_activations
-                                                  : ck && !gpt)
-                        continue;
+                for (int ci = 0; ci < n_ckpt; ci++) {
                     for (int bf = 0; bf <= 1; bf++) {
-                        sweep_point_t p = {.cfg = a->fsdp, .ckpt_act = ck};
+                        sweep_point_t p = {.cfg = a->fsdp, .ckpt_act = ckpt[ci]};
                         if (bf && (a->fixed & FIX_PRECISION))
                             continue;
                         if (bf) /* MixedPrecision(param_dtype=bf16), the rest default */
