@@ -7,6 +7,8 @@
 #include <limits.h>
 
 #include "kernels/kernel_elem.h"
+#include "kernels/llama_bodies.h"
+#include "kernels/nn_bodies.h"
 
 static int dtype_ok(fsdp_dtype_t dtype)
 {
@@ -236,6 +238,10 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
     default:
         if (k->kind >= FSDP_K_LAYERNORM_FWD && k->kind <= FSDP_K_ADD) {
             bad = check_nn(k);
+            break;
+        }
+        if (fsdp_kb_llama_kind(k->kind)) {
+            bad = fsdp_kb_llama_check(k);
             break;
         }
         fsdp_error("rank %d: kernel: unknown kind %d", dev->rank, (int)k->kind);

@@ -12,6 +12,7 @@
 /* The bodies before the toolkit's libraries: cuda_fp16.h (through cublas and nccl) declares a
  * global `half`, which a local of convert.h would shadow (-Wshadow) if it came first. */
 #include "kernels/kernel_elem.h"
+#include "kernels/llama_bodies.h"
 
 #include "gpu.h"
 
@@ -367,6 +368,8 @@ extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_k
     case FSDP_K_ADD:
         return launch_nn<FSDP_K_ADD>(stream, k, &p);
     default:
+        if (fsdp_kb_llama_kind(k->kind))
+            return fsdp_gpu_launch_llama(stream, k);
         fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
         return FSDP_ERR_UNSUPPORTED;
     }

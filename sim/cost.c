@@ -71,8 +71,14 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
 
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
      * allowed); element-wise work on CUDA cores */
-    peak = k->kind == FSDP_K_GEMM ? fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype)
-                                  : p->gpu.vector_flops_per_s;
+    if (k->kind == FSDP_K_GEMM)
+        peak = fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype);
+    else if (k->kind == FSDP_K_ATTENTION_FWD) /* fused attention: its products on tensor cores */
+        peak = fsdp_sim_profile_matmul_flops(p, k->u.attention_fwd.dtype);
+    else if (k->kind == FSDP_K_ATTENTION_BWD)
+        peak = fsdp_sim_profile_matmul_flops(p, k->u.attention_bwd.dtype);
+    else
+        peak = p->gpu.vector_flops_per_s;
     tc = rate_time(flops, peak, p->gpu.compute_efficiency);
     tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
     return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;

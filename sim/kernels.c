@@ -312,6 +312,8 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
     }
     if (fsdp_sim_nn_kernel(k->kind))
         return fsdp_sim_nn_kernel_exec(k); /* the transformer kinds: kernels_nn.c */
+    if (fsdp_sim_llama_kernel(k->kind))
+        return fsdp_sim_llama_kernel_exec(k); /* the Llama kinds: kernels_llama.c */
     status = fsdp_sim_kernel_check(k);
     if (status != FSDP_OK)
         return status;

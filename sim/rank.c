@@ -146,7 +146,9 @@ static void account_op(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
         dev->acct.kernel_s += end - start;
         dev->acct.flops += flops;
         dev->acct.n_kernels++;
-        if (op->kernel->kind == FSDP_K_GEMM) {
+        /* matrix products, fused attention's included (what MFU counts) */
+        if (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
+            op->kernel->kind == FSDP_K_ATTENTION_BWD) {
             dev->acct.gemm_s += end - start;
             dev->acct.gemm_flops += flops;
         }

@@ -26,6 +26,12 @@ int fsdp_sim_nn_kernel(fsdp_kernel_kind_t kind);
  * lib/kernels/nn_bodies.h. */
 fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k);
 
+/* 1 for the Llama kinds (rmsnorm .. attention), which kernels_llama.c runs. */
+int fsdp_sim_llama_kernel(fsdp_kernel_kind_t kind);
+/* fsdp_sim_kernel_exec for those kinds: the shared check, then the passes of
+ * lib/kernels/llama_bodies.h. */
+fsdp_status_t fsdp_sim_llama_kernel_exec(const fsdp_kernel_t *k);
+
 /* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, f32, row-major, as the GEMM
  * descriptor of kernel.h: op(A) = A ([M,K], lda >= K) or A^T (A is [K,M], lda >= M), likewise
  * B with ldb; ldc >= N. beta == 0 ignores C's old contents (NaN included); alpha == 0 or

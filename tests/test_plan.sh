@@ -58,8 +58,37 @@ check "no out-of-memory noise" test ! -s "$tmp/err"
 
 "$plan" --model mlp:512,2048,512 --world 8 --batch 32 --sweep >"$tmp/sweep" 2>"$tmp/err"
 check "sweeps" test $? -eq 0
-check "18 configurations on one node" test "$(grep -c '^\(full_shard\|shard_grad_op\|no_shard\) ' "$tmp/sweep")" -eq 18
+check "36 configurations on one node (strategy, prefetch, limiter, fp32 and bf16)" test "$(grep -c '^\(full_shard\|shard_grad_op\|no_shard\) ' "$tmp/sweep")" -eq 36
 check "names the fastest that fits" grep -q "^fastest that fits: " "$tmp/sweep"
+check "readable column headers" grep -q "^strategy  *bwd prefetch  *limiter  *act ckpt  *precision  *step ms" "$tmp/sweep"
+"$plan" --model gpt2-tiny --world 2 >"$tmp/cats" 2>&1
+check "memory categories named whole" \
+    grep -q "sharded_param unsharded_param low_prec_shard  *gradient optimizer_state activation comm_buffer" "$tmp/cats"
+"$plan" --model gpt2-tiny --world 4 --sweep --strategy no_shard --backward-prefetch pre \
+    --no-limit-all-gathers >"$tmp/gsweep" 2>&1
+check "a GPT sweep tries activation checkpointing and bf16, the settings given fixed" \
+    test "$(grep -c '^no_shard  *pre  *off  *\(on\|off\)  *\(fp32\|bf16\) ' "$tmp/gsweep")" -eq 4
+
+# --fit-status: 0 fits, 3 does not (plan and sweep)
+"$plan" --model mlp:256,1024,1024,256 --world 4 --capacity 1M --fit-status >/dev/null 2>&1
+check "--fit-status: 3 when the plan does not fit" test $? -eq 3
+"$plan" --model mlp:64,64 --world 2 --fit-status >/dev/null 2>&1
+check "--fit-status: 0 when it fits" test $? -eq 0
+"$plan" --model mlp:256,1024,1024,256 --world 4 --capacity 1M --sweep --strategy full_shard \
+    --fit-status >"$tmp/nofit" 2>&1
+check "--fit-status: 3 when no configuration of a sweep fits" test $? -eq 3
+check "a sweep says nothing fits" grep -q "^nothing fits in " "$tmp/nofit"
+
+# GPT-3 175B on 1024 H100s fits only with activation checkpointing (in bf16; fp32 without it
+# does not fit either): the sweep is narrowed to those two configurations, a few seconds each.
+"$plan" --model gpt3-175b --profile h100:nodes=128 --steps 1 --sweep --strategy full_shard \
+    --backward-prefetch pre --limit-all-gathers --mixed-precision bf16 --fit-status \
+    >"$tmp/g3" 2>"$tmp/err"
+check "gpt3-175b on 1024 H100s: a configuration fits" test $? -eq 0
+check "gpt3-175b: not without activation checkpointing" \
+    grep -q "^full_shard  *pre  *on  *off  *bf16 .* no$" "$tmp/g3"
+check "gpt3-175b: the fastest that fits checkpoints activations in bf16" \
+    grep -q "^fastest that fits: full_shard, .*activation checkpointing on, bf16: " "$tmp/g3"
 
 "$plan" --print-profile >"$tmp/h100.json"
 check "--print-profile is the shipped preset" cmp -s "$tmp/h100.json" "$srcdir/../traces/profiles/h100.json"
@@ -86,6 +115,32 @@ check "gpt2 bf16: a shorter step than f32" \
 check "the plan's trace has the run's collectives" \
     sh -c "'$(dirname "$plan")/fsdp-trace' summary '$tmp/plan.db' | grep -q reduce_scatter"
 
+# Llama: the presets' published parameter counts, and plans of real jobs in shape mode
+"$plan" --list-models >"$tmp/models"
+for pc in "llama2-7b 6738415616" "llama2-13b 13015864320" "llama2-70b 68976648192" \
+    "llama3-8b 8030261248" "llama3-70b 70553706496" "llama3.1-405b 405853388800" \
+    "llama3.2-1b 1235814400" "llama3.2-3b 3212749824"; do
+    set -- $pc
+    check "--list-models: $1 has $2 parameters" grep -q "^  $1 *$2 parameters" "$tmp/models"
+done
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 >"$tmp/l8" 2>"$tmp/err"
+check "llama3-8b on 64 H100s plans and exits 0" test $? -eq 0
+check "llama3-8b: nothing on stderr" test ! -s "$tmp/err"
+check "llama3-8b: 33 units, its parameters" grep -q "^model llama3-8b: 33 units, 8.03e+09 parameters" "$tmp/l8"
+check "llama3-8b: one 8192-token sequence per rank, it fits" sh -c "grep -q '^batch 64 sequences, 1 per rank (8192 tokens per rank)' '$tmp/l8' && grep -q '^fits: yes' '$tmp/l8'"
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing full >"$tmp/l8ac" 2>&1
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing selective-layer:2 >"$tmp/l8sel" 2>&1
+act() { awk '/^  ranks 0-63 /{print $10; exit}' "$1"; }
+check "llama3-8b: selective-layer checkpointing keeps less than none, more than full" \
+    awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8sel")" -v f="$(act "$tmp/l8ac")" \
+    'BEGIN{exit !(f < s && s < n)}'
+"$plan" --model llama3-70b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing full >"$tmp/l70" 2>"$tmp/err"
+check "llama3-70b on 64 H100s plans" grep -q "^fits: " "$tmp/l70"
+refuse "a llama spec with heads that kv heads do not divide" --model "llama:heads=4,kv_heads=3"
+refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing op
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
 refuse "an unknown profile" --model mlp:4,4 --profile h200

@@ -161,6 +161,10 @@ shard "$tmp/big.bin" 20240520 1 300 300 256
 # HF weights: --save writes them, --init reads them back, across world sizes
 "$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
 check "gpt2: save writes a file" test -s "$tmp/g.safetensors"
+check "gpt2: save writes HF's config.json beside it" \
+    grep -q '"model_type": "gpt2"' "$tmp/config.json"
+check "gpt2: config.json has the model's shape" \
+    sh -c "grep -q '\"n_layer\": ' '$tmp/config.json' && grep -q '\"activation_function\": \"gelu_new\"' '$tmp/config.json'"
 "$train" --model "$tiny" --world 3 --batch 6 --steps 0 --init "$tmp/g.safetensors" \
     --save "$tmp/h.safetensors" >/dev/null 2>&1
 check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \
@@ -235,6 +239,50 @@ check "gpt2 bf16 ends within 0.3 nats of f32" \
 check "gpt2 bf16 peaks lower than f32" \
     awk 'NR==FNR{if(/^rank 0 peak/)a=$5;next} /^rank 0 peak/{exit !(a < $5)}' \
     "$tmp/gbf16" "$tmp/gf32"
+# ---- Llama ----
+"$train" --model llama-tiny --world 2 --batch 4 --steps 3 --lr 3e-3 >"$tmp/ll" 2>"$tmp/err"
+check "llama-tiny trains on the default corpus and exits 0" test $? -eq 0
+check "llama: nothing on stderr" test ! -s "$tmp/err"
+check "llama: prints its parameters" grep -q '^model llama-tiny: 125248 parameters (layers=2 heads=4 kv_heads=2 dim=64 ffn=176 seq=64 vocab=256)' "$tmp/ll"
+check "llama: the first loss is about ln 256" awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/ll"
+lt="llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=48,seq=16,vocab=256"
+for s in full_shard shard_grad_op no_shard hybrid_shard hybrid_shard_zero2; do
+    "$train" --model "$lt" --world 4 --ranks-per-node 2 --batch 8 --steps 4 --lr 1e-2 \
+        --data "$tmp/fox.txt" --strategy $s | grep '^step' | awk '{print $4}' >"$tmp/lloss.$s"
+done
+for s in full_shard shard_grad_op hybrid_shard hybrid_shard_zero2; do
+    check "llama: $s and no_shard agree" awk 'NR==FNR{a[FNR]=$1;next}{d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-5*$1)exit 1} END{exit !(FNR == 4)}' "$tmp/lloss.$s" "$tmp/lloss.no_shard"
+done
+"$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" \
+    | grep '^step' | cut -d' ' -f1-4 >"$tmp/l1"
+for ac in --checkpoint-activations "--activation-checkpointing full" \
+    "--activation-checkpointing selective-layer" "--activation-checkpointing selective-layer:1"; do
+    # shellcheck disable=SC2086
+    "$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" $ac \
+        | grep '^step' | cut -d' ' -f1-4 >"$tmp/l2"
+    check "llama: $ac changes no loss" cmp -s "$tmp/l1" "$tmp/l2"
+done
+"$train" --model llama-tiny --world 2 --batch 4 --steps 20 --lr 3e-3 --data "$tmp/fox.txt" \
+    --mixed-precision param=bf16,reduce=fp32 --cpu-offload >"$tmp/lbf16" 2>"$tmp/err"
+check "llama bf16 with CPU offload trains and exits 0" test $? -eq 0
+check "llama bf16: nothing on stderr" test ! -s "$tmp/err"
+check "llama bf16: the loss falls over 20 steps" \
+    awk '/^step 1 /{a=$4} /^step 20 /{b=$4} END{exit !(b < a - 1.0)}' "$tmp/lbf16"
+"$train" --model "$lt" --world 2 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \
+    --save-checkpoint "$tmp/llck" --state-dict sharded >/dev/null 2>&1
+"$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" \
+    --resume "$tmp/llck" | grep '^step' | cut -d' ' -f1-4 >"$tmp/l3"
+check "llama: resume from a sharded checkpoint continues the loss sequence exactly" \
+    sh -c "tail -n 2 '$tmp/l1' | cmp -s - '$tmp/l3'"
+"$train" --model "$lt,tie=1" --world 2 --batch 4 --steps 1 --data "$tmp/fox.txt" \
+    --save-checkpoint "$tmp/llfull" >/dev/null 2>&1
+grep -a -o '"[a-z_.0-9]*weight"' "$tmp/llfull/step-00000001/model.safetensors" | sort >"$tmp/llnames"
+check "llama: a full checkpoint holds HF's 20 tensor names, no lm_head when tied" sh -c \
+    "test \$(wc -l <'$tmp/llnames') -eq 20 && grep -q '\"model.layers.1.self_attn.k_proj.weight\"' '$tmp/llnames' && grep -q '\"model.norm.weight\"' '$tmp/llnames' && ! grep -q lm_head '$tmp/llnames'"
+refuse "an unknown llama preset" --model llama-huge
+refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
+refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some
+refuse "--init for a llama model" --model llama-tiny --init "$tmp/a.safetensors"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
 # a default batch the world does not divide is rounded up, and that is said
 "$train" --model "$tiny" --world 3 --steps 1 >"$tmp/w3" 2>"$tmp/err"

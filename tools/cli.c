@@ -248,3 +248,24 @@ void cli_no_arguments(int argc, char **argv)
     if (optind < argc)
         cli_die("unexpected argument '%s' (see --help)", argv[optind]);
 }
+
+int cli_activation_checkpointing(const char *arg)
+{
+    const char *sel = "selective-layer";
+    size_t n = strlen(sel);
+    char *end;
+    long k;
+
+    if (strcmp(arg, "none") == 0)
+        return 0;
+    if (strcmp(arg, "full") == 0)
+        return 1;
+    if (strncmp(arg, sel, n) != 0)
+        return -1;
+    if (arg[n] == '\0')
+        return 2;
+    if (arg[n] != ':' || arg[n + 1] < '0' || arg[n + 1] > '9')
+        return -1;
+    k = strtol(arg + n + 1, &end, 10);
+    return *end == '\0' && k >= 1 && k <= 1 << 20 ? (int)k : -1;
+}

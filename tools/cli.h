@@ -70,4 +70,8 @@ void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
 /* After the options: the tool takes no other arguments, and dies naming the first one. */
 void cli_no_arguments(int argc, char **argv);
 
+/* --activation-checkpointing, torchtitan's meanings: "none" 0, "full" 1 (every block),
+ * "selective-layer[:K]" K (every K-th block, default 2); -1 for anything else. */
+int cli_activation_checkpointing(const char *arg);
+
 #endif

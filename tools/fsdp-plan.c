@@ -10,6 +10,7 @@
  * the rate limiter and says which fit the device memory and which is fastest. */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/llama.h>
 #include <fsdp/trace.h>
 
 #include <errno.h>
@@ -34,7 +35,8 @@ typedef struct model_cfg {
     int dims[MAX_DIMS]; /* mlp */
     int nlayers;
     fsdp_gpt2_config_t gpt; /* gpt */
-    int checkpoint_activations;
+    fsdp_llama_config_t llama;  /* llama */
+    int checkpoint_activations; /* 1: every block, K: every K-th */
 } model_cfg_t;
 
 typedef struct model_ops {
@@ -162,6 +164,56 @@ static int gpt_units(const model_cfg_t *cfg)
 static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step, NULL,
                                     gpt_destroy, gpt_params, gpt_units};
 
+/* Llama (include/fsdp/llama.h): a preset name or llama:layers=..., sequences of the model's
+ * length, or of 8192 tokens (Llama 3's training context) for the 128K-context presets. */
+static int llama_parse(const char *spec, model_cfg_t *cfg)
+{
+    return fsdp_llama_config_parse(spec, &cfg->llama) == FSDP_OK ? 0 : -1;
+}
+
+static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **model_p)
+{
+    fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_llama_t **)model_p);
+    int every = cfg->checkpoint_activations;
+    for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
+        st = fsdp_llama_set_checkpointing(*model_p, l, 1);
+    return st;
+}
+
+static size_t llama_seq(const fsdp_llama_config_t *cfg)
+{
+    return cfg->max_seq < 8192 ? (size_t)cfg->max_seq : 8192;
+}
+
+static fsdp_status_t llama_step(void *model, size_t rows)
+{
+    size_t seq = llama_seq(fsdp_llama_config(model));
+    float loss;
+
+    if (rows < seq)
+        seq = rows;
+    /* shape mode reads no tokens */
+    return fsdp_llama_forward_backward(model, NULL, NULL, rows / seq, seq, &loss);
+}
+
+static void llama_destroy(void *model)
+{
+    fsdp_llama_destroy(model);
+}
+
+static double llama_params(const model_cfg_t *cfg)
+{
+    return (double)fsdp_llama_num_params(&cfg->llama);
+}
+
+static int llama_units(const model_cfg_t *cfg)
+{
+    return cfg->llama.n_layer + 1;
+}
+
+static const model_ops_t llama_ops = {llama_parse,   llama_create, llama_step, NULL,
+                                      llama_destroy, llama_params, llama_units};
+
 typedef struct model_entry {
     const char *name;               /* exact name, or a family prefix ending in ':' */
     int (*match)(const char *spec); /* or this, when not NULL */
@@ -178,6 +230,10 @@ static const model_entry_t models[] = {
      "a GPT-2 / GPT-3 preset (--list-models) or gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V; "
      "--batch counts sequences, one per rank by default",
      &gpt_ops, 0},
+    {"llama", fsdp_llama_spec_is_llama,
+     "a Llama preset (--list-models) or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,seq=T,"
+     "vocab=V,...; sequences of at most 8192 tokens, one a rank by default",
+     &llama_ops, 0},
 };
 #define N_MODELS (sizeof(models) / sizeof(models[0]))
 
@@ -195,6 +251,18 @@ static const model_entry_t *model_find(const char *spec)
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 
+/* What a sweep varies unless the command line sets it. */
+enum {
+    FIX_STRATEGY = 1u << 0,
+    FIX_PREFETCH = 1u << 1,
+    FIX_LIMITER = 1u << 2,
+    FIX_PRECISION = 1u << 3,
+    FIX_CKPT_ACT = 1u << 4
+};
+
+/* --fit-status: the exit status of a plan or sweep that ran (docs: --help). */
+enum { EXIT_FITS = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_NO_FIT = 3 };
+
 typedef struct plan_args {
     const char *model_spec;
     const model_entry_t *model;
@@ -207,6 +275,8 @@ typedef struct plan_args {
     size_t rows;        /* what the model's step takes per rank: rows or tokens */
     int steps;
     int sweep;
+    unsigned fixed; /* FIX_*: the settings given on the command line, which a sweep keeps */
+    int fit_status; /* --fit-status: the exit status says whether the job fits */
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
@@ -238,10 +308,18 @@ static void usage(FILE *f)
           "                             param=D,reduce=D,buffer=D, any subset (D: fp32, bf16,\n"
           "                             fp16): the all-gathers and compute in param's dtype\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
-          "  --checkpoint-activations   GPT models: recompute each block in backward\n"
+          "  --checkpoint-activations   GPT and Llama models: recompute each block in backward\n"
+          "  --activation-checkpointing none|full|selective-layer[:K]   full is the above;\n"
+          "                             selective-layer checkpoints every K-th block (default 2)\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
-          "  --sweep                    try every strategy, backward prefetch and limiter setting\n"
+          "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
+          "                             activation checkpointing (GPT models) and precision\n"
+          "                             (fp32, bf16) that the command line does not set, and\n"
+          "                             name the fastest configuration that fits\n"
+          "  --fit-status               exit status says whether the job fits: 0 it fits (a\n"
+          "                             sweep: some configuration does), 3 it does not, 1 the\n"
+          "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
           "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
           "                             that run alike (the figures are the same)\n"
@@ -277,14 +355,18 @@ enum {
     OPT_HELP,
     OPT_MP,
     OPT_CKPT_ACT,
+    OPT_AC,
     OPT_CPU_OFFLOAD,
     OPT_TRACE,
+    OPT_FIT_STATUS,
     OPT_NO_SYMMETRY
 };
 
 /* Tokens per item of a batch: a GPT's sequence, or one row. */
 static size_t plan_seq_len(const plan_args_t *a)
 {
+    if (a->model->ops == &llama_ops)
+        return llama_seq(&a->mcfg.llama);
     return a->model->ops == &gpt_ops ? (size_t)a->mcfg.gpt.n_positions : 1;
 }
 
@@ -309,12 +391,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"steps", required_argument, NULL, OPT_STEPS},
         {"sweep", no_argument, NULL, OPT_SWEEP},
         {"trace", required_argument, NULL, OPT_TRACE},
+        {"fit-status", no_argument, NULL, OPT_FIT_STATUS},
         {"no-symmetry", no_argument, NULL, OPT_NO_SYMMETRY},
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"mixed-precision", required_argument, NULL, OPT_MP},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"activation-checkpointing", required_argument, NULL, OPT_AC},
         {"cpu-offload", no_argument, NULL, OPT_CPU_OFFLOAD},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -377,11 +461,24 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_SWEEP:
             a->sweep = 1;
             break;
+        case OPT_FIT_STATUS:
+            a->fit_status = 1;
+            break;
         case OPT_MP:
             cli_parse_mixed_precision(optarg, &a->fsdp.mixed_precision);
+            a->fixed |= FIX_PRECISION;
             break;
         case OPT_CKPT_ACT:
             ckpt_act = 1;
+            a->fixed |= FIX_CKPT_ACT;
+            break;
+        case OPT_AC:
+            ckpt_act = cli_activation_checkpointing(optarg);
+            if (ckpt_act < 0)
+                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
+                        "(K >= 1)",
+                        optarg);
+            a->fixed |= FIX_CKPT_ACT;
             break;
         case OPT_CPU_OFFLOAD:
             a->fsdp.cpu_offload = 1;
@@ -397,6 +494,13 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             for (int i = 0; i < n; i++)
                 printf("  %-12s %.4g parameters: %s\n", gp[i].name,
                        (double)fsdp_gpt2_num_params(&gp[i].cfg), gp[i].description);
+            {
+                const fsdp_llama_preset_t *lp = fsdp_llama_presets(&n);
+                for (int i = 0; i < n; i++)
+                    printf("  %-13s %llu parameters: %s\n", lp[i].name,
+                           (unsigned long long)fsdp_llama_num_params(&lp[i].cfg),
+                           lp[i].description);
+            }
             exit(0);
         }
         case OPT_TIMEOUT: {
@@ -413,6 +517,10 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             usage(stdout);
             exit(0);
         default:
+            a->fixed |= c == CLI_OPT_STRATEGY                         ? FIX_STRATEGY
+                        : c == CLI_OPT_BWD_PREFETCH                   ? FIX_PREFETCH
+                        : c == CLI_OPT_LIMIT || c == CLI_OPT_NO_LIMIT ? FIX_LIMITER
+                                                                      : 0u;
             cli_other_option(c, argv, &a->fsdp);
             break;
         }
@@ -442,14 +550,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
     if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
-        if (a->model->ops == &gpt_ops)
+        if (a->model->ops == &gpt_ops || a->model->ops == &llama_ops)
             exit(2); /* the library said what is allowed */
         cli_die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
     }
-    if (ckpt_act && a->model->ops != &gpt_ops)
-        cli_die("--checkpoint-activations needs a GPT model");
+    if (ckpt_act && a->model->ops != &gpt_ops && a->model->ops != &llama_ops)
+        cli_die("activation checkpointing needs a GPT or Llama model");
     a->mcfg.checkpoint_activations = ckpt_act;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
@@ -735,7 +843,8 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
 }
 
 /* Runs with the device capacity; a run that does not fit is run again without a limit, to say
- * how much it needs. */
+ * how much it needs, unless `quiet` (a sweep, which says only that it does not fit: the second
+ * run would double the time of a sweep of large models). */
 static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, rank_result_t *res,
                              int quiet)
 {
@@ -743,7 +852,7 @@ static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, ran
 
     cli_log_quiet(1); /* out of memory is an answer here, not an error to print */
     s = run_plan(a, cfg, a->capacity, res);
-    if (s.oom) {
+    if (s.oom && !quiet) {
         s = run_plan(a, cfg, 0, res);
         s.oom = 1;
     }
@@ -814,11 +923,18 @@ static void print_folded(const plan_args_t *a, const rank_result_t *res,
     }
 }
 
+/* A category's column: as wide as its whole name (the trace's peak_<category> columns). */
+static int category_width(int c)
+{
+    int w = (int)strlen(fsdp_mem_category_name((fsdp_mem_category_t)c));
+    return w > 9 ? w : 9;
+}
+
 static void memory_line(const rank_result_t *r, char *buf, size_t n)
 {
     int off = snprintf(buf, n, "%9.2f %9.2f ", u(r->peak_alloc), u(r->peak_reserved));
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT && off > 0 && (size_t)off < n; c++)
-        off += snprintf(buf + off, n - (size_t)off, " %9.2f", u(r->at_peak[c]));
+        off += snprintf(buf + off, n - (size_t)off, " %*.2f", category_width(c), u(r->at_peak[c]));
 }
 
 static void phase_line(const rank_result_t *r, char *buf, size_t n)
@@ -894,7 +1010,7 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     progress_end();
     if (s.status != FSDP_OK && !s.oom) {
         cli_error("the simulation failed (%s); see above", fsdp_status_name(s.status));
-        return 1;
+        return EXIT_ERROR;
     }
     printf("step time %.3f ms, compute %.3f ms, exposed communication %.3f ms (%.1f%% of the "
            "step)\n",
@@ -908,11 +1024,8 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
            unit_name);
     printf("  %-15s %9s %9s ", "", "allocated", "reserved");
-    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++) {
-        char name[16];
-        snprintf(name, sizeof(name), "%.9s", fsdp_mem_category_name((fsdp_mem_category_t)c));
-        printf(" %9s", name);
-    }
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++)
+        printf(" %*s", category_width(c), fsdp_mem_category_name((fsdp_mem_category_t)c));
     printf("\n");
     print_folded(a, res, memory_line);
     printf("peaks by phase, %s (allocated / reserved):\n  %-15s", unit_name, "");
@@ -931,78 +1044,151 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
         printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
                (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
     print_simulated(a, s.simulated, s.simulated);
-    return 0;
+    return s.oom && a->fit_status ? EXIT_NO_FIT : EXIT_FITS;
 }
 
-static int print_sweep(const plan_args_t *a, rank_result_t *res)
+/* One configuration of a sweep: the runtime's settings and the model's. */
+typedef struct sweep_point {
+    fsdp_config_t cfg;
+    int ckpt_act;
+} sweep_point_t;
+
+static const char *precision_name(const fsdp_config_t *cfg)
+{
+    fsdp_dtype_t dt = compute_dtype(cfg);
+    return dt == FSDP_DTYPE_F32 ? "fp32" : fsdp_dtype_name(dt);
+}
+
+static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s, backward prefetch %s, limit all-gathers %s, activation checkpointing "
+             "%s, %s",
+             fsdp_strategy_name(p->cfg.strategy), prefetch_name(p->cfg.backward_prefetch),
+             p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+             precision_name(&p->cfg));
+}
+
+/* Every combination of the settings the command line leaves free, in a fixed order: the
+ * strategies (hybrid ones only across nodes), the backward prefetch policies, the limiter on and
+ * off, activation checkpointing off and on (GPT models), full precision and bf16. Returns how
+ * many were written to pts (at most max). */
+static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
 {
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD,
                                                  FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2};
     static const fsdp_backward_prefetch_t prefetches[] = {
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
-    fsdp_config_t best_cfg = a->fsdp;
-    summary_t best = {.status = FSDP_ERR_NOT_FOUND};
-    int n_fit = 0, n_run = 0, n_strategies = 0, sim_lo = a->world, sim_hi = 0;
+    /* activation checkpointing: off and every block (the transformers), or what was given */
+    int ckpt[2] = {0, 1}, n_ckpt = a->model->ops == &gpt_ops || a->model->ops == &llama_ops ? 2 : 1;
+    int n = 0;
 
-    print_header(a);
-    for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++)
-        n_strategies += !is_hybrid(strategies[si]) || a->world > a->per_node;
-    printf("%-19s %-8s %-7s %10s %10s %6s %12s %12s  %s\n", "strategy", "prefetch", "limiter",
-           "step ms", "exposed ms", "MFU", "peak alloc", "peak reserv", "fits");
-    fflush(stdout);
-    progress_start(n_strategies * 3 * 2, "config", "simulating");
+    if (a->fixed & FIX_CKPT_ACT) {
+        ckpt[0] = a->mcfg.checkpoint_activations;
+        n_ckpt = 1;
+    }
+
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
-        /* hybrid strategies shard within a node: only worth trying on several nodes */
-        if (is_hybrid(strategies[si]) && a->world <= a->per_node)
-            continue;
+        if (a->fixed & FIX_STRATEGY ? strategies[si] != a->fsdp.strategy
+                                    : is_hybrid(strategies[si]) && a->world <= a->per_node)
+            continue; /* hybrid strategies shard within a node: worth trying on several */
         for (size_t pi = 0; pi < 3; pi++) {
+            if ((a->fixed & FIX_PREFETCH) && prefetches[pi] != a->fsdp.backward_prefetch)
+                continue;
             for (int lim = 1; lim >= 0; lim--) {
-                fsdp_config_t cfg = a->fsdp;
-                summary_t s;
-                cfg.strategy = strategies[si];
-                cfg.backward_prefetch = prefetches[pi];
-                cfg.limit_all_gathers = lim;
-                s = plan_config(a, &cfg, res, 1);
-                if (s.simulated < sim_lo)
-                    sim_lo = s.simulated;
-                if (s.simulated > sim_hi)
-                    sim_hi = s.simulated;
-                if (s.status != FSDP_OK && !s.oom) {
-                    progress_printf("%-19s %-8s %-7s  failed: %s", fsdp_strategy_name(cfg.strategy),
-                                    prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
-                                    fsdp_status_string(s.status));
-                    progress_update(++n_run, NULL);
+                if ((a->fixed & FIX_LIMITER) && lim != a->fsdp.limit_all_gathers)
                     continue;
+                for (int ci = 0; ci < n_ckpt; ci++) {
+                    for (int bf = 0; bf <= 1; bf++) {
+                        sweep_point_t p = {.cfg = a->fsdp, .ckpt_act = ckpt[ci]};
+                        if (bf && (a->fixed & FIX_PRECISION))
+                            continue;
+                        if (bf) /* MixedPrecision(param_dtype=bf16), the rest default */
+                            cli_parse_mixed_precision("bf16", &p.cfg.mixed_precision);
+                        p.cfg.strategy = strategies[si];
+                        p.cfg.backward_prefetch = prefetches[pi];
+                        p.cfg.limit_all_gathers = lim;
+                        if (n < max)
+                            pts[n] = p;
+                        n++;
+                    }
                 }
-                progress_printf(
-                    "%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s",
-                    fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
-                    lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
-                    (double)s.peak_alloc / (double)((size_t)1 << 30),
-                    (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
-                progress_update(++n_run, NULL);
-                if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
-                    best = s;
-                    best_cfg = cfg;
-                }
-                n_fit += !s.oom;
             }
         }
+    }
+    return n;
+}
+
+static int print_sweep(const plan_args_t *a, rank_result_t *res)
+{
+    enum { MAX_POINTS = 5 * 3 * 2 * 2 * 2 };
+    sweep_point_t pts[MAX_POINTS], best_pt;
+    summary_t best = {.status = FSDP_ERR_NOT_FOUND};
+    int n_fit = 0, n_failed = 0, n = sweep_points(a, pts, MAX_POINTS), sim_lo = a->world;
+    int sim_hi = 0;
+    char desc[256];
+
+    print_header(a);
+    fmt_capacity(a->capacity, desc, sizeof(desc));
+    printf("sweeping %d configurations (a row that does not fit ran out of its %s per GPU and "
+           "stopped there)\n",
+           n, desc);
+    printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s\n", "strategy", "bwd prefetch",
+           "limiter", "act ckpt", "precision", "step ms", "exposed ms", "MFU", "peak alloc GiB",
+           "peak reserved GiB", "fits");
+    fflush(stdout);
+    progress_start(n, "config", "simulating");
+    for (int i = 0; i < n; i++) {
+        plan_args_t b = *a;
+        const sweep_point_t *p = &pts[i];
+        summary_t s;
+
+        b.mcfg.checkpoint_activations = p->ckpt_act;
+        s = plan_config(&b, &p->cfg, res, 1);
+        sim_lo = s.simulated < sim_lo ? s.simulated : sim_lo;
+        sim_hi = s.simulated > sim_hi ? s.simulated : sim_hi;
+        if (s.status != FSDP_OK && !s.oom) {
+            progress_printf(
+                "%-18s %-12s %-7s %-8s %-9s  failed: %s", fsdp_strategy_name(p->cfg.strategy),
+                prefetch_name(p->cfg.backward_prefetch), p->cfg.limit_all_gathers ? "on" : "off",
+                p->ckpt_act ? "on" : "off", precision_name(&p->cfg), fsdp_status_string(s.status));
+            n_failed++;
+        } else if (s.oom) {
+            progress_printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s",
+                            fsdp_strategy_name(p->cfg.strategy),
+                            prefetch_name(p->cfg.backward_prefetch),
+                            p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+                            precision_name(&p->cfg), "-", "-", "-", "-", "-", "no");
+        } else {
+            progress_printf("%-18s %-12s %-7s %-8s %-9s %9.3f %11.3f %5.1f%% %15.2f %18.2f  %s",
+                            fsdp_strategy_name(p->cfg.strategy),
+                            prefetch_name(p->cfg.backward_prefetch),
+                            p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+                            precision_name(&p->cfg), s.step_time * 1e3, s.exposed * 1e3,
+                            100.0 * s.mfu, (double)s.peak_alloc / (double)((size_t)1 << 30),
+                            (double)s.peak_reserved / (double)((size_t)1 << 30), "yes");
+            if (best.status != FSDP_OK || s.step_time < best.step_time) {
+                best = s;
+                best_pt = *p;
+            }
+            n_fit++;
+        }
+        progress_update(i + 1, NULL);
     }
     progress_end();
     if (n_fit == 0) {
         printf("nothing fits in %.2f GiB per GPU\n",
                (double)a->capacity / (double)((size_t)1 << 30));
         print_simulated(a, sim_lo, sim_hi);
-        return 0;
+        return !a->fit_status ? EXIT_FITS : n_failed == n ? EXIT_ERROR : EXIT_NO_FIT;
     }
-    printf("fastest that fits: %s, backward prefetch %s, limit all-gathers %s: %.3f ms per "
-           "step, MFU %.1f%%, peak reserved %.2f GiB (%d of the configurations fit)\n",
-           fsdp_strategy_name(best_cfg.strategy), prefetch_name(best_cfg.backward_prefetch),
-           best_cfg.limit_all_gathers ? "on" : "off", best.step_time * 1e3, 100.0 * best.mfu,
-           (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit);
+    sweep_describe(&best_pt, desc, sizeof(desc));
+    printf("fastest that fits: %s: %.3f ms per step, MFU %.1f%%, peak reserved %.2f GiB (%d of "
+           "%d configurations fit)\n",
+           desc, best.step_time * 1e3, 100.0 * best.mfu,
+           (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit, n);
     print_simulated(a, sim_lo, sim_hi);
-    return 0;
+    return EXIT_FITS;
 }
 
 int main(int argc, char **argv)

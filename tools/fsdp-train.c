@@ -45,13 +45,15 @@ typedef struct train_args {
     const char *trace_path;
     const char *profile_arg;       /* --profile, or NULL for the default */
     fsdp_sim_profile_t profile;
-    /* --model gpt2...: the GPT-2 path (train_gpt2.c) */
-    int gpt;
+    /* --model gpt2... or llama...: the language-model path (train_gpt2.c) */
+    int gpt; /* either */
+    int llama;
     const char *model_name;
     fsdp_gpt2_config_t gpt_cfg;
+    fsdp_llama_config_t llama_cfg;
     const char *tokens_path;
     int seq; /* 0: the model's positions */
-    int checkpoint_activations;
+    int checkpoint_activations; /* 1: every layer, K: every K-th */
     train_launch_t launch; /* --backend: how the ranks run */
 } train_args_t;
 
@@ -82,6 +84,11 @@ static void usage(FILE *f)
         "  --model M                  GPT-2: gpt2-tiny | gpt2 | gpt2-medium | gpt2-large |\n"
         "                             gpt2-xl | gpt3-small ... gpt3-175b |\n"
         "                             gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V\n"
+        "  --model M                  Llama: llama-tiny | llama2-7b | llama2-13b | llama2-70b |\n"
+        "                             llama3-8b | llama3-70b | llama3.1-405b | llama3.2-1b |\n"
+        "                             llama3.2-3b | llama:layers=L,heads=H,kv_heads=K,dim=D,\n"
+        "                             ffn=F,seq=T,vocab=V,rope_theta=X,eps=E[,tie=1]\n"
+        "                             [,rope_scaling=llama3][,head_dim=hd]\n"
         "  --backend sim|gpu          simulated ranks in this process (default), or this\n"
         "                             process one GPU rank of a job (torchrun, srun, mpirun)\n"
         "  --world W                  simulated ranks (default 4; gpu: the launcher's)\n"
@@ -117,8 +124,11 @@ static void usage(FILE *f)
         "                             by the world (default 32 rows, 8 sequences; rounded up\n"
         "                             to a multiple of the world, with a note)\n"
         "  --local-batch B            per-rank batch: the global batch is B x the world\n"
-        "  --seq T                    gpt: tokens per row (default: the model's seq)\n"
-        "  --checkpoint-activations   gpt: recompute each block's forward in backward\n"
+        "  --seq T                    gpt, llama: tokens per row (default: the model's seq)\n"
+        "  --checkpoint-activations   gpt, llama: recompute each block's forward in backward\n"
+        "  --activation-checkpointing none|full|selective-layer[:K]\n"
+        "                             gpt, llama: full is --checkpoint-activations;\n"
+        "                             selective-layer every K-th block (default 2)\n"
         "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
         "  --seed N                   seed of the init and the synthetic data (default 0)\n"
         "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
@@ -183,7 +193,8 @@ enum {
     OPT_NO_DECAY,
     OPT_MIXED,
     OPT_BACKEND,
-    OPT_LOCAL_BATCH
+    OPT_LOCAL_BATCH,
+    OPT_AC
 };
 
 static void parse_args(int argc, char **argv, train_args_t *a)
@@ -224,6 +235,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
+        {"activation-checkpointing", required_argument, NULL, OPT_AC},
         {"no-decay-1d", no_argument, NULL, OPT_NO_DECAY},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -251,7 +263,14 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         switch (c) {
         case OPT_MODEL:
             a->gpt = fsdp_gpt2_spec_is_gpt(optarg);
+            a->llama = fsdp_llama_spec_is_llama(optarg);
             a->model_name = optarg;
+            if (a->llama) {
+                if (fsdp_llama_config_parse(optarg, &a->llama_cfg) != FSDP_OK)
+                    fail_quietly();
+                a->gpt = 1;
+                break;
+            }
             if (a->gpt) {
                 if (fsdp_gpt2_config_parse(optarg, &a->gpt_cfg) != FSDP_OK)
                     fail_quietly();
@@ -260,9 +279,10 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->nlayers = fsdp_mlp_parse_spec(optarg, a->dims, FSDP_MLP_MAX_LAYERS + 1);
             if (a->nlayers < 1)
                 cli_die("--model: '%s' is not a model spec; expected mlp:D0,D1,...,DL with 2 to %d "
-                        "positive widths, or a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
-                        "vocab=V)",
-                        optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names());
+                        "positive widths, a gpt model (%s, gpt2:layers=L,heads=H,dim=D,seq=T,"
+                        "vocab=V) or a llama model (%s, llama:...)",
+                        optarg, FSDP_MLP_MAX_LAYERS + 1, fsdp_gpt2_preset_names(),
+                        fsdp_llama_preset_names());
             break;
         case OPT_WORLD:
             a->world = (int)cli_parse_long("--world", optarg, 1, 4096);
@@ -336,6 +356,13 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->seq = (int)cli_parse_long("--seq", optarg, 1, 1 << 20);
             break;
         case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
+        case OPT_AC:
+            a->checkpoint_activations = cli_activation_checkpointing(optarg);
+            if (a->checkpoint_activations < 0)
+                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
+                        "(K >= 1)",
+                        optarg);
+            break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
         case OPT_VERSION:
             printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
@@ -409,16 +436,20 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         a->batch = rounded;
     }
     if (a->gpt) {
+        int positions = a->llama ? a->llama_cfg.max_seq : a->gpt_cfg.n_positions;
         if (a->seq == 0)
-            a->seq = a->gpt_cfg.n_positions;
-        if (a->seq > a->gpt_cfg.n_positions)
+            a->seq = positions;
+        if (a->seq > positions)
             cli_die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
                     "them)",
-                    a->seq, a->gpt_cfg.n_positions);
+                    a->seq, positions);
+        if (a->llama && (a->init_path != NULL || a->save_path != NULL))
+            cli_die("--init and --save read and write GPT-2 checkpoints only; for llama models use "
+                    "--save-checkpoint and --resume");
         if (a->tokens_path != NULL && a->data_path != NULL)
             cli_die("--data (text) and --tokens (llm.c) are two sources of data: give one");
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
-        cli_die("--tokens, --seq and --checkpoint-activations apply to gpt models only");
+        cli_die("--tokens, --seq and activation checkpointing apply to gpt and llama models only");
     }
     if (a->batch % a->world != 0)
         cli_die("--batch %d is not divisible by --world %d: every rank needs the same number of %s "
@@ -716,6 +747,8 @@ static int train_gpt2(const train_args_t *a, int argc, char **argv)
     memset(&o, 0, sizeof(o));
     o.model_name = a->model_name;
     o.model = a->gpt_cfg;
+    o.llama = a->llama;
+    o.llama_model = a->llama_cfg;
     o.world = a->world;
     o.fsdp = a->fsdp;
     o.optim = a->optim;

@@ -1,5 +1,6 @@
-/* fsdp-train --model gpt2...: trains GPT-2 on simulated ranks, on byte-level text (--data, or
- * the project's own sources by default) or an llm.c token shard (--tokens).
+/* fsdp-train --model gpt2... or llama...: trains GPT-2 or Llama on simulated ranks (or GPUs), on
+ * byte-level text (--data, or the project's own sources by default) or an llm.c token shard
+ * (--tokens). The two models differ here only in the calls of lm_* below.
  *
  * Every rank reads only its rows of each global batch (include/fsdp/data.h); the loss printed
  * per step is the mean over the global batch. A checkpoint or an HF file is read once, on the
@@ -29,6 +30,37 @@ typedef struct gpt2_shared {
     double first_loss, last_loss; /* rank 0's */
     double sim_time;              /* rank 0's simulated seconds over the steps run */
 } gpt2_shared_t;
+
+/* The model of the run: GPT-2 or Llama. */
+typedef struct lm {
+    fsdp_gpt2_t *gpt;
+    fsdp_llama_t *llama;
+} lm_t;
+
+static fsdp_status_t lm_create(const gpt2_train_opts_t *o, fsdp_t *fs, lm_t *m)
+{
+    fsdp_status_t status = o->llama ? fsdp_llama_create(fs, &o->llama_model, &m->llama)
+                                    : fsdp_gpt2_create(fs, &o->model, &m->gpt);
+    int layers = o->llama ? o->llama_model.n_layer : o->model.n_layer;
+    int every = o->checkpoint_activations;
+
+    /* every K-th layer, as torchtitan's selective layer checkpointing counts them (1-based) */
+    for (int l = every - 1; status == FSDP_OK && every > 0 && l < layers; l += every)
+        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, 1)
+                          : fsdp_gpt2_set_checkpointing(m->gpt, l, 1);
+    return status;
+}
+
+static void lm_destroy(lm_t *m)
+{
+    fsdp_gpt2_destroy(m->gpt);
+    fsdp_llama_destroy(m->llama);
+}
+
+static int lm_vocab(const gpt2_train_opts_t *o)
+{
+    return o->llama ? o->llama_model.vocab_size : o->model.vocab_size;
+}
 
 static double wall_now(void)
 {
@@ -62,7 +94,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     int32_t *inputs = malloc(rows * T * sizeof(int32_t));
     int32_t *targets = malloc(rows * T * sizeof(int32_t));
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
+    lm_t m = {NULL, NULL};
     fsdp_optim_t *opt = NULL;
     float *dloss = NULL;
     int64_t first_step = 0;
@@ -78,12 +110,11 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = fsdp_create(dev, &o->fsdp, &fs);
     if (status == FSDP_OK)
-        status = fsdp_gpt2_create(fs, &o->model, &m);
-    if (status == FSDP_OK && o->checkpoint_activations)
-        status = fsdp_gpt2_set_checkpointing(m, -1, 1);
+        status = lm_create(o, fs, &m);
     if (status == FSDP_OK)
-        status = sh->weights != NULL ? fsdp_gpt2_load_weights(m, sh->weights)
-                                     : fsdp_gpt2_init_params(m, o->seed);
+        status = o->llama              ? fsdp_llama_init_params(m.llama, o->seed)
+                 : sh->weights != NULL ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
+                                       : fsdp_gpt2_init_params(m.gpt, o->seed);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &o->optim, &opt);
     if (status == FSDP_OK)
@@ -96,8 +127,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             train_resumed(dev, o->resume_dir, first_step, o->quiet);
         }
     }
-    if (m != NULL)
-        fsdp_gpt2_set_loss_scale(m, 1.0f / (float)o->grad_accum);
+    if (m.gpt != NULL)
+        fsdp_gpt2_set_loss_scale(m.gpt, 1.0f / (float)o->grad_accum);
+    if (m.llama != NULL)
+        fsdp_llama_set_loss_scale(m.llama, 1.0f / (float)o->grad_accum);
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
         train_step_clock_t clock;
@@ -108,8 +141,12 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         for (int k = 0; k < o->grad_accum && status == FSDP_OK; k++) {
             float micro_loss = 0.0f;
             status = fsdp_set_sync_gradients(fs, k == o->grad_accum - 1);
-            if (status == FSDP_OK)
-                status = fsdp_gpt2_forward_backward(m, inputs + (size_t)k * micro * T,
+            if (status == FSDP_OK && o->llama)
+                status = fsdp_llama_forward_backward(m.llama, inputs + (size_t)k * micro * T,
+                                                     targets + (size_t)k * micro * T, micro, T,
+                                                     &micro_loss);
+            else if (status == FSDP_OK)
+                status = fsdp_gpt2_forward_backward(m.gpt, inputs + (size_t)k * micro * T,
                                                     targets + (size_t)k * micro * T, micro, T,
                                                     &micro_loss);
             loss += micro_loss / (float)o->grad_accum;
@@ -148,14 +185,14 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         }
     }
     if (status == FSDP_OK && o->save_path != NULL)
-        status = fsdp_gpt2_save_weights(m, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
+        status = fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
     if (fs != NULL) {
         fsdp_mem_get_stats(fsdp_memory(fs), &st);
         sh->peak[dev->rank] = st.peak_allocated;
         fsdp_mem_free(fsdp_memory(fs), dloss);
     }
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
+    lm_destroy(&m);
     fsdp_destroy(fs);
     fsdp_trace_detach(dev);
     free(inputs);
@@ -164,6 +201,37 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* The token source the options name: --tokens, --data, or the default corpus. */
+/* HF's config.json beside saved weights, so that GPT2LMHeadModel.from_pretrained(DIR) reads a
+ * directory whose weights are DIR/model.safetensors: GPT2Config's fields for this shape, the
+ * rest its defaults (no dropout here, but HF's defaults are what a fine-tune expects). */
+static int write_hf_config(const char *weights_path, const fsdp_gpt2_config_t *c, char *out,
+                           size_t n)
+{
+    const char *slash = strrchr(weights_path, '/');
+    FILE *f;
+
+    if (slash == NULL)
+        snprintf(out, n, "config.json");
+    else
+        snprintf(out, n, "%.*s/config.json", (int)(slash - weights_path), weights_path);
+    f = fopen(out, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f,
+            "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+            "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
+            "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+            "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n"
+            "  \"initializer_range\": %g,\n  \"resid_pdrop\": 0.1,\n  \"embd_pdrop\": 0.1,\n"
+            "  \"attn_pdrop\": 0.1,\n  \"scale_attn_weights\": true,\n"
+            "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": %d,\n"
+            "  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"\n}\n",
+            c->vocab_size, c->n_positions, c->n_positions, c->n_embd, c->n_layer, c->n_head,
+            (double)c->layer_norm_eps, (double)c->initializer_range, c->vocab_size - 1,
+            c->vocab_size - 1);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p)
 {
     if (o->tokens_path != NULL)
@@ -187,10 +255,10 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
 
     if (open_tokens(o, &sh.tokens) != FSDP_OK)
         return 2; /* the library said why */
-    if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)o->model.vocab_size) {
+    if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)lm_vocab(o)) {
         cli_error("%s: token ids reach %u, beyond the model's vocabulary of %d "
                   "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)",
-                  fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), o->model.vocab_size,
+                  fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), lm_vocab(o),
                   fsdp_tokens_max_id(sh.tokens) + 1);
         goto out;
     }
@@ -204,7 +272,17 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         cli_error("out of host memory");
         goto out;
     }
-    if (!o->quiet && report) {
+    if (!o->quiet && report && o->llama) {
+        const fsdp_llama_config_t *c = &o->llama_model;
+        printf("model %s: %llu parameters (layers=%d heads=%d kv_heads=%d dim=%d ffn=%d seq=%d "
+               "vocab=%d%s%s); data: %s, %zu tokens; global batch %d x %d on %d ranks, %s\n",
+               o->model_name, (unsigned long long)fsdp_llama_num_params(c), c->n_layer, c->n_head,
+               c->n_kv_head, c->dim, c->ffn_dim, c->max_seq, c->vocab_size,
+               c->tie_word_embeddings ? " tied" : "", c->rope_scaling ? " rope_scaling=llama3" : "",
+               fsdp_tokens_source(sh.tokens), fsdp_tokens_count(sh.tokens), o->batch, o->seq,
+               o->world, fsdp_strategy_name(o->fsdp.strategy));
+        fflush(stdout);
+    } else if (!o->quiet && report) {
         printf("model %s: %llu parameters (layers=%d heads=%d dim=%d seq=%d vocab=%d); data: %s, "
                "%zu tokens; global batch %d x %d on %d ranks, %s\n",
                o->model_name, (unsigned long long)fsdp_gpt2_num_params(&o->model), o->model.n_layer,
@@ -248,8 +326,15 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         if (o->launch->backend == TRAIN_BACKEND_SIM || r == o->launch->rank)
             printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
     }
-    if (o->save_path != NULL && report)
-        printf("saved %s\n", o->save_path);
+    if (o->save_path != NULL && report) {
+        char cfg_path[4096];
+        if (write_hf_config(o->save_path, &o->model, cfg_path, sizeof(cfg_path)) != 0) {
+            cli_error("cannot write %s beside %s", cfg_path, o->save_path);
+            rc = 1;
+            goto out;
+        }
+        printf("saved %s (HF config %s)\n", o->save_path, cfg_path);
+    }
     if (o->ckpt_dir != NULL && report)
         printf("checkpoint %s\n", o->ckpt_dir);
     if (trace_path != NULL)

@@ -1,5 +1,5 @@
-/* fsdp-train's GPT-2 path (train_gpt2.c): fsdp-train.c parses the command line, this file
- * runs the training. */
+/* fsdp-train's language-model path (train_gpt2.c), GPT-2 or Llama: fsdp-train.c parses the
+ * command line, this file runs the training. */
 #ifndef FSDP_TOOLS_TRAIN_GPT2_H
 #define FSDP_TOOLS_TRAIN_GPT2_H
 
@@ -9,7 +9,9 @@
 
 typedef struct gpt2_train_opts {
     const char *model_name; /* as given to --model, for the log */
-    fsdp_gpt2_config_t model;
+    fsdp_gpt2_config_t model; /* GPT-2, unless llama */
+    int llama;
+    fsdp_llama_config_t llama_model;
     int world;
     fsdp_config_t fsdp;
     fsdp_optim_config_t optim;
@@ -20,7 +22,7 @@ typedef struct gpt2_train_opts {
     uint64_t seed;
     double timeout_s;
     double clip_grad_norm; /* 0 = off */
-    int checkpoint_activations;
+    int checkpoint_activations; /* 1: every layer; K > 1: every K-th (selective) */
     const char *init_path;   /* HF safetensors */
     const char *save_path;   /* HF safetensors */
     const char *data_path;   /* text */

@@ -12,6 +12,7 @@
 #include <fsdp/checkpoint.h>
 #include <fsdp/data.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/llama.h>
 #include <fsdp/nn.h>
 #include <fsdp/safetensors.h>
 #include <fsdp/sim.h>

@@ -43,7 +43,15 @@ extern "C" {
     X(EMBEDDING_FWD, "embedding_fwd")                                                              \
     X(EMBEDDING_BWD, "embedding_bwd")                                                              \
     X(CROSS_ENTROPY, "cross_entropy")                                                              \
-    X(ADD, "add")
+    X(ADD, "add")                                                                                  \
+    X(RMSNORM_FWD, "rmsnorm_fwd")                                                                  \
+    X(RMSNORM_BWD, "rmsnorm_bwd")                                                                  \
+    X(ROPE_FWD, "rope_fwd")                                                                        \
+    X(ROPE_BWD, "rope_bwd")                                                                        \
+    X(SWIGLU_FWD, "swiglu_fwd")                                                                    \
+    X(SWIGLU_BWD, "swiglu_bwd")                                                                    \
+    X(ATTENTION_FWD, "attention_fwd")                                                              \
+    X(ATTENTION_BWD, "attention_bwd")
 
 typedef enum {
 #define FSDP_KERNEL_ENUM_(name, str) FSDP_K_##name,
@@ -211,6 +219,64 @@ typedef struct fsdp_kernel {
             cross_entropy;
         /* y = a + b (the residual add); y may equal a or b */
         struct { void *y; const void *a; const void *b; size_t n; fsdp_dtype_t dtype; } add;
+
+        /* ---- the Llama kernels (lib/kernels/llama_bodies.h), under the rules of the
+         * transformer kernels above: one dtype per descriptor, f32 statistics, f32 arithmetic,
+         * each output rounded once, except where a rounding of HF's eager PyTorch is named. ---- */
+
+        /* RMSNorm over the last dimension of x [rows, cols], HF's LlamaRMSNorm:
+         * rstd = 1 / sqrt(sum(x^2) / cols + eps) in f32, y = round(x * rstd) * weight (the
+         * normalized row rounded to the dtype before the weight, as HF casts it back first).
+         * rstd[r] (f32) is saved unless NULL. y may equal x. */
+        struct { void *y; float *rstd; const void *x; const void *weight; size_t rows, cols;
+                 float eps; fsdp_dtype_t dtype; } rmsnorm_fwd;
+        /* Its backward from x and the saved rstd: with xhat = x * rstd and g = round(dy * weight),
+         * dx = rstd * (g - xhat * mean(g * xhat)), written or added (accumulate, as layernorm_bwd);
+         * dweight[c] += sum over r of dy * round(xhat) (summed in f32, added once). dx or dweight
+         * may be NULL. dx must not overlap dy or x. */
+        struct { void *dx; void *dweight; const void *dy; const void *x; const float *rstd;
+                 const void *weight; size_t rows, cols; int accumulate; fsdp_dtype_t dtype; }
+            rmsnorm_bwd;
+        /* Rotary embedding in HF's rotate_half convention, in place or not, on `heads` heads of
+         * head_dim (even) columns at the start of each of `rows` rows of ld elements (x and y
+         * share ld); row r is position r % seq. With c = cos[p, i] and s = sin[p, i] ([seq,
+         * head_dim / 2] f32 tables, rounded to the dtype as HF casts them) and the halves x1 =
+         * x[i], x2 = x[i + head_dim / 2]: forward y1 = x1 c - x2 s, y2 = x2 c + x1 s; backward
+         * (rope_bwd, x = dy, y = dx) the transpose, dx1 = dy1 c + dy2 s, dx2 = dy2 c - dy1 s.
+         * Each product is rounded to the dtype, then the sum (HF's separate ops). */
+        struct { void *y; const void *x; const float *cos; const float *sin; size_t rows, heads,
+                 head_dim, seq, ld; fsdp_dtype_t dtype; } rope;
+        /* SwiGLU's gate: y = round(silu(gate)) * up, silu(g) = g / (1 + e^-g); y may equal gate
+         * or up */
+        struct { void *y; const void *gate; const void *up; size_t n; fsdp_dtype_t dtype; }
+            swiglu_fwd;
+        /* Its backward: dup = dy * round(silu(gate)), dgate = round(dy * up) * silu'(gate) with
+         * silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) (torch's silu_backward). dgate may equal
+         * gate and dup up (each element is read before it is written). */
+        struct { void *dgate; void *dup; const void *dy; const void *gate; const void *up;
+                 size_t n; fsdp_dtype_t dtype; } swiglu_bwd;
+        /* Fused attention with FlashAttention's contract: o = softmax(scale q k^T, causal) v per
+         * query head, without any [seq, seq] buffer; only o and the per-row log-sum-exp of the
+         * scaled scores, lse [batch, heads, seq] (f32), are kept for the backward. Grouped-query:
+         * query head h reads kv head h / (heads / kv_heads) (HF's repeat_kv); kv_heads divides
+         * heads. q is [batch, seq] rows of ldq elements with head h at column h * head_dim; k, v
+         * likewise (kv heads, ldk, ldv); o is [batch, seq] rows of ldo with head h at h *
+         * head_dim. causal: query t sees keys 0..t. Scores, the online softmax (running max and
+         * sum, rescaled as the max grows) and the weighted sum of v are f32, in key order; o is
+         * rounded once. head_dim <= FSDP_KB_ATTN_MAX_HD. lse may be NULL (no backward). */
+        struct { void *o; float *lse; const void *q; const void *k; const void *v;
+                 size_t batch, seq, heads, kv_heads, head_dim, ldq, ldk, ldv, ldo; float scale;
+                 int causal; fsdp_dtype_t dtype; } attention_fwd;
+        /* Its backward, recomputing the probabilities p = exp(scale q.k - lse) from q, k and the
+         * saved lse: delta = rowsum(dout * o) (f32, into the caller's [batch, heads, seq]
+         * workspace), ds = p (dout.v - delta); dq = scale sum_j ds k_j, dk = scale sum_i ds q_i,
+         * dv = sum_i p dout_i (a kv head's sums run over its query heads, then over queries, in
+         * order). dq, dk, dv are written (not added) with q's, k's and v's leading dimensions,
+         * and must not overlap an input; dout and o have ldo. */
+        struct { void *dq; void *dk; void *dv; float *delta; const void *dout; const void *o;
+                 const void *q; const void *k; const void *v; const float *lse; size_t batch,
+                 seq, heads, kv_heads, head_dim, ldq, ldk, ldv, ldo; float scale; int causal;
+                 fsdp_dtype_t dtype; } attention_bwd;
     } u;
 } fsdp_kernel_t;
 

@@ -310,14 +310,14 @@ typedef struct fsdp_sim_time_stats {
     double host_time;   /* the host clock now */
     double device_time; /* fsdp_sim_device_time now */
     double kernel_s;    /* kernels on any stream */
-    double gemm_s;      /* of which GEMMs */
+    double gemm_s;      /* of which GEMMs (and fused attention) */
     double copy_s[FSDP_SIM_COPY_COUNT];
     double coll_s[FSDP_SIM_COLL_SPLIT + 1]; /* by fsdp_sim_coll_kind_t */
     double compute_s;      /* union of the compute stream's kernel and copy intervals */
     double comm_s;         /* union of the collective intervals, any stream */
     double exposed_comm_s; /* comm_s not overlapped by compute_s */
     double flops;          /* of every kernel */
-    double gemm_flops;     /* of the GEMMs (what MFU counts) */
+    double gemm_flops;     /* of the GEMMs and fused attention (what MFU counts) */
     double coll_bytes;     /* as NCCL counts them */
     uint64_t n_kernels, n_copies, n_colls;
 } fsdp_sim_time_stats_t;

@@ -184,6 +184,62 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         flops = n;
         bytes = 3.0 * (double)fsdp_dtype_size(k->u.add.dtype) * n;
         break;
+    /* The Llama kernels. Fused attention counts the FLOPs of its matrix products over the
+     * (query, key) pairs it computes, causal about half of them (FlashAttention's count: forward
+     * 4 hd a pair, backward 10, its five products with the scores recomputed), and the bytes of
+     * its inputs and outputs only: no [seq, seq] tensor reaches memory. */
+    case FSDP_K_RMSNORM_FWD: {
+        double rows = (double)k->u.rmsnorm_fwd.rows, cols = (double)k->u.rmsnorm_fwd.cols;
+        double e = dsize(k->u.rmsnorm_fwd.dtype);
+        n = rows * cols;
+        flops = 4.0 * n;
+        bytes = 2.0 * e * n + e * cols + 4.0 * rows; /* x, y; weight; rstd */
+        break;
+    }
+    case FSDP_K_RMSNORM_BWD: {
+        double rows = (double)k->u.rmsnorm_bwd.rows, cols = (double)k->u.rmsnorm_bwd.cols;
+        double e = dsize(k->u.rmsnorm_bwd.dtype);
+        n = rows * cols;
+        flops = 8.0 * n;
+        bytes = 2.0 * e * n + 4.0 * rows + 3.0 * e * cols; /* dy, x; rstd; weight, dweight */
+        if (k->u.rmsnorm_bwd.dx != NULL)
+            bytes += (k->u.rmsnorm_bwd.accumulate ? 2.0 : 1.0) * e * n;
+        break;
+    }
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD:
+        n = (double)k->u.rope.rows * (double)k->u.rope.heads * (double)k->u.rope.head_dim;
+        flops = 3.0 * n;
+        bytes = 2.0 * dsize(k->u.rope.dtype) * n +
+                4.0 * (double)k->u.rope.seq * (double)k->u.rope.head_dim; /* cos, sin */
+        break;
+    case FSDP_K_SWIGLU_FWD:
+        n = (double)k->u.swiglu_fwd.n;
+        flops = 14.0 * n;
+        bytes = 3.0 * dsize(k->u.swiglu_fwd.dtype) * n;
+        break;
+    case FSDP_K_SWIGLU_BWD:
+        n = (double)k->u.swiglu_bwd.n;
+        flops = 20.0 * n;
+        bytes = 5.0 * dsize(k->u.swiglu_bwd.dtype) * n;
+        break;
+    case FSDP_K_ATTENTION_FWD:
+    case FSDP_K_ATTENTION_BWD: {
+        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
+        double b = (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch);
+        double t = (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq);
+        double h = (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads);
+        double kv = (double)(fwd ? k->u.attention_fwd.kv_heads : k->u.attention_bwd.kv_heads);
+        double hd = (double)(fwd ? k->u.attention_fwd.head_dim : k->u.attention_bwd.head_dim);
+        double e = dsize(fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype);
+        int causal = fwd ? k->u.attention_fwd.causal : k->u.attention_bwd.causal;
+        double pairs = causal ? t * (t + 1.0) / 2.0 : t * t;
+        double qo = b * t * h * hd, kv_n = b * t * kv * hd; /* elements of q (or o), of k (or v) */
+        flops = (fwd ? 4.0 : 10.0) * b * h * hd * pairs;
+        bytes = fwd ? e * (2.0 * qo + 2.0 * kv_n) + 4.0 * b * h * t   /* q, k, v, o; lse */
+                    : e * (5.0 * qo + 4.0 * kv_n) + 12.0 * b * h * t; /* + dout, dq, dk, dv */
+        break;
+    }
     default:
         break;
     }

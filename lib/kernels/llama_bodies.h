@@ -1,0 +1,506 @@
+/* Bodies of the Llama kernels of kernel.h (rmsnorm, rope, swiglu, fused attention), shared by the
+ * sim's host loops (sim/kernels_llama.c) and the gpu backend's launches (gpu/kernels_llama.cu).
+ *
+ * A kernel runs as one or more passes, each a range of independent indices (an element, a row or
+ * a chunk of columns): fsdp_kb_llama_passes, fsdp_kb_llama_count and fsdp_kb_llama_at say which.
+ * The host runs the passes in order and each index in order; the GPU launches a pass after the
+ * previous one on the same stream, a thread per index. A body is a pure function of the
+ * descriptor, its reductions sequential in f32 in a fixed order, with the exp and log of
+ * nn_bodies.h: both backends give the same bits (nvcc builds with --fmad=false).
+ *
+ * The attention bodies are FlashAttention's algorithm one query row (forward, dq) or one key row
+ * (dk, dv) per thread: an online softmax over the keys, no [seq, seq] buffer. They are written
+ * for exactness and a shared body, not for a GPU's speed (no tiling into shared memory). */
+#ifndef FSDP_KERNELS_LLAMA_BODIES_H
+#define FSDP_KERNELS_LLAMA_BODIES_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/kernel.h>
+
+#include "kernels/convert.h"
+#include "kernels/hd.h"
+#include "kernels/nn_bodies.h"
+
+/* The largest head_dim of the attention kernels: a row's accumulators are local arrays. */
+#define FSDP_KB_ATTN_MAX_HD 256
+
+/* ---- RMSNorm ---- */
+
+FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.rmsnorm_fwd.dtype;
+    const size_t n = k->u.rmsnorm_fwd.cols, o = r * n;
+    const void *x = k->u.rmsnorm_fwd.x, *w = k->u.rmsnorm_fwd.weight;
+    float ss = 0.0f, rstd;
+
+    for (size_t c = 0; c < n; c++) {
+        float v = fsdp_kb_load(x, dt, o + c);
+        ss += v * v;
+    }
+    rstd = 1.0f / sqrtf(ss / (float)n + k->u.rmsnorm_fwd.eps);
+    for (size_t c = 0; c < n; c++)
+        fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
+                      fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
+                          fsdp_kb_load(w, dt, c));
+    if (k->u.rmsnorm_fwd.rstd != NULL)
+        k->u.rmsnorm_fwd.rstd[r] = rstd;
+}
+
+/* rmsnorm_bwd, the input gradient of row r */
+FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
+    const size_t n = k->u.rmsnorm_bwd.cols, o = r * n;
+    const void *x = k->u.rmsnorm_bwd.x, *dy = k->u.rmsnorm_bwd.dy, *w = k->u.rmsnorm_bwd.weight;
+    const float rstd = k->u.rmsnorm_bwd.rstd[r];
+    void *dx = k->u.rmsnorm_bwd.dx;
+    float dot = 0.0f;
+
+    for (size_t c = 0; c < n; c++) {
+        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+        dot += g * (fsdp_kb_load(x, dt, o + c) * rstd);
+    }
+    dot = dot / (float)n;
+    for (size_t c = 0; c < n; c++) {
+        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+        float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
+        if (k->u.rmsnorm_bwd.accumulate)
+            d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
+        fsdp_kb_store(dx, dt, o + c, d);
+    }
+}
+
+/* rmsnorm_bwd, the weight gradient of columns [chunk * FSDP_KB_COLS, ...), summed in row order */
+FSDP_HD void fsdp_kb_rmsnorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+{
+    const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
+    const size_t n = k->u.rmsnorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
+    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    void *dw = k->u.rmsnorm_bwd.dweight;
+    float sw[FSDP_KB_COLS];
+
+    for (size_t j = 0; j < nc; j++)
+        sw[j] = 0.0f;
+    for (size_t r = 0; r < k->u.rmsnorm_bwd.rows; r++) {
+        const size_t o = r * n + c0;
+        const float rstd = k->u.rmsnorm_bwd.rstd[r];
+        for (size_t j = 0; j < nc; j++)
+            sw[j] += fsdp_kb_load(k->u.rmsnorm_bwd.dy, dt, o + j) *
+                     fsdp_kb_round_to(fsdp_kb_load(k->u.rmsnorm_bwd.x, dt, o + j) * rstd, dt);
+    }
+    for (size_t j = 0; j < nc; j++)
+        fsdp_kb_store(dw, dt, c0 + j, fsdp_kb_load(dw, dt, c0 + j) + sw[j]);
+}
+
+/* ---- rotary embedding: element i is one rotation pair (row, head, i < head_dim / 2) ---- */
+
+FSDP_HD void fsdp_kb_rope_at(const fsdp_kernel_t *k, int backward, size_t i)
+{
+    const fsdp_dtype_t dt = k->u.rope.dtype;
+    const size_t half = k->u.rope.head_dim / 2, per_row = k->u.rope.heads * half;
+    const size_t r = i / per_row, h = (i - r * per_row) / half, j = i - r * per_row - h * half;
+    const size_t p = (r % k->u.rope.seq) * half + j;
+    const size_t e1 = r * k->u.rope.ld + h * k->u.rope.head_dim + j, e2 = e1 + half;
+    const float c = fsdp_kb_round_to(k->u.rope.cos[p], dt);
+    const float s = fsdp_kb_round_to(k->u.rope.sin[p], dt);
+    const float x1 = fsdp_kb_load(k->u.rope.x, dt, e1), x2 = fsdp_kb_load(k->u.rope.x, dt, e2);
+    float y1, y2;
+
+    if (!backward) {
+        y1 = fsdp_kb_round_to(x1 * c, dt) - fsdp_kb_round_to(x2 * s, dt);
+        y2 = fsdp_kb_round_to(x2 * c, dt) + fsdp_kb_round_to(x1 * s, dt);
+    } else {
+        y1 = fsdp_kb_round_to(x1 * c, dt) + fsdp_kb_round_to(x2 * s, dt);
+        y2 = fsdp_kb_round_to(x2 * c, dt) - fsdp_kb_round_to(x1 * s, dt);
+    }
+    fsdp_kb_store(k->u.rope.y, dt, e1, y1);
+    fsdp_kb_store(k->u.rope.y, dt, e2, y2);
+}
+
+/* ---- SwiGLU ---- */
+
+FSDP_HD float fsdp_kb_silu(float g)
+{
+    return g / (1.0f + fsdp_kb_expf(-g));
+}
+
+FSDP_HD void fsdp_kb_swiglu_fwd_at(const fsdp_kernel_t *k, size_t i)
+{
+    const fsdp_dtype_t dt = k->u.swiglu_fwd.dtype;
+    float g = fsdp_kb_load(k->u.swiglu_fwd.gate, dt, i),
+          u = fsdp_kb_load(k->u.swiglu_fwd.up, dt, i);
+    fsdp_kb_store(k->u.swiglu_fwd.y, dt, i, fsdp_kb_round_to(fsdp_kb_silu(g), dt) * u);
+}
+
+FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
+{
+    const fsdp_dtype_t dt = k->u.swiglu_bwd.dtype;
+    float g = fsdp_kb_load(k->u.swiglu_bwd.gate, dt, i),
+          u = fsdp_kb_load(k->u.swiglu_bwd.up, dt, i);
+    float dy = fsdp_kb_load(k->u.swiglu_bwd.dy, dt, i);
+    float sig = 1.0f / (1.0f + fsdp_kb_expf(-g));
+    float dh = fsdp_kb_round_to(dy * u, dt);
+
+    fsdp_kb_store(k->u.swiglu_bwd.dup, dt, i, dy * fsdp_kb_round_to(fsdp_kb_silu(g), dt));
+    fsdp_kb_store(k->u.swiglu_bwd.dgate, dt, i, dh * (sig * (1.0f + g * (1.0f - sig))));
+}
+
+/* ---- fused attention ---- */
+
+/* q . k over d elements of two rows, in f32 in index order */
+FSDP_HD float fsdp_kb_dot(const void *a, size_t ao, const void *b, size_t bo, size_t d,
+                          fsdp_dtype_t dt)
+{
+    float s = 0.0f;
+    for (size_t e = 0; e < d; e++)
+        s += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+    return s;
+}
+
+/* attention_fwd, query row r = (b * heads + h) * seq + t (lse's index) */
+FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
+    const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
+    const size_t hd = k->u.attention_fwd.head_dim;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t g = h / (H / k->u.attention_fwd.kv_heads);
+    const size_t qo = (b * T + t) * k->u.attention_fwd.ldq + h * hd;
+    const size_t last = k->u.attention_fwd.causal ? t : T - 1;
+    const float scale = k->u.attention_fwd.scale;
+    float acc[FSDP_KB_ATTN_MAX_HD], m = -fsdp_kb_inff(), l = 0.0f;
+
+    for (size_t e = 0; e < hd; e++)
+        acc[e] = 0.0f;
+    for (size_t j = 0; j <= last; j++) {
+        const size_t ko = (b * T + j) * k->u.attention_fwd.ldk + g * hd;
+        const size_t vo = (b * T + j) * k->u.attention_fwd.ldv + g * hd;
+        float s = fsdp_kb_dot(k->u.attention_fwd.q, qo, k->u.attention_fwd.k, ko, hd, dt) * scale;
+        float p;
+        if (s > m) { /* a new maximum: rescale what was summed against the old one */
+            float corr = fsdp_kb_expf(m - s);
+            l *= corr;
+            for (size_t e = 0; e < hd; e++)
+                acc[e] *= corr;
+            m = s;
+        }
+        p = fsdp_kb_expf(s - m);
+        l += p;
+        for (size_t e = 0; e < hd; e++)
+            acc[e] += p * fsdp_kb_load(k->u.attention_fwd.v, dt, vo + e);
+    }
+    for (size_t e = 0; e < hd; e++)
+        fsdp_kb_store(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd + e,
+                      acc[e] / l);
+    if (k->u.attention_fwd.lse != NULL)
+        k->u.attention_fwd.lse[r] = m + fsdp_kb_logf(l);
+}
+
+/* attention_bwd pass 0, query row r: delta[r] = dout . o */
+FSDP_HD void fsdp_kb_attention_delta_row(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t hd = k->u.attention_bwd.head_dim;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+
+    k->u.attention_bwd.delta[r] = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.o, oo,
+                                              hd, k->u.attention_bwd.dtype);
+}
+
+/* ds of query row (b, h, t) and key j, and p: p = exp(scale q.k - lse), ds = p (dout.v - delta) */
+FSDP_HD float fsdp_kb_attention_ds(const fsdp_kernel_t *k, size_t b, size_t h, size_t g, size_t t,
+                                   size_t j, float *p_p)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t hd = k->u.attention_bwd.head_dim, r = (b * H + h) * T + t;
+    const size_t qo = (b * T + t) * k->u.attention_bwd.ldq + h * hd;
+    const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
+    const size_t vo = (b * T + j) * k->u.attention_bwd.ldv + g * hd;
+    const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+    float s = fsdp_kb_dot(k->u.attention_bwd.q, qo, k->u.attention_bwd.k, ko, hd, dt) *
+              k->u.attention_bwd.scale;
+    float p = fsdp_kb_expf(s - k->u.attention_bwd.lse[r]);
+    float dp = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.v, vo, hd, dt);
+
+    *p_p = p;
+    return p * (dp - k->u.attention_bwd.delta[r]);
+}
+
+/* attention_bwd pass 1, query row r (as the forward's): dq = scale sum_j ds k_j */
+FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t hd = k->u.attention_bwd.head_dim;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t g = h / (H / k->u.attention_bwd.kv_heads);
+    const size_t last = k->u.attention_bwd.causal ? t : T - 1;
+    float acc[FSDP_KB_ATTN_MAX_HD];
+
+    for (size_t e = 0; e < hd; e++)
+        acc[e] = 0.0f;
+    for (size_t j = 0; j <= last; j++) {
+        const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
+        float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
+        for (size_t e = 0; e < hd; e++)
+            acc[e] += ds * fsdp_kb_load(k->u.attention_bwd.k, dt, ko + e);
+    }
+    for (size_t e = 0; e < hd; e++)
+        fsdp_kb_store(k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd + e,
+                      acc[e] * k->u.attention_bwd.scale);
+}
+
+/* attention_bwd pass 2, key row r = (b * kv_heads + g) * seq + j: over the query heads of group g,
+ * then the queries that see key j, dv = sum p dout_i and dk = scale sum ds q_i */
+FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t K = k->u.attention_bwd.kv_heads, hd = k->u.attention_bwd.head_dim;
+    const size_t j = r % T, g = (r / T) % K, b = r / T / K, group = H / K;
+    float dk[FSDP_KB_ATTN_MAX_HD], dv[FSDP_KB_ATTN_MAX_HD];
+
+    for (size_t e = 0; e < hd; e++)
+        dk[e] = dv[e] = 0.0f;
+    for (size_t h = g * group; h < (g + 1) * group; h++) {
+        for (size_t t = k->u.attention_bwd.causal ? j : 0; t < T; t++) {
+            const size_t qo = (b * T + t) * k->u.attention_bwd.ldq + h * hd;
+            const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+            float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
+            for (size_t e = 0; e < hd; e++) {
+                dv[e] += p * fsdp_kb_load(k->u.attention_bwd.dout, dt, oo + e);
+                dk[e] += ds * fsdp_kb_load(k->u.attention_bwd.q, dt, qo + e);
+            }
+        }
+    }
+    for (size_t e = 0; e < hd; e++) {
+        fsdp_kb_store(k->u.attention_bwd.dk, dt, (b * T + j) * k->u.attention_bwd.ldk + g * hd + e,
+                      dk[e] * k->u.attention_bwd.scale);
+        fsdp_kb_store(k->u.attention_bwd.dv, dt, (b * T + j) * k->u.attention_bwd.ldv + g * hd + e,
+                      dv[e]);
+    }
+}
+
+/* ---- dispatch ---- */
+
+FSDP_HD int fsdp_kb_llama_kind(fsdp_kernel_kind_t kind)
+{
+    return kind >= FSDP_K_RMSNORM_FWD && kind <= FSDP_K_ATTENTION_BWD;
+}
+
+FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD:
+        return k->u.rmsnorm_fwd.dtype;
+    case FSDP_K_RMSNORM_BWD:
+        return k->u.rmsnorm_bwd.dtype;
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD:
+        return k->u.rope.dtype;
+    case FSDP_K_SWIGLU_FWD:
+        return k->u.swiglu_fwd.dtype;
+    case FSDP_K_SWIGLU_BWD:
+        return k->u.swiglu_bwd.dtype;
+    case FSDP_K_ATTENTION_FWD:
+        return k->u.attention_fwd.dtype;
+    case FSDP_K_ATTENTION_BWD:
+        return k->u.attention_bwd.dtype;
+    default:
+        return FSDP_DTYPE_F32;
+    }
+}
+
+/* The passes of a kernel, run in order. */
+FSDP_HD int fsdp_kb_llama_passes(const fsdp_kernel_t *k)
+{
+    return k->kind == FSDP_K_RMSNORM_BWD ? 2 : k->kind == FSDP_K_ATTENTION_BWD ? 3 : 1;
+}
+
+/* The indices of pass `pass` (0 when it has nothing to do). */
+FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
+{
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD:
+        return k->u.rmsnorm_fwd.cols > 0 ? k->u.rmsnorm_fwd.rows : 0;
+    case FSDP_K_RMSNORM_BWD:
+        if (pass == 0)
+            return k->u.rmsnorm_bwd.dweight != NULL ? fsdp_kb_col_chunks(k->u.rmsnorm_bwd.cols) : 0;
+        return k->u.rmsnorm_bwd.dx != NULL && k->u.rmsnorm_bwd.cols > 0 ? k->u.rmsnorm_bwd.rows : 0;
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD:
+        return k->u.rope.rows * k->u.rope.heads * (k->u.rope.head_dim / 2);
+    case FSDP_K_SWIGLU_FWD:
+        return k->u.swiglu_fwd.n;
+    case FSDP_K_SWIGLU_BWD:
+        return k->u.swiglu_bwd.n;
+    case FSDP_K_ATTENTION_FWD:
+        return k->u.attention_fwd.batch * k->u.attention_fwd.heads * k->u.attention_fwd.seq;
+    case FSDP_K_ATTENTION_BWD:
+        return k->u.attention_bwd.batch * k->u.attention_bwd.seq *
+               (pass == 2 ? k->u.attention_bwd.kv_heads : k->u.attention_bwd.heads);
+    default:
+        return 0;
+    }
+}
+
+/* Index i of pass `pass`. With a constant kind the switch folds away. */
+FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t i)
+{
+    switch (kind) {
+    case FSDP_K_RMSNORM_FWD:
+        fsdp_kb_rmsnorm_fwd_row(k, i);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        if (pass == 0)
+            fsdp_kb_rmsnorm_bwd_cols(k, i);
+        else
+            fsdp_kb_rmsnorm_bwd_row(k, i);
+        break;
+    case FSDP_K_ROPE_FWD:
+        fsdp_kb_rope_at(k, 0, i);
+        break;
+    case FSDP_K_ROPE_BWD:
+        fsdp_kb_rope_at(k, 1, i);
+        break;
+    case FSDP_K_SWIGLU_FWD:
+        fsdp_kb_swiglu_fwd_at(k, i);
+        break;
+    case FSDP_K_SWIGLU_BWD:
+        fsdp_kb_swiglu_bwd_at(k, i);
+        break;
+    case FSDP_K_ATTENTION_FWD:
+        fsdp_kb_attention_fwd_row(k, i);
+        break;
+    case FSDP_K_ATTENTION_BWD:
+        if (pass == 0)
+            fsdp_kb_attention_delta_row(k, i);
+        else if (pass == 1)
+            fsdp_kb_attention_dq_row(k, i);
+        else
+            fsdp_kb_attention_dkv_row(k, i);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- the host's check of a descriptor, for both backends: what is wrong, or NULL ---- */
+
+static inline int fsdp_kb_llama_float(fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
+}
+
+/* The attention shapes (fwd or bwd share them): what is wrong, or NULL. */
+static inline const char *fsdp_kb_attention_shape(size_t batch, size_t seq, size_t heads,
+                                                  size_t kv_heads, size_t hd, size_t ldq,
+                                                  size_t ldk, size_t ldv, size_t ldo)
+{
+    if (batch == 0 || seq == 0)
+        return NULL; /* nothing to do */
+    if (heads == 0 || kv_heads == 0 || heads % kv_heads != 0)
+        return "kv_heads must divide heads (both >= 1)";
+    if (hd == 0 || hd > FSDP_KB_ATTN_MAX_HD)
+        return "head_dim must be in [1, 256]";
+    if (ldq < heads * hd || ldo < heads * hd || ldk < kv_heads * hd || ldv < kv_heads * hd)
+        return "a leading dimension is smaller than its heads x head_dim";
+    if ((double)batch * (double)seq * (double)(ldq + ldk + ldv + ldo) > 0x1p60)
+        return "the tensors overflow";
+    return NULL;
+}
+
+static inline const char *fsdp_kb_llama_check(const fsdp_kernel_t *k)
+{
+    if (!fsdp_kb_llama_float(fsdp_kb_llama_dtype(k)))
+        return "dtype: the Llama kernels take f32, bf16 or f16";
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD: {
+        size_t n = k->u.rmsnorm_fwd.rows * k->u.rmsnorm_fwd.cols;
+        if (k->u.rmsnorm_fwd.rows > 0 && k->u.rmsnorm_fwd.cols == 0)
+            return "rows of 0 columns have no mean square";
+        if (n > 0 && (k->u.rmsnorm_fwd.y == NULL || k->u.rmsnorm_fwd.x == NULL ||
+                      k->u.rmsnorm_fwd.weight == NULL))
+            return "y, x or weight is NULL";
+        if (!(k->u.rmsnorm_fwd.eps >= 0.0f))
+            return "eps must be >= 0";
+        return NULL;
+    }
+    case FSDP_K_RMSNORM_BWD: {
+        size_t n = k->u.rmsnorm_bwd.rows * k->u.rmsnorm_bwd.cols;
+        const char *dx = (const char *)k->u.rmsnorm_bwd.dx;
+        size_t bytes = n * fsdp_dtype_size(k->u.rmsnorm_bwd.dtype);
+        if (n > 0 &&
+            (k->u.rmsnorm_bwd.dy == NULL || k->u.rmsnorm_bwd.x == NULL ||
+             k->u.rmsnorm_bwd.rstd == NULL || (dx != NULL && k->u.rmsnorm_bwd.weight == NULL)))
+            return "dy, x, rstd or weight is NULL";
+        if (dx != NULL && n > 0) {
+            const char *dy = (const char *)k->u.rmsnorm_bwd.dy;
+            const char *x = (const char *)k->u.rmsnorm_bwd.x;
+            if ((dx < dy + bytes && dy < dx + bytes) || (dx < x + bytes && x < dx + bytes))
+                return "dx overlaps dy or x";
+        }
+        return NULL;
+    }
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD:
+        if (k->u.rope.rows == 0 || k->u.rope.heads == 0)
+            return NULL;
+        if (k->u.rope.head_dim == 0 || k->u.rope.head_dim % 2 != 0)
+            return "head_dim must be even and >= 2";
+        if (k->u.rope.seq == 0 || k->u.rope.ld < k->u.rope.heads * k->u.rope.head_dim)
+            return "seq must be >= 1 and ld >= heads x head_dim";
+        if (k->u.rope.y == NULL || k->u.rope.x == NULL || k->u.rope.cos == NULL ||
+            k->u.rope.sin == NULL)
+            return "y, x, cos or sin is NULL";
+        return NULL;
+    case FSDP_K_SWIGLU_FWD:
+        return k->u.swiglu_fwd.n > 0 && (k->u.swiglu_fwd.y == NULL ||
+                                         k->u.swiglu_fwd.gate == NULL || k->u.swiglu_fwd.up == NULL)
+                   ? "y, gate or up is NULL"
+                   : NULL;
+    case FSDP_K_SWIGLU_BWD:
+        return k->u.swiglu_bwd.n > 0 &&
+                       (k->u.swiglu_bwd.dgate == NULL || k->u.swiglu_bwd.dup == NULL ||
+                        k->u.swiglu_bwd.dy == NULL || k->u.swiglu_bwd.gate == NULL ||
+                        k->u.swiglu_bwd.up == NULL)
+                   ? "dgate, dup, dy, gate or up is NULL"
+                   : NULL;
+    case FSDP_K_ATTENTION_FWD: {
+        const char *bad = fsdp_kb_attention_shape(
+            k->u.attention_fwd.batch, k->u.attention_fwd.seq, k->u.attention_fwd.heads,
+            k->u.attention_fwd.kv_heads, k->u.attention_fwd.head_dim, k->u.attention_fwd.ldq,
+            k->u.attention_fwd.ldk, k->u.attention_fwd.ldv, k->u.attention_fwd.ldo);
+        if (bad != NULL || k->u.attention_fwd.batch == 0 || k->u.attention_fwd.seq == 0)
+            return bad;
+        return k->u.attention_fwd.o == NULL || k->u.attention_fwd.q == NULL ||
+                       k->u.attention_fwd.k == NULL || k->u.attention_fwd.v == NULL
+                   ? "o, q, k or v is NULL"
+                   : NULL;
+    }
+    case FSDP_K_ATTENTION_BWD: {
+        const char *bad = fsdp_kb_attention_shape(
+            k->u.attention_bwd.batch, k->u.attention_bwd.seq, k->u.attention_bwd.heads,
+            k->u.attention_bwd.kv_heads, k->u.attention_bwd.head_dim, k->u.attention_bwd.ldq,
+            k->u.attention_bwd.ldk, k->u.attention_bwd.ldv, k->u.attention_bwd.ldo);
+        if (bad != NULL || k->u.attention_bwd.batch == 0 || k->u.attention_bwd.seq == 0)
+            return bad;
+        return k->u.attention_bwd.dq == NULL || k->u.attention_bwd.dk == NULL ||
+                       k->u.attention_bwd.dv == NULL || k->u.attention_bwd.delta == NULL ||
+                       k->u.attention_bwd.dout == NULL || k->u.attention_bwd.o == NULL ||
+                       k->u.attention_bwd.q == NULL || k->u.attention_bwd.k == NULL ||
+                       k->u.attention_bwd.v == NULL || k->u.attention_bwd.lse == NULL
+                   ? "dq, dk, dv, delta, dout, o, q, k, v or lse is NULL"
+                   : NULL;
+    }
+    default:
+        return "not a Llama kernel";
+    }
+}
+
+#endif

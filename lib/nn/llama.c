@@ -1,0 +1,590 @@
+/* Llama: configurations and presets, the rotary frequencies, the units and their parameters,
+ * HF's initialization. The forward and backward are in llama_run.c. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp/llama.h>
+#include <fsdp/log.h>
+#include <fsdp/wrap.h>
+
+#include "nn/llama_int.h"
+
+/* ---- presets ---- */
+
+#define LLAMA2_VOCAB 32000
+#define LLAMA3_VOCAB 128256
+
+/* name, layers, heads, kv heads, width, ffn, context, vocab, theta, tied, scaling factor (0:
+ * none), published parameters */
+#define LLAMA_PRESET(name, l, h, k, d, f, ctx, v, theta, tie, factor, params, what)                \
+    {                                                                                              \
+        name, {l,     h,     k,   d,          f,      0,   ctx, v,   theta,                        \
+               1e-5f, 0.02f, tie, factor > 0, factor, 1.0, 4.0, 8192},                             \
+            params, what                                                                           \
+    }
+
+static const fsdp_llama_preset_t presets[] = {
+    LLAMA_PRESET("llama-tiny", 2, 4, 2, 64, 176, 64, 256, 10000.0, 0, 0.0, 125248ull,
+                 "byte-level toy for tests and the demo (GQA, 4 heads of 16, 2 kv heads)"),
+    LLAMA_PRESET("llama2-7b", 32, 32, 32, 4096, 11008, 4096, LLAMA2_VOCAB, 10000.0, 0, 0.0,
+                 6738415616ull, "meta-llama/Llama-2-7b-hf"),
+    LLAMA_PRESET("llama2-13b", 40, 40, 40, 5120, 13824, 4096, LLAMA2_VOCAB, 10000.0, 0, 0.0,
+                 13015864320ull, "meta-llama/Llama-2-13b-hf"),
+    LLAMA_PRESET("llama2-70b", 80, 64, 8, 8192, 28672, 4096, LLAMA2_VOCAB, 10000.0, 0, 0.0,
+                 68976648192ull, "meta-llama/Llama-2-70b-hf"),
+    LLAMA_PRESET("llama3-8b", 32, 32, 8, 4096, 14336, 8192, LLAMA3_VOCAB, 500000.0, 0, 0.0,
+                 8030261248ull, "meta-llama/Meta-Llama-3-8B"),
+    LLAMA_PRESET("llama3-70b", 80, 64, 8, 8192, 28672, 8192, LLAMA3_VOCAB, 500000.0, 0, 0.0,
+                 70553706496ull, "meta-llama/Meta-Llama-3-70B"),
+    LLAMA_PRESET("llama3.1-405b", 126, 128, 8, 16384, 53248, 131072, LLAMA3_VOCAB, 500000.0, 0, 8.0,
+                 405853388800ull, "meta-llama/Llama-3.1-405B (rope_scaling llama3, factor 8)"),
+    LLAMA_PRESET("llama3.2-1b", 16, 32, 8, 2048, 8192, 131072, LLAMA3_VOCAB, 500000.0, 1, 32.0,
+                 1235814400ull, "meta-llama/Llama-3.2-1B (tied, rope_scaling llama3, factor 32)"),
+    LLAMA_PRESET("llama3.2-3b", 28, 24, 8, 3072, 8192, 131072, LLAMA3_VOCAB, 500000.0, 1, 32.0,
+                 3212749824ull, "meta-llama/Llama-3.2-3B (tied, rope_scaling llama3, factor 32)"),
+};
+
+#define NPRESETS ((int)(sizeof(presets) / sizeof(presets[0])))
+
+const fsdp_llama_preset_t *fsdp_llama_presets(int *count_p)
+{
+    *count_p = NPRESETS;
+    return presets;
+}
+
+const fsdp_llama_preset_t *fsdp_llama_preset_find(const char *name)
+{
+    for (int i = 0; name != NULL && i < NPRESETS; i++) {
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    }
+    return NULL;
+}
+
+const char *fsdp_llama_preset_names(void)
+{
+    return "llama-tiny, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3.1-405b, "
+           "llama3.2-1b, llama3.2-3b";
+}
+
+int fsdp_llama_spec_is_llama(const char *spec)
+{
+    return spec != NULL && strncmp(spec, "llama", 5) == 0;
+}
+
+int fsdp_llama_head_dim(const fsdp_llama_config_t *cfg)
+{
+    return cfg->head_dim > 0 ? cfg->head_dim : cfg->n_head > 0 ? cfg->dim / cfg->n_head : 0;
+}
+
+fsdp_status_t fsdp_llama_config_check(const fsdp_llama_config_t *cfg)
+{
+    const int hd = fsdp_llama_head_dim(cfg);
+    const char *bad = NULL;
+
+    if (cfg->n_layer < 1 || cfg->n_layer > FSDP_LLAMA_MAX_LAYERS)
+        bad = "layers must be in [1, 1024]";
+    else if (cfg->n_head < 1 || cfg->n_kv_head < 1 || cfg->n_head % cfg->n_kv_head != 0)
+        bad = "kv_heads must divide heads";
+    else if (cfg->dim < 1 || cfg->dim > (1 << 20) || cfg->ffn_dim < 1 || cfg->ffn_dim > (1 << 22))
+        bad = "dim must be in [1, 2^20] and ffn in [1, 2^22]";
+    else if (cfg->head_dim == 0 && cfg->dim % cfg->n_head != 0)
+        bad = "heads must divide dim (or give head_dim)";
+    else if (hd < 2 || hd % 2 != 0 || hd > 256)
+        bad = "head_dim must be even and in [2, 256]";
+    else if (cfg->max_seq < 1 || cfg->max_seq > (1 << 24))
+        bad = "seq must be in [1, 2^24]";
+    else if (cfg->vocab_size < 1 || cfg->vocab_size > (1 << 24))
+        bad = "vocab must be in [1, 2^24]";
+    else if (!(cfg->rope_theta > 1.0) || !(cfg->rms_norm_eps >= 0.0f) ||
+             !(cfg->initializer_range >= 0.0f))
+        bad = "rope_theta must be > 1, eps and initializer_range >= 0";
+    else if (cfg->rope_scaling &&
+             (!(cfg->rope_factor >= 1.0) || !(cfg->rope_low_freq_factor > 0.0) ||
+              !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+              cfg->rope_original_max_seq < 1))
+        bad = "rope scaling needs factor >= 1, 0 < low < high frequency factors and an original "
+              "context >= 1";
+    if (bad != NULL) {
+        fsdp_error("llama config layers=%d heads=%d kv_heads=%d dim=%d ffn=%d head_dim=%d seq=%d "
+                   "vocab=%d: %s",
+                   cfg->n_layer, cfg->n_head, cfg->n_kv_head, cfg->dim, cfg->ffn_dim, cfg->head_dim,
+                   cfg->max_seq, cfg->vocab_size, bad);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+#define LLAMA_SPEC_FORM                                                                            \
+    "llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,seq=T,vocab=V,rope_theta=X,eps=E[,tie=1][,"     \
+    "rope_scaling=llama3][,rope_factor=F][,head_dim=hd]"
+
+fsdp_status_t fsdp_llama_config_parse(const char *spec, fsdp_llama_config_t *cfg_p)
+{
+    const fsdp_llama_preset_t *preset = fsdp_llama_preset_find(spec);
+    fsdp_llama_config_t cfg = presets[0].cfg;
+    const char *p;
+
+    if (preset != NULL) {
+        *cfg_p = preset->cfg;
+        return FSDP_OK;
+    }
+    if (spec == NULL || strncmp(spec, "llama:", 6) != 0) {
+        fsdp_error("model '%s' is not a llama model: expected one of %s, or " LLAMA_SPEC_FORM,
+                   spec ? spec : "(null)", fsdp_llama_preset_names());
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    p = spec + 6;
+    while (*p != '\0') {
+        static const char *const ints[] = {"layers", "heads", "kv_heads", "dim",     "ffn",
+                                           "seq",    "vocab", "tie",      "head_dim"};
+        int *ifields[] = {&cfg.n_layer, &cfg.n_head,  &cfg.n_kv_head,  &cfg.dim,
+                          &cfg.ffn_dim, &cfg.max_seq, &cfg.vocab_size, &cfg.tie_word_embeddings,
+                          &cfg.head_dim};
+        const char *eq = strchr(p, '=');
+        size_t klen = eq ? (size_t)(eq - p) : 0, vlen = eq ? strcspn(eq + 1, ",") : 0;
+        const char *next = eq ? eq + 1 + vlen : p + strlen(p);
+        char *end;
+        int key = -1;
+
+#define KEY_IS(s) (klen == strlen(s) && strncmp(p, s, klen) == 0)
+        for (int i = 0; eq != NULL && i < 9; i++) {
+            if (KEY_IS(ints[i]))
+                key = i;
+        }
+        errno = 0;
+        if (key >= 0) {
+            long v = strtol(eq + 1, &end, 10);
+            if (errno != 0 || end != next || !isdigit((unsigned char)eq[1]) || v > (1L << 24) ||
+                (v < 1 && key != 7) || (key == 7 && v > 1)) {
+                fsdp_error("model '%s': %s needs a positive integer (tie: 0 or 1), not '%.*s'",
+                           spec, ints[key], (int)vlen, eq + 1);
+                return FSDP_ERR_INVALID_PARAM;
+            }
+            *ifields[key] = (int)v;
+        } else if (eq != NULL && (KEY_IS("rope_theta") || KEY_IS("eps") || KEY_IS("rope_factor"))) {
+            double v = strtod(eq + 1, &end);
+            if (errno != 0 || end != next || end == eq + 1 || !(v >= 0.0) || !isfinite(v)) {
+                fsdp_error("model '%s': %.*s needs a number >= 0, not '%.*s'", spec, (int)klen, p,
+                           (int)vlen, eq + 1);
+                return FSDP_ERR_INVALID_PARAM;
+            }
+            if (KEY_IS("rope_theta"))
+                cfg.rope_theta = v;
+            else if (KEY_IS("eps"))
+                cfg.rms_norm_eps = (float)v;
+            else
+                cfg.rope_factor = v;
+        } else if (eq != NULL && KEY_IS("rope_scaling")) {
+            if (vlen == 6 && strncmp(eq + 1, "llama3", 6) == 0) {
+                cfg.rope_scaling = 1;
+                if (cfg.rope_factor == 0.0)
+                    cfg.rope_factor = 8.0;
+            } else if (vlen == 4 && strncmp(eq + 1, "none", 4) == 0) {
+                cfg.rope_scaling = 0;
+            } else {
+                fsdp_error("model '%s': rope_scaling is llama3 or none, not '%.*s'", spec,
+                           (int)vlen, eq + 1);
+                return FSDP_ERR_INVALID_PARAM;
+            }
+        } else {
+            fsdp_error("model '%s': expected " LLAMA_SPEC_FORM " (any of them), not '%.*s'", spec,
+                       (int)strcspn(p, ","), p);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+#undef KEY_IS
+        if (*next == ',' && next[1] == '\0') {
+            fsdp_error("model '%s': a trailing comma", spec);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        p = *next == ',' ? next + 1 : next;
+    }
+    if (fsdp_llama_config_check(&cfg) != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    *cfg_p = cfg;
+    return FSDP_OK;
+}
+
+uint64_t fsdp_llama_layer_params(const fsdp_llama_config_t *cfg)
+{
+    uint64_t d = (uint64_t)cfg->dim, hd = (uint64_t)fsdp_llama_head_dim(cfg);
+    uint64_t h = (uint64_t)cfg->n_head, k = (uint64_t)cfg->n_kv_head, f = (uint64_t)cfg->ffn_dim;
+    return d * (h + 2 * k) * hd + h * hd * d + 3 * d * f + 2 * d;
+}
+
+uint64_t fsdp_llama_num_params(const fsdp_llama_config_t *cfg)
+{
+    uint64_t d = (uint64_t)cfg->dim, v = (uint64_t)cfg->vocab_size;
+    return v * d * (cfg->tie_word_embeddings ? 1 : 2) +
+           (uint64_t)cfg->n_layer * fsdp_llama_layer_params(cfg) + d;
+}
+
+/* HF's _compute_default_rope_parameters and _compute_llama3_parameters: inv_freq = theta^(-2i/hd)
+ * as torch computes it in f32; with llama3 scaling, wavelengths above orig / low are divided by
+ * factor, those below orig / high kept, and those between blended. */
+void fsdp_llama_inv_freq(const fsdp_llama_config_t *cfg, float *inv_freq)
+{
+    const int hd = fsdp_llama_head_dim(cfg);
+
+    for (int i = 0; i < hd / 2; i++) {
+        double f = (double)(float)(1.0 / pow(cfg->rope_theta, (double)(2 * i) / hd));
+        if (cfg->rope_scaling) {
+            const double orig = cfg->rope_original_max_seq, factor = cfg->rope_factor;
+            const double low = cfg->rope_low_freq_factor, high = cfg->rope_high_freq_factor;
+            const double wavelen = 2.0 * M_PI / f;
+            if (wavelen > orig / low) {
+                f = f / factor;
+            } else if (!(wavelen < orig / high)) {
+                double s = (orig / wavelen - low) / (high - low);
+                f = (1.0 - s) * f / factor + s * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}
+
+/* ---- the module tree and the units ---- */
+
+#define NAME_LEN 96
+
+typedef struct llama_tree {
+    fsdp_module_desc_t *mods;
+    char (*mnames)[NAME_LEN];
+    int *first, *count; /* module m holds params [first[m], first[m] + count[m]) */
+    fsdp_param_spec_t *params;
+    char (*pnames)[NAME_LEN];
+    int nmods, nparams;
+} llama_tree_t;
+
+static const char *const layer_names[FSDP_LLAMA_LAYER_NPARAMS] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+
+static const char *const root_names[FSDP_LLAMA_ROOT_NPARAMS] = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+
+const char *fsdp_llama_layer_param_name(int index)
+{
+    return layer_names[index];
+}
+
+const char *fsdp_llama_root_param_name(int index)
+{
+    return root_names[index];
+}
+
+void fsdp_llama_param_shape(const fsdp_llama_config_t *cfg, int layer, int index, int *ndim_p,
+                            int64_t shape[2])
+{
+    const int64_t d = cfg->dim, hd = fsdp_llama_head_dim(cfg), f = cfg->ffn_dim;
+    const int64_t h = cfg->n_head, k = cfg->n_kv_head;
+
+    *ndim_p = 2;
+    shape[1] = d;
+    if (layer < 0) {
+        *ndim_p = index == FSDP_LLAMA_NORM ? 1 : 2;
+        shape[0] = index == FSDP_LLAMA_NORM ? d : cfg->vocab_size;
+        return;
+    }
+    switch (index) {
+    case FSDP_LLAMA_Q:
+        shape[0] = h * hd;
+        break;
+    case FSDP_LLAMA_K:
+    case FSDP_LLAMA_V:
+        shape[0] = k * hd;
+        break;
+    case FSDP_LLAMA_O:
+        shape[0] = d;
+        shape[1] = h * hd;
+        break;
+    case FSDP_LLAMA_GATE:
+    case FSDP_LLAMA_UP:
+        shape[0] = f;
+        break;
+    case FSDP_LLAMA_DOWN:
+        shape[0] = d;
+        shape[1] = f;
+        break;
+    default: /* the norms */
+        *ndim_p = 1;
+        shape[0] = d;
+        break;
+    }
+}
+
+/* Adds module `name` of `type` under `parent`, owning np parameters of layer `layer` (-1: the
+ * root's) from index pi0 on. Returns its index. */
+static int tree_add(llama_tree_t *t, const fsdp_llama_config_t *cfg, const char *name,
+                    const char *type, int parent, int layer, int pi0, int np)
+{
+    int m = t->nmods++;
+    size_t own = 0;
+
+    snprintf(t->mnames[m], NAME_LEN, "%s", name);
+    t->first[m] = t->nparams;
+    t->count[m] = np;
+    for (int i = pi0; i < pi0 + np; i++) {
+        fsdp_param_spec_t *sp = &t->params[t->nparams];
+        char *pn = t->pnames[t->nparams++];
+        if (layer < 0)
+            snprintf(pn, NAME_LEN, "%s", root_names[i]);
+        else
+            snprintf(pn, NAME_LEN, "model.layers.%d.%s", layer, layer_names[i]);
+        memset(sp, 0, sizeof(*sp));
+        sp->name = pn;
+        sp->requires_grad = 1;
+        sp->tied_to = -1;
+        fsdp_llama_param_shape(cfg, layer, i, &sp->ndim, sp->shape);
+        own += (size_t)sp->shape[0] * (sp->ndim == 2 ? (size_t)sp->shape[1] : 1);
+    }
+    t->mods[m].name = t->mnames[m];
+    t->mods[m].type = type;
+    t->mods[m].own_numel = own;
+    t->mods[m].parent = parent;
+    return m;
+}
+
+static void tree_free(llama_tree_t *t)
+{
+    free(t->mods);
+    free(t->mnames);
+    free(t->first);
+    free(t->count);
+    free(t->params);
+    free(t->pnames);
+}
+
+/* HF's LlamaForCausalLM in named_modules order; the root is named "model" here. */
+static fsdp_status_t tree_build(llama_tree_t *t, const fsdp_llama_config_t *cfg)
+{
+    const int cap = 5 + 12 * cfg->n_layer, ncap = 3 + FSDP_LLAMA_LAYER_NPARAMS * cfg->n_layer;
+    int list;
+
+    memset(t, 0, sizeof(*t));
+    t->mods = calloc((size_t)cap, sizeof(*t->mods));
+    t->mnames = calloc((size_t)cap, sizeof(*t->mnames));
+    t->first = calloc((size_t)cap, sizeof(*t->first));
+    t->count = calloc((size_t)cap, sizeof(*t->count));
+    t->params = calloc((size_t)ncap, sizeof(*t->params));
+    t->pnames = calloc((size_t)ncap, sizeof(*t->pnames));
+    if (!t->mods || !t->mnames || !t->first || !t->count || !t->params || !t->pnames) {
+        tree_free(t);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    tree_add(t, cfg, "model", "LlamaForCausalLM", -1, -1, 0, 0);
+    tree_add(t, cfg, "model.embed_tokens", "Embedding", 0, -1, FSDP_LLAMA_EMBED, 1);
+    list = tree_add(t, cfg, "model.layers", "ModuleList", 0, -1, 0, 0);
+    for (int l = 0; l < cfg->n_layer; l++) {
+        static const char *const lin[] = {
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+        char n[NAME_LEN], s[NAME_LEN];
+        int layer, attn, mlp;
+        snprintf(n, sizeof(n), "model.layers.%d", l);
+        layer = tree_add(t, cfg, n, "LlamaDecoderLayer", list, l, 0, 0);
+        snprintf(s, sizeof(s), "%s.self_attn", n);
+        attn = tree_add(t, cfg, s, "LlamaAttention", layer, l, 0, 0);
+        for (int i = FSDP_LLAMA_Q; i <= FSDP_LLAMA_O; i++) {
+            snprintf(s, sizeof(s), "%s.%s", n, lin[i]);
+            tree_add(t, cfg, s, "Linear", attn, l, i, 1);
+        }
+        snprintf(s, sizeof(s), "%s.mlp", n);
+        mlp = tree_add(t, cfg, s, "LlamaMLP", layer, l, 0, 0);
+        for (int i = FSDP_LLAMA_GATE; i <= FSDP_LLAMA_DOWN; i++) {
+            snprintf(s, sizeof(s), "%s.%s", n, lin[i]);
+            tree_add(t, cfg, s, "Linear", mlp, l, i, 1);
+        }
+        snprintf(s, sizeof(s), "%s.input_layernorm", n);
+        tree_add(t, cfg, s, "LlamaRMSNorm", layer, l, FSDP_LLAMA_LN1, 1);
+        snprintf(s, sizeof(s), "%s.post_attention_layernorm", n);
+        tree_add(t, cfg, s, "LlamaRMSNorm", layer, l, FSDP_LLAMA_LN2, 1);
+    }
+    tree_add(t, cfg, "model.norm", "LlamaRMSNorm", 0, -1, FSDP_LLAMA_NORM, 1);
+    if (!cfg->tie_word_embeddings)
+        tree_add(t, cfg, "lm_head", "Linear", 0, -1, FSDP_LLAMA_LM_HEAD, 1);
+    return FSDP_OK;
+}
+
+/* The units of ModuleWrapPolicy({LlamaDecoderLayer}), each flattening its modules' parameters
+ * in named_parameters order. */
+static fsdp_status_t create_units(fsdp_t *fs, fsdp_llama_t *m, const llama_tree_t *t)
+{
+    static const char *const wrap_types[] = {"LlamaDecoderLayer"};
+    fsdp_wrap_policy_t policy;
+    fsdp_param_spec_t *specs = calloc((size_t)t->nparams + 1, sizeof(*specs));
+    int *unit_of = calloc((size_t)t->nmods, sizeof(*unit_of));
+    fsdp_unit_t **unit_at = calloc((size_t)t->nmods, sizeof(*unit_at));
+    fsdp_status_t status;
+    int nlayers = 0;
+
+    fsdp_wrap_policy_init(&policy, FSDP_WRAP_BY_TYPE);
+    policy.types = wrap_types;
+    policy.ntypes = 1;
+    status = specs && unit_of && unit_at ? fsdp_auto_wrap(&policy, t->mods, t->nmods, unit_of)
+                                         : FSDP_ERR_NO_MEMORY;
+    for (int w = 0; w < t->nmods && status == FSDP_OK; w++) {
+        int n = 0;
+        if (unit_of[w] != w)
+            continue;
+        for (int i = w; i < t->nmods; i++) {
+            if (unit_of[i] != w)
+                continue;
+            memcpy(specs + n, t->params + t->first[i], sizeof(*specs) * (size_t)t->count[i]);
+            n += t->count[i];
+        }
+        status = fsdp_unit_create(fs, t->mods[w].name,
+                                  w == 0 ? NULL : unit_at[unit_of[t->mods[w].parent]], specs, n,
+                                  &unit_at[w]);
+        if (status != FSDP_OK)
+            break;
+        if (w == 0)
+            m->root = unit_at[w];
+        else if (nlayers < m->cfg.n_layer)
+            m->layers[nlayers++] = unit_at[w];
+    }
+    if (status == FSDP_OK && nlayers != m->cfg.n_layer) {
+        fsdp_error("llama: the wrap policy made %d layer units for %d layers", nlayers,
+                   m->cfg.n_layer);
+        status = FSDP_ERR_INTERNAL;
+    }
+    free(specs);
+    free(unit_of);
+    free(unit_at);
+    return status;
+}
+
+fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_llama_t **model_p)
+{
+    llama_tree_t tree;
+    fsdp_llama_t *m;
+    fsdp_status_t status = fsdp_llama_config_check(cfg);
+
+    if (status != FSDP_OK)
+        return status;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    m->layers = calloc((size_t)cfg->n_layer, sizeof(*m->layers));
+    m->checkpoint = calloc((size_t)cfg->n_layer, sizeof(*m->checkpoint));
+    if (m->layers == NULL || m->checkpoint == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    m->fs = fs;
+    m->cfg = *cfg;
+    m->loss_scale = 1.0f;
+    status = tree_build(&tree, cfg);
+    if (status != FSDP_OK)
+        goto err_free;
+    status = create_units(fs, m, &tree);
+    tree_free(&tree);
+    if (status != FSDP_OK)
+        goto err_free;
+    *model_p = m;
+    return FSDP_OK;
+
+err_free:
+    fsdp_llama_destroy(m); /* units belong to fs and go with it */
+    return status;
+}
+
+void fsdp_llama_destroy(fsdp_llama_t *model)
+{
+    if (model == NULL)
+        return;
+    free(model->layers);
+    free(model->checkpoint);
+    free(model);
+}
+
+const fsdp_llama_config_t *fsdp_llama_config(const fsdp_llama_t *model)
+{
+    return &model->cfg;
+}
+
+fsdp_unit_t *fsdp_llama_root(fsdp_llama_t *model)
+{
+    return model->root;
+}
+
+fsdp_unit_t *fsdp_llama_layer(fsdp_llama_t *model, int layer)
+{
+    return layer >= 0 && layer < model->cfg.n_layer ? model->layers[layer] : NULL;
+}
+
+fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on)
+{
+    if (layer < -1 || layer >= model->cfg.n_layer) {
+        fsdp_error("llama: no layer %d to checkpoint (layers 0..%d, or -1 for all)", layer,
+                   model->cfg.n_layer - 1);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    for (int l = 0; l < model->cfg.n_layer; l++) {
+        if (layer < 0 || l == layer)
+            model->checkpoint[l] = on != 0;
+    }
+    return FSDP_OK;
+}
+
+void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale)
+{
+    model->loss_scale = scale;
+}
+
+/* ---- initialization ---- */
+
+/* One parameter: normal of std (ones when std < 0), through buf. */
+static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, fsdp_rng_t *rng, float *buf)
+{
+    fsdp_param_info_t info;
+    fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
+
+    if (status != FSDP_OK)
+        return status;
+    for (size_t i = 0; i < info.numel; i++)
+        buf[i] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(rng);
+    return fsdp_unit_set_param(u, index, buf);
+}
+
+fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed)
+{
+    const fsdp_llama_config_t *cfg = &model->cfg;
+    const float std = cfg->initializer_range;
+    const int nroot = cfg->tie_word_embeddings ? 2 : 3;
+    size_t max_numel = 0;
+    fsdp_status_t status = FSDP_OK;
+    fsdp_rng_t rng;
+    float *buf;
+
+    if (fsdp_device(model->fs)->no_data)
+        return FSDP_OK; /* shape mode: no values to set */
+    for (int k = -1; k < (cfg->n_layer > 0 ? 1 : 0); k++) {
+        fsdp_unit_t *u = k < 0 ? model->root : model->layers[0];
+        for (int i = 0; i < fsdp_unit_num_params(u); i++) {
+            fsdp_param_info_t info;
+            fsdp_unit_param_info(u, i, &info);
+            if (info.numel > max_numel)
+                max_numel = info.numel;
+        }
+    }
+    buf = malloc(max_numel * sizeof(float));
+    if (buf == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    fsdp_rng_seed(&rng, seed);
+    for (int i = 0; i < nroot && status == FSDP_OK; i++)
+        status = init_param(model->root, i, i == FSDP_LLAMA_NORM ? -1.0f : std, &rng, buf);
+    for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
+        for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
+            status = init_param(model->layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std, &rng, buf);
+    }
+    free(buf);
+    return status;
+}

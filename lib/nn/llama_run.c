@@ -1,0 +1,686 @@
+/* Llama forward and backward on one rank, through backend kernels and the FSDP hooks.
+ *
+ * Layout: activations are row-major [B*T, width]. q, k and v share one [B*T, (H + 2K) hd] buffer
+ * (q at column 0, k at H hd, v at (H + K) hd, head h at h hd within its part), written by three
+ * GEMMs and rotated in place; the fused attention reads them there and writes o [B*T, H hd]. The
+ * weights are nn.Linear's [out, in]: y = x W^T, dx = dy W, dW += dy^T x.
+ *
+ * Mixed precision: as gpt2_run.c, everything runs in the units' compute dtype, each kernel rounds
+ * its outputs once (and where kernel.h says HF's eager ops round in between); RMSNorm statistics,
+ * the attention's log-sum-exp and the losses are f32, and so is the loss.
+ *
+ * Memory: a layer keeps its input and what its backward reads: the two normalized inputs and
+ * their rstd, q k v (rotated), the attention output and its log-sum-exp, the mid residual, gate,
+ * up and the SwiGLU output; nothing of [T, T]: O(T) per layer. A checkpointed layer keeps only
+ * its input and recomputes the rest after its pre-backward hook. The rotary tables [T, hd / 2]
+ * are made on the host for the step and copied once.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp/log.h>
+
+#include "nn/llama_int.h"
+
+/* what a layer's backward reads, by index */
+enum { A_N1, A_RSTD1, A_QKV, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_UP, A_ACT, A_COUNT };
+
+typedef struct llama_run {
+    fsdp_llama_t *m;
+    fsdp_dev_t *dev;
+    fsdp_stream_t *s;
+    fsdp_mem_t *mem;
+    size_t B, T, BT, D, H, K, hd, F, V;
+    size_t qw, kw, w; /* H hd, K hd, and the q k v row: qw + 2 kw */
+    fsdp_dtype_t dt;
+    size_t es;
+    int32_t *tokens, *targets;
+    float *cos, *sin; /* [T, hd / 2] */
+    float *host_rope; /* their host copy, kept until the step has synchronized */
+    void **resid;     /* [L + 1] */
+    void *(*act)[A_COUNT];
+    void *nf, *logits;
+    float *rstdf, *losses, *loss;
+    void *dres;
+    void *tmp[4]; /* a layer's backward scratch */
+} llama_run_t;
+
+static fsdp_status_t launch(llama_run_t *r, const fsdp_kernel_t *k)
+{
+    return r->dev->ops->kernel(r->dev, r->s, k);
+}
+
+/* n elements of the compute dtype, or f32 */
+static fsdp_status_t alloc_a(llama_run_t *r, size_t n, fsdp_mem_category_t cat, void **p)
+{
+    return fsdp_mem_alloc(r->mem, n * r->es, cat, r->s, p);
+}
+
+static fsdp_status_t alloc_f(llama_run_t *r, size_t n, fsdp_mem_category_t cat, void **p)
+{
+    return fsdp_mem_alloc(r->mem, n * sizeof(float), cat, r->s, p);
+}
+
+#define FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
+#define AT(r, p, i) ((char *)(p) + (size_t)(i) * (r)->es)
+#define P(u, i) ((const void *)fsdp_unit_param((u), (i)))
+
+/* ---- kernel launches ---- */
+
+static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                          const void *a, size_t lda, const void *b, size_t ldb, float beta, void *c,
+                          size_t ldc)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_GEMM};
+    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
+    d.u.gemm.trans_a = ta;
+    d.u.gemm.trans_b = tb;
+    d.u.gemm.m = m;
+    d.u.gemm.n = n;
+    d.u.gemm.k = k;
+    d.u.gemm.alpha = 1.0f;
+    d.u.gemm.a = a;
+    d.u.gemm.lda = lda;
+    d.u.gemm.b = b;
+    d.u.gemm.ldb = ldb;
+    d.u.gemm.beta = beta;
+    d.u.gemm.c = c;
+    d.u.gemm.ldc = ldc;
+    return launch(r, &d);
+}
+
+/* y[BT, out] (row stride ldy) = x[BT, in] W^T */
+static fsdp_status_t linear_fwd(llama_run_t *r, const void *x, size_t in, const void *w, size_t out,
+                                void *y, size_t ldy)
+{
+    return gemm(r, 0, 1, r->BT, out, in, x, in, w, in, 0.0f, y, ldy);
+}
+
+/* dW[out, in] += dy^T x; dx[BT, in] = dy W, or += when accumulate (dx NULL: not wanted) */
+static fsdp_status_t linear_bwd(llama_run_t *r, const void *x, size_t in, const void *w, size_t out,
+                                const void *dy, size_t lddy, void *dw, void *dx, int accumulate)
+{
+    fsdp_status_t status = gemm(r, 1, 0, out, in, r->BT, dy, lddy, x, in, 1.0f, dw, in);
+    if (status != FSDP_OK || dx == NULL)
+        return status;
+    return gemm(r, 0, 0, r->BT, in, out, dy, lddy, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+}
+
+static fsdp_status_t rmsnorm_fwd(llama_run_t *r, const void *x, const void *w, void *y, float *rstd)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_RMSNORM_FWD};
+    d.u.rmsnorm_fwd.y = y;
+    d.u.rmsnorm_fwd.rstd = rstd;
+    d.u.rmsnorm_fwd.x = x;
+    d.u.rmsnorm_fwd.weight = w;
+    d.u.rmsnorm_fwd.rows = r->BT;
+    d.u.rmsnorm_fwd.cols = r->D;
+    d.u.rmsnorm_fwd.eps = r->m->cfg.rms_norm_eps;
+    d.u.rmsnorm_fwd.dtype = r->dt;
+    return launch(r, &d);
+}
+
+static fsdp_status_t rmsnorm_bwd(llama_run_t *r, const void *dy, const void *x, const float *rstd,
+                                 const void *w, void *dx, int accumulate, void *dw)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_RMSNORM_BWD};
+    d.u.rmsnorm_bwd.dx = dx;
+    d.u.rmsnorm_bwd.dweight = dw;
+    d.u.rmsnorm_bwd.dy = dy;
+    d.u.rmsnorm_bwd.x = x;
+    d.u.rmsnorm_bwd.rstd = rstd;
+    d.u.rmsnorm_bwd.weight = w;
+    d.u.rmsnorm_bwd.rows = r->BT;
+    d.u.rmsnorm_bwd.cols = r->D;
+    d.u.rmsnorm_bwd.accumulate = accumulate;
+    d.u.rmsnorm_bwd.dtype = r->dt;
+    return launch(r, &d);
+}
+
+/* Rotates q and k (or their gradients) in place within the q k v rows. */
+static fsdp_status_t rope(llama_run_t *r, fsdp_kernel_kind_t kind, void *qkv)
+{
+    fsdp_kernel_t d = {.kind = kind};
+    fsdp_status_t status;
+
+    d.u.rope.y = qkv;
+    d.u.rope.x = qkv;
+    d.u.rope.cos = r->cos;
+    d.u.rope.sin = r->sin;
+    d.u.rope.rows = r->BT;
+    d.u.rope.heads = r->H;
+    d.u.rope.head_dim = r->hd;
+    d.u.rope.seq = r->T;
+    d.u.rope.ld = r->w;
+    d.u.rope.dtype = r->dt;
+    status = launch(r, &d);
+    if (status != FSDP_OK)
+        return status;
+    d.u.rope.y = AT(r, qkv, r->qw);
+    d.u.rope.x = d.u.rope.y;
+    d.u.rope.heads = r->K;
+    return launch(r, &d);
+}
+
+static fsdp_status_t add(llama_run_t *r, void *y, const void *a, const void *b, size_t n)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_ADD};
+    d.u.add.y = y;
+    d.u.add.a = a;
+    d.u.add.b = b;
+    d.u.add.n = n;
+    d.u.add.dtype = r->dt;
+    return launch(r, &d);
+}
+
+/* ---- layers ---- */
+
+static size_t act_bytes(const llama_run_t *r, int i)
+{
+    switch (i) {
+    case A_RSTD1:
+    case A_RSTD2:
+        return r->BT * sizeof(float);
+    case A_LSE:
+        return r->B * r->H * r->T * sizeof(float);
+    case A_QKV:
+        return r->BT * r->w * r->es;
+    case A_O:
+        return r->BT * r->qw * r->es;
+    case A_GATE:
+    case A_UP:
+    case A_ACT:
+        return r->BT * r->F * r->es;
+    default:
+        return r->BT * r->D * r->es;
+    }
+}
+
+static void free_act(llama_run_t *r, int l)
+{
+    for (int i = 0; i < A_COUNT; i++)
+        FREE(r, r->act[l][i]);
+}
+
+/* Layer l's forward from resid[l]: its activations and (unless recompute) resid[l + 1]. */
+static fsdp_status_t layer_fwd(llama_run_t *r, int l, int recompute)
+{
+    fsdp_unit_t *u = r->m->layers[l];
+    void **a = r->act[l];
+    const void *x = r->resid[l];
+    const size_t D = r->D, F = r->F, BT = r->BT;
+    fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_FWD};
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < A_COUNT && status == FSDP_OK; i++)
+        status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
+    if (status == FSDP_OK)
+        status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, a[A_QKV], r->w);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, AT(r, a[A_QKV], r->qw), r->w);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw,
+                            AT(r, a[A_QKV], r->qw + r->kw), r->w);
+    if (status == FSDP_OK)
+        status = rope(r, FSDP_K_ROPE_FWD, a[A_QKV]);
+    if (status == FSDP_OK) {
+        d.u.attention_fwd.o = a[A_O];
+        d.u.attention_fwd.lse = a[A_LSE];
+        d.u.attention_fwd.q = a[A_QKV];
+        d.u.attention_fwd.k = AT(r, a[A_QKV], r->qw);
+        d.u.attention_fwd.v = AT(r, a[A_QKV], r->qw + r->kw);
+        d.u.attention_fwd.batch = r->B;
+        d.u.attention_fwd.seq = r->T;
+        d.u.attention_fwd.heads = r->H;
+        d.u.attention_fwd.kv_heads = r->K;
+        d.u.attention_fwd.head_dim = r->hd;
+        d.u.attention_fwd.ldq = d.u.attention_fwd.ldk = d.u.attention_fwd.ldv = r->w;
+        d.u.attention_fwd.ldo = r->qw;
+        d.u.attention_fwd.scale = (float)(1.0 / sqrt((double)r->hd));
+        d.u.attention_fwd.causal = 1;
+        d.u.attention_fwd.dtype = r->dt;
+        status = launch(r, &d);
+    }
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, a[A_H], D);
+    if (status == FSDP_OK)
+        status = add(r, a[A_H], a[A_H], x, BT * D);
+    if (status == FSDP_OK)
+        status = rmsnorm_fwd(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F);
+    if (status == FSDP_OK) {
+        fsdp_kernel_t g = {.kind = FSDP_K_SWIGLU_FWD};
+        g.u.swiglu_fwd.y = a[A_ACT];
+        g.u.swiglu_fwd.gate = a[A_GATE];
+        g.u.swiglu_fwd.up = a[A_UP];
+        g.u.swiglu_fwd.n = BT * F;
+        g.u.swiglu_fwd.dtype = r->dt;
+        status = launch(r, &g);
+    }
+    if (status != FSDP_OK || recompute)
+        return status;
+    status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->resid[l + 1], D);
+    if (status == FSDP_OK)
+        status = add(r, r->resid[l + 1], r->resid[l + 1], a[A_H], BT * D);
+    return status;
+}
+
+static fsdp_status_t attention_bwd(llama_run_t *r, void **a, const void *dout, void *dqkv,
+                                   float *delta)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_BWD};
+    d.u.attention_bwd.dq = dqkv;
+    d.u.attention_bwd.dk = AT(r, dqkv, r->qw);
+    d.u.attention_bwd.dv = AT(r, dqkv, r->qw + r->kw);
+    d.u.attention_bwd.delta = delta;
+    d.u.attention_bwd.dout = dout;
+    d.u.attention_bwd.o = a[A_O];
+    d.u.attention_bwd.q = a[A_QKV];
+    d.u.attention_bwd.k = AT(r, a[A_QKV], r->qw);
+    d.u.attention_bwd.v = AT(r, a[A_QKV], r->qw + r->kw);
+    d.u.attention_bwd.lse = a[A_LSE];
+    d.u.attention_bwd.batch = r->B;
+    d.u.attention_bwd.seq = r->T;
+    d.u.attention_bwd.heads = r->H;
+    d.u.attention_bwd.kv_heads = r->K;
+    d.u.attention_bwd.head_dim = r->hd;
+    d.u.attention_bwd.ldq = d.u.attention_bwd.ldk = d.u.attention_bwd.ldv = r->w;
+    d.u.attention_bwd.ldo = r->qw;
+    d.u.attention_bwd.scale = (float)(1.0 / sqrt((double)r->hd));
+    d.u.attention_bwd.causal = 1;
+    d.u.attention_bwd.dtype = r->dt;
+    return launch(r, &d);
+}
+
+/* Layer l's backward: r->dres holds the gradient of its output and becomes that of its input. */
+static fsdp_status_t layer_bwd(llama_run_t *r, int l)
+{
+    fsdp_unit_t *u = r->m->layers[l];
+    void **a = r->act[l], *g[FSDP_LLAMA_LAYER_NPARAMS];
+    void **dact = &r->tmp[0], **dn = &r->tmp[1], **dqkv = &r->tmp[2], **delta = &r->tmp[3];
+    const size_t D = r->D, F = r->F, BT = r->BT;
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
+        status = fsdp_unit_grad(u, i, &g[i]);
+    /* MLP: dact = dres W_down; swiglu's backward into gate and up (in place); dn2 */
+    if (status == FSDP_OK)
+        status = alloc_a(r, BT * F, FSDP_MEM_TEMPORARY, dact);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->dres, D,
+                            g[FSDP_LLAMA_DOWN], *dact, 0);
+    if (status == FSDP_OK) {
+        fsdp_kernel_t k = {.kind = FSDP_K_SWIGLU_BWD};
+        k.u.swiglu_bwd.dgate = a[A_GATE];
+        k.u.swiglu_bwd.dup = a[A_UP];
+        k.u.swiglu_bwd.dy = *dact;
+        k.u.swiglu_bwd.gate = a[A_GATE];
+        k.u.swiglu_bwd.up = a[A_UP];
+        k.u.swiglu_bwd.n = BT * F;
+        k.u.swiglu_bwd.dtype = r->dt;
+        status = launch(r, &k);
+    }
+    FREE(r, *dact);
+    if (status == FSDP_OK)
+        status = alloc_a(r, BT * D, FSDP_MEM_TEMPORARY, dn);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F,
+                            g[FSDP_LLAMA_GATE], *dn, 0);
+    if (status == FSDP_OK)
+        status =
+            linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F, g[FSDP_LLAMA_UP], *dn, 1);
+    /* the mid residual: dres += post_attention_layernorm's input gradient */
+    if (status == FSDP_OK)
+        status = rmsnorm_bwd(r, *dn, a[A_H], a[A_RSTD2], P(u, FSDP_LLAMA_LN2), r->dres, 1,
+                             g[FSDP_LLAMA_LN2]);
+    /* attention: dout = dres W_o, then the fused backward into dq dk dv, rotated back */
+    if (status == FSDP_OK)
+        status = alloc_a(r, BT * r->qw, FSDP_MEM_TEMPORARY, dact);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, r->dres, D, g[FSDP_LLAMA_O],
+                            *dact, 0);
+    if (status == FSDP_OK)
+        status = alloc_a(r, BT * r->w, FSDP_MEM_TEMPORARY, dqkv);
+    if (status == FSDP_OK)
+        status = alloc_f(r, r->B * r->H * r->T, FSDP_MEM_TEMPORARY, delta);
+    if (status == FSDP_OK)
+        status = attention_bwd(r, a, *dact, *dqkv, *delta);
+    FREE(r, *delta);
+    FREE(r, *dact);
+    if (status == FSDP_OK)
+        status = rope(r, FSDP_K_ROPE_BWD, *dqkv);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, *dqkv, r->w, g[FSDP_LLAMA_Q],
+                            *dn, 0);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, AT(r, *dqkv, r->qw), r->w,
+                            g[FSDP_LLAMA_K], *dn, 1);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, AT(r, *dqkv, r->qw + r->kw),
+                            r->w, g[FSDP_LLAMA_V], *dn, 1);
+    FREE(r, *dqkv);
+    /* the layer's input: dres += input_layernorm's input gradient */
+    if (status == FSDP_OK)
+        status = rmsnorm_bwd(r, *dn, r->resid[l], a[A_RSTD1], P(u, FSDP_LLAMA_LN1), r->dres, 1,
+                             g[FSDP_LLAMA_LN1]);
+    FREE(r, *dn);
+    return status;
+}
+
+/* ---- the step ---- */
+
+static fsdp_status_t check_batch(const fsdp_llama_t *m, const int32_t *inputs,
+                                 const int32_t *targets, size_t batch, size_t seq, size_t *count_p)
+{
+    const fsdp_llama_config_t *cfg = &m->cfg;
+    size_t count = 0, n;
+
+    if (batch == 0 || seq == 0 || seq > (size_t)cfg->max_seq) {
+        fsdp_error("llama: a batch needs at least one row and 1 to %d tokens per row (the "
+                   "model's seq), not %zu x %zu",
+                   cfg->max_seq, batch, seq);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if ((double)batch * (double)seq * ((double)cfg->vocab_size + 8.0 * cfg->ffn_dim) * 4.0 >
+        0x1p60) {
+        fsdp_error("llama: a batch of %zu x %zu is too large", batch, seq);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    n = batch * seq;
+    if (inputs == NULL || targets == NULL) {
+        if (!fsdp_device(m->fs)->no_data) {
+            fsdp_error("llama: inputs and targets are NULL (allowed in shape mode only)");
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        *count_p = n;
+        return FSDP_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (inputs[i] < 0 || inputs[i] >= cfg->vocab_size || targets[i] >= cfg->vocab_size) {
+            fsdp_error("llama: token %d (input) or %d (target) at row %zu position %zu is outside "
+                       "the vocabulary [0, %d) (negative targets are ignored)",
+                       (int)inputs[i], (int)targets[i], i / seq, i % seq, cfg->vocab_size);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        count += targets[i] >= 0;
+    }
+    if (count == 0) {
+        fsdp_error("llama: every target of the batch is ignored: no loss to compute");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    *count_p = count;
+    return FSDP_OK;
+}
+
+/* The rotary tables for positions 0..T-1 on the device: the angle p inv_freq is one f32 product
+ * (HF's f32 matmul of the positions by inv_freq), its cos and sin rounded to f32. The host copy
+ * lives until the end of the step, which synchronizes, so the copy needs no wait of its own. */
+static fsdp_status_t rope_tables(llama_run_t *r)
+{
+    const size_t half = r->hd / 2, n = r->T * half;
+    float *host, *inv;
+    fsdp_status_t status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->cos);
+
+    if (status == FSDP_OK)
+        status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->sin);
+    if (status != FSDP_OK || r->dev->no_data)
+        return status; /* shape mode: nothing to copy */
+    host = r->host_rope = malloc(2 * n * sizeof(float));
+    inv = malloc(half * sizeof(float));
+    if (host == NULL || inv == NULL) {
+        free(inv);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    fsdp_llama_inv_freq(&r->m->cfg, inv);
+    for (size_t p = 0; p < r->T; p++)
+        for (size_t i = 0; i < half; i++) {
+            float angle = (float)p * inv[i];
+            host[p * half + i] = (float)cos((double)angle);
+            host[n + p * half + i] = (float)sin((double)angle);
+        }
+    status = r->dev->ops->memcpy_async(r->dev, r->cos, host, n * sizeof(float), r->s);
+    if (status == FSDP_OK)
+        status = r->dev->ops->memcpy_async(r->dev, r->sin, host + n, n * sizeof(float), r->s);
+    free(inv);
+    return status;
+}
+
+static void run_cleanup(llama_run_t *r)
+{
+    const int L = r->m->cfg.n_layer;
+
+    for (int l = 0; r->act != NULL && l < L; l++)
+        free_act(r, l);
+    for (int l = 0; r->resid != NULL && l <= L; l++)
+        FREE(r, r->resid[l]);
+    for (int i = 0; i < 4; i++)
+        FREE(r, r->tmp[i]);
+    FREE(r, r->dres);
+    FREE(r, r->logits);
+    FREE(r, r->losses);
+    FREE(r, r->loss);
+    FREE(r, r->nf);
+    FREE(r, r->rstdf);
+    FREE(r, r->cos);
+    FREE(r, r->sin);
+    fsdp_mem_free(r->mem, r->tokens);
+    fsdp_mem_free(r->mem, r->targets);
+    free(r->act);
+    free(r->resid);
+    free(r->host_rope);
+}
+
+/* the LM head's weight: lm_head, or the embedding when tied */
+static int head_index(const llama_run_t *r)
+{
+    return r->m->cfg.tie_word_embeddings ? FSDP_LLAMA_EMBED : FSDP_LLAMA_LM_HEAD;
+}
+
+static fsdp_status_t forward(llama_run_t *r)
+{
+    fsdp_llama_t *m = r->m;
+    const int L = m->cfg.n_layer;
+    fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
+    fsdp_status_t status = fsdp_pre_forward(m->root);
+
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->BT * r->D, FSDP_MEM_ACTIVATION, &r->resid[0]);
+    if (status == FSDP_OK) {
+        d.u.embedding_fwd.y = r->resid[0];
+        d.u.embedding_fwd.tokens = r->tokens;
+        d.u.embedding_fwd.wte = P(m->root, FSDP_LLAMA_EMBED);
+        d.u.embedding_fwd.rows = r->BT;
+        d.u.embedding_fwd.cols = r->D;
+        d.u.embedding_fwd.seq = r->T;
+        d.u.embedding_fwd.vocab = r->V;
+        d.u.embedding_fwd.dtype = r->dt;
+        status = launch(r, &d);
+    }
+    for (int l = 0; l < L && status == FSDP_OK; l++) {
+        status = fsdp_pre_forward(m->layers[l]);
+        if (status == FSDP_OK)
+            status = layer_fwd(r, l, 0);
+        if (status == FSDP_OK)
+            status = fsdp_post_forward(m->layers[l]);
+        if (m->checkpoint[l])
+            free_act(r, l);
+    }
+    /* the final norm, then the head: logits = norm(x) W_head^T */
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->BT * r->D, FSDP_MEM_ACTIVATION, &r->nf);
+    if (status == FSDP_OK)
+        status = alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, (void **)&r->rstdf);
+    if (status == FSDP_OK)
+        status = rmsnorm_fwd(r, r->resid[L], P(m->root, FSDP_LLAMA_NORM), r->nf, r->rstdf);
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, r->nf, r->D, P(m->root, head_index(r)), r->V, r->logits, r->V);
+    if (status == FSDP_OK)
+        status = fsdp_post_forward(m->root);
+    return status;
+}
+
+static fsdp_status_t backward(llama_run_t *r, double denom)
+{
+    fsdp_llama_t *m = r->m;
+    const int L = m->cfg.n_layer;
+    fsdp_kernel_t d = {.kind = FSDP_K_CROSS_ENTROPY};
+    void *g[FSDP_LLAMA_ROOT_NPARAMS] = {NULL, NULL, NULL};
+    fsdp_status_t status;
+
+    status = alloc_f(r, r->BT, FSDP_MEM_TEMPORARY, (void **)&r->losses);
+    if (status == FSDP_OK)
+        status = alloc_f(r, 1, FSDP_MEM_TEMPORARY, (void **)&r->loss);
+    if (status != FSDP_OK)
+        return status;
+    d.u.cross_entropy.loss = r->loss;
+    d.u.cross_entropy.losses = r->losses;
+    d.u.cross_entropy.dlogits = r->logits;
+    d.u.cross_entropy.logits = r->logits;
+    d.u.cross_entropy.targets = r->targets;
+    d.u.cross_entropy.rows = r->BT;
+    d.u.cross_entropy.vocab = r->V;
+    d.u.cross_entropy.denom = denom;
+    d.u.cross_entropy.dtype = r->dt;
+    status = launch(r, &d);
+
+    if (status == FSDP_OK)
+        status = fsdp_pre_backward(m->root);
+    for (int i = 0; i < fsdp_unit_num_params(m->root) && status == FSDP_OK; i++)
+        status = fsdp_unit_grad(m->root, i, &g[i]);
+    /* the head: dW_head += dlogits^T nf, dnf = dlogits W_head */
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->BT * r->D, FSDP_MEM_TEMPORARY, &r->tmp[0]);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, r->nf, r->D, P(m->root, head_index(r)), r->V, r->logits, r->V,
+                            g[head_index(r)], r->tmp[0], 0);
+    FREE(r, r->logits);
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->BT * r->D, FSDP_MEM_TEMPORARY, &r->dres);
+    if (status == FSDP_OK)
+        status = rmsnorm_bwd(r, r->tmp[0], r->resid[L], r->rstdf, P(m->root, FSDP_LLAMA_NORM),
+                             r->dres, 0, g[FSDP_LLAMA_NORM]);
+    FREE(r, r->tmp[0]);
+    FREE(r, r->nf);
+    FREE(r, r->rstdf);
+    FREE(r, r->resid[L]);
+
+    for (int l = L - 1; l >= 0 && status == FSDP_OK; l--) {
+        status = fsdp_pre_backward(m->layers[l]);
+        if (status == FSDP_OK && m->checkpoint[l])
+            status = layer_fwd(r, l, 1); /* the hooks of forward are not re-run */
+        if (status == FSDP_OK)
+            status = layer_bwd(r, l);
+        if (status == FSDP_OK)
+            status = fsdp_post_backward(m->layers[l]);
+        free_act(r, l);
+        if (l > 0)
+            FREE(r, r->resid[l]);
+    }
+    FREE(r, r->resid[0]);
+
+    if (status == FSDP_OK) { /* the embedding rows (on top of the tied head's) */
+        fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
+        e.u.embedding_bwd.dwte = g[FSDP_LLAMA_EMBED];
+        e.u.embedding_bwd.dy = r->dres;
+        e.u.embedding_bwd.tokens = r->tokens;
+        e.u.embedding_bwd.rows = r->BT;
+        e.u.embedding_bwd.cols = r->D;
+        e.u.embedding_bwd.seq = r->T;
+        e.u.embedding_bwd.vocab = r->V;
+        e.u.embedding_bwd.dtype = r->dt;
+        status = launch(r, &e);
+    }
+    FREE(r, r->dres);
+    if (status == FSDP_OK)
+        status = fsdp_post_backward(m->root);
+    if (status == FSDP_OK)
+        status = fsdp_final_callback(m->fs);
+    return status;
+}
+
+fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *inputs,
+                                          const int32_t *targets, size_t batch, size_t seq,
+                                          float *loss_p)
+{
+    const fsdp_llama_config_t *cfg = &model->cfg;
+    fsdp_t *fs = model->fs;
+    llama_run_t run;
+    size_t count = 0;
+    float host_loss = 0.0f;
+    fsdp_status_t status = check_batch(model, inputs, targets, batch, seq, &count);
+
+    if (status != FSDP_OK)
+        return status;
+    memset(&run, 0, sizeof(run));
+    run.m = model;
+    run.dev = fsdp_device(fs);
+    run.s = fsdp_compute_stream(fs);
+    run.mem = fsdp_memory(fs);
+    run.B = batch;
+    run.T = seq;
+    run.BT = batch * seq;
+    run.D = (size_t)cfg->dim;
+    run.H = (size_t)cfg->n_head;
+    run.K = (size_t)cfg->n_kv_head;
+    run.hd = (size_t)fsdp_llama_head_dim(cfg);
+    run.F = (size_t)cfg->ffn_dim;
+    run.V = (size_t)cfg->vocab_size;
+    run.qw = run.H * run.hd;
+    run.kw = run.K * run.hd;
+    run.w = run.qw + 2 * run.kw;
+    run.dt = fsdp_unit_compute_dtype(model->root);
+    run.es = fsdp_dtype_size(run.dt);
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (fsdp_unit_compute_dtype(model->layers[l]) != run.dt) {
+            fsdp_error("llama: layer %d computes in %s, the root in %s; the model needs one "
+                       "compute dtype",
+                       l, fsdp_dtype_name(fsdp_unit_compute_dtype(model->layers[l])),
+                       fsdp_dtype_name(run.dt));
+            return FSDP_ERR_INVALID_PARAM;
+        }
+    }
+    run.resid = calloc((size_t)cfg->n_layer + 1, sizeof(*run.resid));
+    run.act = calloc((size_t)cfg->n_layer, sizeof(*run.act));
+    if (run.resid == NULL || run.act == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
+                            (void **)&run.tokens);
+    if (status == FSDP_OK)
+        status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
+                                (void **)&run.targets);
+    if (status == FSDP_OK)
+        status = run.dev->ops->memcpy_async(run.dev, run.tokens, inputs, run.BT * sizeof(int32_t),
+                                            run.s);
+    if (status == FSDP_OK)
+        status = run.dev->ops->memcpy_async(run.dev, run.targets, targets, run.BT * sizeof(int32_t),
+                                            run.s);
+    if (status == FSDP_OK)
+        status = rope_tables(&run);
+    if (status == FSDP_OK)
+        status = forward(&run);
+    if (status == FSDP_OK)
+        status = backward(&run, (double)count / (double)model->loss_scale);
+    if (status == FSDP_OK)
+        status = run.dev->ops->memcpy_async(run.dev, &host_loss, run.loss, sizeof(float), run.s);
+    if (status == FSDP_OK)
+        status = run.dev->ops->stream_synchronize(run.dev, run.s);
+    if (status == FSDP_OK)
+        *loss_p = host_loss / model->loss_scale;
+out:
+    run_cleanup(&run);
+    return status;
+}
