@@ -29,6 +29,7 @@
  * shape mode) and a table entry per named configuration: adding a model is one entry. */
 
 #define MAX_DIMS (FSDP_MLP_MAX_LAYERS + 1)
+#define MAX_WORLD (1 << 20)
 
 typedef struct model_cfg {
     int dims[MAX_DIMS]; /* mlp */
@@ -279,6 +280,7 @@ typedef struct plan_args {
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
+    int symmetry;           /* simulate one rank per class of ranks that run alike */
     char command_line[2048]; /* for the trace */
 } plan_args_t;
 
@@ -319,6 +321,8 @@ static void usage(FILE *f)
           "                             sweep: some configuration does), 3 it does not, 1 the\n"
           "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
+          "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
+          "                             that run alike (the figures are the same)\n"
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
@@ -354,7 +358,8 @@ enum {
     OPT_AC,
     OPT_CPU_OFFLOAD,
     OPT_TRACE,
-    OPT_FIT_STATUS
+    OPT_FIT_STATUS,
+    OPT_NO_SYMMETRY
 };
 
 /* Tokens per item of a batch: a GPT's sequence, or one row. */
@@ -387,6 +392,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"sweep", no_argument, NULL, OPT_SWEEP},
         {"trace", required_argument, NULL, OPT_TRACE},
         {"fit-status", no_argument, NULL, OPT_FIT_STATUS},
+        {"no-symmetry", no_argument, NULL, OPT_NO_SYMMETRY},
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -407,6 +413,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->optim = FSDP_OPTIM_ADAMW;
     a->steps = 2;
     a->timeout_s = 600.0;
+    a->symmetry = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -423,7 +430,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             gpn = cli_parse_long("--gpus-per-node", optarg, 1, 1024);
             break;
         case OPT_WORLD:
-            a->world = (int)cli_parse_long("--world", optarg, 1, 65536);
+            a->world = (int)cli_parse_long("--world", optarg, 1, MAX_WORLD);
             break;
         case OPT_CAPACITY:
             capacity = optarg;
@@ -447,6 +454,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_TRACE:
             a->trace_path = optarg;
+            break;
+        case OPT_NO_SYMMETRY:
+            a->symmetry = 0;
             break;
         case OPT_SWEEP:
             a->sweep = 1;
@@ -551,8 +561,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->mcfg.checkpoint_activations = ckpt_act;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
-        if ((double)a->profile.nodes * a->per_node > 65536)
-            cli_die("%d nodes x %d GPUs is more than 65536 ranks", a->profile.nodes, a->per_node);
+        if ((double)a->profile.nodes * a->per_node > MAX_WORLD)
+            cli_die("%d nodes x %d GPUs is more than %d ranks", a->profile.nodes, a->per_node,
+                    MAX_WORLD);
         a->world = a->profile.nodes * a->per_node;
     }
     if (a->world < a->per_node)
@@ -595,7 +606,13 @@ typedef struct plan_run {
     fsdp_config_t cfg;
     rank_result_t *res;  /* per rank */
     fsdp_trace_t *trace; /* --trace, or NULL */
+    const int *represent; /* symmetric ranks, or NULL */
+    /* not NULL: build the model, derive the classes of symmetric ranks of a world of
+     * classes_world into it (from the layout of its units), stop */
+    int *classes, classes_world, classes_per_node, n_classes;
 } plan_run_t;
+
+static int *classes; /* the classes of the last run, a->world entries */
 
 /* Folds the phase's peaks into the rank's and starts the next phase's. */
 static void phase_end(fsdp_mem_t *mem, rank_result_t *r, int phase)
@@ -658,7 +675,17 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK) {
         if (a->model->ops->phase_hook != NULL)
             a->model->ops->phase_hook(model, phase_begin, &pc);
-        st = fsdp_optim_create(fs, &oc, &opt);
+        /* a divergence the classes missed fails the run here, before any step */
+        st = fsdp_sim_symmetry_check(fs, run->represent);
+        if (st == FSDP_OK && run->classes != NULL) {
+            run->n_classes = fsdp_sim_symmetric_ranks(fs, run->classes_world, run->classes_per_node,
+                                                      run->cfg.strategy, run->classes);
+            a->model->ops->destroy(model);
+            fsdp_destroy(fs);
+            return r->status = st;
+        }
+        if (st == FSDP_OK)
+            st = fsdp_optim_create(fs, &oc, &opt);
     }
     for (int step = 0; step < a->steps && st == FSDP_OK; step++) {
         double t0;
@@ -702,6 +729,7 @@ typedef struct summary {
     double exposed, compute; /* of the slowest rank */
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
+    int simulated;                    /* ranks simulated (fewer than the world with symmetry) */
 } summary_t;
 
 /* The dtype GEMMs run in: MFU is against its peak. */
@@ -709,6 +737,31 @@ static fsdp_dtype_t compute_dtype(const fsdp_config_t *cfg)
 {
     fsdp_dtype_t dt = cfg->mixed_precision.param_dtype;
     return dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16 ? dt : FSDP_DTYPE_F32;
+}
+
+/* The classes of symmetric ranks for cfg into represent; the number of ranks to simulate, or
+ * the world when symmetry is off or does not pay. */
+static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *represent)
+{
+    /* one rank builds the model: the layout of its units is every rank's */
+    plan_args_t one = *a;
+    rank_result_t r1;
+    fsdp_sim_params_t sp;
+    plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
+
+    if (!a->symmetry || a->world == 1)
+        return a->world;
+    one.world = one.per_node = 1;
+    run.cfg.device_capacity = 0;
+    run.classes_world = a->world;
+    run.classes_per_node = a->per_node;
+    memset(&r1, 0, sizeof(r1));
+    fsdp_sim_params_init(&sp);
+    sp.mode = FSDP_SIM_SHAPE;
+    sp.profile = a->profile;
+    if (fsdp_sim_launch(&sp, plan_rank, &run, NULL) != FSDP_OK || run.n_classes < 1)
+        return a->world; /* run every rank */
+    return run.n_classes;
 }
 
 static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
@@ -723,6 +776,13 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     memset(&s, 0, sizeof(s));
     memset(res, 0, sizeof(*res) * (size_t)a->world);
     run.cfg.device_capacity = capacity;
+    if (classes == NULL)
+        classes = malloc((size_t)a->world * sizeof(*classes));
+    s.simulated = classes != NULL ? plan_symmetry(a, cfg, classes) : a->world;
+    if (s.simulated > 0 && s.simulated < a->world)
+        run.represent = classes;
+    else
+        s.simulated = a->world;
     fsdp_sim_params_init(&sp);
     sp.world_size = a->world;
     sp.ranks_per_node = a->per_node;
@@ -751,9 +811,20 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         if (st != FSDP_OK)
             cli_die("cannot write the trace to %s (see the message above)", a->trace_path);
     }
+    sp.represent = run.represent;
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
     if (fsdp_trace_close(run.trace) != FSDP_OK && s.status == FSDP_OK)
         s.status = FSDP_ERR_IO;
+    if (run.represent != NULL && s.status == FSDP_ERR_UNSUPPORTED) {
+        /* the classes diverged (logged): every rank apart */
+        plan_args_t all = *a;
+        all.symmetry = 0;
+        return run_plan(&all, cfg, capacity, res);
+    }
+    for (int r = 0; r < a->world && run.represent != NULL; r++) {
+        if (run.represent[r] != r) /* the rank's run is its representative's */
+            res[r] = res[run.represent[r]];
+    }
     for (int r = 0; r < a->world; r++) {
         if (res[r].status == FSDP_ERR_OUT_OF_MEMORY)
             s.oom = 1;
@@ -832,6 +903,9 @@ static void print_folded(const plan_args_t *a, const rank_result_t *res,
     line(&res[0], cur, sizeof(cur));
     for (int r = 1; r <= a->world; r++) {
         if (r < a->world) {
+            /* a rank a symmetric run stood for has its representative's result */
+            if (memcmp(&res[r], &res[r - 1], sizeof(res[r])) == 0)
+                continue;
             line(&res[r], next, sizeof(next));
             if (strcmp(next, cur) == 0)
                 continue;
@@ -901,6 +975,22 @@ static void print_header(const plan_args_t *a)
                a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
 }
 
+/* How many ranks ran for the figures above. */
+static void print_simulated(const plan_args_t *a, int lo, int hi)
+{
+    if (lo == a->world && hi == a->world)
+        printf("ranks simulated: all %d%s\n", a->world,
+               a->symmetry || a->world == 1 ? "" : " (--no-symmetry)");
+    else if (lo == hi)
+        printf("ranks simulated: %d of %d, each for its class of ranks that run alike "
+               "(--no-symmetry: all)\n",
+               lo, a->world);
+    else
+        printf("ranks simulated: %d to %d of %d, each for its class of ranks that run alike "
+               "(--no-symmetry: all)\n",
+               lo, hi, a->world);
+}
+
 static int print_plan(const plan_args_t *a, rank_result_t *res)
 {
     fsdp_dtype_t dt = compute_dtype(&a->fsdp);
@@ -953,6 +1043,7 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     else
         printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
                (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
+    print_simulated(a, s.simulated, s.simulated);
     return s.oom && a->fit_status ? EXIT_NO_FIT : EXIT_FITS;
 }
 
@@ -1033,7 +1124,8 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
     enum { MAX_POINTS = 5 * 3 * 2 * 2 * 2 };
     sweep_point_t pts[MAX_POINTS], best_pt;
     summary_t best = {.status = FSDP_ERR_NOT_FOUND};
-    int n_fit = 0, n_failed = 0, n = sweep_points(a, pts, MAX_POINTS);
+    int n_fit = 0, n_failed = 0, n = sweep_points(a, pts, MAX_POINTS), sim_lo = a->world;
+    int sim_hi = 0;
     char desc[256];
 
     print_header(a);
@@ -1053,6 +1145,8 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
 
         b.mcfg.checkpoint_activations = p->ckpt_act;
         s = plan_config(&b, &p->cfg, res, 1);
+        sim_lo = s.simulated < sim_lo ? s.simulated : sim_lo;
+        sim_hi = s.simulated > sim_hi ? s.simulated : sim_hi;
         if (s.status != FSDP_OK && !s.oom) {
             progress_printf(
                 "%-18s %-12s %-7s %-8s %-9s  failed: %s", fsdp_strategy_name(p->cfg.strategy),
@@ -1085,6 +1179,7 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
     if (n_fit == 0) {
         printf("nothing fits in %.2f GiB per GPU\n",
                (double)a->capacity / (double)((size_t)1 << 30));
+        print_simulated(a, sim_lo, sim_hi);
         return !a->fit_status ? EXIT_FITS : n_failed == n ? EXIT_ERROR : EXIT_NO_FIT;
     }
     sweep_describe(&best_pt, desc, sizeof(desc));
@@ -1092,6 +1187,7 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
            "%d configurations fit)\n",
            desc, best.step_time * 1e3, 100.0 * best.mfu,
            (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit, n);
+    print_simulated(a, sim_lo, sim_hi);
     return EXIT_FITS;
 }
 
@@ -1107,6 +1203,7 @@ int main(int argc, char **argv)
     if (res == NULL)
         cli_die("out of host memory for %d ranks", args.world);
     rc = args.sweep ? print_sweep(&args, res) : print_plan(&args, res);
+    free(classes);
     free(res);
     return rc;
 }
