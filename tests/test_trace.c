@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -501,6 +502,7 @@ typedef enum {
     INJECT_SWAP,    /* rank 2, step 1: gemm and relu of layers.1 swapped */
     INJECT_DTYPE,   /* rank 2, step 1: layers.0's reduce-scatter in bf16 */
     INJECT_CROSS,   /* rank 1, step 0: an all-gather issued before the kernel that preceded it */
+    INJECT_STEP_STREAMS, /* every rank: step s's copy on a stream of its own, "step<s>" */
 } inject_t;
 
 typedef struct work {
@@ -600,7 +602,10 @@ static fsdp_status_t work_rank(fsdp_dev_t *dev, void *arg)
             op(&c, FSDP_EV_FREE, "gradient", units[u], "reduce_scatter", rs, -1, NULL);
         }
         op(&c, FSDP_EV_SYNC, "final_callback", NULL, NULL, 0, -1, NULL);
-        op(&c, FSDP_EV_COPY, "d2h", NULL, "compute", 4, FSDP_DTYPE_F32, NULL);
+        char copy_stream[16];
+        snprintf(copy_stream, sizeof(copy_stream), "step%d", s);
+        op(&c, FSDP_EV_COPY, "d2h", NULL,
+           w->inject == INJECT_STEP_STREAMS ? copy_stream : "compute", 4, FSDP_DTYPE_F32, NULL);
         memset(&m, 0, sizeof(m));
         m.peak_allocated = 3 * 8192 + 3 * 16384;
         m.peak_reserved = 4u << 20;
@@ -1133,6 +1138,191 @@ static int xml_well_formed(const char *s, int *n_elements)
     return depth == 0 && root_closed;
 }
 
+/* The tick labels of class `cls` ("xtick", "ytick") of the first rank drawn, in order. */
+typedef struct svg_tick {
+    double value, x;
+    char unit[8];
+    int end_anchored, len;
+} svg_tick_t;
+
+static int svg_ticks(const char *svg, const char *cls, svg_tick_t *t, int max)
+{
+    const char *group_end = strstr(svg, "</g>");
+    char key[32];
+    int n = 0;
+
+    snprintf(key, sizeof(key), "class=\"%s\"", cls);
+    for (const char *p = strstr(svg, key); p != NULL && p < group_end && n < max;
+         p = strstr(p + 1, key)) {
+        const char *x = strstr(p, " x=\""), *anchor = strstr(p, "text-anchor=\"");
+        const char *text = strchr(p, '>');
+        char *end;
+        if (x == NULL || anchor == NULL || text == NULL || x > text || anchor > text)
+            return -1;
+        t[n].x = strtod(x + 4, NULL);
+        t[n].end_anchored = strncmp(anchor + 13, "end\"", 4) == 0;
+        t[n].value = strtod(text + 1, &end);
+        if (end == text + 1 || *end != ' ' || sscanf(end + 1, "%7[^<]", t[n].unit) != 1)
+            return -1;
+        t[n].len = (int)(strchr(text, '<') - text - 1);
+        n++;
+    }
+    return n;
+}
+
+static int one_of(const char *s, const char *const *list)
+{
+    for (; *list != NULL; list++) {
+        if (strcmp(s, *list) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Round ticks: one unit, equal steps of 1, 2 or 5 times a power of ten, each value a multiple
+ * of the step. */
+static int ticks_round(const svg_tick_t *t, int n, const char *const *units)
+{
+    double d, m;
+
+    if (n < 2)
+        return 0;
+    d = t[1].value - t[0].value;
+    m = d / pow(10, floor(log10(d)));
+    if (!(fabs(m - 1) < 1e-6 || fabs(m - 2) < 1e-6 || fabs(m - 5) < 1e-6))
+        return 0;
+    for (int i = 0; i < n; i++) {
+        double k = t[i].value / d;
+        if (strcmp(t[i].unit, t[0].unit) != 0 || !one_of(t[i].unit, units) ||
+            fabs(k - round(k)) > 1e-6 ||
+            (i > 0 && fabs(t[i].value - t[i - 1].value - d) > 1e-6 * d))
+            return 0;
+    }
+    return 1;
+}
+
+/* Every label inside the picture, at PLOT_CHAR_W (7) pixels a character at most. */
+static int ticks_inside(const svg_tick_t *t, int n, double width)
+{
+    for (int i = 0; i < n; i++) {
+        double right = t[i].end_anchored ? t[i].x : t[i].x + t[i].len * 7 / 2.0;
+        if (right > width)
+            return 0;
+    }
+    return 1;
+}
+
+static void test_plot_axes_and_windows(void)
+{
+    static const char *const time_units[] = {"s", "ms", "\xc2\xb5s", "ns", NULL};
+    static const char *const mem_units[] = {"B", "KiB", "MiB", "GiB", NULL};
+    const char *path = tpath("plotw.db"), *out_path = tpath("plotw.svg");
+    fsdp_trace_plot_options_t o;
+    svg_tick_t t[64];
+    char *text;
+    int n;
+
+    remove_db(path);
+    CU_ASSERT_FATAL(work_run(path, INJECT_STEP_STREAMS, WORLD) > 0);
+    /* the whole run: round ticks with units, the reserved line named in the legend */
+    CU_ASSERT_FATAL(fsdp_trace_plot_svg(path, 0, 1, out_path) == FSDP_OK);
+    text = read_file(out_path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    CU_ASSERT(xml_well_formed(text, &n));
+    n = svg_ticks(text, "xtick", t, 64);
+    CU_ASSERT(n >= 3 && n <= 9);
+    CU_ASSERT(ticks_round(t, n, time_units));
+    CU_ASSERT(ticks_inside(t, n, 1130));
+    n = svg_ticks(text, "ytick", t, 64);
+    CU_ASSERT(n >= 2 && n <= 6);
+    CU_ASSERT(ticks_round(t, n, mem_units));
+    CU_ASSERT(n > 0 && t[0].value == 0);
+    /* the top covers reserved (4 MiB) */
+    CU_ASSERT(n > 0 && strcmp(t[n - 1].unit, "MiB") == 0 && t[n - 1].value >= 4);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ">reserved</text>"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "stroke-dasharray=\"4,3\"/><text"));
+    for (int s = 0; s < 3; s++) {
+        char lane[32];
+        snprintf(lane, sizeof(lane), ">step%d</text>", s);
+        CU_ASSERT_PTR_NOT_NULL(strstr(text, lane));
+    }
+    free(text);
+
+    /* step 1 alone: only its events, memory starting from what step 0 left (sharded_param) */
+    fsdp_trace_plot_options_init(&o);
+    CU_ASSERT_EQUAL(o.max_ranks, 8);
+    o.first_step = o.last_step = 1;
+    CU_ASSERT_FATAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path) == FSDP_OK);
+    text = read_file(out_path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    CU_ASSERT(xml_well_formed(text, &n));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "; step 1;"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ">step1</text>"));
+    CU_ASSERT_PTR_NULL(strstr(text, ">step0</text>"));
+    CU_ASSERT_PTR_NULL(strstr(text, ">step2</text>"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "<polygon fill=\"#4e79a7\"")); /* sharded_param */
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ">rank 3<"));
+    n = svg_ticks(text, "xtick", t, 64);
+    CU_ASSERT(n >= 3 && ticks_round(t, n, time_units) && ticks_inside(t, n, 1130));
+    /* the step's time: each step of the workload takes about 0.3 ms from its start */
+    CU_ASSERT(n > 0 && strcmp(t[0].unit, "\xc2\xb5s") == 0);
+    CU_ASSERT(n > 0 && t[0].value >= 250 && t[n - 1].value <= 650);
+    free(text);
+    /* steps 1-2, one rank */
+    o.last_step = 2;
+    o.max_ranks = 1;
+    CU_ASSERT_FATAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path) == FSDP_OK);
+    text = read_file(out_path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "; steps 1-2;"));
+    CU_ASSERT_PTR_NULL(strstr(text, ">step0</text>"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ">step2</text>"));
+    CU_ASSERT_PTR_NULL(strstr(text, ">rank 1<"));
+    free(text);
+
+    /* a time window ending on a round value: its last label drawn leftwards, inside */
+    fsdp_trace_plot_options_init(&o);
+    o.start_time = 0;
+    o.end_time = 400e-6; /* step 0's copy is at 302 us, step 1's at 602 us */
+    CU_ASSERT_FATAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path) == FSDP_OK);
+    text = read_file(out_path);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ">step0</text>"));
+    CU_ASSERT_PTR_NULL(strstr(text, ">step1</text>"));
+    n = svg_ticks(text, "xtick", t, 64);
+    CU_ASSERT(n >= 3 && ticks_round(t, n, time_units) && ticks_inside(t, n, 1130));
+    CU_ASSERT(n > 0 && t[n - 1].value == 400 && t[n - 1].end_anchored);
+    free(text);
+
+    /* windows that cannot be drawn */
+    fsdp_trace_plot_options_init(&o);
+    o.first_step = 5;
+    o.last_step = 6;
+    last_log[0] = '\0';
+    fsdp_log_set_handler(capture, NULL);
+    CU_ASSERT_EQUAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "the run has steps 0-2"));
+    o.first_step = 2;
+    o.last_step = 1;
+    CU_ASSERT_EQUAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path), FSDP_ERR_INVALID_PARAM);
+    o.last_step = 2;
+    o.end_time = 1;
+    CU_ASSERT_EQUAL(fsdp_trace_plot_svg_ex(path, 0, &o, out_path), FSDP_ERR_INVALID_PARAM);
+    fsdp_log_set_handler(NULL, NULL);
+    if (tool_path() != NULL) {
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --steps 1-2 --ranks 2", out_path, path), 0);
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --steps 1", out_path, path), 0);
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --time 0.1-0.3", out_path, path), 0);
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --steps 2-1 2>/dev/null", out_path, path), 2);
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --steps 1.5 2>/dev/null", out_path, path), 2);
+        CU_ASSERT_EQUAL(
+            run_tool("plot --svg %s %s --steps 1 --time 0-1 2>/dev/null", out_path, path), 2);
+        CU_ASSERT_EQUAL(run_tool("plot --svg %s %s --steps 7 2>/dev/null", out_path, path), 2);
+    }
+    remove_db(path);
+    remove(out_path);
+}
+
 static void test_plot_svg(void)
 {
     const char *path = tpath("plot.db"), *out_path = tpath("plot.svg");
@@ -1295,6 +1485,7 @@ int main(int argc, char **argv)
         {"summary", test_summary},
         {"chrome export", test_export_chrome},
         {"svg plot", test_plot_svg},
+        {"svg plot: axes and windows", test_plot_axes_and_windows},
         {"device times resolved after emission", test_timed},
         {NULL, NULL},
     };

@@ -3,7 +3,7 @@
  *   fsdp-trace summary DB [--run ID]
  *   fsdp-trace diff A B [--run-a ID] [--run-b ID]      exit 0 identical, 1 different, 2 error
  *   fsdp-trace export --chrome OUT.json DB [--run ID]
- *   fsdp-trace plot --svg OUT.svg DB [--run ID] [--ranks N]
+ *   fsdp-trace plot --svg OUT.svg DB [--run ID] [--ranks N] [--steps A-B | --time A-B]
  *   fsdp-trace calibrate DB [--run ID] [--base PROFILE] [--ranks-per-node N] > profile.json
  */
 #include <fsdp/fsdp.h>
@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,11 @@ static void usage(FILE *f)
         "                                         and memory ratios (B / A); exit 0 when\n"
         "                                         identical, 1 when not, 2 on error\n"
         "  export --chrome OUT.json DB [--run ID] Chrome trace JSON (Perfetto, chrome://tracing)\n"
-        "  plot --svg OUT.svg DB [--run ID] [--ranks N]\n"
-        "                                         memory by category and stream timelines\n"
+        "  plot --svg OUT.svg DB [--run ID] [--ranks N] [--steps A-B | --time A-B]\n"
+        "                                         memory by category and stream timelines of\n"
+        "                                         ranks 0..N-1 (default 8), of steps A to B\n"
+        "                                         (or one step: --steps A) or of the time from\n"
+        "                                         A to B ms; default the whole run\n"
         "  calibrate DB [--run ID] [--base PROFILE] [--ranks-per-node N]\n"
         "                                         fit the cluster profile (collective latency\n"
         "                                         and bandwidth per link, kernel rates) to the\n"
@@ -69,13 +73,41 @@ typedef struct args {
     const char *out;
     int64_t run, run_a, run_b;
     int ranks;
+    fsdp_trace_plot_options_t plot;
 } args_t;
+
+/* "A-B" or "A" (B = A); times may be fractional. */
+static int parse_range(const char *opt, const char *s, int integers, double *a_p, double *b_p)
+{
+    char *end;
+    double a, b;
+
+    errno = 0;
+    a = strtod(s, &end);
+    b = a;
+    if (end != s && *end == '-') {
+        const char *t = end + 1;
+        b = strtod(t, &end);
+        if (end == t)
+            end = (char *)s;
+    }
+    if (errno != 0 || end == s || *end != '\0' || !(a >= 0) || !(b >= a) || b > 1e15 ||
+        (integers && (a != floor(a) || b != floor(b)))) {
+        fprintf(stderr, "fsdp-trace plot: %s '%s' is not a range A-B with 0 <= A <= B%s\n", opt, s,
+                integers ? " (whole steps)" : "");
+        return -1;
+    }
+    *a_p = a;
+    *b_p = b;
+    return 0;
+}
 
 /* Parses what follows the command. `out_opt` ("--chrome", "--svg") takes the output file. */
 static int parse_args(int argc, char **argv, const char *cmd, const char *out_opt, int max_pos,
                       args_t *a)
 {
     memset(a, 0, sizeof(*a));
+    fsdp_trace_plot_options_init(&a->plot);
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int has_value = i + 1 < argc;
@@ -96,6 +128,24 @@ static int parse_args(int argc, char **argv, const char *cmd, const char *out_op
                 fprintf(stderr, "fsdp-trace: --ranks '%s' must be a positive number\n", argv[i]);
                 return -1;
             }
+            a->plot.max_ranks = a->ranks;
+        } else if (strcmp(arg, "--steps") == 0 && has_value && strcmp(cmd, "plot") == 0) {
+            double first, last;
+            if (parse_range(arg, argv[++i], 1, &first, &last) != 0)
+                return -1;
+            a->plot.first_step = (int64_t)first;
+            a->plot.last_step = (int64_t)last;
+        } else if (strcmp(arg, "--time") == 0 && has_value && strcmp(cmd, "plot") == 0) {
+            double start, end;
+            if (parse_range(arg, argv[++i], 0, &start, &end) != 0)
+                return -1;
+            if (end == start) {
+                fprintf(stderr, "fsdp-trace plot: --time '%s' is empty: give A-B ms with A < B\n",
+                        argv[i]);
+                return -1;
+            }
+            a->plot.start_time = start * 1e-3;
+            a->plot.end_time = end * 1e-3;
         } else if (arg[0] == '-' && arg[1] != '\0') {
             fprintf(stderr, "fsdp-trace %s: unknown option or missing value: '%s' (try --help)\n",
                     cmd, arg);
@@ -110,6 +160,10 @@ static int parse_args(int argc, char **argv, const char *cmd, const char *out_op
     if (a->npos != max_pos) {
         fprintf(stderr, "fsdp-trace %s: expected %s (try --help)\n", cmd,
                 max_pos == 2 ? "two trace databases" : "a trace database");
+        return -1;
+    }
+    if (a->plot.first_step >= 0 && a->plot.end_time > 0) {
+        fprintf(stderr, "fsdp-trace plot: --steps or --time, not both\n");
         return -1;
     }
     if (out_opt != NULL && a->out == NULL) {
@@ -225,7 +279,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plot") == 0) {
         if (parse_args(argc, argv, cmd, "--svg", 1, &a) != 0)
             return EXIT_ERROR;
-        status = fsdp_trace_plot_svg(a.pos[0], a.run, a.ranks, a.out);
+        status = fsdp_trace_plot_svg_ex(a.pos[0], a.run, &a.plot, a.out);
         return status == FSDP_OK ? 0 : fail(cmd, status);
     }
     if (strcmp(cmd, "calibrate") == 0)

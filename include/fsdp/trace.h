@@ -257,8 +257,28 @@ FSDP_API fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const 
 FSDP_API fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run,
                                                 const char *out_path);
 
-/* An SVG picture: per rank, memory over time stacked by category and a timeline per stream.
- * max_ranks: how many ranks to draw (0: 8). */
+/* What fsdp_trace_plot_svg_ex draws. */
+typedef struct fsdp_trace_plot_options {
+    int max_ranks;                 /* ranks drawn, from rank 0 (default 8) */
+    int64_t first_step, last_step; /* a window of steps, inclusive, as the steps table numbers
+                                      them: per rank, the events after the row of the step
+                                      before first_step up to the row of last_step (default
+                                      -1, -1: no step window) */
+    double start_time, end_time;   /* a window of time, seconds (default 0, 0: none) */
+} fsdp_trace_plot_options_t;
+
+FSDP_API void fsdp_trace_plot_options_init(fsdp_trace_plot_options_t *opts);
+
+/* An SVG picture: per rank, memory over time stacked by category (reserved as a dashed line)
+ * and a timeline per stream, on a time axis with ticks at round values and a memory axis with
+ * ticks in binary units. A window (of steps or of time, not both) draws only its events, memory
+ * starting from what the events before it left; a step window names steps the run has. opts may
+ * be NULL (the defaults). */
+FSDP_API fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
+                                              const fsdp_trace_plot_options_t *opts,
+                                              const char *out_path);
+
+/* fsdp_trace_plot_svg_ex of the whole run; max_ranks: how many ranks to draw (0: 8). */
 FSDP_API fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
                                            const char *out_path);
 

@@ -2,7 +2,8 @@
  * (the running sums of alloc and free events, with reserved as a dashed line) above a timeline
  * of the host and of each stream. Everything is reduced to the plot's pixel columns while it is
  * read, so the picture stays small for any trace: per column, memory keeps its highest point and
- * adjacent spans of one kind merge. */
+ * adjacent spans of one kind merge. A window of steps or of time draws its events alone; the
+ * events before it still run the memory sums, so that memory starts where they left it. */
 #include "trace/trace_int.h"
 
 #include <fsdp/log.h>
@@ -22,6 +23,8 @@
 #define PLOT_TOP 70 /* title and legend */
 #define PLOT_NCAT (FSDP_MEM_CATEGORY_COUNT + 1)
 #define PLOT_MAX_LANES 32
+#define PLOT_X_TICKS 8 /* at most this many intervals between time ticks */
+#define PLOT_Y_TICKS 4
 
 static const char *const plot_cat_names[PLOT_NCAT] = {
 #define PLOT_CAT_NAME_(name, str) str,
@@ -49,6 +52,9 @@ typedef struct plot_lane {
 typedef struct plot_rank {
     int rank;
     int have_mem;
+    uint64_t seq_lo, seq_hi; /* a step window: the events with seq_lo <= seq < seq_hi */
+    double start[PLOT_NCAT]; /* memory by category when the window opens */
+    double start_reserved;
     double col_total[PLOT_W];      /* the highest total seen in each column, -1 if none */
     double col[PLOT_W][PLOT_NCAT]; /* the categories at that point */
     double col_reserved[PLOT_W];
@@ -59,6 +65,7 @@ typedef struct plot_rank {
 
 typedef struct plot_ctx {
     double t0, t1; /* time range, seconds */
+    int step_window, time_window;
     plot_rank_t *r;
     int failed;
 } plot_ctx_t;
@@ -103,13 +110,32 @@ static int plot_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_
 {
     plot_ctx_t *p = arg;
     plot_rank_t *r = p->r;
+    int before = 0, after = 0;
 
+    (void)rank;
+    if (p->step_window) {
+        if (seq >= r->seq_hi)
+            return 1; /* past the window: nothing more to read */
+        before = seq < r->seq_lo;
+    }
     if (ev->kind == FSDP_EV_ALLOC || ev->kind == FSDP_EV_FREE) {
         int c = plot_cat(ev->name), x;
         double total = 0;
         r->cur[c] += ev->kind == FSDP_EV_ALLOC ? (double)ev->bytes : -(double)ev->bytes;
         if (r->cur[c] < 0)
             r->cur[c] = 0;
+        r->have_mem = 1;
+        if (p->time_window) {
+            before = ev->host_time < p->t0;
+            after = ev->host_time > p->t1;
+        }
+        if (before) {
+            memcpy(r->start, r->cur, sizeof(r->cur));
+            r->start_reserved = (double)ev->reserved;
+            return 0;
+        }
+        if (after)
+            return 0;
         for (int k = 0; k < PLOT_NCAT; k++)
             total += r->cur[k];
         x = (int)plot_x(p, ev->host_time);
@@ -121,14 +147,19 @@ static int plot_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_
         }
         if ((double)ev->reserved > r->col_reserved[x])
             r->col_reserved[x] = (double)ev->reserved;
-        r->have_mem = 1;
         return 0;
     }
+    double t_start = ev->end > ev->start || ev->stream != NULL ? ev->start : ev->host_time;
+    double t_end = ev->end > ev->start ? ev->end : t_start;
+    if (p->time_window) {
+        before = t_end < p->t0;
+        after = t_start > p->t1;
+    }
+    if (before || after)
+        return 0;
     plot_lane_t *lane = plot_lane(p, ev->stream);
     if (lane == NULL)
         return 1;
-    double t_start = ev->end > ev->start || ev->stream != NULL ? ev->start : ev->host_time;
-    double t_end = ev->end > ev->start ? ev->end : t_start;
     float x0 = (float)plot_x(p, t_start), x1 = (float)plot_x(p, t_end);
     int kind = (unsigned)ev->kind < FSDP_EV_KIND_COUNT ? (int)ev->kind : FSDP_EV_KIND_COUNT;
     if (x1 - x0 < 0.6f)
@@ -186,16 +217,79 @@ static void xml_text(FILE *f, const char *s)
     }
 }
 
+/* An axis with ticks at round values: 1, 2 or 5 times a power of ten of `unit`. */
+typedef struct plot_axis {
+    const char *unit; /* "ms", "MiB", ... */
+    double scale;     /* seconds or bytes per unit */
+    double step;      /* in units */
+    int decimals;     /* what a label needs to show the step */
+} plot_axis_t;
+
+/* The round step that cuts `span` units into at most `pieces`. */
+static void plot_axis_step(plot_axis_t *a, double span, int pieces)
+{
+    double raw = span / pieces, p = pow(10, floor(log10(raw))), m = raw / p;
+    int k = (int)floor(log10(raw));
+
+    if (m > 5) {
+        m = 1;
+        p *= 10;
+        k++;
+    } else {
+        m = m > 2 ? 5 : m > 1 ? 2 : 1;
+    }
+    a->step = m * p;
+    a->decimals = k < 0 ? -k : 0;
+}
+
+/* Time in s, ms, us (as µs) or ns: the largest unit of which a step is at least a tenth. */
+static plot_axis_t plot_time_axis(double span)
+{
+    static const struct {
+        const char *name;
+        double scale;
+    } units[] = {{"s", 1}, {"ms", 1e-3}, {"\xc2\xb5s", 1e-6}, {"ns", 1e-9}};
+    plot_axis_t a;
+    size_t u = 0;
+
+    while (u + 1 < sizeof(units) / sizeof(units[0]) && span / PLOT_X_TICKS < units[u].scale / 10)
+        u++;
+    a.unit = units[u].name;
+    a.scale = units[u].scale;
+    plot_axis_step(&a, span / a.scale, PLOT_X_TICKS);
+    return a;
+}
+
+/* Bytes in B, KiB, MiB or GiB, by the largest; whole bytes at least. */
+static plot_axis_t plot_mem_axis(double max)
+{
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    plot_axis_t a;
+    int u = 0;
+
+    while (u < 4 && max >= 1024.0 * (double)(1ull << (10 * u)))
+        u++;
+    a.unit = names[u];
+    a.scale = (double)(1ull << (10 * u));
+    plot_axis_step(&a, max > 0 ? max / a.scale : 1, PLOT_Y_TICKS);
+    if (u == 0 && a.step < 1) {
+        a.step = 1;
+        a.decimals = 0;
+    }
+    return a;
+}
+
 /* Stacked areas: category c fills between the running sums of 0..c-1 and 0..c. */
-static void plot_memory(FILE *f, const plot_rank_t *r, double y0, double mem_max)
+static void plot_memory(FILE *f, const plot_rank_t *r, double y0, double mem_top)
 {
     double(*cum)[PLOT_W] = malloc((PLOT_NCAT + 1) * sizeof(*cum));
-    double state[PLOT_NCAT] = {0}, reserved = 0;
-    double scale = mem_max > 0 ? PLOT_MEM_H / mem_max : 0;
+    double state[PLOT_NCAT], reserved = r->start_reserved;
+    double scale = mem_top > 0 ? PLOT_MEM_H / mem_top : 0;
 
     if (cum == NULL)
         return; /* the picture loses its memory chart, nothing else */
 
+    memcpy(state, r->start, sizeof(state));
     for (int x = 0; x < PLOT_W; x++) {
         if (r->col_total[x] >= 0)
             memcpy(state, r->col[x], sizeof(state));
@@ -247,15 +341,63 @@ static double plot_panel_h(const plot_rank_t *r)
     return PLOT_MEM_H + 8 + r->nlanes * PLOT_LANE_H + PLOT_PANEL_GAP;
 }
 
-static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, int n,
-                       const fsdp_trace_run_row_t *info)
+/* Labels are at most this wide per character, at the picture's font size. */
+#define PLOT_CHAR_W 7
+
+/* The time axis under a rank's lanes (grid lines from y_top), its last label kept inside. */
+static void plot_x_ticks(FILE *f, const plot_ctx_t *p, const plot_axis_t *a, double y_top,
+                         double y_axis, int width)
 {
-    double mem_max = 0, height = PLOT_TOP, y;
-    int width = PLOT_LEFT + PLOT_W + PLOT_RIGHT;
-    char buf[32];
+    double first = ceil(p->t0 / a->scale / a->step - 1e-9);
+    double last = floor(p->t1 / a->scale / a->step + 1e-9);
+    char label[64];
+
+    for (double i = first; i <= last; i++) {
+        double v = i == 0 ? 0 : i * a->step, x = PLOT_LEFT + plot_x(p, v * a->scale); /* no -0 */
+        int len = snprintf(label, sizeof(label), "%.*f %s", a->decimals, v, a->unit);
+        const char *anchor = "middle";
+        if (x + len * PLOT_CHAR_W / 2.0 > width - 2)
+            anchor = "end";
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n"
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\"/>\n"
+                "<text class=\"xtick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" fill=\"#555\">"
+                "%s</text>\n",
+                x, y_top, x, y_axis, x, y_axis, x, y_axis + 4, x, y_axis + 15, anchor, label);
+    }
+}
+
+/* The memory axis left of a rank's chart, with grid lines across it. */
+static void plot_y_ticks(FILE *f, const plot_axis_t *a, double top, double y0)
+{
+    double scale = top > 0 ? PLOT_MEM_H / top : 0;
+
+    for (double i = 0; i * a->step <= top / a->scale + 1e-9; i++) {
+        double v = i * a->step, y = y0 + PLOT_MEM_H - v * a->scale * scale;
+        fprintf(f,
+                "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n"
+                "<text class=\"ytick\" x=\"%d\" y=\"%.1f\" text-anchor=\"end\" fill=\"#555\">"
+                "%.*f %s</text>\n",
+                PLOT_LEFT - 3, y, PLOT_LEFT + PLOT_W, y, PLOT_LEFT - 5, y + 4, a->decimals, v,
+                a->unit);
+        if (top <= 0)
+            break;
+    }
+}
+
+static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, int n,
+                       const fsdp_trace_run_row_t *info, const fsdp_trace_plot_options_t *opts)
+{
+    double mem_max = 0, mem_top, height = PLOT_TOP, y;
+    int width = PLOT_LEFT + PLOT_W + PLOT_RIGHT, lx;
+    plot_axis_t ta = plot_time_axis(p->t1 - p->t0), ma;
 
     for (int i = 0; i < n; i++) {
+        double start = ranks[i].start_reserved, total = 0;
         height += plot_panel_h(&ranks[i]);
+        for (int c = 0; c < PLOT_NCAT; c++)
+            total += ranks[i].start[c];
+        mem_max = fmax(mem_max, fmax(start, total));
         for (int x = 0; x < PLOT_W; x++) {
             if (ranks[i].col_total[x] > mem_max)
                 mem_max = ranks[i].col_total[x];
@@ -263,6 +405,8 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
                 mem_max = ranks[i].col_reserved[x];
         }
     }
+    ma = plot_mem_axis(mem_max);
+    mem_top = mem_max > 0 ? ceil(mem_max / ma.scale / ma.step - 1e-9) * ma.step * ma.scale : 0;
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%.0f\" "
@@ -274,17 +418,26 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
     xml_text(f, info->backend);
     fprintf(f, ", world %d, ", info->world_size);
     xml_text(f, info->strategy != NULL ? info->strategy : "-");
-    fprintf(f, "; %.6g ms; memory scale %s</text>\n", (p->t1 - p->t0) * 1e3,
-            fsdp_trace_fmt_bytes((uint64_t)mem_max, buf, sizeof(buf)));
+    if (p->step_window && opts->first_step == opts->last_step)
+        fprintf(f, "; step %" PRId64, opts->first_step);
+    else if (p->step_window)
+        fprintf(f, "; steps %" PRId64 "-%" PRId64, opts->first_step, opts->last_step);
+    fprintf(f, "; %.6g ms from %.6g ms</text>\n", (p->t1 - p->t0) * 1e3, p->t0 * 1e3);
+    /* legend: the memory categories and reserved, then the kinds of spans */
+    lx = 10;
     for (int c = 0; c < PLOT_NCAT; c++) {
-        int lx = 10 + c * 120;
         fprintf(f,
                 "<rect x=\"%d\" y=\"28\" width=\"10\" height=\"10\" fill=\"%s\"/>"
                 "<text x=\"%d\" y=\"37\">%s</text>\n",
                 lx, plot_cat_colors[c], lx + 14, plot_cat_names[c]);
+        lx += 14 + PLOT_CHAR_W * (int)strlen(plot_cat_names[c]) + 10;
     }
+    fprintf(f,
+            "<line x1=\"%d\" y1=\"33\" x2=\"%d\" y2=\"33\" stroke=\"#333\" "
+            "stroke-dasharray=\"4,3\"/><text class=\"legend\" x=\"%d\" y=\"37\">reserved</text>\n",
+            lx, lx + 20, lx + 24);
     for (int k = 0, slot = 0; k < FSDP_EV_KIND_COUNT; k++) {
-        int lx = 10 + slot * 110;
+        lx = 10 + slot * 110;
         if (k == FSDP_EV_ALLOC || k == FSDP_EV_FREE)
             continue; /* drawn as memory, not as spans */
         slot++;
@@ -296,22 +449,22 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
     y = PLOT_TOP;
     for (int i = 0; i < n; i++) {
         const plot_rank_t *r = &ranks[i];
+        double ly = y + PLOT_MEM_H + 8;
         fprintf(f,
                 "<g id=\"rank%d\">\n<text x=\"10\" y=\"%.1f\" font-weight=\"bold\">rank %d"
                 "</text>\n",
                 r->rank, y + 12, r->rank);
+        plot_x_ticks(f, p, &ta, y, ly + r->nlanes * PLOT_LANE_H, width);
+        plot_y_ticks(f, &ma, mem_top, y);
         fprintf(f,
                 "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" "
                 "stroke=\"#ccc\"/>\n",
                 PLOT_LEFT, y, PLOT_W, PLOT_MEM_H);
-        fprintf(f, "<text x=\"10\" y=\"%.1f\">%s</text>\n", y + 28,
-                fsdp_trace_fmt_bytes((uint64_t)mem_max, buf, sizeof(buf)));
         if (r->have_mem)
-            plot_memory(f, r, y, mem_max);
-        double ly = y + PLOT_MEM_H + 8;
+            plot_memory(f, r, y, mem_top);
         for (int k = 0; k < r->nlanes; k++, ly += PLOT_LANE_H) {
             const plot_lane_t *lane = &r->lanes[k];
-            fputs("<text x=\"10\" y=\"", f);
+            fputs("<text class=\"lane\" x=\"10\" y=\"", f);
             fprintf(f, "%.1f\">", ly + 10);
             xml_text(f, lane->name != NULL ? lane->name : "host");
             fputs("</text>\n", f);
@@ -323,41 +476,96 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
                         lane->rects[j].x1 - lane->rects[j].x0, PLOT_LANE_H - 2,
                         plot_kind_colors[lane->rects[j].kind]);
         }
-        /* time axis: five ticks in milliseconds */
-        for (int t = 0; t <= 4; t++) {
-            double tx = PLOT_LEFT + PLOT_W * t / 4.0;
-            fprintf(f,
-                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">"
-                    "%.4g ms</text>\n",
-                    tx, ly + 12, (p->t0 + (p->t1 - p->t0) * t / 4.0) * 1e3);
-        }
         fputs("</g>\n", f);
         y += plot_panel_h(r);
     }
     fputs("</svg>\n", f);
 }
 
-static fsdp_status_t plot_time_range(sqlite3 *db, int64_t run, int nranks, plot_ctx_t *p)
+/* Per rank, the events of the step window: after the row of the last step before it, up to the
+ * row of its last step. */
+typedef struct plot_steps {
+    const fsdp_trace_plot_options_t *opts;
+    plot_rank_t *ranks;
+    int nranks;
+    int64_t min_step, max_step;
+    int in_window;
+} plot_steps_t;
+
+static int plot_step_row(void *arg, const fsdp_trace_step_row_t *row)
+{
+    plot_steps_t *s = arg;
+
+    if (row->step < s->min_step)
+        s->min_step = row->step;
+    if (row->step > s->max_step)
+        s->max_step = row->step;
+    if (row->step >= s->opts->first_step && row->step <= s->opts->last_step)
+        s->in_window = 1;
+    if (row->rank < 0 || row->rank >= s->nranks)
+        return 0;
+    plot_rank_t *r = &s->ranks[row->rank];
+    if (row->step < s->opts->first_step && row->seq_end > r->seq_lo)
+        r->seq_lo = row->seq_end;
+    if (row->step <= s->opts->last_step && row->seq_end > r->seq_hi)
+        r->seq_hi = row->seq_end;
+    return 0;
+}
+
+static fsdp_status_t plot_step_window(fsdp_trace_reader_t *reader, int64_t run,
+                                      const fsdp_trace_plot_options_t *opts, plot_rank_t *ranks,
+                                      int nranks)
+{
+    plot_steps_t s = {opts, ranks, nranks, INT64_MAX, INT64_MIN, 0};
+    fsdp_status_t status;
+
+    status = fsdp_trace_reader_steps(reader, run, -1, plot_step_row, &s);
+    if (status != FSDP_OK)
+        return status;
+    if (s.max_step < s.min_step) {
+        fsdp_error("plot: steps %" PRId64 "-%" PRId64 ": the run has no step rows",
+                   opts->first_step, opts->last_step);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (!s.in_window) {
+        fsdp_error("plot: steps %" PRId64 "-%" PRId64 ": the run has steps %" PRId64 "-%" PRId64,
+                   opts->first_step, opts->last_step, s.min_step, s.max_step);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+/* The time the drawn events span: every event of the drawn ranks, or the step window's. */
+static fsdp_status_t plot_time_range(sqlite3 *db, int64_t run, const plot_rank_t *ranks, int nranks,
+                                     plot_ctx_t *p)
 {
     sqlite3_stmt *st;
     fsdp_status_t status;
-    int rc;
+    int rc = SQLITE_DONE, any = 0;
 
     status = fsdp_trace_db_prepare(db,
                                    "SELECT min(min(host_time, start_time)), "
                                    "max(max(host_time, end_time)) FROM events "
-                                   "WHERE run = ?1 AND rank < ?2",
+                                   "WHERE run = ?1 AND rank = ?2 AND seq >= ?3 AND seq < ?4",
                                    &st);
     if (status != FSDP_OK)
         return status;
-    sqlite3_bind_int64(st, 1, run);
-    sqlite3_bind_int(st, 2, nranks);
-    rc = sqlite3_step(st);
-    p->t0 = 0;
-    p->t1 = 0;
-    if (rc == SQLITE_ROW) {
-        p->t0 = sqlite3_column_double(st, 0);
-        p->t1 = sqlite3_column_double(st, 1);
+    for (int i = 0; i < nranks; i++) {
+        sqlite3_bind_int64(st, 1, run);
+        sqlite3_bind_int(st, 2, ranks[i].rank);
+        sqlite3_bind_int64(st, 3, p->step_window ? (int64_t)ranks[i].seq_lo : 0);
+        sqlite3_bind_int64(st, 4, p->step_window ? (int64_t)ranks[i].seq_hi : INT64_MAX);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+            double t0 = sqlite3_column_double(st, 0), t1 = sqlite3_column_double(st, 1);
+            p->t0 = any && p->t0 < t0 ? p->t0 : t0;
+            p->t1 = any && p->t1 > t1 ? p->t1 : t1;
+            any = 1;
+        }
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            break;
+        rc = SQLITE_DONE;
+        sqlite3_reset(st);
     }
     status = FSDP_SQLITE_CALL(db, rc);
     sqlite3_finalize(st);
@@ -366,25 +574,65 @@ static fsdp_status_t plot_time_range(sqlite3 *db, int64_t run, int nranks, plot_
     return status;
 }
 
-fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
-                                  const char *out_path)
+void fsdp_trace_plot_options_init(fsdp_trace_plot_options_t *opts)
 {
+    memset(opts, 0, sizeof(*opts));
+    opts->max_ranks = 8;
+    opts->first_step = -1;
+    opts->last_step = -1;
+}
+
+static fsdp_status_t plot_check_options(const fsdp_trace_plot_options_t *o)
+{
+    int steps = o->first_step != -1 || o->last_step != -1;
+    int times = o->start_time != 0 || o->end_time != 0;
+
+    if (steps && (o->first_step < 0 || o->last_step < o->first_step)) {
+        fsdp_error("plot: steps %" PRId64 "-%" PRId64 ": a window of steps is A-B with "
+                   "0 <= A <= B",
+                   o->first_step, o->last_step);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (times && !(o->start_time >= 0 && o->end_time > o->start_time && isfinite(o->end_time))) {
+        fsdp_error("plot: time window %g-%g s: it is A-B seconds with 0 <= A < B", o->start_time,
+                   o->end_time);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (steps && times) {
+        fsdp_error("plot: a window of steps or of time, not both");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
+                                     const fsdp_trace_plot_options_t *opts, const char *out_path)
+{
+    fsdp_trace_plot_options_t defaults;
     fsdp_trace_reader_t *reader = NULL;
     fsdp_trace_run_row_t info;
     plot_rank_t *ranks = NULL;
     plot_ctx_t p;
     fsdp_status_t status;
     int64_t id;
-    int nranks = 0;
+    int nranks = 0, max_ranks;
     FILE *f;
 
     memset(&p, 0, sizeof(p));
+    if (opts == NULL) {
+        fsdp_trace_plot_options_init(&defaults);
+        opts = &defaults;
+    }
     if (out_path == NULL) {
         fsdp_error("plot: no output file given");
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (max_ranks <= 0)
-        max_ranks = 8;
+    status = plot_check_options(opts);
+    if (status != FSDP_OK)
+        return status;
+    max_ranks = opts->max_ranks > 0 ? opts->max_ranks : 8;
+    p.step_window = opts->first_step != -1;
+    p.time_window = opts->end_time > 0;
     status = fsdp_trace_reader_open(path, &reader);
     if (status != FSDP_OK)
         return status;
@@ -395,16 +643,31 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
         goto out;
     if (nranks > max_ranks)
         nranks = max_ranks;
-    status = plot_time_range(fsdp_trace_reader_db(reader), id, nranks, &p);
-    if (status != FSDP_OK)
-        goto out;
     ranks = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof(*ranks));
     if (ranks == NULL)
         goto err_no_memory;
     for (int i = 0; i < nranks; i++) {
         ranks[i].rank = i;
+        ranks[i].seq_hi = UINT64_MAX;
         for (int x = 0; x < PLOT_W; x++)
             ranks[i].col_total[x] = -1;
+    }
+    if (p.step_window) {
+        for (int i = 0; i < nranks; i++)
+            ranks[i].seq_hi = 0;
+        status = plot_step_window(reader, id, opts, ranks, nranks);
+        if (status != FSDP_OK)
+            goto out;
+    }
+    if (p.time_window) {
+        p.t0 = opts->start_time;
+        p.t1 = opts->end_time;
+    } else {
+        status = plot_time_range(fsdp_trace_reader_db(reader), id, ranks, nranks, &p);
+        if (status != FSDP_OK)
+            goto out;
+    }
+    for (int i = 0; i < nranks; i++) {
         plot_lane(&(plot_ctx_t){.r = &ranks[i]}, NULL); /* the host lane comes first */
         p.r = &ranks[i];
         status = fsdp_trace_reader_events(reader, id, i, plot_event, &p);
@@ -422,7 +685,7 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
         status = FSDP_ERR_IO;
         goto out;
     }
-    plot_write(f, &p, ranks, nranks, &info);
+    plot_write(f, &p, ranks, nranks, &info, opts);
     if (ferror(f) | fclose(f)) {
         fsdp_error("plot: cannot write '%s': %s", out_path, strerror(errno));
         remove(out_path);
@@ -443,4 +706,14 @@ out:
     free(ranks);
     fsdp_trace_reader_close(reader);
     return status;
+}
+
+fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
+                                  const char *out_path)
+{
+    fsdp_trace_plot_options_t opts;
+
+    fsdp_trace_plot_options_init(&opts);
+    opts.max_ranks = max_ranks;
+    return fsdp_trace_plot_svg_ex(path, run, &opts, out_path);
 }
