@@ -64,7 +64,8 @@ check "gpt2-tiny: the summary follows" grep -q '^trained [0-9]* tokens' "$tmp/gp
 
 onterm mlp "$tools/fsdp-train --model mlp:16,32,4 --world 2 --steps 4"
 check "mlp: every step line is clean, no bar left" \
-    clean_steps "$tmp/mlp.screen" '^step [0-9]* loss [0-9.e+-]*' 4
+    clean_steps "$tmp/mlp.screen" \
+    '^step [0-9]* loss [0-9.e+-]* rows/s [0-9]* sim_step_ms [0-9.]* peak_mib [0-9.]*$' 4
 check "mlp: a bar" grep -aq '\] 3/4 |' "$tmp/mlp.raw"
 
 onterm sweep "$tools/fsdp-plan --model mlp:64,64 --world 2 --sweep"

@@ -64,6 +64,8 @@ typedef struct train_shared {
     float **init_biases;   /* per layer [out], or NULL */
     size_t *peak;          /* per rank */
     float *losses;         /* per step (rank 0 writes) */
+    int64_t steps_run;     /* rank 0's: steps trained in this process */
+    double step_time_sum;  /* rank 0's step times, seconds */
     fsdp_trace_t *trace;   /* --trace, or NULL */
     int64_t resumed_step;  /* rank 0's: the step --resume loaded */
 } train_shared_t;
@@ -682,6 +684,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     for (int step = (int)first_step; step < a->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
         train_step_clock_t clock;
+        double wall0 = train_wall_now(), step_time = 0;
         train_step_begin(dev, &clock);
         /* gradient accumulation: the first micro-batches under no_sync, the last syncs */
         for (int k = 0; k < a->grad_accum && status == FSDP_OK; k++) {
@@ -714,12 +717,18 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
         if (status == FSDP_OK)
-            train_step_end(dev, fs, &clock, step + 1, loss);
+            step_time = train_step_end(dev, fs, &clock, step + 1, loss);
         if (status == FSDP_OK && dev->rank == 0) {
+            double wall = train_wall_now() - wall0;
             sh->losses[step] = loss;
+            sh->steps_run++;
+            sh->step_time_sum += step_time;
             if (!a->quiet) {
                 char note[32];
-                progress_printf("step %d loss %.9g", step + 1, (double)loss);
+                fsdp_mem_get_stats(fsdp_memory(fs), &st);
+                train_step_line(&a->launch, step + 1, (double)loss, "rows/s",
+                                wall > 0 ? (double)a->batch / wall : 0.0, step_time,
+                                st.peak_allocated);
                 snprintf(note, sizeof(note), "loss %.4f", (double)loss);
                 progress_update(step + 1, note);
             }
@@ -785,6 +794,7 @@ int main(int argc, char **argv)
     fsdp_status_t status;
     char trace_buf[4096];
     const char *trace_path;
+    double t0;
 
     cli_init("fsdp-train");
     parse_args(argc, argv, &args);
@@ -810,8 +820,10 @@ int main(int argc, char **argv)
         fail_quietly();
     if (!args.quiet && train_launch_reports(&args.launch))
         progress_start(args.steps, "step", "setting up");
+    t0 = train_wall_now();
     status = train_launch_run(&args.launch, train_rank, &sh);
     progress_end();
+    t0 = train_wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     if (status == FSDP_OK && train_launch_reports(&args.launch) &&
@@ -819,12 +831,26 @@ int main(int argc, char **argv)
         status = FSDP_ERR_INVALID_PARAM;
     /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each
      * process knows its own rank's peak. */
+    if (status == FSDP_OK && train_launch_reports(&args.launch) && sh.steps_run > 0) {
+        int64_t first = sh.resumed_step;
+        train_totals_t t = {.unit = "rows",
+                            .items = (double)sh.steps_run * (double)args.batch,
+                            .wall_s = t0,
+                            .steps_run = sh.steps_run,
+                            .first_loss = sh.losses[first],
+                            .last_loss = sh.losses[first + sh.steps_run - 1],
+                            .step_time_sum = sh.step_time_sum,
+                            .profile_name = args.profile.name};
+        train_report_totals(&args.launch, &t);
+    }
     for (int r = 0; status == FSDP_OK && r < args.world; r++) {
         if (args.launch.backend == TRAIN_BACKEND_SIM || r == args.launch.rank)
             printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
     }
     if (status == FSDP_OK && args.save_path && train_launch_reports(&args.launch))
         printf("saved %s\n", args.save_path);
+    if (status == FSDP_OK)
+        train_report_outputs(train_launch_reports(&args.launch) ? args.ckpt_dir : NULL, trace_path);
 
     for (int i = 0; sh.init_weights && i < args.nlayers; i++) {
         free(sh.init_weights[i]);

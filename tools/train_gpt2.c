@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 #include "corpus.h"
@@ -60,13 +59,6 @@ static void lm_destroy(lm_t *m)
 static int lm_vocab(const gpt2_train_opts_t *o)
 {
     return o->llama ? o->llama_model.vocab_size : o->model.vocab_size;
-}
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The mean of every rank's value (each rank counts the same number of targets). */
@@ -134,7 +126,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
         train_step_clock_t clock;
-        double wall0 = wall_now();
+        double wall0 = train_wall_now();
         train_step_begin(dev, &clock);
         status = fsdp_tokens_batch(sh->tokens, &spec, step, inputs, targets);
         /* gradient accumulation: no_sync for all micro-batches but the last */
@@ -163,7 +155,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             status = global_mean(dev, fs, dloss, &loss);
         double sim_dt = status == FSDP_OK ? train_step_end(dev, fs, &clock, step + 1, loss) : 0;
         if (status == FSDP_OK && dev->rank == 0) {
-            double wall = wall_now() - wall0;
+            double wall = train_wall_now() - wall0;
             fsdp_mem_get_stats(fsdp_memory(fs), &st);
             if (sh->steps_run == 0)
                 sh->first_loss = loss;
@@ -171,14 +163,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             sh->steps_run++;
             sh->sim_time += sim_dt;
             if (!o->quiet) {
-                /* tokens/s: this process's wall time; the step time: the simulated device's
-                 * (on a GPU, the host's wall clock over the step) */
                 char note[32];
-                progress_printf("step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f",
-                                (long long)step + 1, (double)loss,
-                                wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
-                                o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
-                                sim_dt * 1e3, (double)st.peak_allocated / 1048576.0);
+                train_step_line(o->launch, step + 1, (double)loss, "tok/s",
+                                wall > 0 ? (double)o->batch * (double)T / wall : 0.0, sim_dt,
+                                st.peak_allocated);
                 snprintf(note, sizeof(note), "loss %.4f", (double)loss);
                 progress_update(step + 1, note);
             }
@@ -294,12 +282,12 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (train_trace_open(trace_path, o->launch, &o->fsdp, o->model_name, o->argc, o->argv,
                          &sh.trace) != FSDP_OK)
         goto out;
-    t0 = wall_now();
+    t0 = train_wall_now();
     if (!o->quiet && report)
         progress_start(o->steps, "step", "setting up");
     status = train_launch_run(o->launch, gpt2_rank, &sh);
     progress_end();
-    dt = wall_now() - t0;
+    dt = train_wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     sh.trace = NULL;
@@ -308,18 +296,16 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         rc = 1;
         goto out;
     }
-    if (sh.steps_run > 0 && report) {
-        double tokens = (double)sh.steps_run * (double)o->batch * (double)o->seq;
-        printf("trained %.0f tokens in %.2f s: %.0f tokens/s\n", tokens, dt,
-               dt > 0.0 ? tokens / dt : 0.0);
-        if (o->launch->backend == TRAIN_BACKEND_GPU)
-            printf("loss %.4f -> %.4f over %lld steps; step time %.3f ms on the gpu backend\n",
-                   sh.first_loss, sh.last_loss, (long long)sh.steps_run,
-                   sh.sim_time / (double)sh.steps_run * 1e3);
-        else
-            printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
-                   sh.first_loss, sh.last_loss, (long long)sh.steps_run,
-                   sh.sim_time / (double)sh.steps_run * 1e3, o->profile->name);
+    if (report) {
+        train_totals_t t = {.unit = "tokens",
+                            .items = (double)sh.steps_run * (double)o->batch * (double)o->seq,
+                            .wall_s = dt,
+                            .steps_run = sh.steps_run,
+                            .first_loss = sh.first_loss,
+                            .last_loss = sh.last_loss,
+                            .step_time_sum = sh.sim_time,
+                            .profile_name = o->profile->name};
+        train_report_totals(o->launch, &t);
     }
     /* on the gpu backend each process knows its own rank's peak */
     for (int r = 0; r < o->world; r++) {
@@ -335,10 +321,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         }
         printf("saved %s (HF config %s)\n", o->save_path, cfg_path);
     }
-    if (o->ckpt_dir != NULL && report)
-        printf("checkpoint %s\n", o->ckpt_dir);
-    if (trace_path != NULL)
-        printf("trace %s (fsdp-trace summary %s)\n", trace_path, trace_path);
+    train_report_outputs(report ? o->ckpt_dir : NULL, trace_path);
     rc = 0;
 out:
     fsdp_trace_close(sh.trace);

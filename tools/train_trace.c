@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "progress.h"
@@ -67,6 +68,46 @@ int train_resume_past_end(const char *dir, int64_t step, int64_t steps)
               "(--steps is the total, counted from step 0; give more than %lld to continue)",
               dir, (long long)step, (long long)steps, (long long)step);
     return 1;
+}
+
+double train_wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void train_step_line(const train_launch_t *launch, int64_t step, double loss, const char *unit,
+                     double items_per_s, double step_time, size_t peak_allocated)
+{
+    progress_printf("step %lld loss %.9g %s %.0f %s %.3f peak_mib %.2f", (long long)step, loss,
+                    unit, items_per_s,
+                    launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                    step_time * 1e3, (double)peak_allocated / 1048576.0);
+}
+
+void train_report_totals(const train_launch_t *launch, const train_totals_t *t)
+{
+    if (t->steps_run <= 0)
+        return;
+    printf("trained %.0f %s in %.2f s: %.0f %s/s\n", t->items, t->unit, t->wall_s,
+           t->wall_s > 0.0 ? t->items / t->wall_s : 0.0, t->unit);
+    if (launch->backend == TRAIN_BACKEND_GPU)
+        printf("loss %.4f -> %.4f over %lld steps; step time %.3f ms on the gpu backend\n",
+               t->first_loss, t->last_loss, (long long)t->steps_run,
+               t->step_time_sum / (double)t->steps_run * 1e3);
+    else
+        printf("loss %.4f -> %.4f over %lld steps; simulated step time %.3f ms on %s\n",
+               t->first_loss, t->last_loss, (long long)t->steps_run,
+               t->step_time_sum / (double)t->steps_run * 1e3, t->profile_name);
+}
+
+void train_report_outputs(const char *ckpt_dir, const char *trace_path)
+{
+    if (ckpt_dir != NULL)
+        printf("checkpoint %s\n", ckpt_dir);
+    if (trace_path != NULL)
+        printf("trace %s (fsdp-trace summary %s)\n", trace_path, trace_path);
 }
 
 void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)

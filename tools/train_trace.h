@@ -25,6 +25,29 @@ void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock);
 double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, int64_t step,
                       double loss);
 
+/* The host's monotonic clock in seconds: the wall time of steps and of the run. */
+double train_wall_now(void);
+
+/* A step line, the same for every model: the loss, this process's items (tokens or rows) per
+ * second, the step time (the simulated device's; on a GPU, the host's wall clock over the
+ * step) and the rank's peak allocated memory. Printed above the progress bar. */
+void train_step_line(const train_launch_t *launch, int64_t step, double loss, const char *unit,
+                     double items_per_s, double step_time, size_t peak_allocated);
+
+/* What a run trained, after its last step: items (tokens or rows) and their rate over the wall
+ * time, the first and last loss and the mean step time (step_time_sum over steps_run). */
+typedef struct train_totals {
+    const char *unit; /* "tokens", "rows" */
+    double items, wall_s;
+    int64_t steps_run;
+    double first_loss, last_loss, step_time_sum;
+    const char *profile_name; /* the simulator's cluster */
+} train_totals_t;
+
+void train_report_totals(const train_launch_t *launch, const train_totals_t *t);
+/* Where the run's files went: the checkpoint directory and the trace (either may be NULL). */
+void train_report_outputs(const char *ckpt_dir, const char *trace_path);
+
 /* --resume: rank 0 says which step it loaded (a line above the progress bar; none when quiet). */
 void train_resumed(const fsdp_dev_t *dev, const char *dir, int64_t step, int quiet);
 /* After the run: a checkpoint at or past --steps left nothing to train, which is an error the
