@@ -301,6 +301,39 @@ check "llama: resume from a sharded checkpoint continues the loss sequence exact
 grep -a -o '"[a-z_.0-9]*weight"' "$tmp/llfull/step-00000001/model.safetensors" | sort >"$tmp/llnames"
 check "llama: a full checkpoint holds HF's 20 tensor names, no lm_head when tied" sh -c \
     "test \$(wc -l <'$tmp/llnames') -eq 20 && grep -q '\"model.layers.1.self_attn.k_proj.weight\"' '$tmp/llnames' && grep -q '\"model.norm.weight\"' '$tmp/llnames' && ! grep -q lm_head '$tmp/llnames'"
+# --consolidate: a sharded checkpoint as one file, the bytes of a full checkpoint's model
+"$train" --model "$lt" --world 2 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \
+    --save-checkpoint "$tmp/llck-full" >/dev/null 2>&1
+"$train" --consolidate "$tmp/llck" --save "$tmp/llcons.safetensors" >"$tmp/cons" 2>"$tmp/err"
+check "llama: --consolidate of a sharded checkpoint says what it wrote" \
+    sh -c "test ! -s '$tmp/err' && grep -qx 'consolidated $tmp/llck (step 2) into $tmp/llcons.safetensors' '$tmp/cons'"
+check "llama: the consolidated file is a full checkpoint's model.safetensors" \
+    cmp -s "$tmp/llcons.safetensors" "$tmp/llck-full/step-00000002/model.safetensors"
+for sd in sharded full; do
+    "$train" --model "$tiny" --world 4 --batch 4 --steps 2 --save-checkpoint "$tmp/gcons-$sd" \
+        --state-dict $sd >/dev/null 2>&1
+done
+"$train" --consolidate "$tmp/gcons-sharded" --save "$tmp/gcons.safetensors" >/dev/null 2>&1
+check "gpt2: the consolidated file is a full checkpoint's model.safetensors (HF names)" \
+    sh -c "cmp -s '$tmp/gcons.safetensors' '$tmp/gcons-full/step-00000002/model.safetensors' &&
+           grep -aq '\"transformer.h.0.attn.c_attn.weight\"' '$tmp/gcons.safetensors'"
+"$train" --consolidate "$tmp/gcons-full" --save "$tmp/gcons2.safetensors" >/dev/null 2>&1
+check "gpt2: consolidating a full checkpoint writes its model.safetensors" \
+    cmp -s "$tmp/gcons2.safetensors" "$tmp/gcons-full/step-00000002/model.safetensors"
+for sd in sharded full; do
+    "$train" --model mlp:8,12,3 --world 3 --batch 12 --steps 2 --strategy shard_grad_op \
+        --save-checkpoint "$tmp/mcons-$sd" --state-dict $sd >/dev/null 2>&1
+done
+"$train" --consolidate "$tmp/mcons-sharded" --save "$tmp/mcons.safetensors" >/dev/null 2>&1
+check "mlp: the consolidated file is a full checkpoint's model.safetensors" \
+    cmp -s "$tmp/mcons.safetensors" "$tmp/mcons-full/step-00000002/model.safetensors"
+"$train" --model mlp:8,12,3 --world 2 --steps 1 --save-checkpoint "$tmp/mcons-local" \
+    --state-dict local >/dev/null 2>&1
+refuse "consolidating a local checkpoint" --consolidate "$tmp/mcons-local" --save "$tmp/x.st"
+refuse "--consolidate without --save" --consolidate "$tmp/mcons-sharded"
+refuse "--consolidate with --resume" --consolidate "$tmp/mcons-sharded" --save "$tmp/x.st" \
+    --resume "$tmp/mcons-sharded"
+refuse "--consolidate of no checkpoint" --consolidate "$tmp/nothing here" --save "$tmp/x.st"
 refuse "an unknown llama preset" --model llama-huge
 refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some

@@ -42,6 +42,7 @@ typedef struct train_args {
     int ckpt_every;          /* steps between checkpoints; 0 = at the end only */
     fsdp_state_dict_type_t state_dict;
     const char *resume_dir;
+    const char *consolidate_dir; /* --consolidate: write its model as --save, train nothing */
     const char *trace_path;
     const char *profile_arg;       /* --profile, or NULL for the default */
     fsdp_sim_profile_t profile;
@@ -109,6 +110,10 @@ static void usage(FILE *f)
         "  --checkpoint-every N       also every N steps\n"
         "  --state-dict full|sharded|local  checkpoint format (default full)\n"
         "  --resume DIR               continue from the newest checkpoint in DIR\n"
+        "  --consolidate DIR --save FILE  write the model of DIR's newest checkpoint (full or\n"
+        "                             sharded) as one safetensors file, the model.safetensors\n"
+        "                             of a full checkpoint (HF names for gpt and llama), and\n"
+        "                             train nothing\n"
         "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
         "  --profile P                cluster profile the simulated times come from: a preset\n"
         "                             (h100, a100, h100:nodes=N,gpus_per_node=G) or a JSON file\n"
@@ -187,6 +192,7 @@ enum {
     OPT_CKPT_EVERY,
     OPT_STATE_DICT,
     OPT_RESUME,
+    OPT_CONSOLIDATE,
     OPT_TRACE,
     OPT_PROFILE,
     OPT_TOKENS,
@@ -232,6 +238,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
         {"state-dict", required_argument, NULL, OPT_STATE_DICT},
         {"resume", required_argument, NULL, OPT_RESUME},
+        {"consolidate", required_argument, NULL, OPT_CONSOLIDATE},
         {"trace", required_argument, NULL, OPT_TRACE},
         {"profile", required_argument, NULL, OPT_PROFILE},
         {"tokens", required_argument, NULL, OPT_TOKENS},
@@ -351,6 +358,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             state_dict_given = 1;
             break;
         case OPT_RESUME: a->resume_dir = optarg; break;
+        case OPT_CONSOLIDATE:
+            a->consolidate_dir = optarg;
+            break;
         case OPT_TRACE: a->trace_path = optarg; break;
         case OPT_PROFILE: a->profile_arg = optarg; break;
         case OPT_TOKENS: a->tokens_path = optarg; break;
@@ -747,6 +757,23 @@ out:
     return status;
 }
 
+/* --consolidate DIR --save FILE: a file conversion, no ranks and no model. */
+static int consolidate(const train_args_t *a)
+{
+    int64_t step;
+
+    if (a->save_path == NULL)
+        cli_die("--consolidate %s: name the file to write with --save FILE", a->consolidate_dir);
+    if (a->resume_dir != NULL || a->ckpt_dir != NULL || a->init_path != NULL)
+        cli_die("--consolidate trains nothing: it takes --save FILE, not --resume, "
+                "--save-checkpoint or --init");
+    if (fsdp_checkpoint_consolidate(a->consolidate_dir, a->save_path, &step) != FSDP_OK)
+        fail_quietly(); /* the library said why */
+    printf("consolidated %s (step %lld) into %s\n", a->consolidate_dir, (long long)step,
+           a->save_path);
+    return 0;
+}
+
 /* The GPT-2 path: the options train_gpt2.c takes. */
 static int train_gpt2(const train_args_t *a, int argc, char **argv)
 {
@@ -798,6 +825,8 @@ int main(int argc, char **argv)
 
     cli_init("fsdp-train");
     parse_args(argc, argv, &args);
+    if (args.consolidate_dir != NULL)
+        return consolidate(&args);
     if (args.gpt)
         return train_gpt2(&args, argc, argv);
     memset(&sh, 0, sizeof(sh));

@@ -52,6 +52,14 @@ FSDP_API fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const
 FSDP_API fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
                                             int64_t *step_p);
 
+/* Writes the model of dir's newest checkpoint, full or sharded, as one safetensors file: the
+ * bytes of the model.safetensors a full checkpoint of that model holds (every parameter whole
+ * under its name, HF's for the built-in GPT-2 and Llama, tied aliases once, module buffers in
+ * f32; no optimizer state). Reads the files alone: no ranks and no model. A local checkpoint
+ * holds unnamed flat shards and is refused. *step_p (may be NULL) gets the checkpoint's step. */
+FSDP_API fsdp_status_t fsdp_checkpoint_consolidate(const char *dir, const char *out_path,
+                                                   int64_t *step_p);
+
 #ifdef __cplusplus
 }
 #endif

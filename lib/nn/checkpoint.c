@@ -916,3 +916,127 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     json_decref(lc.meta);
     return agree(fs, status);
 }
+
+/* ---- consolidate ---- */
+
+/* A copy of a whole F32 tensor of a checkpoint file into the list. */
+static fsdp_status_t list_add_copy(entry_list_t *l, int *ndims, const fsdp_st_tensor_t *t)
+{
+    float *copy = malloc(t->nbytes + 1);
+    fsdp_status_t status;
+
+    if (copy == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    memcpy(copy, t->data, t->nbytes);
+    ndims[l->n] = t->ndim;
+    status = list_add(l, t->name, t->ndim, t->shape, copy);
+    if (status != FSDP_OK)
+        free(copy);
+    return status;
+}
+
+/* SHARDED: every parameter of checkpoint.json from its pieces, then rank 0's module buffers
+ * (its tensors with no @offset). */
+static fsdp_status_t consolidate_sharded(load_ctx_t *lc, entry_list_t *l, int *ndims)
+{
+    json_t *params = json_object_get(lc->meta, "params"), *p;
+    fsdp_st_file_t *f0;
+    fsdp_status_t status;
+    const char *name;
+
+    if (!json_is_object(params))
+        return bad_checkpoint(lc, "checkpoint.json has no params");
+    json_object_foreach (params, name, p) {
+        json_t *shape = json_object_get(p, "shape");
+        int64_t dims[FSDP_MAX_DIMS];
+        size_t numel = (size_t)json_integer_value(json_object_get(p, "numel")), n = 1;
+        int ndim = (int)json_array_size(shape);
+        float *full;
+        if (!json_is_array(shape) || ndim > FSDP_MAX_DIMS)
+            return bad_checkpoint(lc, "a parameter of checkpoint.json has no valid shape");
+        for (int d = 0; d < ndim; d++) {
+            dims[d] = json_integer_value(json_array_get(shape, (size_t)d));
+            n *= (size_t)dims[d];
+        }
+        if (n != numel || dims[0] < 0)
+            return bad_checkpoint(lc, "a parameter's numel is not the product of its shape");
+        full = malloc(numel * sizeof(float) + 1);
+        if (full == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        status = read_sharded_range(lc, name, 0, numel, full);
+        ndims[l->n] = ndim;
+        if (status == FSDP_OK)
+            status = list_add(l, name, ndim, dims, full);
+        if (status != FSDP_OK) {
+            free(full);
+            return status;
+        }
+    }
+    status = open_file(lc, 0, "rank-00000.safetensors", &f0);
+    for (int t = 0; t < fsdp_st_num_tensors(f0) && status == FSDP_OK; t++) {
+        const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f0, t);
+        if (strchr(ten->name, '@') == NULL)
+            status = list_add_copy(l, ndims, ten);
+    }
+    return status;
+}
+
+fsdp_status_t fsdp_checkpoint_consolidate(const char *dir, const char *out_path, int64_t *step_p)
+{
+    static const char *const pt[] = {"format", "pt"};
+    entry_list_t l = {0};
+    int *ndims = NULL;
+    load_ctx_t lc;
+    fsdp_status_t status;
+
+    memset(&lc, 0, sizeof(lc));
+    if (dir == NULL || out_path == NULL) {
+        fsdp_error("consolidate: a checkpoint directory and an output file are needed");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = read_meta(&lc, dir);
+    if (status == FSDP_OK && lc.type == FSDP_STATE_DICT_LOCAL)
+        status = bad_checkpoint(&lc, "a local checkpoint holds flat shards without parameter "
+                                     "names; only a full or sharded one consolidates");
+    if (status == FSDP_OK) {
+        lc.nfiles = lc.type == FSDP_STATE_DICT_FULL ? 2 : lc.old_world;
+        lc.files = calloc((size_t)lc.nfiles, sizeof(*lc.files));
+        if (lc.files == NULL)
+            status = FSDP_ERR_NO_MEMORY;
+    }
+    if (status == FSDP_OK && lc.type == FSDP_STATE_DICT_FULL) {
+        fsdp_st_file_t *f;
+        status = open_file(&lc, 0, "model.safetensors", &f);
+        if (status == FSDP_OK) {
+            ndims = calloc((size_t)fsdp_st_num_tensors(f) + 1, sizeof(int));
+            status = ndims != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
+        }
+        for (int t = 0; status == FSDP_OK && t < fsdp_st_num_tensors(f); t++)
+            status = list_add_copy(&l, ndims, fsdp_st_tensor_at(f, t));
+    } else if (status == FSDP_OK) {
+        fsdp_st_file_t *f0;
+        size_t n = json_object_size(json_object_get(lc.meta, "params"));
+        status = open_file(&lc, 0, "rank-00000.safetensors", &f0);
+        if (status == FSDP_OK) {
+            ndims = calloc(n + (size_t)fsdp_st_num_tensors(f0) + 1, sizeof(int));
+            status = ndims != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
+        }
+        if (status == FSDP_OK)
+            status = consolidate_sharded(&lc, &l, ndims);
+    }
+    if (status == FSDP_OK) {
+        list_finish(&l, ndims);
+        status = fsdp_st_write(out_path, l.e, l.n, pt, 1);
+    }
+    if (status == FSDP_OK && step_p != NULL)
+        *step_p = json_integer_value(json_object_get(lc.meta, "step"));
+    if (status == FSDP_ERR_NO_MEMORY)
+        fsdp_error("consolidate: out of host memory");
+    free(ndims);
+    list_free(&l);
+    for (int i = 0; lc.files && i < lc.nfiles; i++)
+        fsdp_st_close(lc.files[i]);
+    free(lc.files);
+    json_decref(lc.meta);
+    return status;
+}
