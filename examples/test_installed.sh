@@ -22,7 +22,7 @@ echo "pkg-config: $flags"
 # a library built with sanitizers (configure --enable-asan, ...) needs its programs built with
 # the same ones, as any program linking it would
 san=
-for f in ${FSDP_CFLAGS:-}; do
+for f in ${BUILD_CFLAGS:-}; do
     case $f in -fsanitize=* | -fno-sanitize* | -fno-omit-frame-pointer) san="$san $f" ;; esac
 done
 for ex in own_model gpt2_checkpoint; do
