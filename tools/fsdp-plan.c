@@ -322,8 +322,9 @@ static void usage(FILE *f)
           "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
           "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
-          "                             that run alike (the figures are the same; --trace\n"
-          "                             implies it, so that the trace holds every rank)\n"
+          "                             that run alike (the figures are the same; a trace\n"
+          "                             holds the simulated ranks, each with the ranks it\n"
+          "                             stands for)\n"
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
@@ -750,8 +751,7 @@ static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *re
     fsdp_sim_params_t sp;
     plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
 
-    /* a trace holds every rank: its schema has no record of the ranks a class stands for */
-    if (!a->symmetry || a->world == 1 || a->trace_path != NULL)
+    if (!a->symmetry || a->world == 1)
         return a->world;
     one.world = one.per_node = 1;
     run.cfg.device_capacity = 0;

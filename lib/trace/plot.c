@@ -48,6 +48,7 @@ typedef struct plot_lane {
 
 typedef struct plot_rank {
     int rank;
+    char label[128]; /* "rank 0", or what it stands for */
     int have_mem;
     double col_total[PLOT_W];      /* the highest total seen in each column, -1 if none */
     double col[PLOT_W][PLOT_NCAT]; /* the categories at that point */
@@ -248,7 +249,7 @@ static double plot_panel_h(const plot_rank_t *r)
 }
 
 static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, int n,
-                       const fsdp_trace_run_row_t *info)
+                       const fsdp_trace_run_row_t *info, int simulated)
 {
     double mem_max = 0, height = PLOT_TOP, y;
     int width = PLOT_LEFT + PLOT_W + PLOT_RIGHT;
@@ -272,7 +273,10 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
             height);
     fprintf(f, "<text x=\"10\" y=\"18\" font-size=\"14\">run %" PRId64 ": ", info->id);
     xml_text(f, info->backend);
-    fprintf(f, ", world %d, ", info->world_size);
+    fprintf(f, ", world %d", info->world_size);
+    if (simulated > 0)
+        fprintf(f, " (%d ranks simulated, each standing for a class)", simulated);
+    fputs(", ", f);
     xml_text(f, info->strategy != NULL ? info->strategy : "-");
     fprintf(f, "; %.6g ms; memory scale %s</text>\n", (p->t1 - p->t0) * 1e3,
             fsdp_trace_fmt_bytes((uint64_t)mem_max, buf, sizeof(buf)));
@@ -300,6 +304,12 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
                 "<g id=\"rank%d\">\n<text x=\"10\" y=\"%.1f\" font-weight=\"bold\">rank %d"
                 "</text>\n",
                 r->rank, y + 12, r->rank);
+        if (strchr(r->label, '(') != NULL) {
+            /* what the rank stands for, in the gap above its panel */
+            fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"#555\">", PLOT_LEFT, y - 5);
+            xml_text(f, r->label);
+            fputs("</text>\n", f);
+        }
         fprintf(f,
                 "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"none\" "
                 "stroke=\"#ccc\"/>\n",
@@ -372,10 +382,11 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
     fsdp_trace_reader_t *reader = NULL;
     fsdp_trace_run_row_t info;
     plot_rank_t *ranks = NULL;
+    fsdp_trace_rank_class_t *classes = NULL;
     plot_ctx_t p;
     fsdp_status_t status;
     int64_t id;
-    int nranks = 0;
+    int nranks = 0, world = 0, symmetric = 0, simulated = 0, *which = NULL;
     FILE *f;
 
     memset(&p, 0, sizeof(p));
@@ -390,24 +401,39 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &nranks);
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &world);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_rank_classes(fsdp_trace_reader_db(reader), id, world, &classes,
+                                            &symmetric);
     if (status != FSDP_OK)
         goto out;
+    /* the ranks drawn: the first ones, or of a symmetric run the first simulated ones */
+    which = malloc((size_t)(world > 0 ? world : 1) * sizeof(*which));
+    if (which == NULL)
+        goto err_no_memory;
+    for (int r = 0; r < world; r++) {
+        if (!symmetric || classes[r].stands_for > 0)
+            which[nranks++] = r;
+    }
+    if (symmetric)
+        simulated = nranks;
     if (nranks > max_ranks)
         nranks = max_ranks;
-    status = plot_time_range(fsdp_trace_reader_db(reader), id, nranks, &p);
+    status = plot_time_range(fsdp_trace_reader_db(reader), id,
+                             nranks > 0 ? which[nranks - 1] + 1 : 0, &p);
     if (status != FSDP_OK)
         goto out;
     ranks = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof(*ranks));
     if (ranks == NULL)
         goto err_no_memory;
     for (int i = 0; i < nranks; i++) {
-        ranks[i].rank = i;
+        ranks[i].rank = which[i];
+        fsdp_trace_rank_label(classes, which[i], ranks[i].label, sizeof(ranks[i].label));
         for (int x = 0; x < PLOT_W; x++)
             ranks[i].col_total[x] = -1;
         plot_lane(&(plot_ctx_t){.r = &ranks[i]}, NULL); /* the host lane comes first */
         p.r = &ranks[i];
-        status = fsdp_trace_reader_events(reader, id, i, plot_event, &p);
+        status = fsdp_trace_reader_events(reader, id, which[i], plot_event, &p);
         if (status != FSDP_OK)
             goto out;
         if (p.failed)
@@ -422,7 +448,7 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
         status = FSDP_ERR_IO;
         goto out;
     }
-    plot_write(f, &p, ranks, nranks, &info);
+    plot_write(f, &p, ranks, nranks, &info, simulated);
     if (ferror(f) | fclose(f)) {
         fsdp_error("plot: cannot write '%s': %s", out_path, strerror(errno));
         remove(out_path);
@@ -441,6 +467,8 @@ out:
         }
     }
     free(ranks);
+    free(which);
+    fsdp_trace_rank_classes_free(classes, world);
     fsdp_trace_reader_close(reader);
     return status;
 }
