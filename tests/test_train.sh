@@ -278,7 +278,16 @@ check "llama: a full checkpoint holds HF's 20 tensor names, no lm_head when tied
 refuse "an unknown llama preset" --model llama-huge
 refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some
-refuse "--init for a llama model" --model llama-tiny --init "$tmp/a.safetensors"
+# --save and --init: HF's model.safetensors, saved on 4 ranks and loaded on 2; with lr 0 the
+# loaded weights come out as they went in, and a checkpoint of another shape is refused
+"$train" --model "$lt" --world 4 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \
+    --save "$tmp/llhf.safetensors" >/dev/null 2>&1
+"$train" --model "$lt" --world 2 --batch 4 --steps 1 --lr 0 --data "$tmp/fox.txt" \
+    --init "$tmp/llhf.safetensors" --save "$tmp/llhf2.safetensors" >"$tmp/llinit" 2>"$tmp/err"
+check "llama: --init of an HF checkpoint trains and exits 0" test $? -eq 0
+check "llama: --save -> --init -> --save round trip" \
+    cmp -s "$tmp/llhf.safetensors" "$tmp/llhf2.safetensors"
+refuse "--init of another llama's checkpoint" --model "$lt,ffn=40" --init "$tmp/llhf.safetensors"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
 # a default batch the world does not divide is rounded up, and that is said
 "$train" --model "$tiny" --world 3 --steps 1 >"$tmp/w3" 2>"$tmp/err"

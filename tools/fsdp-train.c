@@ -132,11 +132,14 @@ static void usage(FILE *f)
         "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
         "  --seed N                   seed of the init and the synthetic data (default 0)\n"
         "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
-        "                             gpt: an HF GPT-2 checkpoint)\n"
+        "                             gpt: an HF GPT-2 checkpoint; llama: an HF Llama\n"
+        "                             model.safetensors, or model.safetensors.index.json and\n"
+        "                             its files, or their directory: each rank reads its shard)\n"
         "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL]);\n"
         "                             gpt: any text file, as bytes (default: the sources)\n"
         "  --tokens FILE              gpt: an llm.c token shard (uint16, magic 20240520)\n"
-        "  --save FILE                write the final weights (safetensors; gpt: HF names)\n"
+        "  --save FILE                write the final weights (safetensors; gpt, llama: HF's\n"
+        "                             names and layouts)\n"
         "  --timeout S                collective timeout in seconds (default 60)\n"
         "  --quiet                    only the final summary\n"
         "  --version, --help\n"
@@ -443,9 +446,6 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             cli_die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
                     "them)",
                     a->seq, positions);
-        if (a->llama && (a->init_path != NULL || a->save_path != NULL))
-            cli_die("--init and --save read and write GPT-2 checkpoints only; for llama models use "
-                    "--save-checkpoint and --resume");
         if (a->tokens_path != NULL && a->data_path != NULL)
             cli_die("--data (text) and --tokens (llm.c) are two sources of data: give one");
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {

@@ -23,6 +23,7 @@ typedef struct gpt2_shared {
     const gpt2_train_opts_t *o;
     fsdp_tokens_t *tokens;
     fsdp_gpt2_weights_t *weights; /* --init, or NULL */
+    fsdp_llama_weights_t *llama_weights;
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
     int64_t resumed_step;         /* rank 0's: the step --resume loaded */
@@ -112,9 +113,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = lm_create(o, fs, &m);
     if (status == FSDP_OK)
-        status = o->llama              ? fsdp_llama_init_params(m.llama, o->seed)
-                 : sh->weights != NULL ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
-                                       : fsdp_gpt2_init_params(m.gpt, o->seed);
+        status = sh->llama_weights != NULL ? fsdp_llama_load_weights(m.llama, sh->llama_weights)
+                 : o->llama                ? fsdp_llama_init_params(m.llama, o->seed)
+                 : sh->weights != NULL     ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
+                                           : fsdp_gpt2_init_params(m.gpt, o->seed);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &o->optim, &opt);
     if (status == FSDP_OK)
@@ -185,7 +187,8 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         }
     }
     if (status == FSDP_OK && o->save_path != NULL)
-        status = fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
+        status = o->llama ? fsdp_llama_save_weights(m.llama, o->save_path)
+                          : fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
     if (fs != NULL) {
         fsdp_mem_get_stats(fsdp_memory(fs), &st);
         sh->peak[dev->rank] = st.peak_allocated;
@@ -234,7 +237,8 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
         goto out;
     if (o->init_path != NULL &&
-        fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights) != FSDP_OK)
+        (o->llama ? fsdp_llama_weights_open(o->init_path, &o->llama_model, &sh.llama_weights)
+                  : fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights)) != FSDP_OK)
         goto out;
     sh.peak = calloc((size_t)o->world, sizeof(size_t));
     if (sh.peak == NULL) {
@@ -306,6 +310,7 @@ out:
     fsdp_trace_close(sh.trace);
     free(sh.peak);
     fsdp_gpt2_weights_close(sh.weights);
+    fsdp_llama_weights_close(sh.llama_weights);
     fsdp_tokens_close(sh.tokens);
     return rc;
 }

@@ -119,6 +119,34 @@ FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const in
                                                    const int32_t *targets, size_t batch, size_t seq,
                                                    float *loss_p);
 
+/* ---- Hugging Face checkpoints (safetensors) ---- */
+
+/* An HF Llama checkpoint opened and checked against a configuration, shared read-only by the
+ * ranks that load it. `path` is a .safetensors file, HF's multi-file index
+ * (model.safetensors.index.json: {"weight_map": {name: file}}, the files beside it), or a
+ * directory holding either. Files are mapped, not read: a rank's load reads only its shard.
+ * Names are LlamaForCausalLM's (llama.h's units), in nn.Linear's [out, in] layout and HF's
+ * rotate_half order of the q and k rows: HF's conversion of Meta's checkpoints permutes those
+ * rows once, so HF files load as they are, and Meta's own consolidated.*.pth files are not read.
+ * lm_head.weight is not needed when tied (and ignored if present); the rotary inv_freq buffers
+ * some files carry are skipped. F32, BF16 and F16 tensors are read (widened to f32). A
+ * missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is FSDP_ERR_FORMAT
+ * with one logged line naming the tensor and its file. */
+typedef struct fsdp_llama_weights fsdp_llama_weights_t;
+
+FSDP_API fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_t *cfg,
+                                               fsdp_llama_weights_t **weights_p);
+/* Accepts NULL. */
+FSDP_API void fsdp_llama_weights_close(fsdp_llama_weights_t *weights);
+/* Sets this rank's shard of every parameter from the checkpoint, reading no other part of it
+ * (call on every rank, units idle; no collective). */
+FSDP_API fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model,
+                                               const fsdp_llama_weights_t *weights);
+/* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0 as
+ * one HF model.safetensors: F32, HF's names and layouts, no lm_head.weight when tied, metadata
+ * {"format": "pt"}. */
+FSDP_API fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,7 +12,6 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
-#include "kernels/convert.h"
 #include "nn/gpt2_int.h"
 
 #define PREFIX "transformer."
@@ -202,27 +201,10 @@ err_close:
     return status;
 }
 
-/* The tensor's values as f32 (little-endian file, any alignment). */
-static void read_f32(const fsdp_st_tensor_t *t, float *out)
-{
-    const unsigned char *p = t->data;
-
-    if (strcmp(t->dtype, "F32") == 0) {
-        for (uint64_t i = 0; i < t->numel; i++, p += 4)
-            out[i] = fsdp_kb_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                      (uint32_t)p[3] << 24);
-        return;
-    }
-    for (uint64_t i = 0; i < t->numel; i++, p += 2) {
-        uint16_t h = (uint16_t)(p[0] | p[1] << 8);
-        out[i] = t->dtype[0] == 'B' ? fsdp_kb_bf16_to_f32(h) : fsdp_kb_f16_to_f32(h);
-    }
-}
-
 static fsdp_status_t set_param(fsdp_unit_t *u, int index, const fsdp_st_tensor_t *t, float *buf)
 {
-    read_f32(t, buf);
-    return fsdp_unit_set_param(u, index, buf);
+    fsdp_status_t status = fsdp_st_read_f32(t, 0, t->numel, buf);
+    return status == FSDP_OK ? fsdp_unit_set_param(u, index, buf) : status;
 }
 
 fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights_t *weights)
