@@ -157,6 +157,18 @@ check "gpt2 on an llm.c shard" test "$(grep -c '^step' "$tmp/gk")" -eq 3
 shard "$tmp/badmagic.bin" 20240521 1 300 300 0
 shard "$tmp/short.bin" 20240520 1 301 300 0
 shard "$tmp/big.bin" 20240520 1 300 300 256
+# Llama 3's shards: uint32 tokens (magic 20240801, version 7)
+shard32() { # path ntokens first-token
+    { le32 20240801; le32 7; le32 "$2"; head -c 1012 /dev/zero
+      i=0; while [ $i -lt "$2" ]; do le32 $((($3 + i * 37) % 256 + $3 / 256 * 256)); i=$((i + 1)); done
+    } >"$1"
+}
+shard32 "$tmp/tok32.bin" 300 0
+shard32 "$tmp/big32.bin" 300 128000
+"$train" --model llama-tiny --world 2 --batch 4 --seq 32 --steps 3 --tokens "$tmp/tok32.bin" \
+    >"$tmp/lk" 2>&1
+check "llama on an llm.c uint32 shard" test "$(grep -c '^step' "$tmp/lk")" -eq 3
+check "llama names the uint32 shard" grep -q "data: llm.c shard $tmp/tok32.bin, 300 tokens" "$tmp/lk"
 
 # HF weights: --save writes them, --init reads them back, across world sizes
 "$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
@@ -302,6 +314,7 @@ refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --token
 refuse "an llm.c shard with a bad magic" --model "$tiny" --tokens "$tmp/badmagic.bin"
 refuse "an llm.c shard shorter than its count" --model "$tiny" --tokens "$tmp/short.bin"
 refuse "token ids beyond the vocabulary" --model "$tiny" --tokens "$tmp/big.bin"
+refuse "uint32 token ids beyond the vocabulary" --model llama-tiny --tokens "$tmp/big32.bin"
 refuse "a batch larger than an llm.c shard" --model "$tiny" --tokens "$tmp/tok.bin" --batch 20
 refuse "an mlp checkpoint as gpt2 weights" --model "$tiny" --init "$tmp/a.safetensors"
 refuse "gpt2 weights of another width" --model "gpt2:layers=1,heads=2,dim=8,seq=16,vocab=256" \

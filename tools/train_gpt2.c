@@ -229,9 +229,10 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)lm_vocab(o)) {
         cli_error("%s: token ids reach %u, beyond the model's vocabulary of %d "
-                  "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)",
+                  "(set vocab=%u or more, e.g. --model %s)",
                   fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), lm_vocab(o),
-                  fsdp_tokens_max_id(sh.tokens) + 1);
+                  fsdp_tokens_max_id(sh.tokens) + 1,
+                  o->llama ? "llama3-8b for Llama 3's tokenizer" : "gpt2 for GPT-2's tokenizer");
         goto out;
     }
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
