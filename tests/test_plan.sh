@@ -107,6 +107,13 @@ act() { awk '/^  ranks 0-63 /{print $10; exit}' "$1"; }
 check "llama3-8b: selective-layer checkpointing keeps less than none, more than full" \
     awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8sel")" -v f="$(act "$tmp/l8ac")" \
     'BEGIN{exit !(f < s && s < n)}'
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing selective-op >"$tmp/l8op" 2>&1
+check "llama3-8b: selective-op checkpointing keeps less than none, more than full" \
+    awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8op")" -v f="$(act "$tmp/l8ac")" \
+    'BEGIN{exit !(f < s && s < n)}'
+check "llama3-8b: selective-op recomputes less than full: a shorter step" \
+    awk 'FNR==1{f++} /^step time /{t[f]=$3} END{exit !(t[1] < t[2])}' "$tmp/l8op" "$tmp/l8ac"
 "$plan" --model llama3-70b --profile h100:nodes=8 --mixed-precision bf16 \
     --activation-checkpointing full >"$tmp/l70" 2>"$tmp/err"
 check "llama3-70b on 64 H100s plans" grep -q "^fits: " "$tmp/l70"
@@ -129,6 +136,7 @@ refuse "--seq beyond the model's positions" --model llama2-7b --seq 8192
 refuse "--seq for an mlp" --model mlp:4,4 --seq 16
 refuse "a llama spec with heads that kv heads do not divide" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing op
+refuse "selective-op checkpointing of a gpt" --model gpt2 --activation-checkpointing selective-op
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
 refuse "an unknown profile" --model mlp:4,4 --profile h200

@@ -264,7 +264,8 @@ done
 "$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" \
     | grep '^step' | cut -d' ' -f1-4 >"$tmp/l1"
 for ac in --checkpoint-activations "--activation-checkpointing full" \
-    "--activation-checkpointing selective-layer" "--activation-checkpointing selective-layer:1"; do
+    "--activation-checkpointing selective-layer" "--activation-checkpointing selective-layer:1" \
+    "--activation-checkpointing selective-op"; do
     # shellcheck disable=SC2086
     "$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" $ac \
         | grep '^step' | cut -d' ' -f1-4 >"$tmp/l2"
@@ -290,6 +291,7 @@ check "llama: a full checkpoint holds HF's 20 tensor names, no lm_head when tied
 refuse "an unknown llama preset" --model llama-huge
 refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some
+refuse "selective-op checkpointing of a gpt" --model "$tiny" --activation-checkpointing selective-op
 # --save and --init: HF's model.safetensors, saved on 4 ranks and loaded on 2; with lr 0 the
 # loaded weights come out as they went in, and a checkpoint of another shape is refused
 "$train" --model "$lt" --world 4 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \

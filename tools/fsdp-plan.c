@@ -184,8 +184,10 @@ static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **mod
 {
     fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_llama_t **)model_p);
     int every = cfg->checkpoint_activations;
+    if (st == FSDP_OK && every == CLI_AC_SELECTIVE_OP)
+        st = fsdp_llama_set_checkpointing(*model_p, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
     for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
-        st = fsdp_llama_set_checkpointing(*model_p, l, 1);
+        st = fsdp_llama_set_checkpointing(*model_p, l, FSDP_LLAMA_CKPT_FULL);
     return st;
 }
 
@@ -310,8 +312,10 @@ static void usage(FILE *f)
           "                             fp16): the all-gathers and compute in param's dtype\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
           "  --checkpoint-activations   GPT and Llama models: recompute each block in backward\n"
-          "  --activation-checkpointing none|full|selective-layer[:K]   full is the above;\n"
-          "                             selective-layer checkpoints every K-th block (default 2)\n"
+          "  --activation-checkpointing none|full|selective-layer[:K]|selective-op\n"
+          "                             full is the above; selective-layer checkpoints every K-th\n"
+          "                             block (default 2); selective-op (llama) keeps the outputs\n"
+          "                             of attention and every other matmul, recomputes the rest\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch and limiter setting\n"
@@ -470,10 +474,6 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_AC:
             ckpt_act = cli_activation_checkpointing(optarg);
-            if (ckpt_act < 0)
-                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
-                        "(K >= 1)",
-                        optarg);
             break;
         case OPT_CPU_OFFLOAD:
             a->fsdp.cpu_offload = 1;
@@ -549,6 +549,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     }
     if (ckpt_act && a->model->ops != &gpt_ops && a->model->ops != &llama_ops)
         cli_die("activation checkpointing needs a GPT or Llama model");
+    if (ckpt_act == CLI_AC_SELECTIVE_OP && a->model->ops != &llama_ops)
+        cli_die("--activation-checkpointing selective-op needs a Llama model (GPT-2 has full and "
+                "selective-layer)");
     a->mcfg.checkpoint_activations = ckpt_act;
     positions = model_positions(a, &default_seq);
     if (seq > 0 && positions == 1)

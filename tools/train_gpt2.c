@@ -45,9 +45,11 @@ static fsdp_status_t lm_create(const gpt2_train_opts_t *o, fsdp_t *fs, lm_t *m)
     int layers = o->llama ? o->llama_model.n_layer : o->model.n_layer;
     int every = o->checkpoint_activations;
 
+    if (status == FSDP_OK && every == CLI_AC_SELECTIVE_OP) /* llama only (checked) */
+        status = fsdp_llama_set_checkpointing(m->llama, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
     /* every K-th layer, as torchtitan's selective layer checkpointing counts them (1-based) */
     for (int l = every - 1; status == FSDP_OK && every > 0 && l < layers; l += every)
-        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, 1)
+        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, FSDP_LLAMA_CKPT_FULL)
                           : fsdp_gpt2_set_checkpointing(m->gpt, l, 1);
     return status;
 }

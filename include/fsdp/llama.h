@@ -106,8 +106,20 @@ enum { FSDP_LLAMA_EMBED = 0, FSDP_LLAMA_NORM, FSDP_LLAMA_LM_HEAD, FSDP_LLAMA_ROO
  * from a generator seeded with `seed`, the same on every rank and world size. */
 FSDP_API fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed);
 
-/* Activation checkpointing of layer `layer` (-1: every layer): its forward keeps only its input
- * and its backward recomputes the rest after the pre-backward hook. Off by default. */
+/* Activation checkpointing policies of a layer, torchtitan's. */
+enum {
+    FSDP_LLAMA_CKPT_NONE = 0, /* the layer keeps what its backward reads */
+    FSDP_LLAMA_CKPT_FULL = 1, /* it keeps only its input; backward recomputes its forward */
+    /* torchtitan's selective op policy: it keeps the outputs of the expensive ops, the fused
+     * attention's (output and log-sum-exp) and every other matmul's, counted in forward order
+     * (q, v and gate saved; k, o and up recomputed; down's output is the layer's), and backward
+     * recomputes the others and the cheap ops (RMSNorm, rotary embedding of k, SwiGLU, the mid
+     * residual). q is kept rotated, the same bytes as its matmul output. */
+    FSDP_LLAMA_CKPT_SELECTIVE_OP = 2
+};
+/* Activation checkpointing of layer `layer` (-1: every layer) by one of the policies above
+ * (any other non-zero `on` is FULL); recomputation runs after the pre-backward hook. Off by
+ * default. The loss and gradients are the same under every policy. */
 FSDP_API fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on);
 /* Scales the loss that backward differentiates (1/K for K accumulation micro-batches). */
 FSDP_API void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale);
