@@ -15,6 +15,7 @@
 #include <fsdp/safetensors.h>
 
 #include "nn/llama_int.h"
+#include "nn/nn_int.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define SINGLE_NAME "model.safetensors"
@@ -327,60 +328,15 @@ fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model, const fsdp_llama_weig
 
 /* ---- saving ---- */
 
+static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi, char *buf,
+                    size_t len)
+{
+    (void)arg, (void)unit, (void)index;
+    snprintf(buf, len, "%s", pi->name); /* the units' names are HF's */
+}
+
 fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path)
 {
-    const int nunits = model->cfg.n_layer + 1;
-    const int rank = fsdp_device(model->fs)->rank;
-    float **full = calloc((size_t)nunits, sizeof(*full));
-    int nent = 0;
-    fsdp_st_entry_t *entries = NULL;
-    int64_t(*shapes)[2] = NULL;
-    fsdp_status_t status = FSDP_OK;
-    int e = 0;
-
-    for (int k = 0; k < nunits; k++)
-        nent += fsdp_unit_num_params(k == 0 ? model->root : model->layers[k - 1]);
-    entries = calloc((size_t)nent, sizeof(*entries));
-    shapes = calloc((size_t)nent, sizeof(*shapes));
-    if (full == NULL || entries == NULL || shapes == NULL) {
-        status = FSDP_ERR_NO_MEMORY;
-        goto out;
-    }
-    for (int k = 0; k < nunits && status == FSDP_OK; k++) {
-        fsdp_unit_t *u = k == 0 ? model->root : model->layers[k - 1];
-        full[k] = malloc(fsdp_unit_flat_numel(u) * sizeof(float) + 1);
-        if (full[k] == NULL) {
-            status = FSDP_ERR_NO_MEMORY;
-            break;
-        }
-        /* a collective: every rank gathers, rank 0 keeps the values and writes */
-        status = fsdp_unit_gather_full(u, full[k]);
-        if (rank != 0) {
-            free(full[k]);
-            full[k] = NULL;
-            continue;
-        }
-        for (int i = 0; i < fsdp_unit_num_params(u) && status == FSDP_OK; i++, e++) {
-            fsdp_param_info_t pi;
-            status = fsdp_unit_param_info(u, i, &pi);
-            shapes[e][0] = pi.shape[0];
-            shapes[e][1] = pi.ndim > 1 ? pi.shape[1] : 0;
-            entries[e].name = pi.name; /* HF's, owned by the unit */
-            entries[e].dtype = "F32";
-            entries[e].ndim = pi.ndim;
-            entries[e].shape = shapes[e];
-            entries[e].data = full[k] + pi.offset;
-        }
-    }
-    if (status == FSDP_OK && rank == 0) {
-        static const char *const kv[] = {"format", "pt"};
-        status = fsdp_st_write(path, entries, nent, kv, 1);
-    }
-out:
-    for (int k = 0; full != NULL && k < nunits; k++)
-        free(full[k]);
-    free(full);
-    free(entries);
-    free(shapes);
-    return status;
+    return fsdp_nn_save_units(model->root, model->layers, model->cfg.n_layer,
+                              fsdp_device(model->fs)->rank, path, hf_name, NULL);
 }
