@@ -267,7 +267,7 @@ static void *worker_main(void *arg)
     fiber_worker_t *wk = arg;
     fsdp_sim_sched_t *s = wk->sched;
     fsdp_sim_world_t *w = s->world;
-    int size = w->params.world_size;
+    int size = w->n_devs;
 
     pthread_mutex_lock(&w->lock);
     for (;;) {
@@ -320,7 +320,7 @@ static void watch_timeouts_locked(fsdp_sim_sched_t *s)
         period = 0.01;
     if (period > 1.0)
         period = 1.0;
-    while (s->n_exited < w->params.world_size) {
+    while (s->n_exited < w->n_devs) {
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
         until = now;
@@ -332,7 +332,7 @@ static void watch_timeouts_locked(fsdp_sim_sched_t *s)
         if (pthread_cond_timedwait(&s->watch, &w->lock, &until) != ETIMEDOUT)
             continue;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        for (int r = 0; r < w->params.world_size; r++) {
+        for (int r = 0; r < w->n_devs; r++) {
             fsdp_sim_dev_t *d = &w->devs[r];
             if (d->phase == FSDP_SIM_RANK_BLOCKED && d->fiber->state == FIBER_PARKED &&
                 d->waiting != NULL && !d->waiting->done && timespec_before(&d->deadline, &now))
@@ -343,7 +343,7 @@ static void watch_timeouts_locked(fsdp_sim_sched_t *s)
 
 static void sched_free(fsdp_sim_sched_t *s)
 {
-    for (int r = 0; r < s->world->params.world_size; r++) {
+    for (int r = 0; r < s->world->n_devs; r++) {
         if (s->fibers[r].map != NULL)
             munmap(s->fibers[r].map, s->fibers[r].map_size);
     }
@@ -373,7 +373,7 @@ static int fiber_setup(fsdp_sim_fiber_t *f, size_t stack)
 
 fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
 {
-    int size = w->params.world_size, n = w->params.workers;
+    int size = w->n_devs, n = w->params.workers;
     size_t stack = fsdp_sim_stack_size(size);
     pthread_condattr_t attr;
     fsdp_sim_sched_t *s;

@@ -65,13 +65,29 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
                    "FSDP_SIM_SHAPE (1)", (int)p->mode);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (p->represent != NULL) {
+        if (p->mode != FSDP_SIM_SHAPE) {
+            fsdp_error("fsdp_sim_launch: symmetric ranks (represent) need shape mode: in data "
+                       "mode every rank has its own values");
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        for (int r = 0; r < p->world_size; r++) {
+            int q = p->represent[r];
+            if (q < 0 || q >= p->world_size || p->represent[q] != q) {
+                fsdp_error("fsdp_sim_launch: represent[%d] = %d is not a rank that represents "
+                           "itself (0..%d with represent[q] == q)",
+                           r, q, p->world_size - 1);
+                return FSDP_ERR_INVALID_PARAM;
+            }
+        }
+    }
     /* logs which field is wrong */
     return fsdp_sim_profile_check(&p->profile);
 }
 
-static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
+static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int slot, int rank, int stands_for)
 {
-    fsdp_sim_dev_t *dev = &world->devs[rank];
+    fsdp_sim_dev_t *dev = &world->devs[slot];
     int size = world->params.world_size;
     int per_node = world->params.ranks_per_node;
     /* Each rank's shape-mode addresses come from its own slice of the address space, so fake
@@ -86,6 +102,7 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int rank)
     dev->super.local_rank = rank % per_node;
     dev->super.local_size = per_node;
     dev->super.no_data = world->params.mode == FSDP_SIM_SHAPE;
+    dev->super.stands_for = stands_for;
     dev->world = world;
     dev->profile = &world->params.profile;
     dev->compute.dev = dev;
@@ -122,6 +139,7 @@ static void sim_world_destroy(fsdp_sim_world_t *world, int n_devs)
     }
     pthread_mutex_destroy(&world->lock);
     free(world->devs);
+    free(world->slot);
     free(world);
 }
 
@@ -131,7 +149,8 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
     fsdp_sim_world_t *world;
     fsdp_status_t status;
     int size = params->world_size;
-    int r;
+    int *counts = NULL;
+    int r, n = 0;
 
     world = calloc(1, sizeof(*world));
     if (world == NULL)
@@ -143,8 +162,21 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         world->params.workers = cpus > 0 ? (int)(cpus < 1024 ? cpus : 1024) : 1;
     }
-    if (world->params.workers > size)
-        world->params.workers = size;
+    world->n_devs = size;
+    if (params->represent != NULL) {
+        /* the ranks that run, and how many each stands for */
+        world->slot = malloc((size_t)size * sizeof(*world->slot));
+        counts = calloc((size_t)size, sizeof(*counts));
+        if (world->slot == NULL || counts == NULL)
+            goto err_free_world;
+        world->n_devs = 0;
+        for (r = 0; r < size; r++) {
+            world->slot[r] = params->represent[r] == r ? world->n_devs++ : -1;
+            counts[params->represent[r]]++;
+        }
+    }
+    if (world->params.workers > world->n_devs)
+        world->params.workers = world->n_devs;
     if (world->params.fibers && !fsdp_sim_fibers_available()) {
         fsdp_info("fsdp_sim_launch: fibers are not available in this build (sanitizers); "
                   "running one thread per rank");
@@ -152,33 +184,43 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
     }
     world->func = func;
     world->arg = arg;
-    world->n_running = size;
-    world->devs = calloc((size_t)size, sizeof(*world->devs));
+    world->n_running = world->n_devs;
+    world->devs = calloc((size_t)world->n_devs, sizeof(*world->devs));
     if (world->devs == NULL)
         goto err_free_world;
     if (pthread_mutex_init(&world->lock, NULL) != 0)
         goto err_free_devs;
-    for (r = 0; r < size; r++) {
-        status = sim_dev_init(world, r);
+    for (n = 0, r = 0; r < size; r++) {
+        if (world->slot != NULL && world->slot[r] < 0)
+            continue;
+        status = sim_dev_init(world, n, r, counts != NULL ? counts[r] : 1);
         if (status != FSDP_OK)
             goto err_destroy_devs;
+        n++;
     }
+    free(counts);
     status = fsdp_sim_pg_init(world);
     if (status != FSDP_OK)
-        goto err_destroy_devs;
+        goto err_destroy_devs_all;
     *world_p = world;
     return FSDP_OK;
 
+err_destroy_devs_all:
+    counts = NULL;
 err_destroy_devs: /* sim_dev_init and fsdp_sim_pg_init have logged why */
-    for (int i = 0; i < r; i++)
+    free(counts);
+    for (int i = 0; i < n; i++)
         pthread_cond_destroy(&world->devs[i].cond);
     pthread_mutex_destroy(&world->lock);
     free(world->devs);
+    free(world->slot);
     free(world);
     return status;
 err_free_devs:
     free(world->devs);
 err_free_world:
+    free(counts);
+    free(world->slot);
     free(world);
 err_no_memory:
     fsdp_error("fsdp_sim_launch: out of host memory setting up %d ranks", size);
@@ -194,7 +236,7 @@ static void *sim_rank_main(void *arg)
 /* One thread per rank. */
 static void sim_run_threads(fsdp_sim_world_t *world)
 {
-    int size = world->params.world_size, started = 0, rc;
+    int size = world->n_devs, started = 0, rc;
     pthread_attr_t attr;
 
     rc = pthread_attr_init(&attr);
@@ -240,7 +282,7 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
     if (world->params.fibers) {
         status = fsdp_sim_fibers_run(world);
         if (status != FSDP_OK) {
-            sim_world_destroy(world, size);
+            sim_world_destroy(world, world->n_devs);
             return status;
         }
     } else {
@@ -248,7 +290,8 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
     }
 
     for (int r = 0; r < size; r++) {
-        fsdp_sim_dev_t *dev = &world->devs[r];
+        fsdp_sim_dev_t *dev = fsdp_sim_world_dev(
+            world, world->params.represent != NULL ? world->params.represent[r] : r);
         status = dev->status;
         /* fsdp_sim_rank_fail() stands for a crash: the rank failed whatever it returned. */
         if (status == FSDP_OK && dev->failed)
@@ -258,7 +301,7 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
         if (result == FSDP_OK)
             result = status;
     }
-    sim_world_destroy(world, size);
+    sim_world_destroy(world, world->n_devs);
     return result;
 }
 

@@ -154,11 +154,11 @@ static char *comm_message_locked(const fsdp_sim_comm_t *comm, const char *headli
     if (l.f != NULL) {
         fprintf(l.f, "%s on group %s (%d ranks) at call #%llu: ", headline, comm->name,
                 comm->size, (unsigned long long)comm->seq + 1);
-        for (int g = 0; g < comm->size; g++) {
-            const fsdp_sim_dev_t *d = &w->devs[comm->ranks[g]];
+        for (int m = 0; m < comm->nsim; m++) {
+            const fsdp_sim_dev_t *d = fsdp_sim_world_dev(w, comm->ranks[comm->members[m]]);
             char what[256], state[200];
-            if (comm->calls[g] != NULL) {
-                call_describe(comm->calls[g], state, sizeof(state));
+            if (comm->calls[m] != NULL) {
+                call_describe(comm->calls[m], state, sizeof(state));
                 snprintf(what, sizeof(what), "%s%s", d->failed ? "failed in " : "", state);
             } else {
                 rank_describe(d, state, sizeof(state));
@@ -181,11 +181,12 @@ static void comm_free(fsdp_sim_comm_t *comm)
     if (comm == NULL)
         return;
     if (comm->handles != NULL) {
-        for (int g = 0; g < comm->size; g++)
-            free(comm->handles[g]);
+        for (int m = 0; m < comm->nsim; m++)
+            free(comm->handles[m]);
     }
     free(comm->handles);
     free(comm->calls);
+    free(comm->members);
     free(comm->ranks);
     free(comm->error);
     free(comm);
@@ -202,28 +203,37 @@ static fsdp_status_t comm_create(fsdp_sim_world_t *w, const char *name, int size
         return FSDP_ERR_NO_MEMORY;
     comm->world = w;
     comm->size = size;
-    comm->live = size;
     comm->failed = FSDP_OK;
     if ((size_t)snprintf(comm->name, sizeof(comm->name), "%s", name) >= sizeof(comm->name))
         memcpy(comm->name + sizeof(comm->name) - 4, "...", 4);
     comm->ranks = malloc((size_t)size * sizeof(*comm->ranks));
-    comm->handles = calloc((size_t)size, sizeof(*comm->handles));
-    comm->calls = calloc((size_t)size, sizeof(*comm->calls));
-    if (comm->ranks == NULL || comm->handles == NULL || comm->calls == NULL)
+    comm->members = malloc((size_t)size * sizeof(*comm->members));
+    if (comm->ranks == NULL || comm->members == NULL)
         goto err_free_comm;
     memcpy(comm->ranks, ranks, (size_t)size * sizeof(*comm->ranks));
-    comm->nodes = fsdp_sim_count_nodes(ranks, size, w->params.ranks_per_node);
     for (int g = 0; g < size; g++) {
+        if (fsdp_sim_world_dev(w, ranks[g]) != NULL)
+            comm->members[comm->nsim++] = g;
+    }
+    comm->live = comm->nsim;
+    comm->handles = calloc((size_t)comm->nsim, sizeof(*comm->handles));
+    comm->calls = calloc((size_t)comm->nsim, sizeof(*comm->calls));
+    if (comm->handles == NULL || comm->calls == NULL)
+        goto err_free_comm;
+    comm->nodes = fsdp_sim_count_nodes(ranks, size, w->params.ranks_per_node);
+    for (int m = 0; m < comm->nsim; m++) {
         fsdp_sim_group_t *h = calloc(1, sizeof(*h));
+        int g = comm->members[m];
         if (h == NULL)
             goto err_free_comm;
         h->super.rank = g;
         h->super.size = size;
         h->super.ranks = comm->ranks;
         memcpy(h->super.name, comm->name, sizeof(h->super.name));
-        h->dev = &w->devs[ranks[g]];
+        h->dev = fsdp_sim_world_dev(w, ranks[g]);
         h->comm = comm;
-        comm->handles[g] = h;
+        h->member = m;
+        comm->handles[m] = h;
     }
     *comm_p = comm;
     return FSDP_OK;
@@ -275,8 +285,8 @@ fsdp_status_t fsdp_sim_pg_init(fsdp_sim_world_t *w)
     if (status != FSDP_OK)
         goto err_no_memory;
     comm_link_locked(w, comm); /* no thread runs yet */
-    for (int r = 0; r < size; r++)
-        w->devs[r].world_group = comm->handles[r];
+    for (int m = 0; m < comm->nsim; m++)
+        w->devs[m].world_group = comm->handles[m];
     return FSDP_OK;
 
 err_no_memory:
@@ -300,14 +310,14 @@ static void comm_round_end_locked(fsdp_sim_comm_t *comm, fsdp_status_t status, d
 {
     fsdp_sim_world_t *w = comm->world;
 
-    for (int g = 0; g < comm->size; g++) {
-        fsdp_sim_call_t *c = comm->calls[g];
+    for (int m = 0; m < comm->nsim; m++) {
+        fsdp_sim_call_t *c = comm->calls[m];
         if (c == NULL)
             continue;
         c->done = 1;
         c->status = status;
         c->end = end;
-        comm->calls[g] = NULL;
+        comm->calls[m] = NULL;
         /* The rank counts as running from now on, not from when its thread wakes up, so the
          * deadlock check never sees a rank that is about to run as stuck. */
         if (c->dev->phase == FSDP_SIM_RANK_BLOCKED) {
@@ -344,11 +354,11 @@ static int comm_check_members_locked(fsdp_sim_comm_t *comm)
     int failed = 0, finished = 0;
     char *msg;
 
-    for (int g = 0; g < comm->size; g++) {
-        const fsdp_sim_dev_t *d = &w->devs[comm->ranks[g]];
+    for (int m = 0; m < comm->nsim; m++) {
+        const fsdp_sim_dev_t *d = fsdp_sim_world_dev(w, comm->ranks[comm->members[m]]);
         if (d->failed)
             failed = 1;
-        else if (comm->calls[g] == NULL && d->phase == FSDP_SIM_RANK_EXITED)
+        else if (comm->calls[m] == NULL && d->phase == FSDP_SIM_RANK_EXITED)
             finished = 1;
     }
     if (!failed && !finished)
@@ -372,7 +382,7 @@ static void world_rank_died_locked(fsdp_sim_world_t *w, const fsdp_sim_dev_t *d)
  * arrival of a round completes it on the spot). Fail all the waiting ranks. */
 static void world_deadlock_locked(fsdp_sim_world_t *w)
 {
-    int size = w->params.world_size;
+    int size = w->n_devs;
     sim_list_t l = {.ranges = size > SIM_LIST_RANGE_MIN, .first = -1};
     char *buf, *msg;
     size_t len;
@@ -389,7 +399,7 @@ static void world_deadlock_locked(fsdp_sim_world_t *w)
         for (int r = 0; r < size; r++) {
             char what[256];
             rank_describe(&w->devs[r], what, sizeof(what));
-            list_add(&l, r, what);
+            list_add(&l, w->devs[r].super.rank, what);
         }
         list_flush(&l);
     }
@@ -498,6 +508,139 @@ static int split_item_cmp(const void *pa, const void *pb)
     return (a->grank > b->grank) - (a->grank < b->grank);
 }
 
+/* The laws of the rank a symmetric split's colors may follow: what every rank would pass,
+ * computed from its own rank as the simulated ones computed theirs (lib/core/groups.c). */
+enum { SPLIT_ONE = 0, SPLIT_NODE, SPLIT_LOCAL, SPLIT_LAWS };
+
+static int split_law(int law, int rank, int per_node, int one)
+{
+    return law == SPLIT_NODE ? rank / per_node : law == SPLIT_LOCAL ? rank % per_node : one;
+}
+
+/* Symmetric ranks: a split of the world whose colors follow one law of the rank. Every rank's
+ * group is then known; the groups holding a simulated rank are made, and each must look, rank
+ * by rank, like every group whose ranks it stands for (checked here over the whole world, so
+ * that a collective waiting for its simulated members waits for every class it holds). */
+static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
+{
+    fsdp_sim_world_t *w = parent->world;
+    const int *rep = w->params.represent;
+    int world = w->params.world_size, per_node = w->params.ranks_per_node;
+    int nodes = world / per_node, one = parent->calls[0]->color, law = -1, ngroups, gsize;
+    fsdp_sim_comm_t *made = NULL, *comm;
+    fsdp_status_t status = FSDP_OK;
+    int keys_rank = 1, keys_one = 1, *ranks = NULL;
+
+    if (parent->size != world) {
+        fsdp_error("symmetric ranks: a split of group %s, not of the world, is not supported",
+                   parent->name);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    for (int m = 0; m < parent->nsim; m++) {
+        keys_rank &= parent->calls[m]->key == parent->ranks[parent->members[m]];
+        keys_one &= parent->calls[m]->key == parent->calls[0]->key;
+    }
+    if (!keys_rank && !keys_one) {
+        fsdp_error("symmetric ranks: the keys of a split of %s are neither the rank nor one "
+                   "value; run every rank",
+                   parent->name);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    /* the grouping each law makes; laws that group alike on this world are one */
+    for (int l = 0; l < SPLIT_LAWS; l++) {
+        int fits = 1;
+        if ((l == SPLIT_NODE && nodes == 1) || (l == SPLIT_LOCAL && per_node == 1))
+            continue; /* the same grouping as SPLIT_ONE */
+        for (int m = 0; m < parent->nsim && fits; m++) {
+            const fsdp_sim_call_t *c = parent->calls[m];
+            int r = parent->ranks[parent->members[m]];
+            fits = c->color == split_law(l, r, per_node, one);
+        }
+        if (!fits)
+            continue;
+        if (law >= 0) {
+            fsdp_error("symmetric ranks: the colors of a split of %s fit more than one law of "
+                       "the rank on the simulated ranks; simulate more ranks",
+                       parent->name);
+            return FSDP_ERR_UNSUPPORTED;
+        }
+        law = l;
+    }
+    if (law < 0 || one < 0) {
+        if (law == SPLIT_ONE && one < 0) { /* nobody joins a group */
+            for (int m = 0; m < parent->nsim; m++)
+                parent->calls[m]->new_group = NULL;
+            parent->splits++;
+            return FSDP_OK;
+        }
+        fsdp_error("symmetric ranks: the colors of a split of %s follow no law of the rank "
+                   "(one color, the node, the rank in the node); run every rank",
+                   parent->name);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    ngroups = law == SPLIT_NODE ? nodes : law == SPLIT_LOCAL ? per_node : 1;
+    gsize = world / ngroups;
+    ranks = malloc((size_t)gsize * sizeof(*ranks));
+    if (ranks == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    /* group color c's i-th rank, ordered by rank as the keys (the rank, or one value) say */
+#define MEMBER(c, i)                                                                               \
+    (law == SPLIT_NODE ? (c)*per_node + (i) : law == SPLIT_LOCAL ? (i)*per_node + (c) : (i))
+    for (int c = 0; c < ngroups; c++) {
+        int ref = rep[MEMBER(c, 0)], rc = split_law(law, ref, per_node, one);
+        for (int i = 0; i < gsize; i++) {
+            int r = MEMBER(c, i);
+            /* alike rank by rank with the group of its first rank's representative, and the
+             * representative of each class it holds in that group */
+            if (rep[r] != rep[MEMBER(rc, i)] || split_law(law, rep[r], per_node, one) != rc) {
+                fsdp_error("symmetric ranks: rank %d (in group %d of a split of %s) is "
+                           "represented by rank %d, whose group differs; simulate them apart",
+                           r, c, parent->name, rep[r]);
+                status = FSDP_ERR_UNSUPPORTED;
+                goto out;
+            }
+        }
+    }
+    parent->splits++;
+    for (int m = 0; m < parent->nsim; m++)
+        parent->calls[m]->new_group = NULL;
+    for (int m = 0; m < parent->nsim; m++) {
+        int r = parent->ranks[parent->members[m]], c = split_law(law, r, per_node, one), k = 0;
+        char name[FSDP_GROUP_NAME_SIZE];
+        if (parent->calls[m]->new_group != NULL)
+            continue; /* its group is made */
+        for (int i = 0; i < gsize; i++)
+            ranks[i] = MEMBER(c, i);
+        fsdp_group_split_name(name, parent->name, parent->splits, c);
+        status = comm_create(w, name, gsize, ranks, &comm);
+        if (status != FSDP_OK)
+            goto out;
+        comm->next = made;
+        made = comm;
+        for (int j = m; j < parent->nsim; j++) {
+            int rj = parent->ranks[parent->members[j]];
+            if (split_law(law, rj, per_node, one) == c)
+                parent->calls[j]->new_group = comm->handles[k++];
+        }
+    }
+#undef MEMBER
+    while (made != NULL) {
+        comm = made;
+        made = made->next;
+        comm_link_locked(w, comm);
+    }
+out:
+    while (made != NULL) {
+        comm = made;
+        made = made->next;
+        comm_free(comm);
+    }
+    free(ranks);
+    return status;
+}
+
 /* Makes the new communicators of a split round and hands each member its handle. All of them
  * or none: out of memory fails the round on every member. */
 static fsdp_status_t comm_split_locked(fsdp_sim_comm_t *parent)
@@ -513,6 +656,10 @@ static fsdp_status_t comm_split_locked(fsdp_sim_comm_t *parent)
     ranks = malloc((size_t)n * sizeof(*ranks));
     if (items == NULL || ranks == NULL) {
         status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    if (w->slot != NULL) {
+        status = comm_split_symmetric_locked(parent);
         goto out;
     }
     for (int g = 0; g < n; g++) {
@@ -566,7 +713,7 @@ static void comm_complete_locked(fsdp_sim_comm_t *comm)
     fsdp_status_t status;
     char *msg;
 
-    for (int g = 1; g < comm->size; g++) {
+    for (int g = 1; g < comm->nsim; g++) {
         if (!calls_match(first, comm->calls[g])) {
             msg = comm_message_locked(comm, "collective mismatch");
             fsdp_error("%s", msg);
@@ -579,7 +726,9 @@ static void comm_complete_locked(fsdp_sim_comm_t *comm)
     if (first->kind == FSDP_SIM_COLL_SPLIT) {
         status = comm_split_locked(comm);
         if (status != FSDP_OK) {
-            msg = comm_message_locked(comm, "out of host memory splitting");
+            msg = comm_message_locked(comm, status == FSDP_ERR_NO_MEMORY
+                                                ? "out of host memory splitting"
+                                                : "a split symmetric ranks cannot follow");
             fsdp_error("%s", msg);
             comm_fail_locked(comm, status, msg);
             return;
@@ -592,8 +741,8 @@ static void comm_complete_locked(fsdp_sim_comm_t *comm)
      * they were issued on (PyTorch: "contend for the same per-device NCCL stream"). */
     if (first->kind != FSDP_SIM_COLL_SPLIT && comm->busy_until > start)
         start = comm->busy_until;
-    for (int g = 0; g < comm->size; g++)
-        comm->calls[g]->start = start;
+    for (int m = 0; m < comm->nsim; m++)
+        comm->calls[m]->start = start;
     /* Priced from group rank 0's view, so the result does not depend on who came last. */
     comm->seq++;
     if (first->kind != FSDP_SIM_COLL_SPLIT)
@@ -638,11 +787,12 @@ fsdp_status_t fsdp_sim_coll_run(fsdp_sim_dev_t *d, fsdp_sim_group_t *h, fsdp_sim
         status = comm->failed;
         goto out;
     }
-    comm->calls[call->grank] = call;
+    call->member = h->member;
+    comm->calls[call->member] = call;
     comm->arrived++;
     if (w->n_dead > 0 && comm_check_members_locked(comm)) {
         /* failed on arrival */
-    } else if (comm->arrived == comm->size) {
+    } else if (comm->arrived == comm->nsim) {
         comm_complete_locked(comm);
     } else {
         d->phase = FSDP_SIM_RANK_BLOCKED;
@@ -677,7 +827,7 @@ void fsdp_sim_group_release(fsdp_sim_group_t *h)
     fsdp_sim_world_t *w = comm->world;
 
     pthread_mutex_lock(&w->lock);
-    comm->handles[h->super.rank] = NULL;
+    comm->handles[h->member] = NULL;
     if (--comm->live == 0)
         comm_unlink_locked(w, comm);
     else

@@ -55,6 +55,7 @@ typedef struct fsdp_sim_group {
     fsdp_group_t super;
     fsdp_sim_dev_t *dev; /* owner */
     fsdp_sim_comm_t *comm;
+    int member; /* index in comm->handles */
 } fsdp_sim_group_t;
 
 /* One rank's call of a collective, deposited (by pointer, it lives on the caller's stack) in
@@ -71,7 +72,8 @@ typedef struct fsdp_sim_call {
     double ready; /* virtual time the caller's stream (host for barrier/split) reaches it */
     double start; /* written with `end`: when the round started (the latest `ready`) */
     fsdp_sim_dev_t *dev;
-    int grank; /* the caller's rank in the group */
+    int grank;  /* the caller's rank in the group */
+    int member; /* its index among the group's simulated members (calls[], handles[]) */
     /* written by the rank that completes or fails the round, under the world lock */
     int done;
     fsdp_status_t status;
@@ -88,14 +90,17 @@ struct fsdp_sim_comm {
     int size;
     int nodes;                  /* nodes its members are on (ranks_per_node of the launch) */
     int *ranks;                 /* global ranks in group-rank order (read-only) */
-    fsdp_sim_group_t **handles; /* per member; NULL once destroyed */
+    int nsim;                   /* members simulated: all, or those that stand for the rest
+                                 * (symmetric ranks, params.represent) */
+    int *members;               /* their group ranks, ascending */
+    fsdp_sim_group_t **handles; /* per simulated member; NULL once destroyed */
     fsdp_sim_comm_t *next;      /* in world->comms */
     int live;                   /* handles not yet destroyed */
     uint64_t seq;               /* rounds completed: the round in progress is call #seq+1 */
     int arrived;
     double busy_until;       /* end of the last round: NCCL runs a communicator's
                               * collectives one at a time, in call order */
-    fsdp_sim_call_t **calls; /* per group rank, NULL until that member arrives */
+    fsdp_sim_call_t **calls; /* per simulated member, NULL until it arrives */
     fsdp_status_t failed;    /* FSDP_OK, or why every later call fails at once */
     char *error;             /* the message that goes with `failed` */
 };
@@ -178,7 +183,10 @@ struct fsdp_sim_world {
     fsdp_sim_params_t params; /* validated, ranks_per_node resolved */
     fsdp_rank_func_t func;
     void *arg;
-    fsdp_sim_dev_t *devs; /* params.world_size entries */
+    fsdp_sim_dev_t *devs; /* n_devs entries, by rank */
+    int n_devs;           /* the simulated ranks: world_size, or fewer with params.represent */
+    int *slot;            /* with params.represent: the index in devs of each rank, -1 for a
+                           * rank another stands for; NULL: rank r is devs[r] */
     pthread_mutex_t lock;
     /* guarded by lock */
     int n_running; /* ranks in phase RUNNING */
@@ -193,6 +201,14 @@ struct fsdp_sim_world {
 static inline size_t fsdp_sim_stack_size(int world_size)
 {
     return world_size <= 64 ? (size_t)8 << 20 : (size_t)2 << 20;
+}
+
+/* The simulated rank `rank`, or NULL when another rank stands for it. */
+static inline fsdp_sim_dev_t *fsdp_sim_world_dev(const fsdp_sim_world_t *w, int rank)
+{
+    if (w->slot == NULL)
+        return &w->devs[rank];
+    return w->slot[rank] >= 0 ? &w->devs[w->slot[rank]] : NULL;
 }
 
 /* Checked downcast: NULL when dev is not a sim rank. */

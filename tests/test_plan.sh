@@ -58,8 +58,37 @@ check "no out-of-memory noise" test ! -s "$tmp/err"
 
 "$plan" --model mlp:512,2048,512 --world 8 --batch 32 --sweep >"$tmp/sweep" 2>"$tmp/err"
 check "sweeps" test $? -eq 0
-check "18 configurations on one node" test "$(grep -c '^\(full_shard\|shard_grad_op\|no_shard\) ' "$tmp/sweep")" -eq 18
+check "36 configurations on one node (strategy, prefetch, limiter, fp32 and bf16)" test "$(grep -c '^\(full_shard\|shard_grad_op\|no_shard\) ' "$tmp/sweep")" -eq 36
 check "names the fastest that fits" grep -q "^fastest that fits: " "$tmp/sweep"
+check "readable column headers" grep -q "^strategy  *bwd prefetch  *limiter  *act ckpt  *precision  *step ms" "$tmp/sweep"
+"$plan" --model gpt2-tiny --world 2 >"$tmp/cats" 2>&1
+check "memory categories named whole" \
+    grep -q "sharded_param unsharded_param low_prec_shard  *gradient optimizer_state activation comm_buffer" "$tmp/cats"
+"$plan" --model gpt2-tiny --world 4 --sweep --strategy no_shard --backward-prefetch pre \
+    --no-limit-all-gathers >"$tmp/gsweep" 2>&1
+check "a GPT sweep tries activation checkpointing and bf16, the settings given fixed" \
+    test "$(grep -c '^no_shard  *pre  *off  *\(on\|off\)  *\(fp32\|bf16\) ' "$tmp/gsweep")" -eq 4
+
+# --fit-status: 0 fits, 3 does not (plan and sweep)
+"$plan" --model mlp:256,1024,1024,256 --world 4 --capacity 1M --fit-status >/dev/null 2>&1
+check "--fit-status: 3 when the plan does not fit" test $? -eq 3
+"$plan" --model mlp:64,64 --world 2 --fit-status >/dev/null 2>&1
+check "--fit-status: 0 when it fits" test $? -eq 0
+"$plan" --model mlp:256,1024,1024,256 --world 4 --capacity 1M --sweep --strategy full_shard \
+    --fit-status >"$tmp/nofit" 2>&1
+check "--fit-status: 3 when no configuration of a sweep fits" test $? -eq 3
+check "a sweep says nothing fits" grep -q "^nothing fits in " "$tmp/nofit"
+
+# GPT-3 175B on 1024 H100s fits only with activation checkpointing (in bf16; fp32 without it
+# does not fit either): the sweep is narrowed to those two configurations, a few seconds each.
+"$plan" --model gpt3-175b --profile h100:nodes=128 --steps 1 --sweep --strategy full_shard \
+    --backward-prefetch pre --limit-all-gathers --mixed-precision bf16 --fit-status \
+    >"$tmp/g3" 2>"$tmp/err"
+check "gpt3-175b on 1024 H100s: a configuration fits" test $? -eq 0
+check "gpt3-175b: not without activation checkpointing" \
+    grep -q "^full_shard  *pre  *on  *off  *bf16 .* no$" "$tmp/g3"
+check "gpt3-175b: the fastest that fits checkpoints activations in bf16" \
+    grep -q "^fastest that fits: full_shard, .*activation checkpointing on, bf16: " "$tmp/g3"
 
 "$plan" --print-profile >"$tmp/h100.json"
 check "--print-profile is the shipped preset" cmp -s "$tmp/h100.json" "$srcdir/../traces/profiles/h100.json"

@@ -173,6 +173,10 @@ check "llama names the uint32 shard" grep -q "data: llm.c shard $tmp/tok32.bin, 
 # HF weights: --save writes them, --init reads them back, across world sizes
 "$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
 check "gpt2: save writes a file" test -s "$tmp/g.safetensors"
+check "gpt2: save writes HF's config.json beside it" \
+    grep -q '"model_type": "gpt2"' "$tmp/config.json"
+check "gpt2: config.json has the model's shape" \
+    sh -c "grep -q '\"n_layer\": ' '$tmp/config.json' && grep -q '\"activation_function\": \"gelu_new\"' '$tmp/config.json'"
 "$train" --model "$tiny" --world 3 --batch 6 --steps 0 --init "$tmp/g.safetensors" \
     --save "$tmp/h.safetensors" >/dev/null 2>&1
 check "gpt2: init then save round-trips the bytes (W=2 to W=3)" \
@@ -301,6 +305,8 @@ refuse "selective-op checkpointing of a gpt" --model "$tiny" --activation-checkp
 check "llama: --init of an HF checkpoint trains and exits 0" test $? -eq 0
 check "llama: --save -> --init -> --save round trip" \
     cmp -s "$tmp/llhf.safetensors" "$tmp/llhf2.safetensors"
+check "llama: --save writes LlamaConfig's config.json beside it" sh -c \
+    "grep -q '\"model_type\": \"llama\"' '$tmp/config.json' && grep -q '\"num_key_value_heads\": 2,' '$tmp/config.json'"
 refuse "--init of another llama's checkpoint" --model "$lt,ffn=40" --init "$tmp/llhf.safetensors"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
 # a default batch the world does not divide is rounded up, and that is said

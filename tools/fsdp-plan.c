@@ -29,13 +29,14 @@
  * shape mode) and a table entry per named configuration: adding a model is one entry. */
 
 #define MAX_DIMS (FSDP_MLP_MAX_LAYERS + 1)
+#define MAX_WORLD (1 << 20)
 
 typedef struct model_cfg {
     int dims[MAX_DIMS]; /* mlp */
     int nlayers;
     fsdp_gpt2_config_t gpt; /* gpt */
     fsdp_llama_config_t llama;  /* llama */
-    int checkpoint_activations; /* 1: every block, K: every K-th */
+    int checkpoint_activations; /* 1: every block, K: every K-th, or CLI_AC_SELECTIVE_OP */
     size_t seq;                 /* tokens per sequence (gpt, llama); 1 for an mlp's rows */
 } model_cfg_t;
 
@@ -267,6 +268,18 @@ static const model_entry_t *model_find(const char *spec)
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 
+/* What a sweep varies unless the command line sets it. */
+enum {
+    FIX_STRATEGY = 1u << 0,
+    FIX_PREFETCH = 1u << 1,
+    FIX_LIMITER = 1u << 2,
+    FIX_PRECISION = 1u << 3,
+    FIX_CKPT_ACT = 1u << 4
+};
+
+/* --fit-status: the exit status of a plan or sweep that ran (docs: --help). */
+enum { EXIT_FITS = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_NO_FIT = 3 };
+
 typedef struct plan_args {
     const char *model_spec;
     const model_entry_t *model;
@@ -279,9 +292,12 @@ typedef struct plan_args {
     size_t rows;        /* rows or tokens per rank */
     int steps;
     int sweep;
+    unsigned fixed; /* FIX_*: the settings given on the command line, which a sweep keeps */
+    int fit_status; /* --fit-status: the exit status says whether the job fits */
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
+    int symmetry;           /* simulate one rank per class of ranks that run alike */
     char command_line[2048]; /* for the trace */
 } plan_args_t;
 
@@ -318,8 +334,17 @@ static void usage(FILE *f)
           "                             of attention and every other matmul, recomputes the rest\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
-          "  --sweep                    try every strategy, backward prefetch and limiter setting\n"
+          "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
+          "                             activation checkpointing (GPT models) and precision\n"
+          "                             (fp32, bf16) that the command line does not set, and\n"
+          "                             name the fastest configuration that fits\n"
+          "  --fit-status               exit status says whether the job fits: 0 it fits (a\n"
+          "                             sweep: some configuration does), 3 it does not, 1 the\n"
+          "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
+          "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
+          "                             that run alike (the figures are the same; --trace\n"
+          "                             implies it, so that the trace holds every rank)\n"
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
@@ -355,7 +380,9 @@ enum {
     OPT_CKPT_ACT,
     OPT_AC,
     OPT_CPU_OFFLOAD,
-    OPT_TRACE
+    OPT_TRACE,
+    OPT_FIT_STATUS,
+    OPT_NO_SYMMETRY
 };
 
 /* Tokens per item of a batch: a GPT's sequence, or one row. */
@@ -398,6 +425,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"steps", required_argument, NULL, OPT_STEPS},
         {"sweep", no_argument, NULL, OPT_SWEEP},
         {"trace", required_argument, NULL, OPT_TRACE},
+        {"fit-status", no_argument, NULL, OPT_FIT_STATUS},
+        {"no-symmetry", no_argument, NULL, OPT_NO_SYMMETRY},
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -419,6 +448,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->optim = FSDP_OPTIM_ADAMW;
     a->steps = 2;
     a->timeout_s = 600.0;
+    a->symmetry = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -435,7 +465,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             gpn = cli_parse_long("--gpus-per-node", optarg, 1, 1024);
             break;
         case OPT_WORLD:
-            a->world = (int)cli_parse_long("--world", optarg, 1, 65536);
+            a->world = (int)cli_parse_long("--world", optarg, 1, MAX_WORLD);
             break;
         case OPT_CAPACITY:
             capacity = optarg;
@@ -463,17 +493,26 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_TRACE:
             a->trace_path = optarg;
             break;
+        case OPT_NO_SYMMETRY:
+            a->symmetry = 0;
+            break;
         case OPT_SWEEP:
             a->sweep = 1;
             break;
+        case OPT_FIT_STATUS:
+            a->fit_status = 1;
+            break;
         case OPT_MP:
             cli_parse_mixed_precision(optarg, &a->fsdp.mixed_precision);
+            a->fixed |= FIX_PRECISION;
             break;
         case OPT_CKPT_ACT:
             ckpt_act = 1;
+            a->fixed |= FIX_CKPT_ACT;
             break;
         case OPT_AC:
             ckpt_act = cli_activation_checkpointing(optarg);
+            a->fixed |= FIX_CKPT_ACT;
             break;
         case OPT_CPU_OFFLOAD:
             a->fsdp.cpu_offload = 1;
@@ -512,6 +551,10 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             usage(stdout);
             exit(0);
         default:
+            a->fixed |= c == CLI_OPT_STRATEGY                         ? FIX_STRATEGY
+                        : c == CLI_OPT_BWD_PREFETCH                   ? FIX_PREFETCH
+                        : c == CLI_OPT_LIMIT || c == CLI_OPT_NO_LIMIT ? FIX_LIMITER
+                                                                      : 0u;
             cli_other_option(c, argv, &a->fsdp);
             break;
         }
@@ -563,8 +606,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->mcfg.seq = seq > 0 ? (size_t)seq : default_seq;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
-        if ((double)a->profile.nodes * a->per_node > 65536)
-            cli_die("%d nodes x %d GPUs is more than 65536 ranks", a->profile.nodes, a->per_node);
+        if ((double)a->profile.nodes * a->per_node > MAX_WORLD)
+            cli_die("%d nodes x %d GPUs is more than %d ranks", a->profile.nodes, a->per_node,
+                    MAX_WORLD);
         a->world = a->profile.nodes * a->per_node;
     }
     if (a->world < a->per_node)
@@ -607,7 +651,13 @@ typedef struct plan_run {
     fsdp_config_t cfg;
     rank_result_t *res;  /* per rank */
     fsdp_trace_t *trace; /* --trace, or NULL */
+    const int *represent; /* symmetric ranks, or NULL */
+    /* not NULL: build the model, derive the classes of symmetric ranks of a world of
+     * classes_world into it (from the layout of its units), stop */
+    int *classes, classes_world, classes_per_node, n_classes;
 } plan_run_t;
+
+static int *classes; /* the classes of the last run, a->world entries */
 
 /* Folds the phase's peaks into the rank's and starts the next phase's. */
 static void phase_end(fsdp_mem_t *mem, rank_result_t *r, int phase)
@@ -670,7 +720,17 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK) {
         if (a->model->ops->phase_hook != NULL)
             a->model->ops->phase_hook(model, phase_begin, &pc);
-        st = fsdp_optim_create(fs, &oc, &opt);
+        /* a divergence the classes missed fails the run here, before any step */
+        st = fsdp_sim_symmetry_check(fs, run->represent);
+        if (st == FSDP_OK && run->classes != NULL) {
+            run->n_classes = fsdp_sim_symmetric_ranks(fs, run->classes_world, run->classes_per_node,
+                                                      run->cfg.strategy, run->classes);
+            a->model->ops->destroy(model);
+            fsdp_destroy(fs);
+            return r->status = st;
+        }
+        if (st == FSDP_OK)
+            st = fsdp_optim_create(fs, &oc, &opt);
     }
     for (int step = 0; step < a->steps && st == FSDP_OK; step++) {
         double t0;
@@ -714,6 +774,7 @@ typedef struct summary {
     double exposed, compute; /* of the slowest rank */
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
+    int simulated;                    /* ranks simulated (fewer than the world with symmetry) */
 } summary_t;
 
 /* The dtype GEMMs run in: MFU is against its peak. */
@@ -721,6 +782,32 @@ static fsdp_dtype_t compute_dtype(const fsdp_config_t *cfg)
 {
     fsdp_dtype_t dt = cfg->mixed_precision.param_dtype;
     return dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16 ? dt : FSDP_DTYPE_F32;
+}
+
+/* The classes of symmetric ranks for cfg into represent; the number of ranks to simulate, or
+ * the world when symmetry is off or does not pay. */
+static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *represent)
+{
+    /* one rank builds the model: the layout of its units is every rank's */
+    plan_args_t one = *a;
+    rank_result_t r1;
+    fsdp_sim_params_t sp;
+    plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
+
+    /* a trace holds every rank: its schema has no record of the ranks a class stands for */
+    if (!a->symmetry || a->world == 1 || a->trace_path != NULL)
+        return a->world;
+    one.world = one.per_node = 1;
+    run.cfg.device_capacity = 0;
+    run.classes_world = a->world;
+    run.classes_per_node = a->per_node;
+    memset(&r1, 0, sizeof(r1));
+    fsdp_sim_params_init(&sp);
+    sp.mode = FSDP_SIM_SHAPE;
+    sp.profile = a->profile;
+    if (fsdp_sim_launch(&sp, plan_rank, &run, NULL) != FSDP_OK || run.n_classes < 1)
+        return a->world; /* run every rank */
+    return run.n_classes;
 }
 
 static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
@@ -735,6 +822,13 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     memset(&s, 0, sizeof(s));
     memset(res, 0, sizeof(*res) * (size_t)a->world);
     run.cfg.device_capacity = capacity;
+    if (classes == NULL)
+        classes = malloc((size_t)a->world * sizeof(*classes));
+    s.simulated = classes != NULL ? plan_symmetry(a, cfg, classes) : a->world;
+    if (s.simulated > 0 && s.simulated < a->world)
+        run.represent = classes;
+    else
+        s.simulated = a->world;
     fsdp_sim_params_init(&sp);
     sp.world_size = a->world;
     sp.ranks_per_node = a->per_node;
@@ -763,9 +857,20 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         if (st != FSDP_OK)
             cli_die("cannot write the trace to %s (see the message above)", a->trace_path);
     }
+    sp.represent = run.represent;
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
     if (fsdp_trace_close(run.trace) != FSDP_OK && s.status == FSDP_OK)
         s.status = FSDP_ERR_IO;
+    if (run.represent != NULL && s.status == FSDP_ERR_UNSUPPORTED) {
+        /* the classes diverged (logged): every rank apart */
+        plan_args_t all = *a;
+        all.symmetry = 0;
+        return run_plan(&all, cfg, capacity, res);
+    }
+    for (int r = 0; r < a->world && run.represent != NULL; r++) {
+        if (run.represent[r] != r) /* the rank's run is its representative's */
+            res[r] = res[run.represent[r]];
+    }
     for (int r = 0; r < a->world; r++) {
         if (res[r].status == FSDP_ERR_OUT_OF_MEMORY)
             s.oom = 1;
@@ -784,7 +889,8 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
 }
 
 /* Runs with the device capacity; a run that does not fit is run again without a limit, to say
- * how much it needs. */
+ * how much it needs, unless `quiet` (a sweep, which says only that it does not fit: the second
+ * run would double the time of a sweep of large models). */
 static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, rank_result_t *res,
                              int quiet)
 {
@@ -792,7 +898,7 @@ static summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, ran
 
     cli_log_quiet(1); /* out of memory is an answer here, not an error to print */
     s = run_plan(a, cfg, a->capacity, res);
-    if (s.oom) {
+    if (s.oom && !quiet) {
         s = run_plan(a, cfg, 0, res);
         s.oom = 1;
     }
@@ -843,6 +949,9 @@ static void print_folded(const plan_args_t *a, const rank_result_t *res,
     line(&res[0], cur, sizeof(cur));
     for (int r = 1; r <= a->world; r++) {
         if (r < a->world) {
+            /* a rank a symmetric run stood for has its representative's result */
+            if (memcmp(&res[r], &res[r - 1], sizeof(res[r])) == 0)
+                continue;
             line(&res[r], next, sizeof(next));
             if (strcmp(next, cur) == 0)
                 continue;
@@ -860,11 +969,18 @@ static void print_folded(const plan_args_t *a, const rank_result_t *res,
     }
 }
 
+/* A category's column: as wide as its whole name (the trace's peak_<category> columns). */
+static int category_width(int c)
+{
+    int w = (int)strlen(fsdp_mem_category_name((fsdp_mem_category_t)c));
+    return w > 9 ? w : 9;
+}
+
 static void memory_line(const rank_result_t *r, char *buf, size_t n)
 {
     int off = snprintf(buf, n, "%9.2f %9.2f ", u(r->peak_alloc), u(r->peak_reserved));
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT && off > 0 && (size_t)off < n; c++)
-        off += snprintf(buf + off, n - (size_t)off, " %9.2f", u(r->at_peak[c]));
+        off += snprintf(buf + off, n - (size_t)off, " %*.2f", category_width(c), u(r->at_peak[c]));
 }
 
 static void phase_line(const rank_result_t *r, char *buf, size_t n)
@@ -905,6 +1021,22 @@ static void print_header(const plan_args_t *a)
                a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
 }
 
+/* How many ranks ran for the figures above. */
+static void print_simulated(const plan_args_t *a, int lo, int hi)
+{
+    if (lo == a->world && hi == a->world)
+        printf("ranks simulated: all %d%s\n", a->world,
+               a->symmetry || a->world == 1 ? "" : " (--no-symmetry)");
+    else if (lo == hi)
+        printf("ranks simulated: %d of %d, each for its class of ranks that run alike "
+               "(--no-symmetry: all)\n",
+               lo, a->world);
+    else
+        printf("ranks simulated: %d to %d of %d, each for its class of ranks that run alike "
+               "(--no-symmetry: all)\n",
+               lo, hi, a->world);
+}
+
 static int print_plan(const plan_args_t *a, rank_result_t *res)
 {
     fsdp_dtype_t dt = compute_dtype(&a->fsdp);
@@ -924,7 +1056,7 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     progress_end();
     if (s.status != FSDP_OK && !s.oom) {
         cli_error("the simulation failed (%s); see above", fsdp_status_name(s.status));
-        return 1;
+        return EXIT_ERROR;
     }
     printf("step time %.3f ms, compute %.3f ms, exposed communication %.3f ms (%.1f%% of the "
            "step)\n",
@@ -947,11 +1079,8 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
            unit_name);
     printf("  %-15s %9s %9s ", "", "allocated", "reserved");
-    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++) {
-        char name[16];
-        snprintf(name, sizeof(name), "%.9s", fsdp_mem_category_name((fsdp_mem_category_t)c));
-        printf(" %9s", name);
-    }
+    for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++)
+        printf(" %*s", category_width(c), fsdp_mem_category_name((fsdp_mem_category_t)c));
     printf("\n");
     print_folded(a, res, memory_line);
     printf("peaks by phase, %s (allocated / reserved):\n  %-15s", unit_name, "");
@@ -969,72 +1098,161 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     else
         printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
                (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
-    return 0;
+    print_simulated(a, s.simulated, s.simulated);
+    return s.oom && a->fit_status ? EXIT_NO_FIT : EXIT_FITS;
 }
 
-static int print_sweep(const plan_args_t *a, rank_result_t *res)
+/* One configuration of a sweep: the runtime's settings and the model's. */
+typedef struct sweep_point {
+    fsdp_config_t cfg;
+    int ckpt_act;
+} sweep_point_t;
+
+/* A sweep's activation checkpointing: off, on (every block), sel-layer (every K-th), sel-op. */
+static const char *ckpt_name(int ckpt_act)
+{
+    return ckpt_act == 0                     ? "off"
+           : ckpt_act == 1                   ? "on"
+           : ckpt_act == CLI_AC_SELECTIVE_OP ? "sel-op"
+                                             : "sel-layer";
+}
+
+static const char *precision_name(const fsdp_config_t *cfg)
+{
+    fsdp_dtype_t dt = compute_dtype(cfg);
+    return dt == FSDP_DTYPE_F32 ? "fp32" : fsdp_dtype_name(dt);
+}
+
+static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s, backward prefetch %s, limit all-gathers %s, activation checkpointing "
+             "%s, %s",
+             fsdp_strategy_name(p->cfg.strategy), prefetch_name(p->cfg.backward_prefetch),
+             p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
+             precision_name(&p->cfg));
+}
+
+/* Every combination of the settings the command line leaves free, in a fixed order: the
+ * strategies (hybrid ones only across nodes), the backward prefetch policies, the limiter on and
+ * off, activation checkpointing off and on (GPT models), full precision and bf16. Returns how
+ * many were written to pts (at most max). */
+static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
 {
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD,
                                                  FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2};
     static const fsdp_backward_prefetch_t prefetches[] = {
         FSDP_BACKWARD_PREFETCH_PRE, FSDP_BACKWARD_PREFETCH_POST, FSDP_BACKWARD_PREFETCH_NONE};
-    fsdp_config_t best_cfg = a->fsdp;
-    summary_t best = {.status = FSDP_ERR_NOT_FOUND};
-    int n_fit = 0, n_run = 0, n_strategies = 0;
+    /* activation checkpointing: off and every block (the transformers), or what was given */
+    int ckpt[2] = {0, 1}, n_ckpt = a->model->ops == &gpt_ops || a->model->ops == &llama_ops ? 2 : 1;
+    int n = 0;
 
-    print_header(a);
-    for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++)
-        n_strategies += !is_hybrid(strategies[si]) || a->world > a->per_node;
-    printf("%-19s %-8s %-7s %10s %10s %6s %12s %12s  %s\n", "strategy", "prefetch", "limiter",
-           "step ms", "exposed ms", "MFU", "peak alloc", "peak reserv", "fits");
-    fflush(stdout);
-    progress_start(n_strategies * 3 * 2, "config", "simulating");
+    if (a->fixed & FIX_CKPT_ACT) {
+        ckpt[0] = a->mcfg.checkpoint_activations;
+        n_ckpt = 1;
+    }
+
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
-        /* hybrid strategies shard within a node: only worth trying on several nodes */
-        if (is_hybrid(strategies[si]) && a->world <= a->per_node)
-            continue;
+        if (a->fixed & FIX_STRATEGY ? strategies[si] != a->fsdp.strategy
+                                    : is_hybrid(strategies[si]) && a->world <= a->per_node)
+            continue; /* hybrid strategies shard within a node: worth trying on several */
         for (size_t pi = 0; pi < 3; pi++) {
+            if ((a->fixed & FIX_PREFETCH) && prefetches[pi] != a->fsdp.backward_prefetch)
+                continue;
             for (int lim = 1; lim >= 0; lim--) {
-                fsdp_config_t cfg = a->fsdp;
-                summary_t s;
-                cfg.strategy = strategies[si];
-                cfg.backward_prefetch = prefetches[pi];
-                cfg.limit_all_gathers = lim;
-                s = plan_config(a, &cfg, res, 1);
-                if (s.status != FSDP_OK && !s.oom) {
-                    progress_printf("%-19s %-8s %-7s  failed: %s", fsdp_strategy_name(cfg.strategy),
-                                    prefetch_name(cfg.backward_prefetch), lim ? "on" : "off",
-                                    fsdp_status_string(s.status));
-                    progress_update(++n_run, NULL);
+                if ((a->fixed & FIX_LIMITER) && lim != a->fsdp.limit_all_gathers)
                     continue;
+                for (int ci = 0; ci < n_ckpt; ci++) {
+                    for (int bf = 0; bf <= 1; bf++) {
+                        sweep_point_t p = {.cfg = a->fsdp, .ckpt_act = ckpt[ci]};
+                        if (bf && (a->fixed & FIX_PRECISION))
+                            continue;
+                        if (bf) /* MixedPrecision(param_dtype=bf16), the rest default */
+                            cli_parse_mixed_precision("bf16", &p.cfg.mixed_precision);
+                        p.cfg.strategy = strategies[si];
+                        p.cfg.backward_prefetch = prefetches[pi];
+                        p.cfg.limit_all_gathers = lim;
+                        if (n < max)
+                            pts[n] = p;
+                        n++;
+                    }
                 }
-                progress_printf(
-                    "%-19s %-8s %-7s %10.3f %10.3f %5.1f%% %8.2f GiB %8.2f GiB  %s",
-                    fsdp_strategy_name(cfg.strategy), prefetch_name(cfg.backward_prefetch),
-                    lim ? "on" : "off", s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
-                    (double)s.peak_alloc / (double)((size_t)1 << 30),
-                    (double)s.peak_reserved / (double)((size_t)1 << 30), s.oom ? "no" : "yes");
-                progress_update(++n_run, NULL);
-                if (!s.oom && (best.status != FSDP_OK || s.step_time < best.step_time)) {
-                    best = s;
-                    best_cfg = cfg;
-                }
-                n_fit += !s.oom;
             }
         }
+    }
+    return n;
+}
+
+static int print_sweep(const plan_args_t *a, rank_result_t *res)
+{
+    enum { MAX_POINTS = 5 * 3 * 2 * 2 * 2 };
+    sweep_point_t pts[MAX_POINTS], best_pt;
+    summary_t best = {.status = FSDP_ERR_NOT_FOUND};
+    int n_fit = 0, n_failed = 0, n = sweep_points(a, pts, MAX_POINTS), sim_lo = a->world;
+    int sim_hi = 0;
+    char desc[256];
+
+    print_header(a);
+    fmt_capacity(a->capacity, desc, sizeof(desc));
+    printf("sweeping %d configurations (a row that does not fit ran out of its %s per GPU and "
+           "stopped there)\n",
+           n, desc);
+    printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s\n", "strategy", "bwd prefetch",
+           "limiter", "act ckpt", "precision", "step ms", "exposed ms", "MFU", "peak alloc GiB",
+           "peak reserved GiB", "fits");
+    fflush(stdout);
+    progress_start(n, "config", "simulating");
+    for (int i = 0; i < n; i++) {
+        plan_args_t b = *a;
+        const sweep_point_t *p = &pts[i];
+        summary_t s;
+
+        b.mcfg.checkpoint_activations = p->ckpt_act;
+        s = plan_config(&b, &p->cfg, res, 1);
+        sim_lo = s.simulated < sim_lo ? s.simulated : sim_lo;
+        sim_hi = s.simulated > sim_hi ? s.simulated : sim_hi;
+        if (s.status != FSDP_OK && !s.oom) {
+            progress_printf(
+                "%-18s %-12s %-7s %-8s %-9s  failed: %s", fsdp_strategy_name(p->cfg.strategy),
+                prefetch_name(p->cfg.backward_prefetch), p->cfg.limit_all_gathers ? "on" : "off",
+                ckpt_name(p->ckpt_act), precision_name(&p->cfg), fsdp_status_string(s.status));
+            n_failed++;
+        } else if (s.oom) {
+            progress_printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s",
+                            fsdp_strategy_name(p->cfg.strategy),
+                            prefetch_name(p->cfg.backward_prefetch),
+                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
+                            precision_name(&p->cfg), "-", "-", "-", "-", "-", "no");
+        } else {
+            progress_printf("%-18s %-12s %-7s %-8s %-9s %9.3f %11.3f %5.1f%% %15.2f %18.2f  %s",
+                            fsdp_strategy_name(p->cfg.strategy),
+                            prefetch_name(p->cfg.backward_prefetch),
+                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
+                            precision_name(&p->cfg), s.step_time * 1e3, s.exposed * 1e3,
+                            100.0 * s.mfu, (double)s.peak_alloc / (double)((size_t)1 << 30),
+                            (double)s.peak_reserved / (double)((size_t)1 << 30), "yes");
+            if (best.status != FSDP_OK || s.step_time < best.step_time) {
+                best = s;
+                best_pt = *p;
+            }
+            n_fit++;
+        }
+        progress_update(i + 1, NULL);
     }
     progress_end();
     if (n_fit == 0) {
         printf("nothing fits in %.2f GiB per GPU\n",
                (double)a->capacity / (double)((size_t)1 << 30));
-        return 0;
+        print_simulated(a, sim_lo, sim_hi);
+        return !a->fit_status ? EXIT_FITS : n_failed == n ? EXIT_ERROR : EXIT_NO_FIT;
     }
-    printf("fastest that fits: %s, backward prefetch %s, limit all-gathers %s: %.3f ms per "
-           "step, MFU %.1f%%, peak reserved %.2f GiB (%d of the configurations fit)\n",
-           fsdp_strategy_name(best_cfg.strategy), prefetch_name(best_cfg.backward_prefetch),
-           best_cfg.limit_all_gathers ? "on" : "off", best.step_time * 1e3, 100.0 * best.mfu,
-           (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit);
-    return 0;
+    sweep_describe(&best_pt, desc, sizeof(desc));
+    printf("fastest that fits: %s: %.3f ms per step, MFU %.1f%%, peak reserved %.2f GiB (%d of "
+           "%d configurations fit)\n",
+           desc, best.step_time * 1e3, 100.0 * best.mfu,
+           (double)best.peak_reserved / (double)((size_t)1 << 30), n_fit, n);
+    print_simulated(a, sim_lo, sim_hi);
+    return EXIT_FITS;
 }
 
 int main(int argc, char **argv)
@@ -1049,6 +1267,7 @@ int main(int argc, char **argv)
     if (res == NULL)
         cli_die("out of host memory for %d ranks", args.world);
     rc = args.sweep ? print_sweep(&args, res) : print_plan(&args, res);
+    free(classes);
     free(res);
     return rc;
 }

@@ -205,7 +205,73 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     return status;
 }
 
+/* GPT2Config's fields for this shape, the rest its defaults (no dropout here, but HF's defaults
+ * are what a fine-tune expects). */
+static void write_gpt2_config(FILE *f, const fsdp_gpt2_config_t *c)
+{
+    fprintf(f,
+            "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+            "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
+            "  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+            "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n"
+            "  \"initializer_range\": %g,\n  \"resid_pdrop\": 0.1,\n  \"embd_pdrop\": 0.1,\n"
+            "  \"attn_pdrop\": 0.1,\n  \"scale_attn_weights\": true,\n"
+            "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": %d,\n"
+            "  \"eos_token_id\": %d,\n  \"torch_dtype\": \"float32\"\n}\n",
+            c->vocab_size, c->n_positions, c->n_positions, c->n_embd, c->n_layer, c->n_head,
+            (double)c->layer_norm_eps, (double)c->initializer_range, c->vocab_size - 1,
+            c->vocab_size - 1);
+}
+
+/* LlamaConfig's fields for this shape (HF's defaults for the token ids). */
+static void write_llama_config(FILE *f, const fsdp_llama_config_t *c)
+{
+    fprintf(f,
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
+            "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
+            "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+            "  \"max_position_embeddings\": %d,\n  \"hidden_act\": \"silu\",\n"
+            "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.17g,\n  \"initializer_range\": %g,\n"
+            "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n",
+            c->vocab_size, c->dim, c->ffn_dim, c->n_layer, c->n_head, c->n_kv_head,
+            fsdp_llama_head_dim(c), c->max_seq, (double)c->rms_norm_eps, c->rope_theta,
+            (double)c->initializer_range, c->tie_word_embeddings ? "true" : "false");
+    if (c->rope_scaling)
+        fprintf(f,
+                "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, "
+                "\"low_freq_factor\": %.17g, \"high_freq_factor\": %.17g, "
+                "\"original_max_position_embeddings\": %d}\n}\n",
+                c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                c->rope_original_max_seq);
+    else
+        fprintf(f, "  \"rope_scaling\": null\n}\n");
+}
+
+/* HF's config.json beside saved weights, so that GPT2LMHeadModel or LlamaForCausalLM's
+ * from_pretrained(DIR) reads a directory whose weights are DIR/model.safetensors. */
+static int write_hf_config(const gpt2_train_opts_t *o, char *out, size_t n)
+{
+    const char *slash = strrchr(o->save_path, '/');
+    FILE *f;
+
+    if (slash == NULL)
+        snprintf(out, n, "config.json");
+    else
+        snprintf(out, n, "%.*s/config.json", (int)(slash - o->save_path), o->save_path);
+    f = fopen(out, "w");
+    if (f == NULL)
+        return -1;
+    if (o->llama)
+        write_llama_config(f, &o->llama_model);
+    else
+        write_gpt2_config(f, &o->model);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 /* The token source the options name: --tokens, --data, or the default corpus. */
+
 static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p)
 {
     if (o->tokens_path != NULL)
@@ -302,8 +368,15 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         if (o->launch->backend == TRAIN_BACKEND_SIM || r == o->launch->rank)
             printf("rank %d peak allocated %zu bytes\n", r, sh.peak[r]);
     }
-    if (o->save_path != NULL && report)
-        printf("saved %s\n", o->save_path);
+    if (o->save_path != NULL && report) {
+        char cfg_path[4096];
+        if (write_hf_config(o, cfg_path, sizeof(cfg_path)) != 0) {
+            cli_error("cannot write %s beside %s", cfg_path, o->save_path);
+            rc = 1;
+            goto out;
+        }
+        printf("saved %s (HF config %s)\n", o->save_path, cfg_path);
+    }
     if (o->ckpt_dir != NULL && report)
         printf("checkpoint %s\n", o->ckpt_dir);
     if (trace_path != NULL)

@@ -35,6 +35,9 @@ typedef struct fsdp_dev {
     int local_size; /* ranks per node */
     fsdp_trace_rank_t *trace; /* NULL: not tracing; set by fsdp_trace_attach */
     int no_data; /* 1 when buffers hold no data (sim shape mode): skip data-dependent checks */
+    /* How many ranks this one stands for: 1 (0 reads as 1), or more for the sim's symmetric
+     * ranks in shape mode (fsdp_sim_params_t.represent), whose runs are theirs too. */
+    int stands_for;
 } fsdp_dev_t;
 
 /* A stream. Backends embed it first. */

@@ -97,6 +97,10 @@ static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, si
     d.u.gemm.beta = beta;
     d.u.gemm.c = c;
     d.u.gemm.ldc = ldc;
+    /* beta 1 adds a new gradient to one already held (weight gradients across micro-batches,
+     * the input gradients of q, k and v, of gate and up): in a 16-bit dtype rounded, then the
+     * sum rounded, as autograd accumulates (kernel.h's accumulate; in f32 the same bits) */
+    d.u.gemm.epilogue.accumulate = beta == 1.0f;
     return launch(r, &d);
 }
 
