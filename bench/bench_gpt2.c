@@ -1,7 +1,10 @@
 /* The sim's GPT-2: host throughput of each transformer kernel on the shapes of gpt2-tiny and
  * GPT-2 124M, in f32 and in bf16 (the loads and stores through the dtype), then whole training
  * steps of gpt2-tiny (forward, backward, AdamW) on 1 and 4 simulated ranks, in tokens per second,
- * in f32 and under bf16 mixed precision, with the ratio of the two step times.
+ * in f32 and under bf16 mixed precision, with the ratio of the two step times; then llama-tiny's
+ * steps against gpt2-tiny's in the same run (both 2 layers of width 64, 64 tokens, 256 ids;
+ * llama-tiny's SwiGLU of 176 and untied head make it 125,248 parameters to GPT-2's 120,576),
+ * with the ratio of their step times.
  *
  *     bench_gpt2 [--quick]
  *
@@ -148,6 +151,7 @@ typedef struct step_ctx {
     int steps;
     size_t batch, seq;
     fsdp_dtype_t param_dtype; /* FSDP_DTYPE_UNSET: f32 */
+    int llama;                /* llama-tiny, else gpt2-tiny */
 } step_ctx_t;
 
 static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
@@ -157,10 +161,12 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     int32_t *in = malloc(rows * c->seq * sizeof(int32_t)), *tg = malloc(rows * c->seq * 4);
     fsdp_batch_spec_t spec = {c->batch, c->seq, dev->rank, dev->world_size, 1};
     fsdp_gpt2_config_t cfg;
+    fsdp_llama_config_t lcfg;
     fsdp_optim_config_t oc;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
     fsdp_gpt2_t *m = NULL;
+    fsdp_llama_t *lm = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_status_t st;
 
@@ -168,24 +174,27 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fc.mixed_precision.param_dtype = c->param_dtype;
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
     fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
+    fsdp_llama_config_parse("llama-tiny", &lcfg);
     st = fsdp_create(dev, &fc, &fs);
     if (st == FSDP_OK)
-        st = fsdp_gpt2_create(fs, &cfg, &m);
+        st = c->llama ? fsdp_llama_create(fs, &lcfg, &lm) : fsdp_gpt2_create(fs, &cfg, &m);
     if (st == FSDP_OK)
-        st = fsdp_gpt2_init_params(m, 1);
+        st = c->llama ? fsdp_llama_init_params(lm, 1) : fsdp_gpt2_init_params(m, 1);
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
     for (int s = 0; s < c->steps && st == FSDP_OK; s++) {
         float loss;
         st = fsdp_tokens_batch(c->tokens, &spec, s, in, tg);
         if (st == FSDP_OK)
-            st = fsdp_gpt2_forward_backward(m, in, tg, rows, c->seq, &loss);
+            st = c->llama ? fsdp_llama_forward_backward(lm, in, tg, rows, c->seq, &loss)
+                          : fsdp_gpt2_forward_backward(m, in, tg, rows, c->seq, &loss);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
     fsdp_optim_destroy(opt);
     fsdp_gpt2_destroy(m);
+    fsdp_llama_destroy(lm);
     fsdp_destroy(fs);
     free(in);
     free(tg);
@@ -193,9 +202,10 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* the step rate under param_dtype (FSDP_DTYPE_UNSET: f32); returns seconds per step */
-static double bench_steps(fsdp_tokens_t *t, int world, int steps, fsdp_dtype_t param_dtype)
+static double bench_steps(fsdp_tokens_t *t, int world, int steps, fsdp_dtype_t param_dtype,
+                          int llama)
 {
-    step_ctx_t c = {t, steps, 32, 64, param_dtype};
+    step_ctx_t c = {t, steps, 32, 64, param_dtype, llama};
     fsdp_sim_params_t p;
     double t0, dt;
 
@@ -205,8 +215,8 @@ static double bench_steps(fsdp_tokens_t *t, int world, int steps, fsdp_dtype_t p
     if (fsdp_sim_launch(&p, step_rank, &c, NULL) != FSDP_OK)
         exit(1);
     dt = wall_now() - t0;
-    printf("gpt2-tiny, %d rank%s full_shard, batch 32 x 64, %s: %.1f ms per step, %.0f tokens/s\n",
-           world, world > 1 ? "s" : "",
+    printf("%s, %d rank%s full_shard, batch 32 x 64, %s: %.1f ms per step, %.0f tokens/s\n",
+           llama ? "llama-tiny" : "gpt2-tiny", world, world > 1 ? "s" : "",
            param_dtype == FSDP_DTYPE_UNSET ? "f32" : fsdp_dtype_name(param_dtype), 1e3 * dt / steps,
            (double)steps * 32 * 64 / dt);
     return dt / steps;
@@ -230,9 +240,15 @@ int main(int argc, char **argv)
     if (corpus_open_default(argv[0], &t) != FSDP_OK)
         return 1;
     for (int w = 1; w <= 4; w += 3) { /* bf16 against f32 in this run: loads and stores cost */
-        double f32 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET);
-        double bf16 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_BF16);
+        double f32 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET, 0);
+        double bf16 = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_BF16, 0);
         printf("  bf16 / f32 step time on %d rank%s: %.2f\n", w, w > 1 ? "s" : "", bf16 / f32);
+    }
+    for (int w = 1; w <= 4; w += 3) { /* llama-tiny against gpt2-tiny of its width, f32 */
+        double gpt = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET, 0);
+        double llama = bench_steps(t, w, quick ? 5 : 20, FSDP_DTYPE_UNSET, 1);
+        printf("  llama-tiny / gpt2-tiny step time on %d rank%s: %.2f\n", w, w > 1 ? "s" : "",
+               llama / gpt);
     }
     fsdp_tokens_close(t);
     return 0;

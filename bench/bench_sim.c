@@ -3,6 +3,9 @@
  *     bench_sim [--quick] [--world W] [--threads] [--workers N] [--rows R] [--data-only]
  *               [--shape-only] [--batch B]
  *
+ * (--world, --threads: the run of every rank; the symmetric runs have their own worlds, on
+ * fibers, and --threads skips them.)
+ *
  * Shape mode: one FULL_SHARD step (forward, backward, AdamW) on W simulated ranks (default
  * 1024, 128 nodes of 8 H100), first of the real GPT-3-175B preset (lib/nn/gpt2*.c: 96 blocks,
  * width 12288, 96 heads, vocabulary 50257, 1.746e11 parameters, 97 units) on one sequence of
@@ -22,6 +25,19 @@
  * how many distinct cache lines an op touches, above all in the caching-allocator model (each
  * rank's free-block trees and live-block map: over two fifths of the time) and the stream and
  * collective accounting.
+ *
+ * Symmetric ranks, first: the same GPT-3-175B step in bf16 (MixedPrecision(param_dtype=bf16))
+ * with one simulated rank per class of ranks that run alike (fsdp_sim_params_t.represent, the
+ * classes derived from the model on one rank as fsdp-plan derives them, their derivation
+ * counted), on 1,024, 16,384 and 131,072 ranks (--quick: 24 blocks, the first two), each
+ * reported next to the 1,024-rank wall time of the same run: the ratio is the figure that
+ * matters, since the cost should not grow with the world. Targets: <= 1 s at 1,024 ranks,
+ * <= 2 s and <= 1 GiB at 16,384, <= 10 s at 131,072. Measured on the 2-core machine under a
+ * load of about 5: 12, 13 and 25 ranks simulated; 0.13 s, 0.75 s and 5.4 s wall (0.05 s,
+ * 0.37 s and 2.9 s CPU), ratios 6.0 and 43 (CPU 6.8 and 54), peak RSS 0.02 GiB. The targets
+ * hold but the ratio does not yet: most of what is left grows with the world, not with the
+ * ranks simulated: deriving the classes (sim/symmetry.c hashes and compares the pieces of every
+ * unit on every rank) is about half the CPU of these runs in a perf profile.
  *
  * Data mode: the cost of simulating W ranks against the same arithmetic in one plain
  * process. The same MLP step (512-2048-2048-512, global batch B rows, AdamW) runs
@@ -92,6 +108,9 @@ typedef struct bench_run {
     fsdp_strategy_t strategy;
     int warmup, steps; /* steps before the measured ones, and those */
     int micro;         /* forward-backward passes per step (gradient accumulation); 0 is 1 */
+    int bf16;          /* MixedPrecision(param_dtype=bf16) */
+    int *represent;    /* symmetric ranks (fsdp_sim_params_t.represent), or NULL */
+    int classes_world; /* the class derivation's rank: the world to derive them for */
     /* per rank */
     uint64_t *ops;
     double *step_time;
@@ -149,6 +168,8 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
 
     fsdp_config_init(&cfg);
     cfg.strategy = b->strategy;
+    if (b->bf16)
+        cfg.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
     st = fsdp_create(dev, &cfg, &fs);
     if (st != FSDP_OK)
@@ -165,6 +186,18 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_mlp_init_params(mlp, 1);
         x = b->x + (size_t)dev->rank * b->rows * (size_t)b->dims[0];
         y = b->y + (size_t)dev->rank * b->rows * (size_t)b->dims[b->nlayers];
+    }
+    if (st == FSDP_OK && b->classes_world > 0) {
+        /* one rank's layout of the units is every rank's: the classes come from it, as
+         * fsdp-plan derives them */
+        if (fsdp_sim_symmetric_ranks(fs, b->classes_world, b->classes_world % 8 == 0 ? 8 : 0,
+                                     b->strategy, b->represent) < 1)
+            st = FSDP_ERR_INTERNAL;
+        fsdp_gpt2_destroy(gpt);
+        free(tokens);
+        fsdp_mlp_destroy(mlp);
+        fsdp_destroy(fs);
+        return st;
     }
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
@@ -235,6 +268,7 @@ static bench_result_t bench_launch(bench_run_t *b, int world, fsdp_sim_mode_t mo
     p.fibers = fibers;
     p.workers = workers;
     p.timeout_s = 600;
+    p.represent = b->represent;
     w0 = wall_now();
     c0 = cpu_now();
     r.status = fsdp_sim_launch(&p, bench_rank, b, NULL);
@@ -310,6 +344,84 @@ static int bench_shape(int gpt, int world, int fibers, int workers, size_t rows,
            (unsigned long long)r.ops, (double)r.ops / world, (double)r.ops / r.wall);
     printf("  simulated step time %.3f s on h100, peak reserved %.2f GiB per rank\n", r.step_time,
            (double)r.peak_reserved / (double)((size_t)1 << 30));
+    return 0;
+}
+
+/* GPT-3-175B FULL_SHARD bf16 + AdamW, one step, with symmetric ranks (fsdp_sim_params_t.represent,
+ * the classes derived as fsdp-plan derives them, and that derivation counted) on 1,024, 16,384
+ * and 131,072 ranks (--quick: 24 blocks, the first two). What matters is each world's wall time
+ * over the 1,024-rank one's of the same run: the cost should not grow with the world. Targets:
+ * <= 1 s at 1,024 ranks, <= 2 s and <= 1 GiB at 16,384, <= 10 s at 131,072. */
+static int bench_symmetric(int workers, size_t rows, int quick)
+{
+    static const int worlds[] = {1024, 16384, 131072};
+    static const char *const targets[] = {"<= 1 s", "<= 2 s, <= 1 GiB", "<= 10 s"};
+    const fsdp_gpt2_preset_t *preset = fsdp_gpt2_preset_find("gpt3-175b");
+    fsdp_gpt2_config_t cfg;
+    double base = 0.0;
+
+    if (preset == NULL) {
+        fprintf(stderr, "bench_sim: the gpt3-175b preset is missing\n");
+        return 1;
+    }
+    cfg = preset->cfg;
+    if (quick)
+        cfg.n_layer = 24;
+    printf("shape mode with symmetric ranks, gpt3-175b%s: %d blocks, one sequence of %zu tokens "
+           "per rank, %.4g parameters, FULL_SHARD bf16 + AdamW, one step (wall: the classes and "
+           "the launch)\n",
+           quick ? " (--quick)" : "", cfg.n_layer, rows, (double)fsdp_gpt2_num_params(&cfg));
+    printf("  %7s %9s %8s %8s %9s %9s %12s  %s\n", "ranks", "simulated", "wall s", "CPU s",
+           "/ 1024", "RSS GiB", "step time s", "target");
+    for (int i = 0; i < (quick ? 2 : 3); i++) {
+        int world = worlds[i], n = 0;
+        fsdp_sim_params_t p;
+        bench_run_t b;
+        bench_result_t r;
+        double w0 = wall_now(), c0 = cpu_now(), wall, cpu;
+
+        memset(&b, 0, sizeof(b));
+        b.gpt = &cfg;
+        b.rows = rows;
+        b.strategy = FSDP_FULL_SHARD;
+        b.steps = 1;
+        b.bf16 = 1;
+        b.represent = malloc((size_t)world * sizeof(*b.represent));
+        if (b.represent == NULL) {
+            fprintf(stderr, "bench_sim: out of host memory for %d ranks\n", world);
+            return 1;
+        }
+        /* the classes, from the model built on one rank */
+        b.classes_world = world;
+        fsdp_sim_params_init(&p);
+        p.mode = FSDP_SIM_SHAPE;
+        b.ops = calloc(1, sizeof(*b.ops));
+        b.step_time = calloc(1, sizeof(*b.step_time));
+        b.peak_reserved = calloc(1, sizeof(*b.peak_reserved));
+        r.status = b.ops != NULL && b.step_time != NULL && b.peak_reserved != NULL
+                       ? fsdp_sim_launch(&p, bench_rank, &b, NULL)
+                       : FSDP_ERR_NO_MEMORY;
+        free(b.ops);
+        free(b.step_time);
+        free(b.peak_reserved);
+        b.classes_world = 0;
+        if (r.status == FSDP_OK)
+            r = bench_launch(&b, world, FSDP_SIM_SHAPE, 1, workers);
+        wall = wall_now() - w0;
+        cpu = cpu_now() - c0;
+        for (int q = 0; q < world && r.status == FSDP_OK; q++)
+            n += b.represent[q] == q;
+        free(b.represent);
+        if (r.status != FSDP_OK) {
+            fprintf(stderr, "bench_sim: the symmetric run on %d ranks failed: %s\n", world,
+                    fsdp_status_string(r.status));
+            return 1;
+        }
+        if (i == 0)
+            base = wall;
+        printf("  %7d %9d %8.3f %8.3f %9.2f %9.2f %12.3f  %s\n", world, n, wall, cpu,
+               base > 0 ? wall / base : 0.0, peak_rss_gib(), r.step_time, targets[i]);
+    }
     return 0;
 }
 
@@ -655,7 +767,10 @@ int main(int argc, char **argv)
     /* data mode runs its fibers on one worker unless told otherwise: the plain process it is
      * held against has one thread */
     data_workers = workers > 0 ? workers : 1;
-    /* the real model first: the process's peak RSS is its own */
+    /* the symmetric runs first, then the real model on every rank: each peak RSS so far is
+     * its own (the symmetric runs' are far below the full run's) */
+    if (shape && fibers && bench_symmetric(workers, rows, quick) != 0)
+        return 1;
     if (shape && (bench_shape(1, world, fibers, workers, rows, quick) != 0 ||
                   bench_shape(0, world, fibers, workers, rows, quick) != 0))
         return 1;

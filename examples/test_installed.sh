@@ -19,8 +19,14 @@ test -f "$srcs/own_model.c" && test -f "$srcs/gpt2_checkpoint.c"
 export PKG_CONFIG_PATH="$(dirname "$pc")" PKG_CONFIG_SYSROOT_DIR="$dir/root"
 flags=$(pkg-config --cflags --libs libfsdp)
 echo "pkg-config: $flags"
+# a library built with sanitizers (configure --enable-asan, ...) needs its programs built with
+# the same ones, as any program linking it would
+san=
+for f in ${BUILD_CFLAGS:-}; do
+    case $f in -fsanitize=* | -fno-sanitize* | -fno-omit-frame-pointer) san="$san $f" ;; esac
+done
 for ex in own_model gpt2_checkpoint; do
-    ${CC:-cc} "$srcs/$ex.c" $flags -o "$dir/$ex"
+    ${CC:-cc} $san "$srcs/$ex.c" $flags -o "$dir/$ex"
 done
 LD_LIBRARY_PATH="$libdir" "$dir/own_model" 2 20
 LD_LIBRARY_PATH="$libdir" "$dir/gpt2_checkpoint" "$dir/ckpt"

@@ -103,6 +103,7 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int slot, int rank, i
     dev->super.local_size = per_node;
     dev->super.no_data = world->params.mode == FSDP_SIM_SHAPE;
     dev->super.stands_for = stands_for;
+    dev->super.represent = world->params.represent;
     dev->world = world;
     dev->profile = &world->params.profile;
     dev->compute.dev = dev;

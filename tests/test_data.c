@@ -26,27 +26,29 @@ static void put32(unsigned char *p, int32_t v)
     p[2] = (unsigned char)(u >> 16), p[3] = (unsigned char)(u >> 24);
 }
 
-/* An llm.c shard of `ntok` tokens (token i = (i * 7) mod 65536), with a header that says
- * magic, version and count, and `extra` bytes added or removed at the end. */
+/* An llm.c shard of `ntok` tokens with a header that says magic, version and count, and `extra`
+ * bytes added or removed at the end: uint32 tokens for magic 20240801 (token i = i * 7919 mod
+ * 128256, Llama 3's vocabulary), else uint16 (token i = i * 7 mod 65536). */
 static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count,
                         size_t ntok, long extra)
 {
     unsigned char header[1024] = {0};
+    size_t width = magic == 20240801 ? 4 : 2;
     FILE *f = fopen(path, "wb");
     put32(header, magic);
     put32(header + 4, version);
     put32(header + 8, count);
     fwrite(header, 1, sizeof(header), f);
     for (size_t i = 0; i < ntok; i++) {
-        uint16_t t = (uint16_t)(i * 7);
-        unsigned char b[2] = {(unsigned char)t, (unsigned char)(t >> 8)};
-        fwrite(b, 1, 2, f);
+        unsigned char b[4];
+        put32(b, width == 4 ? (int32_t)(i * 7919 % 128256) : (int32_t)(uint16_t)(i * 7));
+        fwrite(b, 1, width, f);
     }
     for (long i = 0; i < extra; i++)
         fputc(0, f);
     fclose(f);
     if (extra < 0)
-        CU_ASSERT(truncate(path, (off_t)(1024 + 2 * ntok) + extra) == 0);
+        CU_ASSERT(truncate(path, (off_t)(1024 + width * ntok) + extra) == 0);
 }
 
 static fsdp_status_t open_quiet(const char *path, fsdp_tokens_t **t)
@@ -76,7 +78,9 @@ static void test_llmc_header(void)
     tmp_path(path, sizeof(path), "bad.bin");
     write_shard(path, 20240521, 1, 1000, 1000, 0); /* magic */
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
-    write_shard(path, 20240801, 7, 1000, 1000, 0); /* the uint32 Llama-3 variant */
+    write_shard(path, 20240801, 1, 1000, 1000, 0); /* uint32 tokens are version 7 */
+    CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
+    write_shard(path, 20240801, 7, 2000, 1000, 0); /* 2000 uint16 would fill it, not uint32 */
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
     write_shard(path, 20240520, 2, 1000, 1000, 0); /* version */
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
@@ -92,6 +96,35 @@ static void test_llmc_header(void)
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
     tmp_path(path, sizeof(path), "missing.bin");
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_IO);
+}
+
+/* Llama 3's shards: uint32 tokens beyond uint16's range, read the same way */
+static void test_llmc_uint32(void)
+{
+    enum { N = 5000, B = 4, T = 16, W = 2 };
+    char path[256];
+    fsdp_tokens_t *t = NULL;
+    int32_t in[B / W * T], tg[B / W * T];
+
+    tmp_path(path, sizeof(path), "llama3.bin");
+    write_shard(path, 20240801, 7, N, N, 0);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_tokens_count(t), N);
+    CU_ASSERT_EQUAL(fsdp_tokens_order(t), FSDP_TOKENS_SEQUENTIAL);
+    CU_ASSERT_EQUAL(fsdp_tokens_at(t, 4999), (uint32_t)(4999 * 7919 % 128256));
+    CU_ASSERT_EQUAL(fsdp_tokens_max_id(t), 128249); /* above uint16, below 128,256 */
+    for (int64_t step = 0; step < 3; step++) {
+        for (int r = 0; r < W; r++) {
+            fsdp_batch_spec_t spec = {B, T, r, W, 0};
+            size_t base = fsdp_tokens_window(t, B, T, step) + (size_t)r * (B / W) * T;
+            CU_ASSERT_EQUAL_FATAL(fsdp_tokens_batch(t, &spec, step, in, tg), FSDP_OK);
+            for (size_t i = 0; i < (size_t)(B / W * T); i++) {
+                CU_ASSERT_EQUAL(in[i], (int32_t)((base + i) * 7919 % 128256));
+                CU_ASSERT_EQUAL(tg[i], (int32_t)((base + i + 1) * 7919 % 128256));
+            }
+        }
+    }
+    fsdp_tokens_close(t);
 }
 
 /* llm.c's walk: batch i starts at i*B*T, back to 0 when B*T + 1 tokens would pass the end */
@@ -275,6 +308,7 @@ int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"llm.c header: magic, version, count and size checked", test_llmc_header},
+        {"llm.c's uint32 shards (Llama 3): tokens and batches", test_llmc_uint32},
         {"llm.c windows: i*B*T, wrapping before the end", test_llmc_windows},
         {"llm.c rows: each rank its slice, inputs and shifted targets", test_llmc_ranks},
         {"seeded sampler: deterministic, one global batch split across ranks", test_random_sampler},

@@ -2,7 +2,7 @@
  * - a double-precision LlamaForCausalLM written here, independent of the library (its backward
  *   checked against finite differences of its forward): the model's loss and every gradient, for
  *   grouped-query and multi-head attention, with and without llama3 rope scaling, tied and
- *   untied; activation checkpointing gives the same bits;
+ *   untied; full and selective op activation checkpointing give the same bits;
  * - FSDP: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD on 1, 2 and 4 simulated ranks train as one
  *   process does; bf16 within its roundoff of f32;
  * - shape mode: the activations grow linearly in the sequence (fused attention keeps no T x T);
@@ -410,7 +410,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK && j->checkpoint)
-        st = fsdp_llama_set_checkpointing(m, -1, 1);
+        st = fsdp_llama_set_checkpointing(m, -1, j->checkpoint);
     if (st == FSDP_OK && j->init != NULL) {
         for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK; k++) {
             fsdp_unit_t *u = unit_at(m, k);
@@ -633,12 +633,16 @@ static void test_against_reference(void)
                 c->H, c->K, c->tie, c->scaling, (double)j->losses[0][0], loss, d);
         CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
         CU_ASSERT(d <= 1e-4);
-        /* activation checkpointing recomputes the same activations: the same bits */
+        /* full and selective op checkpointing recompute the same activations: the same bits */
         first = malloc(total * sizeof(float));
         memcpy(first, j->grads, total * sizeof(float));
-        j->checkpoint = 1;
-        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
-        CU_ASSERT(memcmp(first, j->grads, total * sizeof(float)) == 0);
+        for (int policy = FSDP_LLAMA_CKPT_FULL; policy <= FSDP_LLAMA_CKPT_SELECTIVE_OP; policy++) {
+            float loss0 = j->losses[0][0];
+            j->checkpoint = policy;
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            CU_ASSERT(memcmp(first, j->grads, total * sizeof(float)) == 0);
+            CU_ASSERT(j->losses[0][0] == loss0);
+        }
         free(first);
         free(j->grads);
         free(j);
@@ -789,6 +793,37 @@ static void test_shape_activations_linear(void)
     free(j);
 }
 
+/* Shape mode: selective op checkpointing keeps less than none and more than full (Llama 3 8B's
+ * widths, two layers of 2048 tokens): per layer and token, none keeps 2 D + (H + 2K) hd + H hd +
+ * D + 3 F elements and the rstds, selective op H hd + K hd + H hd + F and the lse, full nothing
+ * beyond the layer's input. */
+static void test_shape_selective_op(void)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    size_t peak[3];
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_llama_config_parse("llama:layers=2,heads=32,kv_heads=8,dim=4096,"
+                                                  "ffn=14336,seq=2048,vocab=128256",
+                                                  &j->cfg),
+                          FSDP_OK);
+    for (int policy = 0; policy < 3; policy++) {
+        j->strategy = FSDP_FULL_SHARD;
+        j->world = 2;
+        j->shape = 1;
+        j->batch = 2;
+        j->seq = 2048;
+        j->checkpoint = policy == 0   ? FSDP_LLAMA_CKPT_NONE
+                        : policy == 1 ? FSDP_LLAMA_CKPT_SELECTIVE_OP
+                                      : FSDP_LLAMA_CKPT_FULL;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        peak[policy] = j->act_peak[0];
+    }
+    fprintf(stderr, "\n  activation peak: none %zu, selective op %zu, full %zu bytes", peak[0],
+            peak[1], peak[2]);
+    CU_ASSERT(peak[2] < peak[1] && peak[1] < peak[0]);
+    free(j);
+}
+
 /* ---------------- presets and specs ---------------- */
 
 static void test_presets_and_specs(void)
@@ -859,6 +894,8 @@ int main(void)
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
         {"bf16 within its roundoff of f32", test_bf16_against_f32},
         {"shape mode: activations grow linearly in T", test_shape_activations_linear},
+        {"shape mode: selective op checkpointing keeps between none and full",
+         test_shape_selective_op},
         {NULL, NULL},
     };
     return fsdp_test_run("llama", tests);

@@ -136,11 +136,36 @@ act() { awk '/^  ranks 0-63 /{print $10; exit}' "$1"; }
 check "llama3-8b: selective-layer checkpointing keeps less than none, more than full" \
     awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8sel")" -v f="$(act "$tmp/l8ac")" \
     'BEGIN{exit !(f < s && s < n)}'
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 \
+    --activation-checkpointing selective-op >"$tmp/l8op" 2>&1
+check "llama3-8b: selective-op checkpointing keeps less than none, more than full" \
+    awk -v n="$(act "$tmp/l8")" -v s="$(act "$tmp/l8op")" -v f="$(act "$tmp/l8ac")" \
+    'BEGIN{exit !(f < s && s < n)}'
+check "llama3-8b: selective-op recomputes less than full: a shorter step" \
+    awk 'FNR==1{f++} /^step time /{t[f]=$3} END{exit !(t[1] < t[2])}' "$tmp/l8op" "$tmp/l8ac"
 "$plan" --model llama3-70b --profile h100:nodes=8 --mixed-precision bf16 \
     --activation-checkpointing full >"$tmp/l70" 2>"$tmp/err"
 check "llama3-70b on 64 H100s plans" grep -q "^fits: " "$tmp/l70"
+check "llama3-8b: tokens/s per GPU, a line to grep" \
+    grep -q "^[0-9][0-9]* tokens/s per GPU (8192 tokens per rank per step)$" "$tmp/l8"
+# PaLM: 6 N + 12 L H hd T, N = 8030261248 - 128256 x 4096, T = 8192: 5.7911e10 FLOP a token
+check "llama3-8b: PaLM's FLOPs per token" grep -q "^MFU by PaLM's definition [0-9.]*% (.* = 5.791e+10 FLOP per token" "$tmp/l8"
+check "llama3-8b: PaLM's MFU is tokens/s x FLOPs per token / peak" \
+    awk '/tokens\/s per GPU/{t=$1} /^MFU by PaLM/{m=$5+0} END{r=t*5.7911e10/989.4e12*100; exit !(m > r - 0.1 && m < r + 0.1)}' "$tmp/l8"
+"$plan" --model llama3-8b --profile h100:nodes=8 --mixed-precision bf16 --local-batch 2 \
+    --seq 2048 --capacity 0 >"$tmp/l8s" 2>"$tmp/err"
+check "--seq and --local-batch: 2 sequences of 2048 tokens per rank" \
+    grep -q "^batch 128 sequences, 2 per rank (4096 tokens per rank)" "$tmp/l8s"
+check "--capacity 0 is unlimited" grep -q "^fits: yes: .* of unlimited per GPU" "$tmp/l8s"
+check "a shorter sequence: fewer attention FLOPs per token" \
+    grep -q "^MFU by PaLM's definition [0-9.]*% (.* = 4.825e+10 FLOP per token" "$tmp/l8s"
+"$plan" --model mlp:64,64 --world 2 >"$tmp/mlp_tok" 2>&1
+check "an mlp has no tokens/s" sh -c "! grep -q 'tokens/s' '$tmp/mlp_tok'"
+refuse "--seq beyond the model's positions" --model llama2-7b --seq 8192
+refuse "--seq for an mlp" --model mlp:4,4 --seq 16
 refuse "a llama spec with heads that kv heads do not divide" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing op
+refuse "selective-op checkpointing of a gpt" --model gpt2 --activation-checkpointing selective-op
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
 refuse "an unknown profile" --model mlp:4,4 --profile h200

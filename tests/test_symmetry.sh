@@ -46,4 +46,21 @@ else
 fi
 same "the split classes" --model mlp:1,5 --world 8
 
+# A trace of a symmetric plan: the simulated ranks, each with the ranks it stands for, their
+# counts summing to the world; the plan prints what it prints without a trace.
+trace="${top_builddir:-..}/tools/fsdp-trace"
+[ -x "$trace" ] || trace=../tools/fsdp-trace
+args="--model $mlp --world 16 --gpus-per-node 4 --strategy hybrid_shard"
+"$plan" $args >"$tmp/plain" 2>&1
+"$plan" $args --trace "$tmp/t.db" >"$tmp/traced" 2>&1
+"$trace" summary "$tmp/t.db" >"$tmp/summary" 2>&1
+n=$(sed -n 's/^ranks simulated: \([0-9]*\) of 16.*/\1/p' "$tmp/traced")
+if [ -n "$n" ] && cmp -s "$tmp/plain" "$tmp/traced" &&
+    grep -q "^simulated ranks: $n, standing for 16 " "$tmp/summary" &&
+    grep -q '^  rank 0 (stands for [0-9]* ranks: 0-' "$tmp/summary"; then
+    echo "ok: a symmetric plan's trace holds its $n simulated ranks, standing for 16"
+else
+    echo "FAILED: a symmetric plan's trace"; cat "$tmp/traced" "$tmp/summary"; fail=1
+fi
+
 exit $fail

@@ -319,7 +319,7 @@ static void test_schema_and_names(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(text);
     CU_ASSERT_STRING_EQUAL(fsdp_trace_schema(), text); /* the built-in copy is the file */
     free(text);
-    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_trace_schema(), "PRAGMA user_version = 2;"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(fsdp_trace_schema(), "PRAGMA user_version = 3;"));
 
     CU_ASSERT_STRING_EQUAL(fsdp_event_kind_name(FSDP_EV_HOOK), "hook");
     CU_ASSERT_STRING_EQUAL(fsdp_event_kind_name(FSDP_EV_COLLECTIVE), "collective");
@@ -379,14 +379,14 @@ static void test_versions(void)
     CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM runs"), 2);
 
     /* newer than ours: refused by the writer and the reader, with a message that says so */
-    CU_ASSERT_EQUAL(db_exec(path, "PRAGMA user_version = 3"), SQLITE_OK);
+    CU_ASSERT_EQUAL(db_exec(path, "PRAGMA user_version = 4"), SQLITE_OK);
     fsdp_log_set_handler(capture, NULL);
     last_log[0] = '\0';
     t = NULL;
     CU_ASSERT_EQUAL(fsdp_trace_open(path, NULL, &t), FSDP_ERR_FORMAT);
     CU_ASSERT_PTR_NULL(t);
     CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "newer"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "schema version 3"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "schema version 4"));
     CU_ASSERT_EQUAL(fsdp_trace_reader_open(path, &r), FSDP_ERR_FORMAT);
     CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM runs"), 2); /* untouched */
 
@@ -491,6 +491,143 @@ static void test_version_1(void)
         }
     }
     remove_db(path);
+}
+
+/* ---- Symmetric ranks: what each simulated rank stands for ------------------------------- */
+
+#define SYM_WORLD 12
+/* classes: 0-2, 3-9:2, 4, 6-10:2, 11 */
+static const int sym_represent[SYM_WORLD] = {0, 0, 0, 3, 4, 3, 6, 3, 6, 3, 6, 11};
+
+static fsdp_status_t sym_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_trace_event_t ev;
+    fsdp_status_t st = fsdp_trace_attach(arg, dev);
+
+    if (st != FSDP_OK)
+        return st;
+    fsdp_trace_event_init(&ev, FSDP_EV_KERNEL, "gemm");
+    ev.stream = "compute";
+    ev.start = 1.0;
+    ev.end = 2.0;
+    fsdp_trace_emit(dev, &ev);
+    fsdp_trace_step(dev, 1, 0.0, 1.0, NULL);
+    fsdp_trace_detach(dev);
+    return FSDP_OK;
+}
+
+static void sym_check_file(const char *path, const char *want)
+{
+    char *text = read_file(path);
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    if (strstr(text, want) == NULL)
+        fprintf(stderr, "\n'%s' lacks '%s'\n", path, want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, want));
+    free(text);
+}
+
+/* A symmetric launch's trace holds the simulated ranks, each with the ranks it stands for, and
+ * the summary, export and plot say so. */
+static void test_symmetric_ranks(void)
+{
+    const char *path = tpath("sym.db"), *out_path = tpath("sym.txt");
+    fsdp_sim_params_t p;
+    fsdp_trace_t *trace = NULL;
+    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = SYM_WORLD};
+    FILE *out;
+
+    remove_db(path);
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &trace), FSDP_OK);
+    fsdp_sim_params_init(&p);
+    p.world_size = SYM_WORLD;
+    p.mode = FSDP_SIM_SHAPE;
+    p.timeout_s = 30;
+    p.represent = sym_represent;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, sym_rank, trace, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_close(trace), FSDP_OK);
+    CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM ranks"), 5);
+    CU_ASSERT_EQUAL(db_int(path, "SELECT sum(stands_for) FROM ranks"), SYM_WORLD);
+    CU_ASSERT_EQUAL(db_int(path, "SELECT count(DISTINCT rank) FROM events"), 5);
+    CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM ranks WHERE (rank, stands_for, members) IN "
+                                 "(VALUES (0, 3, '0-2'), (3, 4, '3-9:2'), (4, 1, '4'), "
+                                 "(6, 3, '6-10:2'), (11, 1, '11'))"),
+                    5);
+
+    out = fopen(out_path, "w");
+    CU_ASSERT_FATAL(out != NULL);
+    CU_ASSERT_EQUAL(fsdp_trace_summary(path, 0, out), FSDP_OK);
+    fclose(out);
+    sym_check_file(out_path, "simulated ranks: 5, standing for 12");
+    sym_check_file(out_path, "  rank 3 stands for 4 ranks: 3-9:2\n");
+    sym_check_file(out_path, "  rank 0 (stands for 3 ranks: 0-2):\n");
+    sym_check_file(out_path, "  rank 4:\n");
+    CU_ASSERT_EQUAL(fsdp_trace_export_chrome(path, 0, out_path), FSDP_OK);
+    sym_check_file(out_path, "\"name\":\"rank 6 (stands for 3 ranks: 6-10:2)\"");
+    sym_check_file(out_path, "\"name\":\"rank 11\"");
+    CU_ASSERT_EQUAL(fsdp_trace_plot_svg(path, 0, 0, out_path), FSDP_OK);
+    sym_check_file(out_path, "world 12 (5 ranks simulated");
+    sym_check_file(out_path, ">rank 3 (stands for 4 ranks: 3-9:2)<");
+    sym_check_file(out_path, ">rank 11<");
+    remove_db(path);
+    remove(out_path);
+}
+
+static int count_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    (void)rank, (void)seq, (void)ev;
+    ++*(int *)arg;
+    return 0;
+}
+
+/* Version 2 is version 3 without the ranks table: such a file reads as it is, its ranks each
+ * standing for themselves, and adding a run converts it. */
+static void test_version_2(void)
+{
+    const char *path = tpath("v2.db"), *out_path = tpath("v2.txt");
+    fsdp_trace_t *t = NULL;
+    fsdp_trace_reader_t *r = NULL;
+    char *text;
+    FILE *out;
+
+    remove_db(path);
+    CU_ASSERT_FATAL(db_exec(path, fsdp_trace_schema()) == SQLITE_OK);
+    CU_ASSERT_FATAL(db_exec(path, "DROP TABLE ranks; PRAGMA user_version = 2; "
+                                  "INSERT INTO runs (id, created, backend, world_size, version) "
+                                  "VALUES (1, '2026-01-01T00:00:00Z', 'sim', 2, 'v2'); "
+                                  "INSERT INTO strings (id, text) VALUES (1, 'kernel'), "
+                                  "(2, 'gemm'), (3, 'compute'); "
+                                  "INSERT INTO event_rows VALUES (1, 0, 0, 1, 2, NULL, 3, 0.5, "
+                                  "1.0, 2.0, 64, 128, NULL, NULL, 0, 0), (1, 1, 0, 1, 2, NULL, "
+                                  "3, 0.5, 1.0, 2.0, 64, 128, NULL, NULL, 0, 0);") == SQLITE_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        int n = 0;
+        CU_ASSERT_FATAL(fsdp_trace_reader_open(path, &r) == FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_reader_events(r, 1, -1, count_event, &n), FSDP_OK);
+        fsdp_trace_reader_close(r);
+        CU_ASSERT_EQUAL(n, 2);
+        out = fopen(out_path, "w");
+        CU_ASSERT_FATAL(out != NULL);
+        CU_ASSERT_EQUAL(fsdp_trace_summary(path, 1, out), FSDP_OK);
+        fclose(out);
+        text = read_file(out_path);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+        CU_ASSERT_PTR_NOT_NULL(strstr(text, "ranks 0-1:\n    kernel 1\n"));
+        CU_ASSERT_PTR_NULL(strstr(text, "stands for"));
+        free(text);
+        CU_ASSERT_EQUAL(fsdp_trace_export_chrome(path, 1, out_path), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_plot_svg(path, 1, 0, out_path), FSDP_OK);
+        if (pass == 0) {
+            CU_ASSERT_EQUAL(db_int(path, "PRAGMA user_version"), 2);
+            CU_ASSERT_FATAL(fsdp_trace_open(path, NULL, &t) == FSDP_OK);
+            CU_ASSERT_EQUAL(fsdp_trace_run_id(t), 2);
+            CU_ASSERT_EQUAL(fsdp_trace_close(t), FSDP_OK);
+            CU_ASSERT_EQUAL(db_int(path, "PRAGMA user_version"), FSDP_TRACE_SCHEMA_VERSION);
+            CU_ASSERT_EQUAL(db_int(path, "SELECT count(*) FROM ranks"), 0);
+        }
+    }
+    remove_db(path);
+    remove(out_path);
 }
 
 /* ---- A workload shaped like a FULL_SHARD step, for determinism and the diff -------------- */
@@ -1478,6 +1615,8 @@ int main(int argc, char **argv)
         {"round trip of every field", test_round_trip},
         {"schema versions", test_versions},
         {"schema version 1", test_version_1},
+        {"schema version 2", test_version_2},
+        {"symmetric ranks", test_symmetric_ranks},
         {"determinism", test_determinism},
         {"killed writer", test_killed_writer},
         {"flush while emitting", test_flush_while_emitting},

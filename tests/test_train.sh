@@ -179,6 +179,18 @@ check "gpt2 on an llm.c shard" test "$(grep -c '^step' "$tmp/gk")" -eq 3
 shard "$tmp/badmagic.bin" 20240521 1 300 300 0
 shard "$tmp/short.bin" 20240520 1 301 300 0
 shard "$tmp/big.bin" 20240520 1 300 300 256
+# Llama 3's shards: uint32 tokens (magic 20240801, version 7)
+shard32() { # path ntokens first-token
+    { le32 20240801; le32 7; le32 "$2"; head -c 1012 /dev/zero
+      i=0; while [ $i -lt "$2" ]; do le32 $((($3 + i * 37) % 256 + $3 / 256 * 256)); i=$((i + 1)); done
+    } >"$1"
+}
+shard32 "$tmp/tok32.bin" 300 0
+shard32 "$tmp/big32.bin" 300 128000
+"$train" --model llama-tiny --world 2 --batch 4 --seq 32 --steps 3 --tokens "$tmp/tok32.bin" \
+    >"$tmp/lk" 2>&1
+check "llama on an llm.c uint32 shard" test "$(grep -c '^step' "$tmp/lk")" -eq 3
+check "llama names the uint32 shard" grep -q "data: llm.c shard $tmp/tok32.bin, 300 tokens" "$tmp/lk"
 
 # HF weights: --save writes them, --init reads them back, across world sizes
 "$train" --model "$tiny" --world 2 --batch 6 --steps 2 --save "$tmp/g.safetensors" >/dev/null 2>&1
@@ -278,7 +290,8 @@ done
 "$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" \
     | grep '^step' | cut -d' ' -f1-4 >"$tmp/l1"
 for ac in --checkpoint-activations "--activation-checkpointing full" \
-    "--activation-checkpointing selective-layer" "--activation-checkpointing selective-layer:1"; do
+    "--activation-checkpointing selective-layer" "--activation-checkpointing selective-layer:1" \
+    "--activation-checkpointing selective-op"; do
     # shellcheck disable=SC2086
     "$train" --model "$lt" --world 2 --batch 4 --steps 4 --lr 1e-2 --data "$tmp/fox.txt" $ac \
         | grep '^step' | cut -d' ' -f1-4 >"$tmp/l2"
@@ -337,7 +350,19 @@ refuse "--consolidate of no checkpoint" --consolidate "$tmp/nothing here" --save
 refuse "an unknown llama preset" --model llama-huge
 refuse "kv heads that do not divide the heads" --model "llama:heads=4,kv_heads=3"
 refuse "an unknown activation checkpointing policy" --model llama-tiny --activation-checkpointing some
-refuse "--init for a llama model" --model llama-tiny --init "$tmp/a.safetensors"
+refuse "selective-op checkpointing of a gpt" --model "$tiny" --activation-checkpointing selective-op
+# --save and --init: HF's model.safetensors, saved on 4 ranks and loaded on 2; with lr 0 the
+# loaded weights come out as they went in, and a checkpoint of another shape is refused
+"$train" --model "$lt" --world 4 --batch 4 --steps 2 --lr 1e-2 --data "$tmp/fox.txt" \
+    --save "$tmp/llhf.safetensors" >/dev/null 2>&1
+"$train" --model "$lt" --world 2 --batch 4 --steps 1 --lr 0 --data "$tmp/fox.txt" \
+    --init "$tmp/llhf.safetensors" --save "$tmp/llhf2.safetensors" >"$tmp/llinit" 2>"$tmp/err"
+check "llama: --init of an HF checkpoint trains and exits 0" test $? -eq 0
+check "llama: --save -> --init -> --save round trip" \
+    cmp -s "$tmp/llhf.safetensors" "$tmp/llhf2.safetensors"
+check "llama: --save writes LlamaConfig's config.json beside it" sh -c \
+    "grep -q '\"model_type\": \"llama\"' '$tmp/config.json' && grep -q '\"num_key_value_heads\": 2,' '$tmp/config.json'"
+refuse "--init of another llama's checkpoint" --model "$lt,ffn=40" --init "$tmp/llhf.safetensors"
 refuse "a sequence longer than the positions" --model "$tiny" --seq 17
 # a default batch the world does not divide is rounded up, and that is said
 "$train" --model "$tiny" --world 3 --steps 1 >"$tmp/w3" 2>"$tmp/err"
@@ -352,6 +377,7 @@ refuse "text and tokens together" --model "$tiny" --data "$tmp/text.txt" --token
 refuse "an llm.c shard with a bad magic" --model "$tiny" --tokens "$tmp/badmagic.bin"
 refuse "an llm.c shard shorter than its count" --model "$tiny" --tokens "$tmp/short.bin"
 refuse "token ids beyond the vocabulary" --model "$tiny" --tokens "$tmp/big.bin"
+refuse "uint32 token ids beyond the vocabulary" --model llama-tiny --tokens "$tmp/big32.bin"
 refuse "a batch larger than an llm.c shard" --model "$tiny" --tokens "$tmp/tok.bin" --batch 20
 refuse "an mlp checkpoint as gpt2 weights" --model "$tiny" --init "$tmp/a.safetensors"
 refuse "gpt2 weights of another width" --model "gpt2:layers=1,heads=2,dim=8,seq=16,vocab=256" \

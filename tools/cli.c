@@ -260,12 +260,16 @@ int cli_activation_checkpointing(const char *arg)
         return 0;
     if (strcmp(arg, "full") == 0)
         return 1;
-    if (strncmp(arg, sel, n) != 0)
-        return -1;
-    if (arg[n] == '\0')
+    if (strcmp(arg, "selective-op") == 0)
+        return CLI_AC_SELECTIVE_OP;
+    if (strncmp(arg, sel, n) == 0 && arg[n] == '\0')
         return 2;
-    if (arg[n] != ':' || arg[n + 1] < '0' || arg[n + 1] > '9')
-        return -1;
-    k = strtol(arg + n + 1, &end, 10);
-    return *end == '\0' && k >= 1 && k <= 1 << 20 ? (int)k : -1;
+    if (strncmp(arg, sel, n) == 0 && arg[n] == ':' && arg[n + 1] >= '0' && arg[n + 1] <= '9') {
+        k = strtol(arg + n + 1, &end, 10);
+        if (*end == '\0' && k >= 1 && k <= 1 << 20)
+            return (int)k;
+    }
+    cli_die("--activation-checkpointing: '%s' is not none, full, selective-layer[:K] (K >= 1) or "
+            "selective-op",
+            arg);
 }

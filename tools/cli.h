@@ -71,7 +71,10 @@ void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
 void cli_no_arguments(int argc, char **argv);
 
 /* --activation-checkpointing, torchtitan's meanings: "none" 0, "full" 1 (every block),
- * "selective-layer[:K]" K (every K-th block, default 2); -1 for anything else. */
+ * "selective-layer[:K]" K (every K-th block, default 2), "selective-op" CLI_AC_SELECTIVE_OP
+ * (within every block, the expensive ops' outputs kept and the rest recomputed; Llama models);
+ * the tool dies saying what is allowed for anything else. */
+enum { CLI_AC_SELECTIVE_OP = -2 };
 int cli_activation_checkpointing(const char *arg);
 
 #endif

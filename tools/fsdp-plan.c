@@ -36,21 +36,26 @@ typedef struct model_cfg {
     int nlayers;
     fsdp_gpt2_config_t gpt; /* gpt */
     fsdp_llama_config_t llama;  /* llama */
-    int checkpoint_activations; /* 1: every block, K: every K-th */
+    int checkpoint_activations; /* 1: every block, K: every K-th, or CLI_AC_SELECTIVE_OP */
+    size_t seq;                 /* tokens per sequence (gpt, llama); 1 for an mlp's rows */
 } model_cfg_t;
 
 typedef struct model_ops {
     /* Parses what follows the family prefix (the whole spec for a preset's own spec). */
     int (*parse)(const char *spec, model_cfg_t *cfg);
     fsdp_status_t (*create)(fsdp_t *fs, const model_cfg_t *cfg, void **model_p);
-    /* One forward and backward over `rows` rows of this rank's batch. */
-    fsdp_status_t (*step)(void *model, size_t rows);
+    /* One forward and backward over this rank's batch: `batch` rows, or sequences of `seq`
+     * tokens. */
+    fsdp_status_t (*step)(void *model, size_t batch, size_t seq);
     /* Calls func as the forward and the backward of a step begin; NULL when the model cannot
      * (its forward and backward are then reported together, as forward). */
     void (*phase_hook)(void *model, fsdp_phase_func_t func, void *arg);
     void (*destroy)(void *model);
     double (*params)(const model_cfg_t *cfg);
     int (*units)(const model_cfg_t *cfg);
+    /* A language model's FLOPs per token by PaLM's definition (Chowdhery et al. 2022, appendix
+     * B): 6 N + 12 L H hd T, N the parameters outside the embedding tables; 0 for others. */
+    double (*palm_flops_per_token)(const model_cfg_t *cfg);
 } model_ops_t;
 
 static int mlp_parse(const char *spec, model_cfg_t *cfg)
@@ -65,11 +70,12 @@ static fsdp_status_t mlp_create(fsdp_t *fs, const model_cfg_t *cfg, void **model
     return fsdp_mlp_create(fs, cfg->dims, cfg->nlayers, (fsdp_mlp_t **)model_p);
 }
 
-static fsdp_status_t mlp_step(void *model, size_t rows)
+static fsdp_status_t mlp_step(void *model, size_t batch, size_t seq)
 {
     float loss;
+    (void)seq;
     /* shape mode moves no data: there is no batch in host memory */
-    return fsdp_mlp_forward_backward(model, NULL, NULL, rows, &loss);
+    return fsdp_mlp_forward_backward(model, NULL, NULL, batch, &loss);
 }
 
 static void mlp_phase_hook(void *model, fsdp_phase_func_t func, void *arg)
@@ -95,8 +101,8 @@ static int mlp_units(const model_cfg_t *cfg)
     return cfg->nlayers;
 }
 
-static const model_ops_t mlp_ops = {mlp_parse,   mlp_create, mlp_step, mlp_phase_hook,
-                                    mlp_destroy, mlp_params, mlp_units};
+static const model_ops_t mlp_ops = {mlp_parse,   mlp_create, mlp_step,  mlp_phase_hook,
+                                    mlp_destroy, mlp_params, mlp_units, NULL};
 
 /* GPT-3 175B's shape (96 blocks of 12 x 12288^2 = 1.81e9 parameters) as an MLP: 96 Linear
  * units alternating 12288 -> 147456 -> 12288, 1.74e11 parameters. */
@@ -109,11 +115,11 @@ static int mlp_175b_parse(const char *spec, model_cfg_t *cfg)
     return 0;
 }
 
-static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create, mlp_step, mlp_phase_hook,
-                                         mlp_destroy,    mlp_params, mlp_units};
+static const model_ops_t mlp_175b_ops = {mlp_175b_parse, mlp_create, mlp_step,  mlp_phase_hook,
+                                         mlp_destroy,    mlp_params, mlp_units, NULL};
 
 /* GPT-2 and the GPT-3 family (include/fsdp/gpt2.h): a preset name or gpt2:layers=...,
- * one sequence of n_positions tokens per `rows` of them. */
+ * sequences of n_positions tokens, or --seq. */
 static int gpt_parse(const char *spec, model_cfg_t *cfg)
 {
     return fsdp_gpt2_config_parse(spec, &cfg->gpt) == FSDP_OK ? 0 : -1;
@@ -127,16 +133,12 @@ static fsdp_status_t gpt_create(fsdp_t *fs, const model_cfg_t *cfg, void **model
     return st;
 }
 
-static fsdp_status_t gpt_step(void *model, size_t rows)
+static fsdp_status_t gpt_step(void *model, size_t batch, size_t seq)
 {
-    size_t seq = (size_t)fsdp_gpt2_config(model)->n_positions;
-    size_t batch = rows > seq ? rows / seq : 1;
     int32_t *tokens;
     float loss;
     fsdp_status_t st;
 
-    if (rows < seq)
-        seq = rows;
     /* shape mode reads no tokens: zeros stand for the batch */
     tokens = calloc(batch * seq, sizeof(*tokens));
     if (tokens == NULL)
@@ -161,11 +163,19 @@ static int gpt_units(const model_cfg_t *cfg)
     return cfg->gpt.n_layer + 1;
 }
 
-static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step, NULL,
-                                    gpt_destroy, gpt_params, gpt_units};
+static double gpt_palm_flops(const model_cfg_t *cfg)
+{
+    const fsdp_gpt2_config_t *g = &cfg->gpt;
+    double embed = ((double)g->vocab_size + g->n_positions) * g->n_embd; /* wte, wpe */
+    return 6.0 * (gpt_params(cfg) - embed) + 12.0 * g->n_layer * g->n_embd * (double)cfg->seq;
+}
+
+static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step,  NULL,
+                                    gpt_destroy, gpt_params, gpt_units, gpt_palm_flops};
 
 /* Llama (include/fsdp/llama.h): a preset name or llama:layers=..., sequences of the model's
- * length, or of 8192 tokens (Llama 3's training context) for the 128K-context presets. */
+ * length, or of 8192 tokens (Llama 3's training context) for the 128K-context presets, or
+ * --seq. */
 static int llama_parse(const char *spec, model_cfg_t *cfg)
 {
     return fsdp_llama_config_parse(spec, &cfg->llama) == FSDP_OK ? 0 : -1;
@@ -175,8 +185,10 @@ static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **mod
 {
     fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_llama_t **)model_p);
     int every = cfg->checkpoint_activations;
+    if (st == FSDP_OK && every == CLI_AC_SELECTIVE_OP)
+        st = fsdp_llama_set_checkpointing(*model_p, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
     for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
-        st = fsdp_llama_set_checkpointing(*model_p, l, 1);
+        st = fsdp_llama_set_checkpointing(*model_p, l, FSDP_LLAMA_CKPT_FULL);
     return st;
 }
 
@@ -185,15 +197,11 @@ static size_t llama_seq(const fsdp_llama_config_t *cfg)
     return cfg->max_seq < 8192 ? (size_t)cfg->max_seq : 8192;
 }
 
-static fsdp_status_t llama_step(void *model, size_t rows)
+static fsdp_status_t llama_step(void *model, size_t batch, size_t seq)
 {
-    size_t seq = llama_seq(fsdp_llama_config(model));
     float loss;
-
-    if (rows < seq)
-        seq = rows;
     /* shape mode reads no tokens */
-    return fsdp_llama_forward_backward(model, NULL, NULL, rows / seq, seq, &loss);
+    return fsdp_llama_forward_backward(model, NULL, NULL, batch, seq, &loss);
 }
 
 static void llama_destroy(void *model)
@@ -211,8 +219,17 @@ static int llama_units(const model_cfg_t *cfg)
     return cfg->llama.n_layer + 1;
 }
 
-static const model_ops_t llama_ops = {llama_parse,   llama_create, llama_step, NULL,
-                                      llama_destroy, llama_params, llama_units};
+/* N leaves out embed_tokens only, as torchtitan counts it: an untied head is a matmul. */
+static double llama_palm_flops(const model_cfg_t *cfg)
+{
+    const fsdp_llama_config_t *l = &cfg->llama;
+    double embed = (double)l->vocab_size * l->dim;
+    return 6.0 * (llama_params(cfg) - embed) +
+           12.0 * l->n_layer * l->n_head * fsdp_llama_head_dim(l) * (double)cfg->seq;
+}
+
+static const model_ops_t llama_ops = {llama_parse,   llama_create, llama_step,  NULL,
+                                      llama_destroy, llama_params, llama_units, llama_palm_flops};
 
 typedef struct model_entry {
     const char *name;               /* exact name, or a family prefix ending in ':' */
@@ -272,7 +289,7 @@ typedef struct plan_args {
     fsdp_config_t fsdp;
     fsdp_optim_kind_t optim;
     size_t local_batch; /* rows or sequences per rank */
-    size_t rows;        /* what the model's step takes per rank: rows or tokens */
+    size_t rows;        /* rows or tokens per rank */
     int steps;
     int sweep;
     unsigned fixed; /* FIX_*: the settings given on the command line, which a sweep keeps */
@@ -299,6 +316,8 @@ static void usage(FILE *f)
           "                             by the world\n"
           "  --local-batch B            per-rank batch (default: 8 rows for an mlp, 2048 for\n"
           "                             mlp-175b, one sequence for a GPT)\n"
+          "  --seq T                    gpt, llama: tokens per sequence (default: the model's\n"
+          "                             positions, at most 8192 for a Llama)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
           "  --backward-prefetch P      pre | post | none (default pre)\n"
@@ -309,8 +328,10 @@ static void usage(FILE *f)
           "                             fp16): the all-gathers and compute in param's dtype\n"
           "  --cpu-offload              sharded parameters and gradients in pinned host memory\n"
           "  --checkpoint-activations   GPT and Llama models: recompute each block in backward\n"
-          "  --activation-checkpointing none|full|selective-layer[:K]   full is the above;\n"
-          "                             selective-layer checkpoints every K-th block (default 2)\n"
+          "  --activation-checkpointing none|full|selective-layer[:K]|selective-op\n"
+          "                             full is the above; selective-layer checkpoints every K-th\n"
+          "                             block (default 2); selective-op (llama) keeps the outputs\n"
+          "                             of attention and every other matmul, recomputes the rest\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
@@ -322,8 +343,9 @@ static void usage(FILE *f)
           "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
           "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
-          "                             that run alike (the figures are the same; --trace\n"
-          "                             implies it, so that the trace holds every rank)\n"
+          "                             that run alike (the figures are the same; a trace\n"
+          "                             holds the simulated ranks, each with the ranks it\n"
+          "                             stands for)\n"
           "  --print-profile            print the cluster profile as JSON and exit\n"
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
@@ -331,7 +353,7 @@ static void usage(FILE *f)
           "fsdp-train's options that plan has not: the training ones (--lr and the optimizer's\n"
           "hyperparameters, --seed, --init, --data, --tokens, --save, checkpoints, --resume,\n"
           "--clip-grad-norm, --grad-accum: a plan has no values to train), --backend (a plan\n"
-          "simulates), --ranks-per-node (--gpus-per-node), --seq (a GPT's positions), --quiet.\n"
+          "simulates), --ranks-per-node (--gpus-per-node), --quiet.\n"
           "Environment:\n"
           "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n",
           f);
@@ -346,6 +368,7 @@ enum {
     OPT_CAPACITY,
     OPT_BATCH,
     OPT_LOCAL_BATCH,
+    OPT_SEQ,
     OPT_OPTIM,
     OPT_STEPS,
     OPT_SWEEP,
@@ -366,9 +389,19 @@ enum {
 /* Tokens per item of a batch: a GPT's sequence, or one row. */
 static size_t plan_seq_len(const plan_args_t *a)
 {
+    return a->mcfg.seq;
+}
+
+/* The longest sequence the model takes, and its default; 1 for models of rows. */
+static size_t model_positions(const plan_args_t *a, size_t *default_p)
+{
+    size_t n = 1;
     if (a->model->ops == &llama_ops)
-        return llama_seq(&a->mcfg.llama);
-    return a->model->ops == &gpt_ops ? (size_t)a->mcfg.gpt.n_positions : 1;
+        n = (size_t)a->mcfg.llama.max_seq;
+    else if (a->model->ops == &gpt_ops)
+        n = (size_t)a->mcfg.gpt.n_positions;
+    *default_p = a->model->ops == &llama_ops ? llama_seq(&a->mcfg.llama) : n;
+    return n;
 }
 
 static int is_hybrid(fsdp_strategy_t s)
@@ -387,6 +420,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"capacity", required_argument, NULL, OPT_CAPACITY},
         {"batch", required_argument, NULL, OPT_BATCH},
         {"local-batch", required_argument, NULL, OPT_LOCAL_BATCH},
+        {"seq", required_argument, NULL, OPT_SEQ},
         CLI_FSDP_LONG_OPTIONS,
         {"optim", required_argument, NULL, OPT_OPTIM},
         {"steps", required_argument, NULL, OPT_STEPS},
@@ -406,7 +440,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {NULL, 0, NULL, 0},
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
-    long nodes = 0, gpn = 0, batch = 0, local_batch = 0;
+    long nodes = 0, gpn = 0, batch = 0, local_batch = 0, seq = 0;
+    size_t positions, default_seq;
     int c, print_profile = 0, ckpt_act = 0;
 
     memset(a, 0, sizeof(*a));
@@ -442,6 +477,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_LOCAL_BATCH:
             local_batch = cli_parse_long("--local-batch", optarg, 1, 1L << 30);
             break;
+        case OPT_SEQ:
+            seq = cli_parse_long("--seq", optarg, 1, 1L << 24);
+            break;
         case OPT_OPTIM:
             if (strcmp(optarg, "adamw") == 0)
                 a->optim = FSDP_OPTIM_ADAMW;
@@ -475,10 +513,6 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_AC:
             ckpt_act = cli_activation_checkpointing(optarg);
-            if (ckpt_act < 0)
-                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
-                        "(K >= 1)",
-                        optarg);
             a->fixed |= FIX_CKPT_ACT;
             break;
         case OPT_CPU_OFFLOAD:
@@ -559,7 +593,18 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     }
     if (ckpt_act && a->model->ops != &gpt_ops && a->model->ops != &llama_ops)
         cli_die("activation checkpointing needs a GPT or Llama model");
+    if (ckpt_act == CLI_AC_SELECTIVE_OP && a->model->ops != &llama_ops)
+        cli_die("--activation-checkpointing selective-op needs a Llama model (GPT-2 has full and "
+                "selective-layer)");
     a->mcfg.checkpoint_activations = ckpt_act;
+    positions = model_positions(a, &default_seq);
+    if (seq > 0 && positions == 1)
+        cli_die("--seq needs a GPT or Llama model (an mlp's batch is rows)");
+    if ((size_t)seq > positions)
+        cli_die("--seq %ld is longer than the model's %zu positions (seq= in the model spec sets "
+                "them)",
+                seq, positions);
+    a->mcfg.seq = seq > 0 ? (size_t)seq : default_seq;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
         if ((double)a->profile.nodes * a->per_node > MAX_WORLD)
@@ -694,7 +739,7 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         phase_begin(FSDP_PHASE_FORWARD, &pc);
         fsdp_sim_time_reset(dev);
         t0 = dev->ops->host_time(dev);
-        st = a->model->ops->step(model, a->rows);
+        st = a->model->ops->step(model, a->local_batch, a->mcfg.seq);
         if (st != FSDP_OK)
             break;
         phase_end(mem, r, pc.cur);
@@ -750,8 +795,7 @@ static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *re
     fsdp_sim_params_t sp;
     plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
 
-    /* a trace holds every rank: its schema has no record of the ranks a class stands for */
-    if (!a->symmetry || a->world == 1 || a->trace_path != NULL)
+    if (!a->symmetry || a->world == 1)
         return a->world;
     one.world = one.per_node = 1;
     run.cfg.device_capacity = 0;
@@ -1022,6 +1066,15 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            "TFLOP/s %s peak)\n",
            100.0 * s.mfu, peak / 1e12,
            dt == FSDP_DTYPE_F32 && a->profile.gpu.allow_tf32 ? "tf32" : fsdp_dtype_name(dt));
+    if (a->model->ops->palm_flops_per_token != NULL) {
+        double tokens_s = s.step_time > 0 ? (double)a->rows / s.step_time : 0.0;
+        double per_token = a->model->ops->palm_flops_per_token(&a->mcfg);
+        /* the step time of the slowest rank: every rank waits for it */
+        printf("%.0f tokens/s per GPU (%zu tokens per rank per step)\n", tokens_s, a->rows);
+        printf("MFU by PaLM's definition %.1f%% (6 N + 12 L H hd T = %.4g FLOP per token, N the "
+               "parameters outside the embedding; recomputation not counted)\n",
+               peak > 0 ? 100.0 * tokens_s * per_token / peak : 0.0, per_token);
+    }
     pick_unit(s.peak_reserved);
     printf("memory per rank, %s (peaks over the run; by category at the peak of allocated):\n",
            unit_name);
@@ -1055,6 +1108,15 @@ typedef struct sweep_point {
     int ckpt_act;
 } sweep_point_t;
 
+/* A sweep's activation checkpointing: off, on (every block), sel-layer (every K-th), sel-op. */
+static const char *ckpt_name(int ckpt_act)
+{
+    return ckpt_act == 0                     ? "off"
+           : ckpt_act == 1                   ? "on"
+           : ckpt_act == CLI_AC_SELECTIVE_OP ? "sel-op"
+                                             : "sel-layer";
+}
+
 static const char *precision_name(const fsdp_config_t *cfg)
 {
     fsdp_dtype_t dt = compute_dtype(cfg);
@@ -1067,7 +1129,7 @@ static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
              "%s, backward prefetch %s, limit all-gathers %s, activation checkpointing "
              "%s, %s",
              fsdp_strategy_name(p->cfg.strategy), prefetch_name(p->cfg.backward_prefetch),
-             p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+             p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
              precision_name(&p->cfg));
 }
 
@@ -1153,19 +1215,19 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
             progress_printf(
                 "%-18s %-12s %-7s %-8s %-9s  failed: %s", fsdp_strategy_name(p->cfg.strategy),
                 prefetch_name(p->cfg.backward_prefetch), p->cfg.limit_all_gathers ? "on" : "off",
-                p->ckpt_act ? "on" : "off", precision_name(&p->cfg), fsdp_status_string(s.status));
+                ckpt_name(p->ckpt_act), precision_name(&p->cfg), fsdp_status_string(s.status));
             n_failed++;
         } else if (s.oom) {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s",
                             fsdp_strategy_name(p->cfg.strategy),
                             prefetch_name(p->cfg.backward_prefetch),
-                            p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
                             precision_name(&p->cfg), "-", "-", "-", "-", "-", "no");
         } else {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9.3f %11.3f %5.1f%% %15.2f %18.2f  %s",
                             fsdp_strategy_name(p->cfg.strategy),
                             prefetch_name(p->cfg.backward_prefetch),
-                            p->cfg.limit_all_gathers ? "on" : "off", p->ckpt_act ? "on" : "off",
+                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
                             precision_name(&p->cfg), s.step_time * 1e3, s.exposed * 1e3,
                             100.0 * s.mfu, (double)s.peak_alloc / (double)((size_t)1 << 30),
                             (double)s.peak_reserved / (double)((size_t)1 << 30), "yes");

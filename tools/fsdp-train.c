@@ -54,7 +54,7 @@ typedef struct train_args {
     fsdp_llama_config_t llama_cfg;
     const char *tokens_path;
     int seq; /* 0: the model's positions */
-    int checkpoint_activations; /* 1: every layer, K: every K-th */
+    int checkpoint_activations; /* 1: every layer, K: every K-th, or CLI_AC_SELECTIVE_OP */
     train_launch_t launch; /* --backend: how the ranks run */
 } train_args_t;
 
@@ -133,17 +133,23 @@ static void usage(FILE *f)
         "  --local-batch B            per-rank batch: the global batch is B x the world\n"
         "  --seq T                    gpt, llama: tokens per row (default: the model's seq)\n"
         "  --checkpoint-activations   gpt, llama: recompute each block's forward in backward\n"
-        "  --activation-checkpointing none|full|selective-layer[:K]\n"
+        "  --activation-checkpointing none|full|selective-layer[:K]|selective-op\n"
         "                             gpt, llama: full is --checkpoint-activations;\n"
-        "                             selective-layer every K-th block (default 2)\n"
+        "                             selective-layer every K-th block (default 2);\n"
+        "                             selective-op (llama): attention's and every other\n"
+        "                             matmul's outputs kept, the rest recomputed\n"
         "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
         "  --seed N                   seed of the init and the synthetic data (default 0)\n"
         "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
-        "                             gpt: an HF GPT-2 checkpoint)\n"
+        "                             gpt: an HF GPT-2 checkpoint; llama: an HF Llama\n"
+        "                             model.safetensors, or model.safetensors.index.json and\n"
+        "                             its files, or their directory: each rank reads its shard)\n"
         "  --data FILE                global batch (safetensors: x [B, D0], y [B, DL]);\n"
         "                             gpt: any text file, as bytes (default: the sources)\n"
-        "  --tokens FILE              gpt: an llm.c token shard (uint16, magic 20240520)\n"
-        "  --save FILE                write the final weights (safetensors; gpt: HF names)\n"
+        "  --tokens FILE              gpt, llama: an llm.c token shard (uint16, magic\n"
+        "                             20240520; or uint32, magic 20240801, Llama 3's)\n"
+        "  --save FILE                write the final weights (safetensors; gpt, llama: HF's\n"
+        "                             names and layouts)\n"
         "  --timeout S                collective timeout in seconds (default 60)\n"
         "  --quiet                    only the final summary\n"
         "  --version, --help\n"
@@ -370,10 +376,6 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
         case OPT_AC:
             a->checkpoint_activations = cli_activation_checkpointing(optarg);
-            if (a->checkpoint_activations < 0)
-                cli_die("--activation-checkpointing: '%s' is not none, full or selective-layer[:K] "
-                        "(K >= 1)",
-                        optarg);
             break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
         case OPT_VERSION:
@@ -455,11 +457,11 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             cli_die("--seq %d is longer than the model's %d positions (seq= in the model spec sets "
                     "them)",
                     a->seq, positions);
-        if (a->llama && (a->init_path != NULL || a->save_path != NULL))
-            cli_die("--init and --save read and write GPT-2 checkpoints only; for llama models use "
-                    "--save-checkpoint and --resume");
         if (a->tokens_path != NULL && a->data_path != NULL)
             cli_die("--data (text) and --tokens (llm.c) are two sources of data: give one");
+        if (a->checkpoint_activations == CLI_AC_SELECTIVE_OP && !a->llama)
+            cli_die("--activation-checkpointing selective-op needs a llama model (gpt has full and "
+                    "selective-layer)");
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
         cli_die("--tokens, --seq and activation checkpointing apply to gpt and llama models only");
     }

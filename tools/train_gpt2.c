@@ -22,6 +22,7 @@ typedef struct gpt2_shared {
     const gpt2_train_opts_t *o;
     fsdp_tokens_t *tokens;
     fsdp_gpt2_weights_t *weights; /* --init, or NULL */
+    fsdp_llama_weights_t *llama_weights;
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
     int64_t resumed_step;         /* rank 0's: the step --resume loaded */
@@ -43,9 +44,11 @@ static fsdp_status_t lm_create(const gpt2_train_opts_t *o, fsdp_t *fs, lm_t *m)
     int layers = o->llama ? o->llama_model.n_layer : o->model.n_layer;
     int every = o->checkpoint_activations;
 
+    if (status == FSDP_OK && every == CLI_AC_SELECTIVE_OP) /* llama only (checked) */
+        status = fsdp_llama_set_checkpointing(m->llama, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
     /* every K-th layer, as torchtitan's selective layer checkpointing counts them (1-based) */
     for (int l = every - 1; status == FSDP_OK && every > 0 && l < layers; l += every)
-        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, 1)
+        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, FSDP_LLAMA_CKPT_FULL)
                           : fsdp_gpt2_set_checkpointing(m->gpt, l, 1);
     return status;
 }
@@ -104,9 +107,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = lm_create(o, fs, &m);
     if (status == FSDP_OK)
-        status = o->llama              ? fsdp_llama_init_params(m.llama, o->seed)
-                 : sh->weights != NULL ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
-                                       : fsdp_gpt2_init_params(m.gpt, o->seed);
+        status = sh->llama_weights != NULL ? fsdp_llama_load_weights(m.llama, sh->llama_weights)
+                 : o->llama                ? fsdp_llama_init_params(m.llama, o->seed)
+                 : sh->weights != NULL     ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
+                                           : fsdp_gpt2_init_params(m.gpt, o->seed);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &o->optim, &opt);
     if (status == FSDP_OK)
@@ -173,7 +177,8 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         }
     }
     if (status == FSDP_OK && o->save_path != NULL)
-        status = fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
+        status = o->llama ? fsdp_llama_save_weights(m.llama, o->save_path)
+                          : fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
     if (fs != NULL) {
         fsdp_mem_get_stats(fsdp_memory(fs), &st);
         sh->peak[dev->rank] = st.peak_allocated;
@@ -188,23 +193,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     return status;
 }
 
-/* The token source the options name: --tokens, --data, or the default corpus. */
-/* HF's config.json beside saved weights, so that GPT2LMHeadModel.from_pretrained(DIR) reads a
- * directory whose weights are DIR/model.safetensors: GPT2Config's fields for this shape, the
- * rest its defaults (no dropout here, but HF's defaults are what a fine-tune expects). */
-static int write_hf_config(const char *weights_path, const fsdp_gpt2_config_t *c, char *out,
-                           size_t n)
+/* GPT2Config's fields for this shape, the rest its defaults (no dropout here, but HF's defaults
+ * are what a fine-tune expects). */
+static void write_gpt2_config(FILE *f, const fsdp_gpt2_config_t *c)
 {
-    const char *slash = strrchr(weights_path, '/');
-    FILE *f;
-
-    if (slash == NULL)
-        snprintf(out, n, "config.json");
-    else
-        snprintf(out, n, "%.*s/config.json", (int)(slash - weights_path), weights_path);
-    f = fopen(out, "w");
-    if (f == NULL)
-        return -1;
     fprintf(f,
             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
             "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n"
@@ -217,8 +209,56 @@ static int write_hf_config(const char *weights_path, const fsdp_gpt2_config_t *c
             c->vocab_size, c->n_positions, c->n_positions, c->n_embd, c->n_layer, c->n_head,
             (double)c->layer_norm_eps, (double)c->initializer_range, c->vocab_size - 1,
             c->vocab_size - 1);
+}
+
+/* LlamaConfig's fields for this shape (HF's defaults for the token ids). */
+static void write_llama_config(FILE *f, const fsdp_llama_config_t *c)
+{
+    fprintf(f,
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
+            "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
+            "  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+            "  \"max_position_embeddings\": %d,\n  \"hidden_act\": \"silu\",\n"
+            "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.17g,\n  \"initializer_range\": %g,\n"
+            "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n",
+            c->vocab_size, c->dim, c->ffn_dim, c->n_layer, c->n_head, c->n_kv_head,
+            fsdp_llama_head_dim(c), c->max_seq, (double)c->rms_norm_eps, c->rope_theta,
+            (double)c->initializer_range, c->tie_word_embeddings ? "true" : "false");
+    if (c->rope_scaling)
+        fprintf(f,
+                "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.17g, "
+                "\"low_freq_factor\": %.17g, \"high_freq_factor\": %.17g, "
+                "\"original_max_position_embeddings\": %d}\n}\n",
+                c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                c->rope_original_max_seq);
+    else
+        fprintf(f, "  \"rope_scaling\": null\n}\n");
+}
+
+/* HF's config.json beside saved weights, so that GPT2LMHeadModel or LlamaForCausalLM's
+ * from_pretrained(DIR) reads a directory whose weights are DIR/model.safetensors. */
+static int write_hf_config(const gpt2_train_opts_t *o, char *out, size_t n)
+{
+    const char *slash = strrchr(o->save_path, '/');
+    FILE *f;
+
+    if (slash == NULL)
+        snprintf(out, n, "config.json");
+    else
+        snprintf(out, n, "%.*s/config.json", (int)(slash - o->save_path), o->save_path);
+    f = fopen(out, "w");
+    if (f == NULL)
+        return -1;
+    if (o->llama)
+        write_llama_config(f, &o->llama_model);
+    else
+        write_gpt2_config(f, &o->model);
     return fclose(f) == 0 ? 0 : -1;
 }
+
+/* The token source the options name: --tokens, --data, or the default corpus. */
 
 static fsdp_status_t open_tokens(const gpt2_train_opts_t *o, fsdp_tokens_t **t_p)
 {
@@ -245,15 +285,17 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)lm_vocab(o)) {
         cli_error("%s: token ids reach %u, beyond the model's vocabulary of %d "
-                  "(set vocab=%u or more, e.g. --model gpt2 for GPT-2's tokenizer)",
+                  "(set vocab=%u or more, e.g. --model %s)",
                   fsdp_tokens_source(sh.tokens), fsdp_tokens_max_id(sh.tokens), lm_vocab(o),
-                  fsdp_tokens_max_id(sh.tokens) + 1);
+                  fsdp_tokens_max_id(sh.tokens) + 1,
+                  o->llama ? "llama3-8b for Llama 3's tokenizer" : "gpt2 for GPT-2's tokenizer");
         goto out;
     }
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
         goto out;
     if (o->init_path != NULL &&
-        fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights) != FSDP_OK)
+        (o->llama ? fsdp_llama_weights_open(o->init_path, &o->llama_model, &sh.llama_weights)
+                  : fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights)) != FSDP_OK)
         goto out;
     sh.peak = calloc((size_t)o->world, sizeof(size_t));
     if (sh.peak == NULL) {
@@ -314,7 +356,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     }
     if (o->save_path != NULL && report) {
         char cfg_path[4096];
-        if (write_hf_config(o->save_path, &o->model, cfg_path, sizeof(cfg_path)) != 0) {
+        if (write_hf_config(o, cfg_path, sizeof(cfg_path)) != 0) {
             cli_error("cannot write %s beside %s", cfg_path, o->save_path);
             rc = 1;
             goto out;
@@ -327,6 +369,7 @@ out:
     fsdp_trace_close(sh.trace);
     free(sh.peak);
     fsdp_gpt2_weights_close(sh.weights);
+    fsdp_llama_weights_close(sh.llama_weights);
     fsdp_tokens_close(sh.tokens);
     return rc;
 }

@@ -22,7 +22,7 @@ typedef struct gpt2_train_opts {
     uint64_t seed;
     double timeout_s;
     double clip_grad_norm; /* 0 = off */
-    int checkpoint_activations; /* 1: every layer; K > 1: every K-th (selective) */
+    int checkpoint_activations; /* 1: every layer; K > 1: every K-th; CLI_AC_SELECTIVE_OP */
     const char *init_path;   /* HF safetensors */
     const char *save_path;   /* HF safetensors */
     const char *data_path;   /* text */

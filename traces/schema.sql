@@ -1,13 +1,14 @@
--- libfsdp event traces, schema version 2 (PRAGMA user_version).
+-- libfsdp event traces, schema version 3 (PRAGMA user_version).
 --
 -- One database holds any number of runs. Times are seconds: host_time is the rank's host clock
 -- when an op was issued; start_time and end_time are its execution interval on the device (the
 -- sim's virtual clocks), equal for instant events. Byte counts are after the allocator's rounding
 -- where the emitter says so. The library builds this text in and runs it on a database whose
 -- user_version is 0 (a new file); a version 1 file (the events as one table with its texts in
--- every row) is converted when a run is added to it and read as it is; a newer one is refused.
+-- every row) or a version 2 file (no ranks table) is converted when a run is added to it and
+-- read as it is; a newer one is refused.
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;
 
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -21,6 +22,19 @@ CREATE TABLE IF NOT EXISTS runs (
     command_line TEXT,
     finished INTEGER NOT NULL DEFAULT 0 -- 1 once the trace was closed
 );
+
+-- The ranks a run traced, and the ranks each stands for: a simulated rank of a symmetric plan
+-- (fsdp_sim_params_t.represent) runs for a class of ranks that run alike, and its events and
+-- steps are theirs too; any other traced rank stands for itself. members lists the class as
+-- comma-separated items: "a" (rank a), "a-b" (a to b), "a-b:s" (every s-th rank from a to b).
+-- A run of an older version has no rows here: each of its ranks stands for itself.
+CREATE TABLE IF NOT EXISTS ranks (
+    run INTEGER NOT NULL REFERENCES runs(id),
+    rank INTEGER NOT NULL,
+    stands_for INTEGER NOT NULL,       -- how many ranks, itself included
+    members TEXT NOT NULL,             -- which: "0-6", "8-16376:8,16379", ...
+    PRIMARY KEY (run, rank)
+) WITHOUT ROWID;
 
 -- Every text of an event (kind, name, unit, stream, dtype, group) is stored once, here, and
 -- referred to by id: a run repeats a few dozen texts millions of times.

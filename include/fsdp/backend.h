@@ -38,6 +38,9 @@ typedef struct fsdp_dev {
     /* How many ranks this one stands for: 1 (0 reads as 1), or more for the sim's symmetric
      * ranks in shape mode (fsdp_sim_params_t.represent), whose runs are theirs too. */
     int stands_for;
+    /* NULL, or world_size entries: represent[r] is the rank whose run is rank r's (the sim's
+     * fsdp_sim_params_t.represent), so that a trace can say which ranks this one stands for. */
+    const int *represent;
 } fsdp_dev_t;
 
 /* A stream. Backends embed it first. */

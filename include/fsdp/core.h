@@ -297,6 +297,12 @@ FSDP_API fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *ho
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */
 FSDP_API fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values);
+/* Sets this rank's part of parameter `index` alone: host_values are its numel_in_shard floats
+ * from intra_start (fsdp_unit_param_info); nothing is read when it has no part in the shard.
+ * Not a collective, so sync_module_states does not apply: each rank reads its own part (a
+ * checkpoint loaded without any rank holding the whole parameter). Call while the unit is idle. */
+FSDP_API fsdp_status_t fsdp_unit_set_param_shard(fsdp_unit_t *u, int index,
+                                                 const float *host_values);
 /* Gathers the full flat parameter to host memory (T floats, unpadded) on every rank of the
  * shard group. A collective: every rank must call it. */
 FSDP_API fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);

@@ -27,8 +27,10 @@
 extern "C" {
 #endif
 
-#define FSDP_LLMC_MAGIC 20240520 /* llm.c's uint16 token shards */
+#define FSDP_LLMC_MAGIC 20240520 /* llm.c's uint16 token shards (GPT-2) */
 #define FSDP_LLMC_VERSION 1
+#define FSDP_LLMC_MAGIC_U32 20240801 /* its uint32 token shards (Llama 3's 128,256 ids) */
+#define FSDP_LLMC_VERSION_U32 7
 #define FSDP_LLMC_HEADER_BYTES 1024 /* 256 int32 */
 
 typedef enum { FSDP_TOKENS_RANDOM = 0, FSDP_TOKENS_SEQUENTIAL = 1 } fsdp_tokens_order_t;
@@ -45,9 +47,11 @@ FSDP_API fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **t
 FSDP_API fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const char *label,
                                               fsdp_tokens_t **tokens_p);
 
-/* An llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, the token
- * count), then the tokens as uint16; SEQUENTIAL order. A bad magic, version or count (the file
- * must be exactly 1024 + 2 * count bytes) is FSDP_ERR_FORMAT, logged with what was found. */
+/* An llm.c shard as dev/data/data_common.py's write_datafile writes it: a header of 256
+ * little-endian int32 (magic, version, the token count), then the tokens: magic 20240520 and
+ * version 1, uint16 (GPT-2's vocabulary), or magic 20240801 and version 7, uint32 (Llama 3's);
+ * SEQUENTIAL order. A bad magic, version or count (the file must be exactly 1024 + 2 or 4 times
+ * count bytes) is FSDP_ERR_FORMAT, logged with what was found. */
 FSDP_API fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p);
 
 /* Tokens from memory (copied), in either order; `source` names them in messages. */

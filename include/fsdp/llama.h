@@ -106,8 +106,20 @@ enum { FSDP_LLAMA_EMBED = 0, FSDP_LLAMA_NORM, FSDP_LLAMA_LM_HEAD, FSDP_LLAMA_ROO
  * from a generator seeded with `seed`, the same on every rank and world size. */
 FSDP_API fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed);
 
-/* Activation checkpointing of layer `layer` (-1: every layer): its forward keeps only its input
- * and its backward recomputes the rest after the pre-backward hook. Off by default. */
+/* Activation checkpointing policies of a layer, torchtitan's. */
+enum {
+    FSDP_LLAMA_CKPT_NONE = 0, /* the layer keeps what its backward reads */
+    FSDP_LLAMA_CKPT_FULL = 1, /* it keeps only its input; backward recomputes its forward */
+    /* torchtitan's selective op policy: it keeps the outputs of the expensive ops, the fused
+     * attention's (output and log-sum-exp) and every other matmul's, counted in forward order
+     * (q, v and gate saved; k, o and up recomputed; down's output is the layer's), and backward
+     * recomputes the others and the cheap ops (RMSNorm, rotary embedding of k, SwiGLU, the mid
+     * residual). q is kept rotated, the same bytes as its matmul output. */
+    FSDP_LLAMA_CKPT_SELECTIVE_OP = 2
+};
+/* Activation checkpointing of layer `layer` (-1: every layer) by one of the policies above
+ * (any other non-zero `on` is FULL); recomputation runs after the pre-backward hook. Off by
+ * default. The loss and gradients are the same under every policy. */
 FSDP_API fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on);
 /* Scales the loss that backward differentiates (1/K for K accumulation micro-batches). */
 FSDP_API void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale);
@@ -118,6 +130,34 @@ FSDP_API void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale);
 FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *inputs,
                                                    const int32_t *targets, size_t batch, size_t seq,
                                                    float *loss_p);
+
+/* ---- Hugging Face checkpoints (safetensors) ---- */
+
+/* An HF Llama checkpoint opened and checked against a configuration, shared read-only by the
+ * ranks that load it. `path` is a .safetensors file, HF's multi-file index
+ * (model.safetensors.index.json: {"weight_map": {name: file}}, the files beside it), or a
+ * directory holding either. Files are mapped, not read: a rank's load reads only its shard.
+ * Names are LlamaForCausalLM's (llama.h's units), in nn.Linear's [out, in] layout and HF's
+ * rotate_half order of the q and k rows: HF's conversion of Meta's checkpoints permutes those
+ * rows once, so HF files load as they are, and Meta's own consolidated.*.pth files are not read.
+ * lm_head.weight is not needed when tied (and ignored if present); the rotary inv_freq buffers
+ * some files carry are skipped. F32, BF16 and F16 tensors are read (widened to f32). A
+ * missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is FSDP_ERR_FORMAT
+ * with one logged line naming the tensor and its file. */
+typedef struct fsdp_llama_weights fsdp_llama_weights_t;
+
+FSDP_API fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_t *cfg,
+                                               fsdp_llama_weights_t **weights_p);
+/* Accepts NULL. */
+FSDP_API void fsdp_llama_weights_close(fsdp_llama_weights_t *weights);
+/* Sets this rank's shard of every parameter from the checkpoint, reading no other part of it
+ * (call on every rank, units idle; no collective). */
+FSDP_API fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model,
+                                               const fsdp_llama_weights_t *weights);
+/* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0 as
+ * one HF model.safetensors: F32, HF's names and layouts, no lm_head.weight when tied, metadata
+ * {"format": "pt"}. */
+FSDP_API fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path);
 
 #ifdef __cplusplus
 }

@@ -65,6 +65,11 @@ FSDP_API const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, i
 FSDP_API const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
 /* Value of a __metadata__ key, NULL if absent. */
 FSDP_API const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
+/* Elements [start, start + n) of a F32, BF16 or F16 tensor (row-major), widened to f32 into
+ * out: only those bytes of the file are read. FSDP_ERR_INVALID_PARAM for another dtype or a
+ * range past the tensor's end. */
+FSDP_API fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64_t n,
+                                        float *out);
 
 typedef struct fsdp_st_entry {
     const char *name;

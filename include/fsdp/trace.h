@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Version of the schema this library writes (PRAGMA user_version). */
-#define FSDP_TRACE_SCHEMA_VERSION 2
+#define FSDP_TRACE_SCHEMA_VERSION 3
 
 /* X(name, "name"): the kinds of event; the name is what the database stores. */
 #define FSDP_FOREACH_EVENT_KIND(X)                                                                 \

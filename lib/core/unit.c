@@ -312,25 +312,35 @@ static fsdp_status_t require_idle(fsdp_unit_t *u, const char *what)
     return FSDP_OK;
 }
 
+/* Copies the part of a parameter in this rank's shard (numel_in_shard values) into it. */
+static fsdp_status_t set_shard_part(fsdp_unit_t *u, const fsdp_param_info_t *pi, const float *part)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_status_t status;
+
+    if (!pi->in_shard)
+        return FSDP_OK;
+    status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard, part,
+                                    pi->numel_in_shard * sizeof(float), fs->compute);
+    if (status == FSDP_OK) /* the caller's buffer may go away on return */
+        status = dev->ops->stream_synchronize(dev, fs->compute);
+    return status;
+}
+
 /* sync_module_states for a parameter: rank 0's values, then each rank keeps its part. */
 static fsdp_status_t set_param_from_rank0(fsdp_unit_t *u, const fsdp_param_info_t *pi,
                                           const float *host_values)
 {
     fsdp_t *fs = u->fs;
-    fsdp_dev_t *dev = fs->dev;
     float *full = malloc(pi->numel * sizeof(float) + 1);
     fsdp_status_t status;
 
     if (full == NULL)
         return FSDP_ERR_NO_MEMORY;
     status = fsdp_broadcast_from_rank0(fs, host_values, pi->numel, full);
-    if (status == FSDP_OK && pi->in_shard) {
-        status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
-                                        full + pi->intra_start, pi->numel_in_shard * sizeof(float),
-                                        fs->compute);
-        if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->compute);
-    }
+    if (status == FSDP_OK)
+        status = set_shard_part(u, pi, full + pi->intra_start);
     free(full);
     return status;
 }
@@ -352,14 +362,22 @@ fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_v
     pi = &u->handle->params[index];
     if (fs->cfg.sync_module_states && !dev->no_data)
         return set_param_from_rank0(u, pi, host_values);
-    if (!pi->in_shard)
-        return FSDP_OK;
-    status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard,
-                                    host_values + pi->intra_start,
-                                    pi->numel_in_shard * sizeof(float), fs->compute);
-    if (status == FSDP_OK) /* the caller's buffer may go away on return */
-        status = dev->ops->stream_synchronize(dev, fs->compute);
-    return status;
+    return set_shard_part(u, pi, host_values + pi->intra_start);
+}
+
+fsdp_status_t fsdp_unit_set_param_shard(fsdp_unit_t *u, int index, const float *host_values)
+{
+    fsdp_status_t status;
+
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams ||
+        (host_values == NULL && u->handle->params[index].in_shard))
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no parameter %d to set (it has %d)", u->name, index,
+                         fsdp_unit_num_params(u));
+    status = require_idle(u, "setting a parameter");
+    if (status != FSDP_OK)
+        return status;
+    return set_shard_part(u, &u->handle->params[index], host_values);
 }
 
 fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out)

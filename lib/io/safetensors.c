@@ -10,6 +10,7 @@
 #include <fsdp/log.h>
 
 #include "io/fs.h"
+#include "kernels/convert.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -636,6 +637,34 @@ const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *nam
         return NULL;
     hit = bsearch(name, file->by_name, (size_t)file->ntensors, sizeof(*file->by_name), st_find_cmp);
     return hit != NULL ? *hit : NULL;
+}
+
+fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64_t n, float *out)
+{
+    unsigned bits = fsdp_st_dtype_bits(t->dtype);
+    int f32 = strcmp(t->dtype, "F32") == 0, bf16 = strcmp(t->dtype, "BF16") == 0;
+    const unsigned char *p;
+
+    if ((!f32 && !bf16 && strcmp(t->dtype, "F16") != 0) || start > t->numel ||
+        n > t->numel - start) {
+        fsdp_error("tensor '%s' (%s, %" PRIu64 " elements): cannot read elements %" PRIu64
+                   " to %" PRIu64 " as f32 (F32, BF16 or F16 only)",
+                   t->name, t->dtype, t->numel, start, start + n);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    p = (const unsigned char *)t->data + start * (bits / 8);
+    for (uint64_t i = 0; i < n; i++) { /* little-endian, any alignment */
+        if (f32) {
+            out[i] = fsdp_kb_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                      (uint32_t)p[3] << 24);
+            p += 4;
+        } else {
+            uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+            out[i] = bf16 ? fsdp_kb_bf16_to_f32(h) : fsdp_kb_f16_to_f32(h);
+            p += 2;
+        }
+    }
+    return FSDP_OK;
 }
 
 const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key)

@@ -19,7 +19,7 @@
 struct fsdp_tokens {
     fsdp_tokens_order_t order;
     size_t n;
-    int width;                 /* bytes per token: 1 (text) or 2 (uint16, little-endian) */
+    int width;                 /* bytes per token: 1 (text), 2 or 4 (uint16, uint32; LE) */
     const unsigned char *data; /* n * width bytes */
     unsigned char *owned;      /* malloc'd data, or NULL */
     void *map;                 /* mmap'd file, or NULL */
@@ -73,6 +73,8 @@ uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens)
 uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i)
 {
     const unsigned char *p = tokens->data + i * (size_t)tokens->width;
+    if (tokens->width == 4)
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     return tokens->width == 1 ? p[0] : (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
@@ -205,6 +207,7 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
     struct stat st;
     const unsigned char *h;
     int32_t magic, version, count;
+    int width, want_version;
     int fd = open(path, O_RDONLY);
 
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -237,30 +240,33 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
     magic = le32(h);
     version = le32(h + 4);
     count = le32(h + 8);
-    if (magic != FSDP_LLMC_MAGIC) {
-        fsdp_error("%s: magic %d is not llm.c's %d for uint16 token files%s", path, (int)magic,
-                   FSDP_LLMC_MAGIC,
-                   magic == 20240801 ? " (20240801 is the uint32 Llama-3 variant, unsupported)"
-                                     : "");
+    if (magic != FSDP_LLMC_MAGIC && magic != FSDP_LLMC_MAGIC_U32) {
+        fsdp_error("%s: magic %d is neither llm.c's %d (uint16 tokens, GPT-2) nor %d (uint32 "
+                   "tokens, Llama 3)",
+                   path, (int)magic, FSDP_LLMC_MAGIC, FSDP_LLMC_MAGIC_U32);
         fsdp_tokens_close(t);
         return FSDP_ERR_FORMAT;
     }
-    if (version != FSDP_LLMC_VERSION) {
-        fsdp_error("%s: version %d of the token file is not %d", path, (int)version,
-                   FSDP_LLMC_VERSION);
+    width = magic == FSDP_LLMC_MAGIC ? 2 : 4;
+    want_version = magic == FSDP_LLMC_MAGIC ? FSDP_LLMC_VERSION : FSDP_LLMC_VERSION_U32;
+    if (version != want_version) {
+        fsdp_error("%s: version %d of the token file is not %d, which magic %d has", path,
+                   (int)version, want_version, (int)magic);
         fsdp_tokens_close(t);
         return FSDP_ERR_FORMAT;
     }
-    if (count <= 0 || (uint64_t)st.st_size != FSDP_LLMC_HEADER_BYTES + 2 * (uint64_t)count) {
-        fsdp_error("%s: the header counts %d tokens, so the file should be %llu bytes, but it "
-                   "is %lld",
-                   path, (int)count,
-                   (unsigned long long)(FSDP_LLMC_HEADER_BYTES + 2 * (int64_t)count),
+    if (count <= 0 ||
+        (uint64_t)st.st_size != FSDP_LLMC_HEADER_BYTES + (uint64_t)width * (uint64_t)count) {
+        fsdp_error("%s: the header counts %d tokens of %d bytes, so the file should be %llu "
+                   "bytes, but it is %lld",
+                   path, (int)count, width,
+                   (unsigned long long)(FSDP_LLMC_HEADER_BYTES + (uint64_t)width * (uint64_t)count),
                    (long long)st.st_size);
         fsdp_tokens_close(t);
         return FSDP_ERR_FORMAT;
     }
     t->data = h + FSDP_LLMC_HEADER_BYTES;
+    t->width = width;
     t->n = (size_t)count;
     tokens_scan(t);
     *tokens_p = t;

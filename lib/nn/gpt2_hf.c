@@ -12,8 +12,8 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
-#include "kernels/convert.h"
 #include "nn/gpt2_int.h"
+#include "nn/nn_int.h"
 
 #define PREFIX "transformer."
 
@@ -202,27 +202,10 @@ err_close:
     return status;
 }
 
-/* The tensor's values as f32 (little-endian file, any alignment). */
-static void read_f32(const fsdp_st_tensor_t *t, float *out)
-{
-    const unsigned char *p = t->data;
-
-    if (strcmp(t->dtype, "F32") == 0) {
-        for (uint64_t i = 0; i < t->numel; i++, p += 4)
-            out[i] = fsdp_kb_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                      (uint32_t)p[3] << 24);
-        return;
-    }
-    for (uint64_t i = 0; i < t->numel; i++, p += 2) {
-        uint16_t h = (uint16_t)(p[0] | p[1] << 8);
-        out[i] = t->dtype[0] == 'B' ? fsdp_kb_bf16_to_f32(h) : fsdp_kb_f16_to_f32(h);
-    }
-}
-
 static fsdp_status_t set_param(fsdp_unit_t *u, int index, const fsdp_st_tensor_t *t, float *buf)
 {
-    read_f32(t, buf);
-    return fsdp_unit_set_param(u, index, buf);
+    fsdp_status_t status = fsdp_st_read_f32(t, 0, t->numel, buf);
+    return status == FSDP_OK ? fsdp_unit_set_param(u, index, buf) : status;
 }
 
 fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights_t *weights)
@@ -302,70 +285,21 @@ fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_
 
 /* ---- saving ---- */
 
-typedef struct save_entry {
-    char name[96];
-    int64_t shape[2];
-} save_entry_t;
+static void gpt2_name(void *arg, int unit, int index, const fsdp_param_info_t *pi, char *buf,
+                      size_t len)
+{
+    const char *prefix = arg;
+    (void)pi;
+    if (unit == 0)
+        snprintf(buf, len, "%s%s", prefix, fsdp_gpt2_root_param_name(index));
+    else
+        snprintf(buf, len, "%sh.%d.%s", prefix, unit - 1, fsdp_gpt2_block_param_name(index));
+}
 
 fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
                                      fsdp_gpt2_save_names_t names)
 {
-    const int L = model->cfg.n_layer, NB = FSDP_GPT2_BLOCK_NPARAMS;
-    const int nunits = L + 1, nent = FSDP_GPT2_ROOT_NPARAMS + L * NB;
-    const int rank = fsdp_device(model->fs)->rank;
-    const char *prefix = names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX;
-    float **full = calloc((size_t)nunits, sizeof(*full));
-    fsdp_st_entry_t *entries = calloc((size_t)nent, sizeof(*entries));
-    save_entry_t *meta = calloc((size_t)nent, sizeof(*meta));
-    fsdp_status_t status = FSDP_OK;
-    int e = 0;
-
-    if (full == NULL || entries == NULL || meta == NULL) {
-        status = FSDP_ERR_NO_MEMORY;
-        goto out;
-    }
-    for (int k = 0; k < nunits && status == FSDP_OK; k++) {
-        fsdp_unit_t *u = k == 0 ? model->root : model->blocks[k - 1];
-        int np = k == 0 ? FSDP_GPT2_ROOT_NPARAMS : NB;
-        full[k] = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
-        if (full[k] == NULL) {
-            status = FSDP_ERR_NO_MEMORY;
-            break;
-        }
-        /* a collective: every rank gathers, rank 0 keeps the values and writes */
-        status = fsdp_unit_gather_full(u, full[k]);
-        if (rank != 0) {
-            free(full[k]);
-            full[k] = NULL;
-            continue;
-        }
-        for (int i = 0; i < np && status == FSDP_OK; i++, e++) {
-            fsdp_param_info_t pi;
-            status = fsdp_unit_param_info(u, i, &pi);
-            if (k == 0)
-                snprintf(meta[e].name, sizeof(meta[e].name), "%s%s", prefix,
-                         fsdp_gpt2_root_param_name(i));
-            else
-                snprintf(meta[e].name, sizeof(meta[e].name), "%sh.%d.%s", prefix, k - 1,
-                         fsdp_gpt2_block_param_name(i));
-            meta[e].shape[0] = pi.shape[0];
-            meta[e].shape[1] = pi.ndim > 1 ? pi.shape[1] : 0;
-            entries[e].name = meta[e].name;
-            entries[e].dtype = "F32";
-            entries[e].ndim = pi.ndim;
-            entries[e].shape = meta[e].shape;
-            entries[e].data = full[k] + pi.offset;
-        }
-    }
-    if (status == FSDP_OK && rank == 0) {
-        static const char *const kv[] = {"format", "pt"};
-        status = fsdp_st_write(path, entries, nent, kv, 1);
-    }
-out:
-    for (int k = 0; full != NULL && k < nunits; k++)
-        free(full[k]);
-    free(full);
-    free(entries);
-    free(meta);
-    return status;
+    return fsdp_nn_save_units(model->root, model->blocks, model->cfg.n_layer,
+                              fsdp_device(model->fs)->rank, path, gpt2_name,
+                              (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
 }

@@ -529,7 +529,9 @@ fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int o
     }
     for (int l = 0; l < model->cfg.n_layer; l++) {
         if (layer < 0 || l == layer)
-            model->checkpoint[l] = on != 0;
+            model->checkpoint[l] = on == FSDP_LLAMA_CKPT_SELECTIVE_OP ? on
+                                   : on != 0                          ? FSDP_LLAMA_CKPT_FULL
+                                                                      : FSDP_LLAMA_CKPT_NONE;
     }
     return FSDP_OK;
 }

@@ -12,7 +12,7 @@ struct fsdp_llama {
     fsdp_llama_config_t cfg;
     fsdp_unit_t *root;    /* embed_tokens, norm, lm_head (untied) */
     fsdp_unit_t **layers; /* n_layer */
-    int *checkpoint;      /* per layer: recompute in backward */
+    int *checkpoint;      /* per layer: FSDP_LLAMA_CKPT_* */
     float loss_scale;
 };
 

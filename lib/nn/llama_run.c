@@ -1,9 +1,10 @@
 /* Llama forward and backward on one rank, through backend kernels and the FSDP hooks.
  *
- * Layout: activations are row-major [B*T, width]. q, k and v share one [B*T, (H + 2K) hd] buffer
- * (q at column 0, k at H hd, v at (H + K) hd, head h at h hd within its part), written by three
- * GEMMs and rotated in place; the fused attention reads them there and writes o [B*T, H hd]. The
- * weights are nn.Linear's [out, in]: y = x W^T, dx = dy W, dW += dy^T x.
+ * Layout: activations are row-major [B*T, width]. q [B*T, H hd], k and v [B*T, K hd] (head h at
+ * column h hd) are written by three GEMMs, q and k rotated in place; the fused attention reads
+ * them and writes o [B*T, H hd]. Their gradients share one [B*T, (H + 2K) hd] buffer (dq at
+ * column 0, dk at H hd, dv at (H + K) hd). The weights are nn.Linear's [out, in]: y = x W^T,
+ * dx = dy W, dW += dy^T x.
  *
  * Mixed precision: as gpt2_run.c, everything runs in the units' compute dtype, each kernel rounds
  * its outputs once (and where kernel.h says HF's eager ops round in between); RMSNorm statistics,
@@ -11,8 +12,9 @@
  *
  * Memory: a layer keeps its input and what its backward reads: the two normalized inputs and
  * their rstd, q k v (rotated), the attention output and its log-sum-exp, the mid residual, gate,
- * up and the SwiGLU output; nothing of [T, T]: O(T) per layer. A checkpointed layer keeps only
- * its input and recomputes the rest after its pre-backward hook. The rotary tables [T, hd / 2]
+ * up and the SwiGLU output; nothing of [T, T]: O(T) per layer. A fully checkpointed layer keeps
+ * only its input and recomputes the rest after its pre-backward hook; under the selective op
+ * policy it keeps SAVED_OP below and recomputes the others. The rotary tables [T, hd / 2]
  * are made on the host for the step and copied once.
  */
 #include "config.h"
@@ -26,7 +28,13 @@
 #include "nn/llama_int.h"
 
 /* what a layer's backward reads, by index */
-enum { A_N1, A_RSTD1, A_QKV, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_UP, A_ACT, A_COUNT };
+enum { A_N1, A_RSTD1, A_Q, A_K, A_V, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_UP, A_ACT, A_COUNT };
+
+#define BIT(i) (1u << (i))
+#define ALL_ACT (BIT(A_COUNT) - 1u)
+/* torchtitan's selective op policy (llama.h): the attention's outputs and every other matmul's
+ * in forward order, q (1st), v (3rd), gate (5th); k, o and up (2nd, 4th, 6th) are recomputed */
+#define SAVED_OP (BIT(A_Q) | BIT(A_V) | BIT(A_O) | BIT(A_LSE) | BIT(A_GATE))
 
 typedef struct llama_run {
     fsdp_llama_t *m;
@@ -144,28 +152,21 @@ static fsdp_status_t rmsnorm_bwd(llama_run_t *r, const void *dy, const void *x, 
     return launch(r, &d);
 }
 
-/* Rotates q and k (or their gradients) in place within the q k v rows. */
-static fsdp_status_t rope(llama_run_t *r, fsdp_kernel_kind_t kind, void *qkv)
+/* Rotates `heads` heads of rows of stride ld (q or k, or their gradients) in place. */
+static fsdp_status_t rope(llama_run_t *r, fsdp_kernel_kind_t kind, void *x, size_t heads, size_t ld)
 {
     fsdp_kernel_t d = {.kind = kind};
-    fsdp_status_t status;
 
-    d.u.rope.y = qkv;
-    d.u.rope.x = qkv;
+    d.u.rope.y = x;
+    d.u.rope.x = x;
     d.u.rope.cos = r->cos;
     d.u.rope.sin = r->sin;
     d.u.rope.rows = r->BT;
-    d.u.rope.heads = r->H;
+    d.u.rope.heads = heads;
     d.u.rope.head_dim = r->hd;
     d.u.rope.seq = r->T;
-    d.u.rope.ld = r->w;
+    d.u.rope.ld = ld;
     d.u.rope.dtype = r->dt;
-    status = launch(r, &d);
-    if (status != FSDP_OK)
-        return status;
-    d.u.rope.y = AT(r, qkv, r->qw);
-    d.u.rope.x = d.u.rope.y;
-    d.u.rope.heads = r->K;
     return launch(r, &d);
 }
 
@@ -190,10 +191,12 @@ static size_t act_bytes(const llama_run_t *r, int i)
         return r->BT * sizeof(float);
     case A_LSE:
         return r->B * r->H * r->T * sizeof(float);
-    case A_QKV:
-        return r->BT * r->w * r->es;
+    case A_Q:
     case A_O:
         return r->BT * r->qw * r->es;
+    case A_K:
+    case A_V:
+        return r->BT * r->kw * r->es;
     case A_GATE:
     case A_UP:
     case A_ACT:
@@ -203,14 +206,19 @@ static size_t act_bytes(const llama_run_t *r, int i)
     }
 }
 
-static void free_act(llama_run_t *r, int l)
+/* Frees layer l's activations in mask. */
+static void free_act(llama_run_t *r, int l, unsigned mask)
 {
-    for (int i = 0; i < A_COUNT; i++)
-        FREE(r, r->act[l][i]);
+    for (int i = 0; i < A_COUNT; i++) {
+        if (mask & BIT(i))
+            FREE(r, r->act[l][i]);
+    }
 }
 
-/* Layer l's forward from resid[l]: its activations and (unless recompute) resid[l + 1]. */
-static fsdp_status_t layer_fwd(llama_run_t *r, int l, int recompute)
+/* Layer l's forward from resid[l]: the activations in todo (with what they need already there)
+ * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
+ * forward did, so the values are the same to the bit. */
+static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned todo, int output)
 {
     fsdp_unit_t *u = r->m->layers[l];
     void **a = r->act[l];
@@ -219,48 +227,52 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, int recompute)
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_FWD};
     fsdp_status_t status = FSDP_OK;
 
-    for (int i = 0; i < A_COUNT && status == FSDP_OK; i++)
-        status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
-    if (status == FSDP_OK)
+    for (int i = 0; i < A_COUNT && status == FSDP_OK; i++) {
+        if (todo & BIT(i))
+            status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
+    }
+    if (status == FSDP_OK && (todo & BIT(A_N1)))
         status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
-    if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, a[A_QKV], r->w);
-    if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, AT(r, a[A_QKV], r->qw), r->w);
-    if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw,
-                            AT(r, a[A_QKV], r->qw + r->kw), r->w);
-    if (status == FSDP_OK)
-        status = rope(r, FSDP_K_ROPE_FWD, a[A_QKV]);
-    if (status == FSDP_OK) {
+    if (status == FSDP_OK && (todo & BIT(A_Q)))
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, a[A_Q], r->qw);
+    if (status == FSDP_OK && (todo & BIT(A_K)))
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, a[A_K], r->kw);
+    if (status == FSDP_OK && (todo & BIT(A_V)))
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, a[A_V], r->kw);
+    if (status == FSDP_OK && (todo & BIT(A_Q)))
+        status = rope(r, FSDP_K_ROPE_FWD, a[A_Q], r->H, r->qw);
+    if (status == FSDP_OK && (todo & BIT(A_K)))
+        status = rope(r, FSDP_K_ROPE_FWD, a[A_K], r->K, r->kw);
+    if (status == FSDP_OK && (todo & BIT(A_O))) {
         d.u.attention_fwd.o = a[A_O];
         d.u.attention_fwd.lse = a[A_LSE];
-        d.u.attention_fwd.q = a[A_QKV];
-        d.u.attention_fwd.k = AT(r, a[A_QKV], r->qw);
-        d.u.attention_fwd.v = AT(r, a[A_QKV], r->qw + r->kw);
+        d.u.attention_fwd.q = a[A_Q];
+        d.u.attention_fwd.k = a[A_K];
+        d.u.attention_fwd.v = a[A_V];
         d.u.attention_fwd.batch = r->B;
         d.u.attention_fwd.seq = r->T;
         d.u.attention_fwd.heads = r->H;
         d.u.attention_fwd.kv_heads = r->K;
         d.u.attention_fwd.head_dim = r->hd;
-        d.u.attention_fwd.ldq = d.u.attention_fwd.ldk = d.u.attention_fwd.ldv = r->w;
+        d.u.attention_fwd.ldq = r->qw;
+        d.u.attention_fwd.ldk = d.u.attention_fwd.ldv = r->kw;
         d.u.attention_fwd.ldo = r->qw;
         d.u.attention_fwd.scale = (float)(1.0 / sqrt((double)r->hd));
         d.u.attention_fwd.causal = 1;
         d.u.attention_fwd.dtype = r->dt;
         status = launch(r, &d);
     }
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && (todo & BIT(A_H)))
         status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, a[A_H], D);
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && (todo & BIT(A_H)))
         status = add(r, a[A_H], a[A_H], x, BT * D);
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && (todo & BIT(A_N2)))
         status = rmsnorm_fwd(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && (todo & BIT(A_GATE)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F);
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && (todo & BIT(A_UP)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F);
-    if (status == FSDP_OK) {
+    if (status == FSDP_OK && (todo & BIT(A_ACT))) {
         fsdp_kernel_t g = {.kind = FSDP_K_SWIGLU_FWD};
         g.u.swiglu_fwd.y = a[A_ACT];
         g.u.swiglu_fwd.gate = a[A_GATE];
@@ -269,7 +281,7 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, int recompute)
         g.u.swiglu_fwd.dtype = r->dt;
         status = launch(r, &g);
     }
-    if (status != FSDP_OK || recompute)
+    if (status != FSDP_OK || !output)
         return status;
     status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
     if (status == FSDP_OK)
@@ -284,21 +296,22 @@ static fsdp_status_t attention_bwd(llama_run_t *r, void **a, const void *dout, v
 {
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_BWD};
     d.u.attention_bwd.dq = dqkv;
-    d.u.attention_bwd.dk = AT(r, dqkv, r->qw);
-    d.u.attention_bwd.dv = AT(r, dqkv, r->qw + r->kw);
+    d.u.attention_bwd.dk = AT(r, dqkv, r->BT * r->qw);
+    d.u.attention_bwd.dv = AT(r, dqkv, r->BT * (r->qw + r->kw));
     d.u.attention_bwd.delta = delta;
     d.u.attention_bwd.dout = dout;
     d.u.attention_bwd.o = a[A_O];
-    d.u.attention_bwd.q = a[A_QKV];
-    d.u.attention_bwd.k = AT(r, a[A_QKV], r->qw);
-    d.u.attention_bwd.v = AT(r, a[A_QKV], r->qw + r->kw);
+    d.u.attention_bwd.q = a[A_Q];
+    d.u.attention_bwd.k = a[A_K];
+    d.u.attention_bwd.v = a[A_V];
     d.u.attention_bwd.lse = a[A_LSE];
     d.u.attention_bwd.batch = r->B;
     d.u.attention_bwd.seq = r->T;
     d.u.attention_bwd.heads = r->H;
     d.u.attention_bwd.kv_heads = r->K;
     d.u.attention_bwd.head_dim = r->hd;
-    d.u.attention_bwd.ldq = d.u.attention_bwd.ldk = d.u.attention_bwd.ldv = r->w;
+    d.u.attention_bwd.ldq = r->qw;
+    d.u.attention_bwd.ldk = d.u.attention_bwd.ldv = r->kw;
     d.u.attention_bwd.ldo = r->qw;
     d.u.attention_bwd.scale = (float)(1.0 / sqrt((double)r->hd));
     d.u.attention_bwd.causal = 1;
@@ -312,6 +325,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     fsdp_unit_t *u = r->m->layers[l];
     void **a = r->act[l], *g[FSDP_LLAMA_LAYER_NPARAMS];
     void **dact = &r->tmp[0], **dn = &r->tmp[1], **dqkv = &r->tmp[2], **delta = &r->tmp[3];
+    void *dq, *dk, *dv; /* dq [BT, H hd], dk and dv [BT, K hd], one after another in *dqkv */
     const size_t D = r->D, F = r->F, BT = r->BT;
     fsdp_status_t status = FSDP_OK;
 
@@ -361,17 +375,22 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         status = attention_bwd(r, a, *dact, *dqkv, *delta);
     FREE(r, *delta);
     FREE(r, *dact);
+    dq = *dqkv;
+    dk = AT(r, dq, BT * r->qw);
+    dv = AT(r, dk, BT * r->kw);
     if (status == FSDP_OK)
-        status = rope(r, FSDP_K_ROPE_BWD, *dqkv);
+        status = rope(r, FSDP_K_ROPE_BWD, dq, r->H, r->qw);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, *dqkv, r->w, g[FSDP_LLAMA_Q],
+        status = rope(r, FSDP_K_ROPE_BWD, dk, r->K, r->kw);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, dq, r->qw, g[FSDP_LLAMA_Q],
                             *dn, 0);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, AT(r, *dqkv, r->qw), r->w,
-                            g[FSDP_LLAMA_K], *dn, 1);
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, dk, r->kw, g[FSDP_LLAMA_K],
+                            *dn, 1);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, AT(r, *dqkv, r->qw + r->kw),
-                            r->w, g[FSDP_LLAMA_V], *dn, 1);
+        status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, dv, r->kw, g[FSDP_LLAMA_V],
+                            *dn, 1);
     FREE(r, *dqkv);
     /* the layer's input: dres += input_layernorm's input gradient */
     if (status == FSDP_OK)
@@ -464,7 +483,7 @@ static void run_cleanup(llama_run_t *r)
     const int L = r->m->cfg.n_layer;
 
     for (int l = 0; r->act != NULL && l < L; l++)
-        free_act(r, l);
+        free_act(r, l, ALL_ACT);
     for (int l = 0; r->resid != NULL && l <= L; l++)
         FREE(r, r->resid[l]);
     for (int i = 0; i < 4; i++)
@@ -490,6 +509,14 @@ static int head_index(const llama_run_t *r)
     return r->m->cfg.tie_word_embeddings ? FSDP_LLAMA_EMBED : FSDP_LLAMA_LM_HEAD;
 }
 
+/* What layer l's backward recomputes, by its checkpointing policy. */
+static unsigned recomputed(const fsdp_llama_t *m, int l)
+{
+    return m->checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? ALL_ACT
+           : m->checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? ALL_ACT & ~SAVED_OP
+                                                              : 0u;
+}
+
 static fsdp_status_t forward(llama_run_t *r)
 {
     fsdp_llama_t *m = r->m;
@@ -513,11 +540,10 @@ static fsdp_status_t forward(llama_run_t *r)
     for (int l = 0; l < L && status == FSDP_OK; l++) {
         status = fsdp_pre_forward(m->layers[l]);
         if (status == FSDP_OK)
-            status = layer_fwd(r, l, 0);
+            status = layer_fwd(r, l, ALL_ACT, 1);
         if (status == FSDP_OK)
             status = fsdp_post_forward(m->layers[l]);
-        if (m->checkpoint[l])
-            free_act(r, l);
+        free_act(r, l, recomputed(m, l));
     }
     /* the final norm, then the head: logits = norm(x) W_head^T */
     if (status == FSDP_OK)
@@ -582,13 +608,13 @@ static fsdp_status_t backward(llama_run_t *r, double denom)
 
     for (int l = L - 1; l >= 0 && status == FSDP_OK; l--) {
         status = fsdp_pre_backward(m->layers[l]);
-        if (status == FSDP_OK && m->checkpoint[l])
-            status = layer_fwd(r, l, 1); /* the hooks of forward are not re-run */
+        if (status == FSDP_OK && recomputed(m, l) != 0) /* forward's hooks are not re-run */
+            status = layer_fwd(r, l, recomputed(m, l), 0);
         if (status == FSDP_OK)
             status = layer_bwd(r, l);
         if (status == FSDP_OK)
             status = fsdp_post_backward(m->layers[l]);
-        free_act(r, l);
+        free_act(r, l, ALL_ACT);
         if (l > 0)
             FREE(r, r->resid[l]);
     }

@@ -1,8 +1,9 @@
-/* Kernel launches the built-in models share. */
+/* What the built-in models share: kernel launches and writing their weights. */
 #ifndef FSDP_NN_NN_INT_H
 #define FSDP_NN_NN_INT_H
 
 #include <fsdp/backend.h>
+#include <fsdp/core.h>
 
 /* Launches the GEMM descriptor k (its epilogue included) on stream s. With a 16-bit C the
  * epilogue is fused, so that each of its stages rounds once, where torch's op rounds
@@ -10,5 +11,15 @@
  * bit for bit (gemm, then bias_add, relu_fwd or gelu_fwd, add), the kernels an f32 model has
  * always launched, so f32 traces and their costs compare across versions. */
 fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_t *k);
+
+/* The checkpoint name of parameter `index` (info pi) of unit `unit` (0 the root, l + 1 layer l),
+ * into buf of len bytes. */
+typedef void (*fsdp_nn_name_func_t)(void *arg, int unit, int index, const fsdp_param_info_t *pi,
+                                    char *buf, size_t len);
+/* Gathers the full parameters of the root and then of layers[0..nlayers), one unit at a time (a
+ * collective: every rank calls it), and on rank 0 (`rank` is the caller's) writes them as one
+ * F32 safetensors file at path, named by name(), metadata {"format": "pt"} (save_units.c). */
+fsdp_status_t fsdp_nn_save_units(fsdp_unit_t *root, fsdp_unit_t *const *layers, int nlayers,
+                                 int rank, const char *path, fsdp_nn_name_func_t name, void *arg);
 
 #endif

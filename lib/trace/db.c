@@ -241,6 +241,15 @@ static fsdp_status_t db_migrate_v1(sqlite3 *db, const char *path)
     return status;
 }
 
+/* Version 2 had no ranks table: the schema adds it, and the old runs, without rows there, read
+ * as runs of ranks that each stand for themselves. */
+static fsdp_status_t db_migrate_v2(sqlite3 *db, const char *path)
+{
+    fsdp_info("trace database '%s': converting schema version 2 to %d", path,
+              FSDP_TRACE_SCHEMA_VERSION);
+    return fsdp_trace_db_exec(db, trace_schema_sql);
+}
+
 static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
 {
     sqlite3_stmt *st;
@@ -277,6 +286,8 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
         status = db_check_newer(path, version);
     if (status == FSDP_OK && version == 1)
         status = db_migrate_v1(db, path);
+    else if (status == FSDP_OK && version == 2)
+        status = db_migrate_v2(db, path);
     else if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
         status = fsdp_trace_db_exec(db, trace_schema_sql);
     if (status != FSDP_OK) {
@@ -409,6 +420,83 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p)
     }
     *n_p = (int)world;
     return FSDP_OK;
+}
+
+fsdp_status_t fsdp_trace_db_rank_classes(sqlite3 *db, int64_t run, int nranks,
+                                         fsdp_trace_rank_class_t **classes_p, int *symmetric_p)
+{
+    fsdp_trace_rank_class_t *c;
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int64_t have = 0;
+    int rc = SQLITE_DONE;
+
+    *classes_p = NULL;
+    *symmetric_p = 0;
+    c = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof(*c));
+    if (c == NULL) {
+        fsdp_error("out of host memory for the ranks of run %" PRId64, run);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    /* a file of version 2 or older, read as it is, has no ranks table */
+    status = db_get_int(db,
+                        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                        "name = 'ranks'",
+                        &have, NULL);
+    if (status == FSDP_OK && have > 0) {
+        status = fsdp_trace_db_prepare(
+            db, "SELECT rank, stands_for, members FROM ranks WHERE run = ?1 ORDER BY rank", &st);
+        if (status == FSDP_OK) {
+            sqlite3_bind_int64(st, 1, run);
+            while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                int r = sqlite3_column_int(st, 0);
+                const char *m = fsdp_trace_col_text(st, 2);
+                if (r < 0 || r >= nranks)
+                    continue;
+                c[r].stands_for = sqlite3_column_int(st, 1);
+                if (c[r].stands_for > 1) {
+                    *symmetric_p = 1;
+                    if (m != NULL && (c[r].members = strdup(m)) == NULL) {
+                        rc = SQLITE_NOMEM;
+                        break;
+                    }
+                }
+            }
+            status = FSDP_SQLITE_CALL(db, rc);
+            sqlite3_finalize(st);
+        }
+    }
+    if (status != FSDP_OK) {
+        fsdp_trace_rank_classes_free(c, nranks);
+        *symmetric_p = 0;
+        return status;
+    }
+    *classes_p = c;
+    return FSDP_OK;
+}
+
+void fsdp_trace_rank_classes_free(fsdp_trace_rank_class_t *classes, int nranks)
+{
+    for (int r = 0; classes != NULL && r < nranks; r++)
+        free(classes[r].members);
+    free(classes);
+}
+
+const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int rank, char *buf,
+                                  size_t size)
+{
+    const fsdp_trace_rank_class_t *c = classes != NULL ? &classes[rank] : NULL;
+
+    if (c == NULL || c->stands_for <= 1) {
+        snprintf(buf, size, "rank %d", rank);
+    } else {
+        /* a long list of members is cut: the ranks table has it whole */
+        const char *m = c->members != NULL ? c->members : "?";
+        int cut = strlen(m) > FSDP_TRACE_MEMBERS_SHOWN;
+        snprintf(buf, size, "rank %d (stands for %d ranks: %.*s%s)", rank, c->stands_for,
+                 FSDP_TRACE_MEMBERS_SHOWN, m, cut ? "..." : "");
+    }
+    return buf;
 }
 
 void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_trace_event_t *ev)

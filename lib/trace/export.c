@@ -94,6 +94,8 @@ typedef struct export_ctx {
     export_rank_t cur; /* the rank being written */
     int have_rank;
     uint64_t flows; /* flow ids given so far */
+    fsdp_trace_rank_class_t *classes; /* what each rank stands for, nranks entries */
+    int nranks;
 } export_ctx_t;
 
 static void export_sep(export_ctx_t *x)
@@ -131,6 +133,7 @@ static void export_thread_meta(export_ctx_t *x, int rank, int index, const char 
 static void export_rank_reset(export_ctx_t *x, int rank)
 {
     export_rank_t *r = &x->cur;
+    char label[128];
 
     for (int k = 0; k < r->nstreams; k++)
         free(r->streams[k]);
@@ -142,8 +145,11 @@ static void export_rank_reset(export_ctx_t *x, int rank)
     export_sep(x);
     fprintf(x->f,
             "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":%lld,\"args\":{"
-            "\"name\":\"rank %d\"}}",
-            export_pid(rank), export_tid(rank, 0), rank);
+            "\"name\":",
+            export_pid(rank), export_tid(rank, 0));
+    json_str(x->f, fsdp_trace_rank_label(rank < x->nranks ? x->classes : NULL, rank, label,
+                                         sizeof(label)));
+    fputs("}}", x->f);
     export_sep(x);
     fprintf(x->f,
             "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":%lld,"
@@ -369,6 +375,7 @@ fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char
     export_ctx_t x;
     fsdp_status_t status;
     int64_t id;
+    int symmetric = 0;
 
     memset(&x, 0, sizeof(x));
     x.first = 1;
@@ -380,6 +387,11 @@ fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char
     if (status != FSDP_OK)
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &x.nranks);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_rank_classes(fsdp_trace_reader_db(reader), id, x.nranks, &x.classes,
+                                            &symmetric);
     if (status == FSDP_OK)
         status = fsdp_trace_reader_run(reader, id, &info);
     if (status != FSDP_OK)
@@ -417,6 +429,7 @@ fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char
     free(x.cur.records);
 
 err_close_reader:
+    fsdp_trace_rank_classes_free(x.classes, x.nranks);
     fsdp_trace_reader_close(reader);
     return status;
 }

@@ -51,6 +51,7 @@ typedef struct plot_lane {
 
 typedef struct plot_rank {
     int rank;
+    char label[128]; /* "rank 0", or what it stands for */
     int have_mem;
     uint64_t seq_lo, seq_hi; /* a step window: the events with seq_lo <= seq < seq_hi */
     double start[PLOT_NCAT]; /* memory by category when the window opens */
@@ -386,7 +387,8 @@ static void plot_y_ticks(FILE *f, const plot_axis_t *a, double top, double y0)
 }
 
 static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, int n,
-                       const fsdp_trace_run_row_t *info, const fsdp_trace_plot_options_t *opts)
+                       const fsdp_trace_run_row_t *info, const fsdp_trace_plot_options_t *opts,
+                       int simulated)
 {
     double mem_max = 0, mem_top, height = PLOT_TOP, y;
     int width = PLOT_LEFT + PLOT_W + PLOT_RIGHT, lx;
@@ -416,7 +418,10 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
             height);
     fprintf(f, "<text x=\"10\" y=\"18\" font-size=\"14\">run %" PRId64 ": ", info->id);
     xml_text(f, info->backend);
-    fprintf(f, ", world %d, ", info->world_size);
+    fprintf(f, ", world %d", info->world_size);
+    if (simulated > 0)
+        fprintf(f, " (%d ranks simulated, each standing for a class)", simulated);
+    fputs(", ", f);
     xml_text(f, info->strategy != NULL ? info->strategy : "-");
     if (p->step_window && opts->first_step == opts->last_step)
         fprintf(f, "; step %" PRId64, opts->first_step);
@@ -454,6 +459,12 @@ static void plot_write(FILE *f, const plot_ctx_t *p, const plot_rank_t *ranks, i
                 "<g id=\"rank%d\">\n<text x=\"10\" y=\"%.1f\" font-weight=\"bold\">rank %d"
                 "</text>\n",
                 r->rank, y + 12, r->rank);
+        if (strchr(r->label, '(') != NULL) {
+            /* what the rank stands for, in the gap above its panel */
+            fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"#555\">", PLOT_LEFT, y - 5);
+            xml_text(f, r->label);
+            fputs("</text>\n", f);
+        }
         plot_x_ticks(f, p, &ta, y, ly + r->nlanes * PLOT_LANE_H, width);
         plot_y_ticks(f, &ma, mem_top, y);
         fprintf(f,
@@ -502,9 +513,13 @@ static int plot_step_row(void *arg, const fsdp_trace_step_row_t *row)
         s->max_step = row->step;
     if (row->step >= s->opts->first_step && row->step <= s->opts->last_step)
         s->in_window = 1;
-    if (row->rank < 0 || row->rank >= s->nranks)
-        return 0;
-    plot_rank_t *r = &s->ranks[row->rank];
+    plot_rank_t *r = NULL;
+    for (int i = 0; i < s->nranks && r == NULL; i++) {
+        if (s->ranks[i].rank == row->rank)
+            r = &s->ranks[i];
+    }
+    if (r == NULL)
+        return 0; /* a rank not drawn */
     if (row->step < s->opts->first_step && row->seq_end > r->seq_lo)
         r->seq_lo = row->seq_end;
     if (row->step <= s->opts->last_step && row->seq_end > r->seq_hi)
@@ -612,10 +627,11 @@ fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
     fsdp_trace_reader_t *reader = NULL;
     fsdp_trace_run_row_t info;
     plot_rank_t *ranks = NULL;
+    fsdp_trace_rank_class_t *classes = NULL;
     plot_ctx_t p;
     fsdp_status_t status;
     int64_t id;
-    int nranks = 0, max_ranks;
+    int nranks = 0, max_ranks, world = 0, symmetric = 0, simulated = 0, *which = NULL;
     FILE *f;
 
     memset(&p, 0, sizeof(p));
@@ -638,16 +654,30 @@ fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &nranks);
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &world);
+    if (status == FSDP_OK)
+        status = fsdp_trace_db_rank_classes(fsdp_trace_reader_db(reader), id, world, &classes,
+                                            &symmetric);
     if (status != FSDP_OK)
         goto out;
+    /* the ranks drawn: the first ones, or of a symmetric run the first simulated ones */
+    which = malloc((size_t)(world > 0 ? world : 1) * sizeof(*which));
+    if (which == NULL)
+        goto err_no_memory;
+    for (int r = 0; r < world; r++) {
+        if (!symmetric || classes[r].stands_for > 0)
+            which[nranks++] = r;
+    }
+    if (symmetric)
+        simulated = nranks;
     if (nranks > max_ranks)
         nranks = max_ranks;
     ranks = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof(*ranks));
     if (ranks == NULL)
         goto err_no_memory;
     for (int i = 0; i < nranks; i++) {
-        ranks[i].rank = i;
+        ranks[i].rank = which[i];
+        fsdp_trace_rank_label(classes, which[i], ranks[i].label, sizeof(ranks[i].label));
         ranks[i].seq_hi = UINT64_MAX;
         for (int x = 0; x < PLOT_W; x++)
             ranks[i].col_total[x] = -1;
@@ -670,7 +700,7 @@ fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
     for (int i = 0; i < nranks; i++) {
         plot_lane(&(plot_ctx_t){.r = &ranks[i]}, NULL); /* the host lane comes first */
         p.r = &ranks[i];
-        status = fsdp_trace_reader_events(reader, id, i, plot_event, &p);
+        status = fsdp_trace_reader_events(reader, id, ranks[i].rank, plot_event, &p);
         if (status != FSDP_OK)
             goto out;
         if (p.failed)
@@ -685,7 +715,7 @@ fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
         status = FSDP_ERR_IO;
         goto out;
     }
-    plot_write(f, &p, ranks, nranks, &info, opts);
+    plot_write(f, &p, ranks, nranks, &info, opts, simulated);
     if (ferror(f) | fclose(f)) {
         fsdp_error("plot: cannot write '%s': %s", out_path, strerror(errno));
         remove(out_path);
@@ -704,6 +734,8 @@ out:
         }
     }
     free(ranks);
+    free(which);
+    fsdp_trace_rank_classes_free(classes, world);
     fsdp_trace_reader_close(reader);
     return status;
 }

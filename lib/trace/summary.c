@@ -13,13 +13,20 @@ typedef struct summary {
     sqlite3 *db;
     int64_t run;
     int nranks;
-    fsdp_strbuf_t *blocks; /* one per rank */
+    fsdp_trace_rank_class_t *classes; /* what each rank stands for */
+    fsdp_strbuf_t *blocks;            /* one per rank */
     FILE *out;
 } summary_t;
 
 typedef void (*summary_row_func_t)(fsdp_strbuf_t *b, sqlite3_stmt *st, int first);
 
-/* Prints the per-rank blocks, folding runs of consecutive ranks with identical text. */
+static int summary_stands_for_others(const summary_t *s, int r)
+{
+    return s->classes[r].stands_for > 1;
+}
+
+/* Prints the per-rank blocks, folding runs of consecutive ranks with identical text; a rank that
+ * stands for others is printed alone, with them. */
 static void summary_print_folded(summary_t *s, const char *title)
 {
     int any = 0;
@@ -31,12 +38,16 @@ static void summary_print_folded(summary_t *s, const char *title)
             r++;
             continue;
         }
-        while (last + 1 < s->nranks && s->blocks[last + 1].len == s->blocks[r].len &&
+        while (!summary_stands_for_others(s, r) && last + 1 < s->nranks &&
+               !summary_stands_for_others(s, last + 1) &&
+               s->blocks[last + 1].len == s->blocks[r].len &&
                memcmp(s->blocks[last + 1].s, s->blocks[r].s, s->blocks[r].len) == 0)
             last++;
-        if (last == r)
-            fprintf(s->out, "  rank %d:\n%s", r, s->blocks[r].s);
-        else
+        if (last == r) {
+            char label[128];
+            fprintf(s->out, "  %s:\n%s", fsdp_trace_rank_label(s->classes, r, label, sizeof(label)),
+                    s->blocks[r].s);
+        } else
             fprintf(s->out, "  ranks %d-%d:\n%s", r, last, s->blocks[r].s);
         any = 1;
         r = last + 1;
@@ -298,6 +309,29 @@ static fsdp_status_t summary_exposed(summary_t *s)
     return status;
 }
 
+/* A symmetric run's simulated ranks, each with every rank it stands for. */
+static void summary_classes(const summary_t *s)
+{
+    int n = 0, world = 0;
+
+    for (int r = 0; r < s->nranks; r++) {
+        n += s->classes[r].stands_for > 0;
+        world += s->classes[r].stands_for;
+    }
+    fprintf(s->out,
+            "\nsimulated ranks: %d, standing for %d (each runs as the ranks it stands "
+            "for)\n",
+            n, world);
+    for (int r = 0; r < s->nranks; r++) {
+        const fsdp_trace_rank_class_t *c = &s->classes[r];
+        if (c->stands_for > 1)
+            fprintf(s->out, "  rank %d stands for %d ranks: %s\n", r, c->stands_for,
+                    c->members != NULL ? c->members : "?");
+        else if (c->stands_for == 1)
+            fprintf(s->out, "  rank %d stands for itself\n", r);
+    }
+}
+
 fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
 {
     fsdp_trace_reader_t *reader = NULL;
@@ -305,6 +339,7 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
     summary_t s;
     fsdp_status_t status;
     char sql[4096];
+    int symmetric = 0;
 
     memset(&s, 0, sizeof(s));
     s.out = out != NULL ? out : stdout;
@@ -329,12 +364,17 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
     status = fsdp_trace_db_num_ranks(s.db, s.run, &s.nranks);
     if (status != FSDP_OK)
         goto out;
+    status = fsdp_trace_db_rank_classes(s.db, s.run, s.nranks, &s.classes, &symmetric);
+    if (status != FSDP_OK)
+        goto out;
     s.blocks = calloc((size_t)(s.nranks > 0 ? s.nranks : 1), sizeof(*s.blocks));
     if (s.blocks == NULL) {
         status = FSDP_ERR_NO_MEMORY;
         fsdp_error("summary of '%s': out of host memory", path);
         goto out;
     }
+    if (symmetric)
+        summary_classes(&s);
 
     status = summary_section(&s, "events per kind",
                              "SELECT rank, kind, count(*) FROM events WHERE run = ?1 "
@@ -386,6 +426,7 @@ out:
             fsdp_strbuf_free(&s.blocks[r]);
         free(s.blocks);
     }
+    fsdp_trace_rank_classes_free(s.classes, s.nranks);
     fsdp_trace_reader_close(reader);
     return status;
 }

@@ -49,6 +49,27 @@ fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run,
 /* The number of ranks a run has: max(world_size, highest traced rank + 1). */
 fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p);
 
+/* What a traced rank stands for (the ranks table): stands_for 0 when the run has no row for
+ * the rank (a file older than version 3, or a rank not traced), members set only when
+ * stands_for > 1. */
+typedef struct fsdp_trace_rank_class {
+    int stands_for;
+    char *members;
+} fsdp_trace_rank_class_t;
+
+/* nranks entries (fsdp_trace_db_num_ranks), freed with fsdp_trace_rank_classes_free;
+ * *symmetric_p = 1 when some rank stands for others. */
+fsdp_status_t fsdp_trace_db_rank_classes(sqlite3 *db, int64_t run, int nranks,
+                                         fsdp_trace_rank_class_t **classes_p, int *symmetric_p);
+void fsdp_trace_rank_classes_free(fsdp_trace_rank_class_t *classes, int nranks);
+
+/* The characters of a class's members a label shows. */
+#define FSDP_TRACE_MEMBERS_SHOWN 40
+/* "rank 3", or "rank 0 (stands for 7 ranks: 0-6)" for a rank that stands for others; classes may
+ * be NULL. buf: at least 96 bytes for the whole label. */
+const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int rank, char *buf,
+                                  size_t size);
+
 /* Step-row column names from the category table ("peak_sharded_param", ...). */
 #define FSDP_TRACE_PEAK_COL_(name, str) ", peak_" str
 #define FSDP_TRACE_AT_PEAK_COL_(name, str) ", at_peak_" str

@@ -75,6 +75,7 @@ typedef struct trace_chunk {
     int has_step; /* the chunk ends a step: `step` is valid */
     int n_timed;  /* records whose device times are still to be resolved */
     uint32_t arena_used;
+    const struct fsdp_trace_rank *rank_row; /* the rank's row of the ranks table, or NULL */
     trace_step_rec_t step;
     trace_rec_t recs[TRACE_CHUNK_EVENTS];
     fsdp_trace_timing_t *timing[TRACE_CHUNK_EVENTS]; /* valid for i < n; NULL: times known */
@@ -90,6 +91,11 @@ struct fsdp_trace_rank {
     trace_chunk_t *cur;
     const char *unit;                 /* the rank's own thread only */
     const fsdp_mem_pool_stats_t *mem; /* live allocator counters; the rank's own thread only */
+    /* the ranks table's row, set at the first attach and read by the writer from the chunk
+     * that carries it (row_pending: not handed over yet; under lock) */
+    int stands_for;
+    char *members;
+    int row_pending;
 };
 
 struct fsdp_trace {
@@ -97,6 +103,7 @@ struct fsdp_trace {
     sqlite3 *db;
     int64_t run_id;
     sqlite3_stmt *ins_event, *ins_events, *ins_step; /* one row, TRACE_INSERT_ROWS rows */
+    sqlite3_stmt *ins_rank;
     sqlite3_stmt *ins_str, *sel_str;
     /* the writer thread's own: interned texts, and the ids of the kinds and dtypes (0: not
      * looked up yet) */
@@ -280,6 +287,16 @@ static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
             return status;
         i += rows;
     }
+    if (c->rank_row != NULL) {
+        st = t->ins_rank;
+        sqlite3_bind_int(st, 2, c->rank);
+        sqlite3_bind_int(st, 3, c->rank_row->stands_for);
+        sqlite3_bind_text(st, 4, c->rank_row->members, -1, SQLITE_STATIC);
+        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        sqlite3_reset(st);
+        if (status != FSDP_OK)
+            return status;
+    }
     if (c->has_step) {
         const trace_step_rec_t *s = &c->step;
         int col = 2;
@@ -420,6 +437,10 @@ static int rank_handover(fsdp_trace_rank_t *r, int replace)
     pthread_mutex_lock(&t->lock);
     if (c != NULL) {
         c->next = NULL;
+        if (r->row_pending) {
+            c->rank_row = r;
+            r->row_pending = 0;
+        }
         if (t->tail != NULL)
             t->tail->next = c;
         else
@@ -455,6 +476,7 @@ static int rank_handover(fsdp_trace_rank_t *r, int replace)
     fresh->has_step = 0;
     fresh->n_timed = 0;
     fresh->arena_used = 0;
+    fresh->rank_row = NULL;
     r->cur = fresh;
     return 1;
 }
@@ -587,6 +609,68 @@ void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_tim
     pthread_mutex_unlock(&r->lock);
 }
 
+/* Appends the members of a progression (first a, last b, step s, n ranks) to the list. */
+static void members_item(fsdp_strbuf_t *b, int a, int last, int step, int n)
+{
+    const char *sep = b->len > 0 ? "," : "";
+
+    if (n == 1)
+        fsdp_strbuf_printf(b, "%s%d", sep, a);
+    else if (step == 1)
+        fsdp_strbuf_printf(b, "%s%d-%d", sep, a, last);
+    else if (n == 2)
+        fsdp_strbuf_printf(b, "%s%d,%d", sep, a, last);
+    else
+        fsdp_strbuf_printf(b, "%s%d-%d:%d", sep, a, last, step);
+}
+
+/* The ranks table's members of the rank dev stands for ("0-6", "8-16376:8,16379"), and how many
+ * they are: from dev->represent, the rank alone without it. NULL when out of memory. */
+static char *rank_members(const fsdp_dev_t *dev, int *count_p)
+{
+    fsdp_strbuf_t b = {0};
+    int a = 0, last = 0, step = 0, n = 0, count = 0;
+
+    if (dev->represent == NULL) {
+        fsdp_strbuf_printf(&b, "%d", dev->rank);
+        count = 1;
+    }
+    for (int x = 0; dev->represent != NULL && x < dev->world_size; x++) {
+        if (dev->represent[x] != dev->rank)
+            continue;
+        count++;
+        if (n == 0) {
+            a = last = x;
+            n = 1;
+        } else if (n == 1) {
+            step = x - a;
+            last = x;
+            n = 2;
+        } else if (x - last == step) {
+            last = x;
+            n++;
+        } else if (n == 2 && step != 1) {
+            /* a pair that no third rank continues: its second rank may start the next */
+            members_item(&b, a, a, 1, 1);
+            a = last;
+            step = x - a;
+            last = x;
+        } else {
+            members_item(&b, a, last, step, n);
+            a = last = x;
+            n = 1;
+        }
+    }
+    if (n > 0)
+        members_item(&b, a, last, step, n);
+    if (b.failed || b.s == NULL) {
+        fsdp_strbuf_free(&b);
+        return NULL;
+    }
+    *count_p = count;
+    return b.s;
+}
+
 fsdp_status_t fsdp_trace_attach(fsdp_trace_t *t, fsdp_dev_t *dev)
 {
     fsdp_trace_rank_t *r = NULL;
@@ -628,6 +712,14 @@ fsdp_status_t fsdp_trace_attach(fsdp_trace_t *t, fsdp_dev_t *dev)
         }
         r->trace = t;
         r->rank = dev->rank;
+        r->members = rank_members(dev, &r->stands_for);
+        if (r->members == NULL) {
+            pthread_mutex_destroy(&r->lock);
+            free(r);
+            status = FSDP_ERR_NO_MEMORY;
+            goto out;
+        }
+        r->row_pending = 1;
         t->ranks[dev->rank] = r;
     } else if (r->attached) {
         fsdp_error("rank %d: fsdp_trace_attach: the rank is already attached to another device",
@@ -733,6 +825,11 @@ static fsdp_status_t trace_prepare(fsdp_trace_t *t)
     strcat(sql, ")");
     status = fsdp_trace_db_prepare(t->db, sql, &t->ins_step);
     if (status == FSDP_OK)
+        status = fsdp_trace_db_prepare(t->db,
+                                       "INSERT OR REPLACE INTO ranks (run, rank, stands_for, "
+                                       "members) VALUES (?1, ?2, ?3, ?4)",
+                                       &t->ins_rank);
+    if (status == FSDP_OK)
         status = fsdp_trace_db_prepare(t->db, "INSERT OR IGNORE INTO strings (text) VALUES (?1)",
                                        &t->ins_str);
     if (status == FSDP_OK)
@@ -743,6 +840,7 @@ static fsdp_status_t trace_prepare(fsdp_trace_t *t)
     sqlite3_bind_int64(t->ins_event, 1, t->run_id);
     sqlite3_bind_int64(t->ins_events, 1, t->run_id);
     sqlite3_bind_int64(t->ins_step, 1, t->run_id);
+    sqlite3_bind_int64(t->ins_rank, 1, t->run_id);
     return FSDP_OK;
 }
 
@@ -762,6 +860,7 @@ static void trace_free(fsdp_trace_t *t)
         if (t->ranks[i] == NULL)
             continue;
         free(t->ranks[i]->cur);
+        free(t->ranks[i]->members);
         pthread_mutex_destroy(&t->ranks[i]->lock);
         free(t->ranks[i]);
     }
@@ -769,6 +868,7 @@ static void trace_free(fsdp_trace_t *t)
     sqlite3_finalize(t->ins_event);
     sqlite3_finalize(t->ins_events);
     sqlite3_finalize(t->ins_step);
+    sqlite3_finalize(t->ins_rank);
     sqlite3_finalize(t->ins_str);
     sqlite3_finalize(t->sel_str);
     for (size_t i = 0; i < t->cap_strs; i++)
