@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -91,6 +92,11 @@ static void test_llmc_header(void)
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
     tmp_path(path, sizeof(path), "missing.bin");
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_IO);
+    /* a FIFO is refused at once (not read, which would block), and so is a directory */
+    tmp_path(path, sizeof(path), "fifo.bin");
+    CU_ASSERT_FATAL(mkfifo(path, 0600) == 0);
+    CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(open_quiet(tmpdir, &t), FSDP_ERR_INVALID_PARAM);
 }
 
 /* llm.c's walk: batch i starts at i*B*T, back to 0 when B*T + 1 tokens would pass the end */

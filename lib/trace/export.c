@@ -182,13 +182,12 @@ static void export_counters(export_ctx_t *x, int rank, const fsdp_trace_event_t 
     int c = export_cat_index(ev->name);
     double ts = ev->host_time * 1e6;
 
-    if (ev->kind == FSDP_EV_ALLOC) {
-        r->cat[c] += (int64_t)ev->bytes;
-    } else {
-        r->cat[c] -= (int64_t)ev->bytes;
-        if (r->cat[c] < 0)
-            r->cat[c] = 0; /* a free whose alloc came before tracing began */
-    }
+    /* saturated both ways: a corrupted size must not overflow the counter */
+    if (ev->kind == FSDP_EV_ALLOC)
+        r->cat[c] = ev->bytes > (uint64_t)(INT64_MAX - r->cat[c]) ? INT64_MAX
+                                                                  : r->cat[c] + (int64_t)ev->bytes;
+    else /* a free whose alloc came before tracing began leaves 0 */
+        r->cat[c] = ev->bytes >= (uint64_t)r->cat[c] ? 0 : r->cat[c] - (int64_t)ev->bytes;
     export_sep(x);
     fprintf(x->f,
             "{\"ph\":\"C\",\"name\":\"allocated\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"

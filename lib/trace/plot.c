@@ -390,7 +390,7 @@ fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &nranks);
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), path, id, &nranks);
     if (status != FSDP_OK)
         goto out;
     if (nranks > max_ranks)

@@ -326,9 +326,7 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
         fprintf(s.out, "command: %s\n", info.command_line);
 
     s.db = fsdp_trace_reader_db(reader);
-    status = fsdp_trace_db_num_ranks(s.db, s.run, &s.nranks);
-    if (status != FSDP_OK)
-        goto out;
+    s.nranks = info.world_size; /* checked by fsdp_trace_reader_run */
     s.blocks = calloc((size_t)(s.nranks > 0 ? s.nranks : 1), sizeof(*s.blocks));
     if (s.blocks == NULL) {
         status = FSDP_ERR_NO_MEMORY;
