@@ -489,6 +489,50 @@ static void test_fields(void)
     field_refused(j, path, pstep, NULL, "optimizer_steps.layers.0.weight.step is missing");
     field_refused(j, path, pbuf, json_integer(1), "has_buffer is not a boolean");
     field_refused(j, path, pentry, NULL, "no entry for 'layers.0.weight'");
+    /* a NaN in a saved weight is refused, naming the tensor */
+    {
+        char rank_file[400], saved[4];
+        fsdp_st_file_t *f;
+        const fsdp_st_tensor_t *t;
+        long off;
+        FILE *fp;
+        const unsigned char nan_bytes[4] = {0x00, 0x00, 0xc0, 0x7f};
+
+        snprintf(rank_file, sizeof(rank_file), "%s/step-00000001/rank-00000.safetensors", dir);
+        CU_ASSERT_EQUAL_FATAL(fsdp_st_open(rank_file, &f), FSDP_OK);
+        t = fsdp_st_tensor_at(f, 0);
+        for (int i = 0; i < fsdp_st_num_tensors(f); i++)
+            if (strncmp(fsdp_st_tensor_at(f, i)->name, "layers.0.weight@", 16) == 0)
+                t = fsdp_st_tensor_at(f, i);
+        CU_ASSERT_FATAL(strncmp(t->name, "layers.0.weight@", 16) == 0);
+        {
+            uint64_t hlen;
+            FILE *h = fopen(rank_file, "rb");
+            CU_ASSERT_FATAL(h != NULL && fread(&hlen, 8, 1, h) == 1);
+            fclose(h);
+            /* the data of tensor t starts 8 + hlen + its offset in the buffer */
+            off = 8 + (long)hlen +
+                  (long)((const char *)t->data - (const char *)fsdp_st_tensor_at(f, 0)->data);
+        }
+        fsdp_st_close(f);
+        fp = fopen(rank_file, "r+b");
+        CU_ASSERT_FATAL(fp != NULL);
+        fseek(fp, off, SEEK_SET);
+        CU_ASSERT_FATAL(fread(saved, 1, 4, fp) == 4);
+        fseek(fp, off, SEEK_SET);
+        fwrite(nan_bytes, 1, 4, fp);
+        fclose(fp);
+        log_text[0] = '\0';
+        fsdp_log_set_handler(capture_log, NULL);
+        CU_ASSERT_EQUAL(run(j), FSDP_ERR_FORMAT);
+        fsdp_log_set_handler(NULL, NULL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "tensor 'layers.0.weight' holds NaN"));
+        fp = fopen(rank_file, "r+b");
+        CU_ASSERT_FATAL(fp != NULL);
+        fseek(fp, off, SEEK_SET);
+        fwrite(saved, 1, 4, fp);
+        fclose(fp);
+    }
     /* the file put back loads */
     CU_ASSERT_EQUAL(run(j), FSDP_OK);
     CU_ASSERT_EQUAL(j->loaded_step, 1);

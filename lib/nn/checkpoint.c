@@ -9,6 +9,7 @@
 #include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -646,6 +647,21 @@ static fsdp_status_t bad_checkpoint(const load_ctx_t *lc, const char *what)
     return FSDP_ERR_FORMAT;
 }
 
+/* Weights and optimizer state must be finite: a NaN would surface only as a NaN loss later. */
+static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, const float *p,
+                                      size_t n, size_t start)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(p[i])) {
+            fsdp_error("%s: tensor '%s' holds %s at element %zu: refused (a diverged run's save, "
+                       "or a damaged file)",
+                       lc->dir, name, isnan(p[i]) ? "NaN" : "Inf", start + i);
+            return FSDP_ERR_FORMAT;
+        }
+    }
+    return FSDP_OK;
+}
+
 /* A step count beyond this is corruption. */
 #define CKPT_STEP_MAX FSDP_OPTIM_STEP_MAX
 
@@ -824,6 +840,9 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
             snprintf(msg, sizeof(msg), "tensor '%s' missing, or not %zu F32 elements", name, n);
             return bad_checkpoint(lc, msg);
         }
+        snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+        if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+            return FSDP_ERR_FORMAT;
         status = dev->ops->memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
                                         fsdp_compute_stream(fs));
         if (status == FSDP_OK)
@@ -870,6 +889,8 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             else
                 status = read_full_range(lc, k == 0 ? 0 : 1, &pi, name, pi.intra_start,
                                          pi.numel_in_shard, tmp);
+            if (status == FSDP_OK)
+                status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
             if (status == FSDP_OK)
                 status = dev->ops->memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
                                                 pi.numel_in_shard * sizeof(float),
@@ -919,6 +940,9 @@ static fsdp_status_t load_module_buffers(load_ctx_t *lc)
                          bi.name, fname, bi.numel);
                 return bad_checkpoint(lc, msg);
             }
+            snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+            if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+                return FSDP_ERR_FORMAT;
             status = fsdp_unit_set_buffer(u, j, t->data);
         }
     }
