@@ -1053,6 +1053,18 @@ static void test_corrupt(void)
     corrupt_refused(path, "UPDATE event_rows SET rank = 9223372036854775807 WHERE rank = 3",
                     "UPDATE event_rows SET rank = 3 WHERE rank = 9223372036854775807",
                     "events.rank = 9223372036854775807");
+    corrupt_refused(path, "UPDATE steps SET rank = x'00' WHERE rank = 1 AND step = 1",
+                    "UPDATE steps SET rank = 1 WHERE typeof(rank) = 'blob'", "steps.rank = ");
+    /* a rank of 1.5 between the others: diff, which walks the ranks, must not stall on it */
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, "UPDATE event_rows SET rank = 1.5 WHERE rank = 1 AND "
+                                        "seq = 3"),
+                          SQLITE_OK);
+    fsdp_log_set_handler(capture, NULL);
+    CU_ASSERT_EQUAL(fsdp_trace_diff(path, 1, path, 1, NULL, NULL), FSDP_ERR_FORMAT);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "events.rank = '1.5' is not an integer"));
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, "UPDATE event_rows SET rank = 1 WHERE rank = 1.5"),
+                          SQLITE_OK);
     corrupt_refused(path, "UPDATE event_rows SET rank = -1 WHERE rank = 0",
                     "UPDATE event_rows SET rank = 0 WHERE rank = -1", "events.rank = -1");
     /* sizes out of range are read without overflow (UBSan watches the counters) */

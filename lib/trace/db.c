@@ -451,16 +451,45 @@ fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run,
     return FSDP_OK;
 }
 
+/* The rank selected by sql (one row, or none), which must be an integer: SQLite orders NULL
+ * first and texts and blobs last, so the lowest and the highest rank show any that is not. */
+static fsdp_status_t db_get_rank(sqlite3 *db, const char *sql, const char *path, int64_t run,
+                                 const char *table, int64_t *rank_p, int *found_p)
+{
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int rc;
+
+    *found_p = 0;
+    status = fsdp_trace_db_prepare(db, sql, &st);
+    if (status != FSDP_OK)
+        return status;
+    rc = sqlite3_step(st);
+    status = FSDP_SQLITE_CALL(db, rc);
+    if (status == FSDP_OK && rc == SQLITE_ROW) {
+        if (sqlite3_column_type(st, 0) != SQLITE_INTEGER) {
+            fsdp_error("trace database '%s': run %" PRId64 ": %s.rank = '%.32s' is not an integer",
+                       path, run, table, (const char *)sqlite3_column_text(st, 0));
+            status = FSDP_ERR_FORMAT;
+        } else {
+            *rank_p = sqlite3_column_int64(st, 0);
+            *found_p = 1;
+        }
+    }
+    sqlite3_finalize(st);
+    return status;
+}
+
 /* The lowest (desc 0) or highest rank of a run's rows in table, through its key (run, rank, ..). */
-static fsdp_status_t db_edge_rank(sqlite3 *db, const char *table, int64_t run, int desc,
-                                  int64_t *rank_p, int *found_p)
+static fsdp_status_t db_edge_rank(sqlite3 *db, const char *path, const char *table, int64_t run,
+                                  int desc, int64_t *rank_p, int *found_p)
 {
     char sql[160];
 
     snprintf(sql, sizeof(sql),
              "SELECT rank FROM %s WHERE run = %" PRId64 " ORDER BY rank %s LIMIT 1", table, run,
              desc ? "DESC" : "ASC");
-    return db_get_int(db, sql, rank_p, found_p);
+    return db_get_rank(db, sql, path, run, table, rank_p, found_p);
 }
 
 fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run, int *n_p)
@@ -491,7 +520,7 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run
         for (int desc = 0; desc < 2; desc++) {
             int64_t rank = 0;
 
-            status = db_edge_rank(db, tables[t], run, desc, &rank, &found);
+            status = db_edge_rank(db, path, tables[t], run, desc, &rank, &found);
             if (status != FSDP_OK)
                 return status;
             if (found && (rank < 0 || rank >= world)) {
@@ -506,7 +535,8 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, int64_t run, int after, int *rank_p)
+fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,
+                                      int *rank_p)
 {
     static const char *const tables[] = {"events", "steps"};
     int64_t next = -1;
@@ -520,7 +550,8 @@ fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, int64_t run, int after, int *
         snprintf(sql, sizeof(sql),
                  "SELECT rank FROM %s WHERE run = %" PRId64 " AND rank > %d ORDER BY rank LIMIT 1",
                  tables[t], run, after);
-        status = db_get_int(db, sql, &rank, &found);
+        /* a rank that is not an integer (1.5 after 1) would not move the caller on */
+        status = db_get_rank(db, sql, path, run, tables[t], &rank, &found);
         if (status != FSDP_OK)
             return status;
         if (found && (next < 0 || rank < next))

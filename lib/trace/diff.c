@@ -735,9 +735,9 @@ fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *pat
         rank_diff_t rd;
         int next[2];
 
-        status = fsdp_trace_db_next_rank(c.side[0].db, c.side[0].run, r, &next[0]);
+        status = fsdp_trace_db_next_rank(c.side[0].db, path_a, c.side[0].run, r, &next[0]);
         if (status == FSDP_OK)
-            status = fsdp_trace_db_next_rank(c.side[1].db, c.side[1].run, r, &next[1]);
+            status = fsdp_trace_db_next_rank(c.side[1].db, path_b, c.side[1].run, r, &next[1]);
         if (status != FSDP_OK)
             goto out;
         if (next[0] < 0 && next[1] < 0)

@@ -55,7 +55,8 @@ fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run
 
 /* The lowest rank above `after` that has events or step rows in the run, or -1: readers visit
  * the ranks present, not every rank up to the highest. */
-fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, int64_t run, int after, int *rank_p);
+fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,
+                                      int *rank_p);
 
 /* Step-row column names from the category table ("peak_sharded_param", ...). */
 #define FSDP_TRACE_PEAK_COL_(name, str) ", peak_" str
