@@ -719,6 +719,28 @@ static fsdp_status_t refused(const fsdp_launch_info_t *info, uint32_t code, uint
     return FSDP_ERR_INVALID_PARAM;
 }
 
+/* Judges the header of rank 0's answer: FSDP_OK when the blob of blob_size bytes follows. */
+static fsdp_status_t client_check_answer(const fsdp_launch_info_t *info, const unsigned char *ans,
+                                         size_t blob_size)
+{
+    uint32_t code = get32(ans + 4), len = get32(ans + 12);
+
+    if (get32(ans) != RDV_MAGIC) {
+        fsdp_error("rendezvous: rank %d got a malformed answer from %s:%d (not a libfsdp "
+                   "rendezvous?)",
+                   info->rank, info->master_addr, info->master_port);
+        return FSDP_ERR_BACKEND;
+    }
+    if (code != RDV_OK)
+        return refused(info, code, get32(ans + 8), blob_size);
+    if (len != blob_size) {
+        fsdp_error("rendezvous: rank %d was offered %u blob bytes by rank 0, not %zu", info->rank,
+                   len, blob_size);
+        return FSDP_ERR_BACKEND;
+    }
+    return FSDP_OK;
+}
+
 static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char *token,
                                      double timeout_s, void *blob, size_t blob_size)
 {
@@ -731,6 +753,7 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
     const char *last = "connection refused";
     char port[8];
     int rc, fd = -1;
+    ssize_t n;
     fsdp_status_t status;
 
     snprintf(port, sizeof(port), "%d", info->master_port);
@@ -752,8 +775,6 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
         memcpy(req + RDV_REQ_BYTES, token, token_len);
 
     for (;;) {
-        ssize_t n;
-
         if (now_s() >= deadline) {
             fsdp_error("rendezvous: rank %d timed out after %.1f s: rank 0 at %s:%d %s", info->rank,
                        timeout_s, info->master_addr, info->master_port,
@@ -791,31 +812,15 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
         }
         break;
     }
-    status = FSDP_OK;
-    {
-        ssize_t n = 0;
-        uint32_t code, len;
-
-        if (get32(ans) != RDV_MAGIC) {
-            fsdp_error("rendezvous: rank %d got a malformed answer from %s:%d (not a libfsdp "
-                       "rendezvous?)",
-                       info->rank, info->master_addr, info->master_port);
-            status = FSDP_ERR_BACKEND;
-            goto out;
-        }
-        code = get32(ans + 4);
-        len = get32(ans + 12);
-        if (code != RDV_OK) {
-            status = refused(info, code, get32(ans + 8), blob_size);
-            goto out;
-        }
-        if (len != blob_size ||
-            (n = recv_all(fd, ans + RDV_ANS_BYTES, blob_size, deadline)) != (ssize_t)len) {
-            fsdp_error("rendezvous: rank %d got %zd of the %zu blob bytes from rank 0", info->rank,
-                       n, blob_size);
-            status = n < 0 && errno == ETIMEDOUT ? FSDP_ERR_TIMEOUT : FSDP_ERR_BACKEND;
-            goto out;
-        }
+    status = client_check_answer(info, ans, blob_size);
+    if (status != FSDP_OK)
+        goto out;
+    n = recv_all(fd, ans + RDV_ANS_BYTES, blob_size, deadline);
+    if (n != (ssize_t)blob_size) {
+        fsdp_error("rendezvous: rank %d got %zd of the %zu blob bytes from rank 0", info->rank, n,
+                   blob_size);
+        status = n < 0 && errno == ETIMEDOUT ? FSDP_ERR_TIMEOUT : FSDP_ERR_BACKEND;
+        goto out;
     }
     memcpy(blob, ans + RDV_ANS_BYTES, blob_size);
     fsdp_debug("rendezvous: rank %d received the blob in %.3f s", info->rank, now_s() - start);
