@@ -697,8 +697,8 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         if (status == FSDP_OK && dev->rank == 0) {
             sh->losses[step] = loss;
             if (!a->quiet) {
-                printf("step %d loss %.9g\n", step + 1, (double)loss);
-                fflush(stdout);
+                train_print_step(sh->trace, step + 1, "step %d loss %.9g\n", step + 1,
+                                 (double)loss);
             }
         }
     }
@@ -786,6 +786,7 @@ int main(int argc, char **argv)
     status = train_launch_run(&args.launch, train_rank, &sh);
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
+    train_print_rest();
     /* on failure the failing rank logged why; peers only saw it fail. On the gpu backend each
      * process knows its own rank's peak. */
     for (int r = 0; status == FSDP_OK && r < args.world; r++) {

@@ -1,14 +1,16 @@
 /* fsdp-train's trace database and step accounting, shared by the MLP and GPT-2 paths. */
 #include "train_trace.h"
 
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
-                               const fsdp_config_t *cfg, const char *model, int argc,
-                               char **argv, fsdp_trace_t **trace_p)
+                               const fsdp_config_t *cfg, const char *model, int argc, char **argv,
+                               fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
     size_t off = 0;
@@ -27,12 +29,13 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
              "\"forward_prefetch\": %d, \"limit_all_gathers\": %d, \"cpu_offload\": %d, "
              "\"ranks_per_node\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\"}",
              model, fsdp_strategy_name(cfg->strategy), (int)cfg->backward_prefetch,
-             cfg->forward_prefetch, cfg->limit_all_gathers, cfg->cpu_offload,
-             cfg->ranks_per_node,
+             cfg->forward_prefetch, cfg->limit_all_gathers, cfg->cpu_offload, cfg->ranks_per_node,
              cfg->mixed_precision.param_dtype == FSDP_DTYPE_UNSET
-                 ? "f32" : fsdp_dtype_name(cfg->mixed_precision.param_dtype),
+                 ? "f32"
+                 : fsdp_dtype_name(cfg->mixed_precision.param_dtype),
              cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
-                 ? "default" : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
+                 ? "default"
+                 : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
     memset(&info, 0, sizeof(info));
     if (launch->backend == TRAIN_BACKEND_SIM) {
         fsdp_sim_profile_t profile;
@@ -69,6 +72,65 @@ double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, in
         fsdp_trace_step(dev, step, loss, dt, &st);
     }
     return dt;
+}
+
+typedef struct held_line {
+    struct held_line *next;
+    int64_t step;
+    char text[];
+} held_line_t;
+
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static held_line_t *held_head, **held_tail = &held_head;
+
+/* Prints the held lines of steps up to `upto`, in order. Under held_lock. */
+static void print_held(int64_t upto)
+{
+    int printed = 0;
+
+    while (held_head != NULL && held_head->step <= upto) {
+        held_line_t *l = held_head;
+
+        fputs(l->text, stdout);
+        held_head = l->next;
+        free(l);
+        printed = 1;
+    }
+    if (held_head == NULL)
+        held_tail = &held_head;
+    if (printed)
+        fflush(stdout);
+}
+
+void train_print_step(fsdp_trace_t *trace, int64_t step, const char *fmt, ...)
+{
+    va_list ap;
+    held_line_t *l;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    l = n >= 0 ? malloc(sizeof(*l) + (size_t)n + 1) : NULL;
+    if (l == NULL)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(l->text, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    l->step = step;
+    l->next = NULL;
+    pthread_mutex_lock(&held_lock);
+    *held_tail = l;
+    held_tail = &l->next;
+    print_held(trace != NULL ? fsdp_trace_committed_step(trace) : INT64_MAX);
+    pthread_mutex_unlock(&held_lock);
+}
+
+void train_print_rest(void)
+{
+    pthread_mutex_lock(&held_lock);
+    print_held(INT64_MAX);
+    pthread_mutex_unlock(&held_lock);
 }
 
 void train_progress(int64_t step, int64_t steps, double loss)
