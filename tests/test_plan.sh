@@ -88,5 +88,11 @@ refuse "malformed profile JSON" --model mlp:4,4 --profile "$tmp/broken.json"
 refuse "a world that is not whole nodes" --model mlp:4,4 --world 12
 refuse "a bad capacity" --model mlp:4,4 --capacity lots
 refuse "an unknown flag" --model mlp:4,4 --no-such-flag
+refuse "a repeated profile option" --model mlp:4,4 --profile h100:nodes=2,nodes=3
+refuse "a trailing comma in a profile" --model mlp:4,4 --profile h100:nodes=2,
+refuse "a profile with an empty option list" --model mlp:4,4 --profile h100:
+refuse "--version with an argument" --version extra
+refuse "--world without a value" --model mlp:4,4 --world
+refuse "--trace into a missing directory" --model mlp:4,4 --trace "$tmp/none/x.db"
 
 exit $fail

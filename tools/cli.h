@@ -31,4 +31,10 @@ enum {
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len);
 
+/* Checks an output path before any work, so that a run does not fail at its end: a file (dir
+ * 0) must be a regular file or absent, in a writable directory; a directory (dir 1) must be a
+ * writable directory or absent, in a writable directory. 0, or -1 with why saying what is wrong
+ * (opt names the option). */
+int cli_check_output(const char *opt, const char *path, int dir, char *why, size_t why_len);
+
 #endif

@@ -359,7 +359,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
     long nodes = 0, gpn = 0, batch = 0;
-    int c, print_profile = 0, ckpt_act = 0;
+    int c, print_profile = 0, ckpt_act = 0, show = 0; /* 1: --version, 2: --help */
 
     memset(a, 0, sizeof(*a));
     fsdp_config_init(&a->fsdp);
@@ -367,7 +367,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->steps = 2;
     a->timeout_s = 600.0;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":" first: a missing value is reported as such, not as an unknown option */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL:
             a->model_spec = optarg;
@@ -440,12 +441,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
                 die("--timeout: '%s' is not a number of seconds in (0, 1e6]", optarg);
             break;
         }
-        case OPT_VERSION:
-            printf("fsdp-plan (libfsdp) %s\n", fsdp_version_string());
-            exit(0);
-        case OPT_HELP:
-            usage(stdout);
-            exit(0);
+        case OPT_VERSION: show = 1; break;
+        case OPT_HELP: show = 2; break;
         case ':':
             die("option '%s' needs a value (see --help)", argv[optind - 1]);
         default: {
@@ -458,6 +455,17 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     }
     if (optind < argc)
         die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (show == 1)
+        printf("fsdp-plan (libfsdp) %s\n", fsdp_version_string());
+    if (show == 2)
+        usage(stdout);
+    if (show != 0)
+        exit(0);
+    {
+        char why[512];
+        if (cli_check_output("--trace", a->trace_path, 0, why, sizeof(why)) != 0)
+            die("%s", why);
+    }
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */

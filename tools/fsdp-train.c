@@ -190,9 +190,14 @@ enum {
 static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
 {
     char buf[256], *save = NULL;
+    const fsdp_dtype_t *seen[3] = {NULL, NULL, NULL};
+    int nseen = 0;
 
-    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
-        die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D", spec);
+    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0' || spec[0] == ',' ||
+        spec[strlen(spec) - 1] == ',' || strstr(spec, ",,") != NULL)
+        die("--mixed-precision: '%s' is not a list of param=D, reduce=D, buffer=D (no empty "
+            "item)",
+            spec);
     strcpy(buf, spec);
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
@@ -216,6 +221,10 @@ static void parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
         if (!fsdp_dtype_parse(eq + 1, &dt) || !fsdp_dtype_is_float(dt))
             die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
                 "bf16/bfloat16, fp16/f16/float16)", item, eq + 1);
+        for (int i = 0; i < nseen; i++)
+            if (seen[i] == field)
+                die("--mixed-precision: %s is given twice in '%s'", item, spec);
+        seen[nseen++] = field;
         *field = dt;
     }
 }
@@ -266,6 +275,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
     int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0;
+    int show = 0; /* 1: --version, 2: --help */
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
@@ -280,7 +290,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     a->timeout_s = 60.0;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":" first: a missing value is reported as such, not as an unknown option */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL:
             a->gpt = fsdp_gpt2_spec_is_gpt(optarg);
@@ -364,12 +375,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             break;
         case OPT_CKPT_ACT: a->checkpoint_activations = 1; break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
-        case OPT_VERSION:
-            printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
-            exit(0);
-        case OPT_HELP:
-            usage(stdout);
-            exit(0);
+        case OPT_VERSION: show = 1; break;
+        case OPT_HELP: show = 2; break;
         case ':':
             die("option '%s' needs a value (see --help)", argv[optind - 1]);
         default: {
@@ -382,6 +389,18 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     }
     if (optind < argc)
         die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (show == 1)
+        printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
+    if (show == 2)
+        usage(stdout);
+    if (show != 0)
+        exit(0);
+    {
+        char why[512];
+        if (cli_check_output("--save", a->save_path, 0, why, sizeof(why)) != 0 ||
+            cli_check_output("--save-checkpoint", a->ckpt_dir, 1, why, sizeof(why)) != 0)
+            die("%s", why);
+    }
     {
         fsdp_sim_params_t defaults;
         fsdp_sim_params_init(&defaults);
@@ -468,6 +487,8 @@ static const fsdp_st_tensor_t *need_tensor(fsdp_st_file_t *f, const char *path, 
                 (long long)d0, (long long)d1);
         die("%s: tensor '%s' must have shape [%lld] for this model", path, name, (long long)d0);
     }
+    if (fsdp_st_check_finite(t, path) != FSDP_OK)
+        fail_quietly(); /* the library named the tensor and the element */
     return t;
 }
 
