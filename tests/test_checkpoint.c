@@ -360,13 +360,10 @@ static void corrupt(const char *path, long truncate_to, long flip_at)
     }
 }
 
-static void test_corrupted(void)
+/* A sharded AdamW checkpoint of one step in tmpdir/name, and j set to load it and train a step. */
+static void saved_job(job_t *j, char *dir, size_t len, const char *name)
 {
-    char dir[300], path[400];
-    job_t *j = calloc(1, sizeof(job_t));
-    fsdp_log_level_t lvl = fsdp_log_level();
-
-    snprintf(dir, sizeof(dir), "%s/corrupt", tmpdir);
+    snprintf(dir, len, "%s/%s", tmpdir, name);
     *j = (job_t){.world = 2,
                  .strategy = FSDP_FULL_SHARD,
                  .optim = FSDP_OPTIM_ADAMW,
@@ -377,8 +374,17 @@ static void test_corrupted(void)
                  .dir = dir};
     CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
     j->save = 0;
-    j->steps = 0;
     j->load = 1;
+}
+
+static void test_corrupted(void)
+{
+    char dir[300], path[400];
+    job_t *j = calloc(1, sizeof(job_t));
+    fsdp_log_level_t lvl = fsdp_log_level();
+
+    saved_job(j, dir, sizeof(dir), "corrupt");
+    j->steps = 0;
     fsdp_log_set_level(FSDP_LOG_OFF);
     /* a truncated rank file */
     snprintf(path, sizeof(path), "%s/step-00000001/rank-00001.safetensors", dir);
@@ -463,19 +469,7 @@ static void test_fields(void)
     const char *pbuf[] = {"optimizer_steps", "layers.0.weight", "has_buffer", NULL};
     const char *pentry[] = {"optimizer_steps", "layers.0.weight", NULL};
 
-    snprintf(dir, sizeof(dir), "%s/fields", tmpdir);
-    *j = (job_t){.world = 2,
-                 .strategy = FSDP_FULL_SHARD,
-                 .optim = FSDP_OPTIM_ADAMW,
-                 .steps = 1,
-                 .save = 1,
-                 .save_step = 1,
-                 .type = FSDP_STATE_DICT_SHARDED,
-                 .dir = dir};
-    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
-    j->save = 0;
-    j->steps = 1;
-    j->load = 1;
+    saved_job(j, dir, sizeof(dir), "fields");
     snprintf(path, sizeof(path), "%s/step-00000001/checkpoint.json", dir);
     field_refused(j, path, step, json_integer(-1), "step is -1");
     field_refused(j, path, step, json_integer(INT64_MAX), "step is 9223372036854775807");
