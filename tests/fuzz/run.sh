@@ -41,6 +41,10 @@ if [ -f "$src/config.status" ]; then
     (cd "$src" && git ls-files -z --cached --others --exclude-standard |
         xargs -0 cp -u --parents -t "$top")
 fi
+# a build configured from the other tree (the copy, or the sources themselves) starts over
+if [ -f "$build/config.status" ] && ! grep -q "$top/configure" "$build/config.status"; then
+    find "$build" -mindepth 1 -maxdepth 1 ! -name src -exec rm -rf {} +
+fi
 if [ ! -f "$build/config.status" ]; then
     [ -x "$top/configure" ] || (cd "$top" && ./bootstrap) >"$build/configure.log" 2>&1
     (cd "$build" && "$top/configure" -q CC="$cc" --enable-static --disable-shared --without-cuda \
