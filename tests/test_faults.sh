@@ -63,7 +63,9 @@ check "--tokens DIR says it is a directory" grep -q "is a directory, not a regul
 # waits until file has n lines matching pattern, or s seconds pass
 wait_lines() { # file, pattern, n, seconds
     i=0
-    while [ "$(grep -c "$2" "$1" 2>/dev/null || true)" -lt "$3" ] && [ $i -lt $(($4 * 20)) ]; do
+    while [ $i -lt $(($4 * 20)) ]; do
+        got=$(grep -c "$2" "$1" 2>/dev/null)
+        [ "${got:-0}" -ge "$3" ] && return 0
         sleep 0.05
         i=$((i + 1))
     done
@@ -74,6 +76,7 @@ wait_lines() { # file, pattern, n, seconds
 if command -v sqlite3 >/dev/null 2>&1; then
     for n in 5 40 120; do
         rm -f "$tmp/k.db" "$tmp/k.db-wal" "$tmp/k.db-shm"
+        : >"$tmp/kout"
         "$train" --model mlp:32,256,256,8 --world 4 --steps 100000 --trace "$tmp/k.db" \
             >"$tmp/kout" 2>&1 &
         pid=$!
@@ -97,6 +100,7 @@ ck="--model mlp:32,256,256,8 --world 2 --optim adamw --lr 1e-2 --steps 300"
 "$train" $ck >"$tmp/ref" 2>&1
 for n in 3 30 90; do
     rm -rf "$tmp/ck"
+    : >"$tmp/kout"
     "$train" $ck --state-dict sharded --checkpoint-every 1 --save-checkpoint "$tmp/ck" \
         >"$tmp/kout" 2>&1 &
     pid=$!
