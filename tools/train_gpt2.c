@@ -127,13 +127,12 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             if (!o->quiet) {
                 /* tokens/s: this process's wall time; the step time: the simulated device's
                  * (on a GPU, the host's wall clock over the step) */
-                train_print_step(sh->trace, step + 1,
-                                 "step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f\n",
-                                 (long long)step + 1, (double)loss,
-                                 wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
-                                 o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms"
-                                                                         : "sim_step_ms",
-                                 sim_dt * 1e3, (double)st.peak_allocated / 1048576.0);
+                train_print_step(
+                    sh->trace, step + 1, "step %lld loss %.9g tok/s %.0f %s %.3f peak_mib %.2f\n",
+                    (long long)step + 1, (double)loss,
+                    wall > 0 ? (double)o->batch * (double)T / wall : 0.0,
+                    o->launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                    sim_dt * 1e3, (double)st.peak_allocated / 1048576.0);
                 train_progress(step + 1, o->steps, loss);
             }
         }
