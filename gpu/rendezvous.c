@@ -7,7 +7,13 @@
  *            u32 token length (<= FSDP_RENDEZVOUS_TOKEN_MAX), token bytes;
  *   answer:  magic "FSDR", u32 code, u32 detail, u32 blob length, blob (only when code is OK).
  * Rank 0 reads requests with poll() from one thread, holds the joined connections open and
- * answers them all when the last rank has joined, or with RDV_TIMEOUT when time runs out. */
+ * answers them all when the last rank has joined, or with RDV_TIMEOUT when time runs out.
+ *
+ * A peer without the token must not be able to keep a rank out by holding connections open:
+ * the table of connections still sending their request is bounded, and when it is full the
+ * oldest connection of the address holding the most slots makes room for the new one. A rank
+ * sends its whole request as soon as it connects, and is read at once on accept, so it is
+ * judged before a flood can push it out; if it is pushed out, it connects again. */
 #include "config.h"
 
 #include <fsdp/gpu.h>
@@ -31,10 +37,15 @@
 #define RDV_REQ_BYTES 24
 #define RDV_ANS_BYTES 16
 #define RDV_LISTEN_MAX 4
-/* Connections whose request is still being read; more are closed at once. */
+/* Connections whose request is still being read; a new one evicts an old one. */
 #define RDV_PENDING_MAX 64
-/* Seconds a connection may take to send its whole request. */
-#define RDV_REQUEST_S 5.0
+/* Connections accepted per turn of the loop, so that those accepted are read before the next
+ * ones can evict them. */
+#define RDV_ACCEPT_BATCH (RDV_PENDING_MAX / 4)
+/* Seconds a connection may take to send its whole request (a rank sends it in one write). */
+#define RDV_REQUEST_S 1.0
+/* Dropped connections named in the log, before the rest are only counted. */
+#define RDV_DROP_WARN_MAX 8
 /* Seconds between connection attempts while rank 0 is not up. */
 #define RDV_RETRY_S 0.05
 
@@ -53,11 +64,13 @@ enum {
 typedef struct {
     int fd; /* -1: free slot */
     size_t got;
+    uint64_t seq; /* order of acceptance: the lowest is the oldest */
     double expires;
     uint32_t token_len;
     unsigned char req[RDV_REQ_BYTES];
     unsigned char token[FSDP_RENDEZVOUS_TOKEN_MAX];
     char peer[INET6_ADDRSTRLEN + 8];
+    char host[INET6_ADDRSTRLEN]; /* the peer without its port */
 } rdv_pending_t;
 
 typedef struct {
@@ -71,6 +84,8 @@ typedef struct {
     rdv_pending_t *pending; /* RDV_PENDING_MAX slots */
     int *joined_fd;         /* per rank; -1 when not joined */
     int njoined;            /* ranks other than 0 joined */
+    uint64_t naccepted;
+    uint64_t ndropped; /* connections dropped before a whole request */
 } rdv_server_t;
 
 static double now_s(void)
@@ -110,19 +125,20 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-static void peer_name(int fd, char *buf, size_t size)
+static void peer_name(int fd, rdv_pending_t *c)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);
-    char host[INET6_ADDRSTRLEN], port[8];
+    char port[8];
 
     if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 ||
-        getnameinfo((struct sockaddr *)&ss, len, host, sizeof(host), port, sizeof(port),
+        getnameinfo((struct sockaddr *)&ss, len, c->host, sizeof(c->host), port, sizeof(port),
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-        snprintf(buf, size, "an unknown peer");
+        snprintf(c->host, sizeof(c->host), "?");
+        snprintf(c->peer, sizeof(c->peer), "an unknown peer");
         return;
     }
-    snprintf(buf, size, "%s:%s", host, port);
+    snprintf(c->peer, sizeof(c->peer), "%s:%s", c->host, port);
 }
 
 /* Writes all of buf on a non-blocking socket before deadline. 0, or -1 with errno. */
@@ -207,6 +223,8 @@ static int token_ok(const rdv_server_t *srv, const unsigned char *got, size_t go
 
 /* ---- rank 0 ---- */
 
+static int warned_no_token; /* once per process */
+
 static fsdp_status_t server_listen(rdv_server_t *srv)
 {
     const fsdp_launch_info_t *info = srv->info;
@@ -224,6 +242,11 @@ static fsdp_status_t server_listen(rdv_server_t *srv)
     }
     for (ai = res; ai != NULL; ai = ai->ai_next)
         loopback &= is_loopback(ai->ai_addr);
+    if (!loopback && srv->token_len == 0 &&
+        !__atomic_exchange_n(&warned_no_token, 1, __ATOMIC_RELAXED))
+        fsdp_warn("rendezvous: no job token is set and %s is not a loopback address: any host "
+                  "that reaches port %d can join as a rank (set FSDP_JOB_TOKEN on every rank)",
+                  host, info->master_port);
     if (!loopback) {
         /* The master address is how the other nodes see this one, which may resolve here to
          * another interface (or a 127.0.1.1 alias): listen on them all, as torchrun does. */
@@ -280,10 +303,17 @@ static void answer(int fd, uint32_t code, uint32_t detail, const void *blob, uin
     (void)send_all(fd, msg, RDV_ANS_BYTES + blob_len, deadline);
 }
 
-static void drop_pending(rdv_pending_t *c, const char *why)
+/* Closes a connection that sent no whole request; a flood is named a few times, not each. */
+static void drop_pending(rdv_server_t *srv, rdv_pending_t *c, const char *why)
 {
-    if (why != NULL)
+    if (why != NULL && srv->ndropped < RDV_DROP_WARN_MAX)
         fsdp_warn("rendezvous: dropped the connection from %s: %s", c->peer, why);
+    else if (why != NULL && srv->ndropped == RDV_DROP_WARN_MAX)
+        fsdp_warn("rendezvous: dropped the connection from %s: %s (further drops are not "
+                  "logged)",
+                  c->peer, why);
+    if (why != NULL)
+        srv->ndropped++;
     close_fd(&c->fd);
 }
 
@@ -347,7 +377,7 @@ static void server_read(rdv_server_t *srv, rdv_pending_t *c)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
         if (n <= 0) {
-            drop_pending(c, c->got > 0 ? "closed in the middle of its request" : NULL);
+            drop_pending(srv, c, c->got > 0 ? "closed in the middle of its request" : NULL);
             return;
         }
         c->got += (size_t)n;
@@ -355,7 +385,7 @@ static void server_read(rdv_server_t *srv, rdv_pending_t *c)
             uint32_t version = get32(c->req + 4) >> 16;
 
             if (get32(c->req) != RDV_MAGIC || (get32(c->req + 4) & 0xffffu) != 0) {
-                drop_pending(c, "not a rendezvous request (bad magic)");
+                drop_pending(srv, c, "not a rendezvous request (bad magic)");
                 return;
             }
             if (version != RDV_VERSION) {
@@ -367,16 +397,38 @@ static void server_read(rdv_server_t *srv, rdv_pending_t *c)
             }
             c->token_len = get32(c->req + 20);
             if (c->token_len > FSDP_RENDEZVOUS_TOKEN_MAX) {
-                drop_pending(c, "oversized token");
+                drop_pending(srv, c, "oversized token");
                 return;
             }
         }
     }
 }
 
+/* The slot a new connection takes from a full table: the oldest connection of the address
+ * that holds the most slots, so that one flooding address evicts itself first. */
+static rdv_pending_t *pending_victim(rdv_server_t *srv)
+{
+    rdv_pending_t *victim = NULL;
+    int victim_count = 0;
+
+    for (int i = 0; i < RDV_PENDING_MAX; i++) {
+        rdv_pending_t *c = &srv->pending[i];
+        int count = 0;
+
+        for (int j = 0; j < RDV_PENDING_MAX; j++)
+            count += strcmp(srv->pending[j].host, c->host) == 0;
+        if (victim == NULL || count > victim_count ||
+            (count == victim_count && c->seq < victim->seq)) {
+            victim = c;
+            victim_count = count;
+        }
+    }
+    return victim;
+}
+
 static void server_accept(rdv_server_t *srv, int lfd)
 {
-    for (;;) {
+    for (int k = 0; k < RDV_ACCEPT_BATCH; k++) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         rdv_pending_t *c = NULL;
 
@@ -390,17 +442,16 @@ static void server_accept(rdv_server_t *srv, int lfd)
         for (int i = 0; i < RDV_PENDING_MAX && c == NULL; i++)
             c = srv->pending[i].fd < 0 ? &srv->pending[i] : NULL;
         if (c == NULL) {
-            fsdp_warn("rendezvous: %d connections are already sending their request: closed "
-                      "a new one",
-                      RDV_PENDING_MAX);
-            close(fd);
-            continue;
+            c = pending_victim(srv);
+            drop_pending(srv, c, "no whole request yet, and the table of connections is full");
         }
         c->fd = fd;
         c->got = 0;
         c->token_len = 0;
+        c->seq = srv->naccepted++;
         c->expires = now_s() + RDV_REQUEST_S;
-        peer_name(fd, c->peer, sizeof(c->peer));
+        peer_name(fd, c);
+        server_read(srv, c); /* a rank's request is usually here already */
     }
 }
 
@@ -484,7 +535,7 @@ static fsdp_status_t server_run(rdv_server_t *srv, const void *blob, double time
             if (c->fd < 0)
                 continue;
             if (now >= c->expires) {
-                drop_pending(c, "no whole request in time");
+                drop_pending(srv, c, "no whole request in time");
                 continue;
             }
             wake = c->expires < wake ? c->expires : wake;
@@ -668,6 +719,28 @@ static fsdp_status_t refused(const fsdp_launch_info_t *info, uint32_t code, uint
     return FSDP_ERR_INVALID_PARAM;
 }
 
+/* Judges the header of rank 0's answer: FSDP_OK when the blob of blob_size bytes follows. */
+static fsdp_status_t client_check_answer(const fsdp_launch_info_t *info, const unsigned char *ans,
+                                         size_t blob_size)
+{
+    uint32_t code = get32(ans + 4), len = get32(ans + 12);
+
+    if (get32(ans) != RDV_MAGIC) {
+        fsdp_error("rendezvous: rank %d got a malformed answer from %s:%d (not a libfsdp "
+                   "rendezvous?)",
+                   info->rank, info->master_addr, info->master_port);
+        return FSDP_ERR_BACKEND;
+    }
+    if (code != RDV_OK)
+        return refused(info, code, get32(ans + 8), blob_size);
+    if (len != blob_size) {
+        fsdp_error("rendezvous: rank %d was offered %u blob bytes by rank 0, not %zu", info->rank,
+                   len, blob_size);
+        return FSDP_ERR_BACKEND;
+    }
+    return FSDP_OK;
+}
+
 static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char *token,
                                      double timeout_s, void *blob, size_t blob_size)
 {
@@ -680,6 +753,7 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
     const char *last = "connection refused";
     char port[8];
     int rc, fd = -1;
+    ssize_t n;
     fsdp_status_t status;
 
     snprintf(port, sizeof(port), "%d", info->master_port);
@@ -701,8 +775,6 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
         memcpy(req + RDV_REQ_BYTES, token, token_len);
 
     for (;;) {
-        ssize_t n;
-
         if (now_s() >= deadline) {
             fsdp_error("rendezvous: rank %d timed out after %.1f s: rank 0 at %s:%d %s", info->rank,
                        timeout_s, info->master_addr, info->master_port,
@@ -724,6 +796,13 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
         n = recv_all(fd, ans, RDV_ANS_BYTES, deadline);
         if (n < 0 && errno == ETIMEDOUT)
             continue; /* reported above, with fd still open */
+        if (n > 0 && n < RDV_ANS_BYTES) {
+            fsdp_error("rendezvous: rank %d got a short answer from rank 0 at %s:%d (%zd of "
+                       "%d bytes, then the connection closed)",
+                       info->rank, info->master_addr, info->master_port, n, RDV_ANS_BYTES);
+            status = FSDP_ERR_BACKEND;
+            goto out;
+        }
         if (n <= 0) {
             /* rank 0 closed without a word (too busy, or a stale listener): try again */
             last = "closed the connection without an answer";
@@ -733,31 +812,15 @@ static fsdp_status_t rendezvous_join(const fsdp_launch_info_t *info, const char 
         }
         break;
     }
-    status = FSDP_OK;
-    {
-        ssize_t n = 0;
-        uint32_t code, len;
-
-        if (get32(ans) != RDV_MAGIC) {
-            fsdp_error("rendezvous: rank %d got a malformed answer from %s:%d (not a libfsdp "
-                       "rendezvous?)",
-                       info->rank, info->master_addr, info->master_port);
-            status = FSDP_ERR_BACKEND;
-            goto out;
-        }
-        code = get32(ans + 4);
-        len = get32(ans + 12);
-        if (code != RDV_OK) {
-            status = refused(info, code, get32(ans + 8), blob_size);
-            goto out;
-        }
-        if (len != blob_size ||
-            (n = recv_all(fd, ans + RDV_ANS_BYTES, blob_size, deadline)) != (ssize_t)len) {
-            fsdp_error("rendezvous: rank %d got %zd of the %zu blob bytes from rank 0", info->rank,
-                       n, blob_size);
-            status = n < 0 && errno == ETIMEDOUT ? FSDP_ERR_TIMEOUT : FSDP_ERR_BACKEND;
-            goto out;
-        }
+    status = client_check_answer(info, ans, blob_size);
+    if (status != FSDP_OK)
+        goto out;
+    n = recv_all(fd, ans + RDV_ANS_BYTES, blob_size, deadline);
+    if (n != (ssize_t)blob_size) {
+        fsdp_error("rendezvous: rank %d got %zd of the %zu blob bytes from rank 0", info->rank, n,
+                   blob_size);
+        status = n < 0 && errno == ETIMEDOUT ? FSDP_ERR_TIMEOUT : FSDP_ERR_BACKEND;
+        goto out;
     }
     memcpy(blob, ans + RDV_ANS_BYTES, blob_size);
     fsdp_debug("rendezvous: rank %d received the blob in %.3f s", info->rank, now_s() - start);

@@ -208,7 +208,13 @@ static const preset_t *preset_find(const char *name, size_t len)
 static fsdp_status_t apply_shape(const char *what, const char *opts, fsdp_sim_profile_t *p)
 {
     const char *s = opts;
+    int *seen[2] = {NULL, NULL};
 
+    if (*s == '\0' || s[strlen(s) - 1] == ',') {
+        fsdp_error("profile '%s': %s option after '%s'; allowed: nodes=N, gpus_per_node=G", what,
+                   *s == '\0' ? "no" : "an empty", *s == '\0' ? ":" : ",");
+        return FSDP_ERR_INVALID_PARAM;
+    }
     while (*s != '\0') {
         const char *end = strchr(s, ',');
         size_t len = end ? (size_t)(end - s) : strlen(s);
@@ -226,6 +232,11 @@ static fsdp_status_t apply_shape(const char *what, const char *opts, fsdp_sim_pr
                        what, (int)len, s);
             return FSDP_ERR_INVALID_PARAM;
         }
+        if (seen[0] == field || seen[1] == field) {
+            fsdp_error("profile '%s': '%.*s' is given twice", what, (int)(eq - s), s);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        seen[seen[0] != NULL] = field;
         v = strtol(eq + 1, &num_end, 10);
         if (num_end == eq + 1 || num_end != s + len || v < 1 || v > 1000000) {
             fsdp_error("profile '%s': '%.*s' needs an integer from 1 to 1000000", what, (int)len,
@@ -262,7 +273,7 @@ fsdp_status_t fsdp_sim_profile_preset(const char *spec, fsdp_sim_profile_t *prof
         return FSDP_ERR_INVALID_PARAM;
     }
     pr->fill(&p);
-    status = apply_shape(spec, colon ? colon + 1 : "", &p);
+    status = colon != NULL ? apply_shape(spec, colon + 1, &p) : FSDP_OK;
     if (status != FSDP_OK)
         return status;
     *profile_p = p;
@@ -878,8 +889,8 @@ fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *pro
     {
         fsdp_sim_profile_t p;
         st = fsdp_sim_profile_load(name, &p);
-        if (st == FSDP_OK)
-            st = apply_shape(arg, colon ? colon + 1 : "", &p);
+        if (st == FSDP_OK && colon != NULL)
+            st = apply_shape(arg, colon + 1, &p);
         if (st == FSDP_OK)
             *profile_p = p;
     }

@@ -1,7 +1,10 @@
 /* Checkpoints: FULL and SHARDED round trips, resharding to other world sizes and strategies,
  * resuming with the exact loss sequence, atomic saves, corrupted files refused. */
 #include <fsdp/fsdp.h>
+#include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,9 +26,9 @@ typedef struct job {
     fsdp_strategy_t strategy;
     fsdp_optim_kind_t optim;
     int cpu_offload;
-    int load;        /* load the checkpoint of `dir` first */
-    int steps;       /* then train */
-    int save;        /* then save */
+    int load;  /* load the checkpoint of `dir` first */
+    int steps; /* then train */
+    int save;  /* then save */
     int64_t save_step;
     fsdp_state_dict_type_t type;
     const char *dir;
@@ -89,13 +92,12 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         fsdp_zero_grad(fs);
         /* the global loss */
         if (status == FSDP_OK)
-            status = fsdp_mem_alloc(fsdp_memory(fs), 4, FSDP_MEM_TEMPORARY,
-                                    fsdp_compute_stream(fs), (void **)&dloss);
+            status = fsdp_mem_alloc(fsdp_memory(fs), 4, FSDP_MEM_TEMPORARY, fsdp_compute_stream(fs),
+                                    (void **)&dloss);
         if (status == FSDP_OK) {
             *dloss = loss;
             status = dev->ops->all_reduce(dev, dev->ops->group_world(dev), dloss, dloss, 1,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_AVG,
-                                          fsdp_compute_stream(fs));
+                                          FSDP_DTYPE_F32, FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
             if (dev->rank == 0)
                 j->losses[s] = *dloss;
         }
@@ -160,7 +162,10 @@ static void check_resume(fsdp_state_dict_type_t type, fsdp_optim_kind_t optim, i
 
     snprintf(dir, sizeof(dir), "%s/%s-%d-%d", tmpdir, fsdp_state_dict_type_name(type), optim,
              offload);
-    *full = (job_t){.world = 4, .strategy = FSDP_FULL_SHARD, .optim = optim, .steps = 6,
+    *full = (job_t){.world = 4,
+                    .strategy = FSDP_FULL_SHARD,
+                    .optim = optim,
+                    .steps = 6,
                     .cpu_offload = offload};
     CU_ASSERT_EQUAL_FATAL(run(full), FSDP_OK);
     *first = *full;
@@ -183,8 +188,12 @@ static void check_resume(fsdp_state_dict_type_t type, fsdp_optim_kind_t optim, i
     for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
         for (size_t s = 0; s < 3; s++) {
             job_t *j = calloc(1, sizeof(job_t));
-            *j = (job_t){.world = worlds[w], .strategy = strategies[s], .optim = optim,
-                         .load = 1, .dir = dir, .cpu_offload = offload};
+            *j = (job_t){.world = worlds[w],
+                         .strategy = strategies[s],
+                         .optim = optim,
+                         .load = 1,
+                         .dir = dir,
+                         .cpu_offload = offload};
             CU_ASSERT_EQUAL(run(j), FSDP_OK);
             CU_ASSERT(memcmp(j->params, first->params, sizeof(j->params)) == 0);
             /* and it trains on from there like the uninterrupted run, up to summation order */
@@ -229,8 +238,7 @@ static void test_local(void)
     fsdp_log_level_t lvl = fsdp_log_level();
 
     snprintf(dir, sizeof(dir), "%s/local", tmpdir);
-    *full = (job_t){.world = 4, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                    .steps = 6};
+    *full = (job_t){.world = 4, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .steps = 6};
     CU_ASSERT_EQUAL_FATAL(run(full), FSDP_OK);
     *first = *full;
     first->steps = 3;
@@ -248,12 +256,12 @@ static void test_local(void)
     CU_ASSERT(memcmp(second->params, full->params, sizeof(full->params)) == 0);
     /* another world size or strategy is refused on every rank */
     fsdp_log_set_level(FSDP_LOG_OFF);
-    *second = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                      .load = 1, .dir = dir};
+    *second = (job_t){
+        .world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1, .dir = dir};
     CU_ASSERT_NOT_EQUAL(run(second), FSDP_OK);
     CU_ASSERT(second->status[0] != FSDP_OK && second->status[1] != FSDP_OK);
-    *second = (job_t){.world = 4, .strategy = FSDP_NO_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                      .load = 1, .dir = dir};
+    *second = (job_t){
+        .world = 4, .strategy = FSDP_NO_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1, .dir = dir};
     CU_ASSERT_NOT_EQUAL(run(second), FSDP_OK);
     fsdp_log_set_level(lvl);
     free(full);
@@ -270,8 +278,13 @@ static void test_full_file_names(void)
     const fsdp_st_tensor_t *t;
 
     snprintf(dir, sizeof(dir), "%s/names", tmpdir);
-    *j = (job_t){.world = 3, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                 .steps = 1, .save = 1, .save_step = 7, .type = FSDP_STATE_DICT_FULL,
+    *j = (job_t){.world = 3,
+                 .strategy = FSDP_FULL_SHARD,
+                 .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 1,
+                 .save = 1,
+                 .save_step = 7,
+                 .type = FSDP_STATE_DICT_FULL,
                  .dir = dir};
     CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
     snprintf(path, sizeof(path), "%s/step-00000007/model.safetensors", dir);
@@ -300,8 +313,13 @@ static void test_killed_save(void)
     int wstatus;
 
     snprintf(dir, sizeof(dir), "%s/killed", tmpdir);
-    *j = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                 .steps = 2, .save = 1, .save_step = 2, .type = FSDP_STATE_DICT_SHARDED,
+    *j = (job_t){.world = 2,
+                 .strategy = FSDP_FULL_SHARD,
+                 .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 2,
+                 .save = 1,
+                 .save_step = 2,
+                 .type = FSDP_STATE_DICT_SHARDED,
                  .dir = dir};
     CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
     fflush(NULL);
@@ -318,8 +336,8 @@ static void test_killed_save(void)
     CU_ASSERT_EQUAL(waitpid(pid, &wstatus, 0), pid);
     CU_ASSERT(WIFSIGNALED(wstatus));
     k = calloc(1, sizeof(job_t));
-    *k = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1,
-                 .dir = dir};
+    *k = (job_t){
+        .world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1, .dir = dir};
     CU_ASSERT_EQUAL(run(k), FSDP_OK);
     CU_ASSERT_EQUAL(k->loaded_step, 2);
     CU_ASSERT(memcmp(k->params, j->params, sizeof(j->params)) == 0);
@@ -342,20 +360,31 @@ static void corrupt(const char *path, long truncate_to, long flip_at)
     }
 }
 
+/* A sharded AdamW checkpoint of one step in tmpdir/name, and j set to load it and train a step. */
+static void saved_job(job_t *j, char *dir, size_t len, const char *name)
+{
+    snprintf(dir, len, "%s/%s", tmpdir, name);
+    *j = (job_t){.world = 2,
+                 .strategy = FSDP_FULL_SHARD,
+                 .optim = FSDP_OPTIM_ADAMW,
+                 .steps = 1,
+                 .save = 1,
+                 .save_step = 1,
+                 .type = FSDP_STATE_DICT_SHARDED,
+                 .dir = dir};
+    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+    j->save = 0;
+    j->load = 1;
+}
+
 static void test_corrupted(void)
 {
     char dir[300], path[400];
     job_t *j = calloc(1, sizeof(job_t));
     fsdp_log_level_t lvl = fsdp_log_level();
 
-    snprintf(dir, sizeof(dir), "%s/corrupt", tmpdir);
-    *j = (job_t){.world = 2, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW,
-                 .steps = 1, .save = 1, .save_step = 1, .type = FSDP_STATE_DICT_SHARDED,
-                 .dir = dir};
-    CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
-    j->save = 0;
+    saved_job(j, dir, sizeof(dir), "corrupt");
     j->steps = 0;
-    j->load = 1;
     fsdp_log_set_level(FSDP_LOG_OFF);
     /* a truncated rank file */
     snprintf(path, sizeof(path), "%s/step-00000001/rank-00001.safetensors", dir);
@@ -376,6 +405,134 @@ static void test_corrupted(void)
     free(j);
 }
 
+/* ---- checkpoint.json's fields, each checked with a line naming the file and the field ---- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_text[4096];
+
+static void capture_log(fsdp_log_level_t level, const char *file, int line, const char *func,
+                        const char *msg, void *arg)
+{
+    (void)file, (void)line, (void)func, (void)arg;
+    pthread_mutex_lock(&log_lock);
+    if (level <= FSDP_LOG_ERROR && strlen(log_text) + strlen(msg) + 2 < sizeof(log_text)) {
+        strcat(log_text, msg);
+        strcat(log_text, "\n");
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* Sets checkpoint.json's field at the dotted path (the last part the key; value NULL deletes
+ * it), loads, expects the load refused naming `says`, and puts the file back. */
+static void field_refused(job_t *j, const char *json_path, const char *const *keys, json_t *value,
+                          const char *says)
+{
+    json_t *meta = json_load_file(json_path, 0, NULL), *obj;
+    char *orig = NULL;
+    int k;
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(meta);
+    orig = json_dumps(meta, JSON_INDENT(1) | JSON_SORT_KEYS);
+    obj = meta;
+    for (k = 0; keys[k + 1] != NULL; k++)
+        obj = json_object_get(obj, keys[k]);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(obj);
+    if (value != NULL)
+        json_object_set_new(obj, keys[k], value);
+    else
+        json_object_del(obj, keys[k]);
+    CU_ASSERT_EQUAL_FATAL(json_dump_file(meta, json_path, JSON_INDENT(1)), 0);
+    log_text[0] = '\0';
+    fsdp_log_set_handler(capture_log, NULL);
+    CU_ASSERT_EQUAL(run(j), FSDP_ERR_FORMAT);
+    fsdp_log_set_handler(NULL, NULL);
+    if (strstr(log_text, says) == NULL || strstr(log_text, "checkpoint.json") == NULL)
+        fprintf(stderr, "\n  expected '%s' in: %s", says, log_text);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, says));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "checkpoint.json"));
+    FILE *f = fopen(json_path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(orig, f);
+    fclose(f);
+    free(orig);
+    json_decref(meta);
+}
+
+static void test_fields(void)
+{
+    char dir[300], path[400];
+    job_t *j = calloc(1, sizeof(job_t));
+    const char *step[] = {"step", NULL};
+    const char *world[] = {"world_size", NULL};
+    const char *nsteps[] = {"optimizer_num_steps", NULL};
+    const char *pstep[] = {"optimizer_steps", "layers.0.weight", "step", NULL};
+    const char *pbuf[] = {"optimizer_steps", "layers.0.weight", "has_buffer", NULL};
+    const char *pentry[] = {"optimizer_steps", "layers.0.weight", NULL};
+
+    saved_job(j, dir, sizeof(dir), "fields");
+    snprintf(path, sizeof(path), "%s/step-00000001/checkpoint.json", dir);
+    field_refused(j, path, step, json_integer(-1), "step is -1");
+    field_refused(j, path, step, json_integer(INT64_MAX), "step is 9223372036854775807");
+    field_refused(j, path, step, NULL, "step is missing");
+    field_refused(j, path, step, json_string("3"), "step is not an integer");
+    field_refused(j, path, world, json_integer(0), "world_size is 0");
+    field_refused(j, path, nsteps, json_integer(-5), "optimizer_num_steps is -5");
+    field_refused(j, path, pstep, json_integer(-1), "optimizer_steps.layers.0.weight.step is -1");
+    field_refused(j, path, pstep, json_integer(INT64_MAX),
+                  "optimizer_steps.layers.0.weight.step is 9223372036854775807");
+    field_refused(j, path, pstep, NULL, "optimizer_steps.layers.0.weight.step is missing");
+    field_refused(j, path, pbuf, json_integer(1), "has_buffer is not a boolean");
+    field_refused(j, path, pentry, NULL, "no entry for 'layers.0.weight'");
+    /* a NaN in a saved weight is refused, naming the tensor */
+    {
+        char rank_file[400], saved[4];
+        fsdp_st_file_t *f;
+        const fsdp_st_tensor_t *t;
+        long off;
+        FILE *fp;
+        const unsigned char nan_bytes[4] = {0x00, 0x00, 0xc0, 0x7f};
+
+        snprintf(rank_file, sizeof(rank_file), "%s/step-00000001/rank-00000.safetensors", dir);
+        CU_ASSERT_EQUAL_FATAL(fsdp_st_open(rank_file, &f), FSDP_OK);
+        t = fsdp_st_tensor_at(f, 0);
+        for (int i = 0; i < fsdp_st_num_tensors(f); i++)
+            if (strncmp(fsdp_st_tensor_at(f, i)->name, "layers.0.weight@", 16) == 0)
+                t = fsdp_st_tensor_at(f, i);
+        CU_ASSERT_FATAL(strncmp(t->name, "layers.0.weight@", 16) == 0);
+        {
+            uint64_t hlen;
+            FILE *h = fopen(rank_file, "rb");
+            CU_ASSERT_FATAL(h != NULL && fread(&hlen, 8, 1, h) == 1);
+            fclose(h);
+            /* the data of tensor t starts 8 + hlen + its offset in the buffer */
+            off = 8 + (long)hlen +
+                  (long)((const char *)t->data - (const char *)fsdp_st_tensor_at(f, 0)->data);
+        }
+        fsdp_st_close(f);
+        fp = fopen(rank_file, "r+b");
+        CU_ASSERT_FATAL(fp != NULL);
+        fseek(fp, off, SEEK_SET);
+        CU_ASSERT_FATAL(fread(saved, 1, 4, fp) == 4);
+        fseek(fp, off, SEEK_SET);
+        fwrite(nan_bytes, 1, 4, fp);
+        fclose(fp);
+        log_text[0] = '\0';
+        fsdp_log_set_handler(capture_log, NULL);
+        CU_ASSERT_EQUAL(run(j), FSDP_ERR_FORMAT);
+        fsdp_log_set_handler(NULL, NULL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "tensor 'layers.0.weight' holds NaN"));
+        fp = fopen(rank_file, "r+b");
+        CU_ASSERT_FATAL(fp != NULL);
+        fseek(fp, off, SEEK_SET);
+        fwrite(saved, 1, 4, fp);
+        fclose(fp);
+    }
+    /* the file put back loads */
+    CU_ASSERT_EQUAL(run(j), FSDP_OK);
+    CU_ASSERT_EQUAL(j->loaded_step, 1);
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -386,6 +543,7 @@ int main(void)
         {"local checkpoint: same world only", test_local},
         {"a killed save leaves the old checkpoint", test_killed_save},
         {"corrupted checkpoints refused", test_corrupted},
+        {"checkpoint.json fields checked", test_fields},
         {NULL, NULL},
     };
     int rc;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "corpus.h"
@@ -96,6 +97,11 @@ static void test_llmc_header(void)
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_FORMAT);
     tmp_path(path, sizeof(path), "missing.bin");
     CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_IO);
+    /* a FIFO is refused at once (not read, which would block), and so is a directory */
+    tmp_path(path, sizeof(path), "fifo.bin");
+    CU_ASSERT_FATAL(mkfifo(path, 0600) == 0);
+    CU_ASSERT_EQUAL(open_quiet(path, &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(open_quiet(tmpdir, &t), FSDP_ERR_INVALID_PARAM);
 }
 
 /* Llama 3's shards: uint32 tokens beyond uint16's range, read the same way */

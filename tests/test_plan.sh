@@ -181,5 +181,11 @@ refuse "an unknown flag" --model mlp:4,4 --no-such-flag
 refuse "a batch the world does not divide" --model mlp:4,4 --world 4 --batch 10
 refuse "--batch and --local-batch that disagree" --model mlp:4,4 --world 4 --batch 8 --local-batch 4
 refuse "a mixed precision that is no float dtype" --model mlp:4,4 --mixed-precision int8
+refuse "a repeated profile option" --model mlp:4,4 --profile h100:nodes=2,nodes=3
+refuse "a trailing comma in a profile" --model mlp:4,4 --profile h100:nodes=2,
+refuse "a profile with an empty option list" --model mlp:4,4 --profile h100:
+refuse "--version with an argument" --version extra
+refuse "--world without a value" --model mlp:4,4 --world
+refuse "--trace into a missing directory" --model mlp:4,4 --trace "$tmp/none/x.db"
 
 exit $fail

@@ -21,15 +21,18 @@
 
 #define BLOB_BYTES FSDP_GPU_UNIQUE_ID_BYTES
 
-/* Every error line logged, for checking what a failure says. */
+/* Every error line logged (and warnings, when capture_warnings is set), for checking what a
+ * failure says. */
 static char log_text[8192];
+static int capture_warnings;
 
 static void capture_log(fsdp_log_level_t level, const char *file, int line, const char *func,
                         const char *msg, void *arg)
 {
     size_t len = strlen(log_text);
 
-    if (level <= FSDP_LOG_ERROR && len + strlen(msg) + 2 < sizeof(log_text)) {
+    if ((level <= FSDP_LOG_ERROR || (capture_warnings && level <= FSDP_LOG_WARN)) &&
+        len + strlen(msg) + 2 < sizeof(log_text)) {
         memcpy(log_text + len, msg, strlen(msg));
         log_text[len + strlen(msg)] = '\n';
         log_text[len + strlen(msg) + 1] = '\0';
@@ -656,6 +659,117 @@ static void test_rdv_ipv6(void)
     CU_ASSERT_EQUAL(wait_code(p0), 0);
 }
 
+/* Opens idle connections to port, a first burst of burst and then one every 2 ms, up to 500,
+ * and holds them all until killed. */
+static pid_t spawn_flood(int port, int burst)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    pid_t pid;
+
+    fflush(NULL);
+    pid = fork();
+    if (pid != 0)
+        return pid;
+    alarm(20);
+    for (int n = 0;; n++) {
+        int fd = n < 500 ? socket(AF_INET, SOCK_STREAM, 0) : -1;
+
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+            close(fd);
+        if (n >= burst)
+            usleep(2000);
+    }
+}
+
+/* A flood of idle connections from a peer without the token delays a rank by a fraction of a
+ * second at most: before the fix, 70 held connections timed it out. */
+static void test_rdv_flood(void)
+{
+    job_t job = job_new("s3cret", 10.0);
+    pid_t p0 = spawn(&job, 0, 3, job.token, FSDP_OK, NULL);
+    pid_t flood = spawn_flood(job.port, 200);
+    double t0;
+
+    usleep(300 * 1000); /* the flood fills rank 0's table several times over */
+    t0 = now_s();
+    pid_t p1 = spawn(&job, 1, 3, job.token, FSDP_OK, NULL);
+    pid_t p2 = spawn(&job, 2, 3, job.token, FSDP_OK, NULL);
+    CU_ASSERT_EQUAL(wait_code(p1), 0);
+    CU_ASSERT_EQUAL(wait_code(p2), 0);
+    CU_ASSERT_EQUAL(wait_code(p0), 0);
+    if (now_s() - t0 >= 1.0)
+        fprintf(stderr, "the ranks joined in %.3f s under the flood\n", now_s() - t0);
+    CU_ASSERT(now_s() - t0 < 1.0);
+    kill(flood, SIGKILL);
+    (void)wait_code(flood);
+}
+
+/* A rank 0 that reads the request, answers len bytes of the 16 and closes. */
+static pid_t spawn_short_server(int port, size_t len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
+    pid_t pid;
+
+    CU_ASSERT_FATAL(lfd >= 0);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    CU_ASSERT_FATAL(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(lfd, 4) == 0);
+    fflush(NULL);
+    pid = fork();
+    if (pid != 0) {
+        close(lfd);
+        return pid;
+    }
+    /* the magic, and the first bytes of code 0: what a true answer starts with */
+    unsigned char ans[16] = {'F', 'S', 'D', 'R', 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    unsigned char req[64];
+    int fd;
+
+    alarm(10);
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0 || recv(fd, req, 24, MSG_WAITALL) != 24 ||
+        send(fd, ans, len, MSG_NOSIGNAL) != (ssize_t)len)
+        exit(1);
+    close(fd);
+    exit(0);
+}
+
+static void test_rdv_short_answer(void)
+{
+    static const size_t lens[] = {1, 4, 8, 15};
+
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        job_t job = job_new(NULL, 5.0);
+        pid_t srv = spawn_short_server(job.port, lens[i]);
+
+        CU_ASSERT_EQUAL(
+            wait_code(spawn(&job, 1, 2, NULL, FSDP_ERR_BACKEND, "short answer from rank 0")), 0);
+        CU_ASSERT_EQUAL(wait_code(srv), 0);
+    }
+}
+
+/* Without a token on an address other hosts reach, rank 0 says so, once per process. */
+static void test_rdv_no_token_warning(void)
+{
+    fsdp_launch_info_t info = {.rank = 0, .world_size = 2, .master_addr = "0.0.0.0"};
+    unsigned char blob[BLOB_BYTES] = {0};
+
+    info.master_port = free_port(AF_INET);
+    capture_warnings = 1;
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_rendezvous(&info, NULL, 0.05, blob, sizeof(blob)), FSDP_ERR_TIMEOUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "no job token is set"));
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_rendezvous(&info, "", 0.05, blob, sizeof(blob)), FSDP_ERR_TIMEOUT);
+    CU_ASSERT_PTR_NULL(strstr(log_text, "no job token is set"));
+    fsdp_log_set_handler(NULL, NULL);
+    capture_warnings = 0;
+}
+
 static void test_rdv_bad_args(void)
 {
     fsdp_launch_info_t info = {
@@ -697,6 +811,9 @@ int main(void)
         {"rdv_duplicate_rank", test_rdv_duplicate_rank},
         {"rdv_wrong_world", test_rdv_wrong_world},
         {"rdv_ipv6", test_rdv_ipv6},
+        {"rdv_flood", test_rdv_flood},
+        {"rdv_short_answer", test_rdv_short_answer},
+        {"rdv_no_token_warning", test_rdv_no_token_warning},
         {"rdv_bad_args", test_rdv_bad_args},
         {NULL, NULL},
     };

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -171,6 +172,37 @@ static void write_bytes(const char *path, const void *buf, size_t len)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Dtypes, round trips and the writer's layout                                                */
+
+/* fsdp_st_check_finite: NaN and Inf refused in every floating dtype, integers not looked at */
+static void test_check_finite(void)
+{
+    float f32[3] = {1.0f, 2.0f, 3.0f};
+    double f64[2] = {0.5, 1e300};
+    uint16_t half[2] = {0x3c00, 0x3c00}; /* 1.0 in F16 */
+    int32_t ints[2] = {-1, 0x7fc00000};
+    fsdp_st_tensor_t t = {.name = "w", .dtype = "F32", .ndim = 1, .numel = 3, .data = f32};
+
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_OK);
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    f32[2] = NAN;
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_ERR_FORMAT);
+    f32[2] = -INFINITY;
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_ERR_FORMAT);
+    t = (fsdp_st_tensor_t){.name = "d", .dtype = "F64", .numel = 2, .data = f64};
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_OK);
+    f64[1] = INFINITY;
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_ERR_FORMAT);
+    t = (fsdp_st_tensor_t){.name = "h", .dtype = "F16", .numel = 2, .data = half};
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_OK);
+    half[1] = 0x7c00; /* F16 Inf */
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_ERR_FORMAT);
+    t.dtype = "BF16";
+    half[1] = 0x7fc0; /* BF16 NaN */
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_ERR_FORMAT);
+    t = (fsdp_st_tensor_t){.name = "i", .dtype = "I32", .numel = 2, .data = ints};
+    CU_ASSERT_EQUAL(fsdp_st_check_finite(&t, "x"), FSDP_OK);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+}
 
 static void test_dtype_bits(void)
 {
@@ -947,6 +979,7 @@ int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"dtype_bits", test_dtype_bits},
+        {"NaN and Inf found in every floating dtype", test_check_finite},
         {"round_trip", test_round_trip},
         {"writer_layout", test_writer_layout},
         {"accept_edge_cases", test_accept_edge_cases},

@@ -833,7 +833,7 @@ static void test_determinism(void)
     CU_ASSERT_EQUAL(d.what, FSDP_TRACE_DIV_NONE);
     CU_ASSERT_EQUAL(d.ranks_diverging, 0);
     /* one file, no runs named: the previous run against the latest */
-    CU_ASSERT_FATAL(fsdp_trace_diff(path, 0, path, 0, NULL, &d) == FSDP_OK);
+    CU_ASSERT_FATAL(fsdp_trace_diff(path, 1, path, 1, NULL, &d) == FSDP_OK);
     CU_ASSERT_EQUAL(d.what, FSDP_TRACE_DIV_NONE);
     free(a.rows);
     free(b.rows);
@@ -1126,6 +1126,91 @@ static void test_summary(void)
     fsdp_log_set_handler(NULL, NULL);
     remove_db(path);
     remove(out_path);
+}
+
+/* One corrupted cell at a time: every reader refuses it with one line naming the file and the
+ * field (or, for sizes, reads it without overflowing), at once. */
+static void corrupt_refused(const char *path, const char *sql, const char *restore,
+                            const char *field)
+{
+    char msg[1024];
+
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, sql), SQLITE_OK);
+    fsdp_log_set_handler(capture, NULL);
+    last_log[0] = '\0';
+    CU_ASSERT_EQUAL(fsdp_trace_summary(path, 0, NULL), FSDP_ERR_FORMAT);
+    snprintf(msg, sizeof(msg), "%s", last_log);
+    CU_ASSERT_EQUAL(fsdp_trace_diff(path, 1, path, 1, NULL, NULL), FSDP_ERR_FORMAT);
+    CU_ASSERT_EQUAL(fsdp_trace_export_chrome(path, 0, tpath("corrupt.json")), FSDP_ERR_FORMAT);
+    fsdp_log_set_handler(NULL, NULL);
+    if (strstr(msg, field) == NULL || strstr(msg, path) == NULL)
+        fprintf(stderr, "\n  expected '%s' and the path in: %s\n", field, msg);
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, field));
+    CU_ASSERT_PTR_NOT_NULL(strstr(msg, path));
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, restore), SQLITE_OK);
+}
+
+static void test_corrupt(void)
+{
+    char path[600];
+    fsdp_trace_diff_t res;
+    struct timespec t0, t1;
+
+    snprintf(path, sizeof(path), "%s", tpath("corrupt.db"));
+    remove_db(path);
+    CU_ASSERT_FATAL(work_run(path, INJECT_NONE, WORLD) > 0);
+    corrupt_refused(path, "UPDATE runs SET world_size = 2147483647",
+                    "UPDATE runs SET world_size = 4", "runs.world_size = 2147483647");
+    corrupt_refused(path, "UPDATE runs SET world_size = 0", "UPDATE runs SET world_size = 4",
+                    "runs.world_size = 0");
+    corrupt_refused(path, "UPDATE runs SET world_size = -9223372036854775808",
+                    "UPDATE runs SET world_size = 4", "runs.world_size = -9223372036854775808");
+    /* a steps row of rank 1,000,000 made diff visit every rank up to it */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    corrupt_refused(path, "UPDATE steps SET rank = 1000000 WHERE rank = 3 AND step = 0",
+                    "UPDATE steps SET rank = 3 WHERE rank = 1000000", "steps.rank = 1000000");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CU_ASSERT((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 2.0);
+    corrupt_refused(path, "UPDATE event_rows SET rank = 9223372036854775807 WHERE rank = 3",
+                    "UPDATE event_rows SET rank = 3 WHERE rank = 9223372036854775807",
+                    "events.rank = 9223372036854775807");
+    corrupt_refused(path, "UPDATE steps SET rank = x'00' WHERE rank = 1 AND step = 1",
+                    "UPDATE steps SET rank = 1 WHERE typeof(rank) = 'blob'", "steps.rank = ");
+    /* a rank of 1.5 between the others: diff, which walks the ranks, must not stall on it */
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, "UPDATE event_rows SET rank = 1.5 WHERE rank = 1 AND "
+                                        "seq = 3"),
+                          SQLITE_OK);
+    fsdp_log_set_handler(capture, NULL);
+    CU_ASSERT_EQUAL(fsdp_trace_diff(path, 1, path, 1, NULL, NULL), FSDP_ERR_FORMAT);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "events.rank = '1.5' is not an integer"));
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, "UPDATE event_rows SET rank = 1 WHERE rank = 1.5"),
+                          SQLITE_OK);
+    corrupt_refused(path, "UPDATE event_rows SET rank = -1 WHERE rank = 0",
+                    "UPDATE event_rows SET rank = 0 WHERE rank = -1", "events.rank = -1");
+    /* sizes out of range are read without overflow (UBSan watches the counters) */
+    CU_ASSERT_EQUAL_FATAL(db_exec(path, "UPDATE event_rows SET bytes = -9223372036854775808, "
+                                        "allocated = -1 WHERE seq % 2 = 0"),
+                          SQLITE_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_export_chrome(path, 0, tpath("corrupt.json")), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_diff(path, 1, path, 1, NULL, &res), FSDP_OK);
+    remove(tpath("corrupt.json"));
+    remove_db(path);
+}
+
+/* Not a regular file: refused with a line, without blocking on a FIFO. */
+static void test_not_a_file(void)
+{
+    const char *fifo = tpath("fifo.db");
+
+    CU_ASSERT_FATAL(mkfifo(fifo, 0600) == 0);
+    fsdp_log_set_handler(capture, NULL);
+    CU_ASSERT_EQUAL(fsdp_trace_summary(fifo, 0, NULL), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "a FIFO, not a regular file"));
+    CU_ASSERT_EQUAL(fsdp_trace_summary(tmpdir, 0, NULL), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "a directory, not a regular file"));
+    fsdp_log_set_handler(NULL, NULL);
+    remove(fifo);
 }
 
 static int json_num(const json_t *o, const char *key)
@@ -1622,6 +1707,8 @@ int main(int argc, char **argv)
         {"flush while emitting", test_flush_while_emitting},
         {"diff", test_diff},
         {"summary", test_summary},
+        {"corrupted cells refused", test_corrupt},
+        {"not a regular file", test_not_a_file},
         {"chrome export", test_export_chrome},
         {"svg plot", test_plot_svg},
         {"svg plot: axes and windows", test_plot_axes_and_windows},

@@ -427,5 +427,24 @@ printf 'not a safetensors file' >"$tmp/bad.safetensors"
 refuse "a malformed init file" --init "$tmp/bad.safetensors"
 refuse "init weights of the wrong shape" --model mlp:6,11,2 --init "$tmp/a.safetensors"
 refuse "data of the wrong width" --model mlp:7,10,2 --data "$tmp/a.safetensors"
+# a NaN in the first weight: refused, naming the tensor
+cp "$tmp/a.safetensors" "$tmp/nan.safetensors"
+hlen=$(od -An -t u8 -N 8 "$tmp/nan.safetensors" | tr -d ' ')
+printf '\000\000\300\177' | dd of="$tmp/nan.safetensors" bs=1 seek=$((8 + hlen)) conv=notrunc 2>/dev/null
+refuse "init weights holding a NaN" --model mlp:6,10,2 --init "$tmp/nan.safetensors"
+check "  naming the tensor" grep -q "tensor 'layers\.[01]\.[a-z]*' holds NaN" "$tmp/err"
+# loose specs and command lines
+refuse "a repeated gpt2 key" --model gpt2:layers=2,layers=3
+refuse "gpt2: without keys" --model gpt2:
+refuse "a trailing comma in a gpt2 spec" --model gpt2:layers=2,
+refuse "a repeated mixed-precision key" --mixed-precision param=bf16,param=fp16
+refuse "an empty mixed-precision item" --mixed-precision ,
+refuse "--version with an argument" --version extra
+refuse "--world without a value" --world
+check "  saying it needs a value" grep -q "'--world' needs a value" "$tmp/err"
+# output paths are checked before the first step
+refuse "--save-checkpoint onto /dev/null" --save-checkpoint /dev/null
+refuse "--save-checkpoint onto a regular file" --save-checkpoint "$tmp/a.safetensors"
+refuse "--save into a missing directory" --save "$tmp/none/a.safetensors"
 
 exit $fail

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *cli_tool = "fsdp";
 static int cli_quiet;
@@ -124,8 +126,13 @@ void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
     char buf[256], *save = NULL;
     fsdp_dtype_t dt0;
 
-    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0')
-        cli_die("--mixed-precision: '%s' is not a dtype D or a list of param=D, reduce=D, buffer=D",
+    const fsdp_dtype_t *seen[3] = {NULL, NULL, NULL};
+    int nseen = 0;
+
+    if (strlen(spec) >= sizeof(buf) || spec[0] == '\0' || spec[0] == ',' ||
+        spec[strlen(spec) - 1] == ',' || strstr(spec, ",,") != NULL)
+        cli_die("--mixed-precision: '%s' is not a dtype D or a list of param=D, reduce=D, buffer=D "
+                "(no empty item)",
                 spec);
     strcpy(buf, spec);
     if (strchr(buf, '=') == NULL && strchr(buf, ',') == NULL && fsdp_dtype_parse(buf, &dt0)) {
@@ -159,6 +166,10 @@ void cli_parse_mixed_precision(const char *spec, fsdp_mixed_precision_t *mp)
             cli_die("--mixed-precision: %s='%s' is not a float dtype (fp32/f32/float32, "
                     "bf16/bfloat16, fp16/f16/float16)",
                     item, eq + 1);
+        for (int i = 0; i < nseen; i++)
+            if (seen[i] == field)
+                cli_die("--mixed-precision: %s is given twice in '%s'", item, spec);
+        seen[nseen++] = field;
         *field = dt;
     }
 }
@@ -272,4 +283,42 @@ int cli_activation_checkpointing(const char *arg)
     cli_die("--activation-checkpointing: '%s' is not none, full, selective-layer[:K] (K >= 1) or "
             "selective-op",
             arg);
+}
+
+int cli_check_output(const char *opt, const char *path, int dir, char *why, size_t why_len)
+{
+    char parent[4096];
+    const char *slash;
+    struct stat st;
+
+    if (path == NULL)
+        return 0;
+    if (path[0] == '\0') {
+        snprintf(why, why_len, "%s: the path is empty", opt);
+        return -1;
+    }
+    if (stat(path, &st) == 0) {
+        if (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+            snprintf(why, why_len, "%s: '%s' exists and is not a %s", opt, path,
+                     dir ? "directory" : "regular file");
+            return -1;
+        }
+        if (dir && access(path, W_OK | X_OK) != 0) {
+            snprintf(why, why_len, "%s: cannot write into '%s': %s", opt, path, strerror(errno));
+            return -1;
+        }
+        if (dir)
+            return 0;
+    }
+    /* the file (or the directory) is created or replaced in its parent */
+    slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(parent, sizeof(parent), ".");
+    else
+        snprintf(parent, sizeof(parent), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (access(parent, W_OK | X_OK) != 0) {
+        snprintf(why, why_len, "%s: cannot write into '%s': %s", opt, parent, strerror(errno));
+        return -1;
+    }
+    return 0;
 }

@@ -77,4 +77,10 @@ void cli_no_arguments(int argc, char **argv);
 enum { CLI_AC_SELECTIVE_OP = -2 };
 int cli_activation_checkpointing(const char *arg);
 
+/* Checks an output path before any work, so that a run does not fail at its end: a file (dir
+ * 0) must be a regular file or absent, in a writable directory; a directory (dir 1) must be a
+ * writable directory or absent, in a writable directory. 0, or -1 with why saying what is wrong
+ * (opt names the option). */
+int cli_check_output(const char *opt, const char *path, int dir, char *why, size_t why_len);
+
 #endif

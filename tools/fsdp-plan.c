@@ -442,7 +442,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
     long nodes = 0, gpn = 0, batch = 0, local_batch = 0, seq = 0;
     size_t positions, default_seq;
-    int c, print_profile = 0, ckpt_act = 0;
+    int c, print_profile = 0, ckpt_act = 0, show = 0; /* 1: --version, 2: --help */
 
     memset(a, 0, sizeof(*a));
     fsdp_config_init(&a->fsdp);
@@ -451,7 +451,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->timeout_s = 600.0;
     a->symmetry = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":" first: a missing value is reported as such, not as an unknown option */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL:
             a->model_spec = optarg;
@@ -545,12 +546,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
                 cli_die("--timeout: '%s' is not a number of seconds in (0, 1e6]", optarg);
             break;
         }
-        case OPT_VERSION:
-            printf("fsdp-plan (libfsdp) %s\n", fsdp_version_string());
-            exit(0);
-        case OPT_HELP:
-            usage(stdout);
-            exit(0);
+        case OPT_VERSION: show = 1; break;
+        case OPT_HELP: show = 2; break;
         default:
             a->fixed |= c == CLI_OPT_STRATEGY                         ? FIX_STRATEGY
                         : c == CLI_OPT_BWD_PREFETCH                   ? FIX_PREFETCH
@@ -562,6 +559,17 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     }
     cli_no_arguments(argc, argv);
     cli_command_line(argc, argv, a->command_line, sizeof(a->command_line));
+    if (show == 1)
+        printf("fsdp-plan (libfsdp) %s\n", fsdp_version_string());
+    if (show == 2)
+        usage(stdout);
+    if (show != 0)
+        exit(0);
+    {
+        char why[512];
+        if (cli_check_output("--trace", a->trace_path, 0, why, sizeof(why)) != 0)
+            cli_die("%s", why);
+    }
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */

@@ -251,6 +251,11 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "fsdp-trace: error: unexpected argument '%s' after --version\n",
+                    argv[2]);
+            return EXIT_ERROR;
+        }
         printf("fsdp-trace %s (trace schema %d)\n", fsdp_version_string(),
                FSDP_TRACE_SCHEMA_VERSION);
         return 0;

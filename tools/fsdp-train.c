@@ -260,6 +260,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
     int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0, local_batch = 0;
+    int show = 0; /* 1: --version, 2: --help */
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
@@ -274,7 +275,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     a->timeout_s = 60.0;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":" first: a missing value is reported as such, not as an unknown option */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL:
             a->gpt = fsdp_gpt2_spec_is_gpt(optarg);
@@ -378,18 +380,26 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             a->checkpoint_activations = cli_activation_checkpointing(optarg);
             break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
-        case OPT_VERSION:
-            printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
-            exit(0);
-        case OPT_HELP:
-            usage(stdout);
-            exit(0);
+        case OPT_VERSION: show = 1; break;
+        case OPT_HELP: show = 2; break;
         default:
             cli_other_option(c, argv, &a->fsdp);
             break;
         }
     }
     cli_no_arguments(argc, argv);
+    if (show == 1)
+        printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
+    if (show == 2)
+        usage(stdout);
+    if (show != 0)
+        exit(0);
+    {
+        char why[512];
+        if (cli_check_output("--save", a->save_path, 0, why, sizeof(why)) != 0 ||
+            cli_check_output("--save-checkpoint", a->ckpt_dir, 1, why, sizeof(why)) != 0)
+            cli_die("%s", why);
+    }
     {
         fsdp_sim_params_t defaults;
         fsdp_sim_params_init(&defaults);
@@ -498,6 +508,8 @@ static const fsdp_st_tensor_t *need_tensor(fsdp_st_file_t *f, const char *path, 
                     (long long)d0, (long long)d1);
         cli_die("%s: tensor '%s' must have shape [%lld] for this model", path, name, (long long)d0);
     }
+    if (fsdp_st_check_finite(t, path) != FSDP_OK)
+        fail_quietly(); /* the library named the tensor and the element */
     return t;
 }
 
@@ -738,7 +750,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
             if (!a->quiet) {
                 char note[32];
                 fsdp_mem_get_stats(fsdp_memory(fs), &st);
-                train_step_line(&a->launch, step + 1, (double)loss, "rows/s",
+                train_step_line(sh->trace, &a->launch, step + 1, (double)loss, "rows/s",
                                 wall > 0 ? (double)a->batch / wall : 0.0, step_time,
                                 st.peak_allocated);
                 snprintf(note, sizeof(note), "loss %.4f", (double)loss);
@@ -857,6 +869,7 @@ int main(int argc, char **argv)
     t0 = train_wall_now() - t0;
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
+    train_print_rest();
     if (status == FSDP_OK && train_launch_reports(&args.launch) &&
         train_resume_past_end(args.resume_dir, sh.resumed_step, args.steps))
         status = FSDP_ERR_INVALID_PARAM;

@@ -168,7 +168,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             sh->sim_time += sim_dt;
             if (!o->quiet) {
                 char note[32];
-                train_step_line(o->launch, step + 1, (double)loss, "tok/s",
+                train_step_line(sh->trace, o->launch, step + 1, (double)loss, "tok/s",
                                 wall > 0 ? (double)o->batch * (double)T / wall : 0.0, sim_dt,
                                 st.peak_allocated);
                 snprintf(note, sizeof(note), "loss %.4f", (double)loss);
@@ -333,6 +333,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (fsdp_trace_close(sh.trace) != FSDP_OK && status == FSDP_OK)
         status = FSDP_ERR_IO;
     sh.trace = NULL;
+    train_print_rest();
     if (status != FSDP_OK || /* the failing rank logged why; its peers only saw it fail */
         (report && train_resume_past_end(o->resume_dir, sh.resumed_step, o->steps))) {
         rc = 1;

@@ -1,6 +1,8 @@
 /* fsdp-train's trace database and step accounting, shared by the MLP and GPT-2 paths. */
 #include "train_trace.h"
 
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +12,8 @@
 #include "progress.h"
 
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
-                               const fsdp_config_t *cfg, const char *model, int argc,
-                               char **argv, fsdp_trace_t **trace_p)
+                               const fsdp_config_t *cfg, const char *model, int argc, char **argv,
+                               fsdp_trace_t **trace_p)
 {
     char config[512], cmd[2048];
     fsdp_trace_run_info_t info;
@@ -27,12 +29,13 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
              "\"forward_prefetch\": %d, \"limit_all_gathers\": %d, \"cpu_offload\": %d, "
              "\"ranks_per_node\": %d, \"param_dtype\": \"%s\", \"reduce_dtype\": \"%s\"}",
              model, fsdp_strategy_name(cfg->strategy), (int)cfg->backward_prefetch,
-             cfg->forward_prefetch, cfg->limit_all_gathers, cfg->cpu_offload,
-             cfg->ranks_per_node,
+             cfg->forward_prefetch, cfg->limit_all_gathers, cfg->cpu_offload, cfg->ranks_per_node,
              cfg->mixed_precision.param_dtype == FSDP_DTYPE_UNSET
-                 ? "f32" : fsdp_dtype_name(cfg->mixed_precision.param_dtype),
+                 ? "f32"
+                 : fsdp_dtype_name(cfg->mixed_precision.param_dtype),
              cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
-                 ? "default" : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
+                 ? "default"
+                 : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
     memset(&info, 0, sizeof(info));
     if (launch->backend == TRAIN_BACKEND_SIM) {
         fsdp_sim_profile_t profile;
@@ -77,13 +80,62 @@ double train_wall_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void train_step_line(const train_launch_t *launch, int64_t step, double loss, const char *unit,
-                     double items_per_s, double step_time, size_t peak_allocated)
+/* Step lines held until the trace has committed their step (without a trace: printed at once),
+ * so that a killed run's database holds every step it printed. */
+typedef struct held_line {
+    struct held_line *next;
+    int64_t step;
+    char text[];
+} held_line_t;
+
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static held_line_t *held_head, **held_tail = &held_head;
+
+/* Prints the held lines of steps up to `upto`, in order, above the progress bar. Under
+ * held_lock. */
+static void print_held(int64_t upto)
 {
-    progress_printf("step %lld loss %.9g %s %.0f %s %.3f peak_mib %.2f", (long long)step, loss,
-                    unit, items_per_s,
-                    launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
-                    step_time * 1e3, (double)peak_allocated / 1048576.0);
+    while (held_head != NULL && held_head->step <= upto) {
+        held_line_t *l = held_head;
+
+        progress_printf("%s", l->text);
+        held_head = l->next;
+        free(l);
+    }
+    if (held_head == NULL)
+        held_tail = &held_head;
+}
+
+void train_print_rest(void)
+{
+    pthread_mutex_lock(&held_lock);
+    print_held(INT64_MAX);
+    pthread_mutex_unlock(&held_lock);
+}
+
+
+void train_step_line(fsdp_trace_t *trace, const train_launch_t *launch, int64_t step,
+                     double loss, const char *unit, double items_per_s, double step_time,
+                     size_t peak_allocated)
+{
+    char text[256];
+    held_line_t *l;
+    int n = snprintf(text, sizeof(text), "step %lld loss %.9g %s %.0f %s %.3f peak_mib %.2f",
+                     (long long)step, loss, unit, items_per_s,
+                     launch->backend == TRAIN_BACKEND_GPU ? "step_ms" : "sim_step_ms",
+                     step_time * 1e3, (double)peak_allocated / 1048576.0);
+
+    l = n >= 0 ? malloc(sizeof(*l) + strlen(text) + 1) : NULL;
+    if (l == NULL)
+        return;
+    strcpy(l->text, text);
+    l->step = step;
+    l->next = NULL;
+    pthread_mutex_lock(&held_lock);
+    *held_tail = l;
+    held_tail = &l->next;
+    print_held(trace != NULL ? fsdp_trace_committed_step(trace) : INT64_MAX);
+    pthread_mutex_unlock(&held_lock);
 }
 
 void train_report_totals(const train_launch_t *launch, const train_totals_t *t)

@@ -11,10 +11,11 @@
  * world, options and, on the simulator, the cluster profile with the simulated topology (what
  * `fsdp-trace calibrate` reads nodes and GPUs per node from). Reports errors itself. */
 fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
-                               const fsdp_config_t *cfg, const char *model, int argc,
-                               char **argv, fsdp_trace_t **trace_p);
+                               const fsdp_config_t *cfg, const char *model, int argc, char **argv,
+                               fsdp_trace_t **trace_p);
 
-/* Per-rank step accounting: the (simulated, or on a GPU wall) time of a step and the rank's peak memory. */
+/* Per-rank step accounting: the (simulated, or on a GPU wall) time of a step and the rank's peak
+ * memory. */
 typedef struct train_step_clock {
     double start; /* host clock at the step's start */
 } train_step_clock_t;
@@ -30,9 +31,14 @@ double train_wall_now(void);
 
 /* A step line, the same for every model: the loss, this process's items (tokens or rows) per
  * second, the step time (the simulated device's; on a GPU, the host's wall clock over the
- * step) and the rank's peak allocated memory. Printed above the progress bar. */
-void train_step_line(const train_launch_t *launch, int64_t step, double loss, const char *unit,
-                     double items_per_s, double step_time, size_t peak_allocated);
+ * step) and the rank's peak allocated memory. Printed above the progress bar: at once without
+ * a trace; with one, once every rank's row for the step is committed (without waiting for it:
+ * the lines follow the writer), so that a killed run's database holds every step it printed. */
+void train_step_line(fsdp_trace_t *trace, const train_launch_t *launch, int64_t step,
+                     double loss, const char *unit, double items_per_s, double step_time,
+                     size_t peak_allocated);
+/* The step lines still held, after the trace is closed (or failed). */
+void train_print_rest(void);
 
 /* What a run trained, after its last step: items (tokens or rows) and their rate over the wall
  * time, the first and last loss and the mean step time (step_time_sum over steps_run). */

@@ -60,8 +60,11 @@ typedef struct fsdp_optim_state_view {
 /* With `allocate`, creates the (zeroed) state first, e.g. to load a checkpoint into it. */
 FSDP_API fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
                                                   fsdp_optim_state_view_t *view_p);
+/* step in [0, FSDP_OPTIM_STEP_MAX], else FSDP_ERR_INVALID_PARAM with a message. */
 FSDP_API fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
                                                 int has_buffer);
+/* The most steps a unit may have taken: counts stay exact as doubles and never wrap. */
+#define FSDP_OPTIM_STEP_MAX (INT64_C(1) << 53)
 
 /* ---- MLP: Linear/ReLU stack, MSE loss ---- */
 

@@ -63,6 +63,11 @@ FSDP_API int fsdp_st_num_tensors(const fsdp_st_file_t *file);
 FSDP_API const fsdp_st_tensor_t *fsdp_st_tensor_at(const fsdp_st_file_t *file, int index);
 /* NULL if absent. */
 FSDP_API const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const char *name);
+/* FSDP_OK when every element of a floating-point tensor (F64, F32, F16, BF16) is finite, and
+ * for other dtypes; else FSDP_ERR_FORMAT with one line naming `label` (the file), the tensor and
+ * the first NaN or Inf. Loaders of weights and data call it: a NaN would only surface as a NaN
+ * loss steps later. */
+FSDP_API fsdp_status_t fsdp_st_check_finite(const fsdp_st_tensor_t *t, const char *label);
 /* Value of a __metadata__ key, NULL if absent. */
 FSDP_API const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
 /* Elements [start, start + n) of a F32, BF16 or F16 tensor (row-major), widened to f32 into

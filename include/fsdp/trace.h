@@ -141,6 +141,11 @@ FSDP_API fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t);
  * Returns the first error the writer met, if any. */
 FSDP_API fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
 
+/* The highest step whose step row every rank attached to this trace has committed, -1 before
+ * that. A program that prints a line per step prints step S's once S is committed, so
+ * that a killed run's database holds every step it printed (fsdp-train does). */
+FSDP_API int64_t fsdp_trace_committed_step(fsdp_trace_t *t);
+
 /* What the writer has done so far. */
 typedef struct fsdp_trace_stats {
     uint64_t events;     /* event rows committed */

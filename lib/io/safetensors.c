@@ -6,6 +6,7 @@
  * pointers stay valid until fsdp_st_close. The header is parsed straight from the mapping.
  */
 #include <fsdp/safetensors.h>
+#include <fsdp/types.h>
 
 #include <fsdp/log.h>
 
@@ -17,6 +18,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -662,6 +664,39 @@ fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64
             uint16_t h = (uint16_t)(p[0] | p[1] << 8);
             out[i] = bf16 ? fsdp_kb_bf16_to_f32(h) : fsdp_kb_f16_to_f32(h);
             p += 2;
+        }
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_st_check_finite(const fsdp_st_tensor_t *t, const char *label)
+{
+    const unsigned char *p = t->data;
+    int f64 = strcmp(t->dtype, "F64") == 0, f32 = strcmp(t->dtype, "F32") == 0;
+    int f16 = strcmp(t->dtype, "F16") == 0, bf16 = strcmp(t->dtype, "BF16") == 0;
+
+    if (!f64 && !f32 && !f16 && !bf16)
+        return FSDP_OK;
+    for (uint64_t i = 0; i < t->numel; i++) {
+        double v;
+
+        if (f64) {
+            memcpy(&v, p + 8 * i, 8);
+        } else if (f32) {
+            float x;
+            memcpy(&x, p + 4 * i, 4);
+            v = x;
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v = f16 ? fsdp_f16_to_f32(h) : fsdp_bf16_to_f32(h);
+        }
+        if (!isfinite(v)) {
+            fsdp_error("%s: tensor '%s' holds %s at element %llu: refused (a diverged run's "
+                       "save, or a damaged file)",
+                       label != NULL ? label : "<buffer>", t->name, isnan(v) ? "NaN" : "Inf",
+                       (unsigned long long)i);
+            return FSDP_ERR_FORMAT;
         }
     }
     return FSDP_OK;

@@ -11,6 +11,7 @@
 #include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,8 +169,8 @@ static fsdp_status_t list_add(entry_list_t *l, const char *name, int ndim, const
         void *e = realloc(l->e, sizeof(*l->e) * (size_t)cap);
         void *names = e ? realloc(l->names, sizeof(char *) * (size_t)cap) : NULL;
         void *datas = names ? realloc(l->data, sizeof(float *) * (size_t)cap) : NULL;
-        void *shapes = datas ? realloc(l->shapes, sizeof(int64_t) * FSDP_MAX_DIMS * (size_t)cap)
-                             : NULL;
+        void *shapes =
+            datas ? realloc(l->shapes, sizeof(int64_t) * FSDP_MAX_DIMS * (size_t)cap) : NULL;
         if (e)
             l->e = e;
         if (names)
@@ -271,8 +272,7 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
         status = get_bufs(u, opt, 0, &b);
         for (int k = 0; k < b.n && status == FSDP_OK; k++) {
             full[k] = malloc(fsdp_unit_flat_numel(u) * sizeof(float) + 1);
-            status = full[k] ? fsdp_unit_gather_buffer(u, b.shard[k], full[k])
-                             : FSDP_ERR_NO_MEMORY;
+            status = full[k] ? fsdp_unit_gather_buffer(u, b.shard[k], full[k]) : FSDP_ERR_NO_MEMORY;
         }
         for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK && rank == 0; j++) {
             fsdp_param_info_t pi;
@@ -293,9 +293,9 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
                     free(copy);
             }
             if (opt != NULL) {
-                json_object_set_new(steps, pi.name, json_pack("{s:I, s:b}", "step",
-                                                              (json_int_t)b.step, "has_buffer",
-                                                              b.has_buffer));
+                json_object_set_new(steps, pi.name,
+                                    json_pack("{s:I, s:b}", "step", (json_int_t)b.step,
+                                              "has_buffer", b.has_buffer));
             }
         }
         for (int k = 0; k < 3; k++)
@@ -350,8 +350,7 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
 }
 
 /* SHARDED: every rank writes the pieces of its shard. */
-static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir,
-                                  json_t *meta)
+static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
     entry_list_t pieces = {0};
@@ -375,9 +374,9 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
             }
             for (int d = 0; d < pi.ndim; d++)
                 json_array_append_new(shape, json_integer(pi.shape[d]));
-            json_object_set_new(params, pi.name,
-                                json_pack("{s:o, s:I}", "shape", shape, "numel",
-                                          (json_int_t)pi.numel));
+            json_object_set_new(
+                params, pi.name,
+                json_pack("{s:o, s:I}", "shape", shape, "numel", (json_int_t)pi.numel));
             if (opt != NULL)
                 json_object_set_new(steps, pi.name,
                                     json_pack("{s:I, s:b}", "step", (json_int_t)b.step,
@@ -399,8 +398,7 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
                     status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
                 tensor_name(name, sizeof(name), pi.name, b.names[k]);
                 /* the piece's place in the flattened parameter rides in its name */
-                snprintf(name + strlen(name), sizeof(name) - strlen(name), "@%zu",
-                         pi.intra_start);
+                snprintf(name + strlen(name), sizeof(name) - strlen(name), "@%zu", pi.intra_start);
                 if (status == FSDP_OK)
                     status = list_add(&pieces, name, 1, &len, copy);
                 if (status != FSDP_OK)
@@ -456,9 +454,9 @@ static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdi
         json_object_set_new(units, fsdp_unit_name(u),
                             json_pack("{s:I}", "shard_numel", (json_int_t)n));
         if (opt != NULL)
-            json_object_set_new(steps, fsdp_unit_name(u),
-                                json_pack("{s:I, s:b}", "step", (json_int_t)b.step, "has_buffer",
-                                          b.has_buffer));
+            json_object_set_new(
+                steps, fsdp_unit_name(u),
+                json_pack("{s:I, s:b}", "step", (json_int_t)b.step, "has_buffer", b.has_buffer));
         for (int k = 0; k < b.n && status == FSDP_OK; k++) {
             char name[512];
             float *copy = malloc(n * sizeof(float) + 1);
@@ -512,9 +510,9 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     json_t *meta = json_object();
     fsdp_status_t status = FSDP_OK;
 
-    if (dir == NULL || step < 0 || (type != FSDP_STATE_DICT_FULL &&
-                                     type != FSDP_STATE_DICT_SHARDED &&
-                                     type != FSDP_STATE_DICT_LOCAL)) {
+    if (dir == NULL || step < 0 ||
+        (type != FSDP_STATE_DICT_FULL && type != FSDP_STATE_DICT_SHARDED &&
+         type != FSDP_STATE_DICT_LOCAL)) {
         fsdp_error("checkpoint save: a directory, a step >= 0 and a type full or sharded are "
                    "required");
         json_decref(meta);
@@ -541,7 +539,7 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     }
     status = agree(fs, status); /* the directory exists for everybody */
     if (status == FSDP_OK)
-        status = type == FSDP_STATE_DICT_FULL ? save_full(fs, opt, tmpdir, meta)
+        status = type == FSDP_STATE_DICT_FULL    ? save_full(fs, opt, tmpdir, meta)
                  : type == FSDP_STATE_DICT_LOCAL ? save_local(fs, opt, tmpdir, meta)
                                                  : save_sharded(fs, opt, tmpdir, meta);
     status = agree(fs, status); /* every rank's files are written */
@@ -593,12 +591,12 @@ typedef struct load_ctx {
     json_t *meta;
     int type;
     int old_world;
-    fsdp_st_file_t **files; /* per old rank (sharded) or [0] model, [1] optimizer (full) */
+    int64_t step, optim_num_steps; /* checked by read_meta */
+    fsdp_st_file_t **files;        /* per old rank (sharded) or [0] model, [1] optimizer (full) */
     int nfiles;
 } load_ctx_t;
 
-static fsdp_status_t open_file(load_ctx_t *lc, int index, const char *name,
-                               fsdp_st_file_t **f_p)
+static fsdp_status_t open_file(load_ctx_t *lc, int index, const char *name, fsdp_st_file_t **f_p)
 {
     char path[PATH_MAX];
     if (lc->files[index] == NULL) {
@@ -618,10 +616,89 @@ static fsdp_status_t bad_checkpoint(const load_ctx_t *lc, const char *what)
     return FSDP_ERR_FORMAT;
 }
 
+/* Weights and optimizer state must be finite: a NaN would surface only as a NaN loss later. */
+static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, const float *p,
+                                      size_t n, size_t start)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(p[i])) {
+            fsdp_error("%s: tensor '%s' holds %s at element %zu: refused (a diverged run's save, "
+                       "or a damaged file)",
+                       lc->dir, name, isnan(p[i]) ? "NaN" : "Inf", start + i);
+            return FSDP_ERR_FORMAT;
+        }
+    }
+    return FSDP_OK;
+}
+
+/* A step count beyond this is corruption. */
+#define CKPT_STEP_MAX FSDP_OPTIM_STEP_MAX
+
+/* obj.key as an integer in [min, max], or one line naming the file and the field. `field` is
+ * the path to obj ("" at the top), e.g. "optimizer_steps.fc1.weight". */
+static fsdp_status_t meta_int(const load_ctx_t *lc, json_t *obj, const char *field, const char *key,
+                              int64_t min, int64_t max, int64_t *value_p)
+{
+    json_t *v = json_object_get(obj, key);
+    const char *dot = field[0] != '\0' ? "." : "";
+
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        char got[64];
+
+        if (v == NULL)
+            snprintf(got, sizeof(got), "missing");
+        else if (!json_is_integer(v))
+            snprintf(got, sizeof(got), "not an integer");
+        else
+            snprintf(got, sizeof(got), "%lld", (long long)json_integer_value(v));
+        fsdp_error("%s/checkpoint.json: %s%s%s is %s: expected an integer in [%lld, %lld]", lc->dir,
+                   field, dot, key, got, (long long)min, (long long)max);
+        return FSDP_ERR_FORMAT;
+    }
+    *value_p = json_integer_value(v);
+    return FSDP_OK;
+}
+
+/* obj.key as a boolean, likewise. */
+static fsdp_status_t meta_bool(const load_ctx_t *lc, json_t *obj, const char *field,
+                               const char *key, int *value_p)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!json_is_boolean(v)) {
+        fsdp_error("%s/checkpoint.json: %s.%s is %s: expected true or false", lc->dir, field, key,
+                   v == NULL ? "missing" : "not a boolean");
+        return FSDP_ERR_FORMAT;
+    }
+    *value_p = json_is_true(v);
+    return FSDP_OK;
+}
+
+/* A unit's or parameter's optimizer step and buffer flag from optimizer_steps.<name>. */
+static fsdp_status_t meta_opt_step(const load_ctx_t *lc, const char *name, int64_t *step_p,
+                                   int *has_buffer_p)
+{
+    json_t *ps = json_object_get(json_object_get(lc->meta, "optimizer_steps"), name);
+    char field[600];
+    fsdp_status_t status;
+
+    if (!json_is_object(ps)) {
+        fsdp_error("%s/checkpoint.json: optimizer_steps has no entry for '%s': the checkpoint "
+                   "was saved from another model or wrapping",
+                   lc->dir, name);
+        return FSDP_ERR_FORMAT;
+    }
+    snprintf(field, sizeof(field), "optimizer_steps.%s", name);
+    status = meta_int(lc, ps, field, "step", 0, CKPT_STEP_MAX, step_p);
+    if (status == FSDP_OK)
+        status = meta_bool(lc, ps, field, "has_buffer", has_buffer_p);
+    return status;
+}
+
 /* Fills dst[0 .. n) with elements [start, start + n) of the flattened tensor `name` (a
  * parameter or `state.<param>.<buffer>`) from a sharded checkpoint's pieces. */
-static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t start,
-                                        size_t n, float *dst)
+static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t start, size_t n,
+                                        float *dst)
 {
     size_t covered = 0;
     char prefix[600];
@@ -658,8 +735,8 @@ static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t
     }
     if (covered != n) {
         char msg[700];
-        snprintf(msg, sizeof(msg), "the pieces of '%s' cover %zu of the %zu elements needed",
-                 name, covered, n);
+        snprintf(msg, sizeof(msg), "the pieces of '%s' cover %zu of the %zu elements needed", name,
+                 covered, n);
         return bad_checkpoint(lc, msg);
     }
     return FSDP_OK;
@@ -697,12 +774,13 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
     fsdp_t *fs = lc->fs;
     fsdp_dev_t *dev = fsdp_device(fs);
     json_t *ui = json_object_get(json_object_get(lc->meta, "units"), fsdp_unit_name(u));
-    json_t *ps = json_object_get(json_object_get(lc->meta, "optimizer_steps"), fsdp_unit_name(u));
     size_t n = fsdp_unit_shard_numel(u);
     char fname[64], base[400], msg[600];
     fsdp_st_file_t *f;
     unit_bufs_t b;
     fsdp_status_t status;
+    int64_t step = 0;
+    int has_buffer = 0;
 
     if (lc->old_world != dev->world_size || !json_is_object(ui) ||
         (size_t)json_integer_value(json_object_get(ui, "shard_numel")) != n) {
@@ -712,8 +790,11 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
                  lc->old_world, fsdp_unit_name(u));
         return bad_checkpoint(lc, msg);
     }
-    if (opt != NULL && !json_is_object(ps))
-        return bad_checkpoint(lc, "no optimizer state for a unit (saved without an optimizer?)");
+    if (opt != NULL) {
+        status = meta_opt_step(lc, fsdp_unit_name(u), &step, &has_buffer);
+        if (status != FSDP_OK)
+            return status;
+    }
     snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
     status = open_file(lc, dev->rank, fname, &f);
     if (status == FSDP_OK)
@@ -728,14 +809,16 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
             snprintf(msg, sizeof(msg), "tensor '%s' missing, or not %zu F32 elements", name, n);
             return bad_checkpoint(lc, msg);
         }
+        snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+        if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+            return FSDP_ERR_FORMAT;
         status = dev->ops->memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
                                         fsdp_compute_stream(fs));
         if (status == FSDP_OK)
             status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
     }
     if (status == FSDP_OK && opt != NULL)
-        status = fsdp_optim_set_unit_step(opt, u, json_integer_value(json_object_get(ps, "step")),
-                                          json_is_true(json_object_get(ps, "has_buffer")));
+        status = fsdp_optim_set_unit_step(opt, u, step, has_buffer);
     return status;
 }
 
@@ -743,7 +826,6 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
 {
     fsdp_t *fs = lc->fs;
     fsdp_dev_t *dev = fsdp_device(fs);
-    json_t *steps = json_object_get(lc->meta, "optimizer_steps");
     unit_bufs_t b;
     fsdp_status_t status;
     int64_t step = 0;
@@ -754,17 +836,13 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
     status = get_bufs(u, opt, opt != NULL, &b);
     for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
         fsdp_param_info_t pi;
-        json_t *ps;
         fsdp_unit_param_info(u, j, &pi);
         if (pi.tied_to >= 0)
             continue;
         if (opt != NULL) {
-            ps = json_object_get(steps, pi.name);
-            if (!json_is_object(ps))
-                return bad_checkpoint(lc, "no optimizer state for a parameter (saved without "
-                                          "an optimizer?)");
-            step = json_integer_value(json_object_get(ps, "step"));
-            has_buffer = json_is_true(json_object_get(ps, "has_buffer"));
+            status = meta_opt_step(lc, pi.name, &step, &has_buffer);
+            if (status != FSDP_OK)
+                return status;
             have_step = 1;
         }
         if (!pi.in_shard || pi.numel_in_shard == 0)
@@ -780,6 +858,8 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             else
                 status = read_full_range(lc, k == 0 ? 0 : 1, &pi, name, pi.intra_start,
                                          pi.numel_in_shard, tmp);
+            if (status == FSDP_OK)
+                status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
             if (status == FSDP_OK)
                 status = dev->ops->memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
                                                 pi.numel_in_shard * sizeof(float),
@@ -823,10 +903,15 @@ static fsdp_status_t load_module_buffers(load_ctx_t *lc)
                 return status;
             t = fsdp_st_find(f, bi.name);
             if (t == NULL || strcmp(t->dtype, "F32") != 0 || t->numel != bi.numel) {
-                snprintf(msg, sizeof(msg), "buffer '%s' missing from %s, or not %zu F32 "
-                         "elements", bi.name, fname, bi.numel);
+                snprintf(msg, sizeof(msg),
+                         "buffer '%s' missing from %s, or not %zu F32 "
+                         "elements",
+                         bi.name, fname, bi.numel);
                 return bad_checkpoint(lc, msg);
             }
+            snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+            if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+                return FSDP_ERR_FORMAT;
             status = fsdp_unit_set_buffer(u, j, t->data);
         }
     }
@@ -837,6 +922,8 @@ static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
 {
     char path[PATH_MAX], sub[128];
     json_error_t err;
+    fsdp_status_t status;
+    int64_t v = 0;
     FILE *f;
     json_t *t;
 
@@ -871,14 +958,17 @@ static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
     if (!json_is_string(t) ||
         !fsdp_state_dict_type_parse(json_string_value(t), (fsdp_state_dict_type_t *)&lc->type))
         return bad_checkpoint(lc, "checkpoint.json has no type full, sharded or local");
-    lc->old_world = (int)json_integer_value(json_object_get(lc->meta, "world_size"));
-    if (lc->old_world < 1 || lc->old_world > 1 << 20)
-        return bad_checkpoint(lc, "checkpoint.json has no valid world_size");
-    return FSDP_OK;
+    status = meta_int(lc, lc->meta, "", "world_size", 1, 1 << 20, &v);
+    lc->old_world = (int)v;
+    if (status == FSDP_OK)
+        status = meta_int(lc, lc->meta, "", "step", 0, CKPT_STEP_MAX, &lc->step);
+    if (status == FSDP_OK && json_object_get(lc->meta, "optimizer") != NULL)
+        status = meta_int(lc, lc->meta, "", "optimizer_num_steps", 0, CKPT_STEP_MAX,
+                          &lc->optim_num_steps);
+    return status;
 }
 
-fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
-                                   int64_t *step_p)
+fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir, int64_t *step_p)
 {
     load_ctx_t lc;
     fsdp_status_t status;
@@ -906,10 +996,9 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     if (status == FSDP_OK)
         status = load_module_buffers(&lc);
     if (status == FSDP_OK && opt != NULL)
-        fsdp_optim_set_num_steps(
-            opt, json_integer_value(json_object_get(lc.meta, "optimizer_num_steps")));
+        fsdp_optim_set_num_steps(opt, lc.optim_num_steps);
     if (status == FSDP_OK && step_p != NULL)
-        *step_p = json_integer_value(json_object_get(lc.meta, "step"));
+        *step_p = lc.step;
     for (int i = 0; lc.files && i < lc.nfiles; i++)
         fsdp_st_close(lc.files[i]);
     free(lc.files);

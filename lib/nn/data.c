@@ -208,7 +208,8 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
     const unsigned char *h;
     int32_t magic, version, count;
     int width, want_version;
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: a FIFO must not block the open before it is refused below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 
     if (fd < 0 || fstat(fd, &st) != 0) {
         fsdp_error("%s: cannot open: %s", path, strerror(errno));
@@ -216,7 +217,15 @@ fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
             close(fd);
         return FSDP_ERR_IO;
     }
-    if (!S_ISREG(st.st_mode) || st.st_size < FSDP_LLMC_HEADER_BYTES) {
+    if (!S_ISREG(st.st_mode)) {
+        fsdp_error("%s: is %s, not a regular file: an llm.c token file is mapped whole", path,
+                   S_ISDIR(st.st_mode)    ? "a directory"
+                   : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                          : "a special file");
+        close(fd);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (st.st_size < FSDP_LLMC_HEADER_BYTES) {
         fsdp_error("%s: %lld bytes is shorter than the %d-byte header of an llm.c token file", path,
                    (long long)st.st_size, FSDP_LLMC_HEADER_BYTES);
         close(fd);

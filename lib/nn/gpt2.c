@@ -120,6 +120,13 @@ fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p
         return FSDP_ERR_INVALID_PARAM;
     }
     p = spec + 5;
+    if (*p == '\0' || p[strlen(p) - 1] == ',') {
+        fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V (any of them, "
+                   "comma-separated) after 'gpt2:', without an empty one",
+                   spec);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    unsigned seen = 0;
     while (*p != '\0') {
         static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab"};
         int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions, &cfg.vocab_size};
@@ -139,6 +146,11 @@ fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p
                        spec, (int)strcspn(p, ","), p);
             return FSDP_ERR_INVALID_PARAM;
         }
+        if (seen & (1u << key)) {
+            fsdp_error("model '%s': %s is given twice", spec, keys[key]);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        seen |= 1u << key;
         errno = 0;
         v = strtol(eq + 1, &end, 10);
         if (errno != 0 || end == eq + 1 || !isdigit((unsigned char)eq[1]) || v < 1 ||
@@ -404,13 +416,12 @@ static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
         tree_add(t, cfg, sub_name(n, l, "ln_1"), "LayerNorm", blk, l, FSDP_GPT2_LN1_W, 2);
         attn = tree_add(t, cfg, sub_name(n, l, "attn"), "GPT2Attention", blk, l, 0, 0);
         tree_add(t, cfg, sub_name(n, l, "attn.c_attn"), "Conv1D", attn, l, FSDP_GPT2_ATTN_W, 2);
-        tree_add(t, cfg, sub_name(n, l, "attn.c_proj"), "Conv1D", attn, l,
-                 FSDP_GPT2_ATTN_PROJ_W, 2);
+        tree_add(t, cfg, sub_name(n, l, "attn.c_proj"), "Conv1D", attn, l, FSDP_GPT2_ATTN_PROJ_W,
+                 2);
         tree_add(t, cfg, sub_name(n, l, "ln_2"), "LayerNorm", blk, l, FSDP_GPT2_LN2_W, 2);
         mlp = tree_add(t, cfg, sub_name(n, l, "mlp"), "GPT2MLP", blk, l, 0, 0);
         tree_add(t, cfg, sub_name(n, l, "mlp.c_fc"), "Conv1D", mlp, l, FSDP_GPT2_FC_W, 2);
-        tree_add(t, cfg, sub_name(n, l, "mlp.c_proj"), "Conv1D", mlp, l, FSDP_GPT2_FC_PROJ_W,
-                 2);
+        tree_add(t, cfg, sub_name(n, l, "mlp.c_proj"), "Conv1D", mlp, l, FSDP_GPT2_FC_PROJ_W, 2);
     }
     tree_add(t, cfg, "transformer.ln_f", "LayerNorm", 0, -1, FSDP_GPT2_LNF_W, 2);
     return FSDP_OK;

@@ -166,6 +166,8 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
             goto err_close;
         }
         status = check_tensor(path, cfg, t, block, index);
+        if (status == FSDP_OK)
+            status = fsdp_st_check_finite(t, path);
         if (status != FSDP_OK)
             goto err_close;
         *slot = t;

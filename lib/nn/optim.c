@@ -105,8 +105,7 @@ fsdp_status_t fsdp_optim_config_check(const fsdp_optim_config_t *cfg)
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg,
-                                fsdp_optim_t **opt_p)
+fsdp_status_t fsdp_optim_create(fsdp_t *fs, const fsdp_optim_config_t *cfg, fsdp_optim_t **opt_p)
 {
     fsdp_optim_config_t defaults;
     fsdp_optim_t *opt;
@@ -170,8 +169,8 @@ static fsdp_status_t fsdp_optim_launch(fsdp_optim_t *opt, const fsdp_kernel_t *k
 
 /* One zero-filled S-element state tensor, beside the shard it updates (device, or pinned host
  * memory under CPU offload, where the optimizer steps on the host). */
-static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, fsdp_optim_unit_t *st,
-                                            size_t numel, float **state_p)
+static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, fsdp_optim_unit_t *st, size_t numel,
+                                            float **state_p)
 {
     fsdp_kernel_t k = {.kind = FSDP_K_FILL};
     fsdp_dev_t *dev = fsdp_device(opt->fs);
@@ -216,8 +215,8 @@ static fsdp_status_t fsdp_optim_grow(fsdp_optim_t *opt, int nunits)
     return FSDP_OK;
 }
 
-static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_unit_t *u,
-                                           fsdp_optim_unit_t *st, size_t numel)
+static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_unit_t *u, fsdp_optim_unit_t *st,
+                                           size_t numel)
 {
     fsdp_status_t status;
     int adamw = opt->cfg.kind == FSDP_OPTIM_ADAMW;
@@ -225,8 +224,7 @@ static fsdp_status_t fsdp_optim_unit_state(fsdp_optim_t *opt, fsdp_unit_t *u,
     if (st->numel == numel || (!adamw && opt->cfg.momentum == 0.0f))
         return FSDP_OK;
     if (st->numel != 0) { /* the shard was resized: start over, as a fresh torch parameter */
-        fsdp_error("optimizer: shard of a unit changed from %zu to %zu elements", st->numel,
-                   numel);
+        fsdp_error("optimizer: shard of a unit changed from %zu to %zu elements", st->numel, numel);
         return FSDP_ERR_STATE;
     }
     st->on_host = fsdp_unit_offloaded(u);
@@ -282,8 +280,7 @@ static fsdp_status_t fsdp_optim_update(fsdp_optim_t *opt, fsdp_optim_unit_t *st,
     return fsdp_optim_launch(opt, &k);
 }
 
-static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
-                                          fsdp_optim_unit_t *st)
+static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u, fsdp_optim_unit_t *st)
 {
     float *param = fsdp_unit_local_shard(u), *grad = fsdp_unit_sharded_grad(u), *up = NULL;
     int nparams = fsdp_unit_num_params(u);
@@ -318,13 +315,12 @@ static fsdp_status_t fsdp_optim_step_unit(fsdp_optim_t *opt, fsdp_unit_t *u,
         if (status != FSDP_OK)
             break;
         /* a tied parameter shares its storage: the first one updates it once */
-        if (info.tied_to >= 0 || !info.in_shard || info.numel_in_shard == 0 ||
-            !info.requires_grad)
+        if (info.tied_to >= 0 || !info.in_shard || info.numel_in_shard == 0 || !info.requires_grad)
             continue; /* frozen parameters have no gradient: torch skips them */
         if (opt->cfg.no_decay_1d && info.ndim <= 1)
             wd = 0.0f;
-        status = fsdp_optim_update(opt, st, param, grad, info.offset_in_shard,
-                                   info.numel_in_shard, wd);
+        status =
+            fsdp_optim_update(opt, st, param, grad, info.offset_in_shard, info.numel_in_shard, wd);
         if (status != FSDP_OK)
             break;
     }
@@ -413,8 +409,15 @@ fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_
     int index = fsdp_optim_unit_index(opt, u);
     fsdp_status_t status;
 
-    if (index < 0 || step < 0)
+    if (index < 0) {
+        fsdp_error("optimizer: unit '%s' is not one of this optimizer's", fsdp_unit_name(u));
         return FSDP_ERR_INVALID_PARAM;
+    }
+    if (step < 0 || step > FSDP_OPTIM_STEP_MAX) {
+        fsdp_error("optimizer: step %lld of unit '%s' is out of range [0, 2^53]", (long long)step,
+                   fsdp_unit_name(u));
+        return FSDP_ERR_INVALID_PARAM;
+    }
     status = fsdp_optim_grow(opt, fsdp_num_units(opt->fs));
     if (status != FSDP_OK)
         return status;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* traces/schema.sql as one C string, generated at build time (lib/Makefile.am). */
@@ -106,8 +107,13 @@ fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const ch
     }
     if (FSDP_LOG_ERROR <= fsdp_log_level()) {
         const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-        fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "sqlite: %s failed: %s (code %d)", what,
-                      msg, rc);
+
+        /* a call is named; a result code carried in a variable is not worth naming */
+        if (strchr(what, '(') != NULL || strchr(what, ' ') != NULL)
+            fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "sqlite: %s failed: %s (code %d)", what,
+                          msg, rc);
+        else
+            fsdp_log_emit(FSDP_LOG_ERROR, file, line, func, "sqlite: %s (code %d)", msg, rc);
     }
     return status;
 }
@@ -142,8 +148,9 @@ fsdp_status_t fsdp_trace_db_prepare_event_insert(sqlite3 *db, int rows, sqlite3_
     size_t len;
     int p = 2;
 
-    len = (size_t)snprintf(
-        sql, sizeof(sql), "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS ") VALUES ");
+    len = (size_t)snprintf(sql, sizeof(sql),
+                           "INSERT OR FAIL INTO event_rows (run, " FSDP_TRACE_EVENT_COLUMNS
+                           ") VALUES ");
     for (int r = 0; r < rows && len < sizeof(sql); r++) {
         len += (size_t)snprintf(sql + len, sizeof(sql) - len, "%s(?1", r > 0 ? ", " : "");
         for (int k = 0; k < FSDP_TRACE_EVENT_NCOLS && len < sizeof(sql); k++)
@@ -225,10 +232,24 @@ static fsdp_status_t db_migrate_v1(sqlite3 *db, const char *path)
         "SELECT stream FROM events_v1 WHERE stream IS NOT NULL UNION "
         "SELECT dtype FROM events_v1 WHERE dtype IS NOT NULL UNION "
         "SELECT grp FROM events_v1 WHERE grp IS NOT NULL",
-        "INSERT INTO event_rows SELECT v.run, v.rank, v.seq, " V1_ID_("kind") ", "
-        V1_ID_("name") ", " V1_ID_("unit") ", " V1_ID_("stream") ", v.host_time, v.start_time, "
-        "v.end_time, v.bytes, v.count, " V1_ID_("dtype") ", " V1_ID_("grp") ", v.allocated, "
-        "v.reserved FROM events_v1 v",
+        "INSERT INTO event_rows SELECT v.run, v.rank, v.seq, " V1_ID_("kind") ", " V1_ID_(
+            "name") ", " V1_ID_("unit") ", " V1_ID_("stream") ", v.host_time, v.start_time, "
+                                                              "v.end_time, v.bytes, "
+                                                              "v.count, " V1_ID_(
+                                                                  "dtype") ", " V1_ID_("grp") ", "
+                                                                                              "v."
+                                                                                              "allo"
+                                                                                              "cate"
+                                                                                              "d, "
+                                                                                              "v."
+                                                                                              "rese"
+                                                                                              "rved"
+                                                                                              " FRO"
+                                                                                              "M "
+                                                                                              "even"
+                                                                                              "ts_"
+                                                                                              "v1 "
+                                                                                              "v",
         "DROP TABLE events_v1",
     };
 #undef V1_ID_
@@ -297,34 +318,86 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
     return fsdp_trace_db_exec(db, "COMMIT");
 }
 
+/* Opens path with flags (a "file:" URI when immutable) and reads one page, so that a database
+ * this connection cannot read fails here, quietly, for the caller to try another way. */
+static int db_try_open(const char *path, int flags, int immutable, sqlite3 **db_p)
+{
+    char uri[4200];
+    size_t len = (size_t)snprintf(uri, sizeof(uri), "file:");
+    sqlite3_stmt *st = NULL;
+    int rc;
+
+    *db_p = NULL;
+    if (immutable) {
+        for (const char *c = path; *c != '\0' && len + 16 < sizeof(uri); c++)
+            len +=
+                (size_t)(*c == '?' || *c == '#' || *c == '%'
+                             ? snprintf(uri + len, sizeof(uri) - len, "%%%02X", (unsigned char)*c)
+                             : snprintf(uri + len, sizeof(uri) - len, "%c", *c));
+        if (len + 16 >= sizeof(uri))
+            return SQLITE_CANTOPEN;
+        snprintf(uri + len, sizeof(uri) - len, "?immutable=1");
+    }
+    rc = sqlite3_open_v2(immutable ? uri : path, db_p,
+                         flags | SQLITE_OPEN_NOMUTEX | (immutable ? SQLITE_OPEN_URI : 0), NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(*db_p, "SELECT count(*) FROM sqlite_master", -1, &st, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st) == SQLITE_ROW ? SQLITE_OK : sqlite3_errcode(*db_p);
+    sqlite3_finalize(st);
+    return rc;
+}
+
 fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
 {
     sqlite3 *db = NULL;
     fsdp_status_t status;
+    struct stat sb;
     int64_t version;
-    int rc;
+    int rc, exists;
 
     if (path == NULL || *path == '\0') {
         fsdp_error("trace database path is %s: give a file name", path == NULL ? "NULL" : "empty");
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (!writable && access(path, F_OK) != 0) {
+    exists = stat(path, &sb) == 0;
+    if (!exists && (!writable || errno != ENOENT)) {
         fsdp_error("cannot open trace database '%s': %s", path, strerror(errno));
         return errno == ENOENT ? FSDP_ERR_NOT_FOUND : FSDP_ERR_IO;
     }
-    /* A reader opens read-write when it can, so it may run the recovery that a killed writer
-     * left to do; it never creates a file. */
+    if (exists && !S_ISREG(sb.st_mode)) {
+        /* SQLite would block on a FIFO and call a directory a disk I/O error */
+        fsdp_error("trace database '%s' is %s, not a regular file", path,
+                   S_ISDIR(sb.st_mode)    ? "a directory"
+                   : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                          : "a special file");
+        return FSDP_ERR_INVALID_PARAM;
+    }
     /* A connection is used by one thread at a time (the writer's is handed to its thread at
      * creation), so SQLite's own mutexes are pure cost. */
-    rc = sqlite3_open_v2(
-        path, &db,
-        (writable ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READWRITE) |
-            SQLITE_OPEN_NOMUTEX,
-        NULL);
-    if (rc != SQLITE_OK && !writable) {
+    if (writable) {
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, 0, &db);
+    } else {
+        /* A reader opens read-write when it can, so it may run the recovery that a killed writer
+         * left to do; it never creates a file. In a read-only directory or file system a WAL
+         * database cannot get its shared-memory file: read it as immutable then (its -wal file,
+         * left only by a writer killed there, is not seen). */
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE, 0, &db);
+        if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
+            sqlite3_close(db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY, 0, &db);
+        }
+        if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
+            sqlite3_close(db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY, 1, &db);
+            if (rc == SQLITE_OK)
+                fsdp_debug("'%s' cannot be written: read as immutable", path);
+        }
+    }
+    if ((rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT) {
+        fsdp_error("'%s' is not a trace database: %s", path, sqlite3_errstr(rc));
         sqlite3_close(db);
-        db = NULL;
-        rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+        return FSDP_ERR_FORMAT;
     }
     if (rc != SQLITE_OK) {
         fsdp_error("cannot open trace database '%s': %s", path,
@@ -389,34 +462,85 @@ fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run,
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p)
+/* The rank selected by sql (one row, or none), which must be an integer: SQLite orders NULL
+ * first and texts and blobs last, so the lowest and the highest rank show any that is not. */
+static fsdp_status_t db_get_rank(sqlite3 *db, const char *sql, const char *path, int64_t run,
+                                 const char *table, int64_t *rank_p, int *found_p)
+{
+    sqlite3_stmt *st;
+    fsdp_status_t status;
+    int rc;
+
+    *found_p = 0;
+    status = fsdp_trace_db_prepare(db, sql, &st);
+    if (status != FSDP_OK)
+        return status;
+    rc = sqlite3_step(st);
+    status = FSDP_SQLITE_CALL(db, rc);
+    if (status == FSDP_OK && rc == SQLITE_ROW) {
+        if (sqlite3_column_type(st, 0) != SQLITE_INTEGER) {
+            fsdp_error("trace database '%s': run %" PRId64 ": %s.rank = '%.32s' is not an integer",
+                       path, run, table, (const char *)sqlite3_column_text(st, 0));
+            status = FSDP_ERR_FORMAT;
+        } else {
+            *rank_p = sqlite3_column_int64(st, 0);
+            *found_p = 1;
+        }
+    }
+    sqlite3_finalize(st);
+    return status;
+}
+
+/* The lowest (desc 0) or highest rank of a run's rows in table, through its key (run, rank, ..). */
+static fsdp_status_t db_edge_rank(sqlite3 *db, const char *path, const char *table, int64_t run,
+                                  int desc, int64_t *rank_p, int *found_p)
 {
     char sql[160];
+
+    snprintf(sql, sizeof(sql),
+             "SELECT rank FROM %s WHERE run = %" PRId64 " ORDER BY rank %s LIMIT 1", table, run,
+             desc ? "DESC" : "ASC");
+    return db_get_rank(db, sql, path, run, table, rank_p, found_p);
+}
+
+fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run, int *n_p)
+{
+    static const char *const tables[] = {"events", "steps"};
+    char sql[160];
     fsdp_status_t status;
-    int64_t world = 0, max_rank = -1;
-    int found;
+    int64_t world = 0;
+    int found = 0;
 
     snprintf(sql, sizeof(sql), "SELECT world_size FROM runs WHERE id = %" PRId64, run);
     status = db_get_int(db, sql, &world, &found);
     if (status != FSDP_OK)
         return status;
-    snprintf(sql, sizeof(sql), "SELECT max(rank) FROM events WHERE run = %" PRId64, run);
-    status = db_get_int(db, sql, &max_rank, &found);
-    if (status != FSDP_OK)
-        return status;
-    if (!found)
-        max_rank = -1;
-    if (max_rank + 1 > world)
-        world = max_rank + 1;
-    snprintf(sql, sizeof(sql), "SELECT max(rank) FROM steps WHERE run = %" PRId64, run);
-    status = db_get_int(db, sql, &max_rank, &found);
-    if (status != FSDP_OK)
-        return status;
-    if (found && max_rank + 1 > world)
-        world = max_rank + 1;
-    if (world < 0 || world > (1 << 24)) {
-        fsdp_error("run %" PRId64 " claims %" PRId64 " ranks", run, world);
+    if (!found) {
+        fsdp_error("trace database '%s': run %" PRId64 ": runs.world_size is missing", path, run);
         return FSDP_ERR_FORMAT;
+    }
+    if (world < 1 || world > FSDP_TRACE_MAX_RANKS) {
+        fsdp_error("trace database '%s': run %" PRId64 ": runs.world_size = %" PRId64
+                   " is out of range [1, %d]",
+                   path, run, world, FSDP_TRACE_MAX_RANKS);
+        return FSDP_ERR_FORMAT;
+    }
+    /* every row's rank in [0, world_size): a corrupted rank cannot make a reader loop or index
+     * past the ranks the run has */
+    for (int t = 0; t < 2; t++) {
+        for (int desc = 0; desc < 2; desc++) {
+            int64_t rank = 0;
+
+            status = db_edge_rank(db, path, tables[t], run, desc, &rank, &found);
+            if (status != FSDP_OK)
+                return status;
+            if (found && (rank < 0 || rank >= world)) {
+                fsdp_error("trace database '%s': run %" PRId64 ": %s.rank = %" PRId64
+                           " is out of range [0, %" PRId64 ") (runs.world_size)",
+                           path, run, tables[t], rank, world);
+                return FSDP_ERR_FORMAT;
+            }
+        }
     }
     *n_p = (int)world;
     return FSDP_OK;
@@ -497,6 +621,32 @@ const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int ra
                  FSDP_TRACE_MEMBERS_SHOWN, m, cut ? "..." : "");
     }
     return buf;
+}
+
+fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,
+                                      int *rank_p)
+{
+    static const char *const tables[] = {"events", "steps"};
+    int64_t next = -1;
+
+    for (int t = 0; t < 2; t++) {
+        char sql[200];
+        int64_t rank;
+        int found = 0;
+        fsdp_status_t status;
+
+        snprintf(sql, sizeof(sql),
+                 "SELECT rank FROM %s WHERE run = %" PRId64 " AND rank > %d ORDER BY rank LIMIT 1",
+                 tables[t], run, after);
+        /* a rank that is not an integer (1.5 after 1) would not move the caller on */
+        status = db_get_rank(db, sql, path, run, tables[t], &rank, &found);
+        if (status != FSDP_OK)
+            return status;
+        if (found && (next < 0 || rank < next))
+            next = rank;
+    }
+    *rank_p = next > INT32_MAX ? INT32_MAX : (int)next;
+    return FSDP_OK;
 }
 
 void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_trace_event_t *ev)

@@ -727,14 +727,22 @@ fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *pat
         if (out != NULL)
             fprintf(out, "first divergence: %s\n", res.message);
     }
-    status = fsdp_trace_db_num_ranks(c.side[0].db, c.side[0].run, &nranks[0]);
-    if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(c.side[1].db, c.side[1].run, &nranks[1]);
-    if (status != FSDP_OK)
-        goto out;
+    nranks[0] = c.side[0].info.world_size; /* checked by fsdp_trace_reader_run */
+    nranks[1] = c.side[1].info.world_size;
     n = nranks[0] > nranks[1] ? nranks[0] : nranks[1];
-    for (int r = 0; r < n; r++) {
+    /* the ranks either side has rows for, in order: not every rank up to the world size */
+    for (int r = -1;;) {
         rank_diff_t rd;
+        int next[2];
+
+        status = fsdp_trace_db_next_rank(c.side[0].db, path_a, c.side[0].run, r, &next[0]);
+        if (status == FSDP_OK)
+            status = fsdp_trace_db_next_rank(c.side[1].db, path_b, c.side[1].run, r, &next[1]);
+        if (status != FSDP_OK)
+            goto out;
+        if (next[0] < 0 && next[1] < 0)
+            break;
+        r = next[0] < 0 ? next[1] : next[1] < 0 || next[0] < next[1] ? next[0] : next[1];
         status = side_load_rank(&c.side[0], &c.pool, r);
         if (status == FSDP_OK)
             status = side_load_rank(&c.side[1], &c.pool, r);

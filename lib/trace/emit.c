@@ -35,8 +35,7 @@ void fsdp_trace_kernel_fields(const fsdp_kernel_t *k, fsdp_trace_op_t *op)
     op->group = NULL;
 }
 
-uint64_t fsdp_trace_coll_bytes(const char *name, uint64_t count, fsdp_dtype_t dtype,
-                               int group_size)
+uint64_t fsdp_trace_coll_bytes(const char *name, uint64_t count, fsdp_dtype_t dtype, int group_size)
 {
     double bytes = (double)count * (double)fsdp_dtype_size(dtype);
 

@@ -202,13 +202,12 @@ static void export_counters(export_ctx_t *x, int rank, const fsdp_trace_event_t 
     int c = export_cat_index(ev->name);
     double ts = ev->host_time * 1e6;
 
-    if (ev->kind == FSDP_EV_ALLOC) {
-        r->cat[c] += (int64_t)ev->bytes;
-    } else {
-        r->cat[c] -= (int64_t)ev->bytes;
-        if (r->cat[c] < 0)
-            r->cat[c] = 0; /* a free whose alloc came before tracing began */
-    }
+    /* saturated both ways: a corrupted size must not overflow the counter */
+    if (ev->kind == FSDP_EV_ALLOC)
+        r->cat[c] = ev->bytes > (uint64_t)(INT64_MAX - r->cat[c]) ? INT64_MAX
+                                                                  : r->cat[c] + (int64_t)ev->bytes;
+    else /* a free whose alloc came before tracing began leaves 0 */
+        r->cat[c] = ev->bytes >= (uint64_t)r->cat[c] ? 0 : r->cat[c] - (int64_t)ev->bytes;
     export_sep(x);
     fprintf(x->f,
             "{\"ph\":\"C\",\"name\":\"allocated\",\"ts\":%.3f,\"pid\":%d,\"tid\":%lld,"
@@ -388,7 +387,7 @@ fsdp_status_t fsdp_trace_export_chrome(const char *path, int64_t run, const char
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &x.nranks);
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), path, id, &x.nranks);
     if (status == FSDP_OK)
         status = fsdp_trace_db_rank_classes(fsdp_trace_reader_db(reader), id, x.nranks, &x.classes,
                                             &symmetric);

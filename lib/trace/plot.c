@@ -654,7 +654,7 @@ fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
         return status;
     status = fsdp_trace_reader_find_run(reader, run, &id);
     if (status == FSDP_OK)
-        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), id, &world);
+        status = fsdp_trace_db_num_ranks(fsdp_trace_reader_db(reader), path, id, &world);
     if (status == FSDP_OK)
         status = fsdp_trace_db_rank_classes(fsdp_trace_reader_db(reader), id, world, &classes,
                                             &symmetric);

@@ -95,10 +95,15 @@ fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *r, int64_t run,
         }
         return status;
     }
+    /* world_size and every row's rank checked once, here, for every reader */
+    status = fsdp_trace_db_num_ranks(r->db, r->path, run, &row_p->world_size);
+    if (status != FSDP_OK) {
+        sqlite3_finalize(st);
+        return status;
+    }
     row_p->id = sqlite3_column_int64(st, 0);
     row_p->created = fsdp_trace_col_text(st, 1);
     row_p->backend = fsdp_trace_col_text(st, 2);
-    row_p->world_size = sqlite3_column_int(st, 3);
     row_p->strategy = fsdp_trace_col_text(st, 4);
     row_p->config_json = fsdp_trace_col_text(st, 5);
     row_p->profile_json = fsdp_trace_col_text(st, 6);

@@ -361,7 +361,7 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
         fprintf(s.out, "command: %s\n", info.command_line);
 
     s.db = fsdp_trace_reader_db(reader);
-    status = fsdp_trace_db_num_ranks(s.db, s.run, &s.nranks);
+    status = fsdp_trace_db_num_ranks(s.db, path, s.run, &s.nranks);
     if (status != FSDP_OK)
         goto out;
     status = fsdp_trace_db_rank_classes(s.db, s.run, s.nranks, &s.classes, &symmetric);

@@ -46,8 +46,18 @@ const char *fsdp_trace_reader_path(const fsdp_trace_reader_t *reader);
 /* Resolves a run id as fsdp_trace_reader_find_run does. */
 fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p);
 
-/* The number of ranks a run has: max(world_size, highest traced rank + 1). */
-fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, int64_t run, int *n_p);
+/* Readers accept runs of at most this many ranks. */
+#define FSDP_TRACE_MAX_RANKS (1 << 24)
+
+/* The number of ranks a run has: its world_size, checked to be in [1, FSDP_TRACE_MAX_RANKS]
+ * with every event and step row's rank in [0, world_size); else one line naming the file and
+ * the field, and FSDP_ERR_FORMAT. */
+fsdp_status_t fsdp_trace_db_num_ranks(sqlite3 *db, const char *path, int64_t run, int *n_p);
+
+/* The lowest rank above `after` that has events or step rows in the run, or -1: readers visit
+ * the ranks present, not every rank up to the highest. */
+fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,
+                                      int *rank_p);
 
 /* What a traced rank stands for (the ranks table): stands_for 0 when the run has no row for
  * the rank (a file older than version 3, or a rank not traced), members set only when

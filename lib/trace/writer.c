@@ -126,6 +126,8 @@ struct fsdp_trace {
     uint64_t n_events, n_steps, n_commits, n_dropped;
     fsdp_trace_rank_t **ranks;
     int n_ranks;
+    int64_t *rank_step; /* per rank of the run: its last step row committed, -1 before one */
+    int world;
 
     pthread_t writer;
 };
@@ -390,6 +392,9 @@ static void *trace_writer_main(void *arg)
             if (status == FSDP_OK && t->error == FSDP_OK) {
                 t->n_events += (uint64_t)c->n;
                 t->n_steps += (uint64_t)c->has_step;
+                if (c->has_step && c->rank >= 0 && c->rank < t->world &&
+                    c->step.step > t->rank_step[c->rank])
+                    t->rank_step[c->rank] = c->step.step;
             } else {
                 t->n_dropped += (uint64_t)c->n;
             }
@@ -865,6 +870,7 @@ static void trace_free(fsdp_trace_t *t)
         free(t->ranks[i]);
     }
     free(t->ranks);
+    free(t->rank_step);
     sqlite3_finalize(t->ins_event);
     sqlite3_finalize(t->ins_events);
     sqlite3_finalize(t->ins_step);
@@ -912,6 +918,17 @@ fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *inf
         fsdp_error("fsdp_trace_open: out of host memory");
         return FSDP_ERR_NO_MEMORY;
     }
+    t->world = info != NULL && info->world_size > 0 && info->world_size <= FSDP_TRACE_MAX_RANKS
+                   ? info->world_size
+                   : 1;
+    t->rank_step = malloc((size_t)t->world * sizeof(*t->rank_step));
+    if (t->rank_step == NULL) {
+        status = FSDP_ERR_NO_MEMORY;
+        fsdp_error("fsdp_trace_open: out of host memory");
+        goto err_free;
+    }
+    for (int r = 0; r < t->world; r++)
+        t->rank_step[r] = -1;
     status = fsdp_trace_db_open(path, 1, &t->db);
     if (status != FSDP_OK)
         goto err_free;
@@ -1003,6 +1020,21 @@ void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p)
     pthread_mutex_unlock(&t->lock);
     if (pthread_getcpuclockid(t->writer, &cid) == 0 && clock_gettime(cid, &ts) == 0)
         stats_p->writer_cpu_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int64_t fsdp_trace_committed_step(fsdp_trace_t *t)
+{
+    int64_t step = INT64_MAX;
+
+    if (t == NULL)
+        return -1;
+    pthread_mutex_lock(&t->lock);
+    /* the ranks attached here: a process of a multi-process job traces its own */
+    for (int r = 0; r < t->n_ranks && r < t->world; r++)
+        if (t->ranks[r] != NULL)
+            step = t->rank_step[r] < step ? t->rank_step[r] : step;
+    pthread_mutex_unlock(&t->lock);
+    return step == INT64_MAX ? -1 : step;
 }
 
 fsdp_status_t fsdp_trace_close(fsdp_trace_t *t)

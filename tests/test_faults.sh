@@ -1,0 +1,120 @@
+#!/bin/sh
+# Faults from outside the program, each bounded to a few seconds: kill -9 during a traced run
+# and during checkpoint saves, traces on a read-only directory, FIFOs and directories given as
+# files.
+set -u
+bin="${top_builddir:-..}/tools"
+[ -x "$bin/fsdp-train" ] || bin=../tools
+train="$bin/fsdp-train"
+ftrace="$bin/fsdp-trace"
+tmp=$(mktemp -d)
+trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail=0
+
+check() { # description, command...
+    desc=$1
+    shift
+    if "$@"; then echo "ok: $desc"; else echo "FAILED: $desc"; fail=1; fi
+}
+
+# runs a command with $1 read-only: chmod for a user, a read-only bind mount for root (which
+# chmod does not stop); status 77 when neither is possible here
+read_only() { # directory, command...
+    dir=$1
+    shift
+    if [ "$(id -u)" -ne 0 ]; then
+        chmod a-w "$dir" && "$@"
+        rc=$?
+        chmod u+w "$dir"
+        return $rc
+    fi
+    command -v unshare >/dev/null 2>&1 || return 77
+    unshare -m true 2>/dev/null || return 77
+    unshare -m sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" || exit 77
+        exec "$@"' "$dir" "$@"
+}
+
+# a WAL trace in a read-only directory is read (it cannot get its -shm file there)
+mkdir "$tmp/ro"
+"$train" --model mlp:8,12,3 --world 2 --steps 3 --trace "$tmp/ro/t.db" >/dev/null 2>&1
+read_only "$tmp/ro" sh -c "'$ftrace' summary '$tmp/ro/t.db' >'$tmp/sum' 2>'$tmp/err'"
+rc=$?
+if [ $rc -eq 77 ]; then
+    echo "skipped: no way to make a read-only directory here"
+else
+    check "a trace in a read-only directory is read" test $rc -eq 0
+    check "  with its steps" grep -q "3 steps" "$tmp/sum"
+    check "  and nothing on stderr" test ! -s "$tmp/err"
+fi
+
+# FIFOs and directories are refused with one line, at once
+mkfifo "$tmp/fifo"
+timeout 10 "$ftrace" summary "$tmp/fifo" >/dev/null 2>"$tmp/err"
+check "fsdp-trace summary FIFO is refused" test $? -ne 0
+check "  saying it is a FIFO" grep -q "is a FIFO, not a regular file" "$tmp/err"
+timeout 10 "$ftrace" summary "$tmp" >/dev/null 2>"$tmp/err"
+check "fsdp-trace summary DIR says it is a directory" grep -q "is a directory, not a regular file" "$tmp/err"
+timeout 10 "$train" --model gpt2-tiny --tokens "$tmp/fifo" --steps 1 >/dev/null 2>"$tmp/err"
+check "--tokens FIFO is refused" test $? -ne 0
+check "  saying it is a FIFO" grep -q "is a FIFO, not a regular file" "$tmp/err"
+timeout 10 "$train" --model gpt2-tiny --tokens "$tmp" --steps 1 >/dev/null 2>"$tmp/err"
+check "--tokens DIR says it is a directory" grep -q "is a directory, not a regular file" "$tmp/err"
+
+# waits until file has n lines matching pattern, or s seconds pass
+wait_lines() { # file, pattern, n, seconds
+    i=0
+    while [ $i -lt $(($4 * 20)) ]; do
+        got=$(grep -c "$2" "$1" 2>/dev/null)
+        [ "${got:-0}" -ge "$3" ] && return 0
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+
+# kill -9 during a traced run: the database opens and holds, for every rank, every step the run
+# printed (a step's line is printed once its rows are committed)
+if command -v sqlite3 >/dev/null 2>&1; then
+    for n in 5 40 120; do
+        rm -f "$tmp/k.db" "$tmp/k.db-wal" "$tmp/k.db-shm"
+        : >"$tmp/kout"
+        "$train" --model mlp:32,256,256,8 --world 4 --steps 100000 --trace "$tmp/k.db" \
+            >"$tmp/kout" 2>&1 &
+        pid=$!
+        wait_lines "$tmp/kout" '^step ' $n 10
+        kill -9 $pid
+        wait $pid 2>/dev/null
+        printed=$(grep '^step ' "$tmp/kout" | tail -n 1 | awk '{print $2}')
+        check "killed after $printed printed steps: the database is intact" \
+            test "$(sqlite3 "$tmp/k.db" 'PRAGMA integrity_check')" = ok
+        held=$(sqlite3 "$tmp/k.db" "SELECT count(*) FROM steps WHERE step <= ${printed:-0}")
+        check "  and holds all 4 ranks' rows of the $printed printed steps ($held rows)" \
+            test "${held:-0}" -eq $((4 * ${printed:-1}))
+    done
+else
+    echo "skipped: no sqlite3 to read the killed run's database"
+fi
+
+# kill -9 during checkpoint saves (one every step, most of the run's time): the checkpoint left
+# loads, and --resume from it prints the uninterrupted run's losses exactly
+ck="--model mlp:32,256,256,8 --world 2 --optim adamw --lr 1e-2 --steps 300"
+"$train" $ck 2>&1 | grep '^step ' | cut -d' ' -f1-4 >"$tmp/ref"
+for n in 3 30 90; do
+    rm -rf "$tmp/ck"
+    : >"$tmp/kout"
+    "$train" $ck --state-dict sharded --checkpoint-every 1 --save-checkpoint "$tmp/ck" \
+        >"$tmp/kout" 2>&1 &
+    pid=$!
+    wait_lines "$tmp/kout" '^step ' $n 10
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    "$train" $ck --resume "$tmp/ck" >"$tmp/resumed" 2>"$tmp/err"
+    check "killed while saving after $(grep -c '^step ' "$tmp/kout") steps: --resume runs" \
+        test $? -eq 0
+    # the step and loss of each line (the rest, rows/s, is the wall clock's)
+    grep '^step ' "$tmp/resumed" | cut -d' ' -f1-4 >"$tmp/resumed_steps"
+    check "  resumes at step $(head -n 1 "$tmp/resumed_steps" | awk '{print $2}') with the exact losses" \
+        sh -c "test -s '$tmp/resumed_steps' && grep -c -x -F -f '$tmp/resumed_steps' '$tmp/ref' |
+            grep -qx $(wc -l <"$tmp/resumed_steps")"
+done
+
+exit $fail
