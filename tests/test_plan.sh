@@ -110,6 +110,29 @@ check "gpt2 bf16: activation memory half of f32's" \
 check "gpt2 bf16: a shorter step than f32" \
     awk 'FNR==1{f++} /^step time /{t[f]=$3} END{exit !(t[2] < t[1])}' "$tmp/g32" "$tmp/gbf16"
 
+# --plot: the last step drawn from a temporary trace, which is gone afterwards
+mkdir "$tmp/ptmp"
+TMPDIR="$tmp/ptmp" "$plan" --model mlp:8,16,4 --world 4 --steps 3 --plot "$tmp/plan.svg" \
+    >"$tmp/plot" 2>"$tmp/err"
+check "--plot exits 0 with nothing on stderr" test $? -eq 0 -a ! -s "$tmp/err"
+check "--plot says where the picture went" grep -q "^plot: $tmp/plan.svg (step 3, one rank of each class)" "$tmp/plot"
+check "the plot is an SVG" sh -c "grep -q '^<svg' '$tmp/plan.svg' && tail -n 1 '$tmp/plan.svg' | grep -qx '</svg>'"
+for name in sharded_param unsharded_param gradient optimizer_state activation comm_buffer reserved \
+    compute collective; do
+    check "the plot names $name" grep -q ">$name</text>" "$tmp/plan.svg"
+done
+check "the plot draws one rank of each class" \
+    sh -c "grep -q '>rank 0 (stands for 3 ranks: 0-2)</text>' '$tmp/plan.svg' && grep -q '>rank 3</text>' '$tmp/plan.svg'"
+check "the plot shows only the last step" \
+    sh -c "grep -q '; step 3; ' '$tmp/plan.svg' && ! grep -q ' from 0 ms<' '$tmp/plan.svg'"
+check "the temporary trace is removed" test -z "$(ls -A "$tmp/ptmp")"
+"$plan" --model mlp:8,16,4 --world 4 --no-symmetry --plot "$tmp/all.svg" --trace "$tmp/plot.db" \
+    >"$tmp/plot" 2>&1
+check "--plot --no-symmetry draws rank 0" sh -c "grep -q '^plot: .* (step 2, rank 0)' '$tmp/plot' &&
+    grep -q '>rank 0</text>' '$tmp/all.svg' && ! grep -q '>rank 1</text>' '$tmp/all.svg'"
+check "--plot with --trace keeps the trace" \
+    sh -c "'$(dirname "$plan")/fsdp-trace' summary '$tmp/plot.db' | grep -q reduce_scatter"
+
 # --trace: the simulated run's events, readable by fsdp-trace
 "$plan" --model mlp:8,16,4 --world 4 --trace "$tmp/plan.db" >/dev/null 2>&1
 check "the plan's trace has the run's collectives" \
@@ -187,5 +210,9 @@ refuse "a profile with an empty option list" --model mlp:4,4 --profile h100:
 refuse "--version with an argument" --version extra
 refuse "--world without a value" --model mlp:4,4 --world
 refuse "--trace into a missing directory" --model mlp:4,4 --trace "$tmp/none/x.db"
+refuse "--plot into a missing directory" --model mlp:4,4 --plot "$tmp/none/x.svg"
+refuse "--plot onto a directory" --model mlp:4,4 --plot "$tmp"
+refuse "--plot with --sweep" --model mlp:4,4 --sweep --plot "$tmp/sweep.svg"
+refuse "--plot and --trace into one file" --model mlp:4,4 --plot "$tmp/same" --trace "$tmp/same"
 
 exit $fail

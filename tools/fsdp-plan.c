@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "progress.h"
@@ -297,6 +298,7 @@ typedef struct plan_args {
     int world, per_node;
     double timeout_s;
     const char *trace_path; /* --trace: every simulated run becomes a run of this database */
+    const char *plot_path;  /* --plot: an SVG of the reported step, drawn from the trace */
     int symmetry;           /* simulate one rank per class of ranks that run alike */
     char command_line[2048]; /* for the trace */
 } plan_args_t;
@@ -342,6 +344,10 @@ static void usage(FILE *f)
           "                             sweep: some configuration does), 3 it does not, 1 the\n"
           "                             simulation failed, 2 bad usage (without it: 0 either way)\n"
           "  --trace FILE               write each simulated run's events to FILE (SQLite)\n"
+          "  --plot FILE.svg            draw the reported (last) step: memory by category over\n"
+          "                             time and the stream timelines of one rank of each\n"
+          "                             class (--no-symmetry: rank 0), from the trace (--trace's\n"
+          "                             file, or a temporary one); not with --sweep\n"
           "  --no-symmetry              simulate every rank, not one rank per class of ranks\n"
           "                             that run alike (the figures are the same; a trace\n"
           "                             holds the simulated ranks, each with the ranks it\n"
@@ -382,6 +388,7 @@ enum {
     OPT_AC,
     OPT_CPU_OFFLOAD,
     OPT_TRACE,
+    OPT_PLOT,
     OPT_FIT_STATUS,
     OPT_NO_SYMMETRY
 };
@@ -426,6 +433,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"steps", required_argument, NULL, OPT_STEPS},
         {"sweep", no_argument, NULL, OPT_SWEEP},
         {"trace", required_argument, NULL, OPT_TRACE},
+        {"plot", required_argument, NULL, OPT_PLOT},
         {"fit-status", no_argument, NULL, OPT_FIT_STATUS},
         {"no-symmetry", no_argument, NULL, OPT_NO_SYMMETRY},
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
@@ -494,6 +502,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_TRACE:
             a->trace_path = optarg;
+            break;
+        case OPT_PLOT:
+            a->plot_path = optarg;
             break;
         case OPT_NO_SYMMETRY:
             a->symmetry = 0;
@@ -567,9 +578,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         exit(0);
     {
         char why[512];
-        if (cli_check_output("--trace", a->trace_path, 0, why, sizeof(why)) != 0)
+        if (cli_check_output("--trace", a->trace_path, 0, why, sizeof(why)) != 0 ||
+            cli_check_output("--plot", a->plot_path, 0, why, sizeof(why)) != 0)
             cli_die("%s", why);
     }
+    if (a->plot_path != NULL && a->sweep)
+        cli_die("--plot draws one plan, not a sweep: plot the configuration the sweep names");
+    if (a->plot_path != NULL && a->trace_path != NULL && strcmp(a->plot_path, a->trace_path) == 0)
+        cli_die("--plot and --trace name the same file '%s'", a->plot_path);
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
         exit(2); /* the library said why */
@@ -667,6 +683,7 @@ typedef struct plan_run {
 } plan_run_t;
 
 static int *classes; /* the classes of the last run, a->world entries */
+static int64_t last_trace_run; /* the trace's run of the last simulated run (--trace, --plot) */
 
 /* Folds the phase's peaks into the rank's and starts the next phase's. */
 static void phase_end(fsdp_mem_t *mem, rank_result_t *r, int phase)
@@ -864,6 +881,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         free(profile_json);
         if (st != FSDP_OK)
             cli_die("cannot write the trace to %s (see the message above)", a->trace_path);
+        last_trace_run = fsdp_trace_run_id(run.trace);
     }
     sp.represent = run.represent;
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
@@ -1045,6 +1063,70 @@ static void print_simulated(const plan_args_t *a, int lo, int hi)
                lo, hi, a->world);
 }
 
+/* ---- --plot ------------------------------------------------------------------------------ */
+
+enum { PLOT_MAX_RANKS = 32 }; /* panels of one picture */
+
+static char plot_tmp_dir[4096], plot_tmp_db[4096 + 16]; /* --plot without --trace */
+
+static void plot_tmp_remove(void)
+{
+    static const char *const suffixes[] = {"", "-journal", "-wal", "-shm"};
+
+    if (plot_tmp_db[0] == '\0')
+        return;
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        char path[sizeof(plot_tmp_db) + 16];
+        snprintf(path, sizeof(path), "%s%s", plot_tmp_db, suffixes[i]);
+        unlink(path);
+    }
+    rmdir(plot_tmp_dir);
+    plot_tmp_db[0] = '\0';
+}
+
+/* --plot without --trace: the runs are traced into a database in a directory of their own under
+ * $TMPDIR (or /tmp), removed at exit. */
+static void plot_tmp_trace(plan_args_t *a)
+{
+    const char *tmp = getenv("TMPDIR");
+
+    if (a->plot_path == NULL || a->trace_path != NULL)
+        return;
+    if (tmp == NULL || tmp[0] == '\0')
+        tmp = "/tmp";
+    snprintf(plot_tmp_dir, sizeof(plot_tmp_dir), "%s/fsdp-plan-XXXXXX", tmp);
+    if (mkdtemp(plot_tmp_dir) == NULL)
+        cli_die("--plot: cannot make a temporary directory in %s: %s", tmp, strerror(errno));
+    snprintf(plot_tmp_db, sizeof(plot_tmp_db), "%s/plan.db", plot_tmp_dir);
+    atexit(plot_tmp_remove);
+    a->trace_path = plot_tmp_db;
+}
+
+/* Draws the last step of the reported run: one rank of each class of a symmetric run, rank 0
+ * of one simulated in full. */
+static fsdp_status_t plot_plan(const plan_args_t *a, const summary_t *s)
+{
+    fsdp_trace_plot_options_t opts;
+    fsdp_status_t st;
+
+    fsdp_trace_plot_options_init(&opts);
+    opts.first_step = opts.last_step = a->steps;
+    opts.max_ranks = s->simulated < a->world ? s->simulated : 1;
+    if (opts.max_ranks > PLOT_MAX_RANKS)
+        opts.max_ranks = PLOT_MAX_RANKS;
+    st = fsdp_trace_plot_svg_ex(a->trace_path, last_trace_run, &opts, a->plot_path);
+    if (st != FSDP_OK)
+        return st;
+    if (opts.max_ranks < s->simulated && s->simulated < a->world)
+        printf("plot: %s (step %d, the first %d of %d classes of ranks)\n", a->plot_path, a->steps,
+               opts.max_ranks, s->simulated);
+    else if (s->simulated < a->world)
+        printf("plot: %s (step %d, one rank of each class)\n", a->plot_path, a->steps);
+    else
+        printf("plot: %s (step %d, rank 0)\n", a->plot_path, a->steps);
+    return FSDP_OK;
+}
+
 static int print_plan(const plan_args_t *a, rank_result_t *res)
 {
     fsdp_dtype_t dt = compute_dtype(&a->fsdp);
@@ -1107,6 +1189,10 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
         printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
                (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
     print_simulated(a, s.simulated, s.simulated);
+    if (a->plot_path != NULL && plot_plan(a, &s) != FSDP_OK) {
+        cli_error("--plot: cannot draw %s (see the message above)", a->plot_path);
+        return EXIT_ERROR;
+    }
     return s.oom && a->fit_status ? EXIT_NO_FIT : EXIT_FITS;
 }
 
@@ -1271,6 +1357,7 @@ int main(int argc, char **argv)
 
     cli_init("fsdp-plan");
     parse_args(argc, argv, &args);
+    plot_tmp_trace(&args);
     res = calloc((size_t)args.world, sizeof(*res));
     if (res == NULL)
         cli_die("out of host memory for %d ranks", args.world);
