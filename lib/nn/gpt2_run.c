@@ -675,7 +675,6 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
     fsdp_t *fs = model->fs;
     gpt2_run_t run;
     size_t count = 0;
-    float host_loss = 0.0f;
     fsdp_status_t status;
 
     status = check_batch(model, inputs, targets, batch, seq, &count);
@@ -712,29 +711,15 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inpu
         status = FSDP_ERR_NO_MEMORY;
         goto out;
     }
-    /* token ids move to the device on the compute stream */
-    status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
-                            (void **)&run.tokens);
-    if (status == FSDP_OK)
-        status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
-                                (void **)&run.targets);
-    if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.tokens, inputs, run.BT * sizeof(int32_t),
-                                            run.s);
-    if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.targets, targets, run.BT * sizeof(int32_t),
-                                            run.s);
+    status = fsdp_nn_batch_to_device(run.dev, run.mem, run.s, inputs, targets, run.BT,
+                                     &run.tokens, &run.targets);
     if (status == FSDP_OK)
         status = forward(&run);
     /* the scale divides the denominator: the loss and every gradient carry it */
     if (status == FSDP_OK)
         status = backward(&run, (double)count / (double)model->loss_scale);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, &host_loss, run.loss, sizeof(float), run.s);
-    if (status == FSDP_OK)
-        status = run.dev->ops->stream_synchronize(run.dev, run.s);
-    if (status == FSDP_OK)
-        *loss_p = host_loss / model->loss_scale;
+        status = fsdp_nn_loss_to_host(run.dev, run.s, run.loss, model->loss_scale, loss_p);
 out:
     run_cleanup(&run);
     return status;

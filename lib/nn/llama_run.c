@@ -25,6 +25,7 @@
 
 #include <fsdp/log.h>
 
+#include "nn/nn_int.h"
 #include "nn/llama_int.h"
 
 /* what a layer's backward reads, by index */
@@ -215,10 +216,10 @@ static void free_act(llama_run_t *r, int l, unsigned mask)
     }
 }
 
-/* Layer l's forward from resid[l]: the activations in todo (with what they need already there)
+/* Layer l's forward from resid[l]: the activations in the set `need` (their inputs already there)
  * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
  * forward did, so the values are the same to the bit. */
-static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned todo, int output)
+static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
 {
     fsdp_unit_t *u = r->m->layers[l];
     void **a = r->act[l];
@@ -228,22 +229,22 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned todo, int output)
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < A_COUNT && status == FSDP_OK; i++) {
-        if (todo & BIT(i))
+        if (need & BIT(i))
             status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
     }
-    if (status == FSDP_OK && (todo & BIT(A_N1)))
+    if (status == FSDP_OK && (need & BIT(A_N1)))
         status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
-    if (status == FSDP_OK && (todo & BIT(A_Q)))
+    if (status == FSDP_OK && (need & BIT(A_Q)))
         status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, a[A_Q], r->qw);
-    if (status == FSDP_OK && (todo & BIT(A_K)))
+    if (status == FSDP_OK && (need & BIT(A_K)))
         status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, a[A_K], r->kw);
-    if (status == FSDP_OK && (todo & BIT(A_V)))
+    if (status == FSDP_OK && (need & BIT(A_V)))
         status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, a[A_V], r->kw);
-    if (status == FSDP_OK && (todo & BIT(A_Q)))
+    if (status == FSDP_OK && (need & BIT(A_Q)))
         status = rope(r, FSDP_K_ROPE_FWD, a[A_Q], r->H, r->qw);
-    if (status == FSDP_OK && (todo & BIT(A_K)))
+    if (status == FSDP_OK && (need & BIT(A_K)))
         status = rope(r, FSDP_K_ROPE_FWD, a[A_K], r->K, r->kw);
-    if (status == FSDP_OK && (todo & BIT(A_O))) {
+    if (status == FSDP_OK && (need & BIT(A_O))) {
         d.u.attention_fwd.o = a[A_O];
         d.u.attention_fwd.lse = a[A_LSE];
         d.u.attention_fwd.q = a[A_Q];
@@ -262,17 +263,17 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned todo, int output)
         d.u.attention_fwd.dtype = r->dt;
         status = launch(r, &d);
     }
-    if (status == FSDP_OK && (todo & BIT(A_H)))
+    if (status == FSDP_OK && (need & BIT(A_H)))
         status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, a[A_H], D);
-    if (status == FSDP_OK && (todo & BIT(A_H)))
+    if (status == FSDP_OK && (need & BIT(A_H)))
         status = add(r, a[A_H], a[A_H], x, BT * D);
-    if (status == FSDP_OK && (todo & BIT(A_N2)))
+    if (status == FSDP_OK && (need & BIT(A_N2)))
         status = rmsnorm_fwd(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
-    if (status == FSDP_OK && (todo & BIT(A_GATE)))
+    if (status == FSDP_OK && (need & BIT(A_GATE)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F);
-    if (status == FSDP_OK && (todo & BIT(A_UP)))
+    if (status == FSDP_OK && (need & BIT(A_UP)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F);
-    if (status == FSDP_OK && (todo & BIT(A_ACT))) {
+    if (status == FSDP_OK && (need & BIT(A_ACT))) {
         fsdp_kernel_t g = {.kind = FSDP_K_SWIGLU_FWD};
         g.u.swiglu_fwd.y = a[A_ACT];
         g.u.swiglu_fwd.gate = a[A_GATE];
@@ -648,7 +649,6 @@ fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *in
     fsdp_t *fs = model->fs;
     llama_run_t run;
     size_t count = 0;
-    float host_loss = 0.0f;
     fsdp_status_t status = check_batch(model, inputs, targets, batch, seq, &count);
 
     if (status != FSDP_OK)
@@ -687,17 +687,8 @@ fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *in
         status = FSDP_ERR_NO_MEMORY;
         goto out;
     }
-    status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
-                            (void **)&run.tokens);
-    if (status == FSDP_OK)
-        status = fsdp_mem_alloc(run.mem, run.BT * sizeof(int32_t), FSDP_MEM_ACTIVATION, run.s,
-                                (void **)&run.targets);
-    if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.tokens, inputs, run.BT * sizeof(int32_t),
-                                            run.s);
-    if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, run.targets, targets, run.BT * sizeof(int32_t),
-                                            run.s);
+    status = fsdp_nn_batch_to_device(run.dev, run.mem, run.s, inputs, targets, run.BT,
+                                     &run.tokens, &run.targets);
     if (status == FSDP_OK)
         status = rope_tables(&run);
     if (status == FSDP_OK)
@@ -705,11 +696,7 @@ fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *in
     if (status == FSDP_OK)
         status = backward(&run, (double)count / (double)model->loss_scale);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, &host_loss, run.loss, sizeof(float), run.s);
-    if (status == FSDP_OK)
-        status = run.dev->ops->stream_synchronize(run.dev, run.s);
-    if (status == FSDP_OK)
-        *loss_p = host_loss / model->loss_scale;
+        status = fsdp_nn_loss_to_host(run.dev, run.s, run.loss, model->loss_scale, loss_p);
 out:
     run_cleanup(&run);
     return status;
