@@ -11,8 +11,8 @@ fsdp_status_t fsdp_nn_batch_to_device(fsdp_dev_t *dev, fsdp_mem_t *mem, fsdp_str
     *tokens_p = *targets_p = NULL;
     status = fsdp_mem_alloc(mem, n * sizeof(int32_t), FSDP_MEM_ACTIVATION, s, (void **)tokens_p);
     if (status == FSDP_OK)
-        status = fsdp_mem_alloc(mem, n * sizeof(int32_t), FSDP_MEM_ACTIVATION, s,
-                                (void **)targets_p);
+        status =
+            fsdp_mem_alloc(mem, n * sizeof(int32_t), FSDP_MEM_ACTIVATION, s, (void **)targets_p);
     if (status == FSDP_OK)
         status = dev->ops->memcpy_async(dev, *tokens_p, inputs, n * sizeof(int32_t), s);
     if (status == FSDP_OK)
