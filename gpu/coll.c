@@ -621,7 +621,9 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     }
     res = ncclCommSplit(p->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, slot, &config);
     status = fsdp_gpu_nccl_status(res, what, __FILE__, __LINE__, __func__);
-    if (status == FSDP_OK && res == ncclInProgress)
+    /* Settled even when the call said ncclSuccess: on a non-blocking parent NCCL may publish the
+     * child later (seen with NCCL 2.28.3, a world of one: ncclSuccess, *slot still NULL). */
+    if (status == FSDP_OK)
         status = split_settle(gdev, p, slot, color >= 0, what, &unseen);
     else if (status != FSDP_OK)
         fsdp_gpu_fail_all(gdev, status);

@@ -341,12 +341,9 @@ static fsdp_status_t gemm(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s, const fsdp
         cuda_dtype(k->u.gemm.c_dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/* A GEMM with an epilogue: the product in f32 (C itself when C is f32, else a workspace on the
- * stream, holding C's old values when beta reads them and the epilogue does not accumulate
- * them itself), then the epilogue's shared body over
- * it, which rounds where the sim rounds: given the same f32 product, the same bits. */
-static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
-                                   const fsdp_kernel_t *k)
+/* gemm_epilogue for one matrix. */
+static fsdp_status_t gemm_epilogue_one(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
+                                       const fsdp_kernel_t *k)
 {
     const size_t m = k->u.gemm.m, n = k->u.gemm.n;
     fsdp_kernel_t d = *k;
@@ -380,6 +377,44 @@ static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
     else
         (void)cudaFreeAsync(w, s->cu);
     return status;
+}
+
+/* Must the GEMM k go through gemm_epilogue's f32 workspace? With an epilogue, yes; and with a
+ * 16-bit C that beta reads, too: kernel.h promises C one rounding, and cuBLAS was seen to give
+ * such a C more (an H200, cuBLAS 13.1, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION set:
+ * 6% of a 64 x 96 x 1000 bf16 product with beta = 1 off by about an ulp, test_gpu's gemm). */
+static int gemm_via_f32(const fsdp_kernel_t *k)
+{
+    return fsdp_kb_gemm_has_epilogue(k) ||
+           (k->u.gemm.c_dtype != FSDP_DTYPE_F32 && k->u.gemm.beta != 0.0f && k->u.gemm.k > 0 &&
+            k->u.gemm.alpha != 0.0f);
+}
+
+/* A GEMM with an epilogue, or a 16-bit C that beta reads: the product in f32 (C itself when C
+ * is f32, else a workspace on the stream, holding C's old values when beta reads them and the
+ * epilogue does not accumulate them itself), then the epilogue's shared body over it, which
+ * rounds where the sim rounds: given the same f32 product, the same bits. Without an epilogue
+ * that body only rounds, once. A batch (no epilogue: check()) goes one matrix at a time. */
+static fsdp_status_t gemm_epilogue(fsdp_gpu_dev_t *gdev, fsdp_gpu_stream_t *s,
+                                   const fsdp_kernel_t *k)
+{
+    const size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1; /* kernel.h: 0 is 1 */
+    if (batch > 1) {
+        fsdp_status_t status = FSDP_OK;
+        for (size_t i = 0; i < batch && status == FSDP_OK; i++) {
+            fsdp_kernel_t one = *k;
+            one.u.gemm.batch = 1;
+            one.u.gemm.a = (const char *)k->u.gemm.a +
+                           i * k->u.gemm.stride_a * fsdp_dtype_size(k->u.gemm.a_dtype);
+            one.u.gemm.b = (const char *)k->u.gemm.b +
+                           i * k->u.gemm.stride_b * fsdp_dtype_size(k->u.gemm.b_dtype);
+            one.u.gemm.c =
+                (char *)k->u.gemm.c + i * k->u.gemm.stride_c * fsdp_dtype_size(k->u.gemm.c_dtype);
+            status = gemm_epilogue(gdev, s, &one);
+        }
+        return status;
+    }
+    return gemm_epilogue_one(gdev, s, k);
 }
 
 fsdp_status_t fsdp_gpu_load_gemms(fsdp_gpu_dev_t *gdev)
@@ -443,7 +478,7 @@ fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp
     if (k->kind != FSDP_K_GEMM)
         status = fsdp_gpu_launch(s, k);
     else
-        status = fsdp_kb_gemm_has_epilogue(k) ? gemm_epilogue(gdev, s, k) : gemm(gdev, s, k);
+        status = gemm_via_f32(k) ? gemm_epilogue(gdev, s, k) : gemm(gdev, s, k);
     if (status != FSDP_OK) {
         fsdp_gpu_trace_cancel(timer);
         return status;

@@ -44,16 +44,23 @@ int fsdp_gpu_timed_out(const fsdp_gpu_dev_t *gdev, double t0)
     return gdev->timeout_s > 0.0 && fsdp_gpu_now() - t0 > gdev->timeout_s;
 }
 
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+/* Weak: a module built against NCCL 2.28's headers still loads on the NCCL >= 2.18 that a system
+ * has (null then, and each communicator is only aborted). */
+#pragma weak ncclCommRevoke
+#endif
+
 /* ncclCommAbort is synchronous, and with splitShare = 0 each split communicator has an abort
  * flag of its own: aborting one communicator can block behind a kernel of another that still
  * spins for a peer. ncclCommRevoke (NCCL 2.28) stops a communicator's operations in flight
- * without blocking, so every communicator is revoked first, then each is aborted. */
+ * without blocking, so where the loaded NCCL has it every communicator is revoked first, then
+ * each is aborted. */
 void fsdp_gpu_fail_all(fsdp_gpu_dev_t *gdev, fsdp_status_t status)
 {
     if (gdev->failed == FSDP_OK)
         gdev->failed = status;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL; g = g->next) {
+    for (fsdp_gpu_group_t *g = gdev->groups; g != NULL && ncclCommRevoke != NULL; g = g->next) {
         if (g->comm != NULL)
             (void)FSDP_NCCL_CALL(ncclCommRevoke(g->comm, NCCL_REVOKE_DEFAULT));
     }

@@ -93,6 +93,25 @@ if [ $built -eq 1 ]; then
     else
         echo "skipped: no perl or no libcudart entry, the missing-library case unchecked"
     fi
+    # (d) it loads on any NCCL >= 2.18 (gpu.h's floor), whichever NCCL it was built with: every
+    # NCCL function it needs outright is in 2.18's API; a newer one is a weak reference, looked
+    # for at run time (ncclCommRevoke, 2.28)
+    if command -v nm >/dev/null 2>&1; then
+        nccl218='ncclAllGather ncclAllReduce ncclBroadcast ncclCommAbort ncclCommCount
+            ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitRankConfig
+            ncclCommSplit ncclCommUserRank ncclGetErrorString ncclGetLastError ncclGetUniqueId
+            ncclGetVersion ncclReduceScatter ncclSend ncclRecv ncclGroupStart ncclGroupEnd
+            ncclCommInitRank ncclCommInitAll ncclCommCuDevice ncclReduce ncclRedOpCreatePreMulSum
+            ncclRedOpDestroy'
+        newer=$(nm -D --undefined-only "$mod" | awk '$1 == "U" && $2 ~ /^nccl/ {print $2}' |
+            while read -r f; do
+                case " $(echo $nccl218) " in *" $f "*) ;; *) echo "$f" ;; esac
+            done)
+        check "the module needs no NCCL function newer than 2.18 outright${newer:+ (needs: $newer)}" \
+            test -z "$newer"
+    else
+        echo "skipped: no nm, the module's NCCL references unchecked"
+    fi
     # the module found in the build tree, no device visible
     # with why, and the driver and runtime versions
     refuse_gpu "no device" "no CUDA device is visible .*driver .*runtime [0-9]+\.[0-9]+, NCCL" \
