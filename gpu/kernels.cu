@@ -126,12 +126,48 @@ fsdp_status_t launch_reduce(fsdp_gpu_stream_t *s, const fsdp_kernel_t *k, size_t
     return launched(k, "reduce_pass2");
 }
 
-__global__ void __launch_bounds__(FSDP_GPU_THREADS) bias_grad_kernel(const fsdp_kernel_t k)
+/* Column sums (bias_grad, layernorm_bwd's weight and bias gradients): a block of FSDP_KB_LANES
+ * columns (threadIdx.x: coalesced loads) x FSDP_KB_ROW_LANES row lanes (threadIdx.y), the shape
+ * that fsdp_kb_colsum_block replays on the host. */
+#define FSDP_GPU_COLSUM_THREADS (FSDP_KB_LANES * FSDP_KB_ROW_LANES)
+
+template <int Kind>
+__global__ void __launch_bounds__(FSDP_GPU_COLSUM_THREADS)
+    colsum_kernel(const fsdp_kernel_t k, size_t cols, size_t rows, size_t blocks)
 {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < k.u.bias_grad.cols;
-         c += stride)
-        fsdp_kb_bias_grad_col(&k, c);
+    constexpr unsigned ns = FSDP_KB_COLSUM_N(Kind);
+    __shared__ float s[ns][FSDP_KB_ROW_LANES][FSDP_KB_LANES + 1];
+    float t[ns], acc[ns];
+
+    for (size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+        const size_t c = b * FSDP_KB_LANES + threadIdx.x;
+        for (unsigned q = 0; q < ns; q++)
+            acc[q] = 0.0f;
+        for (size_t r = threadIdx.y; c < cols && r < rows; r += FSDP_KB_ROW_LANES) {
+            fsdp_kb_colsum_terms((fsdp_kernel_kind_t)Kind, &k, r, c, t);
+            for (unsigned q = 0; q < ns; q++)
+                acc[q] = acc[q] + t[q];
+        }
+        for (unsigned q = 0; q < ns; q++) {
+            s[q][threadIdx.y][threadIdx.x] = acc[q];
+            fsdp_kb_block_col_tree(s[q]);
+            acc[q] = s[q][0][threadIdx.x];
+        }
+        if (threadIdx.y == 0 && c < cols)
+            fsdp_kb_colsum_store((fsdp_kernel_kind_t)Kind, &k, c, acc);
+        __syncthreads(); /* s is reused by the next block of columns */
+    }
+}
+
+template <int Kind> fsdp_status_t launch_colsum(cudaStream_t s, const fsdp_kernel_t *k)
+{
+    const size_t blocks = fsdp_kb_colsum_blocks(k);
+    if (blocks == 0)
+        return FSDP_OK;
+    colsum_kernel<Kind>
+        <<<(unsigned)(blocks < 65536 ? blocks : 65536), dim3(FSDP_KB_LANES, FSDP_KB_ROW_LANES),
+           0, s>>>(*k, fsdp_kb_colsum_cols(k), fsdp_kb_colsum_rows(k), blocks);
+    return launched(k, "colsum_kernel");
 }
 
 __global__ void __launch_bounds__(FSDP_GPU_THREADS)
@@ -228,6 +264,11 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
     const size_t chunks = fsdp_kb_nn_chunks(k), rows = fsdp_kb_nn_rows(k);
     fsdp_status_t status;
 
+    if constexpr (Kind == FSDP_K_LAYERNORM_BWD) {
+        status = launch_colsum<Kind>(stream->cu, k);
+        if (status != FSDP_OK)
+            return status;
+    }
     if (chunks > 0) {
         cols_kernel<Kind><<<grid_for(chunks), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, chunks);
         status = launched(k, "cols_kernel");
@@ -269,7 +310,8 @@ const void *const all_kernels[] = {
     (const void *)reduce_pass1<FSDP_K_SUMSQ>,
     (const void *)reduce_pass1<FSDP_K_CROSS_ENTROPY>,
     (const void *)reduce_pass2,
-    (const void *)bias_grad_kernel,
+    (const void *)colsum_kernel<FSDP_K_BIAS_GRAD>,
+    (const void *)colsum_kernel<FSDP_K_LAYERNORM_BWD>,
     (const void *)scale_matrix_kernel,
     (const void *)gemm_epilogue_kernel,
     (const void *)widen_matrix_kernel,
@@ -343,10 +385,7 @@ extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_k
     case FSDP_K_SUMSQ:
         return launch_reduce<FSDP_K_SUMSQ>(stream, k, k->u.sumsq.n, k->u.sumsq.out, 1.0);
     case FSDP_K_BIAS_GRAD:
-        if (k->u.bias_grad.cols == 0)
-            return FSDP_OK;
-        bias_grad_kernel<<<grid_for(k->u.bias_grad.cols), FSDP_GPU_THREADS, 0, s>>>(*k);
-        return launched(k, "bias_grad_kernel");
+        return launch_colsum<FSDP_K_BIAS_GRAD>(s, k);
     case FSDP_K_LAYERNORM_FWD:
         return launch_nn<FSDP_K_LAYERNORM_FWD>(stream, k, &p);
     case FSDP_K_LAYERNORM_BWD:

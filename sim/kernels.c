@@ -3,9 +3,10 @@
  * This file only validates and loops: every per-element or per-column formula is a body of
  * lib/kernels/kernel_elem.h (fsdp_kb_elem and friends), the code the gpu backend launches, and
  * the per-launch scalars come from the same fsdp_kb_prepare(). GEMM runs the blocked routine
- * of gemm.c. Reductions run in a fixed order that depends on n alone: bias_grad sums each
- * column in row order in f32; mse_loss and sumsq sum their terms in double along the GPU's
- * tree (fsdp_kb_reduce_sum), so the sim and the gpu backend agree bit for bit.
+ * of gemm.c. Reductions run in a fixed order that depends on the sizes alone: bias_grad sums
+ * each column in f32 over 32 row lanes (lanes.h's column shape, fsdp_kb_colsum); mse_loss and
+ * sumsq sum their terms in double along the GPU's tree (fsdp_kb_reduce_sum), so the sim and the
+ * gpu backend agree bit for bit.
  */
 #include "config.h"
 
@@ -344,8 +345,7 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         FSDP_SIM_ELEM_LOOP(FSDP_K_BIAS_ADD, k, &prep);
         break;
     case FSDP_K_BIAS_GRAD:
-        for (size_t c = 0; c < k->u.bias_grad.cols; c++)
-            fsdp_kb_bias_grad_col(k, c);
+        fsdp_kb_colsum(k);
         break;
     case FSDP_K_RELU_FWD:
         FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_FWD, k, &prep);

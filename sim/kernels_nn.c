@@ -178,6 +178,7 @@ fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
         return status;
     fsdp_kb_prepare(k, &prep);
     /* the column part (weight gradients) reads only inputs; the row part writes outputs */
+    fsdp_kb_colsum(k);
     chunks = fsdp_kb_nn_chunks(k);
     for (size_t c = 0; c < chunks; c++)
         fsdp_kb_nn_cols(k->kind, k, c);

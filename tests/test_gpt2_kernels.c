@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/nn_bodies.h"
+#include "kernels/kernel_elem.h"
 #include "sim_kernels.h"
 #include "test_util.h"
 
@@ -701,7 +701,7 @@ static void lp_check(const char *what, lp_make_t make, fsdp_dtype_t dt, const in
 }
 
 #define LP_R 24 /* rows */
-#define LP_C 40 /* columns: two chunks and a remainder of FSDP_KB_COLS */
+#define LP_C 40 /* columns: a block of 32 (lanes.h) and a remainder */
 static int32_t lp_tok[LP_R], lp_tgt[LP_R];
 
 static void mk_ln_fwd(fsdp_kernel_t *k, int lp, fsdp_dtype_t dt)
@@ -970,6 +970,116 @@ static void test_low_precision_costs(void)
     CU_ASSERT_EQUAL(bytes * 2.0, f32_bytes);
 }
 
+/* ---- the lane shapes of lanes.h: sums against double, and against the sequential order ----
+ *
+ * A sum of n f32 terms in the lane shape (ceil(n / 32) terms a lane, in order, then the 5 levels
+ * of the butterfly) is within (ceil(n / 32) + 5) u sum |t| of the exact sum (u = 2^-24, to
+ * first order); the sequential sum of the bodies before the lanes was within n u sum |t|, so the
+ * two differ by at most the sum of the two bounds. */
+
+static const size_t lane_rows[] = {0, 1, 5, 31, 32, 33, 64, 100, 1000};
+static const size_t lane_cols[] = {1, 7, 32, 33, 70};
+#define LANE_NR (sizeof(lane_rows) / sizeof(lane_rows[0]))
+#define LANE_NC (sizeof(lane_cols) / sizeof(lane_cols[0]))
+
+static double lane_bound(size_t n, double abs_sum)
+{
+    return ((double)((n + 31) / 32) + 5.0) * 0x1p-24 * abs_sum * 1.01;
+}
+
+static double seq_bound(size_t n, double abs_sum)
+{
+    return (double)n * 0x1p-24 * abs_sum * 1.01;
+}
+
+/* got against the exact sum ref (sum |t| = abs) and the sequential f32 sum seq of n terms */
+static int lane_sum_ok(float got, double ref, float seq, size_t n, double abs, const char *what,
+                       size_t i)
+{
+    double e = fabs((double)got - ref), d = fabs((double)got - (double)seq);
+    if (e <= lane_bound(n, abs) && d <= lane_bound(n, abs) + seq_bound(n, abs))
+        return 1;
+    fprintf(stderr, "\n  %s[%zu] of %zu terms: %.9g, exact %.9g, sequential %.9g (bound %g)\n",
+            what, i, n, (double)got, ref, (double)seq, lane_bound(n, abs));
+    return 0;
+}
+
+/* bias_grad and layernorm_bwd's dweight and dbias: the column shape */
+static void test_lane_column_sums(void)
+{
+    for (size_t ri = 0; ri < LANE_NR; ri++) {
+        for (size_t ci = 0; ci < LANE_NC; ci++) {
+            const size_t rows = lane_rows[ri], cols = lane_cols[ci];
+            float *dy = calloc(rows * cols + 1, sizeof(float));
+            float *x = calloc(rows * cols + 1, sizeof(float));
+            float *mean = calloc(rows + 1, sizeof(float)), *rstd = calloc(rows + 1, sizeof(float));
+            float *db = calloc(cols, sizeof(float)), *dw = calloc(cols, sizeof(float));
+            float *lb = calloc(cols, sizeof(float));
+            fsdp_kernel_t k;
+            int ok = 1;
+
+            CU_ASSERT_FATAL(dy != NULL && x != NULL && mean != NULL && rstd != NULL && db != NULL &&
+                            dw != NULL && lb != NULL);
+            fill(dy, rows * cols, -1.0, 1.0);
+            fill(x, rows * cols, -2.0, 2.0);
+            fill(mean, rows, -0.5, 0.5);
+            fill(rstd, rows, 0.5, 2.0);
+
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_BIAS_GRAD;
+            k.u.bias_grad.dbias = db;
+            k.u.bias_grad.dy = dy;
+            k.u.bias_grad.rows = rows;
+            k.u.bias_grad.cols = cols;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+
+            memset(&k, 0, sizeof(k)); /* the column part alone (no dx) */
+            k.kind = FSDP_K_LAYERNORM_BWD;
+            k.u.layernorm_bwd.dweight = dw;
+            k.u.layernorm_bwd.dbias = lb;
+            k.u.layernorm_bwd.dy = dy;
+            k.u.layernorm_bwd.x = x;
+            k.u.layernorm_bwd.mean = mean;
+            k.u.layernorm_bwd.rstd = rstd;
+            k.u.layernorm_bwd.rows = rows;
+            k.u.layernorm_bwd.cols = cols;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+
+            for (size_t c = 0; ok && c < cols; c++) {
+                double rb = 0.0, ab = 0.0, rw = 0.0, aw = 0.0;
+                float sb = 0.0f, sw = 0.0f;
+                for (size_t r = 0; r < rows; r++) {
+                    float g = dy[r * cols + c], t = g * ((x[r * cols + c] - mean[r]) * rstd[r]);
+                    rb += g;
+                    ab += fabs(g);
+                    sb += g;
+                    rw += t;
+                    aw += fabs(t);
+                    sw += t;
+                }
+                ok = lane_sum_ok(db[c], rb, sb, rows, ab, "bias_grad", c) &&
+                     lane_sum_ok(lb[c], rb, sb, rows, ab, "layernorm dbias", c) &&
+                     lane_sum_ok(dw[c], rw, sw, rows, aw, "layernorm dweight", c);
+                /* the same terms in the same shape: the same bits */
+                ok = ok && memcmp(&db[c], &lb[c], sizeof(float)) == 0;
+                if (rows <= 1) /* one term (or none) is exact */
+                    ok = ok && db[c] == (rows == 1 ? dy[c] : 0.0f) &&
+                         lb[c] == (rows == 1 ? dy[c] : 0.0f);
+            }
+            if (!ok)
+                fprintf(stderr, "  (%zu rows, %zu columns)\n", rows, cols);
+            CU_ASSERT(ok);
+            free(dy);
+            free(x);
+            free(mean);
+            free(rstd);
+            free(db);
+            free(dw);
+            free(lb);
+        }
+    }
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -985,6 +1095,8 @@ int main(void)
         {"bf16 and f16 variants equal the f32 bodies rounded once", test_low_precision},
         {"a dtype the transformer kernels do not take is refused", test_low_precision_refusals},
         {"low-precision tensors cost 2 bytes", test_low_precision_costs},
+        {"column sums in the lane shape: within f32 bounds of double and of the row order",
+         test_lane_column_sums},
         {NULL, NULL},
     };
     return fsdp_test_run("gpt2_kernels", tests);

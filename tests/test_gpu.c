@@ -220,8 +220,7 @@ static void host_exec(const fsdp_kernel_t *k)
     fsdp_kb_prepare(k, &p);
     switch (k->kind) {
     case FSDP_K_BIAS_GRAD:
-        for (size_t c = 0; c < k->u.bias_grad.cols; c++)
-            fsdp_kb_bias_grad_col(k, c);
+        fsdp_kb_colsum(k);
         return;
     case FSDP_K_SUMSQ:
         for (size_t i = 0; i < k->u.sumsq.n; i++)

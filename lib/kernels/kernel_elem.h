@@ -5,9 +5,10 @@
  * exercise is the arithmetic the GPU runs; nvcc builds it with --fmad=false so that no
  * multiply-add is fused on one side only, and the results agree bit for bit.
  *
- * The reductions keep their per-element terms and their order here too: bias_grad sums one
- * column in row order (a thread per column on the GPU); sumsq and mse_loss sum per-element terms
- * in double along a fixed tree (fsdp_kb_reduce_shape), which the host can replay exactly
+ * The reductions keep their per-element terms and their order here too: bias_grad sums each
+ * column in the column shape of lanes.h (a block of 32 columns x 32 row lanes on the GPU, which
+ * the host replays: fsdp_kb_colsum_block); sumsq and mse_loss sum per-element terms in double
+ * along a fixed tree (fsdp_kb_reduce_shape), which the host can replay exactly
  * (fsdp_kb_reduce_sum).
  * GEMM has no body here: each backend brings its own (the sim's blocked routine, cuBLAS). */
 #ifndef FSDP_KERNELS_KERNEL_ELEM_H
@@ -260,17 +261,119 @@ FSDP_HD float fsdp_kb_gemm_epilogue(const fsdp_gemm_epilogue_t *e, fsdp_dtype_t 
     return v;
 }
 
-/* bias_grad, column c: dbias[c] += the sum of dy[., c] in row order, in f32, rounded once. */
-FSDP_HD void fsdp_kb_bias_grad_col(const fsdp_kernel_t *k, size_t c)
+/* bias_grad, the term of row r, column c: dy[r, c] (in f32). */
+FSDP_HD void fsdp_kb_bias_grad_col_terms(const fsdp_kernel_t *k, size_t r, size_t c, float *t)
 {
-    size_t cols = k->u.bias_grad.cols;
+    t[0] = fsdp_kb_load(k->u.bias_grad.dy, k->u.bias_grad.dy_dtype, r * k->u.bias_grad.cols + c);
+}
+
+/* bias_grad, column c: the sum s[0] is rounded (torch's sum over the rows), then added
+ * (autograd's accumulate). */
+FSDP_HD void fsdp_kb_bias_grad_col_store(const fsdp_kernel_t *k, size_t c, const float *s)
+{
     fsdp_dtype_t dt = k->u.bias_grad.dbias_dtype;
-    float s = 0.0f;
-    for (size_t r = 0; r < k->u.bias_grad.rows; r++)
-        s += fsdp_kb_load(k->u.bias_grad.dy, k->u.bias_grad.dy_dtype, r * cols + c);
-    /* the sum is rounded (torch's sum over the rows), then added (autograd's accumulate) */
     fsdp_kb_store(k->u.bias_grad.dbias, dt, c,
-                  fsdp_kb_load(k->u.bias_grad.dbias, dt, c) + fsdp_kb_round_to(s, dt));
+                  fsdp_kb_load(k->u.bias_grad.dbias, dt, c) + fsdp_kb_round_to(s[0], dt));
+}
+
+/* ---- column sums: bias_grad, layernorm_bwd's weight and bias gradients ----
+ *
+ * Per column, up to FSDP_KB_COL_SUMS sums over the rows in the column shape of lanes.h: lane y
+ * of FSDP_KB_ROW_LANES sums rows y, y + 32, ... in order, in f32, and the lanes meet in
+ * fsdp_kb_lane_tree's butterfly. The GPU runs a block of FSDP_KB_LANES columns x
+ * FSDP_KB_ROW_LANES row lanes (gpu/kernels.cu); the host replays the block column by column
+ * (fsdp_kb_colsum_block). */
+#define FSDP_KB_COL_SUMS 2
+
+/* Columns of the column part (0: none). */
+FSDP_HD size_t fsdp_kb_colsum_cols(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_BIAS_GRAD:
+        return k->u.bias_grad.cols;
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.dweight != NULL || k->u.layernorm_bwd.dbias != NULL
+                   ? k->u.layernorm_bwd.cols
+                   : 0;
+    default:
+        return 0;
+    }
+}
+
+/* Rows summed per column. */
+FSDP_HD size_t fsdp_kb_colsum_rows(const fsdp_kernel_t *k)
+{
+    return k->kind == FSDP_K_BIAS_GRAD ? k->u.bias_grad.rows : k->u.layernorm_bwd.rows;
+}
+
+/* Blocks of FSDP_KB_LANES columns. */
+FSDP_HD size_t fsdp_kb_colsum_blocks(const fsdp_kernel_t *k)
+{
+    return (fsdp_kb_colsum_cols(k) + FSDP_KB_LANES - 1) / FSDP_KB_LANES;
+}
+
+/* Sums per column (a constant expression for a constant kind). */
+#define FSDP_KB_COLSUM_N(kind) ((kind) == FSDP_K_LAYERNORM_BWD ? 2u : 1u)
+
+/* The terms t[0 .. FSDP_KB_COLSUM_N) of row r, column c. */
+FSDP_HD void fsdp_kb_colsum_terms(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t r,
+                                  size_t c, float *t)
+{
+    if (kind == FSDP_K_LAYERNORM_BWD)
+        fsdp_kb_layernorm_bwd_col_terms(k, r, c, t);
+    else
+        fsdp_kb_bias_grad_col_terms(k, r, c, t);
+}
+
+/* Column c's sums s[0 .. FSDP_KB_COLSUM_N) into the gradients. */
+FSDP_HD void fsdp_kb_colsum_store(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t c,
+                                  const float *s)
+{
+    if (kind == FSDP_K_LAYERNORM_BWD)
+        fsdp_kb_layernorm_bwd_col_store(k, c, s);
+    else
+        fsdp_kb_bias_grad_col_store(k, c, s);
+}
+
+/* Host side: block b (columns [32 b, 32 b + 32)) as the GPU's block sums it. The rows are read
+ * in order, each into its lane's partial sums. */
+static inline void fsdp_kb_colsum_block(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t b)
+{
+    const size_t cols = fsdp_kb_colsum_cols(k), rows = fsdp_kb_colsum_rows(k);
+    const size_t c0 = b * FSDP_KB_LANES;
+    const size_t nc = cols - c0 < FSDP_KB_LANES ? cols - c0 : FSDP_KB_LANES;
+    const unsigned ns = FSDP_KB_COLSUM_N(kind);
+    float part[FSDP_KB_COL_SUMS][FSDP_KB_ROW_LANES][FSDP_KB_LANES];
+    float lane[FSDP_KB_ROW_LANES], t[FSDP_KB_COL_SUMS], s[FSDP_KB_COL_SUMS];
+
+    for (unsigned q = 0; q < ns; q++)
+        for (unsigned y = 0; y < FSDP_KB_ROW_LANES; y++)
+            for (size_t j = 0; j < nc; j++)
+                part[q][y][j] = 0.0f;
+    for (size_t r = 0; r < rows; r++) {
+        const unsigned y = (unsigned)(r % FSDP_KB_ROW_LANES);
+        for (size_t j = 0; j < nc; j++) {
+            fsdp_kb_colsum_terms(kind, k, r, c0 + j, t);
+            for (unsigned q = 0; q < ns; q++)
+                part[q][y][j] = part[q][y][j] + t[q];
+        }
+    }
+    for (size_t j = 0; j < nc; j++) {
+        for (unsigned q = 0; q < ns; q++) {
+            for (unsigned y = 0; y < FSDP_KB_ROW_LANES; y++)
+                lane[y] = part[q][y][j];
+            s[q] = fsdp_kb_lane_tree(lane);
+        }
+        fsdp_kb_colsum_store(kind, k, c0 + j, s);
+    }
+}
+
+/* Host side: the whole column part of k. */
+static inline void fsdp_kb_colsum(const fsdp_kernel_t *k)
+{
+    const size_t blocks = fsdp_kb_colsum_blocks(k);
+    for (size_t b = 0; b < blocks; b++)
+        fsdp_kb_colsum_block(k->kind, k, b);
 }
 
 /* sumsq, element i: x[i]^2 in double (exact for every f32 x). */

@@ -21,6 +21,7 @@
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/hd.h"
+#include "kernels/lanes.h"
 
 /* Columns one weight-gradient body sums (a thread on the GPU): row-major reads stay within a
  * cache line on the host, and the per-column sums stay in row order whatever the chunk. */
@@ -238,34 +239,29 @@ FSDP_HD void fsdp_kb_layernorm_bwd_row(const fsdp_kernel_t *k, size_t r)
     }
 }
 
-/* layernorm_bwd, the weight and bias gradients of columns [chunk * FSDP_KB_COLS, ...) */
-FSDP_HD void fsdp_kb_layernorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+/* layernorm_bwd's weight and bias gradients, summed over the rows in the column shape of
+ * lanes.h (fsdp_kb_colsum_*, kernel_elem.h). The terms of row r, column c: t[0] for dweight,
+ * t[1] for dbias. */
+FSDP_HD void fsdp_kb_layernorm_bwd_col_terms(const fsdp_kernel_t *k, size_t r, size_t c, float *t)
 {
     const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
-    const size_t n = k->u.layernorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
-    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
-    void *dw = k->u.layernorm_bwd.dweight, *db = k->u.layernorm_bwd.dbias;
-    float sw[FSDP_KB_COLS], sb[FSDP_KB_COLS];
+    const size_t i = r * k->u.layernorm_bwd.cols + c;
+    const float g = fsdp_kb_load(k->u.layernorm_bwd.dy, dt, i);
+    t[0] = g * ((fsdp_kb_load(k->u.layernorm_bwd.x, dt, i) - k->u.layernorm_bwd.mean[r]) *
+                k->u.layernorm_bwd.rstd[r]);
+    t[1] = g;
+}
 
-    for (size_t j = 0; j < nc; j++)
-        sw[j] = sb[j] = 0.0f;
-    for (size_t r = 0; r < k->u.layernorm_bwd.rows; r++) {
-        const size_t o = r * n + c0;
-        const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
-        for (size_t j = 0; j < nc; j++) {
-            float g = fsdp_kb_load(k->u.layernorm_bwd.dy, dt, o + j);
-            sw[j] += g * ((fsdp_kb_load(k->u.layernorm_bwd.x, dt, o + j) - mean) * rstd);
-            sb[j] += g;
-        }
-    }
-    for (size_t j = 0; j < nc; j++) { /* each sum rounded, then added (autograd's accumulate) */
-        if (dw != NULL)
-            fsdp_kb_store(dw, dt, c0 + j,
-                          fsdp_kb_load(dw, dt, c0 + j) + fsdp_kb_round_to(sw[j], dt));
-        if (db != NULL)
-            fsdp_kb_store(db, dt, c0 + j,
-                          fsdp_kb_load(db, dt, c0 + j) + fsdp_kb_round_to(sb[j], dt));
-    }
+/* Column c's sums s[0] (dweight) and s[1] (dbias): each rounded, then added (autograd's
+ * accumulate). */
+FSDP_HD void fsdp_kb_layernorm_bwd_col_store(const fsdp_kernel_t *k, size_t c, const float *s)
+{
+    const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
+    void *dw = k->u.layernorm_bwd.dweight, *db = k->u.layernorm_bwd.dbias;
+    if (dw != NULL)
+        fsdp_kb_store(dw, dt, c, fsdp_kb_load(dw, dt, c) + fsdp_kb_round_to(s[0], dt));
+    if (db != NULL)
+        fsdp_kb_store(db, dt, c, fsdp_kb_load(db, dt, c) + fsdp_kb_round_to(s[1], dt));
 }
 
 /* The scaled score of x (kernel.h): x * scale, or with by_div x / div, div being the
@@ -525,10 +521,6 @@ FSDP_HD size_t fsdp_kb_nn_rows(const fsdp_kernel_t *k)
 FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
 {
     switch (k->kind) {
-    case FSDP_K_LAYERNORM_BWD:
-        return k->u.layernorm_bwd.dweight != NULL || k->u.layernorm_bwd.dbias != NULL
-                   ? fsdp_kb_col_chunks(k->u.layernorm_bwd.cols)
-                   : 0;
     case FSDP_K_EMBEDDING_BWD:
         return fsdp_kb_col_chunks(k->u.embedding_bwd.cols);
     default:
@@ -566,9 +558,6 @@ FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, flo
 FSDP_HD void fsdp_kb_nn_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t c)
 {
     switch (kind) {
-    case FSDP_K_LAYERNORM_BWD:
-        fsdp_kb_layernorm_bwd_cols(k, c);
-        break;
     case FSDP_K_EMBEDDING_BWD:
         fsdp_kb_embedding_bwd_cols(k, c);
         break;
