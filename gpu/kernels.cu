@@ -247,13 +247,14 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
         fsdp_kb_nn_row((fsdp_kernel_kind_t)Kind, &k, ce_scale, r);
 }
 
-template <int Kind>
-__global__ void __launch_bounds__(FSDP_GPU_THREADS) cols_kernel(const fsdp_kernel_t k,
-                                                                 size_t chunks)
+/* embedding_bwd: a thread per (column, token bucket) and per (column, position), each
+ * destination element in row order (fsdp_kb_embedding_bwd_at). */
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    embedding_bwd_kernel(const fsdp_kernel_t k, size_t n)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride)
-        fsdp_kb_nn_cols((fsdp_kernel_kind_t)Kind, &k, c);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        fsdp_kb_embedding_bwd_at(&k, i);
 }
 
 /* The column part, then the row part (layernorm_bwd has both; they touch disjoint outputs),
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS) cols_kernel(const fsdp_kerne
 template <int Kind>
 fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
 {
-    const size_t chunks = fsdp_kb_nn_chunks(k), rows = fsdp_kb_nn_rows(k);
+    const size_t rows = fsdp_kb_nn_rows(k);
     fsdp_status_t status;
 
     if constexpr (Kind == FSDP_K_LAYERNORM_BWD) {
@@ -269,11 +270,14 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
         if (status != FSDP_OK)
             return status;
     }
-    if (chunks > 0) {
-        cols_kernel<Kind><<<grid_for(chunks), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, chunks);
-        status = launched(k, "cols_kernel");
-        if (status != FSDP_OK)
-            return status;
+    if constexpr (Kind == FSDP_K_EMBEDDING_BWD) {
+        const size_t n = fsdp_kb_embedding_bwd_threads(k);
+        if (n > 0) {
+            embedding_bwd_kernel<<<grid_for(n), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, n);
+            status = launched(k, "embedding_bwd_kernel");
+            if (status != FSDP_OK)
+                return status;
+        }
     }
     if (rows > 0) {
         row_kernel<Kind><<<grid_for(rows), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, rows,
@@ -292,8 +296,7 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
 /* Every kernel that the launchers above instantiate: those of launch_elem, launch_reduce and
  * launch_nn per kind, and the GEMM helpers. fsdp_gpu_load_kernels loads them all. */
 namespace {
-#define FSDP_GPU_NN(K) (const void *)elem_kernel<K>, (const void *)row_kernel<K>, \
-                       (const void *)cols_kernel<K>
+#define FSDP_GPU_NN(K) (const void *)elem_kernel<K>, (const void *)row_kernel<K>
 const void *const all_kernels[] = {
     (const void *)elem_kernel<FSDP_K_FILL>,
     (const void *)elem_kernel<FSDP_K_CAST>,
@@ -315,6 +318,7 @@ const void *const all_kernels[] = {
     (const void *)scale_matrix_kernel,
     (const void *)gemm_epilogue_kernel,
     (const void *)widen_matrix_kernel,
+    (const void *)embedding_bwd_kernel,
     FSDP_GPU_NN(FSDP_K_LAYERNORM_FWD),
     FSDP_GPU_NN(FSDP_K_LAYERNORM_BWD),
     FSDP_GPU_NN(FSDP_K_GELU_FWD),

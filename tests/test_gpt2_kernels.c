@@ -1080,6 +1080,82 @@ static void test_lane_column_sums(void)
     }
 }
 
+/* embedding_bwd: the GPU's threads (a (column, token bucket) pair each, and a (column,
+ * position) pair each) give the host loop's bits, in every dtype, with repeated, ignored and
+ * out-of-range tokens, and with or without each table. */
+static void test_lane_embedding_bwd(void)
+{
+    static const size_t rows_[] = {0, 1, 5, 33, 200};
+    static const size_t cols_[] = {1, 7, 33, 70};
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    const size_t vocab = 100, seq = 24;
+
+    for (size_t ri = 0; ri < 5; ri++) {
+        for (size_t ci = 0; ci < 4; ci++) {
+            for (int d = 0; d < 3; d++) {
+                for (int tables = 1; tables < 4; tables++) {
+                    const size_t rows = rows_[ri], cols = cols_[ci];
+                    const fsdp_dtype_t dt = dts[d];
+                    const size_t es = fsdp_dtype_size(dt);
+                    int32_t *tok = calloc(rows + 1, sizeof(int32_t));
+                    uint8_t *dy = calloc(rows * cols + 1, es);
+                    uint8_t *wte[2], *wpe[2];
+                    fsdp_kernel_t k;
+
+                    for (int h = 0; h < 2; h++) {
+                        wte[h] = calloc(vocab * cols, es);
+                        wpe[h] = calloc(seq * cols, es);
+                        CU_ASSERT_FATAL(wte[h] != NULL && wpe[h] != NULL);
+                    }
+                    CU_ASSERT_FATAL(tok != NULL && dy != NULL);
+                    for (size_t r = 0; r < rows; r++) {
+                        /* few distinct tokens (repeats), some ignored or out of range */
+                        double u = urand(0.0, 1.0);
+                        tok[r] = u < 0.05 ? -1 : u < 0.1 ? (int32_t)vocab : (int32_t)(u * 40.0);
+                    }
+                    for (size_t i = 0; i < rows * cols; i++)
+                        fsdp_kb_store(dy, dt, i, (float)urand(-1.0, 1.0));
+                    for (size_t i = 0; i < vocab * cols; i++)
+                        fsdp_kb_store(wte[0], dt, i, (float)urand(-1.0, 1.0));
+                    for (size_t i = 0; i < seq * cols; i++)
+                        fsdp_kb_store(wpe[0], dt, i, (float)urand(-1.0, 1.0));
+                    memcpy(wte[1], wte[0], vocab * cols * es);
+                    memcpy(wpe[1], wpe[0], seq * cols * es);
+
+                    for (int h = 0; h < 2; h++) {
+                        memset(&k, 0, sizeof(k));
+                        k.kind = FSDP_K_EMBEDDING_BWD;
+                        k.u.embedding_bwd.dwte = tables & 1 ? wte[h] : NULL;
+                        k.u.embedding_bwd.dwpe = tables & 2 ? wpe[h] : NULL;
+                        k.u.embedding_bwd.dy = dy;
+                        k.u.embedding_bwd.tokens = tok;
+                        k.u.embedding_bwd.rows = rows;
+                        k.u.embedding_bwd.cols = cols;
+                        k.u.embedding_bwd.vocab = vocab;
+                        k.u.embedding_bwd.seq = seq;
+                        k.u.embedding_bwd.dtype = dt;
+                        if (h == 0) {
+                            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+                        } else {
+                            const size_t n = fsdp_kb_embedding_bwd_threads(&k);
+                            for (size_t i = n; i-- > 0;) /* any order of the threads */
+                                fsdp_kb_embedding_bwd_at(&k, i);
+                        }
+                    }
+                    CU_ASSERT(memcmp(wte[0], wte[1], vocab * cols * es) == 0);
+                    CU_ASSERT(memcmp(wpe[0], wpe[1], seq * cols * es) == 0);
+                    for (int h = 0; h < 2; h++) {
+                        free(wte[h]);
+                        free(wpe[h]);
+                    }
+                    free(tok);
+                    free(dy);
+                }
+            }
+        }
+    }
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1097,6 +1173,7 @@ int main(void)
         {"low-precision tensors cost 2 bytes", test_low_precision_costs},
         {"column sums in the lane shape: within f32 bounds of double and of the row order",
          test_lane_column_sums},
+        {"embedding_bwd by token buckets gives the row-order loop's bits", test_lane_embedding_bwd},
         {NULL, NULL},
     };
     return fsdp_test_run("gpt2_kernels", tests);

@@ -465,6 +465,111 @@ FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
     }
 }
 
+/* ---- embedding_bwd on the GPU ----
+ *
+ * A thread per (column c, token bucket b) for dwte: it scans every row in order and adds those
+ * whose token t has t % FSDP_KB_EMB_BUCKETS == b; and a thread per (column c, position p) for
+ * dwpe, over rows p, p + seq, ... in order. Each destination element takes its rows in row order,
+ * as in the host loops above (fsdp_kb_embedding_bwd_cols), so the bits are theirs; consecutive
+ * threads take consecutive columns (coalesced). */
+#define FSDP_KB_EMB_BUCKETS 32
+
+/* Positions of dwpe that rows reach (0 without dwpe). */
+FSDP_HD size_t fsdp_kb_embedding_bwd_positions(const fsdp_kernel_t *k)
+{
+    const size_t seq = k->u.embedding_bwd.seq, rows = k->u.embedding_bwd.rows;
+    return k->u.embedding_bwd.dwpe == NULL ? 0 : seq < rows ? seq : rows;
+}
+
+/* Threads of fsdp_kb_embedding_bwd_at. */
+FSDP_HD size_t fsdp_kb_embedding_bwd_threads(const fsdp_kernel_t *k)
+{
+    const size_t n = k->u.embedding_bwd.cols;
+    return (k->u.embedding_bwd.dwte != NULL ? n * FSDP_KB_EMB_BUCKETS : 0) +
+           n * fsdp_kb_embedding_bwd_positions(k);
+}
+
+/* dwte, column c, the tokens of bucket b. In f32 each row adds onto the gradient in turn; in a
+ * 16-bit dtype each token's rows are summed in f32 (in row order), rounded, then added: the
+ * tokens of the bucket are taken one by one in increasing order, a scan of the rows each, which
+ * follows the smallest token above the last one done, restarting its sum where a smaller one
+ * first appears. */
+FSDP_HD void fsdp_kb_embedding_bwd_bucket(const fsdp_kernel_t *k, size_t c, size_t b)
+{
+    const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
+    const size_t n = k->u.embedding_bwd.cols, rows = k->u.embedding_bwd.rows;
+    const size_t vocab = k->u.embedding_bwd.vocab;
+    const int32_t *tok = k->u.embedding_bwd.tokens;
+    const void *dy = k->u.embedding_bwd.dy;
+    void *dwte = k->u.embedding_bwd.dwte;
+
+    if (dt == FSDP_DTYPE_F32) {
+        for (size_t r = 0; r < rows; r++) {
+            const int32_t t = tok[r];
+            if (t >= 0 && (size_t)t < vocab && (size_t)t % FSDP_KB_EMB_BUCKETS == b) {
+                const size_t w = (size_t)t * n + c;
+                fsdp_kb_store(dwte, dt, w,
+                              fsdp_kb_load(dwte, dt, w) + fsdp_kb_load(dy, dt, r * n + c));
+            }
+        }
+        return;
+    }
+    for (size_t lo = 0;;) { /* tokens below lo are done */
+        size_t cur = vocab, w;
+        float s = 0.0f;
+        for (size_t r = 0; r < rows; r++) {
+            const int32_t t = tok[r];
+            if (t < 0 || (size_t)t < lo || (size_t)t > cur || (size_t)t >= vocab ||
+                (size_t)t % FSDP_KB_EMB_BUCKETS != b)
+                continue;
+            if ((size_t)t < cur) {
+                cur = (size_t)t;
+                s = 0.0f;
+            }
+            s += fsdp_kb_load(dy, dt, r * n + c);
+        }
+        if (cur == vocab)
+            return;
+        w = cur * n + c;
+        fsdp_kb_store(dwte, dt, w, fsdp_kb_load(dwte, dt, w) + fsdp_kb_round_to(s, dt));
+        lo = cur + 1;
+    }
+}
+
+/* dwpe, column c, position p: rows p, p + seq, ... (in a 16-bit dtype summed, rounded, added) */
+FSDP_HD void fsdp_kb_embedding_bwd_pos(const fsdp_kernel_t *k, size_t c, size_t p)
+{
+    const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
+    const size_t n = k->u.embedding_bwd.cols, rows = k->u.embedding_bwd.rows;
+    const size_t seq = k->u.embedding_bwd.seq, w = p * n + c;
+    const void *dy = k->u.embedding_bwd.dy;
+    void *dwpe = k->u.embedding_bwd.dwpe;
+    float s = 0.0f;
+
+    for (size_t q = p; q < rows; q += seq) {
+        if (dt == FSDP_DTYPE_F32)
+            fsdp_kb_store(dwpe, dt, w, fsdp_kb_load(dwpe, dt, w) + fsdp_kb_load(dy, dt, q * n + c));
+        else
+            s += fsdp_kb_load(dy, dt, q * n + c);
+    }
+    if (dt != FSDP_DTYPE_F32)
+        fsdp_kb_store(dwpe, dt, w, fsdp_kb_load(dwpe, dt, w) + fsdp_kb_round_to(s, dt));
+}
+
+/* Thread i < fsdp_kb_embedding_bwd_threads(k): the buckets of dwte first, then dwpe's
+ * positions, the column fastest. */
+FSDP_HD void fsdp_kb_embedding_bwd_at(const fsdp_kernel_t *k, size_t i)
+{
+    const size_t n = k->u.embedding_bwd.cols;
+    const size_t nt = k->u.embedding_bwd.dwte != NULL ? n * FSDP_KB_EMB_BUCKETS : 0;
+    if (i < nt) {
+        fsdp_kb_embedding_bwd_bucket(k, i % n, i / n);
+    } else {
+        i -= nt;
+        fsdp_kb_embedding_bwd_pos(k, i % n, i / n);
+    }
+}
+
 /* The dtype of a transformer kernel's tensors (f32 for the other kinds). */
 FSDP_HD fsdp_dtype_t fsdp_kb_nn_dtype(const fsdp_kernel_t *k)
 {
