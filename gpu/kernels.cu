@@ -236,15 +236,37 @@ extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *
                                 __FILE__, __LINE__, __func__);
 }
 
-/* The transformer kinds (lib/kernels/nn_bodies.h): a thread per row, a thread per chunk of
- * FSDP_KB_COLS columns (weight gradients, summed over the rows in order). */
+/* The row kernels of lib/kernels/nn_bodies.h: a warp per row, FSDP_GPU_ROW_WARPS rows a block
+ * and a grid-stride loop over the rows. Each reduction pass's lane partials meet in the warp's
+ * butterfly (lanes.h), as fsdp_kb_nn_row replays it on the host. */
+#define FSDP_GPU_ROW_WARPS (FSDP_GPU_THREADS / FSDP_KB_LANES)
+
+constexpr bool is_row_kind(int kind)
+{
+    return kind == FSDP_K_LAYERNORM_FWD || kind == FSDP_K_LAYERNORM_BWD ||
+           kind == FSDP_K_SOFTMAX_FWD || kind == FSDP_K_SOFTMAX_BWD ||
+           kind == FSDP_K_CROSS_ENTROPY;
+}
+
 template <int Kind>
 __global__ void __launch_bounds__(FSDP_GPU_THREADS)
     row_kernel(const fsdp_kernel_t k, size_t rows, float ce_scale)
 {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride)
-        fsdp_kb_nn_row((fsdp_kernel_kind_t)Kind, &k, ce_scale, r);
+    constexpr int np = FSDP_KB_ROW_REDUCTIONS(Kind);
+    const unsigned lane = threadIdx.x % FSDP_KB_LANES;
+    const size_t stride = (size_t)gridDim.x * FSDP_GPU_ROW_WARPS;
+
+    /* r is the same in every lane of a warp: the shuffles see the full warp */
+    for (size_t r = (size_t)blockIdx.x * FSDP_GPU_ROW_WARPS + threadIdx.x / FSDP_KB_LANES;
+         r < rows; r += stride) {
+        float st[FSDP_KB_ROW_STATE] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int p = 0; p < np; p++) {
+            float v = fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, p, st);
+            st[p] = FSDP_KB_ROW_MAX(Kind, p) ? fsdp_kb_warp_max(v) : fsdp_kb_warp_tree(v);
+        }
+        (void)fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, np, st);
+    }
 }
 
 /* embedding_bwd: a thread per (column, token bucket) and per (column, position), each
@@ -279,12 +301,15 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
                 return status;
         }
     }
-    if (rows > 0) {
-        row_kernel<Kind><<<grid_for(rows), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, rows,
-                                                                             p->ce_scale);
-        status = launched(k, "row_kernel");
-        if (status != FSDP_OK)
-            return status;
+    if constexpr (is_row_kind(Kind)) {
+        if (rows > 0) {
+            const size_t blocks = (rows + FSDP_GPU_ROW_WARPS - 1) / FSDP_GPU_ROW_WARPS;
+            row_kernel<Kind><<<(unsigned)(blocks < 65536 ? blocks : 65536), FSDP_GPU_THREADS, 0,
+                               stream->cu>>>(*k, rows, p->ce_scale);
+            status = launched(k, "row_kernel");
+            if (status != FSDP_OK)
+                return status;
+        }
     }
     if (Kind == FSDP_K_CROSS_ENTROPY && k->u.cross_entropy.loss != NULL)
         return launch_reduce<FSDP_K_CROSS_ENTROPY>(stream, k, k->u.cross_entropy.rows,
@@ -296,7 +321,8 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
 /* Every kernel that the launchers above instantiate: those of launch_elem, launch_reduce and
  * launch_nn per kind, and the GEMM helpers. fsdp_gpu_load_kernels loads them all. */
 namespace {
-#define FSDP_GPU_NN(K) (const void *)elem_kernel<K>, (const void *)row_kernel<K>
+#define FSDP_GPU_NN(K) (const void *)elem_kernel<K>
+#define FSDP_GPU_NN_ROWS(K) (const void *)elem_kernel<K>, (const void *)row_kernel<K>
 const void *const all_kernels[] = {
     (const void *)elem_kernel<FSDP_K_FILL>,
     (const void *)elem_kernel<FSDP_K_CAST>,
@@ -319,18 +345,19 @@ const void *const all_kernels[] = {
     (const void *)gemm_epilogue_kernel,
     (const void *)widen_matrix_kernel,
     (const void *)embedding_bwd_kernel,
-    FSDP_GPU_NN(FSDP_K_LAYERNORM_FWD),
-    FSDP_GPU_NN(FSDP_K_LAYERNORM_BWD),
+    FSDP_GPU_NN_ROWS(FSDP_K_LAYERNORM_FWD),
+    FSDP_GPU_NN_ROWS(FSDP_K_LAYERNORM_BWD),
     FSDP_GPU_NN(FSDP_K_GELU_FWD),
     FSDP_GPU_NN(FSDP_K_GELU_BWD),
-    FSDP_GPU_NN(FSDP_K_SOFTMAX_FWD),
-    FSDP_GPU_NN(FSDP_K_SOFTMAX_BWD),
+    FSDP_GPU_NN_ROWS(FSDP_K_SOFTMAX_FWD),
+    FSDP_GPU_NN_ROWS(FSDP_K_SOFTMAX_BWD),
     FSDP_GPU_NN(FSDP_K_EMBEDDING_FWD),
     FSDP_GPU_NN(FSDP_K_EMBEDDING_BWD),
-    FSDP_GPU_NN(FSDP_K_CROSS_ENTROPY),
+    FSDP_GPU_NN_ROWS(FSDP_K_CROSS_ENTROPY),
     FSDP_GPU_NN(FSDP_K_ADD),
 };
 #undef FSDP_GPU_NN
+#undef FSDP_GPU_NN_ROWS
 } // namespace
 
 /* Under lazy module loading (CUDA's default since 12.2) a kernel's first launch loads its

@@ -1156,6 +1156,239 @@ static void test_lane_embedding_bwd(void)
     }
 }
 
+/* relative error within tol of the double value, reporting the first failure */
+static int rel_ok(double got, double ref, double tol, const char *what, size_t n, size_t i)
+{
+    if (fabs(got - ref) <= tol * (fabs(ref) + 1e-30) || (got == ref))
+        return 1;
+    fprintf(stderr, "\n  %s[%zu] of a row of %zu: %.9g vs %.9g (tolerance %g)\n", what, i, n, got,
+            ref, tol);
+    return 0;
+}
+
+/* The row kernels (a warp per row, replayed on the host) against double: layernorm forward and
+ * backward, softmax forward (plain and causal) and backward, cross-entropy, with rows of 0 to 257
+ * columns; and layernorm's mean and cross-entropy's loss against the sequential f32 sums of the
+ * bodies before the lanes (within the two sums' bounds). Tolerances: a lane sum of n terms is
+ * within (ceil(n / 32) + 5) u sum |t| (u = 2^-24); exp and log add 2 ulp; each output rounds
+ * a few more times: 1e-5 relative everywhere but the stated sums. */
+static void test_lane_rows(void)
+{
+    static const size_t cols_[] = {1, 5, 31, 32, 33, 64, 100, 257};
+    const size_t rows = 5;
+
+    for (size_t ci = 0; ci < sizeof(cols_) / sizeof(cols_[0]); ci++) {
+        const size_t n = cols_[ci], crows = 2 * n; /* causal: two blocks */
+        float *x = malloc(crows * n * sizeof(float)), *y = malloc(crows * n * sizeof(float));
+        float *dy = malloc(crows * n * sizeof(float)), *dx = malloc(crows * n * sizeof(float));
+        float *w = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        float mean[5], rstd[5], losses[5], loss;
+        int32_t tgt[5];
+        fsdp_kernel_t k;
+        int ok = 1;
+
+        CU_ASSERT_FATAL(x != NULL && y != NULL && dy != NULL && dx != NULL && w != NULL &&
+                        b != NULL);
+        fill(x, crows * n, -3.0, 3.0);
+        fill(dy, crows * n, -1.0, 1.0);
+        fill(w, n, 0.5, 1.5);
+        fill(b, n, -0.5, 0.5);
+
+        /* layernorm forward */
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_LAYERNORM_FWD;
+        k.u.layernorm_fwd.y = y;
+        k.u.layernorm_fwd.mean = mean;
+        k.u.layernorm_fwd.rstd = rstd;
+        k.u.layernorm_fwd.x = x;
+        k.u.layernorm_fwd.weight = w;
+        k.u.layernorm_fwd.bias = b;
+        k.u.layernorm_fwd.rows = rows;
+        k.u.layernorm_fwd.cols = n;
+        k.u.layernorm_fwd.eps = 1e-5f;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t r = 0; ok && r < rows; r++) {
+            const float *xr = x + r * n;
+            double m = 0.0, v = 0.0, a = 0.0, rs;
+            float seq = 0.0f;
+            for (size_t c = 0; c < n; c++) {
+                m += xr[c];
+                a += fabs(xr[c]);
+                seq += xr[c];
+            }
+            ok = lane_sum_ok(mean[r] * (float)n, m, seq, n, a + fabs(m), "layernorm sum", r);
+            m /= (double)n;
+            for (size_t c = 0; c < n; c++)
+                v += (xr[c] - m) * (xr[c] - m);
+            rs = 1.0 / sqrt(v / (double)n + 1e-5);
+            ok = ok && rel_ok(rstd[r], rs, 1e-5, "layernorm rstd", n, r);
+            for (size_t c = 0; ok && c < n; c++)
+                ok = close_to(y[r * n + c], (xr[c] - m) * rs * w[c] + b[c], 1e-5, "layernorm y", c);
+        }
+
+        /* layernorm backward, the input gradient (the statistics of the forward) */
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_LAYERNORM_BWD;
+        k.u.layernorm_bwd.dx = dx;
+        k.u.layernorm_bwd.dy = dy;
+        k.u.layernorm_bwd.x = x;
+        k.u.layernorm_bwd.mean = mean;
+        k.u.layernorm_bwd.rstd = rstd;
+        k.u.layernorm_bwd.weight = w;
+        k.u.layernorm_bwd.rows = rows;
+        k.u.layernorm_bwd.cols = n;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t r = 0; ok && r < rows; r++) {
+            double sg = 0.0, sgx = 0.0, scale = 0.0;
+            for (size_t c = 0; c < n; c++) {
+                double g = (double)dy[r * n + c] * w[c];
+                double xh = ((double)x[r * n + c] - mean[r]) * rstd[r];
+                sg += g;
+                sgx += g * xh;
+                scale += fabs(g) * (1.0 + fabs(xh));
+            }
+            sg /= (double)n;
+            sgx /= (double)n;
+            scale = scale / (double)n + 1.0; /* the size of the terms the sums cancel */
+            for (size_t c = 0; ok && c < n; c++) {
+                double g = (double)dy[r * n + c] * w[c];
+                double xh = ((double)x[r * n + c] - mean[r]) * rstd[r];
+                double want = (g - sg - xh * sgx) * rstd[r];
+                if (!(fabs(dx[r * n + c] - want) <= 1e-5 * scale * rstd[r])) {
+                    fprintf(stderr, "\n  layernorm dx[%zu] of %zu: %.9g vs %.9g\n", c, n,
+                            (double)dx[r * n + c], want);
+                    ok = 0;
+                }
+            }
+        }
+
+        /* softmax forward (plain, then causal), backward of the causal one */
+        for (int causal = 0; causal < 2; causal++) {
+            const size_t sr = causal ? crows : rows;
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_SOFTMAX_FWD;
+            k.u.softmax_fwd.y = y;
+            k.u.softmax_fwd.x = x;
+            k.u.softmax_fwd.rows = sr;
+            k.u.softmax_fwd.cols = n;
+            k.u.softmax_fwd.scale = 0.7f;
+            k.u.softmax_fwd.causal = causal;
+            CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+            for (size_t r = 0; ok && r < sr; r++) {
+                const size_t valid = causal ? r % n + 1 : n;
+                double mx = -INFINITY, sum = 0.0;
+                for (size_t j = 0; j < valid; j++)
+                    mx = fmax(mx, (double)(x[r * n + j] * 0.7f));
+                for (size_t j = 0; j < valid; j++)
+                    sum += exp((double)(x[r * n + j] * 0.7f) - mx);
+                for (size_t j = 0; ok && j < n; j++)
+                    ok = j < valid
+                             ? rel_ok(y[r * n + j], exp((double)(x[r * n + j] * 0.7f) - mx) / sum,
+                                      1e-5, "softmax y", n, j)
+                             : y[r * n + j] == 0.0f;
+            }
+        }
+        memset(&k, 0, sizeof(k)); /* y: the causal softmax */
+        k.kind = FSDP_K_SOFTMAX_BWD;
+        k.u.softmax_bwd.dx = dx;
+        k.u.softmax_bwd.dy = dy;
+        k.u.softmax_bwd.y = y;
+        k.u.softmax_bwd.rows = crows;
+        k.u.softmax_bwd.cols = n;
+        k.u.softmax_bwd.scale = 0.7f;
+        k.u.softmax_bwd.causal = 1;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t r = 0; ok && r < crows; r++) {
+            const size_t valid = r % n + 1;
+            double dot = 0.0;
+            for (size_t j = 0; j < valid; j++)
+                dot += (double)y[r * n + j] * dy[r * n + j];
+            for (size_t j = 0; ok && j < n; j++) {
+                double want = j < valid ? 0.7 * y[r * n + j] * (dy[r * n + j] - dot) : 0.0;
+                /* |dy - dot| may cancel: absolute in units of y's scale */
+                ok = j < valid ? fabs(dx[r * n + j] - want) <= 1e-5 * (y[r * n + j] + 1e-30) * 2.0
+                               : dx[r * n + j] == 0.0f;
+                if (!ok)
+                    fprintf(stderr, "\n  softmax dx[%zu] of %zu: %.9g vs %.9g\n", j, n,
+                            (double)dx[r * n + j], want);
+            }
+        }
+
+        /* cross-entropy: a target in every lane position, one ignored row */
+        for (size_t r = 0; r < rows; r++)
+            tgt[r] = r == 3 ? -1 : (int32_t)((r * 37) % n);
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_CROSS_ENTROPY;
+        k.u.cross_entropy.loss = &loss;
+        k.u.cross_entropy.losses = losses;
+        k.u.cross_entropy.dlogits = dx;
+        k.u.cross_entropy.logits = x;
+        k.u.cross_entropy.targets = tgt;
+        k.u.cross_entropy.rows = rows;
+        k.u.cross_entropy.vocab = n;
+        k.u.cross_entropy.denom = 4.0;
+        CU_ASSERT_EQUAL_FATAL(run(&k), FSDP_OK);
+        for (size_t r = 0; ok && r < rows; r++) {
+            const float *l = x + r * n;
+            double mx = -INFINITY, sum = 0.0;
+            float fmx = -INFINITY, fsum = 0.0f, seq;
+            if (tgt[r] < 0) {
+                ok = losses[r] == 0.0f;
+                continue;
+            }
+            for (size_t j = 0; j < n; j++) {
+                mx = fmax(mx, l[j]);
+                fmx = l[j] > fmx ? l[j] : fmx;
+            }
+            for (size_t j = 0; j < n; j++) {
+                sum += exp(l[j] - mx);
+                fsum += fsdp_kb_expf(l[j] - fmx);
+            }
+            seq = (fmx + fsdp_kb_logf(fsum)) - l[tgt[r]];
+            /* the loss: log of the sum (within the sum's bound, relative) plus the logits */
+            ok = fabs(losses[r] - (mx + log(sum) - l[tgt[r]])) <=
+                     lane_bound(n, sum) / sum + 1e-6 * (fabs(mx) + fabs(l[tgt[r]]) + 1.0) &&
+                 fabs(losses[r] - seq) <= (lane_bound(n, sum) + seq_bound(n, sum)) / sum +
+                                              1e-6 * (fabs(mx) + fabs(l[tgt[r]]) + 1.0);
+            if (!ok)
+                fprintf(stderr, "\n  cross-entropy loss of %zu classes: %.9g vs %.9g, seq %.9g\n",
+                        n, (double)losses[r], mx + log(sum) - l[tgt[r]], (double)seq);
+            for (size_t j = 0; ok && j < n; j++) {
+                double p = exp(l[j] - mx) / sum;
+                ok = fabs(dx[r * n + j] - (p - (j == (size_t)tgt[r])) / 4.0) <=
+                     1e-5 * (p + (j == (size_t)tgt[r]) + 1e-30);
+                if (!ok)
+                    fprintf(stderr, "\n  dlogits[%zu] of %zu: %.9g vs %.9g\n", j, n,
+                            (double)dx[r * n + j], (p - (j == (size_t)tgt[r])) / 4.0);
+            }
+        }
+        CU_ASSERT(ok);
+        free(x);
+        free(y);
+        free(dy);
+        free(dx);
+        free(w);
+        free(b);
+    }
+
+    /* no rows: nothing is read or written */
+    {
+        fsdp_kernel_t k;
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_SOFTMAX_FWD;
+        k.u.softmax_fwd.cols = 8;
+        CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_LAYERNORM_FWD;
+        k.u.layernorm_fwd.cols = 8;
+        CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+        memset(&k, 0, sizeof(k));
+        k.kind = FSDP_K_CROSS_ENTROPY;
+        k.u.cross_entropy.vocab = 8;
+        CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    }
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1174,6 +1407,7 @@ int main(void)
         {"column sums in the lane shape: within f32 bounds of double and of the row order",
          test_lane_column_sums},
         {"embedding_bwd by token buckets gives the row-order loop's bits", test_lane_embedding_bwd},
+        {"row kernels in the lane shape against double and the row order", test_lane_rows},
         {NULL, NULL},
     };
     return fsdp_test_run("gpt2_kernels", tests);

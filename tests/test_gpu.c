@@ -100,7 +100,7 @@ static void quiet(fsdp_log_level_t level, const char *file, int line, const char
 
 /* ---- kernels: the GPU against the host, buffer by buffer ---- */
 
-#define MAX_BUFS 6
+#define MAX_BUFS 10
 
 typedef struct kcase {
     fsdp_kernel_t k; /* host pointers */
@@ -204,6 +204,46 @@ static fsdp_kernel_t device_kernel(const kcase_t *c)
         MAP_(sumsq.out);
         MAP_(sumsq.x);
         break;
+    case FSDP_K_LAYERNORM_FWD:
+        MAP_(layernorm_fwd.y);
+        MAP_(layernorm_fwd.mean);
+        MAP_(layernorm_fwd.rstd);
+        MAP_(layernorm_fwd.x);
+        MAP_(layernorm_fwd.weight);
+        MAP_(layernorm_fwd.bias);
+        break;
+    case FSDP_K_LAYERNORM_BWD:
+        MAP_(layernorm_bwd.dx);
+        MAP_(layernorm_bwd.dweight);
+        MAP_(layernorm_bwd.dbias);
+        MAP_(layernorm_bwd.dy);
+        MAP_(layernorm_bwd.x);
+        MAP_(layernorm_bwd.mean);
+        MAP_(layernorm_bwd.rstd);
+        MAP_(layernorm_bwd.weight);
+        break;
+    case FSDP_K_SOFTMAX_FWD:
+        MAP_(softmax_fwd.y);
+        MAP_(softmax_fwd.x);
+        break;
+    case FSDP_K_SOFTMAX_BWD:
+        MAP_(softmax_bwd.dx);
+        MAP_(softmax_bwd.dy);
+        MAP_(softmax_bwd.y);
+        break;
+    case FSDP_K_EMBEDDING_BWD:
+        MAP_(embedding_bwd.dwte);
+        MAP_(embedding_bwd.dwpe);
+        MAP_(embedding_bwd.dy);
+        MAP_(embedding_bwd.tokens);
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        MAP_(cross_entropy.loss);
+        MAP_(cross_entropy.losses);
+        MAP_(cross_entropy.dlogits);
+        MAP_(cross_entropy.logits);
+        MAP_(cross_entropy.targets);
+        break;
     default:
         break;
     }
@@ -218,6 +258,18 @@ static void host_exec(const fsdp_kernel_t *k)
     double acc = 0.0;
 
     fsdp_kb_prepare(k, &p);
+    if (k->kind >= FSDP_K_LAYERNORM_FWD && k->kind <= FSDP_K_ADD) { /* sim/kernels_nn.c's loops */
+        const size_t chunks = fsdp_kb_nn_chunks(k), rows = fsdp_kb_nn_rows(k);
+        fsdp_kb_colsum(k);
+        for (size_t c = 0; c < chunks; c++)
+            fsdp_kb_nn_cols(k->kind, k, c);
+        for (size_t r = 0; r < rows; r++)
+            fsdp_kb_nn_row(k->kind, k, p.ce_scale, r);
+        if (k->kind == FSDP_K_CROSS_ENTROPY && k->u.cross_entropy.loss != NULL)
+            k->u.cross_entropy.loss[0] =
+                (float)(fsdp_kb_reduce_sum(k, k->u.cross_entropy.rows, fsdp_kb_cross_entropy_term) /
+                        k->u.cross_entropy.denom);
+    }
     switch (k->kind) {
     case FSDP_K_BIAS_GRAD:
         fsdp_kb_colsum(k);
@@ -516,6 +568,122 @@ static void test_bias_relu(void)
         c.k.u.mse.y = kbuf(&c, dt, 100003, -2, 2);
         c.k.u.mse.t = kbuf(&c, FSDP_DTYPE_F32, 100003, -2, 2);
         c.k.u.mse.denom = 100003.0;
+        run_case(&c);
+    }
+}
+
+/* The transformer kernels of nn_bodies.h: a warp per row, 32 x 32 blocks for the column sums,
+ * token buckets for embedding_bwd; shapes with partial warps and blocks, in f32 and bf16. */
+static void test_transformer(void)
+{
+    const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+    const size_t rows = 333, cols = 77, vocab = 1000, seq = 64;
+    kcase_t c;
+
+    for (int d = 0; d < 2; d++) {
+        const fsdp_dtype_t dt = dts[d];
+        float *mean, *rstd;
+        int32_t *tok;
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_BIAS_GRAD;
+        c.k.u.bias_grad.rows = rows;
+        c.k.u.bias_grad.cols = cols;
+        c.k.u.bias_grad.dbias_dtype = c.k.u.bias_grad.dy_dtype = dt;
+        c.k.u.bias_grad.dbias = kbuf(&c, dt, cols, -1, 1);
+        c.k.u.bias_grad.dy = kbuf(&c, dt, rows * cols, -1, 1);
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_LAYERNORM_FWD;
+        c.k.u.layernorm_fwd.y = kbuf(&c, dt, rows * cols, 0, 0);
+        c.k.u.layernorm_fwd.mean = kbuf(&c, FSDP_DTYPE_F32, rows, 0, 0);
+        c.k.u.layernorm_fwd.rstd = kbuf(&c, FSDP_DTYPE_F32, rows, 0, 0);
+        c.k.u.layernorm_fwd.x = kbuf(&c, dt, rows * cols, -2, 3);
+        c.k.u.layernorm_fwd.weight = kbuf(&c, dt, cols, 0.5f, 1.5f);
+        c.k.u.layernorm_fwd.bias = kbuf(&c, dt, cols, -1, 1);
+        c.k.u.layernorm_fwd.rows = rows;
+        c.k.u.layernorm_fwd.cols = cols;
+        c.k.u.layernorm_fwd.eps = 1e-5f;
+        c.k.u.layernorm_fwd.dtype = dt;
+        run_case(&c);
+
+        for (int acc = 0; acc < 2; acc++) {
+            memset(&c, 0, sizeof(c));
+            c.k.kind = FSDP_K_LAYERNORM_BWD;
+            c.k.u.layernorm_bwd.dx = kbuf(&c, dt, rows * cols, -1, 1);
+            c.k.u.layernorm_bwd.dweight = kbuf(&c, dt, cols, -1, 1);
+            c.k.u.layernorm_bwd.dbias = kbuf(&c, dt, cols, -1, 1);
+            c.k.u.layernorm_bwd.dy = kbuf(&c, dt, rows * cols, -1, 1);
+            c.k.u.layernorm_bwd.x = kbuf(&c, dt, rows * cols, -2, 2);
+            c.k.u.layernorm_bwd.mean = mean = kbuf(&c, FSDP_DTYPE_F32, rows, -0.5f, 0.5f);
+            c.k.u.layernorm_bwd.rstd = rstd = kbuf(&c, FSDP_DTYPE_F32, rows, 0.5f, 2);
+            c.k.u.layernorm_bwd.weight = kbuf(&c, dt, cols, 0.5f, 1.5f);
+            c.k.u.layernorm_bwd.rows = rows;
+            c.k.u.layernorm_bwd.cols = cols;
+            c.k.u.layernorm_bwd.accumulate = acc;
+            c.k.u.layernorm_bwd.dtype = dt;
+            (void)mean;
+            (void)rstd;
+            run_case(&c);
+        }
+
+        for (int causal = 0; causal < 2; causal++) {
+            const size_t n = causal ? seq : 300, sr = causal ? 3 * seq : 77;
+            memset(&c, 0, sizeof(c)); /* in place */
+            c.k.kind = FSDP_K_SOFTMAX_FWD;
+            c.k.u.softmax_fwd.y = kbuf(&c, dt, sr * n, -5, 5);
+            c.k.u.softmax_fwd.x = c.k.u.softmax_fwd.y;
+            c.k.u.softmax_fwd.rows = sr;
+            c.k.u.softmax_fwd.cols = n;
+            c.k.u.softmax_fwd.scale = 0.125f;
+            c.k.u.softmax_fwd.divisor = causal ? 8.0f : 0.0f;
+            c.k.u.softmax_fwd.causal = causal;
+            c.k.u.softmax_fwd.dtype = dt;
+            run_case(&c);
+
+            memset(&c, 0, sizeof(c)); /* dx in place on dy */
+            c.k.kind = FSDP_K_SOFTMAX_BWD;
+            c.k.u.softmax_bwd.dx = kbuf(&c, dt, sr * n, -1, 1);
+            c.k.u.softmax_bwd.dy = c.k.u.softmax_bwd.dx;
+            c.k.u.softmax_bwd.y = kbuf(&c, dt, sr * n, 0, 0.1f);
+            c.k.u.softmax_bwd.rows = sr;
+            c.k.u.softmax_bwd.cols = n;
+            c.k.u.softmax_bwd.scale = 0.125f;
+            c.k.u.softmax_bwd.divisor = causal ? 8.0f : 0.0f;
+            c.k.u.softmax_bwd.causal = causal;
+            c.k.u.softmax_bwd.dtype = dt;
+            run_case(&c);
+        }
+
+        memset(&c, 0, sizeof(c)); /* dlogits in place, ignored and invalid targets */
+        c.k.kind = FSDP_K_CROSS_ENTROPY;
+        c.k.u.cross_entropy.loss = kbuf(&c, FSDP_DTYPE_F32, 1, 0, 0);
+        c.k.u.cross_entropy.losses = kbuf(&c, FSDP_DTYPE_F32, rows, 0, 0);
+        c.k.u.cross_entropy.dlogits = kbuf(&c, dt, rows * vocab, -4, 4);
+        c.k.u.cross_entropy.logits = c.k.u.cross_entropy.dlogits;
+        c.k.u.cross_entropy.targets = tok = kbuf(&c, FSDP_DTYPE_I32, rows, 0, 0);
+        for (size_t r = 0; r < rows; r++)
+            tok[r] = r % 17 == 5 ? -1 : r == 100 ? (int32_t)vocab : (int32_t)((r * 7919) % vocab);
+        c.k.u.cross_entropy.rows = rows;
+        c.k.u.cross_entropy.vocab = vocab;
+        c.k.u.cross_entropy.denom = (double)rows;
+        c.k.u.cross_entropy.dtype = dt;
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_EMBEDDING_BWD;
+        c.k.u.embedding_bwd.dwte = kbuf(&c, dt, 200 * cols, -1, 1);
+        c.k.u.embedding_bwd.dwpe = kbuf(&c, dt, seq * cols, -1, 1);
+        c.k.u.embedding_bwd.dy = kbuf(&c, dt, rows * cols, -1, 1);
+        c.k.u.embedding_bwd.tokens = tok = kbuf(&c, FSDP_DTYPE_I32, rows, 0, 0);
+        for (size_t r = 0; r < rows; r++) /* repeats, an ignored and an invalid token */
+            tok[r] = r == 7 ? -1 : r == 8 ? 200 : (int32_t)((r * r) % 151);
+        c.k.u.embedding_bwd.rows = rows;
+        c.k.u.embedding_bwd.cols = cols;
+        c.k.u.embedding_bwd.seq = seq;
+        c.k.u.embedding_bwd.vocab = 200;
+        c.k.u.embedding_bwd.dtype = dt;
         run_case(&c);
     }
 }
@@ -1067,6 +1235,7 @@ static const fsdp_test_case_t tests[] = {
     {"fill and cast", test_fill_cast},
     {"scale, div, axpy", test_scale_axpy},
     {"bias and relu", test_bias_relu},
+    {"transformer kernels", test_transformer},
     {"mse and sumsq", test_losses_reductions},
     {"reduction determinism", test_reduction_determinism},
     {"adamw and sgd", test_optimizers},

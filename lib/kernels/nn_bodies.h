@@ -184,36 +184,57 @@ FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
     fsdp_kb_store(k->u.embedding_fwd.y, dt, i, v);
 }
 
-/* ---- row bodies ---- */
+/* ---- row bodies ----
+ *
+ * A row kernel runs in passes over its row (lanes.h's row shape): in pass p < the kind's
+ * reductions (fsdp_kb_nn_row_reductions), lane l of FSDP_KB_LANES reads elements l, l + 32, ...
+ * in order and returns its partial sum (or maximum); the lanes' partials meet in the butterfly,
+ * and the result is st[p] for the passes after it. The last pass stores each lane's elements
+ * (lane 0 the row's scalars). A warp runs a row on the GPU, a loop over the lanes on the host
+ * (fsdp_kb_nn_row): the same bits. st may also carry what a pass keeps for a later one
+ * (cross_entropy's target logit). */
+#define FSDP_KB_ROW_STATE 3
 
-FSDP_HD void fsdp_kb_layernorm_fwd_row(const fsdp_kernel_t *k, size_t r)
+/* layernorm_fwd, row r, lane l: pass 0 sums x, pass 1 the squared deviations from the mean
+ * st[0] / n, pass 2 stores y (and mean, rstd) with rstd from st[1]. */
+FSDP_HD float fsdp_kb_layernorm_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
+                                         const float *st)
 {
     const fsdp_dtype_t dt = k->u.layernorm_fwd.dtype;
     const size_t n = k->u.layernorm_fwd.cols, o = r * n;
     const void *x = k->u.layernorm_fwd.x;
     const void *w = k->u.layernorm_fwd.weight, *b = k->u.layernorm_fwd.bias;
-    float sum = 0.0f, var = 0.0f, mean, rstd;
+    float acc = 0.0f, mean, rstd;
 
-    for (size_t c = 0; c < n; c++)
-        sum += fsdp_kb_load(x, dt, o + c);
-    mean = sum / (float)n;
-    for (size_t c = 0; c < n; c++) {
-        float d = fsdp_kb_load(x, dt, o + c) - mean;
-        var += d * d;
+    if (pass == 0) {
+        for (size_t c = l; c < n; c += FSDP_KB_LANES)
+            acc += fsdp_kb_load(x, dt, o + c);
+        return acc;
     }
-    rstd = 1.0f / sqrtf(var / (float)n + k->u.layernorm_fwd.eps);
-    for (size_t c = 0; c < n; c++)
+    mean = st[0] / (float)n;
+    if (pass == 1) {
+        for (size_t c = l; c < n; c += FSDP_KB_LANES) {
+            float d = fsdp_kb_load(x, dt, o + c) - mean;
+            acc += d * d;
+        }
+        return acc;
+    }
+    rstd = 1.0f / sqrtf(st[1] / (float)n + k->u.layernorm_fwd.eps);
+    for (size_t c = l; c < n; c += FSDP_KB_LANES)
         fsdp_kb_store(k->u.layernorm_fwd.y, dt, o + c,
                       (fsdp_kb_load(x, dt, o + c) - mean) * rstd * fsdp_kb_load(w, dt, c) +
                           fsdp_kb_load(b, dt, c));
-    if (k->u.layernorm_fwd.mean != NULL)
+    if (l == 0 && k->u.layernorm_fwd.mean != NULL)
         k->u.layernorm_fwd.mean[r] = mean;
-    if (k->u.layernorm_fwd.rstd != NULL)
+    if (l == 0 && k->u.layernorm_fwd.rstd != NULL)
         k->u.layernorm_fwd.rstd[r] = rstd;
+    return 0.0f;
 }
 
-/* layernorm_bwd, the input gradient of row r */
-FSDP_HD void fsdp_kb_layernorm_bwd_row(const fsdp_kernel_t *k, size_t r)
+/* layernorm_bwd, the input gradient of row r, lane l: with g = dy * weight, pass 0 sums g,
+ * pass 1 g * xhat, pass 2 stores dx. */
+FSDP_HD float fsdp_kb_layernorm_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
+                                         const float *st)
 {
     const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
     const size_t n = k->u.layernorm_bwd.cols, o = r * n;
@@ -221,22 +242,25 @@ FSDP_HD void fsdp_kb_layernorm_bwd_row(const fsdp_kernel_t *k, size_t r)
     const void *w = k->u.layernorm_bwd.weight;
     const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
     void *dx = k->u.layernorm_bwd.dx;
-    float sg = 0.0f, sgx = 0.0f;
+    float acc = 0.0f, sg, sgx;
 
-    for (size_t c = 0; c < n; c++) {
-        float g = fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c);
-        sg += g;
-        sgx += g * ((fsdp_kb_load(x, dt, o + c) - mean) * rstd);
+    if (pass < 2) {
+        for (size_t c = l; c < n; c += FSDP_KB_LANES) {
+            float g = fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c);
+            acc += pass == 0 ? g : g * ((fsdp_kb_load(x, dt, o + c) - mean) * rstd);
+        }
+        return acc;
     }
-    sg = sg / (float)n;
-    sgx = sgx / (float)n;
-    for (size_t c = 0; c < n; c++) {
+    sg = st[0] / (float)n;
+    sgx = st[1] / (float)n;
+    for (size_t c = l; c < n; c += FSDP_KB_LANES) {
         float xhat = (fsdp_kb_load(x, dt, o + c) - mean) * rstd;
         float d = (fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c) - sg - xhat * sgx) * rstd;
         if (k->u.layernorm_bwd.accumulate)
             d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
         fsdp_kb_store(dx, dt, o + c, d);
     }
+    return 0.0f;
 }
 
 /* layernorm_bwd's weight and bias gradients, summed over the rows in the column shape of
@@ -271,12 +295,16 @@ FSDP_HD float fsdp_kb_softmax_scaled(float x, float scale, int by_div, float div
     return fsdp_kb_round_to(by_div ? x / div : x * scale, dt);
 }
 
-/* In f32 y keeps each exponential until the division (y may be x); in a 16-bit dtype they are
- * computed again for the output instead, so that no unnormalized value is rounded. The same
- * function of the same argument, so the same bits either way. The scaled scores are rounded to
- * the dtype before the softmax reads them: the scaling is its own torch op (HF's eager
- * attention divides the scores, then calls softmax), which rounds its output. */
-FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
+/* softmax_fwd, row r, lane l: pass 0 the maximum of the scaled scores, pass 1 the sum of their
+ * exponentials (st[0] subtracted), pass 2 the stores (divided by st[1]; 0 past a causal row's
+ * end). In f32 y keeps each exponential until the division (y may be x: each lane reads and
+ * writes only its own elements); in a 16-bit dtype they are computed again for the output
+ * instead, so that no unnormalized value is rounded. The same function of the same argument,
+ * so the same bits either way. The scaled scores are rounded to the dtype before the softmax
+ * reads them: the scaling is its own torch op (HF's eager attention divides the scores, then
+ * calls softmax), which rounds its output. */
+FSDP_HD float fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
+                                       const float *st)
 {
     const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
     const size_t n = k->u.softmax_fwd.cols, o = r * n;
@@ -286,33 +314,41 @@ FSDP_HD void fsdp_kb_softmax_fwd_row(const fsdp_kernel_t *k, size_t r)
     const int by_div = k->u.softmax_fwd.divisor != 0.0f;
     const float dv = fsdp_kb_round_to(k->u.softmax_fwd.divisor, dt);
     void *y = k->u.softmax_fwd.y;
-    float mx = -fsdp_kb_inff(), sum = 0.0f;
+    float acc = pass == 0 ? -fsdp_kb_inff() : 0.0f;
 
-    for (size_t j = 0; j < valid; j++) {
-        float z = fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt);
-        if (z > mx)
-            mx = z;
+    if (pass == 0) {
+        for (size_t j = l; j < valid; j += FSDP_KB_LANES) {
+            float z = fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt);
+            if (z > acc)
+                acc = z;
+        }
+        return acc;
     }
-    for (size_t j = 0; j < valid; j++) {
-        float e = fsdp_kb_expf(
-            fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - mx);
-        sum += e;
-        if (dt == FSDP_DTYPE_F32)
-            ((float *)y)[o + j] = e;
+    if (pass == 1) {
+        for (size_t j = l; j < valid; j += FSDP_KB_LANES) {
+            float e = fsdp_kb_expf(
+                fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - st[0]);
+            acc += e;
+            if (dt == FSDP_DTYPE_F32)
+                ((float *)y)[o + j] = e;
+        }
+        return acc;
     }
-    for (size_t j = 0; j < valid; j++) {
-        float e =
-            dt == FSDP_DTYPE_F32
-                ? ((const float *)y)[o + j]
-                : fsdp_kb_expf(
-                      fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - mx);
-        fsdp_kb_store(y, dt, o + j, e / sum);
+    for (size_t j = l; j < n; j += FSDP_KB_LANES) {
+        float e = j >= valid ? 0.0f
+                  : dt == FSDP_DTYPE_F32
+                      ? ((const float *)y)[o + j]
+                      : fsdp_kb_expf(fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div,
+                                                            dv, dt) -
+                                     st[0]);
+        fsdp_kb_store(y, dt, o + j, j >= valid ? 0.0f : e / st[1]);
     }
-    for (size_t j = valid; j < n; j++)
-        fsdp_kb_store(y, dt, o + j, 0.0f);
+    return 0.0f;
 }
 
-FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
+/* softmax_bwd, row r, lane l: pass 0 the dot product of y and dy, pass 1 the stores. */
+FSDP_HD float fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
+                                       const float *st)
 {
     const fsdp_dtype_t dt = k->u.softmax_bwd.dtype;
     const size_t n = k->u.softmax_bwd.cols, o = r * n;
@@ -324,60 +360,73 @@ FSDP_HD void fsdp_kb_softmax_bwd_row(const fsdp_kernel_t *k, size_t r)
     void *dx = k->u.softmax_bwd.dx;
     float dot = 0.0f;
 
-    for (size_t j = 0; j < valid; j++)
-        dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
-    for (size_t j = 0; j < valid; j++) { /* softmax's gradient is rounded, then scaled */
-        float g =
-            fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - dot), dt);
-        fsdp_kb_store(dx, dt, o + j, by_div ? g / dv : s * g);
+    if (pass == 0) {
+        for (size_t j = l; j < valid; j += FSDP_KB_LANES)
+            dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
+        return dot;
     }
-    for (size_t j = valid; j < n; j++)
-        fsdp_kb_store(dx, dt, o + j, 0.0f);
+    for (size_t j = l; j < n; j += FSDP_KB_LANES) { /* softmax's gradient is rounded, then scaled */
+        float g = j >= valid ? 0.0f
+                             : fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) *
+                                                    (fsdp_kb_load(dy, dt, o + j) - st[0]),
+                                                dt);
+        fsdp_kb_store(dx, dt, o + j, j >= valid ? 0.0f : by_div ? g / dv : s * g);
+    }
+    return 0.0f;
 }
 
-/* cross_entropy, row r: losses[r] and, when asked, dlogits[r] (inv_denom = 1 / denom). As in
- * softmax_fwd, f32 dlogits keep the exponentials until the division; in a 16-bit dtype they are
- * computed again for the gradient (dlogits may be the logits). */
-FSDP_HD void fsdp_kb_cross_entropy_row(const fsdp_kernel_t *k, float inv_denom, size_t r)
+/* cross_entropy, row r, lane l (inv_denom = 1 / denom): pass 0 the maximum logit (and st[2],
+ * the target's logit, read before dlogits, which may be the logits, is written), pass 1 the sum
+ * of the exponentials, pass 2 losses[r] and, when asked, dlogits[r]. As in softmax_fwd, f32
+ * dlogits keep the exponentials until the division; in a 16-bit dtype they are computed again
+ * for the gradient. */
+FSDP_HD float fsdp_kb_cross_entropy_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
+                                         unsigned l, int pass, float *st)
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
     const size_t v = k->u.cross_entropy.vocab, o = r * v;
-    const void *l = k->u.cross_entropy.logits;
+    const void *lg = k->u.cross_entropy.logits;
     void *d = k->u.cross_entropy.dlogits;
     const int32_t t = k->u.cross_entropy.targets[r];
-    float mx = -fsdp_kb_inff(), sum = 0.0f, lt;
+    float acc = pass == 0 ? -fsdp_kb_inff() : 0.0f;
 
-    if (t >= 0 && (size_t)t >= v) { /* no such class: poison the row, read nothing */
-        k->u.cross_entropy.losses[r] = fsdp_kb_nanf();
-        for (size_t j = 0; d != NULL && j < v; j++)
-            fsdp_kb_store(d, dt, o + j, fsdp_kb_nanf());
-        return;
+    if (t < 0 || (size_t)t >= v) { /* ignored (0), or no such class (NaN): read nothing */
+        const float fill = t < 0 ? 0.0f : fsdp_kb_nanf();
+        if (pass < 2)
+            return acc;
+        if (l == 0)
+            k->u.cross_entropy.losses[r] = fill;
+        for (size_t j = l; d != NULL && j < v; j += FSDP_KB_LANES)
+            fsdp_kb_store(d, dt, o + j, fill);
+        return 0.0f;
     }
-    if (t < 0) { /* ignored */
-        k->u.cross_entropy.losses[r] = 0.0f;
-        for (size_t j = 0; d != NULL && j < v; j++)
-            fsdp_kb_store(d, dt, o + j, 0.0f);
-        return;
+    if (pass == 0) {
+        st[2] = fsdp_kb_load(lg, dt, o + (size_t)t);
+        for (size_t j = l; j < v; j += FSDP_KB_LANES) {
+            float lj = fsdp_kb_load(lg, dt, o + j);
+            if (lj > acc)
+                acc = lj;
+        }
+        return acc;
     }
-    lt = fsdp_kb_load(l, dt, o + (size_t)t); /* before d (which may be l) is written */
-    for (size_t j = 0; j < v; j++) {
-        float lj = fsdp_kb_load(l, dt, o + j);
-        if (lj > mx)
-            mx = lj;
+    if (pass == 1) {
+        for (size_t j = l; j < v; j += FSDP_KB_LANES) {
+            float e = fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - st[0]);
+            acc += e;
+            if (d != NULL && dt == FSDP_DTYPE_F32)
+                ((float *)d)[o + j] = e;
+        }
+        return acc;
     }
-    for (size_t j = 0; j < v; j++) {
-        float e = fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
-        sum += e;
-        if (d != NULL && dt == FSDP_DTYPE_F32)
-            ((float *)d)[o + j] = e;
-    }
-    k->u.cross_entropy.losses[r] = (mx + fsdp_kb_logf(sum)) - lt;
-    for (size_t j = 0; d != NULL && j < v; j++) {
+    if (l == 0)
+        k->u.cross_entropy.losses[r] = (st[0] + fsdp_kb_logf(st[1])) - st[2];
+    for (size_t j = l; d != NULL && j < v; j += FSDP_KB_LANES) {
         float e = dt == FSDP_DTYPE_F32 ? ((const float *)d)[o + j]
-                                       : fsdp_kb_expf(fsdp_kb_load(l, dt, o + j) - mx);
-        float p = e / sum;
+                                       : fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - st[0]);
+        float p = e / st[1];
         fsdp_kb_store(d, dt, o + j, ((size_t)t == j ? p - 1.0f : p) * inv_denom);
     }
+    return 0.0f;
 }
 
 /* cross_entropy, the loss term of row i for the sum of fsdp_kb_reduce_sum */
@@ -633,30 +682,48 @@ FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
     }
 }
 
-/* Row r of a row kernel (ce_scale: cross_entropy's 1 / denom). With a constant kind the
- * switch folds away. */
-FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
-                            size_t r)
+/* The reduction passes of a row kernel (before its storing pass), and whether pass p's
+ * partials meet as a maximum (else a sum). Constant expressions for a constant kind. */
+#define FSDP_KB_ROW_REDUCTIONS(kind) ((kind) == FSDP_K_SOFTMAX_BWD ? 1 : 2)
+#define FSDP_KB_ROW_MAX(kind, p)                                                                   \
+    ((p) == 0 && ((kind) == FSDP_K_SOFTMAX_FWD || (kind) == FSDP_K_CROSS_ENTROPY))
+
+/* Pass p of row r, lane l, of a row kernel (ce_scale: cross_entropy's 1 / denom). With a
+ * constant kind the switch folds away. */
+FSDP_HD float fsdp_kb_nn_row_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                                  size_t r, unsigned l, int p, float *st)
 {
     switch (kind) {
     case FSDP_K_LAYERNORM_FWD:
-        fsdp_kb_layernorm_fwd_row(k, r);
-        break;
+        return fsdp_kb_layernorm_fwd_pass(k, r, l, p, st);
     case FSDP_K_LAYERNORM_BWD:
-        fsdp_kb_layernorm_bwd_row(k, r);
-        break;
+        return fsdp_kb_layernorm_bwd_pass(k, r, l, p, st);
     case FSDP_K_SOFTMAX_FWD:
-        fsdp_kb_softmax_fwd_row(k, r);
-        break;
+        return fsdp_kb_softmax_fwd_pass(k, r, l, p, st);
     case FSDP_K_SOFTMAX_BWD:
-        fsdp_kb_softmax_bwd_row(k, r);
-        break;
+        return fsdp_kb_softmax_bwd_pass(k, r, l, p, st);
     case FSDP_K_CROSS_ENTROPY:
-        fsdp_kb_cross_entropy_row(k, ce_scale, r);
-        break;
+        return fsdp_kb_cross_entropy_pass(k, ce_scale, r, l, p, st);
     default:
-        break;
+        return 0.0f;
     }
+}
+
+/* Host side: row r of a row kernel, the lanes of a warp replayed one after the other, their
+ * partials meeting in fsdp_kb_lane_tree (fsdp_kb_lane_max): the GPU's bits. */
+FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                            size_t r)
+{
+    float st[FSDP_KB_ROW_STATE] = {0.0f, 0.0f, 0.0f}, part[FSDP_KB_LANES];
+    const int np = FSDP_KB_ROW_REDUCTIONS(kind);
+
+    for (int p = 0; p < np; p++) {
+        for (unsigned l = 0; l < FSDP_KB_LANES; l++)
+            part[l] = fsdp_kb_nn_row_pass(kind, k, ce_scale, r, l, p, st);
+        st[p] = FSDP_KB_ROW_MAX(kind, p) ? fsdp_kb_lane_max(part) : fsdp_kb_lane_tree(part);
+    }
+    for (unsigned l = 0; l < FSDP_KB_LANES; l++)
+        (void)fsdp_kb_nn_row_pass(kind, k, ce_scale, r, l, np, st);
 }
 
 /* Column chunk c of a column kernel. */
