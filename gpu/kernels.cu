@@ -3,10 +3,13 @@
  *
  * Every launch is deterministic. Element-wise kernels write each element once. sumsq and
  * mse_loss sum along the fixed shape of fsdp_kb_reduce_shape (a function of n alone), which the
- * host replays bit for bit with fsdp_kb_reduce_sum; bias_grad gives each column one thread that
- * sums its rows in order, as the host body does. The transformer kinds (nn_bodies.h) run a
- * thread per row or per chunk of columns, the loops of the host bodies; cross_entropy's mean
- * takes the tree of sumsq. */
+ * host replays bit for bit with fsdp_kb_reduce_sum. The other reductions take the shapes of
+ * lanes.h: the column sums (bias_grad, layernorm_bwd's weight and bias gradients) a block of 32
+ * columns x 32 row lanes, the row kernels of nn_bodies.h (layernorm, softmax, cross-entropy) a
+ * warp per row, each lane its elements l, l + 32, ..., the partials meeting in the warp's
+ * butterfly; the host replays both lane by lane (fsdp_kb_colsum_block, fsdp_kb_nn_row).
+ * embedding_bwd runs a thread per (column, token bucket), each gradient element in row order as
+ * the host's loop; cross_entropy's mean takes the tree of sumsq. */
 #include "config.h"
 
 /* The bodies before the toolkit's libraries: cuda_fp16.h (through cublas and nccl) declares a

@@ -2,9 +2,12 @@
  *
  * As in kernels.c, this file only validates and loops: the formulas are the bodies of
  * lib/kernels/nn_bodies.h (and fsdp_kb_elem for the element-wise kinds), the code the gpu
- * backend launches with a thread per element, row or column chunk. Rows and chunks run in
- * index order; the cross-entropy mean sums the row losses along the GPU's tree
- * (fsdp_kb_reduce_sum), so both backends give the same bits.
+ * backend launches with a thread per element, a warp per row, a block per 32 columns of a
+ * weight gradient. Here rows run in index order, each replaying the warp's 32 lanes and their
+ * butterfly (fsdp_kb_nn_row), the column sums replay the GPU's blocks (fsdp_kb_colsum), the
+ * embedding backward is the plain row-order loop the GPU's token buckets reproduce, and the
+ * cross-entropy mean sums the row losses along the GPU's tree (fsdp_kb_reduce_sum): both
+ * backends give the same bits.
  */
 #include "config.h"
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/lanes.h"
 #include "sim_kernels.h"
 #include "test_util.h"
 
@@ -556,7 +557,8 @@ static void test_bias_relu(void)
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
             bad += y[r * C + c] != y0[r * C + c] + bias[c];
-    /* bias_grad accumulates: dbias += (sum in row order from 0, in f32) */
+    /* bias_grad accumulates: dbias += (the sum of lanes.h's column shape, in f32: row r in row
+     * lane r % 32, the lanes meeting in the butterfly) */
     fill_rand(dy, R * C, -1, 1);
     for (int c = 0; c < C; c++)
         dbias[c] = (float)c;
@@ -568,12 +570,13 @@ static void test_bias_relu(void)
     k.u.bias_grad.cols = C;
     CU_ASSERT_EQUAL(run(&k), FSDP_OK);
     for (int c = 0; c < C; c++) {
-        float s = 0.0f;
+        float lane[FSDP_KB_ROW_LANES] = {0.0f}, s;
         double sd = 0.0;
         for (int r = 0; r < R; r++) {
-            s += dy[r * C + c];
+            lane[r % FSDP_KB_ROW_LANES] += dy[r * C + c];
             sd += dy[r * C + c];
         }
+        s = fsdp_kb_lane_tree(lane);
         bad += dbias[c] != (float)c + s; /* exactly that order */
         bad += fabs(dbias[c] - ((double)c + sd)) > gamma_n(R + 1) * (R + c);
     }

@@ -471,7 +471,7 @@ static void test_softmax_divisor(void)
 /* ---- embedding backward: a token's rows summed in f32, rounded once, then accumulated ---- */
 
 #define ER 10
-#define EC 20 /* a chunk of FSDP_KB_COLS columns and a remainder */
+#define EC 20 /* fewer columns than a block of 32 (lanes.h) */
 #define EV 4
 #define ES 5
 

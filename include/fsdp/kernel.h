@@ -125,8 +125,9 @@ typedef struct fsdp_kernel {
         /* y[r, c] += bias[c] for r < rows, c < cols */
         struct { void *y; const void *bias; size_t rows, cols;
                  fsdp_dtype_t y_dtype, bias_dtype; } bias_add;
-        /* dbias[c] += sum over r of dy[r, c], summed in row order in f32 and rounded to dbias's
-         * dtype once, then added (and rounded), as autograd accumulates a new gradient */
+        /* dbias[c] += sum over r of dy[r, c], summed in f32 (32 row lanes, row r in lane r % 32
+         * in order, meeting in a butterfly: lib/kernels/lanes.h) and rounded to dbias's dtype
+         * once, then added (and rounded), as autograd accumulates a new gradient */
         struct { void *dbias; const void *dy; size_t rows, cols;
                  fsdp_dtype_t dbias_dtype, dy_dtype; } bias_grad;
         /* y[i] = max(x[i], 0); y may equal x */
@@ -152,10 +153,12 @@ typedef struct fsdp_kernel {
          * f32 (0, the default), bf16 or f16 (the activations, weights and gradients of a model
          * under mixed precision). Each kernel loads its inputs as f32, computes in f32 and
          * rounds every output once on store (nearest even), as torch's CUDA kernels do for
-         * low-precision inputs. Row kernels run one row at a time in index order; reductions
-         * over a row are sequential in f32, sums over rows (weight gradients) are in row
-         * order, so every result depends on the shapes alone. exp and log are the shared
-         * bodies' own (lib/kernels/nn_bodies.h), the same bits on the host and the GPU. ---- */
+         * low-precision inputs. Reductions have fixed shapes (lib/kernels/lanes.h): a sum over
+         * a row in f32 over 32 lanes (lane l takes elements l, l + 32, ... in order) meeting
+         * in a butterfly; a sum over rows (weight gradients) the same over 32 row lanes per
+         * column; the embedding backward in row order per gradient element. So every result
+         * depends on the shapes alone. exp and log are the shared bodies' own
+         * (lib/kernels/nn_bodies.h), the same bits on the host and the GPU. ---- */
 
         /* LayerNorm over the last dimension of x [rows, cols]: mean = sum(x) / cols,
          * var = sum((x - mean)^2) / cols, rstd = 1 / sqrt(var + eps),

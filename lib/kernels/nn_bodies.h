@@ -2,10 +2,14 @@
  * cross-entropy, add), shared by the sim's host loops (sim/kernels_nn.c) and the gpu backend's
  * launches (gpu/kernels.cu).
  *
- * Each body computes one element, one row or one chunk of FSDP_KB_COLS columns, and is a pure
- * function of the descriptor: a row's reductions run sequentially in f32 in column order, and a
- * sum over rows (a weight gradient) runs in row order per column, so a row per thread on the GPU
- * and a loop on the host give the same bits. exp and log are computed here from
+ * Each body is a pure function of the descriptor, and its reductions have the fixed shapes of
+ * lanes.h: a row kernel is split into passes over a lane's elements l, l + 32, ... (a warp per
+ * row on the GPU, the 32 lanes replayed in turn on the host by fsdp_kb_nn_row), its partials
+ * meeting in lanes.h's butterfly; a sum over rows (layernorm_bwd's weight and bias gradients)
+ * gives the terms of one (row, column) and the column-sum driver of kernel_elem.h sums them over
+ * 32 row lanes; the embedding backward adds each gradient element's rows in row order, whether
+ * by the host's loop over chunks of FSDP_KB_COLS columns or by the GPU's (column, token bucket)
+ * threads. So the two backends give the same bits. exp and log are computed here from
  * +, -, *, / and exact conversions only (all correctly rounded in IEEE f32, and not contracted:
  * nvcc builds with --fmad=false), never from libm or CUDA's math library, whose last bits differ;
  * they are within 2 ulp of the exact values (tests/test_gpt2.c measures it). */
@@ -23,8 +27,9 @@
 #include "kernels/hd.h"
 #include "kernels/lanes.h"
 
-/* Columns one weight-gradient body sums (a thread on the GPU): row-major reads stay within a
- * cache line on the host, and the per-column sums stay in row order whatever the chunk. */
+/* Columns of one chunk of the host's embedding_bwd loop (and of llama_bodies.h's rmsnorm weight
+ * gradient): row-major reads stay within a cache line, and each column's order is the same
+ * whatever the chunk. */
 #define FSDP_KB_COLS 16
 
 FSDP_HD size_t fsdp_kb_col_chunks(size_t cols)
@@ -338,9 +343,9 @@ FSDP_HD float fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigne
         float e = j >= valid ? 0.0f
                   : dt == FSDP_DTYPE_F32
                       ? ((const float *)y)[o + j]
-                      : fsdp_kb_expf(fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div,
-                                                            dv, dt) -
-                                     st[0]);
+                      : fsdp_kb_expf(
+                            fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) -
+                            st[0]);
         fsdp_kb_store(y, dt, o + j, j >= valid ? 0.0f : e / st[1]);
     }
     return 0.0f;
@@ -366,10 +371,10 @@ FSDP_HD float fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigne
         return dot;
     }
     for (size_t j = l; j < n; j += FSDP_KB_LANES) { /* softmax's gradient is rounded, then scaled */
-        float g = j >= valid ? 0.0f
-                             : fsdp_kb_round_to(fsdp_kb_load(y, dt, o + j) *
-                                                    (fsdp_kb_load(dy, dt, o + j) - st[0]),
-                                                dt);
+        float g = j >= valid
+                      ? 0.0f
+                      : fsdp_kb_round_to(
+                            fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - st[0]), dt);
         fsdp_kb_store(dx, dt, o + j, j >= valid ? 0.0f : by_div ? g / dv : s * g);
     }
     return 0.0f;
@@ -481,8 +486,8 @@ FSDP_HD void fsdp_kb_embedding_bwd_cols16(const fsdp_kernel_t *k, size_t c0, siz
     }
 }
 
-/* embedding_bwd, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order. In f32 each row
- * adds onto the gradient in turn (f32 sums either way). */
+/* embedding_bwd on the host, columns [chunk * FSDP_KB_COLS, ...) of every row, in row order. In
+ * f32 each row adds onto the gradient in turn (f32 sums either way). */
 FSDP_HD void fsdp_kb_embedding_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
 {
     const fsdp_dtype_t dt = k->u.embedding_bwd.dtype;
@@ -648,7 +653,7 @@ FSDP_HD fsdp_dtype_t fsdp_kb_nn_dtype(const fsdp_kernel_t *k)
     }
 }
 
-/* ---- dispatch: what a thread (GPU) or an iteration (host) runs, by kind ---- */
+/* ---- dispatch by kind: a row's passes and lanes, the host's embedding chunks ---- */
 
 /* The number of rows a row kernel runs over (0 for the others). */
 FSDP_HD size_t fsdp_kb_nn_rows(const fsdp_kernel_t *k)
@@ -671,7 +676,7 @@ FSDP_HD size_t fsdp_kb_nn_rows(const fsdp_kernel_t *k)
     }
 }
 
-/* The number of column chunks a column kernel runs over (0 for the others). */
+/* The number of column chunks of the host's embedding_bwd loop (0 for the other kinds). */
 FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
 {
     switch (k->kind) {
@@ -726,7 +731,7 @@ FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, flo
         (void)fsdp_kb_nn_row_pass(kind, k, ce_scale, r, l, np, st);
 }
 
-/* Column chunk c of a column kernel. */
+/* Column chunk c of the host's embedding_bwd loop (the GPU runs fsdp_kb_embedding_bwd_at). */
 FSDP_HD void fsdp_kb_nn_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t c)
 {
     switch (kind) {
