@@ -263,12 +263,17 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
     for (size_t r = (size_t)blockIdx.x * FSDP_GPU_ROW_WARPS + threadIdx.x / FSDP_KB_LANES;
          r < rows; r += stride) {
         float st[FSDP_KB_ROW_STATE] = {0.0f, 0.0f, 0.0f};
+        float v;
 #pragma unroll
         for (int p = 0; p < np; p++) {
-            float v = fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, p, st);
+            v = fsdp_kb_nn_row_init((fsdp_kernel_kind_t)Kind, p);
+            fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, FSDP_KB_LANES, p,
+                                st, &v);
             st[p] = FSDP_KB_ROW_MAX(Kind, p) ? fsdp_kb_warp_max(v) : fsdp_kb_warp_tree(v);
+            fsdp_kb_nn_row_reduced((fsdp_kernel_kind_t)Kind, &k, p, st);
         }
-        (void)fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, np, st);
+        fsdp_kb_nn_row_pass((fsdp_kernel_kind_t)Kind, &k, ce_scale, r, lane, FSDP_KB_LANES, np, st,
+                            &v);
     }
 }
 

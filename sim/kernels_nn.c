@@ -171,6 +171,12 @@ static fsdp_status_t nn_check(const fsdp_kernel_t *k)
             fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
     } while (0)
 
+#define NN_ROW_LOOP(KIND, k, ce_scale, rows)                                                       \
+    do {                                                                                           \
+        for (size_t r_ = 0; r_ < (rows); r_++)                                                     \
+            fsdp_kb_nn_row(KIND, (k), (ce_scale), r_);                                             \
+    } while (0)
+
 fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
 {
     fsdp_kb_prep_t prep;
@@ -186,8 +192,25 @@ fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
     for (size_t c = 0; c < chunks; c++)
         fsdp_kb_nn_cols(k->kind, k, c);
     rows = fsdp_kb_nn_rows(k);
-    for (size_t r = 0; r < rows; r++)
-        fsdp_kb_nn_row(k->kind, k, prep.ce_scale, r);
+    switch (k->kind) { /* each kind a constant: its passes inline into the lanes' loops */
+    case FSDP_K_LAYERNORM_FWD:
+        NN_ROW_LOOP(FSDP_K_LAYERNORM_FWD, k, prep.ce_scale, rows);
+        break;
+    case FSDP_K_LAYERNORM_BWD:
+        NN_ROW_LOOP(FSDP_K_LAYERNORM_BWD, k, prep.ce_scale, rows);
+        break;
+    case FSDP_K_SOFTMAX_FWD:
+        NN_ROW_LOOP(FSDP_K_SOFTMAX_FWD, k, prep.ce_scale, rows);
+        break;
+    case FSDP_K_SOFTMAX_BWD:
+        NN_ROW_LOOP(FSDP_K_SOFTMAX_BWD, k, prep.ce_scale, rows);
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        NN_ROW_LOOP(FSDP_K_CROSS_ENTROPY, k, prep.ce_scale, rows);
+        break;
+    default:
+        break;
+    }
     switch (k->kind) {
     case FSDP_K_GELU_FWD:
         NN_ELEM_LOOP(FSDP_K_GELU_FWD, k, &prep);

@@ -368,12 +368,16 @@ static inline void fsdp_kb_colsum_block(fsdp_kernel_kind_t kind, const fsdp_kern
     }
 }
 
-/* Host side: the whole column part of k. */
+/* Host side: the whole column part of k (each kind a constant: the bodies inline). */
 static inline void fsdp_kb_colsum(const fsdp_kernel_t *k)
 {
     const size_t blocks = fsdp_kb_colsum_blocks(k);
-    for (size_t b = 0; b < blocks; b++)
-        fsdp_kb_colsum_block(k->kind, k, b);
+    for (size_t b = 0; b < blocks; b++) {
+        if (k->kind == FSDP_K_LAYERNORM_BWD)
+            fsdp_kb_colsum_block(FSDP_K_LAYERNORM_BWD, k, b);
+        else
+            fsdp_kb_colsum_block(FSDP_K_BIAS_GRAD, k, b);
+    }
 }
 
 /* sumsq, element i: x[i]^2 in double (exact for every f32 x). */

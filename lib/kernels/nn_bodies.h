@@ -192,40 +192,46 @@ FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
 /* ---- row bodies ----
  *
  * A row kernel runs in passes over its row (lanes.h's row shape): in pass p < the kind's
- * reductions (fsdp_kb_nn_row_reductions), lane l of FSDP_KB_LANES reads elements l, l + 32, ...
- * in order and returns its partial sum (or maximum); the lanes' partials meet in the butterfly,
- * and the result is st[p] for the passes after it. The last pass stores each lane's elements
- * (lane 0 the row's scalars). A warp runs a row on the GPU, a loop over the lanes on the host
- * (fsdp_kb_nn_row): the same bits. st may also carry what a pass keeps for a later one
- * (cross_entropy's target logit). */
+ * reductions (FSDP_KB_ROW_REDUCTIONS), lane l of FSDP_KB_LANES adds elements l, l + 32, ... in
+ * order into its partial sum (or maximum); the lanes' partials meet in the butterfly, and the
+ * result, turned into the row's scalar by fsdp_kb_nn_row_reduced (a mean, say), is st[p] for the
+ * passes after it. The last pass stores the elements (lane 0 the row's scalars). st may also
+ * carry what a pass keeps for a later one (cross_entropy's target logit).
+ *
+ * A pass takes the elements c = l, l + step, ...: a warp's thread on the GPU has l = its lane
+ * and step = FSDP_KB_LANES, and one partial, acc[0]; the host (fsdp_kb_nn_row) has l = 0 and
+ * step = 1, every element in order, each into its lane's partial acc[c % FSDP_KB_LANES]. Each
+ * lane's elements come in the same order either way, so the bits are the same, and the host's
+ * loop runs over the row once. */
 #define FSDP_KB_ROW_STATE 3
 
-/* layernorm_fwd, row r, lane l: pass 0 sums x, pass 1 the squared deviations from the mean
- * st[0] / n, pass 2 stores y (and mean, rstd) with rstd from st[1]. */
-FSDP_HD float fsdp_kb_layernorm_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
-                                         const float *st)
+/* The partial of acc that element c goes into (see above; 0 on the GPU, a constant there). */
+#define FSDP_KB_LANE_SLOT(c, step) ((step) == 1 ? (c) % FSDP_KB_LANES : 0)
+
+/* layernorm_fwd, row r: pass 0 sums x, pass 1 the squared deviations from the mean st[0],
+ * pass 2 stores y (and mean, rstd) with the rstd st[1]. */
+FSDP_HD void fsdp_kb_layernorm_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, unsigned step,
+                                        int pass, const float *st, float *acc)
 {
     const fsdp_dtype_t dt = k->u.layernorm_fwd.dtype;
     const size_t n = k->u.layernorm_fwd.cols, o = r * n;
     const void *x = k->u.layernorm_fwd.x;
     const void *w = k->u.layernorm_fwd.weight, *b = k->u.layernorm_fwd.bias;
-    float acc = 0.0f, mean, rstd;
+    const float mean = st[0], rstd = st[1];
 
     if (pass == 0) {
-        for (size_t c = l; c < n; c += FSDP_KB_LANES)
-            acc += fsdp_kb_load(x, dt, o + c);
-        return acc;
+        for (size_t c = l; c < n; c += step)
+            acc[FSDP_KB_LANE_SLOT(c, step)] += fsdp_kb_load(x, dt, o + c);
+        return;
     }
-    mean = st[0] / (float)n;
     if (pass == 1) {
-        for (size_t c = l; c < n; c += FSDP_KB_LANES) {
+        for (size_t c = l; c < n; c += step) {
             float d = fsdp_kb_load(x, dt, o + c) - mean;
-            acc += d * d;
+            acc[FSDP_KB_LANE_SLOT(c, step)] += d * d;
         }
-        return acc;
+        return;
     }
-    rstd = 1.0f / sqrtf(st[1] / (float)n + k->u.layernorm_fwd.eps);
-    for (size_t c = l; c < n; c += FSDP_KB_LANES)
+    for (size_t c = l; c < n; c += step)
         fsdp_kb_store(k->u.layernorm_fwd.y, dt, o + c,
                       (fsdp_kb_load(x, dt, o + c) - mean) * rstd * fsdp_kb_load(w, dt, c) +
                           fsdp_kb_load(b, dt, c));
@@ -233,39 +239,36 @@ FSDP_HD float fsdp_kb_layernorm_fwd_pass(const fsdp_kernel_t *k, size_t r, unsig
         k->u.layernorm_fwd.mean[r] = mean;
     if (l == 0 && k->u.layernorm_fwd.rstd != NULL)
         k->u.layernorm_fwd.rstd[r] = rstd;
-    return 0.0f;
 }
 
-/* layernorm_bwd, the input gradient of row r, lane l: with g = dy * weight, pass 0 sums g,
- * pass 1 g * xhat, pass 2 stores dx. */
-FSDP_HD float fsdp_kb_layernorm_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
-                                         const float *st)
+/* layernorm_bwd, the input gradient of row r: with g = dy * weight, pass 0 sums g, pass 1
+ * g * xhat, pass 2 stores dx with their means st[0] and st[1]. */
+FSDP_HD void fsdp_kb_layernorm_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, unsigned step,
+                                        int pass, const float *st, float *acc)
 {
     const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
     const size_t n = k->u.layernorm_bwd.cols, o = r * n;
     const void *x = k->u.layernorm_bwd.x, *dy = k->u.layernorm_bwd.dy;
     const void *w = k->u.layernorm_bwd.weight;
     const float mean = k->u.layernorm_bwd.mean[r], rstd = k->u.layernorm_bwd.rstd[r];
+    const float sg = st[0], sgx = st[1];
     void *dx = k->u.layernorm_bwd.dx;
-    float acc = 0.0f, sg, sgx;
 
     if (pass < 2) {
-        for (size_t c = l; c < n; c += FSDP_KB_LANES) {
+        for (size_t c = l; c < n; c += step) {
             float g = fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c);
-            acc += pass == 0 ? g : g * ((fsdp_kb_load(x, dt, o + c) - mean) * rstd);
+            acc[FSDP_KB_LANE_SLOT(c, step)] +=
+                pass == 0 ? g : g * ((fsdp_kb_load(x, dt, o + c) - mean) * rstd);
         }
-        return acc;
+        return;
     }
-    sg = st[0] / (float)n;
-    sgx = st[1] / (float)n;
-    for (size_t c = l; c < n; c += FSDP_KB_LANES) {
+    for (size_t c = l; c < n; c += step) {
         float xhat = (fsdp_kb_load(x, dt, o + c) - mean) * rstd;
         float d = (fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c) - sg - xhat * sgx) * rstd;
         if (k->u.layernorm_bwd.accumulate)
             d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
         fsdp_kb_store(dx, dt, o + c, d);
     }
-    return 0.0f;
 }
 
 /* layernorm_bwd's weight and bias gradients, summed over the rows in the column shape of
@@ -300,16 +303,16 @@ FSDP_HD float fsdp_kb_softmax_scaled(float x, float scale, int by_div, float div
     return fsdp_kb_round_to(by_div ? x / div : x * scale, dt);
 }
 
-/* softmax_fwd, row r, lane l: pass 0 the maximum of the scaled scores, pass 1 the sum of their
+/* softmax_fwd, row r: pass 0 the maximum of the scaled scores, pass 1 the sum of their
  * exponentials (st[0] subtracted), pass 2 the stores (divided by st[1]; 0 past a causal row's
- * end). In f32 y keeps each exponential until the division (y may be x: each lane reads and
- * writes only its own elements); in a 16-bit dtype they are computed again for the output
+ * end). In f32 y keeps each exponential until the division (y may be x: each element is read,
+ * then written, by the same lane); in a 16-bit dtype they are computed again for the output
  * instead, so that no unnormalized value is rounded. The same function of the same argument,
  * so the same bits either way. The scaled scores are rounded to the dtype before the softmax
  * reads them: the scaling is its own torch op (HF's eager attention divides the scores, then
  * calls softmax), which rounds its output. */
-FSDP_HD float fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
-                                       const float *st)
+FSDP_HD void fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, unsigned step,
+                                      int pass, const float *st, float *acc)
 {
     const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
     const size_t n = k->u.softmax_fwd.cols, o = r * n;
@@ -319,27 +322,27 @@ FSDP_HD float fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigne
     const int by_div = k->u.softmax_fwd.divisor != 0.0f;
     const float dv = fsdp_kb_round_to(k->u.softmax_fwd.divisor, dt);
     void *y = k->u.softmax_fwd.y;
-    float acc = pass == 0 ? -fsdp_kb_inff() : 0.0f;
 
     if (pass == 0) {
-        for (size_t j = l; j < valid; j += FSDP_KB_LANES) {
+        for (size_t j = l; j < valid; j += step) {
             float z = fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt);
-            if (z > acc)
-                acc = z;
+            float *m = &acc[FSDP_KB_LANE_SLOT(j, step)];
+            if (z > *m)
+                *m = z;
         }
-        return acc;
+        return;
     }
     if (pass == 1) {
-        for (size_t j = l; j < valid; j += FSDP_KB_LANES) {
+        for (size_t j = l; j < valid; j += step) {
             float e = fsdp_kb_expf(
                 fsdp_kb_softmax_scaled(fsdp_kb_load(x, dt, o + j), s, by_div, dv, dt) - st[0]);
-            acc += e;
+            acc[FSDP_KB_LANE_SLOT(j, step)] += e;
             if (dt == FSDP_DTYPE_F32)
                 ((float *)y)[o + j] = e;
         }
-        return acc;
+        return;
     }
-    for (size_t j = l; j < n; j += FSDP_KB_LANES) {
+    for (size_t j = l; j < n; j += step) {
         float e = j >= valid ? 0.0f
                   : dt == FSDP_DTYPE_F32
                       ? ((const float *)y)[o + j]
@@ -348,12 +351,11 @@ FSDP_HD float fsdp_kb_softmax_fwd_pass(const fsdp_kernel_t *k, size_t r, unsigne
                             st[0]);
         fsdp_kb_store(y, dt, o + j, j >= valid ? 0.0f : e / st[1]);
     }
-    return 0.0f;
 }
 
-/* softmax_bwd, row r, lane l: pass 0 the dot product of y and dy, pass 1 the stores. */
-FSDP_HD float fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, int pass,
-                                       const float *st)
+/* softmax_bwd, row r: pass 0 the dot product of y and dy, pass 1 the stores. */
+FSDP_HD void fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned l, unsigned step,
+                                      int pass, const float *st, float *acc)
 {
     const fsdp_dtype_t dt = k->u.softmax_bwd.dtype;
     const size_t n = k->u.softmax_bwd.cols, o = r * n;
@@ -363,75 +365,73 @@ FSDP_HD float fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigne
     const int by_div = k->u.softmax_bwd.divisor != 0.0f;
     const float dv = fsdp_kb_round_to(k->u.softmax_bwd.divisor, dt);
     void *dx = k->u.softmax_bwd.dx;
-    float dot = 0.0f;
 
     if (pass == 0) {
-        for (size_t j = l; j < valid; j += FSDP_KB_LANES)
-            dot += fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
-        return dot;
+        for (size_t j = l; j < valid; j += step)
+            acc[FSDP_KB_LANE_SLOT(j, step)] +=
+                fsdp_kb_load(y, dt, o + j) * fsdp_kb_load(dy, dt, o + j);
+        return;
     }
-    for (size_t j = l; j < n; j += FSDP_KB_LANES) { /* softmax's gradient is rounded, then scaled */
+    for (size_t j = l; j < n; j += step) { /* softmax's gradient is rounded, then scaled */
         float g = j >= valid
                       ? 0.0f
                       : fsdp_kb_round_to(
                             fsdp_kb_load(y, dt, o + j) * (fsdp_kb_load(dy, dt, o + j) - st[0]), dt);
         fsdp_kb_store(dx, dt, o + j, j >= valid ? 0.0f : by_div ? g / dv : s * g);
     }
-    return 0.0f;
 }
 
-/* cross_entropy, row r, lane l (inv_denom = 1 / denom): pass 0 the maximum logit (and st[2],
- * the target's logit, read before dlogits, which may be the logits, is written), pass 1 the sum
- * of the exponentials, pass 2 losses[r] and, when asked, dlogits[r]. As in softmax_fwd, f32
+/* cross_entropy, row r (inv_denom = 1 / denom): pass 0 the maximum logit (and st[2], the
+ * target's logit, read before dlogits, which may be the logits, is written), pass 1 the sum of
+ * the exponentials, pass 2 losses[r] and, when asked, dlogits[r]. As in softmax_fwd, f32
  * dlogits keep the exponentials until the division; in a 16-bit dtype they are computed again
  * for the gradient. */
-FSDP_HD float fsdp_kb_cross_entropy_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
-                                         unsigned l, int pass, float *st)
+FSDP_HD void fsdp_kb_cross_entropy_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
+                                        unsigned l, unsigned step, int pass, float *st, float *acc)
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
     const size_t v = k->u.cross_entropy.vocab, o = r * v;
     const void *lg = k->u.cross_entropy.logits;
     void *d = k->u.cross_entropy.dlogits;
     const int32_t t = k->u.cross_entropy.targets[r];
-    float acc = pass == 0 ? -fsdp_kb_inff() : 0.0f;
 
     if (t < 0 || (size_t)t >= v) { /* ignored (0), or no such class (NaN): read nothing */
         const float fill = t < 0 ? 0.0f : fsdp_kb_nanf();
         if (pass < 2)
-            return acc;
+            return;
         if (l == 0)
             k->u.cross_entropy.losses[r] = fill;
-        for (size_t j = l; d != NULL && j < v; j += FSDP_KB_LANES)
+        for (size_t j = l; d != NULL && j < v; j += step)
             fsdp_kb_store(d, dt, o + j, fill);
-        return 0.0f;
+        return;
     }
     if (pass == 0) {
         st[2] = fsdp_kb_load(lg, dt, o + (size_t)t);
-        for (size_t j = l; j < v; j += FSDP_KB_LANES) {
+        for (size_t j = l; j < v; j += step) {
             float lj = fsdp_kb_load(lg, dt, o + j);
-            if (lj > acc)
-                acc = lj;
+            float *m = &acc[FSDP_KB_LANE_SLOT(j, step)];
+            if (lj > *m)
+                *m = lj;
         }
-        return acc;
+        return;
     }
     if (pass == 1) {
-        for (size_t j = l; j < v; j += FSDP_KB_LANES) {
+        for (size_t j = l; j < v; j += step) {
             float e = fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - st[0]);
-            acc += e;
+            acc[FSDP_KB_LANE_SLOT(j, step)] += e;
             if (d != NULL && dt == FSDP_DTYPE_F32)
                 ((float *)d)[o + j] = e;
         }
-        return acc;
+        return;
     }
     if (l == 0)
         k->u.cross_entropy.losses[r] = (st[0] + fsdp_kb_logf(st[1])) - st[2];
-    for (size_t j = l; d != NULL && j < v; j += FSDP_KB_LANES) {
+    for (size_t j = l; d != NULL && j < v; j += step) {
         float e = dt == FSDP_DTYPE_F32 ? ((const float *)d)[o + j]
                                        : fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - st[0]);
         float p = e / st[1];
         fsdp_kb_store(d, dt, o + j, ((size_t)t == j ? p - 1.0f : p) * inv_denom);
     }
-    return 0.0f;
 }
 
 /* cross_entropy, the loss term of row i for the sum of fsdp_kb_reduce_sum */
@@ -693,29 +693,59 @@ FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
 #define FSDP_KB_ROW_MAX(kind, p)                                                                   \
     ((p) == 0 && ((kind) == FSDP_K_SOFTMAX_FWD || (kind) == FSDP_K_CROSS_ENTROPY))
 
-/* Pass p of row r, lane l, of a row kernel (ce_scale: cross_entropy's 1 / denom). With a
- * constant kind the switch folds away. */
-FSDP_HD float fsdp_kb_nn_row_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
-                                  size_t r, unsigned l, int p, float *st)
+/* Pass p of row r of a row kernel over elements l, l + step, ... into acc (see the row bodies;
+ * ce_scale: cross_entropy's 1 / denom). With a constant kind the switch folds away. */
+FSDP_HD void fsdp_kb_nn_row_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                                 size_t r, unsigned l, unsigned step, int p, float *st, float *acc)
 {
     switch (kind) {
     case FSDP_K_LAYERNORM_FWD:
-        return fsdp_kb_layernorm_fwd_pass(k, r, l, p, st);
+        fsdp_kb_layernorm_fwd_pass(k, r, l, step, p, st, acc);
+        break;
     case FSDP_K_LAYERNORM_BWD:
-        return fsdp_kb_layernorm_bwd_pass(k, r, l, p, st);
+        fsdp_kb_layernorm_bwd_pass(k, r, l, step, p, st, acc);
+        break;
     case FSDP_K_SOFTMAX_FWD:
-        return fsdp_kb_softmax_fwd_pass(k, r, l, p, st);
+        fsdp_kb_softmax_fwd_pass(k, r, l, step, p, st, acc);
+        break;
     case FSDP_K_SOFTMAX_BWD:
-        return fsdp_kb_softmax_bwd_pass(k, r, l, p, st);
+        fsdp_kb_softmax_bwd_pass(k, r, l, step, p, st, acc);
+        break;
     case FSDP_K_CROSS_ENTROPY:
-        return fsdp_kb_cross_entropy_pass(k, ce_scale, r, l, p, st);
+        fsdp_kb_cross_entropy_pass(k, ce_scale, r, l, step, p, st, acc);
+        break;
     default:
-        return 0.0f;
+        break;
     }
 }
 
-/* Host side: row r of a row kernel, the lanes of a warp replayed one after the other, their
- * partials meeting in fsdp_kb_lane_tree (fsdp_kb_lane_max): the GPU's bits. */
+/* A partial's start in pass p: -inf for a maximum, 0 for a sum. */
+FSDP_HD float fsdp_kb_nn_row_init(fsdp_kernel_kind_t kind, int p)
+{
+    return FSDP_KB_ROW_MAX(kind, p) ? -fsdp_kb_inff() : 0.0f;
+}
+
+/* The row's scalar from reduction p's result st[p], in place, once per row (on the GPU in every
+ * lane): layernorm's mean and rstd, layernorm_bwd's means of g and g * xhat. */
+FSDP_HD void fsdp_kb_nn_row_reduced(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int p,
+                                    float *st)
+{
+    switch (kind) {
+    case FSDP_K_LAYERNORM_FWD: {
+        const float n = (float)k->u.layernorm_fwd.cols;
+        st[p] = p == 0 ? st[p] / n : 1.0f / sqrtf(st[p] / n + k->u.layernorm_fwd.eps);
+        break;
+    }
+    case FSDP_K_LAYERNORM_BWD:
+        st[p] = st[p] / (float)k->u.layernorm_bwd.cols;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Host side: row r of a row kernel as a warp runs it: each pass once over the row into the 32
+ * lanes' partials, which meet in fsdp_kb_lane_tree (fsdp_kb_lane_max): the GPU's bits. */
 FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
                             size_t r)
 {
@@ -724,11 +754,12 @@ FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, flo
 
     for (int p = 0; p < np; p++) {
         for (unsigned l = 0; l < FSDP_KB_LANES; l++)
-            part[l] = fsdp_kb_nn_row_pass(kind, k, ce_scale, r, l, p, st);
+            part[l] = fsdp_kb_nn_row_init(kind, p);
+        fsdp_kb_nn_row_pass(kind, k, ce_scale, r, 0, 1, p, st, part);
         st[p] = FSDP_KB_ROW_MAX(kind, p) ? fsdp_kb_lane_max(part) : fsdp_kb_lane_tree(part);
+        fsdp_kb_nn_row_reduced(kind, k, p, st);
     }
-    for (unsigned l = 0; l < FSDP_KB_LANES; l++)
-        (void)fsdp_kb_nn_row_pass(kind, k, ce_scale, r, l, np, st);
+    fsdp_kb_nn_row_pass(kind, k, ce_scale, r, 0, 1, np, st, part);
 }
 
 /* Column chunk c of the host's embedding_bwd loop (the GPU runs fsdp_kb_embedding_bwd_at). */
