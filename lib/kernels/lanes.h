@@ -79,4 +79,39 @@ static __device__ __forceinline__ void fsdp_kb_block_col_tree(float (*s)[FSDP_KB
 }
 #endif
 
+/* A body written once for both: it runs FSDP_KB_HERE lanes of a row (or, for a column block,
+ * FSDP_KB_HERE columns x FSDP_KB_HERE row lanes) from the caller's first lane: every lane on the
+ * host, in a loop, and its own one on the GPU, where the warp (or the block) runs the others. */
+#ifdef __CUDA_ARCH__
+#define FSDP_KB_HERE 1
+#else
+#define FSDP_KB_HERE FSDP_KB_LANES
+#endif
+
+/* The sum of a row's lane partials, part[0 .. FSDP_KB_HERE) the caller's: fsdp_kb_lane_tree over
+ * all 32 on the host, fsdp_kb_warp_tree on the GPU; every lane gets it. part is overwritten. */
+FSDP_HD float fsdp_kb_lanes_sum(float *part)
+{
+#ifdef __CUDA_ARCH__
+    return fsdp_kb_warp_tree(part[0]);
+#else
+    return fsdp_kb_lane_tree(part);
+#endif
+}
+
+/* The column sums of a block's partials s[y][x] (row lane y of column x), into s[0][x]: the
+ * butterfly of fsdp_kb_lane_tree over y for each x, in loops on the host and
+ * fsdp_kb_block_col_tree on the GPU (every thread of the block calls it). */
+FSDP_HD void fsdp_kb_cols_sum(float (*s)[FSDP_KB_LANES + 1])
+{
+#ifdef __CUDA_ARCH__
+    fsdp_kb_block_col_tree(s);
+#else
+    for (unsigned w = FSDP_KB_ROW_LANES / 2; w > 0; w >>= 1)
+        for (unsigned y = 0; y < w; y++)
+            for (unsigned x = 0; x < FSDP_KB_LANES; x++)
+                s[y][x] = s[y][x] + s[y + w][x];
+#endif
+}
+
 #endif
