@@ -22,6 +22,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/hd.h"
+#include "kernels/lanes.h"
 #include "kernels/nn_bodies.h"
 
 /* The largest head_dim of the attention kernels: a row's accumulators are local arrays. */
@@ -73,26 +74,37 @@ FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r)
     }
 }
 
-/* rmsnorm_bwd, the weight gradient of columns [chunk * FSDP_KB_COLS, ...), summed in row order */
-FSDP_HD void fsdp_kb_rmsnorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+/* rmsnorm_bwd, the weight gradient of the FSDP_KB_LANES columns of block blk, in the column shape
+ * of lanes.h: row lane y sums rows y, y + 32, ... of its column in f32, the row lanes meet in the
+ * butterfly, and the sum is added to the old gradient once. The caller runs columns x0 .. and row
+ * lanes y0 .. (FSDP_KB_HERE of each: all on the host, its own on the GPU); s is the block's. */
+FSDP_HD void fsdp_kb_rmsnorm_bwd_cols(const fsdp_kernel_t *k, size_t blk, unsigned x0, unsigned y0,
+                                      float (*s)[FSDP_KB_LANES + 1])
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
-    const size_t n = k->u.rmsnorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
-    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    const size_t n = k->u.rmsnorm_bwd.cols, rows = k->u.rmsnorm_bwd.rows;
+    const size_t c0 = blk * FSDP_KB_LANES + x0;
+    const size_t nc = c0 >= n ? 0 : n - c0 < FSDP_KB_HERE ? n - c0 : FSDP_KB_HERE;
     void *dw = k->u.rmsnorm_bwd.dweight;
-    float sw[FSDP_KB_COLS];
 
-    for (size_t j = 0; j < nc; j++)
-        sw[j] = 0.0f;
-    for (size_t r = 0; r < k->u.rmsnorm_bwd.rows; r++) {
-        const size_t o = r * n + c0;
-        const float rstd = k->u.rmsnorm_bwd.rstd[r];
-        for (size_t j = 0; j < nc; j++)
-            sw[j] += fsdp_kb_load(k->u.rmsnorm_bwd.dy, dt, o + j) *
-                     fsdp_kb_round_to(fsdp_kb_load(k->u.rmsnorm_bwd.x, dt, o + j) * rstd, dt);
+    for (unsigned j = 0; j < FSDP_KB_HERE; j++) {
+        float sw[FSDP_KB_HERE];
+        for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+            sw[i] = 0.0f;
+        for (size_t r = y0 + j; r < rows; r += FSDP_KB_ROW_LANES) {
+            const size_t o = r * n + c0;
+            const float rstd = k->u.rmsnorm_bwd.rstd[r];
+            for (size_t i = 0; i < nc; i++)
+                sw[i] += fsdp_kb_load(k->u.rmsnorm_bwd.dy, dt, o + i) *
+                         fsdp_kb_round_to(fsdp_kb_load(k->u.rmsnorm_bwd.x, dt, o + i) * rstd, dt);
+        }
+        for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+            s[y0 + j][x0 + i] = sw[i];
     }
-    for (size_t j = 0; j < nc; j++)
-        fsdp_kb_store(dw, dt, c0 + j, fsdp_kb_load(dw, dt, c0 + j) + sw[j]);
+    fsdp_kb_cols_sum(s);
+    if (y0 == 0)
+        for (size_t i = 0; i < nc; i++)
+            fsdp_kb_store(dw, dt, c0 + i, fsdp_kb_load(dw, dt, c0 + i) + s[0][x0 + i]);
 }
 
 /* ---- rotary embedding: element i is one rotation pair (row, head, i < head_dim / 2) ---- */
@@ -316,6 +328,21 @@ FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
     }
 }
 
+/* How the indices of a pass run. */
+#define FSDP_KB_BY_ELEM 0 /* an element (or a row, alone): a thread on the GPU */
+#define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
+#define FSDP_KB_BY_COLS 2 /* FSDP_KB_LANES columns x FSDP_KB_ROW_LANES row lanes: a block */
+
+FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
+{
+    switch (kind) {
+    case FSDP_K_RMSNORM_BWD:
+        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ELEM;
+    default:
+        return FSDP_KB_BY_ELEM;
+    }
+}
+
 /* The passes of a kernel, run in order. */
 FSDP_HD int fsdp_kb_llama_passes(const fsdp_kernel_t *k)
 {
@@ -330,7 +357,9 @@ FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
         return k->u.rmsnorm_fwd.cols > 0 ? k->u.rmsnorm_fwd.rows : 0;
     case FSDP_K_RMSNORM_BWD:
         if (pass == 0)
-            return k->u.rmsnorm_bwd.dweight != NULL ? fsdp_kb_col_chunks(k->u.rmsnorm_bwd.cols) : 0;
+            return k->u.rmsnorm_bwd.dweight != NULL
+                       ? (k->u.rmsnorm_bwd.cols + FSDP_KB_LANES - 1) / FSDP_KB_LANES
+                       : 0;
         return k->u.rmsnorm_bwd.dx != NULL && k->u.rmsnorm_bwd.cols > 0 ? k->u.rmsnorm_bwd.rows : 0;
     case FSDP_K_ROPE_FWD:
     case FSDP_K_ROPE_BWD:
@@ -349,7 +378,7 @@ FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
     }
 }
 
-/* Index i of pass `pass`. With a constant kind the switch folds away. */
+/* Index i of a pass of elements. With a constant kind the switch folds away. */
 FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t i)
 {
     switch (kind) {
@@ -357,10 +386,7 @@ FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, i
         fsdp_kb_rmsnorm_fwd_row(k, i);
         break;
     case FSDP_K_RMSNORM_BWD:
-        if (pass == 0)
-            fsdp_kb_rmsnorm_bwd_cols(k, i);
-        else
-            fsdp_kb_rmsnorm_bwd_row(k, i);
+        fsdp_kb_rmsnorm_bwd_row(k, i);
         break;
     case FSDP_K_ROPE_FWD:
         fsdp_kb_rope_at(k, 0, i);
@@ -386,6 +412,50 @@ FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, i
             fsdp_kb_attention_dkv_row(k, i);
         break;
     default:
+        break;
+    }
+}
+
+/* Row r of a pass of rows: lanes lane0 .. of it (FSDP_KB_HERE). */
+FSDP_HD void fsdp_kb_llama_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t r,
+                               unsigned lane0)
+{
+    switch (kind) {
+    default:
+        break;
+    }
+}
+
+/* Column block blk of a pass of column blocks: columns x0 .. and row lanes y0 .. of it. */
+FSDP_HD void fsdp_kb_llama_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass,
+                                size_t blk, unsigned x0, unsigned y0,
+                                float (*s)[FSDP_KB_LANES + 1])
+{
+    if (kind == FSDP_K_RMSNORM_BWD && pass == 0)
+        fsdp_kb_rmsnorm_bwd_cols(k, blk, x0, y0, s);
+}
+
+/* The host's run of a pass: each index in order, and within one the lanes (or the columns and
+ * row lanes of a block) in the loops of the body. */
+static inline void fsdp_kb_llama_host_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k,
+                                           int pass)
+{
+    const size_t n = fsdp_kb_llama_count(k, pass);
+
+    switch (fsdp_kb_llama_shape(kind, pass)) {
+    case FSDP_KB_BY_ROW:
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_row(kind, k, pass, i, 0);
+        break;
+    case FSDP_KB_BY_COLS: {
+        float s[FSDP_KB_ROW_LANES][FSDP_KB_LANES + 1];
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_cols(kind, k, pass, i, 0, 0, s);
+        break;
+    }
+    default:
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_at(kind, k, pass, i);
         break;
     }
 }
