@@ -115,9 +115,9 @@ fsdp_status_t launch_passes(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 
 /* Every kernel the launches above instantiate. */
 const void *const llama_kernels[] = {
-    (const void *)llama_elem_kernel<FSDP_K_RMSNORM_FWD>,
+    (const void *)llama_row_kernel<FSDP_K_RMSNORM_FWD>,
     (const void *)llama_cols_kernel<FSDP_K_RMSNORM_BWD>,
-    (const void *)llama_elem_kernel<FSDP_K_RMSNORM_BWD>,
+    (const void *)llama_row_kernel<FSDP_K_RMSNORM_BWD>,
     (const void *)llama_elem_kernel<FSDP_K_ROPE_FWD>,
     (const void *)llama_elem_kernel<FSDP_K_ROPE_BWD>,
     (const void *)llama_elem_kernel<FSDP_K_SWIGLU_FWD>,
@@ -144,9 +144,9 @@ extern "C" fsdp_status_t fsdp_gpu_launch_llama(fsdp_gpu_stream_t *stream, const 
 {
     switch (k->kind) {
     case FSDP_K_RMSNORM_FWD:
-        return launch_passes<FSDP_K_RMSNORM_FWD, FSDP_KB_BY_ELEM>(stream, k);
+        return launch_passes<FSDP_K_RMSNORM_FWD, FSDP_KB_BY_ROW>(stream, k);
     case FSDP_K_RMSNORM_BWD:
-        return launch_passes<FSDP_K_RMSNORM_BWD, FSDP_KB_BY_COLS, FSDP_KB_BY_ELEM>(stream, k);
+        return launch_passes<FSDP_K_RMSNORM_BWD, FSDP_KB_BY_COLS, FSDP_KB_BY_ROW>(stream, k);
     case FSDP_K_ROPE_FWD:
         return launch_passes<FSDP_K_ROPE_FWD, FSDP_KB_BY_ELEM>(stream, k);
     case FSDP_K_ROPE_BWD:

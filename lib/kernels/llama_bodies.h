@@ -28,50 +28,62 @@
 /* The largest head_dim of the attention kernels: a row's accumulators are local arrays. */
 #define FSDP_KB_ATTN_MAX_HD 256
 
-/* ---- RMSNorm ---- */
+/* ---- RMSNorm: a row per index in the row shape of lanes.h (lane l takes columns l, l + 32, ...;
+ * the caller runs lanes lane0 .. lane0 + FSDP_KB_HERE), the weight gradient in column blocks ---- */
 
-FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_fwd.dtype;
     const size_t n = k->u.rmsnorm_fwd.cols, o = r * n;
     const void *x = k->u.rmsnorm_fwd.x, *w = k->u.rmsnorm_fwd.weight;
-    float ss = 0.0f, rstd;
+    float part[FSDP_KB_HERE], rstd;
 
-    for (size_t c = 0; c < n; c++) {
-        float v = fsdp_kb_load(x, dt, o + c);
-        ss += v * v;
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
+        float ss = 0.0f;
+        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
+            float v = fsdp_kb_load(x, dt, o + c);
+            ss += v * v;
+        }
+        part[i] = ss;
     }
-    rstd = 1.0f / sqrtf(ss / (float)n + k->u.rmsnorm_fwd.eps);
-    for (size_t c = 0; c < n; c++)
-        fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
-                      fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
-                          fsdp_kb_load(w, dt, c));
-    if (k->u.rmsnorm_fwd.rstd != NULL)
+    rstd = 1.0f / sqrtf(fsdp_kb_lanes_sum(part) / (float)n + k->u.rmsnorm_fwd.eps);
+    /* y may be x: a lane reads and writes only its own columns, after the sum */
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES)
+            fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
+                          fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
+                              fsdp_kb_load(w, dt, c));
+    if (k->u.rmsnorm_fwd.rstd != NULL && lane0 == 0)
         k->u.rmsnorm_fwd.rstd[r] = rstd;
 }
 
 /* rmsnorm_bwd, the input gradient of row r */
-FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
     const size_t n = k->u.rmsnorm_bwd.cols, o = r * n;
     const void *x = k->u.rmsnorm_bwd.x, *dy = k->u.rmsnorm_bwd.dy, *w = k->u.rmsnorm_bwd.weight;
     const float rstd = k->u.rmsnorm_bwd.rstd[r];
     void *dx = k->u.rmsnorm_bwd.dx;
-    float dot = 0.0f;
+    float part[FSDP_KB_HERE], dot;
 
-    for (size_t c = 0; c < n; c++) {
-        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
-        dot += g * (fsdp_kb_load(x, dt, o + c) * rstd);
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
+        float sum = 0.0f;
+        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
+            float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+            sum += g * (fsdp_kb_load(x, dt, o + c) * rstd);
+        }
+        part[i] = sum;
     }
-    dot = dot / (float)n;
-    for (size_t c = 0; c < n; c++) {
-        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
-        float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
-        if (k->u.rmsnorm_bwd.accumulate)
-            d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
-        fsdp_kb_store(dx, dt, o + c, d);
-    }
+    dot = fsdp_kb_lanes_sum(part) / (float)n;
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
+            float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+            float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
+            if (k->u.rmsnorm_bwd.accumulate)
+                d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
+            fsdp_kb_store(dx, dt, o + c, d);
+        }
 }
 
 /* rmsnorm_bwd, the weight gradient of the FSDP_KB_LANES columns of block blk, in the column shape
@@ -336,8 +348,10 @@ FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
 FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
 {
     switch (kind) {
+    case FSDP_K_RMSNORM_FWD:
+        return FSDP_KB_BY_ROW;
     case FSDP_K_RMSNORM_BWD:
-        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ELEM;
+        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW;
     default:
         return FSDP_KB_BY_ELEM;
     }
@@ -382,12 +396,6 @@ FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
 FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t i)
 {
     switch (kind) {
-    case FSDP_K_RMSNORM_FWD:
-        fsdp_kb_rmsnorm_fwd_row(k, i);
-        break;
-    case FSDP_K_RMSNORM_BWD:
-        fsdp_kb_rmsnorm_bwd_row(k, i);
-        break;
     case FSDP_K_ROPE_FWD:
         fsdp_kb_rope_at(k, 0, i);
         break;
@@ -421,6 +429,12 @@ FSDP_HD void fsdp_kb_llama_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, 
                                unsigned lane0)
 {
     switch (kind) {
+    case FSDP_K_RMSNORM_FWD:
+        fsdp_kb_rmsnorm_fwd_row(k, r, lane0);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        fsdp_kb_rmsnorm_bwd_row(k, r, lane0);
+        break;
     default:
         break;
     }
