@@ -122,8 +122,8 @@ const void *const llama_kernels[] = {
     (const void *)llama_elem_kernel<FSDP_K_ROPE_BWD>,
     (const void *)llama_elem_kernel<FSDP_K_SWIGLU_FWD>,
     (const void *)llama_elem_kernel<FSDP_K_SWIGLU_BWD>,
-    (const void *)llama_elem_kernel<FSDP_K_ATTENTION_FWD>,
-    (const void *)llama_elem_kernel<FSDP_K_ATTENTION_BWD>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_FWD>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD>,
 };
 
 } // namespace
@@ -156,10 +156,10 @@ extern "C" fsdp_status_t fsdp_gpu_launch_llama(fsdp_gpu_stream_t *stream, const 
     case FSDP_K_SWIGLU_BWD:
         return launch_passes<FSDP_K_SWIGLU_BWD, FSDP_KB_BY_ELEM>(stream, k);
     case FSDP_K_ATTENTION_FWD:
-        return launch_passes<FSDP_K_ATTENTION_FWD, FSDP_KB_BY_ELEM>(stream, k);
+        return launch_passes<FSDP_K_ATTENTION_FWD, FSDP_KB_BY_ROW>(stream, k);
     case FSDP_K_ATTENTION_BWD:
-        return launch_passes<FSDP_K_ATTENTION_BWD, FSDP_KB_BY_ELEM, FSDP_KB_BY_ELEM,
-                             FSDP_KB_BY_ELEM>(stream, k);
+        return launch_passes<FSDP_K_ATTENTION_BWD, FSDP_KB_BY_ROW, FSDP_KB_BY_ROW,
+                             FSDP_KB_BY_ROW>(stream, k);
     default:
         fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
         return FSDP_ERR_UNSUPPORTED;

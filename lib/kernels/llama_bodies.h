@@ -172,20 +172,65 @@ FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
     fsdp_kb_store(k->u.swiglu_bwd.dgate, dt, i, dh * (sig * (1.0f + g * (1.0f - sig))));
 }
 
-/* ---- fused attention ---- */
+/* ---- fused attention: a row per index (a query row, or a key row for dk and dv) in the row
+ * shape of lanes.h over head_dim: lane l holds elements d = l, l + 32, ... of the row's
+ * accumulators, and a dot product over head_dim is the lanes' partials meeting in the butterfly,
+ * so every lane has the same score and the online softmax's state is the same on every lane.
+ * The keys (or queries) are taken one at a time, in order. ---- */
 
-/* q . k over d elements of two rows, in f32 in index order */
-FSDP_HD float fsdp_kb_dot(const void *a, size_t ao, const void *b, size_t bo, size_t d,
-                          fsdp_dtype_t dt)
+/* A lane's share of head_dim: at most this many elements. */
+#define FSDP_KB_ATTN_PER_LANE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_LANES)
+
+/* a . b over d elements of two rows, each lane in f32 in index order, then the butterfly */
+FSDP_HD float fsdp_kb_dot_lanes(const void *a, size_t ao, const void *b, size_t bo, size_t d,
+                                fsdp_dtype_t dt, unsigned lane0)
 {
-    float s = 0.0f;
-    for (size_t e = 0; e < d; e++)
-        s += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
-    return s;
+    float part[FSDP_KB_HERE];
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
+        float s = 0.0f;
+        for (size_t e = lane0 + i; e < d; e += FSDP_KB_LANES)
+            s += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+        part[i] = s;
+    }
+    return fsdp_kb_lanes_sum(part);
+}
+
+/* The lanes' accumulators acc[i][q], element lane0 + i + 32 q of the row, set to 0. */
+FSDP_HD void fsdp_kb_acc_zero(float (*acc)[FSDP_KB_ATTN_PER_LANE])
+{
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++)
+            acc[i][q] = 0.0f;
+}
+
+/* acc += p * row (row's elements at ro ..): each lane its own elements */
+FSDP_HD void fsdp_kb_acc_add(float (*acc)[FSDP_KB_ATTN_PER_LANE], float p, const void *row,
+                             size_t ro, size_t hd, fsdp_dtype_t dt, unsigned lane0)
+{
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++) {
+            const size_t e = lane0 + i + (size_t)q * FSDP_KB_LANES;
+            if (e >= hd)
+                break;
+            acc[i][q] += p * fsdp_kb_load(row, dt, ro + e);
+        }
+}
+
+/* out[oo + e] = acc / f when divide, else acc * f: each lane its own elements */
+FSDP_HD void fsdp_kb_acc_store(float (*acc)[FSDP_KB_ATTN_PER_LANE], void *out, size_t oo,
+                               size_t hd, fsdp_dtype_t dt, int divide, float f, unsigned lane0)
+{
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++) {
+            const size_t e = lane0 + i + (size_t)q * FSDP_KB_LANES;
+            if (e >= hd)
+                break;
+            fsdp_kb_store(out, dt, oo + e, divide ? acc[i][q] / f : acc[i][q] * f);
+        }
 }
 
 /* attention_fwd, query row r = (b * heads + h) * seq + t (lse's index) */
-FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
     const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
@@ -195,49 +240,52 @@ FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r)
     const size_t qo = (b * T + t) * k->u.attention_fwd.ldq + h * hd;
     const size_t last = k->u.attention_fwd.causal ? t : T - 1;
     const float scale = k->u.attention_fwd.scale;
-    float acc[FSDP_KB_ATTN_MAX_HD], m = -fsdp_kb_inff(), l = 0.0f;
+    float acc[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE], m = -fsdp_kb_inff(), l = 0.0f;
 
-    for (size_t e = 0; e < hd; e++)
-        acc[e] = 0.0f;
+    fsdp_kb_acc_zero(acc);
     for (size_t j = 0; j <= last; j++) {
         const size_t ko = (b * T + j) * k->u.attention_fwd.ldk + g * hd;
         const size_t vo = (b * T + j) * k->u.attention_fwd.ldv + g * hd;
-        float s = fsdp_kb_dot(k->u.attention_fwd.q, qo, k->u.attention_fwd.k, ko, hd, dt) * scale;
+        float s = fsdp_kb_dot_lanes(k->u.attention_fwd.q, qo, k->u.attention_fwd.k, ko, hd, dt,
+                                    lane0) *
+                  scale;
         float p;
         if (s > m) { /* a new maximum: rescale what was summed against the old one */
             float corr = fsdp_kb_expf(m - s);
             l *= corr;
-            for (size_t e = 0; e < hd; e++)
-                acc[e] *= corr;
+            for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+                for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++)
+                    acc[i][q] *= corr;
             m = s;
         }
         p = fsdp_kb_expf(s - m);
         l += p;
-        for (size_t e = 0; e < hd; e++)
-            acc[e] += p * fsdp_kb_load(k->u.attention_fwd.v, dt, vo + e);
+        fsdp_kb_acc_add(acc, p, k->u.attention_fwd.v, vo, hd, dt, lane0);
     }
-    for (size_t e = 0; e < hd; e++)
-        fsdp_kb_store(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd + e,
-                      acc[e] / l);
-    if (k->u.attention_fwd.lse != NULL)
+    fsdp_kb_acc_store(acc, k->u.attention_fwd.o, (b * T + t) * k->u.attention_fwd.ldo + h * hd, hd,
+                      dt, 1, l, lane0);
+    if (k->u.attention_fwd.lse != NULL && lane0 == 0)
         k->u.attention_fwd.lse[r] = m + fsdp_kb_logf(l);
 }
 
 /* attention_bwd pass 0, query row r: delta[r] = dout . o */
-FSDP_HD void fsdp_kb_attention_delta_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_attention_delta_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
     const size_t hd = k->u.attention_bwd.head_dim;
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+    const float d = fsdp_kb_dot_lanes(k->u.attention_bwd.dout, oo, k->u.attention_bwd.o, oo, hd,
+                                      k->u.attention_bwd.dtype, lane0);
 
-    k->u.attention_bwd.delta[r] = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.o, oo,
-                                              hd, k->u.attention_bwd.dtype);
+    if (lane0 == 0)
+        k->u.attention_bwd.delta[r] = d;
 }
 
-/* ds of query row (b, h, t) and key j, and p: p = exp(scale q.k - lse), ds = p (dout.v - delta) */
+/* ds of query row (b, h, t) and key j, and p: p = exp(scale q.k - lse), ds = p (dout.v - delta);
+ * the same on every lane */
 FSDP_HD float fsdp_kb_attention_ds(const fsdp_kernel_t *k, size_t b, size_t h, size_t g, size_t t,
-                                   size_t j, float *p_p)
+                                   size_t j, float *p_p, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
@@ -246,17 +294,18 @@ FSDP_HD float fsdp_kb_attention_ds(const fsdp_kernel_t *k, size_t b, size_t h, s
     const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
     const size_t vo = (b * T + j) * k->u.attention_bwd.ldv + g * hd;
     const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
-    float s = fsdp_kb_dot(k->u.attention_bwd.q, qo, k->u.attention_bwd.k, ko, hd, dt) *
+    float s = fsdp_kb_dot_lanes(k->u.attention_bwd.q, qo, k->u.attention_bwd.k, ko, hd, dt, lane0) *
               k->u.attention_bwd.scale;
     float p = fsdp_kb_expf(s - k->u.attention_bwd.lse[r]);
-    float dp = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.v, vo, hd, dt);
+    float dp = fsdp_kb_dot_lanes(k->u.attention_bwd.dout, oo, k->u.attention_bwd.v, vo, hd, dt,
+                                 lane0);
 
     *p_p = p;
     return p * (dp - k->u.attention_bwd.delta[r]);
 }
 
-/* attention_bwd pass 1, query row r (as the forward's): dq = scale sum_j ds k_j */
-FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r)
+/* attention_bwd pass 1, query row r (as the forward's): dq = scale sum_j ds k_j, in key order */
+FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
@@ -264,50 +313,43 @@ FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r)
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t g = h / (H / k->u.attention_bwd.kv_heads);
     const size_t last = k->u.attention_bwd.causal ? t : T - 1;
-    float acc[FSDP_KB_ATTN_MAX_HD];
+    float acc[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE];
 
-    for (size_t e = 0; e < hd; e++)
-        acc[e] = 0.0f;
+    fsdp_kb_acc_zero(acc);
     for (size_t j = 0; j <= last; j++) {
         const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
-        float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
-        for (size_t e = 0; e < hd; e++)
-            acc[e] += ds * fsdp_kb_load(k->u.attention_bwd.k, dt, ko + e);
+        float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p, lane0);
+        fsdp_kb_acc_add(acc, ds, k->u.attention_bwd.k, ko, hd, dt, lane0);
     }
-    for (size_t e = 0; e < hd; e++)
-        fsdp_kb_store(k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd + e,
-                      acc[e] * k->u.attention_bwd.scale);
+    fsdp_kb_acc_store(acc, k->u.attention_bwd.dq, (b * T + t) * k->u.attention_bwd.ldq + h * hd,
+                      hd, dt, 0, k->u.attention_bwd.scale, lane0);
 }
 
-/* attention_bwd pass 2, key row r = (b * kv_heads + g) * seq + j: over the query heads of group g,
- * then the queries that see key j, dv = sum p dout_i and dk = scale sum ds q_i */
-FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r)
+/* attention_bwd pass 2, key row r = (b * kv_heads + g) * seq + j: over the query heads of group g
+ * in order, then the queries that see key j in order, dv = sum p dout_i and dk = scale sum ds q_i */
+FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
     const size_t K = k->u.attention_bwd.kv_heads, hd = k->u.attention_bwd.head_dim;
     const size_t j = r % T, g = (r / T) % K, b = r / T / K, group = H / K;
-    float dk[FSDP_KB_ATTN_MAX_HD], dv[FSDP_KB_ATTN_MAX_HD];
+    float dk[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE], dv[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE];
 
-    for (size_t e = 0; e < hd; e++)
-        dk[e] = dv[e] = 0.0f;
+    fsdp_kb_acc_zero(dk);
+    fsdp_kb_acc_zero(dv);
     for (size_t h = g * group; h < (g + 1) * group; h++) {
         for (size_t t = k->u.attention_bwd.causal ? j : 0; t < T; t++) {
             const size_t qo = (b * T + t) * k->u.attention_bwd.ldq + h * hd;
             const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
-            float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
-            for (size_t e = 0; e < hd; e++) {
-                dv[e] += p * fsdp_kb_load(k->u.attention_bwd.dout, dt, oo + e);
-                dk[e] += ds * fsdp_kb_load(k->u.attention_bwd.q, dt, qo + e);
-            }
+            float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p, lane0);
+            fsdp_kb_acc_add(dv, p, k->u.attention_bwd.dout, oo, hd, dt, lane0);
+            fsdp_kb_acc_add(dk, ds, k->u.attention_bwd.q, qo, hd, dt, lane0);
         }
     }
-    for (size_t e = 0; e < hd; e++) {
-        fsdp_kb_store(k->u.attention_bwd.dk, dt, (b * T + j) * k->u.attention_bwd.ldk + g * hd + e,
-                      dk[e] * k->u.attention_bwd.scale);
-        fsdp_kb_store(k->u.attention_bwd.dv, dt, (b * T + j) * k->u.attention_bwd.ldv + g * hd + e,
-                      dv[e]);
-    }
+    fsdp_kb_acc_store(dk, k->u.attention_bwd.dk, (b * T + j) * k->u.attention_bwd.ldk + g * hd, hd,
+                      dt, 0, k->u.attention_bwd.scale, lane0);
+    fsdp_kb_acc_store(dv, k->u.attention_bwd.dv, (b * T + j) * k->u.attention_bwd.ldv + g * hd, hd,
+                      dt, 0, 1.0f, lane0);
 }
 
 /* ---- dispatch ---- */
@@ -352,6 +394,9 @@ FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
         return FSDP_KB_BY_ROW;
     case FSDP_K_RMSNORM_BWD:
         return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW;
+    case FSDP_K_ATTENTION_FWD:
+    case FSDP_K_ATTENTION_BWD:
+        return FSDP_KB_BY_ROW;
     default:
         return FSDP_KB_BY_ELEM;
     }
@@ -408,17 +453,6 @@ FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, i
     case FSDP_K_SWIGLU_BWD:
         fsdp_kb_swiglu_bwd_at(k, i);
         break;
-    case FSDP_K_ATTENTION_FWD:
-        fsdp_kb_attention_fwd_row(k, i);
-        break;
-    case FSDP_K_ATTENTION_BWD:
-        if (pass == 0)
-            fsdp_kb_attention_delta_row(k, i);
-        else if (pass == 1)
-            fsdp_kb_attention_dq_row(k, i);
-        else
-            fsdp_kb_attention_dkv_row(k, i);
-        break;
     default:
         break;
     }
@@ -434,6 +468,17 @@ FSDP_HD void fsdp_kb_llama_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, 
         break;
     case FSDP_K_RMSNORM_BWD:
         fsdp_kb_rmsnorm_bwd_row(k, r, lane0);
+        break;
+    case FSDP_K_ATTENTION_FWD:
+        fsdp_kb_attention_fwd_row(k, r, lane0);
+        break;
+    case FSDP_K_ATTENTION_BWD:
+        if (pass == 0)
+            fsdp_kb_attention_delta_row(k, r, lane0);
+        else if (pass == 1)
+            fsdp_kb_attention_dq_row(k, r, lane0);
+        else
+            fsdp_kb_attention_dkv_row(k, r, lane0);
         break;
     default:
         break;
