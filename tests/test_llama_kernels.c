@@ -51,6 +51,33 @@ static double rel_err_f(const float *a, const float *b, size_t n)
     return d / m;
 }
 
+/* ---- the lanes ---- */
+
+/* fsdp_kb_lanes_sum_n (the host's butterfly that skips lanes without elements) has the bits of
+ * the whole butterfly over partials that are +0 past n, for every n, with signs, cancellations,
+ * infinities and NaN among the partials; and FSDP_KB_SLOT walks lane l's elements in order. */
+static void test_lanes(void)
+{
+    for (int trial = 0; trial < 200; trial++)
+        for (size_t n = 0; n <= FSDP_KB_LANES + 3; n++) {
+            float a[FSDP_KB_LANES], b[FSDP_KB_LANES], x, y;
+            for (size_t l = 0; l < FSDP_KB_LANES; l++) {
+                a[l] = l < n ? (float)urand(-1, 1) * (trial % 3 == 0 ? 1e30f : 1.0f) : 0.0f;
+                if (l < n && trial % 7 == 1 && l % 5 == 0)
+                    a[l] = -a[l > 0 ? l - 1 : 0]; /* exact cancellations */
+                if (l < n && trial == 5 && l == n / 2)
+                    a[l] = (l % 2) ? INFINITY : NAN;
+                b[l] = a[l];
+            }
+            x = fsdp_kb_lane_tree(a);
+            y = fsdp_kb_lanes_sum_n(b, n);
+            CU_ASSERT(memcmp(&x, &y, sizeof(x)) == 0);
+        }
+    CU_ASSERT_EQUAL(FSDP_KB_STEP, 1);
+    for (size_t e = 0; e < 100; e++)
+        CU_ASSERT_EQUAL(FSDP_KB_SLOT(e), e % FSDP_KB_LANES);
+}
+
 /* ---- RMSNorm ---- */
 
 static void test_rmsnorm(void)
@@ -667,6 +694,7 @@ static void test_attention_cost(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
+        {"lanes: the host's butterfly without empty lanes has the bits of the whole", test_lanes},
         {"rmsnorm forward and backward against double", test_rmsnorm},
         {"rotary embedding (rotate_half) against double; backward inverts it", test_rope},
         {"swiglu forward and backward against double", test_swiglu},

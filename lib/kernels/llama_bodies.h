@@ -1,16 +1,23 @@
 /* Bodies of the Llama kernels of kernel.h (rmsnorm, rope, swiglu, fused attention), shared by the
  * sim's host loops (sim/kernels_llama.c) and the gpu backend's launches (gpu/kernels_llama.cu).
  *
- * A kernel runs as one or more passes, each a range of independent indices (an element, a row or
- * a chunk of columns): fsdp_kb_llama_passes, fsdp_kb_llama_count and fsdp_kb_llama_at say which.
- * The host runs the passes in order and each index in order; the GPU launches a pass after the
- * previous one on the same stream, a thread per index. A body is a pure function of the
- * descriptor, its reductions sequential in f32 in a fixed order, with the exp and log of
- * nn_bodies.h: both backends give the same bits (nvcc builds with --fmad=false).
+ * A kernel runs as one or more passes, each a range of independent indices run in one shape
+ * (fsdp_kb_llama_shape): an element (rope, swiglu: a thread on the GPU), a row reduced over the
+ * 32 lanes of lanes.h (rmsnorm's rows, attention's query and key rows: a warp), or a block of 32
+ * columns summed over 32 row lanes (rmsnorm's weight gradient: a 32 x 32 block).
+ * fsdp_kb_llama_passes, fsdp_kb_llama_count, fsdp_kb_llama_at, fsdp_kb_llama_row and
+ * fsdp_kb_llama_cols say which. A row or column body is written once for every lane
+ * (FSDP_KB_HERE, FSDP_KB_STEP): the host runs all the lanes of an index in the body's own loops
+ * and meets them in the butterfly in order (fsdp_kb_llama_host_pass), the GPU runs a lane per
+ * thread and meets them with shuffles or shared memory; the passes run in order, and on the GPU
+ * a pass after the previous one on the same stream. A body is a pure function of the
+ * descriptor, f32 sums in a fixed order, with the exp and log of nn_bodies.h: both backends give
+ * the same bits (nvcc builds with --fmad=false).
  *
  * The attention bodies are FlashAttention's algorithm one query row (forward, dq) or one key row
- * (dk, dv) per thread: an online softmax over the keys, no [seq, seq] buffer. They are written
- * for exactness and a shared body, not for a GPU's speed (no tiling into shared memory). */
+ * (dk, dv) per index, a warp over head_dim: an online softmax over the keys in order, no
+ * [seq, seq] buffer. They are not tiled into shared memory (a key row is read once per query
+ * row), which a faster kernel would be. */
 #ifndef FSDP_KERNELS_LLAMA_BODIES_H
 #define FSDP_KERNELS_LLAMA_BODIES_H
 
@@ -29,7 +36,7 @@
 #define FSDP_KB_ATTN_MAX_HD 256
 
 /* ---- RMSNorm: a row per index in the row shape of lanes.h (lane l takes columns l, l + 32, ...;
- * the caller runs lanes lane0 .. lane0 + FSDP_KB_HERE), the weight gradient in column blocks ---- */
+ * the caller walks the row from lane0 by FSDP_KB_STEP), the weight gradient in column blocks ---- */
 
 FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
@@ -38,21 +45,18 @@ FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned 
     const void *x = k->u.rmsnorm_fwd.x, *w = k->u.rmsnorm_fwd.weight;
     float part[FSDP_KB_HERE], rstd;
 
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
-        float ss = 0.0f;
-        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
-            float v = fsdp_kb_load(x, dt, o + c);
-            ss += v * v;
-        }
-        part[i] = ss;
-    }
-    rstd = 1.0f / sqrtf(fsdp_kb_lanes_sum(part) / (float)n + k->u.rmsnorm_fwd.eps);
-    /* y may be x: a lane reads and writes only its own columns, after the sum */
     for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES)
-            fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
-                          fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
-                              fsdp_kb_load(w, dt, c));
+        part[i] = 0.0f;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
+        float v = fsdp_kb_load(x, dt, o + c);
+        part[FSDP_KB_SLOT(c)] += v * v;
+    }
+    rstd = 1.0f / sqrtf(fsdp_kb_lanes_sum_n(part, n) / (float)n + k->u.rmsnorm_fwd.eps);
+    /* y may be x: a lane reads and writes only its own columns, after the sum */
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP)
+        fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
+                      fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
+                          fsdp_kb_load(w, dt, c));
     if (k->u.rmsnorm_fwd.rstd != NULL && lane0 == 0)
         k->u.rmsnorm_fwd.rstd[r] = rstd;
 }
@@ -67,23 +71,20 @@ FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r, unsigned 
     void *dx = k->u.rmsnorm_bwd.dx;
     float part[FSDP_KB_HERE], dot;
 
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
-        float sum = 0.0f;
-        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
-            float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
-            sum += g * (fsdp_kb_load(x, dt, o + c) * rstd);
-        }
-        part[i] = sum;
-    }
-    dot = fsdp_kb_lanes_sum(part) / (float)n;
     for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-        for (size_t c = lane0 + i; c < n; c += FSDP_KB_LANES) {
-            float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
-            float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
-            if (k->u.rmsnorm_bwd.accumulate)
-                d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
-            fsdp_kb_store(dx, dt, o + c, d);
-        }
+        part[i] = 0.0f;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
+        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+        part[FSDP_KB_SLOT(c)] += g * (fsdp_kb_load(x, dt, o + c) * rstd);
+    }
+    dot = fsdp_kb_lanes_sum_n(part, n) / (float)n;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
+        float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
+        float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
+        if (k->u.rmsnorm_bwd.accumulate)
+            d = fsdp_kb_load(dx, dt, o + c) + fsdp_kb_round_to(d, dt);
+        fsdp_kb_store(dx, dt, o + c, d);
+    }
 }
 
 /* rmsnorm_bwd, the weight gradient of the FSDP_KB_LANES columns of block blk, in the column shape
@@ -178,55 +179,61 @@ FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
  * so every lane has the same score and the online softmax's state is the same on every lane.
  * The keys (or queries) are taken one at a time, in order. ---- */
 
-/* A lane's share of head_dim: at most this many elements. */
-#define FSDP_KB_ATTN_PER_LANE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_LANES)
+/* A caller's accumulators of a row of head_dim: acc[q] is element lane0 + q FSDP_KB_STEP (every
+ * element on the host, the lane's own on the GPU). */
+#define FSDP_KB_ATTN_HERE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_STEP)
 
 /* a . b over d elements of two rows, each lane in f32 in index order, then the butterfly */
 FSDP_HD float fsdp_kb_dot_lanes(const void *a, size_t ao, const void *b, size_t bo, size_t d,
                                 fsdp_dtype_t dt, unsigned lane0)
 {
     float part[FSDP_KB_HERE];
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++) {
-        float s = 0.0f;
-        for (size_t e = lane0 + i; e < d; e += FSDP_KB_LANES)
-            s += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
-        part[i] = s;
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        part[i] = 0.0f;
+    for (size_t e = lane0; e < d; e += FSDP_KB_STEP)
+        part[FSDP_KB_SLOT(e)] += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+    return fsdp_kb_lanes_sum_n(part, d);
+}
+
+/* The caller's accumulators set to 0. */
+FSDP_HD void fsdp_kb_acc_zero(float *acc)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++)
+        acc[q] = 0.0f;
+}
+
+/* acc *= f, the caller's elements of a row of hd */
+FSDP_HD void fsdp_kb_acc_scale(float *acc, float f, size_t hd, unsigned lane0)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        if (lane0 + (size_t)q * FSDP_KB_STEP >= hd)
+            break;
+        acc[q] *= f;
     }
-    return fsdp_kb_lanes_sum(part);
 }
 
-/* The lanes' accumulators acc[i][q], element lane0 + i + 32 q of the row, set to 0. */
-FSDP_HD void fsdp_kb_acc_zero(float (*acc)[FSDP_KB_ATTN_PER_LANE])
+/* acc += p * row (the row's elements at ro ..), the caller's elements */
+FSDP_HD void fsdp_kb_acc_add(float *acc, float p, const void *row, size_t ro, size_t hd,
+                             fsdp_dtype_t dt, unsigned lane0)
 {
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++)
-            acc[i][q] = 0.0f;
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        const size_t e = lane0 + (size_t)q * FSDP_KB_STEP;
+        if (e >= hd)
+            break;
+        acc[q] += p * fsdp_kb_load(row, dt, ro + e);
+    }
 }
 
-/* acc += p * row (row's elements at ro ..): each lane its own elements */
-FSDP_HD void fsdp_kb_acc_add(float (*acc)[FSDP_KB_ATTN_PER_LANE], float p, const void *row,
-                             size_t ro, size_t hd, fsdp_dtype_t dt, unsigned lane0)
+/* out[oo + e] = acc / f when divide, else acc * f: the caller's elements */
+FSDP_HD void fsdp_kb_acc_store(const float *acc, void *out, size_t oo, size_t hd, fsdp_dtype_t dt,
+                               int divide, float f, unsigned lane0)
 {
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++) {
-            const size_t e = lane0 + i + (size_t)q * FSDP_KB_LANES;
-            if (e >= hd)
-                break;
-            acc[i][q] += p * fsdp_kb_load(row, dt, ro + e);
-        }
-}
-
-/* out[oo + e] = acc / f when divide, else acc * f: each lane its own elements */
-FSDP_HD void fsdp_kb_acc_store(float (*acc)[FSDP_KB_ATTN_PER_LANE], void *out, size_t oo,
-                               size_t hd, fsdp_dtype_t dt, int divide, float f, unsigned lane0)
-{
-    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-        for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++) {
-            const size_t e = lane0 + i + (size_t)q * FSDP_KB_LANES;
-            if (e >= hd)
-                break;
-            fsdp_kb_store(out, dt, oo + e, divide ? acc[i][q] / f : acc[i][q] * f);
-        }
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        const size_t e = lane0 + (size_t)q * FSDP_KB_STEP;
+        if (e >= hd)
+            break;
+        fsdp_kb_store(out, dt, oo + e, divide ? acc[q] / f : acc[q] * f);
+    }
 }
 
 /* attention_fwd, query row r = (b * heads + h) * seq + t (lse's index) */
@@ -240,7 +247,7 @@ FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r, unsigne
     const size_t qo = (b * T + t) * k->u.attention_fwd.ldq + h * hd;
     const size_t last = k->u.attention_fwd.causal ? t : T - 1;
     const float scale = k->u.attention_fwd.scale;
-    float acc[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE], m = -fsdp_kb_inff(), l = 0.0f;
+    float acc[FSDP_KB_ATTN_HERE], m = -fsdp_kb_inff(), l = 0.0f;
 
     fsdp_kb_acc_zero(acc);
     for (size_t j = 0; j <= last; j++) {
@@ -253,9 +260,7 @@ FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r, unsigne
         if (s > m) { /* a new maximum: rescale what was summed against the old one */
             float corr = fsdp_kb_expf(m - s);
             l *= corr;
-            for (unsigned i = 0; i < FSDP_KB_HERE; i++)
-                for (unsigned q = 0; q < FSDP_KB_ATTN_PER_LANE; q++)
-                    acc[i][q] *= corr;
+            fsdp_kb_acc_scale(acc, corr, hd, lane0);
             m = s;
         }
         p = fsdp_kb_expf(s - m);
@@ -313,7 +318,7 @@ FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r, unsigned
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t g = h / (H / k->u.attention_bwd.kv_heads);
     const size_t last = k->u.attention_bwd.causal ? t : T - 1;
-    float acc[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE];
+    float acc[FSDP_KB_ATTN_HERE];
 
     fsdp_kb_acc_zero(acc);
     for (size_t j = 0; j <= last; j++) {
@@ -333,7 +338,7 @@ FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r, unsigne
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
     const size_t K = k->u.attention_bwd.kv_heads, hd = k->u.attention_bwd.head_dim;
     const size_t j = r % T, g = (r / T) % K, b = r / T / K, group = H / K;
-    float dk[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE], dv[FSDP_KB_HERE][FSDP_KB_ATTN_PER_LANE];
+    float dk[FSDP_KB_ATTN_HERE], dv[FSDP_KB_ATTN_HERE];
 
     fsdp_kb_acc_zero(dk);
     fsdp_kb_acc_zero(dv);
@@ -383,7 +388,7 @@ FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
 }
 
 /* How the indices of a pass run. */
-#define FSDP_KB_BY_ELEM 0 /* an element (or a row, alone): a thread on the GPU */
+#define FSDP_KB_BY_ELEM 0 /* an element: a thread on the GPU */
 #define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
 #define FSDP_KB_BY_COLS 2 /* FSDP_KB_LANES columns x FSDP_KB_ROW_LANES row lanes: a block */
 
