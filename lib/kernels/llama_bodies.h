@@ -183,15 +183,26 @@ FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
  * element on the host, the lane's own on the GPU). */
 #define FSDP_KB_ATTN_HERE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_STEP)
 
-/* a . b over d elements of two rows, each lane in f32 in index order, then the butterfly */
+/* The caller's lane partials of a . b (d elements of two rows), each lane's in f32 in index order */
+FSDP_HD void fsdp_kb_dot_walk(float *part, const void *a, size_t ao, const void *b, size_t bo,
+                              size_t d, fsdp_dtype_t dt, unsigned lane0)
+{
+    for (size_t e = lane0; e < d; e += FSDP_KB_STEP)
+        part[FSDP_KB_SLOT(e)] += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+}
+
+/* a . b over d elements of two rows: the lanes' partials, then the butterfly. (f32 is walked
+ * with its dtype a constant, so that the loads' dispatch folds out of the loop.) */
 FSDP_HD float fsdp_kb_dot_lanes(const void *a, size_t ao, const void *b, size_t bo, size_t d,
                                 fsdp_dtype_t dt, unsigned lane0)
 {
     float part[FSDP_KB_HERE];
     for (unsigned i = 0; i < FSDP_KB_HERE; i++)
         part[i] = 0.0f;
-    for (size_t e = lane0; e < d; e += FSDP_KB_STEP)
-        part[FSDP_KB_SLOT(e)] += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+    if (dt == FSDP_DTYPE_F32)
+        fsdp_kb_dot_walk(part, a, ao, b, bo, d, FSDP_DTYPE_F32, lane0);
+    else
+        fsdp_kb_dot_walk(part, a, ao, b, bo, d, dt, lane0);
     return fsdp_kb_lanes_sum_n(part, d);
 }
 
@@ -212,9 +223,8 @@ FSDP_HD void fsdp_kb_acc_scale(float *acc, float f, size_t hd, unsigned lane0)
     }
 }
 
-/* acc += p * row (the row's elements at ro ..), the caller's elements */
-FSDP_HD void fsdp_kb_acc_add(float *acc, float p, const void *row, size_t ro, size_t hd,
-                             fsdp_dtype_t dt, unsigned lane0)
+FSDP_HD void fsdp_kb_acc_walk(float *acc, float p, const void *row, size_t ro, size_t hd,
+                              fsdp_dtype_t dt, unsigned lane0)
 {
     for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
         const size_t e = lane0 + (size_t)q * FSDP_KB_STEP;
@@ -222,6 +232,16 @@ FSDP_HD void fsdp_kb_acc_add(float *acc, float p, const void *row, size_t ro, si
             break;
         acc[q] += p * fsdp_kb_load(row, dt, ro + e);
     }
+}
+
+/* acc += p * row (the row's elements at ro ..), the caller's elements (f32 as in the dot) */
+FSDP_HD void fsdp_kb_acc_add(float *acc, float p, const void *row, size_t ro, size_t hd,
+                             fsdp_dtype_t dt, unsigned lane0)
+{
+    if (dt == FSDP_DTYPE_F32)
+        fsdp_kb_acc_walk(acc, p, row, ro, hd, FSDP_DTYPE_F32, lane0);
+    else
+        fsdp_kb_acc_walk(acc, p, row, ro, hd, dt, lane0);
 }
 
 /* out[oo + e] = acc / f when divide, else acc * f: the caller's elements */
