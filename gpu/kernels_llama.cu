@@ -25,64 +25,65 @@ unsigned llama_grid(size_t n, size_t per_block)
     return (unsigned)(blocks < max_blocks ? blocks : max_blocks);
 }
 
-template <int Kind>
+/* A kernel per (kind, pass): the pass a constant, so that each kernel holds one body. */
+template <int Kind, int Pass>
 __global__ void __launch_bounds__(FSDP_GPU_THREADS)
-    llama_elem_kernel(const fsdp_kernel_t k, int pass, size_t n)
+    llama_elem_kernel(const fsdp_kernel_t k, size_t n)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        fsdp_kb_llama_at((fsdp_kernel_kind_t)Kind, &k, pass, i);
+        fsdp_kb_llama_at((fsdp_kernel_kind_t)Kind, &k, Pass, i);
 }
 
 /* A warp per row: every lane of a warp takes the same rows, so its shuffles are full. */
-template <int Kind>
+template <int Kind, int Pass>
 __global__ void __launch_bounds__(FSDP_GPU_THREADS)
-    llama_row_kernel(const fsdp_kernel_t k, int pass, size_t n)
+    llama_row_kernel(const fsdp_kernel_t k, size_t n)
 {
     const unsigned lane = threadIdx.x % FSDP_KB_LANES;
     const size_t stride = (size_t)gridDim.x * ROW_WARPS;
     for (size_t r = (size_t)blockIdx.x * ROW_WARPS + threadIdx.x / FSDP_KB_LANES; r < n;
          r += stride)
-        fsdp_kb_llama_row((fsdp_kernel_kind_t)Kind, &k, pass, r, lane);
+        fsdp_kb_llama_row((fsdp_kernel_kind_t)Kind, &k, Pass, r, lane);
 }
 
 /* A block of FSDP_KB_LANES columns (threadIdx.x, coalesced) x FSDP_KB_ROW_LANES row lanes. */
-template <int Kind>
+template <int Kind, int Pass>
 __global__ void __launch_bounds__(FSDP_KB_LANES * FSDP_KB_ROW_LANES)
-    llama_cols_kernel(const fsdp_kernel_t k, int pass, size_t n)
+    llama_cols_kernel(const fsdp_kernel_t k, size_t n)
 {
     __shared__ float s[FSDP_KB_ROW_LANES][FSDP_KB_LANES + 1];
     for (size_t b = blockIdx.x; b < n; b += gridDim.x)
-        fsdp_kb_llama_cols((fsdp_kernel_kind_t)Kind, &k, pass, b, threadIdx.x, threadIdx.y, s);
+        fsdp_kb_llama_cols((fsdp_kernel_kind_t)Kind, &k, Pass, b, threadIdx.x, threadIdx.y, s);
 }
 
-/* Pass `pass` of n indices in the shape Shape. */
-template <int Kind, int Shape>
-fsdp_status_t launch_pass(cudaStream_t s, const fsdp_kernel_t *k, int pass, size_t n)
+/* Pass Pass of n indices in the shape Shape. */
+template <int Kind, int Shape, int Pass>
+fsdp_status_t launch_pass(cudaStream_t s, const fsdp_kernel_t *k, size_t n)
 {
     const char *name;
     char call[96];
 
     if constexpr (Shape == FSDP_KB_BY_ROW) {
-        llama_row_kernel<Kind><<<llama_grid(n, ROW_WARPS), FSDP_GPU_THREADS, 0, s>>>(*k, pass, n);
+        llama_row_kernel<Kind, Pass><<<llama_grid(n, ROW_WARPS), FSDP_GPU_THREADS, 0, s>>>(*k, n);
         name = "llama_row_kernel";
     } else if constexpr (Shape == FSDP_KB_BY_COLS) {
-        llama_cols_kernel<Kind>
-            <<<llama_grid(n, 1), dim3(FSDP_KB_LANES, FSDP_KB_ROW_LANES), 0, s>>>(*k, pass, n);
+        llama_cols_kernel<Kind, Pass>
+            <<<llama_grid(n, 1), dim3(FSDP_KB_LANES, FSDP_KB_ROW_LANES), 0, s>>>(*k, n);
         name = "llama_cols_kernel";
     } else {
-        llama_elem_kernel<Kind>
-            <<<llama_grid(n, FSDP_GPU_THREADS), FSDP_GPU_THREADS, 0, s>>>(*k, pass, n);
+        llama_elem_kernel<Kind, Pass>
+            <<<llama_grid(n, FSDP_GPU_THREADS), FSDP_GPU_THREADS, 0, s>>>(*k, n);
         name = "llama_elem_kernel";
     }
     snprintf(call, sizeof(call), "launch of %s (%s, pass %d)", name, fsdp_kernel_name(k->kind),
-             pass);
+             Pass);
     return fsdp_gpu_cuda_status(cudaGetLastError(), call, __FILE__, __LINE__, __func__);
 }
 
 /* The passes of a kind, each in the shape fsdp_kb_llama_shape gives it, named here at compile
  * time so that a kind instantiates (and fsdp_gpu_load_llama_kernels loads) only the kernels it
- * launches. */
+ * launches, one per pass. */
 template <int Kind, int S0, int S1 = -1, int S2 = -1>
 fsdp_status_t launch_passes(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 {
@@ -100,12 +101,12 @@ fsdp_status_t launch_passes(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
         if (n == 0)
             continue;
         if (pass == 0)
-            status = launch_pass<Kind, S0>(stream->cu, k, pass, n);
+            status = launch_pass<Kind, S0, 0>(stream->cu, k, n);
         else if constexpr (S1 >= 0) {
             if (pass == 1)
-                status = launch_pass<Kind, S1>(stream->cu, k, pass, n);
+                status = launch_pass<Kind, S1, 1>(stream->cu, k, n);
             else if constexpr (S2 >= 0)
-                status = launch_pass<Kind, S2>(stream->cu, k, pass, n);
+                status = launch_pass<Kind, S2, 2>(stream->cu, k, n);
         }
         if (status != FSDP_OK)
             return status;
@@ -115,15 +116,17 @@ fsdp_status_t launch_passes(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 
 /* Every kernel the launches above instantiate. */
 const void *const llama_kernels[] = {
-    (const void *)llama_row_kernel<FSDP_K_RMSNORM_FWD>,
-    (const void *)llama_cols_kernel<FSDP_K_RMSNORM_BWD>,
-    (const void *)llama_row_kernel<FSDP_K_RMSNORM_BWD>,
-    (const void *)llama_elem_kernel<FSDP_K_ROPE_FWD>,
-    (const void *)llama_elem_kernel<FSDP_K_ROPE_BWD>,
-    (const void *)llama_elem_kernel<FSDP_K_SWIGLU_FWD>,
-    (const void *)llama_elem_kernel<FSDP_K_SWIGLU_BWD>,
-    (const void *)llama_row_kernel<FSDP_K_ATTENTION_FWD>,
-    (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD>,
+    (const void *)llama_row_kernel<FSDP_K_RMSNORM_FWD, 0>,
+    (const void *)llama_cols_kernel<FSDP_K_RMSNORM_BWD, 0>,
+    (const void *)llama_row_kernel<FSDP_K_RMSNORM_BWD, 1>,
+    (const void *)llama_elem_kernel<FSDP_K_ROPE_FWD, 0>,
+    (const void *)llama_elem_kernel<FSDP_K_ROPE_BWD, 0>,
+    (const void *)llama_elem_kernel<FSDP_K_SWIGLU_FWD, 0>,
+    (const void *)llama_elem_kernel<FSDP_K_SWIGLU_BWD, 0>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_FWD, 0>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD, 0>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD, 1>,
+    (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD, 2>,
 };
 
 } // namespace

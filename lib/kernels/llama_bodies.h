@@ -179,6 +179,17 @@ FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
  * so every lane has the same score and the online softmax's state is the same on every lane.
  * The keys (or queries) are taken one at a time, in order. ---- */
 
+/* Keys (or queries) whose scores are computed together, then taken in order: independent dot
+ * products that a GPU warp overlaps; the sums and their order are those of one at a time. */
+#ifndef FSDP_KB_ATTN_AHEAD
+#define FSDP_KB_ATTN_AHEAD 4
+#endif
+#ifdef __CUDA_ARCH__
+#define FSDP_KB_UNROLL _Pragma("unroll") /* a constant trip count: arrays stay in registers */
+#else
+#define FSDP_KB_UNROLL
+#endif
+
 /* A caller's accumulators of a row of head_dim: acc[q] is element lane0 + q FSDP_KB_STEP (every
  * element on the host, the lane's own on the GPU). */
 #define FSDP_KB_ATTN_HERE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_STEP)
@@ -270,22 +281,31 @@ FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r, unsigne
     float acc[FSDP_KB_ATTN_HERE], m = -fsdp_kb_inff(), l = 0.0f;
 
     fsdp_kb_acc_zero(acc);
-    for (size_t j = 0; j <= last; j++) {
-        const size_t ko = (b * T + j) * k->u.attention_fwd.ldk + g * hd;
-        const size_t vo = (b * T + j) * k->u.attention_fwd.ldv + g * hd;
-        float s = fsdp_kb_dot_lanes(k->u.attention_fwd.q, qo, k->u.attention_fwd.k, ko, hd, dt,
-                                    lane0) *
-                  scale;
-        float p;
-        if (s > m) { /* a new maximum: rescale what was summed against the old one */
-            float corr = fsdp_kb_expf(m - s);
-            l *= corr;
-            fsdp_kb_acc_scale(acc, corr, hd, lane0);
-            m = s;
+    for (size_t j0 = 0; j0 <= last; j0 += FSDP_KB_ATTN_AHEAD) {
+        const unsigned nj = last - j0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(last - j0 + 1)
+                                                           : FSDP_KB_ATTN_AHEAD;
+        float sc[FSDP_KB_ATTN_AHEAD];
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            sc[u] = fsdp_kb_dot_lanes(k->u.attention_fwd.q, qo, k->u.attention_fwd.k,
+                                      (b * T + j0 + u) * k->u.attention_fwd.ldk + g * hd, hd, dt,
+                                      lane0) *
+                    scale;
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++) {
+            const size_t vo = (b * T + j0 + u) * k->u.attention_fwd.ldv + g * hd;
+            const float s = sc[u];
+            float p;
+            if (s > m) { /* a new maximum: rescale what was summed against the old one */
+                float corr = fsdp_kb_expf(m - s);
+                l *= corr;
+                fsdp_kb_acc_scale(acc, corr, hd, lane0);
+                m = s;
+            }
+            p = fsdp_kb_expf(s - m);
+            l += p;
+            fsdp_kb_acc_add(acc, p, k->u.attention_fwd.v, vo, hd, dt, lane0);
         }
-        p = fsdp_kb_expf(s - m);
-        l += p;
-        fsdp_kb_acc_add(acc, p, k->u.attention_fwd.v, vo, hd, dt, lane0);
     }
     fsdp_kb_acc_store(acc, k->u.attention_fwd.o, (b * T + t) * k->u.attention_fwd.ldo + h * hd, hd,
                       dt, 1, l, lane0);
@@ -341,10 +361,17 @@ FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r, unsigned
     float acc[FSDP_KB_ATTN_HERE];
 
     fsdp_kb_acc_zero(acc);
-    for (size_t j = 0; j <= last; j++) {
-        const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
-        float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p, lane0);
-        fsdp_kb_acc_add(acc, ds, k->u.attention_bwd.k, ko, hd, dt, lane0);
+    for (size_t j0 = 0; j0 <= last; j0 += FSDP_KB_ATTN_AHEAD) {
+        const unsigned nj = last - j0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(last - j0 + 1)
+                                                           : FSDP_KB_ATTN_AHEAD;
+        float ds[FSDP_KB_ATTN_AHEAD], p;
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            ds[u] = fsdp_kb_attention_ds(k, b, h, g, t, j0 + u, &p, lane0);
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            fsdp_kb_acc_add(acc, ds[u], k->u.attention_bwd.k,
+                            (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd, hd, dt, lane0);
     }
     fsdp_kb_acc_store(acc, k->u.attention_bwd.dq, (b * T + t) * k->u.attention_bwd.ldq + h * hd,
                       hd, dt, 0, k->u.attention_bwd.scale, lane0);
@@ -363,12 +390,21 @@ FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r, unsigne
     fsdp_kb_acc_zero(dk);
     fsdp_kb_acc_zero(dv);
     for (size_t h = g * group; h < (g + 1) * group; h++) {
-        for (size_t t = k->u.attention_bwd.causal ? j : 0; t < T; t++) {
-            const size_t qo = (b * T + t) * k->u.attention_bwd.ldq + h * hd;
-            const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
-            float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p, lane0);
-            fsdp_kb_acc_add(dv, p, k->u.attention_bwd.dout, oo, hd, dt, lane0);
-            fsdp_kb_acc_add(dk, ds, k->u.attention_bwd.q, qo, hd, dt, lane0);
+        for (size_t t0 = k->u.attention_bwd.causal ? j : 0; t0 < T; t0 += FSDP_KB_ATTN_AHEAD) {
+            const unsigned nt = T - t0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(T - t0)
+                                                            : FSDP_KB_ATTN_AHEAD;
+            float ds[FSDP_KB_ATTN_AHEAD], p[FSDP_KB_ATTN_AHEAD];
+            FSDP_KB_UNROLL
+            for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nt; u++)
+                ds[u] = fsdp_kb_attention_ds(k, b, h, g, t0 + u, j, &p[u], lane0);
+            FSDP_KB_UNROLL
+            for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nt; u++) {
+                const size_t t = t0 + u;
+                fsdp_kb_acc_add(dv, p[u], k->u.attention_bwd.dout,
+                                (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd, dt, lane0);
+                fsdp_kb_acc_add(dk, ds[u], k->u.attention_bwd.q,
+                                (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd, dt, lane0);
+            }
         }
     }
     fsdp_kb_acc_store(dk, k->u.attention_bwd.dk, (b * T + j) * k->u.attention_bwd.ldk + g * hd, hd,
