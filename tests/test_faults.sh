@@ -94,6 +94,40 @@ else
     echo "skipped: no sqlite3 to read the killed run's database"
 fi
 
+# a killed writer's trace in a read-only directory is read with its -wal file (which holds the
+# steps the database file does not yet): as the kill left it (with its -shm file), and as a copy
+# of the database and its -wal file alone (SQLite cannot open that read-only by itself; immutable
+# would show the database file's steps only)
+if command -v sqlite3 >/dev/null 2>&1; then
+    mkdir "$tmp/wk" "$tmp/wcopy" "$tmp/wref"
+    "$train" --model mlp:32,256,256,8 --world 2 --steps 100000 --trace "$tmp/wk/w.db" \
+        >"$tmp/kout" 2>&1 &
+    pid=$!
+    wait_lines "$tmp/kout" '^step ' 30 10
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wcopy/"
+    cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wref/"
+    steps=$(sqlite3 "$tmp/wref/w.db" 'SELECT max(step) FROM steps WHERE rank = 0')
+    check "a killed writer left a -wal file with its steps (database: ${steps:-none})" \
+        sh -c "test -s '$tmp/wk/w.db-wal' && test '${steps:-0}' -ge 30"
+    for d in wk wcopy; do
+        [ $d = wk ] && what="as the kill left it" || what="copied without its -shm file"
+        read_only "$tmp/$d" sh -c "'$ftrace' summary '$tmp/$d/w.db' >'$tmp/sum' 2>'$tmp/err'"
+        rc=$?
+        if [ $rc -eq 77 ]; then
+            echo "skipped: no way to make a read-only directory here"
+            break
+        fi
+        check "a killed run's trace in a read-only directory, $what, is read" test $rc -eq 0
+        check "  with all its $steps steps" grep -q "^ *$steps steps," "$tmp/sum"
+        check "  and nothing on stderr" test ! -s "$tmp/err"
+    done
+    check "  and the copy is left as it was" test ! -e "$tmp/wcopy/w.db-shm"
+else
+    echo "skipped: no sqlite3 to count the killed run's steps"
+fi
+
 # kill -9 during checkpoint saves (one every step, most of the run's time): the checkpoint left
 # loads, and --resume from it prints the uninterrupted run's losses exactly
 ck="--model mlp:32,256,256,8 --world 2 --optim adamw --lr 1e-2 --steps 300"

@@ -318,17 +318,27 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
     return fsdp_trace_db_exec(db, "COMMIT");
 }
 
-/* Opens path with flags (a "file:" URI when immutable) and reads one page, so that a database
- * this connection cannot read fails here, quietly, for the caller to try another way. */
-static int db_try_open(const char *path, int flags, int immutable, sqlite3 **db_p)
+/* How a reader opens a database it cannot write. */
+enum {
+    DB_OPEN_PLAIN,     /* SQLite's own locks and shared-memory file */
+    DB_OPEN_IMMUTABLE, /* a "file:...?immutable=1" URI: no locks, and any -wal file unseen */
+    /* no locks (the unix-none VFS) and, in exclusive locking mode, the WAL index kept in this
+     * connection's memory: the -wal file is read without a -shm file */
+    DB_OPEN_WAL_PRIVATE,
+};
+
+/* Opens path with flags in the given way and reads one page, so that a database this
+ * connection cannot read fails here, quietly, for the caller to try another way. */
+static int db_try_open(const char *path, int flags, int how, sqlite3 **db_p)
 {
     char uri[4200];
     size_t len = (size_t)snprintf(uri, sizeof(uri), "file:");
+    const char *vfs = NULL;
     sqlite3_stmt *st = NULL;
     int rc;
 
     *db_p = NULL;
-    if (immutable) {
+    if (how == DB_OPEN_IMMUTABLE) {
         for (const char *c = path; *c != '\0' && len + 16 < sizeof(uri); c++)
             len +=
                 (size_t)(*c == '?' || *c == '#' || *c == '%'
@@ -337,15 +347,41 @@ static int db_try_open(const char *path, int flags, int immutable, sqlite3 **db_
         if (len + 16 >= sizeof(uri))
             return SQLITE_CANTOPEN;
         snprintf(uri + len, sizeof(uri) - len, "?immutable=1");
+        flags |= SQLITE_OPEN_URI;
+    } else if (how == DB_OPEN_WAL_PRIVATE) {
+        vfs = "unix-none";
+        if (sqlite3_vfs_find(vfs) == NULL)
+            return SQLITE_CANTOPEN;
     }
-    rc = sqlite3_open_v2(immutable ? uri : path, db_p,
-                         flags | SQLITE_OPEN_NOMUTEX | (immutable ? SQLITE_OPEN_URI : 0), NULL);
+    rc = sqlite3_open_v2(how == DB_OPEN_IMMUTABLE ? uri : path, db_p, flags | SQLITE_OPEN_NOMUTEX,
+                         vfs);
+    /* before the first read, which would look for the shared-memory file */
+    if (rc == SQLITE_OK && how == DB_OPEN_WAL_PRIVATE)
+        rc = sqlite3_exec(*db_p, "PRAGMA locking_mode = EXCLUSIVE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_prepare_v2(*db_p, "SELECT count(*) FROM sqlite_master", -1, &st, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st) == SQLITE_ROW ? SQLITE_OK : sqlite3_errcode(*db_p);
     sqlite3_finalize(st);
     return rc;
+}
+
+/* 1 when path's -wal file exists and is not empty: it may hold committed transactions that the
+ * database file does not. */
+static int db_has_wal(const char *path)
+{
+    size_t len = strlen(path);
+    char *wal = malloc(len + 5);
+    struct stat sb;
+    int has;
+
+    if (wal == NULL)
+        return 1; /* the cautious answer */
+    memcpy(wal, path, len);
+    memcpy(wal + len, "-wal", 5);
+    has = stat(wal, &sb) == 0 && sb.st_size > 0;
+    free(wal);
+    return has;
 }
 
 fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
@@ -376,22 +412,40 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
     /* A connection is used by one thread at a time (the writer's is handed to its thread at
      * creation), so SQLite's own mutexes are pure cost. */
     if (writable) {
-        rc = db_try_open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, 0, &db);
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, DB_OPEN_PLAIN, &db);
     } else {
         /* A reader opens read-write when it can, so it may run the recovery that a killed writer
-         * left to do; it never creates a file. In a read-only directory or file system a WAL
-         * database cannot get its shared-memory file: read it as immutable then (its -wal file,
-         * left only by a writer killed there, is not seen). */
-        rc = db_try_open(path, SQLITE_OPEN_READWRITE, 0, &db);
+         * left to do; it never creates a file. Read-only, SQLite reads a -wal file through an
+         * existing -shm file (a killed writer leaves both). In a read-only directory or file
+         * system without a -shm file, SQLite cannot open a WAL database: one with a non-empty
+         * -wal file (a killed writer's, whose -shm file is gone, or a copy of the two) is read
+         * with the WAL index in this connection's memory, taking no locks (no writer can be
+         * running: a writer keeps a -shm file); one without is read as immutable. */
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE, DB_OPEN_PLAIN, &db);
         if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
             sqlite3_close(db);
-            rc = db_try_open(path, SQLITE_OPEN_READONLY, 0, &db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY, DB_OPEN_PLAIN, &db);
         }
         if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
+            int wal = db_has_wal(path);
+
             sqlite3_close(db);
-            rc = db_try_open(path, SQLITE_OPEN_READONLY, 1, &db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY,
+                             wal ? DB_OPEN_WAL_PRIVATE : DB_OPEN_IMMUTABLE, &db);
             if (rc == SQLITE_OK)
-                fsdp_debug("'%s' cannot be written: read as immutable", path);
+                fsdp_debug("'%s' cannot be written: read %s", path,
+                           wal ? "with its -wal file, without locks" : "as immutable");
+            else if (wal && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT &&
+                     (rc & 0xff) != SQLITE_NOMEM) {
+                /* never the database file alone: it lacks the -wal file's steps */
+                fsdp_error("cannot read trace database '%s' here: its -wal file holds rows the "
+                           "database file does not, and SQLite cannot read them in this "
+                           "read-only place (%s); copy '%s' and '%s-wal' to a writable directory",
+                           path, db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc), path,
+                           path);
+                sqlite3_close(db);
+                return FSDP_ERR_IO;
+            }
         }
     }
     if ((rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT) {
