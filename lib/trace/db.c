@@ -72,8 +72,7 @@ const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d)
     return divergence_names[d];
 }
 
-fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
-                                 const char *func)
+fsdp_status_t fsdp_sqlite_map(int rc)
 {
     fsdp_status_t status;
 
@@ -105,6 +104,16 @@ fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const ch
         status = FSDP_ERR_IO;
         break;
     }
+    return status;
+}
+
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
+                                 const char *func)
+{
+    fsdp_status_t status = fsdp_sqlite_map(rc);
+
+    if (status == FSDP_OK)
+        return FSDP_OK;
     if (FSDP_LOG_ERROR <= fsdp_log_level()) {
         const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
 
@@ -271,35 +280,63 @@ static fsdp_status_t db_migrate_v2(sqlite3 *db, const char *path)
     return fsdp_trace_db_exec(db, trace_schema_sql);
 }
 
+/* One line naming the file for a writer's failing setup call: "no space left on device" when
+ * that is the reason, SQLite's message otherwise. */
+static fsdp_status_t db_setup_failed(sqlite3 *db, const char *path, int rc)
+{
+    int full = (rc & 0xff) == SQLITE_FULL;
+
+#if SQLITE_VERSION_NUMBER >= 3012000
+    full |= sqlite3_system_errno(db) == ENOSPC;
+#endif
+    if (full)
+        fsdp_error("cannot write trace database '%s': no space left on device", path);
+    else
+        fsdp_error("cannot write trace database '%s': %s", path, sqlite3_errmsg(db));
+    return fsdp_sqlite_map(rc);
+}
+
+static fsdp_status_t db_setup_exec(sqlite3 *db, const char *path, const char *sql)
+{
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+
+    return rc == SQLITE_OK ? FSDP_OK : db_setup_failed(db, path, rc);
+}
+
 static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
 {
+    const char *mode;
     sqlite3_stmt *st;
     fsdp_status_t status;
     int64_t version;
+    int rc;
 
     /* WAL: the rank threads' data is durable once its commit record is in the -wal file, and
      * readers (fsdp-trace on a live run) do not block the writer. */
-    status = fsdp_trace_db_prepare(db, "PRAGMA journal_mode = WAL", &st);
-    if (status != FSDP_OK)
-        return status;
-    if (sqlite3_step(st) == SQLITE_ROW) {
-        const char *mode = fsdp_trace_col_text(st, 0);
-        if (mode == NULL || strcmp(mode, "wal") != 0)
-            fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose "
-                      "more and readers block the writer",
-                      path, mode != NULL ? mode : "?");
+    rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return db_setup_failed(db, path, rc);
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return db_setup_failed(db, path, rc);
     }
+    mode = fsdp_trace_col_text(st, 0);
+    if (mode == NULL || strcmp(mode, "wal") != 0)
+        fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose more "
+                  "and readers block the writer",
+                  path, mode != NULL ? mode : "?");
     sqlite3_finalize(st);
-    status = fsdp_trace_db_exec(db, "PRAGMA synchronous = NORMAL");
+    status = db_setup_exec(db, path, "PRAGMA synchronous = NORMAL");
     if (status != FSDP_OK)
         return status;
     /* A big world inserts at one point of the table per rank: keep those pages cached. */
-    status = fsdp_trace_db_exec(db, "PRAGMA cache_size = -32768");
+    status = db_setup_exec(db, path, "PRAGMA cache_size = -32768");
     if (status != FSDP_OK)
         return status;
 
     /* Create under a write lock, so two processes opening a new file do not both create. */
-    status = fsdp_trace_db_exec(db, "BEGIN IMMEDIATE");
+    status = db_setup_exec(db, path, "BEGIN IMMEDIATE");
     if (status != FSDP_OK)
         return status;
     status = db_user_version(db, path, &version);
@@ -310,12 +347,12 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
     else if (status == FSDP_OK && version == 2)
         status = db_migrate_v2(db, path);
     else if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
-        status = fsdp_trace_db_exec(db, trace_schema_sql);
-    if (status != FSDP_OK) {
+        status = db_setup_exec(db, path, trace_schema_sql);
+    if (status == FSDP_OK)
+        status = db_setup_exec(db, path, "COMMIT");
+    if (status != FSDP_OK && !sqlite3_get_autocommit(db))
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return status;
-    }
-    return fsdp_trace_db_exec(db, "COMMIT");
+    return status;
 }
 
 /* How a reader opens a database it cannot write. */
