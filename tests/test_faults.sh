@@ -124,6 +124,19 @@ if command -v sqlite3 >/dev/null 2>&1; then
         check "  and nothing on stderr" test ! -s "$tmp/err"
     done
     check "  and the copy is left as it was" test ! -e "$tmp/wcopy/w.db-shm"
+    # one whose -wal file cannot be read (here a directory in its place) is refused, not shown
+    # without it
+    mkdir "$tmp/wbad"
+    cp "$tmp/wref/w.db" "$tmp/wbad/"
+    mkdir "$tmp/wbad/w.db-wal"
+    read_only "$tmp/wbad" sh -c "'$ftrace' summary '$tmp/wbad/w.db' >'$tmp/sum' 2>'$tmp/err'"
+    rc=$?
+    if [ $rc -ne 77 ]; then
+        check "a read-only trace whose -wal file cannot be read is refused" test $rc -ne 0
+        check "  with one line saying to copy it and its -wal file" \
+            sh -c "test \$(wc -l <'$tmp/err') -eq 1 && grep -q 'copy .* to a writable directory' '$tmp/err'"
+        check "  and no summary" test ! -s "$tmp/sum"
+    fi
 else
     echo "skipped: no sqlite3 to count the killed run's steps"
 fi

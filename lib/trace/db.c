@@ -475,7 +475,7 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
             else if (wal && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT &&
                      (rc & 0xff) != SQLITE_NOMEM) {
                 /* never the database file alone: it lacks the -wal file's steps */
-                fsdp_error("cannot read trace database '%s' here: its -wal file holds rows the "
+                fsdp_error("cannot read trace database '%s' here: its -wal file may hold rows the "
                            "database file does not, and SQLite cannot read them in this "
                            "read-only place (%s); copy '%s' and '%s-wal' to a writable directory",
                            path, db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc), path,
