@@ -478,8 +478,7 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
                 fsdp_error("cannot read trace database '%s' here: its -wal file may hold rows the "
                            "database file does not, and SQLite cannot read them in this "
                            "read-only place (%s); copy '%s' and '%s-wal' to a writable directory",
-                           path, db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc), path,
-                           path);
+                           path, db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc), path, path);
                 sqlite3_close(db);
                 return FSDP_ERR_IO;
             }

@@ -164,8 +164,7 @@ static void writer_stopped(fsdp_trace_t *t, fsdp_status_t status)
     if ((t->fail_rc & 0xff) == SQLITE_FULL || t->fail_errno == ENOSPC)
         snprintf(why, sizeof(why), "no space left on device");
     else if (t->fail_rc != SQLITE_OK && t->fail_errno != 0)
-        snprintf(why, sizeof(why), "writing failed: %s (%s)", t->fail_msg,
-                 strerror(t->fail_errno));
+        snprintf(why, sizeof(why), "writing failed: %s (%s)", t->fail_msg, strerror(t->fail_errno));
     else if (t->fail_rc != SQLITE_OK)
         snprintf(why, sizeof(why), "writing failed: %s", t->fail_msg);
     else
@@ -243,8 +242,7 @@ static int64_t str_id(fsdp_trace_t *t, const char *text)
     }
     sqlite3_bind_text(t->ins_str, 1, text, -1, SQLITE_STATIC);
     sqlite3_bind_text(t->sel_str, 1, text, -1, SQLITE_STATIC);
-    if (writer_rc(t, sqlite3_step(t->ins_str)) == FSDP_OK &&
-        sqlite3_step(t->sel_str) == SQLITE_ROW)
+    if (writer_rc(t, sqlite3_step(t->ins_str)) == FSDP_OK && sqlite3_step(t->sel_str) == SQLITE_ROW)
         id = sqlite3_column_int64(t->sel_str, 0);
     sqlite3_reset(t->ins_str);
     sqlite3_reset(t->sel_str);
