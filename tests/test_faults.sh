@@ -80,7 +80,7 @@ if command -v sqlite3 >/dev/null 2>&1; then
         "$train" --model mlp:32,256,256,8 --world 4 --steps 100000 --trace "$tmp/k.db" \
             >"$tmp/kout" 2>&1 &
         pid=$!
-        wait_lines "$tmp/kout" '^step ' $n 10
+        wait_lines "$tmp/kout" '^step ' $n 60
         kill -9 $pid
         wait $pid 2>/dev/null
         printed=$(grep '^step ' "$tmp/kout" | tail -n 1 | awk '{print $2}')
@@ -103,7 +103,7 @@ if command -v sqlite3 >/dev/null 2>&1; then
     "$train" --model mlp:32,256,256,8 --world 2 --steps 100000 --trace "$tmp/wk/w.db" \
         >"$tmp/kout" 2>&1 &
     pid=$!
-    wait_lines "$tmp/kout" '^step ' 30 10
+    wait_lines "$tmp/kout" '^step ' 30 60
     kill -9 $pid
     wait $pid 2>/dev/null
     cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wcopy/"
@@ -151,7 +151,7 @@ for n in 3 30 90; do
     "$train" $ck --state-dict sharded --checkpoint-every 1 --save-checkpoint "$tmp/ck" \
         >"$tmp/kout" 2>&1 &
     pid=$!
-    wait_lines "$tmp/kout" '^step ' $n 10
+    wait_lines "$tmp/kout" '^step ' $n 60
     kill -9 $pid
     wait $pid 2>/dev/null
     "$train" $ck --resume "$tmp/ck" >"$tmp/resumed" 2>"$tmp/err"
