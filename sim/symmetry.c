@@ -131,8 +131,7 @@ static int layouts(fsdp_t *fs, int g, layout_t **l_p)
             }
             y->off[j] = info.offset;
             y->numel[j] = info.numel;
-            y->kind[j] =
-                (info.ndim <= 1) | (!info.requires_grad) << 1 | (info.tied_to >= 0) << 2;
+            y->kind[j] = (info.ndim <= 1) | (!info.requires_grad) << 1 | (info.tied_to >= 0) << 2;
         }
     }
     *l_p = l;
@@ -217,13 +216,13 @@ static int cuts(const layout_t *l, int nl, int g, int *cut)
 {
     int n = 0;
 
-#define CUT(b)                                                                                    \
-    do {                                                                                          \
-        size_t r_ = (b) / l[i].s;                                                                 \
-        if (r_ < (size_t)g)                                                                       \
-            cut[n++] = (int)r_;                                                                   \
-        if (r_ + 1 < (size_t)g)                                                                   \
-            cut[n++] = (int)r_ + 1;                                                               \
+#define CUT(b)                                                                                     \
+    do {                                                                                           \
+        size_t r_ = (b) / l[i].s;                                                                  \
+        if (r_ < (size_t)g)                                                                        \
+            cut[n++] = (int)r_;                                                                    \
+        if (r_ + 1 < (size_t)g)                                                                    \
+            cut[n++] = (int)r_ + 1;                                                                \
     } while (0)
     cut[n++] = 0;
     for (int i = 0; i < nl; i++) {

@@ -341,12 +341,13 @@ static int ref_classes(fsdp_t *fs, int g, int *first)
  * for the hybrid strategies, the node (the last place and the last node apart). */
 static int check_classes(int rank, fsdp_t *fs, const char *what)
 {
-    static const int worlds[] = {1,  2,  3,  4,   5,   6,    7,    8,    12,    16,
+    static const int worlds[] = {1,  2,  3,  4,   5,   6,    7,    8,    12,   16,
                                  24, 40, 64, 100, 512, 1000, 4096, 8192, 65536};
 
     for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
         int world = worlds[w], per_node = world % 8 == 0 ? 8 : world % 4 == 0 ? 4 : world;
-        int *got = malloc((size_t)world * sizeof(*got)), *want = malloc((size_t)world * sizeof(*want));
+        int *got = malloc((size_t)world * sizeof(*got)),
+            *want = malloc((size_t)world * sizeof(*want));
         int *first = malloc((size_t)per_node * sizeof(*first));
 
         int ok = FSDP_RANK_CHECK(&failure, rank, got != NULL && want != NULL && first != NULL);
@@ -369,14 +370,12 @@ static int check_classes(int rank, fsdp_t *fs, const char *what)
                                          hybrid ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, got);
             for (int r = 0; r < world; r++)
                 m += want[r] == r;
-            ok = FSDP_RANK_CHECK_MSG(&failure, rank, n == m,
-                                     "%s on %d ranks%s: %d classes, not %d", what, world,
-                                     hybrid ? " (hybrid)" : "", n, m);
+            ok = FSDP_RANK_CHECK_MSG(&failure, rank, n == m, "%s on %d ranks%s: %d classes, not %d",
+                                     what, world, hybrid ? " (hybrid)" : "", n, m);
             for (int r = 0; r < world && ok; r++)
                 ok = FSDP_RANK_CHECK_MSG(&failure, rank, got[r] == want[r],
-                                         "%s on %d ranks%s: rank %d stands with %d, not %d",
-                                         what, world, hybrid ? " (hybrid)" : "", r, got[r],
-                                         want[r]);
+                                         "%s on %d ranks%s: rank %d stands with %d, not %d", what,
+                                         world, hybrid ? " (hybrid)" : "", r, got[r], want[r]);
         }
         free(got);
         free(want);
@@ -433,9 +432,12 @@ static void test_symmetric_classes(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
-        {"ops_table", test_ops_table}, {"ranks", test_ranks},
-        {"segments", test_segments},   {"streams_events", test_streams_events},
-        {"bad_args", test_bad_args},   {"symmetric_classes", test_symmetric_classes},
+        {"ops_table", test_ops_table},
+        {"ranks", test_ranks},
+        {"segments", test_segments},
+        {"streams_events", test_streams_events},
+        {"bad_args", test_bad_args},
+        {"symmetric_classes", test_symmetric_classes},
         {NULL, NULL},
     };
     return fsdp_test_run("sim", tests);
