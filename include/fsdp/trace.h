@@ -145,6 +145,11 @@ FSDP_API fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
  * that. A program that prints a line per step prints step S's once S is committed, so
  * that a killed run's database holds every step it printed (fsdp-train does). */
 FSDP_API int64_t fsdp_trace_committed_step(fsdp_trace_t *t);
+/* FSDP_OK while the writer writes; else the error that stopped it. A writer that fails (its
+ * file system full, say) says once why and up to which step the database holds every step,
+ * then drops every later event: nothing more is committed, so a program holding its step lines
+ * for fsdp_trace_committed_step() prints them at once from then on. */
+FSDP_API fsdp_status_t fsdp_trace_status(fsdp_trace_t *t);
 
 /* What the writer has done so far. */
 typedef struct fsdp_trace_stats {

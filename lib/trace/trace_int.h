@@ -18,6 +18,8 @@
 
 fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
                                  const char *func);
+/* The fsdp_status_t of an SQLite result code, logging nothing. */
+fsdp_status_t fsdp_sqlite_map(int rc);
 
 /* Opens `path` for the trace module: read-only (the file must exist) or read-write (created if
  * missing), with a busy timeout, and checks its schema version. Writable: WAL and
