@@ -333,8 +333,9 @@ static const char *sub_name(char *n, int l, const char *suffix)
     return block_name(n, FSDP_LM_NAME_LEN, l, suffix);
 }
 
-static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const fsdp_gpt2_config_t *cfg)
+static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
+    const fsdp_gpt2_config_t *cfg = cfg_v;
     int list;
     fsdp_status_t status = fsdp_lm_tree_alloc(
         t, 5 + 10 * cfg->n_layer, FSDP_GPT2_ROOT_NPARAMS + FSDP_GPT2_BLOCK_NPARAMS * cfg->n_layer);
@@ -368,33 +369,23 @@ static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const fsdp_gpt2_config_t *cfg
 
 fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p)
 {
-    fsdp_lm_tree_t tree;
     fsdp_gpt2_t *m;
-    fsdp_status_t status;
+    fsdp_status_t status = fsdp_gpt2_config_check(cfg);
 
-    status = fsdp_gpt2_config_check(cfg);
     if (status != FSDP_OK)
         return status;
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return FSDP_ERR_NO_MEMORY;
     m->cfg = *cfg;
-    status = fsdp_lm_init(&m->lm, fs, "gpt2", "block", cfg->n_layer);
-    if (status == FSDP_OK)
-        status = tree_build(&tree, cfg);
-    if (status != FSDP_OK)
-        goto err_free;
     /* ModuleWrapPolicy({GPT2Block}): the root holds wte, wpe and ln_f */
-    status = fsdp_lm_create_units(&m->lm, &tree, "GPT2Block");
-    fsdp_lm_tree_free(&tree);
-    if (status != FSDP_OK)
-        goto err_free;
+    status = fsdp_lm_setup(&m->lm, fs, "gpt2", "block", cfg->n_layer, tree_build, cfg, "GPT2Block");
+    if (status != FSDP_OK) {
+        fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
+        return status;
+    }
     *model_p = m;
     return FSDP_OK;
-
-err_free:
-    fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
-    return status;
 }
 
 void fsdp_gpt2_destroy(fsdp_gpt2_t *model)

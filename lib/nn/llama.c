@@ -330,8 +330,9 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg, const cha
 }
 
 /* HF's LlamaForCausalLM in named_modules order; the root is named "model" here. */
-static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg)
+static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
+    const fsdp_llama_config_t *cfg = cfg_v;
     int list;
     fsdp_status_t status =
         fsdp_lm_tree_alloc(t, 5 + 12 * cfg->n_layer, 3 + FSDP_LLAMA_LAYER_NPARAMS * cfg->n_layer);
@@ -376,7 +377,6 @@ static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cf
 
 fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_llama_t **model_p)
 {
-    fsdp_lm_tree_t tree;
     fsdp_llama_t *m;
     fsdp_status_t status = fsdp_llama_config_check(cfg);
 
@@ -386,21 +386,14 @@ fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp
     if (m == NULL)
         return FSDP_ERR_NO_MEMORY;
     m->cfg = *cfg;
-    status = fsdp_lm_init(&m->lm, fs, "llama", "layer", cfg->n_layer);
-    if (status == FSDP_OK)
-        status = tree_build(&tree, cfg);
-    if (status != FSDP_OK)
-        goto err_free;
-    status = fsdp_lm_create_units(&m->lm, &tree, "LlamaDecoderLayer");
-    fsdp_lm_tree_free(&tree);
-    if (status != FSDP_OK)
-        goto err_free;
+    status = fsdp_lm_setup(&m->lm, fs, "llama", "layer", cfg->n_layer, tree_build, cfg,
+                           "LlamaDecoderLayer");
+    if (status != FSDP_OK) {
+        fsdp_llama_destroy(m); /* units belong to fs and go with it */
+        return status;
+    }
     *model_p = m;
     return FSDP_OK;
-
-err_free:
-    fsdp_llama_destroy(m); /* units belong to fs and go with it */
-    return status;
 }
 
 void fsdp_llama_destroy(fsdp_llama_t *model)

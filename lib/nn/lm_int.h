@@ -25,11 +25,16 @@ typedef struct fsdp_lm {
     float loss_scale;
 } fsdp_lm_t;
 
-/* Fills lm for n_layer layers on fs (no units yet: fsdp_lm_create_units makes them), with
- * checkpointing off and a loss scale of 1. On FSDP_ERR_NO_MEMORY, fsdp_lm_fini releases what
- * was allocated. */
-fsdp_status_t fsdp_lm_init(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
-                           int n_layer);
+typedef struct fsdp_lm_tree fsdp_lm_tree_t;
+/* Builds a model's module tree from its configuration, in room of fsdp_lm_tree_alloc's. */
+typedef fsdp_status_t (*fsdp_lm_tree_func_t)(fsdp_lm_tree_t *t, const void *cfg);
+
+/* Makes the model on fs: n_layer layers, the units that ModuleWrapPolicy({wrap_type}) cuts from
+ * the tree build(cfg) makes (a root and one per layer), checkpointing off, a loss scale of 1.
+ * On failure fsdp_lm_fini releases what was made (the units go with fs). */
+fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
+                            int n_layer, fsdp_lm_tree_func_t build, const void *cfg,
+                            const char *wrap_type);
 /* Frees lm's arrays; its units belong to fs and go with it. */
 void fsdp_lm_fini(fsdp_lm_t *lm);
 /* Layer `layer`'s unit, NULL out of range. */
@@ -46,14 +51,14 @@ float *fsdp_lm_param_buffer(fsdp_lm_t *lm);
  * does, and the wrap policy cuts it into units. */
 #define FSDP_LM_NAME_LEN 96
 
-typedef struct fsdp_lm_tree {
+struct fsdp_lm_tree {
     fsdp_module_desc_t *mods;
     char (*mnames)[FSDP_LM_NAME_LEN];
     int *first, *count;
     fsdp_param_spec_t *params; /* names point into pnames */
     char (*pnames)[FSDP_LM_NAME_LEN];
     int nmods, nparams;
-} fsdp_lm_tree_t;
+};
 
 /* Room for nmods modules and nparams parameters; on failure nothing is left allocated. */
 fsdp_status_t fsdp_lm_tree_alloc(fsdp_lm_tree_t *t, int nmods, int nparams);
@@ -64,9 +69,6 @@ int fsdp_lm_tree_module(fsdp_lm_tree_t *t, const char *name, const char *type, i
 /* Adds a trainable parameter of that shape to the last module and returns the buffer
  * (FSDP_LM_NAME_LEN bytes) its name is to be written to. */
 char *fsdp_lm_tree_param(fsdp_lm_tree_t *t, int ndim, const int64_t shape[2]);
-/* The units of ModuleWrapPolicy({wrap_type}) over the tree: the root, and one per layer into
- * lm->layers, each flattening its modules' parameters in named_parameters order. */
-fsdp_status_t fsdp_lm_create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const char *wrap_type);
 
 /* ---- one forward and backward (lm.c) ---- */
 

@@ -9,20 +9,6 @@
 
 #include "nn/lm_int.h"
 
-fsdp_status_t fsdp_lm_init(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
-                           int n_layer)
-{
-    memset(lm, 0, sizeof(*lm));
-    lm->fs = fs;
-    lm->name = name;
-    lm->layer = layer;
-    lm->n_layer = n_layer;
-    lm->loss_scale = 1.0f;
-    lm->layers = calloc((size_t)n_layer, sizeof(*lm->layers));
-    lm->checkpoint = calloc((size_t)n_layer, sizeof(*lm->checkpoint));
-    return lm->layers != NULL && lm->checkpoint != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
-}
-
 void fsdp_lm_fini(fsdp_lm_t *lm)
 {
     free(lm->layers);
@@ -132,7 +118,9 @@ char *fsdp_lm_tree_param(fsdp_lm_tree_t *t, int ndim, const int64_t shape[2])
     return name;
 }
 
-fsdp_status_t fsdp_lm_create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const char *wrap_type)
+/* The units of ModuleWrapPolicy({wrap_type}) over the tree: the root, and one per layer into
+ * lm->layers, each flattening its modules' parameters in named_parameters order. */
+static fsdp_status_t create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const char *wrap_type)
 {
     const char *wrap_types[] = {wrap_type};
     fsdp_wrap_policy_t policy;
@@ -175,5 +163,31 @@ fsdp_status_t fsdp_lm_create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const
     free(specs);
     free(unit_of);
     free(unit_at);
+    return status;
+}
+
+fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
+                            int n_layer, fsdp_lm_tree_func_t build, const void *cfg,
+                            const char *wrap_type)
+{
+    fsdp_lm_tree_t tree;
+    fsdp_status_t status = FSDP_OK;
+
+    memset(lm, 0, sizeof(*lm));
+    lm->fs = fs;
+    lm->name = name;
+    lm->layer = layer;
+    lm->n_layer = n_layer;
+    lm->loss_scale = 1.0f;
+    lm->layers = calloc((size_t)n_layer, sizeof(*lm->layers));
+    lm->checkpoint = calloc((size_t)n_layer, sizeof(*lm->checkpoint));
+    if (lm->layers == NULL || lm->checkpoint == NULL)
+        status = FSDP_ERR_NO_MEMORY;
+    if (status == FSDP_OK)
+        status = build(&tree, cfg);
+    if (status != FSDP_OK)
+        return status;
+    status = create_units(lm, &tree, wrap_type);
+    fsdp_lm_tree_free(&tree);
     return status;
 }
