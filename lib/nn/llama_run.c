@@ -206,6 +206,15 @@ static void free_act(llama_run_t *r, int l, unsigned mask)
     }
 }
 
+/* What the fused attention's forward and backward descriptors (kernel.h) share: q k v, o and
+ * its log-sum-exp in the layer's activations a, the shapes and row strides, the scale. */
+#define ATTENTION_ARGS(x, r, a)                                                                    \
+    ((x).o = (a)[A_O], (x).lse = (a)[A_LSE], (x).q = (a)[A_Q], (x).k = (a)[A_K], (x).v = (a)[A_V], \
+     (x).batch = (r)->lm.B, (x).seq = (r)->lm.T, (x).heads = (r)->H, (x).kv_heads = (r)->K,        \
+     (x).head_dim = (r)->hd, (x).ldq = (r)->qw, (x).ldk = (r)->kw, (x).ldv = (r)->kw,              \
+     (x).ldo = (r)->qw, (x).scale = (float)(1.0 / sqrt((double)(r)->hd)), (x).causal = 1,          \
+     (x).dtype = (r)->lm.dt)
+
 /* Layer l's forward from resid[l]: the activations in the set `need` (their inputs already there)
  * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
  * forward did, so the values are the same to the bit. */
@@ -236,22 +245,7 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     if (status == FSDP_OK && (need & BIT(A_K)))
         status = rope(r, FSDP_K_ROPE_FWD, a[A_K], r->K, r->kw);
     if (status == FSDP_OK && (need & BIT(A_O))) {
-        d.u.attention_fwd.o = a[A_O];
-        d.u.attention_fwd.lse = a[A_LSE];
-        d.u.attention_fwd.q = a[A_Q];
-        d.u.attention_fwd.k = a[A_K];
-        d.u.attention_fwd.v = a[A_V];
-        d.u.attention_fwd.batch = r->lm.B;
-        d.u.attention_fwd.seq = r->lm.T;
-        d.u.attention_fwd.heads = r->H;
-        d.u.attention_fwd.kv_heads = r->K;
-        d.u.attention_fwd.head_dim = r->hd;
-        d.u.attention_fwd.ldq = r->qw;
-        d.u.attention_fwd.ldk = d.u.attention_fwd.ldv = r->kw;
-        d.u.attention_fwd.ldo = r->qw;
-        d.u.attention_fwd.scale = (float)(1.0 / sqrt((double)r->hd));
-        d.u.attention_fwd.causal = 1;
-        d.u.attention_fwd.dtype = r->lm.dt;
+        ATTENTION_ARGS(d.u.attention_fwd, r, a);
         status = launch(r, &d);
     }
     if (status == FSDP_OK && (need & BIT(A_H)))
@@ -292,22 +286,7 @@ static fsdp_status_t attention_bwd(llama_run_t *r, void **a, const void *dout, v
     d.u.attention_bwd.dv = AT(r, dqkv, r->lm.BT * (r->qw + r->kw));
     d.u.attention_bwd.delta = delta;
     d.u.attention_bwd.dout = dout;
-    d.u.attention_bwd.o = a[A_O];
-    d.u.attention_bwd.q = a[A_Q];
-    d.u.attention_bwd.k = a[A_K];
-    d.u.attention_bwd.v = a[A_V];
-    d.u.attention_bwd.lse = a[A_LSE];
-    d.u.attention_bwd.batch = r->lm.B;
-    d.u.attention_bwd.seq = r->lm.T;
-    d.u.attention_bwd.heads = r->H;
-    d.u.attention_bwd.kv_heads = r->K;
-    d.u.attention_bwd.head_dim = r->hd;
-    d.u.attention_bwd.ldq = r->qw;
-    d.u.attention_bwd.ldk = d.u.attention_bwd.ldv = r->kw;
-    d.u.attention_bwd.ldo = r->qw;
-    d.u.attention_bwd.scale = (float)(1.0 / sqrt((double)r->hd));
-    d.u.attention_bwd.causal = 1;
-    d.u.attention_bwd.dtype = r->lm.dt;
+    ATTENTION_ARGS(d.u.attention_bwd, r, a);
     return launch(r, &d);
 }
 
