@@ -194,6 +194,14 @@ typedef struct fsdp_trace_run_row {
 FSDP_API fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *reader, int64_t run,
                                              fsdp_trace_run_row_t *row_p);
 
+/* Which traced rank stands for each rank of the run's world: rep[r] (world_size entries) is the
+ * rank whose events are r's (a symmetric plan's simulated rank standing for its class, from the
+ * ranks table; r itself for a rank traced on its own), or -1 when no rank of the run stands
+ * for r. *traced_p (may be NULL): the ranks with events or steps of their own. A ranks table
+ * that does not add up is FSDP_ERR_FORMAT. */
+FSDP_API fsdp_status_t fsdp_trace_reader_represent(fsdp_trace_reader_t *reader, int64_t run,
+                                                   int *rep, int *traced_p);
+
 /* Called for each event of a run, in (rank, seq) order; the strings are valid during the call.
  * A non-zero return stops the iteration (and is not an error). */
 typedef int (*fsdp_trace_event_func_t)(void *arg, int rank, uint64_t seq,

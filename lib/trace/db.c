@@ -713,6 +713,133 @@ const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int ra
     return buf;
 }
 
+int fsdp_trace_db_has_ranks(sqlite3 *db)
+{
+    int64_t have = 0;
+
+    return db_get_int(db,
+                      "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                      "name = 'ranks'",
+                      &have, NULL) == FSDP_OK &&
+           have > 0;
+}
+
+/* Sets rep[m] = rank for every m of a members list ("0-6", "8-16376:8,16379"); their number,
+ * or -1 when the list does not parse, leaves [0, world) or names a rank already claimed. */
+static long members_claim(const char *m, int world, int rank, int *rep)
+{
+    long n = 0;
+
+    while (*m != '\0') {
+        char *end;
+        long a, b, step = 1;
+
+        a = strtol(m, &end, 10);
+        if (end == m || a < 0)
+            return -1;
+        b = a;
+        m = end;
+        if (*m == '-') {
+            b = strtol(m + 1, &end, 10);
+            if (end == m + 1 || b < a)
+                return -1;
+            m = end;
+            if (*m == ':') {
+                step = strtol(m + 1, &end, 10);
+                if (end == m + 1 || step < 1)
+                    return -1;
+                m = end;
+            }
+        }
+        if (b >= world || (b - a) % step != 0)
+            return -1;
+        for (long x = a; x <= b; x += step) {
+            if (rep[x] >= 0 && rep[x] != rank)
+                return -1;
+            rep[x] = rank;
+            n++;
+        }
+        if (*m == ',')
+            m++;
+        else if (*m != '\0')
+            return -1;
+    }
+    return n;
+}
+
+fsdp_status_t fsdp_trace_db_represent(sqlite3 *db, const char *path, int64_t run, int world,
+                                      int *rep, int *traced_p)
+{
+    fsdp_status_t status = FSDP_OK;
+    int traced = 0;
+
+    for (int r = 0; r < world; r++)
+        rep[r] = -1;
+    if (fsdp_trace_db_has_ranks(db)) {
+        sqlite3_stmt *st;
+        int rc = SQLITE_DONE;
+
+        status = fsdp_trace_db_prepare(
+            db, "SELECT rank, stands_for, members FROM ranks WHERE run = ?1 ORDER BY rank", &st);
+        if (status != FSDP_OK)
+            return status;
+        sqlite3_bind_int64(st, 1, run);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            int64_t r = sqlite3_column_int64(st, 0), count = sqlite3_column_int64(st, 1);
+            const char *m = fsdp_trace_col_text(st, 2);
+            long n;
+
+            if (r < 0 || r >= world) {
+                fsdp_error("trace database '%s', run %" PRId64 ": the ranks table names rank "
+                           "%" PRId64 ", outside the world of %d",
+                           path, run, r, world);
+                status = FSDP_ERR_FORMAT;
+                break;
+            }
+            if (count <= 1 && (rep[r] < 0 || rep[r] == (int)r)) {
+                rep[r] = (int)r;
+                continue;
+            }
+            n = count > 1 && m != NULL ? members_claim(m, world, (int)r, rep) : -1;
+            if (n != count || rep[r] != (int)r) {
+                fsdp_error("trace database '%s', run %" PRId64 ": rank %" PRId64 " stands for "
+                           "%" PRId64 " ranks, but its members '%s' are not that many ranks of "
+                           "the world of %d, itself among them, that no other rank stands for",
+                           path, run, r, count, m != NULL ? m : "", world);
+                status = FSDP_ERR_FORMAT;
+                break;
+            }
+        }
+        if (status == FSDP_OK)
+            status = FSDP_SQLITE_CALL(db, rc);
+        sqlite3_finalize(st);
+        if (status != FSDP_OK)
+            return status;
+    }
+    /* the ranks with events or steps of their own: themselves, unless claimed */
+    for (int r = -1;;) {
+        status = fsdp_trace_db_next_rank(db, path, run, r, &r);
+        if (status != FSDP_OK || r < 0)
+            break;
+        if (r >= world) {
+            fsdp_error("trace database '%s', run %" PRId64 ": rank %d is outside the world of %d",
+                       path, run, r, world);
+            return FSDP_ERR_FORMAT;
+        }
+        if (rep[r] >= 0 && rep[r] != r) {
+            fsdp_error("trace database '%s', run %" PRId64 ": rank %d has events of its own, "
+                       "but rank %d stands for it",
+                       path, run, r, rep[r]);
+            return FSDP_ERR_FORMAT;
+        }
+        rep[r] = r;
+        traced++;
+    }
+    if (traced_p != NULL)
+        *traced_p = traced;
+    return status;
+}
+
 fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,
                                       int *rank_p)
 {
