@@ -1,7 +1,7 @@
 /* What simulating ranks costs.
  *
  *     bench_sim [--quick] [--world W] [--threads] [--workers N] [--rows R] [--data-only]
- *               [--shape-only] [--batch B]
+ *               [--shape-only] [--symmetric-only] [--batch B]
  *
  * (--world, --threads: the run of every rank; the symmetric runs have their own worlds, on
  * fibers, and --threads skips them.)
@@ -32,12 +32,19 @@
  * counted), on 1,024, 16,384 and 131,072 ranks (--quick: 24 blocks, the first two), each
  * reported next to the 1,024-rank wall time of the same run: the ratio is the figure that
  * matters, since the cost should not grow with the world. Targets: <= 1 s at 1,024 ranks,
- * <= 2 s and <= 1 GiB at 16,384, <= 10 s at 131,072. Measured on the 2-core machine under a
- * load of about 5: 12, 13 and 25 ranks simulated; 0.13 s, 0.75 s and 5.4 s wall (0.05 s,
- * 0.37 s and 2.9 s CPU), ratios 6.0 and 43 (CPU 6.8 and 54), peak RSS 0.02 GiB. The targets
- * hold but the ratio does not yet: most of what is left grows with the world, not with the
- * ranks simulated: deriving the classes (sim/symmetry.c hashes and compares the pieces of every
- * unit on every rank) is about half the CPU of these runs in a perf profile.
+ * <= 2 s and <= 1 GiB at 16,384, <= 10 s at 131,072 (--symmetric-only: these runs alone).
+ * Measured on the 2-core machine under a load of about 2: 12, 13 and 25 ranks simulated;
+ * 0.022-0.029 s, 0.021-0.025 s and 0.039-0.056 s wall (0.03-0.04 s, 0.03-0.04 s and
+ * 0.06-0.07 s CPU), ratios 0.9-1.05 and 1.65-2.2, peak RSS 0.02 GiB (before the classes were
+ * derived from the layout: 0.086 s, 0.62 s and 6.1 s, ratios 7.2 and 71). The classes cost
+ * next to nothing now (sim/symmetry.c cuts the ranks into runs at the shards that hold a
+ * parameter's boundary and compares one rank per run); what the world still costs is writing
+ * each rank's class and the launch's arrays of a few words per rank (under 1% of the CPU in a
+ * perf profile at 131,072 ranks). The rest is the simulated ranks' own runs, about 1.8 ms each
+ * at every world: 131,072 ranks simulate 25, not 12, because their shards of a block's flat
+ * parameter (13,900 elements) are no larger than its biases and norms (12,288 to 49,152), so
+ * these span shards of their own (a shard inside a bias is a class of its own), where at
+ * 1,024 ranks one shard holds several whole.
  *
  * Data mode: the cost of simulating W ranks against the same arithmetic in one plain
  * process. The same MLP step (512-2048-2048-512, global batch B rows, AdamW) runs
@@ -729,6 +736,7 @@ out:
 int main(int argc, char **argv)
 {
     int world = 1024, fibers = 1, workers = 0, data_workers, quick = 0, shape = 1, data = 1;
+    int symmetric_only = 0;
     size_t rows = 2048, batch = 0; /* batch: data mode's global batch, 0 for the defaults */
 
     for (int i = 1; i < argc; i++) {
@@ -749,11 +757,14 @@ int main(int argc, char **argv)
             data = 0;
         } else if (strcmp(argv[i], "--data-only") == 0) {
             shape = 0;
+        } else if (strcmp(argv[i], "--symmetric-only") == 0) {
+            symmetric_only = 1;
         } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             i++; /* bench_gemm's flag, passed by make bench to every benchmark */
         } else {
             fprintf(stderr, "usage: bench_sim [--quick] [--world W] [--threads] [--workers N] "
-                            "[--rows R] [--shape-only] [--data-only] [--batch B]\n");
+                            "[--rows R] [--shape-only] [--data-only] [--symmetric-only] "
+                            "[--batch B]\n");
             return 2;
         }
     }
@@ -769,8 +780,10 @@ int main(int argc, char **argv)
     data_workers = workers > 0 ? workers : 1;
     /* the symmetric runs first, then the real model on every rank: each peak RSS so far is
      * its own (the symmetric runs' are far below the full run's) */
-    if (shape && fibers && bench_symmetric(workers, rows, quick) != 0)
+    if ((shape || symmetric_only) && fibers && bench_symmetric(workers, rows, quick) != 0)
         return 1;
+    if (symmetric_only)
+        return 0;
     if (shape && (bench_shape(1, world, fibers, workers, rows, quick) != 0 ||
                   bench_shape(0, world, fibers, workers, rows, quick) != 0))
         return 1;

@@ -107,7 +107,14 @@ fsdp_status_t fsdp_gpu_world_create(fsdp_gpu_dev_t *gdev, const ncclUniqueId *id
 
     comm_config(&config);
     status = FSDP_NCCL_CALL(ncclCommInitRankConfig(&g->comm, size, *id, rank, &config));
-    if (status == FSDP_OK && g->comm != NULL)
+    /* NCCL sets the handle before it returns, even non-blocking (the split's child is the one
+     * published later): a success without one is refused rather than used. */
+    if (status == FSDP_OK && g->comm == NULL) {
+        fsdp_error("rank %d: ncclCommInitRankConfig(world) succeeded without a communicator",
+                   rank);
+        status = FSDP_ERR_BACKEND;
+    }
+    if (status == FSDP_OK)
         status = comm_ready(gdev, g->comm, FSDP_GPU_POLL_COMM, "ncclCommInitRankConfig(world)");
     if (status != FSDP_OK) {
         if (g->comm != NULL)

@@ -704,6 +704,37 @@ static int fit_collectives(calib_t *c, int per_node, fsdp_sim_profile_t *p, FILE
     return 0;
 }
 
+/* A trace of a symmetric plan holds one simulated rank per class of ranks that run alike. Its
+ * kernels could be weighed by the ranks each stands for, but not its collectives: a call's
+ * time is the smallest over its group's ranks and is priced by the group's size and nodes,
+ * and the ranks a simulated rank stands for are in other groups of the same name pattern
+ * (rank 5's node is world/split(1) where its representative's is world/split(0)), which no
+ * rank traced. Such a run is refused, by name. */
+static fsdp_status_t refuse_symmetric(fsdp_trace_reader_t *r, int64_t run, const char *path,
+                                      int world)
+{
+    int *rep = malloc((size_t)world * sizeof(*rep)), traced = 0, standing = 0;
+    fsdp_status_t st;
+
+    if (rep == NULL) {
+        fsdp_error("calibrate: out of host memory for %d ranks", world);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    st = fsdp_trace_reader_represent(r, run, rep, &traced);
+    for (int x = 0; st == FSDP_OK && x < world; x++)
+        standing += rep[x] >= 0 && rep[x] != x;
+    free(rep);
+    if (st == FSDP_OK && standing > 0) {
+        fsdp_error("calibrate: run %" PRId64 " of %s is a symmetric plan: its %d simulated ranks "
+                   "stand for %d more, whose collectives' groups it does not hold, so neither the "
+                   "groups' sizes nor their calls' times can be read from it; calibrate a trace of "
+                   "every rank (fsdp-plan --no-symmetry)",
+                   run, path, traced, standing);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    return st;
+}
+
 fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t *opts,
                                    const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
                                    FILE *report)
@@ -726,6 +757,9 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
     if (st != FSDP_OK)
         goto done;
     c.world = row.world_size > 0 ? row.world_size : 1;
+    st = refuse_symmetric(r, run, path, c.world);
+    if (st != FSDP_OK)
+        goto done;
     per_node = opts != NULL && opts->ranks_per_node > 0 ? opts->ranks_per_node
                                                         : run_ranks_per_node(&row);
     if (per_node <= 0 || per_node > c.world)

@@ -12,7 +12,12 @@
  * apart, and the last place, so that the representatives tell a split by node from a split by
  * place); each group of the default hybrid groups (a node, a place across the nodes) then holds
  * the same classes at the same group ranks as any other of its kind, and their representatives
- * all lie in the group of the first rank's representative. */
+ * all lie in the group of the first rank's representative.
+ *
+ * The classes are derived without visiting every rank (cuts): the ranks whose shard holds a
+ * boundary of a unit, and the ranks just after them, cut the group into runs whose ranks hold
+ * alike shards by construction, and only each run's first rank is compared; the cost is in the
+ * parameters, not in the ranks, apart from writing each rank's class. */
 #include "sim.h"
 
 #include <fsdp/log.h>
@@ -72,32 +77,114 @@ static int hybrid(fsdp_strategy_t s)
     return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
 }
 
-/* Every unit shards alike on group ranks x and y of a group of g. */
-static int alike(fsdp_t *fs, int g, int x, int y)
+/* One unit's layout, read once: its flat size and shard size over the group, and each
+ * parameter's extent and kind in the flat parameter. */
+typedef struct layout {
+    size_t total, s;
+    int n;
+    size_t *off, *numel;
+    int *kind;
+} layout_t;
+
+static void layouts_free(layout_t *l, int n)
 {
-    for (int i = 0; i < fsdp_num_units(fs); i++) {
+    for (int i = 0; i < n && l != NULL; i++) {
+        free(l[i].off);
+        free(l[i].numel);
+        free(l[i].kind);
+    }
+    free(l);
+}
+
+/* The layouts of the units with parameters over a group of g, into *l_p; their number, or -1
+ * out of memory. */
+static int layouts(fsdp_t *fs, int g, layout_t **l_p)
+{
+    int nu = fsdp_num_units(fs), n = 0;
+    layout_t *l = calloc(nu > 0 ? (size_t)nu : 1, sizeof(*l));
+
+    if (l == NULL)
+        return -1;
+    for (int i = 0; i < nu; i++) {
         fsdp_unit_t *u = fsdp_unit_at(fs, i);
-        if (fsdp_unit_has_params(u) && !unit_alike(u, g, x, y))
+        layout_t *y = &l[n];
+        int np = fsdp_unit_num_params(u);
+
+        if (!fsdp_unit_has_params(u))
+            continue;
+        n++;
+        y->total = fsdp_unit_flat_numel(u);
+        y->s = fsdp_shard_numel(y->total, g);
+        y->n = np;
+        y->off = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->off));
+        y->numel = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->numel));
+        y->kind = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->kind));
+        if (y->off == NULL || y->numel == NULL || y->kind == NULL) {
+            layouts_free(l, n);
+            return -1;
+        }
+        for (int j = 0; j < np; j++) {
+            fsdp_param_info_t info;
+            if (fsdp_unit_param_info(u, j, &info) != FSDP_OK) {
+                memset(&info, 0, sizeof(info));
+                info.tied_to = -1;
+            }
+            y->off[j] = info.offset;
+            y->numel[j] = info.numel;
+            y->kind[j] = (info.ndim <= 1) | (!info.requires_grad) << 1 | (info.tied_to >= 0) << 2;
+        }
+    }
+    *l_p = l;
+    return n;
+}
+
+/* Parameter j's piece in group rank x's shard of the unit laid out as y (unit_piece). */
+static piece_t layout_piece(const layout_t *y, int j, int x)
+{
+    piece_t p = {0, 0, 0};
+    size_t lo = (size_t)x * y->s, hi = lo + y->s, a, b;
+
+    a = y->off[j] > lo ? y->off[j] : lo;
+    b = y->off[j] + y->numel[j] < hi ? y->off[j] + y->numel[j] : hi;
+    if (a >= b)
+        return p;
+    p.n = b - a;
+    p.at = a - lo;
+    p.kind = y->kind[j];
+    return p;
+}
+
+/* Group ranks x and y shard alike in every unit (alike, from the layouts). */
+static int layouts_alike(const layout_t *l, int nl, int g, int x, int y)
+{
+    for (int i = 0; i < nl; i++) {
+        size_t nx, px, ny, py;
+
+        fsdp_shard_extent(l[i].total, g, x, &nx, &px);
+        fsdp_shard_extent(l[i].total, g, y, &ny, &py);
+        if (nx != ny || px != py)
             return 0;
+        for (int j = 0; j < l[i].n; j++) {
+            piece_t a = layout_piece(&l[i], j, x), b = layout_piece(&l[i], j, y);
+            if (a.n != b.n || a.at != b.at || a.kind != b.kind)
+                return 0;
+        }
     }
     return 1;
 }
 
 /* A hash of group rank x's shards: ranks alike hash alike. */
-static uint64_t shard_hash(fsdp_t *fs, int g, int x)
+static uint64_t layouts_hash(const layout_t *l, int nl, int g, int x)
 {
     uint64_t h = 1469598103934665603ULL;
 #define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ULL)
-    for (int i = 0; i < fsdp_num_units(fs); i++) {
-        fsdp_unit_t *u = fsdp_unit_at(fs, i);
-        size_t total = fsdp_unit_flat_numel(u), s = fsdp_shard_numel(total, g), n, pad;
-        if (!fsdp_unit_has_params(u))
-            continue;
-        fsdp_shard_extent(total, g, x, &n, &pad);
+    for (int i = 0; i < nl; i++) {
+        size_t n, pad;
+        fsdp_shard_extent(l[i].total, g, x, &n, &pad);
         MIX(n);
         MIX(pad);
-        for (int j = 0; j < fsdp_unit_num_params(u); j++) {
-            piece_t p = unit_piece(u, j, s, x);
+        for (int j = 0; j < l[i].n; j++) {
+            piece_t p = layout_piece(&l[i], j, x);
             if (p.n != 0) {
                 MIX(j);
                 MIX(p.n);
@@ -110,38 +197,105 @@ static uint64_t shard_hash(fsdp_t *fs, int g, int x)
     return h;
 }
 
-/* first[x]: the first of the g group ranks whose shards are alike with x's. */
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The cuts of the group ranks 0..g-1 into runs that shard alike, into cut (sorted, distinct,
+ * from 0, at most 2 per boundary plus 1); their number. A boundary of a unit is where a
+ * parameter starts or ends in its flat parameter, or where the flat parameter ends. The rank
+ * whose shard holds a boundary b is cut from its neighbours: b / s and b / s + 1 start runs.
+ * Every other rank of a run then holds no boundary, nor does the run's whole span
+ * [first s, (last + 1) s), which so lies within one parameter (or past the end, or in
+ * none) in each unit: every rank of the run holds a whole shard of the same parameters (the
+ * same pieces, at 0, of the same kinds), or all the same padding. Runs of one rank are alike
+ * trivially. */
+static int cuts(const layout_t *l, int nl, int g, int *cut)
+{
+    int n = 0;
+
+#define CUT(b)                                                                                     \
+    do {                                                                                           \
+        size_t r_ = (b) / l[i].s;                                                                  \
+        if (r_ < (size_t)g)                                                                        \
+            cut[n++] = (int)r_;                                                                    \
+        if (r_ + 1 < (size_t)g)                                                                    \
+            cut[n++] = (int)r_ + 1;                                                                \
+    } while (0)
+    cut[n++] = 0;
+    for (int i = 0; i < nl; i++) {
+        if (l[i].s == 0) /* an empty flat parameter: every rank alike */
+            continue;
+        CUT(l[i].total);
+        for (int j = 0; j < l[i].n; j++) {
+            CUT(l[i].off[j]);
+            CUT(l[i].off[j] + l[i].numel[j]);
+        }
+    }
+#undef CUT
+    qsort(cut, (size_t)n, sizeof(*cut), cmp_int);
+    int m = 0;
+    for (int k = 0; k < n; k++)
+        if (m == 0 || cut[k] != cut[m - 1])
+            cut[m++] = cut[k];
+    return m;
+}
+
+/* first[x]: the first of the g group ranks whose shards are alike with x's. The ranks are cut
+ * into runs alike by construction (cuts), so only the first rank of each run is compared, and
+ * the rest are filled in: no rank is visited but to write its class. */
 static int classes(fsdp_t *fs, int g, int *first)
 {
+    layout_t *l = NULL;
+    int nl = layouts(fs, g, &l), ncut = 0, nbound = 1, *cut = NULL, *slot = NULL;
+    uint64_t *key = NULL;
     size_t cap = 16;
-    int *slot;
-    uint64_t *key;
 
-    while (cap < (size_t)g * 2)
+    if (nl < 0)
+        return -1;
+    for (int i = 0; i < nl; i++)
+        nbound += 2 * l[i].n + 1;
+    cut = malloc((size_t)nbound * 2 * sizeof(*cut));
+    if (cut == NULL)
+        goto err;
+    ncut = cuts(l, nl, g, cut);
+    while (cap < (size_t)ncut * 2)
         cap *= 2;
     slot = malloc(cap * sizeof(*slot));
     key = malloc(cap * sizeof(*key));
-    if (slot == NULL || key == NULL) {
-        free(slot);
-        free(key);
-        return -1;
-    }
+    if (slot == NULL || key == NULL)
+        goto err;
     memset(slot, 0xff, cap * sizeof(*slot));
-    for (int x = 0; x < g; x++) {
-        uint64_t h = shard_hash(fs, g, x);
+    for (int k = 0; k < ncut; k++) {
+        int x = cut[k], end = k + 1 < ncut ? cut[k + 1] : g, rep;
+        uint64_t h = layouts_hash(l, nl, g, x);
         size_t i = (size_t)(h ^ (h >> 29)) & (cap - 1);
-        while (slot[i] >= 0 && key[i] != h)
+
+        /* the classes so far with this hash, in the order found: the first alike is x's */
+        while (slot[i] >= 0 && !(key[i] == h && layouts_alike(l, nl, g, slot[i], x)))
             i = (i + 1) & (cap - 1);
         if (slot[i] < 0) {
             slot[i] = x;
             key[i] = h;
         }
-        /* a hash is a candidate: the class is what compares alike */
-        first[x] = alike(fs, g, slot[i], x) ? slot[i] : x;
+        rep = slot[i];
+        for (int y = x; y < end; y++)
+            first[y] = rep;
     }
     free(slot);
     free(key);
+    free(cut);
+    layouts_free(l, nl);
     return 0;
+
+err:
+    free(slot);
+    free(key);
+    free(cut);
+    layouts_free(l, nl);
+    return -1;
 }
 
 int fsdp_sim_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Faults from outside the program, each bounded to a few seconds: kill -9 during a traced run
-# and during checkpoint saves, traces on a read-only directory, FIFOs and directories given as
-# files.
+# and during checkpoint saves, traces on a read-only directory (a killed run's among them), FIFOs
+# and directories given as files. A full disk is test_full_disk.sh.
 set -u
 bin="${top_builddir:-..}/tools"
 [ -x "$bin/fsdp-train" ] || bin=../tools
@@ -80,7 +80,7 @@ if command -v sqlite3 >/dev/null 2>&1; then
         "$train" --model mlp:32,256,256,8 --world 4 --steps 100000 --trace "$tmp/k.db" \
             >"$tmp/kout" 2>&1 &
         pid=$!
-        wait_lines "$tmp/kout" '^step ' $n 10
+        wait_lines "$tmp/kout" '^step ' $n 60
         kill -9 $pid
         wait $pid 2>/dev/null
         printed=$(grep '^step ' "$tmp/kout" | tail -n 1 | awk '{print $2}')
@@ -94,6 +94,53 @@ else
     echo "skipped: no sqlite3 to read the killed run's database"
 fi
 
+# a killed writer's trace in a read-only directory is read with its -wal file (which holds the
+# steps the database file does not yet): as the kill left it (with its -shm file), and as a copy
+# of the database and its -wal file alone (SQLite cannot open that read-only by itself; immutable
+# would show the database file's steps only)
+if command -v sqlite3 >/dev/null 2>&1; then
+    mkdir "$tmp/wk" "$tmp/wcopy" "$tmp/wref"
+    "$train" --model mlp:32,256,256,8 --world 2 --steps 100000 --trace "$tmp/wk/w.db" \
+        >"$tmp/kout" 2>&1 &
+    pid=$!
+    wait_lines "$tmp/kout" '^step ' 30 60
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wcopy/"
+    cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wref/"
+    steps=$(sqlite3 "$tmp/wref/w.db" 'SELECT max(step) FROM steps WHERE rank = 0')
+    check "a killed writer left a -wal file with its steps (database: ${steps:-none})" \
+        sh -c "test -s '$tmp/wk/w.db-wal' && test '${steps:-0}' -ge 30"
+    for d in wk wcopy; do
+        [ $d = wk ] && what="as the kill left it" || what="copied without its -shm file"
+        read_only "$tmp/$d" sh -c "'$ftrace' summary '$tmp/$d/w.db' >'$tmp/sum' 2>'$tmp/err'"
+        rc=$?
+        if [ $rc -eq 77 ]; then
+            echo "skipped: no way to make a read-only directory here"
+            break
+        fi
+        check "a killed run's trace in a read-only directory, $what, is read" test $rc -eq 0
+        check "  with all its $steps steps" grep -q "^ *$steps steps," "$tmp/sum"
+        check "  and nothing on stderr" test ! -s "$tmp/err"
+    done
+    check "  and the copy is left as it was" test ! -e "$tmp/wcopy/w.db-shm"
+    # one whose -wal file cannot be read (here a directory in its place) is refused, not shown
+    # without it
+    mkdir "$tmp/wbad"
+    cp "$tmp/wref/w.db" "$tmp/wbad/"
+    mkdir "$tmp/wbad/w.db-wal"
+    read_only "$tmp/wbad" sh -c "'$ftrace' summary '$tmp/wbad/w.db' >'$tmp/sum' 2>'$tmp/err'"
+    rc=$?
+    if [ $rc -ne 77 ]; then
+        check "a read-only trace whose -wal file cannot be read is refused" test $rc -ne 0
+        check "  with one line saying to copy it and its -wal file" \
+            sh -c "test \$(wc -l <'$tmp/err') -eq 1 && grep -q 'copy .* to a writable directory' '$tmp/err'"
+        check "  and no summary" test ! -s "$tmp/sum"
+    fi
+else
+    echo "skipped: no sqlite3 to count the killed run's steps"
+fi
+
 # kill -9 during checkpoint saves (one every step, most of the run's time): the checkpoint left
 # loads, and --resume from it prints the uninterrupted run's losses exactly
 ck="--model mlp:32,256,256,8 --world 2 --optim adamw --lr 1e-2 --steps 300"
@@ -104,7 +151,7 @@ for n in 3 30 90; do
     "$train" $ck --state-dict sharded --checkpoint-every 1 --save-checkpoint "$tmp/ck" \
         >"$tmp/kout" 2>&1 &
     pid=$!
-    wait_lines "$tmp/kout" '^step ' $n 10
+    wait_lines "$tmp/kout" '^step ' $n 60
     kill -9 $pid
     wait $pid 2>/dev/null
     "$train" $ck --resume "$tmp/ck" >"$tmp/resumed" 2>"$tmp/err"

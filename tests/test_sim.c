@@ -3,9 +3,11 @@
  *
  * Rank functions record the first failed check (test_util.h); the main thread asserts it. */
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt2.h>
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -279,12 +281,164 @@ static void test_bad_args(void)
     fsdp_log_set_handler(NULL, NULL);
 }
 
+/* ---- symmetric ranks: the classes against a rank-by-rank derivation ----------------------- */
+
+/* Group ranks x and y of a group of g hold alike shards of every unit: the same size and
+ * padding, and of each parameter the same piece (size, place, kind), compared rank by rank. */
+static int ref_alike(fsdp_t *fs, int g, int x, int y)
+{
+    for (int i = 0; i < fsdp_num_units(fs); i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        size_t total = fsdp_unit_flat_numel(u), s = fsdp_shard_numel(total, g), nx, px, ny, py;
+
+        if (!fsdp_unit_has_params(u))
+            continue;
+        fsdp_shard_extent(total, g, x, &nx, &px);
+        fsdp_shard_extent(total, g, y, &ny, &py);
+        if (nx != ny || px != py)
+            return 0;
+        for (int j = 0; j < fsdp_unit_num_params(u); j++) {
+            fsdp_param_info_t pi;
+            size_t piece[2][3];
+            int r[2] = {x, y};
+
+            fsdp_unit_param_info(u, j, &pi);
+            for (int k = 0; k < 2; k++) {
+                size_t lo = (size_t)r[k] * s, hi = lo + s;
+                size_t a = pi.offset > lo ? pi.offset : lo;
+                size_t b = pi.offset + pi.numel < hi ? pi.offset + pi.numel : hi;
+                piece[k][0] = a < b ? b - a : 0;
+                piece[k][1] = a < b ? a - lo : 0;
+                piece[k][2] = a < b ? (size_t)((pi.ndim <= 1) | (!pi.requires_grad) << 1 |
+                                               (pi.tied_to >= 0) << 2)
+                                    : 0;
+            }
+            if (memcmp(piece[0], piece[1], sizeof(piece[0])) != 0)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* first[x]: the first group rank alike with x, rank by rank; the number of classes. */
+static int ref_classes(fsdp_t *fs, int g, int *first)
+{
+    int *rep = malloc((size_t)g * sizeof(*rep)), n = 0;
+
+    for (int x = 0; x < g; x++) {
+        int k = 0;
+        while (k < n && !ref_alike(fs, g, rep[k], x))
+            k++;
+        if (k == n)
+            rep[n++] = x;
+        first[x] = rep[k];
+    }
+    free(rep);
+    return n;
+}
+
+/* fsdp_sim_symmetric_ranks's classes of fs against the rank-by-rank ones, over the world and,
+ * for the hybrid strategies, the node (the last place and the last node apart). */
+static int check_classes(int rank, fsdp_t *fs, const char *what)
+{
+    static const int worlds[] = {1,  2,  3,  4,   5,   6,    7,    8,    12,   16,
+                                 24, 40, 64, 100, 512, 1000, 4096, 8192, 65536};
+
+    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        int world = worlds[w], per_node = world % 8 == 0 ? 8 : world % 4 == 0 ? 4 : world;
+        int *got = malloc((size_t)world * sizeof(*got)),
+            *want = malloc((size_t)world * sizeof(*want));
+        int *first = malloc((size_t)per_node * sizeof(*first));
+
+        int ok = FSDP_RANK_CHECK(&failure, rank, got != NULL && want != NULL && first != NULL);
+
+        for (int hybrid = 0; hybrid < 2 && ok; hybrid++) {
+            int n, m = 0;
+
+            if (hybrid) {
+                int nodes = world / per_node;
+                ref_classes(fs, per_node, first);
+                if (per_node > 1)
+                    first[per_node - 1] = per_node - 1;
+                for (int r = 0; r < world; r++)
+                    want[r] = (r / per_node == nodes - 1 ? nodes - 1 : 0) * per_node +
+                              first[r % per_node];
+            } else {
+                ref_classes(fs, world, want);
+            }
+            n = fsdp_sim_symmetric_ranks(fs, world, per_node,
+                                         hybrid ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, got);
+            for (int r = 0; r < world; r++)
+                m += want[r] == r;
+            ok = FSDP_RANK_CHECK_MSG(&failure, rank, n == m, "%s on %d ranks%s: %d classes, not %d",
+                                     what, world, hybrid ? " (hybrid)" : "", n, m);
+            for (int r = 0; r < world && ok; r++)
+                ok = FSDP_RANK_CHECK_MSG(&failure, rank, got[r] == want[r],
+                                         "%s on %d ranks%s: rank %d stands with %d, not %d", what,
+                                         world, hybrid ? " (hybrid)" : "", r, got[r], want[r]);
+        }
+        free(got);
+        free(want);
+        free(first);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+static fsdp_status_t rank_classes(fsdp_dev_t *dev, void *arg)
+{
+    static const int dims[][4] = {{1000, 3001, 7, 0}, {1, 5, 0, 0}, {3, 64, 64, 3}};
+    static const int nlayers[] = {2, 1, 3};
+    fsdp_config_t cfg;
+    fsdp_t *fs;
+    (void)arg;
+
+    fsdp_config_init(&cfg);
+    for (int m = 0; m < 4; m++) {
+        char what[64];
+        fsdp_mlp_t *mlp = NULL;
+        fsdp_gpt2_t *gpt = NULL;
+        int ok;
+
+        FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
+        if (m < 3) {
+            ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank,
+                                    fsdp_mlp_create(fs, dims[m], nlayers[m], &mlp), FSDP_OK);
+            snprintf(what, sizeof(what), "mlp %d", m);
+        } else {
+            ok = FSDP_RANK_CHECK_EQ(
+                &failure, dev->rank,
+                fsdp_gpt2_create(fs, &fsdp_gpt2_preset_find("gpt2-tiny")->cfg, &gpt), FSDP_OK);
+            snprintf(what, sizeof(what), "gpt2-tiny");
+        }
+        ok = ok && check_classes(dev->rank, fs, what);
+        fsdp_gpt2_destroy(gpt);
+        fsdp_mlp_destroy(mlp);
+        fsdp_destroy(fs);
+        if (!ok)
+            return FSDP_ERR_INTERNAL;
+    }
+    return FSDP_OK;
+}
+
+/* The classes, derived from the boundaries of the shards and the parameters without visiting
+ * every rank, are those a rank-by-rank comparison finds, on worlds from 1 to 65,536. */
+static void test_symmetric_classes(void)
+{
+    launch_ok(1, 0, FSDP_SIM_SHAPE, rank_classes);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
-        {"ops_table", test_ops_table}, {"ranks", test_ranks},
-        {"segments", test_segments},   {"streams_events", test_streams_events},
-        {"bad_args", test_bad_args},   {NULL, NULL},
+        {"ops_table", test_ops_table},
+        {"ranks", test_ranks},
+        {"segments", test_segments},
+        {"streams_events", test_streams_events},
+        {"bad_args", test_bad_args},
+        {"symmetric_classes", test_symmetric_classes},
+        {NULL, NULL},
     };
     return fsdp_test_run("sim", tests);
 }

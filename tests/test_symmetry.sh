@@ -63,4 +63,90 @@ else
     echo "FAILED: a symmetric plan's trace"; cat "$tmp/traced" "$tmp/summary"; fail=1
 fi
 
+# fsdp-trace diff of a symmetric and a --no-symmetry trace of one plan: no structural
+# difference, each way, and every timing and memory ratio 1 (the simulated ranks' events
+# counted for the ranks they stand for); calibrate refuses the symmetric trace by name.
+ratios_one() { # diff output: every B/A column is 1.000 or -
+    awk '/^$/ {table = 0} table && (($NF != "1.000" && $NF != "-") ||
+        ($(NF - 3) != "1.000" && $(NF - 3) != "-")) {bad = 1; print "  ratio not 1: " $0}
+        $NF == "B/A" {table = 1} END {exit bad}' "$1"
+}
+diff_same() { # description, fsdp-plan arguments...
+    desc=$1
+    shift
+    rm -f "$tmp/ds.db" "$tmp/da.db"
+    "$plan" "$@" --trace "$tmp/ds.db" >/dev/null 2>&1
+    "$plan" "$@" --no-symmetry --trace "$tmp/da.db" >/dev/null 2>&1
+    "$trace" diff "$tmp/ds.db" "$tmp/da.db" >"$tmp/d1" 2>&1
+    rc1=$?
+    "$trace" diff "$tmp/da.db" "$tmp/ds.db" >"$tmp/d2" 2>&1
+    rc2=$?
+    if [ $rc1 = 0 ] && [ $rc2 = 0 ] && grep -q '^structure: identical' "$tmp/d1" &&
+        grep -q '^A: [0-9]* ranks traced, standing for' "$tmp/d1" &&
+        grep -q '^B: [0-9]* ranks traced, standing for' "$tmp/d2" &&
+        ratios_one "$tmp/d1" && ratios_one "$tmp/d2"; then
+        echo "ok: diff of $desc with and without symmetry: identical ($(sed -n 's/^A: \([0-9]*\) ranks traced.*/\1/p' "$tmp/d1") ranks simulated)"
+    else
+        echo "FAILED: diff of $desc with and without symmetry (exit $rc1, $rc2)"
+        cat "$tmp/d1" "$tmp/d2"; fail=1
+    fi
+}
+diff_same "full_shard on 64 ranks" --model $mlp --world 64 --gpus-per-node 8
+diff_same "hybrid_shard on 4 nodes of 4" --model $mlp --world 16 --gpus-per-node 4 \
+    --strategy hybrid_shard
+diff_same "hybrid_shard_zero2 on 8 nodes of 8" --model $mlp --world 64 --gpus-per-node 8 \
+    --strategy hybrid_shard_zero2
+diff_same "gpt2-tiny full_shard bf16 with checkpointing, 64 ranks" --model gpt2-tiny --world 64 \
+    --mixed-precision bf16 --checkpoint-activations
+diff_same "the split classes" --model mlp:1,5 --world 8
+
+# a real difference is still caught: another prefetch policy, symmetric against every rank
+rm -f "$tmp/ds.db" "$tmp/dp.db"
+"$plan" --model $mlp --world 16 --gpus-per-node 4 --strategy hybrid_shard \
+    --trace "$tmp/ds.db" >/dev/null 2>&1
+"$plan" --model $mlp --world 16 --gpus-per-node 4 --strategy hybrid_shard \
+    --backward-prefetch post --no-symmetry --trace "$tmp/dp.db" >/dev/null 2>&1
+"$trace" diff "$tmp/ds.db" "$tmp/dp.db" >"$tmp/d1" 2>&1
+rc=$?
+if [ $rc = 1 ] && grep -q '^first divergence: rank 0, ' "$tmp/d1" &&
+    grep -q '^structure: 16 of 16 ranks differ' "$tmp/d1"; then
+    echo "ok: diff catches another prefetch policy through a symmetric trace"
+else
+    echo "FAILED: diff of another prefetch policy (exit $rc)"; cat "$tmp/d1"; fail=1
+fi
+
+# calibrate refuses a symmetric trace, naming why; a trace of every rank calibrates
+"$trace" calibrate "$tmp/ds.db" >/dev/null 2>"$tmp/err"
+rc=$?
+"$trace" calibrate "$tmp/dp.db" >/dev/null 2>&1
+rc_all=$?
+if [ $rc = 2 ] && grep -q 'is a symmetric plan: its 4 simulated ranks stand for 12 more' "$tmp/err" &&
+    grep -q -- '--no-symmetry' "$tmp/err" && [ $rc_all = 0 ]; then
+    echo "ok: calibrate refuses a symmetric trace by name"
+else
+    echo "FAILED: calibrate of a symmetric trace (exit $rc, every rank's $rc_all)"; cat "$tmp/err"
+    fail=1
+fi
+
+# A symmetric trace whose classes are wrong (rank 0 standing for all 8 where ranks 5-7 hold
+# no shard): the ranks it wrongly stands for differ from the trace of every rank.
+if command -v sqlite3 >/dev/null 2>&1; then
+    rm -f "$tmp/ds.db" "$tmp/da.db"
+    "$plan" --model mlp:1,5 --world 8 --trace "$tmp/ds.db" >/dev/null 2>&1
+    "$plan" --model mlp:1,5 --world 8 --no-symmetry --trace "$tmp/da.db" >/dev/null 2>&1
+    sqlite3 "$tmp/ds.db" "DELETE FROM event_rows WHERE rank <> 0; DELETE FROM steps WHERE rank <> 0;
+        DELETE FROM ranks WHERE rank <> 0; UPDATE ranks SET stands_for = 8, members = '0-7'"
+    "$trace" diff "$tmp/ds.db" "$tmp/da.db" >"$tmp/d1" 2>&1
+    rc=$?
+    if [ $rc = 1 ] && grep -q '^A: 1 rank traced, standing for the world.s 8' "$tmp/d1" &&
+        grep -q '^first divergence: rank [1-7], ' "$tmp/d1" &&
+        grep -q 'compared through rank 0 of A' "$tmp/d1"; then
+        echo "ok: diff catches ranks a symmetric trace wrongly stands for: $(grep '^structure' "$tmp/d1")"
+    else
+        echo "FAILED: diff of wrong classes (exit $rc)"; cat "$tmp/d1"; fail=1
+    fi
+else
+    echo "skipped: no sqlite3 to make a trace with wrong classes"
+fi
+
 exit $fail

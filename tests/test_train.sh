@@ -446,5 +446,13 @@ check "  saying it needs a value" grep -q "'--world' needs a value" "$tmp/err"
 refuse "--save-checkpoint onto /dev/null" --save-checkpoint /dev/null
 refuse "--save-checkpoint onto a regular file" --save-checkpoint "$tmp/a.safetensors"
 refuse "--save into a missing directory" --save "$tmp/none/a.safetensors"
+# a checkpoint period past the last step would never save: refused before any work
+refuse "--checkpoint-every past --steps" --steps 3 --checkpoint-every 4 \
+    --save-checkpoint "$tmp/every"
+check "  saying so" grep -q "checkpoint-every 4 is more than --steps 3" "$tmp/err"
+check "  creating nothing" test ! -e "$tmp/every"
+"$train" --model mlp:8,12,3 --steps 3 --checkpoint-every 3 --save-checkpoint "$tmp/every" \
+    >/dev/null 2>&1
+check "--checkpoint-every equal to --steps is accepted" test -s "$tmp/every/latest"
 
 exit $fail

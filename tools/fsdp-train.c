@@ -490,6 +490,10 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     a->launch.ranks_per_node = a->fsdp.ranks_per_node; /* the simulated node */
     if ((a->ckpt_every > 0 || state_dict_given) && a->ckpt_dir == NULL)
         cli_die("--checkpoint-every and --state-dict need --save-checkpoint DIR");
+    if (a->ckpt_every > a->steps)
+        cli_die("--checkpoint-every %d is more than --steps %d: it would never save (the last step "
+                "saves a checkpoint anyway; give N <= %d)",
+                a->ckpt_every, a->steps, a->steps);
 }
 
 /* ---- data and weights ---- */

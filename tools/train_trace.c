@@ -134,7 +134,10 @@ void train_step_line(fsdp_trace_t *trace, const train_launch_t *launch, int64_t 
     pthread_mutex_lock(&held_lock);
     *held_tail = l;
     held_tail = &l->next;
-    print_held(trace != NULL ? fsdp_trace_committed_step(trace) : INT64_MAX);
+    /* a trace that stopped (it said why and which steps it holds) commits nothing more */
+    print_held(trace != NULL && fsdp_trace_status(trace) == FSDP_OK
+                   ? fsdp_trace_committed_step(trace)
+                   : INT64_MAX);
     pthread_mutex_unlock(&held_lock);
 }
 

@@ -145,6 +145,11 @@ FSDP_API fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
  * that. A program that prints a line per step prints step S's once S is committed, so
  * that a killed run's database holds every step it printed (fsdp-train does). */
 FSDP_API int64_t fsdp_trace_committed_step(fsdp_trace_t *t);
+/* FSDP_OK while the writer writes; else the error that stopped it. A writer that fails (its
+ * file system full, say) says once why and up to which step the database holds every step,
+ * then drops every later event: nothing more is committed, so a program holding its step lines
+ * for fsdp_trace_committed_step() prints them at once from then on. */
+FSDP_API fsdp_status_t fsdp_trace_status(fsdp_trace_t *t);
 
 /* What the writer has done so far. */
 typedef struct fsdp_trace_stats {
@@ -188,6 +193,14 @@ typedef struct fsdp_trace_run_row {
 /* The strings stay valid until the next call on the reader. */
 FSDP_API fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *reader, int64_t run,
                                              fsdp_trace_run_row_t *row_p);
+
+/* Which traced rank stands for each rank of the run's world: rep[r] (world_size entries) is the
+ * rank whose events are r's (a symmetric plan's simulated rank standing for its class, from the
+ * ranks table; r itself for a rank traced on its own), or -1 when no rank of the run stands
+ * for r. *traced_p (may be NULL): the ranks with events or steps of their own. A ranks table
+ * that does not add up is FSDP_ERR_FORMAT. */
+FSDP_API fsdp_status_t fsdp_trace_reader_represent(fsdp_trace_reader_t *reader, int64_t run,
+                                                   int *rep, int *traced_p);
 
 /* Called for each event of a run, in (rank, seq) order; the strings are valid during the call.
  * A non-zero return stops the iteration (and is not an error). */

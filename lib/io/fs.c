@@ -35,8 +35,8 @@ fsdp_status_t fsdp_fs_sync_dir(const char *dir)
     return FSDP_OK;
 }
 
-static fsdp_status_t fs_write_all(int fd, const void *buf, uint64_t len, const char *path,
-                                  const char *tmp)
+/* Writes to fd, the temporary file of path (removed on failure: only path is named). */
+static fsdp_status_t fs_write_all(int fd, const void *buf, uint64_t len, const char *path)
 {
     const unsigned char *p = buf;
 
@@ -46,7 +46,7 @@ static fsdp_status_t fs_write_all(int fd, const void *buf, uint64_t len, const c
         if (w < 0) {
             if (errno == EINTR)
                 continue;
-            fsdp_error("%s: writing %s failed: %s", path, tmp, strerror(errno));
+            fsdp_error("%s: cannot write: %s", path, strerror(errno));
             return FSDP_ERR_IO;
         }
         p += w;
@@ -102,7 +102,7 @@ fsdp_status_t fsdp_fs_write_atomic(const char *path, const fsdp_fs_chunk_t *chun
         goto err_free_tmp;
     }
     for (int i = 0; i < n && status == FSDP_OK; i++)
-        status = fs_write_all(fd, chunks[i].data, chunks[i].len, path, tmp);
+        status = fs_write_all(fd, chunks[i].data, chunks[i].len, path);
     if (status != FSDP_OK)
         goto err_unlink;
     if (fsync(fd) != 0) {

@@ -27,9 +27,8 @@
 #include "kernels/hd.h"
 #include "kernels/lanes.h"
 
-/* Columns of one chunk of the host's embedding_bwd loop (and of llama_bodies.h's rmsnorm weight
- * gradient): row-major reads stay within a cache line, and each column's order is the same
- * whatever the chunk. */
+/* Columns of one chunk of the host's embedding_bwd loop: row-major reads stay within a cache
+ * line, and each column's order is the same whatever the chunk. */
 #define FSDP_KB_COLS 16
 
 FSDP_HD size_t fsdp_kb_col_chunks(size_t cols)

@@ -501,6 +501,29 @@ static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdi
     return status;
 }
 
+/* After a failed save (every rank done with it): removes what it wrote, so a full disk is not
+ * left fuller, and says what the directory still holds. */
+static void save_failed(const char *dir, const char *tmpdir, int64_t step)
+{
+    char path[PATH_MAX], latest[80] = "";
+    FILE *f;
+
+    if (rm_tree(tmpdir) != 0)
+        fsdp_warn("%s: cannot remove the failed save: %s", tmpdir, strerror(errno));
+    if (path_join(path, sizeof(path), dir, "latest") == FSDP_OK && (f = fopen(path, "r")) != NULL) {
+        if (fgets(latest, sizeof(latest), f) == NULL)
+            latest[0] = '\0';
+        latest[strcspn(latest, "\n")] = '\0';
+        fclose(f);
+    }
+    if (latest[0] != '\0')
+        fsdp_error("%s: the checkpoint of step %lld is not saved; latest is still %s", dir,
+                   (long long)step, latest);
+    else
+        fsdp_error("%s: the checkpoint of step %lld is not saved; the directory holds none", dir,
+                   (long long)step);
+}
+
 fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *dir,
                                    fsdp_state_dict_type_t type, int64_t step)
 {
@@ -580,7 +603,10 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         }
     }
     json_decref(meta);
-    return agree(fs, status);
+    status = agree(fs, status);
+    if (status != FSDP_OK && dev->rank == 0)
+        save_failed(dir, tmpdir, step);
+    return status;
 }
 
 /* ---- load ---- */

@@ -72,8 +72,7 @@ const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d)
     return divergence_names[d];
 }
 
-fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
-                                 const char *func)
+fsdp_status_t fsdp_sqlite_map(int rc)
 {
     fsdp_status_t status;
 
@@ -105,6 +104,16 @@ fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const ch
         status = FSDP_ERR_IO;
         break;
     }
+    return status;
+}
+
+fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
+                                 const char *func)
+{
+    fsdp_status_t status = fsdp_sqlite_map(rc);
+
+    if (status == FSDP_OK)
+        return FSDP_OK;
     if (FSDP_LOG_ERROR <= fsdp_log_level()) {
         const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
 
@@ -271,35 +280,63 @@ static fsdp_status_t db_migrate_v2(sqlite3 *db, const char *path)
     return fsdp_trace_db_exec(db, trace_schema_sql);
 }
 
+/* One line naming the file for a writer's failing setup call: "no space left on device" when
+ * that is the reason, SQLite's message otherwise. */
+static fsdp_status_t db_setup_failed(sqlite3 *db, const char *path, int rc)
+{
+    int full = (rc & 0xff) == SQLITE_FULL;
+
+#if SQLITE_VERSION_NUMBER >= 3012000
+    full |= sqlite3_system_errno(db) == ENOSPC;
+#endif
+    if (full)
+        fsdp_error("cannot write trace database '%s': no space left on device", path);
+    else
+        fsdp_error("cannot write trace database '%s': %s", path, sqlite3_errmsg(db));
+    return fsdp_sqlite_map(rc);
+}
+
+static fsdp_status_t db_setup_exec(sqlite3 *db, const char *path, const char *sql)
+{
+    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+
+    return rc == SQLITE_OK ? FSDP_OK : db_setup_failed(db, path, rc);
+}
+
 static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
 {
+    const char *mode;
     sqlite3_stmt *st;
     fsdp_status_t status;
     int64_t version;
+    int rc;
 
     /* WAL: the rank threads' data is durable once its commit record is in the -wal file, and
      * readers (fsdp-trace on a live run) do not block the writer. */
-    status = fsdp_trace_db_prepare(db, "PRAGMA journal_mode = WAL", &st);
-    if (status != FSDP_OK)
-        return status;
-    if (sqlite3_step(st) == SQLITE_ROW) {
-        const char *mode = fsdp_trace_col_text(st, 0);
-        if (mode == NULL || strcmp(mode, "wal") != 0)
-            fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose "
-                      "more and readers block the writer",
-                      path, mode != NULL ? mode : "?");
+    rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return db_setup_failed(db, path, rc);
+    rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return db_setup_failed(db, path, rc);
     }
+    mode = fsdp_trace_col_text(st, 0);
+    if (mode == NULL || strcmp(mode, "wal") != 0)
+        fsdp_warn("trace database '%s': journal mode is %s, not wal: a killed run may lose more "
+                  "and readers block the writer",
+                  path, mode != NULL ? mode : "?");
     sqlite3_finalize(st);
-    status = fsdp_trace_db_exec(db, "PRAGMA synchronous = NORMAL");
+    status = db_setup_exec(db, path, "PRAGMA synchronous = NORMAL");
     if (status != FSDP_OK)
         return status;
     /* A big world inserts at one point of the table per rank: keep those pages cached. */
-    status = fsdp_trace_db_exec(db, "PRAGMA cache_size = -32768");
+    status = db_setup_exec(db, path, "PRAGMA cache_size = -32768");
     if (status != FSDP_OK)
         return status;
 
     /* Create under a write lock, so two processes opening a new file do not both create. */
-    status = fsdp_trace_db_exec(db, "BEGIN IMMEDIATE");
+    status = db_setup_exec(db, path, "BEGIN IMMEDIATE");
     if (status != FSDP_OK)
         return status;
     status = db_user_version(db, path, &version);
@@ -310,25 +347,35 @@ static fsdp_status_t db_setup_writer(sqlite3 *db, const char *path)
     else if (status == FSDP_OK && version == 2)
         status = db_migrate_v2(db, path);
     else if (status == FSDP_OK && version < FSDP_TRACE_SCHEMA_VERSION)
-        status = fsdp_trace_db_exec(db, trace_schema_sql);
-    if (status != FSDP_OK) {
+        status = db_setup_exec(db, path, trace_schema_sql);
+    if (status == FSDP_OK)
+        status = db_setup_exec(db, path, "COMMIT");
+    if (status != FSDP_OK && !sqlite3_get_autocommit(db))
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return status;
-    }
-    return fsdp_trace_db_exec(db, "COMMIT");
+    return status;
 }
 
-/* Opens path with flags (a "file:" URI when immutable) and reads one page, so that a database
- * this connection cannot read fails here, quietly, for the caller to try another way. */
-static int db_try_open(const char *path, int flags, int immutable, sqlite3 **db_p)
+/* How a reader opens a database it cannot write. */
+enum {
+    DB_OPEN_PLAIN,     /* SQLite's own locks and shared-memory file */
+    DB_OPEN_IMMUTABLE, /* a "file:...?immutable=1" URI: no locks, and any -wal file unseen */
+    /* no locks (the unix-none VFS) and, in exclusive locking mode, the WAL index kept in this
+     * connection's memory: the -wal file is read without a -shm file */
+    DB_OPEN_WAL_PRIVATE,
+};
+
+/* Opens path with flags in the given way and reads one page, so that a database this
+ * connection cannot read fails here, quietly, for the caller to try another way. */
+static int db_try_open(const char *path, int flags, int how, sqlite3 **db_p)
 {
     char uri[4200];
     size_t len = (size_t)snprintf(uri, sizeof(uri), "file:");
+    const char *vfs = NULL;
     sqlite3_stmt *st = NULL;
     int rc;
 
     *db_p = NULL;
-    if (immutable) {
+    if (how == DB_OPEN_IMMUTABLE) {
         for (const char *c = path; *c != '\0' && len + 16 < sizeof(uri); c++)
             len +=
                 (size_t)(*c == '?' || *c == '#' || *c == '%'
@@ -337,15 +384,41 @@ static int db_try_open(const char *path, int flags, int immutable, sqlite3 **db_
         if (len + 16 >= sizeof(uri))
             return SQLITE_CANTOPEN;
         snprintf(uri + len, sizeof(uri) - len, "?immutable=1");
+        flags |= SQLITE_OPEN_URI;
+    } else if (how == DB_OPEN_WAL_PRIVATE) {
+        vfs = "unix-none";
+        if (sqlite3_vfs_find(vfs) == NULL)
+            return SQLITE_CANTOPEN;
     }
-    rc = sqlite3_open_v2(immutable ? uri : path, db_p,
-                         flags | SQLITE_OPEN_NOMUTEX | (immutable ? SQLITE_OPEN_URI : 0), NULL);
+    rc = sqlite3_open_v2(how == DB_OPEN_IMMUTABLE ? uri : path, db_p, flags | SQLITE_OPEN_NOMUTEX,
+                         vfs);
+    /* before the first read, which would look for the shared-memory file */
+    if (rc == SQLITE_OK && how == DB_OPEN_WAL_PRIVATE)
+        rc = sqlite3_exec(*db_p, "PRAGMA locking_mode = EXCLUSIVE", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_prepare_v2(*db_p, "SELECT count(*) FROM sqlite_master", -1, &st, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st) == SQLITE_ROW ? SQLITE_OK : sqlite3_errcode(*db_p);
     sqlite3_finalize(st);
     return rc;
+}
+
+/* 1 when path's -wal file exists and is not empty: it may hold committed transactions that the
+ * database file does not. */
+static int db_has_wal(const char *path)
+{
+    size_t len = strlen(path);
+    char *wal = malloc(len + 5);
+    struct stat sb;
+    int has;
+
+    if (wal == NULL)
+        return 1; /* the cautious answer */
+    memcpy(wal, path, len);
+    memcpy(wal + len, "-wal", 5);
+    has = stat(wal, &sb) == 0 && sb.st_size > 0;
+    free(wal);
+    return has;
 }
 
 fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
@@ -376,22 +449,39 @@ fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p)
     /* A connection is used by one thread at a time (the writer's is handed to its thread at
      * creation), so SQLite's own mutexes are pure cost. */
     if (writable) {
-        rc = db_try_open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, 0, &db);
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, DB_OPEN_PLAIN, &db);
     } else {
         /* A reader opens read-write when it can, so it may run the recovery that a killed writer
-         * left to do; it never creates a file. In a read-only directory or file system a WAL
-         * database cannot get its shared-memory file: read it as immutable then (its -wal file,
-         * left only by a writer killed there, is not seen). */
-        rc = db_try_open(path, SQLITE_OPEN_READWRITE, 0, &db);
+         * left to do; it never creates a file. Read-only, SQLite reads a -wal file through an
+         * existing -shm file (a killed writer leaves both). In a read-only directory or file
+         * system without a -shm file, SQLite cannot open a WAL database: one with a non-empty
+         * -wal file (a killed writer's, whose -shm file is gone, or a copy of the two) is read
+         * with the WAL index in this connection's memory, taking no locks (no writer can be
+         * running: a writer keeps a -shm file); one without is read as immutable. */
+        rc = db_try_open(path, SQLITE_OPEN_READWRITE, DB_OPEN_PLAIN, &db);
         if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
             sqlite3_close(db);
-            rc = db_try_open(path, SQLITE_OPEN_READONLY, 0, &db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY, DB_OPEN_PLAIN, &db);
         }
         if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT) {
+            int wal = db_has_wal(path);
+
             sqlite3_close(db);
-            rc = db_try_open(path, SQLITE_OPEN_READONLY, 1, &db);
+            rc = db_try_open(path, SQLITE_OPEN_READONLY,
+                             wal ? DB_OPEN_WAL_PRIVATE : DB_OPEN_IMMUTABLE, &db);
             if (rc == SQLITE_OK)
-                fsdp_debug("'%s' cannot be written: read as immutable", path);
+                fsdp_debug("'%s' cannot be written: read %s", path,
+                           wal ? "with its -wal file, without locks" : "as immutable");
+            else if (wal && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CORRUPT &&
+                     (rc & 0xff) != SQLITE_NOMEM) {
+                /* never the database file alone: it lacks the -wal file's steps */
+                fsdp_error("cannot read trace database '%s' here: its -wal file may hold rows the "
+                           "database file does not, and SQLite cannot read them in this "
+                           "read-only place (%s); copy '%s' and '%s-wal' to a writable directory",
+                           path, db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc), path, path);
+                sqlite3_close(db);
+                return FSDP_ERR_IO;
+            }
         }
     }
     if ((rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT) {
@@ -621,6 +711,133 @@ const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int ra
                  FSDP_TRACE_MEMBERS_SHOWN, m, cut ? "..." : "");
     }
     return buf;
+}
+
+int fsdp_trace_db_has_ranks(sqlite3 *db)
+{
+    int64_t have = 0;
+
+    return db_get_int(db,
+                      "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                      "name = 'ranks'",
+                      &have, NULL) == FSDP_OK &&
+           have > 0;
+}
+
+/* Sets rep[m] = rank for every m of a members list ("0-6", "8-16376:8,16379"); their number,
+ * or -1 when the list does not parse, leaves [0, world) or names a rank already claimed. */
+static long members_claim(const char *m, int world, int rank, int *rep)
+{
+    long n = 0;
+
+    while (*m != '\0') {
+        char *end;
+        long a, b, step = 1;
+
+        a = strtol(m, &end, 10);
+        if (end == m || a < 0)
+            return -1;
+        b = a;
+        m = end;
+        if (*m == '-') {
+            b = strtol(m + 1, &end, 10);
+            if (end == m + 1 || b < a)
+                return -1;
+            m = end;
+            if (*m == ':') {
+                step = strtol(m + 1, &end, 10);
+                if (end == m + 1 || step < 1)
+                    return -1;
+                m = end;
+            }
+        }
+        if (b >= world || (b - a) % step != 0)
+            return -1;
+        for (long x = a; x <= b; x += step) {
+            if (rep[x] >= 0 && rep[x] != rank)
+                return -1;
+            rep[x] = rank;
+            n++;
+        }
+        if (*m == ',')
+            m++;
+        else if (*m != '\0')
+            return -1;
+    }
+    return n;
+}
+
+fsdp_status_t fsdp_trace_db_represent(sqlite3 *db, const char *path, int64_t run, int world,
+                                      int *rep, int *traced_p)
+{
+    fsdp_status_t status = FSDP_OK;
+    int traced = 0;
+
+    for (int r = 0; r < world; r++)
+        rep[r] = -1;
+    if (fsdp_trace_db_has_ranks(db)) {
+        sqlite3_stmt *st;
+        int rc = SQLITE_DONE;
+
+        status = fsdp_trace_db_prepare(
+            db, "SELECT rank, stands_for, members FROM ranks WHERE run = ?1 ORDER BY rank", &st);
+        if (status != FSDP_OK)
+            return status;
+        sqlite3_bind_int64(st, 1, run);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            int64_t r = sqlite3_column_int64(st, 0), count = sqlite3_column_int64(st, 1);
+            const char *m = fsdp_trace_col_text(st, 2);
+            long n;
+
+            if (r < 0 || r >= world) {
+                fsdp_error("trace database '%s', run %" PRId64 ": the ranks table names rank "
+                           "%" PRId64 ", outside the world of %d",
+                           path, run, r, world);
+                status = FSDP_ERR_FORMAT;
+                break;
+            }
+            if (count <= 1 && (rep[r] < 0 || rep[r] == (int)r)) {
+                rep[r] = (int)r;
+                continue;
+            }
+            n = count > 1 && m != NULL ? members_claim(m, world, (int)r, rep) : -1;
+            if (n != count || rep[r] != (int)r) {
+                fsdp_error("trace database '%s', run %" PRId64 ": rank %" PRId64 " stands for "
+                           "%" PRId64 " ranks, but its members '%s' are not that many ranks of "
+                           "the world of %d, itself among them, that no other rank stands for",
+                           path, run, r, count, m != NULL ? m : "", world);
+                status = FSDP_ERR_FORMAT;
+                break;
+            }
+        }
+        if (status == FSDP_OK)
+            status = FSDP_SQLITE_CALL(db, rc);
+        sqlite3_finalize(st);
+        if (status != FSDP_OK)
+            return status;
+    }
+    /* the ranks with events or steps of their own: themselves, unless claimed */
+    for (int r = -1;;) {
+        status = fsdp_trace_db_next_rank(db, path, run, r, &r);
+        if (status != FSDP_OK || r < 0)
+            break;
+        if (r >= world) {
+            fsdp_error("trace database '%s', run %" PRId64 ": rank %d is outside the world of %d",
+                       path, run, r, world);
+            return FSDP_ERR_FORMAT;
+        }
+        if (rep[r] >= 0 && rep[r] != r) {
+            fsdp_error("trace database '%s', run %" PRId64 ": rank %d has events of its own, "
+                       "but rank %d stands for it",
+                       path, run, r, rep[r]);
+            return FSDP_ERR_FORMAT;
+        }
+        rep[r] = r;
+        traced++;
+    }
+    if (traced_p != NULL)
+        *traced_p = traced;
+    return status;
 }
 
 fsdp_status_t fsdp_trace_db_next_rank(sqlite3 *db, const char *path, int64_t run, int after,

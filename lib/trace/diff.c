@@ -10,7 +10,16 @@
  * divergence is the one of the lowest rank with the lowest sequence number in A; only it is
  * classified, so a 1024-rank diff stays cheap.
  *
- * Timing and memory: totals per kind and per unit from SQL aggregates, printed as B / A.
+ * Symmetric plans. A trace of a symmetric plan holds one simulated rank per class, each
+ * standing for its members (the ranks table). Every rank of the world is compared through the
+ * rank that stands for it on each side (itself, in a trace of every rank), once per distinct
+ * pair of such ranks. Two different ranks' events name their groups differently (a split's
+ * name carries its color: rank 5's node is world/split(1) where rank 1's is world/split(0)),
+ * so they are compared up to a renaming of the groups: each side's groups are numbered in the
+ * order the rank first uses them. A rank compared with itself is compared by name.
+ *
+ * Timing and memory: totals per kind and per unit from SQL aggregates, printed as B / A; a
+ * simulated rank's events and steps count as many times as the ranks it stands for.
  */
 #include "trace/trace_int.h"
 
@@ -89,6 +98,7 @@ typedef struct diff_ev {
     uint64_t seq;
     const char *kind, *name, *unit, *stream, *group; /* interned */
     const char *dtype;                               /* interned, NULL if none */
+    const char *grp_cmp; /* the group as compared: group, or its number in the rank's order */
     double host_time, start, end;
     uint64_t bytes, count;
 } diff_ev_t;
@@ -111,11 +121,16 @@ typedef struct diff_side {
     fsdp_trace_run_row_t info;
     sqlite3_stmt *load; /* the events of one rank */
     ev_list_t list;
+    int loaded;   /* the rank in list, -1 for none */
+    int *rep;     /* [world]: the rank whose events stand for each rank, or -1 */
+    int traced;   /* ranks with events of their own */
+    int weighted; /* the file has a ranks table: aggregates weigh ranks by stands_for */
 } diff_side_t;
 
 static int op_eq(const diff_ev_t *a, const diff_ev_t *b)
 {
-    return a->kind == b->kind && a->name == b->name && a->unit == b->unit && a->group == b->group;
+    return a->kind == b->kind && a->name == b->name && a->unit == b->unit &&
+           a->grp_cmp == b->grp_cmp;
 }
 
 static int ev_eq(const diff_ev_t *a, const diff_ev_t *b)
@@ -128,7 +143,12 @@ static fsdp_status_t side_load_rank(diff_side_t *s, strpool_t *pool, int rank)
     sqlite3_stmt *st = s->load;
     int rc;
 
+    if (s->loaded == rank)
+        return FSDP_OK;
     s->list.n = 0;
+    s->loaded = -1;
+    if (rank < 0)
+        return FSDP_OK; /* nothing stands for the rank here: no events */
     sqlite3_reset(st);
     sqlite3_bind_int(st, 2, rank);
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -156,13 +176,47 @@ static fsdp_status_t side_load_rank(diff_side_t *s, strpool_t *pool, int rank)
         e->count = (uint64_t)sqlite3_column_int64(st, 10);
         e->dtype = pool_intern(pool, fsdp_trace_col_text(st, 11));
         e->group = pool_intern(pool, fsdp_trace_col_text(st, 12));
+        e->grp_cmp = e->group;
     }
     sqlite3_reset(st);
     if (pool->failed) {
         fsdp_error("diff: out of host memory for rank %d of '%s'", rank, s->path);
         return FSDP_ERR_NO_MEMORY;
     }
+    if (rc == SQLITE_DONE)
+        s->loaded = rank;
     return FSDP_SQLITE_CALL(s->db, rc);
+}
+
+/* The groups of a rank's events as compared: by name, or (`renamed`) by their number in the
+ * order the rank first uses them ("\001" and the number, which no group name is). */
+static fsdp_status_t list_groups(ev_list_t *l, strpool_t *pool, int renamed)
+{
+    const char *seen[64];
+    int nseen = 0;
+
+    for (size_t i = 0; i < l->n; i++) {
+        diff_ev_t *e = &l->ev[i];
+        char name[16];
+        int k;
+
+        e->grp_cmp = e->group;
+        if (!renamed || e->group == NULL)
+            continue;
+        for (k = 0; k < nseen && seen[k] != e->group; k++)
+            ;
+        if (k == nseen && nseen < (int)(sizeof(seen) / sizeof(seen[0])))
+            seen[nseen++] = e->group;
+        if (k == (int)(sizeof(seen) / sizeof(seen[0])))
+            continue; /* past the first 64 groups: by name */
+        snprintf(name, sizeof(name), "\001%d", k);
+        e->grp_cmp = pool_intern(pool, name);
+    }
+    if (pool->failed) {
+        fsdp_error("diff: out of host memory");
+        return FSDP_ERR_NO_MEMORY;
+    }
+    return FSDP_OK;
 }
 
 static int view_push(ev_view_t *v, const diff_ev_t *e)
@@ -626,34 +680,71 @@ static void agg_print(FILE *out, const char *title, const agg_t *ga, const agg_t
     }
 }
 
+/* The run's events and steps for the aggregates, each row with its weight w: the ranks its
+ * rank stands for. */
+#define AGG_EVENTS(weighted)                                                                       \
+    ((weighted) ? "(SELECT e.*, max(coalesce(k.stands_for, 1), 1) AS w FROM events e LEFT JOIN "   \
+                  "ranks k ON k.run = e.run AND k.rank = e.rank WHERE e.run = ?1)"                 \
+                : "(SELECT *, 1 AS w FROM events WHERE run = ?1)")
+#define AGG_STEPS(weighted)                                                                        \
+    ((weighted) ? "(SELECT s.*, max(coalesce(k.stands_for, 1), 1) AS w FROM steps s LEFT JOIN "    \
+                  "ranks k ON k.run = s.run AND k.rank = s.rank WHERE s.run = ?1)"                 \
+                : "(SELECT *, 1 AS w FROM steps WHERE run = ?1)")
+
+/* The query with E and S (a word of their own after "FROM ") put in as subqueries, not as a
+ * common table expression, which SQLite would materialize in a temporary table. */
+static void agg_sql(char *buf, size_t size, const char *query, int weighted)
+{
+    size_t n = 0;
+
+    for (const char *q = query; *q != '\0' && n + 1 < size; q++) {
+        const char *sub = NULL;
+        if (q - query >= 5 && strncmp(q - 5, "FROM ", 5) == 0 && (q[0] == 'E' || q[0] == 'S') &&
+            (q[1] == ' ' || q[1] == '\0'))
+            sub = q[0] == 'E' ? AGG_EVENTS(weighted) : AGG_STEPS(weighted);
+        if (sub == NULL) {
+            buf[n++] = *q;
+            continue;
+        }
+        n += (size_t)snprintf(buf + n, size - n, "%s", sub);
+        if (n >= size)
+            n = size - 1;
+    }
+    buf[n] = '\0';
+}
+
 static fsdp_status_t print_ratios(diff_ctx_t *c, FILE *out)
 {
+    /* E: the events, S: the steps (AGG_EVENTS, AGG_STEPS) */
     static const char *const queries[][2] = {
         {"timing per kind",
-         "SELECT kind, count(*), sum(end_time - start_time), sum(bytes) FROM events "
-         "WHERE run = ?1 GROUP BY kind ORDER BY kind"},
+         "SELECT kind, sum(w), sum(w * (end_time - start_time)), sum(w * bytes) FROM E "
+         "GROUP BY kind ORDER BY kind"},
         {"timing per unit (kernels, copies, collectives)",
-         "SELECT coalesce(unit, '-') || ' ' || kind || ' ' || name, count(*), "
-         "sum(end_time - start_time), sum(bytes) FROM events WHERE run = ?1 "
-         "AND kind IN ('kernel', 'copy', 'collective') "
+         "SELECT coalesce(unit, '-') || ' ' || kind || ' ' || name, sum(w), "
+         "sum(w * (end_time - start_time)), sum(w * bytes) FROM E "
+         "WHERE kind IN ('kernel', 'copy', 'collective') "
          "GROUP BY unit, kind, name ORDER BY 1"},
         {"memory and steps (count: rows; time: seconds; bytes: maximum over ranks)",
-         "SELECT 'steps', count(*), sum(step_time), max(peak_allocated) FROM steps "
-         "WHERE run = ?1 UNION ALL "
-         "SELECT 'steps peak reserved', count(*), 0, max(peak_reserved) FROM steps "
-         "WHERE run = ?1 UNION ALL "
-         "SELECT 'events max allocated', count(*), max(end_time) - min(start_time), "
-         "max(allocated) FROM events WHERE run = ?1 UNION ALL "
-         "SELECT 'events max reserved', count(*), 0, max(reserved) FROM events "
-         "WHERE run = ?1 ORDER BY 1"},
+         "SELECT 'steps', sum(w), sum(w * step_time), max(peak_allocated) FROM S "
+         "UNION ALL "
+         "SELECT 'steps peak reserved', sum(w), 0, max(peak_reserved) FROM S "
+         "UNION ALL "
+         "SELECT 'events max allocated', sum(w), max(end_time) - min(start_time), "
+         "max(allocated) FROM E UNION ALL "
+         "SELECT 'events max reserved', sum(w), 0, max(reserved) FROM E "
+         "ORDER BY 1"},
     };
     fsdp_status_t status = FSDP_OK;
 
     for (size_t q = 0; q < sizeof(queries) / sizeof(queries[0]) && status == FSDP_OK; q++) {
         agg_t ga = {0}, gb = {0};
-        status = agg_query(&c->side[0], queries[q][1], &ga);
+        char sql[2][4096];
+        for (int k = 0; k < 2; k++)
+            agg_sql(sql[k], sizeof(sql[k]), queries[q][1], c->side[k].weighted);
+        status = agg_query(&c->side[0], sql[0], &ga);
         if (status == FSDP_OK)
-            status = agg_query(&c->side[1], queries[q][1], &gb);
+            status = agg_query(&c->side[1], sql[1], &gb);
         if (status == FSDP_OK)
             agg_print(out, queries[q][0], &ga, &gb);
         agg_free(&ga);
@@ -663,6 +754,45 @@ static fsdp_status_t print_ratios(diff_ctx_t *c, FILE *out)
 }
 
 /* ---- Entry point ------------------------------------------------------------------------- */
+
+/* A pair of ranks that stand for `count` ranks of the world, the lowest `rank`: A's rep[0] and
+ * B's rep[1] (-1: none). */
+typedef struct diff_pair {
+    int rep[2];
+    int key[2]; /* the order compared in: first the side with fewer ranks traced, whose events
+                 * then load once per rank */
+    int rank, count;
+} diff_pair_t;
+
+static int pair_cmp(const void *pa, const void *pb)
+{
+    const diff_pair_t *a = pa, *b = pb;
+
+    if (a->key[0] != b->key[0])
+        return a->key[0] < b->key[0] ? -1 : 1;
+    if (a->key[1] != b->key[1])
+        return a->key[1] < b->key[1] ? -1 : 1;
+    return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+/* Loads the pair's events (each side keeps its last rank) and finds their first divergence;
+ * two different ranks are compared up to a renaming of their groups. */
+static fsdp_status_t diff_pair(diff_ctx_t *c, const diff_pair_t *p, rank_diff_t *rd)
+{
+    int renamed = p->rep[0] != p->rep[1];
+    fsdp_status_t status;
+
+    status = side_load_rank(&c->side[0], &c->pool, p->rep[0]);
+    if (status == FSDP_OK)
+        status = side_load_rank(&c->side[1], &c->pool, p->rep[1]);
+    if (status == FSDP_OK)
+        status = list_groups(&c->side[0].list, &c->pool, renamed);
+    if (status == FSDP_OK)
+        status = list_groups(&c->side[1].list, &c->pool, renamed);
+    if (status == FSDP_OK)
+        status = diff_rank(c, rd);
+    return status;
+}
 
 static fsdp_status_t side_open(diff_side_t *s, const char *path, int64_t run,
                                fsdp_trace_reader_t **reader_p)
@@ -696,9 +826,13 @@ fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *pat
     fsdp_trace_diff_t res;
     diff_ctx_t c;
     fsdp_status_t status;
-    int nranks[2], n, first_rank = -1;
+    diff_pair_t *pairs = NULL;
+    size_t npairs = 0;
+    long first = -1;
+    int nranks[2], n;
 
     memset(&c, 0, sizeof(c));
+    c.side[0].loaded = c.side[1].loaded = -1;
     memset(&res, 0, sizeof(res));
     res.what = FSDP_TRACE_DIV_NONE;
     res.rank = -1;
@@ -730,37 +864,82 @@ fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *pat
     nranks[0] = c.side[0].info.world_size; /* checked by fsdp_trace_reader_run */
     nranks[1] = c.side[1].info.world_size;
     n = nranks[0] > nranks[1] ? nranks[0] : nranks[1];
-    /* the ranks either side has rows for, in order: not every rank up to the world size */
-    for (int r = -1;;) {
-        rank_diff_t rd;
-        int next[2];
-
-        status = fsdp_trace_db_next_rank(c.side[0].db, path_a, c.side[0].run, r, &next[0]);
-        if (status == FSDP_OK)
-            status = fsdp_trace_db_next_rank(c.side[1].db, path_b, c.side[1].run, r, &next[1]);
+    for (int k = 0; k < 2; k++) {
+        c.side[k].rep = malloc((size_t)nranks[k] * sizeof(int));
+        if (c.side[k].rep == NULL) {
+            fsdp_error("diff: out of host memory for %d ranks", nranks[k]);
+            status = FSDP_ERR_NO_MEMORY;
+            goto out;
+        }
+        status = fsdp_trace_db_represent(c.side[k].db, c.side[k].path, c.side[k].run, nranks[k],
+                                         c.side[k].rep, &c.side[k].traced);
         if (status != FSDP_OK)
             goto out;
-        if (next[0] < 0 && next[1] < 0)
-            break;
-        r = next[0] < 0 ? next[1] : next[1] < 0 || next[0] < next[1] ? next[0] : next[1];
-        status = side_load_rank(&c.side[0], &c.pool, r);
-        if (status == FSDP_OK)
-            status = side_load_rank(&c.side[1], &c.pool, r);
-        if (status == FSDP_OK)
-            status = diff_rank(&c, &rd);
+        c.side[k].weighted = fsdp_trace_db_has_ranks(c.side[k].db);
+        if (out != NULL && c.side[k].traced < nranks[k])
+            fprintf(out, "%s: %d rank%s traced, standing for the world's %d\n", k == 0 ? "A" : "B",
+                    c.side[k].traced, c.side[k].traced == 1 ? "" : "s", nranks[k]);
+    }
+    /* every rank either side stands for, through its pair of ranks that stand for it; each
+     * distinct pair compared once, and the first divergence that of the lowest rank */
+    pairs = malloc((size_t)n * sizeof(*pairs));
+    if (pairs == NULL) {
+        fsdp_error("diff: out of host memory for %d ranks", n);
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int r = 0; r < n; r++) {
+        int ra = r < nranks[0] ? c.side[0].rep[r] : -1, rb = r < nranks[1] ? c.side[1].rep[r] : -1;
+        if (ra < 0 && rb < 0)
+            continue;
+        int swap = c.side[1].traced < c.side[0].traced;
+        pairs[npairs].rep[0] = ra;
+        pairs[npairs].rep[1] = rb;
+        pairs[npairs].key[0] = swap ? rb : ra;
+        pairs[npairs].key[1] = swap ? ra : rb;
+        pairs[npairs].rank = r;
+        pairs[npairs].count = 1;
+        npairs++;
+    }
+    qsort(pairs, (size_t)npairs, sizeof(*pairs), pair_cmp);
+    {
+        size_t m = 0;
+        for (size_t i = 0; i < npairs; i++) {
+            if (m > 0 && pairs[m - 1].rep[0] == pairs[i].rep[0] &&
+                pairs[m - 1].rep[1] == pairs[i].rep[1]) {
+                pairs[m - 1].count++; /* sorted by rank within a pair: the first is the lowest */
+                continue;
+            }
+            pairs[m++] = pairs[i];
+        }
+        npairs = m;
+    }
+    for (size_t i = 0; i < npairs; i++) {
+        rank_diff_t rd;
+
+        status = diff_pair(&c, &pairs[i], &rd);
         if (status != FSDP_OK)
             goto out;
         if (!rd.found)
             continue;
-        res.ranks_diverging++;
-        if (first_rank < 0) {
-            first_rank = r;
-            if (res.what == FSDP_TRACE_DIV_NONE) {
-                status = report_rank(&c, r, &rd, out, &res);
-                if (status != FSDP_OK)
-                    goto out;
-            }
-        }
+        res.ranks_diverging += pairs[i].count;
+        if (first < 0 || pairs[i].rank < pairs[first].rank)
+            first = (long)i;
+    }
+    if (first >= 0 && res.what == FSDP_TRACE_DIV_NONE) {
+        const diff_pair_t *p = &pairs[first];
+        rank_diff_t rd;
+
+        status = diff_pair(&c, p, &rd);
+        if (status == FSDP_OK)
+            status = report_rank(&c, p->rank, &rd, out, &res);
+        if (status != FSDP_OK)
+            goto out;
+        if (out != NULL && (p->rep[0] != p->rank || p->rep[1] != p->rank))
+            fprintf(out,
+                    "  (rank %d is compared through rank %d of A and rank %d of B, which "
+                    "stand for it; groups up to renaming)\n",
+                    p->rank, p->rep[0], p->rep[1]);
     }
     if (out != NULL) {
         if (res.what == FSDP_TRACE_DIV_NONE)
@@ -770,7 +949,9 @@ fsdp_status_t fsdp_trace_diff(const char *path_a, int64_t run_a, const char *pat
         status = print_ratios(&c, out);
     }
 out:
+    free(pairs);
     for (int s = 0; s < 2; s++) {
+        free(c.side[s].rep);
         sqlite3_finalize(c.side[s].load);
         free(c.side[s].list.ev);
         fsdp_trace_reader_close(reader[s]);

@@ -68,6 +68,22 @@ fsdp_status_t fsdp_trace_reader_find_run(fsdp_trace_reader_t *r, int64_t run, in
     return fsdp_trace_db_find_run(r->db, r->path, run, run_p);
 }
 
+fsdp_status_t fsdp_trace_reader_represent(fsdp_trace_reader_t *r, int64_t run, int *rep,
+                                          int *traced_p)
+{
+    fsdp_status_t status;
+    int world;
+
+    if (r == NULL || rep == NULL) {
+        fsdp_error("fsdp_trace_reader_represent: a NULL argument");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = fsdp_trace_db_num_ranks(r->db, r->path, run, &world);
+    if (status != FSDP_OK)
+        return status;
+    return fsdp_trace_db_represent(r->db, r->path, run, world, rep, traced_p);
+}
+
 fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *r, int64_t run,
                                     fsdp_trace_run_row_t *row_p)
 {

@@ -356,7 +356,8 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
             info.id, info.backend != NULL ? info.backend : "?", info.world_size,
             info.strategy != NULL ? info.strategy : "-", info.version != NULL ? info.version : "?",
             info.created != NULL ? info.created : "?",
-            info.finished ? "" : " (not finished: the writer was stopped or is still running)");
+            info.finished ? ""
+                          : " (not finished: the writer was stopped, failed or is still running)");
     if (info.command_line != NULL)
         fprintf(s.out, "command: %s\n", info.command_line);
 

@@ -18,6 +18,8 @@
 
 fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const char *file, int line,
                                  const char *func);
+/* The fsdp_status_t of an SQLite result code, logging nothing. */
+fsdp_status_t fsdp_sqlite_map(int rc);
 
 /* Opens `path` for the trace module: read-only (the file must exist) or read-write (created if
  * missing), with a busy timeout, and checks its schema version. Writable: WAL and
@@ -72,6 +74,19 @@ typedef struct fsdp_trace_rank_class {
 fsdp_status_t fsdp_trace_db_rank_classes(sqlite3 *db, int64_t run, int nranks,
                                          fsdp_trace_rank_class_t **classes_p, int *symmetric_p);
 void fsdp_trace_rank_classes_free(fsdp_trace_rank_class_t *classes, int nranks);
+
+/* 1 when the file has a ranks table (version 3 and up), else 0. */
+int fsdp_trace_db_has_ranks(sqlite3 *db);
+
+/* Which traced rank's events stand for each of the world's ranks: rep[r] (world entries) is
+ * the rank of the run whose ranks-table members list r (a symmetric plan's simulated rank
+ * standing for its class), r itself for a rank with events or step rows and no such row, or
+ * -1 for a rank nothing in the run stands for. *traced_p: the ranks with events or rows of
+ * their own (may be NULL). A members list that does not parse, names a rank outside the world,
+ * disagrees with its count or claims a rank another row claims is FSDP_ERR_FORMAT, with one
+ * line naming the file. */
+fsdp_status_t fsdp_trace_db_represent(sqlite3 *db, const char *path, int64_t run, int world,
+                                      int *rep, int *traced_p);
 
 /* The characters of a class's members a label shows. */
 #define FSDP_TRACE_MEMBERS_SHOWN 40

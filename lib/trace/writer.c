@@ -17,8 +17,10 @@
 #include <fsdp/log.h>
 #include <fsdp/version.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -110,6 +112,9 @@ struct fsdp_trace {
     trace_str_t *strs;
     size_t n_strs, cap_strs;
     int64_t kind_id[FSDP_EV_KIND_COUNT], dtype_id[FSDP_DTYPE_COUNT], invalid_kind_id;
+    /* the writer thread's own: its first failing SQLite call, for the one line it prints */
+    int fail_rc, fail_errno;
+    char fail_msg[160];
 
     pthread_mutex_t lock; /* everything below */
     pthread_cond_t work;  /* the writer waits for chunks */
@@ -133,6 +138,49 @@ struct fsdp_trace {
 };
 
 /* ---- The writer thread ------------------------------------------------------------------- */
+
+/* The status of one of the writer's SQLite calls. A failure is not logged here: its code,
+ * message and errno are kept for the one line the writer prints when it stops. */
+static fsdp_status_t writer_rc(fsdp_trace_t *t, int rc)
+{
+    fsdp_status_t status = fsdp_sqlite_map(rc);
+
+    if (status != FSDP_OK && t->fail_rc == SQLITE_OK) {
+        t->fail_rc = rc;
+#if SQLITE_VERSION_NUMBER >= 3012000
+        t->fail_errno = sqlite3_system_errno(t->db);
+#endif
+        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s", sqlite3_errmsg(t->db));
+    }
+    return status;
+}
+
+/* Says, once, why the writer stopped and which steps the database holds. Under t->lock. */
+static void writer_stopped(fsdp_trace_t *t, fsdp_status_t status)
+{
+    int64_t upto = INT64_MAX;
+    char why[256];
+
+    if ((t->fail_rc & 0xff) == SQLITE_FULL || t->fail_errno == ENOSPC)
+        snprintf(why, sizeof(why), "no space left on device");
+    else if (t->fail_rc != SQLITE_OK && t->fail_errno != 0)
+        snprintf(why, sizeof(why), "writing failed: %s (%s)", t->fail_msg, strerror(t->fail_errno));
+    else if (t->fail_rc != SQLITE_OK)
+        snprintf(why, sizeof(why), "writing failed: %s", t->fail_msg);
+    else
+        snprintf(why, sizeof(why), "writing failed: %s", fsdp_status_string(status));
+    for (int r = 0; r < t->n_ranks && r < t->world; r++)
+        if (t->ranks[r] != NULL && t->rank_step[r] < upto)
+            upto = t->rank_step[r];
+    if (upto == INT64_MAX || upto < 0)
+        fsdp_error("trace '%s': %s: tracing stopped before any step was committed; the run's "
+                   "events are dropped, the run goes on",
+                   t->path, why);
+    else
+        fsdp_error("trace '%s': %s: tracing stopped; the database holds every step up to %" PRId64
+                   ", later events are dropped, the run goes on",
+                   t->path, why, upto);
+}
 
 static uint64_t str_hash(const char *s)
 {
@@ -194,8 +242,7 @@ static int64_t str_id(fsdp_trace_t *t, const char *text)
     }
     sqlite3_bind_text(t->ins_str, 1, text, -1, SQLITE_STATIC);
     sqlite3_bind_text(t->sel_str, 1, text, -1, SQLITE_STATIC);
-    if (FSDP_SQLITE_CALL(t->db, sqlite3_step(t->ins_str)) == FSDP_OK &&
-        sqlite3_step(t->sel_str) == SQLITE_ROW)
+    if (writer_rc(t, sqlite3_step(t->ins_str)) == FSDP_OK && sqlite3_step(t->sel_str) == SQLITE_ROW)
         id = sqlite3_column_int64(t->sel_str, 0);
     sqlite3_reset(t->ins_str);
     sqlite3_reset(t->sel_str);
@@ -283,7 +330,7 @@ static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
             ok &= bind_event(t, st, 2 + k * FSDP_TRACE_EVENT_NCOLS, c, &c->recs[i + k]);
         if (!ok)
             return FSDP_ERR_IO;
-        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        status = writer_rc(t, sqlite3_step(st));
         sqlite3_reset(st);
         if (status != FSDP_OK)
             return status;
@@ -294,7 +341,7 @@ static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
         sqlite3_bind_int(st, 2, c->rank);
         sqlite3_bind_int(st, 3, c->rank_row->stands_for);
         sqlite3_bind_text(st, 4, c->rank_row->members, -1, SQLITE_STATIC);
-        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        status = writer_rc(t, sqlite3_step(st));
         sqlite3_reset(st);
         if (status != FSDP_OK)
             return status;
@@ -314,7 +361,7 @@ static fsdp_status_t write_chunk(fsdp_trace_t *t, const trace_chunk_t *c)
             sqlite3_bind_int64(st, col++, (sqlite3_int64)s->peak[k]);
         for (int k = 0; k < FSDP_MEM_CATEGORY_COUNT; k++)
             sqlite3_bind_int64(st, col++, (sqlite3_int64)s->at_peak[k]);
-        status = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
+        status = writer_rc(t, sqlite3_step(st));
         sqlite3_reset(st);
         if (status != FSDP_OK)
             return status;
@@ -326,17 +373,18 @@ static fsdp_status_t write_batch(fsdp_trace_t *t, const trace_chunk_t *batch)
 {
     fsdp_status_t status;
 
-    status = fsdp_trace_db_exec(t->db, "BEGIN IMMEDIATE"); /* the write lock up front */
+    /* the write lock up front */
+    status = writer_rc(t, sqlite3_exec(t->db, "BEGIN IMMEDIATE", NULL, NULL, NULL));
     if (status != FSDP_OK)
         return status;
-    for (const trace_chunk_t *c = batch; c != NULL; c = c->next) {
+    for (const trace_chunk_t *c = batch; c != NULL && status == FSDP_OK; c = c->next)
         status = write_chunk(t, c);
-        if (status != FSDP_OK) {
-            sqlite3_exec(t->db, "ROLLBACK", NULL, NULL, NULL);
-            return status;
-        }
-    }
-    return fsdp_trace_db_exec(t->db, "COMMIT");
+    if (status == FSDP_OK)
+        status = writer_rc(t, sqlite3_exec(t->db, "COMMIT", NULL, NULL, NULL));
+    /* a failed statement or COMMIT (SQLITE_FULL, say) may leave the transaction open */
+    if (status != FSDP_OK && !sqlite3_get_autocommit(t->db))
+        sqlite3_exec(t->db, "ROLLBACK", NULL, NULL, NULL);
+    return status;
 }
 
 static void *trace_writer_main(void *arg)
@@ -378,8 +426,7 @@ static void *trace_writer_main(void *arg)
             status = write_batch(t, batch);
             pthread_mutex_lock(&t->lock);
             if (status != FSDP_OK && t->error == FSDP_OK) {
-                fsdp_error("trace '%s': the writer failed (%s); events from now on are dropped",
-                           t->path, fsdp_status_string(status));
+                writer_stopped(t, status);
                 t->error = status;
             }
         }
@@ -1022,6 +1069,18 @@ void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p)
         stats_p->writer_cpu_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+fsdp_status_t fsdp_trace_status(fsdp_trace_t *t)
+{
+    fsdp_status_t status;
+
+    if (t == NULL)
+        return FSDP_OK;
+    pthread_mutex_lock(&t->lock);
+    status = t->error;
+    pthread_mutex_unlock(&t->lock);
+    return status;
+}
+
 int64_t fsdp_trace_committed_step(fsdp_trace_t *t)
 {
     int64_t step = INT64_MAX;
@@ -1052,14 +1111,17 @@ fsdp_status_t fsdp_trace_close(fsdp_trace_t *t)
     pthread_join(t->writer, NULL);
     status = t->error;
 
-    if (fsdp_trace_db_prepare(t->db, "UPDATE runs SET finished = 1 WHERE id = ?1", &st) ==
-        FSDP_OK) {
+    /* a trace whose writer stopped is not marked finished: it lacks the run's end (and its
+     * file system may have no room for even this row) */
+    if (status != FSDP_OK) {
+    } else if (fsdp_trace_db_prepare(t->db, "UPDATE runs SET finished = 1 WHERE id = ?1", &st) ==
+               FSDP_OK) {
         sqlite3_bind_int64(st, 1, t->run_id);
         fsdp_status_t s = FSDP_SQLITE_CALL(t->db, sqlite3_step(st));
         if (status == FSDP_OK)
             status = s;
         sqlite3_finalize(st);
-    } else if (status == FSDP_OK) {
+    } else {
         status = FSDP_ERR_IO;
     }
     pthread_cond_destroy(&t->done);
