@@ -331,21 +331,13 @@ static void fsdp_gemm_scale_c(size_t m, size_t n, float beta, float *c, size_t l
     }
 }
 
-/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
-static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
-                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
-                                   float *c, size_t ldc)
+/* A and B of a product that reads them (k > 0, alpha != 0): set, with leading dimensions that
+ * hold their rows. */
+static fsdp_status_t fsdp_gemm_check(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                     const void *a, size_t lda, const void *b, size_t ldb)
 {
     size_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    size_t kc_max, mc_max, nc_max;
-    fsdp_gemm_ukernel_t ukernel;
-    float *buf, *ap, *bp;
 
-    if (k == 0 || alpha == 0.0f) {
-        fsdp_gemm_scale_c(m, n, beta, c, ldc);
-        return FSDP_OK;
-    }
     if (a == NULL || b == NULL || lda < a_cols || ldb < b_cols) {
         fsdp_error("gemm: m %zu n %zu k %zu trans_a %d trans_b %d: A %s lda %zu (need >= %zu), "
                    "B %s ldb %zu (need >= %zu)",
@@ -353,6 +345,27 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
                    a_cols, b == NULL ? "NULL" : "set", ldb, b_cols);
         return FSDP_ERR_INVALID_PARAM;
     }
+    return FSDP_OK;
+}
+
+/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
+static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
+                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
+                                   float *c, size_t ldc)
+{
+    size_t kc_max, mc_max, nc_max;
+    fsdp_gemm_ukernel_t ukernel;
+    fsdp_status_t status;
+    float *buf, *ap, *bp;
+
+    if (k == 0 || alpha == 0.0f) {
+        fsdp_gemm_scale_c(m, n, beta, c, ldc);
+        return FSDP_OK;
+    }
+    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+    if (status != FSDP_OK)
+        return status;
 
     kc_max = fsdp_gemm_min(k, KC);
     mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), MC);
@@ -397,15 +410,111 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
     return FSDP_OK;
 }
 
+/* ---- the product on a pool's threads ----
+ *
+ * C is cut into blocks of whole rows or whole columns, and each block is a product of its own
+ * (fsdp_gemm_run over all of k): every element of C is summed in the order a single call gives
+ * it, so the bits do not depend on the blocks or on the threads. Each block packs its own A (a
+ * column block) or its own B (a row block) in full, so the cut goes across the dimension whose
+ * other operand is the smaller to pack again: columns when m <= n. */
+
+#define FSDP_GEMM_PAR_MIN_MACS (1u << 20) /* smaller products stay on the calling thread */
+#define FSDP_GEMM_PAR_MIN_COLS 256        /* a column block worth packing all of A for */
+#define FSDP_GEMM_PAR_MIN_ROWS 96         /* a row block worth packing all of B for */
+
+typedef struct fsdp_gemm_job {
+    int trans_a, trans_b, split_cols;
+    size_t m, n, k, lda, ldb, ldc, block;
+    float alpha, beta;
+    const char *a, *b;
+    fsdp_dtype_t a_dtype, b_dtype;
+    float *c;
+    atomic_int status; /* FSDP_OK, or the failure of some block */
+} fsdp_gemm_job_t;
+
+static void fsdp_gemm_part(void *arg, size_t part)
+{
+    fsdp_gemm_job_t *j = arg;
+    size_t sa = fsdp_dtype_size(j->a_dtype), sb = fsdp_dtype_size(j->b_dtype);
+    size_t o = part * j->block;
+    fsdp_status_t status;
+
+    if (j->split_cols) { /* columns o .. o + nb: B's columns (rows when transposed), C's */
+        size_t nb = fsdp_gemm_min(j->block, j->n - o);
+        const char *b = j->b + (j->trans_b ? o * j->ldb : o) * sb;
+        status = fsdp_gemm_run(j->trans_a, j->trans_b, j->m, nb, j->k, j->alpha, j->a, j->a_dtype,
+                               j->lda, b, j->b_dtype, j->ldb, j->beta, j->c + o, j->ldc);
+    } else { /* rows o .. o + mb: A's rows (columns when transposed), C's */
+        size_t mb = fsdp_gemm_min(j->block, j->m - o);
+        const char *a = j->a + (j->trans_a ? o : o * j->lda) * sa;
+        status = fsdp_gemm_run(j->trans_a, j->trans_b, mb, j->n, j->k, j->alpha, a, j->a_dtype,
+                               j->lda, j->b, j->b_dtype, j->ldb, j->beta, j->c + o * j->ldc,
+                               j->ldc);
+    }
+    if (status != FSDP_OK)
+        atomic_store(&j->status, (int)status);
+}
+
+/* Blocks of `unit`-multiples over `len`, about two per thread when each can be `min` long, else
+ * one per thread, fewer when even that is too short. Returns the number of blocks, *block_p
+ * their length (the last may be shorter). */
+static size_t fsdp_gemm_blocks(size_t len, size_t unit, size_t min, int threads, size_t *block_p)
+{
+    size_t parts = (size_t)threads * 2, block;
+
+    if (len / parts < min)
+        parts = (size_t)threads;
+    if (len / parts < min / 4)
+        parts = len / (min / 4 > unit ? min / 4 : unit);
+    if (parts < 1)
+        parts = 1;
+    block = fsdp_gemm_round_up((len + parts - 1) / parts, unit);
+    *block_p = block;
+    return (len + block - 1) / block;
+}
+
+static fsdp_status_t fsdp_gemm_run_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                       size_t n, size_t k, float alpha, const void *a,
+                                       fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                       fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c,
+                                       size_t ldc)
+{
+    int threads = fsdp_sim_pool_threads(pool);
+    fsdp_gemm_job_t job;
+    size_t parts;
+    fsdp_status_t status;
+
+    if (threads <= 1 || k == 0 || alpha == 0.0f ||
+        (double)m * (double)n * (double)k < (double)FSDP_GEMM_PAR_MIN_MACS)
+        return fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                             beta, c, ldc);
+    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+    if (status != FSDP_OK)
+        return status;
+    job = (fsdp_gemm_job_t){.trans_a = trans_a, .trans_b = trans_b, .split_cols = m <= n,
+                            .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                            .alpha = alpha, .beta = beta, .a = a, .b = b, .a_dtype = a_dtype,
+                            .b_dtype = b_dtype, .c = c};
+    atomic_init(&job.status, (int)FSDP_OK);
+    if (job.split_cols)
+        parts = fsdp_gemm_blocks(n, NR, FSDP_GEMM_PAR_MIN_COLS, threads, &job.block);
+    else
+        parts = fsdp_gemm_blocks(m, MR, FSDP_GEMM_PAR_MIN_ROWS, threads, &job.block);
+    fsdp_sim_pool_run(pool, parts, fsdp_gemm_part, &job);
+    return (fsdp_status_t)atomic_load(&job.status);
+}
+
 static int fsdp_gemm_dtype_float(fsdp_dtype_t dt)
 {
     return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
 }
 
-fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
-                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
-                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
-                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi)
+fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                   size_t n, size_t k, float alpha, const void *a,
+                                   fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                   fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                   fsdp_dtype_t c_dtype, size_t ldc,
+                                   const fsdp_gemm_epilogue_t *epi)
 {
     fsdp_status_t status;
     float *cw;
@@ -425,8 +534,8 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
         return FSDP_ERR_INVALID_PARAM;
     }
     if (c_dtype == FSDP_DTYPE_F32) {
-        status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                               beta, c, ldc);
+        status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b,
+                                   b_dtype, ldb, beta, c, ldc);
         /* the epilogue over the finished f32 product, in place: nothing to round */
         for (size_t i = 0; i < m && epi != NULL && status == FSDP_OK; i++)
             for (size_t j = 0; j < n; j++)
@@ -449,8 +558,8 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
     for (size_t i = 0; i < m && beta != 0.0f; i++)
         for (size_t j = 0; j < n; j++)
             cw[i * n + j] = fsdp_kb_load(c, c_dtype, i * ldc + j);
-    status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb, beta,
-                           cw, n);
+    status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                               ldb, beta, cw, n);
     for (size_t i = 0; i < m && status == FSDP_OK; i++)
         for (size_t j = 0; j < n; j++)
             fsdp_kb_store(c, c_dtype, i * ldc + j,
@@ -459,6 +568,15 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
                               : fsdp_kb_gemm_epilogue(epi, c_dtype, c, ldc, cw[i * n + j], i, j));
     free(cw);
     return status;
+}
+
+fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi)
+{
+    return fsdp_sim_gemm_ex_par(NULL, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                                ldb, beta, c, c_dtype, ldc, epi);
 }
 
 fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
