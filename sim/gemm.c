@@ -188,6 +188,69 @@ static inline float fsdp_gemm_ld(const void *base, fsdp_dtype_t dt, size_t idx)
     }
 }
 
+/* Packing a transposed operand: rows of the source (contiguous in p) become columns of the
+ * panel (dst[p * w + r]). Whole groups of 4 rows go 4 x 4 at a time: 4 loads of 4 consecutive
+ * elements, a transpose in registers, 4 stores of 4 (instead of one strided store per element).
+ * Rows r < rows of the source start at element src + r * ld; returns the rows done (a multiple
+ * of 4), which the caller finishes one at a time. Values are copied (16-bit ones widened), so
+ * the panel holds the same bits either way. */
+#if FSDP_GEMM_VECTOR
+typedef float fsdp_gemm_v4t_t __attribute__((vector_size(16)));
+
+static FSDP_GEMM_INLINE fsdp_gemm_v4t_t fsdp_gemm_ld4(const void *base, fsdp_dtype_t dt,
+                                                      size_t idx)
+{
+    fsdp_gemm_v4t_t v;
+    if (dt == FSDP_DTYPE_F32) {
+        memcpy(&v, (const float *)base + idx, sizeof(v));
+    } else {
+        v = (fsdp_gemm_v4t_t){fsdp_gemm_ld(base, dt, idx), fsdp_gemm_ld(base, dt, idx + 1),
+                              fsdp_gemm_ld(base, dt, idx + 2), fsdp_gemm_ld(base, dt, idx + 3)};
+    }
+    return v;
+}
+
+static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t dt, size_t ld,
+                                                 size_t s0, size_t rows, size_t kc, size_t w,
+                                                 float *__restrict dst)
+{
+    typedef int fsdp_gemm_v4i_t __attribute__((vector_size(16)));
+    const fsdp_gemm_v4i_t lo = {0, 4, 1, 5}, hi = {2, 6, 3, 7};
+    const fsdp_gemm_v4i_t lo2 = {0, 1, 4, 5}, hi2 = {2, 3, 6, 7};
+    size_t r = 0;
+
+    for (; r + 4 <= rows; r += 4) {
+        size_t s = s0 + r * ld, p = 0;
+        for (; p + 4 <= kc; p += 4) {
+            fsdp_gemm_v4t_t x0 = fsdp_gemm_ld4(src, dt, s + p);
+            fsdp_gemm_v4t_t x1 = fsdp_gemm_ld4(src, dt, s + ld + p);
+            fsdp_gemm_v4t_t x2 = fsdp_gemm_ld4(src, dt, s + 2 * ld + p);
+            fsdp_gemm_v4t_t x3 = fsdp_gemm_ld4(src, dt, s + 3 * ld + p);
+            fsdp_gemm_v4t_t t0 = __builtin_shuffle(x0, x1, lo), t1 = __builtin_shuffle(x0, x1, hi);
+            fsdp_gemm_v4t_t t2 = __builtin_shuffle(x2, x3, lo), t3 = __builtin_shuffle(x2, x3, hi);
+            fsdp_gemm_v4t_t c0 = __builtin_shuffle(t0, t2, lo2), c1 = __builtin_shuffle(t0, t2, hi2);
+            fsdp_gemm_v4t_t c2 = __builtin_shuffle(t1, t3, lo2), c3 = __builtin_shuffle(t1, t3, hi2);
+            memcpy(dst + p * w + r, &c0, sizeof(c0));
+            memcpy(dst + (p + 1) * w + r, &c1, sizeof(c1));
+            memcpy(dst + (p + 2) * w + r, &c2, sizeof(c2));
+            memcpy(dst + (p + 3) * w + r, &c3, sizeof(c3));
+        }
+        for (; p < kc; p++)
+            for (size_t i = 0; i < 4; i++)
+                dst[p * w + r + i] = fsdp_gemm_ld(src, dt, s + i * ld + p);
+    }
+    return r;
+}
+#else
+static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t dt, size_t ld,
+                                                 size_t s0, size_t rows, size_t kc, size_t w,
+                                                 float *__restrict dst)
+{
+    (void)src, (void)dt, (void)ld, (void)s0, (void)rows, (void)kc, (void)w, (void)dst;
+    return 0;
+}
+#endif
+
 /* Packs op(A)[i0 .. i0+mc, p0 .. p0+kc) into MR-row micro-panels: element (i, p) of the block
  * goes to ap[(i / MR) * kc * MR + p * MR + i % MR]; rows past mc are zero. 16-bit elements are
  * widened here, once per block, so the micro-kernel only ever sees f32. */
@@ -199,12 +262,13 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_
         size_t mr = fsdp_gemm_min(MR, mc - ir);
         float *dst = ap + ir * kc;
         if (!trans) { /* A is [M, K]: row i is contiguous in p */
-            for (size_t ii = 0; ii < mr; ii++) {
+            size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, MR, dst);
+            for (; ii < mr; ii++) {
                 size_t src = (i0 + ir + ii) * lda + p0;
                 for (size_t p = 0; p < kc; p++)
                     dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + p);
             }
-            for (size_t ii = mr; ii < MR; ii++)
+            for (ii = mr; ii < MR; ii++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * MR + ii] = 0.0f;
         } else { /* A is [K, M]: row p is contiguous in i */
@@ -241,12 +305,13 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_b_dt(int trans, const void *b, fsdp_
                     dst[p * NR + jj] = 0.0f;
             }
         } else { /* B is [N, K]: row j is contiguous in p */
-            for (size_t jj = 0; jj < nr; jj++) {
+            size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, NR, dst);
+            for (; jj < nr; jj++) {
                 size_t src = (j0 + jr + jj) * ldb + p0;
                 for (size_t p = 0; p < kc; p++)
                     dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + p);
             }
-            for (size_t jj = nr; jj < NR; jj++)
+            for (jj = nr; jj < NR; jj++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * NR + jj] = 0.0f;
         }
