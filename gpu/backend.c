@@ -278,8 +278,10 @@ static fsdp_status_t init(const fsdp_gpu_params_t *params, fsdp_dev_t **dev_p)
             goto err_free;
     }
     /* Every kernel loaded now, on an idle device, never at a first launch behind a collective
-     * (kernels.cu); cuBLAS's at least for one shape per dtype pair. */
+     * (kernels.cu, kernels_llama.cu); cuBLAS's at least for one shape per dtype pair. */
     status = fsdp_gpu_load_kernels();
+    if (status == FSDP_OK)
+        status = fsdp_gpu_load_llama_kernels();
     if (status == FSDP_OK)
         status = fsdp_gpu_load_gemms(gdev);
     if (status != FSDP_OK)

@@ -202,6 +202,8 @@ fsdp_status_t fsdp_gpu_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp
 fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
 /* The Llama kinds (lib/kernels/llama_bodies.h), kernels_llama.cu: a launch per pass. */
 fsdp_status_t fsdp_gpu_launch_llama(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
+/* Loads every kernel of kernels_llama.cu, as fsdp_gpu_load_kernels those of kernels.cu. */
+fsdp_status_t fsdp_gpu_load_llama_kernels(void);
 /* c[r * ldc + j] = beta == 0 ? 0 : beta * c[r * ldc + j] for r < rows, j < cols, computed in
  * f32 and stored in dtype. */
 fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *c, fsdp_dtype_t dtype,

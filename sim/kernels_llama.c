@@ -1,8 +1,9 @@
 /* Host execution of the Llama kernels (rmsnorm .. attention of kernel.h), data mode.
  *
- * Only the check and the loops are here: the descriptor is checked by the check the gpu backend
- * uses too, and each pass of lib/kernels/llama_bodies.h runs its indices in order, the code the
- * gpu backend launches with a thread per index. */
+ * Only the check and the dispatch are here: the descriptor is checked by the check the gpu backend
+ * uses too, and each pass of lib/kernels/llama_bodies.h runs its indices in order through
+ * fsdp_kb_llama_host_pass, every lane of a row (or of a column block) in the body's loops: the
+ * code the gpu backend launches with a thread, a warp or a block per index. */
 #include "config.h"
 
 #include <fsdp/log.h>
@@ -15,12 +16,8 @@ int fsdp_sim_llama_kernel(fsdp_kernel_kind_t kind)
     return fsdp_kb_llama_kind(kind);
 }
 
-/* The loop of one pass, with the kind a constant so that the dispatch folds. */
-#define LLAMA_LOOP(KIND, k, pass, n)                                                               \
-    do {                                                                                           \
-        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
-            fsdp_kb_llama_at(KIND, (k), (pass), i_);                                               \
-    } while (0)
+/* The loops of one pass, with the kind a constant so that the dispatch folds. */
+#define LLAMA_LOOP(KIND, k, pass) fsdp_kb_llama_host_pass(KIND, (k), (pass))
 
 fsdp_status_t fsdp_sim_llama_kernel_exec(const fsdp_kernel_t *k)
 {
@@ -31,31 +28,30 @@ fsdp_status_t fsdp_sim_llama_kernel_exec(const fsdp_kernel_t *k)
         return FSDP_ERR_INVALID_PARAM;
     }
     for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++) {
-        size_t n = fsdp_kb_llama_count(k, pass);
         switch (k->kind) {
         case FSDP_K_RMSNORM_FWD:
-            LLAMA_LOOP(FSDP_K_RMSNORM_FWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_RMSNORM_FWD, k, pass);
             break;
         case FSDP_K_RMSNORM_BWD:
-            LLAMA_LOOP(FSDP_K_RMSNORM_BWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_RMSNORM_BWD, k, pass);
             break;
         case FSDP_K_ROPE_FWD:
-            LLAMA_LOOP(FSDP_K_ROPE_FWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_ROPE_FWD, k, pass);
             break;
         case FSDP_K_ROPE_BWD:
-            LLAMA_LOOP(FSDP_K_ROPE_BWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_ROPE_BWD, k, pass);
             break;
         case FSDP_K_SWIGLU_FWD:
-            LLAMA_LOOP(FSDP_K_SWIGLU_FWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_SWIGLU_FWD, k, pass);
             break;
         case FSDP_K_SWIGLU_BWD:
-            LLAMA_LOOP(FSDP_K_SWIGLU_BWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_SWIGLU_BWD, k, pass);
             break;
         case FSDP_K_ATTENTION_FWD:
-            LLAMA_LOOP(FSDP_K_ATTENTION_FWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_ATTENTION_FWD, k, pass);
             break;
         case FSDP_K_ATTENTION_BWD:
-            LLAMA_LOOP(FSDP_K_ATTENTION_BWD, k, pass, n);
+            LLAMA_LOOP(FSDP_K_ATTENTION_BWD, k, pass);
             break;
         default:
             break;

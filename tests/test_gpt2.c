@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "corpus.h"
+#include "lm_test.h"
 #include "test_util.h"
 
 #define NB FSDP_GPT2_BLOCK_NPARAMS
@@ -26,10 +27,7 @@ static uint64_t rng_state = 7;
 
 static double urand(double lo, double hi)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return lo + (hi - lo) * ((double)((rng_state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
+    return lm_test_urand(&rng_state, lo, hi);
 }
 
 /* ---------------- a double-precision GPT-2, independent of the library ---------------- */
@@ -448,15 +446,9 @@ static fsdp_status_t spy_kernel(fsdp_dev_t *dev, fsdp_stream_t *st, const fsdp_k
     return tl_inner->kernel(dev, st, k);
 }
 
-/* the parameters of every unit in canonical order (root, then blocks), from flat buffers */
-static void canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off)
+static fsdp_unit_t *unit_at(void *m, int k)
 {
-    for (int i = 0; i < fsdp_unit_num_params(u); i++) {
-        fsdp_param_info_t pi;
-        fsdp_unit_param_info(u, i, &pi);
-        memcpy(out + *off, flat + pi.offset, pi.numel * sizeof(float));
-        *off += pi.numel;
-    }
+    return k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
 }
 
 static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
@@ -467,7 +459,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_gpt2_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_gpt2_weights_t *w = NULL;
-    size_t rows = j->batch / (size_t)dev->world_size, off = 0;
+    size_t rows = j->batch / (size_t)dev->world_size;
     int32_t *in = malloc(rows * j->seq * sizeof(int32_t));
     int32_t *tg = malloc(rows * j->seq * sizeof(int32_t));
     fsdp_status_t st;
@@ -495,15 +487,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_gpt2_load_weights(m, w);
         fsdp_gpt2_weights_close(w);
     } else if (st == FSDP_OK && j->init != NULL) {
-        for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK; k++) {
-            fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
-            for (int i = 0; i < fsdp_unit_num_params(u) && st == FSDP_OK; i++) {
-                fsdp_param_info_t pi;
-                fsdp_unit_param_info(u, i, &pi);
-                st = fsdp_unit_set_param(u, i, j->init + off);
-                off += pi.numel;
-            }
-        }
+        st = lm_test_set_params(unit_at, m, j->cfg.n_layer + 1, j->init);
     } else if (st == FSDP_OK) {
         st = fsdp_gpt2_init_params(m, j->seed);
     }
@@ -514,23 +498,15 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         if (j->shape) {
             free(in), free(tg);
             in = tg = NULL;
-        } else if (j->tokens != NULL) {
-            fsdp_batch_spec_t spec = {j->batch, j->seq, dev->rank, dev->world_size, j->seed};
-            st = fsdp_tokens_batch(j->tokens, &spec, s, in, tg);
         } else {
-            memcpy(in, j->inputs + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
-            memcpy(tg, j->targets + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
+            st = lm_test_rank_batch(j->tokens, j->inputs, j->targets, j->batch, j->seq, j->seed,
+                                    dev->rank, dev->world_size, s, in, tg);
         }
         if (st == FSDP_OK)
             st = fsdp_gpt2_forward_backward(m, in, tg, rows, j->seq, &loss);
         j->losses[s][dev->rank] = loss;
-        if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL) {
-            off = 0;
-            for (int k = 0; k <= j->cfg.n_layer; k++) {
-                fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
-                canon_copy(u, fsdp_unit_sharded_grad(u), j->grads, &off);
-            }
-        }
+        if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
+            lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
         if (st == FSDP_OK && opt != NULL)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -540,22 +516,12 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     j->rs_dtypes[dev->rank] = tl_rs;
     j->gemm_dtypes[dev->rank] = tl_gemm;
     j->nn_dtypes[dev->rank] = tl_nn;
-    off = 0;
-    for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK && j->params != NULL; k++) {
-        fsdp_unit_t *u = k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
-        float *flat = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
-        st = fsdp_unit_gather_full(u, flat);
-        if (st == FSDP_OK && dev->rank == 0)
-            canon_copy(u, flat, j->params, &off);
-        free(flat);
-    }
+    if (st == FSDP_OK && j->params != NULL)
+        st = lm_test_gather_params(unit_at, m, j->cfg.n_layer + 1, dev->rank, j->params);
     if (st == FSDP_OK && j->save_path != NULL)
         st = fsdp_gpt2_save_weights(m, j->save_path, j->save_names);
-    if (fs != NULL) {
-        fsdp_mem_stats_t ms;
-        fsdp_mem_get_stats(fsdp_memory(fs), &ms);
-        j->act_peak[dev->rank] = ms.peak_by_category[FSDP_MEM_ACTIVATION];
-    }
+    if (fs != NULL)
+        j->act_peak[dev->rank] = lm_test_act_peak(fs);
     free(in);
     free(tg);
     fsdp_optim_destroy(opt);
@@ -567,11 +533,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 
 static fsdp_status_t job_run(job_t *j)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = j->world;
-    p.mode = j->shape ? FSDP_SIM_SHAPE : FSDP_SIM_DATA;
-    return fsdp_sim_launch(&p, job_rank, j, NULL);
+    return lm_test_launch(j->world, j->shape, job_rank, j);
 }
 
 static void cfg_of(fsdp_gpt2_config_t *cfg, const ref_cfg_t *c)
@@ -795,16 +757,6 @@ static void test_against_reference(void)
 
 /* ---------------- FSDP parity ---------------- */
 
-static fsdp_tokens_t *parity_tokens(void)
-{
-    uint16_t ids[4096];
-    fsdp_tokens_t *t;
-    for (int i = 0; i < 4096; i++) /* a learnable, not random, sequence */
-        ids[i] = (uint16_t)((i * 7 + (i / 13) * 3) % 97 + 32);
-    CU_ASSERT_FATAL(fsdp_tokens_from_array(ids, 4096, FSDP_TOKENS_RANDOM, "parity", &t) == FSDP_OK);
-    return t;
-}
-
 static void parity_job(job_t *j, fsdp_tokens_t *t, fsdp_strategy_t s, int world)
 {
     float *params = j->params;
@@ -860,7 +812,7 @@ static void test_fsdp_parity(void)
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
                                                  FSDP_NO_SHARD};
     static const int worlds[] = {1, 2, 4};
-    fsdp_tokens_t *t = parity_tokens();
+    fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
     fsdp_gpt2_config_t cfg;
     size_t total;
@@ -1403,7 +1355,7 @@ static void test_mp_against_f32(void)
  * f32 (reduce_dtype), and with reduce_dtype bf16 the reduce-scatter in bf16. */
 static void test_mp_parity(void)
 {
-    fsdp_tokens_t *t = parity_tokens();
+    fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *ref = calloc(1, sizeof(*ref)), *ns = calloc(1, sizeof(*ns)),
           *fs = calloc(1, sizeof(*fs));
     fsdp_gpt2_config_t cfg;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kernels/kernel_elem.h"
+#include "kernels/llama_bodies.h"
 #include "module.h"
 #include "test_util.h"
 
@@ -100,7 +101,7 @@ static void quiet(fsdp_log_level_t level, const char *file, int line, const char
 
 /* ---- kernels: the GPU against the host, buffer by buffer ---- */
 
-#define MAX_BUFS 6
+#define MAX_BUFS 12
 
 typedef struct kcase {
     fsdp_kernel_t k; /* host pointers */
@@ -204,6 +205,58 @@ static fsdp_kernel_t device_kernel(const kcase_t *c)
         MAP_(sumsq.out);
         MAP_(sumsq.x);
         break;
+    case FSDP_K_RMSNORM_FWD:
+        MAP_(rmsnorm_fwd.y);
+        MAP_(rmsnorm_fwd.rstd);
+        MAP_(rmsnorm_fwd.x);
+        MAP_(rmsnorm_fwd.weight);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        MAP_(rmsnorm_bwd.dx);
+        MAP_(rmsnorm_bwd.dweight);
+        MAP_(rmsnorm_bwd.dy);
+        MAP_(rmsnorm_bwd.x);
+        MAP_(rmsnorm_bwd.rstd);
+        MAP_(rmsnorm_bwd.weight);
+        break;
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD:
+        MAP_(rope.y);
+        MAP_(rope.x);
+        MAP_(rope.cos);
+        MAP_(rope.sin);
+        break;
+    case FSDP_K_SWIGLU_FWD:
+        MAP_(swiglu_fwd.y);
+        MAP_(swiglu_fwd.gate);
+        MAP_(swiglu_fwd.up);
+        break;
+    case FSDP_K_SWIGLU_BWD:
+        MAP_(swiglu_bwd.dgate);
+        MAP_(swiglu_bwd.dup);
+        MAP_(swiglu_bwd.dy);
+        MAP_(swiglu_bwd.gate);
+        MAP_(swiglu_bwd.up);
+        break;
+    case FSDP_K_ATTENTION_FWD:
+        MAP_(attention_fwd.o);
+        MAP_(attention_fwd.lse);
+        MAP_(attention_fwd.q);
+        MAP_(attention_fwd.k);
+        MAP_(attention_fwd.v);
+        break;
+    case FSDP_K_ATTENTION_BWD:
+        MAP_(attention_bwd.dq);
+        MAP_(attention_bwd.dk);
+        MAP_(attention_bwd.dv);
+        MAP_(attention_bwd.delta);
+        MAP_(attention_bwd.dout);
+        MAP_(attention_bwd.o);
+        MAP_(attention_bwd.q);
+        MAP_(attention_bwd.k);
+        MAP_(attention_bwd.v);
+        MAP_(attention_bwd.lse);
+        break;
     default:
         break;
     }
@@ -217,6 +270,11 @@ static void host_exec(const fsdp_kernel_t *k)
     fsdp_kb_prep_t p;
     double acc = 0.0;
 
+    if (fsdp_kb_llama_kind(k->kind)) { /* each pass's rows, lanes and column blocks in order */
+        for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++)
+            fsdp_kb_llama_host_pass(k->kind, k, pass);
+        return;
+    }
     fsdp_kb_prepare(k, &p);
     switch (k->kind) {
     case FSDP_K_BIAS_GRAD:
@@ -574,6 +632,185 @@ static void test_reduction_determinism(void)
     dfree(x);
     dfree(o);
     free(h);
+}
+
+/* The Llama kernels (llama_bodies.h): rows of a warp, column blocks, elements; sizes that are
+ * and are not multiples of the 32 lanes, in f32 and bf16. */
+static void test_llama_norms(void)
+{
+    static const size_t shapes[][2] = {{1, 1}, {7, 37}, {77, 200}, {300, 4096}, {64, 16}};
+    const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+    kcase_t c;
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int d = 0; d < 2; d++)
+            for (int acc = 0; acc < 2; acc++) {
+                const size_t R = shapes[si][0], C = shapes[si][1];
+                const fsdp_dtype_t dt = dts[d];
+                memset(&c, 0, sizeof(c));
+                c.k.kind = FSDP_K_RMSNORM_FWD;
+                c.k.u.rmsnorm_fwd.y = kbuf(&c, dt, R * C, 0, 0);
+                c.k.u.rmsnorm_fwd.rstd = acc ? NULL : kbuf(&c, FSDP_DTYPE_F32, R, 0, 0);
+                c.k.u.rmsnorm_fwd.x = kbuf(&c, dt, R * C, -2, 2);
+                c.k.u.rmsnorm_fwd.weight = kbuf(&c, dt, C, 0.5f, 1.5f);
+                c.k.u.rmsnorm_fwd.rows = R;
+                c.k.u.rmsnorm_fwd.cols = C;
+                c.k.u.rmsnorm_fwd.eps = 1e-5f;
+                c.k.u.rmsnorm_fwd.dtype = dt;
+                run_case(&c);
+
+                memset(&c, 0, sizeof(c));
+                c.k.kind = FSDP_K_RMSNORM_BWD;
+                c.k.u.rmsnorm_bwd.dx = kbuf(&c, dt, R * C, -1, 1);
+                c.k.u.rmsnorm_bwd.dweight = kbuf(&c, dt, C, -1, 1);
+                c.k.u.rmsnorm_bwd.dy = kbuf(&c, dt, R * C, -1, 1);
+                c.k.u.rmsnorm_bwd.x = kbuf(&c, dt, R * C, -2, 2);
+                c.k.u.rmsnorm_bwd.rstd = kbuf(&c, FSDP_DTYPE_F32, R, 0.5f, 2.0f);
+                c.k.u.rmsnorm_bwd.weight = kbuf(&c, dt, C, 0.5f, 1.5f);
+                c.k.u.rmsnorm_bwd.rows = R;
+                c.k.u.rmsnorm_bwd.cols = C;
+                c.k.u.rmsnorm_bwd.accumulate = acc;
+                c.k.u.rmsnorm_bwd.dtype = dt;
+                run_case(&c);
+            }
+
+    for (int d = 0; d < 2; d++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const fsdp_dtype_t dt = dts[d];
+            const size_t rows = 2 * 33, heads = 3, hd = 16, seq = 33, ld = 64;
+            memset(&c, 0, sizeof(c));
+            c.k.kind = bwd ? FSDP_K_ROPE_BWD : FSDP_K_ROPE_FWD;
+            c.k.u.rope.y = kbuf(&c, dt, rows * ld, 0, 0);
+            c.k.u.rope.x = kbuf(&c, dt, rows * ld, -2, 2);
+            c.k.u.rope.cos = kbuf(&c, FSDP_DTYPE_F32, seq * hd / 2, -1, 1);
+            c.k.u.rope.sin = kbuf(&c, FSDP_DTYPE_F32, seq * hd / 2, -1, 1);
+            c.k.u.rope.rows = rows;
+            c.k.u.rope.heads = heads;
+            c.k.u.rope.head_dim = hd;
+            c.k.u.rope.seq = seq;
+            c.k.u.rope.ld = ld;
+            c.k.u.rope.dtype = dt;
+            run_case(&c);
+
+            memset(&c, 0, sizeof(c));
+            if (!bwd) {
+                c.k.kind = FSDP_K_SWIGLU_FWD;
+                c.k.u.swiglu_fwd.y = kbuf(&c, dt, 10007, 0, 0);
+                c.k.u.swiglu_fwd.gate = kbuf(&c, dt, 10007, -4, 4);
+                c.k.u.swiglu_fwd.up = kbuf(&c, dt, 10007, -2, 2);
+                c.k.u.swiglu_fwd.n = 10007;
+                c.k.u.swiglu_fwd.dtype = dt;
+            } else {
+                c.k.kind = FSDP_K_SWIGLU_BWD;
+                c.k.u.swiglu_bwd.dgate = kbuf(&c, dt, 10007, 0, 0);
+                c.k.u.swiglu_bwd.dup = kbuf(&c, dt, 10007, 0, 0);
+                c.k.u.swiglu_bwd.dy = kbuf(&c, dt, 10007, -1, 1);
+                c.k.u.swiglu_bwd.gate = kbuf(&c, dt, 10007, -4, 4);
+                c.k.u.swiglu_bwd.up = kbuf(&c, dt, 10007, -2, 2);
+                c.k.u.swiglu_bwd.n = 10007;
+                c.k.u.swiglu_bwd.dtype = dt;
+            }
+            run_case(&c);
+        }
+}
+
+/* Fused attention, forward then backward on the forward's o and lse (copied into the backward's
+ * case, so that its probabilities are real ones): head_dim below, at and not a multiple of 32,
+ * sequences of 1 and across 32, multi-head, grouped-query and multi-query, causal or not. */
+static void test_llama_attention(void)
+{
+    static const struct {
+        size_t B, T, H, K, hd;
+        int causal;
+        fsdp_dtype_t dt;
+    } cases[] = {
+        {2, 33, 4, 2, 16, 1, FSDP_DTYPE_F32},  {1, 1, 2, 1, 8, 1, FSDP_DTYPE_F32},
+        {1, 100, 4, 1, 64, 1, FSDP_DTYPE_F32}, {2, 31, 4, 4, 80, 0, FSDP_DTYPE_F32},
+        {1, 65, 8, 2, 128, 1, FSDP_DTYPE_F32}, {1, 40, 4, 2, 64, 1, FSDP_DTYPE_BF16},
+        {1, 9, 2, 2, 256, 1, FSDP_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const size_t B = cases[i].B, T = cases[i].T, H = cases[i].H, K = cases[i].K;
+        const size_t hd = cases[i].hd, rows = B * T, ldq = (H + 2) * hd, ldk = K * hd + 3;
+        const fsdp_dtype_t dt = cases[i].dt;
+        const size_t esz = fsdp_dtype_size(dt);
+        void *o_keep, *lse_keep, *q_keep, *k_keep, *v_keep;
+        kcase_t c;
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_ATTENTION_FWD;
+        c.k.u.attention_fwd.o = kbuf(&c, dt, rows * H * hd, 0, 0);
+        c.k.u.attention_fwd.lse = kbuf(&c, FSDP_DTYPE_F32, B * H * T, 0, 0);
+        c.k.u.attention_fwd.q = kbuf(&c, dt, rows * ldq, -1.5f, 1.5f);
+        c.k.u.attention_fwd.k = kbuf(&c, dt, rows * ldk, -1.5f, 1.5f);
+        c.k.u.attention_fwd.v = kbuf(&c, dt, rows * ldk, -1.5f, 1.5f);
+        c.k.u.attention_fwd.batch = B;
+        c.k.u.attention_fwd.seq = T;
+        c.k.u.attention_fwd.heads = H;
+        c.k.u.attention_fwd.kv_heads = K;
+        c.k.u.attention_fwd.head_dim = hd;
+        c.k.u.attention_fwd.ldq = ldq;
+        c.k.u.attention_fwd.ldk = ldk;
+        c.k.u.attention_fwd.ldv = ldk;
+        c.k.u.attention_fwd.ldo = H * hd;
+        c.k.u.attention_fwd.scale = 1.0f / sqrtf((float)hd);
+        c.k.u.attention_fwd.causal = cases[i].causal;
+        c.k.u.attention_fwd.dtype = dt;
+        /* the host's forward, kept for the backward's inputs */
+        o_keep = malloc(rows * H * hd * esz);
+        lse_keep = malloc(B * H * T * sizeof(float));
+        q_keep = malloc(rows * ldq * esz);
+        k_keep = malloc(rows * ldk * esz);
+        v_keep = malloc(rows * ldk * esz);
+        CU_ASSERT_FATAL(o_keep != NULL && lse_keep != NULL && q_keep != NULL && k_keep != NULL &&
+                        v_keep != NULL);
+        memcpy(q_keep, c.k.u.attention_fwd.q, rows * ldq * esz);
+        memcpy(k_keep, c.k.u.attention_fwd.k, rows * ldk * esz);
+        memcpy(v_keep, c.k.u.attention_fwd.v, rows * ldk * esz);
+        {
+            fsdp_kernel_t hk = c.k;
+            hk.u.attention_fwd.o = o_keep;
+            hk.u.attention_fwd.lse = lse_keep;
+            host_exec(&hk);
+        }
+        run_case(&c);
+
+        memset(&c, 0, sizeof(c));
+        c.k.kind = FSDP_K_ATTENTION_BWD;
+        c.k.u.attention_bwd.dq = kbuf(&c, dt, rows * ldq, 0, 0);
+        c.k.u.attention_bwd.dk = kbuf(&c, dt, rows * ldk, 0, 0);
+        c.k.u.attention_bwd.dv = kbuf(&c, dt, rows * ldk, 0, 0);
+        c.k.u.attention_bwd.delta = kbuf(&c, FSDP_DTYPE_F32, B * H * T, 0, 0);
+        c.k.u.attention_bwd.dout = kbuf(&c, dt, rows * H * hd, -1, 1);
+        c.k.u.attention_bwd.o = kbuf(&c, dt, rows * H * hd, 0, 0);
+        c.k.u.attention_bwd.q = kbuf(&c, dt, rows * ldq, 0, 0);
+        c.k.u.attention_bwd.k = kbuf(&c, dt, rows * ldk, 0, 0);
+        c.k.u.attention_bwd.v = kbuf(&c, dt, rows * ldk, 0, 0);
+        c.k.u.attention_bwd.lse = kbuf(&c, FSDP_DTYPE_F32, B * H * T, 0, 0);
+        memcpy((void *)c.k.u.attention_bwd.o, o_keep, rows * H * hd * esz);
+        memcpy((void *)c.k.u.attention_bwd.lse, lse_keep, B * H * T * sizeof(float));
+        memcpy((void *)c.k.u.attention_bwd.q, q_keep, rows * ldq * esz);
+        memcpy((void *)c.k.u.attention_bwd.k, k_keep, rows * ldk * esz);
+        memcpy((void *)c.k.u.attention_bwd.v, v_keep, rows * ldk * esz);
+        c.k.u.attention_bwd.batch = B;
+        c.k.u.attention_bwd.seq = T;
+        c.k.u.attention_bwd.heads = H;
+        c.k.u.attention_bwd.kv_heads = K;
+        c.k.u.attention_bwd.head_dim = hd;
+        c.k.u.attention_bwd.ldq = ldq;
+        c.k.u.attention_bwd.ldk = ldk;
+        c.k.u.attention_bwd.ldv = ldk;
+        c.k.u.attention_bwd.ldo = H * hd;
+        c.k.u.attention_bwd.scale = 1.0f / sqrtf((float)hd);
+        c.k.u.attention_bwd.causal = cases[i].causal;
+        c.k.u.attention_bwd.dtype = dt;
+        run_case(&c);
+        free(o_keep);
+        free(lse_keep);
+        free(q_keep);
+        free(k_keep);
+        free(v_keep);
+    }
 }
 
 static void test_optimizers(void)
@@ -1070,6 +1307,8 @@ static const fsdp_test_case_t tests[] = {
     {"bias and relu", test_bias_relu},
     {"mse and sumsq", test_losses_reductions},
     {"reduction determinism", test_reduction_determinism},
+    {"llama: rmsnorm, rope, swiglu", test_llama_norms},
+    {"llama: fused attention", test_llama_attention},
     {"adamw and sgd", test_optimizers},
     {"gemm", test_gemm},
     {"kernel errors", test_kernel_errors},

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lm_test.h"
 #include "test_util.h"
 
 #define NL FSDP_LLAMA_LAYER_NPARAMS
@@ -23,10 +24,7 @@ static uint64_t rng_state = 9;
 
 static double urand(double lo, double hi)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return lo + (hi - lo) * ((double)((rng_state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
+    return lm_test_urand(&rng_state, lo, hi);
 }
 
 /* ---------------- a double-precision Llama, independent of the library ---------------- */
@@ -375,17 +373,7 @@ typedef struct job {
     size_t act_peak[MAX_W];
 } job_t;
 
-static void canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off)
-{
-    for (int i = 0; i < fsdp_unit_num_params(u); i++) {
-        fsdp_param_info_t pi;
-        fsdp_unit_param_info(u, i, &pi);
-        memcpy(out + *off, flat + pi.offset, pi.numel * sizeof(float));
-        *off += pi.numel;
-    }
-}
-
-static fsdp_unit_t *unit_at(fsdp_llama_t *m, int k)
+static fsdp_unit_t *unit_at(void *m, int k)
 {
     return k == 0 ? fsdp_llama_root(m) : fsdp_llama_layer(m, k - 1);
 }
@@ -397,7 +385,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_t *fs = NULL;
     fsdp_llama_t *m = NULL;
     fsdp_optim_t *opt = NULL;
-    size_t rows = j->batch / (size_t)dev->world_size, off = 0;
+    size_t rows = j->batch / (size_t)dev->world_size;
     int32_t *in = malloc(rows * j->seq * sizeof(int32_t));
     int32_t *tg = malloc(rows * j->seq * sizeof(int32_t));
     fsdp_status_t st;
@@ -412,15 +400,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK && j->checkpoint)
         st = fsdp_llama_set_checkpointing(m, -1, j->checkpoint);
     if (st == FSDP_OK && j->init != NULL) {
-        for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK; k++) {
-            fsdp_unit_t *u = unit_at(m, k);
-            for (int i = 0; i < fsdp_unit_num_params(u) && st == FSDP_OK; i++) {
-                fsdp_param_info_t pi;
-                fsdp_unit_param_info(u, i, &pi);
-                st = fsdp_unit_set_param(u, i, j->init + off);
-                off += pi.numel;
-            }
-        }
+        st = lm_test_set_params(unit_at, m, j->cfg.n_layer + 1, j->init);
     } else if (st == FSDP_OK) {
         st = fsdp_llama_init_params(m, j->seed);
     }
@@ -431,39 +411,23 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         if (j->shape) {
             free(in), free(tg);
             in = tg = NULL;
-        } else if (j->tokens != NULL) {
-            fsdp_batch_spec_t spec = {j->batch, j->seq, dev->rank, dev->world_size, j->seed};
-            st = fsdp_tokens_batch(j->tokens, &spec, s, in, tg);
         } else {
-            memcpy(in, j->inputs + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
-            memcpy(tg, j->targets + (size_t)dev->rank * rows * j->seq, rows * j->seq * 4);
+            st = lm_test_rank_batch(j->tokens, j->inputs, j->targets, j->batch, j->seq, j->seed,
+                                    dev->rank, dev->world_size, s, in, tg);
         }
         if (st == FSDP_OK)
             st = fsdp_llama_forward_backward(m, in, tg, rows, j->seq, &loss);
         j->losses[s][dev->rank] = loss;
-        if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL) {
-            off = 0;
-            for (int k = 0; k <= j->cfg.n_layer; k++)
-                canon_copy(unit_at(m, k), fsdp_unit_sharded_grad(unit_at(m, k)), j->grads, &off);
-        }
+        if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
+            lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
         if (st == FSDP_OK && opt != NULL)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
-    off = 0;
-    for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK && j->params != NULL; k++) {
-        fsdp_unit_t *u = unit_at(m, k);
-        float *flat = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
-        st = fsdp_unit_gather_full(u, flat);
-        if (st == FSDP_OK && dev->rank == 0)
-            canon_copy(u, flat, j->params, &off);
-        free(flat);
-    }
-    if (fs != NULL) {
-        fsdp_mem_stats_t ms;
-        fsdp_mem_get_stats(fsdp_memory(fs), &ms);
-        j->act_peak[dev->rank] = ms.peak_by_category[FSDP_MEM_ACTIVATION];
-    }
+    if (st == FSDP_OK && j->params != NULL)
+        st = lm_test_gather_params(unit_at, m, j->cfg.n_layer + 1, dev->rank, j->params);
+    if (fs != NULL)
+        j->act_peak[dev->rank] = lm_test_act_peak(fs);
     free(in);
     free(tg);
     fsdp_optim_destroy(opt);
@@ -474,11 +438,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 
 static fsdp_status_t job_run(job_t *j)
 {
-    fsdp_sim_params_t p;
-    fsdp_sim_params_init(&p);
-    p.world_size = j->world;
-    p.mode = j->shape ? FSDP_SIM_SHAPE : FSDP_SIM_DATA;
-    return fsdp_sim_launch(&p, job_rank, j, NULL);
+    return lm_test_launch(j->world, j->shape, job_rank, j);
 }
 
 static void cfg_of(fsdp_llama_config_t *cfg, const ref_cfg_t *c)
@@ -654,16 +614,6 @@ static void test_against_reference(void)
 
 /* ---------------- FSDP parity ---------------- */
 
-static fsdp_tokens_t *parity_tokens(void)
-{
-    uint16_t ids[4096];
-    fsdp_tokens_t *t;
-    for (int i = 0; i < 4096; i++)
-        ids[i] = (uint16_t)((i * 7 + (i / 13) * 3) % 97 + 32);
-    CU_ASSERT_FATAL(fsdp_tokens_from_array(ids, 4096, FSDP_TOKENS_RANDOM, "parity", &t) == FSDP_OK);
-    return t;
-}
-
 static void parity_job(job_t *j, fsdp_tokens_t *t, fsdp_strategy_t s, int world)
 {
     float *params = j->params;
@@ -696,7 +646,7 @@ static void test_fsdp_parity(void)
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
                                                  FSDP_NO_SHARD};
     static const int worlds[] = {1, 2, 4};
-    fsdp_tokens_t *t = parity_tokens();
+    fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
     fsdp_llama_config_t cfg;
     size_t total;
@@ -737,7 +687,7 @@ static void test_fsdp_parity(void)
  * carried through a few layers, and still learning */
 static void test_bf16_against_f32(void)
 {
-    fsdp_tokens_t *t = parity_tokens();
+    fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
     double worst = 0.0;
 

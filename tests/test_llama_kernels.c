@@ -51,6 +51,33 @@ static double rel_err_f(const float *a, const float *b, size_t n)
     return d / m;
 }
 
+/* ---- the lanes ---- */
+
+/* fsdp_kb_lanes_sum_n (the host's butterfly that skips lanes without elements) has the bits of
+ * the whole butterfly over partials that are +0 past n, for every n, with signs, cancellations,
+ * infinities and NaN among the partials; and FSDP_KB_SLOT walks lane l's elements in order. */
+static void test_lanes(void)
+{
+    for (int trial = 0; trial < 200; trial++)
+        for (size_t n = 0; n <= FSDP_KB_LANES + 3; n++) {
+            float a[FSDP_KB_LANES], b[FSDP_KB_LANES], x, y;
+            for (size_t l = 0; l < FSDP_KB_LANES; l++) {
+                a[l] = l < n ? (float)urand(-1, 1) * (trial % 3 == 0 ? 1e30f : 1.0f) : 0.0f;
+                if (l < n && trial % 7 == 1 && l % 5 == 0)
+                    a[l] = -a[l > 0 ? l - 1 : 0]; /* exact cancellations */
+                if (l < n && trial == 5 && l == n / 2)
+                    a[l] = (l % 2) ? INFINITY : NAN;
+                b[l] = a[l];
+            }
+            x = fsdp_kb_lane_tree(a);
+            y = fsdp_kb_lanes_sum_n(b, n);
+            CU_ASSERT(memcmp(&x, &y, sizeof(x)) == 0);
+        }
+    CU_ASSERT_EQUAL(FSDP_KB_STEP, 1);
+    for (size_t e = 0; e < 100; e++)
+        CU_ASSERT_EQUAL(FSDP_KB_SLOT(e), e % FSDP_KB_LANES);
+}
+
 /* ---- RMSNorm ---- */
 
 static void test_rmsnorm(void)
@@ -489,6 +516,138 @@ static void test_attention(void)
     }
 }
 
+/* The lanes of the row bodies (lanes.h: 32 lanes over head_dim, meeting in a butterfly) against
+ * double for every head_dim the models use and some they do not (8 and 80: lanes with one element
+ * or none, a tail of 16), sequences of 1, across 32 and longer, and 1, 2 and 4 query heads per kv
+ * head; causal, and a few not. The bound, relative to the largest |element| of each output: the
+ * f32 sums have at most a few hundred terms (dk and dv: group x T), so a few 1e-6 at worst. */
+static void test_attention_sweep(void)
+{
+    static const int hds[] = {8, 32, 64, 80, 128}, Ts[] = {1, 31, 33, 100}, ratios[] = {1, 2, 4};
+    double worst[5] = {0};
+
+    for (size_t hi = 0; hi < 5; hi++)
+        for (size_t ti = 0; ti < 4; ti++)
+            for (size_t ri = 0; ri < 3; ri++) {
+                const attn_case_t cc = {1 + (int)(ti % 2), Ts[ti], 4, 4 / ratios[ri], hds[hi],
+                                        !(hi == 3 && ri == 1)};
+                const attn_case_t *c = &cc;
+                const size_t rows = (size_t)c->B * c->T, w = (size_t)(c->H + 2 * c->K) * c->hd;
+                const size_t qw = (size_t)c->H * c->hd, kw = (size_t)c->K * c->hd;
+                const float scale = (float)(1.0 / sqrt((double)c->hd));
+                double *eo = calloc(rows * qw, sizeof(double)), *ed = calloc(rows * w, sizeof(double));
+                double *lse_ref = calloc((size_t)c->B * c->H * c->T, sizeof(double)), e[5];
+                attn_bufs_t a;
+
+                attn_alloc(c, &a);
+                CU_ASSERT_EQUAL_FATAL(fused(c, &a, scale), FSDP_OK);
+                exact(c, &a, scale, eo, lse_ref, ed, ed + qw, ed + qw + kw);
+                e[0] = rel_err(a.o, eo, rows * a.ldo);
+                e[1] = part_err_d(c, a.dq, ed, w, qw);
+                e[2] = part_err_d(c, a.dk, ed + qw, w, kw);
+                e[3] = part_err_d(c, a.dv, ed + qw + kw, w, kw);
+                e[4] = 0.0;
+                for (size_t r = 0; r < (size_t)c->B * c->H * c->T; r++)
+                    e[4] = fmax(e[4], fabs(a.lse[r] - lse_ref[r]));
+                for (int i = 0; i < 5; i++) {
+                    worst[i] = fmax(worst[i], e[i]);
+                    if (!(e[i] < 1e-5))
+                        fprintf(stderr, "\n  B=%d T=%d H=%d K=%d hd=%d causal=%d: output %d off by %.3g",
+                                c->B, c->T, c->H, c->K, c->hd, c->causal, i, e[i]);
+                    CU_ASSERT(e[i] < 1e-5);
+                }
+                free(eo);
+                free(ed);
+                free(lse_ref);
+                attn_free(&a);
+            }
+    fprintf(stderr, "\n  worst of 60 cases vs double: o %.2g dq %.2g dk %.2g dv %.2g lse %.2g", worst[0],
+            worst[1], worst[2], worst[3], worst[4]);
+}
+
+/* RMSNorm's row lanes and column blocks against double for rows and columns that are and are not
+ * multiples of 32: dx and y within 2e-6 relative to the largest |element|, dweight (a column sum
+ * over up to 100 rows, then added to the old value) within 1e-5. (Not one column: there dx is
+ * rstd (g - g xhat^2) with xhat^2 = 1 - O(eps), all cancellation, and no relative bound holds.) */
+static void test_rmsnorm_sweep(void)
+{
+    static const size_t Rs[] = {1, 31, 33, 100}, Cs[] = {8, 33, 80, 128, 4096};
+    double worst[3] = {0};
+
+    for (size_t ri = 0; ri < 4; ri++)
+        for (size_t ci = 0; ci < 5; ci++) {
+            const size_t R = Rs[ri], C = Cs[ci];
+            float *x = malloc(R * C * sizeof(float)), *dy = malloc(R * C * sizeof(float));
+            float *y = malloc(R * C * sizeof(float)), *dx = malloc(R * C * sizeof(float));
+            float *w = malloc(C * sizeof(float)), *dw = malloc(C * sizeof(float));
+            float *rstd = malloc(R * sizeof(float));
+            double *ry = malloc(R * C * sizeof(double)), *rdx = malloc(R * C * sizeof(double));
+            double *rdw = malloc(C * sizeof(double)), e[3];
+            fsdp_kernel_t k = {.kind = FSDP_K_RMSNORM_FWD};
+
+            fill(x, R * C, -2, 2);
+            fill(dy, R * C, -1, 1);
+            fill(w, C, 0.5, 1.5);
+            fill(dw, C, -0.5, 0.5);
+            for (size_t c = 0; c < C; c++)
+                rdw[c] = dw[c];
+            for (size_t r = 0; r < R; r++) {
+                double ss = 0.0, rs, dot = 0.0;
+                for (size_t c = 0; c < C; c++)
+                    ss += (double)x[r * C + c] * x[r * C + c];
+                rs = 1.0 / sqrt(ss / (double)C + 1e-5);
+                for (size_t c = 0; c < C; c++) {
+                    ry[r * C + c] = x[r * C + c] * rs * w[c];
+                    dot += (double)dy[r * C + c] * w[c] * x[r * C + c] * rs;
+                    rdw[c] += (double)dy[r * C + c] * x[r * C + c] * rs;
+                }
+                for (size_t c = 0; c < C; c++)
+                    rdx[r * C + c] =
+                        rs * (dy[r * C + c] * w[c] - x[r * C + c] * rs * dot / (double)C);
+            }
+            k.u.rmsnorm_fwd.y = y;
+            k.u.rmsnorm_fwd.rstd = rstd;
+            k.u.rmsnorm_fwd.x = x;
+            k.u.rmsnorm_fwd.weight = w;
+            k.u.rmsnorm_fwd.rows = R;
+            k.u.rmsnorm_fwd.cols = C;
+            k.u.rmsnorm_fwd.eps = 1e-5f;
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_RMSNORM_BWD;
+            k.u.rmsnorm_bwd.dx = dx;
+            k.u.rmsnorm_bwd.dweight = dw;
+            k.u.rmsnorm_bwd.dy = dy;
+            k.u.rmsnorm_bwd.x = x;
+            k.u.rmsnorm_bwd.rstd = rstd;
+            k.u.rmsnorm_bwd.weight = w;
+            k.u.rmsnorm_bwd.rows = R;
+            k.u.rmsnorm_bwd.cols = C;
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
+            e[0] = rel_err(y, ry, R * C);
+            e[1] = rel_err(dx, rdx, R * C);
+            e[2] = rel_err(dw, rdw, C);
+            for (int i = 0; i < 3; i++) {
+                worst[i] = fmax(worst[i], e[i]);
+                if (!(e[i] < (i == 2 ? 1e-5 : 2e-6)))
+                    fprintf(stderr, "\n  rows %zu cols %zu: output %d off by %.3g", R, C, i, e[i]);
+                CU_ASSERT(e[i] < (i == 2 ? 1e-5 : 2e-6));
+            }
+            free(x);
+            free(dy);
+            free(y);
+            free(dx);
+            free(w);
+            free(dw);
+            free(rstd);
+            free(ry);
+            free(rdx);
+            free(rdw);
+        }
+    fprintf(stderr, "\n  worst of 20 shapes vs double: y %.2g dx %.2g dweight %.2g", worst[0],
+            worst[1], worst[2]);
+}
+
 static void test_attention_refused(void)
 {
     attn_case_t c = {1, 4, 4, 3, 8, 1}; /* 3 does not divide 4 */
@@ -535,11 +694,15 @@ static void test_attention_cost(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
+        {"lanes: the host's butterfly without empty lanes has the bits of the whole", test_lanes},
         {"rmsnorm forward and backward against double", test_rmsnorm},
         {"rotary embedding (rotate_half) against double; backward inverts it", test_rope},
         {"swiglu forward and backward against double", test_swiglu},
         {"fused attention against the unfused f32 kernels and double, fwd and bwd, MHA, GQA, MQA",
          test_attention},
+        {"fused attention against double: head_dim 8 to 128, T 1 to 100, GQA 1, 2, 4",
+         test_attention_sweep},
+        {"rmsnorm against double: rows 1 to 100, columns 8 to 4096", test_rmsnorm_sweep},
         {"fused attention refuses kv_heads that do not divide heads", test_attention_refused},
         {"fused attention's cost: causal half of full, backward 2.5x, bytes linear in T",
          test_attention_cost},

@@ -1,16 +1,23 @@
 /* Bodies of the Llama kernels of kernel.h (rmsnorm, rope, swiglu, fused attention), shared by the
  * sim's host loops (sim/kernels_llama.c) and the gpu backend's launches (gpu/kernels_llama.cu).
  *
- * A kernel runs as one or more passes, each a range of independent indices (an element, a row or
- * a chunk of columns): fsdp_kb_llama_passes, fsdp_kb_llama_count and fsdp_kb_llama_at say which.
- * The host runs the passes in order and each index in order; the GPU launches a pass after the
- * previous one on the same stream, a thread per index. A body is a pure function of the
- * descriptor, its reductions sequential in f32 in a fixed order, with the exp and log of
- * nn_bodies.h: both backends give the same bits (nvcc builds with --fmad=false).
+ * A kernel runs as one or more passes, each a range of independent indices run in one shape
+ * (fsdp_kb_llama_shape): an element (rope, swiglu: a thread on the GPU), a row reduced over the
+ * 32 lanes of lanes.h (rmsnorm's rows, attention's query and key rows: a warp), or a block of 32
+ * columns summed over 32 row lanes (rmsnorm's weight gradient: a 32 x 32 block).
+ * fsdp_kb_llama_passes, fsdp_kb_llama_count, fsdp_kb_llama_at, fsdp_kb_llama_row and
+ * fsdp_kb_llama_cols say which. A row or column body is written once for every lane
+ * (FSDP_KB_HERE, FSDP_KB_STEP): the host runs all the lanes of an index in the body's own loops
+ * and meets them in the butterfly in order (fsdp_kb_llama_host_pass), the GPU runs a lane per
+ * thread and meets them with shuffles or shared memory; the passes run in order, and on the GPU
+ * a pass after the previous one on the same stream. A body is a pure function of the
+ * descriptor, f32 sums in a fixed order, with the exp and log of nn_bodies.h: both backends give
+ * the same bits (nvcc builds with --fmad=false).
  *
  * The attention bodies are FlashAttention's algorithm one query row (forward, dq) or one key row
- * (dk, dv) per thread: an online softmax over the keys, no [seq, seq] buffer. They are written
- * for exactness and a shared body, not for a GPU's speed (no tiling into shared memory). */
+ * (dk, dv) per index, a warp over head_dim: an online softmax over the keys in order, no
+ * [seq, seq] buffer. They are not tiled into shared memory (a key row is read once per query
+ * row), which a faster kernel would be. */
 #ifndef FSDP_KERNELS_LLAMA_BODIES_H
 #define FSDP_KERNELS_LLAMA_BODIES_H
 
@@ -22,49 +29,56 @@
 
 #include "kernels/convert.h"
 #include "kernels/hd.h"
+#include "kernels/lanes.h"
 #include "kernels/nn_bodies.h"
 
 /* The largest head_dim of the attention kernels: a row's accumulators are local arrays. */
 #define FSDP_KB_ATTN_MAX_HD 256
 
-/* ---- RMSNorm ---- */
+/* ---- RMSNorm: a row per index in the row shape of lanes.h (lane l takes columns l, l + 32, ...;
+ * the caller walks the row from lane0 by FSDP_KB_STEP), the weight gradient in column blocks ---- */
 
-FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_rmsnorm_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_fwd.dtype;
     const size_t n = k->u.rmsnorm_fwd.cols, o = r * n;
     const void *x = k->u.rmsnorm_fwd.x, *w = k->u.rmsnorm_fwd.weight;
-    float ss = 0.0f, rstd;
+    float part[FSDP_KB_HERE], rstd;
 
-    for (size_t c = 0; c < n; c++) {
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        part[i] = 0.0f;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
         float v = fsdp_kb_load(x, dt, o + c);
-        ss += v * v;
+        part[FSDP_KB_SLOT(c)] += v * v;
     }
-    rstd = 1.0f / sqrtf(ss / (float)n + k->u.rmsnorm_fwd.eps);
-    for (size_t c = 0; c < n; c++)
+    rstd = 1.0f / sqrtf(fsdp_kb_lanes_sum_n(part, n) / (float)n + k->u.rmsnorm_fwd.eps);
+    /* y may be x: a lane reads and writes only its own columns, after the sum */
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP)
         fsdp_kb_store(k->u.rmsnorm_fwd.y, dt, o + c,
                       fsdp_kb_round_to(fsdp_kb_load(x, dt, o + c) * rstd, dt) *
                           fsdp_kb_load(w, dt, c));
-    if (k->u.rmsnorm_fwd.rstd != NULL)
+    if (k->u.rmsnorm_fwd.rstd != NULL && lane0 == 0)
         k->u.rmsnorm_fwd.rstd[r] = rstd;
 }
 
 /* rmsnorm_bwd, the input gradient of row r */
-FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
     const size_t n = k->u.rmsnorm_bwd.cols, o = r * n;
     const void *x = k->u.rmsnorm_bwd.x, *dy = k->u.rmsnorm_bwd.dy, *w = k->u.rmsnorm_bwd.weight;
     const float rstd = k->u.rmsnorm_bwd.rstd[r];
     void *dx = k->u.rmsnorm_bwd.dx;
-    float dot = 0.0f;
+    float part[FSDP_KB_HERE], dot;
 
-    for (size_t c = 0; c < n; c++) {
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        part[i] = 0.0f;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
         float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
-        dot += g * (fsdp_kb_load(x, dt, o + c) * rstd);
+        part[FSDP_KB_SLOT(c)] += g * (fsdp_kb_load(x, dt, o + c) * rstd);
     }
-    dot = dot / (float)n;
-    for (size_t c = 0; c < n; c++) {
+    dot = fsdp_kb_lanes_sum_n(part, n) / (float)n;
+    for (size_t c = lane0; c < n; c += FSDP_KB_STEP) {
         float g = fsdp_kb_round_to(fsdp_kb_load(dy, dt, o + c) * fsdp_kb_load(w, dt, c), dt);
         float d = (g - (fsdp_kb_load(x, dt, o + c) * rstd) * dot) * rstd;
         if (k->u.rmsnorm_bwd.accumulate)
@@ -73,26 +87,37 @@ FSDP_HD void fsdp_kb_rmsnorm_bwd_row(const fsdp_kernel_t *k, size_t r)
     }
 }
 
-/* rmsnorm_bwd, the weight gradient of columns [chunk * FSDP_KB_COLS, ...), summed in row order */
-FSDP_HD void fsdp_kb_rmsnorm_bwd_cols(const fsdp_kernel_t *k, size_t chunk)
+/* rmsnorm_bwd, the weight gradient of the FSDP_KB_LANES columns of block blk, in the column shape
+ * of lanes.h: row lane y sums rows y, y + 32, ... of its column in f32, the row lanes meet in the
+ * butterfly, and the sum is added to the old gradient once. The caller runs columns x0 .. and row
+ * lanes y0 .. (FSDP_KB_HERE of each: all on the host, its own on the GPU); s is the block's. */
+FSDP_HD void fsdp_kb_rmsnorm_bwd_cols(const fsdp_kernel_t *k, size_t blk, unsigned x0, unsigned y0,
+                                      float (*s)[FSDP_KB_LANES + 1])
 {
     const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
-    const size_t n = k->u.rmsnorm_bwd.cols, c0 = chunk * FSDP_KB_COLS;
-    const size_t nc = n - c0 < FSDP_KB_COLS ? n - c0 : FSDP_KB_COLS;
+    const size_t n = k->u.rmsnorm_bwd.cols, rows = k->u.rmsnorm_bwd.rows;
+    const size_t c0 = blk * FSDP_KB_LANES + x0;
+    const size_t nc = c0 >= n ? 0 : n - c0 < FSDP_KB_HERE ? n - c0 : FSDP_KB_HERE;
     void *dw = k->u.rmsnorm_bwd.dweight;
-    float sw[FSDP_KB_COLS];
 
-    for (size_t j = 0; j < nc; j++)
-        sw[j] = 0.0f;
-    for (size_t r = 0; r < k->u.rmsnorm_bwd.rows; r++) {
-        const size_t o = r * n + c0;
-        const float rstd = k->u.rmsnorm_bwd.rstd[r];
-        for (size_t j = 0; j < nc; j++)
-            sw[j] += fsdp_kb_load(k->u.rmsnorm_bwd.dy, dt, o + j) *
-                     fsdp_kb_round_to(fsdp_kb_load(k->u.rmsnorm_bwd.x, dt, o + j) * rstd, dt);
+    for (unsigned j = 0; j < FSDP_KB_HERE; j++) {
+        float sw[FSDP_KB_HERE];
+        for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+            sw[i] = 0.0f;
+        for (size_t r = y0 + j; r < rows; r += FSDP_KB_ROW_LANES) {
+            const size_t o = r * n + c0;
+            const float rstd = k->u.rmsnorm_bwd.rstd[r];
+            for (size_t i = 0; i < nc; i++)
+                sw[i] += fsdp_kb_load(k->u.rmsnorm_bwd.dy, dt, o + i) *
+                         fsdp_kb_round_to(fsdp_kb_load(k->u.rmsnorm_bwd.x, dt, o + i) * rstd, dt);
+        }
+        for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+            s[y0 + j][x0 + i] = sw[i];
     }
-    for (size_t j = 0; j < nc; j++)
-        fsdp_kb_store(dw, dt, c0 + j, fsdp_kb_load(dw, dt, c0 + j) + sw[j]);
+    fsdp_kb_cols_sum(s);
+    if (y0 == 0)
+        for (size_t i = 0; i < nc; i++)
+            fsdp_kb_store(dw, dt, c0 + i, fsdp_kb_load(dw, dt, c0 + i) + s[0][x0 + i]);
 }
 
 /* ---- rotary embedding: element i is one rotation pair (row, head, i < head_dim / 2) ---- */
@@ -148,20 +173,102 @@ FSDP_HD void fsdp_kb_swiglu_bwd_at(const fsdp_kernel_t *k, size_t i)
     fsdp_kb_store(k->u.swiglu_bwd.dgate, dt, i, dh * (sig * (1.0f + g * (1.0f - sig))));
 }
 
-/* ---- fused attention ---- */
+/* ---- fused attention: a row per index (a query row, or a key row for dk and dv) in the row
+ * shape of lanes.h over head_dim: lane l holds elements d = l, l + 32, ... of the row's
+ * accumulators, and a dot product over head_dim is the lanes' partials meeting in the butterfly,
+ * so every lane has the same score and the online softmax's state is the same on every lane.
+ * The keys (or queries) are taken one at a time, in order. ---- */
 
-/* q . k over d elements of two rows, in f32 in index order */
-FSDP_HD float fsdp_kb_dot(const void *a, size_t ao, const void *b, size_t bo, size_t d,
-                          fsdp_dtype_t dt)
+/* Keys (or queries) whose scores are computed together, then taken in order: independent dot
+ * products that a GPU warp overlaps; the sums and their order are those of one at a time. */
+#ifndef FSDP_KB_ATTN_AHEAD
+#define FSDP_KB_ATTN_AHEAD 4
+#endif
+#ifdef __CUDA_ARCH__
+#define FSDP_KB_UNROLL _Pragma("unroll") /* a constant trip count: arrays stay in registers */
+#else
+#define FSDP_KB_UNROLL
+#endif
+
+/* A caller's accumulators of a row of head_dim: acc[q] is element lane0 + q FSDP_KB_STEP (every
+ * element on the host, the lane's own on the GPU). */
+#define FSDP_KB_ATTN_HERE (FSDP_KB_ATTN_MAX_HD / FSDP_KB_STEP)
+
+/* The caller's lane partials of a . b (d elements of two rows), each lane's in f32 in index order */
+FSDP_HD void fsdp_kb_dot_walk(float *part, const void *a, size_t ao, const void *b, size_t bo,
+                              size_t d, fsdp_dtype_t dt, unsigned lane0)
 {
-    float s = 0.0f;
-    for (size_t e = 0; e < d; e++)
-        s += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
-    return s;
+    for (size_t e = lane0; e < d; e += FSDP_KB_STEP)
+        part[FSDP_KB_SLOT(e)] += fsdp_kb_load(a, dt, ao + e) * fsdp_kb_load(b, dt, bo + e);
+}
+
+/* a . b over d elements of two rows: the lanes' partials, then the butterfly. (f32 is walked
+ * with its dtype a constant, so that the loads' dispatch folds out of the loop.) */
+FSDP_HD float fsdp_kb_dot_lanes(const void *a, size_t ao, const void *b, size_t bo, size_t d,
+                                fsdp_dtype_t dt, unsigned lane0)
+{
+    float part[FSDP_KB_HERE];
+    for (unsigned i = 0; i < FSDP_KB_HERE; i++)
+        part[i] = 0.0f;
+    if (dt == FSDP_DTYPE_F32)
+        fsdp_kb_dot_walk(part, a, ao, b, bo, d, FSDP_DTYPE_F32, lane0);
+    else
+        fsdp_kb_dot_walk(part, a, ao, b, bo, d, dt, lane0);
+    return fsdp_kb_lanes_sum_n(part, d);
+}
+
+/* The caller's accumulators set to 0. */
+FSDP_HD void fsdp_kb_acc_zero(float *acc)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++)
+        acc[q] = 0.0f;
+}
+
+/* acc *= f, the caller's elements of a row of hd */
+FSDP_HD void fsdp_kb_acc_scale(float *acc, float f, size_t hd, unsigned lane0)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        if (lane0 + (size_t)q * FSDP_KB_STEP >= hd)
+            break;
+        acc[q] *= f;
+    }
+}
+
+FSDP_HD void fsdp_kb_acc_walk(float *acc, float p, const void *row, size_t ro, size_t hd,
+                              fsdp_dtype_t dt, unsigned lane0)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        const size_t e = lane0 + (size_t)q * FSDP_KB_STEP;
+        if (e >= hd)
+            break;
+        acc[q] += p * fsdp_kb_load(row, dt, ro + e);
+    }
+}
+
+/* acc += p * row (the row's elements at ro ..), the caller's elements (f32 as in the dot) */
+FSDP_HD void fsdp_kb_acc_add(float *acc, float p, const void *row, size_t ro, size_t hd,
+                             fsdp_dtype_t dt, unsigned lane0)
+{
+    if (dt == FSDP_DTYPE_F32)
+        fsdp_kb_acc_walk(acc, p, row, ro, hd, FSDP_DTYPE_F32, lane0);
+    else
+        fsdp_kb_acc_walk(acc, p, row, ro, hd, dt, lane0);
+}
+
+/* out[oo + e] = acc / f when divide, else acc * f: the caller's elements */
+FSDP_HD void fsdp_kb_acc_store(const float *acc, void *out, size_t oo, size_t hd, fsdp_dtype_t dt,
+                               int divide, float f, unsigned lane0)
+{
+    for (unsigned q = 0; q < FSDP_KB_ATTN_HERE; q++) {
+        const size_t e = lane0 + (size_t)q * FSDP_KB_STEP;
+        if (e >= hd)
+            break;
+        fsdp_kb_store(out, dt, oo + e, divide ? acc[q] / f : acc[q] * f);
+    }
 }
 
 /* attention_fwd, query row r = (b * heads + h) * seq + t (lse's index) */
-FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
     const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
@@ -171,49 +278,59 @@ FSDP_HD void fsdp_kb_attention_fwd_row(const fsdp_kernel_t *k, size_t r)
     const size_t qo = (b * T + t) * k->u.attention_fwd.ldq + h * hd;
     const size_t last = k->u.attention_fwd.causal ? t : T - 1;
     const float scale = k->u.attention_fwd.scale;
-    float acc[FSDP_KB_ATTN_MAX_HD], m = -fsdp_kb_inff(), l = 0.0f;
+    float acc[FSDP_KB_ATTN_HERE], m = -fsdp_kb_inff(), l = 0.0f;
 
-    for (size_t e = 0; e < hd; e++)
-        acc[e] = 0.0f;
-    for (size_t j = 0; j <= last; j++) {
-        const size_t ko = (b * T + j) * k->u.attention_fwd.ldk + g * hd;
-        const size_t vo = (b * T + j) * k->u.attention_fwd.ldv + g * hd;
-        float s = fsdp_kb_dot(k->u.attention_fwd.q, qo, k->u.attention_fwd.k, ko, hd, dt) * scale;
-        float p;
-        if (s > m) { /* a new maximum: rescale what was summed against the old one */
-            float corr = fsdp_kb_expf(m - s);
-            l *= corr;
-            for (size_t e = 0; e < hd; e++)
-                acc[e] *= corr;
-            m = s;
+    fsdp_kb_acc_zero(acc);
+    for (size_t j0 = 0; j0 <= last; j0 += FSDP_KB_ATTN_AHEAD) {
+        const unsigned nj = last - j0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(last - j0 + 1)
+                                                           : FSDP_KB_ATTN_AHEAD;
+        float sc[FSDP_KB_ATTN_AHEAD];
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            sc[u] = fsdp_kb_dot_lanes(k->u.attention_fwd.q, qo, k->u.attention_fwd.k,
+                                      (b * T + j0 + u) * k->u.attention_fwd.ldk + g * hd, hd, dt,
+                                      lane0) *
+                    scale;
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++) {
+            const size_t vo = (b * T + j0 + u) * k->u.attention_fwd.ldv + g * hd;
+            const float s = sc[u];
+            float p;
+            if (s > m) { /* a new maximum: rescale what was summed against the old one */
+                float corr = fsdp_kb_expf(m - s);
+                l *= corr;
+                fsdp_kb_acc_scale(acc, corr, hd, lane0);
+                m = s;
+            }
+            p = fsdp_kb_expf(s - m);
+            l += p;
+            fsdp_kb_acc_add(acc, p, k->u.attention_fwd.v, vo, hd, dt, lane0);
         }
-        p = fsdp_kb_expf(s - m);
-        l += p;
-        for (size_t e = 0; e < hd; e++)
-            acc[e] += p * fsdp_kb_load(k->u.attention_fwd.v, dt, vo + e);
     }
-    for (size_t e = 0; e < hd; e++)
-        fsdp_kb_store(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd + e,
-                      acc[e] / l);
-    if (k->u.attention_fwd.lse != NULL)
+    fsdp_kb_acc_store(acc, k->u.attention_fwd.o, (b * T + t) * k->u.attention_fwd.ldo + h * hd, hd,
+                      dt, 1, l, lane0);
+    if (k->u.attention_fwd.lse != NULL && lane0 == 0)
         k->u.attention_fwd.lse[r] = m + fsdp_kb_logf(l);
 }
 
 /* attention_bwd pass 0, query row r: delta[r] = dout . o */
-FSDP_HD void fsdp_kb_attention_delta_row(const fsdp_kernel_t *k, size_t r)
+FSDP_HD void fsdp_kb_attention_delta_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
     const size_t hd = k->u.attention_bwd.head_dim;
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+    const float d = fsdp_kb_dot_lanes(k->u.attention_bwd.dout, oo, k->u.attention_bwd.o, oo, hd,
+                                      k->u.attention_bwd.dtype, lane0);
 
-    k->u.attention_bwd.delta[r] = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.o, oo,
-                                              hd, k->u.attention_bwd.dtype);
+    if (lane0 == 0)
+        k->u.attention_bwd.delta[r] = d;
 }
 
-/* ds of query row (b, h, t) and key j, and p: p = exp(scale q.k - lse), ds = p (dout.v - delta) */
+/* ds of query row (b, h, t) and key j, and p: p = exp(scale q.k - lse), ds = p (dout.v - delta);
+ * the same on every lane */
 FSDP_HD float fsdp_kb_attention_ds(const fsdp_kernel_t *k, size_t b, size_t h, size_t g, size_t t,
-                                   size_t j, float *p_p)
+                                   size_t j, float *p_p, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
@@ -222,17 +339,18 @@ FSDP_HD float fsdp_kb_attention_ds(const fsdp_kernel_t *k, size_t b, size_t h, s
     const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
     const size_t vo = (b * T + j) * k->u.attention_bwd.ldv + g * hd;
     const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
-    float s = fsdp_kb_dot(k->u.attention_bwd.q, qo, k->u.attention_bwd.k, ko, hd, dt) *
+    float s = fsdp_kb_dot_lanes(k->u.attention_bwd.q, qo, k->u.attention_bwd.k, ko, hd, dt, lane0) *
               k->u.attention_bwd.scale;
     float p = fsdp_kb_expf(s - k->u.attention_bwd.lse[r]);
-    float dp = fsdp_kb_dot(k->u.attention_bwd.dout, oo, k->u.attention_bwd.v, vo, hd, dt);
+    float dp = fsdp_kb_dot_lanes(k->u.attention_bwd.dout, oo, k->u.attention_bwd.v, vo, hd, dt,
+                                 lane0);
 
     *p_p = p;
     return p * (dp - k->u.attention_bwd.delta[r]);
 }
 
-/* attention_bwd pass 1, query row r (as the forward's): dq = scale sum_j ds k_j */
-FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r)
+/* attention_bwd pass 1, query row r (as the forward's): dq = scale sum_j ds k_j, in key order */
+FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
@@ -240,50 +358,59 @@ FSDP_HD void fsdp_kb_attention_dq_row(const fsdp_kernel_t *k, size_t r)
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t g = h / (H / k->u.attention_bwd.kv_heads);
     const size_t last = k->u.attention_bwd.causal ? t : T - 1;
-    float acc[FSDP_KB_ATTN_MAX_HD];
+    float acc[FSDP_KB_ATTN_HERE];
 
-    for (size_t e = 0; e < hd; e++)
-        acc[e] = 0.0f;
-    for (size_t j = 0; j <= last; j++) {
-        const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
-        float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
-        for (size_t e = 0; e < hd; e++)
-            acc[e] += ds * fsdp_kb_load(k->u.attention_bwd.k, dt, ko + e);
+    fsdp_kb_acc_zero(acc);
+    for (size_t j0 = 0; j0 <= last; j0 += FSDP_KB_ATTN_AHEAD) {
+        const unsigned nj = last - j0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(last - j0 + 1)
+                                                           : FSDP_KB_ATTN_AHEAD;
+        float ds[FSDP_KB_ATTN_AHEAD], p;
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            ds[u] = fsdp_kb_attention_ds(k, b, h, g, t, j0 + u, &p, lane0);
+        FSDP_KB_UNROLL
+        for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nj; u++)
+            fsdp_kb_acc_add(acc, ds[u], k->u.attention_bwd.k,
+                            (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd, hd, dt, lane0);
     }
-    for (size_t e = 0; e < hd; e++)
-        fsdp_kb_store(k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd + e,
-                      acc[e] * k->u.attention_bwd.scale);
+    fsdp_kb_acc_store(acc, k->u.attention_bwd.dq, (b * T + t) * k->u.attention_bwd.ldq + h * hd,
+                      hd, dt, 0, k->u.attention_bwd.scale, lane0);
 }
 
-/* attention_bwd pass 2, key row r = (b * kv_heads + g) * seq + j: over the query heads of group g,
- * then the queries that see key j, dv = sum p dout_i and dk = scale sum ds q_i */
-FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r)
+/* attention_bwd pass 2, key row r = (b * kv_heads + g) * seq + j: over the query heads of group g
+ * in order, then the queries that see key j in order, dv = sum p dout_i and dk = scale sum ds q_i */
+FSDP_HD void fsdp_kb_attention_dkv_row(const fsdp_kernel_t *k, size_t r, unsigned lane0)
 {
     const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
     const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
     const size_t K = k->u.attention_bwd.kv_heads, hd = k->u.attention_bwd.head_dim;
     const size_t j = r % T, g = (r / T) % K, b = r / T / K, group = H / K;
-    float dk[FSDP_KB_ATTN_MAX_HD], dv[FSDP_KB_ATTN_MAX_HD];
+    float dk[FSDP_KB_ATTN_HERE], dv[FSDP_KB_ATTN_HERE];
 
-    for (size_t e = 0; e < hd; e++)
-        dk[e] = dv[e] = 0.0f;
+    fsdp_kb_acc_zero(dk);
+    fsdp_kb_acc_zero(dv);
     for (size_t h = g * group; h < (g + 1) * group; h++) {
-        for (size_t t = k->u.attention_bwd.causal ? j : 0; t < T; t++) {
-            const size_t qo = (b * T + t) * k->u.attention_bwd.ldq + h * hd;
-            const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
-            float p, ds = fsdp_kb_attention_ds(k, b, h, g, t, j, &p);
-            for (size_t e = 0; e < hd; e++) {
-                dv[e] += p * fsdp_kb_load(k->u.attention_bwd.dout, dt, oo + e);
-                dk[e] += ds * fsdp_kb_load(k->u.attention_bwd.q, dt, qo + e);
+        for (size_t t0 = k->u.attention_bwd.causal ? j : 0; t0 < T; t0 += FSDP_KB_ATTN_AHEAD) {
+            const unsigned nt = T - t0 < FSDP_KB_ATTN_AHEAD ? (unsigned)(T - t0)
+                                                            : FSDP_KB_ATTN_AHEAD;
+            float ds[FSDP_KB_ATTN_AHEAD], p[FSDP_KB_ATTN_AHEAD];
+            FSDP_KB_UNROLL
+            for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nt; u++)
+                ds[u] = fsdp_kb_attention_ds(k, b, h, g, t0 + u, j, &p[u], lane0);
+            FSDP_KB_UNROLL
+            for (unsigned u = 0; u < FSDP_KB_ATTN_AHEAD && u < nt; u++) {
+                const size_t t = t0 + u;
+                fsdp_kb_acc_add(dv, p[u], k->u.attention_bwd.dout,
+                                (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd, dt, lane0);
+                fsdp_kb_acc_add(dk, ds[u], k->u.attention_bwd.q,
+                                (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd, dt, lane0);
             }
         }
     }
-    for (size_t e = 0; e < hd; e++) {
-        fsdp_kb_store(k->u.attention_bwd.dk, dt, (b * T + j) * k->u.attention_bwd.ldk + g * hd + e,
-                      dk[e] * k->u.attention_bwd.scale);
-        fsdp_kb_store(k->u.attention_bwd.dv, dt, (b * T + j) * k->u.attention_bwd.ldv + g * hd + e,
-                      dv[e]);
-    }
+    fsdp_kb_acc_store(dk, k->u.attention_bwd.dk, (b * T + j) * k->u.attention_bwd.ldk + g * hd, hd,
+                      dt, 0, k->u.attention_bwd.scale, lane0);
+    fsdp_kb_acc_store(dv, k->u.attention_bwd.dv, (b * T + j) * k->u.attention_bwd.ldv + g * hd, hd,
+                      dt, 0, 1.0f, lane0);
 }
 
 /* ---- dispatch ---- */
@@ -316,6 +443,26 @@ FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
     }
 }
 
+/* How the indices of a pass run. */
+#define FSDP_KB_BY_ELEM 0 /* an element: a thread on the GPU */
+#define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
+#define FSDP_KB_BY_COLS 2 /* FSDP_KB_LANES columns x FSDP_KB_ROW_LANES row lanes: a block */
+
+FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
+{
+    switch (kind) {
+    case FSDP_K_RMSNORM_FWD:
+        return FSDP_KB_BY_ROW;
+    case FSDP_K_RMSNORM_BWD:
+        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW;
+    case FSDP_K_ATTENTION_FWD:
+    case FSDP_K_ATTENTION_BWD:
+        return FSDP_KB_BY_ROW;
+    default:
+        return FSDP_KB_BY_ELEM;
+    }
+}
+
 /* The passes of a kernel, run in order. */
 FSDP_HD int fsdp_kb_llama_passes(const fsdp_kernel_t *k)
 {
@@ -330,7 +477,9 @@ FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
         return k->u.rmsnorm_fwd.cols > 0 ? k->u.rmsnorm_fwd.rows : 0;
     case FSDP_K_RMSNORM_BWD:
         if (pass == 0)
-            return k->u.rmsnorm_bwd.dweight != NULL ? fsdp_kb_col_chunks(k->u.rmsnorm_bwd.cols) : 0;
+            return k->u.rmsnorm_bwd.dweight != NULL
+                       ? (k->u.rmsnorm_bwd.cols + FSDP_KB_LANES - 1) / FSDP_KB_LANES
+                       : 0;
         return k->u.rmsnorm_bwd.dx != NULL && k->u.rmsnorm_bwd.cols > 0 ? k->u.rmsnorm_bwd.rows : 0;
     case FSDP_K_ROPE_FWD:
     case FSDP_K_ROPE_BWD:
@@ -349,19 +498,10 @@ FSDP_HD size_t fsdp_kb_llama_count(const fsdp_kernel_t *k, int pass)
     }
 }
 
-/* Index i of pass `pass`. With a constant kind the switch folds away. */
+/* Index i of a pass of elements. With a constant kind the switch folds away. */
 FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t i)
 {
     switch (kind) {
-    case FSDP_K_RMSNORM_FWD:
-        fsdp_kb_rmsnorm_fwd_row(k, i);
-        break;
-    case FSDP_K_RMSNORM_BWD:
-        if (pass == 0)
-            fsdp_kb_rmsnorm_bwd_cols(k, i);
-        else
-            fsdp_kb_rmsnorm_bwd_row(k, i);
-        break;
     case FSDP_K_ROPE_FWD:
         fsdp_kb_rope_at(k, 0, i);
         break;
@@ -374,18 +514,68 @@ FSDP_HD void fsdp_kb_llama_at(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, i
     case FSDP_K_SWIGLU_BWD:
         fsdp_kb_swiglu_bwd_at(k, i);
         break;
+    default:
+        break;
+    }
+}
+
+/* Row r of a pass of rows: lanes lane0 .. of it (FSDP_KB_HERE). */
+FSDP_HD void fsdp_kb_llama_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass, size_t r,
+                               unsigned lane0)
+{
+    switch (kind) {
+    case FSDP_K_RMSNORM_FWD:
+        fsdp_kb_rmsnorm_fwd_row(k, r, lane0);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        fsdp_kb_rmsnorm_bwd_row(k, r, lane0);
+        break;
     case FSDP_K_ATTENTION_FWD:
-        fsdp_kb_attention_fwd_row(k, i);
+        fsdp_kb_attention_fwd_row(k, r, lane0);
         break;
     case FSDP_K_ATTENTION_BWD:
         if (pass == 0)
-            fsdp_kb_attention_delta_row(k, i);
+            fsdp_kb_attention_delta_row(k, r, lane0);
         else if (pass == 1)
-            fsdp_kb_attention_dq_row(k, i);
+            fsdp_kb_attention_dq_row(k, r, lane0);
         else
-            fsdp_kb_attention_dkv_row(k, i);
+            fsdp_kb_attention_dkv_row(k, r, lane0);
         break;
     default:
+        break;
+    }
+}
+
+/* Column block blk of a pass of column blocks: columns x0 .. and row lanes y0 .. of it. */
+FSDP_HD void fsdp_kb_llama_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int pass,
+                                size_t blk, unsigned x0, unsigned y0,
+                                float (*s)[FSDP_KB_LANES + 1])
+{
+    if (kind == FSDP_K_RMSNORM_BWD && pass == 0)
+        fsdp_kb_rmsnorm_bwd_cols(k, blk, x0, y0, s);
+}
+
+/* The host's run of a pass: each index in order, and within one the lanes (or the columns and
+ * row lanes of a block) in the loops of the body. */
+static inline void fsdp_kb_llama_host_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k,
+                                           int pass)
+{
+    const size_t n = fsdp_kb_llama_count(k, pass);
+
+    switch (fsdp_kb_llama_shape(kind, pass)) {
+    case FSDP_KB_BY_ROW:
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_row(kind, k, pass, i, 0);
+        break;
+    case FSDP_KB_BY_COLS: {
+        float s[FSDP_KB_ROW_LANES][FSDP_KB_LANES + 1];
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_cols(kind, k, pass, i, 0, 0, s);
+        break;
+    }
+    default:
+        for (size_t i = 0; i < n; i++)
+            fsdp_kb_llama_at(kind, k, pass, i);
         break;
     }
 }

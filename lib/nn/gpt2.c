@@ -11,7 +11,6 @@
 
 #include <fsdp/gpt2.h>
 #include <fsdp/log.h>
-#include <fsdp/wrap.h>
 
 #include "nn/gpt2_int.h"
 
@@ -194,23 +193,6 @@ double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq)
 
 /* ---- the model ---- */
 
-static void spec_1d(fsdp_param_spec_t *s, const char *name, int64_t n)
-{
-    memset(s, 0, sizeof(*s));
-    s->name = name;
-    s->ndim = 1;
-    s->shape[0] = n;
-    s->requires_grad = 1;
-    s->tied_to = -1;
-}
-
-static void spec_2d(fsdp_param_spec_t *s, const char *name, int64_t rows, int64_t cols)
-{
-    spec_1d(s, name, rows);
-    s->ndim = 2;
-    s->shape[1] = cols;
-}
-
 /* HF's names of a block's parameters, in FSDP_GPT2_* order. */
 static const char *const block_names[FSDP_GPT2_BLOCK_NPARAMS] = {
     "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
@@ -280,17 +262,7 @@ void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, 
     }
 }
 
-/* HF's GPT2Model as a module tree, in named_modules order, with each module's own parameters:
- * module m holds params [first[m], first[m] + count[m]) of the parameter list. */
-typedef struct gpt2_tree {
-    fsdp_module_desc_t *mods;
-    int nmods;
-    int *first, *count;
-    fsdp_param_spec_t *params; /* names point into pnames */
-    char (*pnames)[96];
-    char (*mnames)[64];
-    int nparams;
-} gpt2_tree_t;
+/* ---- HF's GPT2Model as a module tree (lm_int.h) ---- */
 
 /* Appends src to out[*len..cap), truncating, always terminated. */
 static void name_append(char *out, size_t cap, size_t *len, const char *src)
@@ -338,78 +310,44 @@ static const char *block_name(char *out, size_t cap, int block, const char *suff
     return out;
 }
 
-static void tree_free(gpt2_tree_t *t)
-{
-    free(t->mods);
-    free(t->first);
-    free(t->count);
-    free(t->params);
-    free(t->pnames);
-    free(t->mnames);
-}
-
 /* Adds module `name` of `type` under `parent`, owning `np` parameters: block `block` (or the
  * root's, -1) parameters of FSDP_GPT2_* index `pi0` onward. Returns its index. */
-static int tree_add(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *name,
+static int tree_add(fsdp_lm_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *name,
                     const char *type, int parent, int block, int pi0, int np)
 {
-    int m = t->nmods++;
-    size_t own = 0, len = 0;
+    int m = fsdp_lm_tree_module(t, name, type, parent);
 
-    name_append(t->mnames[m], sizeof(t->mnames[m]), &len, name);
-    t->first[m] = t->nparams;
-    t->count[m] = np;
-    for (int k = 0; k < np; k++) {
-        fsdp_param_spec_t *sp = &t->params[t->nparams];
-        char *pn = t->pnames[t->nparams];
+    for (int i = pi0; i < pi0 + np; i++) {
         int nd;
         int64_t shape[2];
-        fsdp_gpt2_param_shape(cfg, block, pi0 + k, &nd, shape);
-        block_name(pn, sizeof(t->pnames[0]), block,
-                   block < 0 ? root_names[pi0 + k] : block_names[pi0 + k]);
-        if (nd == 2)
-            spec_2d(sp, pn, shape[0], shape[1]);
-        else
-            spec_1d(sp, pn, shape[0]);
-        own += (size_t)shape[0] * (nd == 2 ? (size_t)shape[1] : 1);
-        t->nparams++;
+        fsdp_gpt2_param_shape(cfg, block, i, &nd, shape);
+        block_name(fsdp_lm_tree_param(t, nd, shape), FSDP_LM_NAME_LEN, block,
+                   block < 0 ? root_names[i] : block_names[i]);
     }
-    t->mods[m].name = t->mnames[m];
-    t->mods[m].type = type;
-    t->mods[m].own_numel = own;
-    t->mods[m].parent = parent;
     return m;
 }
 
-/* "transformer.h.<l>.<suffix>" into n (64 bytes). */
+/* "transformer.h.<l>.<suffix>" into n (FSDP_LM_NAME_LEN bytes). */
 static const char *sub_name(char *n, int l, const char *suffix)
 {
-    return block_name(n, 64, l, suffix);
+    return block_name(n, FSDP_LM_NAME_LEN, l, suffix);
 }
 
-static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
+static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
-    int cap = 5 + 10 * cfg->n_layer;
-    int ncap = FSDP_GPT2_ROOT_NPARAMS + FSDP_GPT2_BLOCK_NPARAMS * cfg->n_layer;
+    const fsdp_gpt2_config_t *cfg = cfg_v;
     int list;
+    fsdp_status_t status = fsdp_lm_tree_alloc(
+        t, 5 + 10 * cfg->n_layer, FSDP_GPT2_ROOT_NPARAMS + FSDP_GPT2_BLOCK_NPARAMS * cfg->n_layer);
 
-    memset(t, 0, sizeof(*t));
-    t->mods = calloc((size_t)cap, sizeof(*t->mods));
-    t->first = calloc((size_t)cap, sizeof(*t->first));
-    t->count = calloc((size_t)cap, sizeof(*t->count));
-    t->mnames = calloc((size_t)cap, sizeof(*t->mnames));
-    t->params = calloc((size_t)ncap, sizeof(*t->params));
-    t->pnames = calloc((size_t)ncap, sizeof(*t->pnames));
-    if (!t->mods || !t->first || !t->count || !t->mnames || !t->params || !t->pnames) {
-        tree_free(t);
-        return FSDP_ERR_NO_MEMORY;
-    }
+    if (status != FSDP_OK)
+        return status;
     tree_add(t, cfg, "transformer", "GPT2Model", -1, -1, 0, 0);
     tree_add(t, cfg, "transformer.wte", "Embedding", 0, -1, FSDP_GPT2_WTE, 1);
     tree_add(t, cfg, "transformer.wpe", "Embedding", 0, -1, FSDP_GPT2_WPE, 1);
     list = tree_add(t, cfg, "transformer.h", "ModuleList", 0, -1, 0, 0);
     for (int l = 0; l < cfg->n_layer; l++) {
-        char n[64];
+        char n[FSDP_LM_NAME_LEN];
         int blk, attn, mlp;
         block_name(n, sizeof(n), l, NULL);
         blk = tree_add(t, cfg, n, "GPT2Block", list, l, 0, 0);
@@ -427,97 +365,34 @@ static fsdp_status_t tree_build(gpt2_tree_t *t, const fsdp_gpt2_config_t *cfg)
     return FSDP_OK;
 }
 
-/* The units of ModuleWrapPolicy({GPT2Block}): the root holds wte, wpe and ln_f, each block its
- * own parameters, flattened in named_parameters order. */
-static fsdp_status_t create_units(fsdp_t *fs, fsdp_gpt2_t *m, const gpt2_tree_t *t)
-{
-    static const char *const wrap_types[] = {"GPT2Block"};
-    fsdp_wrap_policy_t policy;
-    fsdp_param_spec_t *specs = calloc((size_t)t->nparams + 1, sizeof(*specs));
-    int *unit_of = calloc((size_t)t->nmods, sizeof(*unit_of));
-    fsdp_unit_t **unit_at = calloc((size_t)t->nmods, sizeof(*unit_at));
-    fsdp_status_t status;
-    int nblocks = 0;
-
-    fsdp_wrap_policy_init(&policy, FSDP_WRAP_BY_TYPE);
-    policy.types = wrap_types;
-    policy.ntypes = 1;
-    status = specs && unit_of && unit_at ? fsdp_auto_wrap(&policy, t->mods, t->nmods, unit_of)
-                                         : FSDP_ERR_NO_MEMORY;
-    for (int w = 0; w < t->nmods && status == FSDP_OK; w++) {
-        int n = 0;
-        if (unit_of[w] != w)
-            continue;
-        for (int i = w; i < t->nmods; i++) {
-            if (unit_of[i] != w)
-                continue;
-            memcpy(specs + n, t->params + t->first[i], sizeof(*specs) * (size_t)t->count[i]);
-            n += t->count[i];
-        }
-        status = fsdp_unit_create(fs, t->mods[w].name,
-                                  w == 0 ? NULL : unit_at[unit_of[t->mods[w].parent]], specs, n,
-                                  &unit_at[w]);
-        if (status != FSDP_OK)
-            break;
-        if (w == 0)
-            m->root = unit_at[w];
-        else if (nblocks < m->cfg.n_layer)
-            m->blocks[nblocks++] = unit_at[w];
-    }
-    if (status == FSDP_OK && nblocks != m->cfg.n_layer) {
-        fsdp_error("gpt2: the wrap policy made %d block units for %d layers", nblocks,
-                   m->cfg.n_layer);
-        status = FSDP_ERR_INTERNAL;
-    }
-    free(specs);
-    free(unit_of);
-    free(unit_at);
-    return status;
-}
+/* ---- the model ---- */
 
 fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p)
 {
-    gpt2_tree_t tree;
     fsdp_gpt2_t *m;
-    fsdp_status_t status;
+    fsdp_status_t status = fsdp_gpt2_config_check(cfg);
 
-    status = fsdp_gpt2_config_check(cfg);
     if (status != FSDP_OK)
         return status;
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return FSDP_ERR_NO_MEMORY;
-    m->blocks = calloc((size_t)cfg->n_layer, sizeof(*m->blocks));
-    m->checkpoint = calloc((size_t)cfg->n_layer, sizeof(*m->checkpoint));
-    if (m->blocks == NULL || m->checkpoint == NULL) {
-        status = FSDP_ERR_NO_MEMORY;
-        goto err_free;
-    }
-    m->fs = fs;
     m->cfg = *cfg;
-    m->loss_scale = 1.0f;
-
-    status = tree_build(&tree, cfg);
-    if (status != FSDP_OK)
-        goto err_free;
-    status = create_units(fs, m, &tree);
-    tree_free(&tree);
-    if (status != FSDP_OK)
-        goto err_free;
+    /* ModuleWrapPolicy({GPT2Block}): the root holds wte, wpe and ln_f */
+    status = fsdp_lm_setup(&m->lm, fs, "gpt2", "block", cfg->n_layer, tree_build, cfg, "GPT2Block");
+    if (status != FSDP_OK) {
+        fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
+        return status;
+    }
     *model_p = m;
     return FSDP_OK;
-
-err_free:
-    fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
-    return status;
 }
 
 void fsdp_gpt2_destroy(fsdp_gpt2_t *model)
 {
     if (model == NULL)
         return;
-    free(model->blocks);
-    free(model->checkpoint);
+    fsdp_lm_fini(&model->lm);
     free(model);
 }
 
@@ -528,31 +403,22 @@ const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model)
 
 fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model)
 {
-    return model->root;
+    return model->lm.root;
 }
 
 fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer)
 {
-    return layer >= 0 && layer < model->cfg.n_layer ? model->blocks[layer] : NULL;
+    return fsdp_lm_layer(&model->lm, layer);
 }
 
 fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on)
 {
-    if (layer < -1 || layer >= model->cfg.n_layer) {
-        fsdp_error("gpt2: no block %d to checkpoint (blocks 0..%d, or -1 for all)", layer,
-                   model->cfg.n_layer - 1);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    for (int l = 0; l < model->cfg.n_layer; l++) {
-        if (layer < 0 || l == layer)
-            model->checkpoint[l] = on != 0;
-    }
-    return FSDP_OK;
+    return fsdp_lm_set_checkpointing(&model->lm, layer, on != 0);
 }
 
 void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale)
 {
-    model->loss_scale = scale;
+    model->lm.loss_scale = scale;
 }
 
 /* ---- initialization ---- */
@@ -593,35 +459,27 @@ static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, 
 fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed)
 {
     const fsdp_gpt2_config_t *cfg = &model->cfg;
+    fsdp_unit_t *root = model->lm.root;
     const float std = cfg->initializer_range;
     const float proj_std = std / sqrtf(2.0f * (float)cfg->n_layer);
-    size_t max_numel = 0;
     fsdp_status_t status = FSDP_OK;
     fsdp_rng_t rng;
     float *buf;
 
-    if (fsdp_device(model->fs)->no_data)
+    if (fsdp_device(model->lm.fs)->no_data)
         return FSDP_OK; /* shape mode: no values to set */
-    for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++) {
-        fsdp_param_info_t info;
-        fsdp_unit_param_info(model->root, i, &info);
-        if (info.numel > max_numel)
-            max_numel = info.numel;
-    }
-    if ((size_t)16 * cfg->n_embd * cfg->n_embd > max_numel)
-        max_numel = (size_t)16 * cfg->n_embd * cfg->n_embd;
-    buf = malloc(max_numel * sizeof(float));
+    buf = fsdp_lm_param_buffer(&model->lm);
     if (buf == NULL)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     /* kind 0: normal, 1: ones, 2: zeros */
-    status = init_param(model->root, FSDP_GPT2_WTE, 0, std, &rng, buf);
+    status = init_param(root, FSDP_GPT2_WTE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model->root, FSDP_GPT2_WPE, 0, std, &rng, buf);
+        status = init_param(root, FSDP_GPT2_WPE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model->root, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
+        status = init_param(root, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model->root, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
+        status = init_param(root, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++) {
             int kind = 2;
@@ -632,7 +490,7 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed)
                 kind = 0;
             else if (i == FSDP_GPT2_ATTN_PROJ_W || i == FSDP_GPT2_FC_PROJ_W)
                 kind = 0, s = proj_std;
-            status = init_param(model->blocks[l], i, kind, s, &rng, buf);
+            status = init_param(model->lm.layers[l], i, kind, s, &rng, buf);
         }
     }
     free(buf);

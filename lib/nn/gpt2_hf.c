@@ -225,7 +225,7 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights
                    c->n_positions, c->vocab_size);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (fsdp_device(model->fs)->no_data)
+    if (fsdp_device(model->lm.fs)->no_data)
         return FSDP_OK;
     for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS; i++)
         if (weights->root[i]->numel > max_numel)
@@ -236,11 +236,11 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights
     if (buf == NULL)
         return FSDP_ERR_NO_MEMORY;
     for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS && status == FSDP_OK; i++)
-        status = set_param(model->root, i, weights->root[i], buf);
+        status = set_param(model->lm.root, i, weights->root[i], buf);
     for (int l = 0; l < c->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++)
             status =
-                set_param(model->blocks[l], i,
+                set_param(model->lm.layers[l], i,
                           weights->blocks[(size_t)l * FSDP_GPT2_BLOCK_NPARAMS + (size_t)i], buf);
     }
     free(buf);
@@ -301,7 +301,7 @@ static void gpt2_name(void *arg, int unit, int index, const fsdp_param_info_t *p
 fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
                                      fsdp_gpt2_save_names_t names)
 {
-    return fsdp_nn_save_units(model->root, model->blocks, model->cfg.n_layer,
-                              fsdp_device(model->fs)->rank, path, gpt2_name,
+    return fsdp_nn_save_units(model->lm.root, model->lm.layers, model->cfg.n_layer,
+                              fsdp_device(model->lm.fs)->rank, path, gpt2_name,
                               (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
 }

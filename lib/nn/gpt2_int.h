@@ -5,15 +5,13 @@
 
 #include <fsdp/gpt2.h>
 
+#include "nn/lm_int.h"
+
 #define FSDP_GPT2_MAX_LAYERS 1024
 
 struct fsdp_gpt2 {
-    fsdp_t *fs;
+    fsdp_lm_t lm; /* root: wte, wpe, ln_f; layers: the blocks; checkpoint: 1 recomputes */
     fsdp_gpt2_config_t cfg;
-    fsdp_unit_t *root;    /* wte, wpe, ln_f */
-    fsdp_unit_t **blocks; /* n_layer */
-    int *checkpoint;      /* per block: recompute in backward */
-    float loss_scale;
 };
 
 /* HF's name of a parameter without "transformer." (e.g. "ln_1.weight" of a block, "wte.weight"

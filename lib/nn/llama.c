@@ -11,7 +11,6 @@
 
 #include <fsdp/llama.h>
 #include <fsdp/log.h>
-#include <fsdp/wrap.h>
 
 #include "nn/llama_int.h"
 
@@ -249,18 +248,7 @@ void fsdp_llama_inv_freq(const fsdp_llama_config_t *cfg, float *inv_freq)
     }
 }
 
-/* ---- the module tree and the units ---- */
-
-#define NAME_LEN 96
-
-typedef struct llama_tree {
-    fsdp_module_desc_t *mods;
-    char (*mnames)[NAME_LEN];
-    int *first, *count; /* module m holds params [first[m], first[m] + count[m]) */
-    fsdp_param_spec_t *params;
-    char (*pnames)[NAME_LEN];
-    int nmods, nparams;
-} llama_tree_t;
+/* ---- HF's LlamaForCausalLM as a module tree (lm_int.h) ---- */
 
 static const char *const layer_names[FSDP_LLAMA_LAYER_NPARAMS] = {
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -322,63 +310,35 @@ void fsdp_llama_param_shape(const fsdp_llama_config_t *cfg, int layer, int index
 
 /* Adds module `name` of `type` under `parent`, owning np parameters of layer `layer` (-1: the
  * root's) from index pi0 on. Returns its index. */
-static int tree_add(llama_tree_t *t, const fsdp_llama_config_t *cfg, const char *name,
+static int tree_add(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg, const char *name,
                     const char *type, int parent, int layer, int pi0, int np)
 {
-    int m = t->nmods++;
-    size_t own = 0;
+    int m = fsdp_lm_tree_module(t, name, type, parent);
 
-    snprintf(t->mnames[m], NAME_LEN, "%s", name);
-    t->first[m] = t->nparams;
-    t->count[m] = np;
     for (int i = pi0; i < pi0 + np; i++) {
-        fsdp_param_spec_t *sp = &t->params[t->nparams];
-        char *pn = t->pnames[t->nparams++];
+        int nd;
+        int64_t shape[2];
+        char *pn;
+        fsdp_llama_param_shape(cfg, layer, i, &nd, shape);
+        pn = fsdp_lm_tree_param(t, nd, shape);
         if (layer < 0)
-            snprintf(pn, NAME_LEN, "%s", root_names[i]);
+            snprintf(pn, FSDP_LM_NAME_LEN, "%s", root_names[i]);
         else
-            snprintf(pn, NAME_LEN, "model.layers.%d.%s", layer, layer_names[i]);
-        memset(sp, 0, sizeof(*sp));
-        sp->name = pn;
-        sp->requires_grad = 1;
-        sp->tied_to = -1;
-        fsdp_llama_param_shape(cfg, layer, i, &sp->ndim, sp->shape);
-        own += (size_t)sp->shape[0] * (sp->ndim == 2 ? (size_t)sp->shape[1] : 1);
+            snprintf(pn, FSDP_LM_NAME_LEN, "model.layers.%d.%s", layer, layer_names[i]);
     }
-    t->mods[m].name = t->mnames[m];
-    t->mods[m].type = type;
-    t->mods[m].own_numel = own;
-    t->mods[m].parent = parent;
     return m;
 }
 
-static void tree_free(llama_tree_t *t)
-{
-    free(t->mods);
-    free(t->mnames);
-    free(t->first);
-    free(t->count);
-    free(t->params);
-    free(t->pnames);
-}
-
 /* HF's LlamaForCausalLM in named_modules order; the root is named "model" here. */
-static fsdp_status_t tree_build(llama_tree_t *t, const fsdp_llama_config_t *cfg)
+static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
-    const int cap = 5 + 12 * cfg->n_layer, ncap = 3 + FSDP_LLAMA_LAYER_NPARAMS * cfg->n_layer;
+    const fsdp_llama_config_t *cfg = cfg_v;
     int list;
+    fsdp_status_t status =
+        fsdp_lm_tree_alloc(t, 5 + 12 * cfg->n_layer, 3 + FSDP_LLAMA_LAYER_NPARAMS * cfg->n_layer);
 
-    memset(t, 0, sizeof(*t));
-    t->mods = calloc((size_t)cap, sizeof(*t->mods));
-    t->mnames = calloc((size_t)cap, sizeof(*t->mnames));
-    t->first = calloc((size_t)cap, sizeof(*t->first));
-    t->count = calloc((size_t)cap, sizeof(*t->count));
-    t->params = calloc((size_t)ncap, sizeof(*t->params));
-    t->pnames = calloc((size_t)ncap, sizeof(*t->pnames));
-    if (!t->mods || !t->mnames || !t->first || !t->count || !t->params || !t->pnames) {
-        tree_free(t);
-        return FSDP_ERR_NO_MEMORY;
-    }
+    if (status != FSDP_OK)
+        return status;
     tree_add(t, cfg, "model", "LlamaForCausalLM", -1, -1, 0, 0);
     tree_add(t, cfg, "model.embed_tokens", "Embedding", 0, -1, FSDP_LLAMA_EMBED, 1);
     list = tree_add(t, cfg, "model.layers", "ModuleList", 0, -1, 0, 0);
@@ -386,7 +346,7 @@ static fsdp_status_t tree_build(llama_tree_t *t, const fsdp_llama_config_t *cfg)
         static const char *const lin[] = {
             "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-        char n[NAME_LEN], s[NAME_LEN];
+        char n[FSDP_LM_NAME_LEN], s[FSDP_LM_NAME_LEN];
         int layer, attn, mlp;
         snprintf(n, sizeof(n), "model.layers.%d", l);
         layer = tree_add(t, cfg, n, "LlamaDecoderLayer", list, l, 0, 0);
@@ -413,57 +373,10 @@ static fsdp_status_t tree_build(llama_tree_t *t, const fsdp_llama_config_t *cfg)
     return FSDP_OK;
 }
 
-/* The units of ModuleWrapPolicy({LlamaDecoderLayer}), each flattening its modules' parameters
- * in named_parameters order. */
-static fsdp_status_t create_units(fsdp_t *fs, fsdp_llama_t *m, const llama_tree_t *t)
-{
-    static const char *const wrap_types[] = {"LlamaDecoderLayer"};
-    fsdp_wrap_policy_t policy;
-    fsdp_param_spec_t *specs = calloc((size_t)t->nparams + 1, sizeof(*specs));
-    int *unit_of = calloc((size_t)t->nmods, sizeof(*unit_of));
-    fsdp_unit_t **unit_at = calloc((size_t)t->nmods, sizeof(*unit_at));
-    fsdp_status_t status;
-    int nlayers = 0;
-
-    fsdp_wrap_policy_init(&policy, FSDP_WRAP_BY_TYPE);
-    policy.types = wrap_types;
-    policy.ntypes = 1;
-    status = specs && unit_of && unit_at ? fsdp_auto_wrap(&policy, t->mods, t->nmods, unit_of)
-                                         : FSDP_ERR_NO_MEMORY;
-    for (int w = 0; w < t->nmods && status == FSDP_OK; w++) {
-        int n = 0;
-        if (unit_of[w] != w)
-            continue;
-        for (int i = w; i < t->nmods; i++) {
-            if (unit_of[i] != w)
-                continue;
-            memcpy(specs + n, t->params + t->first[i], sizeof(*specs) * (size_t)t->count[i]);
-            n += t->count[i];
-        }
-        status = fsdp_unit_create(fs, t->mods[w].name,
-                                  w == 0 ? NULL : unit_at[unit_of[t->mods[w].parent]], specs, n,
-                                  &unit_at[w]);
-        if (status != FSDP_OK)
-            break;
-        if (w == 0)
-            m->root = unit_at[w];
-        else if (nlayers < m->cfg.n_layer)
-            m->layers[nlayers++] = unit_at[w];
-    }
-    if (status == FSDP_OK && nlayers != m->cfg.n_layer) {
-        fsdp_error("llama: the wrap policy made %d layer units for %d layers", nlayers,
-                   m->cfg.n_layer);
-        status = FSDP_ERR_INTERNAL;
-    }
-    free(specs);
-    free(unit_of);
-    free(unit_at);
-    return status;
-}
+/* ---- the model ---- */
 
 fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_llama_t **model_p)
 {
-    llama_tree_t tree;
     fsdp_llama_t *m;
     fsdp_status_t status = fsdp_llama_config_check(cfg);
 
@@ -472,36 +385,22 @@ fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp
     m = calloc(1, sizeof(*m));
     if (m == NULL)
         return FSDP_ERR_NO_MEMORY;
-    m->layers = calloc((size_t)cfg->n_layer, sizeof(*m->layers));
-    m->checkpoint = calloc((size_t)cfg->n_layer, sizeof(*m->checkpoint));
-    if (m->layers == NULL || m->checkpoint == NULL) {
-        status = FSDP_ERR_NO_MEMORY;
-        goto err_free;
-    }
-    m->fs = fs;
     m->cfg = *cfg;
-    m->loss_scale = 1.0f;
-    status = tree_build(&tree, cfg);
-    if (status != FSDP_OK)
-        goto err_free;
-    status = create_units(fs, m, &tree);
-    tree_free(&tree);
-    if (status != FSDP_OK)
-        goto err_free;
+    status = fsdp_lm_setup(&m->lm, fs, "llama", "layer", cfg->n_layer, tree_build, cfg,
+                           "LlamaDecoderLayer");
+    if (status != FSDP_OK) {
+        fsdp_llama_destroy(m); /* units belong to fs and go with it */
+        return status;
+    }
     *model_p = m;
     return FSDP_OK;
-
-err_free:
-    fsdp_llama_destroy(m); /* units belong to fs and go with it */
-    return status;
 }
 
 void fsdp_llama_destroy(fsdp_llama_t *model)
 {
     if (model == NULL)
         return;
-    free(model->layers);
-    free(model->checkpoint);
+    fsdp_lm_fini(&model->lm);
     free(model);
 }
 
@@ -512,33 +411,25 @@ const fsdp_llama_config_t *fsdp_llama_config(const fsdp_llama_t *model)
 
 fsdp_unit_t *fsdp_llama_root(fsdp_llama_t *model)
 {
-    return model->root;
+    return model->lm.root;
 }
 
 fsdp_unit_t *fsdp_llama_layer(fsdp_llama_t *model, int layer)
 {
-    return layer >= 0 && layer < model->cfg.n_layer ? model->layers[layer] : NULL;
+    return fsdp_lm_layer(&model->lm, layer);
 }
 
 fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on)
 {
-    if (layer < -1 || layer >= model->cfg.n_layer) {
-        fsdp_error("llama: no layer %d to checkpoint (layers 0..%d, or -1 for all)", layer,
-                   model->cfg.n_layer - 1);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    for (int l = 0; l < model->cfg.n_layer; l++) {
-        if (layer < 0 || l == layer)
-            model->checkpoint[l] = on == FSDP_LLAMA_CKPT_SELECTIVE_OP ? on
-                                   : on != 0                          ? FSDP_LLAMA_CKPT_FULL
-                                                                      : FSDP_LLAMA_CKPT_NONE;
-    }
-    return FSDP_OK;
+    return fsdp_lm_set_checkpointing(&model->lm, layer,
+                                     on == FSDP_LLAMA_CKPT_SELECTIVE_OP ? on
+                                     : on != 0                          ? FSDP_LLAMA_CKPT_FULL
+                                                                        : FSDP_LLAMA_CKPT_NONE);
 }
 
 void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale)
 {
-    model->loss_scale = scale;
+    model->lm.loss_scale = scale;
 }
 
 /* ---- initialization ---- */
@@ -561,31 +452,22 @@ fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed)
     const fsdp_llama_config_t *cfg = &model->cfg;
     const float std = cfg->initializer_range;
     const int nroot = cfg->tie_word_embeddings ? 2 : 3;
-    size_t max_numel = 0;
     fsdp_status_t status = FSDP_OK;
     fsdp_rng_t rng;
     float *buf;
 
-    if (fsdp_device(model->fs)->no_data)
+    if (fsdp_device(model->lm.fs)->no_data)
         return FSDP_OK; /* shape mode: no values to set */
-    for (int k = -1; k < (cfg->n_layer > 0 ? 1 : 0); k++) {
-        fsdp_unit_t *u = k < 0 ? model->root : model->layers[0];
-        for (int i = 0; i < fsdp_unit_num_params(u); i++) {
-            fsdp_param_info_t info;
-            fsdp_unit_param_info(u, i, &info);
-            if (info.numel > max_numel)
-                max_numel = info.numel;
-        }
-    }
-    buf = malloc(max_numel * sizeof(float));
+    buf = fsdp_lm_param_buffer(&model->lm);
     if (buf == NULL)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     for (int i = 0; i < nroot && status == FSDP_OK; i++)
-        status = init_param(model->root, i, i == FSDP_LLAMA_NORM ? -1.0f : std, &rng, buf);
+        status = init_param(model->lm.root, i, i == FSDP_LLAMA_NORM ? -1.0f : std, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
-            status = init_param(model->layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std, &rng, buf);
+            status =
+                init_param(model->lm.layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std, &rng, buf);
     }
     free(buf);
     return status;

@@ -308,20 +308,21 @@ fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model, const fsdp_llama_weig
         fsdp_error("llama: weights opened for another model shape than this one's");
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (fsdp_device(model->fs)->no_data)
+    if (fsdp_device(model->lm.fs)->no_data)
         return FSDP_OK;
     for (int k = -1; k < c->n_layer; k++) {
-        size_t n = fsdp_unit_shard_numel(k < 0 ? model->root : model->layers[k]);
+        size_t n = fsdp_unit_shard_numel(k < 0 ? model->lm.root : model->lm.layers[k]);
         if (n > max_shard)
             max_shard = n;
     }
     buf = malloc(max_shard * sizeof(float) + 1);
     if (buf == NULL)
         return FSDP_ERR_NO_MEMORY;
-    status = load_unit(model->root, weights->root, fsdp_unit_num_params(model->root), buf);
+    status = load_unit(model->lm.root, weights->root, fsdp_unit_num_params(model->lm.root), buf);
     for (int l = 0; l < c->n_layer && status == FSDP_OK; l++)
-        status = load_unit(model->layers[l], weights->layers + (size_t)l * FSDP_LLAMA_LAYER_NPARAMS,
-                           FSDP_LLAMA_LAYER_NPARAMS, buf);
+        status =
+            load_unit(model->lm.layers[l], weights->layers + (size_t)l * FSDP_LLAMA_LAYER_NPARAMS,
+                      FSDP_LLAMA_LAYER_NPARAMS, buf);
     free(buf);
     return status;
 }
@@ -337,6 +338,6 @@ static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi,
 
 fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path)
 {
-    return fsdp_nn_save_units(model->root, model->layers, model->cfg.n_layer,
-                              fsdp_device(model->fs)->rank, path, hf_name, NULL);
+    return fsdp_nn_save_units(model->lm.root, model->lm.layers, model->cfg.n_layer,
+                              fsdp_device(model->lm.fs)->rank, path, hf_name, NULL);
 }

@@ -5,15 +5,13 @@
 
 #include <fsdp/llama.h>
 
+#include "nn/lm_int.h"
+
 #define FSDP_LLAMA_MAX_LAYERS 1024
 
 struct fsdp_llama {
-    fsdp_t *fs;
+    fsdp_lm_t lm; /* root: embed_tokens, norm, lm_head (untied); checkpoint: FSDP_LLAMA_CKPT_* */
     fsdp_llama_config_t cfg;
-    fsdp_unit_t *root;    /* embed_tokens, norm, lm_head (untied) */
-    fsdp_unit_t **layers; /* n_layer */
-    int *checkpoint;      /* per layer: FSDP_LLAMA_CKPT_* */
-    float loss_scale;
 };
 
 /* HF's name of a layer parameter without "model.layers.<i>." and of a root parameter, by

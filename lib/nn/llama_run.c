@@ -25,7 +25,6 @@
 
 #include <fsdp/log.h>
 
-#include "nn/nn_int.h"
 #include "nn/llama_int.h"
 
 /* what a layer's backward reads, by index */
@@ -38,44 +37,35 @@ enum { A_N1, A_RSTD1, A_Q, A_K, A_V, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_U
 #define SAVED_OP (BIT(A_Q) | BIT(A_V) | BIT(A_O) | BIT(A_LSE) | BIT(A_GATE))
 
 typedef struct llama_run {
+    fsdp_lm_run_t lm; /* first: the step's callbacks get &run.lm (lm.c) */
     fsdp_llama_t *m;
-    fsdp_dev_t *dev;
-    fsdp_stream_t *s;
-    fsdp_mem_t *mem;
-    size_t B, T, BT, D, H, K, hd, F, V;
+    size_t D, H, K, hd, F;
     size_t qw, kw, w; /* H hd, K hd, and the q k v row: qw + 2 kw */
-    fsdp_dtype_t dt;
-    size_t es;
-    int32_t *tokens, *targets;
     float *cos, *sin; /* [T, hd / 2] */
     float *host_rope; /* their host copy, kept until the step has synchronized */
-    void **resid;     /* [L + 1] */
-    void *(*act)[A_COUNT];
-    void *nf, *logits;
-    float *rstdf, *losses, *loss;
-    void *dres;
-    void *tmp[4]; /* a layer's backward scratch */
 } llama_run_t;
 
 static fsdp_status_t launch(llama_run_t *r, const fsdp_kernel_t *k)
 {
-    return r->dev->ops->kernel(r->dev, r->s, k);
+    return fsdp_lm_launch(&r->lm, k);
 }
 
-/* n elements of the compute dtype, or f32 */
+/* n elements of the compute dtype */
 static fsdp_status_t alloc_a(llama_run_t *r, size_t n, fsdp_mem_category_t cat, void **p)
 {
-    return fsdp_mem_alloc(r->mem, n * r->es, cat, r->s, p);
+    return fsdp_lm_alloc(&r->lm, n, cat, p);
 }
 
 static fsdp_status_t alloc_f(llama_run_t *r, size_t n, fsdp_mem_category_t cat, void **p)
 {
-    return fsdp_mem_alloc(r->mem, n * sizeof(float), cat, r->s, p);
+    return fsdp_lm_alloc_f(&r->lm, n, cat, (float **)p);
 }
 
-#define FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
-#define AT(r, p, i) ((char *)(p) + (size_t)(i) * (r)->es)
+#define FREE(r, p) FSDP_LM_FREE(&(r)->lm, p)
+#define AT(r, p, i) ((char *)(p) + (size_t)(i) * (r)->lm.es)
 #define P(u, i) ((const void *)fsdp_unit_param((u), (i)))
+/* layer l's activations */
+#define ACT(r, l) (((void *(*)[A_COUNT])(r)->lm.acts)[l])
 
 /* ---- kernel launches ---- */
 
@@ -84,7 +74,7 @@ static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, si
                           size_t ldc)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_GEMM};
-    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->dt;
+    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->lm.dt;
     d.u.gemm.trans_a = ta;
     d.u.gemm.trans_b = tb;
     d.u.gemm.m = m;
@@ -109,17 +99,17 @@ static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, si
 static fsdp_status_t linear_fwd(llama_run_t *r, const void *x, size_t in, const void *w, size_t out,
                                 void *y, size_t ldy)
 {
-    return gemm(r, 0, 1, r->BT, out, in, x, in, w, in, 0.0f, y, ldy);
+    return gemm(r, 0, 1, r->lm.BT, out, in, x, in, w, in, 0.0f, y, ldy);
 }
 
 /* dW[out, in] += dy^T x; dx[BT, in] = dy W, or += when accumulate (dx NULL: not wanted) */
 static fsdp_status_t linear_bwd(llama_run_t *r, const void *x, size_t in, const void *w, size_t out,
                                 const void *dy, size_t lddy, void *dw, void *dx, int accumulate)
 {
-    fsdp_status_t status = gemm(r, 1, 0, out, in, r->BT, dy, lddy, x, in, 1.0f, dw, in);
+    fsdp_status_t status = gemm(r, 1, 0, out, in, r->lm.BT, dy, lddy, x, in, 1.0f, dw, in);
     if (status != FSDP_OK || dx == NULL)
         return status;
-    return gemm(r, 0, 0, r->BT, in, out, dy, lddy, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+    return gemm(r, 0, 0, r->lm.BT, in, out, dy, lddy, w, in, accumulate ? 1.0f : 0.0f, dx, in);
 }
 
 static fsdp_status_t rmsnorm_fwd(llama_run_t *r, const void *x, const void *w, void *y, float *rstd)
@@ -129,10 +119,10 @@ static fsdp_status_t rmsnorm_fwd(llama_run_t *r, const void *x, const void *w, v
     d.u.rmsnorm_fwd.rstd = rstd;
     d.u.rmsnorm_fwd.x = x;
     d.u.rmsnorm_fwd.weight = w;
-    d.u.rmsnorm_fwd.rows = r->BT;
+    d.u.rmsnorm_fwd.rows = r->lm.BT;
     d.u.rmsnorm_fwd.cols = r->D;
     d.u.rmsnorm_fwd.eps = r->m->cfg.rms_norm_eps;
-    d.u.rmsnorm_fwd.dtype = r->dt;
+    d.u.rmsnorm_fwd.dtype = r->lm.dt;
     return launch(r, &d);
 }
 
@@ -146,10 +136,10 @@ static fsdp_status_t rmsnorm_bwd(llama_run_t *r, const void *dy, const void *x, 
     d.u.rmsnorm_bwd.x = x;
     d.u.rmsnorm_bwd.rstd = rstd;
     d.u.rmsnorm_bwd.weight = w;
-    d.u.rmsnorm_bwd.rows = r->BT;
+    d.u.rmsnorm_bwd.rows = r->lm.BT;
     d.u.rmsnorm_bwd.cols = r->D;
     d.u.rmsnorm_bwd.accumulate = accumulate;
-    d.u.rmsnorm_bwd.dtype = r->dt;
+    d.u.rmsnorm_bwd.dtype = r->lm.dt;
     return launch(r, &d);
 }
 
@@ -162,12 +152,12 @@ static fsdp_status_t rope(llama_run_t *r, fsdp_kernel_kind_t kind, void *x, size
     d.u.rope.x = x;
     d.u.rope.cos = r->cos;
     d.u.rope.sin = r->sin;
-    d.u.rope.rows = r->BT;
+    d.u.rope.rows = r->lm.BT;
     d.u.rope.heads = heads;
     d.u.rope.head_dim = r->hd;
-    d.u.rope.seq = r->T;
+    d.u.rope.seq = r->lm.T;
     d.u.rope.ld = ld;
-    d.u.rope.dtype = r->dt;
+    d.u.rope.dtype = r->lm.dt;
     return launch(r, &d);
 }
 
@@ -178,7 +168,7 @@ static fsdp_status_t add(llama_run_t *r, void *y, const void *a, const void *b, 
     d.u.add.a = a;
     d.u.add.b = b;
     d.u.add.n = n;
-    d.u.add.dtype = r->dt;
+    d.u.add.dtype = r->lm.dt;
     return launch(r, &d);
 }
 
@@ -189,21 +179,21 @@ static size_t act_bytes(const llama_run_t *r, int i)
     switch (i) {
     case A_RSTD1:
     case A_RSTD2:
-        return r->BT * sizeof(float);
+        return r->lm.BT * sizeof(float);
     case A_LSE:
-        return r->B * r->H * r->T * sizeof(float);
+        return r->lm.B * r->H * r->lm.T * sizeof(float);
     case A_Q:
     case A_O:
-        return r->BT * r->qw * r->es;
+        return r->lm.BT * r->qw * r->lm.es;
     case A_K:
     case A_V:
-        return r->BT * r->kw * r->es;
+        return r->lm.BT * r->kw * r->lm.es;
     case A_GATE:
     case A_UP:
     case A_ACT:
-        return r->BT * r->F * r->es;
+        return r->lm.BT * r->F * r->lm.es;
     default:
-        return r->BT * r->D * r->es;
+        return r->lm.BT * r->D * r->lm.es;
     }
 }
 
@@ -212,25 +202,35 @@ static void free_act(llama_run_t *r, int l, unsigned mask)
 {
     for (int i = 0; i < A_COUNT; i++) {
         if (mask & BIT(i))
-            FREE(r, r->act[l][i]);
+            FREE(r, ACT(r, l)[i]);
     }
 }
+
+/* What the fused attention's forward and backward descriptors (kernel.h) share: q k v, o and
+ * its log-sum-exp in the layer's activations a, the shapes and row strides, the scale. */
+#define ATTENTION_ARGS(x, r, a)                                                                    \
+    ((x).o = (a)[A_O], (x).lse = (a)[A_LSE], (x).q = (a)[A_Q], (x).k = (a)[A_K], (x).v = (a)[A_V], \
+     (x).batch = (r)->lm.B, (x).seq = (r)->lm.T, (x).heads = (r)->H, (x).kv_heads = (r)->K,        \
+     (x).head_dim = (r)->hd, (x).ldq = (r)->qw, (x).ldk = (r)->kw, (x).ldv = (r)->kw,              \
+     (x).ldo = (r)->qw, (x).scale = (float)(1.0 / sqrt((double)(r)->hd)), (x).causal = 1,          \
+     (x).dtype = (r)->lm.dt)
 
 /* Layer l's forward from resid[l]: the activations in the set `need` (their inputs already there)
  * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
  * forward did, so the values are the same to the bit. */
 static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
 {
-    fsdp_unit_t *u = r->m->layers[l];
-    void **a = r->act[l];
-    const void *x = r->resid[l];
-    const size_t D = r->D, F = r->F, BT = r->BT;
+    fsdp_unit_t *u = r->m->lm.layers[l];
+    void **a = ACT(r, l);
+    const void *x = r->lm.resid[l];
+    const size_t D = r->D, F = r->F, BT = r->lm.BT;
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_FWD};
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < A_COUNT && status == FSDP_OK; i++) {
         if (need & BIT(i))
-            status = fsdp_mem_alloc(r->mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->s, &a[i]);
+            status =
+                fsdp_mem_alloc(r->lm.mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->lm.s, &a[i]);
     }
     if (status == FSDP_OK && (need & BIT(A_N1)))
         status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
@@ -245,22 +245,7 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     if (status == FSDP_OK && (need & BIT(A_K)))
         status = rope(r, FSDP_K_ROPE_FWD, a[A_K], r->K, r->kw);
     if (status == FSDP_OK && (need & BIT(A_O))) {
-        d.u.attention_fwd.o = a[A_O];
-        d.u.attention_fwd.lse = a[A_LSE];
-        d.u.attention_fwd.q = a[A_Q];
-        d.u.attention_fwd.k = a[A_K];
-        d.u.attention_fwd.v = a[A_V];
-        d.u.attention_fwd.batch = r->B;
-        d.u.attention_fwd.seq = r->T;
-        d.u.attention_fwd.heads = r->H;
-        d.u.attention_fwd.kv_heads = r->K;
-        d.u.attention_fwd.head_dim = r->hd;
-        d.u.attention_fwd.ldq = r->qw;
-        d.u.attention_fwd.ldk = d.u.attention_fwd.ldv = r->kw;
-        d.u.attention_fwd.ldo = r->qw;
-        d.u.attention_fwd.scale = (float)(1.0 / sqrt((double)r->hd));
-        d.u.attention_fwd.causal = 1;
-        d.u.attention_fwd.dtype = r->dt;
+        ATTENTION_ARGS(d.u.attention_fwd, r, a);
         status = launch(r, &d);
     }
     if (status == FSDP_OK && (need & BIT(A_H)))
@@ -279,16 +264,16 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
         g.u.swiglu_fwd.gate = a[A_GATE];
         g.u.swiglu_fwd.up = a[A_UP];
         g.u.swiglu_fwd.n = BT * F;
-        g.u.swiglu_fwd.dtype = r->dt;
+        g.u.swiglu_fwd.dtype = r->lm.dt;
         status = launch(r, &g);
     }
     if (status != FSDP_OK || !output)
         return status;
-    status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->resid[l + 1]);
+    status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->resid[l + 1], D);
+        status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->lm.resid[l + 1], D);
     if (status == FSDP_OK)
-        status = add(r, r->resid[l + 1], r->resid[l + 1], a[A_H], BT * D);
+        status = add(r, r->lm.resid[l + 1], r->lm.resid[l + 1], a[A_H], BT * D);
     return status;
 }
 
@@ -297,37 +282,23 @@ static fsdp_status_t attention_bwd(llama_run_t *r, void **a, const void *dout, v
 {
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_BWD};
     d.u.attention_bwd.dq = dqkv;
-    d.u.attention_bwd.dk = AT(r, dqkv, r->BT * r->qw);
-    d.u.attention_bwd.dv = AT(r, dqkv, r->BT * (r->qw + r->kw));
+    d.u.attention_bwd.dk = AT(r, dqkv, r->lm.BT * r->qw);
+    d.u.attention_bwd.dv = AT(r, dqkv, r->lm.BT * (r->qw + r->kw));
     d.u.attention_bwd.delta = delta;
     d.u.attention_bwd.dout = dout;
-    d.u.attention_bwd.o = a[A_O];
-    d.u.attention_bwd.q = a[A_Q];
-    d.u.attention_bwd.k = a[A_K];
-    d.u.attention_bwd.v = a[A_V];
-    d.u.attention_bwd.lse = a[A_LSE];
-    d.u.attention_bwd.batch = r->B;
-    d.u.attention_bwd.seq = r->T;
-    d.u.attention_bwd.heads = r->H;
-    d.u.attention_bwd.kv_heads = r->K;
-    d.u.attention_bwd.head_dim = r->hd;
-    d.u.attention_bwd.ldq = r->qw;
-    d.u.attention_bwd.ldk = d.u.attention_bwd.ldv = r->kw;
-    d.u.attention_bwd.ldo = r->qw;
-    d.u.attention_bwd.scale = (float)(1.0 / sqrt((double)r->hd));
-    d.u.attention_bwd.causal = 1;
-    d.u.attention_bwd.dtype = r->dt;
+    ATTENTION_ARGS(d.u.attention_bwd, r, a);
     return launch(r, &d);
 }
 
-/* Layer l's backward: r->dres holds the gradient of its output and becomes that of its input. */
+/* Layer l's backward: r->lm.dres holds the gradient of its output and becomes that of its input. */
 static fsdp_status_t layer_bwd(llama_run_t *r, int l)
 {
-    fsdp_unit_t *u = r->m->layers[l];
-    void **a = r->act[l], *g[FSDP_LLAMA_LAYER_NPARAMS];
-    void **dact = &r->tmp[0], **dn = &r->tmp[1], **dqkv = &r->tmp[2], **delta = &r->tmp[3];
+    fsdp_unit_t *u = r->m->lm.layers[l];
+    void **a = ACT(r, l), *g[FSDP_LLAMA_LAYER_NPARAMS];
+    void **dact = &r->lm.tmp[0], **dn = &r->lm.tmp[1], **dqkv = &r->lm.tmp[2],
+         **delta = &r->lm.tmp[3];
     void *dq, *dk, *dv; /* dq [BT, H hd], dk and dv [BT, K hd], one after another in *dqkv */
-    const size_t D = r->D, F = r->F, BT = r->BT;
+    const size_t D = r->D, F = r->F, BT = r->lm.BT;
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
@@ -336,7 +307,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * F, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->dres, D,
+        status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->lm.dres, D,
                             g[FSDP_LLAMA_DOWN], *dact, 0);
     if (status == FSDP_OK) {
         fsdp_kernel_t k = {.kind = FSDP_K_SWIGLU_BWD};
@@ -346,7 +317,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         k.u.swiglu_bwd.gate = a[A_GATE];
         k.u.swiglu_bwd.up = a[A_UP];
         k.u.swiglu_bwd.n = BT * F;
-        k.u.swiglu_bwd.dtype = r->dt;
+        k.u.swiglu_bwd.dtype = r->lm.dt;
         status = launch(r, &k);
     }
     FREE(r, *dact);
@@ -360,18 +331,18 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
             linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F, g[FSDP_LLAMA_UP], *dn, 1);
     /* the mid residual: dres += post_attention_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, a[A_H], a[A_RSTD2], P(u, FSDP_LLAMA_LN2), r->dres, 1,
+        status = rmsnorm_bwd(r, *dn, a[A_H], a[A_RSTD2], P(u, FSDP_LLAMA_LN2), r->lm.dres, 1,
                              g[FSDP_LLAMA_LN2]);
     /* attention: dout = dres W_o, then the fused backward into dq dk dv, rotated back */
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->qw, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, r->dres, D, g[FSDP_LLAMA_O],
+        status = linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, r->lm.dres, D, g[FSDP_LLAMA_O],
                             *dact, 0);
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->w, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
-        status = alloc_f(r, r->B * r->H * r->T, FSDP_MEM_TEMPORARY, delta);
+        status = alloc_f(r, r->lm.B * r->H * r->lm.T, FSDP_MEM_TEMPORARY, delta);
     if (status == FSDP_OK)
         status = attention_bwd(r, a, *dact, *dqkv, *delta);
     FREE(r, *delta);
@@ -395,69 +366,30 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     FREE(r, *dqkv);
     /* the layer's input: dres += input_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, r->resid[l], a[A_RSTD1], P(u, FSDP_LLAMA_LN1), r->dres, 1,
-                             g[FSDP_LLAMA_LN1]);
+        status = rmsnorm_bwd(r, *dn, r->lm.resid[l], a[A_RSTD1], P(u, FSDP_LLAMA_LN1), r->lm.dres,
+                             1, g[FSDP_LLAMA_LN1]);
     FREE(r, *dn);
     return status;
 }
 
-/* ---- the step ---- */
-
-static fsdp_status_t check_batch(const fsdp_llama_t *m, const int32_t *inputs,
-                                 const int32_t *targets, size_t batch, size_t seq, size_t *count_p)
+static llama_run_t *run_of(fsdp_lm_run_t *lr)
 {
-    const fsdp_llama_config_t *cfg = &m->cfg;
-    size_t count = 0, n;
-
-    if (batch == 0 || seq == 0 || seq > (size_t)cfg->max_seq) {
-        fsdp_error("llama: a batch needs at least one row and 1 to %d tokens per row (the "
-                   "model's seq), not %zu x %zu",
-                   cfg->max_seq, batch, seq);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if ((double)batch * (double)seq * ((double)cfg->vocab_size + 8.0 * cfg->ffn_dim) * 4.0 >
-        0x1p60) {
-        fsdp_error("llama: a batch of %zu x %zu is too large", batch, seq);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    n = batch * seq;
-    if (inputs == NULL || targets == NULL) {
-        if (!fsdp_device(m->fs)->no_data) {
-            fsdp_error("llama: inputs and targets are NULL (allowed in shape mode only)");
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        *count_p = n;
-        return FSDP_OK;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (inputs[i] < 0 || inputs[i] >= cfg->vocab_size || targets[i] >= cfg->vocab_size) {
-            fsdp_error("llama: token %d (input) or %d (target) at row %zu position %zu is outside "
-                       "the vocabulary [0, %d) (negative targets are ignored)",
-                       (int)inputs[i], (int)targets[i], i / seq, i % seq, cfg->vocab_size);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        count += targets[i] >= 0;
-    }
-    if (count == 0) {
-        fsdp_error("llama: every target of the batch is ignored: no loss to compute");
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    *count_p = count;
-    return FSDP_OK;
+    return (llama_run_t *)lr;
 }
 
 /* The rotary tables for positions 0..T-1 on the device: the angle p inv_freq is one f32 product
  * (HF's f32 matmul of the positions by inv_freq), its cos and sin rounded to f32. The host copy
  * lives until the end of the step, which synchronizes, so the copy needs no wait of its own. */
-static fsdp_status_t rope_tables(llama_run_t *r)
+static fsdp_status_t rope_tables(fsdp_lm_run_t *lr)
 {
-    const size_t half = r->hd / 2, n = r->T * half;
+    llama_run_t *r = run_of(lr);
+    const size_t half = r->hd / 2, n = r->lm.T * half;
     float *host, *inv;
     fsdp_status_t status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->cos);
 
     if (status == FSDP_OK)
         status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->sin);
-    if (status != FSDP_OK || r->dev->no_data)
+    if (status != FSDP_OK || r->lm.dev->no_data)
         return status; /* shape mode: nothing to copy */
     host = r->host_rope = malloc(2 * n * sizeof(float));
     inv = malloc(half * sizeof(float));
@@ -466,42 +398,18 @@ static fsdp_status_t rope_tables(llama_run_t *r)
         return FSDP_ERR_NO_MEMORY;
     }
     fsdp_llama_inv_freq(&r->m->cfg, inv);
-    for (size_t p = 0; p < r->T; p++)
+    for (size_t p = 0; p < r->lm.T; p++)
         for (size_t i = 0; i < half; i++) {
             float angle = (float)p * inv[i];
             host[p * half + i] = (float)cos((double)angle);
             host[n + p * half + i] = (float)sin((double)angle);
         }
-    status = r->dev->ops->memcpy_async(r->dev, r->cos, host, n * sizeof(float), r->s);
+    status = r->lm.dev->ops->memcpy_async(r->lm.dev, r->cos, host, n * sizeof(float), r->lm.s);
     if (status == FSDP_OK)
-        status = r->dev->ops->memcpy_async(r->dev, r->sin, host + n, n * sizeof(float), r->s);
+        status =
+            r->lm.dev->ops->memcpy_async(r->lm.dev, r->sin, host + n, n * sizeof(float), r->lm.s);
     free(inv);
     return status;
-}
-
-static void run_cleanup(llama_run_t *r)
-{
-    const int L = r->m->cfg.n_layer;
-
-    for (int l = 0; r->act != NULL && l < L; l++)
-        free_act(r, l, ALL_ACT);
-    for (int l = 0; r->resid != NULL && l <= L; l++)
-        FREE(r, r->resid[l]);
-    for (int i = 0; i < 4; i++)
-        FREE(r, r->tmp[i]);
-    FREE(r, r->dres);
-    FREE(r, r->logits);
-    FREE(r, r->losses);
-    FREE(r, r->loss);
-    FREE(r, r->nf);
-    FREE(r, r->rstdf);
-    FREE(r, r->cos);
-    FREE(r, r->sin);
-    fsdp_mem_free(r->mem, r->tokens);
-    fsdp_mem_free(r->mem, r->targets);
-    free(r->act);
-    free(r->resid);
-    free(r->host_rope);
 }
 
 /* the LM head's weight: lm_head, or the embedding when tied */
@@ -513,191 +421,151 @@ static int head_index(const llama_run_t *r)
 /* What layer l's backward recomputes, by its checkpointing policy. */
 static unsigned recomputed(const fsdp_llama_t *m, int l)
 {
-    return m->checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? ALL_ACT
-           : m->checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? ALL_ACT & ~SAVED_OP
-                                                              : 0u;
+    return m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? ALL_ACT
+           : m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? ALL_ACT & ~SAVED_OP
+                                                                 : 0u;
 }
 
-static fsdp_status_t forward(llama_run_t *r)
+static fsdp_status_t embed_fwd(fsdp_lm_run_t *lr)
 {
-    fsdp_llama_t *m = r->m;
-    const int L = m->cfg.n_layer;
     fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
-    fsdp_status_t status = fsdp_pre_forward(m->root);
 
-    if (status == FSDP_OK)
-        status = alloc_a(r, r->BT * r->D, FSDP_MEM_ACTIVATION, &r->resid[0]);
-    if (status == FSDP_OK) {
-        d.u.embedding_fwd.y = r->resid[0];
-        d.u.embedding_fwd.tokens = r->tokens;
-        d.u.embedding_fwd.wte = P(m->root, FSDP_LLAMA_EMBED);
-        d.u.embedding_fwd.rows = r->BT;
-        d.u.embedding_fwd.cols = r->D;
-        d.u.embedding_fwd.seq = r->T;
-        d.u.embedding_fwd.vocab = r->V;
-        d.u.embedding_fwd.dtype = r->dt;
-        status = launch(r, &d);
-    }
-    for (int l = 0; l < L && status == FSDP_OK; l++) {
-        status = fsdp_pre_forward(m->layers[l]);
-        if (status == FSDP_OK)
-            status = layer_fwd(r, l, ALL_ACT, 1);
-        if (status == FSDP_OK)
-            status = fsdp_post_forward(m->layers[l]);
-        free_act(r, l, recomputed(m, l));
-    }
-    /* the final norm, then the head: logits = norm(x) W_head^T */
-    if (status == FSDP_OK)
-        status = alloc_a(r, r->BT * r->D, FSDP_MEM_ACTIVATION, &r->nf);
-    if (status == FSDP_OK)
-        status = alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, (void **)&r->rstdf);
-    if (status == FSDP_OK)
-        status = rmsnorm_fwd(r, r->resid[L], P(m->root, FSDP_LLAMA_NORM), r->nf, r->rstdf);
-    if (status == FSDP_OK)
-        status = alloc_a(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
-    if (status == FSDP_OK)
-        status = linear_fwd(r, r->nf, r->D, P(m->root, head_index(r)), r->V, r->logits, r->V);
-    if (status == FSDP_OK)
-        status = fsdp_post_forward(m->root);
-    return status;
+    d.u.embedding_fwd.y = lr->resid[0];
+    d.u.embedding_fwd.tokens = lr->tokens;
+    d.u.embedding_fwd.wte = P(lr->lm->root, FSDP_LLAMA_EMBED);
+    d.u.embedding_fwd.rows = lr->BT;
+    d.u.embedding_fwd.cols = lr->width;
+    d.u.embedding_fwd.seq = lr->T;
+    d.u.embedding_fwd.vocab = lr->V;
+    d.u.embedding_fwd.dtype = lr->dt;
+    return fsdp_lm_launch(lr, &d);
 }
 
-static fsdp_status_t backward(llama_run_t *r, double denom)
+static fsdp_status_t layer_fwd_all(fsdp_lm_run_t *lr, int l)
 {
-    fsdp_llama_t *m = r->m;
-    const int L = m->cfg.n_layer;
-    fsdp_kernel_t d = {.kind = FSDP_K_CROSS_ENTROPY};
-    void *g[FSDP_LLAMA_ROOT_NPARAMS] = {NULL, NULL, NULL};
-    fsdp_status_t status;
-
-    status = alloc_f(r, r->BT, FSDP_MEM_TEMPORARY, (void **)&r->losses);
-    if (status == FSDP_OK)
-        status = alloc_f(r, 1, FSDP_MEM_TEMPORARY, (void **)&r->loss);
-    if (status != FSDP_OK)
-        return status;
-    d.u.cross_entropy.loss = r->loss;
-    d.u.cross_entropy.losses = r->losses;
-    d.u.cross_entropy.dlogits = r->logits;
-    d.u.cross_entropy.logits = r->logits;
-    d.u.cross_entropy.targets = r->targets;
-    d.u.cross_entropy.rows = r->BT;
-    d.u.cross_entropy.vocab = r->V;
-    d.u.cross_entropy.denom = denom;
-    d.u.cross_entropy.dtype = r->dt;
-    status = launch(r, &d);
-
-    if (status == FSDP_OK)
-        status = fsdp_pre_backward(m->root);
-    for (int i = 0; i < fsdp_unit_num_params(m->root) && status == FSDP_OK; i++)
-        status = fsdp_unit_grad(m->root, i, &g[i]);
-    /* the head: dW_head += dlogits^T nf, dnf = dlogits W_head */
-    if (status == FSDP_OK)
-        status = alloc_a(r, r->BT * r->D, FSDP_MEM_TEMPORARY, &r->tmp[0]);
-    if (status == FSDP_OK)
-        status = linear_bwd(r, r->nf, r->D, P(m->root, head_index(r)), r->V, r->logits, r->V,
-                            g[head_index(r)], r->tmp[0], 0);
-    FREE(r, r->logits);
-    if (status == FSDP_OK)
-        status = alloc_a(r, r->BT * r->D, FSDP_MEM_TEMPORARY, &r->dres);
-    if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, r->tmp[0], r->resid[L], r->rstdf, P(m->root, FSDP_LLAMA_NORM),
-                             r->dres, 0, g[FSDP_LLAMA_NORM]);
-    FREE(r, r->tmp[0]);
-    FREE(r, r->nf);
-    FREE(r, r->rstdf);
-    FREE(r, r->resid[L]);
-
-    for (int l = L - 1; l >= 0 && status == FSDP_OK; l--) {
-        status = fsdp_pre_backward(m->layers[l]);
-        if (status == FSDP_OK && recomputed(m, l) != 0) /* forward's hooks are not re-run */
-            status = layer_fwd(r, l, recomputed(m, l), 0);
-        if (status == FSDP_OK)
-            status = layer_bwd(r, l);
-        if (status == FSDP_OK)
-            status = fsdp_post_backward(m->layers[l]);
-        free_act(r, l, ALL_ACT);
-        if (l > 0)
-            FREE(r, r->resid[l]);
-    }
-    FREE(r, r->resid[0]);
-
-    if (status == FSDP_OK) { /* the embedding rows (on top of the tied head's) */
-        fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
-        e.u.embedding_bwd.dwte = g[FSDP_LLAMA_EMBED];
-        e.u.embedding_bwd.dy = r->dres;
-        e.u.embedding_bwd.tokens = r->tokens;
-        e.u.embedding_bwd.rows = r->BT;
-        e.u.embedding_bwd.cols = r->D;
-        e.u.embedding_bwd.seq = r->T;
-        e.u.embedding_bwd.vocab = r->V;
-        e.u.embedding_bwd.dtype = r->dt;
-        status = launch(r, &e);
-    }
-    FREE(r, r->dres);
-    if (status == FSDP_OK)
-        status = fsdp_post_backward(m->root);
-    if (status == FSDP_OK)
-        status = fsdp_final_callback(m->fs);
-    return status;
+    return layer_fwd(run_of(lr), l, ALL_ACT, 1);
 }
+
+static void layer_forget(fsdp_lm_run_t *lr, int l)
+{
+    free_act(run_of(lr), l, recomputed(run_of(lr)->m, l));
+}
+
+static fsdp_status_t norm_fwd(fsdp_lm_run_t *lr)
+{
+    return rmsnorm_fwd(run_of(lr), lr->resid[lr->lm->n_layer], P(lr->lm->root, FSDP_LLAMA_NORM),
+                       lr->nf, lr->rstdf);
+}
+
+/* the head: logits = norm(x) W_head^T */
+static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
+{
+    llama_run_t *r = run_of(lr);
+    return linear_fwd(r, lr->nf, r->D, P(lr->lm->root, head_index(r)), lr->V, lr->logits, lr->V);
+}
+
+/* dW_head += dlogits^T nf, dnf = dlogits W_head */
+static fsdp_status_t head_bwd(fsdp_lm_run_t *lr, void **g, void *dnf)
+{
+    llama_run_t *r = run_of(lr);
+    return linear_bwd(r, lr->nf, r->D, P(lr->lm->root, head_index(r)), lr->V, lr->logits, lr->V,
+                      g[head_index(r)], dnf, 0);
+}
+
+static fsdp_status_t norm_bwd(fsdp_lm_run_t *lr, void **g, const void *dnf)
+{
+    return rmsnorm_bwd(run_of(lr), dnf, lr->resid[lr->lm->n_layer], lr->rstdf,
+                       P(lr->lm->root, FSDP_LLAMA_NORM), lr->dres, 0, g[FSDP_LLAMA_NORM]);
+}
+
+static fsdp_status_t layer_recompute(fsdp_lm_run_t *lr, int l)
+{
+    unsigned need = recomputed(run_of(lr)->m, l);
+    return need != 0 ? layer_fwd(run_of(lr), l, need, 0) : FSDP_OK;
+}
+
+static fsdp_status_t layer_bwd_of(fsdp_lm_run_t *lr, int l)
+{
+    return layer_bwd(run_of(lr), l);
+}
+
+static void layer_free(fsdp_lm_run_t *lr, int l)
+{
+    free_act(run_of(lr), l, ALL_ACT);
+}
+
+/* the embedding rows (on top of the tied head's) */
+static fsdp_status_t embed_bwd(fsdp_lm_run_t *lr, void **g)
+{
+    fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
+
+    e.u.embedding_bwd.dwte = g[FSDP_LLAMA_EMBED];
+    e.u.embedding_bwd.dy = lr->dres;
+    e.u.embedding_bwd.tokens = lr->tokens;
+    e.u.embedding_bwd.rows = lr->BT;
+    e.u.embedding_bwd.cols = lr->width;
+    e.u.embedding_bwd.seq = lr->T;
+    e.u.embedding_bwd.vocab = lr->V;
+    e.u.embedding_bwd.dtype = lr->dt;
+    return fsdp_lm_launch(lr, &e);
+}
+
+/* the rotary tables, after the step's other buffers */
+static void cleanup(fsdp_lm_run_t *lr)
+{
+    llama_run_t *r = run_of(lr);
+
+    FREE(r, r->cos);
+    FREE(r, r->sin);
+    free(r->host_rope);
+    r->host_rope = NULL;
+}
+
+static const fsdp_lm_ops_t llama_ops = {
+    .layer_acts = sizeof(void *[A_COUNT]),
+    .norm_mean = 0,
+    .prepare = rope_tables,
+    .embed_fwd = embed_fwd,
+    .layer_fwd = layer_fwd_all,
+    .layer_forget = layer_forget,
+    .norm_fwd = norm_fwd,
+    .head_fwd = head_fwd,
+    .head_bwd = head_bwd,
+    .norm_bwd = norm_bwd,
+    .layer_recompute = layer_recompute,
+    .layer_bwd = layer_bwd_of,
+    .layer_free = layer_free,
+    .embed_bwd = embed_bwd,
+    .cleanup = cleanup,
+};
 
 fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *inputs,
                                           const int32_t *targets, size_t batch, size_t seq,
                                           float *loss_p)
 {
     const fsdp_llama_config_t *cfg = &model->cfg;
-    fsdp_t *fs = model->fs;
     llama_run_t run;
     size_t count = 0;
-    fsdp_status_t status = check_batch(model, inputs, targets, batch, seq, &count);
+    /* the largest buffers, logits [B*T, V] and the MLP's, per token */
+    fsdp_status_t status = fsdp_lm_check_batch(&model->lm, cfg->max_seq, "seq", cfg->vocab_size,
+                                               (double)cfg->vocab_size + 8.0 * cfg->ffn_dim, inputs,
+                                               targets, batch, seq, &count);
 
     if (status != FSDP_OK)
         return status;
     memset(&run, 0, sizeof(run));
+    status = fsdp_lm_run_init(&run.lm, &model->lm, batch, seq, (size_t)cfg->dim,
+                              (size_t)cfg->vocab_size);
+    if (status != FSDP_OK)
+        return status;
     run.m = model;
-    run.dev = fsdp_device(fs);
-    run.s = fsdp_compute_stream(fs);
-    run.mem = fsdp_memory(fs);
-    run.B = batch;
-    run.T = seq;
-    run.BT = batch * seq;
     run.D = (size_t)cfg->dim;
     run.H = (size_t)cfg->n_head;
     run.K = (size_t)cfg->n_kv_head;
     run.hd = (size_t)fsdp_llama_head_dim(cfg);
     run.F = (size_t)cfg->ffn_dim;
-    run.V = (size_t)cfg->vocab_size;
     run.qw = run.H * run.hd;
     run.kw = run.K * run.hd;
     run.w = run.qw + 2 * run.kw;
-    run.dt = fsdp_unit_compute_dtype(model->root);
-    run.es = fsdp_dtype_size(run.dt);
-    for (int l = 0; l < cfg->n_layer; l++) {
-        if (fsdp_unit_compute_dtype(model->layers[l]) != run.dt) {
-            fsdp_error("llama: layer %d computes in %s, the root in %s; the model needs one "
-                       "compute dtype",
-                       l, fsdp_dtype_name(fsdp_unit_compute_dtype(model->layers[l])),
-                       fsdp_dtype_name(run.dt));
-            return FSDP_ERR_INVALID_PARAM;
-        }
-    }
-    run.resid = calloc((size_t)cfg->n_layer + 1, sizeof(*run.resid));
-    run.act = calloc((size_t)cfg->n_layer, sizeof(*run.act));
-    if (run.resid == NULL || run.act == NULL) {
-        status = FSDP_ERR_NO_MEMORY;
-        goto out;
-    }
-    status = fsdp_nn_batch_to_device(run.dev, run.mem, run.s, inputs, targets, run.BT,
-                                     &run.tokens, &run.targets);
-    if (status == FSDP_OK)
-        status = rope_tables(&run);
-    if (status == FSDP_OK)
-        status = forward(&run);
-    if (status == FSDP_OK)
-        status = backward(&run, (double)count / (double)model->loss_scale);
-    if (status == FSDP_OK)
-        status = fsdp_nn_loss_to_host(run.dev, run.s, run.loss, model->loss_scale, loss_p);
-out:
-    run_cleanup(&run);
-    return status;
+    return fsdp_lm_run_step(&run.lm, &llama_ops, inputs, targets, count, loss_p);
 }

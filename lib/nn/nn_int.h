@@ -1,5 +1,5 @@
-/* What the built-in models share: kernel launches, a language model's batch and loss moving
- * between host and device, and writing their weights. */
+/* What the built-in models share: kernel launches and writing their weights (what only the
+ * language models share is in lm_int.h). */
 #ifndef FSDP_NN_NN_INT_H
 #define FSDP_NN_NN_INT_H
 
@@ -15,17 +15,6 @@
  * bit for bit (gemm, then bias_add, relu_fwd or gelu_fwd, add), the kernels an f32 model has
  * always launched, so f32 traces and their costs compare across versions. */
 fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_t *k);
-
-/* A language model's batch on the device: n token ids and n target ids, copied from the host
- * on stream s into ACTIVATION blocks of mem (*tokens_p, *targets_p, freed by the caller, NULL
- * when not allocated). */
-fsdp_status_t fsdp_nn_batch_to_device(fsdp_dev_t *dev, fsdp_mem_t *mem, fsdp_stream_t *s,
-                                      const int32_t *inputs, const int32_t *targets, size_t n,
-                                      int32_t **tokens_p, int32_t **targets_p);
-/* The device's f32 loss, copied to the host once stream s is done, undivided by the loss
- * scale (the scale divides the denominator: the loss and every gradient carry it). */
-fsdp_status_t fsdp_nn_loss_to_host(fsdp_dev_t *dev, fsdp_stream_t *s, const float *loss,
-                                   float loss_scale, float *loss_p);
 
 /* The checkpoint name of parameter `index` (info pi) of unit `unit` (0 the root, l + 1 layer l),
  * into buf of len bytes. */

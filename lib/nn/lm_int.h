@@ -1,0 +1,164 @@
+/* What the language models (GPT-2, Llama) share, so that gpt2*.c and llama*.c hold only what is
+ * particular to each: the model on one rank, a root unit and one unit per layer made from HF's
+ * module tree by a wrap policy, with per-layer checkpointing and a loss scale (lm_units.c); and
+ * one training step's scaffolding, the order of its hooks, allocations and frees, around the
+ * model's own kernels (lm.c). */
+#ifndef FSDP_NN_LM_INT_H
+#define FSDP_NN_LM_INT_H
+
+#include <fsdp/core.h>
+#include <fsdp/wrap.h>
+
+#include "nn/nn_int.h"
+
+/* ---- the model on one rank (lm_units.c) ---- */
+
+/* The first member of struct fsdp_gpt2 and struct fsdp_llama. */
+typedef struct fsdp_lm {
+    fsdp_t *fs;
+    const char *name;  /* "gpt2", "llama": what its log lines start with */
+    const char *layer; /* "block", "layer": what they call a layer unit */
+    int n_layer;
+    fsdp_unit_t *root;    /* the embedding, the final norm and the LM head */
+    fsdp_unit_t **layers; /* n_layer */
+    int *checkpoint;      /* per layer: the model's activation-checkpointing policy, 0 none */
+    float loss_scale;
+} fsdp_lm_t;
+
+typedef struct fsdp_lm_tree fsdp_lm_tree_t;
+/* Builds a model's module tree from its configuration, in room of fsdp_lm_tree_alloc's. */
+typedef fsdp_status_t (*fsdp_lm_tree_func_t)(fsdp_lm_tree_t *t, const void *cfg);
+
+/* Makes the model on fs: n_layer layers, the units that ModuleWrapPolicy({wrap_type}) cuts from
+ * the tree build(cfg) makes (a root and one per layer), checkpointing off, a loss scale of 1.
+ * On failure fsdp_lm_fini releases what was made (the units go with fs). */
+fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
+                            int n_layer, fsdp_lm_tree_func_t build, const void *cfg,
+                            const char *wrap_type);
+/* Frees lm's arrays; its units belong to fs and go with it. */
+void fsdp_lm_fini(fsdp_lm_t *lm);
+/* Layer `layer`'s unit, NULL out of range. */
+fsdp_unit_t *fsdp_lm_layer(fsdp_lm_t *lm, int layer);
+/* Sets the checkpointing policy of layer `layer` (-1: every layer) to `policy`; a layer out of
+ * range is FSDP_ERR_INVALID_PARAM, logged with the range. */
+fsdp_status_t fsdp_lm_set_checkpointing(fsdp_lm_t *lm, int layer, int policy);
+/* A host buffer of as many floats as the largest parameter of the root and of layer 0 (the
+ * layers are alike), for writing parameters one at a time; NULL when out of memory. */
+float *fsdp_lm_param_buffer(fsdp_lm_t *lm);
+
+/* HF's module tree in named_modules order, with each module's own parameters: module m holds
+ * params [first[m], first[m] + count[m]). The models build it, naming their parameters as HF
+ * does, and the wrap policy cuts it into units. */
+#define FSDP_LM_NAME_LEN 96
+
+struct fsdp_lm_tree {
+    fsdp_module_desc_t *mods;
+    char (*mnames)[FSDP_LM_NAME_LEN];
+    int *first, *count;
+    fsdp_param_spec_t *params; /* names point into pnames */
+    char (*pnames)[FSDP_LM_NAME_LEN];
+    int nmods, nparams;
+};
+
+/* Room for nmods modules and nparams parameters; on failure nothing is left allocated. */
+fsdp_status_t fsdp_lm_tree_alloc(fsdp_lm_tree_t *t, int nmods, int nparams);
+void fsdp_lm_tree_free(fsdp_lm_tree_t *t);
+/* Adds module `name` of `type` under `parent` (-1: none) and returns its index; the parameters
+ * added next, until the next module, are its own. */
+int fsdp_lm_tree_module(fsdp_lm_tree_t *t, const char *name, const char *type, int parent);
+/* Adds a trainable parameter of that shape to the last module and returns the buffer
+ * (FSDP_LM_NAME_LEN bytes) its name is to be written to. */
+char *fsdp_lm_tree_param(fsdp_lm_tree_t *t, int ndim, const int64_t shape[2]);
+
+/* ---- one forward and backward (lm.c) ---- */
+
+/* The buffers every step has, on the device; the models' run states begin with it and add their
+ * own. Saved tensors are FSDP_MEM_ACTIVATION, gradients of activations FSDP_MEM_TEMPORARY. */
+typedef struct fsdp_lm_run {
+    fsdp_lm_t *lm;
+    fsdp_dev_t *dev;
+    fsdp_stream_t *s;
+    fsdp_mem_t *mem;
+    size_t B, T, BT, width, V; /* rows, tokens per row, B T, the residual stream's, vocab */
+    fsdp_dtype_t dt;           /* the compute dtype: weights, activations, their gradients */
+    size_t es;                 /* its element size */
+    int32_t *tokens, *targets; /* [BT] */
+    void **resid;              /* [L + 1]: the input of layer l, then the last output */
+    void *acts;                /* [L] of the model's per-layer activations */
+    void *nf;                  /* the final norm's output [BT, width] */
+    float *meanf, *rstdf;      /* its statistics [BT] (meanf: LayerNorm only) */
+    void *logits;              /* [BT, V], then their gradient */
+    float *losses, *loss;      /* [BT] per row, and the loss */
+    void *dres;                /* the gradient of the residual stream, walked down the layers */
+    void *tmp[5];              /* a layer's backward scratch */
+} fsdp_lm_run_t;
+
+/* The model's part of a step, called in the order the step's comments give. */
+typedef struct fsdp_lm_ops {
+    size_t layer_acts; /* bytes of one layer's entry of acts */
+    int norm_mean;     /* 1: the final norm keeps its rows' mean as well (LayerNorm) */
+    int root_params;   /* parameters of the root unit, at most FSDP_LM_MAX_ROOT_PARAMS */
+    /* once the batch is on the device, before the forward (NULL: nothing to do) */
+    fsdp_status_t (*prepare)(fsdp_lm_run_t *r);
+    fsdp_status_t (*embed_fwd)(fsdp_lm_run_t *r); /* resid[0] from the tokens */
+    /* layer l's forward from resid[l], keeping its activations, and resid[l + 1] */
+    fsdp_status_t (*layer_fwd)(fsdp_lm_run_t *r, int l);
+    void (*layer_forget)(fsdp_lm_run_t *r, int l); /* frees what its backward recomputes */
+    fsdp_status_t (*norm_fwd)(fsdp_lm_run_t *r);   /* nf and its statistics from resid[L] */
+    fsdp_status_t (*head_fwd)(fsdp_lm_run_t *r);   /* logits from nf */
+    /* from the logits' gradient: the head's weight gradient into g, nf's gradient into dnf */
+    fsdp_status_t (*head_bwd)(fsdp_lm_run_t *r, void **g, void *dnf);
+    /* the final norm's backward: its weight gradients, and dres (written, not added to) */
+    fsdp_status_t (*norm_bwd)(fsdp_lm_run_t *r, void **g, const void *dnf);
+    /* after layer l's pre-backward hook: recomputes what it did not keep (forward's hooks are not
+     * re-run); then its backward turns dres into the gradient of its input */
+    fsdp_status_t (*layer_recompute)(fsdp_lm_run_t *r, int l);
+    fsdp_status_t (*layer_bwd)(fsdp_lm_run_t *r, int l);
+    void (*layer_free)(fsdp_lm_run_t *r, int l);            /* frees all its activations */
+    fsdp_status_t (*embed_bwd)(fsdp_lm_run_t *r, void **g); /* from dres into the root's */
+    void (*cleanup)(fsdp_lm_run_t *r); /* frees the model's own buffers (NULL: none) */
+} fsdp_lm_ops_t;
+
+#define FSDP_LM_MAX_ROOT_PARAMS 4
+
+/* Checks a batch on the host: batch x seq within the model's longest sequence max_seq
+ * (`seq_what` says what sets it), buffers of per_token elements per token (the largest of
+ * them) within 2^60 bytes, NULL inputs and targets only in shape mode, tokens within the
+ * vocabulary, some target counted. *count_p gets the number of targets to predict. */
+fsdp_status_t fsdp_lm_check_batch(const fsdp_lm_t *lm, int max_seq, const char *seq_what, int vocab,
+                                  double per_token, const int32_t *inputs, const int32_t *targets,
+                                  size_t batch, size_t seq, size_t *count_p);
+/* Zeroes r and fills its shapes and the compute dtype, which every unit must share (else
+ * FSDP_ERR_INVALID_PARAM, logged). */
+fsdp_status_t fsdp_lm_run_init(fsdp_lm_run_t *r, fsdp_lm_t *lm, size_t batch, size_t seq,
+                               size_t width, size_t vocab);
+/* The step: the batch to the device, the forward inside the root's hooks, the loss (mean over
+ * the count targets, divided by the loss scale for backward) and the backward through every
+ * unit, the final callback; *loss_p gets the loss. Frees every buffer of r. */
+fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const int32_t *inputs,
+                               const int32_t *targets, size_t count, float *loss_p);
+
+/* Kernel launches and buffers of a run, for the models' own code. */
+static inline fsdp_status_t fsdp_lm_launch(fsdp_lm_run_t *r, const fsdp_kernel_t *k)
+{
+    return r->dev->ops->kernel(r->dev, r->s, k);
+}
+
+/* n elements of the compute dtype */
+static inline fsdp_status_t fsdp_lm_alloc(fsdp_lm_run_t *r, size_t n, fsdp_mem_category_t cat,
+                                          void **p)
+{
+    return fsdp_mem_alloc(r->mem, n * r->es, cat, r->s, p);
+}
+
+/* n floats */
+static inline fsdp_status_t fsdp_lm_alloc_f(fsdp_lm_run_t *r, size_t n, fsdp_mem_category_t cat,
+                                            float **p)
+{
+    return fsdp_mem_alloc(r->mem, n * sizeof(float), cat, r->s, (void **)p);
+}
+
+/* frees a buffer of the run and forgets it */
+#define FSDP_LM_FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
+
+#endif

@@ -1,0 +1,109 @@
+/* Helpers of the language-model tests (lm_test.h). */
+#include "lm_test.h"
+
+#include <CUnit/Basic.h>
+#include <stdlib.h>
+#include <string.h>
+
+double lm_test_urand(uint64_t *state, double lo, double hi)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return lo + (hi - lo) * ((double)((*state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
+}
+
+fsdp_status_t lm_test_set_params(lm_test_unit_func_t unit, void *model, int nunits,
+                                 const float *values)
+{
+    fsdp_status_t st = FSDP_OK;
+    size_t off = 0;
+
+    for (int k = 0; k < nunits && st == FSDP_OK; k++) {
+        fsdp_unit_t *u = unit(model, k);
+        for (int i = 0; i < fsdp_unit_num_params(u) && st == FSDP_OK; i++) {
+            fsdp_param_info_t pi;
+            fsdp_unit_param_info(u, i, &pi);
+            st = fsdp_unit_set_param(u, i, values + off);
+            off += pi.numel;
+        }
+    }
+    return st;
+}
+
+void lm_test_canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off)
+{
+    for (int i = 0; i < fsdp_unit_num_params(u); i++) {
+        fsdp_param_info_t pi;
+        fsdp_unit_param_info(u, i, &pi);
+        memcpy(out + *off, flat + pi.offset, pi.numel * sizeof(float));
+        *off += pi.numel;
+    }
+}
+
+void lm_test_grads(lm_test_unit_func_t unit, void *model, int nunits, float *out)
+{
+    size_t off = 0;
+
+    for (int k = 0; k < nunits; k++)
+        lm_test_canon_copy(unit(model, k), fsdp_unit_sharded_grad(unit(model, k)), out, &off);
+}
+
+fsdp_status_t lm_test_gather_params(lm_test_unit_func_t unit, void *model, int nunits, int rank,
+                                    float *out)
+{
+    fsdp_status_t st = FSDP_OK;
+    size_t off = 0;
+
+    for (int k = 0; k < nunits && st == FSDP_OK; k++) {
+        fsdp_unit_t *u = unit(model, k);
+        float *flat = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
+        st = fsdp_unit_gather_full(u, flat);
+        if (st == FSDP_OK && rank == 0)
+            lm_test_canon_copy(u, flat, out, &off);
+        free(flat);
+    }
+    return st;
+}
+
+fsdp_status_t lm_test_rank_batch(fsdp_tokens_t *tokens, const int32_t *inputs,
+                                 const int32_t *targets, size_t batch, size_t seq, uint64_t seed,
+                                 int rank, int world, int step, int32_t *in, int32_t *tg)
+{
+    const size_t n = batch / (size_t)world * seq;
+
+    if (tokens != NULL) {
+        fsdp_batch_spec_t spec = {batch, seq, rank, world, seed};
+        return fsdp_tokens_batch(tokens, &spec, step, in, tg);
+    }
+    memcpy(in, inputs + (size_t)rank * n, n * sizeof(int32_t));
+    memcpy(tg, targets + (size_t)rank * n, n * sizeof(int32_t));
+    return FSDP_OK;
+}
+
+fsdp_tokens_t *lm_test_parity_tokens(void)
+{
+    uint16_t ids[4096];
+    fsdp_tokens_t *t;
+    for (int i = 0; i < 4096; i++)
+        ids[i] = (uint16_t)((i * 7 + (i / 13) * 3) % 97 + 32);
+    CU_ASSERT_FATAL(fsdp_tokens_from_array(ids, 4096, FSDP_TOKENS_RANDOM, "parity", &t) == FSDP_OK);
+    return t;
+}
+
+fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_t *, void *),
+                             void *arg)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    p.mode = shape ? FSDP_SIM_SHAPE : FSDP_SIM_DATA;
+    return fsdp_sim_launch(&p, fn, arg, NULL);
+}
+
+size_t lm_test_act_peak(fsdp_t *fs)
+{
+    fsdp_mem_stats_t ms;
+    fsdp_mem_get_stats(fsdp_memory(fs), &ms);
+    return ms.peak_by_category[FSDP_MEM_ACTIVATION];
+}

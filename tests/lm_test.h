@@ -1,0 +1,44 @@
+/* What the language-model tests (test_gpt2.c, test_llama.c) share around the model under test:
+ * random numbers for their references, the parameters of a model in the canonical order (the
+ * root's, then each layer's, in declaration order), a rank's batch, the parity corpus and the
+ * simulated launch of a job. */
+#ifndef FSDP_TESTS_LM_TEST_H
+#define FSDP_TESTS_LM_TEST_H
+
+#include <fsdp/fsdp.h>
+#include <stdint.h>
+
+/* A uniform double in [lo, hi) from the xorshift state *state (each test seeds its own). */
+double lm_test_urand(uint64_t *state, double lo, double hi);
+
+/* Unit k of a model: 0 the root, k the (k - 1)-th layer. */
+typedef fsdp_unit_t *(*lm_test_unit_func_t)(void *model, int k);
+
+/* Sets the parameters of units 0..nunits-1 from values in the canonical order. */
+fsdp_status_t lm_test_set_params(lm_test_unit_func_t unit, void *model, int nunits,
+                                 const float *values);
+/* Appends unit u's parameters, taken from its flat buffer `flat`, to out at *off. */
+void lm_test_canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off);
+/* The sharded gradients of units 0..nunits-1 (world 1: all of them) into out. */
+void lm_test_grads(lm_test_unit_func_t unit, void *model, int nunits, float *out);
+/* Gathers the full parameters of units 0..nunits-1 (a collective) and on rank 0 writes them to
+ * out. */
+fsdp_status_t lm_test_gather_params(lm_test_unit_func_t unit, void *model, int nunits, int rank,
+                                    float *out);
+
+/* Rank `rank` of `world`'s rows of step `step`: from a token source, or its slice of one global
+ * batch (inputs and targets of batch x seq). */
+fsdp_status_t lm_test_rank_batch(fsdp_tokens_t *tokens, const int32_t *inputs,
+                                 const int32_t *targets, size_t batch, size_t seq, uint64_t seed,
+                                 int rank, int world, int step, int32_t *in, int32_t *tg);
+
+/* 4096 tokens of a learnable, not random, sequence, batches drawn at random. */
+fsdp_tokens_t *lm_test_parity_tokens(void);
+
+/* Runs fn(dev, arg) on `world` simulated ranks, in shape mode when shape. */
+fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_t *, void *),
+                             void *arg);
+/* The peak bytes of FSDP_MEM_ACTIVATION of fs's allocator. */
+size_t lm_test_act_peak(fsdp_t *fs);
+
+#endif
