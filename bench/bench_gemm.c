@@ -1,13 +1,18 @@
-/* GFLOP/s of the sim backend's blocked GEMM against a naive triple loop, measured in the same
- * run, on shapes of a small GPT-2 (d_model 768, MLP 3072, 256 or 1024 tokens per rank) in the
- * four transpose combinations a Linear layer uses (forward NT, dX NN, dW TN, and TT).
+/* GFLOP/s of the sim backend's blocked GEMM on the GEMMs of a GPT-2 124M training step at 256
+ * tokens per rank (d_model 768, MLP 3072, vocabulary 50257): the forward (NN: HF's Conv1D
+ * weights are [in, out]), input-gradient (NT) and weight-gradient (TN) products of the qkv,
+ * attention projection, MLP fc and MLP projection layers, and of the tied LM head (forward NT
+ * against wte, dX NN, dwte TN). When configure found OpenBLAS, its cblas_sgemm on one thread is
+ * timed in the same run on the same operands, with the ratio per shape (OpenBLAS's time over
+ * the sim's: above 1 the sim is faster) and overall (the summed times, and the geometric mean
+ * of the ratios).
  *
- *     bench_gemm [--quick] [--isa auto|generic|avx2]
+ *     bench_gemm [--quick] [--isa auto|generic|avx2] [--reps N]
  *
- * The naive loop (one dot product per element, k innermost) is timed on the first
- * min(M, 64) rows: its cost is linear in M, and that keeps the run short. Times are the
- * thread's CPU time (time descheduled on a shared machine does not count), best of several
- * repetitions. The blocked result is checked against the naive one on the rows both computed.
+ * Times are the thread's CPU time (time descheduled on a shared machine does not count), best
+ * of several repetitions, alternating the two libraries. A naive triple loop (one dot product
+ * per element, k innermost) on the first NAIVE_ROWS rows checks the sim's result (max|diff|),
+ * and OpenBLAS's too; --quick runs the attention projection's three products and an odd shape.
  */
 #include "config.h"
 
@@ -21,12 +26,22 @@
 
 #include "sim_kernels.h"
 
-#define NAIVE_ROWS 64
+#ifdef FSDP_BENCH_OPENBLAS
+#include <cblas.h>
+#endif
+
+#define NAIVE_ROWS 8
 
 typedef struct bench_shape {
     size_t m, n, k;
+    int ta, tb;
     const char *what;
 } bench_shape_t;
+
+typedef struct bench_total {
+    double sim_s, blas_s, log_ratio;
+    int n;
+} bench_total_t;
 
 static double bench_now(void)
 {
@@ -58,16 +73,35 @@ static void bench_fill(float *x, size_t n, unsigned seed)
     }
 }
 
-static int bench_one(const bench_shape_t *sh, int ta, int tb, int reps)
+static double bench_max_diff(const float *x, const float *y, size_t n)
+{
+    double max_err = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - (double)y[i]);
+        max_err = e > max_err || e != e ? e : max_err;
+    }
+    return max_err;
+}
+
+static int bench_one(const bench_shape_t *sh, int reps, bench_total_t *tot)
 {
     size_t m = sh->m, n = sh->n, k = sh->k, mn = m < NAIVE_ROWS ? m : NAIVE_ROWS;
+    int ta = sh->ta, tb = sh->tb;
     size_t lda = ta ? m : k, ldb = tb ? k : n;
     float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
     float *c = malloc(m * n * sizeof(float)), *cn = malloc(mn * n * sizeof(float));
-    double best = 1e30, best_naive = 1e30, max_err = 0.0;
+    double best = 1e30, gf, flops = 2.0 * (double)m * (double)n * (double)k;
     int rc = 0;
+#ifdef FSDP_BENCH_OPENBLAS
+    float *cb = malloc(m * n * sizeof(float));
+    double best_blas = 1e30;
+#endif
 
-    if (a == NULL || b == NULL || c == NULL || cn == NULL) {
+    if (a == NULL || b == NULL || c == NULL || cn == NULL
+#ifdef FSDP_BENCH_OPENBLAS
+        || cb == NULL
+#endif
+    ) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         rc = 1;
         goto out;
@@ -82,53 +116,76 @@ static int bench_one(const bench_shape_t *sh, int ta, int tb, int reps)
         }
         double t = bench_now() - t0;
         best = t < best ? t : best;
+#ifdef FSDP_BENCH_OPENBLAS
+        t0 = bench_now();
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, cb, (int)n);
+        t = bench_now() - t0;
+        best_blas = t < best_blas ? t : best_blas;
+#endif
     }
-    for (int r = 0; r < (reps > 2 ? 2 : reps); r++) {
-        double t0 = bench_now();
-        /* the first mn rows of op(A) (for A^T: its first mn columns, same lda) */
-        bench_naive(ta, tb, mn, n, k, a, lda, b, ldb, cn, n);
-        double t = bench_now() - t0;
-        best_naive = t < best_naive ? t : best_naive;
-    }
-    for (size_t i = 0; i < mn * n; i++) {
-        double e = fabs((double)c[i] - (double)cn[i]);
-        max_err = e > max_err ? e : max_err;
-    }
-    {
-        double gf = 2.0 * (double)m * (double)n * (double)k / best * 1e-9;
-        double gf_naive = 2.0 * (double)mn * (double)n * (double)k / best_naive * 1e-9;
-        printf("%5zu x %5zu x %5zu  %c%c  %-10s  blocked %7.2f GFLOP/s  naive %6.2f GFLOP/s  "
-               "x%6.1f  max|diff| %.1e\n",
-               m, n, k, ta ? 'T' : 'N', tb ? 'T' : 'N', sh->what, gf, gf_naive, gf / gf_naive,
-               max_err);
-    }
+    /* the first mn rows of op(A) (for A^T: its first mn columns, same lda) */
+    bench_naive(ta, tb, mn, n, k, a, lda, b, ldb, cn, n);
+    gf = flops / best * 1e-9;
+    printf("%5zu x %5zu x %5zu  %c%c  %-16s  sim %6.2f GFLOP/s", m, n, k, ta ? 'T' : 'N',
+           tb ? 'T' : 'N', sh->what, gf);
+    tot->sim_s += best;
+#ifdef FSDP_BENCH_OPENBLAS
+    printf("  openblas %6.2f GFLOP/s  x%5.3f", flops / best_blas * 1e-9, best_blas / best);
+    printf("  max|diff| naive %.1e openblas %.1e\n", bench_max_diff(c, cn, mn * n),
+           bench_max_diff(c, cb, m * n));
+    tot->blas_s += best_blas;
+    tot->log_ratio += log(best_blas / best);
+#else
+    printf("  max|diff| naive %.1e\n", bench_max_diff(c, cn, mn * n));
+#endif
+    tot->n++;
 out:
     free(a);
     free(b);
     free(c);
     free(cn);
+#ifdef FSDP_BENCH_OPENBLAS
+    free(cb);
+#endif
     return rc;
 }
 
 int main(int argc, char **argv)
 {
+#define GPT2_LAYER(in, out, name)                                                                  \
+    {256, out, in, 0, 0, name " fwd"}, {256, in, out, 0, 1, name " dX"},                           \
+        {in, out, 256, 1, 0, name " dW"}
     static const bench_shape_t full[] = {
-        {256, 768, 768, "attn proj"}, {256, 3072, 768, "mlp fc"},    {256, 768, 3072, "mlp proj"},
-        {1024, 3072, 768, "mlp fc"},  {1024, 768, 768, "attn proj"},
+        GPT2_LAYER(768, 2304, "qkv"),
+        GPT2_LAYER(768, 768, "attn proj"),
+        GPT2_LAYER(768, 3072, "mlp fc"),
+        GPT2_LAYER(3072, 768, "mlp proj"),
+        {256, 50257, 768, 0, 1, "lm head fwd"},
+        {256, 768, 50257, 0, 0, "lm head dX"},
+        {50257, 768, 256, 1, 0, "lm head dW"},
     };
     static const bench_shape_t quick[] = {
-        {256, 768, 768, "attn proj"},
-        {97, 131, 61, "odd"},
+        GPT2_LAYER(768, 768, "attn proj"),
+        {97, 131, 61, 0, 1, "odd"},
     };
+#undef GPT2_LAYER
     const bench_shape_t *shapes = full;
     size_t nshapes = sizeof(full) / sizeof(full[0]);
-    int reps = 5, rc = 0;
+    int reps = 3, rc = 0;
+    bench_total_t tot = {0};
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             shapes = quick;
             nshapes = sizeof(quick) / sizeof(quick[0]);
             reps = 2;
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+            if (reps < 1 || reps > 1000) {
+                fprintf(stderr, "bench_gemm: --reps %s: 1 to 1000\n", argv[i]);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             const char *s = argv[++i];
             fsdp_sim_gemm_isa_t isa = strcmp(s, "generic") == 0 ? FSDP_SIM_GEMM_GENERIC
@@ -139,15 +196,30 @@ int main(int argc, char **argv)
                 return 77;
             }
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--isa auto|generic|avx2]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--isa auto|generic|avx2] [--reps N]\n", argv[0]);
             return 2;
         }
     }
-    printf("sim gemm, micro-kernel %s, KC %d, thread CPU time, best of %d (naive: first %d rows, "
-           "best of 2)\n",
-           fsdp_sim_gemm_isa_name(), FSDP_SIM_GEMM_KC, reps, NAIVE_ROWS);
+#ifdef FSDP_BENCH_OPENBLAS
+    openblas_set_num_threads(1);
+    printf("sim gemm, micro-kernel %s, KC %d, against OpenBLAS %s on 1 thread; thread CPU time, "
+           "best of %d\n",
+           fsdp_sim_gemm_isa_name(), FSDP_SIM_GEMM_KC, openblas_get_config(), reps);
+#else
+    printf("sim gemm, micro-kernel %s, KC %d, thread CPU time, best of %d (no OpenBLAS baseline: "
+           "configure did not find it)\n",
+           fsdp_sim_gemm_isa_name(), FSDP_SIM_GEMM_KC, reps);
+#endif
     for (size_t s = 0; s < nshapes && rc == 0; s++)
-        for (int t = 0; t < 4 && rc == 0; t++)
-            rc = bench_one(&shapes[s], t >> 1, t & 1, reps);
+        rc = bench_one(&shapes[s], reps, &tot);
+    if (rc == 0 && tot.n > 0) {
+#ifdef FSDP_BENCH_OPENBLAS
+        printf("overall: sim %.3f s, openblas %.3f s: x%.3f of OpenBLAS's speed (summed times); "
+               "geometric mean of the %d shapes x%.3f\n",
+               tot.sim_s, tot.blas_s, tot.blas_s / tot.sim_s, tot.n, exp(tot.log_ratio / tot.n));
+#else
+        printf("overall: sim %.3f s over %d shapes\n", tot.sim_s, tot.n);
+#endif
+    }
     return rc;
 }

@@ -6,6 +6,7 @@
  * would have run. Shape mode touches no memory at all.
  */
 #include "sim.h"
+#include "sim_kernels.h"
 
 #include <fsdp/log.h>
 #include <fsdp/trace.h>
@@ -390,8 +391,18 @@ static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fs
     if (k == NULL)
         return fsdp_sim_errorf(sdev, FSDP_ERR_INVALID_PARAM, "kernel: descriptor is NULL");
     if (!fsdp_sim_is_shape(sdev)) {
+        /* The rank's workers start with its first kernel worth splitting. */
+        if (sdev->pool == NULL && sdev->threads > 1 && fsdp_sim_kernel_wants_pool(k)) {
+            sdev->pool = fsdp_sim_pool_create(sdev->threads);
+            if (sdev->pool == NULL || fsdp_sim_pool_threads(sdev->pool) < sdev->threads)
+                fsdp_info("rank %d: running kernels on %d thread%s of %d", dev->rank,
+                          fsdp_sim_pool_threads(sdev->pool),
+                          fsdp_sim_pool_threads(sdev->pool) == 1 ? "" : "s", sdev->threads);
+            if (sdev->pool == NULL)
+                sdev->threads = 1; /* do not try again */
+        }
         /* The executor logs its own errors; the rank only remembers the failure. */
-        status = fsdp_sim_kernel_exec(k);
+        status = fsdp_sim_kernel_exec_par(k, sdev->pool);
         if (status != FSDP_OK) {
             char msg[160];
             snprintf(msg, sizeof(msg), "rank %d: kernel %s failed: %s", dev->rank,

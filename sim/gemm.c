@@ -188,6 +188,69 @@ static inline float fsdp_gemm_ld(const void *base, fsdp_dtype_t dt, size_t idx)
     }
 }
 
+/* Packing a transposed operand: rows of the source (contiguous in p) become columns of the
+ * panel (dst[p * w + r]). Whole groups of 4 rows go 4 x 4 at a time: 4 loads of 4 consecutive
+ * elements, a transpose in registers, 4 stores of 4 (instead of one strided store per element).
+ * Rows r < rows of the source start at element src + r * ld; returns the rows done (a multiple
+ * of 4), which the caller finishes one at a time. Values are copied (16-bit ones widened), so
+ * the panel holds the same bits either way. */
+#if FSDP_GEMM_VECTOR
+typedef float fsdp_gemm_v4t_t __attribute__((vector_size(16)));
+
+static FSDP_GEMM_INLINE fsdp_gemm_v4t_t fsdp_gemm_ld4(const void *base, fsdp_dtype_t dt,
+                                                      size_t idx)
+{
+    fsdp_gemm_v4t_t v;
+    if (dt == FSDP_DTYPE_F32) {
+        memcpy(&v, (const float *)base + idx, sizeof(v));
+    } else {
+        v = (fsdp_gemm_v4t_t){fsdp_gemm_ld(base, dt, idx), fsdp_gemm_ld(base, dt, idx + 1),
+                              fsdp_gemm_ld(base, dt, idx + 2), fsdp_gemm_ld(base, dt, idx + 3)};
+    }
+    return v;
+}
+
+static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t dt, size_t ld,
+                                                 size_t s0, size_t rows, size_t kc, size_t w,
+                                                 float *__restrict dst)
+{
+    typedef int fsdp_gemm_v4i_t __attribute__((vector_size(16)));
+    const fsdp_gemm_v4i_t lo = {0, 4, 1, 5}, hi = {2, 6, 3, 7};
+    const fsdp_gemm_v4i_t lo2 = {0, 1, 4, 5}, hi2 = {2, 3, 6, 7};
+    size_t r = 0;
+
+    for (; r + 4 <= rows; r += 4) {
+        size_t s = s0 + r * ld, p = 0;
+        for (; p + 4 <= kc; p += 4) {
+            fsdp_gemm_v4t_t x0 = fsdp_gemm_ld4(src, dt, s + p);
+            fsdp_gemm_v4t_t x1 = fsdp_gemm_ld4(src, dt, s + ld + p);
+            fsdp_gemm_v4t_t x2 = fsdp_gemm_ld4(src, dt, s + 2 * ld + p);
+            fsdp_gemm_v4t_t x3 = fsdp_gemm_ld4(src, dt, s + 3 * ld + p);
+            fsdp_gemm_v4t_t t0 = __builtin_shuffle(x0, x1, lo), t1 = __builtin_shuffle(x0, x1, hi);
+            fsdp_gemm_v4t_t t2 = __builtin_shuffle(x2, x3, lo), t3 = __builtin_shuffle(x2, x3, hi);
+            fsdp_gemm_v4t_t c0 = __builtin_shuffle(t0, t2, lo2), c1 = __builtin_shuffle(t0, t2, hi2);
+            fsdp_gemm_v4t_t c2 = __builtin_shuffle(t1, t3, lo2), c3 = __builtin_shuffle(t1, t3, hi2);
+            memcpy(dst + p * w + r, &c0, sizeof(c0));
+            memcpy(dst + (p + 1) * w + r, &c1, sizeof(c1));
+            memcpy(dst + (p + 2) * w + r, &c2, sizeof(c2));
+            memcpy(dst + (p + 3) * w + r, &c3, sizeof(c3));
+        }
+        for (; p < kc; p++)
+            for (size_t i = 0; i < 4; i++)
+                dst[p * w + r + i] = fsdp_gemm_ld(src, dt, s + i * ld + p);
+    }
+    return r;
+}
+#else
+static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t dt, size_t ld,
+                                                 size_t s0, size_t rows, size_t kc, size_t w,
+                                                 float *__restrict dst)
+{
+    (void)src, (void)dt, (void)ld, (void)s0, (void)rows, (void)kc, (void)w, (void)dst;
+    return 0;
+}
+#endif
+
 /* Packs op(A)[i0 .. i0+mc, p0 .. p0+kc) into MR-row micro-panels: element (i, p) of the block
  * goes to ap[(i / MR) * kc * MR + p * MR + i % MR]; rows past mc are zero. 16-bit elements are
  * widened here, once per block, so the micro-kernel only ever sees f32. */
@@ -199,12 +262,13 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_
         size_t mr = fsdp_gemm_min(MR, mc - ir);
         float *dst = ap + ir * kc;
         if (!trans) { /* A is [M, K]: row i is contiguous in p */
-            for (size_t ii = 0; ii < mr; ii++) {
+            size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, MR, dst);
+            for (; ii < mr; ii++) {
                 size_t src = (i0 + ir + ii) * lda + p0;
                 for (size_t p = 0; p < kc; p++)
                     dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + p);
             }
-            for (size_t ii = mr; ii < MR; ii++)
+            for (ii = mr; ii < MR; ii++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * MR + ii] = 0.0f;
         } else { /* A is [K, M]: row p is contiguous in i */
@@ -241,12 +305,13 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_b_dt(int trans, const void *b, fsdp_
                     dst[p * NR + jj] = 0.0f;
             }
         } else { /* B is [N, K]: row j is contiguous in p */
-            for (size_t jj = 0; jj < nr; jj++) {
+            size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, NR, dst);
+            for (; jj < nr; jj++) {
                 size_t src = (j0 + jr + jj) * ldb + p0;
                 for (size_t p = 0; p < kc; p++)
                     dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + p);
             }
-            for (size_t jj = nr; jj < NR; jj++)
+            for (jj = nr; jj < NR; jj++)
                 for (size_t p = 0; p < kc; p++)
                     dst[p * NR + jj] = 0.0f;
         }
@@ -331,21 +396,13 @@ static void fsdp_gemm_scale_c(size_t m, size_t n, float beta, float *c, size_t l
     }
 }
 
-/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
-static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
-                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
-                                   float *c, size_t ldc)
+/* A and B of a product that reads them (k > 0, alpha != 0): set, with leading dimensions that
+ * hold their rows. */
+static fsdp_status_t fsdp_gemm_check(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                     const void *a, size_t lda, const void *b, size_t ldb)
 {
     size_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    size_t kc_max, mc_max, nc_max;
-    fsdp_gemm_ukernel_t ukernel;
-    float *buf, *ap, *bp;
 
-    if (k == 0 || alpha == 0.0f) {
-        fsdp_gemm_scale_c(m, n, beta, c, ldc);
-        return FSDP_OK;
-    }
     if (a == NULL || b == NULL || lda < a_cols || ldb < b_cols) {
         fsdp_error("gemm: m %zu n %zu k %zu trans_a %d trans_b %d: A %s lda %zu (need >= %zu), "
                    "B %s ldb %zu (need >= %zu)",
@@ -353,6 +410,27 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
                    a_cols, b == NULL ? "NULL" : "set", ldb, b_cols);
         return FSDP_ERR_INVALID_PARAM;
     }
+    return FSDP_OK;
+}
+
+/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
+static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
+                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
+                                   float *c, size_t ldc)
+{
+    size_t kc_max, mc_max, nc_max;
+    fsdp_gemm_ukernel_t ukernel;
+    fsdp_status_t status;
+    float *buf, *ap, *bp;
+
+    if (k == 0 || alpha == 0.0f) {
+        fsdp_gemm_scale_c(m, n, beta, c, ldc);
+        return FSDP_OK;
+    }
+    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+    if (status != FSDP_OK)
+        return status;
 
     kc_max = fsdp_gemm_min(k, KC);
     mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), MC);
@@ -397,15 +475,111 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
     return FSDP_OK;
 }
 
+/* ---- the product on a pool's threads ----
+ *
+ * C is cut into blocks of whole rows or whole columns, and each block is a product of its own
+ * (fsdp_gemm_run over all of k): every element of C is summed in the order a single call gives
+ * it, so the bits do not depend on the blocks or on the threads. Each block packs its own A (a
+ * column block) or its own B (a row block) in full, so the cut goes across the dimension whose
+ * other operand is the smaller to pack again: columns when m <= n. */
+
+#define FSDP_GEMM_PAR_MIN_MACS (1u << 20) /* smaller products stay on the calling thread */
+#define FSDP_GEMM_PAR_MIN_COLS 256        /* a column block worth packing all of A for */
+#define FSDP_GEMM_PAR_MIN_ROWS 96         /* a row block worth packing all of B for */
+
+typedef struct fsdp_gemm_job {
+    int trans_a, trans_b, split_cols;
+    size_t m, n, k, lda, ldb, ldc, block;
+    float alpha, beta;
+    const char *a, *b;
+    fsdp_dtype_t a_dtype, b_dtype;
+    float *c;
+    atomic_int status; /* FSDP_OK, or the failure of some block */
+} fsdp_gemm_job_t;
+
+static void fsdp_gemm_part(void *arg, size_t part)
+{
+    fsdp_gemm_job_t *j = arg;
+    size_t sa = fsdp_dtype_size(j->a_dtype), sb = fsdp_dtype_size(j->b_dtype);
+    size_t o = part * j->block;
+    fsdp_status_t status;
+
+    if (j->split_cols) { /* columns o .. o + nb: B's columns (rows when transposed), C's */
+        size_t nb = fsdp_gemm_min(j->block, j->n - o);
+        const char *b = j->b + (j->trans_b ? o * j->ldb : o) * sb;
+        status = fsdp_gemm_run(j->trans_a, j->trans_b, j->m, nb, j->k, j->alpha, j->a, j->a_dtype,
+                               j->lda, b, j->b_dtype, j->ldb, j->beta, j->c + o, j->ldc);
+    } else { /* rows o .. o + mb: A's rows (columns when transposed), C's */
+        size_t mb = fsdp_gemm_min(j->block, j->m - o);
+        const char *a = j->a + (j->trans_a ? o : o * j->lda) * sa;
+        status = fsdp_gemm_run(j->trans_a, j->trans_b, mb, j->n, j->k, j->alpha, a, j->a_dtype,
+                               j->lda, j->b, j->b_dtype, j->ldb, j->beta, j->c + o * j->ldc,
+                               j->ldc);
+    }
+    if (status != FSDP_OK)
+        atomic_store(&j->status, (int)status);
+}
+
+/* Blocks of `unit`-multiples over `len`, about two per thread when each can be `min` long, else
+ * one per thread, fewer when even that is too short. Returns the number of blocks, *block_p
+ * their length (the last may be shorter). */
+static size_t fsdp_gemm_blocks(size_t len, size_t unit, size_t min, int threads, size_t *block_p)
+{
+    size_t parts = (size_t)threads * 2, block;
+
+    if (len / parts < min)
+        parts = (size_t)threads;
+    if (len / parts < min / 4)
+        parts = len / (min / 4 > unit ? min / 4 : unit);
+    if (parts < 1)
+        parts = 1;
+    block = fsdp_gemm_round_up((len + parts - 1) / parts, unit);
+    *block_p = block;
+    return (len + block - 1) / block;
+}
+
+static fsdp_status_t fsdp_gemm_run_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                       size_t n, size_t k, float alpha, const void *a,
+                                       fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                       fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c,
+                                       size_t ldc)
+{
+    int threads = fsdp_sim_pool_threads(pool);
+    fsdp_gemm_job_t job;
+    size_t parts;
+    fsdp_status_t status;
+
+    if (threads <= 1 || k == 0 || alpha == 0.0f ||
+        (double)m * (double)n * (double)k < (double)FSDP_GEMM_PAR_MIN_MACS)
+        return fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                             beta, c, ldc);
+    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+    if (status != FSDP_OK)
+        return status;
+    job = (fsdp_gemm_job_t){.trans_a = trans_a, .trans_b = trans_b, .split_cols = m <= n,
+                            .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                            .alpha = alpha, .beta = beta, .a = a, .b = b, .a_dtype = a_dtype,
+                            .b_dtype = b_dtype, .c = c};
+    atomic_init(&job.status, (int)FSDP_OK);
+    if (job.split_cols)
+        parts = fsdp_gemm_blocks(n, NR, FSDP_GEMM_PAR_MIN_COLS, threads, &job.block);
+    else
+        parts = fsdp_gemm_blocks(m, MR, FSDP_GEMM_PAR_MIN_ROWS, threads, &job.block);
+    fsdp_sim_pool_run(pool, parts, fsdp_gemm_part, &job);
+    return (fsdp_status_t)atomic_load(&job.status);
+}
+
 static int fsdp_gemm_dtype_float(fsdp_dtype_t dt)
 {
     return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
 }
 
-fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
-                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
-                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
-                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi)
+fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                   size_t n, size_t k, float alpha, const void *a,
+                                   fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                   fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                   fsdp_dtype_t c_dtype, size_t ldc,
+                                   const fsdp_gemm_epilogue_t *epi)
 {
     fsdp_status_t status;
     float *cw;
@@ -425,8 +599,8 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
         return FSDP_ERR_INVALID_PARAM;
     }
     if (c_dtype == FSDP_DTYPE_F32) {
-        status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                               beta, c, ldc);
+        status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b,
+                                   b_dtype, ldb, beta, c, ldc);
         /* the epilogue over the finished f32 product, in place: nothing to round */
         for (size_t i = 0; i < m && epi != NULL && status == FSDP_OK; i++)
             for (size_t j = 0; j < n; j++)
@@ -449,8 +623,8 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
     for (size_t i = 0; i < m && beta != 0.0f; i++)
         for (size_t j = 0; j < n; j++)
             cw[i * n + j] = fsdp_kb_load(c, c_dtype, i * ldc + j);
-    status = fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb, beta,
-                           cw, n);
+    status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                               ldb, beta, cw, n);
     for (size_t i = 0; i < m && status == FSDP_OK; i++)
         for (size_t j = 0; j < n; j++)
             fsdp_kb_store(c, c_dtype, i * ldc + j,
@@ -459,6 +633,15 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
                               : fsdp_kb_gemm_epilogue(epi, c_dtype, c, ldc, cw[i * n + j], i, j));
     free(cw);
     return status;
+}
+
+fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                               const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                               fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                               fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi)
+{
+    return fsdp_sim_gemm_ex_par(NULL, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                                ldb, beta, c, c_dtype, ldc, epi);
 }
 
 fsdp_status_t fsdp_sim_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,

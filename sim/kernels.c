@@ -10,6 +10,7 @@
  */
 #include "config.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -272,8 +273,9 @@ static int fsdp_sim_elem_fast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     }
 }
 
-/* GEMM, or a batch of them in index order (kernel.h: batch 0 or 1 is one product). */
-static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k)
+/* GEMM, or a batch of them in index order (kernel.h: batch 0 or 1 is one product); each
+ * product on the threads of pool (NULL: the calling thread). */
+static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
 {
     size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1;
     size_t sa = fsdp_dtype_size(k->u.gemm.a_dtype), sb = fsdp_dtype_size(k->u.gemm.b_dtype);
@@ -293,11 +295,11 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k)
             b += i * k->u.gemm.stride_b * sb;
             c += i * k->u.gemm.stride_c * sc;
         }
-        status = fsdp_sim_gemm_ex(k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n,
-                                  k->u.gemm.k, k->u.gemm.alpha, a, k->u.gemm.a_dtype, k->u.gemm.lda,
-                                  b, k->u.gemm.b_dtype, k->u.gemm.ldb, k->u.gemm.beta, c,
-                                  k->u.gemm.c_dtype, k->u.gemm.ldc,
-                                  fsdp_kb_gemm_has_epilogue(k) ? &k->u.gemm.epilogue : NULL);
+        status = fsdp_sim_gemm_ex_par(
+            pool, k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n, k->u.gemm.k,
+            k->u.gemm.alpha, a, k->u.gemm.a_dtype, k->u.gemm.lda, b, k->u.gemm.b_dtype,
+            k->u.gemm.ldb, k->u.gemm.beta, c, k->u.gemm.c_dtype, k->u.gemm.ldc,
+            fsdp_kb_gemm_has_epilogue(k) ? &k->u.gemm.epilogue : NULL);
     }
     return status;
 }
@@ -320,7 +322,7 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return status;
 
     if (k->kind == FSDP_K_GEMM)
-        return fsdp_sim_gemm_desc(k);
+        return fsdp_sim_gemm_desc(k, NULL);
 
     fsdp_kb_prepare(k, &prep);
     if (fsdp_sim_elem_fast(k, &prep))
@@ -372,4 +374,273 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return FSDP_ERR_INVALID_PARAM;
     }
     return FSDP_OK;
+}
+
+/* ---- on a rank's worker threads ----
+ *
+ * A kernel whose elements are independent (each output element is a function of the inputs at
+ * its own index, and nothing is summed across indexes) is cut into fixed blocks of indexes,
+ * each run as a kernel of its own: the same bits, whatever the threads. A batch of small
+ * products is cut by product; a large product splits itself (gemm.c). Everything else runs on
+ * the calling thread. */
+
+#define FSDP_SIM_PAR_MIN_ELEMS ((size_t)1 << 16) /* fewer elements stay on the calling thread */
+#define FSDP_SIM_PAR_UNIT 1024                   /* blocks are multiples of this many elements */
+#define FSDP_SIM_PAR_MIN_MACS 1e6                /* a batch of fewer products stays too */
+
+typedef struct fsdp_sim_par_job {
+    const fsdp_kernel_t *k;
+    size_t n, block; /* elements (products of a batch) in all and per part */
+    atomic_int status;
+} fsdp_sim_par_job_t;
+
+static const void *fsdp_sim_at(const void *p, fsdp_dtype_t dt, size_t i)
+{
+    return (const char *)p + i * fsdp_dtype_size(dt);
+}
+
+static void *fsdp_sim_at_mut(void *p, fsdp_dtype_t dt, size_t i)
+{
+    return (char *)p + i * fsdp_dtype_size(dt);
+}
+
+/* The number of independent elements of a kernel that can be cut, 0 when it cannot: the
+ * element-wise kinds, once the whole descriptor is known to be valid (so that every block of
+ * it is, and a bad descriptor fails as a whole before anything is written). */
+static size_t fsdp_sim_par_elems(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_FILL:
+    case FSDP_K_CAST:
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+    case FSDP_K_AXPY:
+    case FSDP_K_RELU_FWD:
+    case FSDP_K_RELU_BWD:
+    case FSDP_K_ADAMW:
+    case FSDP_K_SGD:
+        if (fsdp_sim_kernel_check(k) != FSDP_OK)
+            return 0;
+        switch (k->kind) {
+        case FSDP_K_FILL:
+            return k->u.fill.n;
+        case FSDP_K_CAST:
+            return k->u.cast.n;
+        case FSDP_K_SCALE:
+        case FSDP_K_DIV:
+            return k->u.scale.n;
+        case FSDP_K_AXPY:
+            return k->u.axpy.n;
+        case FSDP_K_RELU_FWD:
+            return k->u.relu_fwd.n;
+        case FSDP_K_RELU_BWD:
+            return k->u.relu_bwd.n;
+        case FSDP_K_ADAMW:
+            return k->u.adamw.n;
+        default:
+            return k->u.sgd.n;
+        }
+    /* the transformer's element-wise kinds: their whole check is a float dtype and buffers */
+    case FSDP_K_GELU_FWD:
+        return fsdp_sim_dtype_float(k->u.gelu_fwd.dtype) && k->u.gelu_fwd.y != NULL &&
+                       k->u.gelu_fwd.x != NULL
+                   ? k->u.gelu_fwd.n
+                   : 0;
+    case FSDP_K_GELU_BWD:
+        return fsdp_sim_dtype_float(k->u.gelu_bwd.dtype) && k->u.gelu_bwd.dx != NULL &&
+                       k->u.gelu_bwd.dy != NULL && k->u.gelu_bwd.x != NULL
+                   ? k->u.gelu_bwd.n
+                   : 0;
+    case FSDP_K_ADD:
+        return fsdp_sim_dtype_float(k->u.add.dtype) && k->u.add.y != NULL && k->u.add.a != NULL &&
+                       k->u.add.b != NULL
+                   ? k->u.add.n
+                   : 0;
+    default:
+        return 0;
+    }
+}
+
+/* *sub = elements [o, o + len) of k. */
+static void fsdp_sim_par_slice(const fsdp_kernel_t *k, size_t o, size_t len, fsdp_kernel_t *sub)
+{
+    *sub = *k;
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        sub->u.fill.x = fsdp_sim_at_mut(k->u.fill.x, k->u.fill.dtype, o);
+        sub->u.fill.n = len;
+        break;
+    case FSDP_K_CAST:
+        sub->u.cast.dst = fsdp_sim_at_mut(k->u.cast.dst, k->u.cast.dst_dtype, o);
+        sub->u.cast.src = fsdp_sim_at(k->u.cast.src, k->u.cast.src_dtype, o);
+        sub->u.cast.n = len;
+        break;
+    case FSDP_K_SCALE:
+    case FSDP_K_DIV:
+        sub->u.scale.x = fsdp_sim_at_mut(k->u.scale.x, k->u.scale.dtype, o);
+        sub->u.scale.n = len;
+        break;
+    case FSDP_K_AXPY:
+        sub->u.axpy.y = fsdp_sim_at_mut(k->u.axpy.y, k->u.axpy.y_dtype, o);
+        sub->u.axpy.x = fsdp_sim_at(k->u.axpy.x, k->u.axpy.x_dtype, o);
+        sub->u.axpy.n = len;
+        break;
+    case FSDP_K_RELU_FWD:
+        sub->u.relu_fwd.y = fsdp_sim_at_mut(k->u.relu_fwd.y, k->u.relu_fwd.y_dtype, o);
+        sub->u.relu_fwd.x = fsdp_sim_at(k->u.relu_fwd.x, k->u.relu_fwd.x_dtype, o);
+        sub->u.relu_fwd.n = len;
+        break;
+    case FSDP_K_RELU_BWD:
+        sub->u.relu_bwd.dx = fsdp_sim_at_mut(k->u.relu_bwd.dx, k->u.relu_bwd.dx_dtype, o);
+        sub->u.relu_bwd.dy = fsdp_sim_at(k->u.relu_bwd.dy, k->u.relu_bwd.dy_dtype, o);
+        sub->u.relu_bwd.y = fsdp_sim_at(k->u.relu_bwd.y, k->u.relu_bwd.y_dtype, o);
+        sub->u.relu_bwd.n = len;
+        break;
+    case FSDP_K_ADAMW:
+        sub->u.adamw.param = k->u.adamw.param + o;
+        sub->u.adamw.grad = k->u.adamw.grad + o;
+        sub->u.adamw.exp_avg = k->u.adamw.exp_avg + o;
+        sub->u.adamw.exp_avg_sq = k->u.adamw.exp_avg_sq + o;
+        sub->u.adamw.n = len;
+        break;
+    case FSDP_K_SGD:
+        sub->u.sgd.param = k->u.sgd.param + o;
+        sub->u.sgd.grad = k->u.sgd.grad + o;
+        if (k->u.sgd.momentum_buf != NULL)
+            sub->u.sgd.momentum_buf = k->u.sgd.momentum_buf + o;
+        sub->u.sgd.n = len;
+        break;
+    case FSDP_K_GELU_FWD:
+        sub->u.gelu_fwd.y = fsdp_sim_at_mut(k->u.gelu_fwd.y, k->u.gelu_fwd.dtype, o);
+        sub->u.gelu_fwd.x = fsdp_sim_at(k->u.gelu_fwd.x, k->u.gelu_fwd.dtype, o);
+        sub->u.gelu_fwd.n = len;
+        break;
+    case FSDP_K_GELU_BWD:
+        sub->u.gelu_bwd.dx = fsdp_sim_at_mut(k->u.gelu_bwd.dx, k->u.gelu_bwd.dtype, o);
+        sub->u.gelu_bwd.dy = fsdp_sim_at(k->u.gelu_bwd.dy, k->u.gelu_bwd.dtype, o);
+        sub->u.gelu_bwd.x = fsdp_sim_at(k->u.gelu_bwd.x, k->u.gelu_bwd.dtype, o);
+        sub->u.gelu_bwd.n = len;
+        break;
+    case FSDP_K_ADD:
+        sub->u.add.y = fsdp_sim_at_mut(k->u.add.y, k->u.add.dtype, o);
+        sub->u.add.a = fsdp_sim_at(k->u.add.a, k->u.add.dtype, o);
+        sub->u.add.b = fsdp_sim_at(k->u.add.b, k->u.add.dtype, o);
+        sub->u.add.n = len;
+        break;
+    default:
+        break;
+    }
+}
+
+static void fsdp_sim_par_elem_part(void *arg, size_t part)
+{
+    fsdp_sim_par_job_t *job = arg;
+    size_t o = part * job->block;
+    size_t len = job->n - o < job->block ? job->n - o : job->block;
+    fsdp_kernel_t sub;
+    fsdp_status_t status;
+
+    fsdp_sim_par_slice(job->k, o, len, &sub);
+    status = fsdp_sim_kernel_exec(&sub);
+    if (status != FSDP_OK)
+        atomic_store(&job->status, (int)status);
+}
+
+/* Products [part * block, ...) of a batch, each on this thread. */
+static void fsdp_sim_par_batch_part(void *arg, size_t part)
+{
+    fsdp_sim_par_job_t *job = arg;
+    const fsdp_kernel_t *k = job->k;
+    size_t sa = fsdp_dtype_size(k->u.gemm.a_dtype), sb = fsdp_dtype_size(k->u.gemm.b_dtype);
+    size_t sc = fsdp_dtype_size(k->u.gemm.c_dtype);
+    size_t end = (part + 1) * job->block < job->n ? (part + 1) * job->block : job->n;
+    fsdp_status_t status = FSDP_OK;
+
+    for (size_t i = part * job->block; i < end && status == FSDP_OK; i++)
+        status = fsdp_sim_gemm_ex(
+            k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n, k->u.gemm.k,
+            k->u.gemm.alpha, (const char *)k->u.gemm.a + i * k->u.gemm.stride_a * sa,
+            k->u.gemm.a_dtype, k->u.gemm.lda, (const char *)k->u.gemm.b + i * k->u.gemm.stride_b * sb,
+            k->u.gemm.b_dtype, k->u.gemm.ldb, k->u.gemm.beta,
+            (char *)k->u.gemm.c + i * k->u.gemm.stride_c * sc, k->u.gemm.c_dtype, k->u.gemm.ldc,
+            NULL);
+    if (status != FSDP_OK)
+        atomic_store(&job->status, (int)status);
+}
+
+/* 1 when a batch of products (a checked descriptor) is worth cutting by product: many small
+ * ones (each too small to split itself), all set, whose C blocks are apart (a product's C ends before the next one's
+ * starts), without an epilogue (which needs batch <= 1). */
+static int fsdp_sim_par_batch(const fsdp_kernel_t *k, int threads)
+{
+    size_t batch = k->u.gemm.batch, m = k->u.gemm.m, n = k->u.gemm.n;
+    double macs = (double)m * (double)n * (double)k->u.gemm.k;
+
+    if (threads <= 1 || batch < 2 || m == 0 || n == 0 || k->u.gemm.k == 0 ||
+        macs * (double)batch < FSDP_SIM_PAR_MIN_MACS || macs >= FSDP_SIM_PAR_MIN_MACS ||
+        fsdp_kb_gemm_has_epilogue(k) || k->u.gemm.a == NULL || k->u.gemm.b == NULL ||
+        k->u.gemm.c == NULL || k->u.gemm.ldc < n)
+        return 0;
+    if (k->u.gemm.stride_a > SIZE_MAX / batch / fsdp_dtype_size(k->u.gemm.a_dtype) ||
+        k->u.gemm.stride_b > SIZE_MAX / batch / fsdp_dtype_size(k->u.gemm.b_dtype) ||
+        k->u.gemm.stride_c > SIZE_MAX / batch / fsdp_dtype_size(k->u.gemm.c_dtype) ||
+        k->u.gemm.stride_c < (m - 1) * k->u.gemm.ldc + n)
+        return 0; /* the serial loop says what is wrong, or runs them in order */
+    return 1;
+}
+
+int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k)
+{
+    size_t n;
+
+    switch (k->kind) {
+    case FSDP_K_GEMM:
+        return (double)k->u.gemm.m * (double)k->u.gemm.n * (double)k->u.gemm.k *
+                   (double)(k->u.gemm.batch > 1 ? k->u.gemm.batch : 1) >=
+               FSDP_SIM_PAR_MIN_MACS;
+    case FSDP_K_ADAMW:
+        n = k->u.adamw.n;
+        break;
+    case FSDP_K_SGD:
+        n = k->u.sgd.n;
+        break;
+    default:
+        return 0;
+    }
+    return n >= FSDP_SIM_PAR_MIN_ELEMS;
+}
+
+fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
+{
+    int threads = fsdp_sim_pool_threads(pool);
+    fsdp_sim_par_job_t job;
+    size_t parts;
+
+    if (threads <= 1 || k == NULL)
+        return fsdp_sim_kernel_exec(k);
+    if (k->kind == FSDP_K_GEMM) {
+        if (fsdp_sim_kernel_check(k) != FSDP_OK)
+            return FSDP_ERR_INVALID_PARAM;
+        if (!fsdp_sim_par_batch(k, threads))
+            return fsdp_sim_gemm_desc(k, pool);
+        job.k = k;
+        job.n = k->u.gemm.batch;
+        parts = job.n < (size_t)threads * 2 ? job.n : (size_t)threads * 2;
+        job.block = (job.n + parts - 1) / parts;
+        parts = (job.n + job.block - 1) / job.block;
+        atomic_init(&job.status, (int)FSDP_OK);
+        fsdp_sim_pool_run(pool, parts, fsdp_sim_par_batch_part, &job);
+        return (fsdp_status_t)atomic_load(&job.status);
+    }
+    job.n = fsdp_sim_par_elems(k);
+    if (job.n < FSDP_SIM_PAR_MIN_ELEMS)
+        return fsdp_sim_kernel_exec(k);
+    job.k = k;
+    parts = (size_t)threads * 2;
+    job.block = (job.n + parts - 1) / parts;
+    job.block = (job.block + FSDP_SIM_PAR_UNIT - 1) / FSDP_SIM_PAR_UNIT * FSDP_SIM_PAR_UNIT;
+    parts = (job.n + job.block - 1) / job.block;
+    atomic_init(&job.status, (int)FSDP_OK);
+    fsdp_sim_pool_run(pool, parts, fsdp_sim_par_elem_part, &job);
+    return (fsdp_status_t)atomic_load(&job.status);
 }

@@ -50,6 +50,11 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
         fsdp_error("fsdp_sim_launch: fibers %d is invalid: 0 (a thread per rank) or 1", p->fibers);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (p->threads < 0) {
+        fsdp_error("fsdp_sim_launch: threads %d is invalid: 0 (one per online CPU) or more",
+                   p->threads);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (p->workers < 0) {
         fsdp_error("fsdp_sim_launch: workers %d is invalid: 0 (one per online CPU) or more",
                    p->workers);
@@ -115,6 +120,11 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int slot, int rank, i
     dev->shape_end = dev->shape_next + span;
     dev->status = FSDP_OK;
     dev->phase = FSDP_SIM_RANK_RUNNING;
+    /* the world's threads shared among its ranks, in data mode */
+    dev->threads = 1;
+    if (world->params.mode == FSDP_SIM_DATA && world->params.threads > world->n_devs)
+        dev->threads = world->params.threads / world->n_devs +
+                       (slot < world->params.threads % world->n_devs ? 1 : 0);
 
     /* Timeouts are wall-clock intervals: a monotonic clock keeps them immune to clock steps. */
     rc = pthread_condattr_init(&attr);
@@ -159,9 +169,13 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
     world->params = *params;
     if (world->params.ranks_per_node == 0)
         world->params.ranks_per_node = size;
-    if (world->params.workers == 0) {
+    if (world->params.workers == 0 || world->params.threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        world->params.workers = cpus > 0 ? (int)(cpus < 1024 ? cpus : 1024) : 1;
+        int online = cpus > 0 ? (int)(cpus < 1024 ? cpus : 1024) : 1;
+        if (world->params.workers == 0)
+            world->params.workers = online;
+        if (world->params.threads == 0)
+            world->params.threads = online;
     }
     world->n_devs = size;
     if (params->represent != NULL) {

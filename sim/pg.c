@@ -18,6 +18,7 @@
  * which is how ranks that arrive after the failure learn of it.
  */
 #include "sim.h"
+#include "sim_kernels.h"
 
 #include <fsdp/log.h>
 
@@ -451,6 +452,8 @@ void fsdp_sim_rank_body(fsdp_sim_dev_t *dev)
     fsdp_sim_world_t *world = dev->world;
 
     dev->status = world->func(&dev->super, world->arg);
+    fsdp_sim_pool_destroy(dev->pool); /* the rank's workers end with it */
+    dev->pool = NULL;
     if (dev->status != FSDP_OK)
         fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
                    fsdp_status_name(dev->status));

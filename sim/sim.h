@@ -167,6 +167,8 @@ struct fsdp_sim_dev {
     uintptr_t shape_end;
     char *last_error; /* heap, NULL = "" */
     fsdp_sim_group_t *world_group;
+    int threads;                  /* data mode: threads its kernels may use (itself included) */
+    struct fsdp_sim_pool *pool;   /* their workers, started by its first kernel; NULL: none */
     pthread_t thread;
     fsdp_status_t status; /* what the rank function returned */
     /* guarded by world->lock */

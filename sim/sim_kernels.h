@@ -7,7 +7,11 @@
  *
  * Every routine here is deterministic: the same inputs give the same bits on every run, and
  * reductions (bias_grad, mse_loss, sumsq, the GEMM's k sums) follow a fixed order that
- * depends only on the shapes. No routine starts threads: ranks are already threads.
+ * depends only on the shapes. No routine starts threads: ranks are already threads. A rank
+ * that has cores to spare (fsdp_sim_params_t.threads) has a pool of worker threads, started
+ * once, and the _par routines split a GEMM or a large element-wise kernel across it by a
+ * partition of the output that involves no sum across parts, so their results are the same
+ * bits whatever the number of threads.
  */
 #ifndef FSDP_SIM_SIM_KERNELS_H
 #define FSDP_SIM_SIM_KERNELS_H
@@ -19,6 +23,29 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- worker pools (pool.c) ---- */
+
+typedef struct fsdp_sim_pool fsdp_sim_pool_t;
+typedef void (*fsdp_sim_pool_fn_t)(void *arg, size_t part);
+
+/* A pool of threads - 1 persistent workers (the caller is the other thread). NULL for
+ * threads <= 1 or when nothing could be allocated: every routine takes NULL as "run on the
+ * calling thread alone". */
+fsdp_sim_pool_t *fsdp_sim_pool_create(int threads);
+void fsdp_sim_pool_destroy(fsdp_sim_pool_t *pool);
+/* The threads a job runs on, the caller's included (1 for NULL). */
+int fsdp_sim_pool_threads(const fsdp_sim_pool_t *pool);
+/* Calls fn(arg, part) once for each part < nparts, on the caller and the workers, and returns
+ * when every call has returned. One job at a time: only the pool's owner calls it. */
+void fsdp_sim_pool_run(fsdp_sim_pool_t *pool, size_t nparts, fsdp_sim_pool_fn_t fn, void *arg);
+
+/* fsdp_sim_kernel_exec with the rank's pool (NULL: the calling thread alone): GEMMs, and
+ * element-wise kernels of many elements, split across its threads; the same bits either way. */
+fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool);
+/* 1 when k is large enough for fsdp_sim_kernel_exec_par to split it: a rank starts its workers
+ * then (a descriptor's sizes only; it may still be invalid). */
+int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k);
 
 /* 1 for the transformer kinds (layernorm .. add), which kernels_nn.c runs. */
 int fsdp_sim_nn_kernel(fsdp_kernel_kind_t kind);
@@ -55,6 +82,15 @@ fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, siz
                                const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
                                fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
                                fsdp_dtype_t c_dtype, size_t ldc, const fsdp_gemm_epilogue_t *epi);
+
+/* fsdp_sim_gemm_ex on the threads of pool (NULL: the calling thread): the rows or the columns
+ * of C split into blocks, each a whole product over all of k, so the result is the same bits. */
+fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                   size_t n, size_t k, float alpha, const void *a,
+                                   fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                   fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                   fsdp_dtype_t c_dtype, size_t ldc,
+                                   const fsdp_gemm_epilogue_t *epi);
 
 #define FSDP_SIM_GEMM_KC 256 /* depth of one packed block: fixes the summation order */
 

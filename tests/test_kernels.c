@@ -227,6 +227,135 @@ static void test_gemm_transposes(void)
     CU_ASSERT(cases > 100);
 }
 
+/* A rank's worker threads give the bits of the calling thread alone: GEMMs cut by rows or by
+ * columns (every transpose, an f32 and a bf16 C with an epilogue, edge blocks), a batch of small
+ * products cut by product, and element-wise kernels cut by index, on pools of 2, 3 and 4. */
+static void test_threads_bits(void)
+{
+    /* m, n, k: columns cut (m <= n), rows cut, a long k, an n of no whole micro-tile */
+    static const size_t shapes[][3] = {{37, 901, 300}, {1203, 70, 129}, {64, 130, 2100}, {500, 509, 17}};
+    fsdp_sim_pool_t *pools[3] = {fsdp_sim_pool_create(2), fsdp_sim_pool_create(3),
+                                 fsdp_sim_pool_create(4)};
+    int bad = 0, cases = 0;
+
+    CU_ASSERT_FATAL(pools[0] != NULL && pools[1] != NULL && pools[2] != NULL);
+    CU_ASSERT_EQUAL(fsdp_sim_pool_threads(pools[1]), 3);
+    CU_ASSERT_EQUAL(fsdp_sim_pool_threads(NULL), 1);
+    test_seed(17);
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
+        float *bias = malloc(n * sizeof(float));
+        float *c0 = malloc(m * n * sizeof(float)), *c1 = malloc(m * n * sizeof(float));
+        CU_ASSERT_FATAL(a && b && bias && c0 && c1);
+        fill_rand(a, m * k, -1, 1);
+        fill_rand(b, k * n, -1, 1);
+        fill_rand(bias, n, -1, 1);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int lp = 0; lp < 2; lp++) { /* f32; bf16 operands and C, bias and GELU */
+                    fsdp_dtype_t dt = lp ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+                    fsdp_gemm_epilogue_t epi;
+                    memset(&epi, 0, sizeof(epi));
+                    epi.bias = bias;
+                    epi.bias_dtype = FSDP_DTYPE_F32;
+                    epi.act = FSDP_ACT_GELU_TANH;
+                    for (int p = -1; p < 3; p++) {
+                        float *c = p < 0 ? c0 : c1;
+                        memset(c, 0x7f, m * n * sizeof(float)); /* beta 0 must not read it */
+                        CU_ASSERT_EQUAL(
+                            fsdp_sim_gemm_ex_par(p < 0 ? NULL : pools[p], ta, tb, m, n, k, 0.5f,
+                                                 a, dt, ta ? m : k, b, dt, tb ? k : n, 0.0f, c, dt,
+                                                 n, lp ? &epi : NULL),
+                            FSDP_OK);
+                        if (p >= 0 && memcmp(c0, c1, m * n * fsdp_dtype_size(dt)) != 0) {
+                            bad++;
+                            fprintf(stderr, "\n%zux%zux%zu ta %d tb %d %s on %d threads differs", m,
+                                    n, k, ta, tb, lp ? "bf16" : "f32", p + 2);
+                        }
+                        cases++;
+                    }
+                }
+        free(a);
+        free(b);
+        free(bias);
+        free(c0);
+        free(c1);
+    }
+
+    { /* a batch of 40 products of 50 x 60 x 70, cut by product; and an AdamW step by index */
+        const size_t batch = 40, m = 50, n = 60, k = 70, len = 300001;
+        float *a = malloc(batch * m * k * sizeof(float)), *b = malloc(batch * k * n * sizeof(float));
+        float *c[2] = {malloc(batch * m * n * sizeof(float)), malloc(batch * m * n * sizeof(float))};
+        float *st[2][3], *grad = malloc(len * sizeof(float));
+        fsdp_kernel_t d;
+        CU_ASSERT_FATAL(a && b && c[0] && c[1] && grad);
+        fill_rand(a, batch * m * k, -1, 1);
+        fill_rand(b, batch * k * n, -1, 1);
+        fill_rand(grad, len, -1, 1);
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < 3; j++) {
+                st[r][j] = malloc(len * sizeof(float));
+                CU_ASSERT_FATAL(st[r][j] != NULL);
+                for (size_t i = 0; i < len; i++)
+                    st[r][j][i] = j == 2 ? 0.25f : 0.01f * (float)(i % 97) - 0.3f;
+            }
+        for (int r = 0; r < 2; r++) {
+            memset(&d, 0, sizeof(d));
+            d.kind = FSDP_K_GEMM;
+            d.u.gemm.trans_b = 1;
+            d.u.gemm.m = m;
+            d.u.gemm.n = n;
+            d.u.gemm.k = k;
+            d.u.gemm.alpha = 1.0f;
+            d.u.gemm.a = a;
+            d.u.gemm.lda = k;
+            d.u.gemm.b = b;
+            d.u.gemm.ldb = k;
+            d.u.gemm.c = c[r];
+            d.u.gemm.ldc = n;
+            d.u.gemm.batch = batch;
+            d.u.gemm.stride_a = m * k;
+            d.u.gemm.stride_b = n * k;
+            d.u.gemm.stride_c = m * n;
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[1] : NULL), FSDP_OK);
+            memset(&d, 0, sizeof(d));
+            d.kind = FSDP_K_ADAMW;
+            d.u.adamw.param = st[r][0];
+            d.u.adamw.grad = grad;
+            d.u.adamw.exp_avg = st[r][1];
+            d.u.adamw.exp_avg_sq = st[r][2];
+            d.u.adamw.n = len;
+            d.u.adamw.lr = 1e-3f;
+            d.u.adamw.beta1 = 0.9f;
+            d.u.adamw.beta2 = 0.999f;
+            d.u.adamw.eps = 1e-8f;
+            d.u.adamw.weight_decay = 0.01f;
+            d.u.adamw.step = 3;
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL), FSDP_OK);
+            d.u.adamw.param = NULL; /* invalid: refused as a whole, nothing written */
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL),
+                            FSDP_ERR_INVALID_PARAM);
+        }
+        CU_ASSERT(memcmp(c[0], c[1], batch * m * n * sizeof(float)) == 0);
+        for (int j = 0; j < 3; j++)
+            CU_ASSERT(memcmp(st[0][j], st[1][j], len * sizeof(float)) == 0);
+        CU_ASSERT(st[0][0][5] != 0.01f * 5.0f - 0.3f); /* the step moved it */
+        free(a);
+        free(b);
+        free(c[0]);
+        free(c[1]);
+        free(grad);
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < 3; j++)
+                free(st[r][j]);
+    }
+    for (int p = 0; p < 3; p++)
+        fsdp_sim_pool_destroy(pools[p]);
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(cases, 4 * 4 * 2 * 4);
+}
+
 /* Results do not depend on the micro-kernel: the generic and the AVX2 one give the same bits. */
 static void test_gemm_isa_bits(void)
 {
@@ -1714,6 +1843,7 @@ int main(void)
         {"gemm_degenerate", test_gemm_degenerate},
         {"cast_round_trips", test_cast_round_trips},
         {"cast_int_and_copy", test_cast_int_and_copy},
+        {"threads_bits", test_threads_bits},
         {"fill", test_fill},
         {"scale_div_axpy", test_scale_div_axpy},
         {"bias_relu", test_bias_relu},

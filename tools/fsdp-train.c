@@ -32,6 +32,7 @@ typedef struct train_args {
     int batch;
     uint64_t seed;
     double timeout_s;
+    int threads; /* --threads: 0 = the online CPUs */
     const char *init_path;
     const char *save_path;
     const char *data_path;
@@ -151,6 +152,10 @@ static void usage(FILE *f)
         "  --save FILE                write the final weights (safetensors; gpt, llama: HF's\n"
         "                             names and layouts)\n"
         "  --timeout S                collective timeout in seconds (default 60)\n"
+        "  --threads N                sim: CPU threads of the whole run (default: the online\n"
+        "                             CPUs); with fewer ranks than N each rank splits its\n"
+        "                             GEMMs and large element-wise kernels across N / world\n"
+        "                             threads, with the same results bit for bit\n"
         "  --quiet                    only the final summary\n"
         "  --version, --help\n"
         "fsdp-plan's options that train has not: --nodes, --gpus-per-node, --capacity (the\n"
@@ -208,7 +213,8 @@ enum {
     OPT_MIXED,
     OPT_BACKEND,
     OPT_LOCAL_BATCH,
-    OPT_AC
+    OPT_AC,
+    OPT_THREADS
 };
 
 static void parse_args(int argc, char **argv, train_args_t *a)
@@ -234,6 +240,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"data", required_argument, NULL, OPT_DATA},
         {"save", required_argument, NULL, OPT_SAVE},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"threads", required_argument, NULL, OPT_THREADS},
         {"quiet", no_argument, NULL, OPT_QUIET},
         {"ranks-per-node", required_argument, NULL, OPT_RPN},
         {"cpu-offload", no_argument, NULL, OPT_OFFLOAD},
@@ -342,6 +349,9 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_TIMEOUT:
             a->timeout_s = cli_parse_double("--timeout", optarg, 1e-3, 1e6);
             break;
+        case OPT_THREADS:
+            a->threads = (int)cli_parse_long("--threads", optarg, 1, 4096);
+            break;
         case OPT_QUIET: a->quiet = 1; break;
         case OPT_RPN:
             a->fsdp.ranks_per_node = (int)cli_parse_long("--ranks-per-node", optarg, 1, 4096);
@@ -411,6 +421,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     if (train_launch_prepare(&a->launch, backend, a->world, a->timeout_s, &a->profile) != 0)
         fail_quietly();
     a->world = a->launch.world;
+    a->launch.threads = a->threads;
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)

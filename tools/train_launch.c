@@ -116,6 +116,7 @@ fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, v
     fsdp_sim_params_init(&sim);
     sim.world_size = l->world;
     sim.timeout_s = l->timeout_s;
+    sim.threads = l->threads;
     train_launch_sim_profile(l, &sim.profile);
     sim.ranks_per_node = sim.profile.gpus_per_node;
     return fsdp_sim_launch(&sim, func, arg, NULL);

@@ -16,6 +16,7 @@ typedef struct train_launch {
     double timeout_s;
     const fsdp_sim_profile_t *profile; /* sim: the cluster its times come from */
     int ranks_per_node; /* sim: GPUs per simulated node (--ranks-per-node), 0 = the profile's */
+    int threads;        /* sim: CPU threads of the whole world (--threads), 0 = online CPUs */
     fsdp_launch_info_t info;           /* gpu: what the launcher said */
 } train_launch_t;
 

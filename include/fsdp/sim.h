@@ -238,6 +238,14 @@ typedef struct fsdp_sim_params {
      * node, the rank in the node) or whose keys are not the rank or one value, fails with
      * FSDP_ERR_UNSUPPORTED: run without symmetry then. */
     const int *represent;
+    /* Data mode: the CPU threads the world's kernels may use; 0 (default) = the online CPUs.
+     * When the world has fewer ranks than that, each rank gets threads / world_size of them
+     * (the first threads % world_size ranks one more) and splits its GEMMs and large
+     * element-wise kernels across them, each over a fixed part of the output with no sum
+     * across parts: results are the same bits whatever the count. 1: every rank computes on
+     * its own thread alone. The extra threads are started at a rank's first such kernel and
+     * end with the rank. */
+    int threads;
 } fsdp_sim_params_t;
 
 FSDP_API void fsdp_sim_params_init(fsdp_sim_params_t *params);
