@@ -87,18 +87,28 @@ static double wave_quantization(double tiles, int sms)
     return tiles / (ceil_div(tiles, (double)sms) * (double)sms);
 }
 
+/* cuBLAS's smaller tiles, for outputs whose 128 x 256 tiles leave SMs idle */
+static const double gemm_tiles[][2] = {
+    {FSDP_SIM_GEMM_TILE_M, FSDP_SIM_GEMM_TILE_N}, {128, 128}, {64, 128}, {64, 64}};
+
 double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms)
 {
-    double lo = m < n ? m : n, hi = m < n ? n : m, tm, tn;
+    double lo = m < n ? m : n, hi = m < n ? n : m, tm = 0.0, tn = 0.0, a = 0.0, b = 0.0;
 
     if (sms <= 0 || m <= 0.0 || n <= 0.0)
         return 1.0;
     if (batch < 1.0)
         batch = 1.0;
-    tm = ceil_div(lo, FSDP_SIM_GEMM_TILE_M);
-    tn = ceil_div(hi, FSDP_SIM_GEMM_TILE_N);
-    return lo * hi / (tm * FSDP_SIM_GEMM_TILE_M * tn * FSDP_SIM_GEMM_TILE_N) *
-           wave_quantization(tm * tn * batch, sms);
+    /* the largest tile that fills one wave of every SM, else the smallest */
+    for (size_t i = 0; i < sizeof(gemm_tiles) / sizeof(gemm_tiles[0]); i++) {
+        a = gemm_tiles[i][0];
+        b = gemm_tiles[i][1];
+        tm = ceil_div(lo, a);
+        tn = ceil_div(hi, b);
+        if (tm * tn * batch >= (double)sms)
+            break;
+    }
+    return lo * hi / (tm * a * tn * b) * wave_quantization(tm * tn * batch, sms);
 }
 
 double fsdp_sim_attention_quantization(double batch, double heads, double seq, int sms)

@@ -609,9 +609,12 @@ static void test_compute_model(void)
     /* 8192 x 4096 on 132 SMs: 32 x 32 whole tiles, 1,024 of them in 8 waves of 132 */
     close_to(fsdp_sim_gemm_quantization(8192, 4096, 1, 132), 1024.0 / 1056.0, 1e-15);
     close_to(fsdp_sim_gemm_quantization(4096, 8192, 1, 132), 1024.0 / 1056.0, 1e-15);
-    /* 100 x 300 on 4 SMs: one tile of 128 by two of 256, 30,000 of 65,536 elements; 2 tiles
-     * on 4 SMs, half a wave */
-    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 4), 30000.0 / 65536.0 * 0.5, 1e-15);
+    /* 100 x 300 on 4 SMs: 2 tiles of 128 x 256 and 3 of 128 x 128 leave SMs idle, 64 x 128 is
+     * 2 x 3 = 6 tiles, 30,000 of 49,152 elements, in 2 waves of 4: 6 of 8 slots */
+    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 4), 30000.0 / 49152.0 * 0.75, 1e-15);
+    /* 100 x 300 on 132 SMs: no tile fills them, 64 x 64 is 2 x 5 = 10 tiles of 64 x 64 */
+    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 132),
+             30000.0 / (10 * 4096.0) * 10.0 / 132.0, 1e-15);
     /* 3 products of one whole tile on 2 SMs: 2 waves, 3 of 4 slots */
     close_to(fsdp_sim_gemm_quantization(128, 256, 3, 2), 0.75, 1e-15);
     close_to(fsdp_sim_gemm_quantization(100, 300, 1, 0), 1.0, 0);

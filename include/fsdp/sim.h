@@ -234,7 +234,9 @@ FSDP_API int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *profile, const f
 /* The tile and wave quantization of an m x n GEMM output (batch products) on `sms` SMs, in
  * (0, 1]: (m n / padded tiles' area) x (tiles / (waves x sms)), with FSDP_SIM_GEMM_TILE_M x
  * _N tiles, the longer side along the longer dimension (NVIDIA's "Matrix Multiplication
- * Background User's Guide"). 1 when sms <= 0. */
+ * Background User's Guide"); an output with fewer such tiles than SMs takes the largest of
+ * 128 x 128, 64 x 128 and 64 x 64 that fills them, else 64 x 64, as cuBLAS's heuristics pick
+ * smaller tiles for small outputs. 1 when sms <= 0. */
 FSDP_API double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms);
 /* The same for fused attention: batch x heads x ceil(seq / FSDP_SIM_ATTN_BLOCK) blocks on
  * `sms` SMs, the last block of a sequence padded. */
