@@ -40,8 +40,13 @@
 #define MR 6                /* micro-tile rows */
 #define NR 16               /* micro-tile columns */
 #define KC FSDP_SIM_GEMM_KC /* k depth of a packed block: A 6 KiB and B 16 KiB micro-panels */
-#define MC 144              /* rows of a packed A block (multiple of MR): 144 KiB, in L2 */
-#define NC 3072             /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
+
+#ifndef NC
+#define NC 3072 /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
+#endif
+#ifndef MC
+#define MC 144
+#endif
 
 #if defined(__GNUC__)
 #define FSDP_GEMM_VECTOR 1
@@ -70,7 +75,7 @@ typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a, const 
 /* One source for every vector width: vtype holds vw floats; the MR rows of the tile are done
  * `rows` at a time (each pass over the whole of kc), so that the accumulators of a pass fit in
  * the registers of the target. Each element still sums p in ascending order. */
-#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows)                                             \
+#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows, MR, NR)                                           \
     attr static void name(size_t kc, const float *__restrict a, const float *__restrict b,         \
                           float *__restrict tile)                                                  \
     {                                                                                              \
@@ -98,13 +103,15 @@ typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a, const 
 
 /* 16 SSE registers: 3 rows x 4 vectors of accumulators, 4 of B */
 typedef float fsdp_gemm_v4f_t __attribute__((vector_size(16)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4, 3)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4, 3, MR, NR)
 
 #if FSDP_GEMM_HAVE_AVX2
 /* 16 AVX registers: 6 rows x 2 vectors of accumulators, 2 of B, 1 broadcast */
 typedef float fsdp_gemm_v8f_t __attribute__((vector_size(32)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8, 6)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8, 6,
+                  MR, NR)
 #endif
+
 
 #else /* !FSDP_GEMM_VECTOR: scalar C for other compilers */
 static void fsdp_gemm_ukernel_generic(size_t kc, const float *__restrict a,
@@ -121,28 +128,32 @@ static void fsdp_gemm_ukernel_generic(size_t kc, const float *__restrict a,
 
 static atomic_int fsdp_gemm_isa_choice = FSDP_SIM_GEMM_AUTO;
 
-static int fsdp_gemm_cpu_has_avx2(void)
+/* 1 when this CPU (and this build) can run isa. */
+static int fsdp_gemm_cpu_has(fsdp_sim_gemm_isa_t isa)
 {
+    switch (isa) {
+    case FSDP_SIM_GEMM_GENERIC:
+        return 1;
 #if FSDP_GEMM_HAVE_AVX2
-    return __builtin_cpu_supports("avx2") ? 1 : 0;
-#else
-    return 0;
+    case FSDP_SIM_GEMM_AVX2:
+        return __builtin_cpu_supports("avx2") ? 1 : 0;
 #endif
+    default:
+        return 0;
+    }
 }
 
 static fsdp_sim_gemm_isa_t fsdp_gemm_isa(void)
 {
     int choice = atomic_load_explicit(&fsdp_gemm_isa_choice, memory_order_relaxed);
     if (choice == FSDP_SIM_GEMM_AUTO)
-        return fsdp_gemm_cpu_has_avx2() ? FSDP_SIM_GEMM_AVX2 : FSDP_SIM_GEMM_GENERIC;
+        return fsdp_gemm_cpu_has(FSDP_SIM_GEMM_AVX2) ? FSDP_SIM_GEMM_AVX2 : FSDP_SIM_GEMM_GENERIC;
     return (fsdp_sim_gemm_isa_t)choice;
 }
 
 int fsdp_sim_gemm_set_isa(fsdp_sim_gemm_isa_t isa)
 {
-    if (isa == FSDP_SIM_GEMM_AVX2 && !fsdp_gemm_cpu_has_avx2())
-        return 0;
-    if (isa != FSDP_SIM_GEMM_AUTO && isa != FSDP_SIM_GEMM_GENERIC && isa != FSDP_SIM_GEMM_AVX2)
+    if (isa != FSDP_SIM_GEMM_AUTO && !fsdp_gemm_cpu_has(isa))
         return 0;
     atomic_store_explicit(&fsdp_gemm_isa_choice, (int)isa, memory_order_relaxed);
     return 1;
@@ -153,15 +164,6 @@ const char *fsdp_sim_gemm_isa_name(void)
     if (fsdp_gemm_isa() == FSDP_SIM_GEMM_AVX2)
         return "avx2";
     return FSDP_GEMM_VECTOR ? "generic" : "scalar";
-}
-
-static fsdp_gemm_ukernel_t fsdp_gemm_ukernel(void)
-{
-#if FSDP_GEMM_HAVE_AVX2
-    if (fsdp_gemm_isa() == FSDP_SIM_GEMM_AVX2)
-        return fsdp_gemm_ukernel_avx2;
-#endif
-    return fsdp_gemm_ukernel_generic;
 }
 
 static size_t fsdp_gemm_min(size_t x, size_t y)
@@ -256,28 +258,28 @@ static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t d
  * widened here, once per block, so the micro-kernel only ever sees f32. */
 static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_dtype_t dt,
                                                  size_t lda, size_t i0, size_t mc, size_t p0,
-                                                 size_t kc, float *__restrict ap)
+                                                 size_t kc, float *__restrict ap, const size_t mrw)
 {
-    for (size_t ir = 0; ir < mc; ir += MR) {
-        size_t mr = fsdp_gemm_min(MR, mc - ir);
+    for (size_t ir = 0; ir < mc; ir += mrw) {
+        size_t mr = fsdp_gemm_min(mrw, mc - ir);
         float *dst = ap + ir * kc;
         if (!trans) { /* A is [M, K]: row i is contiguous in p */
-            size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, MR, dst);
+            size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, mrw, dst);
             for (; ii < mr; ii++) {
                 size_t src = (i0 + ir + ii) * lda + p0;
                 for (size_t p = 0; p < kc; p++)
-                    dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + p);
+                    dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + p);
             }
-            for (ii = mr; ii < MR; ii++)
+            for (ii = mr; ii < mrw; ii++)
                 for (size_t p = 0; p < kc; p++)
-                    dst[p * MR + ii] = 0.0f;
+                    dst[p * mrw + ii] = 0.0f;
         } else { /* A is [K, M]: row p is contiguous in i */
             for (size_t p = 0; p < kc; p++) {
                 size_t src = (p0 + p) * lda + i0 + ir;
                 for (size_t ii = 0; ii < mr; ii++)
-                    dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + ii);
-                for (size_t ii = mr; ii < MR; ii++)
-                    dst[p * MR + ii] = 0.0f;
+                    dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + ii);
+                for (size_t ii = mr; ii < mrw; ii++)
+                    dst[p * mrw + ii] = 0.0f;
             }
         }
     }
@@ -287,65 +289,114 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_
  * bp[(j / NR) * kc * NR + p * NR + j % NR]; columns past nc are zero. */
 static FSDP_GEMM_INLINE void fsdp_gemm_pack_b_dt(int trans, const void *b, fsdp_dtype_t dt,
                                                  size_t ldb, size_t p0, size_t kc, size_t j0,
-                                                 size_t nc, float *__restrict bp)
+                                                 size_t nc, float *__restrict bp, const size_t nrw)
 {
-    for (size_t jr = 0; jr < nc; jr += NR) {
-        size_t nr = fsdp_gemm_min(NR, nc - jr);
-        float *dst = bp + jr * kc;
-        if (!trans && nr == NR && dt == FSDP_DTYPE_F32) { /* B is [K, N]: rows contiguous in j */
-            for (size_t p = 0; p < kc; p++)
-                memcpy(dst + p * NR, (const float *)b + (p0 + p) * ldb + j0 + jr,
-                       NR * sizeof(float));
-        } else if (!trans) {
-            for (size_t p = 0; p < kc; p++) {
-                size_t src = (p0 + p) * ldb + j0 + jr;
+    if (!trans) { /* B is [K, N]: rows contiguous in j, read one after the other */
+        size_t nfull = nc / nrw * nrw, nr = nc - nfull;
+        for (size_t p = 0; p < kc; p++) {
+            size_t src = (p0 + p) * ldb + j0;
+            for (size_t jr = 0; jr < nfull; jr += nrw) {
+                float *dst = bp + jr * kc + p * nrw;
+                if (dt == FSDP_DTYPE_F32) {
+                    memcpy(dst, (const float *)b + src + jr, nrw * sizeof(float));
+                } else {
+                    for (size_t jj = 0; jj < nrw; jj++)
+                        dst[jj] = fsdp_gemm_ld(b, dt, src + jr + jj);
+                }
+            }
+            if (nr > 0) {
+                float *dst = bp + nfull * kc + p * nrw;
                 for (size_t jj = 0; jj < nr; jj++)
-                    dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + jj);
-                for (size_t jj = nr; jj < NR; jj++)
-                    dst[p * NR + jj] = 0.0f;
+                    dst[jj] = fsdp_gemm_ld(b, dt, src + nfull + jj);
+                for (size_t jj = nr; jj < nrw; jj++)
+                    dst[jj] = 0.0f;
             }
-        } else { /* B is [N, K]: row j is contiguous in p */
-            size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, NR, dst);
-            for (; jj < nr; jj++) {
-                size_t src = (j0 + jr + jj) * ldb + p0;
-                for (size_t p = 0; p < kc; p++)
-                    dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + p);
-            }
-            for (jj = nr; jj < NR; jj++)
-                for (size_t p = 0; p < kc; p++)
-                    dst[p * NR + jj] = 0.0f;
         }
+        return;
+    }
+    for (size_t jr = 0; jr < nc; jr += nrw) { /* B is [N, K]: row j is contiguous in p */
+        size_t nr = fsdp_gemm_min(nrw, nc - jr);
+        float *dst = bp + jr * kc;
+        size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, nrw, dst);
+        for (; jj < nr; jj++) {
+            size_t src = (j0 + jr + jj) * ldb + p0;
+            for (size_t p = 0; p < kc; p++)
+                dst[p * nrw + jj] = fsdp_gemm_ld(b, dt, src + p);
+        }
+        for (jj = nr; jj < nrw; jj++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * nrw + jj] = 0.0f;
     }
 }
 
-/* One packer per dtype, each with its dtype a constant. */
-static void fsdp_gemm_pack_a(int trans, const void *a, fsdp_dtype_t dt, size_t lda, size_t i0,
-                             size_t mc, size_t p0, size_t kc, float *__restrict ap)
+/* One packer per dtype, each with its dtype (and the tile's width) a constant. */
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_a(int trans, const void *a, fsdp_dtype_t dt,
+                                              size_t lda, size_t i0, size_t mc, size_t p0,
+                                              size_t kc, float *__restrict ap, const size_t mrw)
 {
     if (dt == FSDP_DTYPE_BF16)
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_BF16, lda, i0, mc, p0, kc, ap);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_BF16, lda, i0, mc, p0, kc, ap, mrw);
     else if (dt == FSDP_DTYPE_F16)
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F16, lda, i0, mc, p0, kc, ap);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F16, lda, i0, mc, p0, kc, ap, mrw);
     else
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F32, lda, i0, mc, p0, kc, ap);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F32, lda, i0, mc, p0, kc, ap, mrw);
 }
 
-static void fsdp_gemm_pack_b(int trans, const void *b, fsdp_dtype_t dt, size_t ldb, size_t p0,
-                             size_t kc, size_t j0, size_t nc, float *__restrict bp)
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_b(int trans, const void *b, fsdp_dtype_t dt,
+                                              size_t ldb, size_t p0, size_t kc, size_t j0,
+                                              size_t nc, float *__restrict bp, const size_t nrw)
 {
     if (dt == FSDP_DTYPE_BF16)
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_BF16, ldb, p0, kc, j0, nc, bp);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_BF16, ldb, p0, kc, j0, nc, bp, nrw);
     else if (dt == FSDP_DTYPE_F16)
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F16, ldb, p0, kc, j0, nc, bp);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F16, ldb, p0, kc, j0, nc, bp, nrw);
     else
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F32, ldb, p0, kc, j0, nc, bp);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F32, ldb, p0, kc, j0, nc, bp, nrw);
+}
+
+/* Prefetching a B micro-panel's source, in units: for a transposed B, the 64-byte lines of each
+ * of its nr rows (kc elements long); otherwise its kc rows (nr elements each, one or two
+ * lines). */
+static FSDP_GEMM_INLINE size_t fsdp_gemm_prefetch_units(int trans, fsdp_dtype_t dt, size_t kc,
+                                                        size_t nr)
+{
+    size_t es = dt == FSDP_DTYPE_F32 ? 4 : 2;
+    return trans ? nr * ((kc * es + 63) / 64) : nr > 0 ? kc : 0;
+}
+
+/* Prefetches units u0 .. u1 of the source of B's micro-panel at columns j0 .. of the k block
+ * p0 .. p0 + kc (the units of fsdp_gemm_prefetch_units). */
+static FSDP_GEMM_INLINE void fsdp_gemm_prefetch_b(int trans, const void *b, fsdp_dtype_t dt,
+                                                  size_t ldb, size_t p0, size_t kc, size_t j0,
+                                                  size_t nr, size_t u0, size_t u1)
+{
+    size_t es = dt == FSDP_DTYPE_F32 ? 4 : 2, lines = (kc * es + 63) / 64;
+    const char *base = b;
+    if (trans) {
+        size_t row = u0 / lines, line = u0 % lines;
+        const char *src = base + ((j0 + row) * ldb + p0) * es;
+        for (size_t u = u0; u < u1; u++) {
+            __builtin_prefetch(src + line * 64);
+            if (++line == lines) {
+                line = 0;
+                src += ldb * es;
+            }
+        }
+    } else {
+        for (size_t u = u0; u < u1; u++) {
+            const char *row = base + ((p0 + u) * ldb + j0) * es;
+            __builtin_prefetch(row);
+            __builtin_prefetch(row + nr * es - 1);
+        }
+    }
 }
 
 /* Writes the valid mr x nr corner of a tile into C: the first k block sets C from alpha*acc
  * (and beta*C unless beta == 0, which must not read C), later blocks add alpha*acc. Full tiles
  * take loops of constant length, which gcc vectorizes. */
-static void fsdp_gemm_tile_store(const float *__restrict tile, float *__restrict c, size_t ldc,
-                                 size_t mr, size_t nr, float alpha, float beta, int first)
+static FSDP_GEMM_INLINE void fsdp_gemm_tile_store(const float *__restrict tile, float *__restrict c,
+                                                  size_t ldc, size_t mr, size_t nr, float alpha,
+                                                  float beta, int first)
 {
     if (mr == MR && nr == NR) {
         for (size_t i = 0; i < MR; i++) {
@@ -413,24 +464,15 @@ static fsdp_status_t fsdp_gemm_check(int trans_a, int trans_b, size_t m, size_t 
     return FSDP_OK;
 }
 
-/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller). */
-static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
-                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
-                                   float *c, size_t ldc)
+/* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller),
+ * with an MR x NR micro-kernel and MC-row A blocks (constants of each instance below). */
+static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
+    int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const void *a,
+    fsdp_dtype_t a_dtype, size_t lda, const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
+    float *c, size_t ldc, fsdp_gemm_ukernel_t ukernel)
 {
     size_t kc_max, mc_max, nc_max;
-    fsdp_gemm_ukernel_t ukernel;
-    fsdp_status_t status;
     float *buf, *ap, *bp;
-
-    if (k == 0 || alpha == 0.0f) {
-        fsdp_gemm_scale_c(m, n, beta, c, ldc);
-        return FSDP_OK;
-    }
-    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
-    if (status != FSDP_OK)
-        return status;
 
     kc_max = fsdp_gemm_min(k, KC);
     mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), MC);
@@ -442,23 +484,32 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
     }
     ap = buf;
     bp = buf + mc_max * kc_max;
-    ukernel = fsdp_gemm_ukernel();
 
     for (size_t jc = 0; jc < n; jc += NC) {
         size_t nc = fsdp_gemm_min(NC, n - jc);
         for (size_t pc = 0; pc < k; pc += KC) {
             size_t kc = fsdp_gemm_min(KC, k - pc);
-            fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc, nc, bp);
             for (size_t ic = 0; ic < m; ic += MC) {
-                size_t mc = fsdp_gemm_min(MC, m - ic);
-                fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap);
+                size_t mc = fsdp_gemm_min(MC, m - ic), tiles = (mc + MR - 1) / MR;
+                fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap, MR);
                 /* jr outside ir: one B micro-panel stays in L1 while A streams from L2 */
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     size_t nr = fsdp_gemm_min(NR, nc - jr);
-                    for (size_t ir = 0; ir < mc; ir += MR) {
+                    size_t next_nr = jr + NR < nc ? fsdp_gemm_min(NR, nc - jr - NR) : 0;
+                    size_t units = ic > 0 ? 0 : fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr);
+                    /* the first A block packs each B micro-panel just before its first use, the
+                     * source of the next one prefetched meanwhile, a share per micro-tile */
+                    if (ic == 0)
+                        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr,
+                                         bp + jr * kc, NR);
+                    for (size_t ir = 0, t = 0; ir < mc; ir += MR, t++) {
                         _Alignas(64) float tile[MR * NR];
                         float *ct = c + (ic + ir) * ldc + jc + jr;
                         size_t mr = fsdp_gemm_min(MR, mc - ir);
+                        if (units > 0)
+                            fsdp_gemm_prefetch_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr + NR,
+                                                 next_nr, units * t / tiles,
+                                                 units * (t + 1) / tiles);
                         /* C's rows arrive while the micro-kernel runs */
                         for (size_t i = 0; i < mr; i++) {
                             __builtin_prefetch(ct + i * ldc, 1);
@@ -473,6 +524,55 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
     }
     free(buf);
     return FSDP_OK;
+}
+
+static fsdp_status_t fsdp_gemm_run_base(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                        float alpha, const void *a, fsdp_dtype_t a_dtype,
+                                        size_t lda, const void *b, fsdp_dtype_t b_dtype,
+                                        size_t ldb, float beta, float *c, size_t ldc,
+                                        fsdp_gemm_ukernel_t ukernel)
+{
+    return fsdp_gemm_run_tiled(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                               beta, c, ldc, ukernel);
+}
+
+#if FSDP_GEMM_HAVE_AVX2
+/* The same for the AVX2 micro-kernel, the packing and the stores compiled for AVX2 as well
+ * (copies, and the same multiplies and adds element by element: the same bits) */
+__attribute__((target("avx2"))) static fsdp_status_t
+fsdp_gemm_run_avx2(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
+                   const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                   fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c, size_t ldc)
+{
+    return fsdp_gemm_run_tiled(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                               beta, c, ldc, fsdp_gemm_ukernel_avx2);
+}
+#endif
+
+static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                   float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
+                                   const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
+                                   float *c, size_t ldc)
+{
+    fsdp_status_t status;
+
+    if (k == 0 || alpha == 0.0f) {
+        fsdp_gemm_scale_c(m, n, beta, c, ldc);
+        return FSDP_OK;
+    }
+    status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
+    if (status != FSDP_OK)
+        return status;
+    switch (fsdp_gemm_isa()) {
+#if FSDP_GEMM_HAVE_AVX2
+    case FSDP_SIM_GEMM_AVX2:
+        return fsdp_gemm_run_avx2(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                                  ldb, beta, c, ldc);
+#endif
+    default:
+        return fsdp_gemm_run_base(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                                  ldb, beta, c, ldc, fsdp_gemm_ukernel_generic);
+    }
 }
 
 /* ---- the product on a pool's threads ----
