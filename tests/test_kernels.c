@@ -49,6 +49,13 @@ static void fill_rand(float *x, size_t n, double lo, double hi)
         x[i] = (float)test_rand(lo, hi);
 }
 
+static uint32_t test_f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
 /* Counts error lines, keeps the last one. */
 static int log_count;
 static char log_last[512];
@@ -356,31 +363,99 @@ static void test_threads_bits(void)
     CU_ASSERT_EQUAL(cases, 4 * 4 * 2 * 4);
 }
 
-/* Results do not depend on the micro-kernel: the generic and the AVX2 one give the same bits. */
+/* Results do not depend on the micro-kernel: every path this CPU runs (the generic one, AVX2)
+ * gives the bits of the generic one, on random shapes (odd sizes, several A blocks, several k
+ * blocks, a second B panel), every transpose, padded leading dimensions, f32, bf16 and f16
+ * operands, an f32 or a 16-bit C, alpha and beta, and epilogues. */
 static void test_gemm_isa_bits(void)
 {
-    const size_t m = 45, n = 77, k = 300;
-    float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
-    float *c1 = malloc(m * n * sizeof(float)), *c2 = malloc(m * n * sizeof(float));
+    static const fsdp_sim_gemm_isa_t isas[] = {FSDP_SIM_GEMM_GENERIC, FSDP_SIM_GEMM_AVX2};
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    static const float alphas[] = {1.0f, 0.75f, -1.5f}, betas[] = {0.0f, 1.0f, 0.5f};
+    const int ncases = 48;
+    int bad = 0, paths = 0;
 
-    CU_ASSERT_FATAL(a && b && c1 && c2);
     test_seed(2);
-    fill_rand(a, m * k, -1, 1);
-    fill_rand(b, k * n, -1, 1);
-    CU_ASSERT_FATAL(fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_GENERIC));
-    CU_ASSERT_EQUAL(fsdp_sim_gemm(0, 1, m, n, k, 0.75f, a, k, b, k, 0.0f, c1, n), FSDP_OK);
-    if (fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_AVX2)) {
-        CU_ASSERT_STRING_EQUAL(fsdp_sim_gemm_isa_name(), "avx2");
-        CU_ASSERT_EQUAL(fsdp_sim_gemm(0, 1, m, n, k, 0.75f, a, k, b, k, 0.0f, c2, n), FSDP_OK);
-        CU_ASSERT(memcmp(c1, c2, m * n * sizeof(float)) == 0);
-    } else {
-        fprintf(stderr, "(no avx2 here: only the generic micro-kernel checked) ");
+    for (int t = 0; t < ncases; t++) {
+        /* mostly small, some past an A block (144 rows), k blocks (256) or a B panel (3072) */
+        size_t m = 1 + test_index(t % 4 == 1 ? 400 : 60), n = 1 + test_index(t % 4 == 2 ? 300 : 90);
+        size_t k = 1 + test_index(t % 4 == 3 ? 700 : 120);
+        int ta = t & 1, tb = (t >> 1) & 1, epi_kind = t % 3;
+        fsdp_dtype_t dt = dts[(t / 4) % 3];
+        fsdp_dtype_t cdt = (t / 12) % 2 ? dt : FSDP_DTYPE_F32;
+        float alpha = alphas[t % 3], beta = betas[(t / 3) % 3];
+        size_t lda = (ta ? m : k) + test_index(3), ldb = (tb ? k : n) + test_index(3);
+        size_t ldc = n + test_index(3), cbytes = m * ldc * fsdp_dtype_size(cdt);
+        fsdp_gemm_epilogue_t epi;
+        float *a, *b, *bias, *c0, *c1, *cinit;
+
+        if (t == ncases - 1) { /* two B panels of 3072 columns */
+            m = 7;
+            n = 3100;
+            k = 20;
+            lda = ta ? m : k;
+            ldb = tb ? k : n;
+            ldc = n;
+            cbytes = m * ldc * fsdp_dtype_size(cdt);
+        }
+        a = malloc((ta ? k : m) * lda * sizeof(float));
+        b = malloc((tb ? n : k) * ldb * sizeof(float));
+        bias = malloc(n * sizeof(float));
+        c0 = malloc(cbytes);
+        c1 = malloc(cbytes);
+        cinit = malloc(m * ldc * sizeof(float));
+        CU_ASSERT_FATAL(a && b && bias && c0 && c1 && cinit);
+        fill_rand(a, (ta ? k : m) * lda, -1, 1);
+        fill_rand(b, (tb ? n : k) * ldb, -1, 1);
+        fill_rand(bias, n, -1, 1);
+        fill_rand(cinit, m * ldc, -1, 1);
+        if (dt != FSDP_DTYPE_F32) { /* 16-bit operands: the upper halves of the f32 values */
+            uint16_t *a16 = (uint16_t *)a, *b16 = (uint16_t *)b;
+            for (size_t i = 0; i < (ta ? k : m) * lda; i++)
+                a16[i] = (uint16_t)(test_f32_bits(a[i]) >> 16);
+            for (size_t i = 0; i < (tb ? n : k) * ldb; i++)
+                b16[i] = (uint16_t)(test_f32_bits(b[i]) >> 16);
+        }
+        if (cdt != FSDP_DTYPE_F32) {
+            uint16_t *c16 = (uint16_t *)cinit;
+            for (size_t i = 0; i < m * ldc; i++)
+                c16[i] = (uint16_t)(test_f32_bits(cinit[i]) >> 16);
+        }
+        memset(&epi, 0, sizeof(epi));
+        epi.bias = bias;
+        epi.bias_dtype = FSDP_DTYPE_F32;
+        epi.act = epi_kind == 1 ? FSDP_ACT_GELU_TANH : FSDP_ACT_RELU;
+        for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
+            float *c = i == 0 ? c0 : c1;
+            if (!fsdp_sim_gemm_set_isa(isas[i])) {
+                CU_ASSERT(i > 0);
+                continue;
+            }
+            memcpy(c, cinit, cbytes);
+            CU_ASSERT_EQUAL(fsdp_sim_gemm_ex(ta, tb, m, n, k, alpha, a, dt, lda, b, dt, ldb, beta, c,
+                                             cdt, ldc, epi_kind ? &epi : NULL),
+                            FSDP_OK);
+            if (i == 0)
+                continue;
+            paths++;
+            if (memcmp(c0, c1, cbytes) != 0) {
+                bad++;
+                fprintf(stderr, "\n%s: %zux%zux%zu ta %d tb %d %s C %s alpha %g beta %g epi %d differs",
+                        fsdp_sim_gemm_isa_name(), m, n, k, ta, tb, fsdp_dtype_name(dt),
+                        fsdp_dtype_name(cdt), alpha, beta, epi_kind);
+            }
+        }
+        free(a);
+        free(b);
+        free(bias);
+        free(c0);
+        free(c1);
+        free(cinit);
     }
+    if (paths == 0)
+        fprintf(stderr, "(no avx2 here: only the generic micro-kernel checked) ");
     CU_ASSERT(fsdp_sim_gemm_set_isa(FSDP_SIM_GEMM_AUTO));
-    free(a);
-    free(b);
-    free(c1);
-    free(c2);
+    CU_ASSERT_EQUAL(bad, 0);
 }
 
 static void test_gemm_degenerate(void)
