@@ -44,9 +44,8 @@
 #ifndef NC
 #define NC 3072 /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
 #endif
-#ifndef MC
-#define MC 144
-#endif
+#define MC 144    /* rows of a packed A block (multiple of MR): 144 KiB, in L2 */
+#define MC_ONE 264 /* up to this many rows, A is packed as one block (264 KiB) */
 
 #if defined(__GNUC__)
 #define FSDP_GEMM_VECTOR 1
@@ -471,12 +470,14 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
     fsdp_dtype_t a_dtype, size_t lda, const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
     float *c, size_t ldc, fsdp_gemm_ukernel_t ukernel)
 {
-    size_t kc_max, mc_max, nc_max;
+    /* a single A block when m is small enough: each B micro-panel is then used once, packed
+     * into one buffer of one micro-panel that stays in L1 */
+    size_t mcb = m <= MC_ONE ? MC_ONE : MC, kc_max, mc_max, nc_max;
     float *buf, *ap, *bp;
 
     kc_max = fsdp_gemm_min(k, KC);
-    mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), MC);
-    nc_max = fsdp_gemm_min(fsdp_gemm_round_up(n, NR), NC);
+    mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), mcb);
+    nc_max = m <= mcb ? NR : fsdp_gemm_min(fsdp_gemm_round_up(n, NR), NC);
     if (posix_memalign((void **)&buf, 64, (mc_max + nc_max) * kc_max * sizeof(float)) != 0) {
         fsdp_error("gemm: cannot allocate %zu bytes of packing buffers",
                    (mc_max + nc_max) * kc_max * sizeof(float));
@@ -489,8 +490,8 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
         size_t nc = fsdp_gemm_min(NC, n - jc);
         for (size_t pc = 0; pc < k; pc += KC) {
             size_t kc = fsdp_gemm_min(KC, k - pc);
-            for (size_t ic = 0; ic < m; ic += MC) {
-                size_t mc = fsdp_gemm_min(MC, m - ic), tiles = (mc + MR - 1) / MR;
+            for (size_t ic = 0; ic < m; ic += mcb) {
+                size_t mc = fsdp_gemm_min(mcb, m - ic), tiles = (mc + MR - 1) / MR;
                 fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap, MR);
                 /* jr outside ir: one B micro-panel stays in L1 while A streams from L2 */
                 for (size_t jr = 0; jr < nc; jr += NR) {
@@ -499,9 +500,9 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
                     size_t units = ic > 0 ? 0 : fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr);
                     /* the first A block packs each B micro-panel just before its first use, the
                      * source of the next one prefetched meanwhile, a share per micro-tile */
+                    float *bpj = m <= mcb ? bp : bp + jr * kc;
                     if (ic == 0)
-                        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr,
-                                         bp + jr * kc, NR);
+                        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr, bpj, NR);
                     for (size_t ir = 0, t = 0; ir < mc; ir += MR, t++) {
                         _Alignas(64) float tile[MR * NR];
                         float *ct = c + (ic + ir) * ldc + jc + jr;
@@ -515,7 +516,7 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
                             __builtin_prefetch(ct + i * ldc, 1);
                             __builtin_prefetch(ct + i * ldc + nr - 1, 1);
                         }
-                        ukernel(kc, ap + ir * kc, bp + jr * kc, tile);
+                        ukernel(kc, ap + ir * kc, bpj, tile);
                         fsdp_gemm_tile_store(tile, ct, ldc, mr, nr, alpha, beta, pc == 0);
                     }
                 }
