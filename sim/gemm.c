@@ -74,7 +74,7 @@ typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a, const 
 /* One source for every vector width: vtype holds vw floats; the MR rows of the tile are done
  * `rows` at a time (each pass over the whole of kc), so that the accumulators of a pass fit in
  * the registers of the target. Each element still sums p in ascending order. */
-#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows, MR, NR)                                           \
+#define FSDP_GEMM_UKERNEL(name, attr, vtype, vw, rows)                                             \
     attr static void name(size_t kc, const float *__restrict a, const float *__restrict b,         \
                           float *__restrict tile)                                                  \
     {                                                                                              \
@@ -102,15 +102,13 @@ typedef void (*fsdp_gemm_ukernel_t)(size_t kc, const float *__restrict a, const 
 
 /* 16 SSE registers: 3 rows x 4 vectors of accumulators, 4 of B */
 typedef float fsdp_gemm_v4f_t __attribute__((vector_size(16)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4, 3, MR, NR)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_generic, , fsdp_gemm_v4f_t, 4, 3)
 
 #if FSDP_GEMM_HAVE_AVX2
 /* 16 AVX registers: 6 rows x 2 vectors of accumulators, 2 of B, 1 broadcast */
 typedef float fsdp_gemm_v8f_t __attribute__((vector_size(32)));
-FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8, 6,
-                  MR, NR)
+FSDP_GEMM_UKERNEL(fsdp_gemm_ukernel_avx2, __attribute__((target("avx2"))), fsdp_gemm_v8f_t, 8, 6)
 #endif
-
 
 #else /* !FSDP_GEMM_VECTOR: scalar C for other compilers */
 static void fsdp_gemm_ukernel_generic(size_t kc, const float *__restrict a,
