@@ -257,28 +257,37 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_
                                                  size_t lda, size_t i0, size_t mc, size_t p0,
                                                  size_t kc, float *__restrict ap, const size_t mrw)
 {
-    for (size_t ir = 0; ir < mc; ir += mrw) {
-        size_t mr = fsdp_gemm_min(mrw, mc - ir);
-        float *dst = ap + ir * kc;
-        if (!trans) { /* A is [M, K]: row i is contiguous in p */
-            size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, mrw, dst);
-            for (; ii < mr; ii++) {
-                size_t src = (i0 + ir + ii) * lda + p0;
-                for (size_t p = 0; p < kc; p++)
-                    dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + p);
+    if (trans) { /* A is [K, M]: row p is contiguous in i, read one after the other */
+        size_t mfull = mc / mrw * mrw, mr = mc - mfull;
+        for (size_t p = 0; p < kc; p++) {
+            size_t src = (p0 + p) * lda + i0;
+            for (size_t ir = 0; ir < mfull; ir += mrw) {
+                float *dst = ap + ir * kc + p * mrw;
+                for (size_t ii = 0; ii < mrw; ii++)
+                    dst[ii] = fsdp_gemm_ld(a, dt, src + ir + ii);
             }
-            for (ii = mr; ii < mrw; ii++)
-                for (size_t p = 0; p < kc; p++)
-                    dst[p * mrw + ii] = 0.0f;
-        } else { /* A is [K, M]: row p is contiguous in i */
-            for (size_t p = 0; p < kc; p++) {
-                size_t src = (p0 + p) * lda + i0 + ir;
+            if (mr > 0) {
+                float *dst = ap + mfull * kc + p * mrw;
                 for (size_t ii = 0; ii < mr; ii++)
-                    dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + ii);
+                    dst[ii] = fsdp_gemm_ld(a, dt, src + mfull + ii);
                 for (size_t ii = mr; ii < mrw; ii++)
-                    dst[p * mrw + ii] = 0.0f;
+                    dst[ii] = 0.0f;
             }
         }
+        return;
+    }
+    for (size_t ir = 0; ir < mc; ir += mrw) { /* A is [M, K]: row i is contiguous in p */
+        size_t mr = fsdp_gemm_min(mrw, mc - ir);
+        float *dst = ap + ir * kc;
+        size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, mrw, dst);
+        for (; ii < mr; ii++) {
+            size_t src = (i0 + ir + ii) * lda + p0;
+            for (size_t p = 0; p < kc; p++)
+                dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + p);
+        }
+        for (ii = mr; ii < mrw; ii++)
+            for (size_t p = 0; p < kc; p++)
+                dst[p * mrw + ii] = 0.0f;
     }
 }
 
