@@ -8,13 +8,24 @@
  * one contiguous, zero-padded layout, so a single micro-kernel serves every case and edge
  * tiles need no special code.
  *
+ * Getting the operands there is most of what is left once the micro-kernel runs near its peak
+ * (on the GPT-2 shapes of bench_gemm, 10 to 17% of the time went to packing): each B
+ * micro-panel is packed just before its first use, by the first A block, while the source of
+ * the next one is prefetched a share per micro-tile, so its lines arrive from L3 or memory
+ * while the micro-kernel runs; up to MC_ONE rows A is one block, each B micro-panel is used
+ * once and all of them go through one buffer that stays in L1. A row-major operand read as a
+ * strip of columns (B not transposed, A transposed) is packed a row at a time across all its
+ * micro-panels, in address order: a strip reads one line per row, rows kilobytes apart, which
+ * the hardware prefetcher does not follow.
+ *
  * The micro-kernel is plain C over GNU vector types (no intrinsics): gcc -O2 does not keep an
  * MR x NR float array in registers on its own (measured 3 to 7 flops per cycle on Zen 3), while
  * a tile of vector variables compiles to one broadcast, NR/W multiplies and NR/W adds per row
  * and k (29 flops per cycle with AVX2, of a peak of 32 without FMA). On x86-64 a second copy of
- * the same source is compiled for AVX2 and picked at run time; the baseline copy uses SSE2.
- * Neither enables FMA, so both round every product and every sum the same way: the result
- * does not depend on the micro-kernel, only on KC (test_kernels checks the bits agree).
+ * the same source is compiled for AVX2 and picked at run time, with the blocked loops around it
+ * (packing, the stores into C); the baseline copy uses SSE2. Neither enables FMA, so both round
+ * every product and every sum the same way: the result does not depend on the micro-kernel,
+ * only on KC (test_kernels checks the bits agree).
  *
  * bf16 and f16 operands are widened to f32 while they are packed (exact, and cheap next to the
  * O(mnk) products), so every dtype runs the same micro-kernel in the same order; a 16-bit C
@@ -40,12 +51,9 @@
 #define MR 6                /* micro-tile rows */
 #define NR 16               /* micro-tile columns */
 #define KC FSDP_SIM_GEMM_KC /* k depth of a packed block: A 6 KiB and B 16 KiB micro-panels */
-
-#ifndef NC
-#define NC 3072 /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
-#endif
-#define MC 144    /* rows of a packed A block (multiple of MR): 144 KiB, in L2 */
-#define MC_ONE 264 /* up to this many rows, A is packed as one block (264 KiB) */
+#define MC 144              /* rows of a packed A block (multiple of MR): 144 KiB, in L2 */
+#define MC_ONE 264          /* up to this many rows, one A block of them all (264 KiB, in L2) */
+#define NC 3072             /* columns of a packed B panel (multiple of NR): 3 MiB, in L3 */
 
 #if defined(__GNUC__)
 #define FSDP_GEMM_VECTOR 1
@@ -227,8 +235,10 @@ static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t d
             fsdp_gemm_v4t_t x3 = fsdp_gemm_ld4(src, dt, s + 3 * ld + p);
             fsdp_gemm_v4t_t t0 = __builtin_shuffle(x0, x1, lo), t1 = __builtin_shuffle(x0, x1, hi);
             fsdp_gemm_v4t_t t2 = __builtin_shuffle(x2, x3, lo), t3 = __builtin_shuffle(x2, x3, hi);
-            fsdp_gemm_v4t_t c0 = __builtin_shuffle(t0, t2, lo2), c1 = __builtin_shuffle(t0, t2, hi2);
-            fsdp_gemm_v4t_t c2 = __builtin_shuffle(t1, t3, lo2), c3 = __builtin_shuffle(t1, t3, hi2);
+            fsdp_gemm_v4t_t c0 = __builtin_shuffle(t0, t2, lo2),
+                            c1 = __builtin_shuffle(t0, t2, hi2);
+            fsdp_gemm_v4t_t c2 = __builtin_shuffle(t1, t3, lo2),
+                            c3 = __builtin_shuffle(t1, t3, hi2);
             memcpy(dst + p * w + r, &c0, sizeof(c0));
             memcpy(dst + (p + 1) * w + r, &c1, sizeof(c1));
             memcpy(dst + (p + 2) * w + r, &c2, sizeof(c2));
@@ -255,39 +265,39 @@ static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t d
  * widened here, once per block, so the micro-kernel only ever sees f32. */
 static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_dtype_t dt,
                                                  size_t lda, size_t i0, size_t mc, size_t p0,
-                                                 size_t kc, float *__restrict ap, const size_t mrw)
+                                                 size_t kc, float *__restrict ap)
 {
     if (trans) { /* A is [K, M]: row p is contiguous in i, read one after the other */
-        size_t mfull = mc / mrw * mrw, mr = mc - mfull;
+        size_t mfull = mc / MR * MR, mr = mc - mfull;
         for (size_t p = 0; p < kc; p++) {
             size_t src = (p0 + p) * lda + i0;
-            for (size_t ir = 0; ir < mfull; ir += mrw) {
-                float *dst = ap + ir * kc + p * mrw;
-                for (size_t ii = 0; ii < mrw; ii++)
+            for (size_t ir = 0; ir < mfull; ir += MR) {
+                float *dst = ap + ir * kc + p * MR;
+                for (size_t ii = 0; ii < MR; ii++)
                     dst[ii] = fsdp_gemm_ld(a, dt, src + ir + ii);
             }
             if (mr > 0) {
-                float *dst = ap + mfull * kc + p * mrw;
+                float *dst = ap + mfull * kc + p * MR;
                 for (size_t ii = 0; ii < mr; ii++)
                     dst[ii] = fsdp_gemm_ld(a, dt, src + mfull + ii);
-                for (size_t ii = mr; ii < mrw; ii++)
+                for (size_t ii = mr; ii < MR; ii++)
                     dst[ii] = 0.0f;
             }
         }
         return;
     }
-    for (size_t ir = 0; ir < mc; ir += mrw) { /* A is [M, K]: row i is contiguous in p */
-        size_t mr = fsdp_gemm_min(mrw, mc - ir);
+    for (size_t ir = 0; ir < mc; ir += MR) { /* A is [M, K]: row i is contiguous in p */
+        size_t mr = fsdp_gemm_min(MR, mc - ir);
         float *dst = ap + ir * kc;
-        size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, mrw, dst);
+        size_t ii = fsdp_gemm_pack_t4(a, dt, lda, (i0 + ir) * lda + p0, mr, kc, MR, dst);
         for (; ii < mr; ii++) {
             size_t src = (i0 + ir + ii) * lda + p0;
             for (size_t p = 0; p < kc; p++)
-                dst[p * mrw + ii] = fsdp_gemm_ld(a, dt, src + p);
+                dst[p * MR + ii] = fsdp_gemm_ld(a, dt, src + p);
         }
-        for (ii = mr; ii < mrw; ii++)
+        for (ii = mr; ii < MR; ii++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * mrw + ii] = 0.0f;
+                dst[p * MR + ii] = 0.0f;
     }
 }
 
@@ -295,69 +305,69 @@ static FSDP_GEMM_INLINE void fsdp_gemm_pack_a_dt(int trans, const void *a, fsdp_
  * bp[(j / NR) * kc * NR + p * NR + j % NR]; columns past nc are zero. */
 static FSDP_GEMM_INLINE void fsdp_gemm_pack_b_dt(int trans, const void *b, fsdp_dtype_t dt,
                                                  size_t ldb, size_t p0, size_t kc, size_t j0,
-                                                 size_t nc, float *__restrict bp, const size_t nrw)
+                                                 size_t nc, float *__restrict bp)
 {
     if (!trans) { /* B is [K, N]: rows contiguous in j, read one after the other */
-        size_t nfull = nc / nrw * nrw, nr = nc - nfull;
+        size_t nfull = nc / NR * NR, nr = nc - nfull;
         for (size_t p = 0; p < kc; p++) {
             size_t src = (p0 + p) * ldb + j0;
-            for (size_t jr = 0; jr < nfull; jr += nrw) {
-                float *dst = bp + jr * kc + p * nrw;
+            for (size_t jr = 0; jr < nfull; jr += NR) {
+                float *dst = bp + jr * kc + p * NR;
                 if (dt == FSDP_DTYPE_F32) {
-                    memcpy(dst, (const float *)b + src + jr, nrw * sizeof(float));
+                    memcpy(dst, (const float *)b + src + jr, NR * sizeof(float));
                 } else {
-                    for (size_t jj = 0; jj < nrw; jj++)
+                    for (size_t jj = 0; jj < NR; jj++)
                         dst[jj] = fsdp_gemm_ld(b, dt, src + jr + jj);
                 }
             }
             if (nr > 0) {
-                float *dst = bp + nfull * kc + p * nrw;
+                float *dst = bp + nfull * kc + p * NR;
                 for (size_t jj = 0; jj < nr; jj++)
                     dst[jj] = fsdp_gemm_ld(b, dt, src + nfull + jj);
-                for (size_t jj = nr; jj < nrw; jj++)
+                for (size_t jj = nr; jj < NR; jj++)
                     dst[jj] = 0.0f;
             }
         }
         return;
     }
-    for (size_t jr = 0; jr < nc; jr += nrw) { /* B is [N, K]: row j is contiguous in p */
-        size_t nr = fsdp_gemm_min(nrw, nc - jr);
+    for (size_t jr = 0; jr < nc; jr += NR) { /* B is [N, K]: row j is contiguous in p */
+        size_t nr = fsdp_gemm_min(NR, nc - jr);
         float *dst = bp + jr * kc;
-        size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, nrw, dst);
+        size_t jj = fsdp_gemm_pack_t4(b, dt, ldb, (j0 + jr) * ldb + p0, nr, kc, NR, dst);
         for (; jj < nr; jj++) {
             size_t src = (j0 + jr + jj) * ldb + p0;
             for (size_t p = 0; p < kc; p++)
-                dst[p * nrw + jj] = fsdp_gemm_ld(b, dt, src + p);
+                dst[p * NR + jj] = fsdp_gemm_ld(b, dt, src + p);
         }
-        for (jj = nr; jj < nrw; jj++)
+        for (jj = nr; jj < NR; jj++)
             for (size_t p = 0; p < kc; p++)
-                dst[p * nrw + jj] = 0.0f;
+                dst[p * NR + jj] = 0.0f;
     }
 }
 
-/* One packer per dtype, each with its dtype (and the tile's width) a constant. */
-static FSDP_GEMM_INLINE void fsdp_gemm_pack_a(int trans, const void *a, fsdp_dtype_t dt,
-                                              size_t lda, size_t i0, size_t mc, size_t p0,
-                                              size_t kc, float *__restrict ap, const size_t mrw)
+/* One packer per dtype, each with its dtype a constant. */
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_a(int trans, const void *a, fsdp_dtype_t dt, size_t lda,
+                                              size_t i0, size_t mc, size_t p0, size_t kc,
+                                              float *__restrict ap)
 {
     if (dt == FSDP_DTYPE_BF16)
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_BF16, lda, i0, mc, p0, kc, ap, mrw);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_BF16, lda, i0, mc, p0, kc, ap);
     else if (dt == FSDP_DTYPE_F16)
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F16, lda, i0, mc, p0, kc, ap, mrw);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F16, lda, i0, mc, p0, kc, ap);
     else
-        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F32, lda, i0, mc, p0, kc, ap, mrw);
+        fsdp_gemm_pack_a_dt(trans, a, FSDP_DTYPE_F32, lda, i0, mc, p0, kc, ap);
 }
 
-static FSDP_GEMM_INLINE void fsdp_gemm_pack_b(int trans, const void *b, fsdp_dtype_t dt,
-                                              size_t ldb, size_t p0, size_t kc, size_t j0,
-                                              size_t nc, float *__restrict bp, const size_t nrw)
+static FSDP_GEMM_INLINE void fsdp_gemm_pack_b(int trans, const void *b, fsdp_dtype_t dt, size_t ldb,
+                                              size_t p0, size_t kc, size_t j0, size_t nc,
+                                              float *__restrict bp)
 {
     if (dt == FSDP_DTYPE_BF16)
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_BF16, ldb, p0, kc, j0, nc, bp, nrw);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_BF16, ldb, p0, kc, j0, nc, bp);
     else if (dt == FSDP_DTYPE_F16)
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F16, ldb, p0, kc, j0, nc, bp, nrw);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F16, ldb, p0, kc, j0, nc, bp);
     else
-        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F32, ldb, p0, kc, j0, nc, bp, nrw);
+        fsdp_gemm_pack_b_dt(trans, b, FSDP_DTYPE_F32, ldb, p0, kc, j0, nc, bp);
 }
 
 /* Prefetching a B micro-panel's source, in units: for a transposed B, the 64-byte lines of each
@@ -472,7 +482,7 @@ static fsdp_status_t fsdp_gemm_check(int trans_a, int trans_b, size_t m, size_t 
 
 /* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller),
  * with an MR x NR micro-kernel and MC-row A blocks (constants of each instance below). */
-static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
+static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
     int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const void *a,
     fsdp_dtype_t a_dtype, size_t lda, const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
     float *c, size_t ldc, fsdp_gemm_ukernel_t ukernel)
@@ -499,17 +509,18 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
             size_t kc = fsdp_gemm_min(KC, k - pc);
             for (size_t ic = 0; ic < m; ic += mcb) {
                 size_t mc = fsdp_gemm_min(mcb, m - ic), tiles = (mc + MR - 1) / MR;
-                fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap, MR);
+                fsdp_gemm_pack_a(trans_a, a, a_dtype, lda, ic, mc, pc, kc, ap);
                 /* jr outside ir: one B micro-panel stays in L1 while A streams from L2 */
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     size_t nr = fsdp_gemm_min(NR, nc - jr);
                     size_t next_nr = jr + NR < nc ? fsdp_gemm_min(NR, nc - jr - NR) : 0;
-                    size_t units = ic > 0 ? 0 : fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr);
+                    size_t units =
+                        ic > 0 ? 0 : fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr);
                     /* the first A block packs each B micro-panel just before its first use, the
                      * source of the next one prefetched meanwhile, a share per micro-tile */
                     float *bpj = m <= mcb ? bp : bp + jr * kc;
                     if (ic == 0)
-                        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr, bpj, NR);
+                        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr, bpj);
                     for (size_t ir = 0, t = 0; ir < mc; ir += MR, t++) {
                         _Alignas(64) float tile[MR * NR];
                         float *ct = c + (ic + ir) * ldc + jc + jr;
@@ -534,14 +545,14 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_run_tiled(
     return FSDP_OK;
 }
 
-static fsdp_status_t fsdp_gemm_run_base(int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                                        float alpha, const void *a, fsdp_dtype_t a_dtype,
-                                        size_t lda, const void *b, fsdp_dtype_t b_dtype,
-                                        size_t ldb, float beta, float *c, size_t ldc,
-                                        fsdp_gemm_ukernel_t ukernel)
+static fsdp_status_t fsdp_gemm_run_generic(int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                           float alpha, const void *a, fsdp_dtype_t a_dtype,
+                                           size_t lda, const void *b, fsdp_dtype_t b_dtype,
+                                           size_t ldb, float beta, float *c, size_t ldc,
+                                           fsdp_gemm_ukernel_t ukernel)
 {
-    return fsdp_gemm_run_tiled(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                               beta, c, ldc, ukernel);
+    return fsdp_gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                             beta, c, ldc, ukernel);
 }
 
 #if FSDP_GEMM_HAVE_AVX2
@@ -552,8 +563,8 @@ fsdp_gemm_run_avx2(int trans_a, int trans_b, size_t m, size_t n, size_t k, float
                    const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
                    fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c, size_t ldc)
 {
-    return fsdp_gemm_run_tiled(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                               beta, c, ldc, fsdp_gemm_ukernel_avx2);
+    return fsdp_gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
+                             beta, c, ldc, fsdp_gemm_ukernel_avx2);
 }
 #endif
 
@@ -578,8 +589,8 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
                                   ldb, beta, c, ldc);
 #endif
     default:
-        return fsdp_gemm_run_base(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
-                                  ldb, beta, c, ldc, fsdp_gemm_ukernel_generic);
+        return fsdp_gemm_run_generic(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
+                                     ldb, beta, c, ldc, fsdp_gemm_ukernel_generic);
     }
 }
 

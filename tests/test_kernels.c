@@ -378,7 +378,8 @@ static void test_gemm_isa_bits(void)
     test_seed(2);
     for (int t = 0; t < ncases; t++) {
         /* mostly small, some past an A block (144 rows), k blocks (256) or a B panel (3072) */
-        size_t m = 1 + test_index(t % 4 == 1 ? 400 : 60), n = 1 + test_index(t % 4 == 2 ? 300 : 90);
+        size_t m = 1 + test_index(t % 4 == 1 ? 400 : 60);
+        size_t n = 1 + test_index(t % 4 == 2 ? 300 : 90);
         size_t k = 1 + test_index(t % 4 == 3 ? 700 : 120);
         int ta = t & 1, tb = (t >> 1) & 1, epi_kind = t % 3;
         fsdp_dtype_t dt = dts[(t / 4) % 3];
@@ -432,15 +433,16 @@ static void test_gemm_isa_bits(void)
                 continue;
             }
             memcpy(c, cinit, cbytes);
-            CU_ASSERT_EQUAL(fsdp_sim_gemm_ex(ta, tb, m, n, k, alpha, a, dt, lda, b, dt, ldb, beta, c,
-                                             cdt, ldc, epi_kind ? &epi : NULL),
+            CU_ASSERT_EQUAL(fsdp_sim_gemm_ex(ta, tb, m, n, k, alpha, a, dt, lda, b, dt, ldb, beta,
+                                             c, cdt, ldc, epi_kind ? &epi : NULL),
                             FSDP_OK);
             if (i == 0)
                 continue;
             paths++;
             if (memcmp(c0, c1, cbytes) != 0) {
                 bad++;
-                fprintf(stderr, "\n%s: %zux%zux%zu ta %d tb %d %s C %s alpha %g beta %g epi %d differs",
+                fprintf(stderr,
+                        "\n%s: %zux%zux%zu ta %d tb %d %s C %s alpha %g beta %g epi %d differs",
                         fsdp_sim_gemm_isa_name(), m, n, k, ta, tb, fsdp_dtype_name(dt),
                         fsdp_dtype_name(cdt), alpha, beta, epi_kind);
             }
