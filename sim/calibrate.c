@@ -392,8 +392,10 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
             fprintf(rep, "kernels: no memory-bound kernels with bytes; latency and HBM kept\n");
     }
     /* Kernels above the line whose events record their FLOPs (count) give the FLOP rate:
-     * t - latency = FLOPs / (peak x compute efficiency). Element-wise kinds run at the vector
-     * rate, GEMMs at the matmul rate of their dtype. */
+     * t - latency = FLOPs / (peak x efficiency). Element-wise kinds run at the vector rate
+     * (compute_efficiency), GEMMs at the matmul rate of their dtype (gemm_efficiency; an event
+     * has no shape, so the tile and wave quantization of a profile with sms > 0 is folded into
+     * the fitted peak as an average). */
     rate = fit_flop_rate(c, -1, -1, lat, inv_bw, &nfit);
     if (rate > 0.0) {
         gpu->vector_flops_per_s = rate / gpu->compute_efficiency;
@@ -405,7 +407,7 @@ static int fit_kernels(calib_t *c, fsdp_sim_profile_t *p, FILE *rep)
         rate = fit_flop_rate(c, FSDP_K_GEMM, dt, lat, inv_bw, &nfit);
         if (rate <= 0.0)
             continue;
-        rate /= gpu->compute_efficiency;
+        rate /= gpu->gemm_efficiency;
         if (dt == FSDP_DTYPE_F32 && gpu->allow_tf32)
             gpu->tf32_flops_per_s = rate;
         else

@@ -4,8 +4,11 @@
  * nowhere else, from the world's cluster profile (profile.c; numbers and sources in
  * traces/profiles/README.md):
  *
- *  - kernels by roofline: max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency)) plus a
- *    fixed kernel latency, FLOPs and bytes from fsdp_kernel_cost();
+ *  - GEMMs and fused attention by their FLOPs at the matmul peak times the kernel's efficiency
+ *    and its tile and wave quantization on the GPU's SMs; other kernels by roofline,
+ *    max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency)); each plus a fixed kernel
+ *    latency, FLOPs and bytes from fsdp_kernel_cost(); under eager ops a fused element-wise
+ *    kernel is priced as the PyTorch ops HF's model runs instead (docs/costs.md);
  *  - copies by bandwidth: PCIe for host<->device, a read and a write of HBM device to device;
  *  - collectives by NCCL's own model (src/graph/tuning.cc, ncclTopoTuneModel and
  *    ncclTopoGetAlgoTime): time = latency + bytes / algorithm bandwidth for every enabled
@@ -55,6 +58,12 @@ double fsdp_sim_profile_matmul_flops(const fsdp_sim_profile_t *p, fsdp_dtype_t d
     return p->gpu.matmul_flops_per_s[dtype];
 }
 
+/* Bytes of one element. */
+static double dsz(fsdp_dtype_t dtype)
+{
+    return (double)fsdp_dtype_size(dtype);
+}
+
 /* t = work / (rate x efficiency); a rate of 0 means the resource is not modeled (free). */
 static double rate_time(double work, double rate, double efficiency)
 {
@@ -63,25 +72,322 @@ static double rate_time(double work, double rate, double efficiency)
     return work / (rate * efficiency);
 }
 
+/* ---- GEMMs and fused attention: efficiency x quantization ---------------------------- */
+
+static double ceil_div(double a, double b)
+{
+    return ceil(a / b);
+}
+
+/* whole waves of `tiles` work units on `sms` SMs */
+static double wave_quantization(double tiles, int sms)
+{
+    if (sms <= 0 || tiles <= 0.0)
+        return 1.0;
+    return tiles / (ceil_div(tiles, (double)sms) * (double)sms);
+}
+
+/* cuBLAS's smaller tiles, for outputs whose 128 x 256 tiles leave SMs idle */
+static const double gemm_tiles[][2] = {
+    {FSDP_SIM_GEMM_TILE_M, FSDP_SIM_GEMM_TILE_N}, {128, 128}, {64, 128}, {64, 64}};
+
+double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms)
+{
+    double lo = m < n ? m : n, hi = m < n ? n : m, tm = 0.0, tn = 0.0, a = 0.0, b = 0.0;
+
+    if (sms <= 0 || m <= 0.0 || n <= 0.0)
+        return 1.0;
+    if (batch < 1.0)
+        batch = 1.0;
+    /* the largest tile that fills one wave of every SM, else the smallest */
+    for (size_t i = 0; i < sizeof(gemm_tiles) / sizeof(gemm_tiles[0]); i++) {
+        a = gemm_tiles[i][0];
+        b = gemm_tiles[i][1];
+        tm = ceil_div(lo, a);
+        tn = ceil_div(hi, b);
+        if (tm * tn * batch >= (double)sms)
+            break;
+    }
+    return lo * hi / (tm * a * tn * b) * wave_quantization(tm * tn * batch, sms);
+}
+
+double fsdp_sim_attention_quantization(double batch, double heads, double seq, int sms)
+{
+    double blocks;
+
+    if (sms <= 0 || seq <= 0.0)
+        return 1.0;
+    blocks = ceil_div(seq, FSDP_SIM_ATTN_BLOCK);
+    return seq / (blocks * FSDP_SIM_ATTN_BLOCK) *
+           wave_quantization(batch * heads * blocks, sms);
+}
+
+/* ---- eager element-wise ops ------------------------------------------------------------ */
+
+/* One eager PyTorch op: a kernel reading and writing these bytes, one FLOP an output element
+ * at most (they are all memory-bound). */
+typedef struct eager_op {
+    double read, write;
+} eager_op_t;
+
+#define MAX_EAGER_OPS 24
+
+typedef struct eager_seq {
+    int n;
+    eager_op_t op[MAX_EAGER_OPS];
+} eager_seq_t;
+
+static void eop(eager_seq_t *s, double read, double write)
+{
+    if (s->n < MAX_EAGER_OPS) {
+        s->op[s->n].read = read;
+        s->op[s->n].write = write;
+        s->n++;
+    }
+}
+
+/* The ops HF's modeling_llama.py (transformers 4.4x) and autograd run for what k does in one
+ * kernel; docs/costs.md, "Eager element-wise ops", lists each with its source. n elements of
+ * e bytes (the activations' dtype), r rows; f32 intermediates are 4 bytes; casts to the dtype
+ * it already has are no ops. Returns 0 for a kernel eager PyTorch also runs as one. */
+static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
+{
+    double e, n, r, c;
+    int lowp;
+
+    s->n = 0;
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD:
+        /* LlamaRMSNorm.forward: h = x.to(f32); var = h.pow(2).mean(-1, keepdim); h = h *
+         * rsqrt(var + eps); return weight * h.to(dtype) */
+        e = dsz(k->u.rmsnorm_fwd.dtype);
+        r = (double)k->u.rmsnorm_fwd.rows;
+        c = (double)k->u.rmsnorm_fwd.cols;
+        n = r * c;
+        lowp = e != 4.0;
+        if (lowp)
+            eop(s, e * n, 4 * n); /* to(f32) */
+        eop(s, 4 * n, 4 * n);         /* pow(2) */
+        eop(s, 4 * n, 4 * r);         /* mean(-1) */
+        eop(s, 4 * r, 4 * r);         /* + eps */
+        eop(s, 4 * r, 4 * r);         /* rsqrt */
+        eop(s, 4 * n + 4 * r, 4 * n); /* h * rstd */
+        if (lowp)
+            eop(s, 4 * n, e * n);     /* to(dtype) */
+        eop(s, e * n + e * c, e * n); /* weight * */
+        return 1;
+    case FSDP_K_RMSNORM_BWD:
+        e = dsz(k->u.rmsnorm_bwd.dtype);
+        r = (double)k->u.rmsnorm_bwd.rows;
+        c = (double)k->u.rmsnorm_bwd.cols;
+        n = r * c;
+        lowp = e != 4.0;
+        if (k->u.rmsnorm_bwd.dweight != NULL) {
+            eop(s, 2 * e * n, e * n); /* mul backward: dy * normalized (weight's grad) */
+            eop(s, e * n, e * c);     /* summed over the rows (sum_to_size) */
+        }
+        if (k->u.rmsnorm_bwd.dx == NULL)
+            return 1;
+        eop(s, e * n + e * c, e * n); /* mul backward: dy * weight */
+        if (lowp)
+            eop(s, e * n, 4 * n);     /* to(dtype) backward: to(f32) */
+        eop(s, 4 * n + 4 * r, 4 * n); /* (h * rstd) backward: g * rstd */
+        eop(s, 8 * n, 4 * n);         /* ... and g * h for rstd's grad */
+        eop(s, 4 * n, 4 * r);         /* summed over the row */
+        eop(s, 8 * r, 4 * r);         /* rsqrt backward */
+        eop(s, 4 * r, 4 * n);         /* mean backward: expand / cols */
+        eop(s, 4 * n, 4 * n);         /* pow backward: h.pow(1) */
+        eop(s, 4 * n, 4 * n);         /* x 2 */
+        eop(s, 8 * n, 4 * n);         /* x grad */
+        eop(s, 8 * n, 4 * n);         /* h's two gradients summed */
+        if (lowp)
+            eop(s, 4 * n, e * n);     /* to(f32) backward: to(dtype) */
+        if (k->u.rmsnorm_bwd.accumulate)
+            eop(s, 2 * e * n, e * n); /* autograd sums the residual's gradients */
+        return 1;
+    case FSDP_K_ROPE_FWD:
+        /* apply_rotary_pos_emb on q or k: q * cos + rotate_half(q) * sin, rotate_half =
+         * cat((-x2, x1), -1); cos and sin [batch, seq, head_dim] in the dtype */
+        e = dsz(k->u.rope.dtype);
+        n = (double)k->u.rope.rows * (double)k->u.rope.heads * (double)k->u.rope.head_dim;
+        c = e * (double)k->u.rope.rows * (double)k->u.rope.head_dim; /* cos or sin */
+        eop(s, e * n / 2, e * n / 2); /* -x2 */
+        eop(s, e * n, e * n);         /* cat */
+        eop(s, e * n + c, e * n);     /* q * cos */
+        eop(s, e * n + c, e * n);     /* rotate_half(q) * sin */
+        eop(s, 2 * e * n, e * n);     /* + */
+        return 1;
+    case FSDP_K_ROPE_BWD:
+        e = dsz(k->u.rope.dtype);
+        n = (double)k->u.rope.rows * (double)k->u.rope.heads * (double)k->u.rope.head_dim;
+        c = e * (double)k->u.rope.rows * (double)k->u.rope.head_dim;
+        eop(s, e * n + c, e * n);     /* mul backward: g * cos */
+        eop(s, e * n + c, e * n);     /* mul backward: g * sin */
+        eop(s, e * n / 2, e * n / 2); /* neg backward */
+        for (int i = 0; i < 2; i++) { /* slice backward of x1 and x2: zeros, then the half */
+            eop(s, 0, e * n);
+            eop(s, e * n / 2, e * n / 2);
+        }
+        eop(s, 2 * e * n, e * n); /* the three gradients of q summed */
+        eop(s, 2 * e * n, e * n);
+        return 1;
+    case FSDP_K_SWIGLU_FWD:
+        /* LlamaMLP: act_fn(gate) * up */
+        e = dsz(k->u.swiglu_fwd.dtype);
+        n = (double)k->u.swiglu_fwd.n;
+        eop(s, e * n, e * n);     /* silu */
+        eop(s, 2 * e * n, e * n); /* * up */
+        return 1;
+    case FSDP_K_SWIGLU_BWD:
+        e = dsz(k->u.swiglu_bwd.dtype);
+        n = (double)k->u.swiglu_bwd.n;
+        eop(s, 2 * e * n, e * n); /* mul backward: dy * up */
+        eop(s, 2 * e * n, e * n); /* mul backward: dy * silu(gate) */
+        eop(s, 2 * e * n, e * n); /* silu_backward */
+        return 1;
+    case FSDP_K_CROSS_ENTROPY:
+        /* logits.float(); cross_entropy = log_softmax + nll_loss; / the tokens */
+        e = dsz(k->u.cross_entropy.dtype);
+        r = (double)k->u.cross_entropy.rows;
+        n = r * (double)k->u.cross_entropy.vocab;
+        lowp = e != 4.0;
+        if (lowp)
+            eop(s, e * n, 4 * n);  /* float() */
+        eop(s, 4 * n, 4 * n);      /* log_softmax */
+        eop(s, 4 * r + 8 * r, 4);  /* nll_loss: the target's log-probability, summed */
+        eop(s, 4, 4);              /* / tokens */
+        if (k->u.cross_entropy.dlogits == NULL)
+            return 1;
+        eop(s, 4, 4);              /* div backward */
+        eop(s, 0, 4 * n);          /* nll_loss_backward: zeros */
+        eop(s, 8 * r + 4, 4 * r);  /* ... and -grad at each target */
+        eop(s, 8 * n, 4 * n);      /* log_softmax_backward (grad, output) */
+        if (lowp)
+            eop(s, 4 * n, e * n);  /* float() backward */
+        return 1;
+    case FSDP_K_EMBEDDING_BWD:
+        /* embedding_dense_backward (CUDA): a zeroed [vocab, dim] gradient, the token ids
+         * sorted (radix sort: keys and values, 8 bytes each), per-segment partial sums in f32,
+         * then added into the rows of the gradient */
+        if (k->u.embedding_bwd.dwte == NULL)
+            return 0;
+        e = dsz(k->u.embedding_bwd.dtype);
+        r = (double)k->u.embedding_bwd.rows;
+        n = r * (double)k->u.embedding_bwd.cols;
+        eop(s, 0, e * (double)k->u.embedding_bwd.vocab * (double)k->u.embedding_bwd.cols);
+        eop(s, 16 * r, 16 * r);
+        eop(s, 16 * r, 16 * r);
+        eop(s, 8 * r, 8 * r); /* segment offsets */
+        eop(s, e * n + 8 * r, 4 * n);
+        eop(s, 4 * n, e * n);
+        if (k->u.embedding_bwd.dwpe != NULL) /* GPT-2's positions: a second table */
+            eop(s, e * n, e * n);
+        return 1;
+    case FSDP_K_ATTENTION_FWD:
+    case FSDP_K_ATTENTION_BWD: {
+        /* the fused kernel itself, plus repeat_kv's copies of k and v to every query head
+         * (HF's and torchtitan's grouped-query attention) and their sums in backward */
+        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
+        double b = (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch);
+        double t = (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq);
+        double h = (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads);
+        double kv = (double)(fwd ? k->u.attention_fwd.kv_heads : k->u.attention_bwd.kv_heads);
+        double hd = (double)(fwd ? k->u.attention_fwd.head_dim : k->u.attention_bwd.head_dim);
+        e = dsz(fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype);
+        if (kv >= h)
+            return 0;
+        for (int i = 0; i < 2; i++)
+            eop(s, fwd ? e * b * t * kv * hd : e * b * t * h * hd,
+                fwd ? e * b * t * h * hd : e * b * t * kv * hd);
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
+double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p)
+{
+    eager_seq_t s;
+    double flops, bytes = 0.0;
+
+    if (!eager_ops(k, &s) || k->kind == FSDP_K_ATTENTION_FWD ||
+        k->kind == FSDP_K_ATTENTION_BWD) {
+        fsdp_kernel_cost(k, &flops, &bytes);
+        if (ops_p != NULL)
+            *ops_p = 1 + s.n;
+        for (int i = 0; i < s.n; i++)
+            bytes += s.op[i].read + s.op[i].write;
+        return bytes;
+    }
+    for (int i = 0; i < s.n; i++)
+        bytes += s.op[i].read + s.op[i].write;
+    if (ops_p != NULL)
+        *ops_p = s.n;
+    return bytes;
+}
+
+int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+{
+    int n;
+
+    if (p->ops != FSDP_SIM_OPS_EAGER)
+        return 1;
+    fsdp_sim_eager_bytes(k, &n);
+    return n;
+}
+
+/* An element-wise kernel's roofline time. */
+static double roofline(const fsdp_sim_profile_t *p, double peak, double flops, double bytes)
+{
+    double tc = rate_time(flops, peak, p->gpu.compute_efficiency);
+    double tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
+
+    return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+}
+
 /* k's time from its FLOPs and bytes (fsdp_kernel_cost). */
 static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k, double flops,
                              double bytes)
 {
-    double peak, tc, tm;
+    double tc, tm, t;
+    eager_seq_t s;
 
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
-     * allowed); element-wise work on CUDA cores */
-    if (k->kind == FSDP_K_GEMM)
-        peak = fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype);
-    else if (k->kind == FSDP_K_ATTENTION_FWD) /* fused attention: its products on tensor cores */
-        peak = fsdp_sim_profile_matmul_flops(p, k->u.attention_fwd.dtype);
-    else if (k->kind == FSDP_K_ATTENTION_BWD)
-        peak = fsdp_sim_profile_matmul_flops(p, k->u.attention_bwd.dtype);
-    else
-        peak = p->gpu.vector_flops_per_s;
-    tc = rate_time(flops, peak, p->gpu.compute_efficiency);
-    tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
-    return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+     * allowed), times their efficiency and quantization; memory-bound if their bytes say so */
+    if (k->kind == FSDP_K_GEMM) {
+        double q = fsdp_sim_gemm_quantization((double)k->u.gemm.m, (double)k->u.gemm.n,
+                                              (double)k->u.gemm.batch, p->gpu.sms);
+        tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype),
+                       p->gpu.gemm_efficiency * q);
+        tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
+        return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+    }
+    /* fused attention: its products on tensor cores, at the attention kernel's efficiency */
+    if (k->kind == FSDP_K_ATTENTION_FWD || k->kind == FSDP_K_ATTENTION_BWD) {
+        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
+        fsdp_dtype_t dt = fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype;
+        double q = fsdp_sim_attention_quantization(
+            (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch),
+            (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads),
+            (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq), p->gpu.sms);
+        tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, dt),
+                       p->gpu.attention_efficiency * q);
+        tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
+        t = (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
+        if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s))
+            for (int i = 0; i < s.n; i++)
+                t += roofline(p, p->gpu.vector_flops_per_s, 0.0, s.op[i].read + s.op[i].write);
+        return t;
+    }
+    /* element-wise work on CUDA cores; eager: op by op */
+    if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s)) {
+        t = 0.0;
+        for (int i = 0; i < s.n; i++)
+            t += roofline(p, p->gpu.vector_flops_per_s, 0.0, s.op[i].read + s.op[i].write);
+        return t;
+    }
+    return roofline(p, p->gpu.vector_flops_per_s, flops, bytes);
 }
 
 double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)

@@ -36,6 +36,7 @@ const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto)
 /* Numbers are written as decimal literals in SI units (6.6e-6 s, not 6.6 * 1e-6), so that
  * the JSON files, which hold the same literals, parse to the very same doubles. */
 #define GIB ((size_t)1 << 30)
+#define MIB ((size_t)1 << 20)
 #define ALGO_NAMES "ring, tree, nvls, nvls_tree, pat"
 
 /* The per-call floor: nccl-tests' time of the smallest all-reduce on 8 GPUs of one node
@@ -118,6 +119,10 @@ static void preset_h100(fsdp_sim_profile_t *p)
     p->gpu.compute_efficiency = 0.70;
     p->gpu.memory_efficiency = 0.87;
     p->gpu.kernel_latency_s = 1.2e-6;
+    p->gpu.gemm_efficiency = 0.80;      /* H200 measurement: 0.79-0.83 after quantization */
+    p->gpu.attention_efficiency = 0.26; /* PyTorch SDPA (FlashAttention-2) on an H200 */
+    p->gpu.sms = 132;                   /* H100 SXM5 */
+    p->ops = FSDP_SIM_OPS_EAGER;
     p->host.launch_overhead_s = 5.0e-6;
     p->host.launch_latency_s = 5.0e-6;
     p->host.h2d_bytes_per_s = 51e9;
@@ -159,6 +164,10 @@ static void preset_a100(fsdp_sim_profile_t *p)
     p->gpu.compute_efficiency = 0.82;
     p->gpu.memory_efficiency = 0.79;
     p->gpu.kernel_latency_s = 1.2e-6;
+    p->gpu.gemm_efficiency = 0.82;      /* cuBLASLt 8k-16k: 253.7-256.5 of 312, q 0.998 */
+    p->gpu.attention_efficiency = 0.50; /* FlashAttention-2 on A100: the low end of 50-73% */
+    p->gpu.sms = 108;
+    p->ops = FSDP_SIM_OPS_EAGER;
     p->host.launch_overhead_s = 5.0e-6;
     p->host.launch_latency_s = 5.0e-6;
     p->host.h2d_bytes_per_s = 26.28e9;
@@ -179,6 +188,17 @@ static void preset_a100(fsdp_sim_profile_t *p)
     p->nccl.call_floor_s = A100_CALL_FLOOR_S;
 }
 
+/* An HGX H200 node: H100 SXM's compute (same SMs and clocks) with 141 GB of HBM3e at 4.8 TB/s
+ * (NVIDIA H200 datasheet), on NVLink 4 as the H100's. */
+static void preset_h200(fsdp_sim_profile_t *p)
+{
+    preset_h100(p);
+    snprintf(p->name, sizeof(p->name), "h200");
+    snprintf(p->gpu.model, sizeof(p->gpu.model), "NVIDIA H200");
+    p->gpu.memory_bytes = 143771 * MIB; /* nvidia-smi's 143771 MiB */
+    p->gpu.hbm_bytes_per_s = 4.8e12;
+}
+
 typedef struct preset {
     const char *name;
     void (*fill)(fsdp_sim_profile_t *p);
@@ -187,12 +207,13 @@ typedef struct preset {
 static const preset_t presets[] = {
     {"h100", preset_h100},
     {"a100", preset_a100},
+    {"h200", preset_h200},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
 const char *fsdp_sim_profile_presets(void)
 {
-    return "h100, a100";
+    return "h100, a100, h200";
 }
 
 static const preset_t *preset_find(const char *name, size_t len)
@@ -321,6 +342,13 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     CHECK_RANGE(p->gpu.compute_efficiency, 1e-6, 1, "gpu.compute_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.memory_efficiency, 1e-6, 1, "gpu.memory_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.kernel_latency_s, 0, 1, "gpu.kernel_latency_s", "seconds in [0, 1]");
+    CHECK_RANGE(p->gpu.gemm_efficiency, 1e-6, 1, "gpu.gemm_efficiency", "in (0, 1]");
+    CHECK_RANGE(p->gpu.attention_efficiency, 1e-6, 1, "gpu.attention_efficiency", "in (0, 1]");
+    CHECK_RANGE(p->gpu.sms, 0, 100000, "gpu.sms", "an integer in [0, 100000] (0: no quantization)");
+    if (p->ops != FSDP_SIM_OPS_FUSED && p->ops != FSDP_SIM_OPS_EAGER) {
+        fsdp_error("cluster profile '%s': ops must be eager or fused", p->name);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     CHECK_RANGE(p->host.launch_overhead_s, 0, 1, "host.launch_overhead_s", "seconds in [0, 1]");
     CHECK_RANGE(p->host.event_overhead_s, 0, 1, "host.event_overhead_s", "seconds in [0, 1]");
     CHECK_RANGE(p->host.launch_latency_s, 0, 1, "host.launch_latency_s", "seconds in [0, 1]");
@@ -407,7 +435,8 @@ typedef enum {
     F_FLOPS,   /* the gpu's matmul rates: {"f32":, "tf32":, "bf16":, "f16":} */
     F_ALGOS,   /* unsigned bitmask: ["ring", "tree"] */
     F_PROTOS,  /* unsigned bitmask: ["ll", "simple"] */
-    F_TREECORR /* double[PROTO][23]: {"ll": [...], "ll128": [...], "simple": [...]} */
+    F_TREECORR, /* double[PROTO][23]: {"ll": [...], "ll128": [...], "simple": [...]} */
+    F_OPS       /* fsdp_sim_ops_t: "eager" or "fused" */
 } field_type_t;
 
 typedef struct field {
@@ -427,6 +456,7 @@ static const field_t fields[] = {
     FLD("", "name", F_STRING, name, 0),
     FLD("", "nodes", F_INT, nodes, 1),
     FLD("", "gpus_per_node", F_INT, gpus_per_node, 1),
+    FLD("", "ops", F_OPS, ops, 0),
     FLD("gpu", "model", F_STRING, gpu.model, 0),
     FLD("gpu", "memory_bytes", F_SIZE, gpu.memory_bytes, 1),
     FLD("gpu", "matmul_flops_per_s", F_FLOPS, gpu, 1),
@@ -436,6 +466,9 @@ static const field_t fields[] = {
     FLD("gpu", "compute_efficiency", F_DOUBLE, gpu.compute_efficiency, 0),
     FLD("gpu", "memory_efficiency", F_DOUBLE, gpu.memory_efficiency, 0),
     FLD("gpu", "kernel_latency_s", F_DOUBLE, gpu.kernel_latency_s, 0),
+    FLD("gpu", "gemm_efficiency", F_DOUBLE, gpu.gemm_efficiency, 0),
+    FLD("gpu", "attention_efficiency", F_DOUBLE, gpu.attention_efficiency, 0),
+    FLD("gpu", "sms", F_INT, gpu.sms, 0),
     FLD("host", "launch_overhead_s", F_DOUBLE, host.launch_overhead_s, 0),
     FLD("host", "event_overhead_s", F_DOUBLE, host.event_overhead_s, 0),
     FLD("host", "launch_latency_s", F_DOUBLE, host.launch_latency_s, 0),
@@ -480,6 +513,9 @@ static void profile_neutral(fsdp_sim_profile_t *p)
     snprintf(p->name, sizeof(p->name), "custom");
     p->gpu.compute_efficiency = 1.0;
     p->gpu.memory_efficiency = 1.0;
+    p->gpu.gemm_efficiency = 1.0;
+    p->gpu.attention_efficiency = 1.0;
+    p->ops = FSDP_SIM_OPS_FUSED;
     p->nccl.algorithms = 1u << FSDP_SIM_ALGO_RING;
     p->nccl.protocols = 1u << FSDP_SIM_PROTO_SIMPLE;
     p->nccl.channels = 1;
@@ -685,6 +721,14 @@ static fsdp_status_t get_field(parse_ctx_t *c, const field_t *f, json_t *v, fsdp
     case F_PROTOS:
         return get_names(c, v, proto_name_i, FSDP_SIM_PROTO_COUNT, "ll, ll128, simple",
                          (unsigned *)addr);
+    case F_OPS:
+        if (json_is_string(v) && strcmp(json_string_value(v), "eager") == 0)
+            *(fsdp_sim_ops_t *)addr = FSDP_SIM_OPS_EAGER;
+        else if (json_is_string(v) && strcmp(json_string_value(v), "fused") == 0)
+            *(fsdp_sim_ops_t *)addr = FSDP_SIM_OPS_FUSED;
+        else
+            return bad(c, "must be \"eager\" or \"fused\"");
+        return FSDP_OK;
     }
     return FSDP_ERR_INTERNAL;
 }
@@ -962,6 +1006,8 @@ static size_t field_size(const field_t *f)
     case F_ALGOS:
     case F_PROTOS:
         return sizeof(unsigned);
+    case F_OPS:
+        return sizeof(fsdp_sim_ops_t);
     case F_FLOPS:
         return 0; /* compared member by member */
     }
@@ -1028,6 +1074,9 @@ static json_t *field_json(const fsdp_sim_profile_t *p, const field_t *f)
         break;
     case F_PROTOS:
         v = names_json(*(const unsigned *)addr, proto_name_i, FSDP_SIM_PROTO_COUNT);
+        break;
+    case F_OPS:
+        v = json_string(*(const fsdp_sim_ops_t *)addr == FSDP_SIM_OPS_EAGER ? "eager" : "fused");
         break;
     }
     return v;

@@ -218,9 +218,21 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
 {
     double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops;
 
+    int launches = op->kind == FSDP_SIM_OP_KERNEL
+                       ? fsdp_sim_kernel_launches(dev->profile, op->kernel)
+                       : 1;
+
     stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    /* a kernel run as several eager ops: the host launches each; the last cannot start before
+     * its launch (the device time is spread evenly over the ops for this bound) */
+    if (launches > 1)
+        stream->clock = fsdp_sim_max2(stream->clock,
+                                      host + dev->profile->host.launch_latency_s +
+                                          (launches - 1) * dev->profile->host.launch_overhead_s +
+                                          (stream->clock - start) / launches);
     account_op(dev, stream, op, flops, start, stream->clock);
-    fsdp_sim_host_launch(dev);
+    for (int i = 0; i < launches; i++)
+        fsdp_sim_host_launch(dev);
     if (fsdp_trace_enabled(&dev->super)) {
         if (op->kind == FSDP_SIM_OP_KERNEL) {
             fsdp_trace_op_t ev = {

@@ -71,6 +71,9 @@ static void known_profile(fsdp_sim_profile_t *p)
     p->gpu.matmul_flops_per_s[FSDP_DTYPE_F16] = 690e12;
     /* low enough that gelu_fwd (20 FLOPs per 8 bytes) is compute-bound, axpy and relu not */
     p->gpu.vector_flops_per_s = 4e12;
+    /* a trace's kernel events carry FLOPs, not shapes: calibration cannot undo the tile and
+     * wave quantization, so the known profile has none */
+    p->gpu.sms = 0;
 }
 
 /* A GEMM of m x k by k x n in `dtype`: compute-bound from a few hundred rows on, memory-bound

@@ -106,6 +106,10 @@ if command -v sqlite3 >/dev/null 2>&1; then
     wait_lines "$tmp/kout" '^step ' 30 60
     kill -9 $pid
     wait $pid 2>/dev/null
+    if [ ! -f "$tmp/wk/w.db" ]; then # say what the run did, for a failure below
+        echo "note: the killed run left no database; its first lines:"
+        head -n 5 "$tmp/kout"
+    fi
     cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wcopy/"
     cp "$tmp/wk/w.db" "$tmp/wk/w.db-wal" "$tmp/wref/"
     steps=$(sqlite3 "$tmp/wref/w.db" 'SELECT max(step) FROM steps WHERE rank = 0')

@@ -191,7 +191,7 @@ refuse "an unknown activation checkpointing policy" --model llama-tiny --activat
 refuse "selective-op checkpointing of a gpt" --model gpt2 --activation-checkpointing selective-op
 refuse "no model" --world 2
 refuse "an unknown model" --model resnet
-refuse "an unknown profile" --model mlp:4,4 --profile h200
+refuse "an unknown profile" --model mlp:4,4 --profile h300
 refuse "an unknown profile option" --model mlp:4,4 --profile h100:gpus=2
 refuse "a missing profile file" --model mlp:4,4 --profile "$tmp/none.json"
 printf '{"base": "h100", "gpu": {"hbm": 1}}' >"$tmp/bad.json"

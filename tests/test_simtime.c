@@ -581,11 +581,12 @@ static void test_nccl_formula(void)
     {
         fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
         k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = 8192;
+        /* 32 x 64 tiles of 128 x 256 on 132 SMs: 16 waves, 2,048 of 2,112 slots busy */
         close_to(fsdp_sim_kernel_time(&h100, &k),
-                 2.0 * 8192 * 8192 * 8192 / (66.9e12 * 0.70) + 1.2e-6, 1e-12);
+                 2.0 * 8192 * 8192 * 8192 / (66.9e12 * 0.80 * 2048 / 2112) + 1.2e-6, 1e-12);
         h100.gpu.allow_tf32 = 1;
         close_to(fsdp_sim_kernel_time(&h100, &k),
-                 2.0 * 8192 * 8192 * 8192 / (494.7e12 * 0.70) + 1.2e-6, 1e-12);
+                 2.0 * 8192 * 8192 * 8192 / (494.7e12 * 0.80 * 2048 / 2112) + 1.2e-6, 1e-12);
         k.kind = FSDP_K_FILL; /* memory-bound */
         k.u.fill.n = 1 << 28;
         k.u.fill.dtype = FSDP_DTYPE_F32;
@@ -593,6 +594,89 @@ static void test_nccl_formula(void)
                  1e-12);
         close_to(fsdp_sim_copy_time(&h100, FSDP_SIM_COPY_H2D, gib), gib / 51e9 + 1.2e-6, 1e-12);
     }
+}
+
+/* The compute model's terms by hand: tile and wave quantization, fused attention's blocks, and
+ * an eager kernel's ops (docs/costs.md). */
+static void test_compute_model(void)
+{
+    fsdp_sim_profile_t h100;
+    fsdp_kernel_t k;
+    double bw = 3350e9 * 0.87;
+    int ops;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
+    /* 8192 x 4096 on 132 SMs: 32 x 32 whole tiles, 1,024 of them in 8 waves of 132 */
+    close_to(fsdp_sim_gemm_quantization(8192, 4096, 1, 132), 1024.0 / 1056.0, 1e-15);
+    close_to(fsdp_sim_gemm_quantization(4096, 8192, 1, 132), 1024.0 / 1056.0, 1e-15);
+    /* 100 x 300 on 4 SMs: 2 tiles of 128 x 256 and 3 of 128 x 128 leave SMs idle, 64 x 128 is
+     * 2 x 3 = 6 tiles, 30,000 of 49,152 elements, in 2 waves of 4: 6 of 8 slots */
+    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 4), 30000.0 / 49152.0 * 0.75, 1e-15);
+    /* 100 x 300 on 132 SMs: no tile fills them, 64 x 64 is 2 x 5 = 10 tiles of 64 x 64 */
+    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 132),
+             30000.0 / (10 * 4096.0) * 10.0 / 132.0, 1e-15);
+    /* 3 products of one whole tile on 2 SMs: 2 waves, 3 of 4 slots */
+    close_to(fsdp_sim_gemm_quantization(128, 256, 3, 2), 0.75, 1e-15);
+    close_to(fsdp_sim_gemm_quantization(100, 300, 1, 0), 1.0, 0);
+    /* attention: 2 x 32 heads x 32 blocks of 128 queries on 132 SMs; 200 queries are 2 blocks,
+     * 200 of 256 rows */
+    close_to(fsdp_sim_attention_quantization(2, 32, 4096, 132), 2048.0 / 2112.0, 1e-15);
+    close_to(fsdp_sim_attention_quantization(1, 1, 200, 1), 200.0 / 256.0, 1e-15);
+    /* an H100 bf16 GEMM: 8192 x 11008 x 4096 is 64 x 43 whole tiles, 2,752 in 21 waves */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GEMM;
+    k.u.gemm.m = 8192;
+    k.u.gemm.n = 11008;
+    k.u.gemm.k = 4096;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2.0 * 8192 * 11008 * 4096 / (989.4e12 * 0.80 * 2752.0 / 2772.0) + 1.2e-6, 1e-12);
+    /* causal attention forward, 2 x 32 heads of 128, 4,096 tokens: 4 hd B H T (T + 1) / 2 */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ATTENTION_FWD;
+    k.u.attention_fwd.batch = 2;
+    k.u.attention_fwd.seq = 4096;
+    k.u.attention_fwd.heads = k.u.attention_fwd.kv_heads = 32;
+    k.u.attention_fwd.head_dim = 128;
+    k.u.attention_fwd.causal = 1;
+    k.u.attention_fwd.dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             4.0 * 128 * 2 * 32 * 4096.0 * 4097 / 2 / (989.4e12 * 0.26 * 2048 / 2112) + 1.2e-6,
+             1e-12);
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 1);
+
+    /* HF's RMSNorm forward on 8 rows of 64 bf16 (n = 512), eager: to(f32) 2n + 4n, pow 4n + 4n,
+     * mean 4n + 4r, + eps 4r + 4r, rsqrt 4r + 4r, * rstd 4n + 4r + 4n, to(bf16) 4n + 2n,
+     * weight * 2n + 2c + 2n: 36 n + 24 r + 2 c = 18,752 bytes in 8 kernels */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RMSNORM_FWD;
+    k.u.rmsnorm_fwd.rows = 8;
+    k.u.rmsnorm_fwd.cols = 64;
+    k.u.rmsnorm_fwd.dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_eager_bytes(&k, &ops), 18752.0, 0);
+    CU_ASSERT_EQUAL(ops, 8);
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 8);
+    close_to(fsdp_sim_kernel_time(&h100, &k), 18752.0 / bw + 8 * 1.2e-6, 1e-12);
+    /* fused: x, y, weight, rstd in one kernel: 2 x 2n + 2c + 4r */
+    h100.ops = FSDP_SIM_OPS_FUSED;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 1);
+    close_to(fsdp_sim_kernel_time(&h100, &k), (4.0 * 512 + 128 + 32) / bw + 1.2e-6, 1e-12);
+    h100.ops = FSDP_SIM_OPS_EAGER;
+    /* SwiGLU's backward on 1,000 bf16: three multiplies of two tensors into one, 9 e n */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SWIGLU_BWD;
+    k.u.swiglu_bwd.n = 1000;
+    k.u.swiglu_bwd.dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_eager_bytes(&k, &ops), 18000.0, 0);
+    CU_ASSERT_EQUAL(ops, 3);
+    /* an f32 RMSNorm has no casts: 6 kernels */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RMSNORM_FWD;
+    k.u.rmsnorm_fwd.rows = 8;
+    k.u.rmsnorm_fwd.cols = 64;
+    k.u.rmsnorm_fwd.dtype = FSDP_DTYPE_F32;
+    fsdp_sim_eager_bytes(&k, &ops);
+    CU_ASSERT_EQUAL(ops, 6);
 }
 
 /* The terms beyond NCCL's tuning model (docs/costs.md), each in closed form. */
@@ -786,7 +870,7 @@ static void test_profile_errors(void)
     fsdp_sim_profile_t p;
 
     capture_start();
-    expect_error(fsdp_sim_profile_preset("h200", &p), FSDP_ERR_INVALID_PARAM, "h100, a100");
+    expect_error(fsdp_sim_profile_preset("h300", &p), FSDP_ERR_INVALID_PARAM, "h100, a100, h200");
     expect_error(fsdp_sim_profile_preset("h100:gpus=4", &p), FSDP_ERR_INVALID_PARAM,
                  "allowed: nodes=N, gpus_per_node=G");
     expect_error(fsdp_sim_profile_preset("h100:nodes=0", &p), FSDP_ERR_INVALID_PARAM, "'nodes=0'");
@@ -844,10 +928,10 @@ static void test_profile_errors(void)
 /* The presets read back from their JSON, and the JSON files under traces/profiles are them. */
 static void test_profile_json(void)
 {
-    const char *names[] = {"h100", "a100"};
+    const char *names[] = {"h100", "a100", "h200"};
     const char *srcdir = getenv("srcdir");
 
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         fsdp_sim_profile_t p, q;
         char *a, *b, path[1024];
         CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(names[i], &p), FSDP_OK);
@@ -1123,6 +1207,7 @@ int main(void)
         {"the trace: ops in stream order with their intervals", test_trace_intervals},
         {"model-state memory: 16 psi / N plus rounding", test_model_state_memory},
         {"NCCL formula against the reference tables", test_nccl_formula},
+        {"compute model: quantization, attention, eager ops", test_compute_model},
         {"profile errors", test_profile_errors},
         {"profile JSON round trip and preset files", test_profile_json},
         {"NCCL terms: floor, channels, switch points, NVLS, tree, PAT", test_nccl_terms},

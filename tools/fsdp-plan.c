@@ -334,6 +334,10 @@ static void usage(FILE *f)
           "                             full is the above; selective-layer checkpoints every K-th\n"
           "                             block (default 2); selective-op (llama) keeps the outputs\n"
           "                             of attention and every other matmul, recomputes the rest\n"
+          "  --ops eager|fused          how the job runs its element-wise work: eager PyTorch\n"
+          "                             ops as HF's model runs them, or one fused kernel each\n"
+          "                             (torch.compile, fused kernels); default: the profile's\n"
+          "                             \"ops\" (eager in the presets)\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
@@ -381,6 +385,7 @@ enum {
     OPT_PRINT_PROFILE,
     OPT_LIST,
     OPT_TIMEOUT,
+    OPT_OPS,
     OPT_VERSION,
     OPT_HELP,
     OPT_MP,
@@ -439,6 +444,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"print-profile", no_argument, NULL, OPT_PRINT_PROFILE},
         {"list-models", no_argument, NULL, OPT_LIST},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"ops", required_argument, NULL, OPT_OPS},
         {"mixed-precision", required_argument, NULL, OPT_MP},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
         {"activation-checkpointing", required_argument, NULL, OPT_AC},
@@ -449,6 +455,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
     long nodes = 0, gpn = 0, batch = 0, local_batch = 0, seq = 0;
+    int ops = -1;
     size_t positions, default_seq;
     int c, print_profile = 0, ckpt_act = 0, show = 0; /* 1: --version, 2: --help */
 
@@ -467,6 +474,14 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_PROFILE:
             profile = optarg;
+            break;
+        case OPT_OPS:
+            if (strcmp(optarg, "eager") == 0)
+                ops = FSDP_SIM_OPS_EAGER;
+            else if (strcmp(optarg, "fused") == 0)
+                ops = FSDP_SIM_OPS_FUSED;
+            else
+                cli_die("--ops: '%s' is not one of eager, fused", optarg);
             break;
         case OPT_NODES:
             nodes = cli_parse_long("--nodes", optarg, 1, 1000000);
@@ -593,6 +608,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         a->profile.nodes = (int)nodes;
     if (gpn > 0)
         a->profile.gpus_per_node = (int)gpn;
+    if (ops >= 0)
+        a->profile.ops = (fsdp_sim_ops_t)ops;
     if (print_profile) {
         char *json = fsdp_sim_profile_to_json(&a->profile);
         if (json == NULL)

@@ -70,10 +70,38 @@ typedef struct fsdp_sim_gpu_profile {
     int allow_tf32;          /* torch.backends.cuda.matmul.allow_tf32; 0 by default, as torch */
     double vector_flops_per_s; /* element-wise work (f32 CUDA cores); 0: FLOPs are free */
     double hbm_bytes_per_s;    /* device memory bandwidth; 0: memory traffic is free */
-    double compute_efficiency; /* fraction of the peak FLOP/s a kernel reaches, (0, 1] */
+    double compute_efficiency; /* fraction of the vector FLOP/s an element-wise kernel reaches,
+                                * (0, 1] */
     double memory_efficiency;  /* fraction of the memory bandwidth a kernel reaches, (0, 1] */
     double kernel_latency_s;   /* fixed device time of every kernel and copy */
+    /* GEMMs: the fraction of the matmul peak a GEMM reaches on whole tiles and full waves,
+     * (0, 1]; its time is FLOPs / (peak x gemm_efficiency x quantization), the quantization of
+     * its output's FSDP_SIM_GEMM_TILE_M x _N tiles on `sms` SMs (fsdp_sim_gemm_quantization) */
+    double gemm_efficiency;
+    /* Fused attention: the same for its matrix products, blocks of FSDP_SIM_ATTN_BLOCK queries
+     * per (batch, head) spread over `sms` SMs */
+    double attention_efficiency;
+    int sms; /* streaming multiprocessors; 0: no tile or wave quantization */
 } fsdp_sim_gpu_profile_t;
+
+/* How the job runs the element-wise work between GEMMs (traces/profiles/README.md). */
+typedef enum {
+    /* each fused kernel of lib/kernels as one kernel (torch.compile, fused kernels, the gpu
+     * backend): what a profile without a base uses */
+    FSDP_SIM_OPS_FUSED = 0,
+    /* each as the sequence of eager PyTorch ops HF's modeling_llama.py and autograd run
+     * (docs/costs.md, "Eager element-wise ops"), each op a kernel with its latency and its
+     * launch: what the presets use */
+    FSDP_SIM_OPS_EAGER = 1
+} fsdp_sim_ops_t;
+
+/* The output tile of the GEMM quantization model: 128 x 256, the largest CUTLASS/cuBLAS tile
+ * of Ampere and Hopper bf16 GEMMs (docs/costs.md); the 256 side lies along the output's longer
+ * dimension. Fused attention works on blocks of 128 queries (FlashAttention-2's kBlockM for
+ * head_dim 128). */
+#define FSDP_SIM_GEMM_TILE_M 128
+#define FSDP_SIM_GEMM_TILE_N 256
+#define FSDP_SIM_ATTN_BLOCK 128
 
 typedef struct fsdp_sim_host_profile {
     double launch_overhead_s; /* host time of one kernel, copy or collective launch */
@@ -126,6 +154,7 @@ typedef struct fsdp_sim_profile {
     fsdp_sim_gpu_profile_t gpu;
     fsdp_sim_host_profile_t host;
     fsdp_sim_nccl_profile_t nccl;
+    fsdp_sim_ops_t ops; /* how element-wise work runs ("ops": "eager" or "fused") */
 } fsdp_sim_profile_t;
 
 /* The default profile of fsdp_sim_params_init: one 8xH100 SXM node. */
@@ -193,9 +222,28 @@ typedef struct fsdp_sim_coll_cost {
 FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
                                    int nranks, int nnodes, double nbytes,
                                    fsdp_sim_coll_cost_t *cost_p);
-/* Roofline: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)) plus the
- * kernel latency. */
+/* A kernel's device time. GEMMs: FLOPs / (peak x gemm_efficiency x quantization); fused
+ * attention likewise with attention_efficiency; other kernels: max(FLOPs / (vector peak x
+ * compute_efficiency), bytes / (bandwidth x memory_efficiency)); each plus the kernel latency.
+ * Under FSDP_SIM_OPS_EAGER a fused element-wise kernel costs the sum of its eager ops, each
+ * with its own latency. */
 FSDP_API double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+/* The kernels k is launched as: 1, or its eager ops' count under FSDP_SIM_OPS_EAGER (the host
+ * pays a launch for each). */
+FSDP_API int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+/* The tile and wave quantization of an m x n GEMM output (batch products) on `sms` SMs, in
+ * (0, 1]: (m n / padded tiles' area) x (tiles / (waves x sms)), with FSDP_SIM_GEMM_TILE_M x
+ * _N tiles, the longer side along the longer dimension (NVIDIA's "Matrix Multiplication
+ * Background User's Guide"); an output with fewer such tiles than SMs takes the largest of
+ * 128 x 128, 64 x 128 and 64 x 64 that fills them, else 64 x 64, as cuBLAS's heuristics pick
+ * smaller tiles for small outputs. 1 when sms <= 0. */
+FSDP_API double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms);
+/* The same for fused attention: batch x heads x ceil(seq / FSDP_SIM_ATTN_BLOCK) blocks on
+ * `sms` SMs, the last block of a sequence padded. */
+FSDP_API double fsdp_sim_attention_quantization(double batch, double heads, double seq, int sms);
+/* The bytes that the eager ops of k read and write together, and their count (1 and
+ * fsdp_kernel_cost's bytes for a kernel priced as one). */
+FSDP_API double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p);
 
 typedef enum {
     FSDP_SIM_COPY_H2D = 0,
