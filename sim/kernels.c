@@ -16,6 +16,7 @@
 
 #include <fsdp/log.h>
 
+#include "elem_vec.h"
 #include "kernels/kernel_elem.h"
 #include "sim_kernels.h"
 
@@ -214,12 +215,74 @@ static fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k)
     return FSDP_OK;
 }
 
-/* The element-wise loop, with the kind a constant so that fsdp_kb_elem's switch folds. */
-#define FSDP_SIM_ELEM_LOOP(KIND, k, prep)                                                          \
+/* The element-wise loop over [begin, end), with the kind a constant so that fsdp_kb_elem's
+ * switch folds. */
+#define FSDP_SIM_ELEM_LOOP(KIND, k, prep, begin, end)                                              \
     do {                                                                                           \
-        for (size_t i_ = 0; i_ < (prep)->n; i_++)                                                  \
+        for (size_t i_ = (begin); i_ < (end); i_++)                                                \
             fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
     } while (0)
+
+/* The one compiled copy of every kind's scalar loop: the scalar path runs it over all of a
+ * kernel, the vector loops of elem_vec.c over their last elements and over the vectors whose
+ * inputs hold a NaN. Never inlined, so that both run the same instructions (which operand of
+ * an x86 + or * is first decides which of two NaNs comes out, and each inlined copy of a body
+ * may order them its own way). */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+void fsdp_sim_elem_range(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin, size_t end)
+{
+    switch (k->kind) {
+    case FSDP_K_FILL:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_FILL, k, p, begin, end);
+        break;
+    case FSDP_K_CAST:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_CAST, k, p, begin, end);
+        break;
+    case FSDP_K_SCALE:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_SCALE, k, p, begin, end);
+        break;
+    case FSDP_K_DIV:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_DIV, k, p, begin, end);
+        break;
+    case FSDP_K_AXPY:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_AXPY, k, p, begin, end);
+        break;
+    case FSDP_K_BIAS_ADD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_BIAS_ADD, k, p, begin, end);
+        break;
+    case FSDP_K_RELU_FWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_FWD, k, p, begin, end);
+        break;
+    case FSDP_K_RELU_BWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_BWD, k, p, begin, end);
+        break;
+    case FSDP_K_MSE_LOSS:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_MSE_LOSS, k, p, begin, end);
+        break;
+    case FSDP_K_ADAMW:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_ADAMW, k, p, begin, end);
+        break;
+    case FSDP_K_SGD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_SGD, k, p, begin, end);
+        break;
+    case FSDP_K_GELU_FWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_GELU_FWD, k, p, begin, end);
+        break;
+    case FSDP_K_GELU_BWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_GELU_BWD, k, p, begin, end);
+        break;
+    case FSDP_K_EMBEDDING_FWD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_EMBEDDING_FWD, k, p, begin, end);
+        break;
+    case FSDP_K_ADD:
+        FSDP_SIM_ELEM_LOOP(FSDP_K_ADD, k, p, begin, end);
+        break;
+    default:
+        break;
+    }
+}
 
 /* The runtime's own arithmetic on whole flat buffers (zero fills, the gradient divides, f32
  * copies) as plain loops over one dtype: the same value to the bit as fsdp_kb_elem's
@@ -325,47 +388,47 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return fsdp_sim_gemm_desc(k, NULL);
 
     fsdp_kb_prepare(k, &prep);
-    if (fsdp_sim_elem_fast(k, &prep))
+    if (fsdp_sim_elem_fast(k, &prep) || fsdp_sim_elem_vec(k, &prep))
         return FSDP_OK;
     switch (k->kind) {
     case FSDP_K_FILL:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_FILL, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_CAST:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_CAST, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_SCALE:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_SCALE, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_DIV:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_DIV, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_AXPY:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_AXPY, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_BIAS_ADD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_BIAS_ADD, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_BIAS_GRAD:
         fsdp_kb_colsum(k);
         break;
     case FSDP_K_RELU_FWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_FWD, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_RELU_BWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_BWD, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_MSE_LOSS:
         /* the loss first: it must see y and t before dy is written */
         k->u.mse.loss[0] =
             (float)(fsdp_kb_reduce_sum(k, k->u.mse.n, fsdp_kb_mse_term) / k->u.mse.denom);
-        FSDP_SIM_ELEM_LOOP(FSDP_K_MSE_LOSS, k, &prep); /* dy; prep.n is 0 without it */
+        fsdp_sim_elem_range(k, &prep, 0, prep.n); /* dy; prep.n is 0 without it */
         break;
     case FSDP_K_ADAMW:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_ADAMW, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_SGD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_SGD, k, &prep);
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_SUMSQ:
         k->u.sumsq.out[0] = (float)fsdp_kb_reduce_sum(k, k->u.sumsq.n, fsdp_kb_sumsq_term);

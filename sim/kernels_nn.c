@@ -15,6 +15,7 @@
 
 #include <fsdp/log.h>
 
+#include "elem_vec.h"
 #include "kernels/kernel_elem.h"
 #include "sim_kernels.h"
 
@@ -165,12 +166,6 @@ static fsdp_status_t nn_check(const fsdp_kernel_t *k)
     return FSDP_OK;
 }
 
-#define NN_ELEM_LOOP(KIND, k, prep)                                                                \
-    do {                                                                                           \
-        for (size_t i_ = 0; i_ < (prep)->n; i_++)                                                  \
-            fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
-    } while (0)
-
 #define NN_ROW_LOOP(KIND, k, ce_scale, rows)                                                       \
     do {                                                                                           \
         for (size_t r_ = 0; r_ < (rows); r_++)                                                     \
@@ -211,18 +206,14 @@ fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k)
     default:
         break;
     }
+    if (fsdp_sim_elem_vec(k, &prep)) /* gelu_fwd, gelu_bwd, add */
+        return FSDP_OK;
     switch (k->kind) {
     case FSDP_K_GELU_FWD:
-        NN_ELEM_LOOP(FSDP_K_GELU_FWD, k, &prep);
-        break;
     case FSDP_K_GELU_BWD:
-        NN_ELEM_LOOP(FSDP_K_GELU_BWD, k, &prep);
-        break;
     case FSDP_K_EMBEDDING_FWD:
-        NN_ELEM_LOOP(FSDP_K_EMBEDDING_FWD, k, &prep);
-        break;
-    case FSDP_K_ADD:
-        NN_ELEM_LOOP(FSDP_K_ADD, k, &prep);
+    case FSDP_K_ADD: /* the scalar loops of kernels.c */
+        fsdp_sim_elem_range(k, &prep, 0, prep.n);
         break;
     case FSDP_K_CROSS_ENTROPY: /* the mean, after every row's loss */
         if (k->u.cross_entropy.loss != NULL)

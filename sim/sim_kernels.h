@@ -106,6 +106,20 @@ int fsdp_sim_gemm_set_isa(fsdp_sim_gemm_isa_t isa);
 /* The micro-kernel the next call will run: "avx2", "generic" or "scalar". */
 const char *fsdp_sim_gemm_isa_name(void);
 
+typedef enum {
+    FSDP_SIM_ELEM_AUTO = 0,   /* the widest this CPU supports (default) */
+    FSDP_SIM_ELEM_SCALAR = 1, /* the scalar bodies, an element at a time */
+    FSDP_SIM_ELEM_SSE2 = 2,   /* 4-wide vectors, x86-64's baseline */
+    FSDP_SIM_ELEM_AVX2 = 3    /* 8-wide vectors, x86-64 with AVX2 (no FMA: same rounding) */
+} fsdp_sim_elem_isa_t;
+
+/* Process-wide choice of the element-wise loops (elem_vec.c), for tests and benchmarks: every
+ * choice gives the same bytes. Returns 0 when the CPU (or the build) cannot run `isa`, leaving
+ * the choice unchanged. */
+int fsdp_sim_elem_set_isa(fsdp_sim_elem_isa_t isa);
+/* The loops the next kernel will run: "avx2", "sse2" or "scalar". */
+const char *fsdp_sim_elem_isa_name(void);
+
 #ifdef __cplusplus
 }
 #endif

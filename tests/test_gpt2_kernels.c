@@ -1179,8 +1179,9 @@ static void test_lane_rows(void)
 
     for (size_t ci = 0; ci < sizeof(cols_) / sizeof(cols_[0]); ci++) {
         const size_t n = cols_[ci], crows = 2 * n; /* causal: two blocks */
-        float *x = malloc(crows * n * sizeof(float)), *y = malloc(crows * n * sizeof(float));
-        float *dy = malloc(crows * n * sizeof(float)), *dx = malloc(crows * n * sizeof(float));
+        const size_t arows = crows > rows ? crows : rows; /* the buffers hold either */
+        float *x = malloc(arows * n * sizeof(float)), *y = malloc(arows * n * sizeof(float));
+        float *dy = malloc(arows * n * sizeof(float)), *dx = malloc(arows * n * sizeof(float));
         float *w = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
         float mean[5], rstd[5], losses[5], loss;
         int32_t tgt[5];
@@ -1189,8 +1190,8 @@ static void test_lane_rows(void)
 
         CU_ASSERT_FATAL(x != NULL && y != NULL && dy != NULL && dx != NULL && w != NULL &&
                         b != NULL);
-        fill(x, crows * n, -3.0, 3.0);
-        fill(dy, crows * n, -1.0, 1.0);
+        fill(x, arows * n, -3.0, 3.0);
+        fill(dy, arows * n, -1.0, 1.0);
         fill(w, n, 0.5, 1.5);
         fill(b, n, -0.5, 0.5);
 

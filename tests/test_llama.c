@@ -357,6 +357,7 @@ typedef struct job {
     fsdp_strategy_t strategy;
     int world;
     int checkpoint;
+    int eager; /* fsdp_llama_set_eager_memory */
     const float *init; /* canonical order (root, then layers); NULL: init_params(seed) */
     uint64_t seed;
     const int32_t *inputs, *targets; /* one global batch, or */
@@ -399,6 +400,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK && j->checkpoint)
         st = fsdp_llama_set_checkpointing(m, -1, j->checkpoint);
+    if (st == FSDP_OK && j->eager)
+        st = fsdp_llama_set_eager_memory(m, 1);
     if (st == FSDP_OK && j->init != NULL) {
         st = lm_test_set_params(unit_at, m, j->cfg.n_layer + 1, j->init);
     } else if (st == FSDP_OK) {
@@ -774,6 +777,66 @@ static void test_shape_selective_op(void)
     free(j);
 }
 
+/* Shape mode, eager memory: a layer keeps what HF's eager model and autograd save, each tensor
+ * counted once (docs/costs.md, "The memory of eager autograd"), in bf16 compute (N = B T tokens,
+ * e = 2):
+ *   input_layernorm: x.to(f32) 4 N D, rsqrt 4 N, the bf16 product 2 N D, its output 2 N D
+ *     (saved by q, k and v's Linears);
+ *   attention: q and k rotated, k and v copied to every query head (repeat_kv), SDPA's output,
+ *     each e N H hd; the log-sum-exp 4 B H T;
+ *   post_attention_layernorm: as input_layernorm;
+ *   MLP: gate, silu(gate), up, their product, each e N F.
+ * The activation peak (at the end of the forward: every layer's, the final norm's, the logits
+ * and their log-softmax) grows by exactly that sum a layer: the sizes are multiples of the
+ * allocator's 512 bytes. Fused memory is unchanged by the switch, and data mode refuses it. */
+static void test_shape_eager_memory(void)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    const size_t B = 2, T = 256, N = B * T, D = 256, H = 4, hd = 64, F = 512;
+    const size_t rms = 4 * N * D + 4 * N + 2 * N * D + 2 * N * D;
+    const size_t per_layer = 2 * rms + 4 * 2 * N * H * hd + 4 * B * H * T + 4 * 2 * N * F;
+    size_t peak[2], fused[2];
+
+    for (int eager = 0; eager < 2; eager++) {
+        for (int i = 0; i < 2; i++) {
+            CU_ASSERT_EQUAL_FATAL(fsdp_llama_config_parse("llama:heads=4,kv_heads=2,dim=256,"
+                                                          "ffn=512,seq=256,vocab=1024",
+                                                          &j->cfg),
+                                  FSDP_OK);
+            j->cfg.n_layer = 2 + i;
+            j->strategy = FSDP_FULL_SHARD;
+            j->world = 1;
+            j->shape = 1;
+            j->batch = B;
+            j->seq = T;
+            j->use_mp = 1;
+            j->mp.param_dtype = FSDP_DTYPE_BF16;
+            j->mp.reduce_dtype = FSDP_DTYPE_F32;
+            j->mp.buffer_dtype = FSDP_DTYPE_UNSET;
+            j->eager = eager;
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            (eager ? peak : fused)[i] = j->act_peak[0];
+        }
+    }
+    fprintf(stderr, "\n  a layer's activations: eager %zu bytes (saved-tensor list: %zu), fused %zu",
+            peak[1] - peak[0], per_layer, fused[1] - fused[0]);
+    CU_ASSERT_EQUAL(peak[1] - peak[0], per_layer);
+    CU_ASSERT(fused[1] - fused[0] < per_layer);
+
+    /* f32 compute: .to(f32) is the tensor itself, the residual stream is what RMSNorm saves */
+    j->use_mp = 0;
+    j->eager = 1;
+    j->checkpoint = FSDP_LLAMA_CKPT_SELECTIVE_OP;
+    CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+    j->checkpoint = FSDP_LLAMA_CKPT_FULL;
+    CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+    /* data mode: the fused kernels read what eager PyTorch frees */
+    j->shape = 0;
+    j->checkpoint = 0;
+    CU_ASSERT_EQUAL(job_run(j), FSDP_ERR_UNSUPPORTED);
+    free(j);
+}
+
 /* ---------------- presets and specs ---------------- */
 
 static void test_presets_and_specs(void)
@@ -846,6 +909,8 @@ int main(void)
         {"shape mode: activations grow linearly in T", test_shape_activations_linear},
         {"shape mode: selective op checkpointing keeps between none and full",
          test_shape_selective_op},
+        {"shape mode, eager memory: a layer keeps eager autograd's saved tensors",
+         test_shape_eager_memory},
         {NULL, NULL},
     };
     return fsdp_test_run("llama", tests);

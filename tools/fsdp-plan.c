@@ -39,6 +39,7 @@ typedef struct model_cfg {
     fsdp_llama_config_t llama;  /* llama */
     int checkpoint_activations; /* 1: every block, K: every K-th, or CLI_AC_SELECTIVE_OP */
     size_t seq;                 /* tokens per sequence (gpt, llama); 1 for an mlp's rows */
+    int eager_memory;           /* llama: the memory of eager PyTorch (--ops eager) */
 } model_cfg_t;
 
 typedef struct model_ops {
@@ -190,6 +191,8 @@ static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **mod
         st = fsdp_llama_set_checkpointing(*model_p, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
     for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
         st = fsdp_llama_set_checkpointing(*model_p, l, FSDP_LLAMA_CKPT_FULL);
+    if (st == FSDP_OK && cfg->eager_memory)
+        st = fsdp_llama_set_eager_memory(*model_p, 1);
     return st;
 }
 
@@ -337,7 +340,8 @@ static void usage(FILE *f)
           "  --ops eager|fused          how the job runs its element-wise work: eager PyTorch\n"
           "                             ops as HF's model runs them, or one fused kernel each\n"
           "                             (torch.compile, fused kernels); default: the profile's\n"
-          "                             \"ops\" (eager in the presets)\n"
+          "                             \"ops\" (eager in the presets). Eager also holds a\n"
+          "                             Llama's memory as eager autograd does\n"
           "  --optim adamw|sgd          optimizer state to hold (default adamw)\n"
           "  --steps N                  simulated steps; the last is reported (default 2)\n"
           "  --sweep                    try every strategy, backward prefetch, limiter setting,\n"
@@ -638,6 +642,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         cli_die("--activation-checkpointing selective-op needs a Llama model (GPT-2 has full and "
                 "selective-layer)");
     a->mcfg.checkpoint_activations = ckpt_act;
+    a->mcfg.eager_memory = a->profile.ops == FSDP_SIM_OPS_EAGER;
     positions = model_positions(a, &default_seq);
     if (seq > 0 && positions == 1)
         cli_die("--seq needs a GPT or Llama model (an mlp's batch is rows)");

@@ -121,6 +121,14 @@ enum {
  * (any other non-zero `on` is FULL); recomputation runs after the pre-backward hook. Off by
  * default. The loss and gradients are the same under every policy. */
 FSDP_API fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on);
+/* Shape mode only: allocates, instead of the fused kernels' buffers, the tensors HF's eager
+ * LlamaForCausalLM and autograd hold (docs/costs.md, "The memory of eager autograd"): the f32
+ * upcasts and bf16 products RMSNorm saves, the rotary embedding's intermediates, SiLU's output,
+ * repeat_kv's copies of k and v, the f32 logits and log-softmax of the loss and the logits'
+ * f32 gradients, each freed when eager PyTorch frees it; the kernels launched are the same.
+ * FSDP_ERR_UNSUPPORTED on a device that holds data (the fused kernels read what eager PyTorch
+ * would have freed). Off by default. */
+FSDP_API fsdp_status_t fsdp_llama_set_eager_memory(fsdp_llama_t *model, int on);
 /* Scales the loss that backward differentiates (1/K for K accumulation micro-batches). */
 FSDP_API void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale);
 

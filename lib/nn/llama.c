@@ -427,6 +427,16 @@ fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int o
                                                                         : FSDP_LLAMA_CKPT_NONE);
 }
 
+fsdp_status_t fsdp_llama_set_eager_memory(fsdp_llama_t *model, int on)
+{
+    if (on && !fsdp_device(model->lm.fs)->no_data) {
+        fsdp_error("llama: eager memory is for shape mode (a device without data)");
+        return FSDP_ERR_UNSUPPORTED;
+    }
+    model->eager_memory = on != 0;
+    return FSDP_OK;
+}
+
 void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale)
 {
     model->lm.loss_scale = scale;

@@ -12,6 +12,7 @@
 struct fsdp_llama {
     fsdp_lm_t lm; /* root: embed_tokens, norm, lm_head (untied); checkpoint: FSDP_LLAMA_CKPT_* */
     fsdp_llama_config_t cfg;
+    int eager_memory; /* fsdp_llama_set_eager_memory */
 };
 
 /* HF's name of a layer parameter without "model.layers.<i>." and of a root parameter, by

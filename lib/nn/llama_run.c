@@ -27,10 +27,16 @@
 
 #include "nn/llama_int.h"
 
-/* what a layer's backward reads, by index */
-enum { A_N1, A_RSTD1, A_Q, A_K, A_V, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_UP, A_ACT, A_COUNT };
+/* what a layer's backward reads, by index; with eager memory (fsdp_llama_set_eager_memory) also
+ * what eager autograd saves beyond it: RMSNorm's f32 upcast of its input (U) and its product in
+ * the compute dtype before the weight (HB), SiLU's output */
+enum {
+    A_N1, A_RSTD1, A_Q, A_K, A_V, A_O, A_LSE, A_H, A_N2, A_RSTD2, A_GATE, A_UP, A_ACT,
+    A_U1, A_HB1, A_U2, A_HB2, A_SILU, A_COUNT
+};
 
 #define BIT(i) (1u << (i))
+#define FUSED_ACT (BIT(A_ACT + 1) - 1u)
 #define ALL_ACT (BIT(A_COUNT) - 1u)
 /* torchtitan's selective op policy (llama.h): the attention's outputs and every other matmul's
  * in forward order, q (1st), v (3rd), gate (5th); k, o and up (2nd, 4th, 6th) are recomputed */
@@ -43,6 +49,11 @@ typedef struct llama_run {
     size_t qw, kw, w; /* H hd, K hd, and the q k v row: qw + 2 kw */
     float *cos, *sin; /* [T, hd / 2] */
     float *host_rope; /* their host copy, kept until the step has synchronized */
+    /* eager memory: on; the compute dtype is not f32, so that RMSNorm and the loss upcast into
+     * new f32 tensors (in f32 .float() is the tensor itself); the final norm's upcast and
+     * product, the log-softmax the loss saves */
+    int eager, upcast;
+    void *uf, *hbf, *logsm;
 } llama_run_t;
 
 static fsdp_status_t launch(llama_run_t *r, const fsdp_kernel_t *k)
@@ -172,6 +183,142 @@ static fsdp_status_t add(llama_run_t *r, void *y, const void *a, const void *b, 
     return launch(r, &d);
 }
 
+
+/* ---- eager memory ----
+ *
+ * What HF's eager LlamaForCausalLM and autograd allocate, saved tensors (ACTIVATION) and the
+ * intermediates they free at once (TEMPORARY), in the order eager PyTorch allocates and frees
+ * them; docs/costs.md, "The memory of eager autograd", lists each with its source. Shape mode
+ * only: the fused kernels are launched as before, on pointers that need not hold their data. */
+
+static fsdp_status_t ealloc(llama_run_t *r, size_t bytes, fsdp_mem_category_t cat, void **p)
+{
+    return fsdp_mem_alloc(r->lm.mem, bytes, cat, r->lm.s, p);
+}
+
+/* RMSNorm's forward on [BT, D]: h = x.to(f32) (saved by pow and mul; x itself in f32),
+ * h.pow(2) until mean, rstd = rsqrt(mean + eps) (saved by mul), h * rstd in f32 until
+ * .to(dtype), hb = that (saved by weight *), y = weight * hb (saved by the Linears that read it).
+ * *rstd and *y are allocated only when NULL (the final norm's come from lm.c). */
+static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void **hb, void **y)
+{
+    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    void *t = NULL;
+    fsdp_status_t status = FSDP_OK;
+
+    if (r->upcast)
+        status = ealloc(r, 4 * n, FSDP_MEM_ACTIVATION, u);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* pow(2) */
+    if (status == FSDP_OK && *rstd == NULL)
+        status = ealloc(r, 4 * r->lm.BT, FSDP_MEM_ACTIVATION, rstd);
+    FREE(r, t);
+    if (status == FSDP_OK && r->upcast)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* h * rstd before .to(dtype) */
+    if (status == FSDP_OK)
+        status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, hb);
+    FREE(r, t);
+    if (status == FSDP_OK && *y == NULL)
+        status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, y);
+    return status;
+}
+
+/* RMSNorm's backward, the gradients autograd makes in turn: hb's (dy * weight) and the
+ * weight's product (dy * hb, summed), .to(dtype)'s back to f32, mul's for h (kept until pow's
+ * arrives and is added in place) and for rstd (dy * h, summed), mean's expanded / D, pow's
+ * (h.pow(1), 2 x, x the gradient), h's .to(f32)'s back to the dtype, added to the residual's
+ * gradient. Then frees the norm's saved u, hb and rstd. */
+static fsdp_status_t eager_rmsnorm_bwd(llama_run_t *r, void **u, void **hb, void **rstd)
+{
+    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    void *dhb = NULL, *dhn = NULL, *dh = NULL, *t = NULL, *gm = NULL, *p1 = NULL, *p2 = NULL;
+    fsdp_status_t status = ealloc(r, es * n, FSDP_MEM_TEMPORARY, &dhb);
+
+    if (status == FSDP_OK)
+        status = ealloc(r, es * n, FSDP_MEM_TEMPORARY, &t); /* dy * hb */
+    FREE(r, t);
+    if (status == FSDP_OK && r->upcast)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &dhn);
+    if (r->upcast)
+        FREE(r, dhb);
+    else
+        dhn = dhb, dhb = NULL;
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &dh); /* dhn * rstd */
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* dhn * h, summed over rows */
+    FREE(r, t);
+    FREE(r, dhn);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &gm);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &p1);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &p2);
+    FREE(r, p1);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* gm * 2 h, added into dh */
+    FREE(r, p2);
+    FREE(r, gm);
+    FREE(r, t);
+    if (status == FSDP_OK && r->upcast)
+        status = ealloc(r, es * n, FSDP_MEM_TEMPORARY, &t); /* x's gradient */
+    FREE(r, dh);
+    FREE(r, t);
+    FREE(r, *u);
+    FREE(r, *hb);
+    FREE(r, *rstd);
+    return status;
+}
+
+/* The rotary embedding of q or k (`heads` heads) into a new tensor *out: q * cos, -x2, the cat
+ * of rotate_half, its * sin, the sum; cos and sin are saved, the input is not. */
+static fsdp_status_t eager_rope(llama_run_t *r, size_t heads, fsdp_mem_category_t cat, void **out)
+{
+    const size_t b = r->lm.BT * heads * r->hd * r->lm.es;
+    void *qc = NULL, *neg = NULL, *rot = NULL, *rs = NULL;
+    fsdp_status_t status = ealloc(r, b, FSDP_MEM_TEMPORARY, &qc);
+
+    if (status == FSDP_OK)
+        status = ealloc(r, b / 2, FSDP_MEM_TEMPORARY, &neg);
+    if (status == FSDP_OK)
+        status = ealloc(r, b, FSDP_MEM_TEMPORARY, &rot);
+    FREE(r, neg);
+    if (status == FSDP_OK)
+        status = ealloc(r, b, FSDP_MEM_TEMPORARY, &rs);
+    FREE(r, rot);
+    if (status == FSDP_OK)
+        status = ealloc(r, b, cat, out);
+    FREE(r, qc);
+    FREE(r, rs);
+    return status;
+}
+
+/* Its backward: g * cos and g * sin, rotate_half's: neg's gradient, the two slice backwards
+ * (zeros, slice_scatter), each added in place into g * cos, which becomes the input's gradient
+ * (the fused kernel's in dqkv). */
+static fsdp_status_t eager_rope_bwd(llama_run_t *r, size_t heads)
+{
+    const size_t b = r->lm.BT * heads * r->hd * r->lm.es;
+    void *gc = NULL, *gs = NULL, *gn = NULL, *z = NULL;
+    fsdp_status_t status = ealloc(r, b, FSDP_MEM_TEMPORARY, &gc);
+
+    if (status == FSDP_OK)
+        status = ealloc(r, b, FSDP_MEM_TEMPORARY, &gs);
+    if (status == FSDP_OK)
+        status = ealloc(r, b / 2, FSDP_MEM_TEMPORARY, &gn);
+    if (status == FSDP_OK)
+        status = ealloc(r, b, FSDP_MEM_TEMPORARY, &z);
+    FREE(r, gn);
+    FREE(r, z);
+    if (status == FSDP_OK)
+        status = ealloc(r, b, FSDP_MEM_TEMPORARY, &z);
+    FREE(r, z);
+    FREE(r, gs);
+    FREE(r, gc);
+    return status;
+}
+
 /* ---- layers ---- */
 
 static size_t act_bytes(const llama_run_t *r, int i)
@@ -217,47 +364,108 @@ static void free_act(llama_run_t *r, int l, unsigned mask)
 
 /* Layer l's forward from resid[l]: the activations in the set `need` (their inputs already there)
  * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
- * forward did, so the values are the same to the bit. */
+ * forward did, so the values are the same to the bit. With eager memory the buffers are eager
+ * PyTorch's (above): q and k rotated into new tensors and, for grouped-query attention, k and v
+ * copied to every query head (repeat_kv) before SDPA; the GEMMs' outputs and the residual adds'
+ * new tensors; the mid residual freed at the end unless it is RMSNorm's saved f32 input. */
 static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
 {
     fsdp_unit_t *u = r->m->lm.layers[l];
     void **a = ACT(r, l);
     const void *x = r->lm.resid[l];
-    const size_t D = r->D, F = r->F, BT = r->lm.BT;
+    const size_t D = r->D, F = r->F, BT = r->lm.BT, es = r->lm.es;
+    const int eager = r->eager, gqa = r->K < r->H;
+    const fsdp_mem_category_t ACTV = FSDP_MEM_ACTIVATION, TMP = FSDP_MEM_TEMPORARY;
+    void *qo = NULL, *ko = NULL, *vo = NULL, *ho = NULL, *kr = NULL; /* eager GEMM outputs */
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_FWD};
     fsdp_status_t status = FSDP_OK;
 
-    for (int i = 0; i < A_COUNT && status == FSDP_OK; i++) {
-        if (need & BIT(i))
+    for (int i = 0; !eager && i < A_COUNT && status == FSDP_OK; i++) {
+        if (need & FUSED_ACT & BIT(i))
             status =
                 fsdp_mem_alloc(r->lm.mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->lm.s, &a[i]);
     }
+    if (status == FSDP_OK && eager && (need & BIT(A_N1)))
+        status = eager_rmsnorm(r, &a[A_U1], &a[A_RSTD1], &a[A_HB1], &a[A_N1]);
     if (status == FSDP_OK && (need & BIT(A_N1)))
         status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
+    if (eager) {
+        if (status == FSDP_OK && (need & BIT(A_Q)))
+            status = ealloc(r, BT * r->qw * es, TMP, &qo);
+        if (status == FSDP_OK && (need & BIT(A_K)))
+            status = ealloc(r, BT * r->kw * es, TMP, &ko);
+        if (status == FSDP_OK && (need & BIT(A_V)))
+            status = gqa ? ealloc(r, BT * r->kw * es, TMP, &vo)
+                         : ealloc(r, BT * r->kw * es, ACTV, &a[A_V]);
+        if (!gqa)
+            vo = a[A_V];
+    } else {
+        qo = a[A_Q], ko = a[A_K], vo = a[A_V];
+    }
     if (status == FSDP_OK && (need & BIT(A_Q)))
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, a[A_Q], r->qw);
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_Q), r->qw, qo, r->qw);
     if (status == FSDP_OK && (need & BIT(A_K)))
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, a[A_K], r->kw);
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_K), r->kw, ko, r->kw);
     if (status == FSDP_OK && (need & BIT(A_V)))
-        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, a[A_V], r->kw);
+        status = linear_fwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, vo, r->kw);
+    if (status == FSDP_OK && eager && (need & BIT(A_Q)))
+        status = eager_rope(r, r->H, ACTV, &a[A_Q]);
+    if (eager)
+        FREE(r, qo);
     if (status == FSDP_OK && (need & BIT(A_Q)))
         status = rope(r, FSDP_K_ROPE_FWD, a[A_Q], r->H, r->qw);
+    if (status == FSDP_OK && eager && (need & BIT(A_K)))
+        status = eager_rope(r, r->K, gqa ? TMP : ACTV, gqa ? &kr : &a[A_K]);
+    if (eager)
+        FREE(r, ko);
     if (status == FSDP_OK && (need & BIT(A_K)))
-        status = rope(r, FSDP_K_ROPE_FWD, a[A_K], r->K, r->kw);
+        status = rope(r, FSDP_K_ROPE_FWD, gqa && eager ? kr : a[A_K], r->K, r->kw);
+    if (eager && gqa) { /* repeat_kv: k and v copied to every query head, SDPA saves the copies */
+        if (status == FSDP_OK && (need & BIT(A_K)))
+            status = ealloc(r, BT * r->qw * es, ACTV, &a[A_K]);
+        FREE(r, kr);
+        if (status == FSDP_OK && (need & BIT(A_V)))
+            status = ealloc(r, BT * r->qw * es, ACTV, &a[A_V]);
+        FREE(r, vo);
+    }
+    if (status == FSDP_OK && eager && (need & BIT(A_O)))
+        status = ealloc(r, act_bytes(r, A_O), ACTV, &a[A_O]);
+    if (status == FSDP_OK && eager && (need & BIT(A_LSE)))
+        status = ealloc(r, act_bytes(r, A_LSE), ACTV, &a[A_LSE]);
     if (status == FSDP_OK && (need & BIT(A_O))) {
         ATTENTION_ARGS(d.u.attention_fwd, r, a);
         status = launch(r, &d);
     }
+    /* o_proj, then the residual add into the mid residual */
+    if (!eager)
+        ho = a[A_H];
+    else if (status == FSDP_OK && (need & BIT(A_H)))
+        status = ealloc(r, BT * D * es, TMP, &ho);
     if (status == FSDP_OK && (need & BIT(A_H)))
-        status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, a[A_H], D);
+        status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, ho, D);
+    if (status == FSDP_OK && eager && (need & BIT(A_H)))
+        status = ealloc(r, act_bytes(r, A_H), ACTV, &a[A_H]);
     if (status == FSDP_OK && (need & BIT(A_H)))
-        status = add(r, a[A_H], a[A_H], x, BT * D);
+        status = add(r, a[A_H], ho, x, BT * D);
+    if (eager)
+        FREE(r, ho);
+    if (status == FSDP_OK && eager && (need & BIT(A_N2)))
+        status = eager_rmsnorm(r, &a[A_U2], &a[A_RSTD2], &a[A_HB2], &a[A_N2]);
     if (status == FSDP_OK && (need & BIT(A_N2)))
         status = rmsnorm_fwd(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
+    /* the MLP: gate, silu(gate) (eager: its own tensor, saved by the product), up, the product */
+    if (status == FSDP_OK && eager && (need & BIT(A_GATE)))
+        status = ealloc(r, act_bytes(r, A_GATE), ACTV, &a[A_GATE]);
     if (status == FSDP_OK && (need & BIT(A_GATE)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F);
+    if (status == FSDP_OK && eager && (need & BIT(A_SILU)))
+        status = ealloc(r, BT * F * es, ACTV, &a[A_SILU]);
+    if (status == FSDP_OK && eager && (need & BIT(A_UP)))
+        status = ealloc(r, act_bytes(r, A_UP), ACTV, &a[A_UP]);
     if (status == FSDP_OK && (need & BIT(A_UP)))
         status = linear_fwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F);
+    if (status == FSDP_OK && eager && (need & BIT(A_ACT)))
+        status = ealloc(r, act_bytes(r, A_ACT), ACTV, &a[A_ACT]);
     if (status == FSDP_OK && (need & BIT(A_ACT))) {
         fsdp_kernel_t g = {.kind = FSDP_K_SWIGLU_FWD};
         g.u.swiglu_fwd.y = a[A_ACT];
@@ -267,13 +475,24 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
         g.u.swiglu_fwd.dtype = r->lm.dt;
         status = launch(r, &g);
     }
-    if (status != FSDP_OK || !output)
-        return status;
-    status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
-    if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->lm.resid[l + 1], D);
-    if (status == FSDP_OK)
-        status = add(r, r->lm.resid[l + 1], r->lm.resid[l + 1], a[A_H], BT * D);
+    if (status == FSDP_OK && output) {
+        /* down_proj, then the residual add into the layer's output */
+        if (eager)
+            status = ealloc(r, BT * D * es, TMP, &ho);
+        if (status == FSDP_OK)
+            status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
+        if (!eager)
+            ho = r->lm.resid[l + 1];
+        if (status == FSDP_OK)
+            status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, ho, D);
+        if (status == FSDP_OK)
+            status = add(r, r->lm.resid[l + 1], ho, a[A_H], BT * D);
+        if (eager)
+            FREE(r, ho);
+    }
+    /* eager: the mid residual is not saved (RMSNorm saved its f32 upcast) */
+    if (eager && r->upcast)
+        FREE(r, a[A_H]);
     return status;
 }
 
@@ -290,7 +509,11 @@ static fsdp_status_t attention_bwd(llama_run_t *r, void **a, const void *dout, v
     return launch(r, &d);
 }
 
-/* Layer l's backward: r->lm.dres holds the gradient of its output and becomes that of its input. */
+/* Layer l's backward: r->lm.dres holds the gradient of its output and becomes that of its input.
+ * With eager memory, each saved tensor is freed once the backward of the last op that saved it
+ * has run, and eager autograd's own gradients are allocated beside the fused kernels' (SwiGLU's
+ * three products, FlashAttention-2's f32 dq accumulator, repeat_kv's per-head dk and dv, the
+ * rotary embedding's and RMSNorm's). */
 static fsdp_status_t layer_bwd(llama_run_t *r, int l)
 {
     fsdp_unit_t *u = r->m->lm.layers[l];
@@ -298,7 +521,10 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     void **dact = &r->lm.tmp[0], **dn = &r->lm.tmp[1], **dqkv = &r->lm.tmp[2],
          **delta = &r->lm.tmp[3];
     void *dq, *dk, *dv; /* dq [BT, H hd], dk and dv [BT, K hd], one after another in *dqkv */
-    const size_t D = r->D, F = r->F, BT = r->lm.BT;
+    void *ds = NULL, *du = NULL, *dg = NULL, *acc = NULL, *dkv = NULL; /* eager */
+    const size_t D = r->D, F = r->F, BT = r->lm.BT, es = r->lm.es;
+    const int eager = r->eager, gqa = r->K < r->H;
+    const fsdp_mem_category_t TMP = FSDP_MEM_TEMPORARY;
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
@@ -309,10 +535,22 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->lm.dres, D,
                             g[FSDP_LLAMA_DOWN], *dact, 0);
+    if (eager) { /* the product's gradients, silu's input's; dgate and dup are new tensors */
+        FREE(r, a[A_ACT]);
+        if (status == FSDP_OK)
+            status = ealloc(r, BT * F * es, TMP, &ds);
+        if (status == FSDP_OK)
+            status = ealloc(r, BT * F * es, TMP, &du);
+        FREE(r, *dact);
+        FREE(r, a[A_SILU]);
+        if (status == FSDP_OK)
+            status = ealloc(r, BT * F * es, TMP, &dg);
+        FREE(r, ds);
+    }
     if (status == FSDP_OK) {
         fsdp_kernel_t k = {.kind = FSDP_K_SWIGLU_BWD};
-        k.u.swiglu_bwd.dgate = a[A_GATE];
-        k.u.swiglu_bwd.dup = a[A_UP];
+        k.u.swiglu_bwd.dgate = eager ? dg : a[A_GATE];
+        k.u.swiglu_bwd.dup = eager ? du : a[A_UP];
         k.u.swiglu_bwd.dy = *dact;
         k.u.swiglu_bwd.gate = a[A_GATE];
         k.u.swiglu_bwd.up = a[A_UP];
@@ -321,18 +559,29 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         status = launch(r, &k);
     }
     FREE(r, *dact);
+    if (eager) {
+        FREE(r, a[A_UP]);
+        FREE(r, a[A_GATE]);
+    }
     if (status == FSDP_OK)
         status = alloc_a(r, BT * D, FSDP_MEM_TEMPORARY, dn);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, a[A_GATE], F,
+        status = linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_GATE), F, eager ? dg : a[A_GATE], F,
                             g[FSDP_LLAMA_GATE], *dn, 0);
     if (status == FSDP_OK)
-        status =
-            linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, a[A_UP], F, g[FSDP_LLAMA_UP], *dn, 1);
+        status = linear_bwd(r, a[A_N2], D, P(u, FSDP_LLAMA_UP), F, eager ? du : a[A_UP], F,
+                            g[FSDP_LLAMA_UP], *dn, 1);
+    if (eager) {
+        FREE(r, dg);
+        FREE(r, du);
+        FREE(r, a[A_N2]);
+    }
     /* the mid residual: dres += post_attention_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, a[A_H], a[A_RSTD2], P(u, FSDP_LLAMA_LN2), r->lm.dres, 1,
-                             g[FSDP_LLAMA_LN2]);
+        status = rmsnorm_bwd(r, *dn, eager && r->upcast ? a[A_U2] : a[A_H], a[A_RSTD2],
+                             P(u, FSDP_LLAMA_LN2), r->lm.dres, 1, g[FSDP_LLAMA_LN2]);
+    if (status == FSDP_OK && eager)
+        status = eager_rmsnorm_bwd(r, &a[A_U2], &a[A_HB2], &a[A_RSTD2]);
     /* attention: dout = dres W_o, then the fused backward into dq dk dv, rotated back */
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->qw, FSDP_MEM_TEMPORARY, dact);
@@ -343,15 +592,29 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         status = alloc_a(r, BT * r->w, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
         status = alloc_f(r, r->lm.B * r->H * r->lm.T, FSDP_MEM_TEMPORARY, delta);
+    if (status == FSDP_OK && eager && gqa) /* dk and dv of every query head */
+        status = ealloc(r, 2 * BT * r->qw * es, TMP, &dkv);
+    if (status == FSDP_OK && eager)
+        status = ealloc(r, BT * r->qw * 4, TMP, &acc);
     if (status == FSDP_OK)
         status = attention_bwd(r, a, *dact, *dqkv, *delta);
+    FREE(r, acc);
     FREE(r, *delta);
     FREE(r, *dact);
+    if (eager) { /* SDPA's saved q k v, output and log-sum-exp; repeat_kv's sums into dqkv */
+        for (int i = A_Q; i <= A_LSE; i++)
+            FREE(r, a[i]);
+        FREE(r, dkv);
+    }
     dq = *dqkv;
     dk = AT(r, dq, BT * r->qw);
     dv = AT(r, dk, BT * r->kw);
+    if (status == FSDP_OK && eager)
+        status = eager_rope_bwd(r, r->H);
     if (status == FSDP_OK)
         status = rope(r, FSDP_K_ROPE_BWD, dq, r->H, r->qw);
+    if (status == FSDP_OK && eager)
+        status = eager_rope_bwd(r, r->K);
     if (status == FSDP_OK)
         status = rope(r, FSDP_K_ROPE_BWD, dk, r->K, r->kw);
     if (status == FSDP_OK)
@@ -364,10 +627,14 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         status = linear_bwd(r, a[A_N1], D, P(u, FSDP_LLAMA_V), r->kw, dv, r->kw, g[FSDP_LLAMA_V],
                             *dn, 1);
     FREE(r, *dqkv);
+    if (eager)
+        FREE(r, a[A_N1]);
     /* the layer's input: dres += input_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, r->lm.resid[l], a[A_RSTD1], P(u, FSDP_LLAMA_LN1), r->lm.dres,
-                             1, g[FSDP_LLAMA_LN1]);
+        status = rmsnorm_bwd(r, *dn, eager && r->upcast ? a[A_U1] : r->lm.resid[l], a[A_RSTD1],
+                             P(u, FSDP_LLAMA_LN1), r->lm.dres, 1, g[FSDP_LLAMA_LN1]);
+    if (status == FSDP_OK && eager)
+        status = eager_rmsnorm_bwd(r, &a[A_U1], &a[A_HB1], &a[A_RSTD1]);
     FREE(r, *dn);
     return status;
 }
@@ -385,8 +652,15 @@ static fsdp_status_t rope_tables(fsdp_lm_run_t *lr)
     llama_run_t *r = run_of(lr);
     const size_t half = r->hd / 2, n = r->lm.T * half;
     float *host, *inv;
-    fsdp_status_t status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->cos);
+    fsdp_status_t status;
 
+    if (r->eager) { /* HF's position embeddings: cos and sin [B, T, hd] in the compute dtype */
+        status = ealloc(r, r->lm.BT * r->hd * r->lm.es, FSDP_MEM_ACTIVATION, (void **)&r->cos);
+        if (status == FSDP_OK)
+            status = ealloc(r, r->lm.BT * r->hd * r->lm.es, FSDP_MEM_ACTIVATION, (void **)&r->sin);
+        return status;
+    }
+    status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->cos);
     if (status == FSDP_OK)
         status = alloc_f(r, n, FSDP_MEM_ACTIVATION, (void **)&r->sin);
     if (status != FSDP_OK || r->lm.dev->no_data)
@@ -418,11 +692,18 @@ static int head_index(const llama_run_t *r)
     return r->m->cfg.tie_word_embeddings ? FSDP_LLAMA_EMBED : FSDP_LLAMA_LM_HEAD;
 }
 
-/* What layer l's backward recomputes, by its checkpointing policy. */
-static unsigned recomputed(const fsdp_llama_t *m, int l)
+/* What a layer keeps or recomputes: the fused kernels' buffers, or eager PyTorch's. */
+static unsigned all_act(const llama_run_t *r)
 {
-    return m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? ALL_ACT
-           : m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? ALL_ACT & ~SAVED_OP
+    return r->eager ? ALL_ACT : FUSED_ACT;
+}
+
+/* What layer l's backward recomputes, by its checkpointing policy. */
+static unsigned recomputed(const llama_run_t *r, int l)
+{
+    const fsdp_llama_t *m = r->m;
+    return m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? all_act(r)
+           : m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? all_act(r) & ~SAVED_OP
                                                                  : 0u;
 }
 
@@ -443,18 +724,84 @@ static fsdp_status_t embed_fwd(fsdp_lm_run_t *lr)
 
 static fsdp_status_t layer_fwd_all(fsdp_lm_run_t *lr, int l)
 {
-    return layer_fwd(run_of(lr), l, ALL_ACT, 1);
+    return layer_fwd(run_of(lr), l, all_act(run_of(lr)), 1);
 }
 
+/* After layer l's forward and its post-forward hook: frees what its backward recomputes. Eager
+ * PyTorch also frees the layer's input as the layer returns, unless a checkpoint keeps it: what
+ * backward reads of it is RMSNorm's f32 upcast (in f32, the input itself). */
 static void layer_forget(fsdp_lm_run_t *lr, int l)
 {
-    free_act(run_of(lr), l, recomputed(run_of(lr)->m, l));
+    llama_run_t *r = run_of(lr);
+
+    free_act(r, l, recomputed(r, l));
+    if (r->eager && r->upcast && r->m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_NONE)
+        FREE(r, lr->resid[l]);
 }
 
+/* the final norm (eager: its upcast and product saved, the last layer's output freed) */
 static fsdp_status_t norm_fwd(fsdp_lm_run_t *lr)
 {
-    return rmsnorm_fwd(run_of(lr), lr->resid[lr->lm->n_layer], P(lr->lm->root, FSDP_LLAMA_NORM),
-                       lr->nf, lr->rstdf);
+    llama_run_t *r = run_of(lr);
+    const int L = lr->lm->n_layer;
+    void *rstd = lr->rstdf;
+    fsdp_status_t status = FSDP_OK;
+
+    if (r->eager)
+        status = eager_rmsnorm(r, &r->uf, &rstd, &r->hbf, &lr->nf);
+    if (status == FSDP_OK)
+        status = rmsnorm_fwd(r, lr->resid[L], P(lr->lm->root, FSDP_LLAMA_NORM), lr->nf, lr->rstdf);
+    if (r->eager && r->upcast)
+        FREE(r, lr->resid[L]);
+    return status;
+}
+
+/* Eager: HF's loss, logits.float() (a copy unless f32) into log_softmax, whose output
+ * cross_entropy's nll_loss and its own backward save; the copy and the model's logits are
+ * freed as the forward returns (nothing saved them). */
+static fsdp_status_t loss_fwd(fsdp_lm_run_t *lr)
+{
+    llama_run_t *r = run_of(lr);
+    const size_t n = lr->BT * lr->V;
+    void *lf = NULL;
+    fsdp_status_t status = FSDP_OK;
+
+    if (!r->eager)
+        return FSDP_OK;
+    if (r->upcast)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &lf);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_ACTIVATION, &r->logsm);
+    FREE(r, lf);
+    FREE(r, lr->logits);
+    return status;
+}
+
+/* Eager: the loss's backward, nll_loss_backward's f32 gradient (zeros, then the targets'),
+ * _log_softmax_backward_data's, then (unless f32) .float()'s back to the compute dtype: the
+ * logits' gradient the head's backward reads. */
+static fsdp_status_t loss_bwd(fsdp_lm_run_t *lr)
+{
+    llama_run_t *r = run_of(lr);
+    const size_t n = lr->BT * lr->V;
+    void *gn = NULL, *gl = NULL;
+    fsdp_status_t status;
+
+    if (!r->eager)
+        return FSDP_OK;
+    status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &gn);
+    if (status == FSDP_OK)
+        status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &gl);
+    FREE(r, gn);
+    FREE(r, r->logsm);
+    if (!r->upcast) {
+        lr->logits = gl;
+        return status;
+    }
+    if (status == FSDP_OK)
+        status = ealloc(r, n * lr->es, FSDP_MEM_TEMPORARY, &lr->logits);
+    FREE(r, gl);
+    return status;
 }
 
 /* the head: logits = norm(x) W_head^T */
@@ -474,13 +821,20 @@ static fsdp_status_t head_bwd(fsdp_lm_run_t *lr, void **g, void *dnf)
 
 static fsdp_status_t norm_bwd(fsdp_lm_run_t *lr, void **g, const void *dnf)
 {
-    return rmsnorm_bwd(run_of(lr), dnf, lr->resid[lr->lm->n_layer], lr->rstdf,
-                       P(lr->lm->root, FSDP_LLAMA_NORM), lr->dres, 0, g[FSDP_LLAMA_NORM]);
+    llama_run_t *r = run_of(lr);
+    void *rstd = NULL; /* lm.c frees the final norm's */
+    fsdp_status_t status =
+        rmsnorm_bwd(r, dnf, r->eager && r->upcast ? r->uf : lr->resid[lr->lm->n_layer],
+                    lr->rstdf, P(lr->lm->root, FSDP_LLAMA_NORM), lr->dres, 0, g[FSDP_LLAMA_NORM]);
+
+    if (status == FSDP_OK && r->eager)
+        status = eager_rmsnorm_bwd(r, &r->uf, &r->hbf, &rstd);
+    return status;
 }
 
 static fsdp_status_t layer_recompute(fsdp_lm_run_t *lr, int l)
 {
-    unsigned need = recomputed(run_of(lr)->m, l);
+    unsigned need = recomputed(run_of(lr), l);
     return need != 0 ? layer_fwd(run_of(lr), l, need, 0) : FSDP_OK;
 }
 
@@ -517,6 +871,9 @@ static void cleanup(fsdp_lm_run_t *lr)
 
     FREE(r, r->cos);
     FREE(r, r->sin);
+    FREE(r, r->uf);
+    FREE(r, r->hbf);
+    FREE(r, r->logsm);
     free(r->host_rope);
     r->host_rope = NULL;
 }
@@ -530,6 +887,8 @@ static const fsdp_lm_ops_t llama_ops = {
     .layer_forget = layer_forget,
     .norm_fwd = norm_fwd,
     .head_fwd = head_fwd,
+    .loss_fwd = loss_fwd,
+    .loss_bwd = loss_bwd,
     .head_bwd = head_bwd,
     .norm_bwd = norm_bwd,
     .layer_recompute = layer_recompute,
@@ -567,5 +926,7 @@ fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *in
     run.qw = run.H * run.hd;
     run.kw = run.K * run.hd;
     run.w = run.qw + 2 * run.kw;
+    run.eager = model->eager_memory;
+    run.upcast = run.lm.dt != FSDP_DTYPE_F32;
     return fsdp_lm_run_step(&run.lm, &llama_ops, inputs, targets, count, loss_p);
 }

@@ -138,6 +138,8 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
         status = fsdp_lm_alloc(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
     if (status == FSDP_OK)
         status = ops->head_fwd(r);
+    if (status == FSDP_OK && ops->loss_fwd != NULL)
+        status = ops->loss_fwd(r);
     if (status == FSDP_OK)
         status = fsdp_post_forward(lm->root);
     return status;
@@ -156,6 +158,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
     status = fsdp_lm_alloc_f(r, r->BT, FSDP_MEM_TEMPORARY, &r->losses);
     if (status == FSDP_OK)
         status = fsdp_lm_alloc_f(r, 1, FSDP_MEM_TEMPORARY, &r->loss);
+    if (status == FSDP_OK && ops->loss_bwd != NULL)
+        status = ops->loss_bwd(r);
     if (status != FSDP_OK)
         return status;
     d.u.cross_entropy.loss = r->loss;

@@ -106,6 +106,11 @@ typedef struct fsdp_lm_ops {
     void (*layer_forget)(fsdp_lm_run_t *r, int l); /* frees what its backward recomputes */
     fsdp_status_t (*norm_fwd)(fsdp_lm_run_t *r);   /* nf and its statistics from resid[L] */
     fsdp_status_t (*head_fwd)(fsdp_lm_run_t *r);   /* logits from nf */
+    /* NULL, or the memory of the loss as eager PyTorch computes it: at the end of the forward
+     * (after head_fwd: what the loss keeps; it may free the logits) and at the start of the
+     * backward (before the cross-entropy kernel: the logits' gradient into logits) */
+    fsdp_status_t (*loss_fwd)(fsdp_lm_run_t *r);
+    fsdp_status_t (*loss_bwd)(fsdp_lm_run_t *r);
     /* from the logits' gradient: the head's weight gradient into g, nf's gradient into dnf */
     fsdp_status_t (*head_bwd)(fsdp_lm_run_t *r, void **g, void *dnf);
     /* the final norm's backward: its weight gradients, and dres (written, not added to) */

@@ -1,0 +1,281 @@
+/* The sim's element-wise kernels on their scalar loop and on their vector loops (sim/elem_vec.c),
+ * in the same run: ns per element of adamw, gelu_fwd, gelu_bwd, add, axpy and an f32 -> bf16
+ * cast on 2^20 elements, each ISA's best of several rounds (the rounds alternate the ISAs, so
+ * that a noisy machine slows them alike), and the speedup over the scalar loop. Then, unless
+ * --quick, GPT-2 124M training steps (B=4, T=64, AdamW, one rank on one thread) with the scalar
+ * loops and with the widest vectors, alternated, and the ratio of their step times.
+ *
+ *     bench_elem [--quick] [--rounds N] [--steps N]
+ *
+ * Kernel and step times are the thread's CPU time (a shared machine's other load counts less),
+ * the best of the rounds, and of the steps after the first.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp/fsdp.h>
+
+#include "corpus.h"
+#include "sim_kernels.h"
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *alloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (p == NULL) {
+        fprintf(stderr, "bench_elem: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* values as training sees them: small, of both signs, no NaN */
+static float *values(size_t n, float scale, uint32_t seed)
+{
+    float *p = alloc(n * sizeof(float));
+    uint32_t s = seed * 2654435761u + 1u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = scale * ((float)(s >> 8) / 16777216.0f - 0.5f);
+    }
+    return p;
+}
+
+#define NISA 3
+static const fsdp_sim_elem_isa_t isa_of[NISA] = {FSDP_SIM_ELEM_SCALAR, FSDP_SIM_ELEM_SSE2,
+                                                 FSDP_SIM_ELEM_AVX2};
+static const char *isa_name[NISA] = {"scalar", "sse2", "avx2"};
+
+/* ns per element of k on each ISA (0: not available), best of `rounds`. Every ISA runs on the
+ * same inputs: k's outputs are restored from `save` (bytes each, NULL: none) before each run. */
+static void time_kernel(const char *name, const fsdp_kernel_t *k, size_t n, int rounds,
+                        void *const *out, void *const *save, const size_t *bytes, int nout)
+{
+    double best[NISA];
+    int have[NISA];
+
+    for (int v = 0; v < NISA; v++) {
+        best[v] = 1e30;
+        have[v] = fsdp_sim_elem_set_isa(isa_of[v]);
+    }
+    for (int r = 0; r < rounds; r++) {
+        for (int v = 0; v < NISA; v++) {
+            double t0;
+            if (!have[v])
+                continue;
+            for (int o = 0; o < nout; o++)
+                memcpy(out[o], save[o], bytes[o]);
+            fsdp_sim_elem_set_isa(isa_of[v]);
+            t0 = cpu_now();
+            if (fsdp_sim_kernel_exec(k) != FSDP_OK)
+                exit(1);
+            t0 = cpu_now() - t0;
+            if (t0 < best[v])
+                best[v] = t0;
+        }
+    }
+    fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
+    printf("  %-18s", name);
+    for (int v = 0; v < NISA; v++) {
+        if (have[v])
+            printf(" %8.3f", 1e9 * best[v] / (double)n);
+        else
+            printf(" %8s", "-");
+    }
+    for (int v = 1; v < NISA; v++) {
+        if (have[v])
+            printf(" %8.2fx", best[0] / best[v]);
+        else
+            printf(" %9s", "-");
+    }
+    printf("\n");
+}
+
+static void bench_kernels(size_t n, int rounds)
+{
+    float *p = values(n, 0.2f, 1), *g = values(n, 0.01f, 2), *m = values(n, 0.001f, 3);
+    float *v = values(n, 1e-4f, 4), *x = values(n, 8.0f, 5), *y = values(n, 1.0f, 6);
+    float *sp = alloc(n * 4), *sm = alloc(n * 4), *sv = alloc(n * 4);
+    uint16_t *h = alloc(n * 2), *hx = alloc(n * 2), *hy = alloc(n * 2);
+    fsdp_kernel_t k;
+
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]), hx[i] = fsdp_f32_to_bf16(x[i]), hy[i] = fsdp_f32_to_bf16(y[i]);
+    memcpy(sp, p, n * 4), memcpy(sm, m, n * 4), memcpy(sv, v, n * 4);
+    printf("element-wise kernels, %zu elements, ns per element (best of %d) and speedup over "
+           "scalar:\n  %-18s %8s %8s %8s %9s %9s\n",
+           n, rounds, "kernel", isa_name[0], isa_name[1], isa_name[2], "sse2", "avx2");
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ADAMW;
+    k.u.adamw.param = p, k.u.adamw.grad = g, k.u.adamw.exp_avg = m, k.u.adamw.exp_avg_sq = v;
+    k.u.adamw.n = n, k.u.adamw.lr = 6e-4f, k.u.adamw.beta1 = 0.9f, k.u.adamw.beta2 = 0.95f;
+    k.u.adamw.eps = 1e-8f, k.u.adamw.weight_decay = 0.1f, k.u.adamw.step = 10;
+    {
+        void *out[3] = {p, m, v}, *save[3] = {sp, sm, sv};
+        size_t bytes[3] = {n * 4, n * 4, n * 4};
+        time_kernel("adamw f32", &k, n, rounds, out, save, bytes, 3);
+    }
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GELU_FWD;
+    k.u.gelu_fwd.y = y, k.u.gelu_fwd.x = x, k.u.gelu_fwd.n = n, k.u.gelu_fwd.dtype = FSDP_DTYPE_F32;
+    time_kernel("gelu_fwd f32", &k, n, rounds, NULL, NULL, NULL, 0);
+    k.u.gelu_fwd.y = h, k.u.gelu_fwd.x = hx, k.u.gelu_fwd.dtype = FSDP_DTYPE_BF16;
+    time_kernel("gelu_fwd bf16", &k, n, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GELU_BWD;
+    k.u.gelu_bwd.dx = y, k.u.gelu_bwd.dy = g, k.u.gelu_bwd.x = x, k.u.gelu_bwd.n = n;
+    k.u.gelu_bwd.dtype = FSDP_DTYPE_F32;
+    time_kernel("gelu_bwd f32", &k, n, rounds, NULL, NULL, NULL, 0);
+    k.u.gelu_bwd.dx = h, k.u.gelu_bwd.dy = hy, k.u.gelu_bwd.x = hx;
+    k.u.gelu_bwd.dtype = FSDP_DTYPE_BF16;
+    time_kernel("gelu_bwd bf16", &k, n, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ADD;
+    k.u.add.y = y, k.u.add.a = x, k.u.add.b = g, k.u.add.n = n, k.u.add.dtype = FSDP_DTYPE_F32;
+    time_kernel("add f32", &k, n, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_AXPY;
+    k.u.axpy.y = y, k.u.axpy.x = g, k.u.axpy.n = n, k.u.axpy.alpha = 0.5f;
+    k.u.axpy.y_dtype = FSDP_DTYPE_F32, k.u.axpy.x_dtype = FSDP_DTYPE_F32;
+    time_kernel("axpy f32", &k, n, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_CAST;
+    k.u.cast.dst = h, k.u.cast.src = x, k.u.cast.n = n;
+    k.u.cast.dst_dtype = FSDP_DTYPE_BF16, k.u.cast.src_dtype = FSDP_DTYPE_F32;
+    time_kernel("cast f32->bf16", &k, n, rounds, NULL, NULL, NULL, 0);
+    free(p), free(g), free(m), free(v), free(x), free(y), free(sp), free(sm), free(sv);
+    free(h), free(hx), free(hy);
+}
+
+/* ---- GPT-2 124M steps ---- */
+
+typedef struct step_ctx {
+    fsdp_tokens_t *tokens;
+    int steps;
+    double seconds; /* the rank thread's CPU time of its fastest step after the first */
+    float last_loss;
+} step_ctx_t;
+
+static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
+{
+    step_ctx_t *c = arg;
+    const size_t B = 4, T = 64;
+    int32_t *in = alloc(B * T * sizeof(int32_t)), *tg = alloc(B * T * sizeof(int32_t));
+    fsdp_batch_spec_t spec = {B, T, dev->rank, dev->world_size, 1};
+    fsdp_gpt2_config_t cfg;
+    fsdp_optim_config_t oc;
+    fsdp_config_t fc;
+    fsdp_t *fs = NULL;
+    fsdp_gpt2_t *m = NULL;
+    fsdp_optim_t *opt = NULL;
+    fsdp_status_t st;
+
+    fsdp_config_init(&fc);
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
+    fsdp_gpt2_config_parse("gpt2", &cfg);
+    st = fsdp_create(dev, &fc, &fs);
+    if (st == FSDP_OK)
+        st = fsdp_gpt2_create(fs, &cfg, &m);
+    if (st == FSDP_OK)
+        st = fsdp_gpt2_init_params(m, 1);
+    if (st == FSDP_OK)
+        st = fsdp_optim_create(fs, &oc, &opt);
+    c->seconds = 1e30;
+    for (int s = 0; s < c->steps && st == FSDP_OK; s++) {
+        double t0 = cpu_now();
+        st = fsdp_tokens_batch(c->tokens, &spec, s, in, tg);
+        if (st == FSDP_OK)
+            st = fsdp_gpt2_forward_backward(m, in, tg, B, T, &c->last_loss);
+        if (st == FSDP_OK)
+            st = fsdp_optim_step(opt);
+        fsdp_zero_grad(fs);
+        t0 = cpu_now() - t0;
+        if (s > 0 && t0 < c->seconds)
+            c->seconds = t0;
+    }
+    fsdp_optim_destroy(opt);
+    fsdp_gpt2_destroy(m);
+    fsdp_destroy(fs);
+    free(in);
+    free(tg);
+    return st;
+}
+
+/* CPU seconds of the fastest step after the first, on one rank and one thread */
+static double run_steps(fsdp_tokens_t *t, int steps, float *loss)
+{
+    step_ctx_t c = {t, steps, 0.0, 0.0f};
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 1;
+    p.threads = 1;
+    if (fsdp_sim_launch(&p, step_rank, &c, NULL) != FSDP_OK)
+        exit(1);
+    *loss = c.last_loss;
+    return c.seconds;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, rounds = 0, steps = 5;
+    fsdp_tokens_t *t;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+            rounds = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
+            steps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--rounds N] [--steps N]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (rounds < 1)
+        rounds = quick ? 3 : 15;
+    if (steps < 2)
+        steps = 2;
+    bench_kernels((size_t)1 << 20, rounds);
+    if (quick)
+        return 0;
+    if (corpus_open_default(argv[0], &t) != FSDP_OK)
+        return 1;
+    printf("GPT-2 124M, 1 rank on 1 thread, B=4 T=64, AdamW: CPU s of the fastest of steps "
+           "2..%d, scalar and %s loops alternated:\n",
+           steps, (fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO), fsdp_sim_elem_isa_name()));
+    {
+        double best[2] = {1e30, 1e30};
+        float loss[2];
+        for (int r = 0; r < 3; r++) {
+            for (int v = 0; v < 2; v++) {
+                double s;
+                fsdp_sim_elem_set_isa(v == 0 ? FSDP_SIM_ELEM_SCALAR : FSDP_SIM_ELEM_AUTO);
+                s = run_steps(t, steps, &loss[v]);
+                printf("  %-7s %.3f s (loss after step %d: %.7f)\n", v == 0 ? "scalar" : "vector",
+                       s, steps, (double)loss[v]);
+                if (s < best[v])
+                    best[v] = s;
+            }
+        }
+        printf("  best: scalar %.3f s, vector %.3f s: %.3fx; losses %s\n", best[0], best[1],
+               best[0] / best[1], memcmp(&loss[0], &loss[1], sizeof(float)) == 0 ? "equal" : "DIFFER");
+    }
+    fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
+    fsdp_tokens_close(t);
+    return 0;
+}
