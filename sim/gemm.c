@@ -480,6 +480,61 @@ static fsdp_status_t fsdp_gemm_check(int trans_a, int trans_b, size_t m, size_t 
     return FSDP_OK;
 }
 
+/* Packing buffers, kept from one product to the next: a buffer of a few MiB, allocated and
+ * freed on every call, comes back as fresh pages from the kernel, whose faults cost more than
+ * a small product. A caller takes a free slot's buffer (growing it when too small) and gives it
+ * back; with every slot taken (more threads than slots) it allocates its own. What the slots
+ * hold stays reachable until the process exits. */
+#define FSDP_GEMM_BUF_SLOTS 16
+
+static struct {
+    atomic_flag busy;
+    float *buf;
+    size_t bytes;
+} fsdp_gemm_bufs[FSDP_GEMM_BUF_SLOTS] = {
+#define FSDP_GEMM_BUF_SLOT {ATOMIC_FLAG_INIT, NULL, 0}
+    FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT,
+    FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT,
+    FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT,
+    FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT, FSDP_GEMM_BUF_SLOT,
+#undef FSDP_GEMM_BUF_SLOT
+};
+
+/* A 64-byte aligned buffer of at least `bytes`, *slot_p the slot it belongs to (-1: none);
+ * NULL when out of memory. */
+static float *fsdp_gemm_buf_get(size_t bytes, int *slot_p)
+{
+    float *buf;
+
+    for (int i = 0; i < FSDP_GEMM_BUF_SLOTS; i++) {
+        if (atomic_flag_test_and_set_explicit(&fsdp_gemm_bufs[i].busy, memory_order_acquire))
+            continue;
+        if (fsdp_gemm_bufs[i].bytes < bytes) {
+            free(fsdp_gemm_bufs[i].buf);
+            fsdp_gemm_bufs[i].buf = NULL;
+            fsdp_gemm_bufs[i].bytes = 0;
+            if (posix_memalign((void **)&buf, 64, bytes) != 0) {
+                atomic_flag_clear_explicit(&fsdp_gemm_bufs[i].busy, memory_order_release);
+                return NULL;
+            }
+            fsdp_gemm_bufs[i].buf = buf;
+            fsdp_gemm_bufs[i].bytes = bytes;
+        }
+        *slot_p = i;
+        return fsdp_gemm_bufs[i].buf;
+    }
+    *slot_p = -1;
+    return posix_memalign((void **)&buf, 64, bytes) == 0 ? buf : NULL;
+}
+
+static void fsdp_gemm_buf_put(float *buf, int slot)
+{
+    if (slot < 0)
+        free(buf);
+    else
+        atomic_flag_clear_explicit(&fsdp_gemm_bufs[slot].busy, memory_order_release);
+}
+
 /* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller),
  * with an MR x NR micro-kernel and MC-row A blocks (constants of each instance below). */
 static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
@@ -492,12 +547,16 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
     size_t mcb = m <= MC_ONE ? MC_ONE : MC, kc_max, mc_max, nc_max;
     float *buf, *ap, *bp;
 
+    size_t bytes;
+    int slot;
+
     kc_max = fsdp_gemm_min(k, KC);
     mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), mcb);
     nc_max = m <= mcb ? NR : fsdp_gemm_min(fsdp_gemm_round_up(n, NR), NC);
-    if (posix_memalign((void **)&buf, 64, (mc_max + nc_max) * kc_max * sizeof(float)) != 0) {
-        fsdp_error("gemm: cannot allocate %zu bytes of packing buffers",
-                   (mc_max + nc_max) * kc_max * sizeof(float));
+    bytes = (mc_max + nc_max) * kc_max * sizeof(float);
+    buf = fsdp_gemm_buf_get(bytes, &slot);
+    if (buf == NULL) {
+        fsdp_error("gemm: cannot allocate %zu bytes of packing buffers", bytes);
         return FSDP_ERR_NO_MEMORY;
     }
     ap = buf;
@@ -541,7 +600,7 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
             }
         }
     }
-    free(buf);
+    fsdp_gemm_buf_put(buf, slot);
     return FSDP_OK;
 }
 
