@@ -11,8 +11,8 @@
  * this kind, these dtypes or this layout of buffers (the caller runs the scalar loop). */
 int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p);
 
-/* The scalar loop of k's element-wise kind over elements [begin, end) (kernels.c): the one
- * compiled copy of it, which the scalar path and the vector loops share. */
+/* The scalar loop of k's element-wise kind over elements [begin, end) (elem_range.c): the
+ * one compiled copy of it, which the scalar path and the vector loops share. */
 void fsdp_sim_elem_range(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
                          size_t end);
 
