@@ -217,15 +217,23 @@ static FSDP_GEMM_INLINE fsdp_gemm_v4t_t fsdp_gemm_ld4(const void *base, fsdp_dty
     return v;
 }
 
+/* The four lanes i0..i3 of the eight of a and b (0-3 a's, 4-7 b's): clang's and gcc >= 12's
+ * __builtin_shufflevector, gcc's older __builtin_shuffle. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define FSDP_GEMM_SHUF4(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+#else
+#define FSDP_GEMM_SHUF4(a, b, i0, i1, i2, i3)                                                     \
+    __builtin_shuffle(a, b, (fsdp_gemm_v4i_t){i0, i1, i2, i3})
+typedef int fsdp_gemm_v4i_t __attribute__((vector_size(16)));
+#endif
+
 static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t dt, size_t ld,
                                                  size_t s0, size_t rows, size_t kc, size_t w,
                                                  float *__restrict dst)
 {
-    typedef int fsdp_gemm_v4i_t __attribute__((vector_size(16)));
-    const fsdp_gemm_v4i_t lo = {0, 4, 1, 5}, hi = {2, 6, 3, 7};
-    const fsdp_gemm_v4i_t lo2 = {0, 1, 4, 5}, hi2 = {2, 3, 6, 7};
     size_t r = 0;
 
+    /* a 4 x 4 transpose in two rounds of shuffles */
     for (; r + 4 <= rows; r += 4) {
         size_t s = s0 + r * ld, p = 0;
         for (; p + 4 <= kc; p += 4) {
@@ -233,12 +241,14 @@ static FSDP_GEMM_INLINE size_t fsdp_gemm_pack_t4(const void *src, fsdp_dtype_t d
             fsdp_gemm_v4t_t x1 = fsdp_gemm_ld4(src, dt, s + ld + p);
             fsdp_gemm_v4t_t x2 = fsdp_gemm_ld4(src, dt, s + 2 * ld + p);
             fsdp_gemm_v4t_t x3 = fsdp_gemm_ld4(src, dt, s + 3 * ld + p);
-            fsdp_gemm_v4t_t t0 = __builtin_shuffle(x0, x1, lo), t1 = __builtin_shuffle(x0, x1, hi);
-            fsdp_gemm_v4t_t t2 = __builtin_shuffle(x2, x3, lo), t3 = __builtin_shuffle(x2, x3, hi);
-            fsdp_gemm_v4t_t c0 = __builtin_shuffle(t0, t2, lo2),
-                            c1 = __builtin_shuffle(t0, t2, hi2);
-            fsdp_gemm_v4t_t c2 = __builtin_shuffle(t1, t3, lo2),
-                            c3 = __builtin_shuffle(t1, t3, hi2);
+            fsdp_gemm_v4t_t t0 = FSDP_GEMM_SHUF4(x0, x1, 0, 4, 1, 5);
+            fsdp_gemm_v4t_t t1 = FSDP_GEMM_SHUF4(x0, x1, 2, 6, 3, 7);
+            fsdp_gemm_v4t_t t2 = FSDP_GEMM_SHUF4(x2, x3, 0, 4, 1, 5);
+            fsdp_gemm_v4t_t t3 = FSDP_GEMM_SHUF4(x2, x3, 2, 6, 3, 7);
+            fsdp_gemm_v4t_t c0 = FSDP_GEMM_SHUF4(t0, t2, 0, 1, 4, 5);
+            fsdp_gemm_v4t_t c1 = FSDP_GEMM_SHUF4(t0, t2, 2, 3, 6, 7);
+            fsdp_gemm_v4t_t c2 = FSDP_GEMM_SHUF4(t1, t3, 0, 1, 4, 5);
+            fsdp_gemm_v4t_t c3 = FSDP_GEMM_SHUF4(t1, t3, 2, 3, 6, 7);
             memcpy(dst + p * w + r, &c0, sizeof(c0));
             memcpy(dst + (p + 1) * w + r, &c1, sizeof(c1));
             memcpy(dst + (p + 2) * w + r, &c2, sizeof(c2));
