@@ -91,7 +91,9 @@ static double wave_quantization(double tiles, int sms)
 static const double gemm_tiles[][2] = {
     {FSDP_SIM_GEMM_TILE_M, FSDP_SIM_GEMM_TILE_N}, {128, 128}, {64, 128}, {64, 64}};
 
-double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms)
+/* The tile is chosen for the whole GPU's `sms` (the library does not know what else runs);
+ * its waves run on the `free` SMs. */
+static double gemm_quantization_on(double m, double n, double batch, int sms, int free)
 {
     double lo = m < n ? m : n, hi = m < n ? n : m, tm = 0.0, tn = 0.0, a = 0.0, b = 0.0;
 
@@ -108,7 +110,12 @@ double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms)
         if (tm * tn * batch >= (double)sms)
             break;
     }
-    return lo * hi / (tm * a * tn * b) * wave_quantization(tm * tn * batch, sms);
+    return lo * hi / (tm * a * tn * b) * wave_quantization(tm * tn * batch, free);
+}
+
+double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms)
+{
+    return gemm_quantization_on(m, n, batch, sms, sms);
 }
 
 double fsdp_sim_attention_quantization(double batch, double heads, double seq, int sms)
@@ -346,20 +353,21 @@ static double roofline(const fsdp_sim_profile_t *p, double peak, double flops, d
     return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
 }
 
-/* k's time from its FLOPs and bytes (fsdp_kernel_cost). */
+/* k's time from its FLOPs and bytes (fsdp_kernel_cost), with `sms` SMs free for it: the
+ * matrix products' peak is the free SMs' share, and their waves are counted on those SMs. */
 static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k, double flops,
-                             double bytes)
+                             double bytes, int sms)
 {
-    double tc, tm, t;
+    double tc, tm, t, share = p->gpu.sms > 0 && sms < p->gpu.sms ? (double)sms / p->gpu.sms : 1.0;
     eager_seq_t s;
 
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
      * allowed), times their efficiency and quantization; memory-bound if their bytes say so */
     if (k->kind == FSDP_K_GEMM) {
-        double q = fsdp_sim_gemm_quantization((double)k->u.gemm.m, (double)k->u.gemm.n,
-                                              (double)k->u.gemm.batch, p->gpu.sms);
+        double q = gemm_quantization_on((double)k->u.gemm.m, (double)k->u.gemm.n,
+                                        (double)k->u.gemm.batch, p->gpu.sms, sms);
         tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype),
-                       p->gpu.gemm_efficiency * q);
+                       p->gpu.gemm_efficiency * q * share);
         tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
         return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
     }
@@ -370,9 +378,9 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
         double q = fsdp_sim_attention_quantization(
             (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch),
             (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads),
-            (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq), p->gpu.sms);
+            (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq), sms);
         tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, dt),
-                       p->gpu.attention_efficiency * q);
+                       p->gpu.attention_efficiency * q * share);
         tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
         t = (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
         if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s))
@@ -395,7 +403,19 @@ double fsdp_sim_kernel_time(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
     double flops, bytes;
 
     fsdp_kernel_cost(k, &flops, &bytes);
-    return kernel_time_of(p, k, flops, bytes);
+    return kernel_time_of(p, k, flops, bytes, p->gpu.sms);
+}
+
+double fsdp_sim_kernel_time_on(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k, int sms)
+{
+    double flops, bytes;
+
+    fsdp_kernel_cost(k, &flops, &bytes);
+    if (sms < 1)
+        sms = 1;
+    if (p->gpu.sms > 0 && sms > p->gpu.sms)
+        sms = p->gpu.sms;
+    return kernel_time_of(p, k, flops, bytes, p->gpu.sms > 0 ? sms : 0);
 }
 
 double fsdp_sim_copy_time(const fsdp_sim_profile_t *p, fsdp_sim_copy_kind_t kind, double bytes)
@@ -676,11 +696,25 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node)
     return count;
 }
 
-double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op)
+double fsdp_sim_coll_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, int *sms_p)
 {
-    double flops;
+    const fsdp_sim_profile_t *p = dev->profile;
+    fsdp_sim_coll_cost_t cost;
+    double nbytes = (double)op->bytes, t;
 
-    return fsdp_sim_op_cost_flops(dev, op, &flops);
+    /* NCCL counts the full buffer of an all-gather or reduce-scatter */
+    if (op->coll == FSDP_SIM_COLL_ALL_GATHER || op->coll == FSDP_SIM_COLL_REDUCE_SCATTER)
+        nbytes *= op->comm->size;
+    /* torch's barrier is an all-reduce of one element */
+    if (op->coll == FSDP_SIM_COLL_BARRIER)
+        nbytes = 4.0;
+    t = fsdp_sim_coll_time(p, op->coll, op->comm->size, op->comm->nodes, nbytes, &cost);
+    /* a group of one copies with the copy engine; a barrier holds the host, not a stream */
+    if (sms_p != NULL)
+        *sms_p = op->comm->size > 1 && op->coll != FSDP_SIM_COLL_BARRIER
+                     ? cost.channels * p->nccl.sms_per_channel
+                     : 0;
+    return t;
 }
 
 double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p)
@@ -692,18 +726,11 @@ double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op
     switch (op->kind) {
     case FSDP_SIM_OP_KERNEL:
         fsdp_kernel_cost(op->kernel, flops_p, &nbytes);
-        return kernel_time_of(p, op->kernel, *flops_p, nbytes);
+        return kernel_time_of(p, op->kernel, *flops_p, nbytes, p->gpu.sms);
     case FSDP_SIM_OP_MEMCPY:
         return fsdp_sim_copy_time(p, fsdp_sim_copy_kind(dev, op->dst, op->src), (double)op->bytes);
     case FSDP_SIM_OP_COLLECTIVE:
-        nbytes = (double)op->bytes;
-        /* NCCL counts the full buffer of an all-gather or reduce-scatter */
-        if (op->coll == FSDP_SIM_COLL_ALL_GATHER || op->coll == FSDP_SIM_COLL_REDUCE_SCATTER)
-            nbytes *= op->comm->size;
-        /* torch's barrier is an all-reduce of one element */
-        if (op->coll == FSDP_SIM_COLL_BARRIER)
-            nbytes = 4.0;
-        return fsdp_sim_coll_time(p, op->coll, op->comm->size, op->comm->nodes, nbytes, NULL);
+        return fsdp_sim_coll_op_cost(dev, op, NULL);
     case FSDP_SIM_OP_EVENT_RECORD:
     default:
         return 0.0;

@@ -748,8 +748,12 @@ static void comm_complete_locked(fsdp_sim_comm_t *comm)
         comm->calls[m]->start = start;
     /* Priced from group rank 0's view, so the result does not depend on who came last. */
     comm->seq++;
-    if (first->kind != FSDP_SIM_COLL_SPLIT)
-        comm->busy_until = start + fsdp_sim_op_cost(first->dev, &op);
+    if (first->kind != FSDP_SIM_COLL_SPLIT) {
+        int sms = 0;
+        comm->busy_until = start + fsdp_sim_coll_op_cost(first->dev, &op, &sms);
+        for (int m = 0; m < comm->nsim; m++)
+            comm->calls[m]->sms = sms;
+    }
     comm_round_end_locked(comm, FSDP_OK,
                           first->kind != FSDP_SIM_COLL_SPLIT ? comm->busy_until : start);
 }

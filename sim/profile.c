@@ -92,6 +92,8 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
     nc->channel_bytes[FSDP_SIM_PROTO_LL128] = 5120.0;
     nc->channel_bytes[FSDP_SIM_PROTO_SIMPLE] = 32768.0;
     nc->pat_bandwidth_factor = 0.75;
+    /* a channel is one thread block (src/enqueue.cc: the kernel's grid is its channels) */
+    nc->sms_per_channel = 1;
 }
 
 static void set3(double *v, double a, double b, double c)
@@ -412,6 +414,12 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
                     "nccl.nvls_tree_channel_bytes_per_s", ">= 0 (0: no cap)");
     CHECK_RANGE(nc->pat_bandwidth_factor, 0, 1, "nccl.pat_bandwidth_factor",
                 "in [0, 1] (0: no PAT)");
+    if (nc->sms_per_channel < 0 || nc->sms_per_channel > 8) {
+        fsdp_error("cluster profile '%s': nccl.sms_per_channel %d must be in [0, 8] (0: "
+                   "collectives take no SMs from compute)",
+                   p->name, nc->sms_per_channel);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (nc->nvls_channels < 0 || nc->nvls_channels > 1024) {
         fsdp_error(
             "cluster profile '%s': nccl.nvls_channels %d must be in [0, 1024] (0: the ring's)",
@@ -500,6 +508,7 @@ static const field_t fields[] = {
     FLD("nccl", "nvls_channels", F_INT, nccl.nvls_channels, 0),
     FLD("nccl", "nvls_tree_channel_bytes_per_s", F_CLASSES, nccl.nvls_tree_channel_bytes_per_s, 0),
     FLD("nccl", "pat_bandwidth_factor", F_DOUBLE, nccl.pat_bandwidth_factor, 0),
+    FLD("nccl", "sms_per_channel", F_INT, nccl.sms_per_channel, 0),
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 

@@ -1,12 +1,13 @@
 /* One sim rank's own books, below its ops table (backend.c) and its collectives (coll.c): the
- * last error, the virtual clocks of its host and streams, the accounting of what ran and when,
- * and the trace row of each op.
+ * last error, the virtual clocks of its host and streams (with the SMs its collectives hold
+ * from its GEMMs), the accounting of what ran and when, and the trace row of each op.
  */
 #include "sim.h"
 
 #include <fsdp/log.h>
 #include <fsdp/trace.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,11 +167,14 @@ void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev)
 {
     free(dev->compute_spans.v);
     free(dev->comm_spans.v);
+    free(dev->sm_holds);
     free(dev->segs);
     memset(&dev->compute_spans, 0, sizeof(dev->compute_spans));
     memset(&dev->comm_spans, 0, sizeof(dev->comm_spans));
     dev->segs = NULL;
     dev->n_segs = dev->cap_segs = 0;
+    dev->sm_holds = NULL;
+    dev->n_sm_holds = dev->cap_sm_holds = 0;
 }
 
 void fsdp_sim_acct_spans(fsdp_sim_dev_t *dev, fsdp_sim_time_stats_t *stats)
@@ -193,6 +197,63 @@ double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t 
 void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
 {
     dev->host_clock += dev->profile->host.launch_overhead_s;
+}
+
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms)
+{
+    size_t kept = 0;
+
+    if (sms <= 0 || !(end > start) || dev->profile->gpu.sms <= 0)
+        return;
+    /* a kernel issued from now on starts at the host clock or later: holds that end before it
+     * can no longer overlap one */
+    for (size_t i = 0; i < dev->n_sm_holds; i++)
+        if (dev->sm_holds[i].end > dev->host_clock)
+            dev->sm_holds[kept++] = dev->sm_holds[i];
+    dev->n_sm_holds = kept;
+    if (dev->n_sm_holds == dev->cap_sm_holds) {
+        size_t cap = dev->cap_sm_holds ? dev->cap_sm_holds * 2 : 16;
+        fsdp_sim_sm_hold_t *v = realloc(dev->sm_holds, cap * sizeof(*v));
+        if (v == NULL) {
+            dev->acct_oom = 1; /* the kernels beside it run as if it held none */
+            return;
+        }
+        dev->sm_holds = v;
+        dev->cap_sm_holds = cap;
+    }
+    dev->sm_holds[dev->n_sm_holds++] = (fsdp_sim_sm_hold_t){start, end, sms};
+}
+
+/* The end of a GEMM or fused attention that starts at `start` and takes `full` seconds on the
+ * whole GPU, run beside the collectives that hold SMs: over each stretch between a hold's start
+ * or end, it does the part of its work that the SMs left to it allow (its time on them,
+ * fsdp_sim_kernel_time_on). */
+static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, double start,
+                            double full)
+{
+    const fsdp_sim_profile_t *p = dev->profile;
+    double t = start, left = 1.0; /* the fraction of the kernel's work still to do */
+
+    for (;;) {
+        double next = INFINITY, on;
+        int held = 0;
+
+        for (size_t i = 0; i < dev->n_sm_holds; i++) {
+            const fsdp_sim_sm_hold_t *h = &dev->sm_holds[i];
+            if (h->start <= t && t < h->end) {
+                held += h->sms;
+                next = fsdp_sim_min2(next, h->end);
+            } else if (h->start > t) {
+                next = fsdp_sim_min2(next, h->start);
+            }
+        }
+        on = held == 0 ? full
+                       : fsdp_sim_kernel_time_on(p, k, held < p->gpu.sms ? p->gpu.sms - held : 1);
+        if (!(on > 0.0) || t + left * on <= next)
+            return t + left * on;
+        left -= (next - t) / on;
+        t = next;
+    }
 }
 
 void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *name,
@@ -223,6 +284,10 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                        : 1;
 
     stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    if (dev->n_sm_holds > 0 && op->kind == FSDP_SIM_OP_KERNEL &&
+        (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
+         op->kernel->kind == FSDP_K_ATTENTION_BWD))
+        stream->clock = contended_end(dev, op->kernel, start, stream->clock - start);
     /* a kernel run as several eager ops: the host launches each; the last cannot start before
      * its launch (the device time is spread evenly over the ops for this bound) */
     if (launches > 1)

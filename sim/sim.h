@@ -5,12 +5,13 @@
  * rank) is guarded by the one world mutex; everything else in a dev is touched only by its own
  * thread.
  *
- * Time is virtual. A rank has a host clock and each stream a clock (seconds). Every op goes
- * through fsdp_sim_op_cost() (cost.c), the one place a cost model plugs in: an op issued on a
- * stream starts at max(host clock + launch latency, stream clock) (the stream clock already
- * includes the events it was told to wait for) and ends cost seconds later; issuing it costs
- * the host the launch overhead. A collective starts when the last rank of the group is ready
- * for it and the communicator's previous collective has ended. Data mode runs each op eagerly
+ * Time is virtual. A rank has a host clock and each stream a clock (seconds). Every op is
+ * priced in cost.c, the one place a cost model plugs in: an op issued on a stream starts at
+ * max(host clock + launch latency, stream clock) (the stream clock already includes the events
+ * it was told to wait for) and ends cost seconds later, where a GEMM or fused attention that
+ * overlaps collectives runs on the SMs they leave; issuing it costs the host the launch
+ * overhead. A collective starts when the last rank of the group is ready for it and the
+ * communicator's previous collective has ended. Data mode runs each op eagerly
  * on the issuing thread, so the real order of memory effects is issue order and the clocks only
  * report time.
  */
@@ -78,6 +79,7 @@ typedef struct fsdp_sim_call {
     int done;
     fsdp_status_t status;
     double end;                  /* virtual end time */
+    int sms;                     /* SMs the collective's kernel holds over [start, end) */
     fsdp_sim_group_t *new_group; /* split: the caller's new handle, NULL for a negative color */
 } fsdp_sim_call_t;
 
@@ -134,6 +136,12 @@ typedef struct fsdp_sim_spans {
     size_t n, cap;
 } fsdp_sim_spans_t;
 
+/* SMs a collective holds over [start, end): compute kernels overlapping it run on the rest. */
+typedef struct fsdp_sim_sm_hold {
+    double start, end;
+    int sms;
+} fsdp_sim_sm_hold_t;
+
 /* A device segment or pinned host segment, for telling copies apart (h2d, d2h, d2d). */
 typedef struct fsdp_sim_segment {
     uintptr_t base, end;
@@ -162,6 +170,10 @@ struct fsdp_sim_dev {
     fsdp_sim_time_stats_t acct;
     fsdp_sim_spans_t compute_spans; /* sorted and merged (the compute stream runs in order) */
     fsdp_sim_spans_t comm_spans;    /* in issue order; merged on query */
+    /* the collectives that hold SMs and may still overlap a kernel issued from now on (those
+     * that end after the host clock), in issue order */
+    fsdp_sim_sm_hold_t *sm_holds;
+    size_t n_sm_holds, cap_sm_holds;
     int acct_oom;                   /* host memory ran out: exposed_comm_s is a lower bound */
     uintptr_t shape_next; /* shape mode: next fake address */
     uintptr_t shape_end;
@@ -229,6 +241,11 @@ static inline double fsdp_sim_max2(double a, double b)
     return a > b ? a : b;
 }
 
+static inline double fsdp_sim_min2(double a, double b)
+{
+    return a < b ? a : b;
+}
+
 /* The live segments, sorted by base: a copy's kind comes from where its pointers lie. The
  * index of the first segment whose base is above addr. */
 static inline size_t fsdp_sim_seg_search(const fsdp_sim_dev_t *dev, uintptr_t addr)
@@ -245,10 +262,12 @@ static inline size_t fsdp_sim_seg_search(const fsdp_sim_dev_t *dev, uintptr_t ad
     return lo;
 }
 
-/* cost.c: seconds the op takes once started. The only place op costs come from. */
-double fsdp_sim_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op);
-/* The same, and a kernel's FLOPs (0 for other ops) into *flops_p: each op is priced once. */
+/* cost.c: seconds the op takes once started, on the whole GPU, and a kernel's FLOPs (0 for
+ * other ops) into *flops_p: each op is priced once. The only place op costs come from. */
 double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p);
+/* A collective op's cost, and the SMs its kernel holds while it runs into *sms_p (may be NULL):
+ * its channels x nccl.sms_per_channel, 0 for a group of one or a barrier. */
+double fsdp_sim_coll_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, int *sms_p);
 
 /* cost.c: what a copy between dst and src is, from the rank's segments (memory outside
  * them is pageable host memory). */
@@ -263,6 +282,9 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
 /* The host pays for one launch (kernel, copy or collective). */
 void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
+/* A collective that ran over [start, end) held `sms` SMs: GEMMs and fused attention issued
+ * later that overlap it run on the SMs left. */
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms);
 /* Accounts a collective that ran on stream over [ready, end) moving nccl_bytes. */
 void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
                            fsdp_sim_coll_kind_t kind, double ready, double end,

@@ -1150,6 +1150,123 @@ static void test_query_api(void)
     CU_ASSERT_PTR_NULL(fsdp_sim_rank_profile(NULL));
 }
 
+/* ---- collectives take SMs from GEMMs ---- */
+
+typedef struct sm_case {
+    int per_channel; /* nccl.sms_per_channel */
+    double ag_s, gemm_s, gemm_on3_s; /* the all-gather's time; the GEMM's on 4 and on 3 SMs */
+    double end1, end2, end_before;   /* the compute stream after each GEMM */
+} sm_case_t;
+
+/* 12 tiles of 128 x 256: 3 waves on 4 SMs, 4 on 3, no quantization loss either way */
+static fsdp_kernel_t sm_gemm(void)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
+
+    k.u.gemm.m = 128;
+    k.u.gemm.n = 12 * 256;
+    k.u.gemm.k = 2048;
+    k.u.gemm.alpha = 1.0f;
+    return k;
+}
+
+static fsdp_status_t sm_rank(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_group_t *world = ops->group_world(dev);
+    fsdp_kernel_t k = sm_gemm();
+    fsdp_stream_t *side = NULL;
+    sm_case_t *c = arg;
+    fsdp_status_t st;
+
+    if ((st = ops->stream_create(dev, "side", 0, &side)) != FSDP_OK)
+        return st;
+    /* a GEMM issued before the all-gather runs on the whole GPU: the model sees a collective's
+     * SMs only from the kernels issued after it (docs/costs.md) */
+    st = ops->kernel(dev, NULL, &k);
+    if (st == FSDP_OK)
+        st = ops->all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
+    c->end_before = fsdp_sim_stream_time(dev, NULL);
+    if (st == FSDP_OK)
+        st = ops->stream_synchronize(dev, NULL);
+    /* the all-gather on the side stream, then at once a GEMM on the compute stream: the GEMM
+     * shares the GPU with it until it ends, then has it to itself; a second GEMM after it */
+    if (st == FSDP_OK)
+        st = ops->stream_synchronize(dev, side);
+    if (st == FSDP_OK)
+        st = ops->all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
+    if (st == FSDP_OK)
+        st = ops->kernel(dev, NULL, &k);
+    c->end1 = fsdp_sim_stream_time(dev, NULL) - c->end_before;
+    c->ag_s = fsdp_sim_stream_time(dev, side) - c->end_before;
+    if (st == FSDP_OK)
+        st = ops->kernel(dev, NULL, &k);
+    c->end2 = fsdp_sim_stream_time(dev, NULL) - c->end_before;
+    ops->stream_destroy(dev, side);
+    return st;
+}
+
+static void test_sm_contention(void)
+{
+    char json[1024];
+    fsdp_sim_params_t p;
+    fsdp_sim_profile_t h100;
+    fsdp_kernel_t k = sm_gemm(), add = {.kind = FSDP_K_ADD};
+
+    for (int per = 0; per <= 1; per++) {
+        sm_case_t c = {.per_channel = per};
+        double g, g3, a;
+
+        fsdp_sim_params_init(&p);
+        p.world_size = 4;
+        p.mode = FSDP_SIM_SHAPE;
+        /* the closed-form profile on a GPU of 4 SMs, its collectives on one channel */
+        snprintf(json, sizeof(json),
+                 "{\"name\": \"sm\", \"nodes\": 1, \"gpus_per_node\": 4,"
+                 " \"gpu\": {\"memory_bytes\": 1099511627776, \"matmul_flops_per_s\": "
+                 "{\"f32\": 1073741824}, \"vector_flops_per_s\": 0, \"hbm_bytes_per_s\": 0, "
+                 "\"sms\": 4},"
+                 " \"host\": {\"h2d_bytes_per_s\": 0, \"d2h_bytes_per_s\": 0},"
+                 " \"nccl\": {\"intra_bus_bytes_per_s\": 805306368, \"channels\": 1, "
+                 "\"sms_per_channel\": %d}}",
+                 per);
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(json, &p.profile), FSDP_OK);
+        g = fsdp_sim_kernel_time(&p.profile, &k);
+        g3 = fsdp_sim_kernel_time_on(&p.profile, &k, 3);
+        /* 2^31 x 3 x 256 FLOPs at 2^30 FLOP/s on 4 SMs, 4/3 of that on 3 */
+        CU_ASSERT_DOUBLE_EQUAL(g, 2.0 * 128 * 3072 * 2048 / P2(30), 1e-12);
+        CU_ASSERT_DOUBLE_EQUAL(g3 / g, 4.0 / 3.0, 1e-12);
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&p.profile, &k, 4), g);
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&p.profile, &k, 99), g); /* at most all SMs */
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&p.profile, &k, 0),
+                        fsdp_sim_kernel_time_on(&p.profile, &k, 1)); /* at least one */
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_rank, &c, NULL), FSDP_OK);
+        a = c.ag_s;
+        CU_ASSERT(a > 0.0 && a < g);
+        CU_ASSERT_EQUAL(c.end_before, g);
+        if (per == 0) {
+            CU_ASSERT_EQUAL(c.end1, g);
+        } else {
+            /* over [0, a) it does a / g3 of its work, the rest at full speed */
+            CU_ASSERT_DOUBLE_EQUAL(c.end1, a + (1.0 - a / g3) * g, 1e-12 * g);
+            CU_ASSERT_DOUBLE_EQUAL(c.end1, g + a / 4.0, 1e-12 * g);
+        }
+        CU_ASSERT_DOUBLE_EQUAL(c.end2, c.end1 + g, 1e-12 * g);
+    }
+    /* memory-bound kernels keep their time; a GEMM on the presets loses its SMs' share */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
+    CU_ASSERT_EQUAL(h100.nccl.sms_per_channel, 1);
+    add.u.add.n = (size_t)1 << 24;
+    add.u.add.dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&h100, &add, 100), fsdp_sim_kernel_time(&h100, &add));
+    k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = 8192;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    /* 8192^2 / (128 x 256) = 2048 tiles: 16 waves on 132 SMs, 21 on 100 */
+    CU_ASSERT_DOUBLE_EQUAL((fsdp_sim_kernel_time_on(&h100, &k, 100) - h100.gpu.kernel_latency_s) /
+                               (fsdp_sim_kernel_time(&h100, &k) - h100.gpu.kernel_latency_s),
+                           21.0 / 16.0, 1e-12);
+}
+
 /* ---- fibers: what fails a collective still fails it, never hangs ---- */
 
 static fsdp_status_t fiber_fail_rank(fsdp_dev_t *dev, void *arg)
@@ -1214,6 +1331,7 @@ int main(void)
         {"NCCL model against stored times", test_nccl_table},
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
+        {"collectives take SMs from GEMMs", test_sm_contention},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},
         {NULL, NULL},
     };

@@ -145,6 +145,11 @@ typedef struct fsdp_sim_nccl_profile {
     int nvls_channels; /* NVLS and NVLS-tree channels (no size-dependent drop) */
     double nvls_tree_channel_bytes_per_s[FSDP_SIM_NODE_CLASSES]; /* perChMaxNVLSTree */
     double pat_bandwidth_factor; /* PAT's busBw factor (0.75); 0: no PAT */
+    /* SMs each channel of a running collective holds (NCCL runs a channel as one thread block,
+     * which leaves no room on its SM for a GEMM's or fused attention's block): a GEMM or an
+     * attention kernel that runs beside a collective of c channels runs on sms - c x this SMs
+     * (docs/costs.md, "Collectives take SMs"). 1 in the presets; 0: collectives take none. */
+    int sms_per_channel;
 } fsdp_sim_nccl_profile_t;
 
 typedef struct fsdp_sim_profile {
@@ -228,6 +233,11 @@ FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_c
  * Under FSDP_SIM_OPS_EAGER a fused element-wise kernel costs the sum of its eager ops, each
  * with its own latency. */
 FSDP_API double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+/* The same with only `sms` of the GPU's SMs free for it (1 <= sms <= gpu.sms; the rest held by
+ * collectives): a GEMM's or fused attention's peak scales by sms / gpu.sms and its wave
+ * quantization counts `sms` SMs; other kernels, bound by memory, keep their time. */
+FSDP_API double fsdp_sim_kernel_time_on(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k,
+                                        int sms);
 /* The kernels k is launched as: 1, or its eager ops' count under FSDP_SIM_OPS_EAGER (the host
  * pays a launch for each). */
 FSDP_API int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
