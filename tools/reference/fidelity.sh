@@ -1,0 +1,57 @@
+#!/bin/sh
+# fsdp-plan against the published FSDP runs of docs/fidelity.md: each row's command, the
+# published tokens/s per GPU, the plan's, and the error ("+" is too fast).
+#
+#     tools/reference/fidelity.sh [path/to/fsdp-plan] [extra fsdp-plan options...]
+#
+# Extra options (say `--ops fused`) go to every row. The profiles of the IBM clusters are the
+# presets with the network their post states (docs/fidelity.md, "The runs").
+set -eu
+
+plan=${1:-$(dirname "$0")/../fsdp-plan}
+[ $# -gt 0 ] && shift
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+printf '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 50e9}}\n' >"$dir/a100-400g.json"
+printf '{"base": "h100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 100e9}}\n' >"$dir/h100-800g.json"
+
+tt="--profile a100:nodes=8 --mixed-precision param=bf16,reduce=fp32"
+ibm_a="--profile $dir/a100-400g.json:nodes=16 --mixed-precision bf16 --local-batch 2"
+ibm_h="--profile $dir/h100-800g.json:nodes=12 --mixed-precision bf16 --local-batch 2"
+cl34="llama:layers=48,heads=64,kv_heads=8,dim=8192,ffn=22016,seq=4096,vocab=32000"
+m4="llama:layers=4,heads=32,kv_heads=32,dim=4096,ffn=11008,seq=4096,vocab=32000,rope_theta=10000,eps=1e-5"
+
+row() { # label, published tokens/s per GPU, fsdp-plan options
+    label=$1
+    published=$2
+    shift 2
+    got=$("$plan" "$@" 2>&1 | sed -n 's/^\([0-9.]*\) tokens\/s per GPU.*/\1/p')
+    if [ -z "$got" ]; then
+        printf '%-44s %8s %8s  fsdp-plan failed: %s\n' "$label" "$published" "-" "$*"
+        return
+    fi
+    awk -v l="$label" -v p="$published" -v g="$got" \
+        'BEGIN { printf "%-44s %8d %8d %+6.1f%%\n", l, p, g, (g / p - 1) * 100 }'
+}
+
+printf '%-44s %8s %8s %7s\n' "run" "published" "plan" "error"
+# shellcheck disable=SC2086
+{
+row "TT Llama 3 8B, 64 A100, selective layer" 2904 --model llama3-8b $tt --local-batch 1 --activation-checkpointing selective-layer "$@"
+row "TT Llama 3 8B, 64 A100, selective op" 2973 --model llama3-8b $tt --local-batch 1 --activation-checkpointing selective-op "$@"
+row "TT Llama 3 70B, 64 A100, full" 331 --model llama3-70b $tt --local-batch 1 --activation-checkpointing full "$@"
+row "TT Llama 2 13B, 64 A100, none" 2162 --model llama2-13b $tt --local-batch 2 "$@"
+row "TT Llama 2 13B, 64 A100, selective layer" 1914 --model llama2-13b $tt --local-batch 2 --activation-checkpointing selective-layer "$@"
+row "TT Llama 2 13B, 64 A100, selective op" 1904 --model llama2-13b $tt --local-batch 2 --activation-checkpointing selective-op "$@"
+row "TT Llama 2 70B, 64 A100, b1 selective op" 355 --model llama2-70b $tt --local-batch 1 --activation-checkpointing selective-op "$@"
+row "TT Llama 2 70B, 64 A100, b2 full" 353 --model llama2-70b $tt --local-batch 2 --activation-checkpointing full "$@"
+row "IBM Llama 2 7B HSDP, 128 A100, none" 3700 --model llama2-7b $ibm_a --strategy hybrid_shard "$@"
+row "IBM Llama 2 13B, 128 A100, every 2nd layer" 1800 --model llama2-13b $ibm_a --activation-checkpointing selective-layer:2 "$@"
+row "IBM 34B, 128 A100, full" 700 --model $cl34 $ibm_a --activation-checkpointing full "$@"
+row "IBM Llama 2 70B, 128 A100, full" 370 --model llama2-70b $ibm_a --activation-checkpointing full "$@"
+row "IBM Llama 2 7B HSDP, 96 H100, none" 7500 --model llama2-7b $ibm_h --strategy hybrid_shard "$@"
+row "IBM Llama 2 13B, 96 H100, every 2nd layer" 3800 --model llama2-13b $ibm_h --activation-checkpointing selective-layer:2 "$@"
+row "IBM 34B, 96 H100, full" 1550 --model $cl34 $ibm_h --activation-checkpointing full "$@"
+row "IBM Llama 2 70B, 96 H100, full" 800 --model llama2-70b $ibm_h --activation-checkpointing full "$@"
+row "M Llama 2 7B shape, 4 layers, 1 H200" 67032 --model $m4 --profile h200 --world 1 --local-batch 2 --mixed-precision param=bf16,reduce=fp32 "$@"
+}
