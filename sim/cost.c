@@ -475,7 +475,7 @@ static double cap(double v, double c)
 /* NCCL's tuning model of one (algorithm, protocol) on all channels: its latency and algorithm
  * bandwidth; 0 if the pair does not apply. */
 static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kind, int a, int pr,
-                     int n, int nodes, double nbytes, double *lat_p, double *bw_p)
+                     int n, int nodes, int node_ranks, double nbytes, double *lat_p, double *bw_p)
 {
     int ppn = n / nodes, cls = nodes <= 1 ? 0 : nodes == 2 ? 1 : 2;
     int all_reduce = kind == FSDP_SIM_COLL_ALL_REDUCE || kind == FSDP_SIM_COLL_BARRIER;
@@ -494,10 +494,13 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         ninter = nodes - 1;
     }
     /* A ring or tree crossing nodes leaves each node once per channel: the NICs the group's
-     * ranks on a node drive together carry what NVLink carries inside it. */
+     * ranks on a node drive together carry what NVLink carries inside it. A rank drives at most
+     * one NIC, and the node's ranks, node_ranks of them running groups like this one at once,
+     * share its NICs: a group with ppn of them has ppn / node_ranks of the node's NICs. */
     bus = nc->intra_bus_bytes_per_s;
     if (nodes > 1) {
-        nic_bus = nc->nic_bytes_per_s * (nc->nics_per_node < ppn ? nc->nics_per_node : ppn);
+        double share = (double)nc->nics_per_node * ppn / (node_ranks > ppn ? node_ranks : ppn);
+        nic_bus = nc->nic_bytes_per_s * (share < ppn ? share : ppn);
         bus = cap(bus, nic_bus);
     }
     /* with one rank per node, latencies are fully exposed: the tree's network row */
@@ -608,6 +611,13 @@ static int call_channels(const fsdp_sim_nccl_profile_t *nc, int a, int pr, int n
 double fsdp_sim_coll_time(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind, int nranks,
                           int nnodes, double nbytes, fsdp_sim_coll_cost_t *cost_p)
 {
+    return fsdp_sim_coll_time_shared(p, kind, nranks, nnodes, 0, nbytes, cost_p);
+}
+
+double fsdp_sim_coll_time_shared(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind,
+                                 int nranks, int nnodes, int node_ranks, double nbytes,
+                                 fsdp_sim_coll_cost_t *cost_p)
+{
     const fsdp_sim_nccl_profile_t *nc = &p->nccl;
     fsdp_sim_coll_cost_t best = {FSDP_SIM_ALGO_RING, FSDP_SIM_PROTO_SIMPLE, 0.0, 0.0, 0.0, 0.0, 0};
     double best_tuned = 0.0;
@@ -631,7 +641,7 @@ double fsdp_sim_coll_time(const fsdp_sim_profile_t *p, fsdp_sim_coll_kind_t kind
             for (int pr = 0; pr < FSDP_SIM_PROTO_COUNT; pr++) {
                 double lat, bw, t;
                 if (!(nc->protocols & (1u << pr)) ||
-                    !nccl_algo(nc, kind, a, pr, nranks, nnodes, nbytes, &lat, &bw))
+                    !nccl_algo(nc, kind, a, pr, nranks, nnodes, node_ranks, nbytes, &lat, &bw))
                     continue;
                 t = lat + nbytes / bw;
                 /* NCCL ranks by its tuning time; strictly faster wins, ties keep the earlier */
@@ -708,7 +718,10 @@ double fsdp_sim_coll_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op,
     /* torch's barrier is an all-reduce of one element */
     if (op->coll == FSDP_SIM_COLL_BARRIER)
         nbytes = 4.0;
-    t = fsdp_sim_coll_time(p, op->coll, op->comm->size, op->comm->nodes, nbytes, &cost);
+    /* the launch's ranks on a node share its NICs (FSDP's groups that span nodes with fewer
+     * ranks on each, the hybrid replicate groups, all run at once) */
+    t = fsdp_sim_coll_time_shared(p, op->coll, op->comm->size, op->comm->nodes,
+                                  dev->world->params.ranks_per_node, nbytes, &cost);
     /* a group of one copies with the copy engine; a barrier holds the host, not a stream */
     if (sms_p != NULL)
         *sms_p = op->comm->size > 1 && op->coll != FSDP_SIM_COLL_BARRIER

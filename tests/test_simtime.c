@@ -797,6 +797,41 @@ static void test_nccl_terms(void)
     p.nccl.pat_bandwidth_factor = 0.0;
     fsdp_sim_coll_time(&p, FSDP_SIM_COLL_REDUCE_SCATTER, 16, 16, P2(20), &cc);
     CU_ASSERT(cc.algo != FSDP_SIM_ALGO_PAT);
+
+    /* NICs shared by a node's ranks: 8 groups of one rank per node (hybrid sharding's replicate
+     * groups) on nodes of one NIC each have an eighth of it; with a NIC per rank (the preset),
+     * or a group that holds the node's ranks, or a node to itself, nothing changes */
+    p = h100;
+    p.nccl.nics_per_node = 1;
+    p.nccl.algorithms = 1u << FSDP_SIM_ALGO_RING;
+    p.nccl.protocols = 1u << FSDP_SIM_PROTO_SIMPLE;
+    {
+        double alone, shared, lat;
+        alone = fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, P2(30), &cc);
+        lat = cc.floor_s + cc.latency_s;
+        /* 2 (n - 1) / n of the buffer through one NIC */
+        close_to(alone, lat + P2(30) / (47e9 * 16 / 30), 1e-12);
+        shared = fsdp_sim_coll_time_shared(&p, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, 8, P2(30), &cc);
+        close_to(shared, lat + P2(30) / (47e9 / 8 * 16 / 30), 1e-12);
+        /* two ranks per node of eight: a quarter of the NIC */
+        shared = fsdp_sim_coll_time_shared(&p, FSDP_SIM_COLL_ALL_REDUCE, 32, 16, 8, P2(30), &cc);
+        close_to(shared - cc.floor_s - cc.latency_s, P2(30) / (47e9 / 4 * 32 / 62), 1e-12);
+        /* the whole node in the group, or node_ranks no more than the group's: unshared */
+        CU_ASSERT_EQUAL(fsdp_sim_coll_time_shared(&p, FSDP_SIM_COLL_ALL_REDUCE, 128, 16, 8,
+                                                  P2(30), NULL),
+                        fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 128, 16, P2(30), NULL));
+        CU_ASSERT_EQUAL(fsdp_sim_coll_time_shared(&p, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, 1, P2(30),
+                                                  NULL),
+                        alone);
+        /* eight NICs a node: each rank of a node drives its own */
+        CU_ASSERT_EQUAL(fsdp_sim_coll_time_shared(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, 8,
+                                                  P2(30), NULL),
+                        fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, P2(30), NULL));
+        /* one node: no NIC to share */
+        CU_ASSERT_EQUAL(fsdp_sim_coll_time_shared(&p, FSDP_SIM_COLL_ALL_REDUCE, 4, 1, 8, P2(30),
+                                                  NULL),
+                        fsdp_sim_coll_time(&p, FSDP_SIM_COLL_ALL_REDUCE, 4, 1, P2(30), NULL));
+    }
 }
 
 #define ALL_REDUCE_K FSDP_SIM_COLL_ALL_REDUCE

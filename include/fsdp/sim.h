@@ -227,6 +227,15 @@ typedef struct fsdp_sim_coll_cost {
 FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
                                    int nranks, int nnodes, double nbytes,
                                    fsdp_sim_coll_cost_t *cost_p);
+/* The same when each node holds node_ranks ranks that run groups like this one at the same time
+ * (hybrid sharding's replicate groups: one rank per node each, as many groups as a node has
+ * ranks): they share the node's NICs, so a group with k ranks on a node has k / node_ranks of
+ * its nics_per_node NICs when that is less than k NICs (docs/costs.md, "Tree and ring across
+ * nodes"). node_ranks <= nranks / nnodes is fsdp_sim_coll_time: the group has the node alone. */
+FSDP_API double fsdp_sim_coll_time_shared(const fsdp_sim_profile_t *profile,
+                                          fsdp_sim_coll_kind_t kind, int nranks, int nnodes,
+                                          int node_ranks, double nbytes,
+                                          fsdp_sim_coll_cost_t *cost_p);
 /* A kernel's device time. GEMMs: FLOPs / (peak x gemm_efficiency x quantization); fused
  * attention likewise with attention_efficiency; other kernels: max(FLOPs / (vector peak x
  * compute_efficiency), bytes / (bandwidth x memory_efficiency)); each plus the kernel latency.
