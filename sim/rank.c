@@ -286,8 +286,12 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
     stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
     if (dev->n_sm_holds > 0 && op->kind == FSDP_SIM_OP_KERNEL &&
         (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
-         op->kernel->kind == FSDP_K_ATTENTION_BWD))
-        stream->clock = contended_end(dev, op->kernel, start, stream->clock - start);
+         op->kernel->kind == FSDP_K_ATTENTION_BWD)) {
+        double whole = stream->clock;
+
+        stream->clock = contended_end(dev, op->kernel, start, whole - start);
+        dev->acct.sm_held_s += stream->clock - whole;
+    }
     /* a kernel run as several eager ops: the host launches each; the last cannot start before
      * its launch (the device time is spread evenly over the ops for this bound) */
     if (launches > 1)

@@ -1191,6 +1191,7 @@ typedef struct sm_case {
     int per_channel; /* nccl.sms_per_channel */
     double ag_s, gemm_s, gemm_on3_s; /* the all-gather's time; the GEMM's on 4 and on 3 SMs */
     double end1, end2, end_before;   /* the compute stream after each GEMM */
+    double held;                     /* the rank's sm_held_s */
 } sm_case_t;
 
 /* 12 tiles of 128 x 256: 3 waves on 4 SMs, 4 on 3, no quantization loss either way */
@@ -1237,6 +1238,11 @@ static fsdp_status_t sm_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = ops->kernel(dev, NULL, &k);
     c->end2 = fsdp_sim_stream_time(dev, NULL) - c->end_before;
+    if (st == FSDP_OK) {
+        fsdp_sim_time_stats_t ts;
+        st = fsdp_sim_time_stats(dev, &ts);
+        c->held = ts.sm_held_s;
+    }
     ops->stream_destroy(dev, side);
     return st;
 }
@@ -1279,8 +1285,11 @@ static void test_sm_contention(void)
         a = c.ag_s;
         CU_ASSERT(a > 0.0 && a < g);
         CU_ASSERT_EQUAL(c.end_before, g);
+        /* what the GEMM lost is in the rank's accounting */
+        CU_ASSERT_DOUBLE_EQUAL(c.held, c.end1 - g, 1e-12 * g);
         if (per == 0) {
             CU_ASSERT_EQUAL(c.end1, g);
+            CU_ASSERT_EQUAL(c.held, 0.0);
         } else {
             /* over [0, a) it does a / g3 of its work, the rest at full speed */
             CU_ASSERT_DOUBLE_EQUAL(c.end1, a + (1.0 - a / g3) * g, 1e-12 * g);

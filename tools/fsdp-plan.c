@@ -820,6 +820,7 @@ typedef struct summary {
     int oom;                 /* did not fit the capacity */
     double step_time;        /* max over ranks */
     double exposed, compute; /* of the slowest rank */
+    double sm_held;          /* its GEMMs' and attention's time lost to collectives' SMs */
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
     int simulated;                    /* ranks simulated (fewer than the world with symmetry) */
@@ -932,6 +933,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     s.step_time = res[slow].step_time;
     s.exposed = res[slow].ts.exposed_comm_s;
     s.compute = res[slow].ts.compute_s;
+    s.sm_held = res[slow].ts.sm_held_s;
     s.mfu = s.step_time > 0 && peak > 0 ? res[slow].ts.gemm_flops / (s.step_time * peak) : 0.0;
     return s;
 }
@@ -1174,6 +1176,10 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            "step)\n",
            s.step_time * 1e3, s.compute * 1e3, s.exposed * 1e3,
            s.step_time > 0 ? 100.0 * s.exposed / s.step_time : 0.0);
+    if (s.sm_held > 0.0)
+        printf("GEMMs and attention beside collectives: %.3f ms longer on the SMs the collectives "
+               "leave them (%.1f%% of the step)\n",
+               s.sm_held * 1e3, s.step_time > 0 ? 100.0 * s.sm_held / s.step_time : 0.0);
     printf("MFU %.1f%% (GEMM FLOPs run per rank, recomputation included, / step time / %.4g "
            "TFLOP/s %s peak)\n",
            100.0 * s.mfu, peak / 1e12,

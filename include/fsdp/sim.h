@@ -395,6 +395,9 @@ typedef struct fsdp_sim_time_stats {
     double gemm_flops;     /* of the GEMMs and fused attention (what MFU counts) */
     double coll_bytes;     /* as NCCL counts them */
     uint64_t n_kernels, n_copies, n_colls;
+    /* what GEMMs and fused attention lost to the SMs that collectives held beside them (their
+     * time less their time on the whole GPU; part of kernel_s and gemm_s) */
+    double sm_held_s;
 } fsdp_sim_time_stats_t;
 
 FSDP_API fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
