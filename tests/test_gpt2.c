@@ -2,8 +2,9 @@
  *  - the loss and every gradient against a plain double-precision GPT-2 written here,
  *    independently of the model code (its own backward checked by finite differences), with
  *    and without activation checkpointing;
+ *  - the fused attention against the same reference, and its memory in shape mode;
  *  - FSDP training (full_shard, shard_grad_op, no_shard; W = 1, 2, 4) against single-process
- *    training over 5 AdamW steps;
+ *    training over 5 AdamW steps, the fused attention's too;
  *  - HF checkpoints: a save/load round trip across world sizes, the hub's layout (bare names,
  *    attn.bias buffers, the tied lm_head, 16-bit tensors) computing what the double reference
  *    computes from the same tensors read as Conv1D [in, out], and clear errors;
@@ -719,7 +720,7 @@ static void test_against_reference(void)
     ref_model_t p, g;
     int32_t in[SB * ST], tg[SB * ST];
     job_t *j = calloc(1, sizeof(*j));
-    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f});
+    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f, 0});
     float *grads_ckpt = malloc(total * sizeof(float));
     double loss;
     const double **gt;
@@ -741,6 +742,21 @@ static void test_against_reference(void)
     CU_ASSERT(d <= 1e-4);
 
     /* activation checkpointing recomputes the same activations: the same bits */
+    memcpy(grads_ckpt, j->grads, total * sizeof(float));
+    j->checkpoint = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    CU_ASSERT(memcmp(grads_ckpt, j->grads, total * sizeof(float)) == 0);
+
+    /* the fused attention: the same math within f32 rounding, checkpointed to the same bits */
+    j->checkpoint = 0;
+    j->cfg.fused_attention = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    fprintf(stderr, "  fused attention: loss %.9g; ", (double)j->losses[0][0]);
+    CU_ASSERT(fabs(j->losses[0][0] - loss) <= 1e-5 * loss);
+    d = max_rel_diff(&small, j->grads, gt);
+    fprintf(stderr, "gradients within %.3g\n", d);
+    CU_ASSERT(d <= 1e-4);
+    CU_ASSERT(memcmp(grads_ckpt, j->grads, total * sizeof(float)) != 0); /* not the eager path */
     memcpy(grads_ckpt, j->grads, total * sizeof(float));
     j->checkpoint = 1;
     CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
@@ -845,6 +861,29 @@ static void test_fsdp_parity(void)
             CU_ASSERT(dp <= 1e-5);
             CU_ASSERT(kb <= 1e-4); /* 5 steps of lr 1e-3 move a real gradient's 5e-3 */
         }
+    }
+    /* the fused attention: FULL_SHARD on 2 and 4 ranks equals its own single process */
+    parity_job(ref, t, FSDP_NO_SHARD, 1);
+    ref->cfg.fused_attention = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    for (int world = 2; world <= 4; world += 2) {
+        double dl = 0.0, dp, kb;
+        parity_job(j, t, FSDP_FULL_SHARD, world);
+        j->cfg.fused_attention = 1;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        for (int step = 0; step < 5; step++) {
+            double mean = 0.0;
+            for (int r = 0; r < world; r++)
+                mean += j->losses[step][r] / world;
+            dl = fmax(dl, fabs(mean - ref->losses[step][0]) / ref->losses[step][0]);
+        }
+        dp = tensor_diff(&cfg, j->params, ref->params, &kb);
+        fprintf(stderr, "\n  fused attention, full_shard W=%d: losses within %.2g, parameters within "
+                        "%.2g",
+                world, dl, dp);
+        CU_ASSERT(dl <= 1e-5);
+        CU_ASSERT(dp <= 1e-5);
+        CU_ASSERT(kb <= 1e-4);
     }
     free(ref->params);
     free(j->params);
@@ -1259,7 +1298,7 @@ static void test_mp_against_f32(void)
     ref_model_t p, g;
     int32_t in[SB * ST], tg[SB * ST];
     job_t *j = calloc(1, sizeof(*j));
-    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f});
+    size_t total = fsdp_gpt2_num_params(&(fsdp_gpt2_config_t){2, 2, 8, 8, 11, 1e-5f, 0.02f, 0});
     float *grads32 = malloc(total * sizeof(float)), loss32;
     double dl[2], dg[2], de[2];
 
@@ -1447,6 +1486,38 @@ static void test_mp_shape_activations(void)
     free(j);
 }
 
+/* Shape mode: the fused attention keeps a [B, H, T] f32 log-sum-exp a block where the eager one
+ * keeps the [B, H, T, T] probabilities, and nothing else changes in the activations. The shapes
+ * make every large activation a whole number of 2 MiB (2 x 256 rows of width 1024: 2 MiB a
+ * width; the probabilities 8 MiB) and the vocabulary 4096 (the logits 8 MiB), so that the
+ * caching allocator's blocks are the requests and the peaks differ by exactly that. */
+static void test_fused_attention_memory(void)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    const size_t L = 4, H = 16, T = 256;
+    size_t eager_peak, rows, per_block;
+
+    CU_ASSERT_EQUAL_FATAL(
+        fsdp_gpt2_config_parse("gpt2:layers=4,heads=16,dim=1024,seq=256,vocab=4096", &j->cfg),
+        FSDP_OK);
+    j->strategy = FSDP_FULL_SHARD;
+    j->world = 2;
+    j->shape = 1;
+    j->batch = 4;
+    j->seq = (int)T;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    eager_peak = j->act_peak[0];
+    j->cfg.fused_attention = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+    rows = j->batch / (size_t)j->world;
+    per_block = rows * H * T * T * 4 - rows * H * T * 4;
+    fprintf(stderr, "\n  activation peak: eager %zu bytes, fused %zu bytes", eager_peak,
+            j->act_peak[0]);
+    CU_ASSERT_EQUAL(eager_peak - j->act_peak[0], L * per_block);
+    CU_ASSERT_EQUAL(j->act_peak[1], j->act_peak[0]);
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1461,6 +1532,8 @@ int main(void)
         {"bf16: FULL_SHARD equals NO_SHARD; one process within roundoff; collective dtypes",
          test_mp_parity},
         {"shape mode: bf16 activations take half the bytes of f32", test_mp_shape_activations},
+        {"shape mode: the fused attention keeps O(T) a block, not the probabilities",
+         test_fused_attention_memory},
         {"HF names round trip across world sizes, with and without the prefix", test_hf_round_trip},
         {"the hub's layout, buffers and BF16 computed as the reference", test_hf_hub_layout},
         {"malformed checkpoints refused, naming the tensor", test_hf_errors},

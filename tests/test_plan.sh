@@ -184,6 +184,24 @@ check "a shorter sequence: fewer attention FLOPs per token" \
     grep -q "^MFU by PaLM's definition [0-9.]*% (.* = 4.825e+10 FLOP per token" "$tmp/l8s"
 "$plan" --model mlp:64,64 --world 2 >"$tmp/mlp_tok" 2>&1
 check "an mlp has no tokens/s" sh -c "! grep -q 'tokens/s' '$tmp/mlp_tok'"
+# GPT-2 with the fused attention in bf16: less memory than the eager [B, H, T, T]
+# probabilities, and the attention priced by its causal FLOPs
+"$plan" --model gpt2 --local-batch 4 --mixed-precision bf16 >"$tmp/g_eager" 2>&1
+"$plan" --model gpt2 --local-batch 4 --mixed-precision bf16 --attention fused >"$tmp/g_fused" 2>&1
+"$plan" --model "gpt2:layers=12,heads=12,dim=768,seq=1024,vocab=50257,attention=fused" \
+    --local-batch 4 --mixed-precision bf16 >"$tmp/g_spec" 2>&1
+check "gpt2 --attention fused: a smaller peak than eager" \
+    awk 'FNR == 1 {f++} /^  ranks 0-7 / && !p[f]++ {a[f] = $3 + 0} END {exit !(a[2] < a[1] - 1)}' \
+    "$tmp/g_eager" "$tmp/g_fused"
+check "gpt2 --attention fused: a faster bf16 step than eager" \
+    awk 'FNR == 1 {f++} /^step time/ {t[f] = $3 + 0} END {exit !(t[2] < t[1])}' \
+    "$tmp/g_eager" "$tmp/g_fused"
+check "attention=fused in the spec is --attention fused" \
+    test "$(grep '^step time' "$tmp/g_fused")" = "$(grep '^step time' "$tmp/g_spec")"
+refuse "an unknown attention" --model gpt2 --attention flash
+refuse "eager attention for a llama" --model llama-tiny --attention eager
+refuse "attention for an mlp" --model mlp:4,4 --attention fused
+refuse "an unknown attention in a gpt2 spec" --model "gpt2:attention=sdpa"
 refuse "--seq beyond the model's positions" --model llama2-7b --seq 8192
 refuse "--seq for an mlp" --model mlp:4,4 --seq 16
 refuse "a llama spec with heads that kv heads do not divide" --model "llama:heads=4,kv_heads=3"

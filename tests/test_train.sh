@@ -138,6 +138,16 @@ check "gpt2: nothing on stderr" test ! -s "$tmp/err"
 check "gpt2: prints 3 loss lines" test "$(grep -c '^step [0-9]* loss ' "$tmp/gpt")" -eq 3
 check "gpt2: prints tokens/s" grep -q '^trained 768 tokens in [0-9.]* s: [0-9]* tokens/s$' "$tmp/gpt"
 check "gpt2: prints 2 peak lines" test "$(grep -c '^rank [01] peak allocated [0-9]* bytes$' "$tmp/gpt")" -eq 2
+# the fused attention trains to the eager losses within f32 rounding, with less memory
+"$train" --model gpt2-tiny --world 2 --batch 4 --steps 3 --lr 3e-3 --attention fused \
+    >"$tmp/gpt_fused" 2>"$tmp/err"
+check "gpt2 --attention fused trains and exits 0" test $? -eq 0
+check "gpt2 --attention fused: the eager losses within 1e-5" \
+    awk 'NR==FNR{if($1=="step")a[$2]=$4;next} $1=="step"{n++; d=a[$2]-$4; if(d<0)d=-d; if(d>1e-5*$4)exit 1} END{exit n!=3}' \
+    "$tmp/gpt" "$tmp/gpt_fused"
+check "gpt2 --attention fused: a lower peak" \
+    awk 'NR==FNR{if($3=="peak")a[$2]=$5;next} $3=="peak"{n++; if(!($5<a[$2]))exit 1} END{exit n!=2}' \
+    "$tmp/gpt" "$tmp/gpt_fused"
 for s in full_shard shard_grad_op no_shard; do
     "$train" --model "$tiny" --world 2 --batch 4 --steps 4 --lr 1e-2 --strategy $s \
         | grep '^step' | awk '{print $4}' >"$tmp/gloss.$s"

@@ -285,6 +285,29 @@ int cli_activation_checkpointing(const char *arg)
             arg);
 }
 
+int cli_attention(const char *arg)
+{
+    if (strcmp(arg, "eager") == 0)
+        return 0;
+    if (strcmp(arg, "fused") == 0)
+        return 1;
+    cli_die("--attention: '%s' is not eager or fused", arg);
+}
+
+void cli_apply_attention(int attention, fsdp_gpt2_config_t *gpt, int llama)
+{
+    if (attention < 0)
+        return;
+    if (llama) {
+        if (attention == 0)
+            cli_die("--attention eager: a llama model's attention is always the fused kernel");
+        return;
+    }
+    if (gpt == NULL)
+        cli_die("--attention applies to gpt and llama models; an mlp has no attention");
+    gpt->fused_attention = attention;
+}
+
 int cli_check_output(const char *opt, const char *path, int dir, char *why, size_t why_len)
 {
     char parent[4096];

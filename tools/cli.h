@@ -77,6 +77,14 @@ void cli_no_arguments(int argc, char **argv);
 enum { CLI_AC_SELECTIVE_OP = -2 };
 int cli_activation_checkpointing(const char *arg);
 
+/* --attention eager|fused for a GPT model: 0 (HF's eager attention) or 1 (one fused kernel);
+ * the tool dies saying what is allowed for anything else. */
+int cli_attention(const char *arg);
+/* Applies --attention (attention < 0: not given) to the model: a GPT model's config (gpt), or a
+ * check that a Llama (llama 1; its attention is always the fused kernel) is not asked for eager;
+ * an MLP (gpt NULL, llama 0) has no attention. The tool dies naming a mismatch. */
+void cli_apply_attention(int attention, fsdp_gpt2_config_t *gpt, int llama);
+
 /* Checks an output path before any work, so that a run does not fail at its end: a file (dir
  * 0) must be a regular file or absent, in a writable directory; a directory (dir 1) must be a
  * writable directory or absent, in a writable directory. 0, or -1 with why saying what is wrong

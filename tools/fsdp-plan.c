@@ -337,6 +337,9 @@ static void usage(FILE *f)
           "                             full is the above; selective-layer checkpoints every K-th\n"
           "                             block (default 2); selective-op (llama) keeps the outputs\n"
           "                             of attention and every other matmul, recomputes the rest\n"
+          "  --attention eager|fused    gpt: HF's eager attention (the default), which keeps\n"
+          "                             the T x T probabilities, or one fused kernel\n"
+          "                             (FlashAttention's contract; llama: always)\n"
           "  --ops eager|fused          how the job runs its element-wise work: eager PyTorch\n"
           "                             ops as HF's model runs them, or one fused kernel each\n"
           "                             (torch.compile, fused kernels); default: the profile's\n"
@@ -395,6 +398,7 @@ enum {
     OPT_MP,
     OPT_CKPT_ACT,
     OPT_AC,
+    OPT_ATTENTION,
     OPT_CPU_OFFLOAD,
     OPT_TRACE,
     OPT_PLOT,
@@ -452,6 +456,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         {"mixed-precision", required_argument, NULL, OPT_MP},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
         {"activation-checkpointing", required_argument, NULL, OPT_AC},
+        {"attention", required_argument, NULL, OPT_ATTENTION},
         {"cpu-offload", no_argument, NULL, OPT_CPU_OFFLOAD},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -459,7 +464,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     };
     const char *profile = FSDP_SIM_DEFAULT_PROFILE, *capacity = NULL;
     long nodes = 0, gpn = 0, batch = 0, local_batch = 0, seq = 0;
-    int ops = -1;
+    int ops = -1, attention = -1;
     size_t positions, default_seq;
     int c, print_profile = 0, ckpt_act = 0, show = 0; /* 1: --version, 2: --help */
 
@@ -545,6 +550,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
         case OPT_AC:
             ckpt_act = cli_activation_checkpointing(optarg);
             a->fixed |= FIX_CKPT_ACT;
+            break;
+        case OPT_ATTENTION:
+            attention = cli_attention(optarg);
             break;
         case OPT_CPU_OFFLOAD:
             a->fsdp.cpu_offload = 1;
@@ -636,6 +644,8 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
     }
+    cli_apply_attention(attention, a->model->ops == &gpt_ops ? &a->mcfg.gpt : NULL,
+                        a->model->ops == &llama_ops);
     if (ckpt_act && a->model->ops != &gpt_ops && a->model->ops != &llama_ops)
         cli_die("activation checkpointing needs a GPT or Llama model");
     if (ckpt_act == CLI_AC_SELECTIVE_OP && a->model->ops != &llama_ops)

@@ -139,6 +139,8 @@ static void usage(FILE *f)
         "                             selective-layer every K-th block (default 2);\n"
         "                             selective-op (llama): attention's and every other\n"
         "                             matmul's outputs kept, the rest recomputed\n"
+        "  --attention eager|fused    gpt: HF's eager attention (the default) or one fused\n"
+        "                             kernel (FlashAttention's contract; llama: always)\n"
         "  --no-decay-1d              no weight decay for biases and LayerNorm weights\n"
         "  --seed N                   seed of the init and the synthetic data (default 0)\n"
         "  --init FILE                initial weights (safetensors: layers.<i>.weight/bias;\n"
@@ -214,6 +216,7 @@ enum {
     OPT_BACKEND,
     OPT_LOCAL_BATCH,
     OPT_AC,
+    OPT_ATTENTION,
     OPT_THREADS
 };
 
@@ -258,6 +261,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
         {"activation-checkpointing", required_argument, NULL, OPT_AC},
+        {"attention", required_argument, NULL, OPT_ATTENTION},
         {"no-decay-1d", no_argument, NULL, OPT_NO_DECAY},
         {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, OPT_HELP},
@@ -267,7 +271,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     const char *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *momentum = NULL,
                *dampening = NULL;
     int nesterov = 0, c, state_dict_given = 0, batch_given = 0, no_decay_1d = 0, local_batch = 0;
-    int show = 0; /* 1: --version, 2: --help */
+    int show = 0;       /* 1: --version, 2: --help */
+    int attention = -1; /* --attention, when given */
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
 
@@ -389,6 +394,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_AC:
             a->checkpoint_activations = cli_activation_checkpointing(optarg);
             break;
+        case OPT_ATTENTION: attention = cli_attention(optarg); break;
         case OPT_NO_DECAY: no_decay_1d = 1; break;
         case OPT_VERSION: show = 1; break;
         case OPT_HELP: show = 2; break;
@@ -470,6 +476,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
                  rounded, a->gpt ? "sequences" : "rows", a->batch, a->world);
         a->batch = rounded;
     }
+    cli_apply_attention(attention, a->gpt && !a->llama ? &a->gpt_cfg : NULL, a->llama);
     if (a->gpt) {
         int positions = a->llama ? a->llama_cfg.max_seq : a->gpt_cfg.n_positions;
         if (a->seq == 0)

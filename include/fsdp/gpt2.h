@@ -35,6 +35,12 @@ typedef struct fsdp_gpt2_config {
     int vocab_size;          /* rows of wte and logits */
     float layer_norm_eps;    /* 1e-5 */
     float initializer_range; /* 0.02: std of the normal init */
+    /* 0: HF's eager attention (Q K^T, the causal softmax, att V; the [B, H, T, T] probabilities
+     * kept for the backward), bit for bit; 1: one fused kernel with FlashAttention's contract
+     * (kernel.h attention_fwd: only the output and the per-row log-sum-exp kept, the backward
+     * recomputes), softmax(Q K^T / sqrt(hs)) V as torch's scaled_dot_product_attention computes
+     * it, within f32 rounding of the eager result */
+    int fused_attention;
 } fsdp_gpt2_config_t;
 
 /* A named configuration. */
@@ -56,9 +62,9 @@ FSDP_API const char *fsdp_gpt2_preset_names(void);
 
 /* HF's GPT2Config defaults (the 124M model). */
 FSDP_API void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg);
-/* Parses a preset name, or "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V" (any subset, the
- * others from gpt2-tiny; seq sets n_positions). Errors are FSDP_ERR_INVALID_PARAM, logged with
- * what is allowed. */
+/* Parses a preset name, or "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,attention=A" (any
+ * subset, the others from gpt2-tiny; seq sets n_positions; A is eager (the default) or fused).
+ * Errors are FSDP_ERR_INVALID_PARAM, logged with what is allowed. */
 FSDP_API fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p);
 /* 1 when spec names a GPT model (a preset, or "gpt2:..."), whether or not it parses. */
 FSDP_API int fsdp_gpt2_spec_is_gpt(const char *spec);

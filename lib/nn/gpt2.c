@@ -21,7 +21,7 @@
 /* name, layers, heads, width, positions, vocab */
 #define GPT2_PRESET(name, l, h, c, p, v, what)                                                     \
     {                                                                                              \
-        name, {l, h, c, p, v, 1e-5f, 0.02f}, what                                                  \
+        name, {l, h, c, p, v, 1e-5f, 0.02f, 0}, what                                               \
     }
 
 static const fsdp_gpt2_preset_t presets[] = {
@@ -94,6 +94,10 @@ fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg)
         bad = "vocab must be in [1, 2^24]";
     else if (!(cfg->layer_norm_eps >= 0.0f) || !(cfg->initializer_range >= 0.0f))
         bad = "layer_norm_eps and initializer_range must be >= 0";
+    else if (cfg->fused_attention != 0 && cfg->fused_attention != 1)
+        bad = "fused_attention must be 0 (eager) or 1 (fused)";
+    else if (cfg->fused_attention && cfg->n_embd / cfg->n_head > 256)
+        bad = "the fused attention takes heads of at most 256 (width / heads)";
     if (bad != NULL) {
         fsdp_error("gpt2 config layers=%d heads=%d dim=%d seq=%d vocab=%d: %s", cfg->n_layer,
                    cfg->n_head, cfg->n_embd, cfg->n_positions, cfg->vocab_size, bad);
@@ -114,34 +118,36 @@ fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p
     }
     if (spec == NULL || strncmp(spec, "gpt2:", 5) != 0) {
         fsdp_error("model '%s' is not a gpt model: expected one of %s, or "
-                   "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V",
+                   "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,attention=eager|fused",
                    spec ? spec : "(null)", fsdp_gpt2_preset_names());
         return FSDP_ERR_INVALID_PARAM;
     }
     p = spec + 5;
     if (*p == '\0' || p[strlen(p) - 1] == ',') {
-        fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V (any of them, "
-                   "comma-separated) after 'gpt2:', without an empty one",
+        fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,"
+                   "attention=eager|fused (any of them, comma-separated) after 'gpt2:', without "
+                   "an empty one",
                    spec);
         return FSDP_ERR_INVALID_PARAM;
     }
     unsigned seen = 0;
     while (*p != '\0') {
-        static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab"};
+        static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab", "attention"};
         int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions, &cfg.vocab_size};
+        const int nkeys = (int)(sizeof(keys) / sizeof(keys[0])), attention = nkeys - 1;
         const char *eq = strchr(p, '=');
         size_t klen = eq ? (size_t)(eq - p) : 0;
         int key = -1;
         char *end;
         long v;
 
-        for (int i = 0; eq != NULL && i < 5; i++) {
+        for (int i = 0; eq != NULL && i < nkeys; i++) {
             if (strlen(keys[i]) == klen && strncmp(p, keys[i], klen) == 0)
                 key = i;
         }
         if (key < 0) {
-            fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V (any of "
-                       "them, comma-separated), not '%.*s'",
+            fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,"
+                       "attention=eager|fused (any of them, comma-separated), not '%.*s'",
                        spec, (int)strcspn(p, ","), p);
             return FSDP_ERR_INVALID_PARAM;
         }
@@ -150,6 +156,22 @@ fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p
             return FSDP_ERR_INVALID_PARAM;
         }
         seen |= 1u << key;
+        if (key == attention) {
+            size_t n = strcspn(eq + 1, ",");
+            if (n == 5 && strncmp(eq + 1, "eager", 5) == 0) {
+                cfg.fused_attention = 0;
+            } else if (n == 5 && strncmp(eq + 1, "fused", 5) == 0) {
+                cfg.fused_attention = 1;
+            } else {
+                fsdp_error("model '%s': attention is eager or fused, not '%.*s'", spec, (int)n,
+                           eq + 1);
+                return FSDP_ERR_INVALID_PARAM;
+            }
+            p = eq + 1 + n;
+            if (*p == ',')
+                p++;
+            continue;
+        }
         errno = 0;
         v = strtol(eq + 1, &end, 10);
         if (errno != 0 || end == eq + 1 || !isdigit((unsigned char)eq[1]) || v < 1 ||

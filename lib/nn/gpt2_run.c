@@ -3,11 +3,14 @@
  * Layout: activations are row-major [B*T, width]; qkv is [B*T, 3C] with Q, K, V at columns 0,
  * C, 2C and head h at h*hs within each (HF's c_attn split); the attention probabilities are
  * [B, H, T, T]. Weights are Conv1D [in, out], so a layer is y = x W + b with no transpose.
- * Attention is two batched products per sequence (a batch over the heads: Q K^T, then att V)
- * around a causal softmax that also applies the scaling by sqrt(hs): in a 16-bit dtype it
+ * Attention (eager, HF's) is two batched products per sequence (a batch over the heads: Q K^T,
+ * then att V) around a causal softmax that also applies the scaling by sqrt(hs): in a 16-bit
+ * dtype it
  * divides the scores by sqrt(hs) rounded to the dtype, as HF's eager attention divides by
  * torch.full([], sqrt(hs), dtype=dtype); in f32 it multiplies by 1/sqrt(hs) (f32 runs as they
- * were, within an f32 rounding of the division).
+ * were, within an f32 rounding of the division). With the config's fused_attention it is one
+ * fused kernel instead (kernel.h attention_fwd, reading the heads in place in qkv), which keeps
+ * the per-row log-sum-exp [B, H, T] in place of the probabilities.
  *
  * Mixed precision: everything runs in the units' compute dtype (param_dtype), as torch runs HF's
  * model under FSDP's MixedPrecision: the unsharded weights, the activations and their gradients
@@ -287,6 +290,52 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *a
     return status;
 }
 
+/* The fused kernel (kernel.h attention_fwd): y [BT, C] from the heads of qkv [BT, 3C], with
+ * the per-row log-sum-exp into lse [B, H, T] for the backward. */
+#define FUSED_ARGS(f, r, qkv)                                                                      \
+    do {                                                                                           \
+        (f).q = (qkv);                                                                             \
+        (f).k = AT((r), (qkv), (r)->C);                                                            \
+        (f).v = AT((r), (qkv), 2 * (r)->C);                                                        \
+        (f).batch = (r)->lm.B;                                                                     \
+        (f).seq = (r)->lm.T;                                                                       \
+        (f).heads = (f).kv_heads = (r)->H;                                                         \
+        (f).head_dim = (r)->hs;                                                                    \
+        (f).ldq = (f).ldk = (f).ldv = 3 * (r)->C;                                                  \
+        (f).ldo = (r)->C;                                                                          \
+        (f).scale = (r)->att_scale;                                                                \
+        (f).causal = 1;                                                                            \
+        (f).dtype = (r)->lm.dt;                                                                    \
+    } while (0)
+
+static fsdp_status_t fused_attention_fwd(gpt2_run_t *r, const void *qkv, float *lse, void *y)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_FWD};
+
+    d.u.attention_fwd.o = y;
+    d.u.attention_fwd.lse = lse;
+    FUSED_ARGS(d.u.attention_fwd, r, qkv);
+    return launch(r, &d);
+}
+
+/* Its backward from y, lse and dy [BT, C]: dqkv [BT, 3C]; delta is [B, H, T] f32 scratch. */
+static fsdp_status_t fused_attention_bwd(gpt2_run_t *r, const void *qkv, const void *y,
+                                         const float *lse, const void *dy, float *delta,
+                                         void *dqkv)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_BWD};
+
+    d.u.attention_bwd.dq = dqkv;
+    d.u.attention_bwd.dk = AT_W(r, dqkv, r->C);
+    d.u.attention_bwd.dv = AT_W(r, dqkv, 2 * r->C);
+    d.u.attention_bwd.delta = delta;
+    d.u.attention_bwd.dout = dy;
+    d.u.attention_bwd.o = y;
+    d.u.attention_bwd.lse = lse;
+    FUSED_ARGS(d.u.attention_bwd, r, qkv);
+    return launch(r, &d);
+}
+
 /* ---- blocks ---- */
 
 static size_t act_numel(const gpt2_run_t *r, int i)
@@ -299,8 +348,8 @@ static size_t act_numel(const gpt2_run_t *r, int i)
         return r->lm.BT;
     case A_QKV:
         return r->lm.BT * 3 * r->C;
-    case A_ATT:
-        return r->lm.B * r->H * r->lm.T * r->lm.T;
+    case A_ATT: /* the probabilities, or the fused kernel's log-sum-exp */
+        return r->lm.B * r->H * r->lm.T * (r->m->cfg.fused_attention ? 1 : r->lm.T);
     case A_H:
     case A_G:
         return r->lm.BT * 4 * r->C;
@@ -312,7 +361,8 @@ static size_t act_numel(const gpt2_run_t *r, int i)
 /* its bytes: the layernorm statistics are f32, the rest of the compute dtype */
 static size_t act_bytes(const gpt2_run_t *r, int i)
 {
-    int stat = i == A_MEAN1 || i == A_RSTD1 || i == A_MEAN2 || i == A_RSTD2;
+    int stat = i == A_MEAN1 || i == A_RSTD1 || i == A_MEAN2 || i == A_RSTD2 ||
+               (i == A_ATT && r->m->cfg.fused_attention);
     return act_numel(r, i) * (stat ? sizeof(float) : r->lm.es);
 }
 
@@ -344,7 +394,9 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
         status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
                             NULL, a[A_QKV]);
     if (status == FSDP_OK)
-        status = attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
+        status = r->m->cfg.fused_attention
+                     ? fused_attention_fwd(r, a[A_QKV], (float *)a[A_ATT], a[A_Y])
+                     : attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
     if (status == FSDP_OK)
         status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), P(u, FSDP_GPT2_ATTN_PROJ_B),
                             C, x, a[A_XMID]);
@@ -415,12 +467,16 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), C, r->lm.dres,
                             g[FSDP_GPT2_ATTN_PROJ_W], g[FSDP_GPT2_ATTN_PROJ_B], *dy);
+    /* the scores' gradient [B, H, T, T], or the fused backward's delta [B, H, T] (f32) */
     if (status == FSDP_OK)
-        status = alloc_a(r, act_numel(r, A_ATT), FSDP_MEM_TEMPORARY, datt);
+        status = fsdp_mem_alloc(r->lm.mem, act_bytes(r, A_ATT), FSDP_MEM_TEMPORARY, r->lm.s, datt);
     if (status == FSDP_OK)
         status = alloc_a(r, BT * 3 * C, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
-        status = attention_bwd(r, a[A_QKV], a[A_ATT], *dy, *datt, *dqkv);
+        status = r->m->cfg.fused_attention
+                     ? fused_attention_bwd(r, a[A_QKV], a[A_Y], (const float *)a[A_ATT], *dy,
+                                           (float *)*datt, *dqkv)
+                     : attention_bwd(r, a[A_QKV], a[A_ATT], *dy, *datt, *dqkv);
     FREE(r, *datt);
     FREE(r, *dy);
     if (status == FSDP_OK)
