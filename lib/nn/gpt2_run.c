@@ -5,10 +5,9 @@
  * [B, H, T, T]. Weights are Conv1D [in, out], so a layer is y = x W + b with no transpose.
  * Attention (eager, HF's) is two batched products per sequence (a batch over the heads: Q K^T,
  * then att V) around a causal softmax that also applies the scaling by sqrt(hs): in a 16-bit
- * dtype it
- * divides the scores by sqrt(hs) rounded to the dtype, as HF's eager attention divides by
- * torch.full([], sqrt(hs), dtype=dtype); in f32 it multiplies by 1/sqrt(hs) (f32 runs as they
- * were, within an f32 rounding of the division). With the config's fused_attention it is one
+ * dtype it divides the scores by sqrt(hs) rounded to the dtype, as HF's eager attention divides
+ * by torch.full([], sqrt(hs), dtype=dtype); in f32 it multiplies by 1/sqrt(hs) (f32 runs as
+ * they were, within an f32 rounding of the division). With the config's fused_attention it is one
  * fused kernel instead (kernel.h attention_fwd, reading the heads in place in qkv), which keeps
  * the per-row log-sum-exp [B, H, T] in place of the probabilities.
  *
