@@ -70,6 +70,12 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
                    "FSDP_SIM_SHAPE (1)", (int)p->mode);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (p->holds != NULL && fsdp_sim_holds_world(p->holds) != p->world_size) {
+        fsdp_error("fsdp_sim_launch: the holds book is for a world of %d ranks, not %d; make "
+                   "one per job with fsdp_sim_holds_create(world_size)",
+                   fsdp_sim_holds_world(p->holds), p->world_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (p->represent != NULL) {
         if (p->mode != FSDP_SIM_SHAPE) {
             fsdp_error("fsdp_sim_launch: symmetric ranks (represent) need shape mode: in data "
@@ -111,6 +117,8 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int slot, int rank, i
     dev->super.represent = world->params.represent;
     dev->world = world;
     dev->profile = &world->params.profile;
+    if (world->params.holds != NULL)
+        dev->prior = fsdp_sim_holds_prior(world->params.holds, rank, &dev->n_prior);
     dev->compute.dev = dev;
     dev->compute.super.id = 0;
     dev->compute.super.priority = 0;
@@ -290,6 +298,9 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
     if (status != FSDP_OK)
         return status;
     size = params->world_size;
+    /* the last run's holds become this run's prior, before any rank reads them */
+    if (params->holds != NULL)
+        fsdp_sim_holds_begin(params->holds);
     status = sim_world_create(params, func, arg, &world);
     if (status != FSDP_OK)
         return status;

@@ -199,12 +199,26 @@ void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
     dev->host_clock += dev->profile->host.launch_overhead_s;
 }
 
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms)
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, uint64_t what)
 {
+    fsdp_sim_holds_t *book = dev->world->params.holds;
+    fsdp_sim_hold_rec_t rec = {{start, end, sms}, what};
     size_t kept = 0;
 
     if (sms <= 0 || !(end > start) || dev->profile->gpu.sms <= 0)
         return;
+    /* the book: this hold for the next run; the earlier run's holds stop counting once this
+     * rank's collectives are no longer theirs */
+    if (book != NULL && fsdp_sim_holds_record(book, dev->super.rank, &rec) != 0)
+        dev->acct_oom = 1;
+    if (dev->prior != NULL &&
+        (dev->n_issued >= dev->n_prior || dev->prior[dev->n_issued].what != what)) {
+        dev->prior = NULL;
+    }
+    /* the earlier run's later holds, moved by how much later this one started than it did then */
+    if (dev->prior != NULL)
+        dev->prior_shift = start - dev->prior[dev->n_issued].hold.start;
+    dev->n_issued++;
     /* a kernel issued from now on starts at the host clock or later: holds that end before it
      * can no longer overlap one */
     for (size_t i = 0; i < dev->n_sm_holds; i++)
@@ -224,29 +238,46 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms)
     dev->sm_holds[dev->n_sm_holds++] = (fsdp_sim_sm_hold_t){start, end, sms};
 }
 
+/* Adds the SMs the hold h, moved by `shift` seconds, holds at time t to *held, and moves *next
+ * to its next start or end after t. */
+static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, int *held, double *next)
+{
+    double start = h->start + shift, end = h->end + shift;
+
+    if (start <= t && t < end) {
+        *held += h->sms;
+        *next = fsdp_sim_min2(*next, end);
+    } else if (start > t) {
+        *next = fsdp_sim_min2(*next, start);
+    }
+}
+
+/* The collectives of the earlier run (params.holds) that a kernel issued now may meet: the next
+ * ones this rank will issue. A kernel runs beside the few collectives the host issues while the
+ * GPU is behind it (FSDP's limiter keeps that to a unit or two), not beside ones dozens ahead. */
+#define PRIOR_WINDOW 64
+
 /* The end of a GEMM or fused attention that starts at `start` and takes `full` seconds on the
- * whole GPU, run beside the collectives that hold SMs: over each stretch between a hold's start
- * or end, it does the part of its work that the SMs left to it allow (its time on them,
- * fsdp_sim_kernel_time_on). */
+ * whole GPU, run beside the collectives that hold SMs (those issued, and those of the earlier
+ * run not issued yet): over each stretch between a hold's start or end, it does the part of its
+ * work that the SMs left to it allow (its time on them, fsdp_sim_kernel_time_on). */
 static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, double start,
                             double full)
 {
     const fsdp_sim_profile_t *p = dev->profile;
     double t = start, left = 1.0; /* the fraction of the kernel's work still to do */
+    size_t lo = dev->n_issued, hi = 0;
 
+    if (dev->prior != NULL && lo < dev->n_prior)
+        hi = dev->n_prior - lo > PRIOR_WINDOW ? lo + PRIOR_WINDOW : dev->n_prior;
     for (;;) {
         double next = INFINITY, on;
         int held = 0;
 
-        for (size_t i = 0; i < dev->n_sm_holds; i++) {
-            const fsdp_sim_sm_hold_t *h = &dev->sm_holds[i];
-            if (h->start <= t && t < h->end) {
-                held += h->sms;
-                next = fsdp_sim_min2(next, h->end);
-            } else if (h->start > t) {
-                next = fsdp_sim_min2(next, h->start);
-            }
-        }
+        for (size_t i = 0; i < dev->n_sm_holds; i++)
+            hold_at(&dev->sm_holds[i], 0.0, t, &held, &next);
+        for (size_t i = lo; i < hi; i++)
+            hold_at(&dev->prior[i].hold, dev->prior_shift, t, &held, &next);
         on = held == 0 ? full
                        : fsdp_sim_kernel_time_on(p, k, held < p->gpu.sms ? p->gpu.sms - held : 1);
         if (!(on > 0.0) || t + left * on <= next)
@@ -284,7 +315,7 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                        : 1;
 
     stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
-    if (dev->n_sm_holds > 0 && op->kind == FSDP_SIM_OP_KERNEL &&
+    if ((dev->n_sm_holds > 0 || dev->prior != NULL) && op->kind == FSDP_SIM_OP_KERNEL &&
         (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
          op->kernel->kind == FSDP_K_ATTENTION_BWD)) {
         double whole = stream->clock;

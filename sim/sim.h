@@ -136,11 +136,11 @@ typedef struct fsdp_sim_spans {
     size_t n, cap;
 } fsdp_sim_spans_t;
 
-/* SMs a collective holds over [start, end): compute kernels overlapping it run on the rest. */
-typedef struct fsdp_sim_sm_hold {
-    double start, end;
-    int sms;
-} fsdp_sim_sm_hold_t;
+/* A hold as a book records it: what the collective was, to tell a changed job (holds.c). */
+typedef struct fsdp_sim_hold_rec {
+    fsdp_sim_sm_hold_t hold;
+    uint64_t what; /* kind, count, dtype and group size */
+} fsdp_sim_hold_rec_t;
 
 /* A device segment or pinned host segment, for telling copies apart (h2d, d2h, d2d). */
 typedef struct fsdp_sim_segment {
@@ -174,6 +174,11 @@ struct fsdp_sim_dev {
      * that end after the host clock), in issue order */
     fsdp_sim_sm_hold_t *sm_holds;
     size_t n_sm_holds, cap_sm_holds;
+    /* params.holds: the earlier run's holds of this rank (NULL: none, or they stopped matching),
+     * and how many holds this rank has issued in this run */
+    const fsdp_sim_hold_rec_t *prior;
+    size_t n_prior, n_issued;
+    double prior_shift; /* this run's start of its last hold less the earlier run's */
     int acct_oom;                   /* host memory ran out: exposed_comm_s is a lower bound */
     uintptr_t shape_next; /* shape mode: next fake address */
     uintptr_t shape_end;
@@ -282,9 +287,22 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
 /* The host pays for one launch (kernel, copy or collective). */
 void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
-/* A collective that ran over [start, end) held `sms` SMs: GEMMs and fused attention issued
- * later that overlap it run on the SMs left. */
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms);
+/* A collective (`what`: its kind, count, dtype and group size) that ran over [start, end) held
+ * `sms` SMs: GEMMs and fused attention issued later that overlap it run on the SMs left; the
+ * launch's book (params.holds) records it. */
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, uint64_t what);
+
+/* holds.c: the book of params.holds. At a launch, the last run's records become the prior and
+ * the records start empty (not thread-safe: before the ranks run). */
+void fsdp_sim_holds_begin(fsdp_sim_holds_t *holds);
+/* The world size it was made for. */
+int fsdp_sim_holds_world(const fsdp_sim_holds_t *holds);
+/* rank's prior records (*n_p of them; NULL when none). */
+const fsdp_sim_hold_rec_t *fsdp_sim_holds_prior(const fsdp_sim_holds_t *holds, int rank,
+                                                size_t *n_p);
+/* Appends to rank's records; only rank's thread calls it. Returns -1 when out of memory (the
+ * next run then sees fewer holds). */
+int fsdp_sim_holds_record(fsdp_sim_holds_t *holds, int rank, const fsdp_sim_hold_rec_t *rec);
 /* Accounts a collective that ran on stream over [ready, end) moving nccl_bytes. */
 void fsdp_sim_account_coll(fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream,
                            fsdp_sim_coll_kind_t kind, double ready, double end,

@@ -1188,7 +1188,6 @@ static void test_query_api(void)
 /* ---- collectives take SMs from GEMMs ---- */
 
 typedef struct sm_case {
-    int per_channel; /* nccl.sms_per_channel */
     double ag_s, gemm_s, gemm_on3_s; /* the all-gather's time; the GEMM's on 4 and on 3 SMs */
     double end1, end2, end_before;   /* the compute stream after each GEMM */
     double held;                     /* the rank's sm_held_s */
@@ -1212,7 +1211,7 @@ static fsdp_status_t sm_rank(fsdp_dev_t *dev, void *arg)
     fsdp_group_t *world = ops->group_world(dev);
     fsdp_kernel_t k = sm_gemm();
     fsdp_stream_t *side = NULL;
-    sm_case_t *c = arg;
+    sm_case_t *c = &((sm_case_t *)arg)[dev->rank]; /* each rank its own */
     fsdp_status_t st;
 
     if ((st = ops->stream_create(dev, "side", 0, &side)) != FSDP_OK)
@@ -1247,31 +1246,37 @@ static fsdp_status_t sm_rank(fsdp_dev_t *dev, void *arg)
     return st;
 }
 
+/* the closed-form profile on a GPU of 4 SMs, its collectives on one channel */
+static const char *sm_json(int per_channel)
+{
+    static char json[1024];
+
+    snprintf(json, sizeof(json),
+             "{\"name\": \"sm\", \"nodes\": 1, \"gpus_per_node\": 4,"
+             " \"gpu\": {\"memory_bytes\": 1099511627776, \"matmul_flops_per_s\": "
+             "{\"f32\": 1073741824}, \"vector_flops_per_s\": 0, \"hbm_bytes_per_s\": 0, "
+             "\"sms\": 4},"
+             " \"host\": {\"h2d_bytes_per_s\": 0, \"d2h_bytes_per_s\": 0},"
+             " \"nccl\": {\"intra_bus_bytes_per_s\": 805306368, \"channels\": 1, "
+             "\"sms_per_channel\": %d}}",
+             per_channel);
+    return json;
+}
+
 static void test_sm_contention(void)
 {
-    char json[1024];
     fsdp_sim_params_t p;
     fsdp_sim_profile_t h100;
     fsdp_kernel_t k = sm_gemm(), add = {.kind = FSDP_K_ADD};
 
     for (int per = 0; per <= 1; per++) {
-        sm_case_t c = {.per_channel = per};
+        sm_case_t cs[4], c;
         double g, g3, a;
 
         fsdp_sim_params_init(&p);
         p.world_size = 4;
         p.mode = FSDP_SIM_SHAPE;
-        /* the closed-form profile on a GPU of 4 SMs, its collectives on one channel */
-        snprintf(json, sizeof(json),
-                 "{\"name\": \"sm\", \"nodes\": 1, \"gpus_per_node\": 4,"
-                 " \"gpu\": {\"memory_bytes\": 1099511627776, \"matmul_flops_per_s\": "
-                 "{\"f32\": 1073741824}, \"vector_flops_per_s\": 0, \"hbm_bytes_per_s\": 0, "
-                 "\"sms\": 4},"
-                 " \"host\": {\"h2d_bytes_per_s\": 0, \"d2h_bytes_per_s\": 0},"
-                 " \"nccl\": {\"intra_bus_bytes_per_s\": 805306368, \"channels\": 1, "
-                 "\"sms_per_channel\": %d}}",
-                 per);
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(json, &p.profile), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(sm_json(per), &p.profile), FSDP_OK);
         g = fsdp_sim_kernel_time(&p.profile, &k);
         g3 = fsdp_sim_kernel_time_on(&p.profile, &k, 3);
         /* 2^31 x 3 x 256 FLOPs at 2^30 FLOP/s on 4 SMs, 4/3 of that on 3 */
@@ -1281,7 +1286,11 @@ static void test_sm_contention(void)
         CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&p.profile, &k, 99), g); /* at most all SMs */
         CU_ASSERT_EQUAL(fsdp_sim_kernel_time_on(&p.profile, &k, 0),
                         fsdp_sim_kernel_time_on(&p.profile, &k, 1)); /* at least one */
-        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_rank, &c, NULL), FSDP_OK);
+        memset(cs, 0, sizeof(cs));
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_rank, cs, NULL), FSDP_OK);
+        for (int r = 1; r < 4; r++) /* every rank alike */
+            CU_ASSERT(memcmp(&cs[r], &cs[0], sizeof(cs[0])) == 0);
+        c = cs[0];
         a = c.ag_s;
         CU_ASSERT(a > 0.0 && a < g);
         CU_ASSERT_EQUAL(c.end_before, g);
@@ -1309,6 +1318,70 @@ static void test_sm_contention(void)
     CU_ASSERT_DOUBLE_EQUAL((fsdp_sim_kernel_time_on(&h100, &k, 100) - h100.gpu.kernel_latency_s) /
                                (fsdp_sim_kernel_time(&h100, &k) - h100.gpu.kernel_latency_s),
                            21.0 / 16.0, 1e-12);
+}
+
+/* A GEMM issued before the all-gather that overlaps it: priced on the whole GPU, unless a book
+ * of an earlier run of the job (fsdp_sim_holds_t) says the all-gather ran beside it. */
+static fsdp_status_t sm_before_rank(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_kernel_t k = sm_gemm();
+    fsdp_stream_t *side = NULL;
+    double *end = arg;
+    fsdp_status_t st;
+
+    if ((st = ops->stream_create(dev, "side", 0, &side)) != FSDP_OK)
+        return st;
+    st = ops->kernel(dev, NULL, &k);
+    if (st == FSDP_OK)
+        st = ops->all_gather(dev, ops->group_world(dev), NULL, NULL, (size_t)1 << 16,
+                             FSDP_DTYPE_F32, side);
+    end[2 * dev->rank] = fsdp_sim_stream_time(dev, NULL);
+    end[2 * dev->rank + 1] = fsdp_sim_stream_time(dev, side);
+    ops->stream_destroy(dev, side);
+    return st;
+}
+
+static void test_sm_book(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_holds_t *book = fsdp_sim_holds_create(4);
+    fsdp_kernel_t k = sm_gemm();
+    double end[8], g, a;
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(book);
+    CU_ASSERT_PTR_NULL(fsdp_sim_holds_create(0));
+    fsdp_sim_params_init(&p);
+    p.world_size = 4;
+    p.mode = FSDP_SIM_SHAPE;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(sm_json(1), &p.profile), FSDP_OK);
+    g = fsdp_sim_kernel_time(&p.profile, &k);
+    /* without a book, and in a book's first run: the GEMM has the GPU to itself */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(end[0], g);
+    p.holds = book;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(end[0], g);
+    CU_ASSERT_EQUAL(fsdp_sim_holds_count(book, 3), 1);
+    CU_ASSERT_EQUAL(fsdp_sim_holds_count(book, 4), 0);
+    a = end[1];
+    CU_ASSERT(a > 0.0 && a < g);
+    /* the next runs: the all-gather of the run before holds an SM of the GEMM's over [0, a) */
+    for (int run = 0; run < 2; run++) {
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++) {
+            CU_ASSERT_DOUBLE_EQUAL(end[2 * r], g + a / 4.0, 1e-12 * g);
+            CU_ASSERT_EQUAL(end[2 * r + 1], a);
+        }
+    }
+    /* a book of another world is refused */
+    p.world_size = 2;
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_ERR_INVALID_PARAM);
+    capture_end();
+    CU_ASSERT_PTR_NOT_NULL(strstr(last_log, "holds book is for a world of 4 ranks, not 2"));
+    fsdp_sim_holds_destroy(book);
+    fsdp_sim_holds_destroy(NULL);
 }
 
 /* ---- fibers: what fails a collective still fails it, never hangs ---- */
@@ -1376,6 +1449,7 @@ int main(void)
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
         {"collectives take SMs from GEMMs", test_sm_contention},
+        {"a book of held SMs prices kernels issued before their collective", test_sm_book},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},
         {NULL, NULL},
     };

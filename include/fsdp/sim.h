@@ -278,6 +278,30 @@ FSDP_API const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
 FSDP_API double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
                                    double bytes);
 
+/* The SMs a collective's kernel held on a rank: [start, end) in virtual seconds. */
+typedef struct fsdp_sim_sm_hold {
+    double start, end;
+    int sms;
+} fsdp_sim_sm_hold_t;
+
+/* A book of the SMs each rank's collectives held over a run, in the order the rank issued them,
+ * kept for the next run of the same job (fsdp_sim_params_t.holds). A kernel is priced when it is
+ * issued, so a GEMM issued before a collective that overlaps it would run on the whole GPU (FSDP's
+ * forward issues the next unit's all-gather after the kernels it overlaps); a run given the book
+ * of an earlier run of the job also prices each GEMM and attention kernel with the holds of the
+ * collectives the rank has not issued yet, as they ran then. Run the job until its times settle
+ * (fsdp-plan runs until the step time changes by less than a part in 10^9, four runs at most).
+ * A rank whose collectives differ from the earlier run's (kind, count, dtype, group size) stops
+ * using them at the first difference. */
+typedef struct fsdp_sim_holds fsdp_sim_holds_t;
+
+/* A book for a world of world_size ranks, empty; NULL when out of memory or world_size < 1. */
+FSDP_API fsdp_sim_holds_t *fsdp_sim_holds_create(int world_size);
+/* Accepts NULL. */
+FSDP_API void fsdp_sim_holds_destroy(fsdp_sim_holds_t *holds);
+/* The holds rank recorded in the last run with the book (0 for a rank that did not run). */
+FSDP_API size_t fsdp_sim_holds_count(const fsdp_sim_holds_t *holds, int rank);
+
 typedef struct fsdp_sim_params {
     int world_size;         /* >= 1; default 1 */
     int ranks_per_node;     /* 0 (default) = world_size; must divide world_size. Collectives
@@ -313,6 +337,10 @@ typedef struct fsdp_sim_params {
      * its own thread alone. The extra threads are started at a rank's first such kernel and
      * end with the rank. */
     int threads;
+    /* NULL (default): none. Else a book of world_size ranks (fsdp_sim_holds_create): the run
+     * prices its GEMMs and attention kernels with the holds the book's last run recorded for the
+     * collectives each rank has not issued yet, and records its own for the next run. */
+    fsdp_sim_holds_t *holds;
 } fsdp_sim_params_t;
 
 FSDP_API void fsdp_sim_params_init(fsdp_sim_params_t *params);
