@@ -1,5 +1,7 @@
 /* libFuzzer: checkpoint.json as a resume reads it (every field checked before use). */
-#include "../../lib/nn/checkpoint.c"
+#include "../../lib/nn/checkpoint_load.c"
+
+#include <sys/stat.h>
 
 static char dir[64], json_path[128];
 

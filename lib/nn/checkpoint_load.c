@@ -1,0 +1,563 @@
+/* Reading checkpoints (checkpoint.c writes them): fsdp_checkpoint_load into a model and its
+ * optimizer on any world size, and fsdp_checkpoint_consolidate into one safetensors file. */
+#include <fsdp/checkpoint.h>
+#include <fsdp/log.h>
+#include <fsdp/safetensors.h>
+
+#include "io/fs.h"
+#include "nn/ckpt_int.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- load ---- */
+
+typedef struct load_ctx {
+    fsdp_t *fs;
+    char dir[PATH_MAX];
+    json_t *meta;
+    int type;
+    int old_world;
+    int64_t step, optim_num_steps; /* checked by read_meta */
+    fsdp_st_file_t **files;        /* per old rank (sharded) or [0] model, [1] optimizer (full) */
+    int nfiles;
+} load_ctx_t;
+
+static fsdp_status_t open_file(load_ctx_t *lc, int index, const char *name, fsdp_st_file_t **f_p)
+{
+    char path[PATH_MAX];
+    if (lc->files[index] == NULL) {
+        fsdp_status_t status = fsdp_ckpt_path_join(path, sizeof(path), lc->dir, name);
+        if (status == FSDP_OK)
+            status = fsdp_st_open(path, &lc->files[index]);
+        if (status != FSDP_OK)
+            return status;
+    }
+    *f_p = lc->files[index];
+    return FSDP_OK;
+}
+
+static fsdp_status_t bad_checkpoint(const load_ctx_t *lc, const char *what)
+{
+    fsdp_error("%s: %s", lc->dir, what);
+    return FSDP_ERR_FORMAT;
+}
+
+/* Weights and optimizer state must be finite: a NaN would surface only as a NaN loss later. */
+static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, const float *p,
+                                      size_t n, size_t start)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(p[i])) {
+            fsdp_error("%s: tensor '%s' holds %s at element %zu: refused (a diverged run's save, "
+                       "or a damaged file)",
+                       lc->dir, name, isnan(p[i]) ? "NaN" : "Inf", start + i);
+            return FSDP_ERR_FORMAT;
+        }
+    }
+    return FSDP_OK;
+}
+
+/* A step count beyond this is corruption. */
+#define CKPT_STEP_MAX FSDP_OPTIM_STEP_MAX
+
+/* obj.key as an integer in [min, max], or one line naming the file and the field. `field` is
+ * the path to obj ("" at the top), e.g. "optimizer_steps.fc1.weight". */
+static fsdp_status_t meta_int(const load_ctx_t *lc, json_t *obj, const char *field, const char *key,
+                              int64_t min, int64_t max, int64_t *value_p)
+{
+    json_t *v = json_object_get(obj, key);
+    const char *dot = field[0] != '\0' ? "." : "";
+
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        char got[64];
+
+        if (v == NULL)
+            snprintf(got, sizeof(got), "missing");
+        else if (!json_is_integer(v))
+            snprintf(got, sizeof(got), "not an integer");
+        else
+            snprintf(got, sizeof(got), "%lld", (long long)json_integer_value(v));
+        fsdp_error("%s/checkpoint.json: %s%s%s is %s: expected an integer in [%lld, %lld]", lc->dir,
+                   field, dot, key, got, (long long)min, (long long)max);
+        return FSDP_ERR_FORMAT;
+    }
+    *value_p = json_integer_value(v);
+    return FSDP_OK;
+}
+
+/* obj.key as a boolean, likewise. */
+static fsdp_status_t meta_bool(const load_ctx_t *lc, json_t *obj, const char *field,
+                               const char *key, int *value_p)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!json_is_boolean(v)) {
+        fsdp_error("%s/checkpoint.json: %s.%s is %s: expected true or false", lc->dir, field, key,
+                   v == NULL ? "missing" : "not a boolean");
+        return FSDP_ERR_FORMAT;
+    }
+    *value_p = json_is_true(v);
+    return FSDP_OK;
+}
+
+/* A unit's or parameter's optimizer step and buffer flag from optimizer_steps.<name>. */
+static fsdp_status_t meta_opt_step(const load_ctx_t *lc, const char *name, int64_t *step_p,
+                                   int *has_buffer_p)
+{
+    json_t *ps = json_object_get(json_object_get(lc->meta, "optimizer_steps"), name);
+    char field[600];
+    fsdp_status_t status;
+
+    if (!json_is_object(ps)) {
+        fsdp_error("%s/checkpoint.json: optimizer_steps has no entry for '%s': the checkpoint "
+                   "was saved from another model or wrapping",
+                   lc->dir, name);
+        return FSDP_ERR_FORMAT;
+    }
+    snprintf(field, sizeof(field), "optimizer_steps.%s", name);
+    status = meta_int(lc, ps, field, "step", 0, CKPT_STEP_MAX, step_p);
+    if (status == FSDP_OK)
+        status = meta_bool(lc, ps, field, "has_buffer", has_buffer_p);
+    return status;
+}
+
+/* Fills dst[0 .. n) with elements [start, start + n) of the flattened tensor `name` (a
+ * parameter or `state.<param>.<buffer>`) from a sharded checkpoint's pieces. */
+static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t start, size_t n,
+                                        float *dst)
+{
+    size_t covered = 0;
+    char prefix[600];
+    size_t plen;
+
+    snprintf(prefix, sizeof(prefix), "%s@", name);
+    plen = strlen(prefix);
+    for (int r = 0; r < lc->old_world && covered < n; r++) {
+        char fname[64];
+        fsdp_st_file_t *f;
+        fsdp_status_t status;
+        snprintf(fname, sizeof(fname), "rank-%05d.safetensors", r);
+        status = open_file(lc, r, fname, &f);
+        if (status != FSDP_OK)
+            return status;
+        for (int t = 0; t < fsdp_st_num_tensors(f); t++) {
+            const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f, t);
+            char *end;
+            size_t off, cnt, lo, hi;
+            if (strncmp(ten->name, prefix, plen) != 0)
+                continue;
+            off = strtoull(ten->name + plen, &end, 10);
+            if (*end != '\0' || strcmp(ten->dtype, "F32") != 0 || ten->ndim != 1)
+                return bad_checkpoint(lc, "a piece is not a 1-d F32 tensor named <name>@offset");
+            cnt = (size_t)ten->numel;
+            lo = off > start ? off : start;
+            hi = off + cnt < start + n ? off + cnt : start + n;
+            if (lo >= hi)
+                continue;
+            memcpy(dst + (lo - start), (const float *)ten->data + (lo - off),
+                   (hi - lo) * sizeof(float));
+            covered += hi - lo;
+        }
+    }
+    if (covered != n) {
+        char msg[700];
+        snprintf(msg, sizeof(msg), "the pieces of '%s' cover %zu of the %zu elements needed", name,
+                 covered, n);
+        return bad_checkpoint(lc, msg);
+    }
+    return FSDP_OK;
+}
+
+/* Fills dst with elements [start, start + n) of tensor `name` of a full checkpoint file. */
+static fsdp_status_t read_full_range(load_ctx_t *lc, int file, const fsdp_param_info_t *pi,
+                                     const char *name, size_t start, size_t n, float *dst)
+{
+    fsdp_st_file_t *f;
+    const fsdp_st_tensor_t *t;
+    fsdp_status_t status;
+    char msg[700];
+
+    status = open_file(lc, file, file == 0 ? "model.safetensors" : "optimizer.safetensors", &f);
+    if (status != FSDP_OK)
+        return status;
+    t = fsdp_st_find(f, name);
+    if (t == NULL) {
+        snprintf(msg, sizeof(msg), "no tensor '%s' in the checkpoint", name);
+        return bad_checkpoint(lc, msg);
+    }
+    if (strcmp(t->dtype, "F32") != 0 || t->numel != pi->numel) {
+        snprintf(msg, sizeof(msg), "tensor '%s' is %s with %llu elements; F32 with %zu expected",
+                 name, t->dtype, (unsigned long long)t->numel, pi->numel);
+        return bad_checkpoint(lc, msg);
+    }
+    memcpy(dst, (const float *)t->data + start, n * sizeof(float));
+    return FSDP_OK;
+}
+
+/* LOCAL: the unit's flat shards from this rank's own file; the same world and sharding only. */
+static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt)
+{
+    fsdp_t *fs = lc->fs;
+    fsdp_dev_t *dev = fsdp_device(fs);
+    json_t *ui = json_object_get(json_object_get(lc->meta, "units"), fsdp_unit_name(u));
+    size_t n = fsdp_unit_shard_numel(u);
+    char fname[64], base[400], msg[600];
+    fsdp_st_file_t *f;
+    unit_bufs_t b;
+    fsdp_status_t status;
+    int64_t step = 0;
+    int has_buffer = 0;
+
+    if (lc->old_world != dev->world_size || !json_is_object(ui) ||
+        (size_t)json_integer_value(json_object_get(ui, "shard_numel")) != n) {
+        snprintf(msg, sizeof(msg),
+                 "a local checkpoint (saved on %d ranks) loads only into the same world size and "
+                 "sharding; unit '%s' differs: load a sharded or full checkpoint instead",
+                 lc->old_world, fsdp_unit_name(u));
+        return bad_checkpoint(lc, msg);
+    }
+    if (opt != NULL) {
+        status = meta_opt_step(lc, fsdp_unit_name(u), &step, &has_buffer);
+        if (status != FSDP_OK)
+            return status;
+    }
+    snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
+    status = open_file(lc, dev->rank, fname, &f);
+    if (status == FSDP_OK)
+        status = fsdp_ckpt_get_bufs(u, opt, opt != NULL, &b);
+    snprintf(base, sizeof(base), "%s.flat_param", fsdp_unit_name(u));
+    for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+        char name[512];
+        const fsdp_st_tensor_t *t;
+        fsdp_ckpt_tensor_name(name, sizeof(name), base, b.names[k]);
+        t = fsdp_st_find(f, name);
+        if (t == NULL || strcmp(t->dtype, "F32") != 0 || t->numel != n) {
+            snprintf(msg, sizeof(msg), "tensor '%s' missing, or not %zu F32 elements", name, n);
+            return bad_checkpoint(lc, msg);
+        }
+        snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+        if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+            return FSDP_ERR_FORMAT;
+        status = dev->ops->memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
+                                        fsdp_compute_stream(fs));
+        if (status == FSDP_OK)
+            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+    }
+    if (status == FSDP_OK && opt != NULL)
+        status = fsdp_optim_set_unit_step(opt, u, step, has_buffer);
+    return status;
+}
+
+static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt)
+{
+    fsdp_t *fs = lc->fs;
+    fsdp_dev_t *dev = fsdp_device(fs);
+    unit_bufs_t b;
+    fsdp_status_t status;
+    int64_t step = 0;
+    int has_buffer = 0, have_step = 0;
+
+    if (lc->type == FSDP_STATE_DICT_LOCAL)
+        return load_unit_local(lc, u, opt);
+    status = fsdp_ckpt_get_bufs(u, opt, opt != NULL, &b);
+    for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
+        fsdp_param_info_t pi;
+        fsdp_unit_param_info(u, j, &pi);
+        if (pi.tied_to >= 0)
+            continue;
+        if (opt != NULL) {
+            status = meta_opt_step(lc, pi.name, &step, &has_buffer);
+            if (status != FSDP_OK)
+                return status;
+            have_step = 1;
+        }
+        if (!pi.in_shard || pi.numel_in_shard == 0)
+            continue;
+        for (int k = 0; k < b.n && status == FSDP_OK; k++) {
+            char name[512];
+            float *tmp = malloc(pi.numel_in_shard * sizeof(float));
+            if (tmp == NULL)
+                return FSDP_ERR_NO_MEMORY;
+            fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
+            if (lc->type == FSDP_STATE_DICT_SHARDED)
+                status = read_sharded_range(lc, name, pi.intra_start, pi.numel_in_shard, tmp);
+            else
+                status = read_full_range(lc, k == 0 ? 0 : 1, &pi, name, pi.intra_start,
+                                         pi.numel_in_shard, tmp);
+            if (status == FSDP_OK)
+                status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
+            if (status == FSDP_OK)
+                status = dev->ops->memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
+                                                pi.numel_in_shard * sizeof(float),
+                                                fsdp_compute_stream(fs));
+            if (status == FSDP_OK)
+                status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            free(tmp);
+        }
+    }
+    if (status == FSDP_OK && opt != NULL && have_step)
+        status = fsdp_optim_set_unit_step(opt, u, step, has_buffer);
+    return status;
+}
+
+/* The module buffers, whole, from model.safetensors (FULL), rank 0's file (SHARDED) or this
+ * rank's own file (LOCAL). */
+static fsdp_status_t load_module_buffers(load_ctx_t *lc)
+{
+    fsdp_t *fs = lc->fs;
+    int rank = fsdp_device(fs)->rank;
+    int index = lc->type == FSDP_STATE_DICT_LOCAL ? rank : 0;
+    char fname[64], msg[700];
+    fsdp_status_t status = FSDP_OK;
+
+    if (lc->type == FSDP_STATE_DICT_FULL)
+        snprintf(fname, sizeof(fname), "model.safetensors");
+    else
+        snprintf(fname, sizeof(fname), "rank-%05d.safetensors", index);
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        for (int j = 0; j < fsdp_unit_num_buffers(u) && status == FSDP_OK; j++) {
+            fsdp_param_info_t bi;
+            const fsdp_st_tensor_t *t;
+            fsdp_st_file_t *f;
+            fsdp_unit_buffer_info(u, j, &bi);
+            if (index >= lc->nfiles)
+                return bad_checkpoint(lc, "a local checkpoint of fewer ranks holds no buffers "
+                                          "for this rank");
+            status = open_file(lc, index, fname, &f);
+            if (status != FSDP_OK)
+                return status;
+            t = fsdp_st_find(f, bi.name);
+            if (t == NULL || strcmp(t->dtype, "F32") != 0 || t->numel != bi.numel) {
+                snprintf(msg, sizeof(msg),
+                         "buffer '%s' missing from %s, or not %zu F32 "
+                         "elements",
+                         bi.name, fname, bi.numel);
+                return bad_checkpoint(lc, msg);
+            }
+            snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
+            if (fsdp_st_check_finite(t, msg) != FSDP_OK)
+                return FSDP_ERR_FORMAT;
+            status = fsdp_unit_set_buffer(u, j, t->data);
+        }
+    }
+    return status;
+}
+
+static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
+{
+    char path[PATH_MAX], sub[128];
+    json_error_t err;
+    fsdp_status_t status;
+    int64_t v = 0;
+    FILE *f;
+    json_t *t;
+
+    if (fsdp_ckpt_path_join(path, sizeof(path), dir, "latest") != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    f = fopen(path, "r");
+    if (f == NULL) {
+        fsdp_error("%s: no checkpoint here (cannot read %s: %s)", dir, path, strerror(errno));
+        return FSDP_ERR_NOT_FOUND;
+    }
+    if (fgets(sub, sizeof(sub), f) == NULL)
+        sub[0] = '\0';
+    fclose(f);
+    sub[strcspn(sub, "\r\n")] = '\0';
+    if (sub[0] == '\0' || strchr(sub, '/') != NULL || strcmp(sub, "..") == 0) {
+        fsdp_error("%s: malformed latest file", path);
+        return FSDP_ERR_FORMAT;
+    }
+    if (fsdp_ckpt_path_join(lc->dir, sizeof(lc->dir), dir, sub) != FSDP_OK ||
+        fsdp_ckpt_path_join(path, sizeof(path), lc->dir, "checkpoint.json") != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    lc->meta = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (lc->meta == NULL) {
+        fsdp_error("%s: %s (line %d)", path, err.text, err.line);
+        return FSDP_ERR_FORMAT;
+    }
+    t = json_object_get(lc->meta, "format");
+    if (!json_is_string(t) || strcmp(json_string_value(t), CKPT_FORMAT) != 0 ||
+        json_integer_value(json_object_get(lc->meta, "version")) != CKPT_VERSION)
+        return bad_checkpoint(lc, "checkpoint.json is not a libfsdp checkpoint of version 1");
+    t = json_object_get(lc->meta, "type");
+    if (!json_is_string(t) ||
+        !fsdp_state_dict_type_parse(json_string_value(t), (fsdp_state_dict_type_t *)&lc->type))
+        return bad_checkpoint(lc, "checkpoint.json has no type full, sharded or local");
+    status = meta_int(lc, lc->meta, "", "world_size", 1, 1 << 20, &v);
+    lc->old_world = (int)v;
+    if (status == FSDP_OK)
+        status = meta_int(lc, lc->meta, "", "step", 0, CKPT_STEP_MAX, &lc->step);
+    if (status == FSDP_OK && json_object_get(lc->meta, "optimizer") != NULL)
+        status = meta_int(lc, lc->meta, "", "optimizer_num_steps", 0, CKPT_STEP_MAX,
+                          &lc->optim_num_steps);
+    return status;
+}
+
+fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *dir, int64_t *step_p)
+{
+    load_ctx_t lc;
+    fsdp_status_t status;
+
+    memset(&lc, 0, sizeof(lc));
+    lc.fs = fs;
+    status = dir ? read_meta(&lc, dir) : FSDP_ERR_INVALID_PARAM;
+    if (status == FSDP_OK && opt != NULL && !json_is_string(json_object_get(lc.meta, "optimizer")))
+        status = bad_checkpoint(&lc, "saved without optimizer state; load it without one");
+    if (status == FSDP_OK && opt != NULL &&
+        strcmp(json_string_value(json_object_get(lc.meta, "optimizer")),
+               fsdp_optim_config(opt)->kind == FSDP_OPTIM_ADAMW ? "adamw" : "sgd") != 0)
+        status = bad_checkpoint(&lc, "the optimizer differs from the one saved");
+    if (status == FSDP_OK) {
+        lc.nfiles = lc.type == FSDP_STATE_DICT_FULL ? 2 : lc.old_world;
+        lc.files = calloc((size_t)lc.nfiles, sizeof(*lc.files));
+        if (lc.files == NULL)
+            status = FSDP_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        if (fsdp_unit_has_params(u))
+            status = load_unit(&lc, u, opt);
+    }
+    if (status == FSDP_OK)
+        status = load_module_buffers(&lc);
+    if (status == FSDP_OK && opt != NULL)
+        fsdp_optim_set_num_steps(opt, lc.optim_num_steps);
+    if (status == FSDP_OK && step_p != NULL)
+        *step_p = lc.step;
+    for (int i = 0; lc.files && i < lc.nfiles; i++)
+        fsdp_st_close(lc.files[i]);
+    free(lc.files);
+    json_decref(lc.meta);
+    return fsdp_ckpt_agree(fs, status);
+}
+
+/* ---- consolidate ---- */
+
+/* A copy of a whole F32 tensor of a checkpoint file into the list. */
+static fsdp_status_t list_add_copy(entry_list_t *l, int *ndims, const fsdp_st_tensor_t *t)
+{
+    float *copy = malloc(t->nbytes + 1);
+    fsdp_status_t status;
+
+    if (copy == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    memcpy(copy, t->data, t->nbytes);
+    ndims[l->n] = t->ndim;
+    status = fsdp_ckpt_list_add(l, t->name, t->ndim, t->shape, copy);
+    if (status != FSDP_OK)
+        free(copy);
+    return status;
+}
+
+/* SHARDED: every parameter of checkpoint.json from its pieces, then rank 0's module buffers
+ * (its tensors with no @offset). */
+static fsdp_status_t consolidate_sharded(load_ctx_t *lc, entry_list_t *l, int *ndims)
+{
+    json_t *params = json_object_get(lc->meta, "params"), *p;
+    fsdp_st_file_t *f0;
+    fsdp_status_t status;
+    const char *name;
+
+    if (!json_is_object(params))
+        return bad_checkpoint(lc, "checkpoint.json has no params");
+    json_object_foreach (params, name, p) {
+        json_t *shape = json_object_get(p, "shape");
+        int64_t dims[FSDP_MAX_DIMS];
+        size_t numel = (size_t)json_integer_value(json_object_get(p, "numel")), n = 1;
+        int ndim = (int)json_array_size(shape);
+        float *full;
+        if (!json_is_array(shape) || ndim > FSDP_MAX_DIMS)
+            return bad_checkpoint(lc, "a parameter of checkpoint.json has no valid shape");
+        for (int d = 0; d < ndim; d++) {
+            dims[d] = json_integer_value(json_array_get(shape, (size_t)d));
+            n *= (size_t)dims[d];
+        }
+        if (n != numel || dims[0] < 0)
+            return bad_checkpoint(lc, "a parameter's numel is not the product of its shape");
+        full = malloc(numel * sizeof(float) + 1);
+        if (full == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        status = read_sharded_range(lc, name, 0, numel, full);
+        ndims[l->n] = ndim;
+        if (status == FSDP_OK)
+            status = fsdp_ckpt_list_add(l, name, ndim, dims, full);
+        if (status != FSDP_OK) {
+            free(full);
+            return status;
+        }
+    }
+    status = open_file(lc, 0, "rank-00000.safetensors", &f0);
+    for (int t = 0; t < fsdp_st_num_tensors(f0) && status == FSDP_OK; t++) {
+        const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f0, t);
+        if (strchr(ten->name, '@') == NULL)
+            status = list_add_copy(l, ndims, ten);
+    }
+    return status;
+}
+
+fsdp_status_t fsdp_checkpoint_consolidate(const char *dir, const char *out_path, int64_t *step_p)
+{
+    static const char *const pt[] = {"format", "pt"};
+    entry_list_t l = {0};
+    int *ndims = NULL;
+    load_ctx_t lc;
+    fsdp_status_t status;
+
+    memset(&lc, 0, sizeof(lc));
+    if (dir == NULL || out_path == NULL) {
+        fsdp_error("consolidate: a checkpoint directory and an output file are needed");
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    status = read_meta(&lc, dir);
+    if (status == FSDP_OK && lc.type == FSDP_STATE_DICT_LOCAL)
+        status = bad_checkpoint(&lc, "a local checkpoint holds flat shards without parameter "
+                                     "names; only a full or sharded one consolidates");
+    if (status == FSDP_OK) {
+        lc.nfiles = lc.type == FSDP_STATE_DICT_FULL ? 2 : lc.old_world;
+        lc.files = calloc((size_t)lc.nfiles, sizeof(*lc.files));
+        if (lc.files == NULL)
+            status = FSDP_ERR_NO_MEMORY;
+    }
+    if (status == FSDP_OK && lc.type == FSDP_STATE_DICT_FULL) {
+        fsdp_st_file_t *f;
+        status = open_file(&lc, 0, "model.safetensors", &f);
+        if (status == FSDP_OK) {
+            ndims = calloc((size_t)fsdp_st_num_tensors(f) + 1, sizeof(int));
+            status = ndims != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
+        }
+        for (int t = 0; status == FSDP_OK && t < fsdp_st_num_tensors(f); t++)
+            status = list_add_copy(&l, ndims, fsdp_st_tensor_at(f, t));
+    } else if (status == FSDP_OK) {
+        fsdp_st_file_t *f0;
+        size_t n = json_object_size(json_object_get(lc.meta, "params"));
+        status = open_file(&lc, 0, "rank-00000.safetensors", &f0);
+        if (status == FSDP_OK) {
+            ndims = calloc(n + (size_t)fsdp_st_num_tensors(f0) + 1, sizeof(int));
+            status = ndims != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
+        }
+        if (status == FSDP_OK)
+            status = consolidate_sharded(&lc, &l, ndims);
+    }
+    if (status == FSDP_OK) {
+        fsdp_ckpt_list_finish(&l, ndims);
+        status = fsdp_st_write(out_path, l.e, l.n, pt, 1);
+    }
+    if (status == FSDP_OK && step_p != NULL)
+        *step_p = json_integer_value(json_object_get(lc.meta, "step"));
+    if (status == FSDP_ERR_NO_MEMORY)
+        fsdp_error("consolidate: out of host memory");
+    free(ndims);
+    fsdp_ckpt_list_free(&l);
+    for (int i = 0; lc.files && i < lc.nfiles; i++)
+        fsdp_st_close(lc.files[i]);
+    free(lc.files);
+    json_decref(lc.meta);
+    return status;
+}
