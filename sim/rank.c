@@ -212,9 +212,8 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, u
     if (book != NULL && fsdp_sim_holds_record(book, dev->super.rank, &rec) != 0)
         dev->acct_oom = 1;
     if (dev->prior != NULL &&
-        (dev->n_issued >= dev->n_prior || dev->prior[dev->n_issued].what != what)) {
+        (dev->n_issued >= dev->n_prior || dev->prior[dev->n_issued].what != what))
         dev->prior = NULL;
-    }
     /* the earlier run's later holds, moved by how much later this one started than it did then */
     if (dev->prior != NULL)
         dev->prior_shift = start - dev->prior[dev->n_issued].hold.start;
