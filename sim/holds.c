@@ -75,6 +75,18 @@ void fsdp_sim_holds_begin(fsdp_sim_holds_t *h)
         h->current[r].n = 0;
 }
 
+void fsdp_sim_holds_repeat(fsdp_sim_holds_t *h)
+{
+    hold_list_t *t;
+
+    if (h == NULL)
+        return;
+    /* the next launch swaps them back: its prior is the last run's prior */
+    t = h->prior;
+    h->prior = h->current;
+    h->current = t;
+}
+
 const fsdp_sim_hold_rec_t *fsdp_sim_holds_prior(const fsdp_sim_holds_t *h, int rank, size_t *n_p)
 {
     *n_p = h->prior[rank].n;

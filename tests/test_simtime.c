@@ -1366,6 +1366,12 @@ static void test_sm_book(void)
     CU_ASSERT_EQUAL(fsdp_sim_holds_count(book, 4), 0);
     a = end[1];
     CU_ASSERT(a > 0.0 && a < g);
+    /* repeating that run: priced as it was, with no earlier holds */
+    fsdp_sim_holds_repeat(book);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(end[0], g);
+    CU_ASSERT_EQUAL(fsdp_sim_holds_count(book, 0), 1);
+    fsdp_sim_holds_repeat(NULL);
     /* the next runs: the all-gather of the run before holds an SM of the GEMM's over [0, a) */
     for (int run = 0; run < 2; run++) {
         CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, sm_before_rank, end, NULL), FSDP_OK);

@@ -834,6 +834,8 @@ typedef struct summary {
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
     int simulated;                    /* ranks simulated (fewer than the world with symmetry) */
+    int runs;                         /* times the job was simulated (run_plan) */
+    double last_change;               /* of the step time between the last two, relative */
 } summary_t;
 
 /* The dtype GEMMs run in: MFU is against its peak. */
@@ -955,7 +957,7 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
  * (FSDP's forward all-gathers) would leave them all the SMs: the job runs again with the SMs its
  * collectives held in the run before (fsdp_sim_holds_t) until its step time changes by less
  * than a part in 10^4, up to PLAN_RUNS runs (each run moves it by a fifth or less of the run
- * before); the trace is of one more run with the last holds. */
+ * before); --trace traces the last run again, repeated exactly. */
 #define PLAN_RUNS 6
 
 static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
@@ -963,18 +965,26 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
 {
     fsdp_sim_holds_t *holds = fsdp_sim_holds_create(a->world);
     summary_t s;
-    double last = 0.0;
+    double last = 0.0, change = 0.0;
+    int runs = 0;
 
     for (int i = 0; i < PLAN_RUNS; i++) {
         s = run_once(a, cfg, capacity, res, holds, holds == NULL && a->trace_path != NULL);
-        if (holds == NULL || s.status != FSDP_OK || s.oom ||
-            (i > 0 && fabs(s.step_time - last) <= 1e-4 * s.step_time))
+        runs++;
+        if (i > 0)
+            change = s.step_time > 0.0 ? fabs(s.step_time - last) / s.step_time : 0.0;
+        if (holds == NULL || s.status != FSDP_OK || s.oom || (i > 0 && change <= 1e-4))
             break;
         last = s.step_time;
     }
-    if (holds != NULL && a->trace_path != NULL)
+    /* the trace is of the last run, repeated: the same figures as without --trace */
+    if (holds != NULL && a->trace_path != NULL) {
+        fsdp_sim_holds_repeat(holds);
         s = run_once(a, cfg, capacity, res, holds, 1);
+    }
     fsdp_sim_holds_destroy(holds);
+    s.runs = runs;
+    s.last_change = change;
     return s;
 }
 
@@ -1257,6 +1267,14 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
         printf("fits: yes: peak reserved %.2f GiB of %s per GPU\n",
                (double)s.peak_reserved / (double)((size_t)1 << 30), cap);
     print_simulated(a, s.simulated, s.simulated);
+    if (s.runs > 1 && s.last_change == 0.0)
+        printf("simulated %d times, each run pricing its kernels with the SMs the collectives of "
+               "the run before held (docs/costs.md): the last two agree\n",
+               s.runs);
+    else if (s.runs > 1)
+        printf("simulated %d times, each run pricing its kernels with the SMs the collectives of "
+               "the run before held (docs/costs.md): the last moved the step time by %.2g%%\n",
+               s.runs, 100.0 * s.last_change);
     if (a->plot_path != NULL && plot_plan(a, &s) != FSDP_OK) {
         cli_error("--plot: cannot draw %s (see the message above)", a->plot_path);
         return EXIT_ERROR;

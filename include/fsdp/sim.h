@@ -301,6 +301,10 @@ FSDP_API fsdp_sim_holds_t *fsdp_sim_holds_create(int world_size);
 FSDP_API void fsdp_sim_holds_destroy(fsdp_sim_holds_t *holds);
 /* The holds rank recorded in the last run with the book (0 for a rank that did not run). */
 FSDP_API size_t fsdp_sim_holds_count(const fsdp_sim_holds_t *holds, int rank);
+/* Makes the next run with the book price its kernels as the last run did (with the same
+ * earlier holds), so that it repeats the last run exactly: to trace a run already made.
+ * Accepts NULL. */
+FSDP_API void fsdp_sim_holds_repeat(fsdp_sim_holds_t *holds);
 
 typedef struct fsdp_sim_params {
     int world_size;         /* >= 1; default 1 */
