@@ -12,8 +12,8 @@ plan=${1:-$(dirname "$0")/../fsdp-plan}
 [ $# -gt 0 ] && shift
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-printf '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 50e9}}\n' >"$dir/a100-400g.json"
-printf '{"base": "h100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 100e9}}\n' >"$dir/h100-800g.json"
+printf '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 47e9}}\n' >"$dir/a100-400g.json"
+printf '{"base": "h100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 94e9}}\n' >"$dir/h100-800g.json"
 
 tt="--profile a100:nodes=8 --mixed-precision param=bf16,reduce=fp32"
 ibm_a="--profile $dir/a100-400g.json:nodes=16 --mixed-precision bf16 --local-batch 2"
