@@ -956,8 +956,8 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
 /* A kernel is priced when it is issued, so a collective issued after the kernels it overlaps
  * (FSDP's forward all-gathers) would leave them all the SMs: the job runs again with the SMs its
  * collectives held in the run before (fsdp_sim_holds_t) until its step time changes by less
- * than a part in 10^4, up to PLAN_RUNS runs (each run moves it by a fifth or less of the run
- * before); --trace traces the last run again, repeated exactly. */
+ * than a part in 10^4, up to PLAN_RUNS runs (each run moves it by a tenth to a fifth of what
+ * the run before moved it); --trace traces the last run again, repeated exactly. */
 #define PLAN_RUNS 6
 
 static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t capacity,
