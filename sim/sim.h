@@ -136,6 +136,12 @@ typedef struct fsdp_sim_spans {
     size_t n, cap;
 } fsdp_sim_spans_t;
 
+/* The SMs a collective's kernel held on a rank: [start, end) in virtual seconds. */
+typedef struct fsdp_sim_sm_hold {
+    double start, end;
+    int sms;
+} fsdp_sim_sm_hold_t;
+
 /* A hold as a book records it: what the collective was, to tell a changed job (holds.c). */
 typedef struct fsdp_sim_hold_rec {
     fsdp_sim_sm_hold_t hold;

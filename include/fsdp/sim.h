@@ -278,19 +278,14 @@ FSDP_API const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
 FSDP_API double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
                                    double bytes);
 
-/* The SMs a collective's kernel held on a rank: [start, end) in virtual seconds. */
-typedef struct fsdp_sim_sm_hold {
-    double start, end;
-    int sms;
-} fsdp_sim_sm_hold_t;
-
 /* A book of the SMs each rank's collectives held over a run, in the order the rank issued them,
  * kept for the next run of the same job (fsdp_sim_params_t.holds). A kernel is priced when it is
  * issued, so a GEMM issued before a collective that overlaps it would run on the whole GPU (FSDP's
  * forward issues the next unit's all-gather after the kernels it overlaps); a run given the book
  * of an earlier run of the job also prices each GEMM and attention kernel with the holds of the
- * collectives the rank has not issued yet, as they ran then. Run the job until its times settle
- * (fsdp-plan runs until the step time changes by less than a part in 10^9, four runs at most).
+ * collectives the rank has not issued yet, as they ran then, moved by how much later the rank's
+ * last issued collective started than it did then. Run the job until its times settle
+ * (fsdp-plan runs until the step time changes by less than a part in 10^4, six runs at most).
  * A rank whose collectives differ from the earlier run's (kind, count, dtype, group size) stops
  * using them at the first difference. */
 typedef struct fsdp_sim_holds fsdp_sim_holds_t;
