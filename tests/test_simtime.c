@@ -1390,6 +1390,51 @@ static void test_sm_book(void)
     fsdp_sim_holds_destroy(NULL);
 }
 
+/* Hybrid sharding's replicate groups on nodes of one NIC: 8 groups of one rank per node on 2
+ * nodes all-reduce at once and share each node's NIC (fsdp_sim_coll_time_shared with the
+ * launch's 8 ranks a node); the shard groups, inside a node, do not use it. */
+static fsdp_status_t nic_rank(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    const fsdp_sim_profile_t *p = fsdp_sim_rank_profile(dev);
+    fsdp_group_t *rep = NULL;
+    fsdp_stream_t *s = NULL;
+    double *cost = arg, ready;
+    fsdp_status_t st;
+
+    st = ops->group_split(dev, ops->group_world(dev), dev->rank % 8, dev->rank, &rep);
+    if (st == FSDP_OK)
+        st = ops->stream_create(dev, "rep", 0, &s);
+    ready = ops->host_time(dev) + p->host.launch_latency_s;
+    if (st == FSDP_OK)
+        st = ops->all_reduce(dev, rep, NULL, NULL, (size_t)1 << 26, FSDP_DTYPE_F32,
+                             FSDP_REDUCE_SUM, s);
+    cost[dev->rank] = fsdp_sim_stream_time(dev, s) - ready;
+    ops->stream_destroy(dev, s);
+    ops->group_destroy(dev, rep);
+    return st;
+}
+
+static void test_nic_sharing(void)
+{
+    fsdp_sim_params_t p;
+    double cost[16], shared, alone;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 16;
+    p.ranks_per_node = 8;
+    p.mode = FSDP_SIM_SHAPE;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &p.profile), FSDP_OK);
+    p.profile.nccl.nics_per_node = 1;
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, nic_rank, cost, NULL), FSDP_OK);
+    shared = fsdp_sim_coll_time_shared(&p.profile, FSDP_SIM_COLL_ALL_REDUCE, 2, 2, 8,
+                                       4.0 * (1 << 26), NULL);
+    alone = fsdp_sim_coll_time(&p.profile, FSDP_SIM_COLL_ALL_REDUCE, 2, 2, 4.0 * (1 << 26), NULL);
+    CU_ASSERT(shared > 4.0 * alone); /* an eighth of the NIC: the bytes' part 8x longer */
+    for (int r = 0; r < 16; r++)
+        CU_ASSERT_DOUBLE_EQUAL(cost[r], shared, 1e-12 * shared);
+}
+
 /* ---- fibers: what fails a collective still fails it, never hangs ---- */
 
 static fsdp_status_t fiber_fail_rank(fsdp_dev_t *dev, void *arg)
@@ -1456,6 +1501,7 @@ int main(void)
         {"stream, device and accounting queries", test_query_api},
         {"collectives take SMs from GEMMs", test_sm_contention},
         {"a book of held SMs prices kernels issued before their collective", test_sm_book},
+        {"replicate groups share their nodes' NICs", test_nic_sharing},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},
         {NULL, NULL},
     };
