@@ -228,9 +228,17 @@ static void export_counters(export_ctx_t *x, int rank, const fsdp_trace_event_t 
     fputs("}}", x->f);
 }
 
-/* Seconds as whole nanoseconds: every time is rounded once, before any difference. */
+/* Seconds as whole nanoseconds: every time is rounded once, before any difference. A damaged
+ * trace's time is taken as 0 when it is not a number and within +-1e9 s otherwise, so that the
+ * difference of two always fits. */
 static long long export_ns(double seconds)
 {
+    if (isnan(seconds))
+        return 0;
+    if (seconds > 1e9)
+        seconds = 1e9;
+    else if (seconds < -1e9)
+        seconds = -1e9;
     return llround(seconds * 1e9);
 }
 
