@@ -139,9 +139,7 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
         return status;
     if (call->end > s->clock)
         s->clock = call->end;
-    fsdp_sim_hold_sms(d, call->start, call->end, call->sms,
-                      (uint64_t)call->kind << 56 ^ (uint64_t)call->dtype << 48 ^
-                          (uint64_t)h->super.size << 24 ^ (uint64_t)call->count);
+    fsdp_sim_hold_sms(d, call, h->super.size);
     /* as NCCL counts bytes: the full buffer of an all-gather or reduce-scatter */
     nbytes = (double)call->count * (double)fsdp_dtype_size(call->dtype);
     if (call->kind == FSDP_SIM_COLL_ALL_GATHER || call->kind == FSDP_SIM_COLL_REDUCE_SCATTER)

@@ -19,6 +19,8 @@
  */
 #include "sim.h"
 
+#include "kernels/attn_dims.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -294,13 +296,10 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
     case FSDP_K_ATTENTION_BWD: {
         /* the fused kernel itself, plus repeat_kv's copies of k and v to every query head
          * (HF's and torchtitan's grouped-query attention) and their sums in backward */
-        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
-        double b = (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch);
-        double t = (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq);
-        double h = (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads);
-        double kv = (double)(fwd ? k->u.attention_fwd.kv_heads : k->u.attention_bwd.kv_heads);
-        double hd = (double)(fwd ? k->u.attention_fwd.head_dim : k->u.attention_bwd.head_dim);
-        e = dsz(fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype);
+        fsdp_attn_dims_t a = fsdp_attn_dims(k);
+        int fwd = a.fwd;
+        double b = a.batch, t = a.seq, h = a.heads, kv = a.kv_heads, hd = a.head_dim;
+        e = dsz(a.dtype);
         if (kv >= h)
             return 0;
         for (int i = 0; i < 2; i++)
@@ -373,13 +372,9 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
     }
     /* fused attention: its products on tensor cores, at the attention kernel's efficiency */
     if (k->kind == FSDP_K_ATTENTION_FWD || k->kind == FSDP_K_ATTENTION_BWD) {
-        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
-        fsdp_dtype_t dt = fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype;
-        double q = fsdp_sim_attention_quantization(
-            (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch),
-            (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads),
-            (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq), sms);
-        tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, dt),
+        fsdp_attn_dims_t a = fsdp_attn_dims(k);
+        double q = fsdp_sim_attention_quantization(a.batch, a.heads, a.seq, sms);
+        tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, a.dtype),
                        p->gpu.attention_efficiency * q * share);
         tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
         t = (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;

@@ -554,8 +554,9 @@ static void fsdp_sim_par_batch_part(void *arg, size_t part)
         status = fsdp_sim_gemm_ex(
             k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n, k->u.gemm.k,
             k->u.gemm.alpha, (const char *)k->u.gemm.a + i * k->u.gemm.stride_a * sa,
-            k->u.gemm.a_dtype, k->u.gemm.lda, (const char *)k->u.gemm.b + i * k->u.gemm.stride_b * sb,
-            k->u.gemm.b_dtype, k->u.gemm.ldb, k->u.gemm.beta,
+            k->u.gemm.a_dtype, k->u.gemm.lda,
+            (const char *)k->u.gemm.b + i * k->u.gemm.stride_b * sb, k->u.gemm.b_dtype,
+            k->u.gemm.ldb, k->u.gemm.beta,
             (char *)k->u.gemm.c + i * k->u.gemm.stride_c * sc, k->u.gemm.c_dtype, k->u.gemm.ldc,
             NULL);
     if (status != FSDP_OK)
@@ -563,8 +564,8 @@ static void fsdp_sim_par_batch_part(void *arg, size_t part)
 }
 
 /* 1 when a batch of products (a checked descriptor) is worth cutting by product: many small
- * ones (each too small to split itself), all set, whose C blocks are apart (a product's C ends before the next one's
- * starts), without an epilogue (which needs batch <= 1). */
+ * ones (each too small to split itself), all set, whose C blocks are apart (a product's C
+ * ends before the next one's starts), without an epilogue (which needs batch <= 1). */
 static int fsdp_sim_par_batch(const fsdp_kernel_t *k, int threads)
 {
     size_t batch = k->u.gemm.batch, m = k->u.gemm.m, n = k->u.gemm.n;

@@ -199,10 +199,20 @@ void fsdp_sim_host_launch(fsdp_sim_dev_t *dev)
     dev->host_clock += dev->profile->host.launch_overhead_s;
 }
 
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, uint64_t what)
+/* 1 when two records are of the same collective (their holds aside) */
+static int same_collective(const fsdp_sim_hold_rec_t *a, const fsdp_sim_hold_rec_t *b)
+{
+    return a->kind == b->kind && a->dtype == b->dtype && a->group_size == b->group_size &&
+           a->count == b->count;
+}
+
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size)
 {
     fsdp_sim_holds_t *book = dev->world->params.holds;
-    fsdp_sim_hold_rec_t rec = {{start, end, sms}, what};
+    double start = call->start, end = call->end;
+    int sms = call->sms;
+    fsdp_sim_hold_rec_t rec = {
+        {start, end, sms}, (int)call->kind, (int)call->dtype, group_size, call->count};
     size_t kept = 0;
 
     if (sms <= 0 || !(end > start) || dev->profile->gpu.sms <= 0)
@@ -212,7 +222,7 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, u
     if (book != NULL && fsdp_sim_holds_record(book, dev->super.rank, &rec) != 0)
         dev->acct_oom = 1;
     if (dev->prior != NULL &&
-        (dev->n_issued >= dev->n_prior || dev->prior[dev->n_issued].what != what))
+        (dev->n_issued >= dev->n_prior || !same_collective(&dev->prior[dev->n_issued], &rec)))
         dev->prior = NULL;
     /* the earlier run's later holds, moved by how much later this one started than it did then */
     if (dev->prior != NULL)
@@ -277,8 +287,8 @@ static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, d
             hold_at(&dev->sm_holds[i], 0.0, t, &held, &next);
         for (size_t i = lo; i < hi; i++)
             hold_at(&dev->prior[i].hold, dev->prior_shift, t, &held, &next);
-        on = held == 0 ? full
-                       : fsdp_sim_kernel_time_on(p, k, held < p->gpu.sms ? p->gpu.sms - held : 1);
+        /* at least one SM stays the kernel's (fsdp_sim_kernel_time_on) */
+        on = held == 0 ? full : fsdp_sim_kernel_time_on(p, k, p->gpu.sms - held);
         if (!(on > 0.0) || t + left * on <= next)
             return t + left * on;
         left -= (next - t) / on;

@@ -142,10 +142,11 @@ typedef struct fsdp_sim_sm_hold {
     int sms;
 } fsdp_sim_sm_hold_t;
 
-/* A hold as a book records it: what the collective was, to tell a changed job (holds.c). */
+/* A hold as a book records it, with what the collective was, to tell a changed job (holds.c). */
 typedef struct fsdp_sim_hold_rec {
     fsdp_sim_sm_hold_t hold;
-    uint64_t what; /* kind, count, dtype and group size */
+    int kind, dtype, group_size;
+    size_t count;
 } fsdp_sim_hold_rec_t;
 
 /* A device segment or pinned host segment, for telling copies apart (h2d, d2h, d2d). */
@@ -293,10 +294,10 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
 /* The host pays for one launch (kernel, copy or collective). */
 void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
-/* A collective (`what`: its kind, count, dtype and group size) that ran over [start, end) held
- * `sms` SMs: GEMMs and fused attention issued later that overlap it run on the SMs left; the
+/* The collective `call` of a group of group_size ranks held call->sms SMs over [call->start,
+ * call->end): GEMMs and fused attention issued later that overlap it run on the SMs left; the
  * launch's book (params.holds) records it. */
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, double start, double end, int sms, uint64_t what);
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size);
 
 /* holds.c: the book of params.holds. At a launch, the last run's records become the prior and
  * the records start empty (not thread-safe: before the ranks run). */

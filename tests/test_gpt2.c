@@ -878,8 +878,8 @@ static void test_fsdp_parity(void)
             dl = fmax(dl, fabs(mean - ref->losses[step][0]) / ref->losses[step][0]);
         }
         dp = tensor_diff(&cfg, j->params, ref->params, &kb);
-        fprintf(stderr, "\n  fused attention, full_shard W=%d: losses within %.2g, parameters within "
-                        "%.2g",
+        fprintf(stderr,
+                "\n  fused attention, full_shard W=%d: losses within %.2g, parameters within %.2g",
                 world, dl, dp);
         CU_ASSERT(dl <= 1e-5);
         CU_ASSERT(dp <= 1e-5);

@@ -1,6 +1,8 @@
 /* Kernel names and their roofline costs. */
 #include <fsdp/kernel.h>
 
+#include "kernels/attn_dims.h"
+
 const char *fsdp_kernel_name(fsdp_kernel_kind_t kind)
 {
     switch (kind) {
@@ -225,15 +227,11 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         break;
     case FSDP_K_ATTENTION_FWD:
     case FSDP_K_ATTENTION_BWD: {
-        int fwd = k->kind == FSDP_K_ATTENTION_FWD;
-        double b = (double)(fwd ? k->u.attention_fwd.batch : k->u.attention_bwd.batch);
-        double t = (double)(fwd ? k->u.attention_fwd.seq : k->u.attention_bwd.seq);
-        double h = (double)(fwd ? k->u.attention_fwd.heads : k->u.attention_bwd.heads);
-        double kv = (double)(fwd ? k->u.attention_fwd.kv_heads : k->u.attention_bwd.kv_heads);
-        double hd = (double)(fwd ? k->u.attention_fwd.head_dim : k->u.attention_bwd.head_dim);
-        double e = dsize(fwd ? k->u.attention_fwd.dtype : k->u.attention_bwd.dtype);
-        int causal = fwd ? k->u.attention_fwd.causal : k->u.attention_bwd.causal;
-        double pairs = causal ? t * (t + 1.0) / 2.0 : t * t;
+        fsdp_attn_dims_t a = fsdp_attn_dims(k);
+        int fwd = a.fwd;
+        double b = a.batch, t = a.seq, h = a.heads, kv = a.kv_heads, hd = a.head_dim;
+        double e = dsize(a.dtype);
+        double pairs = a.causal ? t * (t + 1.0) / 2.0 : t * t;
         double qo = b * t * h * hd, kv_n = b * t * kv * hd; /* elements of q (or o), of k (or v) */
         flops = (fwd ? 4.0 : 10.0) * b * h * hd * pairs;
         bytes = fwd ? e * (2.0 * qo + 2.0 * kv_n) + 4.0 * b * h * t   /* q, k, v, o; lse */

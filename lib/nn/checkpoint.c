@@ -270,7 +270,8 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
                 }
                 memcpy(copy, full[k] + pi.offset, pi.numel * sizeof(float));
                 fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
-                status = fsdp_ckpt_list_add(k == 0 ? &model : &optim, name, pi.ndim, pi.shape, copy);
+                status = fsdp_ckpt_list_add(k == 0 ? &model : &optim, name, pi.ndim, pi.shape,
+                                            copy);
                 if (status != FSDP_OK)
                     free(copy);
             }
@@ -492,7 +493,8 @@ static void save_failed(const char *dir, const char *tmpdir, int64_t step)
 
     if (rm_tree(tmpdir) != 0)
         fsdp_warn("%s: cannot remove the failed save: %s", tmpdir, strerror(errno));
-    if (fsdp_ckpt_path_join(path, sizeof(path), dir, "latest") == FSDP_OK && (f = fopen(path, "r")) != NULL) {
+    if (fsdp_ckpt_path_join(path, sizeof(path), dir, "latest") == FSDP_OK &&
+        (f = fopen(path, "r")) != NULL) {
         if (fgets(latest, sizeof(latest), f) == NULL)
             latest[0] = '\0';
         latest[strcspn(latest, "\n")] = '\0';

@@ -501,19 +501,7 @@ static gpt2_run_t *run_of(fsdp_lm_run_t *lr)
 /* the token rows of wte plus the position rows of wpe */
 static fsdp_status_t embed_fwd(fsdp_lm_run_t *lr)
 {
-    fsdp_unit_t *root = lr->lm->root;
-    fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
-
-    d.u.embedding_fwd.y = lr->resid[0];
-    d.u.embedding_fwd.tokens = lr->tokens;
-    d.u.embedding_fwd.wte = P(root, FSDP_GPT2_WTE);
-    d.u.embedding_fwd.wpe = P(root, FSDP_GPT2_WPE);
-    d.u.embedding_fwd.rows = lr->BT;
-    d.u.embedding_fwd.cols = lr->width;
-    d.u.embedding_fwd.seq = lr->T;
-    d.u.embedding_fwd.vocab = lr->V;
-    d.u.embedding_fwd.dtype = lr->dt;
-    return fsdp_lm_launch(lr, &d);
+    return fsdp_lm_embed_fwd(lr, P(lr->lm->root, FSDP_GPT2_WTE), P(lr->lm->root, FSDP_GPT2_WPE));
 }
 
 static fsdp_status_t layer_fwd(fsdp_lm_run_t *lr, int l)
@@ -581,18 +569,7 @@ static void layer_free(fsdp_lm_run_t *lr, int l)
 /* the embeddings: the token rows of wte (on top of the LM head's) and wpe */
 static fsdp_status_t embed_bwd(fsdp_lm_run_t *lr, void **g)
 {
-    fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
-
-    e.u.embedding_bwd.dwte = g[FSDP_GPT2_WTE];
-    e.u.embedding_bwd.dwpe = g[FSDP_GPT2_WPE];
-    e.u.embedding_bwd.dy = lr->dres;
-    e.u.embedding_bwd.tokens = lr->tokens;
-    e.u.embedding_bwd.rows = lr->BT;
-    e.u.embedding_bwd.cols = lr->width;
-    e.u.embedding_bwd.seq = lr->T;
-    e.u.embedding_bwd.vocab = lr->V;
-    e.u.embedding_bwd.dtype = lr->dt;
-    return fsdp_lm_launch(lr, &e);
+    return fsdp_lm_embed_bwd(lr, g[FSDP_GPT2_WTE], g[FSDP_GPT2_WPE]);
 }
 
 static const fsdp_lm_ops_t gpt2_ops = {

@@ -709,17 +709,7 @@ static unsigned recomputed(const llama_run_t *r, int l)
 
 static fsdp_status_t embed_fwd(fsdp_lm_run_t *lr)
 {
-    fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
-
-    d.u.embedding_fwd.y = lr->resid[0];
-    d.u.embedding_fwd.tokens = lr->tokens;
-    d.u.embedding_fwd.wte = P(lr->lm->root, FSDP_LLAMA_EMBED);
-    d.u.embedding_fwd.rows = lr->BT;
-    d.u.embedding_fwd.cols = lr->width;
-    d.u.embedding_fwd.seq = lr->T;
-    d.u.embedding_fwd.vocab = lr->V;
-    d.u.embedding_fwd.dtype = lr->dt;
-    return fsdp_lm_launch(lr, &d);
+    return fsdp_lm_embed_fwd(lr, P(lr->lm->root, FSDP_LLAMA_EMBED), NULL);
 }
 
 static fsdp_status_t layer_fwd_all(fsdp_lm_run_t *lr, int l)
@@ -851,17 +841,7 @@ static void layer_free(fsdp_lm_run_t *lr, int l)
 /* the embedding rows (on top of the tied head's) */
 static fsdp_status_t embed_bwd(fsdp_lm_run_t *lr, void **g)
 {
-    fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
-
-    e.u.embedding_bwd.dwte = g[FSDP_LLAMA_EMBED];
-    e.u.embedding_bwd.dy = lr->dres;
-    e.u.embedding_bwd.tokens = lr->tokens;
-    e.u.embedding_bwd.rows = lr->BT;
-    e.u.embedding_bwd.cols = lr->width;
-    e.u.embedding_bwd.seq = lr->T;
-    e.u.embedding_bwd.vocab = lr->V;
-    e.u.embedding_bwd.dtype = lr->dt;
-    return fsdp_lm_launch(lr, &e);
+    return fsdp_lm_embed_bwd(lr, g[FSDP_LLAMA_EMBED], NULL);
 }
 
 /* the rotary tables, after the step's other buffers */

@@ -282,3 +282,35 @@ fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const
     run_cleanup(r, ops);
     return status;
 }
+
+fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *wpe)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
+
+    d.u.embedding_fwd.y = r->resid[0];
+    d.u.embedding_fwd.tokens = r->tokens;
+    d.u.embedding_fwd.wte = wte;
+    d.u.embedding_fwd.wpe = wpe;
+    d.u.embedding_fwd.rows = r->BT;
+    d.u.embedding_fwd.cols = r->width;
+    d.u.embedding_fwd.seq = r->T;
+    d.u.embedding_fwd.vocab = r->V;
+    d.u.embedding_fwd.dtype = r->dt;
+    return fsdp_lm_launch(r, &d);
+}
+
+fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe)
+{
+    fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
+
+    e.u.embedding_bwd.dwte = dwte;
+    e.u.embedding_bwd.dwpe = dwpe;
+    e.u.embedding_bwd.dy = r->dres;
+    e.u.embedding_bwd.tokens = r->tokens;
+    e.u.embedding_bwd.rows = r->BT;
+    e.u.embedding_bwd.cols = r->width;
+    e.u.embedding_bwd.seq = r->T;
+    e.u.embedding_bwd.vocab = r->V;
+    e.u.embedding_bwd.dtype = r->dt;
+    return fsdp_lm_launch(r, &e);
+}

@@ -166,4 +166,10 @@ static inline fsdp_status_t fsdp_lm_alloc_f(fsdp_lm_run_t *r, size_t n, fsdp_mem
 /* frees a buffer of the run and forgets it */
 #define FSDP_LM_FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
 
+/* The embedding of the run's tokens into resid[0]: the rows of wte, plus those of wpe (the
+ * positions) unless NULL. */
+fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *wpe);
+/* Its backward from dres: the token rows into dwte, the positions' into dwpe unless NULL. */
+fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe);
+
 #endif
