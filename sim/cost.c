@@ -134,9 +134,11 @@ double fsdp_sim_attention_quantization(double batch, double heads, double seq, i
 /* ---- eager element-wise ops ------------------------------------------------------------ */
 
 /* One eager PyTorch op: a kernel reading and writing these bytes, one FLOP an output element
- * at most (they are all memory-bound). */
+ * at most. An op on PyTorch's non-vectorized element-wise path (a broadcast operand, a strided
+ * view, a dtype conversion; softmax) also has `elems`, the elements it computes, which it
+ * cannot run faster than strided_elements_per_s; 0 for a vectorized op or a reduction. */
 typedef struct eager_op {
-    double read, write;
+    double read, write, elems;
 } eager_op_t;
 
 #define MAX_EAGER_OPS 24
@@ -146,19 +148,29 @@ typedef struct eager_seq {
     eager_op_t op[MAX_EAGER_OPS];
 } eager_seq_t;
 
-static void eop(eager_seq_t *s, double read, double write)
+static void sop(eager_seq_t *s, double read, double write, double elems)
 {
     if (s->n < MAX_EAGER_OPS) {
         s->op[s->n].read = read;
         s->op[s->n].write = write;
+        s->op[s->n].elems = elems;
         s->n++;
     }
+}
+
+/* a vectorized op or a reduction: bound by its bytes alone */
+static void eop(eager_seq_t *s, double read, double write)
+{
+    sop(s, read, write, 0.0);
 }
 
 /* The ops HF's modeling_llama.py (transformers 4.4x) and autograd run for what k does in one
  * kernel; docs/costs.md, "Eager element-wise ops", lists each with its source. n elements of
  * e bytes (the activations' dtype), r rows; f32 intermediates are 4 bytes; casts to the dtype
- * it already has are no ops. Returns 0 for a kernel eager PyTorch also runs as one. */
+ * it already has are no ops. sop: the op takes PyTorch's non-vectorized path (TensorIterator
+ * vectorizes only contiguous operands of one dtype; a widening cast runs unrolled); q and k
+ * are rotated as [B, H, T, hd] views of [B, T, H, hd] tensors. Returns 0 for a kernel eager
+ * PyTorch also runs as one. */
 static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
 {
     double e, n, r, c;
@@ -175,15 +187,15 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         n = r * c;
         lowp = e != 4.0;
         if (lowp)
-            eop(s, e * n, 4 * n); /* to(f32) */
-        eop(s, 4 * n, 4 * n);         /* pow(2) */
-        eop(s, 4 * n, 4 * r);         /* mean(-1) */
-        eop(s, 4 * r, 4 * r);         /* + eps */
-        eop(s, 4 * r, 4 * r);         /* rsqrt */
-        eop(s, 4 * n + 4 * r, 4 * n); /* h * rstd */
+            sop(s, e * n, 4 * n, n);     /* to(f32) */
+        eop(s, 4 * n, 4 * n);            /* pow(2) */
+        eop(s, 4 * n, 4 * r);            /* mean(-1) */
+        eop(s, 4 * r, 4 * r);            /* + eps */
+        eop(s, 4 * r, 4 * r);            /* rsqrt */
+        sop(s, 4 * n + 4 * r, 4 * n, n); /* h * rstd (broadcast) */
         if (lowp)
-            eop(s, 4 * n, e * n);     /* to(dtype) */
-        eop(s, e * n + e * c, e * n); /* weight * */
+            eop(s, 4 * n, e * n);        /* to(dtype) */
+        sop(s, e * n + e * c, e * n, n); /* weight * (broadcast) */
         return 1;
     case FSDP_K_RMSNORM_BWD:
         e = dsz(k->u.rmsnorm_bwd.dtype);
@@ -197,14 +209,14 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         }
         if (k->u.rmsnorm_bwd.dx == NULL)
             return 1;
-        eop(s, e * n + e * c, e * n); /* mul backward: dy * weight */
+        sop(s, e * n + e * c, e * n, n); /* mul backward: dy * weight (broadcast) */
         if (lowp)
-            eop(s, e * n, 4 * n);     /* to(dtype) backward: to(f32) */
-        eop(s, 4 * n + 4 * r, 4 * n); /* (h * rstd) backward: g * rstd */
+            sop(s, e * n, 4 * n, n);     /* to(dtype) backward: to(f32) */
+        sop(s, 4 * n + 4 * r, 4 * n, n); /* (h * rstd) backward: g * rstd (broadcast) */
         eop(s, 8 * n, 4 * n);         /* ... and g * h for rstd's grad */
         eop(s, 4 * n, 4 * r);         /* summed over the row */
         eop(s, 8 * r, 4 * r);         /* rsqrt backward */
-        eop(s, 4 * r, 4 * n);         /* mean backward: expand / cols */
+        sop(s, 4 * r, 4 * n, n);      /* mean backward: expand / cols (an expanded view) */
         eop(s, 4 * n, 4 * n);         /* pow backward: h.pow(1) */
         eop(s, 4 * n, 4 * n);         /* x 2 */
         eop(s, 8 * n, 4 * n);         /* x grad */
@@ -220,22 +232,22 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         e = dsz(k->u.rope.dtype);
         n = (double)k->u.rope.rows * (double)k->u.rope.heads * (double)k->u.rope.head_dim;
         c = e * (double)k->u.rope.rows * (double)k->u.rope.head_dim; /* cos or sin */
-        eop(s, e * n / 2, e * n / 2); /* -x2 */
-        eop(s, e * n, e * n);         /* cat */
-        eop(s, e * n + c, e * n);     /* q * cos */
-        eop(s, e * n + c, e * n);     /* rotate_half(q) * sin */
-        eop(s, 2 * e * n, e * n);     /* + */
+        sop(s, e * n / 2, e * n / 2, n / 2); /* -x2 (a view) */
+        sop(s, e * n, e * n, n);             /* cat (of views) */
+        sop(s, e * n + c, e * n, n);         /* q * cos (a view, broadcast) */
+        sop(s, e * n + c, e * n, n);         /* rotate_half(q) * sin (broadcast) */
+        sop(s, 2 * e * n, e * n, n);         /* + (the two layouts differ) */
         return 1;
     case FSDP_K_ROPE_BWD:
         e = dsz(k->u.rope.dtype);
         n = (double)k->u.rope.rows * (double)k->u.rope.heads * (double)k->u.rope.head_dim;
         c = e * (double)k->u.rope.rows * (double)k->u.rope.head_dim;
-        eop(s, e * n + c, e * n);     /* mul backward: g * cos */
-        eop(s, e * n + c, e * n);     /* mul backward: g * sin */
-        eop(s, e * n / 2, e * n / 2); /* neg backward */
+        sop(s, e * n + c, e * n, n);         /* mul backward: g * cos (broadcast) */
+        sop(s, e * n + c, e * n, n);         /* mul backward: g * sin (broadcast) */
+        sop(s, e * n / 2, e * n / 2, n / 2); /* neg backward (a view) */
         for (int i = 0; i < 2; i++) { /* slice backward of x1 and x2: zeros, then the half */
             eop(s, 0, e * n);
-            eop(s, e * n / 2, e * n / 2);
+            sop(s, e * n / 2, e * n / 2, n / 2);
         }
         eop(s, 2 * e * n, e * n); /* the three gradients of q summed */
         eop(s, 2 * e * n, e * n);
@@ -261,8 +273,8 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         n = r * (double)k->u.cross_entropy.vocab;
         lowp = e != 4.0;
         if (lowp)
-            eop(s, e * n, 4 * n);  /* float() */
-        eop(s, 4 * n, 4 * n);      /* log_softmax */
+            sop(s, e * n, 4 * n, n); /* float() */
+        sop(s, 4 * n, 4 * n, n);     /* log_softmax */
         eop(s, 4 * r + 8 * r, 4);  /* nll_loss: the target's log-probability, summed */
         eop(s, 4, 4);              /* / tokens */
         if (k->u.cross_entropy.dlogits == NULL)
@@ -270,7 +282,7 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         eop(s, 4, 4);              /* div backward */
         eop(s, 0, 4 * n);          /* nll_loss_backward: zeros */
         eop(s, 8 * r + 4, 4 * r);  /* ... and -grad at each target */
-        eop(s, 8 * n, 4 * n);      /* log_softmax_backward (grad, output) */
+        sop(s, 8 * n, 4 * n, n);   /* log_softmax_backward (grad, output) */
         if (lowp)
             eop(s, 4 * n, e * n);  /* float() backward */
         return 1;
@@ -294,17 +306,25 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         return 1;
     case FSDP_K_ATTENTION_FWD:
     case FSDP_K_ATTENTION_BWD: {
-        /* the fused kernel itself, plus repeat_kv's copies of k and v to every query head
-         * (HF's and torchtitan's grouped-query attention) and their sums in backward */
+        /* the fused kernel itself, plus the copies between the [B, T, H, hd] layout of the
+         * projections and SDPA's [B, H, T, hd] (three per layer in the kernel trace of HF's
+         * LlamaAttention with SDPA, traces/measured/h200-llama-4layer-flash-ops.json; one is
+         * taken as forward's, two as backward's), and with grouped-query attention repeat_kv's
+         * copies of k and v to every query head (HF's and torchtitan's) and their sums in
+         * backward */
         fsdp_attn_dims_t a = fsdp_attn_dims(k);
         int fwd = a.fwd;
         double b = a.batch, t = a.seq, h = a.heads, kv = a.kv_heads, hd = a.head_dim;
         e = dsz(a.dtype);
-        if (kv >= h)
-            return 0;
-        for (int i = 0; i < 2; i++)
-            eop(s, fwd ? e * b * t * kv * hd : e * b * t * h * hd,
-                fwd ? e * b * t * h * hd : e * b * t * kv * hd);
+        n = b * t * h * hd;
+        for (int i = 0; i < (fwd ? 1 : 2); i++)
+            sop(s, e * n, e * n, n);
+        for (int i = 0; kv < h && i < 2; i++) {
+            if (fwd) /* expand and reshape: a strided copy */
+                sop(s, e * b * t * kv * hd, e * n, n);
+            else /* summed over each group's heads */
+                eop(s, e * n, e * b * t * kv * hd);
+        }
         return 1;
     }
     default:
@@ -352,6 +372,17 @@ static double roofline(const fsdp_sim_profile_t *p, double peak, double flops, d
     return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
 }
 
+/* An eager op's time: its bytes' roofline, or its elements at the non-vectorized path's rate
+ * when that is longer. */
+static double eager_op_time(const fsdp_sim_profile_t *p, const eager_op_t *op)
+{
+    double t = roofline(p, p->gpu.vector_flops_per_s, 0.0, op->read + op->write);
+    double te = rate_time(op->elems, p->gpu.strided_elements_per_s, 1.0) +
+                p->gpu.kernel_latency_s;
+
+    return te > t ? te : t;
+}
+
 /* k's time from its FLOPs and bytes (fsdp_kernel_cost), with `sms` SMs free for it: the
  * matrix products' peak is the free SMs' share, and their waves are counted on those SMs. */
 static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k, double flops,
@@ -380,14 +411,14 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
         t = (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
         if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s))
             for (int i = 0; i < s.n; i++)
-                t += roofline(p, p->gpu.vector_flops_per_s, 0.0, s.op[i].read + s.op[i].write);
+                t += eager_op_time(p, &s.op[i]);
         return t;
     }
     /* element-wise work on CUDA cores; eager: op by op */
     if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s)) {
         t = 0.0;
         for (int i = 0; i < s.n; i++)
-            t += roofline(p, p->gpu.vector_flops_per_s, 0.0, s.op[i].read + s.op[i].write);
+            t += eager_op_time(p, &s.op[i]);
         return t;
     }
     return roofline(p, p->gpu.vector_flops_per_s, flops, bytes);

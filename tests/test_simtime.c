@@ -640,10 +640,19 @@ static void test_compute_model(void)
     k.u.attention_fwd.head_dim = 128;
     k.u.attention_fwd.causal = 1;
     k.u.attention_fwd.dtype = FSDP_DTYPE_BF16;
+    /* eager: and the output's copy from SDPA's [B, H, T, hd] layout, n = 2^25 elements on the
+     * non-vectorized path: 2^25 / 0.3e12 s, longer than its 4 x 2^25 bytes / (3.35e12 x 0.87) */
     close_to(fsdp_sim_kernel_time(&h100, &k),
-             4.0 * 128 * 2 * 32 * 4096.0 * 4097 / 2 / (989.4e12 * 0.26 * 2048 / 2112) + 1.2e-6,
+             4.0 * 128 * 2 * 32 * 4096.0 * 4097 / 2 / (989.4e12 * 0.26 * 2048 / 2112) + 1.2e-6 +
+                 33554432.0 / 0.3e12 + 1.2e-6,
              1e-12);
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 2);
+    /* its backward copies two such tensors */
+    k.kind = FSDP_K_ATTENTION_BWD;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 3);
+    h100.ops = FSDP_SIM_OPS_FUSED;
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 1);
+    h100.ops = FSDP_SIM_OPS_EAGER;
 
     /* HF's RMSNorm forward on 8 rows of 64 bf16 (n = 512), eager: to(f32) 2n + 4n, pow 4n + 4n,
      * mean 4n + 4r, + eps 4r + 4r, rsqrt 4r + 4r, * rstd 4n + 4r + 4n, to(bf16) 4n + 2n,
@@ -656,7 +665,15 @@ static void test_compute_model(void)
     close_to(fsdp_sim_eager_bytes(&k, &ops), 18752.0, 0);
     CU_ASSERT_EQUAL(ops, 8);
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 8);
+    /* to(f32), * rstd and weight * take the non-vectorized path (a conversion, two
+     * broadcasts): each n / 0.3e12 s, longer than their 6n, 8n + 4r and 4n + 2c bytes
+     * (9,376 B); the other five are their bytes (9,376 B) */
+    close_to(fsdp_sim_kernel_time(&h100, &k), 9376.0 / bw + 3 * 512 / 0.3e12 + 8 * 1.2e-6,
+             1e-12);
+    /* without that rate, every op is its bytes */
+    h100.gpu.strided_elements_per_s = 0.0;
     close_to(fsdp_sim_kernel_time(&h100, &k), 18752.0 / bw + 8 * 1.2e-6, 1e-12);
+    h100.gpu.strided_elements_per_s = 0.3e12;
     /* fused: x, y, weight, rstd in one kernel: 2 x 2n + 2c + 4r */
     h100.ops = FSDP_SIM_OPS_FUSED;
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 1);

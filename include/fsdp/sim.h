@@ -73,6 +73,10 @@ typedef struct fsdp_sim_gpu_profile {
     double compute_efficiency; /* fraction of the vector FLOP/s an element-wise kernel reaches,
                                 * (0, 1] */
     double memory_efficiency;  /* fraction of the memory bandwidth a kernel reaches, (0, 1] */
+    /* Eager ops that PyTorch runs on its non-vectorized element-wise path (a broadcast
+     * operand, a strided view, a dtype conversion) and softmax: elements per second at most,
+     * whatever their bytes (docs/costs.md, "Eager element-wise ops"); 0: bytes alone */
+    double strided_elements_per_s;
     double kernel_latency_s;   /* fixed device time of every kernel and copy */
     /* GEMMs: the fraction of the matmul peak a GEMM reaches on whole tiles and full waves,
      * (0, 1]; its time is FLOPs / (peak x gemm_efficiency x quantization), the quantization of
