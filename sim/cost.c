@@ -66,6 +66,21 @@ static double dsz(fsdp_dtype_t dtype)
     return (double)fsdp_dtype_size(dtype);
 }
 
+/* 1 when a GEMM runs on tensor cores and a row of A, B or C does not start 16 bytes after the
+ * one before (a leading dimension of 0 is a single row, aligned). */
+static int gemm_unaligned(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+{
+    const size_t ld[3] = {k->u.gemm.lda, k->u.gemm.ldb, k->u.gemm.ldc};
+    const fsdp_dtype_t dt[3] = {k->u.gemm.a_dtype, k->u.gemm.b_dtype, k->u.gemm.c_dtype};
+
+    if (k->u.gemm.a_dtype == FSDP_DTYPE_F32 && !p->gpu.allow_tf32)
+        return 0; /* CUDA cores */
+    for (int i = 0; i < 3; i++)
+        if (ld[i] * fsdp_dtype_size(dt[i]) % 16 != 0)
+            return 1;
+    return 0;
+}
+
 /* t = work / (rate x efficiency); a rate of 0 means the resource is not modeled (free). */
 static double rate_time(double work, double rate, double efficiency)
 {
@@ -392,10 +407,13 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
     eager_seq_t s;
 
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
-     * allowed), times their efficiency and quantization; memory-bound if their bytes say so */
+     * allowed), times their efficiency and quantization, and on tensor cores the unaligned
+     * kernels' share when a row is not 16-byte aligned; memory-bound if their bytes say so */
     if (k->kind == FSDP_K_GEMM) {
         double q = gemm_quantization_on((double)k->u.gemm.m, (double)k->u.gemm.n,
                                         (double)k->u.gemm.batch, p->gpu.sms, sms);
+        if (gemm_unaligned(p, k))
+            q *= p->gpu.gemm_unaligned_efficiency;
         tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, k->u.gemm.a_dtype),
                        p->gpu.gemm_efficiency * q * share);
         tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);

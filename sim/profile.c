@@ -122,6 +122,9 @@ static void preset_h100(fsdp_sim_profile_t *p)
     p->gpu.memory_efficiency = 0.87;
     p->gpu.kernel_latency_s = 1.2e-6;
     p->gpu.gemm_efficiency = 0.80;      /* H200 measurement: 0.79-0.83 after quantization */
+    /* cuBLAS on an H200, bf16: 87-118 TFLOP/s with a leading dimension of 50257, 665-778 at
+     * 50304 (docs/costs.md) */
+    p->gpu.gemm_unaligned_efficiency = 0.14;
     p->gpu.attention_efficiency = 0.26; /* PyTorch SDPA (FlashAttention-2) on an H200 */
     /* PyTorch's non-vectorized element-wise kernels on an H200 (the H100's SMs and clocks):
      * 0.23-0.37 x 10^12 elements/s (tools/reference/eager_ops.py) */
@@ -170,6 +173,7 @@ static void preset_a100(fsdp_sim_profile_t *p)
     p->gpu.memory_efficiency = 0.79;
     p->gpu.kernel_latency_s = 1.2e-6;
     p->gpu.gemm_efficiency = 0.82;      /* cuBLASLt 8k-16k: 253.7-256.5 of 312, q 0.998 */
+    p->gpu.gemm_unaligned_efficiency = 0.14; /* the H200's, not measured on an A100 */
     p->gpu.attention_efficiency = 0.50; /* FlashAttention-2 on A100: the low end of 50-73% */
     /* the H100's rate scaled by SMs x boost clock (108 x 1.41 GHz of 132 x 1.98 GHz): the
      * kernels are bound by their per-element instructions (docs/costs.md) */
@@ -352,6 +356,8 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     CHECK_RANGE(p->gpu.kernel_latency_s, 0, 1, "gpu.kernel_latency_s", "seconds in [0, 1]");
     CHECK_RANGE(p->gpu.gemm_efficiency, 1e-6, 1, "gpu.gemm_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.attention_efficiency, 1e-6, 1, "gpu.attention_efficiency", "in (0, 1]");
+    CHECK_RANGE(p->gpu.gemm_unaligned_efficiency, 1e-6, 1, "gpu.gemm_unaligned_efficiency",
+                "in (0, 1]");
     CHECK_RANGE(p->gpu.strided_elements_per_s, 0, BIG, "gpu.strided_elements_per_s",
                 ">= 0 (0: bytes alone)");
     CHECK_RANGE(p->gpu.sms, 0, 100000, "gpu.sms", "an integer in [0, 100000] (0: no quantization)");
@@ -483,6 +489,7 @@ static const field_t fields[] = {
     FLD("gpu", "memory_efficiency", F_DOUBLE, gpu.memory_efficiency, 0),
     FLD("gpu", "kernel_latency_s", F_DOUBLE, gpu.kernel_latency_s, 0),
     FLD("gpu", "gemm_efficiency", F_DOUBLE, gpu.gemm_efficiency, 0),
+    FLD("gpu", "gemm_unaligned_efficiency", F_DOUBLE, gpu.gemm_unaligned_efficiency, 0),
     FLD("gpu", "attention_efficiency", F_DOUBLE, gpu.attention_efficiency, 0),
     FLD("gpu", "strided_elements_per_s", F_DOUBLE, gpu.strided_elements_per_s, 0),
     FLD("gpu", "sms", F_INT, gpu.sms, 0),
@@ -532,6 +539,7 @@ static void profile_neutral(fsdp_sim_profile_t *p)
     p->gpu.compute_efficiency = 1.0;
     p->gpu.memory_efficiency = 1.0;
     p->gpu.gemm_efficiency = 1.0;
+    p->gpu.gemm_unaligned_efficiency = 1.0;
     p->gpu.attention_efficiency = 1.0;
     p->ops = FSDP_SIM_OPS_FUSED;
     p->nccl.algorithms = 1u << FSDP_SIM_ALGO_RING;

@@ -631,6 +631,43 @@ static void test_compute_model(void)
     k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
     close_to(fsdp_sim_kernel_time(&h100, &k),
              2.0 * 8192 * 11008 * 4096 / (989.4e12 * 0.80 * 2752.0 / 2772.0) + 1.2e-6, 1e-12);
+    /* GPT-2's LM head, [8192, 768] x [768, 50257] into logits with rows of 50,257 bf16: not a
+     * multiple of 16 bytes, so at 0.14 of the aligned rate; padded to 50,304 it is aligned; in
+     * f32 (CUDA cores) alignment does not count */
+    k.u.gemm.m = 8192;
+    k.u.gemm.n = 50257;
+    k.u.gemm.k = 768;
+    k.u.gemm.trans_b = 1;
+    k.u.gemm.lda = 768;
+    k.u.gemm.ldb = 768;
+    k.u.gemm.ldc = 50257;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2.0 * 8192 * 50257 * 768 /
+                     (989.4e12 * 0.80 * fsdp_sim_gemm_quantization(8192, 50257, 1, 132) * 0.14) +
+                 1.2e-6,
+             1e-12);
+    k.u.gemm.n = k.u.gemm.ldc = 50304;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2.0 * 8192 * 50304 * 768 /
+                     (989.4e12 * 0.80 * fsdp_sim_gemm_quantization(8192, 50304, 1, 132)) +
+                 1.2e-6,
+             1e-12);
+    k.u.gemm.n = k.u.gemm.ldc = 50257;
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_F32;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2.0 * 8192 * 50257 * 768 /
+                     (66.9e12 * 0.80 * fsdp_sim_gemm_quantization(8192, 50257, 1, 132)) +
+                 1.2e-6,
+             1e-12);
+    /* an odd leading dimension of A (a column block of a wider matrix) counts as well */
+    k.u.gemm.a_dtype = k.u.gemm.b_dtype = k.u.gemm.c_dtype = FSDP_DTYPE_BF16;
+    k.u.gemm.n = k.u.gemm.ldc = 50304;
+    k.u.gemm.lda = 769;
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2.0 * 8192 * 50304 * 768 /
+                     (989.4e12 * 0.80 * fsdp_sim_gemm_quantization(8192, 50304, 1, 132) * 0.14) +
+                 1.2e-6,
+             1e-12);
     /* causal attention forward, 2 x 32 heads of 128, 4,096 tokens: 4 hd B H T (T + 1) / 2 */
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_ATTENTION_FWD;

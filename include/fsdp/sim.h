@@ -82,6 +82,10 @@ typedef struct fsdp_sim_gpu_profile {
      * (0, 1]; its time is FLOPs / (peak x gemm_efficiency x quantization), the quantization of
      * its output's FSDP_SIM_GEMM_TILE_M x _N tiles on `sms` SMs (fsdp_sim_gemm_quantization) */
     double gemm_efficiency;
+    /* ... times this on tensor cores (16-bit operands, or TF32) when a leading dimension of A,
+     * B or C is not a multiple of 16 bytes: cuBLAS's kernels for such rows (the LM head's
+     * [tokens, 50257] logits of GPT-2) reach this fraction of the aligned rate, (0, 1] */
+    double gemm_unaligned_efficiency;
     /* Fused attention: the same for its matrix products, blocks of FSDP_SIM_ATTN_BLOCK queries
      * per (batch, head) spread over `sms` SMs */
     double attention_efficiency;
