@@ -121,6 +121,10 @@ typedef struct calib {
     kev_t *k;
     int nk, capk;
     int skipped_bcast, oom;
+    /* the run's profile priced kernels as eager op sequences (a simulated run): those kinds'
+     * events are several kernels' time, not one's, and are left out of the fits */
+    int eager;
+    int skipped_eager;
 } calib_t;
 
 static int kernel_kind(const char *name)
@@ -220,6 +224,10 @@ static int on_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t 
             kind = kernel_kind(ev->name);
             if (kind < 0)
                 return 0;
+            if (c->eager && fsdp_sim_kind_eager((fsdp_kernel_kind_t)kind)) {
+                c->skipped_eager++;
+                return 0;
+            }
         } else if (strcmp(ev->name, "h2d") == 0) {
             kind = -1 - FSDP_SIM_COPY_H2D;
         } else if (strcmp(ev->name, "d2h") == 0) {
@@ -248,6 +256,18 @@ static int on_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t 
         k->dur = dur;
     }
     return 0;
+}
+
+/* 1 when the run was simulated with a profile whose ops are eager (a hardware run's row holds
+ * no such profile, or one the backend did not price with). */
+static int run_eager(const fsdp_trace_run_row_t *row)
+{
+    fsdp_sim_profile_t prof;
+
+    return row->backend != NULL && strcmp(row->backend, "sim") == 0 &&
+           row->profile_json != NULL &&
+           fsdp_sim_profile_parse(row->profile_json, &prof) == FSDP_OK &&
+           prof.ops == FSDP_SIM_OPS_EAGER;
 }
 
 /* "ranks_per_node": N in the run's config JSON; 0 when absent. */
@@ -766,6 +786,7 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
                                                         : run_ranks_per_node(&row);
     if (per_node <= 0 || per_node > c.world)
         per_node = c.world;
+    c.eager = run_eager(&row);
     st = fsdp_trace_reader_events(r, run, -1, on_event, &c);
     if (st == FSDP_OK && c.oom)
         st = FSDP_ERR_OUT_OF_MEMORY;
@@ -776,6 +797,10 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
                         "base profile %s\n",
                 run, path, row.backend != NULL ? row.backend : "?", c.world, per_node,
                 base->name);
+    if (report != NULL && c.skipped_eager > 0)
+        fprintf(report, "calibrate: %d kernel events left out: the run priced their kinds as "
+                        "eager op sequences (its profile's ops), not one kernel each\n",
+                c.skipped_eager);
     snprintf(p.name, sizeof(p.name), "%.50s-calibrated", base->name);
     p.gpus_per_node = per_node;
     p.nodes = (c.world + per_node - 1) / per_node;

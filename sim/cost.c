@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind)
 {
@@ -281,6 +282,58 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
         eop(s, 2 * e * n, e * n); /* mul backward: dy * silu(gate) */
         eop(s, 2 * e * n, e * n); /* silu_backward */
         return 1;
+    case FSDP_K_GELU_FWD:
+        /* HF's NewGELUActivation: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 *
+         * pow(x, 3)))), eight ops on contiguous tensors */
+        e = dsz(k->u.gelu_fwd.dtype);
+        n = (double)k->u.gelu_fwd.n;
+        eop(s, e * n, e * n);     /* pow(x, 3) */
+        eop(s, e * n, e * n);     /* 0.044715 * */
+        eop(s, 2 * e * n, e * n); /* x + */
+        eop(s, e * n, e * n);     /* sqrt(2 / pi) * */
+        eop(s, e * n, e * n);     /* tanh */
+        eop(s, e * n, e * n);     /* 1 + */
+        eop(s, e * n, e * n);     /* 0.5 * x */
+        eop(s, 2 * e * n, e * n); /* the product */
+        return 1;
+    case FSDP_K_GELU_BWD:
+        /* autograd through the eight: the product's two gradients, 0.5 *, tanh_backward,
+         * sqrt(2 / pi) *, 0.044715 *, pow's (pow(x, 2), 3 *, the product), and the three
+         * gradients of x summed */
+        e = dsz(k->u.gelu_bwd.dtype);
+        n = (double)k->u.gelu_bwd.n;
+        eop(s, 2 * e * n, e * n); /* g * (1 + tanh) */
+        eop(s, 2 * e * n, e * n); /* g * 0.5 x */
+        eop(s, e * n, e * n);     /* 0.5 * */
+        eop(s, 2 * e * n, e * n); /* tanh_backward */
+        eop(s, e * n, e * n);     /* sqrt(2 / pi) * */
+        eop(s, e * n, e * n);     /* 0.044715 * */
+        eop(s, e * n, e * n);     /* pow(x, 2) */
+        eop(s, e * n, e * n);     /* 3 * */
+        eop(s, 2 * e * n, e * n); /* the product */
+        eop(s, 2 * e * n, e * n); /* x's gradients summed */
+        eop(s, 2 * e * n, e * n);
+        return 1;
+    case FSDP_K_SOFTMAX_FWD:
+        /* HF's eager GPT-2 attention on the scores: the scaling, the causal mask added as a
+         * [B, 1, T, T] tensor broadcast over the heads (the mask itself read from cache), the
+         * softmax (one kernel, a row in a warp's registers) */
+        e = dsz(k->u.softmax_fwd.dtype);
+        n = (double)k->u.softmax_fwd.rows * (double)k->u.softmax_fwd.cols;
+        eop(s, e * n, e * n); /* * scale or / divisor */
+        if (k->u.softmax_fwd.causal)
+            sop(s, e * n, e * n, n); /* + mask (broadcast) */
+        eop(s, e * n, e * n);        /* softmax */
+        return 1;
+    case FSDP_K_SOFTMAX_BWD:
+        /* the softmax's backward and the scaling's, and a product of two tensors of the
+         * scores' shape that the kernel trace shows once a layer (taken as backward's) */
+        e = dsz(k->u.softmax_bwd.dtype);
+        n = (double)k->u.softmax_bwd.rows * (double)k->u.softmax_bwd.cols;
+        eop(s, 2 * e * n, e * n); /* the product */
+        eop(s, 2 * e * n, e * n); /* _softmax_backward_data (y, dy) */
+        eop(s, e * n, e * n);     /* the scaling's backward */
+        return 1;
     case FSDP_K_CROSS_ENTROPY:
         /* logits.float(); cross_entropy = log_softmax + nll_loss; / the tokens */
         e = dsz(k->u.cross_entropy.dtype);
@@ -366,6 +419,20 @@ double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p)
     if (ops_p != NULL)
         *ops_p = s.n;
     return bytes;
+}
+
+int fsdp_sim_kind_eager(fsdp_kernel_kind_t kind)
+{
+    fsdp_kernel_t d;
+    eager_seq_t s;
+
+    if ((unsigned)kind >= FSDP_K_COUNT)
+        return 0;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    if (kind == FSDP_K_EMBEDDING_BWD)
+        return 1; /* with a token table to fill; without, one kernel */
+    return eager_ops(&d, &s);
 }
 
 int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)

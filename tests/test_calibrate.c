@@ -74,6 +74,8 @@ static void known_profile(fsdp_sim_profile_t *p)
     /* a trace's kernel events carry FLOPs, not shapes: calibration cannot undo the tile and
      * wave quantization, so the known profile has none */
     p->gpu.sms = 0;
+    /* one kernel an event, as the gpu backend runs them (an eager run is the next test's) */
+    p->ops = FSDP_SIM_OPS_FUSED;
 }
 
 /* A GEMM of m x k by k x n in `dtype`: compute-bound from a few hundred rows on, memory-bound
@@ -165,38 +167,48 @@ static int close_rel(double got, double want)
     return ok;
 }
 
+/* The sweep of calib_rank simulated with the profile `params` holds, traced into path. */
+static void sweep(const char *path, fsdp_sim_params_t *params)
+{
+    fsdp_sim_profile_t prof = params->profile;
+    fsdp_trace_run_info_t info = {"sim", WORLD, NULL, "{\"ranks_per_node\": 4}", NULL,
+                                  "test_calibrate"};
+    fsdp_trace_t *t = NULL;
+    char *json;
+
+    remove(path);
+    fsdp_sim_params_init(params);
+    params->world_size = WORLD;
+    params->ranks_per_node = PER_NODE;
+    params->mode = FSDP_SIM_SHAPE;
+    params->profile = prof;
+    params->profile.gpus_per_node = PER_NODE; /* the run row describes the simulated cluster */
+    params->profile.nodes = WORLD / PER_NODE;
+    json = fsdp_sim_profile_to_json(&params->profile);
+    info.profile_json = json;
+    CU_ASSERT_FATAL(fsdp_trace_open(path, &info, &t) == FSDP_OK);
+    free(json);
+    CU_ASSERT(fsdp_sim_launch(params, calib_rank, t, NULL) == FSDP_OK);
+    if (failure[0] != '\0')
+        fprintf(stderr, "\n  %s\n", failure);
+    CU_ASSERT_FATAL(failure[0] == '\0');
+    CU_ASSERT_FATAL(fsdp_trace_close(t) == FSDP_OK);
+}
+
 static void test_recovers_profile(void)
 {
     char path[256];
-    fsdp_trace_run_info_t info = {"sim", WORLD, NULL, "{\"ranks_per_node\": 4}", NULL,
-                                  "test_calibrate"};
     fsdp_sim_params_t params;
     fsdp_sim_profile_t base, fitted, back;
     fsdp_calib_options_t opts = {0, 0};
-    fsdp_trace_t *t = NULL;
     const fsdp_sim_nccl_profile_t *k, *f;
     const int R = FSDP_SIM_ALGO_RING, T = FSDP_SIM_ALGO_TREE, S = FSDP_SIM_PROTO_SIMPLE;
     FILE *rep = getenv("FSDP_TEST_VERBOSE") != NULL ? stderr : NULL;
     char *json;
 
     snprintf(path, sizeof(path), "/tmp/test_calibrate.%d.db", (int)getpid());
-    remove(path);
-    fsdp_sim_params_init(&params);
-    params.world_size = WORLD;
-    params.ranks_per_node = PER_NODE;
-    params.mode = FSDP_SIM_SHAPE;
     known_profile(&params.profile);
-    params.profile.gpus_per_node = PER_NODE; /* the run row describes the simulated cluster */
-    params.profile.nodes = WORLD / PER_NODE;
-    json = fsdp_sim_profile_to_json(&params.profile);
-    info.profile_json = json;
-    CU_ASSERT_FATAL(fsdp_trace_open(path, &info, &t) == FSDP_OK);
-    free(json);
-    CU_ASSERT(fsdp_sim_launch(&params, calib_rank, t, NULL) == FSDP_OK);
-    if (failure[0] != '\0')
-        fprintf(stderr, "\n  %s\n", failure);
-    CU_ASSERT_FATAL(failure[0] == '\0');
-    CU_ASSERT_FATAL(fsdp_trace_close(t) == FSDP_OK);
+    sweep(path, &params);
 
     /* the base: the preset, with the run's algorithm and protocol (NCCL_ALGO, NCCL_PROTO) */
     ring_simple(&base);
@@ -250,6 +262,31 @@ static void test_recovers_profile(void)
     remove(path);
 }
 
+/* A run simulated with eager ops: the kinds it priced as op sequences (gelu among them) are left
+ * out of the kernel fits, whose vector rate stays the base's rather than one fitted to sums of
+ * ops; the GEMMs, one kernel each either way, are still recovered. */
+static void test_eager_run(void)
+{
+    char path[64];
+    fsdp_sim_params_t params;
+    fsdp_sim_profile_t base, fitted;
+    fsdp_calib_options_t opts = {0, 0};
+
+    snprintf(path, sizeof(path), "/tmp/test_calibrate_eager.%d.db", (int)getpid());
+    known_profile(&params.profile);
+    params.profile.ops = FSDP_SIM_OPS_EAGER;
+    CU_ASSERT_FATAL(fsdp_sim_kind_eager(FSDP_K_GELU_FWD));
+    CU_ASSERT(!fsdp_sim_kind_eager(FSDP_K_GEMM));
+    sweep(path, &params);
+    ring_simple(&base);
+    CU_ASSERT_FATAL(fsdp_trace_calibrate(path, &opts, &base, &fitted, NULL) == FSDP_OK);
+    CU_ASSERT_EQUAL(fitted.gpu.vector_flops_per_s, base.gpu.vector_flops_per_s);
+    for (int dt = FSDP_DTYPE_F32; dt <= FSDP_DTYPE_F16; dt++)
+        CU_ASSERT(close_rel(fitted.gpu.matmul_flops_per_s[dt],
+                            params.profile.gpu.matmul_flops_per_s[dt]));
+    remove(path);
+}
+
 static void test_lsq(void)
 {
     /* y = 2 + 3 x, with a duplicated column that must be reported unidentified */
@@ -272,6 +309,7 @@ int main(void)
     static const fsdp_test_case_t tests[] = {
         {"least squares", test_lsq},
         {"calibrate recovers a known profile", test_recovers_profile},
+        {"an eager run's op sequences are left out", test_eager_run},
         {NULL, NULL},
     };
     return fsdp_test_run("calibrate", tests);

@@ -723,6 +723,32 @@ static void test_compute_model(void)
     k.u.swiglu_bwd.dtype = FSDP_DTYPE_BF16;
     close_to(fsdp_sim_eager_bytes(&k, &ops), 18000.0, 0);
     CU_ASSERT_EQUAL(ops, 3);
+    /* HF's gelu_new on 1,000 bf16: 8 ops forward (18 e n bytes), 11 backward (28 e n) */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_GELU_FWD;
+    k.u.gelu_fwd.n = 1000;
+    k.u.gelu_fwd.dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_eager_bytes(&k, &ops), 36000.0, 0);
+    CU_ASSERT_EQUAL(ops, 8);
+    close_to(fsdp_sim_kernel_time(&h100, &k), 36000.0 / bw + 8 * 1.2e-6, 1e-12);
+    k.kind = FSDP_K_GELU_BWD;
+    k.u.gelu_bwd.n = 1000;
+    k.u.gelu_bwd.dtype = FSDP_DTYPE_BF16;
+    close_to(fsdp_sim_eager_bytes(&k, &ops), 56000.0, 0);
+    CU_ASSERT_EQUAL(ops, 11);
+    /* GPT-2's eager attention scores, 2 x 1024 x 1024 bf16 (n = 2^21), causal: the scaling and
+     * the softmax by their bytes (2 e n each), the mask add broadcast, n / 0.3e12 s */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SOFTMAX_FWD;
+    k.u.softmax_fwd.rows = 2048;
+    k.u.softmax_fwd.cols = 1024;
+    k.u.softmax_fwd.causal = 1;
+    k.u.softmax_fwd.dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 3);
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2 * 4.0 * 2097152 / bw + 2097152 / 0.3e12 + 3 * 1.2e-6, 1e-12);
+    k.u.softmax_fwd.causal = 0;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 2);
     /* an f32 RMSNorm has no casts: 6 kernels */
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_RMSNORM_FWD;

@@ -258,6 +258,9 @@ FSDP_API double fsdp_sim_kernel_time_on(const fsdp_sim_profile_t *profile, const
 /* The kernels k is launched as: 1, or its eager ops' count under FSDP_SIM_OPS_EAGER (the host
  * pays a launch for each). */
 FSDP_API int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
+/* 1 when FSDP_SIM_OPS_EAGER prices kernels of this kind as a sequence of eager ops (for some
+ * descriptors or all), 0 when always as one kernel. */
+FSDP_API int fsdp_sim_kind_eager(fsdp_kernel_kind_t kind);
 /* The tile and wave quantization of an m x n GEMM output (batch products) on `sms` SMs, in
  * (0, 1]: (m n / padded tiles' area) x (tiles / (waves x sms)), with FSDP_SIM_GEMM_TILE_M x
  * _N tiles, the longer side along the longer dimension (NVIDIA's "Matrix Multiplication
