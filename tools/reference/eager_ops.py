@@ -13,26 +13,14 @@ bytes / time in TB/s. A device-to-device copy of 1 GiB is the reference rate.
 """
 import argparse
 import json
-import statistics
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, warmup=3, reps=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_step import timed  # noqa: E402
 
 
 def main():
@@ -46,7 +34,7 @@ def main():
     rows = []
 
     def row(name, path, fn, nbytes):
-        t = timed(fn)
+        t = timed(fn, warmup=3, reps=20)
         rows.append({"op": name, "path": path, "bytes": nbytes, "s": t,
                      "tb_per_s": nbytes / t / 1e12})
         print("%-44s %-10s %8.1f us %6.2f TB/s" % (name, path, t * 1e6, nbytes / t / 1e12),

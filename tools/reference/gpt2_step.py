@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_step import profile_kernels, profile_ops, timed  # noqa: E402
+from llama_step import mixed_precision_step, profile_and_save, timed  # noqa: E402
 
 
 def main():
@@ -38,23 +38,9 @@ def main():
                      attn_implementation=args.attention)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg).to(dev)
-    master = [p.detach().float().clone() for p in model.parameters()]
-    model.to(torch.bfloat16)
-    for p, m in zip(model.parameters(), master):
-        m.grad = torch.zeros_like(m)
-    opt = torch.optim.AdamW(master, lr=1e-4, fused=True)
-    n_params = sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
-
-    def step():
-        model(input_ids=ids, labels=ids).loss.backward()
-        for p, m in zip(model.parameters(), master):
-            m.grad.copy_(p.grad)
-            p.grad = None
-        opt.step()
-        with torch.no_grad():
-            for p, m in zip(model.parameters(), master):
-                p.copy_(m)
+    step, _ = mixed_precision_step(model, ids)
+    n_params = sum(p.numel() for p in model.parameters())
 
     torch.cuda.reset_peak_memory_stats()
     t = timed(step, warmup=3, reps=10)
@@ -63,13 +49,7 @@ def main():
            "attention": args.attention, "step_s": t, "tokens_per_s": B * T / t,
            "peak_allocated": torch.cuda.max_memory_allocated()}
     print(json.dumps(out, indent=1), flush=True)
-    if args.kernels:
-        out["kernels"] = profile_kernels(step, args.kernels)
-    if args.ops:
-        profile_ops(step, args.ops)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    profile_and_save(out, step, args)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,43 @@ def timed(fn, warmup=3, reps=10):
     return statistics.median(times)
 
 
+def mixed_precision_step(model, ids):
+    """FSDP MixedPrecision(param_dtype=bf16)'s arithmetic without FSDP: the model computes in
+    bf16, its gradients go to f32 master weights, fused AdamW steps those and the bf16 copy is
+    refreshed from them. Returns the step and its forward + backward alone."""
+    master = [p.detach().float().clone() for p in model.parameters()]
+    model.to(torch.bfloat16)
+    for p, m in zip(model.parameters(), master):
+        m.grad = torch.zeros_like(m)
+    opt = torch.optim.AdamW(master, lr=1e-4, fused=True)
+
+    def fwd_bwd():
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    def step():
+        fwd_bwd()
+        for p, m in zip(model.parameters(), master):
+            m.grad.copy_(p.grad)
+            p.grad = None
+        opt.step()
+        with torch.no_grad():
+            for p, m in zip(model.parameters(), master):
+                p.copy_(m)
+
+    return step, fwd_bwd
+
+
+def profile_and_save(out, step, args):
+    """--kernels, --ops and --json of the step's scripts."""
+    if args.kernels:
+        out["kernels"] = profile_kernels(step, args.kernels)
+    if args.ops:
+        profile_ops(step, args.ops)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 KINDS = [("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "gemv")),
          ("attention", ("flash", "fmha", "attention", "attn")),
          ("optimizer", ("adam", "multi_tensor", "foreach")),
@@ -195,27 +232,9 @@ def main():
                       tie_word_embeddings=False, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(dev)
-    master = [p.detach().float().clone() for p in model.parameters()]
-    model.to(torch.bfloat16)
-    for p, m in zip(model.parameters(), master):
-        m.grad = torch.zeros_like(m)
-    opt = torch.optim.AdamW(master, lr=1e-4, fused=True)
-    n_params = sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, vocab, (B, T), device=dev)
-
-    def fwd_bwd():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-
-    def step():
-        fwd_bwd()
-        for p, m in zip(model.parameters(), master):
-            m.grad.copy_(p.grad)
-            p.grad = None
-        opt.step()
-        with torch.no_grad():
-            for p, m in zip(model.parameters(), master):
-                p.copy_(m)
+    step, fwd_bwd = mixed_precision_step(model, ids)
+    n_params = sum(p.numel() for p in model.parameters())
 
     torch.cuda.reset_peak_memory_stats()
     t_step = timed(step, warmup=3, reps=8)
@@ -226,13 +245,7 @@ def main():
                     "mfu_6n": 6 * n_params * B * T / t_step / 989.4e12,
                     "peak_allocated": torch.cuda.max_memory_allocated()}
     print(json.dumps(out, indent=1))
-    if args.kernels:
-        out["kernels"] = profile_kernels(step, args.kernels)
-    if args.ops:
-        profile_ops(step, args.ops)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    profile_and_save(out, step, args)
 
 
 if __name__ == "__main__":
