@@ -1064,6 +1064,9 @@ static void test_diff(void)
         CU_ASSERT_PTR_NOT_NULL(strstr(text, "=>"));
         CU_ASSERT_PTR_NOT_NULL(strstr(text, "timing per kind"));
         CU_ASSERT_PTR_NOT_NULL(strstr(text, "timing per unit"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(text, "timing per op"));
+        /* its rows are kind and name alone (a unit's rows start with the unit) */
+        CU_ASSERT_PTR_NOT_NULL(strstr(text, "\n  kernel gemm "));
         free(text);
     }
     /* the missing op is the reduce-scatter of layers.1 in step 1 */

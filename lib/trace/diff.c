@@ -720,6 +720,9 @@ static fsdp_status_t print_ratios(diff_ctx_t *c, FILE *out)
         {"timing per kind",
          "SELECT kind, sum(w), sum(w * (end_time - start_time)), sum(w * bytes) FROM E "
          "GROUP BY kind ORDER BY kind"},
+        {"timing per op (kernels, copies, collectives, over all units)",
+         "SELECT kind || ' ' || name, sum(w), sum(w * (end_time - start_time)), sum(w * bytes) "
+         "FROM E WHERE kind IN ('kernel', 'copy', 'collective') GROUP BY kind, name ORDER BY 1"},
         {"timing per unit (kernels, copies, collectives)",
          "SELECT coalesce(unit, '-') || ' ' || kind || ' ' || name, sum(w), "
          "sum(w * (end_time - start_time)), sum(w * bytes) FROM E "
