@@ -14,8 +14,15 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 printf '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 47e9}}\n' >"$dir/a100-400g.json"
 printf '{"base": "h100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 94e9}}\n' >"$dir/h100-800g.json"
+# torchtitan's Grand Teton H100s: 96 GB of HBM2e at 2.4 TB/s, a 500 W limit that puts the peak
+# between the SXM's and the NVL's (835 TFLOP/s bf16): both bounds are planned
+gt='"model": "NVIDIA H100 96GB HBM2e", "hbm_bytes_per_s": 2.4e12, "memory_bytes": 103079215104'
+printf '{"base": "h100", "gpu": {%s}}\n' "$gt" >"$dir/h100-gt.json"
+printf '{"base": "h100", "gpu": {%s, "matmul_flops_per_s": {"f32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "f16": 835e12}}}\n' \
+    "$gt" >"$dir/h100-gt-nvl.json"
 
 tt="--profile a100:nodes=8 --mixed-precision param=bf16,reduce=fp32"
+tt2="--model llama3-8b --mixed-precision param=bf16,reduce=fp32 --local-batch 2 --seq 8192 --activation-checkpointing selective-op"
 ibm_a="--profile $dir/a100-400g.json:nodes=16 --mixed-precision bf16 --local-batch 2"
 ibm_h="--profile $dir/h100-800g.json:nodes=12 --mixed-precision bf16 --local-batch 2"
 cl34="llama:layers=48,heads=64,kv_heads=8,dim=8192,ffn=22016,seq=4096,vocab=32000"
@@ -49,6 +56,10 @@ row "IBM Llama 2 7B HSDP, 128 A100, none" 3700 --model llama2-7b $ibm_a --strate
 row "IBM Llama 2 13B, 128 A100, every 2nd layer" 1800 --model llama2-13b $ibm_a --activation-checkpointing selective-layer:2 "$@"
 row "IBM 34B, 128 A100, full" 700 --model $cl34 $ibm_a --activation-checkpointing full "$@"
 row "IBM Llama 2 70B, 128 A100, full" 370 --model llama2-70b $ibm_a --activation-checkpointing full "$@"
+row "TT2 Llama 3.1 8B, 8 H100 (SXM peak)" 5762 $tt2 --profile "$dir/h100-gt.json:nodes=1" "$@"
+row "TT2 Llama 3.1 8B, 8 H100 (NVL peak)" 5762 $tt2 --profile "$dir/h100-gt-nvl.json:nodes=1" "$@"
+row "TT2 Llama 3.1 8B, 128 H100 (SXM peak)" 5605 $tt2 --profile "$dir/h100-gt.json:nodes=16" "$@"
+row "TT2 Llama 3.1 8B, 128 H100 (NVL peak)" 5605 $tt2 --profile "$dir/h100-gt-nvl.json:nodes=16" "$@"
 row "IBM Llama 2 7B HSDP, 96 H100, none" 7500 --model llama2-7b $ibm_h --strategy hybrid_shard "$@"
 row "IBM Llama 2 13B, 96 H100, every 2nd layer" 3800 --model llama2-13b $ibm_h --activation-checkpointing selective-layer:2 "$@"
 row "IBM 34B, 96 H100, full" 1550 --model $cl34 $ibm_h --activation-checkpointing full "$@"
