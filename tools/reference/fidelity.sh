@@ -66,6 +66,8 @@ row "IBM 34B, 96 H100, full" 1550 --model $cl34 $ibm_h --activation-checkpointin
 row "IBM Llama 2 70B, 96 H100, full" 800 --model llama2-70b $ibm_h --activation-checkpointing full "$@"
 row "M Llama 2 7B shape, 4 layers, 1 H200" 67032 --model $m4 --profile h200 --world 1 --local-batch 2 --mixed-precision param=bf16,reduce=fp32 "$@"
 row "M Llama 2 7B shape, 4 layers, 1 H100" 62350 --model $m4 --profile h100 --world 1 --local-batch 2 --mixed-precision param=bf16,reduce=fp32 "$@"
+row "M Llama 2 7B shape, 4 layers, 1 H200, full AC" 55933 --model $m4 --profile h200 --world 1 --local-batch 2 --mixed-precision param=bf16,reduce=fp32 --activation-checkpointing full "$@"
 row "M GPT-2 124M, 1 H200, eager attention" 132967 --model gpt2 --profile h200 --world 1 --local-batch 8 --mixed-precision param=bf16,reduce=fp32 "$@"
+row "M GPT-2 124M, 1 H200, eager, full AC" 95695 --model gpt2 --profile h200 --world 1 --local-batch 8 --mixed-precision param=bf16,reduce=fp32 --activation-checkpointing full "$@"
 row "M GPT-2 124M, 1 H200, SDPA" 171450 --model gpt2 --profile h200 --world 1 --local-batch 8 --mixed-precision param=bf16,reduce=fp32 --attention fused "$@"
 }

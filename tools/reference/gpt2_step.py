@@ -4,6 +4,7 @@ AdamW state), with HF's eager attention or SDPA, dropout off.
 
     python3 tools/reference/gpt2_step.py [--batch B] [--seq T] [--attention eager|sdpa]
                                          [--json FILE] [--kernels FILE] [--ops FILE]
+                                         [--checkpointing]
 
 fsdp-plan's prediction for the same job is `fsdp-plan --model gpt2 --profile h200 --world 1
 --local-batch B --mixed-precision param=bf16,reduce=fp32 [--attention fused]`. --kernels and
@@ -28,6 +29,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--kernels")
     ap.add_argument("--ops")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="HF's gradient checkpointing of every decoder layer (full)")
     args = ap.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -38,6 +41,8 @@ def main():
                      attn_implementation=args.attention)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg).to(dev)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
     step, _ = mixed_precision_step(model, ids)
     n_params = sum(p.numel() for p in model.parameters())
@@ -46,7 +51,8 @@ def main():
     t = timed(step, warmup=3, reps=10)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "model": "gpt2", "params": n_params, "batch": B, "seq": T,
-           "attention": args.attention, "step_s": t, "tokens_per_s": B * T / t,
+           "attention": args.attention, "checkpointing": args.checkpointing,
+           "step_s": t, "tokens_per_s": B * T / t,
            "peak_allocated": torch.cuda.max_memory_allocated()}
     print(json.dumps(out, indent=1), flush=True)
     profile_and_save(out, step, args)

@@ -5,6 +5,7 @@ state), with SDPA attention, next to the GEMMs and the attention of one layer ti
     python3 tools/reference/llama_step.py [--layers L] [--seq T] [--batch B] [--json FILE]
                                           [--kernels FILE] [--ops FILE]
                                           [--sdpa default|flash|cudnn|efficient]
+                                          [--checkpointing]
 
 --kernels FILE also profiles two steps (torch.profiler, CUDA activity) and writes what the GPU
 ran in them: the kernel time per step by kind (GEMM, attention, optimizer, element-wise,
@@ -181,6 +182,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--kernels")
     ap.add_argument("--ops")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="HF's gradient checkpointing of every decoder layer (full)")
     ap.add_argument("--sdpa", default="default", choices=["default", "flash", "cudnn", "efficient"])
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -195,7 +198,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     d, h, ffn, vocab, B, T = 4096, 32, 11008, 32000, args.batch, args.seq
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "layers": args.layers, "seq": T, "batch": B, "sdpa": args.sdpa}
+           "layers": args.layers, "seq": T, "batch": B, "sdpa": args.sdpa,
+           "checkpointing": args.checkpointing}
 
     # ---- one layer's GEMMs (bf16 in, f32 accumulate, bf16 out), forward shapes ----
     M = B * T
@@ -232,6 +236,8 @@ def main():
                       tie_word_embeddings=False, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(dev)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, vocab, (B, T), device=dev)
     step, fwd_bwd = mixed_precision_step(model, ids)
     n_params = sum(p.numel() for p in model.parameters())
