@@ -97,9 +97,9 @@ typedef enum {
     /* each fused kernel of lib/kernels as one kernel (torch.compile, fused kernels, the gpu
      * backend): what a profile without a base uses */
     FSDP_SIM_OPS_FUSED = 0,
-    /* each as the sequence of eager PyTorch ops HF's modeling_llama.py and autograd run
-     * (docs/costs.md, "Eager element-wise ops"), each op a kernel with its latency and its
-     * launch: what the presets use */
+    /* each as the sequence of eager PyTorch ops HF's modeling_llama.py (or modeling_gpt2.py) and
+     * autograd run (docs/costs.md, "Eager element-wise ops"), each op a kernel with its latency
+     * and its launch: what the presets use */
     FSDP_SIM_OPS_EAGER = 1
 } fsdp_sim_ops_t;
 
