@@ -180,13 +180,13 @@ static void eop(eager_seq_t *s, double read, double write)
     sop(s, read, write, 0.0);
 }
 
-/* The ops HF's modeling_llama.py (transformers 4.4x) and autograd run for what k does in one
- * kernel; docs/costs.md, "Eager element-wise ops", lists each with its source. n elements of
- * e bytes (the activations' dtype), r rows; f32 intermediates are 4 bytes; casts to the dtype
- * it already has are no ops. sop: the op takes PyTorch's non-vectorized path (TensorIterator
- * vectorizes only contiguous operands of one dtype; a widening cast runs unrolled); q and k
- * are rotated as [B, H, T, hd] views of [B, T, H, hd] tensors. Returns 0 for a kernel eager
- * PyTorch also runs as one. */
+/* The ops HF's modeling_llama.py (transformers 4.4x) or modeling_gpt2.py and autograd run for
+ * what k does in one kernel; docs/costs.md, "Eager element-wise ops", lists each with its
+ * source. n elements of e bytes (the activations' dtype), r rows; f32 intermediates are 4
+ * bytes; casts to the dtype it already has are no ops. sop: the op takes PyTorch's
+ * non-vectorized path (TensorIterator vectorizes only contiguous operands of one dtype; a
+ * widening cast runs unrolled); q and k are rotated as [B, H, T, hd] views of [B, T, H, hd]
+ * tensors. Returns 0 for a kernel eager PyTorch also runs as one. */
 static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
 {
     double e, n, r, c;
