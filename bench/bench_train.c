@@ -15,7 +15,8 @@
  *             the models compute in f32, with TF32 off as in PyTorch by default), the usual
  *             6N FLOPs per token of forward and backward, attention left out;
  *   memory    rank 0's peak allocated and reserved bytes of the caching allocator;
- * and the same from the simulator (shape mode: no data, the profile's costs) for the same world,
+ * and the same from the simulator (shape mode: no data, the profile's costs, each kernel priced
+ * as one, as the gpu backend runs it: ops fused) for the same world,
  * ranks per node and configuration, with measured / simulated ratios. Without the gpu backend or
  * a device it says why and exits 0 (make bench goes on). */
 #include "config.h"
@@ -108,6 +109,7 @@ static fsdp_status_t sim_predict(run_t *sim, const fsdp_launch_info_t *info,
     sp.ranks_per_node = info->local_size > 0 ? info->local_size : info->world_size;
     sp.mode = FSDP_SIM_SHAPE;
     sp.profile = *profile;
+    sp.profile.ops = FSDP_SIM_OPS_FUSED; /* the gpu backend runs each kernel as one */
     return fsdp_sim_launch(&sp, train_rank, sim, NULL);
 }
 

@@ -253,6 +253,16 @@ check "the demo's first step prints the README's loss" \
     grep -q "^step 1 loss 5.53065491 .* sim_step_ms 1.534 peak_mib 6.37$" "$tmp/demo"
 # (on a fixed text: the default corpus, the sources, changes with every commit)
 check "gpt2: the first loss is about ln 256" awk '/^step 1 /{exit !($4 > 5.2 && $4 < 5.8)}' "$tmp/demo"
+# --ops: eager PyTorch's op sequences (the preset's) take longer than one fused kernel each
+"$train" --model gpt2-tiny --world 2 --steps 2 --ops eager >"$tmp/ops_e" 2>&1
+"$train" --model gpt2-tiny --world 2 --steps 2 --ops fused >"$tmp/ops_f" 2>&1
+"$train" --model gpt2-tiny --world 2 --steps 2 >"$tmp/ops_d" 2>&1
+ops_ms() { sed -n 's/.*simulated step time \([0-9.]*\) ms.*/\1/p' "$1"; }
+check "--ops fused prices a shorter step than eager, the same losses" \
+    awk -v e="$(ops_ms "$tmp/ops_e")" -v f="$(ops_ms "$tmp/ops_f")" 'BEGIN { exit !(f > 0 && f < e) }'
+check "--ops eager is the preset's" test "$(ops_ms "$tmp/ops_e")" = "$(ops_ms "$tmp/ops_d")"
+check "--ops leaves the losses" test "$(grep '^loss' "$tmp/ops_e" | cut -d';' -f1)" = "$(grep '^loss' "$tmp/ops_f" | cut -d';' -f1)"
+refuse "an unknown --ops" --model gpt2-tiny --ops compiled
 refuse "an unknown gpt preset" --model gpt2-huge
 refuse "an unknown backend" --backend tpu
 # without a device (or without the gpu module) this is refused for that; with one, for a

@@ -294,6 +294,15 @@ int cli_attention(const char *arg)
     cli_die("--attention: '%s' is not eager or fused", arg);
 }
 
+int cli_ops(const char *arg)
+{
+    if (strcmp(arg, "eager") == 0)
+        return FSDP_SIM_OPS_EAGER;
+    if (strcmp(arg, "fused") == 0)
+        return FSDP_SIM_OPS_FUSED;
+    cli_die("--ops: '%s' is not one of eager, fused", arg);
+}
+
 void cli_apply_attention(int attention, fsdp_gpt2_config_t *gpt, int llama)
 {
     if (attention < 0)

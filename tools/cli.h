@@ -80,6 +80,9 @@ int cli_activation_checkpointing(const char *arg);
 /* --attention eager|fused for a GPT model: 0 (HF's eager attention) or 1 (one fused kernel);
  * the tool dies saying what is allowed for anything else. */
 int cli_attention(const char *arg);
+/* --ops eager|fused: how the simulated times price element-wise work (fsdp_sim_ops_t); the tool
+ * dies saying what is allowed for anything else. */
+int cli_ops(const char *arg);
 /* Applies --attention (attention < 0: not given) to the model: a GPT model's config (gpt), or a
  * check that a Llama (llama 1; its attention is always the fused kernel) is not asked for eager;
  * an MLP (gpt NULL, llama 0) has no attention. The tool dies naming a mismatch. */

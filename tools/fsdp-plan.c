@@ -485,12 +485,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             profile = optarg;
             break;
         case OPT_OPS:
-            if (strcmp(optarg, "eager") == 0)
-                ops = FSDP_SIM_OPS_EAGER;
-            else if (strcmp(optarg, "fused") == 0)
-                ops = FSDP_SIM_OPS_FUSED;
-            else
-                cli_die("--ops: '%s' is not one of eager, fused", optarg);
+            ops = cli_ops(optarg);
             break;
         case OPT_NODES:
             nodes = cli_parse_long("--nodes", optarg, 1, 1000000);

@@ -46,6 +46,7 @@ typedef struct train_args {
     const char *consolidate_dir; /* --consolidate: write its model as --save, train nothing */
     const char *trace_path;
     const char *profile_arg;       /* --profile, or NULL for the default */
+    int ops;                       /* --ops: fsdp_sim_ops_t, or -1 for the profile's */
     fsdp_sim_profile_t profile;
     /* --model gpt2... or llama...: the language-model path (train_gpt2.c) */
     int gpt; /* either */
@@ -118,6 +119,9 @@ static void usage(FILE *f)
         "  --trace FILE               write the event trace to FILE (SQLite; fsdp-trace reads it)\n"
         "  --profile P                cluster profile the simulated times come from: a preset\n"
         "                             (h100, a100, h100:nodes=N,gpus_per_node=G) or a JSON file\n"
+        "  --ops eager|fused          sim: price element-wise work as eager PyTorch's ops (the\n"
+        "                             presets' default) or one fused kernel each, as the gpu\n"
+        "                             backend runs them (to compare with a --backend gpu run)\n"
         "  --backward-prefetch P      pre | post | none (default pre)\n"
         "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
         "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
@@ -208,6 +212,7 @@ enum {
     OPT_CONSOLIDATE,
     OPT_TRACE,
     OPT_PROFILE,
+    OPT_OPS,
     OPT_TOKENS,
     OPT_SEQ,
     OPT_CKPT_ACT,
@@ -257,6 +262,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"consolidate", required_argument, NULL, OPT_CONSOLIDATE},
         {"trace", required_argument, NULL, OPT_TRACE},
         {"profile", required_argument, NULL, OPT_PROFILE},
+        {"ops", required_argument, NULL, OPT_OPS},
         {"tokens", required_argument, NULL, OPT_TOKENS},
         {"seq", required_argument, NULL, OPT_SEQ},
         {"checkpoint-activations", no_argument, NULL, OPT_CKPT_ACT},
@@ -285,6 +291,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     a->grad_accum = 1;
     a->state_dict = FSDP_STATE_DICT_FULL;
     a->timeout_s = 60.0;
+    a->ops = -1; /* the profile's */
 
     opterr = 0;
     /* ":" first: a missing value is reported as such, not as an unknown option */
@@ -386,6 +393,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
             break;
         case OPT_TRACE: a->trace_path = optarg; break;
         case OPT_PROFILE: a->profile_arg = optarg; break;
+        case OPT_OPS: a->ops = cli_ops(optarg); break;
         case OPT_TOKENS: a->tokens_path = optarg; break;
         case OPT_SEQ:
             a->seq = (int)cli_parse_long("--seq", optarg, 1, 1 << 20);
@@ -423,6 +431,8 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         if (a->profile_arg != NULL &&
             fsdp_sim_profile_from_arg(a->profile_arg, &a->profile) != FSDP_OK)
             fail_quietly(); /* the library said what is wrong and what is allowed */
+        if (a->ops >= 0)
+            a->profile.ops = (fsdp_sim_ops_t)a->ops;
     }
     if (train_launch_prepare(&a->launch, backend, a->world, a->timeout_s, &a->profile) != 0)
         fail_quietly();
