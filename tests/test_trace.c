@@ -1123,6 +1123,14 @@ static void test_summary(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(text, "unsharded_param"));
     /* 18 all-gathers per rank per run: 3 steps x 3 units x (forward + backward) */
     CU_ASSERT_PTR_NOT_NULL(strstr(text, "all_gather             18 calls"));
+    /* rank 0's last step alone: its 6 all-gathers (3 units x forward and backward) */
+    {
+        const char *sec = strstr(text, "time per op in rank 0's last step");
+        char want[64];
+        snprintf(want, sizeof(want), "    %-28s %8d ", "collective all_gather", 6);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(sec);
+        CU_ASSERT_PTR_NOT_NULL(strstr(sec, want));
+    }
     free(text);
     fsdp_log_set_handler(capture, NULL);
     CU_ASSERT_EQUAL(fsdp_trace_summary(path, 99, NULL), FSDP_ERR_NOT_FOUND);

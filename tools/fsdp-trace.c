@@ -27,7 +27,8 @@ static void usage(FILE *f)
         f,
         "usage: fsdp-trace COMMAND ...\n"
         "  summary DB [--run ID]                  per rank: collectives, per-unit all-gather\n"
-        "                                         and reduce-scatter sizes, steps, peak memory\n"
+        "                                         and reduce-scatter sizes, steps, peak memory;\n"
+        "                                         rank 0's time per op in its last step\n"
         "  diff A B [--run-a ID] [--run-b ID]     first structural divergence, then timing\n"
         "                                         and memory ratios (B / A); exit 0 when\n"
         "                                         identical, 1 when not, 2 on error; a\n"

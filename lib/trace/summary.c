@@ -131,6 +131,12 @@ static void row_steps(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
                        sqlite3_column_double(st, 5), sqlite3_column_double(st, 6));
 }
 
+static void row_ops(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
+{
+    fsdp_strbuf_printf(b, "    %-28s %8" PRId64 " %12.3f\n", fsdp_trace_col_text(st, 1),
+                       (int64_t)sqlite3_column_int64(st, 2), 1e3 * sqlite3_column_double(st, 3));
+}
+
 static const char *const mem_cat_names[] = {
 #define SUMMARY_CAT_NAME_(name, str) str,
     FSDP_FOREACH_MEM_CATEGORY(SUMMARY_CAT_NAME_)
@@ -411,6 +417,20 @@ fsdp_status_t fsdp_trace_summary(const char *path, int64_t run, FILE *out)
     if (status != FSDP_OK)
         goto out;
     status = summary_exposed(&s);
+    if (status != FSDP_OK)
+        goto out;
+    /* what a step spent where: rank 0's last step, whose op times compare with a profiler's
+     * kernel table (every rank's would not fold: their times differ) */
+    status = summary_section(
+        &s, "time per op in rank 0's last step (kernels, copies, collectives: calls, ms)",
+        "SELECT e.rank, e.kind || ' ' || e.name, count(*), sum(e.end_time - e.start_time) "
+        "FROM events e, (SELECT max(step) AS last FROM steps WHERE run = ?1 AND rank = 0) l, "
+        "steps s1 WHERE e.run = ?1 AND e.rank = 0 AND e.kind IN ('kernel', 'copy', 'collective') "
+        "AND s1.run = ?1 AND s1.rank = 0 AND s1.step = l.last AND e.seq < s1.seq_end "
+        "AND e.seq >= coalesce((SELECT max(seq_end) FROM steps WHERE run = ?1 AND rank = 0 "
+        "AND step < l.last), 0) "
+        "GROUP BY e.kind, e.name ORDER BY 4 DESC, 2",
+        row_ops, 0);
     if (status != FSDP_OK)
         goto out;
     memory_sql(sql, sizeof(sql));
