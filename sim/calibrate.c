@@ -258,16 +258,12 @@ static int on_event(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t 
     return 0;
 }
 
-/* 1 when the run was simulated with a profile whose ops are eager (a hardware run's row holds
- * no such profile, or one the backend did not price with). */
-static int run_eager(const fsdp_trace_run_row_t *row)
+/* 1 when the run was simulated with a profile whose ops are eager (prof: the run row's
+ * profile, NULL when it holds none; a hardware run's is not what the backend priced with). */
+static int run_eager(const fsdp_trace_run_row_t *row, const fsdp_sim_profile_t *prof)
 {
-    fsdp_sim_profile_t prof;
-
-    return row->backend != NULL && strcmp(row->backend, "sim") == 0 &&
-           row->profile_json != NULL &&
-           fsdp_sim_profile_parse(row->profile_json, &prof) == FSDP_OK &&
-           prof.ops == FSDP_SIM_OPS_EAGER;
+    return row->backend != NULL && strcmp(row->backend, "sim") == 0 && prof != NULL &&
+           prof->ops == FSDP_SIM_OPS_EAGER;
 }
 
 /* "ranks_per_node": N in the run's config JSON; 0 when absent. */
@@ -283,15 +279,13 @@ static int config_ranks_per_node(const char *json)
     return (int)strtol(p, NULL, 10);
 }
 
-/* The run's GPUs per node: its profile's (the topology a simulated run had) when the run row
- * holds one, else the config's ranks_per_node (hybrid sharding's node); 0 when neither says. */
-static int run_ranks_per_node(const fsdp_trace_run_row_t *row)
+/* The run's GPUs per node: its profile's (prof, the topology a simulated run had) when the run
+ * row holds one, else the config's ranks_per_node (hybrid sharding's node); 0 when neither
+ * says. */
+static int run_ranks_per_node(const fsdp_trace_run_row_t *row, const fsdp_sim_profile_t *prof)
 {
-    fsdp_sim_profile_t prof;
-
-    if (row->profile_json != NULL && fsdp_sim_profile_parse(row->profile_json, &prof) == FSDP_OK &&
-        prof.gpus_per_node > 0)
-        return prof.gpus_per_node;
+    if (prof != NULL && prof->gpus_per_node > 0)
+        return prof->gpus_per_node;
     return config_ranks_per_node(row->config_json);
 }
 
@@ -763,7 +757,8 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
 {
     fsdp_trace_reader_t *r = NULL;
     fsdp_trace_run_row_t row;
-    fsdp_sim_profile_t p = *base;
+    fsdp_sim_profile_t p = *base, run_prof;
+    const fsdp_sim_profile_t *rp = NULL; /* the run row's profile, parsed once */
     calib_t c;
     int64_t run;
     int per_node;
@@ -782,11 +777,13 @@ fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_options_t 
     st = refuse_symmetric(r, run, path, c.world);
     if (st != FSDP_OK)
         goto done;
+    if (row.profile_json != NULL && fsdp_sim_profile_parse(row.profile_json, &run_prof) == FSDP_OK)
+        rp = &run_prof;
     per_node = opts != NULL && opts->ranks_per_node > 0 ? opts->ranks_per_node
-                                                        : run_ranks_per_node(&row);
+                                                        : run_ranks_per_node(&row, rp);
     if (per_node <= 0 || per_node > c.world)
         per_node = c.world;
-    c.eager = run_eager(&row);
+    c.eager = run_eager(&row, rp);
     st = fsdp_trace_reader_events(r, run, -1, on_event, &c);
     if (st == FSDP_OK && c.oom)
         st = FSDP_ERR_OUT_OF_MEMORY;
