@@ -35,9 +35,9 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
         fsdp_error("fsdp_sim_launch: the rank function is NULL");
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (p->world_size < 1) {
-        fsdp_error("fsdp_sim_launch: world_size %d is invalid: it must be at least 1",
-                   p->world_size);
+    if (p->world_size < 1 || p->world_size > FSDP_MAX_WORLD) {
+        fsdp_error("fsdp_sim_launch: world_size %d is invalid: it must be in [1, %d]",
+                   p->world_size, FSDP_MAX_WORLD);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (p->ranks_per_node < 0 ||

@@ -485,9 +485,11 @@ static void test_launch_params(void)
     expect_invalid(NULL, rank_nop, "fsdp_sim_params_init");
     expect_invalid(&p, NULL, "function is NULL");
     p.world_size = 0;
-    expect_invalid(&p, rank_nop, "world_size 0 is invalid: it must be at least 1");
+    expect_invalid(&p, rank_nop, "world_size 0 is invalid: it must be in [1, 1048576]");
     p.world_size = -3;
     expect_invalid(&p, rank_nop, "world_size -3");
+    p.world_size = FSDP_MAX_WORLD + 1;
+    expect_invalid(&p, rank_nop, "world_size 1048577 is invalid");
     p.world_size = 4;
     p.ranks_per_node = 3;
     expect_invalid(&p, rank_nop, "ranks_per_node 3 must divide world_size 4");

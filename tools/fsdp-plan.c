@@ -30,7 +30,6 @@
  * shape mode) and a table entry per named configuration: adding a model is one entry. */
 
 #define MAX_DIMS (FSDP_MLP_MAX_LAYERS + 1)
-#define MAX_WORLD (1 << 20)
 
 typedef struct model_cfg {
     int dims[MAX_DIMS]; /* mlp */
@@ -314,7 +313,7 @@ static void usage(FILE *f)
           "  --profile P                cluster: a preset (h100, a100) or a JSON file, optionally\n"
           "                             with :nodes=N,gpus_per_node=G (default h100)\n"
           "  --nodes N, --gpus-per-node G   the cluster's shape (override the profile's)\n"
-          "  --world W                  ranks (default nodes x gpus per node)\n"
+          "  --world W                  ranks (default nodes x gpus per node; at most 2^20)\n"
           "  --capacity BYTES           device memory per GPU, with K/M/G/T; 0 is unlimited\n"
           "                             (default: the profile's GPU memory)\n"
           "  --batch B                  global batch: rows (mlp) or sequences (gpt), divisible\n"
@@ -494,7 +493,7 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
             gpn = cli_parse_long("--gpus-per-node", optarg, 1, 1024);
             break;
         case OPT_WORLD:
-            a->world = (int)cli_parse_long("--world", optarg, 1, MAX_WORLD);
+            a->world = (int)cli_parse_long("--world", optarg, 1, FSDP_MAX_WORLD);
             break;
         case OPT_CAPACITY:
             capacity = optarg;
@@ -658,9 +657,9 @@ static void parse_args(int argc, char **argv, plan_args_t *a)
     a->mcfg.seq = seq > 0 ? (size_t)seq : default_seq;
     a->per_node = a->profile.gpus_per_node;
     if (a->world == 0) {
-        if ((double)a->profile.nodes * a->per_node > MAX_WORLD)
+        if ((double)a->profile.nodes * a->per_node > FSDP_MAX_WORLD)
             cli_die("%d nodes x %d GPUs is more than %d ranks", a->profile.nodes, a->per_node,
-                    MAX_WORLD);
+                    FSDP_MAX_WORLD);
         a->world = a->profile.nodes * a->per_node;
     }
     if (a->world < a->per_node)

@@ -26,6 +26,10 @@ typedef struct fsdp_backend_ops fsdp_backend_ops_t;
 typedef struct fsdp_event fsdp_event_t; /* opaque, backend-defined */
 typedef struct fsdp_trace_rank fsdp_trace_rank_t; /* a rank's event-trace writer (trace.h) */
 
+/* The most ranks a world may have: the simulator's and fsdp-plan's bound, and a trace that names
+ * more is refused as corrupt. Above the largest clusters built; per-rank tables stay small. */
+#define FSDP_MAX_WORLD (1 << 20)
+
 /* Per-rank device context. Backends embed it as their first member, named `super`. */
 typedef struct fsdp_dev {
     const fsdp_backend_ops_t *ops;

@@ -48,8 +48,8 @@ const char *fsdp_trace_reader_path(const fsdp_trace_reader_t *reader);
 /* Resolves a run id as fsdp_trace_reader_find_run does. */
 fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p);
 
-/* Readers accept runs of at most this many ranks. */
-#define FSDP_TRACE_MAX_RANKS (1 << 24)
+/* Readers accept runs of at most this many ranks: as many as a world may have. */
+#define FSDP_TRACE_MAX_RANKS FSDP_MAX_WORLD
 
 /* The number of ranks a run has: its world_size, checked to be in [1, FSDP_TRACE_MAX_RANKS]
  * with every event and step row's rank in [0, world_size); else one line naming the file and
