@@ -72,8 +72,11 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Where a record was drawn, for the flows of the waits on it. */
+/* Where a record was drawn, for the flows of the waits on it: a slot of an open-addressing
+ * table keyed by the record's number (0: an empty slot), so that memory follows the records a
+ * rank holds, not the largest number a damaged trace names. */
 typedef struct export_record {
+    uint64_t id;
     long long ts_ns;
     int tid_index;
 } export_record_t;
@@ -83,8 +86,8 @@ typedef struct export_rank {
     char **streams; /* thread index k + 1 <-> streams[k]; index 0 is the host */
     int nstreams, cap;
     int64_t cat[EXPORT_NCAT];
-    export_record_t *records; /* by record number - 1 (the record event's count) */
-    uint64_t nrecords, records_cap;
+    export_record_t *records; /* records_cap slots (a power of two), nrecords of them used */
+    size_t nrecords, records_cap;
 } export_rank_t;
 
 typedef struct export_ctx {
@@ -139,6 +142,8 @@ static void export_rank_reset(export_ctx_t *x, int rank)
         free(r->streams[k]);
     r->nstreams = 0;
     r->nrecords = 0;
+    if (r->records != NULL)
+        memset(r->records, 0, r->records_cap * sizeof(*r->records));
     memset(r->cat, 0, sizeof(r->cat));
     r->rank = rank;
     x->have_rank = 1;
@@ -248,31 +253,46 @@ static void export_us(FILE *f, long long ns)
     fprintf(f, "%s%lld.%03lld", ns < 0 ? "-" : "", llabs(ns) / 1000, llabs(ns) % 1000);
 }
 
+/* The slot of record number id (nonzero): its own, or the empty one where it would go. */
+static export_record_t *export_record_slot(const export_rank_t *r, uint64_t id)
+{
+    size_t mask = r->records_cap - 1, i = (size_t)(id * 0x9e3779b97f4a7c15ull) & mask;
+
+    while (r->records[i].id != 0 && r->records[i].id != id)
+        i = (i + 1) & mask;
+    return &r->records[i];
+}
+
 /* Remembers where record number id was drawn (a record without a number, from an older trace,
- * or one that finds no memory: its waits get no arrow). */
+ * or one that finds no memory: its waits get no arrow). A number seen again is drawn where it
+ * was seen last. */
 static void export_note_record(export_ctx_t *x, uint64_t id, long long ts_ns, int tid_index)
 {
     export_rank_t *r = &x->cur;
+    export_record_t *slot;
 
-    if (id == 0 || id > ((uint64_t)1 << 40))
+    if (id == 0)
         return;
-    if (id > r->records_cap) {
-        uint64_t cap = r->records_cap ? r->records_cap : 1024;
-        export_record_t *v;
-        while (cap < id)
-            cap *= 2;
-        v = realloc(r->records, (size_t)cap * sizeof(*v));
+    if (2 * (r->nrecords + 1) > r->records_cap) { /* at most half full */
+        size_t cap = r->records_cap ? 2 * r->records_cap : 1024;
+        export_record_t *old = r->records, *v = calloc(cap, sizeof(*v));
+        size_t old_cap = r->records_cap;
+
         if (v == NULL)
             return;
         r->records = v;
         r->records_cap = cap;
+        for (size_t k = 0; k < old_cap; k++)
+            if (old[k].id != 0)
+                *export_record_slot(r, old[k].id) = old[k];
+        free(old);
     }
-    for (uint64_t k = r->nrecords; k + 1 < id; k++)
-        r->records[k].tid_index = -1; /* a record the trace does not hold */
-    r->records[id - 1].ts_ns = ts_ns;
-    r->records[id - 1].tid_index = tid_index;
-    if (id > r->nrecords)
-        r->nrecords = id;
+    slot = export_record_slot(r, id);
+    if (slot->id == 0)
+        r->nrecords++;
+    slot->id = id;
+    slot->ts_ns = ts_ns;
+    slot->tid_index = tid_index;
 }
 
 /* The arrow from record number id to the wait at (ts_ns, tid_index): a flow start at the record
@@ -282,9 +302,8 @@ static void export_flow(export_ctx_t *x, int rank, uint64_t id, long long ts_ns,
     const export_record_t *rec;
     uint64_t flow;
 
-    if (id == 0 || id > x->cur.nrecords || x->cur.records[id - 1].tid_index < 0)
+    if (id == 0 || x->cur.nrecords == 0 || (rec = export_record_slot(&x->cur, id))->id == 0)
         return;
-    rec = &x->cur.records[id - 1];
     flow = ++x->flows;
     export_sep(x);
     fprintf(
