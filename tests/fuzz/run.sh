@@ -10,7 +10,7 @@ src=$(cd "$here/../.." && pwd)
 build=${FUZZ_BUILD:-$src/_build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 jobs=${FUZZ_JOBS:-2}
-harnesses=${*:-safetensors tokens profile hostlist rendezvous checkpoint_json trace}
+harnesses=${*:-safetensors tokens profile hostlist rendezvous checkpoint_json model_spec trace}
 cc=${FUZZ_CC:-clang}
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=all"
 
@@ -59,6 +59,9 @@ libs="$build/.libs/libfsdp.a $(pkg-config --libs jansson sqlite3 2>/dev/null || 
 if [ ! -f "$build/fuzz/seed.db" ]; then
     mkdir -p "$build/fuzz"
     "$build/tools/fsdp-train" --model mlp:8,12,3 --world 2 --steps 2 \
+        --trace "$build/fuzz/seed.db" >/dev/null
+    # run 2: a plan whose rank 0 stands for ranks 0-2 (the ranks table's members)
+    "$build/tools/fsdp-plan" --model mlp:8,12,3 --nodes 2 --gpus-per-node 2 --steps 1 \
         --trace "$build/fuzz/seed.db" >/dev/null
 fi
 export FUZZ_TRACE_DB="$build/fuzz/seed.db"
