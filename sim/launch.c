@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,6 +25,32 @@ void fsdp_sim_params_init(fsdp_sim_params_t *params)
     params->device_capacity = 0;
     /* a built-in preset cannot fail */
     fsdp_sim_profile_preset(FSDP_SIM_DEFAULT_PROFILE, &params->profile);
+}
+
+/* MemAvailable is free memory and what the kernel can reclaim (its page cache). */
+size_t fsdp_sim_host_memory_default(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    double avail = -1.0;
+
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long long kib;
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+            avail = (double)kib * 1024.0;
+            break;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    if (avail < 0.0) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || page <= 0)
+            return SIZE_MAX;
+        avail = (double)pages * (double)page;
+    }
+    avail *= 0.9;
+    return avail >= (double)SIZE_MAX ? SIZE_MAX : (size_t)avail;
 }
 
 static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func_t func)
@@ -185,6 +213,8 @@ static fsdp_status_t sim_world_create(const fsdp_sim_params_t *params, fsdp_rank
         if (world->params.threads == 0)
             world->params.threads = online;
     }
+    if (world->params.host_memory == 0 && world->params.mode == FSDP_SIM_DATA)
+        world->params.host_memory = fsdp_sim_host_memory_default();
     world->n_devs = size;
     if (params->represent != NULL) {
         /* the ranks that run, and how many each stands for */

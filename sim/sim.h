@@ -219,6 +219,9 @@ struct fsdp_sim_world {
     fsdp_sim_sched_t *sched; /* fiber mode: the run queue and the workers */
     int n_dead;    /* ranks failed or exited */
     fsdp_sim_comm_t *comms; /* every live communicator, newest first */
+    /* data mode: the host bytes the ranks' segments hold (atomic), and params.host_memory
+     * resolved at launch */
+    size_t host_held;
 };
 
 /* The stack of a rank's thread or fiber. Big worlds get small stacks: 1024 ranks at glibc's

@@ -138,6 +138,62 @@ static void test_segments(void)
     launch_ok(4, 0, FSDP_SIM_SHAPE, rank_shape_segments);
 }
 
+/* host_memory bounds the world's segments together: rank 0's third MiB-and-a-half fails while
+ * rank 1 holds its own, with a line naming the bound, and fits once rank 1 freed it */
+#define HOST_MEMORY_BOUND ((size_t)4 << 20)
+static fsdp_status_t rank_host_memory(fsdp_dev_t *dev, void *arg)
+{
+    const fsdp_backend_ops_t *ops = dev->ops;
+    fsdp_group_t *w = ops->group_world(dev);
+    const size_t part = (size_t)3 << 19; /* 1.5 MiB */
+    void *mine = NULL, *more = NULL;
+    (void)arg;
+
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         ops->segment_alloc(dev, dev->rank ? FSDP_MEMKIND_HOST_PINNED
+                                                           : FSDP_MEMKIND_DEVICE,
+                                            part, &mine));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->barrier(dev, w));
+    if (dev->rank == 0) {
+        FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                              ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, part, &more) ==
+                                  FSDP_ERR_NO_MEMORY,
+                              "a segment past the world's host memory was made");
+        FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,
+                              strstr(fsdp_sim_last_error(dev),
+                                     "1572864 more bytes would take the world's 3145728 past "
+                                     "the 4194304 it may use") != NULL,
+                              "last error is '%s'", fsdp_sim_last_error(dev));
+    }
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->barrier(dev, w));
+    if (dev->rank == 1)
+        ops->segment_free(dev, FSDP_MEMKIND_HOST_PINNED, mine);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, ops->barrier(dev, w));
+    if (dev->rank == 0) {
+        FSDP_RANK_REQUIRE_OK(&failure, dev,
+                             ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, part, &more));
+        ops->segment_free(dev, FSDP_MEMKIND_DEVICE, more);
+        ops->segment_free(dev, FSDP_MEMKIND_DEVICE, mine);
+    }
+    return FSDP_OK;
+}
+
+static void test_host_memory(void)
+{
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    CU_ASSERT_EQUAL(p.host_memory, 0);
+    CU_ASSERT(fsdp_sim_host_memory_default() > 0);
+    p.world_size = 2;
+    p.timeout_s = 20.0;
+    p.host_memory = HOST_MEMORY_BOUND;
+    fsdp_log_set_handler(quiet, NULL); /* the refusal is expected */
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_host_memory, NULL, NULL), FSDP_OK);
+    fsdp_log_set_handler(NULL, NULL);
+    fsdp_test_failure_assert(&failure);
+}
+
 static fsdp_status_t rank_streams(fsdp_dev_t *dev, void *arg)
 {
     const fsdp_backend_ops_t *ops = dev->ops;
@@ -435,6 +491,7 @@ int main(void)
         {"ops_table", test_ops_table},
         {"ranks", test_ranks},
         {"segments", test_segments},
+        {"host_memory", test_host_memory},
         {"streams_events", test_streams_events},
         {"bad_args", test_bad_args},
         {"symmetric_classes", test_symmetric_classes},

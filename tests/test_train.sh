@@ -474,5 +474,16 @@ check "  creating nothing" test ! -e "$tmp/every"
 "$train" --model mlp:8,12,3 --steps 3 --checkpoint-every 3 --save-checkpoint "$tmp/every" \
     >/dev/null 2>&1
 check "--checkpoint-every equal to --steps is accepted" test -s "$tmp/every/latest"
+# a model too large for the machine's memory (every simulated rank's memory is this process's):
+# refused at once, naming fsdp-plan, not killed by the kernel halfway through its first step
+refuse "llama3.2-1b with 1 GiB of host memory" --model llama3.2-1b --world 2 --host-memory 1G
+check "  saying what it needs and what to run" \
+    grep -q "llama3.2-1b: its 1.236e+09 parameters, their gradients and AdamW's state alone take 18.4 GiB.* 1 GiB (--host-memory.*fsdp-plan --model llama3.2-1b" "$tmp/err"
+refuse "an mlp of 4.3e9 parameters with 1 GiB" --model mlp:65536,65536 --host-memory 1G
+# past the up-front bound, the simulator's own: the rank that crosses it fails, the run ends
+"$train" --model gpt2-tiny --world 2 --steps 2 --host-memory 3M >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "a run past --host-memory fails with the rank's line" sh -c "test $rc -eq 1 &&
+    grep -q \"error: rank [01]: data mode holds every simulated rank's memory in this machine's: [0-9]* more bytes would take the world's [0-9]* past the 3145728\" '$tmp/err'"
 
 exit $fail

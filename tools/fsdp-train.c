@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,10 @@ static void usage(FILE *f)
         "                             CPUs); with fewer ranks than N each rank splits its\n"
         "                             GEMMs and large element-wise kernels across N / world\n"
         "                             threads, with the same results bit for bit\n"
+        "  --host-memory BYTES        sim: the most host memory the simulated ranks' memory\n"
+        "                             may take, all together, with K/M/G/T; 0 is unlimited\n"
+        "                             (default 90% of the memory available); a model that\n"
+        "                             needs more is refused at once\n"
         "  --quiet                    only the final summary\n"
         "  --version, --help\n"
         "fsdp-plan's options that train has not: --nodes, --gpus-per-node, --capacity (the\n"
@@ -222,7 +227,8 @@ enum {
     OPT_LOCAL_BATCH,
     OPT_AC,
     OPT_ATTENTION,
-    OPT_THREADS
+    OPT_THREADS,
+    OPT_HOST_MEMORY
 };
 
 static void parse_args(int argc, char **argv, train_args_t *a)
@@ -249,6 +255,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         {"save", required_argument, NULL, OPT_SAVE},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"threads", required_argument, NULL, OPT_THREADS},
+        {"host-memory", required_argument, NULL, OPT_HOST_MEMORY},
         {"quiet", no_argument, NULL, OPT_QUIET},
         {"ranks-per-node", required_argument, NULL, OPT_RPN},
         {"cpu-offload", no_argument, NULL, OPT_OFFLOAD},
@@ -281,6 +288,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
     int attention = -1; /* --attention, when given */
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
+    size_t host_memory = 0; /* --host-memory: 0 = the library's default */
 
     memset(a, 0, sizeof(*a));
     a->nlayers = fsdp_mlp_parse_spec("16,32,4", a->dims, FSDP_MLP_MAX_LAYERS + 1);
@@ -364,6 +372,11 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         case OPT_THREADS:
             a->threads = (int)cli_parse_long("--threads", optarg, 1, 4096);
             break;
+        case OPT_HOST_MEMORY:
+            host_memory = cli_parse_bytes("--host-memory", optarg);
+            if (host_memory == 0)
+                host_memory = SIZE_MAX; /* unlimited */
+            break;
         case OPT_QUIET: a->quiet = 1; break;
         case OPT_RPN:
             a->fsdp.ranks_per_node = (int)cli_parse_long("--ranks-per-node", optarg, 1, 4096);
@@ -438,6 +451,7 @@ static void parse_args(int argc, char **argv, train_args_t *a)
         fail_quietly();
     a->world = a->launch.world;
     a->launch.threads = a->threads;
+    a->launch.host_memory = host_memory;
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)
@@ -877,6 +891,15 @@ int main(int argc, char **argv)
         return train_gpt2(&args, argc, argv);
     memset(&sh, 0, sizeof(sh));
     sh.args = &args;
+    {
+        uint64_t params = 0;
+        for (int i = 0; i < args.nlayers; i++)
+            params += ((uint64_t)args.dims[i] + 1) * (uint64_t)args.dims[i + 1];
+        if (train_launch_check_host(&args.launch,
+                                    args.model_name != NULL ? args.model_name : "mlp:16,32,4",
+                                    params, &args.optim) != 0)
+            return 1;
+    }
     if (args.init_path)
         load_init(&args, &sh);
     if (args.data_path)

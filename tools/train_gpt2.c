@@ -281,6 +281,11 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     double t0, dt;
     int rc = 2;
 
+    if (train_launch_check_host(o->launch, o->model_name,
+                                o->llama ? fsdp_llama_num_params(&o->llama_model)
+                                         : fsdp_gpt2_num_params(&o->model),
+                                &o->optim) != 0)
+        return 1;
     if (open_tokens(o, &sh.tokens) != FSDP_OK)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)lm_vocab(o)) {

@@ -107,6 +107,25 @@ void train_launch_sim_profile(const train_launch_t *l, fsdp_sim_profile_t *profi
     profile_p->nodes = l->world / per_node;
 }
 
+int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t params,
+                            const fsdp_optim_config_t *optim)
+{
+    size_t limit = l->host_memory != 0 ? l->host_memory : fsdp_sim_host_memory_default();
+    double state = optim->kind == FSDP_OPTIM_ADAMW ? 8.0 : optim->momentum != 0.0f ? 4.0 : 0.0;
+    double need = (double)params * (8.0 + state);
+
+    if (l->backend != TRAIN_BACKEND_SIM || need <= (double)limit)
+        return 0;
+    cli_error("%s: its %.4g parameters, their gradients and %s state alone take %.3g GiB, and "
+              "the simulator holds every rank's memory in this machine's, which may give it "
+              "%.3g GiB (--host-memory; default 90%% of the memory available). Plan it with "
+              "fsdp-plan --model %s, which needs no memory for the model, or train a smaller "
+              "model",
+              model, (double)params, optim->kind == FSDP_OPTIM_ADAMW ? "AdamW's" : "SGD's",
+              need / (1 << 30), (double)limit / (1 << 30), model);
+    return -1;
+}
+
 fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
 {
     fsdp_sim_params_t sim;
@@ -117,6 +136,7 @@ fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, v
     sim.world_size = l->world;
     sim.timeout_s = l->timeout_s;
     sim.threads = l->threads;
+    sim.host_memory = l->host_memory;
     train_launch_sim_profile(l, &sim.profile);
     sim.ranks_per_node = sim.profile.gpus_per_node;
     return fsdp_sim_launch(&sim, func, arg, NULL);

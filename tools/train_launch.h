@@ -17,6 +17,8 @@ typedef struct train_launch {
     const fsdp_sim_profile_t *profile; /* sim: the cluster its times come from */
     int ranks_per_node; /* sim: GPUs per simulated node (--ranks-per-node), 0 = the profile's */
     int threads;        /* sim: CPU threads of the whole world (--threads), 0 = online CPUs */
+    size_t host_memory; /* sim: host bytes the world's memory may take (--host-memory; 0 = the
+                         * library's default, SIZE_MAX = no bound) */
     fsdp_launch_info_t info;           /* gpu: what the launcher said */
 } train_launch_t;
 
@@ -33,6 +35,14 @@ int train_launch_prepare(train_launch_t *l, train_backend_t backend, int world_a
 
 /* 1 when this process prints the run's report (sim: always; gpu: rank 0). */
 int train_launch_reports(const train_launch_t *l);
+
+/* sim: refuses, with one line and -1, a model whose parameters, gradients and optimizer state
+ * alone (4 + 4 + 8 bytes a parameter for AdamW, 4 + 4 (+ 4 with momentum) for SGD: less than
+ * the run holds) exceed the host memory the simulated world may take, before anything is
+ * allocated, and names fsdp-plan, which plans it without the memory. 0 otherwise, and on the
+ * gpu backend. */
+int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t params,
+                            const fsdp_optim_config_t *optim);
 
 /* Runs func on the ranks: sim: all of them, as threads; gpu: this process's one, after the
  * NCCL id went from rank 0 to every rank (fsdp_rendezvous, token FSDP_JOB_TOKEN) and

@@ -351,9 +351,19 @@ typedef struct fsdp_sim_params {
      * prices its GEMMs and attention kernels with the holds the book's last run recorded for the
      * collectives each rank has not issued yet, and records its own for the next run. */
     fsdp_sim_holds_t *holds;
+    /* Data mode: the host bytes that the world's device and pinned segments may hold, all
+     * ranks together (every simulated rank's memory is this machine's). 0 (default): 90% of
+     * the memory available at launch (MemAvailable of /proc/meminfo, else the free physical
+     * pages); SIZE_MAX: no bound. A segment past it fails with FSDP_ERR_NO_MEMORY and one line
+     * naming the rank, the request and the bound, before any memory is touched: a model too
+     * large for the machine is an error, not the kernel's out-of-memory kill. */
+    size_t host_memory;
 } fsdp_sim_params_t;
 
 FSDP_API void fsdp_sim_params_init(fsdp_sim_params_t *params);
+/* What host_memory 0 resolves to now: 90% of MemAvailable (/proc/meminfo), else of the free
+ * physical pages; SIZE_MAX when neither is known. */
+FSDP_API size_t fsdp_sim_host_memory_default(void);
 
 /* The work of one rank. `dev` is the rank's own backend context. */
 typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
