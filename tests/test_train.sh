@@ -485,5 +485,10 @@ refuse "an mlp of 4.3e9 parameters with 1 GiB" --model mlp:65536,65536 --host-me
 rc=$?
 check "a run past --host-memory fails with the rank's line" sh -c "test $rc -eq 1 &&
     grep -q \"error: rank [01]: data mode holds every simulated rank's memory in this machine's: [0-9]* more bytes would take the world's [0-9]* past the 3145728\" '$tmp/err'"
+# the ranks that stopped only because a peer failed: the first says so, the rest in one line
+"$train" --model gpt2-tiny --world 8 --steps 2 --host-memory 12M >"$tmp/out" 2>"$tmp/err"
+check "eight ranks, one failing: one line of a peer's failure and a count of the rest" sh -c \
+    "test \$(grep -c 'a peer rank failed\$' '$tmp/err') -eq 1 &&
+     grep -q '^fsdp-train: error: [0-9]* more ranks stopped the same way (a peer rank failed)\$' '$tmp/err'"
 
 exit $fail

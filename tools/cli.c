@@ -13,6 +13,16 @@
 
 static const char *cli_tool = "fsdp";
 static int cli_quiet;
+/* the simulated ranks that stopped only because another failed: the first says so, the rest are
+ * counted and summed up in one line at exit (on the gpu backend each process is one rank) */
+static const char cli_peer_failed[] = ": a peer rank failed";
+static int cli_peer_lines, cli_peer_more;
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
 
 static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
                           const char *msg, void *arg)
@@ -23,15 +33,27 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
     /* ranks that fail alike (a bad checkpoint) say it once */
     if (cli_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
         return;
+    if (ends_with(msg, cli_peer_failed) && cli_peer_lines++ > 0) {
+        cli_peer_more++;
+        return;
+    }
     snprintf(last, sizeof(last), "%s", msg);
     progress_hide();
     fprintf(stderr, "%s: %s: %s\n", cli_tool, names[level >= 0 && level <= 4 ? level : 0], msg);
     progress_show();
 }
 
+static void cli_peer_summary(void)
+{
+    if (cli_peer_more > 0)
+        fprintf(stderr, "%s: error: %d more rank%s stopped the same way (a peer rank failed)\n",
+                cli_tool, cli_peer_more, cli_peer_more == 1 ? "" : "s");
+}
+
 void cli_init(const char *tool)
 {
     cli_tool = tool;
+    atexit(cli_peer_summary);
     fsdp_log_set_handler(log_to_stderr, NULL);
     fsdp_log_level(); /* a bad FSDP_LOG_LEVEL is said at once, not at the first message */
 }
