@@ -149,10 +149,10 @@ static fsdp_status_t rank_host_memory(fsdp_dev_t *dev, void *arg)
     void *mine = NULL, *more = NULL;
     (void)arg;
 
-    FSDP_RANK_REQUIRE_OK(&failure, dev,
-                         ops->segment_alloc(dev, dev->rank ? FSDP_MEMKIND_HOST_PINNED
-                                                           : FSDP_MEMKIND_DEVICE,
-                                            part, &mine));
+    FSDP_RANK_REQUIRE_OK(
+        &failure, dev,
+        ops->segment_alloc(dev, dev->rank ? FSDP_MEMKIND_HOST_PINNED : FSDP_MEMKIND_DEVICE, part,
+                           &mine));
     FSDP_RANK_REQUIRE_OK(&failure, dev, ops->barrier(dev, w));
     if (dev->rank == 0) {
         FSDP_RANK_REQUIRE_MSG(&failure, dev->rank,

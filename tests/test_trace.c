@@ -1174,8 +1174,8 @@ static void test_corrupt(void)
     CU_ASSERT_FATAL(work_run(path, INJECT_NONE, WORLD) > 0);
     corrupt_refused(path, "UPDATE runs SET world_size = 2147483647",
                     "UPDATE runs SET world_size = 4", "runs.world_size = 2147483647");
-    corrupt_refused(path, "UPDATE runs SET world_size = 1048577",
-                    "UPDATE runs SET world_size = 4", "runs.world_size = 1048577 is out of range");
+    corrupt_refused(path, "UPDATE runs SET world_size = 1048577", "UPDATE runs SET world_size = 4",
+                    "runs.world_size = 1048577 is out of range");
     corrupt_refused(path, "UPDATE runs SET world_size = 0", "UPDATE runs SET world_size = 4",
                     "runs.world_size = 0");
     corrupt_refused(path, "UPDATE runs SET world_size = -9223372036854775808",

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
+
 #define EXIT_DIFFERENT 1
 #define EXIT_ERROR 2
 
@@ -63,7 +65,7 @@ static int parse_run(const char *opt, const char *s, int64_t *run_p)
     errno = 0;
     v = strtoll(s, &end, 10);
     if (errno != 0 || end == s || *end != '\0') {
-        fprintf(stderr, "fsdp-trace: %s '%s' is not a run id (an integer)\n", opt, s);
+        cli_error("%s '%s' is not a run id (an integer)", opt, s);
         return -1;
     }
     *run_p = (int64_t)v;
@@ -96,8 +98,8 @@ static int parse_range(const char *opt, const char *s, int integers, double *a_p
     }
     if (errno != 0 || end == s || *end != '\0' || !(a >= 0) || !(b >= a) || b > 1e15 ||
         (integers && (a != floor(a) || b != floor(b)))) {
-        fprintf(stderr, "fsdp-trace plot: %s '%s' is not a range A-B with 0 <= A <= B%s\n", opt, s,
-                integers ? " (whole steps)" : "");
+        cli_error("plot: %s '%s' is not a range A-B with 0 <= A <= B%s", opt, s,
+                  integers ? " (whole steps)" : "");
         return -1;
     }
     *a_p = a;
@@ -128,7 +130,7 @@ static int parse_args(int argc, char **argv, const char *cmd, const char *out_op
         } else if (strcmp(arg, "--ranks") == 0 && has_value && strcmp(cmd, "plot") == 0) {
             a->ranks = atoi(argv[++i]);
             if (a->ranks <= 0) {
-                fprintf(stderr, "fsdp-trace: --ranks '%s' must be a positive number\n", argv[i]);
+                cli_error("--ranks '%s' must be a positive number", argv[i]);
                 return -1;
             }
             a->plot.max_ranks = a->ranks;
@@ -143,34 +145,32 @@ static int parse_args(int argc, char **argv, const char *cmd, const char *out_op
             if (parse_range(arg, argv[++i], 0, &start, &end) != 0)
                 return -1;
             if (end == start) {
-                fprintf(stderr, "fsdp-trace plot: --time '%s' is empty: give A-B ms with A < B\n",
-                        argv[i]);
+                cli_error("plot: --time '%s' is empty: give A-B ms with A < B", argv[i]);
                 return -1;
             }
             a->plot.start_time = start * 1e-3;
             a->plot.end_time = end * 1e-3;
         } else if (arg[0] == '-' && arg[1] != '\0') {
-            fprintf(stderr, "fsdp-trace %s: unknown option or missing value: '%s' (try --help)\n",
-                    cmd, arg);
+            cli_error("%s: unknown option or missing value: '%s' (try --help)", cmd, arg);
             return -1;
         } else if (a->npos < max_pos) {
             a->pos[a->npos++] = arg;
         } else {
-            fprintf(stderr, "fsdp-trace %s: unexpected argument '%s' (try --help)\n", cmd, arg);
+            cli_error("%s: unexpected argument '%s' (try --help)", cmd, arg);
             return -1;
         }
     }
     if (a->npos != max_pos) {
-        fprintf(stderr, "fsdp-trace %s: expected %s (try --help)\n", cmd,
-                max_pos == 2 ? "two trace databases" : "a trace database");
+        cli_error("%s: expected %s (try --help)", cmd,
+                  max_pos == 2 ? "two trace databases" : "a trace database");
         return -1;
     }
     if (a->plot.first_step >= 0 && a->plot.end_time > 0) {
-        fprintf(stderr, "fsdp-trace plot: --steps or --time, not both\n");
+        cli_error("plot: --steps or --time, not both");
         return -1;
     }
     if (out_opt != NULL && a->out == NULL) {
-        fprintf(stderr, "fsdp-trace %s: %s OUT is required\n", cmd, out_opt);
+        cli_error("%s: %s OUT is required", cmd, out_opt);
         return -1;
     }
     return 0;
@@ -180,7 +180,7 @@ static int parse_args(int argc, char **argv, const char *cmd, const char *out_op
 static int fail(const char *cmd, fsdp_status_t status)
 {
     if (fsdp_log_level() < FSDP_LOG_ERROR)
-        fprintf(stderr, "fsdp-trace %s: %s\n", cmd, fsdp_status_string(status));
+        cli_error("%s: %s", cmd, fsdp_status_string(status));
     return EXIT_ERROR;
 }
 
@@ -203,24 +203,25 @@ static int calibrate(int argc, char **argv)
         } else if (strcmp(arg, "--ranks-per-node") == 0 && has_value) {
             opts.ranks_per_node = atoi(argv[++i]);
             if (opts.ranks_per_node <= 0) {
-                fprintf(stderr, "fsdp-trace calibrate: --ranks-per-node '%s' must be a "
-                                "positive number\n", argv[i]);
+                cli_error("calibrate: --ranks-per-node '%s' must be a "
+                          "positive number",
+                          argv[i]);
                 return EXIT_ERROR;
             }
         } else if (arg[0] == '-' && arg[1] != '\0') {
-            fprintf(stderr, "fsdp-trace calibrate: unknown option or missing value: '%s' "
-                            "(try --help)\n", arg);
+            cli_error("calibrate: unknown option or missing value: '%s' "
+                      "(try --help)",
+                      arg);
             return EXIT_ERROR;
         } else if (db == NULL) {
             db = arg;
         } else {
-            fprintf(stderr, "fsdp-trace calibrate: unexpected argument '%s' (try --help)\n",
-                    arg);
+            cli_error("calibrate: unexpected argument '%s' (try --help)", arg);
             return EXIT_ERROR;
         }
     }
     if (db == NULL) {
-        fprintf(stderr, "fsdp-trace calibrate: expected a trace database (try --help)\n");
+        cli_error("calibrate: expected a trace database (try --help)");
         return EXIT_ERROR;
     }
     status = fsdp_sim_profile_from_arg(base_arg, &base);
@@ -244,6 +245,7 @@ int main(int argc, char **argv)
     fsdp_status_t status;
     args_t a;
 
+    cli_init("fsdp-trace"); /* the library's errors as the tool's own: one line each */
     if (argc < 2) {
         usage(stderr);
         return EXIT_ERROR;
@@ -255,8 +257,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "--version") == 0) {
         if (argc > 2) {
-            fprintf(stderr, "fsdp-trace: error: unexpected argument '%s' after --version\n",
-                    argv[2]);
+            cli_error("unexpected argument '%s' after --version", argv[2]);
             return EXIT_ERROR;
         }
         printf("fsdp-trace %s (trace schema %d)\n", fsdp_version_string(),
@@ -292,9 +293,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "calibrate") == 0)
         return calibrate(argc, argv);
-    fprintf(stderr,
-            "fsdp-trace: unknown command '%s': use summary, diff, export, plot or calibrate "
-            "(try --help)\n",
-            cmd);
+    cli_error("unknown command '%s': use summary, diff, export, plot or calibrate "
+              "(try --help)",
+              cmd);
     return EXIT_ERROR;
 }

@@ -35,10 +35,9 @@ static void llama(const char *spec)
     if (hd < 2 || hd % 2 != 0)
         __builtin_trap();
     d = cfg.dim, h = cfg.n_head, k = cfg.n_kv_head;
-    expect = (double)cfg.vocab_size * d * (cfg.tie_word_embeddings ? 1 : 2) +
-             (double)cfg.n_layer * (d * (h + 2 * k) * hd + h * hd * d + 3 * d * cfg.ffn_dim +
-                                    2 * d) +
-             d;
+    expect =
+        (double)cfg.vocab_size * d * (cfg.tie_word_embeddings ? 1 : 2) +
+        (double)cfg.n_layer * (d * (h + 2 * k) * hd + h * hd * d + 3 * d * cfg.ffn_dim + 2 * d) + d;
     if (fabs((double)fsdp_llama_num_params(&cfg) - expect) > 1e-9 * expect)
         __builtin_trap();
     inv_freq = malloc((size_t)hd / 2 * sizeof(*inv_freq));

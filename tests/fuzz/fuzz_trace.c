@@ -1,6 +1,7 @@
-/* libFuzzer: the trace readers on a valid database (FUZZ_TRACE_DB) with one cell changed. The
- * input names the table, the column, the row and the new value (an integer, a real, a text, a
- * blob or NULL); summary, diff, export, plot and calibrate then read the database. */
+/* libFuzzer: the trace readers on a valid database (FUZZ_TRACE_DB: a training run, then a
+ * symmetric plan whose ranks stand for classes) with one cell changed. The input names the
+ * table, the column (and the run to read), the row and the new value (an integer, a real, a
+ * text, a blob or NULL); summary, diff, export, plot and calibrate then read that run. */
 #include <fsdp/calibrate.h>
 #include <fsdp/log.h>
 #include <fsdp/sim.h>
@@ -14,9 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const tables[] = {"runs", "event_rows", "steps", "strings"};
-static const char *const keys[] = {"rowid", "(run, rank, seq)", "(run, rank, step)", "id"};
-#define NTABLES 4
+static const char *const tables[] = {"runs", "event_rows", "steps", "strings", "ranks"};
+static const char *const keys[] = {"rowid", "(run, rank, seq)", "(run, rank, step)", "id",
+                                   "(run, rank)"};
+#define NTABLES 5
+#define NRUNS 2 /* the seed's runs: the readers read run 1 + (column byte / columns) % NRUNS */
 static char cols[NTABLES][40][40];
 static int ncols[NTABLES];
 static unsigned char *seed;
@@ -67,7 +70,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sqlite3 *db;
     sqlite3_stmt *st = NULL;
     char sql[400];
-    int t, c;
+    int t, c, run;
+    fsdp_calib_options_t calib = {0};
     fsdp_trace_diff_t res;
     fsdp_sim_profile_t base, fitted;
 
@@ -80,11 +84,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fclose(f);
     t = data[0] % NTABLES;
     c = data[1] % ncols[t];
+    run = 1 + data[1] / ncols[t] % NRUNS;
+    calib.run = run;
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET %s = ?1 WHERE %s = (SELECT %s FROM %s LIMIT 1 OFFSET ?2)", tables[t],
              cols[t][c], keys[t],
              t == 1   ? "run, rank, seq"
              : t == 2 ? "run, rank, step"
+             : t == 4 ? "run, rank"
                       : keys[t],
              tables[t]);
     if (sqlite3_open(work, &db) != SQLITE_OK || sqlite3_prepare_v2(db, sql, -1, &st, NULL) != 0) {
@@ -120,13 +127,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sqlite3_close(db);
 
     f = fopen("/dev/null", "w");
-    (void)fsdp_trace_summary(work, 0, f);
+    (void)fsdp_trace_summary(work, run, f);
     fclose(f);
-    (void)fsdp_trace_diff(work, 1, work, 1, NULL, &res);
-    (void)fsdp_trace_export_chrome(work, 0, out);
-    (void)fsdp_trace_plot_svg(work, 0, 2, out);
+    (void)fsdp_trace_diff(work, run, work, run, NULL, &res);
+    (void)fsdp_trace_export_chrome(work, run, out);
+    (void)fsdp_trace_plot_svg(work, run, 2, out);
     if (fsdp_sim_profile_preset("h100", &base) == FSDP_OK)
-        (void)fsdp_trace_calibrate(work, NULL, &base, &fitted, NULL);
+        (void)fsdp_trace_calibrate(work, &calib, &base, &fitted, NULL);
     unlink(out);
     return 0;
 }
