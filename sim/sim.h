@@ -277,6 +277,15 @@ static inline size_t fsdp_sim_seg_search(const fsdp_sim_dev_t *dev, uintptr_t ad
     return lo;
 }
 
+/* profile.c, profile_json.c: the largest rate or size a profile may give, and the collective
+ * algorithms' names as their messages list them. */
+#define FSDP_SIM_PROFILE_BIG 1e30
+#define FSDP_SIM_ALGO_NAMES "ring, tree, nvls, nvls_tree, pat"
+/* profile.c: applies "nodes=N,gpus_per_node=G" (opts) to *p; `what` is the whole spec, for the
+ * message. */
+fsdp_status_t fsdp_sim_profile_apply_shape(const char *what, const char *opts,
+                                           fsdp_sim_profile_t *p);
+
 /* cost.c: seconds the op takes once started, on the whole GPU, and a kernel's FLOPs (0 for
  * other ops) into *flops_p: each op is priced once. The only place op costs come from. */
 double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, double *flops_p);
