@@ -195,6 +195,7 @@ struct fsdp_sim_fiber {
 
 struct fsdp_sim_sched {
     fsdp_sim_world_t *world;
+    fsdp_sim_fiber_calls_t calls;
     fsdp_sim_fiber_t *fibers; /* one per rank */
     fiber_worker_t *workers;
     int n_workers;
@@ -254,7 +255,7 @@ static void fiber_entry(void *arg)
     fsdp_sim_fiber_t *f = arg;
     fsdp_sim_world_t *w = f->dev->world;
 
-    fsdp_sim_rank_body(f->dev);
+    w->sched->calls.body(f->dev);
     pthread_mutex_lock(&w->lock);
     f->state = FIBER_EXITED;
     pthread_mutex_unlock(&w->lock);
@@ -336,7 +337,7 @@ static void watch_timeouts_locked(fsdp_sim_sched_t *s)
             fsdp_sim_dev_t *d = &w->devs[r];
             if (d->phase == FSDP_SIM_RANK_BLOCKED && d->fiber->state == FIBER_PARKED &&
                 d->waiting != NULL && !d->waiting->done && timespec_before(&d->deadline, &now))
-                fsdp_sim_comm_timeout_locked(d->waiting_comm);
+                s->calls.timeout_locked(d->waiting_comm);
         }
     }
 }
@@ -371,7 +372,7 @@ static int fiber_setup(fsdp_sim_fiber_t *f, size_t stack)
     return ctx_make(&f->ctx, f->map + page, stack, fiber_entry, f);
 }
 
-fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w, const fsdp_sim_fiber_calls_t *calls)
 {
     int size = w->n_devs, n = w->params.workers;
     size_t stack = fsdp_sim_stack_size(size);
@@ -383,6 +384,7 @@ fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
     if (s == NULL)
         goto err_no_memory;
     s->world = w;
+    s->calls = *calls;
     s->fibers = calloc((size_t)size, sizeof(*s->fibers));
     s->workers = calloc((size_t)n, sizeof(*s->workers));
     if (s->fibers == NULL || s->workers == NULL || pthread_condattr_init(&attr) != 0) {
@@ -448,9 +450,9 @@ void fsdp_sim_fiber_wake_locked(fsdp_sim_dev_t *d)
     (void)d;
 }
 
-fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w)
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *w, const fsdp_sim_fiber_calls_t *calls)
 {
-    (void)w;
+    (void)w, (void)calls;
     return FSDP_ERR_UNSUPPORTED;
 }
 

@@ -336,7 +336,9 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
         return status;
 
     if (world->params.fibers) {
-        status = fsdp_sim_fibers_run(world);
+        static const fsdp_sim_fiber_calls_t calls = {fsdp_sim_rank_body,
+                                                     fsdp_sim_comm_timeout_locked};
+        status = fsdp_sim_fibers_run(world, &calls);
         if (status != FSDP_OK) {
             sim_world_destroy(world, world->n_devs);
             return status;

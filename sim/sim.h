@@ -373,10 +373,16 @@ void fsdp_sim_group_release(fsdp_sim_group_t *group);
 /* fiber.c: ranks as fibers on a few worker threads (params.fibers). 1 when this build has
  * them (not under ASan or TSan, which do not follow stack switches unannotated). */
 int fsdp_sim_fibers_available(void);
-/* Runs every rank's function as a fiber and returns when all have exited; the calling thread
- * fires collective timeouts meanwhile. FSDP_ERR_NO_MEMORY when the fibers or workers cannot
- * be set up (nothing ran). */
-fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *world);
+/* What the scheduler runs and fires, given by the launch: the process group's (pg.c), so that
+ * the scheduler sits below it. */
+typedef struct fsdp_sim_fiber_calls {
+    void (*body)(fsdp_sim_dev_t *dev);             /* a rank's function, and its exit */
+    void (*timeout_locked)(fsdp_sim_comm_t *comm); /* a round past a member's deadline */
+} fsdp_sim_fiber_calls_t;
+/* Runs every rank's body as a fiber and returns when all have exited; the calling thread fires
+ * collective timeouts meanwhile. FSDP_ERR_NO_MEMORY when the fibers or workers cannot be set
+ * up (nothing ran). */
+fsdp_status_t fsdp_sim_fibers_run(fsdp_sim_world_t *world, const fsdp_sim_fiber_calls_t *calls);
 /* With the world lock held: the fiber of d, whose call is not done, gives up its worker until
  * fsdp_sim_fiber_wake_locked(d); returns with the lock held. */
 void fsdp_sim_fiber_wait_locked(fsdp_sim_dev_t *d, fsdp_sim_call_t *call);
