@@ -233,4 +233,19 @@ refuse "--plot onto a directory" --model mlp:4,4 --plot "$tmp"
 refuse "--plot with --sweep" --model mlp:4,4 --sweep --plot "$tmp/sweep.svg"
 refuse "--plot and --trace into one file" --model mlp:4,4 --plot "$tmp/same" --trace "$tmp/same"
 
+# each tool's --help names every option of the other: its own, or one it has not and why
+train="${top_builddir:-..}/tools/fsdp-train"
+[ -x "$train" ] || train=../tools/fsdp-train
+"$plan" --help >"$tmp/plan_help" && "$train" --help >"$tmp/train_help"
+options() { grep -o '^  --[a-z0-9-]*\(, --[a-z0-9-]*\)*' "$1" | grep -o -- '--[a-z0-9-]*' | sort -u; }
+unnamed() { # options of help $1 that help $2 does not name
+    for o in $(options "$1"); do
+        grep -q -- "$o\([^a-z0-9-]\|\$\)" "$2" || printf '%s ' "$o"
+    done
+}
+check "fsdp-plan --help names every fsdp-train option (unnamed: $(unnamed "$tmp/train_help" "$tmp/plan_help"))" \
+    test -z "$(unnamed "$tmp/train_help" "$tmp/plan_help")"
+check "fsdp-train --help names every fsdp-plan option (unnamed: $(unnamed "$tmp/plan_help" "$tmp/train_help"))" \
+    test -z "$(unnamed "$tmp/plan_help" "$tmp/train_help")"
+
 exit $fail

@@ -71,10 +71,12 @@ static void usage(FILE *f)
           "  --list-models              the named models\n"
           "  --timeout S                collective timeout in wall seconds (default 600)\n"
           "  --version, --help\n"
-          "fsdp-train's options that plan has not: the training ones (--lr and the optimizer's\n"
-          "hyperparameters, --seed, --init, --data, --tokens, --save, checkpoints, --resume,\n"
-          "--clip-grad-norm, --grad-accum: a plan has no values to train), --backend (a plan\n"
-          "simulates), --ranks-per-node (--gpus-per-node), --quiet.\n"
+          "fsdp-train's options that plan has not: the training ones, as a plan has no values\n"
+          "to train (--lr, --betas, --eps, --weight-decay, --momentum, --dampening, --nesterov,\n"
+          "--no-decay-1d, --seed, --init, --data, --tokens, --save, --save-checkpoint,\n"
+          "--checkpoint-every, --state-dict, --resume, --consolidate, --clip-grad-norm,\n"
+          "--grad-accum), --backend (a plan simulates), --ranks-per-node (--gpus-per-node),\n"
+          "--threads and --host-memory (a plan holds no data), --quiet.\n"
           "Environment:\n"
           "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n",
           f);
