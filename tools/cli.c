@@ -98,6 +98,11 @@ void cli_die(const char *fmt, ...)
     exit(2);
 }
 
+void cli_fail_quietly(void)
+{
+    exit(2);
+}
+
 long cli_parse_long(const char *opt, const char *s, long lo, long hi)
 {
     char *end;

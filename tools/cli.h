@@ -21,6 +21,8 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same as cli_error, then exits with status 2. */
 void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Exits with status 2 saying nothing more: the library already said what was wrong. */
+void cli_fail_quietly(void) __attribute__((noreturn));
 
 /* The value of option opt (for the message) written as s, which must be a decimal integer or a
  * finite number in [lo, hi]; otherwise the tool dies saying so. */
