@@ -295,7 +295,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
         cli_die("--plot and --trace name the same file '%s'", a->plot_path);
 
     if (fsdp_sim_profile_from_arg(profile, &a->profile) != FSDP_OK)
-        exit(2); /* the library said why */
+        cli_fail_quietly(); /* the library said why */
     if (nodes > 0)
         a->profile.nodes = (int)nodes;
     if (gpn > 0)
@@ -319,7 +319,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
                 a->model_spec, MAX_DIMS);
     if (a->model->ops->parse(a->model_spec, &a->mcfg) != 0) {
         if (a->model->family == MODEL_GPT || a->model->family == MODEL_LLAMA)
-            exit(2); /* the library said what is allowed */
+            cli_fail_quietly(); /* the library said what is allowed */
         cli_die("--model: '%s' is not a model; expected mlp:D0,D1,...,DL with 2 to %d positive "
                 "widths, or one of --list-models",
                 a->model_spec, MAX_DIMS);
