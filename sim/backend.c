@@ -79,6 +79,24 @@ static size_t seg_remove(fsdp_sim_dev_t *dev, void *ptr)
     return size;
 }
 
+/* Data mode: counts size more bytes of the world's segments against params.host_memory; 0
+ * (nothing counted, *held_p what the world held) when they would pass it. */
+static int host_reserve(fsdp_sim_dev_t *sdev, size_t size, size_t *held_p)
+{
+    size_t held = __atomic_add_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+
+    *held_p = held - size;
+    if (held >= size && held <= sdev->world->params.host_memory)
+        return 1;
+    __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void host_release(fsdp_sim_dev_t *sdev, size_t size)
+{
+    __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+}
+
 static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
                                        void **ptr_p)
 {
@@ -117,25 +135,22 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
         return FSDP_OK;
     }
 
-    /* Out of memory is a normal answer here (the caching allocator frees its cache and
-     * retries), so it is reported at debug level only. Segments start zeroed, so that nothing
-     * depends on what memory held before: large ones come zeroed from the kernel, page by page
-     * as they are touched (W simulated ranks hold W unsharded copies: no extra pass over
-     * them); small ones are cleared here. */
     /* every rank's segments are this machine's memory: past the world's bound, an error
      * before any page is touched, not the kernel's out-of-memory kill halfway through */
-    held = __atomic_add_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
-    if (held < size || held > sdev->world->params.host_memory) {
-        size_t limit = sdev->world->params.host_memory;
-        __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+    if (!host_reserve(sdev, size, &held)) {
         return fsdp_sim_errorf(
             sdev, FSDP_ERR_NO_MEMORY,
             "data mode holds every simulated rank's memory in this machine's: %zu more bytes "
             "would take the world's %zu past the %zu it may use (host_memory, fsdp-train "
             "--host-memory; default 90%% of the memory available at launch). Plan a job this "
             "large in shape mode (fsdp-plan), or run fewer ranks or a smaller model",
-            size, held - size, limit);
+            size, held, sdev->world->params.host_memory);
     }
+    /* Out of memory is a normal answer here (the caching allocator frees its cache and
+     * retries), so it is reported at debug level only. Segments start zeroed, so that nothing
+     * depends on what memory held before: large ones come zeroed from the kernel, page by page
+     * as they are touched (W simulated ranks hold W unsharded copies: no extra pass over
+     * them); small ones are cleared here. */
     if (size >= SIM_MMAP_MIN) {
         ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (ptr == MAP_FAILED)
@@ -146,12 +161,12 @@ static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, siz
             memset(ptr, 0, size);
     }
     if (ptr == NULL) {
-        __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+        host_release(sdev, size);
         fsdp_debug("rank %d: segment_alloc of %zu bytes failed", dev->rank, bytes);
         return FSDP_ERR_OUT_OF_MEMORY;
     }
     if (seg_insert(sdev, ptr, size, kind) != FSDP_OK) {
-        __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+        host_release(sdev, size);
         if (size >= SIM_MMAP_MIN)
             munmap(ptr, size);
         else
@@ -173,7 +188,7 @@ static void sim_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
     size = seg_remove(sdev, ptr);
     if (fsdp_sim_is_shape(sdev))
         return;
-    __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+    host_release(sdev, size);
     if (size >= SIM_MMAP_MIN)
         munmap(ptr, size);
     else

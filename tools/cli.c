@@ -15,13 +15,14 @@ static const char *cli_tool = "fsdp";
 static int cli_quiet;
 /* the simulated ranks that stopped only because another failed: the first says so, the rest are
  * counted and summed up in one line at exit (on the gpu backend each process is one rank) */
-static const char cli_peer_failed[] = ": a peer rank failed";
 static int cli_peer_lines, cli_peer_more;
 
-static int ends_with(const char *s, const char *suffix)
+/* A message that ends in ": " and FSDP_ERR_RANK_FAILED's text. */
+static int peer_failed(const char *msg)
 {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
+    const char *why = fsdp_status_string(FSDP_ERR_RANK_FAILED);
+    size_t n = strlen(msg), k = strlen(why);
+    return n >= k + 2 && strcmp(msg + n - k, why) == 0 && strncmp(msg + n - k - 2, ": ", 2) == 0;
 }
 
 static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, const char *func,
@@ -33,7 +34,7 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
     /* ranks that fail alike (a bad checkpoint) say it once */
     if (cli_quiet || strncmp(last, msg, sizeof(last) - 1) == 0)
         return;
-    if (ends_with(msg, cli_peer_failed) && cli_peer_lines++ > 0) {
+    if (peer_failed(msg) && cli_peer_lines++ > 0) {
         cli_peer_more++;
         return;
     }
@@ -46,8 +47,9 @@ static void log_to_stderr(fsdp_log_level_t level, const char *file, int line, co
 static void cli_peer_summary(void)
 {
     if (cli_peer_more > 0)
-        fprintf(stderr, "%s: error: %d more rank%s stopped the same way (a peer rank failed)\n",
-                cli_tool, cli_peer_more, cli_peer_more == 1 ? "" : "s");
+        fprintf(stderr, "%s: error: %d more rank%s stopped the same way (%s)\n", cli_tool,
+                cli_peer_more, cli_peer_more == 1 ? "" : "s",
+                fsdp_status_string(FSDP_ERR_RANK_FAILED));
 }
 
 void cli_init(const char *tool)

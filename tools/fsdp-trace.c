@@ -203,15 +203,11 @@ static int calibrate(int argc, char **argv)
         } else if (strcmp(arg, "--ranks-per-node") == 0 && has_value) {
             opts.ranks_per_node = atoi(argv[++i]);
             if (opts.ranks_per_node <= 0) {
-                cli_error("calibrate: --ranks-per-node '%s' must be a "
-                          "positive number",
-                          argv[i]);
+                cli_error("calibrate: --ranks-per-node '%s' must be a positive number", argv[i]);
                 return EXIT_ERROR;
             }
         } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_error("calibrate: unknown option or missing value: '%s' "
-                      "(try --help)",
-                      arg);
+            cli_error("calibrate: unknown option or missing value: '%s' (try --help)", arg);
             return EXIT_ERROR;
         } else if (db == NULL) {
             db = arg;
@@ -293,8 +289,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "calibrate") == 0)
         return calibrate(argc, argv);
-    cli_error("unknown command '%s': use summary, diff, export, plot or calibrate "
-              "(try --help)",
+    cli_error("unknown command '%s': use summary, diff, export, plot or calibrate (try --help)",
               cmd);
     return EXIT_ERROR;
 }

@@ -388,15 +388,10 @@ int main(int argc, char **argv)
         return train_gpt2(&args, argc, argv);
     memset(&sh, 0, sizeof(sh));
     sh.args = &args;
-    {
-        uint64_t params = 0;
-        for (int i = 0; i < args.nlayers; i++)
-            params += ((uint64_t)args.dims[i] + 1) * (uint64_t)args.dims[i + 1];
-        if (train_launch_check_host(&args.launch,
-                                    args.model_name != NULL ? args.model_name : "mlp:16,32,4",
-                                    params, &args.optim) != 0)
-            return 1;
-    }
+    if (train_launch_check_host(&args.launch,
+                                args.model_name != NULL ? args.model_name : "mlp:16,32,4",
+                                fsdp_mlp_num_params(args.dims, args.nlayers), &args.optim) != 0)
+        return 1;
     if (args.init_path)
         load_init(&args, &sh);
     if (args.data_path)

@@ -39,10 +39,7 @@ static void mlp_destroy(void *model)
 
 static double mlp_params(const model_cfg_t *cfg)
 {
-    double n = 0.0;
-    for (int i = 0; i < cfg->nlayers; i++)
-        n += (double)cfg->dims[i] * cfg->dims[i + 1] + cfg->dims[i + 1];
-    return n;
+    return (double)fsdp_mlp_num_params(cfg->dims, cfg->nlayers);
 }
 
 static int mlp_units(const model_cfg_t *cfg)

@@ -110,11 +110,14 @@ void train_launch_sim_profile(const train_launch_t *l, fsdp_sim_profile_t *profi
 int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t params,
                             const fsdp_optim_config_t *optim)
 {
-    size_t limit = l->host_memory != 0 ? l->host_memory : fsdp_sim_host_memory_default();
     double state = optim->kind == FSDP_OPTIM_ADAMW ? 8.0 : optim->momentum != 0.0f ? 4.0 : 0.0;
     double need = (double)params * (8.0 + state);
+    size_t limit;
 
-    if (l->backend != TRAIN_BACKEND_SIM || need <= (double)limit)
+    if (l->backend != TRAIN_BACKEND_SIM)
+        return 0;
+    limit = l->host_memory != 0 ? l->host_memory : fsdp_sim_host_memory_default();
+    if (need <= (double)limit)
         return 0;
     cli_error("%s: its %.4g parameters, their gradients and %s state alone take %.3g GiB, and "
               "the simulator holds every rank's memory in this machine's, which may give it "

@@ -79,6 +79,8 @@ FSDP_API fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers,
 FSDP_API void fsdp_mlp_destroy(fsdp_mlp_t *mlp);
 /* Parses "mlp:16,32,4" or "16,32,4" into dims; returns the number of layers or -1. */
 FSDP_API int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims);
+/* Parameters of the MLP of widths dims[0..nlayers]: each Linear's weight and bias. */
+FSDP_API uint64_t fsdp_mlp_num_params(const int *dims, int nlayers);
 
 FSDP_API int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp);
 FSDP_API const int *fsdp_mlp_dims(const fsdp_mlp_t *mlp);

@@ -72,6 +72,15 @@ int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims)
     return n >= 2 ? n - 1 : -1;
 }
 
+uint64_t fsdp_mlp_num_params(const int *dims, int nlayers)
+{
+    uint64_t n = 0;
+
+    for (int i = 0; i < nlayers; i++)
+        n += ((uint64_t)dims[i] + 1) * (uint64_t)dims[i + 1];
+    return n;
+}
+
 fsdp_status_t fsdp_mlp_create(fsdp_t *fs, const int *dims, int nlayers, fsdp_mlp_t **mlp_p)
 {
     fsdp_mlp_t *mlp;
