@@ -80,21 +80,23 @@ static size_t seg_remove(fsdp_sim_dev_t *dev, void *ptr)
 }
 
 /* Data mode: counts size more bytes of the world's segments against params.host_memory; 0
- * (nothing counted, *held_p what the world held) when they would pass it. */
+ * (nothing counted, *held_p what the world held) when they would pass it, even once the rank's
+ * packed GEMM operand, which only saves time, is freed. */
 static int host_reserve(fsdp_sim_dev_t *sdev, size_t size, size_t *held_p)
 {
-    size_t held = __atomic_add_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+    fsdp_sim_world_t *w = sdev->world;
 
-    *held_p = held - size;
-    if (held >= size && held <= sdev->world->params.host_memory)
+    if (fsdp_sim_host_reserve(&w->host_held, w->params.host_memory, size, held_p))
         return 1;
-    __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
-    return 0;
+    if (sdev->pack_cache.packed == NULL)
+        return 0;
+    fsdp_sim_pack_cache_drop(&sdev->pack_cache);
+    return fsdp_sim_host_reserve(&w->host_held, w->params.host_memory, size, held_p);
 }
 
 static void host_release(fsdp_sim_dev_t *sdev, size_t size)
 {
-    __atomic_sub_fetch(&sdev->world->host_held, size, __ATOMIC_RELAXED);
+    fsdp_sim_host_release(&sdev->world->host_held, size);
 }
 
 static fsdp_status_t sim_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
@@ -434,7 +436,7 @@ static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fs
                 sdev->threads = 1; /* do not try again */
         }
         /* The executor logs its own errors; the rank only remembers the failure. */
-        status = fsdp_sim_kernel_exec_par(k, sdev->pool);
+        status = fsdp_sim_kernel_exec_par(k, sdev->pool, &sdev->pack_cache);
         if (status != FSDP_OK) {
             char msg[160];
             snprintf(msg, sizeof(msg), "rank %d: kernel %s failed: %s", dev->rank,
@@ -477,6 +479,16 @@ const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev)
     fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
 
     return sdev != NULL ? sdev->profile : NULL;
+}
+
+void fsdp_sim_pack_cache_stats(fsdp_dev_t *dev, uint64_t *hits_p, uint64_t *packs_p)
+{
+    fsdp_sim_dev_t *sdev = fsdp_sim_dev(dev);
+
+    if (hits_p != NULL)
+        *hits_p = sdev != NULL ? sdev->pack_cache.hits : 0;
+    if (packs_p != NULL)
+        *packs_p = sdev != NULL ? sdev->pack_cache.packs : 0;
 }
 
 fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p)

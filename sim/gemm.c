@@ -545,12 +545,24 @@ static void fsdp_gemm_buf_put(float *buf, int slot)
         atomic_flag_clear_explicit(&fsdp_gemm_bufs[slot].busy, memory_order_release);
 }
 
+/* op(B) packed whole (fsdp_sim_gemm_pack_b's layout): the micro-panel of k block pc and columns
+ * j .. j + NR of op(B) is at p + pc * npad + (col0 + j) * kc, where col0 is the first column of
+ * this product in the packed operand (a column block of a split product). With fill, the
+ * product packs each micro-panel there as it goes, as it would into its own buffer, for later
+ * products to read; else it reads them. */
+typedef struct fsdp_gemm_packed {
+    float *p;
+    size_t npad, col0;
+    int fill;
+} fsdp_gemm_packed_t;
+
 /* The blocked product into an f32 C (c != NULL, ldc >= n, m and n > 0 checked by the caller),
- * with an MR x NR micro-kernel and MC-row A blocks (constants of each instance below). */
+ * with an MR x NR micro-kernel and MC-row A blocks (constants of each instance below); B packed
+ * here, or into and from bpk when it is not NULL (read from it unless bpk->fill). */
 static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
     int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const void *a,
     fsdp_dtype_t a_dtype, size_t lda, const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
-    float *c, size_t ldc, fsdp_gemm_ukernel_t ukernel)
+    float *c, size_t ldc, const fsdp_gemm_packed_t *bpk, fsdp_gemm_ukernel_t ukernel)
 {
     /* a single A block when m is small enough: each B micro-panel is then used once, packed
      * into one buffer of one micro-panel that stays in L1 */
@@ -562,7 +574,7 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
 
     kc_max = fsdp_gemm_min(k, KC);
     mc_max = fsdp_gemm_min(fsdp_gemm_round_up(m, MR), mcb);
-    nc_max = m <= mcb ? NR : fsdp_gemm_min(fsdp_gemm_round_up(n, NR), NC);
+    nc_max = m <= mcb || bpk != NULL ? NR : fsdp_gemm_min(fsdp_gemm_round_up(n, NR), NC);
     bytes = (mc_max + nc_max) * kc_max * sizeof(float);
     buf = fsdp_gemm_buf_get(bytes, &slot);
     if (buf == NULL) {
@@ -583,12 +595,15 @@ static FSDP_GEMM_INLINE fsdp_status_t fsdp_gemm_blocked(
                 for (size_t jr = 0; jr < nc; jr += NR) {
                     size_t nr = fsdp_gemm_min(NR, nc - jr);
                     size_t next_nr = jr + NR < nc ? fsdp_gemm_min(NR, nc - jr - NR) : 0;
+                    int packs = ic == 0 && (bpk == NULL || bpk->fill);
                     size_t units =
-                        ic > 0 ? 0 : fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr);
+                        packs ? fsdp_gemm_prefetch_units(trans_b, b_dtype, kc, next_nr) : 0;
                     /* the first A block packs each B micro-panel just before its first use, the
                      * source of the next one prefetched meanwhile, a share per micro-tile */
                     float *bpj = m <= mcb ? bp : bp + jr * kc;
-                    if (ic == 0)
+                    if (bpk != NULL)
+                        bpj = bpk->p + pc * bpk->npad + (bpk->col0 + jc + jr) * kc;
+                    if (packs)
                         fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, kc, jc + jr, nr, bpj);
                     for (size_t ir = 0, t = 0; ir < mc; ir += MR, t++) {
                         _Alignas(64) float tile[MR * NR];
@@ -618,10 +633,10 @@ static fsdp_status_t fsdp_gemm_run_generic(int trans_a, int trans_b, size_t m, s
                                            float alpha, const void *a, fsdp_dtype_t a_dtype,
                                            size_t lda, const void *b, fsdp_dtype_t b_dtype,
                                            size_t ldb, float beta, float *c, size_t ldc,
-                                           fsdp_gemm_ukernel_t ukernel)
+                                           const fsdp_gemm_packed_t *bpk)
 {
     return fsdp_gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                             beta, c, ldc, ukernel);
+                             beta, c, ldc, bpk, fsdp_gemm_ukernel_generic);
 }
 
 #if FSDP_GEMM_HAVE_AVX2
@@ -630,17 +645,18 @@ static fsdp_status_t fsdp_gemm_run_generic(int trans_a, int trans_b, size_t m, s
 __attribute__((target("avx2"))) static fsdp_status_t
 fsdp_gemm_run_avx2(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,
                    const void *a, fsdp_dtype_t a_dtype, size_t lda, const void *b,
-                   fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c, size_t ldc)
+                   fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c, size_t ldc,
+                   const fsdp_gemm_packed_t *bpk)
 {
     return fsdp_gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                             beta, c, ldc, fsdp_gemm_ukernel_avx2);
+                             beta, c, ldc, bpk, fsdp_gemm_ukernel_avx2);
 }
 #endif
 
 static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n, size_t k,
                                    float alpha, const void *a, fsdp_dtype_t a_dtype, size_t lda,
                                    const void *b, fsdp_dtype_t b_dtype, size_t ldb, float beta,
-                                   float *c, size_t ldc)
+                                   float *c, size_t ldc, const fsdp_gemm_packed_t *bpk)
 {
     fsdp_status_t status;
 
@@ -655,11 +671,11 @@ static fsdp_status_t fsdp_gemm_run(int trans_a, int trans_b, size_t m, size_t n,
 #if FSDP_GEMM_HAVE_AVX2
     case FSDP_SIM_GEMM_AVX2:
         return fsdp_gemm_run_avx2(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
-                                  ldb, beta, c, ldc);
+                                  ldb, beta, c, ldc, bpk);
 #endif
     default:
         return fsdp_gemm_run_generic(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
-                                     ldb, beta, c, ldc, fsdp_gemm_ukernel_generic);
+                                     ldb, beta, c, ldc, bpk);
     }
 }
 
@@ -682,7 +698,8 @@ typedef struct fsdp_gemm_job {
     const char *a, *b;
     fsdp_dtype_t a_dtype, b_dtype;
     float *c;
-    atomic_int status; /* FSDP_OK, or the failure of some block */
+    const fsdp_gemm_packed_t *bpk; /* NULL: each block packs its B */
+    atomic_int status;             /* FSDP_OK, or the failure of some block */
 } fsdp_gemm_job_t;
 
 static void fsdp_gemm_part(void *arg, size_t part)
@@ -695,14 +712,18 @@ static void fsdp_gemm_part(void *arg, size_t part)
     if (j->split_cols) { /* columns o .. o + nb: B's columns (rows when transposed), C's */
         size_t nb = fsdp_gemm_min(j->block, j->n - o);
         const char *b = j->b + (j->trans_b ? o * j->ldb : o) * sb;
+        fsdp_gemm_packed_t bpk; /* the block's columns of the packed B */
+        if (j->bpk != NULL) /* its columns: filled by this block alone */
+            bpk = (fsdp_gemm_packed_t){j->bpk->p, j->bpk->npad, j->bpk->col0 + o, j->bpk->fill};
         status = fsdp_gemm_run(j->trans_a, j->trans_b, j->m, nb, j->k, j->alpha, j->a, j->a_dtype,
-                               j->lda, b, j->b_dtype, j->ldb, j->beta, j->c + o, j->ldc);
+                               j->lda, b, j->b_dtype, j->ldb, j->beta, j->c + o, j->ldc,
+                               j->bpk != NULL ? &bpk : NULL);
     } else { /* rows o .. o + mb: A's rows (columns when transposed), C's */
         size_t mb = fsdp_gemm_min(j->block, j->m - o);
         const char *a = j->a + (j->trans_a ? o : o * j->lda) * sa;
         status = fsdp_gemm_run(j->trans_a, j->trans_b, mb, j->n, j->k, j->alpha, a, j->a_dtype,
                                j->lda, j->b, j->b_dtype, j->ldb, j->beta, j->c + o * j->ldc,
-                               j->ldc);
+                               j->ldc, j->bpk);
     }
     if (status != FSDP_OK)
         atomic_store(&j->status, (int)status);
@@ -730,9 +751,10 @@ static fsdp_status_t fsdp_gemm_run_par(fsdp_sim_pool_t *pool, int trans_a, int t
                                        size_t n, size_t k, float alpha, const void *a,
                                        fsdp_dtype_t a_dtype, size_t lda, const void *b,
                                        fsdp_dtype_t b_dtype, size_t ldb, float beta, float *c,
-                                       size_t ldc)
+                                       size_t ldc, const fsdp_gemm_packed_t *bpk)
 {
     int threads = fsdp_sim_pool_threads(pool);
+    fsdp_gemm_packed_t filled;
     fsdp_gemm_job_t job;
     size_t parts;
     fsdp_status_t status;
@@ -740,14 +762,20 @@ static fsdp_status_t fsdp_gemm_run_par(fsdp_sim_pool_t *pool, int trans_a, int t
     if (threads <= 1 || k == 0 || alpha == 0.0f ||
         (double)m * (double)n * (double)k < (double)FSDP_GEMM_PAR_MIN_MACS)
         return fsdp_gemm_run(trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype, ldb,
-                             beta, c, ldc);
+                             beta, c, ldc, bpk);
     status = fsdp_gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb);
     if (status != FSDP_OK)
         return status;
+    if (bpk != NULL && bpk->fill && m > n) { /* row blocks all read B: packed once, first */
+        fsdp_sim_gemm_pack_b(trans_b, b, b_dtype, ldb, n, k, bpk->p);
+        filled = *bpk;
+        filled.fill = 0;
+        bpk = &filled;
+    }
     job = (fsdp_gemm_job_t){.trans_a = trans_a, .trans_b = trans_b, .split_cols = m <= n,
                             .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                             .alpha = alpha, .beta = beta, .a = a, .b = b, .a_dtype = a_dtype,
-                            .b_dtype = b_dtype, .c = c};
+                            .b_dtype = b_dtype, .c = c, .bpk = bpk};
     atomic_init(&job.status, (int)FSDP_OK);
     if (job.split_cols)
         parts = fsdp_gemm_blocks(n, NR, FSDP_GEMM_PAR_MIN_COLS, threads, &job.block);
@@ -762,13 +790,32 @@ static int fsdp_gemm_dtype_float(fsdp_dtype_t dt)
     return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
 }
 
-fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
-                                   size_t n, size_t k, float alpha, const void *a,
-                                   fsdp_dtype_t a_dtype, size_t lda, const void *b,
-                                   fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
-                                   fsdp_dtype_t c_dtype, size_t ldc,
-                                   const fsdp_gemm_epilogue_t *epi)
+size_t fsdp_sim_gemm_packed_b_floats(size_t n, size_t k)
 {
+    size_t npad = fsdp_gemm_round_up(n, NR);
+    return npad < n || (k > 0 && npad > SIZE_MAX / sizeof(float) / k) ? 0 : npad * k;
+}
+
+void fsdp_sim_gemm_pack_b(int trans_b, const void *b, fsdp_dtype_t b_dtype, size_t ldb, size_t n,
+                          size_t k, float *out)
+{
+    size_t npad = fsdp_gemm_round_up(n, NR);
+
+    for (size_t pc = 0; pc < k; pc += KC) /* the blocks and micro-panels fsdp_gemm_blocked packs */
+        fsdp_gemm_pack_b(trans_b, b, b_dtype, ldb, pc, fsdp_gemm_min(KC, k - pc), 0, n,
+                         out + pc * npad);
+}
+
+fsdp_status_t fsdp_sim_gemm_ex_packed(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                      size_t n, size_t k, float alpha, const void *a,
+                                      fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                      fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                      fsdp_dtype_t c_dtype, size_t ldc,
+                                      const fsdp_gemm_epilogue_t *epi, float *b_packed,
+                                      int b_fill)
+{
+    fsdp_gemm_packed_t packed = {b_packed, fsdp_gemm_round_up(n, NR), 0, b_fill};
+    const fsdp_gemm_packed_t *bpk = b_packed != NULL ? &packed : NULL;
     fsdp_status_t status;
     float *cw;
 
@@ -788,7 +835,7 @@ fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans
     }
     if (c_dtype == FSDP_DTYPE_F32) {
         status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b,
-                                   b_dtype, ldb, beta, c, ldc);
+                                   b_dtype, ldb, beta, c, ldc, bpk);
         /* the epilogue over the finished f32 product, in place: nothing to round */
         for (size_t i = 0; i < m && epi != NULL && status == FSDP_OK; i++)
             for (size_t j = 0; j < n; j++)
@@ -812,7 +859,7 @@ fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans
         for (size_t j = 0; j < n; j++)
             cw[i * n + j] = fsdp_kb_load(c, c_dtype, i * ldc + j);
     status = fsdp_gemm_run_par(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b, b_dtype,
-                               ldb, beta, cw, n);
+                               ldb, beta, cw, n, bpk);
     for (size_t i = 0; i < m && status == FSDP_OK; i++)
         for (size_t j = 0; j < n; j++)
             fsdp_kb_store(c, c_dtype, i * ldc + j,
@@ -821,6 +868,17 @@ fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans
                               : fsdp_kb_gemm_epilogue(epi, c_dtype, c, ldc, cw[i * n + j], i, j));
     free(cw);
     return status;
+}
+
+fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                   size_t n, size_t k, float alpha, const void *a,
+                                   fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                   fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                   fsdp_dtype_t c_dtype, size_t ldc,
+                                   const fsdp_gemm_epilogue_t *epi)
+{
+    return fsdp_sim_gemm_ex_packed(pool, trans_a, trans_b, m, n, k, alpha, a, a_dtype, lda, b,
+                                   b_dtype, ldb, beta, c, c_dtype, ldc, epi, NULL, 0);
 }
 
 fsdp_status_t fsdp_sim_gemm_ex(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha,

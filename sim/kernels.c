@@ -268,9 +268,12 @@ static int fsdp_sim_elem_fast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
 }
 
 /* GEMM, or a batch of them in index order (kernel.h: batch 0 or 1 is one product); each
- * product on the threads of pool (NULL: the calling thread). */
-static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
+ * product on the threads of pool (NULL: the calling thread), B from cache when it has it. */
+static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool,
+                                        fsdp_sim_pack_cache_t *cache)
 {
+    int fill = 0;
+    float *b_packed = fsdp_sim_pack_cache_get(cache, k, &fill); /* NULL for a batch */
     size_t batch = k->u.gemm.batch > 1 ? k->u.gemm.batch : 1;
     size_t sa = fsdp_dtype_size(k->u.gemm.a_dtype), sb = fsdp_dtype_size(k->u.gemm.b_dtype);
     size_t sc = fsdp_dtype_size(k->u.gemm.c_dtype);
@@ -289,12 +292,13 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t 
             b += i * k->u.gemm.stride_b * sb;
             c += i * k->u.gemm.stride_c * sc;
         }
-        status = fsdp_sim_gemm_ex_par(
+        status = fsdp_sim_gemm_ex_packed(
             pool, k->u.gemm.trans_a, k->u.gemm.trans_b, k->u.gemm.m, k->u.gemm.n, k->u.gemm.k,
             k->u.gemm.alpha, a, k->u.gemm.a_dtype, k->u.gemm.lda, b, k->u.gemm.b_dtype,
             k->u.gemm.ldb, k->u.gemm.beta, c, k->u.gemm.c_dtype, k->u.gemm.ldc,
-            fsdp_kb_gemm_has_epilogue(k) ? &k->u.gemm.epilogue : NULL);
+            fsdp_kb_gemm_has_epilogue(k) ? &k->u.gemm.epilogue : NULL, b_packed, fill);
     }
+    fsdp_sim_pack_cache_done(cache, status);
     return status;
 }
 
@@ -316,7 +320,7 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
         return status;
 
     if (k->kind == FSDP_K_GEMM)
-        return fsdp_sim_gemm_desc(k, NULL);
+        return fsdp_sim_gemm_desc(k, NULL, NULL);
 
     fsdp_kb_prepare(k, &prep);
     if (fsdp_sim_elem_fast(k, &prep) || fsdp_sim_elem_vec(k, &prep))
@@ -605,19 +609,21 @@ int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k)
     return n >= FSDP_SIM_PAR_MIN_ELEMS;
 }
 
-fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
+fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool,
+                                       fsdp_sim_pack_cache_t *cache)
 {
     int threads = fsdp_sim_pool_threads(pool);
     fsdp_sim_par_job_t job;
     size_t parts;
 
+    if (k != NULL && k->kind == FSDP_K_GEMM && (threads <= 1 || !fsdp_sim_par_batch(k, threads)))
+        return fsdp_sim_kernel_check(k) != FSDP_OK ? FSDP_ERR_INVALID_PARAM
+                                                   : fsdp_sim_gemm_desc(k, pool, cache);
     if (threads <= 1 || k == NULL)
         return fsdp_sim_kernel_exec(k);
     if (k->kind == FSDP_K_GEMM) {
         if (fsdp_sim_kernel_check(k) != FSDP_OK)
             return FSDP_ERR_INVALID_PARAM;
-        if (!fsdp_sim_par_batch(k, threads))
-            return fsdp_sim_gemm_desc(k, pool);
         job.k = k;
         job.n = k->u.gemm.batch;
         parts = job.n < (size_t)threads * 2 ? job.n : (size_t)threads * 2;

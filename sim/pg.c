@@ -454,6 +454,7 @@ void fsdp_sim_rank_body(fsdp_sim_dev_t *dev)
     dev->status = world->func(&dev->super, world->arg);
     fsdp_sim_pool_destroy(dev->pool); /* the rank's workers end with it */
     dev->pool = NULL;
+    fsdp_sim_pack_cache_drop(&dev->pack_cache);
     if (dev->status != FSDP_OK)
         fsdp_debug("rank %d: rank function returned %s", dev->super.rank,
                    fsdp_status_name(dev->status));

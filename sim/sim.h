@@ -193,6 +193,7 @@ struct fsdp_sim_dev {
     fsdp_sim_group_t *world_group;
     int threads;                  /* data mode: threads its kernels may use (itself included) */
     struct fsdp_sim_pool *pool;   /* their workers, started by its first kernel; NULL: none */
+    fsdp_sim_pack_cache_t pack_cache; /* data mode: its packed GEMM operand (pack_cache.c) */
     pthread_t thread;
     fsdp_status_t status; /* what the rank function returned */
     /* guarded by world->lock */

@@ -40,9 +40,72 @@ int fsdp_sim_pool_threads(const fsdp_sim_pool_t *pool);
  * when every call has returned. One job at a time: only the pool's owner calls it. */
 void fsdp_sim_pool_run(fsdp_sim_pool_t *pool, size_t nparts, fsdp_sim_pool_fn_t fn, void *arg);
 
+/* ---- a rank's packed GEMM operand (pack_cache.c) ---- */
+
+/* The rank's copy of one GEMM operand B packed whole, kept while the launches that read it name
+ * it unchanged (kernel.h's gemm b_version: the LM head's weight over the micro-batches of an
+ * accumulated step). It is made at the second launch with the same B, so that a B that changes
+ * every time (a step's new weights) is never packed twice. Its bytes count against the world's
+ * host-memory bound, of which it takes at most half. Only its rank's thread uses it. */
+typedef struct fsdp_sim_pack_cache {
+    size_t *held; /* the world's count of host bytes, and its bound (params.host_memory) */
+    size_t limit;
+    int off; /* 1: never packs (fsdp_sim_params_t.no_pack_cache) */
+    /* only for products of at most this many rows (FSDP_SIM_PACK_CACHE_ROWS): with more, the
+     * packing a product does as it goes is hidden behind its multiplies */
+    size_t max_rows;
+    /* the last launch that named its B: B and the version, shape and layout it had */
+    const void *b;
+    uint64_t version;
+    int trans_b;
+    size_t n, k, ldb;
+    fsdp_dtype_t dtype;
+    float *packed; /* a buffer for op(B) packed, or NULL; kept for the next B of its size */
+    size_t bytes;  /* packed's size, counted in *held */
+    int valid;     /* packed holds that B */
+    int filling;   /* a product is packing that B into packed */
+    uint64_t hits, packs; /* launches that read packed; that filled it */
+} fsdp_sim_pack_cache_t;
+
+/* Measured in bench_gemm (GPT-2's LM head, 768 x 50257): reading wte packed takes 0.60 to 0.65
+ * of the time of packing it as the product goes at 16 rows, 0.85 at 64, the same at 256; packing
+ * it into the kept buffer adds 15 ms to one launch. */
+#define FSDP_SIM_PACK_CACHE_ROWS 128
+
+/* The packed op(B) for the GEMM k: NULL when k names no version, or has more than max_rows rows, or a B other than the last
+ * launch's (then remembered), or when the bound leaves no room: the product packs B itself.
+ * Else the buffer, to read (*fill_p 0), or for the product to pack B into as it goes (*fill_p
+ * 1), after which fsdp_sim_pack_cache_done says whether it did. The same bits either way. */
+float *fsdp_sim_pack_cache_get(fsdp_sim_pack_cache_t *c, const fsdp_kernel_t *k, int *fill_p);
+void fsdp_sim_pack_cache_done(fsdp_sim_pack_cache_t *c, fsdp_status_t status);
+/* Frees the buffer (its bytes leave *held) and forgets the key. */
+void fsdp_sim_pack_cache_drop(fsdp_sim_pack_cache_t *c);
+
+/* Host bytes counted against a bound shared by the ranks (SIZE_MAX: none): 1 when size more
+ * keep *held within limit (then counted), else 0 (nothing counted); *before_p the count
+ * before. */
+static inline int fsdp_sim_host_reserve(size_t *held, size_t limit, size_t size,
+                                        size_t *before_p)
+{
+    size_t now = __atomic_add_fetch(held, size, __ATOMIC_RELAXED);
+
+    *before_p = now - size;
+    if (now >= size && now <= limit)
+        return 1;
+    __atomic_sub_fetch(held, size, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static inline void fsdp_sim_host_release(size_t *held, size_t size)
+{
+    __atomic_sub_fetch(held, size, __ATOMIC_RELAXED);
+}
+
 /* fsdp_sim_kernel_exec with the rank's pool (NULL: the calling thread alone): GEMMs, and
- * element-wise kernels of many elements, split across its threads; the same bits either way. */
-fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool);
+ * element-wise kernels of many elements, split across its threads; the same bits either way.
+ * A GEMM reads its B from cache when the cache has it packed (NULL: no cache). */
+fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool,
+                                       fsdp_sim_pack_cache_t *cache);
 /* 1 when k is large enough for fsdp_sim_kernel_exec_par to split it: a rank starts its workers
  * then (a descriptor's sizes only; it may still be invalid). */
 int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k);
@@ -91,6 +154,26 @@ fsdp_status_t fsdp_sim_gemm_ex_par(fsdp_sim_pool_t *pool, int trans_a, int trans
                                    fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
                                    fsdp_dtype_t c_dtype, size_t ldc,
                                    const fsdp_gemm_epilogue_t *epi);
+
+/* op(B) packed whole, as the product packs it a block at a time: fsdp_sim_gemm_packed_b_floats
+ * floats (0: too many to address), filled by fsdp_sim_gemm_pack_b. Packing copies (and widens
+ * 16-bit values, exactly), so a product from the packed operand gives the bits of one that
+ * packs B itself. */
+size_t fsdp_sim_gemm_packed_b_floats(size_t n, size_t k);
+void fsdp_sim_gemm_pack_b(int trans_b, const void *b, fsdp_dtype_t b_dtype, size_t ldb, size_t n,
+                          size_t k, float *out);
+/* fsdp_sim_gemm_ex_par with op(B) in b_packed (NULL: packed as it goes, into a buffer of its
+ * own), fsdp_sim_gemm_packed_b_floats(n, k) floats: with b_fill 0 it must hold
+ * fsdp_sim_gemm_pack_b of this product's trans_b, b, b_dtype, ldb, n and k, and is read; with
+ * b_fill 1 the product packs B into it as it goes and reads it there, so that it holds that
+ * when the product returns FSDP_OK (no extra pass over B: the packing it would do anyway). */
+fsdp_status_t fsdp_sim_gemm_ex_packed(fsdp_sim_pool_t *pool, int trans_a, int trans_b, size_t m,
+                                      size_t n, size_t k, float alpha, const void *a,
+                                      fsdp_dtype_t a_dtype, size_t lda, const void *b,
+                                      fsdp_dtype_t b_dtype, size_t ldb, float beta, void *c,
+                                      fsdp_dtype_t c_dtype, size_t ldc,
+                                      const fsdp_gemm_epilogue_t *epi, float *b_packed,
+                                      int b_fill);
 
 #define FSDP_SIM_GEMM_KC 256 /* depth of one packed block: fixes the summation order */
 

@@ -234,7 +234,7 @@ static void check_case(const tcase_t *c, size_t n, size_t off, fsdp_sim_pool_t *
             CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&k), FSDP_OK);
         } else {
             CU_ASSERT_FATAL(fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO));
-            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec_par(&k, pool), FSDP_OK);
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec_par(&k, pool, NULL), FSDP_OK);
         }
         for (int b = 0; b < c->nb; b++) {
             if (orig[b] == NULL)

@@ -408,6 +408,11 @@ typedef struct job {
     unsigned ag_dtypes[MAX_W], rs_dtypes[MAX_W];   /* 1 << dtype of each all-gather, ... */
     unsigned gemm_dtypes[MAX_W], nn_dtypes[MAX_W]; /* ... of each GEMM's A, each nn kernel */
     size_t act_peak[MAX_W];                        /* bytes of FSDP_MEM_ACTIVATION at peak */
+    /* gradient accumulation: micro-batches per step (0 or 1: none), no_sync for all but the
+     * last; CPU offload; the sim's packed operand off (no_pack_cache), and its counts on each
+     * rank */
+    int accum, offload, no_pack_cache;
+    uint64_t pack_hits[MAX_W], pack_packs[MAX_W];
 } job_t;
 
 /* ---- per-rank interposers on the backend's ops: which dtypes the collectives and kernels of a
@@ -475,6 +480,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     dev->ops = &spy;
     fsdp_config_init(&fc);
     fc.strategy = j->strategy;
+    fc.cpu_offload = j->offload;
     if (j->use_mp)
         fc.mixed_precision = j->mp;
     st = fsdp_create(dev, &fc, &fs);
@@ -503,8 +509,21 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = lm_test_rank_batch(j->tokens, j->inputs, j->targets, j->batch, j->seq, j->seed,
                                     dev->rank, dev->world_size, s, in, tg);
         }
-        if (st == FSDP_OK)
+        if (st == FSDP_OK && j->accum > 1) { /* as fsdp-train --grad-accum */
+            size_t micro = rows / (size_t)j->accum;
+            fsdp_gpt2_set_loss_scale(m, 1.0f / (float)j->accum);
+            for (int k = 0; k < j->accum && st == FSDP_OK; k++) {
+                float part = 0.0f;
+                st = fsdp_set_sync_gradients(fs, k == j->accum - 1);
+                if (st == FSDP_OK)
+                    st = fsdp_gpt2_forward_backward(m, in + (size_t)k * micro * j->seq,
+                                                    tg + (size_t)k * micro * j->seq, micro, j->seq,
+                                                    &part);
+                loss += part / (float)j->accum;
+            }
+        } else if (st == FSDP_OK) {
             st = fsdp_gpt2_forward_backward(m, in, tg, rows, j->seq, &loss);
+        }
         j->losses[s][dev->rank] = loss;
         if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
             lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
@@ -529,12 +548,20 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_gpt2_destroy(m);
     fsdp_destroy(fs);
     dev->ops = tl_inner;
+    fsdp_sim_pack_cache_stats(dev, &j->pack_hits[dev->rank], &j->pack_packs[dev->rank]);
     return st;
 }
 
 static fsdp_status_t job_run(job_t *j)
 {
-    return lm_test_launch(j->world, j->shape, job_rank, j);
+    fsdp_sim_params_t p;
+
+    if (!j->no_pack_cache)
+        return lm_test_launch(j->world, j->shape, job_rank, j);
+    fsdp_sim_params_init(&p);
+    p.world_size = j->world;
+    p.no_pack_cache = 1;
+    return fsdp_sim_launch(&p, job_rank, j, NULL);
 }
 
 static void cfg_of(fsdp_gpt2_config_t *cfg, const ref_cfg_t *c)
@@ -1518,6 +1545,66 @@ static void test_fused_attention_memory(void)
     free(j);
 }
 
+/* The LM head's packed wte (the sim's pack cache) over accumulated micro-batches: training is
+ * the same bits with it and without it, on every strategy, under mixed precision and with CPU
+ * offload. Where wte's unsharded value is kept between micro-batches (NO_SHARD: the shard
+ * itself, or a cast or a copy of it; SHARD_GRAD_OP under no_sync), the second micro-batch of a
+ * step packs it and the later ones read it; where each micro-batch gathers it anew (FULL_SHARD),
+ * it is never packed. */
+static void test_pack_cache_accumulation(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        int world, mp, offload;
+    } runs[] = {{FSDP_NO_SHARD, 1, 0, 0},   {FSDP_NO_SHARD, 2, 0, 0},
+                {FSDP_NO_SHARD, 2, 1, 0},   {FSDP_NO_SHARD, 2, 0, 1},
+                {FSDP_FULL_SHARD, 2, 0, 0}, {FSDP_SHARD_GRAD_OP, 2, 0, 0}};
+    const int steps = 3, accum = 4;
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *on = calloc(1, sizeof(*on)), *off = calloc(1, sizeof(*off));
+    fsdp_gpt2_config_t cfg;
+    size_t total;
+
+    fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
+    total = fsdp_gpt2_num_params(&cfg);
+    CU_ASSERT_FATAL(on != NULL && off != NULL);
+    on->params = malloc(total * sizeof(float));
+    off->params = malloc(total * sizeof(float));
+    CU_ASSERT_FATAL(on->params != NULL && off->params != NULL);
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        job_t *j[2] = {on, off};
+        for (int c = 0; c < 2; c++) {
+            parity_job(j[c], t, runs[i].strategy, runs[i].world);
+            j[c]->batch = 8 * (size_t)runs[i].world; /* micro-batches of 2 x 32 tokens */
+            j[c]->steps = steps;
+            j[c]->accum = accum;
+            j[c]->no_pack_cache = c;
+            if (runs[i].mp)
+                mp_of(j[c], FSDP_DTYPE_BF16, FSDP_DTYPE_F32);
+            j[c]->offload = runs[i].offload;
+            CU_ASSERT_EQUAL_FATAL(job_run(j[c]), FSDP_OK);
+        }
+        fprintf(stderr, "\n  %s W=%d%s%s: wte packed %llu times, read packed %llu times",
+                fsdp_strategy_name(runs[i].strategy), runs[i].world, runs[i].mp ? " bf16" : "",
+                runs[i].offload ? " offload" : "", (unsigned long long)on->pack_packs[0],
+                (unsigned long long)on->pack_hits[0]);
+        CU_ASSERT(memcmp(on->losses, off->losses, sizeof(on->losses)) == 0);
+        CU_ASSERT(memcmp(on->params, off->params, total * sizeof(float)) == 0);
+        CU_ASSERT(on->losses[steps - 1][0] < on->losses[0][0]); /* it trained */
+        for (int r = 0; r < runs[i].world; r++) {
+            int kept = runs[i].strategy != FSDP_FULL_SHARD;
+            CU_ASSERT_EQUAL(off->pack_packs[r], 0);
+            CU_ASSERT_EQUAL(on->pack_packs[r], kept ? (uint64_t)steps : 0);
+            CU_ASSERT_EQUAL(on->pack_hits[r], kept ? (uint64_t)(steps * (accum - 2)) : 0);
+        }
+    }
+    free(on->params);
+    free(off->params);
+    free(on);
+    free(off);
+    fsdp_tokens_close(t);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -1526,6 +1613,9 @@ int main(void)
         {"loss and gradients against the double reference, checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {"the LM head's packed wte over accumulated micro-batches: the same bits, packed once a "
+         "step where wte is kept",
+         test_pack_cache_accumulation},
         {"bf16 and f16 loss and gradients against f32 within their roundoff, checkpointing the "
          "same",
          test_mp_against_f32},

@@ -325,7 +325,7 @@ static void test_threads_bits(void)
             d.u.gemm.stride_a = m * k;
             d.u.gemm.stride_b = n * k;
             d.u.gemm.stride_c = m * n;
-            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[1] : NULL), FSDP_OK);
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[1] : NULL, NULL), FSDP_OK);
             memset(&d, 0, sizeof(d));
             d.kind = FSDP_K_ADAMW;
             d.u.adamw.param = st[r][0];
@@ -339,9 +339,9 @@ static void test_threads_bits(void)
             d.u.adamw.eps = 1e-8f;
             d.u.adamw.weight_decay = 0.01f;
             d.u.adamw.step = 3;
-            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL), FSDP_OK);
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL, NULL), FSDP_OK);
             d.u.adamw.param = NULL; /* invalid: refused as a whole, nothing written */
-            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL),
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d, r ? pools[2] : NULL, NULL),
                             FSDP_ERR_INVALID_PARAM);
         }
         CU_ASSERT(memcmp(c[0], c[1], batch * m * n * sizeof(float)) == 0);
@@ -367,6 +367,180 @@ static void test_threads_bits(void)
  * gives the bits of the generic one, on random shapes (odd sizes, several A blocks, several k
  * blocks, a second B panel), every transpose, padded leading dimensions, f32, bf16 and f16
  * operands, an f32 or a 16-bit C, alpha and beta, and epilogues. */
+/* A GEMM descriptor over f32 or bf16 operands, B named by version (0: not named) */
+static fsdp_kernel_t gemm_desc(int tb, size_t m, size_t n, size_t k, const void *a, const void *b,
+                               void *c, fsdp_dtype_t dt, const fsdp_gemm_epilogue_t *epi,
+                               uint64_t version)
+{
+    fsdp_kernel_t d;
+    memset(&d, 0, sizeof(d));
+    d.kind = FSDP_K_GEMM;
+    d.u.gemm.trans_b = tb;
+    d.u.gemm.m = m;
+    d.u.gemm.n = n;
+    d.u.gemm.k = k;
+    d.u.gemm.alpha = 0.5f;
+    d.u.gemm.a = a;
+    d.u.gemm.lda = k;
+    d.u.gemm.b = b;
+    d.u.gemm.ldb = tb ? k : n;
+    d.u.gemm.c = c;
+    d.u.gemm.ldc = n;
+    d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = dt;
+    if (epi != NULL)
+        d.u.gemm.epilogue = *epi;
+    d.u.gemm.b_version = version;
+    return d;
+}
+
+/* A rank's packed operand (pack_cache.c) against products that pack B themselves: the same bits
+ * on every path (one or several A blocks, k blocks, columns or rows cut across threads, f32 and
+ * bf16 with an epilogue); packed by the second launch of a version, read from then on, stale
+ * for a new version (the buffer kept); within half its bound and its rows, never for a batch or
+ * a bad B, and packed again after a product that failed while packing it. */
+static void test_pack_cache(void)
+{
+    static const size_t shapes[][3] = {{37, 901, 300}, {1203, 70, 129}, {300, 509, 17}};
+    fsdp_sim_pool_t *pools[3] = {NULL, fsdp_sim_pool_create(2), fsdp_sim_pool_create(3)};
+    int bad = 0;
+
+    CU_ASSERT_FATAL(pools[1] != NULL && pools[2] != NULL);
+    test_seed(29);
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *a = malloc(m * k * sizeof(float)), *b = malloc(k * n * sizeof(float));
+        float *bias = malloc(n * sizeof(float));
+        float *c0 = malloc(m * n * sizeof(float)), *c1 = malloc(m * n * sizeof(float));
+        CU_ASSERT_FATAL(a && b && bias && c0 && c1);
+        fill_rand(a, m * k, -1, 1);
+        fill_rand(bias, n, -1, 1);
+        for (int tb = 0; tb < 2; tb++)
+            for (int lp = 0; lp < 2; lp++)
+                for (int p = 0; p < 3; p++) {
+                    fsdp_dtype_t dt = lp ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+                    fsdp_gemm_epilogue_t epi;
+                    size_t held = 0, bytes = fsdp_sim_gemm_packed_b_floats(n, k) * sizeof(float);
+                    fsdp_sim_pack_cache_t cache;
+                    memset(&cache, 0, sizeof(cache));
+                    cache.held = &held;
+                    cache.limit = SIZE_MAX;
+                    cache.max_rows = SIZE_MAX;
+                    memset(&epi, 0, sizeof(epi));
+                    epi.bias = bias;
+                    epi.bias_dtype = FSDP_DTYPE_F32;
+                    epi.act = FSDP_ACT_GELU_TANH;
+                    for (int launch = 0; launch < 5; launch++) {
+                        uint64_t version = launch < 3 ? 7 : 8; /* new values from launch 3 on */
+                        fsdp_kernel_t d0 = gemm_desc(tb, m, n, k, a, b, c0, dt, lp ? &epi : NULL, 0);
+                        fsdp_kernel_t d1 = gemm_desc(tb, m, n, k, a, b, c1, dt, lp ? &epi : NULL,
+                                                     version);
+                        if (launch == 0 || launch == 3)
+                            fill_rand(b, k * n, -1, 1); /* f32 values; bf16 reads their bits */
+                        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&d0), FSDP_OK);
+                        memset(c1, 0x7f, m * n * sizeof(float));
+                        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, pools[p], &cache), FSDP_OK);
+                        if (memcmp(c0, c1, m * n * fsdp_dtype_size(dt)) != 0) {
+                            bad++;
+                            fprintf(stderr, "\n%zux%zux%zu tb %d %s on %d threads, launch %d differs",
+                                    m, n, k, tb, lp ? "bf16" : "f32", p + 1, launch);
+                        }
+                    }
+                    /* launch 1 packs version 7, 2 reads it; 4 packs version 8 */
+                    CU_ASSERT_EQUAL(cache.packs, 2);
+                    CU_ASSERT_EQUAL(cache.hits, 1);
+                    CU_ASSERT_EQUAL(held, bytes);
+                    fsdp_sim_pack_cache_drop(&cache);
+                    CU_ASSERT_EQUAL(held, 0);
+                    CU_ASSERT_PTR_NULL(cache.packed);
+                }
+        free(a);
+        free(b);
+        free(bias);
+        free(c0);
+        free(c1);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+
+    { /* the bound: a copy takes at most half of it; a batch and a bad ldb are never packed */
+        size_t m = 8, n = 40, k = 30, held = 0;
+        size_t bytes = fsdp_sim_gemm_packed_b_floats(n, k) * sizeof(float);
+        float a[8 * 30], b[2 * 30 * 40], c0[2 * 8 * 40], c1[2 * 8 * 40];
+        fsdp_sim_pack_cache_t cache;
+        fsdp_kernel_t d0, d1;
+        memset(&cache, 0, sizeof(cache));
+        cache.held = &held;
+        cache.limit = 2 * bytes - 1;
+        cache.max_rows = m;
+        fill_rand(a, 8 * 30, -1, 1);
+        fill_rand(b, 2 * 30 * 40, -1, 1);
+        d0 = gemm_desc(1, m, n, k, a, b, c0, FSDP_DTYPE_F32, NULL, 0);
+        d1 = gemm_desc(1, m, n, k, a, b, c1, FSDP_DTYPE_F32, NULL, 3);
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&d0), FSDP_OK);
+        for (int launch = 0; launch < 3; launch++)
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+        CU_ASSERT(memcmp(c0, c1, m * n * sizeof(float)) == 0);
+        CU_ASSERT_EQUAL(cache.packs, 0);
+        CU_ASSERT_EQUAL(held, 0);
+        cache.limit = 2 * bytes; /* now it fits */
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+        CU_ASSERT_EQUAL(cache.packs, 1);
+        CU_ASSERT_EQUAL(held, bytes);
+        fsdp_sim_pack_cache_drop(&cache);
+        CU_ASSERT_EQUAL(held, 0);
+
+        cache.max_rows = m - 1; /* too many rows to be worth it */
+        for (int launch = 0; launch < 3; launch++)
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+        CU_ASSERT_EQUAL(cache.packs, 1);
+        CU_ASSERT_EQUAL(held, 0);
+        cache.max_rows = m;
+
+        /* a product that fails while it would pack (A missing): nothing kept, packed again */
+        memset(c1, 0, sizeof(c1));
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK); /* the key */
+        d1.u.gemm.a = NULL;
+        log_begin();
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_ERR_INVALID_PARAM);
+        log_end();
+        CU_ASSERT_EQUAL(cache.packs, 1);
+        CU_ASSERT_EQUAL(cache.valid, 0);
+        d1.u.gemm.a = a;
+        for (int launch = 0; launch < 2; launch++) {
+            memset(c1, 0, sizeof(c1));
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+            CU_ASSERT(memcmp(c0, c1, m * n * sizeof(float)) == 0);
+        }
+        CU_ASSERT_EQUAL(cache.packs, 2);
+        CU_ASSERT_EQUAL(cache.hits, 1);
+        fsdp_sim_pack_cache_drop(&cache);
+
+        d1.u.gemm.batch = 2; /* two products: B differs between them */
+        d1.u.gemm.stride_a = 0;
+        d1.u.gemm.stride_b = k * n;
+        d1.u.gemm.stride_c = m * n;
+        d0 = d1;
+        d0.u.gemm.c = c0;
+        d0.u.gemm.b_version = 0;
+        CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&d0), FSDP_OK);
+        for (int launch = 0; launch < 3; launch++)
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+        CU_ASSERT(memcmp(c0, c1, 2 * m * n * sizeof(float)) == 0);
+        CU_ASSERT_EQUAL(cache.packs, 2);
+
+        d1 = gemm_desc(1, m, n, k, a, b, c1, FSDP_DTYPE_F32, NULL, 3);
+        d1.u.gemm.ldb = k - 1; /* refused by the product, not read by the cache */
+        log_begin();
+        for (int launch = 0; launch < 3; launch++)
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_ERR_INVALID_PARAM);
+        log_end();
+        CU_ASSERT_EQUAL(log_count, 3);
+        CU_ASSERT_EQUAL(cache.packs, 2);
+        CU_ASSERT_EQUAL(held, 0);
+    }
+    fsdp_sim_pool_destroy(pools[1]);
+    fsdp_sim_pool_destroy(pools[2]);
+}
+
 static void test_gemm_isa_bits(void)
 {
     static const fsdp_sim_gemm_isa_t isas[] = {FSDP_SIM_GEMM_GENERIC, FSDP_SIM_GEMM_AVX2};
@@ -1921,6 +2095,7 @@ int main(void)
         {"cast_round_trips", test_cast_round_trips},
         {"cast_int_and_copy", test_cast_int_and_copy},
         {"threads_bits", test_threads_bits},
+        {"pack_cache", test_pack_cache},
         {"fill", test_fill},
         {"scale_div_axpy", test_scale_div_axpy},
         {"bias_relu", test_bias_relu},

@@ -251,7 +251,8 @@ FSDP_API fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
 FSDP_API fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
 /* This rank's sharded flat parameter (S elements, f32; pinned host memory with CPU offload,
- * else device memory). */
+ * else device memory), to read or to write (the optimizer) while the unit is idle; each call
+ * renews fsdp_unit_param_version under NO_SHARD, so write before the next forward. */
 FSDP_API float *fsdp_unit_local_shard(fsdp_unit_t *u);
 /* 1 when the unit's shard and gradient live in host memory (CPU offload). */
 FSDP_API int fsdp_unit_offloaded(const fsdp_unit_t *u);
@@ -315,6 +316,15 @@ FSDP_API fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shar
 /* The unsharded value of parameter `index`, valid between the unit's pre- and post-hooks, in
  * the unit's compute dtype (f32, or mixed precision's param_dtype). NULL outside. */
 FSDP_API void *fsdp_unit_param(fsdp_unit_t *u, int index);
+/* A nonzero number naming the values fsdp_unit_param gives now, or 0 outside that window,
+ * during summon_full_params and in the sim's shape mode. While the number stays the same, so
+ * do the values: it is renewed by every all-gather into the unsharded parameters and, where
+ * they are the shard itself or made from it (NO_SHARD), by every write into the shard that the
+ * library makes and by every call of fsdp_unit_local_shard (a pointer that may write it). The
+ * compute only reads its parameters (as autograd refuses in-place writes to a leaf that
+ * requires grad); a pointer from fsdp_unit_local_shard is for writes before the next forward.
+ * Kernel descriptors carry it (kernel.h's gemm b_version) so a backend may reuse work. */
+FSDP_API uint64_t fsdp_unit_param_version(const fsdp_unit_t *u);
 /* The unsharded gradient of parameter `index`, in the compute dtype, for the backward compute to
  * accumulate into (zero on first use in an iteration). Valid between pre- and post-backward. */
 FSDP_API fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p);

@@ -119,7 +119,12 @@ typedef struct fsdp_kernel {
                   * the one product above (strides unused) */
                  size_t batch, stride_a, stride_b, stride_c;
                  /* applied to every element of C before its one store; needs batch <= 1 */
-                 fsdp_gemm_epilogue_t epilogue; } gemm;
+                 fsdp_gemm_epilogue_t epilogue;
+                 /* 0, or a number naming B's contents (fsdp_unit_param_version): a later
+                  * launch with the same b, b_dtype, ldb, trans_b, n, k and nonzero b_version
+                  * reads the same values, so a backend may reuse work derived from them (the
+                  * sim: B as packed for its GEMM). Never changes a result. */
+                 uint64_t b_version; } gemm;
         /* The element-wise kinds below load every operand as f32 (any float dtype), compute
          * in f32 and round on store; a buffer used in place must keep one dtype. */
         /* y[r, c] += bias[c] for r < rows, c < cols */

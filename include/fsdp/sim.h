@@ -358,6 +358,11 @@ typedef struct fsdp_sim_params {
      * naming the rank, the request and the bound, before any memory is touched: a model too
      * large for the machine is an error, not the kernel's out-of-memory kill. */
     size_t host_memory;
+    /* Data mode: 0 (default) lets a rank keep the one GEMM operand that its launches name
+     * unchanged (kernel.h's gemm b_version: the LM head's weight over the micro-batches of an
+     * accumulated step) packed between launches, within half of host_memory; 1 packs it at
+     * every launch. The results are the same bits either way. */
+    int no_pack_cache;
 } fsdp_sim_params_t;
 
 FSDP_API void fsdp_sim_params_init(fsdp_sim_params_t *params);
@@ -449,6 +454,9 @@ typedef struct fsdp_sim_time_stats {
 } fsdp_sim_time_stats_t;
 
 FSDP_API fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
+/* Data mode: how many of this rank's GEMMs read a kept packed operand (no_pack_cache), and how
+ * many times one was packed, since the launch. Zeros for any other device. */
+FSDP_API void fsdp_sim_pack_cache_stats(fsdp_dev_t *dev, uint64_t *hits_p, uint64_t *packs_p);
 /* Starts a new accounting window (e.g. at a step boundary): later stats count only ops
  * issued from now on. The clocks are not touched. */
 FSDP_API void fsdp_sim_time_reset(fsdp_dev_t *dev);

@@ -2,8 +2,15 @@
  * (docs/runtime.md sections 2 B, C, G and 4). */
 #include "core/runtime.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+uint64_t fsdp_handle_new_version(void)
+{
+    static atomic_uint_fast64_t last;
+    return (uint64_t)atomic_fetch_add_explicit(&last, 1, memory_order_relaxed) + 1;
+}
 
 fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
                                     const fsdp_param_spec_t *params, int nparams, int i)
@@ -200,6 +207,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     status = fsdp_k_fill(fs, fs->compute, h->local_shard, FSDP_DTYPE_F32, h->shard_numel, 0.0);
     if (status != FSDP_OK)
         goto err_free_shard;
+    h->shard_version = fsdp_handle_new_version();
     *h_p = h;
     return FSDP_OK;
 
@@ -323,6 +331,7 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
                          h->unit->name, fsdp_status_string(status));
+    h->gather_version = fsdp_handle_new_version();
     h->uses_unsharded_view = 1;
     /* B.4 offload: the staged copy was read on U; B.5: so was the low-precision shard */
     status = fsdp_mem_record_stream(fs->mem, h->h2d_shard, fs->unshard);

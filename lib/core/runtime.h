@@ -43,6 +43,11 @@ struct fsdp_handle {
     float *summon_grad;      /* summon with_grads: T f32 */
     int summon_on_host;
     int uses_unsharded_view; /* parameters currently point into FP (or LS for NO_SHARD) */
+    /* What fsdp_unit_param_version reports (fsdp_handle_new_version numbers): LS's contents,
+     * renewed at every write into LS and at every handout of a pointer that may write it; FP's,
+     * renewed at every all-gather into it. */
+    uint64_t shard_version;
+    uint64_t gather_version;
 
     fsdp_handle_state_t state;
     int prefetched;
@@ -212,6 +217,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_handle_keep_low_precision_grad(fsdp_t *fs, fsdp_handle_t *h);
 const void *fsdp_handle_shard_source(const fsdp_handle_t *h);
+/* A number no handle of this process has had before: a buffer's contents, renewed */
+uint64_t fsdp_handle_new_version(void);
 fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
 void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);
 

@@ -154,6 +154,7 @@ fsdp_status_t fsdp_summon_end(fsdp_unit_t *top)
         if (h != NULL && u->summon.writeback && h->summon_param != NULL &&
             h->numel_in_shard > 0 && status == FSDP_OK) {
             /* this rank's part of the (possibly changed) full parameter back into its shard */
+            h->shard_version = fsdp_handle_new_version();
             status = dev->ops->memcpy_async(
                 dev, h->local_shard, h->summon_param + (size_t)h->rank * h->shard_numel,
                 h->numel_in_shard * sizeof(float), fs->compute);

@@ -250,7 +250,10 @@ fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u)
 
 float *fsdp_unit_local_shard(fsdp_unit_t *u)
 {
-    return u->handle ? u->handle->local_shard : NULL;
+    if (u->handle == NULL)
+        return NULL;
+    u->handle->shard_version = fsdp_handle_new_version(); /* the caller may write through it */
+    return u->handle->local_shard;
 }
 
 float *fsdp_unit_sharded_grad(fsdp_unit_t *u)
@@ -321,6 +324,7 @@ static fsdp_status_t set_shard_part(fsdp_unit_t *u, const fsdp_param_info_t *pi,
 
     if (!pi->in_shard)
         return FSDP_OK;
+    u->handle->shard_version = fsdp_handle_new_version();
     status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard, part,
                                     pi->numel_in_shard * sizeof(float), fs->compute);
     if (status == FSDP_OK) /* the caller's buffer may go away on return */
@@ -426,6 +430,17 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
 fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out)
 {
     return fsdp_unit_gather_buffer(u, u->handle ? u->handle->local_shard : NULL, host_out);
+}
+
+uint64_t fsdp_unit_param_version(const fsdp_unit_t *u)
+{
+    const fsdp_handle_t *h = u->handle;
+
+    if (h == NULL || !h->uses_unsharded_view || u->state == FSDP_STATE_SUMMON_FULL_PARAMS ||
+        u->fs->dev->no_data)
+        return 0;
+    /* NO_SHARD's parameters are LS itself, or a cast or copy of it made at unshard */
+    return fsdp_strategy_is_sharded(u->strategy) ? h->gather_version : h->shard_version;
 }
 
 void *fsdp_unit_param(fsdp_unit_t *u, int index)

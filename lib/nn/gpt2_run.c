@@ -91,7 +91,7 @@ static fsdp_status_t alloc_a(gpt2_run_t *r, size_t n, fsdp_mem_category_t cat, v
 static fsdp_status_t gemm_epi(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
                               float alpha, const void *a, size_t lda, size_t sa, const void *b,
                               size_t ldb, size_t sb, float beta, void *c, size_t ldc, size_t sc,
-                              size_t batch, const fsdp_gemm_epilogue_t *epi)
+                              size_t batch, const fsdp_gemm_epilogue_t *epi, uint64_t b_version)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_GEMM}; /* every operand in the compute dtype */
     d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->lm.dt;
@@ -114,6 +114,7 @@ static fsdp_status_t gemm_epi(gpt2_run_t *r, int ta, int tb, size_t m, size_t n,
     d.u.gemm.stride_c = sc;
     if (epi != NULL)
         d.u.gemm.epilogue = *epi;
+    d.u.gemm.b_version = b_version;
     return fsdp_nn_gemm(r->lm.dev, r->lm.s, &d);
 }
 
@@ -123,7 +124,7 @@ static fsdp_status_t gemm_batched(gpt2_run_t *r, int ta, int tb, size_t m, size_
                                   size_t batch)
 {
     return gemm_epi(r, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch,
-                    NULL);
+                    NULL, 0);
 }
 
 static fsdp_status_t gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
@@ -140,7 +141,7 @@ static fsdp_status_t grad_gemm(gpt2_run_t *r, int ta, int tb, size_t m, size_t n
                                size_t ldc)
 {
     fsdp_gemm_epilogue_t epi = {.accumulate = 1};
-    return gemm_epi(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, dw, ldc, 0, 1, &epi);
+    return gemm_epi(r, ta, tb, m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, dw, ldc, 0, 1, &epi, 0);
 }
 
 /* out[BT, n] = x[BT, k] W[k, n] + bias (Conv1D's addmm), then + residual [BT, n] unless NULL
@@ -149,7 +150,7 @@ static fsdp_status_t linear_fwd(gpt2_run_t *r, const void *x, size_t k, const vo
                                 const void *bias, size_t n, const void *residual, void *out)
 {
     fsdp_gemm_epilogue_t epi = {.bias = bias, .bias_dtype = r->lm.dt, .residual = residual};
-    return gemm_epi(r, 0, 0, r->lm.BT, n, k, 1.0f, x, k, 0, w, n, 0, 0.0f, out, n, 0, 1, &epi);
+    return gemm_epi(r, 0, 0, r->lm.BT, n, k, 1.0f, x, k, 0, w, n, 0, 0.0f, out, n, 0, 1, &epi, 0);
 }
 
 /* dW[k, n] += x^T dout, dbias += the column sums of dout, dx[BT, k] = dout W^T (dx NULL: not
@@ -523,11 +524,13 @@ static fsdp_status_t norm_fwd(fsdp_lm_run_t *lr)
                          P(root, FSDP_GPT2_LNF_B), lr->nf, lr->meanf, lr->rstdf);
 }
 
-/* the LM head, tied: logits = ln_f(x) wte^T */
+/* the LM head, tied: logits = ln_f(x) wte^T; wte's version lets the backend keep it packed
+ * while it does not change (micro-batches of an accumulated step) */
 static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
 {
-    return gemm(run_of(lr), 0, 1, lr->BT, lr->V, lr->width, lr->nf, lr->width,
-                P(lr->lm->root, FSDP_GPT2_WTE), lr->width, 0.0f, lr->logits, lr->V);
+    return gemm_epi(run_of(lr), 0, 1, lr->BT, lr->V, lr->width, 1.0f, lr->nf, lr->width, 0,
+                    P(lr->lm->root, FSDP_GPT2_WTE), lr->width, 0, 0.0f, lr->logits, lr->V, 0, 1,
+                    NULL, fsdp_unit_param_version(lr->lm->root));
 }
 
 /* dln_f = dlogits wte, dwte += dlogits^T ln_f */

@@ -80,9 +80,10 @@ static fsdp_status_t alloc_f(llama_run_t *r, size_t n, fsdp_mem_category_t cat, 
 
 /* ---- kernel launches ---- */
 
-static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
-                          const void *a, size_t lda, const void *b, size_t ldb, float beta, void *c,
-                          size_t ldc)
+/* b_version: fsdp_unit_param_version of a parameter B, or 0 */
+static fsdp_status_t gemm_v(llama_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                            const void *a, size_t lda, const void *b, size_t ldb, float beta,
+                            void *c, size_t ldc, uint64_t b_version)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_GEMM};
     d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = r->lm.dt;
@@ -103,7 +104,15 @@ static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, si
      * the input gradients of q, k and v, of gate and up): in a 16-bit dtype rounded, then the
      * sum rounded, as autograd accumulates (kernel.h's accumulate; in f32 the same bits) */
     d.u.gemm.epilogue.accumulate = beta == 1.0f;
+    d.u.gemm.b_version = b_version;
     return launch(r, &d);
+}
+
+static fsdp_status_t gemm(llama_run_t *r, int ta, int tb, size_t m, size_t n, size_t k,
+                          const void *a, size_t lda, const void *b, size_t ldb, float beta, void *c,
+                          size_t ldc)
+{
+    return gemm_v(r, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, 0);
 }
 
 /* y[BT, out] (row stride ldy) = x[BT, in] W^T */
@@ -794,11 +803,13 @@ static fsdp_status_t loss_bwd(fsdp_lm_run_t *lr)
     return status;
 }
 
-/* the head: logits = norm(x) W_head^T */
+/* the head: logits = norm(x) W_head^T; W_head's version lets the backend keep it packed while
+ * it does not change (micro-batches of an accumulated step) */
 static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
 {
     llama_run_t *r = run_of(lr);
-    return linear_fwd(r, lr->nf, r->D, P(lr->lm->root, head_index(r)), lr->V, lr->logits, lr->V);
+    return gemm_v(r, 0, 1, r->lm.BT, lr->V, r->D, lr->nf, r->D, P(lr->lm->root, head_index(r)),
+                  r->D, 0.0f, lr->logits, lr->V, fsdp_unit_param_version(lr->lm->root));
 }
 
 /* dW_head += dlogits^T nf, dnf = dlogits W_head */
