@@ -101,6 +101,16 @@ fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_
     return fsdp_sim_launch(&p, fn, arg, NULL);
 }
 
+fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
+                                     fsdp_status_t (*fn)(fsdp_dev_t *, void *), void *arg)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_params_init(&p);
+    p.world_size = world;
+    p.no_pack_cache = no_pack_cache;
+    return fsdp_sim_launch(&p, fn, arg, NULL);
+}
+
 size_t lm_test_act_peak(fsdp_t *fs)
 {
     fsdp_mem_stats_t ms;

@@ -38,6 +38,9 @@ fsdp_tokens_t *lm_test_parity_tokens(void);
 /* Runs fn(dev, arg) on `world` simulated ranks, in shape mode when shape. */
 fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_t *, void *),
                              void *arg);
+/* The same in data mode with the sim's pack cache off (no_pack_cache 1) or on (0). */
+fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
+                                     fsdp_status_t (*fn)(fsdp_dev_t *, void *), void *arg);
 /* The peak bytes of FSDP_MEM_ACTIVATION of fs's allocator. */
 size_t lm_test_act_peak(fsdp_t *fs);
 

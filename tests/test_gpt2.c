@@ -554,14 +554,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 
 static fsdp_status_t job_run(job_t *j)
 {
-    fsdp_sim_params_t p;
-
-    if (!j->no_pack_cache)
-        return lm_test_launch(j->world, j->shape, job_rank, j);
-    fsdp_sim_params_init(&p);
-    p.world_size = j->world;
-    p.no_pack_cache = 1;
-    return fsdp_sim_launch(&p, job_rank, j, NULL);
+    return j->no_pack_cache ? lm_test_launch_packing(j->world, 1, job_rank, j)
+                            : lm_test_launch(j->world, j->shape, job_rank, j);
 }
 
 static void cfg_of(fsdp_gpt2_config_t *cfg, const ref_cfg_t *c)

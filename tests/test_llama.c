@@ -372,6 +372,10 @@ typedef struct job {
     float *params; /* canonical, after training */
     float *grads;  /* canonical, world 1, steps 0 */
     size_t act_peak[MAX_W];
+    /* gradient accumulation: micro-batches per step (0 or 1: none), no_sync for all but the
+     * last; the sim's packed operand off (no_pack_cache), and its counts on each rank */
+    int accum, no_pack_cache;
+    uint64_t pack_hits[MAX_W], pack_packs[MAX_W];
 } job_t;
 
 static fsdp_unit_t *unit_at(void *m, int k)
@@ -418,8 +422,21 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = lm_test_rank_batch(j->tokens, j->inputs, j->targets, j->batch, j->seq, j->seed,
                                     dev->rank, dev->world_size, s, in, tg);
         }
-        if (st == FSDP_OK)
+        if (st == FSDP_OK && j->accum > 1) { /* as fsdp-train --grad-accum */
+            size_t micro = rows / (size_t)j->accum;
+            fsdp_llama_set_loss_scale(m, 1.0f / (float)j->accum);
+            for (int k = 0; k < j->accum && st == FSDP_OK; k++) {
+                float part = 0.0f;
+                st = fsdp_set_sync_gradients(fs, k == j->accum - 1);
+                if (st == FSDP_OK)
+                    st = fsdp_llama_forward_backward(m, in + (size_t)k * micro * j->seq,
+                                                     tg + (size_t)k * micro * j->seq, micro,
+                                                     j->seq, &part);
+                loss += part / (float)j->accum;
+            }
+        } else if (st == FSDP_OK) {
             st = fsdp_llama_forward_backward(m, in, tg, rows, j->seq, &loss);
+        }
         j->losses[s][dev->rank] = loss;
         if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
             lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
@@ -436,12 +453,14 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_destroy(opt);
     fsdp_llama_destroy(m);
     fsdp_destroy(fs);
+    fsdp_sim_pack_cache_stats(dev, &j->pack_hits[dev->rank], &j->pack_packs[dev->rank]);
     return st;
 }
 
 static fsdp_status_t job_run(job_t *j)
 {
-    return lm_test_launch(j->world, j->shape, job_rank, j);
+    return j->no_pack_cache ? lm_test_launch_packing(j->world, 1, job_rank, j)
+                            : lm_test_launch(j->world, j->shape, job_rank, j);
 }
 
 static void cfg_of(fsdp_llama_config_t *cfg, const ref_cfg_t *c)
@@ -686,6 +705,63 @@ static void test_fsdp_parity(void)
     fsdp_tokens_close(t);
 }
 
+/* The LM head's packed weight (the sim's pack cache) over accumulated micro-batches: the same
+ * bits with it and without it; the untied lm_head (and the tied embedding) kept between
+ * micro-batches is packed by the second of each step and read by the later ones. */
+static void test_pack_cache_accumulation(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        int world, tied, mp;
+    } runs[] = {{FSDP_NO_SHARD, 1, 0, 0}, {FSDP_SHARD_GRAD_OP, 2, 1, 1}};
+    const int steps = 3, accum = 4;
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *on = calloc(1, sizeof(*on)), *off = calloc(1, sizeof(*off));
+    size_t total;
+
+    CU_ASSERT_FATAL(on != NULL && off != NULL);
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        job_t *j[2] = {on, off};
+        for (int c = 0; c < 2; c++) {
+            parity_job(j[c], t, runs[i].strategy, runs[i].world);
+            j[c]->cfg.tie_word_embeddings = runs[i].tied;
+            total = fsdp_llama_num_params(&j[c]->cfg);
+            free(j[c]->params);
+            j[c]->params = malloc(total * sizeof(float));
+            CU_ASSERT_FATAL(j[c]->params != NULL);
+            j[c]->batch = 8 * (size_t)runs[i].world; /* micro-batches of 2 x 32 tokens */
+            j[c]->steps = steps;
+            j[c]->accum = accum;
+            j[c]->no_pack_cache = c;
+            if (runs[i].mp) {
+                j[c]->use_mp = 1;
+                j[c]->mp.param_dtype = FSDP_DTYPE_BF16;
+                j[c]->mp.reduce_dtype = FSDP_DTYPE_F32;
+                j[c]->mp.buffer_dtype = FSDP_DTYPE_UNSET;
+            }
+            CU_ASSERT_EQUAL_FATAL(job_run(j[c]), FSDP_OK);
+        }
+        fprintf(stderr, "\n  %s W=%d%s%s: the head's weight packed %llu times, read packed %llu "
+                "times",
+                fsdp_strategy_name(runs[i].strategy), runs[i].world, runs[i].tied ? " tied" : "",
+                runs[i].mp ? " bf16" : "", (unsigned long long)on->pack_packs[0],
+                (unsigned long long)on->pack_hits[0]);
+        CU_ASSERT(memcmp(on->losses, off->losses, sizeof(on->losses)) == 0);
+        CU_ASSERT(memcmp(on->params, off->params, total * sizeof(float)) == 0);
+        CU_ASSERT(on->losses[steps - 1][0] < on->losses[0][0]); /* it trained */
+        for (int r = 0; r < runs[i].world; r++) {
+            CU_ASSERT_EQUAL(off->pack_packs[r], 0);
+            CU_ASSERT_EQUAL(on->pack_packs[r], (uint64_t)steps);
+            CU_ASSERT_EQUAL(on->pack_hits[r], (uint64_t)(steps * (accum - 2)));
+        }
+    }
+    free(on->params);
+    free(off->params);
+    free(on);
+    free(off);
+    fsdp_tokens_close(t);
+}
+
 /* bf16 (reduce f32) against f32: FULL_SHARD on 2 ranks, the losses within bf16's roundoff
  * carried through a few layers, and still learning */
 static void test_bf16_against_f32(void)
@@ -906,6 +982,9 @@ int main(void)
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
         {"bf16 within its roundoff of f32", test_bf16_against_f32},
+        {"the LM head's packed weight over accumulated micro-batches: the same bits, packed once "
+         "a step where it is kept",
+         test_pack_cache_accumulation},
         {"shape mode: activations grow linearly in T", test_shape_activations_linear},
         {"shape mode: selective op checkpointing keeps between none and full",
          test_shape_selective_op},
