@@ -76,7 +76,7 @@ static void usage(FILE *f)
           "--no-decay-1d, --seed, --init, --data, --tokens, --save, --save-checkpoint,\n"
           "--checkpoint-every, --state-dict, --resume, --consolidate, --clip-grad-norm,\n"
           "--grad-accum), --backend (a plan simulates), --ranks-per-node (--gpus-per-node),\n"
-          "--threads and --host-memory (a plan holds no data), --quiet.\n"
+          "--threads, --host-memory and --no-pack-cache (a plan holds no data), --quiet.\n"
           "Environment:\n"
           "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n",
           f);

@@ -97,6 +97,9 @@ static void usage(FILE *f)
         "                             may take, all together, with K/M/G/T; 0 is unlimited\n"
         "                             (default 90% of the memory available); a model that\n"
         "                             needs more is refused at once\n"
+        "  --no-pack-cache            sim: pack the LM head's weight at every micro-batch\n"
+        "                             instead of keeping it packed while it is unchanged\n"
+        "                             (saves its size per rank; the same results)\n"
         "  --quiet                    only the final summary\n"
         "  --version, --help\n"
         "fsdp-plan's options that train has not: --nodes, --gpus-per-node, --capacity (the\n"
@@ -159,7 +162,8 @@ enum {
     OPT_AC,
     OPT_ATTENTION,
     OPT_THREADS,
-    OPT_HOST_MEMORY
+    OPT_HOST_MEMORY,
+    OPT_NO_PACK_CACHE
 };
 
 void train_parse_args(int argc, char **argv, train_args_t *a)
@@ -187,6 +191,7 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"threads", required_argument, NULL, OPT_THREADS},
         {"host-memory", required_argument, NULL, OPT_HOST_MEMORY},
+        {"no-pack-cache", no_argument, NULL, OPT_NO_PACK_CACHE},
         {"quiet", no_argument, NULL, OPT_QUIET},
         {"ranks-per-node", required_argument, NULL, OPT_RPN},
         {"cpu-offload", no_argument, NULL, OPT_OFFLOAD},
@@ -220,6 +225,7 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     train_backend_t backend = TRAIN_BACKEND_SIM;
     fsdp_optim_kind_t kind = FSDP_OPTIM_ADAMW;
     size_t host_memory = 0; /* --host-memory: 0 = the library's default */
+    int no_pack_cache = 0;
 
     memset(a, 0, sizeof(*a));
     a->nlayers = fsdp_mlp_parse_spec("16,32,4", a->dims, FSDP_MLP_MAX_LAYERS + 1);
@@ -308,6 +314,7 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
             if (host_memory == 0)
                 host_memory = SIZE_MAX; /* unlimited */
             break;
+        case OPT_NO_PACK_CACHE: no_pack_cache = 1; break;
         case OPT_QUIET: a->quiet = 1; break;
         case OPT_RPN:
             a->fsdp.ranks_per_node = (int)cli_parse_long("--ranks-per-node", optarg, 1, 4096);
@@ -383,6 +390,7 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     a->world = a->launch.world;
     a->launch.threads = a->threads;
     a->launch.host_memory = host_memory;
+    a->launch.no_pack_cache = no_pack_cache;
 
     fsdp_optim_config_init(&a->optim, kind);
     if (lr)

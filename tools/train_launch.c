@@ -140,6 +140,7 @@ fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, v
     sim.timeout_s = l->timeout_s;
     sim.threads = l->threads;
     sim.host_memory = l->host_memory;
+    sim.no_pack_cache = l->no_pack_cache;
     train_launch_sim_profile(l, &sim.profile);
     sim.ranks_per_node = sim.profile.gpus_per_node;
     return fsdp_sim_launch(&sim, func, arg, NULL);

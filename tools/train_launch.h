@@ -19,6 +19,7 @@ typedef struct train_launch {
     int threads;        /* sim: CPU threads of the whole world (--threads), 0 = online CPUs */
     size_t host_memory; /* sim: host bytes the world's memory may take (--host-memory; 0 = the
                          * library's default, SIZE_MAX = no bound) */
+    int no_pack_cache;  /* sim: no packed LM-head weight kept (--no-pack-cache) */
     fsdp_launch_info_t info;           /* gpu: what the launcher said */
 } train_launch_t;
 
