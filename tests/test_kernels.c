@@ -363,29 +363,34 @@ static void test_threads_bits(void)
     CU_ASSERT_EQUAL(cases, 4 * 4 * 2 * 4);
 }
 
-/* Results do not depend on the micro-kernel: every path this CPU runs (the generic one, AVX2)
- * gives the bits of the generic one, on random shapes (odd sizes, several A blocks, several k
- * blocks, a second B panel), every transpose, padded leading dimensions, f32, bf16 and f16
- * operands, an f32 or a 16-bit C, alpha and beta, and epilogues. */
-/* A GEMM descriptor over f32 or bf16 operands, B named by version (0: not named) */
+static fsdp_kernel_t k_gemm(int ta, int tb, size_t m, size_t n, size_t k, const float *a,
+                            size_t lda, const float *b, size_t ldb, float *c, size_t ldc)
+{
+    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
+    kd.u.gemm.trans_a = ta;
+    kd.u.gemm.trans_b = tb;
+    kd.u.gemm.m = m;
+    kd.u.gemm.n = n;
+    kd.u.gemm.k = k;
+    kd.u.gemm.alpha = 1.0f;
+    kd.u.gemm.a = a;
+    kd.u.gemm.lda = lda;
+    kd.u.gemm.b = b;
+    kd.u.gemm.ldb = ldb;
+    kd.u.gemm.beta = 0.0f;
+    kd.u.gemm.c = c;
+    kd.u.gemm.ldc = ldc;
+    return kd;
+}
+
+/* k_gemm over f32 or bf16 operands, alpha 0.5, with an epilogue (NULL: none), B named by
+ * version (0: not named) */
 static fsdp_kernel_t gemm_desc(int tb, size_t m, size_t n, size_t k, const void *a, const void *b,
                                void *c, fsdp_dtype_t dt, const fsdp_gemm_epilogue_t *epi,
                                uint64_t version)
 {
-    fsdp_kernel_t d;
-    memset(&d, 0, sizeof(d));
-    d.kind = FSDP_K_GEMM;
-    d.u.gemm.trans_b = tb;
-    d.u.gemm.m = m;
-    d.u.gemm.n = n;
-    d.u.gemm.k = k;
+    fsdp_kernel_t d = k_gemm(0, tb, m, n, k, a, k, b, tb ? k : n, c, n);
     d.u.gemm.alpha = 0.5f;
-    d.u.gemm.a = a;
-    d.u.gemm.lda = k;
-    d.u.gemm.b = b;
-    d.u.gemm.ldb = tb ? k : n;
-    d.u.gemm.c = c;
-    d.u.gemm.ldc = n;
     d.u.gemm.a_dtype = d.u.gemm.b_dtype = d.u.gemm.c_dtype = dt;
     if (epi != NULL)
         d.u.gemm.epilogue = *epi;
@@ -541,6 +546,10 @@ static void test_pack_cache(void)
     fsdp_sim_pool_destroy(pools[2]);
 }
 
+/* Results do not depend on the micro-kernel: every path this CPU runs (the generic one, AVX2)
+ * gives the bits of the generic one, on random shapes (odd sizes, several A blocks, several k
+ * blocks, a second B panel), every transpose, padded leading dimensions, f32, bf16 and f16
+ * operands, an f32 or a 16-bit C, alpha and beta, and epilogues. */
 static void test_gemm_isa_bits(void)
 {
     static const fsdp_sim_gemm_isa_t isas[] = {FSDP_SIM_GEMM_GENERIC, FSDP_SIM_GEMM_AVX2};
@@ -1427,26 +1436,6 @@ static double fd_loss(const fd_net_t *nt, double *min_h)
     if (min_h != NULL)
         *min_h = mh;
     return loss / (FD_B * FD_D2);
-}
-
-static fsdp_kernel_t k_gemm(int ta, int tb, size_t m, size_t n, size_t k, const float *a,
-                            size_t lda, const float *b, size_t ldb, float *c, size_t ldc)
-{
-    fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
-    kd.u.gemm.trans_a = ta;
-    kd.u.gemm.trans_b = tb;
-    kd.u.gemm.m = m;
-    kd.u.gemm.n = n;
-    kd.u.gemm.k = k;
-    kd.u.gemm.alpha = 1.0f;
-    kd.u.gemm.a = a;
-    kd.u.gemm.lda = lda;
-    kd.u.gemm.b = b;
-    kd.u.gemm.ldb = ldb;
-    kd.u.gemm.beta = 0.0f;
-    kd.u.gemm.c = c;
-    kd.u.gemm.ldc = ldc;
-    return kd;
 }
 
 static fsdp_kernel_t k_bias_grad(float *dbias, const float *dy, size_t rows, size_t cols)
