@@ -379,7 +379,7 @@ static double ref_run(const ref_model_t *p, ref_model_t *g, const int32_t *in, c
 
 #define MAX_STEPS 200
 #define LEARN_MARGIN 2.0 /* nats over 200 steps: the run goes from 5.44 to 2.68 */
-#define MAX_W 4
+#define MAX_W 8
 
 typedef struct job {
     fsdp_gpt2_config_t cfg;
@@ -1539,6 +1539,40 @@ static void test_fused_attention_memory(void)
     free(j);
 }
 
+/* fsdp_gpt2_init_params on 3 and 5 ranks (shards that end inside a parameter, inside a pair of
+ * the polar method's values) gives every rank's part the values of one process, bit for bit:
+ * each rank computes only its part of the stream it draws whole. */
+static void test_init_sharded(void)
+{
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    fsdp_gpt2_config_t cfg;
+    size_t total;
+
+    CU_ASSERT_FATAL(ref != NULL && j != NULL);
+    fsdp_gpt2_config_parse("gpt2-tiny", &cfg);
+    total = fsdp_gpt2_num_params(&cfg);
+    ref->params = malloc(total * sizeof(float));
+    j->params = malloc(total * sizeof(float));
+    CU_ASSERT_FATAL(ref->params != NULL && j->params != NULL);
+    parity_job(ref, t, FSDP_NO_SHARD, 1);
+    ref->steps = 0; /* one forward-backward, no step: the parameters as initialized */
+    ref->batch = 15;
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    for (int world = 3; world <= 5; world += 2) {
+        parity_job(j, t, FSDP_FULL_SHARD, world);
+        j->steps = 0;
+        j->batch = 15;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        CU_ASSERT(memcmp(j->params, ref->params, total * sizeof(float)) == 0);
+    }
+    free(ref->params);
+    free(j->params);
+    free(ref);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
 /* The LM head's packed wte (the sim's pack cache) over accumulated micro-batches: training is
  * the same bits with it and without it, on every strategy, under mixed precision and with CPU
  * offload. Where wte's unsharded value is kept between micro-batches (NO_SHARD: the shard
@@ -1607,6 +1641,8 @@ int main(void)
         {"loss and gradients against the double reference, checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {"init on 3 and 5 ranks: each rank's part holds one process's values, bit for bit",
+         test_init_sharded},
         {"the LM head's packed wte over accumulated micro-batches: the same bits, packed once a "
          "step where wte is kept",
          test_pack_cache_accumulation},

@@ -350,7 +350,7 @@ static double ref_run(const ref_model_t *m, ref_model_t *g, const int32_t *in, c
 /* ---------------- the library's model on simulated ranks ---------------- */
 
 #define MAX_STEPS 8
-#define MAX_W 4
+#define MAX_W 8
 
 typedef struct job {
     fsdp_llama_config_t cfg;
@@ -705,6 +705,37 @@ static void test_fsdp_parity(void)
     fsdp_tokens_close(t);
 }
 
+/* fsdp_llama_init_params on 3 and 5 ranks gives every rank's part the values of one process,
+ * bit for bit: each rank skips the generator to its part and past the rest. */
+static void test_init_sharded(void)
+{
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    size_t total;
+
+    CU_ASSERT_FATAL(ref != NULL && j != NULL);
+    parity_job(ref, t, FSDP_NO_SHARD, 1);
+    total = fsdp_llama_num_params(&ref->cfg);
+    ref->params = malloc(total * sizeof(float));
+    j->params = malloc(total * sizeof(float));
+    CU_ASSERT_FATAL(ref->params != NULL && j->params != NULL);
+    ref->steps = 0; /* one forward-backward, no step: the parameters as initialized */
+    ref->batch = 15;
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    for (int world = 3; world <= 5; world += 2) {
+        parity_job(j, t, FSDP_FULL_SHARD, world);
+        j->steps = 0;
+        j->batch = 15;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        CU_ASSERT(memcmp(j->params, ref->params, total * sizeof(float)) == 0);
+    }
+    free(ref->params);
+    free(j->params);
+    free(ref);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
 /* The LM head's packed weight (the sim's pack cache) over accumulated micro-batches: the same
  * bits with it and without it; the untied lm_head (and the tied embedding) kept between
  * micro-batches is packed by the second of each step and read by the later ones. */
@@ -981,6 +1012,8 @@ int main(void)
          "checkpointing the same",
          test_against_reference},
         {"FSDP strategies and W = 1, 2, 4 equal single-process training", test_fsdp_parity},
+        {"init on 3 and 5 ranks: each rank's part holds one process's values, bit for bit",
+         test_init_sharded},
         {"bf16 within its roundoff of f32", test_bf16_against_f32},
         {"the LM head's packed weight over accumulated micro-batches: the same bits, packed once "
          "a step where it is kept",

@@ -298,6 +298,12 @@ FSDP_API fsdp_status_t fsdp_unit_get_buffer(fsdp_unit_t *u, int index, float *ho
 /* Sets parameter `index` from its full value (numel floats in host memory, the same on every
  * rank); each rank keeps the part in its shard. Call while the unit is idle. */
 FSDP_API fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_values);
+/* The elements of host_values that fsdp_unit_set_param reads on this rank: *count_p from
+ * *first_p, this rank's part of the shard (none when it has no part), or all numel under
+ * sync_module_states. So an initializer need only compute those (the others may hold
+ * anything). */
+FSDP_API fsdp_status_t fsdp_unit_set_param_reads(const fsdp_unit_t *u, int index, size_t *first_p,
+                                                 size_t *count_p);
 /* Sets this rank's part of parameter `index` alone: host_values are its numel_in_shard floats
  * from intra_start (fsdp_unit_param_info); nothing is read when it has no part in the shard.
  * Not a collective, so sync_module_states does not apply: each rank reads its own part (a

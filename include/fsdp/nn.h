@@ -116,10 +116,18 @@ typedef struct fsdp_rng {
 
 FSDP_API void fsdp_rng_seed(fsdp_rng_t *rng, uint64_t seed);
 FSDP_API uint64_t fsdp_rng_next(fsdp_rng_t *rng);
-/* Uniform in [lo, hi). */
+/* Moves on as n calls of fsdp_rng_next would, in constant time. */
+FSDP_API void fsdp_rng_skip(fsdp_rng_t *rng, uint64_t n);
+/* Uniform in [lo, hi). One fsdp_rng_next. */
 FSDP_API float fsdp_rng_uniform(fsdp_rng_t *rng, float lo, float hi);
-/* Standard normal (Box-Muller). */
+/* Standard normal (Box-Muller). Two fsdp_rng_next, always. */
 FSDP_API float fsdp_rng_normal(fsdp_rng_t *rng);
+/* n normal values of standard deviation std (Marsaglia's polar method: two values per accepted
+ * pair of draws, one log, no trigonometry), of which only out[first .. first + count) are
+ * computed and stored (the pairs that touch them); the generator moves past all n, as the
+ * rejections take a variable number of draws. */
+FSDP_API void fsdp_rng_normal_polar(fsdp_rng_t *rng, float *out, size_t n, float std, size_t first,
+                                    size_t count);
 
 #ifdef __cplusplus
 }

@@ -369,6 +369,28 @@ fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const float *host_v
     return set_shard_part(u, pi, host_values + pi->intra_start);
 }
 
+fsdp_status_t fsdp_unit_set_param_reads(const fsdp_unit_t *u, int index, size_t *first_p,
+                                        size_t *count_p)
+{
+    const fsdp_param_info_t *pi;
+
+    if (u->handle == NULL || index < 0 || index >= u->handle->nparams || first_p == NULL ||
+        count_p == NULL)
+        return fsdp_fail(u->fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': no parameter %d (it has %d), or no first_p and count_p",
+                         u->name, index, fsdp_unit_num_params(u));
+    pi = &u->handle->params[index];
+    *first_p = 0;
+    *count_p = 0;
+    if (u->fs->cfg.sync_module_states && !u->fs->dev->no_data) { /* set_param_from_rank0 */
+        *count_p = pi->numel;
+    } else if (pi->in_shard) { /* set_shard_part */
+        *first_p = pi->intra_start;
+        *count_p = pi->numel_in_shard;
+    }
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_unit_set_param_shard(fsdp_unit_t *u, int index, const float *host_values)
 {
     fsdp_status_t status;

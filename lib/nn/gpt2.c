@@ -445,35 +445,20 @@ void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale)
 
 /* ---- initialization ---- */
 
-/* n normal values of standard deviation std: Marsaglia's polar method, two values per accepted
- * pair and one log, no trigonometry (every rank draws the whole model: 124M values for gpt2). */
-static void fill_normal(fsdp_rng_t *rng, float *buf, size_t n, float std)
-{
-    for (size_t i = 0; i < n; i += 2) {
-        double u, v, s, f;
-        do {
-            u = (double)(fsdp_rng_next(rng) >> 11) * 0x1p-52 - 1.0;
-            v = (double)(fsdp_rng_next(rng) >> 11) * 0x1p-52 - 1.0;
-            s = u * u + v * v;
-        } while (s >= 1.0 || s == 0.0);
-        f = sqrt(-2.0 * log(s) / s);
-        buf[i] = (float)(std * u * f);
-        if (i + 1 < n)
-            buf[i + 1] = (float)(std * v * f);
-    }
-}
-
 static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, fsdp_rng_t *rng,
                                 float *buf)
 {
     fsdp_param_info_t info;
+    size_t first, count;
     fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
 
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_param_reads(u, index, &first, &count);
     if (status != FSDP_OK)
         return status;
-    if (kind == 0)
-        fill_normal(rng, buf, info.numel, std);
-    for (size_t i = 0; kind != 0 && i < info.numel; i++)
+    if (kind == 0) /* every rank draws the whole stream, and computes only its part of it */
+        fsdp_rng_normal_polar(rng, buf, info.numel, std, first, count);
+    for (size_t i = first; kind != 0 && i < first + count; i++)
         buf[i] = kind == 1 ? 1.0f : 0.0f;
     return fsdp_unit_set_param(u, index, buf);
 }

@@ -444,16 +444,24 @@ void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale)
 
 /* ---- initialization ---- */
 
-/* One parameter: normal of std (ones when std < 0), through buf. */
+/* One parameter: normal of std (ones when std < 0), through buf. Each normal takes two draws,
+ * so a rank skips to the values it keeps (fsdp_unit_set_param_reads) and past the rest. */
 static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, fsdp_rng_t *rng, float *buf)
 {
     fsdp_param_info_t info;
+    size_t first, count;
     fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
 
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_param_reads(u, index, &first, &count);
     if (status != FSDP_OK)
         return status;
-    for (size_t i = 0; i < info.numel; i++)
+    if (std >= 0.0f)
+        fsdp_rng_skip(rng, 2 * (uint64_t)first);
+    for (size_t i = first; i < first + count; i++)
         buf[i] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(rng);
+    if (std >= 0.0f)
+        fsdp_rng_skip(rng, 2 * (uint64_t)(info.numel - first - count));
     return fsdp_unit_set_param(u, index, buf);
 }
 
