@@ -1624,6 +1624,40 @@ static void test_rng(void)
     /* standard errors: mean 1/sqrt(N) = 3.2e-3, variance sqrt(2/N) = 4.5e-3; 5 sigma */
     CU_ASSERT(fabs(sum / N) < 0.016);
     CU_ASSERT(fabs(sum2 / N - 1.0) < 0.023);
+
+    /* skipping n draws is n draws, the counter wrapping modulo 2^64 included */
+    {
+        static const uint64_t skips[] = {0, 1, 7, 1000, UINT64_C(1) << 63};
+        for (size_t i = 0; i < sizeof(skips) / sizeof(skips[0]); i++) {
+            fsdp_rng_seed(&r1, 5);
+            fsdp_rng_seed(&r2, 5);
+            if (skips[i] <= 1000)
+                for (uint64_t k = 0; k < skips[i]; k++)
+                    (void)fsdp_rng_next(&r2);
+            else
+                r2.state += skips[i] * UINT64_C(0x9e3779b97f4a7c15); /* splitmix64's step */
+            fsdp_rng_skip(&r1, skips[i]);
+            CU_ASSERT_EQUAL(fsdp_rng_next(&r1), fsdp_rng_next(&r2));
+        }
+    }
+    /* the polar method's part [first, first + count) is the whole's, and the generator ends
+     * where the whole's does, for every part of an odd length */
+    {
+        enum { M = 1001 };
+        float whole[M], part[M];
+        uint64_t after;
+        fsdp_rng_seed(&r1, 9);
+        fsdp_rng_normal_polar(&r1, whole, M, 0.5f, 0, M);
+        after = fsdp_rng_next(&r1);
+        for (size_t first = 0; first <= M; first += 97)
+            for (size_t count = 0; first + count <= M; count += 131) {
+                memset(part, 0xff, sizeof(part));
+                fsdp_rng_seed(&r2, 9);
+                fsdp_rng_normal_polar(&r2, part, M, 0.5f, first, count);
+                CU_ASSERT(memcmp(part + first, whole + first, count * sizeof(float)) == 0);
+                CU_ASSERT_EQUAL(fsdp_rng_next(&r2), after);
+            }
+    }
 }
 
 /* ---- low precision: bf16 and f16 operands ------------------------------------------------ */
