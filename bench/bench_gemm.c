@@ -14,10 +14,10 @@
  * per element, k innermost) on the first NAIVE_ROWS rows checks the sim's result (max|diff|),
  * and OpenBLAS's too; --quick runs the attention projection's three products and an odd shape.
  *
- * Then the LM head's forward at 256, 64 and 16 rows (micro-batches of an accumulated step): as
- * every launch packs wte, against the sim's pack cache, which keeps it packed while the core
- * names it unchanged (one launch packs it into the kept buffer, later ones read it), with the
- * ratios to the first and a check that the bits agree; --quick runs 16 rows.
+ * Then the LM head's forward at 256, 128, 64, 32 and 16 rows (micro-batches of an accumulated
+ * step): as every launch packs wte, against the sim's pack cache, which keeps it packed while
+ * the core names it unchanged (one launch packs it into the kept buffer, later ones read it),
+ * with the ratios to the first and a check that the bits agree; --quick runs 16 rows.
  */
 #include "config.h"
 
@@ -279,7 +279,7 @@ int main(int argc, char **argv)
     }
     if (rc == 0)
         printf("the LM head against a wte packed once (the pack cache), best of %d:\n", reps);
-    for (size_t rows = shapes == quick ? 16 : 256; rc == 0 && rows >= 16; rows /= 4)
+    for (size_t rows = shapes == quick ? 16 : 256; rc == 0 && rows >= 16; rows /= 2)
         rc = bench_packed_head(rows, reps);
     return rc;
 }

@@ -159,6 +159,7 @@ static fsdp_status_t sim_dev_init(fsdp_sim_world_t *world, int slot, int rank, i
     dev->pack_cache.held = &world->host_held;
     dev->pack_cache.limit = world->params.host_memory;
     dev->pack_cache.max_rows = FSDP_SIM_PACK_CACHE_ROWS;
+    dev->pack_cache.min_launches = FSDP_SIM_PACK_CACHE_LAUNCHES;
     dev->pack_cache.off = world->params.no_pack_cache || world->params.mode != FSDP_SIM_DATA;
     /* the world's threads shared among its ranks, in data mode */
     dev->threads = 1;

@@ -9,15 +9,17 @@
  * product that reads it gives the same bits.
  *
  * Policy. Only for products of few rows (FSDP_SIM_PACK_CACHE_ROWS), where the packing is not
- * hidden behind the multiplies. The key is everything the packing depends on: B's address, dtype, leading dimension,
- * transpose, n, k, and its version. The first launch with a key only records it; the second
- * packs B into the buffer as it computes (no pass of its own); later ones read it. So a B whose
- * version changes at every launch (one forward per optimizer step) costs nothing, and one that
- * does not is packed once. A launch with another key makes the copy stale; the buffer itself is
- * kept for the next B of its size (the next step's weight), so that its pages are not faulted
- * in again. Its bytes count against the world's host-memory bound, of which the buffer takes at
- * most half: the rest stays for the segments, and a segment that would not fit frees its rank's
- * buffer first (backend.c).
+ * hidden behind the multiplies. The key is everything the packing depends on: B's address,
+ * dtype, leading dimension, transpose, n, k, and its version. The first launch with a key only
+ * records it; the second packs B into the buffer as it computes (no pass of its own), when the
+ * key before was launched often enough for that to pay (FSDP_SIM_PACK_CACHE_LAUNCHES: a step's
+ * micro-batches are the last step's); later ones read it. So a B whose version changes at every
+ * launch (one forward per optimizer step) costs nothing, and one read by the micro-batches of
+ * an accumulated step is packed once a step, from the second step on. A launch with another
+ * key makes the copy stale; the buffer itself is kept for the next B of its size (the next
+ * step's weight), so that its pages are not faulted in again. Its bytes count against the
+ * world's host-memory bound, of which the buffer takes at most half: the rest stays for the
+ * segments, and a segment that would not fit frees its rank's buffer first (backend.c).
  */
 #include "config.h"
 
@@ -78,12 +80,14 @@ float *fsdp_sim_pack_cache_get(fsdp_sim_pack_cache_t *c, const fsdp_kernel_t *k,
 
     *fill_p = 0;
     if (c == NULL || c->off || k->kind != FSDP_K_GEMM || k->u.gemm.b_version == 0 ||
-        k->u.gemm.m > c->max_rows || k->u.gemm.batch > 1 || k->u.gemm.m == 0 || k->u.gemm.n == 0 || k->u.gemm.k == 0 ||
-        k->u.gemm.alpha == 0.0f || k->u.gemm.b == NULL ||
+        k->u.gemm.m > c->max_rows || k->u.gemm.batch > 1 || k->u.gemm.m == 0 || k->u.gemm.n == 0 ||
+        k->u.gemm.k == 0 || k->u.gemm.alpha == 0.0f || k->u.gemm.b == NULL ||
         k->u.gemm.ldb < (k->u.gemm.trans_b ? k->u.gemm.k : k->u.gemm.n))
         return NULL; /* no B to read (or a bad one, which the product reports) */
-    if (!same_key(c, k)) { /* a new B, or new values: remember it, pack at its next launch */
+    if (!same_key(c, k)) { /* a new B, or new values: remember it, maybe pack at its next launch */
         c->valid = 0;
+        c->last_launches = c->launches;
+        c->launches = 1;
         c->b = k->u.gemm.b;
         c->version = k->u.gemm.b_version;
         c->trans_b = k->u.gemm.trans_b;
@@ -93,10 +97,13 @@ float *fsdp_sim_pack_cache_get(fsdp_sim_pack_cache_t *c, const fsdp_kernel_t *k,
         c->dtype = k->u.gemm.b_dtype;
         return NULL;
     }
+    c->launches++;
     if (c->valid) {
         c->hits++;
         return c->packed;
     }
+    if (c->last_launches < c->min_launches)
+        return NULL; /* the last version was not read often enough to pay for packing */
     floats = fsdp_sim_gemm_packed_b_floats(k->u.gemm.n, k->u.gemm.k);
     if (floats == 0 || !reserve(c, floats * sizeof(float)))
         return NULL;

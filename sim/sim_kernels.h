@@ -44,9 +44,10 @@ void fsdp_sim_pool_run(fsdp_sim_pool_t *pool, size_t nparts, fsdp_sim_pool_fn_t 
 
 /* The rank's copy of one GEMM operand B packed whole, kept while the launches that read it name
  * it unchanged (kernel.h's gemm b_version: the LM head's weight over the micro-batches of an
- * accumulated step). It is made at the second launch with the same B, so that a B that changes
- * every time (a step's new weights) is never packed twice. Its bytes count against the world's
- * host-memory bound, of which it takes at most half. Only its rank's thread uses it. */
+ * accumulated step). It is made by the second launch with the same B, when the B before it had
+ * enough launches to pay for it, so that a B that changes every time (a step's new weights) is
+ * never packed twice. Its bytes count against the world's host-memory bound, of which it takes
+ * at most half. Only its rank's thread uses it. */
 typedef struct fsdp_sim_pack_cache {
     size_t *held; /* the world's count of host bytes, and its bound (params.host_memory) */
     size_t limit;
@@ -54,12 +55,16 @@ typedef struct fsdp_sim_pack_cache {
     /* only for products of at most this many rows (FSDP_SIM_PACK_CACHE_ROWS): with more, the
      * packing a product does as it goes is hidden behind its multiplies */
     size_t max_rows;
+    /* packed only when the B before this one was launched at least this many times
+     * (FSDP_SIM_PACK_CACHE_LAUNCHES): packing pays off from the third launch of a version on */
+    uint64_t min_launches;
     /* the last launch that named its B: B and the version, shape and layout it had */
     const void *b;
     uint64_t version;
     int trans_b;
     size_t n, k, ldb;
     fsdp_dtype_t dtype;
+    uint64_t launches, last_launches; /* of that B so far; of the B before it */
     float *packed; /* a buffer for op(B) packed, or NULL; kept for the next B of its size */
     size_t bytes;  /* packed's size, counted in *held */
     int valid;     /* packed holds that B */
@@ -67,12 +72,16 @@ typedef struct fsdp_sim_pack_cache {
     uint64_t hits, packs; /* launches that read packed; that filled it */
 } fsdp_sim_pack_cache_t;
 
-/* Measured in bench_gemm (GPT-2's LM head, 768 x 50257): reading wte packed takes 0.60 to 0.65
- * of the time of packing it as the product goes at 16 rows, 0.85 at 64, the same at 256; packing
- * it into the kept buffer adds 15 ms to one launch. */
-#define FSDP_SIM_PACK_CACHE_ROWS 128
+/* Measured in bench_gemm (GPT-2's LM head, 768 x 50257, one thread): reading wte packed saves
+ * 12 ms a launch at 16 and 32 rows, 7 at 64, 4 at 128, none at 256; packing it into the kept
+ * buffer costs a launch 13 to 19 ms more. So a version read by at least two launches after the
+ * one that packs it gains at 64 rows and fewer; the launches of a step's version are foretold
+ * by the last step's (the micro-batches of gradient accumulation). */
+#define FSDP_SIM_PACK_CACHE_ROWS 64
+#define FSDP_SIM_PACK_CACHE_LAUNCHES 4
 
-/* The packed op(B) for the GEMM k: NULL when k names no version, or has more than max_rows rows, or a B other than the last
+/* The packed op(B) for the GEMM k: NULL when k names no version, or has more than max_rows rows,
+ * or the B before had fewer than min_launches launches, or a B other than the last
  * launch's (then remembered), or when the bound leaves no room: the product packs B itself.
  * Else the buffer, to read (*fill_p 0), or for the product to pack B into as it goes (*fill_p
  * 1), after which fsdp_sim_pack_cache_done says whether it did. The same bits either way. */

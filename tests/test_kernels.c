@@ -542,6 +542,36 @@ static void test_pack_cache(void)
         CU_ASSERT_EQUAL(cache.packs, 2);
         CU_ASSERT_EQUAL(held, 0);
     }
+
+    { /* packed only when the version before had min_launches launches: versions of 4, 4, 2
+       * and 3 launches pack the second (read twice) and the third (read never) */
+        static const int launches[] = {4, 4, 2, 3};
+        size_t m = 8, n = 40, k = 30, held = 0;
+        float a[8 * 30], b[30 * 40], c0[8 * 40], c1[8 * 40];
+        fsdp_sim_pack_cache_t cache;
+        fsdp_kernel_t d0, d1;
+        memset(&cache, 0, sizeof(cache));
+        cache.held = &held;
+        cache.limit = SIZE_MAX;
+        cache.max_rows = m;
+        cache.min_launches = 4;
+        fill_rand(a, 8 * 30, -1, 1);
+        d0 = gemm_desc(1, m, n, k, a, b, c0, FSDP_DTYPE_F32, NULL, 0);
+        for (int v = 0; v < 4; v++) {
+            fill_rand(b, 30 * 40, -1, 1); /* new values, new version */
+            CU_ASSERT_EQUAL(fsdp_sim_kernel_exec(&d0), FSDP_OK);
+            d1 = gemm_desc(1, m, n, k, a, b, c1, FSDP_DTYPE_F32, NULL, 100 + (uint64_t)v);
+            for (int l = 0; l < launches[v]; l++) {
+                memset(c1, 0, sizeof(c1));
+                CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&d1, NULL, &cache), FSDP_OK);
+                CU_ASSERT(memcmp(c0, c1, sizeof(c1)) == 0);
+            }
+        }
+        CU_ASSERT_EQUAL(cache.packs, 2);
+        CU_ASSERT_EQUAL(cache.hits, 2);
+        fsdp_sim_pack_cache_drop(&cache);
+        CU_ASSERT_EQUAL(held, 0);
+    }
     fsdp_sim_pool_destroy(pools[1]);
     fsdp_sim_pool_destroy(pools[2]);
 }
