@@ -616,14 +616,11 @@ fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *
     fsdp_sim_par_job_t job;
     size_t parts;
 
-    if (k != NULL && k->kind == FSDP_K_GEMM && (threads <= 1 || !fsdp_sim_par_batch(k, threads)))
-        return fsdp_sim_kernel_check(k) != FSDP_OK ? FSDP_ERR_INVALID_PARAM
-                                                   : fsdp_sim_gemm_desc(k, pool, cache);
-    if (threads <= 1 || k == NULL)
-        return fsdp_sim_kernel_exec(k);
-    if (k->kind == FSDP_K_GEMM) {
+    if (k != NULL && k->kind == FSDP_K_GEMM) { /* on any number of threads: the pack cache */
         if (fsdp_sim_kernel_check(k) != FSDP_OK)
             return FSDP_ERR_INVALID_PARAM;
+        if (!fsdp_sim_par_batch(k, threads)) /* 0 on one thread */
+            return fsdp_sim_gemm_desc(k, pool, cache);
         job.k = k;
         job.n = k->u.gemm.batch;
         parts = job.n < (size_t)threads * 2 ? job.n : (size_t)threads * 2;
@@ -633,6 +630,8 @@ fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *
         fsdp_sim_pool_run(pool, parts, fsdp_sim_par_batch_part, &job);
         return (fsdp_status_t)atomic_load(&job.status);
     }
+    if (threads <= 1 || k == NULL)
+        return fsdp_sim_kernel_exec(k);
     job.n = fsdp_sim_par_elems(k);
     if (job.n < FSDP_SIM_PAR_MIN_ELEMS)
         return fsdp_sim_kernel_exec(k);

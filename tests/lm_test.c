@@ -111,6 +111,25 @@ fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
     return fsdp_sim_launch(&p, fn, arg, NULL);
 }
 
+fsdp_status_t lm_test_accumulate(fsdp_t *fs, void *model, lm_test_fb_t fb, int accum,
+                                 const int32_t *inputs, const int32_t *targets, size_t rows,
+                                 size_t seq, float *loss_p)
+{
+    size_t micro = rows / (size_t)accum;
+    fsdp_status_t st = FSDP_OK;
+
+    *loss_p = 0.0f;
+    for (int k = 0; k < accum && st == FSDP_OK; k++) {
+        float part = 0.0f;
+        st = fsdp_set_sync_gradients(fs, k == accum - 1);
+        if (st == FSDP_OK)
+            st = fb(model, inputs + (size_t)k * micro * seq, targets + (size_t)k * micro * seq,
+                    micro, seq, &part);
+        *loss_p += part / (float)accum;
+    }
+    return st;
+}
+
 size_t lm_test_act_peak(fsdp_t *fs)
 {
     fsdp_mem_stats_t ms;

@@ -41,6 +41,15 @@ fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_
 /* The same in data mode with the sim's pack cache off (no_pack_cache 1) or on (0). */
 fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
                                      fsdp_status_t (*fn)(fsdp_dev_t *, void *), void *arg);
+/* One forward-backward of a model over rows x seq tokens (the model's own, through a wrapper). */
+typedef fsdp_status_t (*lm_test_fb_t)(void *model, const int32_t *inputs, const int32_t *targets,
+                                      size_t rows, size_t seq, float *loss_p);
+/* Gradient accumulation as fsdp-train --grad-accum: the rows in `accum` micro-batches, no_sync
+ * for all but the last; *loss_p the mean of their losses. The model's loss scale (1 / accum) is
+ * the caller's to set. */
+fsdp_status_t lm_test_accumulate(fsdp_t *fs, void *model, lm_test_fb_t fb, int accum,
+                                 const int32_t *inputs, const int32_t *targets, size_t rows,
+                                 size_t seq, float *loss_p);
 /* The peak bytes of FSDP_MEM_ACTIVATION of fs's allocator. */
 size_t lm_test_act_peak(fsdp_t *fs);
 

@@ -457,6 +457,12 @@ static fsdp_unit_t *unit_at(void *m, int k)
     return k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
 }
 
+static fsdp_status_t forward_backward(void *m, const int32_t *in, const int32_t *tg, size_t rows,
+                                      size_t seq, float *loss_p)
+{
+    return fsdp_gpt2_forward_backward(m, in, tg, rows, seq, loss_p);
+}
+
 static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 {
     job_t *j = arg;
@@ -509,18 +515,10 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = lm_test_rank_batch(j->tokens, j->inputs, j->targets, j->batch, j->seq, j->seed,
                                     dev->rank, dev->world_size, s, in, tg);
         }
-        if (st == FSDP_OK && j->accum > 1) { /* as fsdp-train --grad-accum */
-            size_t micro = rows / (size_t)j->accum;
+        if (st == FSDP_OK && j->accum > 1) {
             fsdp_gpt2_set_loss_scale(m, 1.0f / (float)j->accum);
-            for (int k = 0; k < j->accum && st == FSDP_OK; k++) {
-                float part = 0.0f;
-                st = fsdp_set_sync_gradients(fs, k == j->accum - 1);
-                if (st == FSDP_OK)
-                    st = fsdp_gpt2_forward_backward(m, in + (size_t)k * micro * j->seq,
-                                                    tg + (size_t)k * micro * j->seq, micro, j->seq,
-                                                    &part);
-                loss += part / (float)j->accum;
-            }
+            st = lm_test_accumulate(fs, m, forward_backward, j->accum, in, tg, rows, j->seq,
+                                    &loss);
         } else if (st == FSDP_OK) {
             st = fsdp_gpt2_forward_backward(m, in, tg, rows, j->seq, &loss);
         }
