@@ -1,6 +1,6 @@
 /* Module buffers: whole on every rank, cast to buffer_dtype at lazy init, read and written from
  * the host (MixedPrecision.buffer_dtype, sync_module_states). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

@@ -1,7 +1,7 @@
 /* clip_grad_norm over sharded gradients (FSDP.clip_grad_norm_): each rank reduces its shards,
  * the ranks of the shard group combine the partial results, and every gradient is scaled by
  * min(1, max_norm / (total + 1e-6)). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Error recording (fsdp_fail, fsdp_last_error) and the hook context every core file stamps on
  * trace events and out-of-memory reports: the bottom of the core, calling no other core file. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

@@ -1,7 +1,7 @@
 /* The execution order (docs/runtime.md section 2: recorded in the first iteration): the order of
  * pre-forwards, which forward prefetch follows, checked across ranks in the first iteration;
  * and each iteration's post-forward order, which backward prefetch follows in reverse. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <stdlib.h>
 

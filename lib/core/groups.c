@@ -1,5 +1,5 @@
 /* Hybrid sharding's default groups: shard within a node, replicate across nodes. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 /* PyTorch's default hybrid groups: shard within a node, replicate across nodes over the ranks
  * that share a local rank. Collective over the world. */

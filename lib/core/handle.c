@@ -1,6 +1,6 @@
 /* Flat-parameter handles: flattening, shard metadata, unshard, reshard and gradient reduction
  * (docs/runtime.md sections 2 B, C, G and 4). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The hooks around each unit's forward and backward, and the final callback, in PyTorch FSDP's
  * order (docs/runtime.md section 2 A, D, E, G, H; state machines of section 3). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Ignored parameters (ignored_states): whole on every rank, outside the flat parameter, with
  * their own value and gradient. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

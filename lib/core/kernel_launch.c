@@ -1,5 +1,5 @@
 /* Small kernel launches the runtime issues itself (fill, divide, accumulate). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 static fsdp_status_t launch(fsdp_t *fs, fsdp_stream_t *s, const fsdp_kernel_t *k)
 {

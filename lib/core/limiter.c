@@ -1,7 +1,7 @@
 /* The CPU rate limiter (docs/runtime.md section 2 B.3 and C.4): the events recorded after each
  * reshard that frees an unsharded parameter, oldest first; with two outstanding, the host waits
  * for the oldest before issuing another all-gather. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <string.h>
 

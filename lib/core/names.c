@@ -1,6 +1,6 @@
 /* The model's names (parameters, ignored parameters and buffers of every unit) by hash, so that a
  * new unit's names are checked for duplicates in O(1) each. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

@@ -1,6 +1,6 @@
 /* The FSDP runtime's lifecycle: configuration, fsdp_create (streams, allocator, the default and
  * hybrid groups), fsdp_destroy, and what the whole runtime reports (docs/runtime.md section 2). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

@@ -1,6 +1,6 @@
 /* summon_full_params: full-precision full parameters outside forward and backward, with
  * writeback to the shards (FSDP.summon_full_params, and PyTorch's rules for what it refuses). */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <stdlib.h>
 #include <string.h>

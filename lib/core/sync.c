@@ -1,5 +1,5 @@
 /* sync_module_states: rank 0's values of a parameter or buffer, broadcast to every rank. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

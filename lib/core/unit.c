@@ -1,6 +1,6 @@
 /* Units: creation with their strategy and groups (fsdp_unit_create), and each unit's parameters,
  * gradients and flat-parameter state seen from outside. */
-#include "core/runtime.h"
+#include "core/core_int.h"
 
 #include <fsdp/trace.h>
 

@@ -1,7 +1,7 @@
-/* Internal state of the FSDP runtime: the per-rank fsdp_t, its units and their flat-parameter
+/* The core's private header: the per-rank fsdp_t, its units and their flat-parameter
  * handles. Only lib/ includes this. */
-#ifndef FSDP_LIB_RUNTIME_H
-#define FSDP_LIB_RUNTIME_H
+#ifndef FSDP_LIB_CORE_INT_H
+#define FSDP_LIB_CORE_INT_H
 
 #include "alloc/mem_index.h"
 
