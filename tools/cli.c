@@ -239,10 +239,47 @@ void cli_command_line(int argc, char **argv, char *buf, size_t size)
         buf[size - 1] = '\0';
 }
 
+/* FSDP's options given on the command line, for cli_no_arguments' check against --api */
+static unsigned fsdp_given;
+static int explicit_backward;
+
+static int parse_reshard(const char *arg)
+{
+    char *end;
+    long n;
+
+    if (strcmp(arg, "true") == 0)
+        return FSDP_RESHARD_TRUE;
+    if (strcmp(arg, "false") == 0)
+        return FSDP_RESHARD_FALSE;
+    n = strtol(arg, &end, 10);
+    if (arg[0] >= '1' && arg[0] <= '9' && *end == '\0' && n >= 1 && n <= FSDP_MAX_WORLD)
+        return (int)n;
+    return FSDP_RESHARD_INHERIT;
+}
+
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
 {
+    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_RAF)
+        fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
+    case CLI_OPT_API:
+        if (fsdp_api_parse(arg, &cfg->api) != 0) {
+            snprintf(why, why_len, "--api: '%s' is not one of fsdp1, fsdp2", arg);
+            return -1;
+        }
+        return 0;
+    case CLI_OPT_RAF:
+        cfg->reshard_after_forward = parse_reshard(arg);
+        if (cfg->reshard_after_forward == FSDP_RESHARD_INHERIT) {
+            snprintf(why, why_len,
+                     "--reshard-after-forward: '%s' is not true, false or a number of ranks N "
+                     ">= 1 (dividing the shard group's size)",
+                     arg);
+            return -1;
+        }
+        return 0;
     case CLI_OPT_STRATEGY:
         if (!fsdp_strategy_parse(arg, &cfg->strategy)) {
             snprintf(why, why_len,
@@ -253,8 +290,12 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         }
         return 0;
     case CLI_OPT_BWD_PREFETCH:
-        if (!fsdp_backward_prefetch_parse(arg, &cfg->backward_prefetch)) {
-            snprintf(why, why_len, "--backward-prefetch: '%s' is not one of pre, post, none", arg);
+        explicit_backward = strcmp(arg, "explicit") == 0;
+        if (!explicit_backward && !fsdp_backward_prefetch_parse(arg, &cfg->backward_prefetch)) {
+            snprintf(why, why_len,
+                     "--backward-prefetch: '%s' is not one of pre, post, none (fsdp1) or "
+                     "explicit (fsdp2)",
+                     arg);
             return -1;
         }
         return 0;
@@ -283,10 +324,45 @@ void cli_other_option(int opt, char **argv, fsdp_config_t *cfg)
         cli_die("%s", why);
 }
 
-void cli_no_arguments(int argc, char **argv)
+#define GIVEN(opt) (fsdp_given & (1u << ((opt)-CLI_OPT_STRATEGY)))
+
+/* --api fsdp2: what FSDP1's options become, or why they are refused */
+static void fsdp2_options(fsdp_config_t *cfg)
+{
+    if (GIVEN(CLI_OPT_LIMIT) || GIVEN(CLI_OPT_NO_LIMIT))
+        cli_die("--api fsdp2: fully_shard has no all-gather rate limiter (its frees are ordered "
+                "by stream waits); drop --limit-all-gathers / --no-limit-all-gathers");
+    if (GIVEN(CLI_OPT_BWD_PREFETCH) && !explicit_backward)
+        cli_die("--api fsdp2: --backward-prefetch pre|post|none is fsdp1's; fully_shard "
+                "prefetches the previous unit implicitly (as pre), or give --backward-prefetch "
+                "explicit for explicit lists");
+    if (cfg->strategy == FSDP_SHARD_GRAD_OP || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2)
+        cli_die("--api fsdp2: --strategy %s is fsdp1's; give --reshard-after-forward false%s",
+                fsdp_strategy_name(cfg->strategy),
+                cfg->strategy == FSDP_HYBRID_SHARD_ZERO2 ? " with --strategy hybrid_shard" : "");
+    if (cfg->strategy == FSDP_NO_SHARD)
+        cli_die("--api fsdp2: --strategy no_shard is fsdp1's; replicate with --strategy "
+                "hybrid_shard --ranks-per-node 1");
+    cfg->explicit_forward_prefetch = cfg->forward_prefetch;
+    cfg->explicit_backward_prefetch = explicit_backward;
+    cfg->forward_prefetch = 0;
+    cfg->backward_prefetch = FSDP_BACKWARD_PREFETCH_PRE;
+}
+
+void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg)
 {
     if (optind < argc)
         cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (cfg->api == FSDP_API_FSDP2) {
+        fsdp2_options(cfg);
+        return;
+    }
+    if (GIVEN(CLI_OPT_RAF))
+        cli_die("--reshard-after-forward is fully_shard's (--api fsdp2); fsdp1's strategies "
+                "say it: full_shard reshards, shard_grad_op does not");
+    if (explicit_backward)
+        cli_die("--backward-prefetch explicit is fully_shard's (--api fsdp2); fsdp1 takes pre, "
+                "post or none");
 }
 
 int cli_activation_checkpointing(const char *arg)

@@ -49,7 +49,9 @@ enum {
     CLI_OPT_BWD_PREFETCH,
     CLI_OPT_FWD_PREFETCH,
     CLI_OPT_LIMIT,
-    CLI_OPT_NO_LIMIT
+    CLI_OPT_NO_LIMIT,
+    CLI_OPT_API,
+    CLI_OPT_RAF
 };
 
 /* The entries of a tool's struct option table for them. */
@@ -58,7 +60,9 @@ enum {
         {"backward-prefetch", required_argument, NULL, CLI_OPT_BWD_PREFETCH},                   \
         {"forward-prefetch", no_argument, NULL, CLI_OPT_FWD_PREFETCH},                          \
         {"limit-all-gathers", no_argument, NULL, CLI_OPT_LIMIT},                                \
-        {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT}
+        {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT},                        \
+        {"api", required_argument, NULL, CLI_OPT_API},                                          \
+        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF}
 
 /* Applies getopt_long's value opt (and its argument) to cfg and returns 0; -1 when opt is none
  * of these options (spelled: the option as written) or its argument is not allowed, with why
@@ -69,8 +73,11 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
 /* What a tool's switch leaves over after getopt_long returned opt: ':' (an option without its
  * value) and FSDP's options; the tool dies saying what was wrong with anything else. */
 void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
-/* After the options: the tool takes no other arguments, and dies naming the first one. */
-void cli_no_arguments(int argc, char **argv);
+/* After the options: the tool takes no other arguments, and dies naming the first one; and
+ * FSDP's options agree with --api: under fsdp2, --forward-prefetch and --backward-prefetch
+ * explicit become fully_shard's explicit lists, and an FSDP1-only option is refused with its
+ * FSDP2 equivalent named (and --reshard-after-forward or explicit under fsdp1). */
+void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg);
 
 /* --activation-checkpointing, torchtitan's meanings: "none" 0, "full" 1 (every block),
  * "selective-layer[:K]" K (every K-th block, default 2), "selective-op" CLI_AC_SELECTIVE_OP

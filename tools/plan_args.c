@@ -29,7 +29,12 @@ static void usage(FILE *f)
           "                             positions, at most 8192 for a Llama)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
           "                             hybrid_shard_zero2 (default full_shard)\n"
-          "  --backward-prefetch P      pre | post | none (default pre)\n"
+          "  --api fsdp1|fsdp2          FullyShardedDataParallel (default) or fully_shard:\n"
+          "                             each unit fully_shard'ed in model order, then the root\n"
+          "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
+          "                             after forward (default: all units but the root)\n"
+          "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
+          "                             unit prefetching the previous one (default: implicit)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
           "  --mixed-precision SPEC     D, PyTorch's MixedPrecision(param_dtype=D); or\n"
@@ -275,7 +280,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
             break;
         }
     }
-    cli_no_arguments(argc, argv);
+    cli_no_arguments(argc, argv, &a->fsdp);
     cli_command_line(argc, argv, a->command_line, sizeof(a->command_line));
     if (show == 1)
         printf("fsdp-plan (libfsdp) %s\n", fsdp_version_string());

@@ -53,7 +53,12 @@ static void usage(FILE *f)
         "  --ops eager|fused          sim: price element-wise work as eager PyTorch's ops (the\n"
         "                             presets' default) or one fused kernel each, as the gpu\n"
         "                             backend runs them (to compare with a --backend gpu run)\n"
-        "  --backward-prefetch P      pre | post | none (default pre)\n"
+        "  --api fsdp1|fsdp2          FullyShardedDataParallel (default) or fully_shard:\n"
+        "                             each unit fully_shard'ed in model order, then the root\n"
+        "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
+        "                             after forward (default: all units but the root)\n"
+        "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
+        "                             unit prefetching the previous one (default: implicit)\n"
         "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
         "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
         "  --optim adamw|sgd          optimizer (default adamw)\n"
@@ -362,7 +367,7 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
             break;
         }
     }
-    cli_no_arguments(argc, argv);
+    cli_no_arguments(argc, argv, &a->fsdp);
     if (show == 1)
         printf("fsdp-train (libfsdp) %s\n", fsdp_version_string());
     if (show == 2)

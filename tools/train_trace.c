@@ -36,6 +36,13 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
              cfg->mixed_precision.reduce_dtype == FSDP_DTYPE_UNSET
                  ? "default"
                  : fsdp_dtype_name(cfg->mixed_precision.reduce_dtype));
+    if (cfg->api == FSDP_API_FSDP2) {
+        /* which API ran; an fsdp1 run's config stays as it was */
+        size_t n = strlen(config) - 1;
+        snprintf(config + n, sizeof(config) - n,
+                 ", \"api\": \"fsdp2\", \"reshard_after_forward\": %d}",
+                 cfg->reshard_after_forward);
+    }
     memset(&info, 0, sizeof(info));
     if (launch->backend == TRAIN_BACKEND_SIM) {
         fsdp_sim_profile_t profile;

@@ -52,12 +52,33 @@ typedef enum {
 /* "pre", "post", "none" (PyTorch's BackwardPrefetch names also accepted: BACKWARD_PRE...). */
 FSDP_API int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_t *p_p);
 
+/* Which of PyTorch's two FSDP APIs the runtime follows. FSDP1 (FullyShardedDataParallel): one
+ * flat parameter per unit, sharded as one vector. FSDP2 (fully_shard): every parameter sharded
+ * on dim 0 by itself, one all-gather and one reduce-scatter per unit through a copy-in and a
+ * copy-out (docs/runtime.md section 8). The hooks a model calls are the same for both. */
+typedef enum { FSDP_API_FSDP1 = 0, FSDP_API_FSDP2 = 1, FSDP_API_COUNT } fsdp_api_t;
+
+FSDP_API const char *fsdp_api_name(fsdp_api_t api); /* "fsdp1", "fsdp2" */
+FSDP_API int fsdp_api_parse(const char *s, fsdp_api_t *api_p);
+
+/* FSDP2's reshard_after_forward: FSDP_RESHARD_DEFAULT is fully_shard's None (the root keeps
+ * its parameters after forward, every other unit frees them), FSDP_RESHARD_TRUE and
+ * FSDP_RESHARD_FALSE are True and False; an int N >= 2 dividing the shard group's size
+ * reshards to groups of N ranks (N = 1 is False, N = W is True, as torch). In
+ * fsdp_unit_options_t, FSDP_RESHARD_INHERIT takes the config's. */
+#define FSDP_RESHARD_FALSE 0
+#define FSDP_RESHARD_DEFAULT (-1)
+#define FSDP_RESHARD_TRUE (-2)
+#define FSDP_RESHARD_INHERIT (-3)
+
 /* A dtype left unset in fsdp_mixed_precision_t. */
 #define FSDP_DTYPE_UNSET FSDP_DTYPE_COUNT
 
-/* PyTorch's MixedPrecision. Parameters are kept in f32; param_dtype is the dtype of the
- * low-precision shard, the all-gather and the compute; reduce_dtype that of gradient
- * communication (default: param_dtype when only that is set, else f32). */
+/* PyTorch's MixedPrecision (FSDP1) and MixedPrecisionPolicy (FSDP2). Parameters are kept in f32;
+ * param_dtype is the dtype of the low-precision shard, the all-gather and the compute;
+ * reduce_dtype that of gradient communication (default: FSDP1 param_dtype when only that is
+ * set, else f32; FSDP2 f32, the gradients' own dtype, as torch 2.15). FSDP2 has no
+ * buffer_dtype or keep_low_precision_grads. */
 typedef struct fsdp_mixed_precision {
     fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET = full precision */
     fsdp_dtype_t reduce_dtype; /* FSDP_DTYPE_UNSET */
@@ -104,6 +125,19 @@ typedef struct fsdp_config {
     int sync_module_states;
     size_t sync_bucket_bytes;
     size_t device_capacity; /* bytes, 0 = unlimited */
+    /* FSDP_API_FSDP1 by default. Under FSDP_API_FSDP2 every unit is fully_shard'ed (strategy
+     * full_shard, or hybrid_shard for HSDP's 2-D mesh of replicate_group x process_group);
+     * backward_prefetch, forward_prefetch, limit_all_gathers, validate_exec_order,
+     * use_orig_params and the FSDP1-only mixed-precision fields do not apply. */
+    fsdp_api_t api;
+    /* FSDP2: fully_shard's reshard_after_forward for every unit (FSDP_RESHARD_DEFAULT). */
+    int reshard_after_forward;
+    /* FSDP2: explicit prefetch lists for every unit but the root, in creation order: each
+     * unit's forward list is the next unit (set_modules_to_forward_prefetch), and its backward
+     * list the previous one (set_modules_to_backward_prefetch), which replaces the implicit
+     * backward prefetch. fsdp_unit_set_prefetch sets any other lists. 0 by default. */
+    int explicit_forward_prefetch;
+    int explicit_backward_prefetch;
 } fsdp_config_t;
 
 FSDP_API void fsdp_config_init(fsdp_config_t *cfg);
@@ -221,6 +255,8 @@ typedef struct fsdp_unit_options {
      * created (fsdp_unit_set_buffer); none by default. */
     const fsdp_buffer_spec_t *buffers;
     int nbuffers;
+    /* FSDP2: this unit's reshard_after_forward (FSDP_RESHARD_INHERIT: the config's). */
+    int reshard_after_forward;
 } fsdp_unit_options_t;
 
 FSDP_API void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */
@@ -345,6 +381,25 @@ FSDP_API fsdp_status_t fsdp_post_forward(fsdp_unit_t *u);
 FSDP_API fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u);
 FSDP_API fsdp_status_t fsdp_post_backward(fsdp_unit_t *u);
 FSDP_API fsdp_status_t fsdp_final_callback(fsdp_t *fs);
+
+/* ---- FSDP2 (fully_shard) per-unit controls ---- */
+
+/* set_modules_to_forward_prefetch and set_modules_to_backward_prefetch: after its own
+ * all-gather, unit u's pre-forward (pre-backward) issues the all-gathers of `targets`, in list
+ * order; a backward list replaces the implicit backward prefetch for u. n = 0 clears a list.
+ * FSDP2 only; before the first forward. */
+FSDP_API fsdp_status_t fsdp_unit_set_prefetch(fsdp_unit_t *u, int backward,
+                                              fsdp_unit_t *const *targets, int n);
+/* set_reshard_after_backward: 0 keeps the unsharded parameters after the unit's post-backward
+ * (the next forward needs no all-gather; reshard with fsdp_unit_reshard before the optimizer
+ * steps). FSDP2 only. */
+FSDP_API fsdp_status_t fsdp_unit_set_reshard_after_backward(fsdp_unit_t *u, int reshard);
+/* FSDPModule.unshard() and reshard(), outside forward and backward: the all-gather (copy-in
+ * and collective on the compute stream) and copy-out, or the free of the unsharded parameters.
+ * FSDP2 only; each a collective over the unit's shard group for unshard. */
+FSDP_API fsdp_status_t fsdp_unit_unshard(fsdp_unit_t *u);
+FSDP_API fsdp_status_t fsdp_unit_reshard(fsdp_unit_t *u);
+FSDP_API fsdp_api_t fsdp_api(const fsdp_t *fs);
 
 /* Bytes of pinned host memory held for CPU offload. */
 FSDP_API size_t fsdp_host_pinned_bytes(const fsdp_t *fs);

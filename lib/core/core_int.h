@@ -12,6 +12,18 @@
 
 typedef struct fsdp_handle fsdp_handle_t;
 
+/* FSDP2's per-parameter layout of one parameter of a group (docs/runtime.md section 8): dim-0
+ * rows chunked over W ranks, S = ceil(d0 / W) rows a rank, each rank's chunk padded to S rows. */
+typedef struct fsdp_pparam {
+    size_t rows;      /* d0 */
+    size_t rest;      /* elements per row */
+    size_t chunk;     /* S * rest: one rank's padded slot */
+    size_t slot;      /* where the slot starts in the shard (and in each rank's block of O) */
+    void *unsharded;  /* U: W * chunk elements of the compute dtype, NULL when resharded */
+    void *grad;       /* the autograd gradient, numel of the compute dtype, NULL when none */
+    float *accum;     /* sync off under mixed precision: the gradient accumulated in f32 */
+} fsdp_pparam_t;
+
 /* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow docs/runtime.md
  * section 2: LS local shard, FP padded unsharded parameter, G unsharded gradient, SGS sharded
  * gradient kept for the optimizer. */
@@ -57,6 +69,19 @@ struct fsdp_handle {
     int ran_pre_backward_hook;
     int pre_forward_order_index; /* -1 until recorded */
     int post_forward_index;      /* -1 until recorded this iteration */
+
+    /* FSDP2 (fs->cfg.api): the per-parameter group in place of the flat parameter. Then
+     * shard_numel is A, the padded slots of all parameters, local_shard holds them in parameter
+     * order (pads zero) and saved_grad_shard the reduced gradient in the same layout. */
+    fsdp_pparam_t *pp;          /* nparams; a tied parameter repeats its target's slot */
+    void *ag_out;               /* O: W * A of the compute dtype, from copy-in to copy-out */
+    int reshard_after_forward;  /* resolved: 1 or 0 (the root's default is 0) */
+    int reshard_after_backward; /* 1 by default */
+    int grads_pending;          /* sync off left unreduced gradients */
+    fsdp_event_t *post_reduce_event;
+    fsdp_unit_t **prefetch[2];  /* explicit lists: [0] forward, [1] backward */
+    int nprefetch[2];
+    int has_prefetch[2];        /* a list was set (an empty backward list still replaces) */
 };
 
 /* A parameter the unit does not manage (ignored_states): whole on every rank. */
@@ -84,6 +109,7 @@ struct fsdp_unit {
     fsdp_handle_t *handle; /* NULL when the unit owns no parameters */
     fsdp_training_state_t state;
     fsdp_strategy_t strategy; /* effective, this unit's */
+    int reshard_after_forward; /* FSDP2: resolved to 1 or 0 */
     fsdp_group_t *pg;         /* this unit's shard group */
     fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
     fsdp_ignored_param_t *ignored;
@@ -134,6 +160,14 @@ struct fsdp {
     int n_pre_forward;
     fsdp_handle_t **post_forward_order;
     int n_post_forward, post_forward_cap;
+
+    /* FSDP2: the last forward all-gather's output and its copy-out event, released by the next
+     * group's copy-out or the root's post-forward; the last reduce-scatter input and its event,
+     * released before the next group's reduce or in the final callback */
+    void *ag_state_buf;
+    fsdp_event_t *ag_state_event;
+    void *rs_state_buf;
+    fsdp_event_t *rs_state_event;
 
     /* rate limiter: free events of reshards, oldest first */
     fsdp_event_t *limiter_events[FSDP_LIMITER_MAX_INFLIGHT + 1];
@@ -221,6 +255,28 @@ const void *fsdp_handle_shard_source(const fsdp_handle_t *h);
 uint64_t fsdp_handle_new_version(void);
 fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
 void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);
+
+/* param_group.c: FSDP2's per-parameter groups (docs/runtime.md section 8) */
+static inline int fsdp_is_fsdp2(const fsdp_t *fs)
+{
+    return fs->cfg.api == FSDP_API_FSDP2;
+}
+fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h);
+void fsdp_pgroup_free(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *copy_in,
+                                  fsdp_stream_t *gather);
+fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int retain);
+fsdp_status_t fsdp_pgroup_release_ag_state(fsdp_t *fs);
+fsdp_status_t fsdp_pgroup_reshard(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_pgroup_post_backward(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_pgroup_finalize(fsdp_t *fs);
+int fsdp_pgroup_has_grads(const fsdp_handle_t *h);
+fsdp_status_t fsdp_pgroup_grad(fsdp_t *fs, fsdp_handle_t *h, int index, void **grad_p);
+/* fully_shard.c: the config's explicit prefetch lists, at lazy init */
+fsdp_status_t fsdp_fully_shard_lazy_init(fsdp_t *fs);
+/* The unit's shard (A elements, slots of S rows) gathered into host_out as T unpadded values */
+fsdp_status_t fsdp_pgroup_gather(fsdp_t *fs, fsdp_handle_t *h, const float *shard,
+                                 float *host_out);
 
 /* Kernel launch helpers over the backend's kernel slot. */
 fsdp_status_t fsdp_k_fill(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,

@@ -125,6 +125,11 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
             return status;
         nfrozen += !params[i].requires_grad;
     }
+    if (nfrozen > 0 && fsdp_is_fsdp2(fs))
+        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                         "unit '%s': frozen parameters (requires_grad=0) are not supported with "
+                         "api fsdp2 yet; put them in an FSDP1 model, or make them ignored",
+                         u->name);
     if (nfrozen > 0 && nfrozen < nparams && !fs->cfg.use_orig_params) {
         char names[256] = "";
         size_t off = 0;
@@ -185,19 +190,29 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
         }
     }
     h->numel = total;
-    if (fsdp_strategy_is_sharded(h->unit->strategy)) {
+    if (fsdp_is_fsdp2(fs)) {
+        /* fully_shard: every parameter on dim 0 over the shard group, one rank or many */
+        h->world = h->unit->pg->size;
+        h->rank = h->unit->pg->rank;
+        status = fsdp_pgroup_layout(fs, h);
+        if (status != FSDP_OK)
+            goto err_free_params;
+    } else if (fsdp_strategy_is_sharded(h->unit->strategy)) {
         h->world = h->unit->pg->size;
         h->rank = h->unit->pg->rank;
     } else {
         h->world = 1;
         h->rank = 0;
     }
-    h->shard_numel = fsdp_shard_numel(total, h->world);
-    fsdp_shard_extent(total, h->world, h->rank, &h->numel_in_shard, &h->shard_pad);
-    for (int i = 0; i < nparams; i++)
-        shard_info(&h->params[i], (size_t)h->rank * h->shard_numel, h->shard_numel);
+    if (!fsdp_is_fsdp2(fs)) {
+        h->shard_numel = fsdp_shard_numel(total, h->world);
+        fsdp_shard_extent(total, h->world, h->rank, &h->numel_in_shard, &h->shard_pad);
+        for (int i = 0; i < nparams; i++)
+            shard_info(&h->params[i], (size_t)h->rank * h->shard_numel, h->shard_numel);
+    }
 
     h->compute_dtype = fs->param_dtype;
+    h->reshard_after_forward = h->unit->reshard_after_forward;
     h->reduce_dtype = fs->reduce_dtype;
     h->offload = fs->cfg.cpu_offload;
     status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->local_shard);
@@ -214,6 +229,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
 err_free_shard:
     fsdp_shard_free(fs, h, h->local_shard, h->shard_numel);
 err_free_params:
+    fsdp_pgroup_free(fs, h);
     for (int i = 0; i < nparams; i++)
         free((char *)h->params[i].name);
     free(h->params);
@@ -234,6 +250,7 @@ void fsdp_handle_destroy(fsdp_t *fs, fsdp_handle_t *h)
     fsdp_mem_free(fs->mem, h->low_grad);
     fsdp_shard_free(fs, h, h->cpu_grad, h->shard_numel);
     fsdp_shard_free(fs, h, h->local_shard, h->shard_numel);
+    fsdp_pgroup_free(fs, h);
     for (int i = 0; i < h->nparams; i++)
         free((char *)h->params[i].name);
     free(h->params);

@@ -51,13 +51,17 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
 
     if (fs->root->state != FSDP_STATE_IDLE)
         return bad_state(fs->root, "lazy init", "the root idle");
-    /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation) */
-    int prio = fs->any_hybrid && fs->cfg.limit_all_gathers ? -1 : 0;
-    status = dev->ops->stream_create(dev, "unshard", prio, &fs->unshard);
+    /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation);
+     * FSDP2's copy-in, all-gather and reduce-scatter streams always (section 8) */
+    int v2 = fsdp_is_fsdp2(fs);
+    int prio = v2 || (fs->any_hybrid && fs->cfg.limit_all_gathers) ? -1 : 0;
+    status = dev->ops->stream_create(dev, v2 ? "all_gather" : "unshard", prio, &fs->unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "pre_unshard", prio, &fs->pre_unshard);
+        status = dev->ops->stream_create(dev, v2 ? "all_gather_copy_in" : "pre_unshard", prio,
+                                         &fs->pre_unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "post_backward", prio, &fs->post_backward);
+        status = dev->ops->stream_create(dev, v2 ? "reduce_scatter" : "post_backward", prio,
+                                         &fs->post_backward);
     /* the all-reduce stream is the compute stream unless a unit is hybrid */
     fs->all_reduce = fs->compute;
     if (status == FSDP_OK && fs->any_hybrid)
@@ -66,6 +70,8 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
         return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
 
     status = fsdp_exec_order_init(fs);
+    if (status == FSDP_OK && v2)
+        status = fsdp_fully_shard_lazy_init(fs);
     if (status != FSDP_OK)
         return status;
     /* buffers to buffer_dtype for the computation (section 2 A.1) */
@@ -106,7 +112,7 @@ fsdp_status_t fsdp_root_pre_forward(fsdp_t *fs)
             return status;
     }
     fs->forward_position = 0;
-    if (fs->cfg.forward_prefetch) {
+    if (fs->cfg.forward_prefetch && !fsdp_is_fsdp2(fs)) {
         for (int i = 0; i < fs->nunits; i++) {
             fsdp_handle_t *h = fs->units[i]->handle;
             if (h != NULL) {
@@ -152,6 +158,55 @@ static fsdp_status_t backward_prefetch(fsdp_t *fs, fsdp_handle_t *h)
     return prefetch(fs, target, FSDP_HANDLE_BACKWARD_PRE);
 }
 
+/* FSDP2: issues the copy-in and all-gather of each target's group, no copy-out (semantics 2
+ * B.5 and D.3-4); a group unsharded or already gathered is skipped. */
+static fsdp_status_t prefetch_groups(fsdp_t *fs, fsdp_unit_t *const *targets, int n)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < n && status == FSDP_OK; i++) {
+        fsdp_handle_t *t = targets[i]->handle;
+        const char *unit;
+        if (t == NULL || t->uses_unsharded_view || t->ag_out != NULL)
+            continue;
+        unit = fsdp_trace_unit_swap(fs, targets[i]->name);
+        status = fsdp_pgroup_unshard(fs, t, fs->pre_unshard, fs->unshard);
+        fsdp_trace_unit_swap(fs, unit);
+        t->prefetched = 1;
+    }
+    return status;
+}
+
+/* FSDP2's pre-forward of a group (semantics 2 B.4-5): unshard, wait_for_unshard keeping the
+ * all-gather output for the next group's copy-out, then the explicit forward prefetches. */
+static fsdp_status_t pre_forward_group(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_status_t status = fsdp_pgroup_unshard(fs, h, fs->pre_unshard, fs->unshard);
+
+    if (status == FSDP_OK)
+        status = fsdp_pgroup_wait_for_unshard(fs, h, 1);
+    if (status == FSDP_OK)
+        status = prefetch_groups(fs, h->prefetch[0], h->nprefetch[0]);
+    return status;
+}
+
+/* FSDP2's pre-backward of a group (semantics 2 D.2-4): unshard, wait_for_unshard dropping the
+ * all-gather output at once, then the explicit backward list or else the group before it in
+ * post-forward order. */
+static fsdp_status_t pre_backward_group(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_status_t status = fsdp_pgroup_unshard(fs, h, fs->pre_unshard, fs->unshard);
+
+    if (status == FSDP_OK)
+        status = fsdp_pgroup_wait_for_unshard(fs, h, 0);
+    if (status != FSDP_OK)
+        return status;
+    if (h->has_prefetch[1])
+        return prefetch_groups(fs, h->prefetch[1], h->nprefetch[1]);
+    fsdp_handle_t *target = fsdp_exec_order_backward_next(fs, h);
+    return target != NULL ? prefetch_groups(fs, &target->unit, 1) : FSDP_OK;
+}
+
 fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
 {
     fsdp_t *fs = u->fs;
@@ -173,7 +228,8 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
     fsdp_trace_hook(fs, "pre_forward", u);
     fsdp_trace_unit_swap(fs, u->name);
 
-    if (h != NULL && !fs->first_iter_done && fs->cfg.validate_exec_order) {
+    if (h != NULL && !fs->first_iter_done && fs->cfg.validate_exec_order &&
+        !fsdp_is_fsdp2(fs)) {
         status = fsdp_validate_forward_order(fs, h);
         if (status != FSDP_OK)
             return status;
@@ -183,6 +239,8 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
         return FSDP_OK;
     fsdp_exec_order_record_pre_forward(fs, h);
     h->state = FSDP_HANDLE_FORWARD;
+    if (fsdp_is_fsdp2(fs))
+        return pre_forward_group(fs, h);
     if (!h->prefetched) {
         status = fsdp_handle_unshard(fs, h);
         if (status != FSDP_OK)
@@ -214,9 +272,13 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
         status = fsdp_exec_order_record_post_forward(fs, h);
         if (status != FSDP_OK)
             return status;
-        /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies */
-        status = fsdp_handle_reshard(fs, h, !u->is_root &&
-                                                fsdp_strategy_reshards_after_forward(u->strategy));
+        /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies;
+         * FSDP2: as the unit's reshard_after_forward says */
+        if (fsdp_is_fsdp2(fs))
+            status = h->reshard_after_forward ? fsdp_pgroup_reshard(fs, h) : FSDP_OK;
+        else
+            status = fsdp_handle_reshard(
+                fs, h, !u->is_root && fsdp_strategy_reshards_after_forward(u->strategy));
         if (status != FSDP_OK)
             return status;
         h->needs_pre_backward_unshard = 1;
@@ -224,6 +286,9 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
     }
     u->state = FSDP_STATE_IDLE;
     fsdp_trace_unit_swap(fs, u->parent ? u->parent->name : NULL);
+    /* FSDP2 C.3: the forward root lets the last all-gather output go */
+    if (u->is_root && fsdp_is_fsdp2(fs))
+        return fsdp_pgroup_release_ag_state(fs);
     return FSDP_OK;
 }
 
@@ -259,6 +324,11 @@ fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u)
     if (h == NULL)
         return FSDP_OK;
     h->state = FSDP_HANDLE_BACKWARD_PRE;
+    if (fsdp_is_fsdp2(fs)) {
+        h->needs_pre_backward_unshard = 0;
+        h->ran_pre_backward_hook = 1;
+        return pre_backward_group(fs, h);
+    }
     if (h->needs_pre_backward_unshard) {
         if (!h->prefetched) {
             status = fsdp_handle_unshard(fs, h);
@@ -292,6 +362,11 @@ fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
     h->state = FSDP_HANDLE_BACKWARD_POST;
     fsdp_trace_hook(fs, "post_backward", u);
     fsdp_trace_unit_swap(fs, u->name);
+    if (fsdp_is_fsdp2(fs)) {
+        status = fsdp_pgroup_post_backward(fs, h);
+        fsdp_trace_unit_swap(fs, u->parent ? u->parent->name : NULL);
+        return status;
+    }
     if (h->unsharded_grad == NULL)
         return FSDP_OK; /* G.1: no gradient reached this unit */
 
@@ -306,6 +381,23 @@ fsdp_status_t fsdp_post_backward(fsdp_unit_t *u)
     return status;
 }
 
+/* FSDP2's final callback (semantics 2 F): the groups whose post-backward did not run, root
+ * first, reduce now; then the waits and releases of the iteration's end. */
+static fsdp_status_t finalize_groups(fsdp_t *fs)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
+        fsdp_handle_t *h = fs->units[i]->handle;
+        if (h == NULL || h->post_backward_called || h->state != FSDP_HANDLE_BACKWARD_PRE)
+            continue;
+        const char *unit = fsdp_trace_unit_swap(fs, fs->units[i]->name);
+        status = fsdp_pgroup_post_backward(fs, h);
+        fsdp_trace_unit_swap(fs, unit);
+    }
+    return status == FSDP_OK ? fsdp_pgroup_finalize(fs) : status;
+}
+
 fsdp_status_t fsdp_final_callback(fsdp_t *fs)
 {
     fsdp_dev_t *dev = fs->dev;
@@ -317,7 +409,11 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
                          "queues it)", dev->rank);
     fsdp_trace_hook(fs, "final_callback", fs->root);
     fsdp_trace_unit_swap(fs, NULL);
-    if (fs->sync_gradients) {
+    if (fsdp_is_fsdp2(fs)) {
+        status = finalize_groups(fs);
+        if (status != FSDP_OK)
+            return status;
+    } else if (fs->sync_gradients) {
         /* H.1: the optimizer reads what the post-backward stream wrote */
         status = fsdp_stream_wait_stream(dev, fs->compute, fs->post_backward);
         if (status == FSDP_OK && fs->all_reduce != fs->compute)
@@ -341,7 +437,7 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
         fsdp_handle_t *h = u->handle;
         if (h != NULL) {
             /* catch-all reshard for a unit whose post-backward did not run */
-            if (h->uses_unsharded_view) {
+            if (h->uses_unsharded_view && !fsdp_is_fsdp2(fs)) {
                 fsdp_status_t st = fsdp_handle_reshard(
                     fs, h, fsdp_strategy_is_sharded(u->strategy) &&
                                (fs->sync_gradients ||
@@ -349,7 +445,7 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
                 if (status == FSDP_OK)
                     status = st;
             }
-            if (fs->sync_gradients && status == FSDP_OK)
+            if (fs->sync_gradients && status == FSDP_OK && !fsdp_is_fsdp2(fs))
                 status = fsdp_handle_keep_low_precision_grad(fs, h);
             if (h->offload && h->has_cpu_grad) {
                 /* the device copy of an offloaded gradient goes only now (H.3) */

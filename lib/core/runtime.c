@@ -24,6 +24,61 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->mixed_precision.buffer_dtype = FSDP_DTYPE_UNSET;
     cfg->cpu_offload = 0;
     cfg->device_capacity = 0;
+    cfg->api = FSDP_API_FSDP1;
+    cfg->reshard_after_forward = FSDP_RESHARD_DEFAULT;
+}
+
+static const char *const api_names[FSDP_API_COUNT] = {"fsdp1", "fsdp2"};
+
+const char *fsdp_api_name(fsdp_api_t api)
+{
+    return (unsigned)api < FSDP_API_COUNT ? api_names[api] : "invalid";
+}
+
+int fsdp_api_parse(const char *s, fsdp_api_t *api_p)
+{
+    for (int i = 0; s != NULL && i < FSDP_API_COUNT; i++) {
+        if (strcmp(s, api_names[i]) == 0) {
+            *api_p = (fsdp_api_t)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+fsdp_api_t fsdp_api(const fsdp_t *fs)
+{
+    return fs->cfg.api;
+}
+
+/* What fully_shard has no counterpart of is refused, naming what it offers instead. */
+static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
+{
+    const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
+    const char *why = NULL;
+
+    if ((unsigned)cfg->api >= FSDP_API_COUNT) {
+        fsdp_error("rank %d: invalid api %d; allowed: fsdp1, fsdp2", dev->rank, (int)cfg->api);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (cfg->api != FSDP_API_FSDP2)
+        return FSDP_OK;
+    if (cfg->strategy == FSDP_SHARD_GRAD_OP || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2)
+        why = "its strategy is reshard_after_forward=false (with a 2-D mesh for HSDP): use "
+              "full_shard or hybrid_shard and set reshard_after_forward";
+    else if (cfg->strategy == FSDP_NO_SHARD)
+        why = "no_shard has no fully_shard form: use hybrid_shard with one rank per shard group "
+              "(ranks_per_node 1) to replicate";
+    else if (mp->buffer_dtype != FSDP_DTYPE_UNSET || mp->keep_low_precision_grads)
+        why = "MixedPrecisionPolicy has no buffer_dtype or keep_low_precision_grads";
+    else if (cfg->cpu_offload)
+        why = "CPUOffloadPolicy is not supported with api fsdp2 yet";
+    else if (cfg->reshard_after_forward < FSDP_RESHARD_TRUE)
+        why = "reshard_after_forward must be FSDP_RESHARD_DEFAULT, _TRUE, _FALSE or a group size";
+    if (why == NULL)
+        return FSDP_OK;
+    fsdp_error("rank %d: api fsdp2 (fully_shard): %s", dev->rank, why);
+    return cfg->cpu_offload ? FSDP_ERR_UNSUPPORTED : FSDP_ERR_INVALID_PARAM;
 }
 
 static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t *cfg)
@@ -97,6 +152,8 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     }
 
     status = check_mixed_precision(dev, cfg);
+    if (status == FSDP_OK)
+        status = check_fsdp2(dev, cfg);
     if (status != FSDP_OK)
         return status;
     if ((cfg->process_group == NULL) != (cfg->replicate_group == NULL) &&
@@ -121,8 +178,10 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
     {
         const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
         fs->param_dtype = mp->param_dtype == FSDP_DTYPE_UNSET ? FSDP_DTYPE_F32 : mp->param_dtype;
-        fs->reduce_dtype =
-            mp->reduce_dtype != FSDP_DTYPE_UNSET ? mp->reduce_dtype : fs->param_dtype;
+        /* FSDP2 reduces in the gradients' own dtype, f32, unless told (torch 2.15) */
+        fs->reduce_dtype = mp->reduce_dtype != FSDP_DTYPE_UNSET ? mp->reduce_dtype
+                           : cfg->api == FSDP_API_FSDP2     ? FSDP_DTYPE_F32
+                                                            : fs->param_dtype;
     }
     if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
         status = fsdp_groups_make_hybrid(fs, &fs->pg, &fs->replicate);
@@ -133,8 +192,8 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
         fs->replicate = cfg->replicate_group;
     }
-    /* PyTorch forces NO_SHARD on a single-rank group */
-    if (fs->pg->size == 1 && !fsdp_strategy_is_hybrid(fs->strategy) &&
+    /* PyTorch forces NO_SHARD on a single-rank group (FSDP1; fully_shard shards over one) */
+    if (fs->pg->size == 1 && !fsdp_strategy_is_hybrid(fs->strategy) && cfg->api != FSDP_API_FSDP2 &&
         fs->strategy != FSDP_NO_SHARD) {
         fsdp_info("rank %d: a shard group of one rank: using no_shard instead of %s", dev->rank,
                   fsdp_strategy_name(fs->strategy));

@@ -14,6 +14,34 @@ void fsdp_unit_options_init(fsdp_unit_options_t *opts)
     opts->strategy = FSDP_STRATEGY_DEFAULT;
     opts->process_group = NULL;
     opts->replicate_group = NULL;
+    opts->reshard_after_forward = FSDP_RESHARD_INHERIT;
+}
+
+/* FSDP2's reshard_after_forward, resolved for the unit (semantics 2 C): None frees the
+ * parameters after forward except on the root; an int N is False at 1 and True at W. */
+static fsdp_status_t unit_reshard(fsdp_t *fs, const char *name, const fsdp_unit_options_t *o,
+                                  fsdp_unit_t *u)
+{
+    int raf = o->reshard_after_forward == FSDP_RESHARD_INHERIT ? fs->cfg.reshard_after_forward
+                                                               : o->reshard_after_forward;
+
+    if (raf == FSDP_RESHARD_DEFAULT)
+        u->reshard_after_forward = !u->is_root;
+    else if (raf == FSDP_RESHARD_TRUE || raf == u->pg->size)
+        u->reshard_after_forward = 1;
+    else if (raf == FSDP_RESHARD_FALSE || raf == 1)
+        u->reshard_after_forward = 0;
+    else if (raf < 0 || u->pg->size % raf != 0)
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': reshard_after_forward %d is not allowed: give true, false, "
+                         "the default, or a group size that divides the shard group's %d ranks",
+                         name, raf, u->pg->size);
+    else
+        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                         "unit '%s': reshard_after_forward %d (resharding to groups of %d of the "
+                         "%d ranks) is not supported yet; give true or false",
+                         name, raf, raf, u->pg->size);
+    return FSDP_OK;
 }
 
 /* The unit's strategy and groups (fsdp_unit_options_t), with PyTorch's NO_SHARD on a one-rank
@@ -136,6 +164,8 @@ fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *par
     u->is_root = parent == NULL;
     u->state = FSDP_STATE_IDLE;
     status = unit_groups(fs, u->name, opts, u);
+    if (status == FSDP_OK && fsdp_is_fsdp2(fs))
+        status = unit_reshard(fs, u->name, opts, u);
     if (status != FSDP_OK)
         goto err_free_name;
     status = fsdp_ignored_split(fs, u, params, nparams, &managed, &nmanaged);
@@ -419,7 +449,9 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
     status = require_idle(u, "gathering the full parameters");
     if (status != FSDP_OK)
         return status;
-    if (!fsdp_strategy_is_sharded(u->strategy)) {
+    if (fsdp_is_fsdp2(fs)) {
+        return fsdp_pgroup_gather(fs, h, shard, host_out);
+    } else if (!fsdp_strategy_is_sharded(u->strategy)) {
         status =
             dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float), fs->compute);
     } else {
@@ -461,8 +493,10 @@ uint64_t fsdp_unit_param_version(const fsdp_unit_t *u)
     if (h == NULL || !h->uses_unsharded_view || u->state == FSDP_STATE_SUMMON_FULL_PARAMS ||
         u->fs->dev->no_data)
         return 0;
-    /* NO_SHARD's parameters are LS itself, or a cast or copy of it made at unshard */
-    return fsdp_strategy_is_sharded(u->strategy) ? h->gather_version : h->shard_version;
+    /* NO_SHARD's parameters are LS itself, or a cast or copy of it made at unshard; FSDP2's
+     * are always a copy-out */
+    return fsdp_strategy_is_sharded(u->strategy) || fsdp_is_fsdp2(u->fs) ? h->gather_version
+                                                                        : h->shard_version;
 }
 
 void *fsdp_unit_param(fsdp_unit_t *u, int index)
@@ -475,6 +509,8 @@ void *fsdp_unit_param(fsdp_unit_t *u, int index)
         return NULL;
     if (u->state == FSDP_STATE_SUMMON_FULL_PARAMS)
         return h->summon_param ? h->summon_param + h->params[index].offset : NULL;
+    if (h->pp != NULL)
+        return h->pp[index].unsharded;
     base = fsdp_strategy_is_sharded(u->strategy) ? (char *)h->full_param_padded
                                                  : (char *)fsdp_handle_shard_source(h);
     return base + h->params[index].offset * fsdp_dtype_size(h->compute_dtype);
@@ -498,6 +534,8 @@ fsdp_status_t fsdp_unit_grad(fsdp_unit_t *u, int index, void **grad_p)
                          "rank %d: unit '%s': gradients are written between its pre- and "
                          "post-backward hooks",
                          u->fs->dev->rank, u->name);
+    if (h->pp != NULL)
+        return fsdp_pgroup_grad(u->fs, h, index, grad_p);
     status = fsdp_handle_alloc_grad(u->fs, h);
     if (status != FSDP_OK)
         return status;
