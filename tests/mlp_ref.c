@@ -7,7 +7,8 @@
 
 const int dims[NL + 1] = {5, 7, 6, 3}; /* flat sizes 42, 48, 21: not multiples of W */
 
-float xs[MAXB * 5], ys[MAXB * 3];
+float xs[MAXB_ALL * 5], ys[MAXB_ALL * 3];
+int ref_batch = MAXB;
 
 /* ---------------- single-process reference, independent of the library ---------------- */
 
@@ -24,13 +25,18 @@ void make_batch(void)
         xs[i] = fsdp_rng_normal(&rng);
     for (int i = 0; i < MAXB * dims[NL]; i++)
         ys[i] = fsdp_rng_uniform(&rng, -1.0f, 1.0f);
+    /* the rows past MAXB after them, so that the first MAXB stay what they always were */
+    for (int i = MAXB * dims[0]; i < MAXB_ALL * dims[0]; i++)
+        xs[i] = fsdp_rng_normal(&rng);
+    for (int i = MAXB * dims[NL]; i < MAXB_ALL * dims[NL]; i++)
+        ys[i] = fsdp_rng_uniform(&rng, -1.0f, 1.0f);
 }
 
 /* One forward and backward over the whole batch, in double. */
 static void ref_grads(const ref_model_t *m, double *gw[NL], double *gb[NL])
 {
     double *act[NL + 1], *dy, *dx;
-    int B = MAXB;
+    int B = ref_batch;
 
     act[0] = malloc(sizeof(double) * (size_t)(B * dims[0]));
     for (int i = 0; i < B * dims[0]; i++)
@@ -196,7 +202,7 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
     fsdp_t *fs;
     fsdp_mlp_t *mlp = NULL;
     fsdp_optim_t *opt = NULL;
-    size_t rows = MAXB / (size_t)cfg->world, total;
+    size_t rows = (size_t)ref_batch / (size_t)cfg->world, total;
     float init[512];
     fsdp_status_t status;
 
@@ -208,6 +214,12 @@ static fsdp_status_t fsdp_run_rank(fsdp_dev_t *dev, void *arg)
     fc.cpu_offload = cfg->cpu_offload;
     fc.forward_prefetch = cfg->forward_prefetch;
     fc.limit_all_gathers = !cfg->no_limiter;
+    if (cfg->fsdp2) {
+        fc.api = FSDP_API_FSDP2;
+        fc.reshard_after_forward = cfg->raf_set ? cfg->raf : FSDP_RESHARD_DEFAULT;
+        fc.explicit_forward_prefetch = cfg->explicit_fwd;
+        fc.explicit_backward_prefetch = cfg->explicit_bwd;
+    }
     status = fsdp_create(dev, &fc, &fs);
     if (status != FSDP_OK)
         return status;

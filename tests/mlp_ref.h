@@ -12,6 +12,9 @@
 #define NL 3
 extern const int dims[NL + 1];
 #define MAXB 12 /* global batch, divisible by 1, 2, 3, 4 */
+#define MAXB_ALL 60 /* rows of the batch that ref_batch may take: divisible by 1 to 6 */
+/* The global batch runs and the reference take: MAXB unless a test sets it (<= MAXB_ALL). */
+extern int ref_batch;
 
 #define MAX_MICRO 3
 
@@ -27,9 +30,12 @@ typedef struct run_cfg {
     int sync[MAX_MICRO];        /* per micro-batch: 1 sync, 0 no_sync (the last must sync) */
     double clip_max, clip_type; /* clip_grad_norm before each step when clip_max > 0 */
     int forward_prefetch, no_limiter;
+    /* fully_shard: api fsdp2, with reshard_after_forward (FSDP_RESHARD_DEFAULT when 0 is
+     * not asked for: raf_set) and the explicit prefetch lists */
+    int fsdp2, raf_set, raf, explicit_fwd, explicit_bwd;
 } run_cfg_t;
 
-extern float xs[MAXB * 5], ys[MAXB * 3];
+extern float xs[MAXB_ALL * 5], ys[MAXB_ALL * 3];
 
 /* The batch, the same for every run. */
 void make_batch(void);

@@ -45,7 +45,8 @@ _Thread_local counts_t tl_counts;
 _Thread_local fsdp_dtype_t tl_ag_dtype, tl_rs_dtype, tl_ar_dtype;
 static _Thread_local const fsdp_backend_ops_t *tl_inner;
 
-static void log_coll(coll_kind_t kind, size_t n, const fsdp_group_t *g, fsdp_dtype_t dt)
+static void log_coll(coll_kind_t kind, size_t n, const fsdp_group_t *g, fsdp_dtype_t dt,
+                     fsdp_reduce_op_t op)
 {
     static _Thread_local fsdp_dtype_t unused;
     fsdp_dtype_t *last = kind == C_AG   ? &tl_ag_dtype
@@ -60,13 +61,13 @@ static void log_coll(coll_kind_t kind, size_t n, const fsdp_group_t *g, fsdp_dty
         return;
     *last = dt;
     if (tl_nlog < MAX_LOG)
-        tl_log[tl_nlog++] = (coll_t){kind, n, g->size, dt};
+        tl_log[tl_nlog++] = (coll_t){kind, n, g->size, dt, op};
 }
 
 static fsdp_status_t log_all_gather(fsdp_dev_t *dev, fsdp_group_t *g, const void *s, void *r,
                                     size_t n, fsdp_dtype_t dt, fsdp_stream_t *st)
 {
-    log_coll(C_AG, n, g, dt);
+    log_coll(C_AG, n, g, dt, FSDP_REDUCE_SUM);
     return tl_inner->all_gather(dev, g, s, r, n, dt, st);
 }
 
@@ -74,7 +75,7 @@ static fsdp_status_t log_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *g, const 
                                         size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
                                         fsdp_stream_t *st)
 {
-    log_coll(C_RS, n, g, dt);
+    log_coll(C_RS, n, g, dt, op);
     return tl_inner->reduce_scatter(dev, g, s, r, n, dt, op, st);
 }
 
@@ -82,14 +83,14 @@ static fsdp_status_t log_all_reduce(fsdp_dev_t *dev, fsdp_group_t *g, const void
                                     size_t n, fsdp_dtype_t dt, fsdp_reduce_op_t op,
                                     fsdp_stream_t *st)
 {
-    log_coll(C_AR, n, g, dt);
+    log_coll(C_AR, n, g, dt, op);
     return tl_inner->all_reduce(dev, g, s, r, n, dt, op, st);
 }
 
 static fsdp_status_t log_broadcast(fsdp_dev_t *dev, fsdp_group_t *g, void *buf, size_t n,
                                    fsdp_dtype_t dt, int root, fsdp_stream_t *st)
 {
-    log_coll(C_BC, n, g, dt);
+    log_coll(C_BC, n, g, dt, FSDP_REDUCE_SUM);
     return tl_inner->broadcast(dev, g, buf, n, dt, root, st);
 }
 

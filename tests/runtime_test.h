@@ -32,6 +32,7 @@ typedef struct coll {
     size_t n; /* elements each rank sends (all-gather, broadcast) or receives (rs) */
     int group_size;
     fsdp_dtype_t dtype;
+    fsdp_reduce_op_t op; /* reductions */
 } coll_t;
 
 #define MAX_LOG 256

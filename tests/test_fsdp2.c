@@ -1,0 +1,435 @@
+/* FSDP2 (fully_shard, api fsdp2): the per-parameter layout, the collective sequences of
+ * fsdp2-semantics.md's worked examples call by call (op, size, dtype, group, order), N-rank
+ * training equal to one process at worlds 1 to 6, and the refusals. */
+#include <fsdp/fsdp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlp_ref.h"
+
+/* ---------------- one iteration of an MLP, its collectives logged ---------------- */
+
+#define C_GEMM 9 /* a marker in the log: the first GEMM of a unit's forward */
+
+typedef struct seq_cfg {
+    int world;
+    const int *dims;
+    int nlayers;
+    int raf; /* FSDP_RESHARD_* */
+    int explicit_fwd, explicit_bwd;
+    int sync; /* the iteration's gradient sync */
+    int ranks_per_node;
+    fsdp_dtype_t param_dtype, reduce_dtype;
+    int mark_gemms; /* log a C_GEMM marker at every forward GEMM of a layer's output */
+    size_t sharded_bytes[8];
+} seq_cfg_t;
+
+static _Thread_local const fsdp_backend_ops_t *inner_ops;
+
+static fsdp_status_t marking_kernel(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_t *k)
+{
+    if (k->kind == FSDP_K_GEMM && k->u.gemm.trans_b && tl_nlog < MAX_LOG)
+        tl_log[tl_nlog++] = (coll_t){(coll_kind_t)C_GEMM, k->u.gemm.n, 0, FSDP_DTYPE_F32, 0};
+    return inner_ops->kernel(dev, s, k);
+}
+
+static coll_t seq_log[8][MAX_LOG];
+static int seq_nlog[8];
+
+static fsdp_status_t seq_rank(fsdp_dev_t *dev, void *arg)
+{
+    seq_cfg_t *c = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp;
+    size_t rows = 2;
+    float *x, *y, loss;
+    fsdp_mem_stats_t st;
+
+    inner_ops = dev->ops;
+    wrap_ops(dev, &wrapped);
+    if (c->mark_gemms)
+        wrapped.kernel = marking_kernel;
+    fsdp_config_init(&fc);
+    fc.api = FSDP_API_FSDP2;
+    fc.reshard_after_forward = c->raf;
+    fc.explicit_forward_prefetch = c->explicit_fwd;
+    fc.explicit_backward_prefetch = c->explicit_bwd;
+    if (c->ranks_per_node > 0) {
+        fc.strategy = FSDP_HYBRID_SHARD;
+        fc.ranks_per_node = c->ranks_per_node;
+    }
+    fc.mixed_precision.param_dtype = c->param_dtype;
+    fc.mixed_precision.reduce_dtype = c->reduce_dtype;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, c->dims, c->nlayers, &mlp));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 3));
+    x = calloc(rows * (size_t)c->dims[0], sizeof(float));
+    y = calloc(rows * (size_t)c->dims[c->nlayers], sizeof(float));
+    tl_nlog = 0;
+    fsdp_set_sync_gradients(fs, c->sync);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_forward_backward(mlp, x, y, rows, &loss));
+    memcpy(seq_log[dev->rank], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
+    seq_nlog[dev->rank] = tl_nlog;
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    c->sharded_bytes[dev->rank] = st.by_category[FSDP_MEM_SHARDED_PARAM];
+    free(x);
+    free(y);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void run_seq(seq_cfg_t *c)
+{
+    memset(seq_nlog, 0, sizeof(seq_nlog));
+    CU_ASSERT_EQUAL_FATAL(run_ranks(c->world, seq_rank, c), FSDP_OK);
+}
+
+/* Every rank's log equals want (n entries): kind, size, group size, dtype and, for
+ * reductions, the op. */
+static void check_seq(const seq_cfg_t *c, const coll_t *want, int n)
+{
+    for (int r = 0; r < c->world; r++) {
+        CU_ASSERT_EQUAL(seq_nlog[r], n);
+        for (int i = 0; i < n && i < seq_nlog[r]; i++) {
+            const coll_t *g = &seq_log[r][i], *w = &want[i];
+            int same = g->kind == w->kind && g->n == w->n &&
+                       (w->kind == (coll_kind_t)C_GEMM ||
+                        (g->group_size == w->group_size && g->dtype == w->dtype &&
+                         (w->kind == C_AG || g->op == w->op)));
+            if (!same)
+                fprintf(stderr,
+                        "\n  rank %d call %d: kind %d n %zu group %d %s op %d; expected "
+                        "kind %d n %zu group %d %s op %d\n",
+                        r, i, (int)g->kind, g->n, g->group_size, fsdp_dtype_name(g->dtype),
+                        (int)g->op, (int)w->kind, w->n, w->group_size, fsdp_dtype_name(w->dtype),
+                        (int)w->op);
+            CU_ASSERT(same);
+        }
+    }
+}
+
+#define AG(n, g, dt)                                                                               \
+    {                                                                                              \
+        C_AG, (n), (g), (dt), FSDP_REDUCE_SUM                                                      \
+    }
+#define RS(n, g, dt, op)                                                                           \
+    {                                                                                              \
+        C_RS, (n), (g), (dt), (op)                                                                 \
+    }
+#define AR(n, g, dt, op)                                                                           \
+    {                                                                                              \
+        C_AR, (n), (g), (dt), (op)                                                                 \
+    }
+#define F32 FSDP_DTYPE_F32
+#define AVG FSDP_REDUCE_AVG
+
+static const int dims3[] = {16, 30, 20, 4}; /* the W = 3 worked example */
+static const int dims2[] = {16, 32, 4};     /* the W = 2 worked example */
+
+static seq_cfg_t seq_default(int world, const int *layer_dims, int nlayers)
+{
+    seq_cfg_t c = {.world = world,
+                   .dims = layer_dims,
+                   .nlayers = nlayers,
+                   .raf = FSDP_RESHARD_DEFAULT,
+                   .sync = 1,
+                   .param_dtype = FSDP_DTYPE_UNSET,
+                   .reduce_dtype = FSDP_DTYPE_UNSET};
+    return c;
+}
+
+/* W = 3, reshard_after_forward True (the default for units below a parameter-less root):
+ * slots 170, 217 and 42 (rank 2 of the last layer all padding), 6 all-gathers, 3 AVG
+ * reduce-scatters, the backward's all-gathers prefetched by the post-forward order. */
+static void test_seq_world3(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const coll_t want[] = {AG(170, 3, F32), AG(217, 3, F32),      AG(42, 3, F32),
+                           AG(42, 3, F32),  AG(217, 3, F32),      RS(42, 3, F32, AVG),
+                           AG(170, 3, F32), RS(217, 3, F32, AVG), RS(170, 3, F32, AVG)};
+    run_seq(&c);
+    check_seq(&c, want, 9);
+    /* sharded parameters: 170, 217 and 42 f32, each rounded up to 512 bytes */
+    for (int r = 0; r < 3; r++)
+        CU_ASSERT_EQUAL(c.sharded_bytes[r], 1024 + 1024 + 512);
+
+    c.raf = FSDP_RESHARD_TRUE;
+    run_seq(&c);
+    check_seq(&c, want, 9);
+}
+
+/* reshard_after_forward False: no all-gather in backward. */
+static void test_seq_no_reshard(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const coll_t want[] = {AG(170, 3, F32),     AG(217, 3, F32),      AG(42, 3, F32),
+                           RS(42, 3, F32, AVG), RS(217, 3, F32, AVG), RS(170, 3, F32, AVG)};
+    c.raf = FSDP_RESHARD_FALSE;
+    run_seq(&c);
+    check_seq(&c, want, 6);
+    c.raf = 1; /* an int 1 is False */
+    run_seq(&c);
+    check_seq(&c, want, 6);
+}
+
+/* Sync off (set_requires_gradient_sync(False)): forward and backward still gather, nothing is
+ * reduced. */
+static void test_seq_sync_off(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const coll_t want[] = {AG(170, 3, F32), AG(217, 3, F32), AG(42, 3, F32),
+                           AG(42, 3, F32),  AG(217, 3, F32), AG(170, 3, F32)};
+    c.sync = 0;
+    run_seq(&c);
+    check_seq(&c, want, 6);
+}
+
+/* W = 2 with the explicit lists L0 -> [L2] forward and L2 -> [L0] backward: both forward
+ * all-gathers are issued before L0 computes; with the implicit schedule each is issued in its
+ * own pre-forward. */
+static void test_seq_explicit(void)
+{
+    seq_cfg_t c = seq_default(2, dims2, 2);
+    const coll_t g = {(coll_kind_t)C_GEMM, 0, 0, F32, 0};
+    coll_t want[] = {
+        AG(272, 2, F32),     AG(66, 2, F32),      g, g, AG(66, 2, F32), AG(272, 2, F32),
+        RS(66, 2, F32, AVG), RS(272, 2, F32, AVG)};
+    want[2].n = 32;
+    want[3].n = 4;
+    c.mark_gemms = 1;
+    c.explicit_fwd = c.explicit_bwd = 1;
+    run_seq(&c);
+    check_seq(&c, want, 8);
+
+    coll_t implicit[] = {AG(272, 2, F32),     g,
+                         AG(66, 2, F32),      g,
+                         AG(66, 2, F32),      AG(272, 2, F32),
+                         RS(66, 2, F32, AVG), RS(272, 2, F32, AVG)};
+    implicit[1].n = 32;
+    implicit[3].n = 4;
+    c.explicit_fwd = c.explicit_bwd = 0;
+    run_seq(&c);
+    check_seq(&c, implicit, 8);
+}
+
+/* HSDP on a 2 x 2 mesh: all-gather and reduce-scatter over the 2-rank shard group, then the
+ * AVG all-reduce of the shard over the replicate group, per unit. */
+static void test_seq_hsdp(void)
+{
+    seq_cfg_t c = seq_default(4, dims3, 3);
+    const coll_t want[] = {AG(255, 2, F32),      AG(310, 2, F32),      AG(42, 2, F32),
+                           AG(42, 2, F32),       AG(310, 2, F32),      RS(42, 2, F32, AVG),
+                           AR(42, 2, F32, AVG),  AG(255, 2, F32),      RS(310, 2, F32, AVG),
+                           AR(310, 2, F32, AVG), RS(255, 2, F32, AVG), AR(255, 2, F32, AVG)};
+    c.ranks_per_node = 2;
+    run_seq(&c);
+    check_seq(&c, want, 12);
+}
+
+/* Mixed precision: bf16 parameters all-gather in bf16 and, with no reduce dtype, reduce in
+ * f32 (torch 2.15); an f16 reduce dtype reduces with SUM and the pre/post factors. */
+static void test_seq_mixed_precision(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const fsdp_dtype_t B = FSDP_DTYPE_BF16, H = FSDP_DTYPE_F16;
+    const coll_t want[] = {AG(170, 3, B), AG(217, 3, B),        AG(42, 3, B),
+                           AG(42, 3, B),  AG(217, 3, B),        RS(42, 3, F32, AVG),
+                           AG(170, 3, B), RS(217, 3, F32, AVG), RS(170, 3, F32, AVG)};
+    const coll_t want16[] = {AG(170, 3, B),
+                             AG(217, 3, B),
+                             AG(42, 3, B),
+                             AG(42, 3, B),
+                             AG(217, 3, B),
+                             RS(42, 3, H, FSDP_REDUCE_SUM),
+                             AG(170, 3, B),
+                             RS(217, 3, H, FSDP_REDUCE_SUM),
+                             RS(170, 3, H, FSDP_REDUCE_SUM)};
+    c.param_dtype = B;
+    run_seq(&c);
+    check_seq(&c, want, 9);
+    c.reduce_dtype = H;
+    run_seq(&c);
+    check_seq(&c, want16, 9);
+}
+
+/* ---------------- the layout ---------------- */
+
+static fsdp_status_t layout_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp;
+    fsdp_param_info_t pi;
+    static const size_t slots[3] = {170, 217, 42};
+    /* rows of each layer's weight on ranks 0, 1, 2: S = 10, 7, 2 */
+    static const size_t rows[3][3] = {{10, 10, 10}, {7, 7, 6}, {2, 2, 0}};
+    int r = dev->rank;
+    (void)arg;
+
+    fsdp_config_init(&fc);
+    fc.api = FSDP_API_FSDP2;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, dims3, 3, &mlp));
+    for (int l = 0; l < 3; l++) {
+        fsdp_unit_t *u = fsdp_mlp_layer(mlp, l);
+        size_t in = (size_t)dims3[l];
+        FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_shard_numel(u), slots[l]);
+        FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_param_info(u, 0, &pi));
+        FSDP_RANK_CHECK_EQ(&failure, r, pi.numel_in_shard, rows[l][r] * in);
+        FSDP_RANK_CHECK_EQ(&failure, r, pi.in_shard, rows[l][r] > 0);
+        FSDP_RANK_CHECK_EQ(&failure, r, pi.offset_in_shard, 0);
+        if (rows[l][r] > 0)
+            FSDP_RANK_CHECK_EQ(&failure, r, pi.intra_start, (size_t)r * rows[l][0] * in);
+        /* the bias's slot follows the weight's padded chunk */
+        FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_param_info(u, 1, &pi));
+        FSDP_RANK_CHECK_EQ(&failure, r, pi.offset_in_shard, rows[l][0] * in);
+        FSDP_RANK_CHECK_EQ(&failure, r, pi.numel_in_shard, rows[l][r]);
+    }
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_layout(void)
+{
+    CU_ASSERT_EQUAL(run_ranks(3, layout_rank, NULL), FSDP_OK);
+}
+
+/* ---------------- parity with one process ---------------- */
+
+static double parity(run_cfg_t *cfg)
+{
+    run_result_t *res = calloc(1, sizeof(*res));
+    double maxdiff = run_fsdp_against_ref(cfg, res), moved = 0.0;
+
+    CU_ASSERT_EQUAL(res->total, 42 + 48 + 21);
+    for (size_t i = 0; i < res->total; i++)
+        moved += fabs((double)res->final_params[i] - res->init[i]);
+    CU_ASSERT(moved > 1e-2); /* training moved the parameters */
+    free(res);
+    if (maxdiff > 1e-6)
+        fprintf(stderr, "\n  fsdp2 W=%d raf %d: max |fsdp - reference| = %g\n", cfg->world,
+                cfg->raf, maxdiff);
+    return maxdiff;
+}
+
+/* Worlds 1 to 6 (3, 5 and 6 pad every layer, and leave high ranks empty shards), AdamW and SGD
+ * with momentum, every reshard_after_forward and prefetch schedule. */
+static void test_parity_worlds(void)
+{
+    make_batch();
+    ref_batch = MAXB_ALL;
+    for (int w = 1; w <= 6; w++) {
+        for (int k = 0; k < 2; k++) {
+            run_cfg_t cfg = {.world = w, .steps = 4, .fsdp2 = 1};
+            fsdp_optim_config_init(&cfg.optim, k ? FSDP_OPTIM_SGD : FSDP_OPTIM_ADAMW);
+            cfg.optim.lr = k ? 5e-2f : 1e-2f;
+            cfg.optim.momentum = k ? 0.9f : 0.0f;
+            CU_ASSERT(parity(&cfg) <= 1e-6);
+            cfg.raf_set = 1;
+            cfg.raf = w % 2 ? FSDP_RESHARD_FALSE : FSDP_RESHARD_TRUE;
+            cfg.explicit_fwd = cfg.explicit_bwd = k;
+            CU_ASSERT(parity(&cfg) <= 1e-6);
+        }
+    }
+    ref_batch = MAXB;
+}
+
+/* Gradient accumulation without sync for the first micro-batches, clipping, and HSDP. */
+static void test_parity_accum_clip_hsdp(void)
+{
+    make_batch();
+    ref_batch = MAXB_ALL;
+    for (int w = 2; w <= 6; w += 2) {
+        /* the micro-batches split each rank's 60 / W rows evenly */
+        run_cfg_t cfg = {.world = w,
+                         .steps = 3,
+                         .fsdp2 = 1,
+                         .micro = w == 6 ? 2 : 3,
+                         .sync = {0, w == 6, 1},
+                         .clip_max = 0.05,
+                         .clip_type = 2.0};
+        fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
+        cfg.optim.lr = 1e-2f;
+        CU_ASSERT(parity(&cfg) <= 1e-6);
+        if (w >= 4) {
+            run_cfg_t h = {.world = w,
+                           .steps = 3,
+                           .fsdp2 = 1,
+                           .strategy = FSDP_HYBRID_SHARD,
+                           .ranks_per_node = 2};
+            fsdp_optim_config_init(&h.optim, FSDP_OPTIM_ADAMW);
+            h.optim.lr = 1e-2f;
+            CU_ASSERT(parity(&h) <= 1e-6);
+        }
+    }
+    ref_batch = MAXB;
+}
+
+/* ---------------- refusals ---------------- */
+
+static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_unit_t *root, *u;
+    fsdp_param_spec_t scalar = {.name = "s", .ndim = 0, .requires_grad = 1, .tied_to = -1};
+    int r = dev->rank;
+    (void)arg;
+
+    fsdp_config_init(&fc);
+    fc.api = FSDP_API_FSDP2;
+    fc.strategy = FSDP_SHARD_GRAD_OP;
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_INVALID_PARAM);
+    fc.strategy = FSDP_FULL_SHARD;
+    fc.cpu_offload = 1;
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_UNSUPPORTED);
+    fc.cpu_offload = 0;
+    fc.api = (fsdp_api_t)7;
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_INVALID_PARAM);
+    fc.api = FSDP_API_FSDP2;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root));
+    /* fully_shard refuses scalars */
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_create(fs, "s", root, &scalar, 1, &u),
+                       FSDP_ERR_INVALID_PARAM);
+    fsdp_destroy(fs);
+
+    /* FSDPModule's controls are fully_shard's */
+    fc.api = FSDP_API_FSDP1;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root));
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_set_prefetch(root, 0, NULL, 0),
+                       FSDP_ERR_INVALID_PARAM);
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_set_reshard_after_backward(root, 0),
+                       FSDP_ERR_INVALID_PARAM);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_refusals(void)
+{
+    launch_quiet(2, FSDP_SIM_DATA, refusal_rank);
+}
+
+int main(void)
+{
+    static const fsdp_test_case_t tests[] = {
+        {"layout: dim-0 chunks padded per parameter (W = 3)", test_layout},
+        {"sequence: W = 3, reshard after forward", test_seq_world3},
+        {"sequence: W = 3, no reshard after forward", test_seq_no_reshard},
+        {"sequence: W = 3, gradient sync off", test_seq_sync_off},
+        {"sequence: W = 2, explicit and implicit prefetch", test_seq_explicit},
+        {"sequence: HSDP on a 2 x 2 mesh", test_seq_hsdp},
+        {"sequence: bf16 parameters, f32 and f16 reduction", test_seq_mixed_precision},
+        {"parity with one process, worlds 1 to 6", test_parity_worlds},
+        {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
+        {"refusals", test_refusals},
+        {NULL, NULL},
+    };
+    return fsdp_test_run("fsdp2", tests);
+}
