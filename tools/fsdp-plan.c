@@ -213,6 +213,28 @@ static fsdp_status_t plot_plan(const plan_args_t *a, const summary_t *s)
     return FSDP_OK;
 }
 
+/* fully_shard's settings, as the config line prints FSDP1's. */
+static void print_fsdp2_config(const fsdp_config_t *c, fsdp_dtype_t dt)
+{
+    char raf[32];
+
+    if (c->reshard_after_forward == FSDP_RESHARD_DEFAULT)
+        snprintf(raf, sizeof(raf), "default (not the root)");
+    else if (c->reshard_after_forward == FSDP_RESHARD_TRUE)
+        snprintf(raf, sizeof(raf), "true");
+    else if (c->reshard_after_forward == FSDP_RESHARD_FALSE)
+        snprintf(raf, sizeof(raf), "false");
+    else
+        snprintf(raf, sizeof(raf), "%d", c->reshard_after_forward);
+    printf("config api fsdp2 (fully_shard)%s, reshard after forward %s, prefetch forward %s, "
+           "backward %s%s%s\n",
+           c->strategy == FSDP_HYBRID_SHARD ? ", HSDP" : "", raf,
+           c->explicit_forward_prefetch ? "explicit" : "none",
+           c->explicit_backward_prefetch ? "explicit" : "implicit",
+           dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
+           dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
+}
+
 static int print_plan(const plan_args_t *a, rank_result_t *res)
 {
     fsdp_dtype_t dt = plan_compute_dtype(&a->fsdp);
@@ -221,11 +243,14 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
     summary_t s;
 
     print_header(a);
-    printf("config %s, backward prefetch %s, forward prefetch %s, limit all-gathers %s%s%s\n",
-           fsdp_strategy_name(a->fsdp.strategy), prefetch_name(a->fsdp.backward_prefetch),
-           a->fsdp.forward_prefetch ? "on" : "off", a->fsdp.limit_all_gathers ? "on" : "off",
-           dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
-           dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
+    if (a->fsdp.api == FSDP_API_FSDP2)
+        print_fsdp2_config(&a->fsdp, dt);
+    else
+        printf("config %s, backward prefetch %s, forward prefetch %s, limit all-gathers %s%s%s\n",
+               fsdp_strategy_name(a->fsdp.strategy), prefetch_name(a->fsdp.backward_prefetch),
+               a->fsdp.forward_prefetch ? "on" : "off", a->fsdp.limit_all_gathers ? "on" : "off",
+               dt != FSDP_DTYPE_F32 ? ", param_dtype " : "",
+               dt != FSDP_DTYPE_F32 ? fsdp_dtype_name(dt) : "");
     fflush(stdout);
     progress_start(0, "", "simulating");
     s = plan_config(a, &a->fsdp, res, 0);
@@ -315,14 +340,28 @@ static const char *precision_name(const fsdp_config_t *cfg)
     return dt == FSDP_DTYPE_F32 ? "fp32" : fsdp_dtype_name(dt);
 }
 
+/* The sweep's second and third columns: FSDP1's backward prefetch and limiter, fully_shard's
+ * backward prefetch schedule and reshard_after_forward. */
+static const char *prefetch_col(const fsdp_config_t *c)
+{
+    if (c->api == FSDP_API_FSDP2)
+        return c->explicit_backward_prefetch ? "explicit" : "implicit";
+    return prefetch_name(c->backward_prefetch);
+}
+
+static const char *limiter_col(const fsdp_config_t *c)
+{
+    if (c->api == FSDP_API_FSDP2)
+        return c->reshard_after_forward == FSDP_RESHARD_FALSE ? "false" : "default";
+    return c->limit_all_gathers ? "on" : "off";
+}
+
 static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
 {
-    snprintf(buf, n,
-             "%s, backward prefetch %s, limit all-gathers %s, activation checkpointing "
-             "%s, %s",
-             fsdp_strategy_name(p->cfg.strategy), prefetch_name(p->cfg.backward_prefetch),
-             p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
-             precision_name(&p->cfg));
+    snprintf(buf, n, "%s, backward prefetch %s, %s %s, activation checkpointing %s, %s",
+             fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
+             p->cfg.api == FSDP_API_FSDP2 ? "reshard after forward" : "limit all-gathers",
+             limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg));
 }
 
 /* Every combination of the settings the command line leaves free, in a fixed order: the
@@ -344,15 +383,25 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
         n_ckpt = 1;
     }
 
+    /* fully_shard: full_shard and HSDP, the implicit and explicit backward prefetch, and
+     * reshard_after_forward at its default and false, in the places of FSDP1's strategies,
+     * prefetch policies and limiter */
+    int v2 = a->fsdp.api == FSDP_API_FSDP2, n_pf = v2 ? 2 : 3;
+
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
+        if (v2 && strategies[si] != FSDP_FULL_SHARD && strategies[si] != FSDP_HYBRID_SHARD)
+            continue;
         if (a->fixed & FIX_STRATEGY ? strategies[si] != a->fsdp.strategy
                                     : plan_is_hybrid(strategies[si]) && a->world <= a->per_node)
             continue; /* hybrid strategies shard within a node: worth trying on several */
-        for (size_t pi = 0; pi < 3; pi++) {
-            if ((a->fixed & FIX_PREFETCH) && prefetches[pi] != a->fsdp.backward_prefetch)
+        for (int pi = 0; pi < n_pf; pi++) {
+            if ((a->fixed & FIX_PREFETCH) && (v2 ? pi != a->fsdp.explicit_backward_prefetch
+                                                 : prefetches[pi] != a->fsdp.backward_prefetch))
                 continue;
             for (int lim = 1; lim >= 0; lim--) {
-                if ((a->fixed & FIX_LIMITER) && lim != a->fsdp.limit_all_gathers)
+                if ((a->fixed & FIX_LIMITER) &&
+                    (v2 ? lim != (a->fsdp.reshard_after_forward != FSDP_RESHARD_FALSE)
+                        : lim != a->fsdp.limit_all_gathers))
                     continue;
                 for (int ci = 0; ci < n_ckpt; ci++) {
                     for (int bf = 0; bf <= 1; bf++) {
@@ -362,8 +411,14 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
                         if (bf) /* MixedPrecision(param_dtype=bf16), the rest default */
                             cli_parse_mixed_precision("bf16", &p.cfg.mixed_precision);
                         p.cfg.strategy = strategies[si];
-                        p.cfg.backward_prefetch = prefetches[pi];
-                        p.cfg.limit_all_gathers = lim;
+                        if (v2) {
+                            p.cfg.explicit_backward_prefetch = pi;
+                            p.cfg.reshard_after_forward =
+                                lim ? FSDP_RESHARD_DEFAULT : FSDP_RESHARD_FALSE;
+                        } else {
+                            p.cfg.backward_prefetch = prefetches[pi];
+                            p.cfg.limit_all_gathers = lim;
+                        }
                         if (n < max)
                             pts[n] = p;
                         n++;
@@ -390,8 +445,8 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
            "stopped there)\n",
            n, desc);
     printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s\n", "strategy", "bwd prefetch",
-           "limiter", "act ckpt", "precision", "step ms", "exposed ms", "MFU", "peak alloc GiB",
-           "peak reserved GiB", "fits");
+           a->fsdp.api == FSDP_API_FSDP2 ? "reshard" : "limiter", "act ckpt", "precision",
+           "step ms", "exposed ms", "MFU", "peak alloc GiB", "peak reserved GiB", "fits");
     fflush(stdout);
     progress_start(n, "config", "simulating");
     for (int i = 0; i < n; i++) {
@@ -404,24 +459,22 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
         sim_lo = s.simulated < sim_lo ? s.simulated : sim_lo;
         sim_hi = s.simulated > sim_hi ? s.simulated : sim_hi;
         if (s.status != FSDP_OK && !s.oom) {
-            progress_printf(
-                "%-18s %-12s %-7s %-8s %-9s  failed: %s", fsdp_strategy_name(p->cfg.strategy),
-                prefetch_name(p->cfg.backward_prefetch), p->cfg.limit_all_gathers ? "on" : "off",
-                ckpt_name(p->ckpt_act), precision_name(&p->cfg), fsdp_status_string(s.status));
+            progress_printf("%-18s %-12s %-7s %-8s %-9s  failed: %s",
+                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
+                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
+                            fsdp_status_string(s.status));
             n_failed++;
         } else if (s.oom) {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s",
-                            fsdp_strategy_name(p->cfg.strategy),
-                            prefetch_name(p->cfg.backward_prefetch),
-                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
-                            precision_name(&p->cfg), "-", "-", "-", "-", "-", "no");
+                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
+                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
+                            "-", "-", "-", "-", "-", "no");
         } else {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9.3f %11.3f %5.1f%% %15.2f %18.2f  %s",
-                            fsdp_strategy_name(p->cfg.strategy),
-                            prefetch_name(p->cfg.backward_prefetch),
-                            p->cfg.limit_all_gathers ? "on" : "off", ckpt_name(p->ckpt_act),
-                            precision_name(&p->cfg), s.step_time * 1e3, s.exposed * 1e3,
-                            100.0 * s.mfu, (double)s.peak_alloc / (double)((size_t)1 << 30),
+                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
+                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
+                            s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
+                            (double)s.peak_alloc / (double)((size_t)1 << 30),
                             (double)s.peak_reserved / (double)((size_t)1 << 30), "yes");
             if (best.status != FSDP_OK || s.step_time < best.step_time) {
                 best = s;

@@ -269,12 +269,17 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
                 cli_die("--timeout: '%s' is not a number of seconds in (0, 1e6]", optarg);
             break;
         }
-        case OPT_VERSION: show = 1; break;
-        case OPT_HELP: show = 2; break;
+        case OPT_VERSION:
+            show = 1;
+            break;
+        case OPT_HELP:
+            show = 2;
+            break;
         default:
             a->fixed |= c == CLI_OPT_STRATEGY                         ? FIX_STRATEGY
                         : c == CLI_OPT_BWD_PREFETCH                   ? FIX_PREFETCH
                         : c == CLI_OPT_LIMIT || c == CLI_OPT_NO_LIMIT ? FIX_LIMITER
+                        : c == CLI_OPT_RAF                            ? FIX_LIMITER
                                                                       : 0u;
             cli_other_option(c, argv, &a->fsdp);
             break;

@@ -16,15 +16,15 @@ const char *const plan_phase_names[N_PHASES] = {"setup", "forward", "backward", 
 typedef struct plan_run {
     const plan_args_t *a;
     fsdp_config_t cfg;
-    rank_result_t *res;  /* per rank */
-    fsdp_trace_t *trace; /* --trace, or NULL */
+    rank_result_t *res;   /* per rank */
+    fsdp_trace_t *trace;  /* --trace, or NULL */
     const int *represent; /* symmetric ranks, or NULL */
     /* not NULL: build the model, derive the classes of symmetric ranks of a world of
      * classes_world into it (from the layout of its units), stop */
     int *classes, classes_world, classes_per_node, n_classes;
 } plan_run_t;
 
-static int *classes; /* the classes of the last run, a->world entries */
+static int *classes;           /* the classes of the last run, a->world entries */
 static int64_t last_trace_run; /* the trace's run of the last simulated run (--trace, --plot) */
 
 /* Folds the phase's peaks into the rank's and starts the next phase's. */
@@ -182,7 +182,10 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     run.cfg.device_capacity = capacity;
     if (classes == NULL)
         classes = malloc((size_t)a->world * sizeof(*classes));
-    s.simulated = classes != NULL ? plan_symmetry(a, cfg, classes) : a->world;
+    /* the classes are derived from FSDP1's flat shards; fully_shard's per-parameter chunks
+     * part the ranks otherwise, so every rank is simulated */
+    s.simulated =
+        classes != NULL && cfg->api != FSDP_API_FSDP2 ? plan_symmetry(a, cfg, classes) : a->world;
     if (s.simulated > 0 && s.simulated < a->world)
         run.represent = classes;
     else
@@ -284,8 +287,7 @@ static summary_t run_plan(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     return s;
 }
 
-summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, rank_result_t *res,
-                      int quiet)
+summary_t plan_config(const plan_args_t *a, const fsdp_config_t *cfg, rank_result_t *res, int quiet)
 {
     summary_t s;
 
