@@ -37,7 +37,7 @@
  * 0.022-0.029 s, 0.021-0.025 s and 0.039-0.056 s wall (0.03-0.04 s, 0.03-0.04 s and
  * 0.06-0.07 s CPU), ratios 0.9-1.05 and 1.65-2.2, peak RSS 0.02 GiB (before the classes were
  * derived from the layout: 0.086 s, 0.62 s and 6.1 s, ratios 7.2 and 71). The classes cost
- * next to nothing now (sim/symmetry.c cuts the ranks into runs at the shards that hold a
+ * next to nothing now (lib/core/symmetry.c cuts the ranks into runs at the shards that hold a
  * parameter's boundary and compares one rank per run); what the world still costs is writing
  * each rank's class and the launch's arrays of a few words per rank (under 1% of the CPU in a
  * perf profile at 131,072 ranks). The rest is the simulated ranks' own runs, about 1.8 ms each
@@ -197,8 +197,8 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK && b->classes_world > 0) {
         /* one rank's layout of the units is every rank's: the classes come from it, as
          * fsdp-plan derives them */
-        if (fsdp_sim_symmetric_ranks(fs, b->classes_world, b->classes_world % 8 == 0 ? 8 : 0,
-                                     b->strategy, b->represent) < 1)
+        if (fsdp_symmetric_ranks(fs, b->classes_world, b->classes_world % 8 == 0 ? 8 : 0,
+                                 b->strategy, b->represent) < 1)
             st = FSDP_ERR_INTERNAL;
         fsdp_gpt2_destroy(gpt);
         free(tokens);

@@ -3,8 +3,11 @@
  * through the sim's public cost functions (fsdp_sim_coll_time for the algorithm NCCL picks). */
 #include <fsdp/calibrate.h>
 
-#include <fsdp/fsdp.h>
+#include <fsdp/kernel.h>
+#include <fsdp/log.h>
+#include <fsdp/sim.h>
 #include <fsdp/trace.h>
+#include <fsdp/types.h>
 
 #include <inttypes.h>
 #include <math.h>

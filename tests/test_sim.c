@@ -393,7 +393,7 @@ static int ref_classes(fsdp_t *fs, int g, int *first)
     return n;
 }
 
-/* fsdp_sim_symmetric_ranks's classes of fs against the rank-by-rank ones, over the world and,
+/* fsdp_symmetric_ranks's classes of fs against the rank-by-rank ones, over the world and,
  * for the hybrid strategies, the node (the last place and the last node apart). */
 static int check_classes(int rank, fsdp_t *fs, const char *what)
 {
@@ -422,8 +422,8 @@ static int check_classes(int rank, fsdp_t *fs, const char *what)
             } else {
                 ref_classes(fs, world, want);
             }
-            n = fsdp_sim_symmetric_ranks(fs, world, per_node,
-                                         hybrid ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, got);
+            n = fsdp_symmetric_ranks(fs, world, per_node,
+                                     hybrid ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, got);
             for (int r = 0; r < world; r++)
                 m += want[r] == r;
             ok = FSDP_RANK_CHECK_MSG(&failure, rank, n == m, "%s on %d ranks%s: %d classes, not %d",

@@ -89,10 +89,10 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         if (a->model->ops->phase_hook != NULL)
             a->model->ops->phase_hook(model, phase_begin, &pc);
         /* a divergence the classes missed fails the run here, before any step */
-        st = fsdp_sim_symmetry_check(fs, run->represent);
+        st = fsdp_symmetry_check(fs, run->represent);
         if (st == FSDP_OK && run->classes != NULL) {
-            run->n_classes = fsdp_sim_symmetric_ranks(fs, run->classes_world, run->classes_per_node,
-                                                      run->cfg.strategy, run->classes);
+            run->n_classes = fsdp_symmetric_ranks(fs, run->classes_world, run->classes_per_node,
+                                                  run->cfg.strategy, run->classes);
             a->model->ops->destroy(model);
             fsdp_destroy(fs);
             return r->status = st;

@@ -425,6 +425,27 @@ FSDP_API fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
 /* With with_grads: the full gradient of parameter `index` (f32), or NULL without one. */
 FSDP_API float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
 
+/* ---- symmetric ranks (lib/core/symmetry.c) ----
+ *
+ * In an FSDP job every rank runs the same program on its own shard; ranks differ only where
+ * their shards differ (the padding of the last shards), and in where they sit in the node and
+ * in the groups. fsdp_symmetric_ranks derives classes of ranks that provably run alike from the
+ * layout of the units, for the sim's shape mode (fsdp_sim_params_t.represent), which runs one
+ * rank of each class. */
+
+/* Fills represent (world_size entries; represent[r] is the rank whose run is rank r's) for FSDP
+ * over world_size ranks, ranks_per_node to a node, with strategy's default groups (the world;
+ * for hybrid strategies the node and the ranks of one place across the nodes) and the units of
+ * fs (built on any rank: their parameters' layout is the same on every rank). Returns the
+ * number of ranks that run, or -1 (logged) when an argument is out of range or memory runs
+ * out. */
+FSDP_API int fsdp_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,
+                                  fsdp_strategy_t strategy, int *represent);
+/* On a rank of a launch with represent: FSDP_OK when every unit of fs shards alike on each
+ * rank this one stands for (the same padding and pieces at their places in their groups); else
+ * FSDP_ERR_UNSUPPORTED, logged, and the job must run those ranks apart. */
+FSDP_API fsdp_status_t fsdp_symmetry_check(fsdp_t *fs, const int *represent);
+
 /* Message of the last error (for tools), "" if none. */
 FSDP_API const char *fsdp_last_error(const fsdp_t *fs);
 

@@ -332,9 +332,11 @@ typedef struct fsdp_sim_params {
      * each rank q that runs). Only the ranks that stand for others run; each collective is
      * still priced with its group's full size and nodes, and starts when the last simulated
      * member of the group is ready. The caller vouches that the ranks a rank stands for would
-     * run alike (DESIGN.md, "Symmetric ranks"); the launch checks what it can: every group a
-     * split makes must hold, at each group rank, a rank of the same class as the group of its
-     * first member's representative, and hold the representatives of its classes. A split of
+     * run alike (fsdp_symmetric_ranks in the core derives such classes from the units of a
+     * job, and fsdp_symmetry_check checks them on each rank; DESIGN.md, "Symmetric ranks");
+     * the launch checks what it can: every group a split makes must hold, at each group rank,
+     * a rank of the same class as the group of its first member's representative, and hold
+     * the representatives of its classes. A split of
      * anything but the world, or whose colors follow no single law of the rank (one color, the
      * node, the rank in the node) or whose keys are not the rank or one value, fails with
      * FSDP_ERR_UNSUPPORTED: run without symmetry then. */
@@ -382,25 +384,6 @@ FSDP_API fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_ran
 
 /* The sim ops table (for code that wants to wrap or inspect it). */
 FSDP_API const fsdp_backend_ops_t *fsdp_sim_backend(void);
-
-/* ---- symmetric ranks (sim/symmetry.c) ----
- *
- * In an FSDP job every rank runs the same program on its own shard; ranks differ only where
- * their shards differ (the padding of the last shards), and in where they sit in the node and
- * in the groups. fsdp_sim_symmetric_ranks derives classes of ranks that provably run alike
- * from the job, for fsdp_sim_params_t.represent. */
-
-/* Fills represent (world_size entries) for FSDP over world_size ranks, ranks_per_node to a
- * node, with strategy's default groups (the world; for hybrid strategies the node and the
- * ranks of one place across the nodes) and the units of fs (built on any rank: their
- * parameters' layout is the same on every rank). Returns the number of ranks that run, or -1
- * (logged) when an argument is out of range or memory runs out. */
-FSDP_API int fsdp_sim_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,
-                                      fsdp_strategy_t strategy, int *represent);
-/* On a rank of a launch with represent: FSDP_OK when every unit of fs shards alike on each
- * rank this one stands for (the same padding and pieces at their places in their groups); else
- * FSDP_ERR_UNSUPPORTED, logged, and the job must run those ranks apart. */
-FSDP_API fsdp_status_t fsdp_sim_symmetry_check(fsdp_t *fs, const int *represent);
 
 /* The message of the last error this rank's backend reported ("" if none). Valid until the
  * next failing call on the same rank. */

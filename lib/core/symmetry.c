@@ -1,5 +1,7 @@
-/* Symmetric ranks: which ranks of an FSDP job run alike, so that shape mode simulates one of
- * each class (DESIGN.md, "Symmetric ranks").
+/* Symmetric ranks: which ranks of an FSDP job run alike, so that the sim's shape mode runs one
+ * of each class and stands it for the others (DESIGN.md, "Symmetric ranks"). The classes follow
+ * from the layout of the units, which is the core's; the sim is handed only their table
+ * (fsdp_sim_params_t.represent).
  *
  * A rank's run depends on its rank only through its shards, its groups and where they lie. A
  * shard is group rank x's chunk [x S, (x + 1) S) of a unit's flat parameter (docs/runtime.md
@@ -18,8 +20,8 @@
  * boundary of a unit, and the ranks just after them, cut the group into runs whose ranks hold
  * alike shards by construction, and only each run's first rank is compared; the cost is in the
  * parameters, not in the ranks, apart from writing each rank's class. */
-#include "sim.h"
-
+#include <fsdp/backend.h>
+#include <fsdp/core.h>
 #include <fsdp/log.h>
 
 #include <stdint.h>
@@ -31,23 +33,38 @@ typedef struct piece {
     int kind;
 } piece_t;
 
-/* Parameter i's piece in group rank x's shard of unit u over a group of g ranks. */
-static piece_t unit_piece(fsdp_unit_t *u, int i, size_t s, int x)
+/* What of a parameter's kind changes the ops run on its pieces: 1-d or not, frozen, tied. */
+static int param_kind(const fsdp_param_info_t *info)
 {
-    fsdp_param_info_t info;
+    return (info->ndim <= 1) | (!info->requires_grad) << 1 | (info->tied_to >= 0) << 2;
+}
+
+/* The piece of a parameter of kind, at [off, off + numel) of the flat parameter, in group rank
+ * x's shard [x s, (x + 1) s); none (n == 0) when they do not meet. */
+static piece_t piece_at(size_t off, size_t numel, int kind, size_t s, int x)
+{
     piece_t p = {0, 0, 0};
     size_t lo = (size_t)x * s, hi = lo + s, a, b;
 
-    if (fsdp_unit_param_info(u, i, &info) != FSDP_OK)
-        return p;
-    a = info.offset > lo ? info.offset : lo;
-    b = info.offset + info.numel < hi ? info.offset + info.numel : hi;
+    a = off > lo ? off : lo;
+    b = off + numel < hi ? off + numel : hi;
     if (a >= b)
         return p;
     p.n = b - a;
     p.at = a - lo;
-    p.kind = (info.ndim <= 1) | (!info.requires_grad) << 1 | (info.tied_to >= 0) << 2;
+    p.kind = kind;
     return p;
+}
+
+/* Parameter i's piece in group rank x's shard of unit u, of s elements. */
+static piece_t unit_piece(fsdp_unit_t *u, int i, size_t s, int x)
+{
+    fsdp_param_info_t info;
+    piece_t p = {0, 0, 0};
+
+    if (fsdp_unit_param_info(u, i, &info) != FSDP_OK)
+        return p;
+    return piece_at(info.offset, info.numel, param_kind(&info), s, x);
 }
 
 /* Unit u shards alike on group ranks x and y of a group of g. */
@@ -131,7 +148,7 @@ static int layouts(fsdp_t *fs, int g, layout_t **l_p)
             }
             y->off[j] = info.offset;
             y->numel[j] = info.numel;
-            y->kind[j] = (info.ndim <= 1) | (!info.requires_grad) << 1 | (info.tied_to >= 0) << 2;
+            y->kind[j] = param_kind(&info);
         }
     }
     *l_p = l;
@@ -141,17 +158,7 @@ static int layouts(fsdp_t *fs, int g, layout_t **l_p)
 /* Parameter j's piece in group rank x's shard of the unit laid out as y (unit_piece). */
 static piece_t layout_piece(const layout_t *y, int j, int x)
 {
-    piece_t p = {0, 0, 0};
-    size_t lo = (size_t)x * y->s, hi = lo + y->s, a, b;
-
-    a = y->off[j] > lo ? y->off[j] : lo;
-    b = y->off[j] + y->numel[j] < hi ? y->off[j] + y->numel[j] : hi;
-    if (a >= b)
-        return p;
-    p.n = b - a;
-    p.at = a - lo;
-    p.kind = y->kind[j];
-    return p;
+    return piece_at(y->off[j], y->numel[j], y->kind[j], y->s, x);
 }
 
 /* Group ranks x and y shard alike in every unit (alike, from the layouts). */
@@ -298,15 +305,15 @@ err:
     return -1;
 }
 
-int fsdp_sim_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,
-                             fsdp_strategy_t strategy, int *represent)
+int fsdp_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node, fsdp_strategy_t strategy,
+                         int *represent)
 {
     int per_node = ranks_per_node > 0 ? ranks_per_node : world_size, nodes, n = 0;
     int *first = NULL;
 
     if (fs == NULL || world_size < 1 || per_node < 1 || world_size % per_node != 0 ||
         represent == NULL || (unsigned)strategy >= FSDP_STRATEGY_COUNT) {
-        fsdp_error("fsdp_sim_symmetric_ranks: invalid arguments (world %d, %d ranks per node)",
+        fsdp_error("fsdp_symmetric_ranks: invalid arguments (world %d, %d ranks per node)",
                    world_size, ranks_per_node);
         return -1;
     }
@@ -338,11 +345,11 @@ int fsdp_sim_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,
 
 err_no_memory:
     free(first);
-    fsdp_error("fsdp_sim_symmetric_ranks: out of host memory for %d ranks", world_size);
+    fsdp_error("fsdp_symmetric_ranks: out of host memory for %d ranks", world_size);
     return -1;
 }
 
-fsdp_status_t fsdp_sim_symmetry_check(fsdp_t *fs, const int *represent)
+fsdp_status_t fsdp_symmetry_check(fsdp_t *fs, const int *represent)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
     int me = dev->rank, world = dev->world_size, per_node = dev->local_size;
