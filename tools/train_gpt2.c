@@ -1,6 +1,6 @@
 /* fsdp-train --model gpt2... or llama...: trains GPT-2 or Llama on simulated ranks (or GPUs), on
  * byte-level text (--data, or the project's own sources by default) or an llm.c token shard
- * (--tokens). The two models differ here only in the calls of lm_* below.
+ * (--tokens). The two models differ here only in their configuration and checkpoints.
  *
  * Every rank reads only its rows of each global batch (include/fsdp/data.h); the loss printed
  * per step is the mean over the global batch. A checkpoint or an HF file is read once, on the
@@ -21,8 +21,7 @@
 typedef struct gpt2_shared {
     const gpt2_train_opts_t *o;
     fsdp_tokens_t *tokens;
-    fsdp_gpt2_weights_t *weights; /* --init, or NULL */
-    fsdp_llama_weights_t *llama_weights;
+    fsdp_lm_weights_t *weights;   /* --init, or NULL */
     size_t *peak;                 /* per rank */
     int64_t steps_run;            /* rank 0's, for tokens/s */
     int64_t resumed_step;         /* rank 0's: the step --resume loaded */
@@ -31,32 +30,20 @@ typedef struct gpt2_shared {
     double sim_time;              /* rank 0's simulated seconds over the steps run */
 } gpt2_shared_t;
 
-/* The model of the run: GPT-2 or Llama. */
-typedef struct lm {
-    fsdp_gpt2_t *gpt;
-    fsdp_llama_t *llama;
-} lm_t;
-
-static fsdp_status_t lm_create(const gpt2_train_opts_t *o, fsdp_t *fs, lm_t *m)
+/* The model of the run, GPT-2 or Llama, with its activation checkpointing. */
+static fsdp_status_t lm_create(const gpt2_train_opts_t *o, fsdp_t *fs, fsdp_lm_t **lm_p)
 {
-    fsdp_status_t status = o->llama ? fsdp_llama_create(fs, &o->llama_model, &m->llama)
-                                    : fsdp_gpt2_create(fs, &o->model, &m->gpt);
-    int layers = o->llama ? o->llama_model.n_layer : o->model.n_layer;
+    fsdp_status_t status = o->llama ? fsdp_llama_create(fs, &o->llama_model, lm_p)
+                                    : fsdp_gpt2_create(fs, &o->model, lm_p);
     int every = o->checkpoint_activations;
 
     if (status == FSDP_OK && every == CLI_AC_SELECTIVE_OP) /* llama only (checked) */
-        status = fsdp_llama_set_checkpointing(m->llama, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
+        status = fsdp_lm_set_checkpointing(*lm_p, -1, FSDP_LM_CKPT_SELECTIVE_OP);
     /* every K-th layer, as torchtitan's selective layer checkpointing counts them (1-based) */
-    for (int l = every - 1; status == FSDP_OK && every > 0 && l < layers; l += every)
-        status = o->llama ? fsdp_llama_set_checkpointing(m->llama, l, FSDP_LLAMA_CKPT_FULL)
-                          : fsdp_gpt2_set_checkpointing(m->gpt, l, 1);
+    for (int l = every - 1; status == FSDP_OK && every > 0 && l < fsdp_lm_num_layers(*lm_p);
+         l += every)
+        status = fsdp_lm_set_checkpointing(*lm_p, l, FSDP_LM_CKPT_FULL);
     return status;
-}
-
-static void lm_destroy(lm_t *m)
-{
-    fsdp_gpt2_destroy(m->gpt);
-    fsdp_llama_destroy(m->llama);
 }
 
 static int lm_vocab(const gpt2_train_opts_t *o)
@@ -89,7 +76,7 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     int32_t *inputs = malloc(rows * T * sizeof(int32_t));
     int32_t *targets = malloc(rows * T * sizeof(int32_t));
     fsdp_t *fs = NULL;
-    lm_t m = {NULL, NULL};
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     float *dloss = NULL;
     int64_t first_step = 0;
@@ -107,10 +94,8 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
     if (status == FSDP_OK)
         status = lm_create(o, fs, &m);
     if (status == FSDP_OK)
-        status = sh->llama_weights != NULL ? fsdp_llama_load_weights(m.llama, sh->llama_weights)
-                 : o->llama                ? fsdp_llama_init_params(m.llama, o->seed)
-                 : sh->weights != NULL     ? fsdp_gpt2_load_weights(m.gpt, sh->weights)
-                                           : fsdp_gpt2_init_params(m.gpt, o->seed);
+        status = sh->weights != NULL ? fsdp_lm_load_weights(m, sh->weights)
+                                     : fsdp_lm_init_params(m, o->seed);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &o->optim, &opt);
     if (status == FSDP_OK)
@@ -123,10 +108,8 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
             train_resumed(dev, o->resume_dir, first_step, o->quiet);
         }
     }
-    if (m.gpt != NULL)
-        fsdp_gpt2_set_loss_scale(m.gpt, 1.0f / (float)o->grad_accum);
-    if (m.llama != NULL)
-        fsdp_llama_set_loss_scale(m.llama, 1.0f / (float)o->grad_accum);
+    if (m != NULL)
+        fsdp_lm_set_loss_scale(m, 1.0f / (float)o->grad_accum);
     for (int64_t step = first_step; step < o->steps && status == FSDP_OK; step++) {
         float loss = 0.0f;
         train_step_clock_t clock;
@@ -137,14 +120,10 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         for (int k = 0; k < o->grad_accum && status == FSDP_OK; k++) {
             float micro_loss = 0.0f;
             status = fsdp_set_sync_gradients(fs, k == o->grad_accum - 1);
-            if (status == FSDP_OK && o->llama)
-                status = fsdp_llama_forward_backward(m.llama, inputs + (size_t)k * micro * T,
-                                                     targets + (size_t)k * micro * T, micro, T,
-                                                     &micro_loss);
-            else if (status == FSDP_OK)
-                status = fsdp_gpt2_forward_backward(m.gpt, inputs + (size_t)k * micro * T,
-                                                    targets + (size_t)k * micro * T, micro, T,
-                                                    &micro_loss);
+            if (status == FSDP_OK)
+                status = fsdp_lm_forward_backward(m, inputs + (size_t)k * micro * T,
+                                                  targets + (size_t)k * micro * T, micro, T,
+                                                  &micro_loss);
             loss += micro_loss / (float)o->grad_accum;
         }
         if (status == FSDP_OK && o->clip_grad_norm > 0.0)
@@ -177,15 +156,14 @@ static fsdp_status_t gpt2_rank(fsdp_dev_t *dev, void *arg)
         }
     }
     if (status == FSDP_OK && o->save_path != NULL)
-        status = o->llama ? fsdp_llama_save_weights(m.llama, o->save_path)
-                          : fsdp_gpt2_save_weights(m.gpt, o->save_path, FSDP_GPT2_SAVE_PREFIXED);
+        status = fsdp_lm_save_weights(m, o->save_path);
     if (fs != NULL) {
         fsdp_mem_get_stats(fsdp_memory(fs), &st);
         sh->peak[dev->rank] = st.peak_allocated;
         fsdp_mem_free(fsdp_memory(fs), dloss);
     }
     fsdp_optim_destroy(opt);
-    lm_destroy(&m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     fsdp_trace_detach(dev);
     free(inputs);
@@ -299,7 +277,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
     if (fsdp_tokens_check_spec(sh.tokens, &spec) != FSDP_OK)
         goto out;
     if (o->init_path != NULL &&
-        (o->llama ? fsdp_llama_weights_open(o->init_path, &o->llama_model, &sh.llama_weights)
+        (o->llama ? fsdp_llama_weights_open(o->init_path, &o->llama_model, &sh.weights)
                   : fsdp_gpt2_weights_open(o->init_path, &o->model, &sh.weights)) != FSDP_OK)
         goto out;
     sh.peak = calloc((size_t)o->world, sizeof(size_t));
@@ -374,8 +352,7 @@ int gpt2_train_main(const gpt2_train_opts_t *o)
 out:
     fsdp_trace_close(sh.trace);
     free(sh.peak);
-    fsdp_gpt2_weights_close(sh.weights);
-    fsdp_llama_weights_close(sh.llama_weights);
+    fsdp_lm_weights_close(sh.weights);
     fsdp_tokens_close(sh.tokens);
     return rc;
 }
