@@ -1,6 +1,6 @@
 /* A built-in model: GPT-2 (gpt2-tiny) trained on simulated ranks, then saved as a checkpoint.
  *
- * The library's GPT-2 runs every FSDP hook itself (fsdp_gpt2_forward_backward); the program
+ * The library's GPT-2 runs every FSDP hook itself (fsdp_lm_forward_backward, lm.h); the program
  * picks the model, the data, the optimizer and what to save. The checkpoint is FULL: rank 0
  * writes DIR/step-N/model.safetensors under HF's GPT-2 names, which transformers reads.
  *
