@@ -179,7 +179,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_config_t oc;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_status_t st;
 
@@ -190,7 +190,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_gpt2_create(fs, &cfg, &m);
     if (st == FSDP_OK)
-        st = fsdp_gpt2_init_params(m, 1);
+        st = fsdp_lm_init_params(m, 1);
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
     c->seconds = 1e30;
@@ -198,7 +198,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
         double t0 = cpu_now();
         st = fsdp_tokens_batch(c->tokens, &spec, s, in, tg);
         if (st == FSDP_OK)
-            st = fsdp_gpt2_forward_backward(m, in, tg, B, T, &c->last_loss);
+            st = fsdp_lm_forward_backward(m, in, tg, B, T, &c->last_loss);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -207,7 +207,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
             c->seconds = t0;
     }
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     free(in);
     free(tg);

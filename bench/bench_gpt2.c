@@ -165,8 +165,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_config_t oc;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
-    fsdp_llama_t *lm = NULL;
+    fsdp_lm_t *m = NULL; /* GPT-2 or Llama */
     fsdp_optim_t *opt = NULL;
     fsdp_status_t st;
 
@@ -177,24 +176,22 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_llama_config_parse("llama-tiny", &lcfg);
     st = fsdp_create(dev, &fc, &fs);
     if (st == FSDP_OK)
-        st = c->llama ? fsdp_llama_create(fs, &lcfg, &lm) : fsdp_gpt2_create(fs, &cfg, &m);
+        st = c->llama ? fsdp_llama_create(fs, &lcfg, &m) : fsdp_gpt2_create(fs, &cfg, &m);
     if (st == FSDP_OK)
-        st = c->llama ? fsdp_llama_init_params(lm, 1) : fsdp_gpt2_init_params(m, 1);
+        st = fsdp_lm_init_params(m, 1);
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
     for (int s = 0; s < c->steps && st == FSDP_OK; s++) {
         float loss;
         st = fsdp_tokens_batch(c->tokens, &spec, s, in, tg);
         if (st == FSDP_OK)
-            st = c->llama ? fsdp_llama_forward_backward(lm, in, tg, rows, c->seq, &loss)
-                          : fsdp_gpt2_forward_backward(m, in, tg, rows, c->seq, &loss);
+            st = fsdp_lm_forward_backward(m, in, tg, rows, c->seq, &loss);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
-    fsdp_llama_destroy(lm);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     free(in);
     free(tg);

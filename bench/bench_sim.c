@@ -127,22 +127,21 @@ typedef struct bench_run {
 
 /* One forward and backward: the MLP over its rows, or the GPT over one sequence of `rows`
  * tokens (shape mode reads no tokens: zeros stand for them). */
-static fsdp_status_t bench_forward_backward(const bench_run_t *b, fsdp_mlp_t *mlp,
-                                            fsdp_gpt2_t *gpt, const int32_t *tokens,
-                                            const float *x, const float *y)
+static fsdp_status_t bench_forward_backward(const bench_run_t *b, fsdp_mlp_t *mlp, fsdp_lm_t *gpt,
+                                            const int32_t *tokens, const float *x, const float *y)
 {
     float loss;
 
     if (gpt != NULL)
-        return fsdp_gpt2_forward_backward(gpt, tokens, tokens, 1, b->rows, &loss);
+        return fsdp_lm_forward_backward(gpt, tokens, tokens, 1, b->rows, &loss);
     return fsdp_mlp_forward_backward(mlp, x, y, b->rows, &loss);
 }
 
 /* One step: `micro` forward-backward passes over consecutive slices of the rank's rows (their
  * gradients accumulate), the optimizer, zero_grad. */
-static fsdp_status_t bench_step(const bench_run_t *b, fsdp_t *fs, fsdp_mlp_t *mlp,
-                                fsdp_gpt2_t *gpt, fsdp_optim_t *opt, const int32_t *tokens,
-                                const float *x, const float *y)
+static fsdp_status_t bench_step(const bench_run_t *b, fsdp_t *fs, fsdp_mlp_t *mlp, fsdp_lm_t *gpt,
+                                fsdp_optim_t *opt, const int32_t *tokens, const float *x,
+                                const float *y)
 {
     fsdp_status_t st = FSDP_OK;
     int micro = b->micro > 0 ? b->micro : 1;
@@ -166,7 +165,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     fsdp_mem_stats_t ms;
     fsdp_t *fs = NULL;
     fsdp_mlp_t *mlp = NULL;
-    fsdp_gpt2_t *gpt = NULL;
+    fsdp_lm_t *gpt = NULL;
     int32_t *tokens = NULL;
     fsdp_optim_t *opt = NULL;
     const float *x = NULL, *y = NULL;
@@ -200,7 +199,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
         if (fsdp_symmetric_ranks(fs, b->classes_world, b->classes_world % 8 == 0 ? 8 : 0,
                                  b->strategy, b->represent) < 1)
             st = FSDP_ERR_INTERNAL;
-        fsdp_gpt2_destroy(gpt);
+        fsdp_lm_destroy(gpt);
         free(tokens);
         fsdp_mlp_destroy(mlp);
         fsdp_destroy(fs);
@@ -237,7 +236,7 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
     if (dev->rank == 0)
         b->steps_cpu += cpu_now();
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(gpt);
+    fsdp_lm_destroy(gpt);
     free(tokens);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);

@@ -297,7 +297,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_config_t ocfg;
     fsdp_t *fs = NULL;
     fsdp_mlp_t *mlp = NULL;
-    fsdp_gpt2_t *gpt = NULL;
+    fsdp_lm_t *gpt = NULL;
     int32_t *tokens = NULL;
     const size_t seq = a->gpt != NULL ? (size_t)a->gpt->n_positions : 0;
     fsdp_optim_t *opt = NULL;
@@ -333,7 +333,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     else if (status == FSDP_OK)
         status = fsdp_mlp_create(fs, dims, MLP_LAYERS, &mlp);
     if (status == FSDP_OK)
-        status = gpt != NULL ? fsdp_gpt2_init_params(gpt, 1) : fsdp_mlp_init_params(mlp, 1);
+        status = gpt != NULL ? fsdp_lm_init_params(gpt, 1) : fsdp_mlp_init_params(mlp, 1);
     fsdp_optim_config_init(&ocfg, FSDP_OPTIM_ADAMW);
     if (status == FSDP_OK)
         status = fsdp_optim_create(fs, &ocfg, &opt);
@@ -346,7 +346,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
             status = fsdp_trace_attach(a->trace, dev);
         c0 = thread_cpu();
         if (status == FSDP_OK && gpt != NULL)
-            status = fsdp_gpt2_forward_backward(gpt, tokens, tokens + 1, rows, seq, &loss);
+            status = fsdp_lm_forward_backward(gpt, tokens, tokens + 1, rows, seq, &loss);
         else if (status == FSDP_OK)
             status = fsdp_mlp_forward_backward(mlp, x, y, rows, &loss);
         if (status == FSDP_OK)
@@ -364,7 +364,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
     }
 out:
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(gpt);
+    fsdp_lm_destroy(gpt);
     fsdp_mlp_destroy(mlp);
     fsdp_destroy(fs);
     free(tokens);

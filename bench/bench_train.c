@@ -48,7 +48,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     fsdp_optim_config_t oc;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_mem_stats_t ms;
     fsdp_status_t st;
@@ -62,7 +62,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_gpt2_create(fs, &r->cfg, &m);
     if (st == FSDP_OK && !dev->no_data)
-        st = fsdp_gpt2_init_params(m, 1);
+        st = fsdp_lm_init_params(m, 1);
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
     /* step 0 warms up */
@@ -73,7 +73,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
             t0 = dev->ops->host_time(dev);
         }
         if (st == FSDP_OK)
-            st = fsdp_gpt2_forward_backward(m, tokens, tokens, r->rows, r->seq, &loss);
+            st = fsdp_lm_forward_backward(m, tokens, tokens, r->rows, r->seq, &loss);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -87,7 +87,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         r->peak_reserved = ms.peak_reserved;
     }
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     free(tokens);
     return st;

@@ -1,6 +1,6 @@
 /* A built-in model: GPT-2 (gpt2-tiny) trained on simulated ranks, then saved as a checkpoint.
  *
- * The library's GPT-2 runs every FSDP hook itself (fsdp_gpt2_forward_backward); the program
+ * The library's GPT-2 runs every FSDP hook itself (fsdp_lm_forward_backward, lm.h); the program
  * picks the model, the data, the optimizer and what to save. The checkpoint is FULL: rank 0
  * writes DIR/step-N/model.safetensors under HF's GPT-2 names, which transformers reads.
  *
@@ -33,7 +33,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
     fsdp_config_t cfg;
     fsdp_optim_config_t ocfg;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *model = NULL;
+    fsdp_lm_t *model = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_status_t status;
 
@@ -43,7 +43,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
         return status;
     status = fsdp_gpt2_create(fs, &gcfg, &model); /* the root and one unit per block */
     if (status == FSDP_OK)
-        status = fsdp_gpt2_init_params(model, 42); /* HF's init, the same on every rank */
+        status = fsdp_lm_init_params(model, 42); /* HF's init, the same on every rank */
     fsdp_optim_config_init(&ocfg, FSDP_OPTIM_ADAMW);
     ocfg.lr = 3e-3f;
     ocfg.no_decay_1d = 1;
@@ -54,7 +54,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
 
         status = fsdp_tokens_batch(job->tokens, &spec, step, inputs, targets);
         if (status == FSDP_OK)
-            status = fsdp_gpt2_forward_backward(model, inputs, targets, rows, SEQ, &loss);
+            status = fsdp_lm_forward_backward(model, inputs, targets, rows, SEQ, &loss);
         if (status == FSDP_OK)
             status = fsdp_clip_grad_norm(fs, 1.0, 2.0, NULL);
         if (status == FSDP_OK)
@@ -70,7 +70,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
         fprintf(stderr, "rank %d: %s: %s\n", dev->rank, fsdp_status_string(status),
                 fsdp_last_error(fs));
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(model);
+    fsdp_lm_destroy(model);
     fsdp_destroy(fs);
     return status;
 }

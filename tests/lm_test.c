@@ -13,14 +13,19 @@ double lm_test_urand(uint64_t *state, double lo, double hi)
     return lo + (hi - lo) * ((double)((*state * UINT64_C(2685821657736338717)) >> 11) * 0x1p-53);
 }
 
-fsdp_status_t lm_test_set_params(lm_test_unit_func_t unit, void *model, int nunits,
-                                 const float *values)
+/* Unit k of the model, in the canonical order: 0 the root, k the (k - 1)-th layer. */
+static fsdp_unit_t *unit_at(fsdp_lm_t *lm, int k)
+{
+    return k == 0 ? fsdp_lm_root(lm) : fsdp_lm_layer(lm, k - 1);
+}
+
+fsdp_status_t lm_test_set_params(fsdp_lm_t *lm, const float *values)
 {
     fsdp_status_t st = FSDP_OK;
     size_t off = 0;
 
-    for (int k = 0; k < nunits && st == FSDP_OK; k++) {
-        fsdp_unit_t *u = unit(model, k);
+    for (int k = 0; k <= fsdp_lm_num_layers(lm) && st == FSDP_OK; k++) {
+        fsdp_unit_t *u = unit_at(lm, k);
         for (int i = 0; i < fsdp_unit_num_params(u) && st == FSDP_OK; i++) {
             fsdp_param_info_t pi;
             fsdp_unit_param_info(u, i, &pi);
@@ -41,22 +46,21 @@ void lm_test_canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *o
     }
 }
 
-void lm_test_grads(lm_test_unit_func_t unit, void *model, int nunits, float *out)
+void lm_test_grads(fsdp_lm_t *lm, float *out)
 {
     size_t off = 0;
 
-    for (int k = 0; k < nunits; k++)
-        lm_test_canon_copy(unit(model, k), fsdp_unit_sharded_grad(unit(model, k)), out, &off);
+    for (int k = 0; k <= fsdp_lm_num_layers(lm); k++)
+        lm_test_canon_copy(unit_at(lm, k), fsdp_unit_sharded_grad(unit_at(lm, k)), out, &off);
 }
 
-fsdp_status_t lm_test_gather_params(lm_test_unit_func_t unit, void *model, int nunits, int rank,
-                                    float *out)
+fsdp_status_t lm_test_gather_params(fsdp_lm_t *lm, int rank, float *out)
 {
     fsdp_status_t st = FSDP_OK;
     size_t off = 0;
 
-    for (int k = 0; k < nunits && st == FSDP_OK; k++) {
-        fsdp_unit_t *u = unit(model, k);
+    for (int k = 0; k <= fsdp_lm_num_layers(lm) && st == FSDP_OK; k++) {
+        fsdp_unit_t *u = unit_at(lm, k);
         float *flat = malloc(fsdp_unit_flat_numel(u) * sizeof(float));
         st = fsdp_unit_gather_full(u, flat);
         if (st == FSDP_OK && rank == 0)
@@ -111,9 +115,8 @@ fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
     return fsdp_sim_launch(&p, fn, arg, NULL);
 }
 
-fsdp_status_t lm_test_accumulate(fsdp_t *fs, void *model, lm_test_fb_t fb, int accum,
-                                 const int32_t *inputs, const int32_t *targets, size_t rows,
-                                 size_t seq, float *loss_p)
+fsdp_status_t lm_test_accumulate(fsdp_t *fs, fsdp_lm_t *lm, int accum, const int32_t *inputs,
+                                 const int32_t *targets, size_t rows, size_t seq, float *loss_p)
 {
     size_t micro = rows / (size_t)accum;
     fsdp_status_t st = FSDP_OK;
@@ -123,8 +126,8 @@ fsdp_status_t lm_test_accumulate(fsdp_t *fs, void *model, lm_test_fb_t fb, int a
         float part = 0.0f;
         st = fsdp_set_sync_gradients(fs, k == accum - 1);
         if (st == FSDP_OK)
-            st = fb(model, inputs + (size_t)k * micro * seq, targets + (size_t)k * micro * seq,
-                    micro, seq, &part);
+            st = fsdp_lm_forward_backward(lm, inputs + (size_t)k * micro * seq,
+                                          targets + (size_t)k * micro * seq, micro, seq, &part);
         *loss_p += part / (float)accum;
     }
     return st;

@@ -11,20 +11,14 @@
 /* A uniform double in [lo, hi) from the xorshift state *state (each test seeds its own). */
 double lm_test_urand(uint64_t *state, double lo, double hi);
 
-/* Unit k of a model: 0 the root, k the (k - 1)-th layer. */
-typedef fsdp_unit_t *(*lm_test_unit_func_t)(void *model, int k);
-
-/* Sets the parameters of units 0..nunits-1 from values in the canonical order. */
-fsdp_status_t lm_test_set_params(lm_test_unit_func_t unit, void *model, int nunits,
-                                 const float *values);
+/* Sets the model's parameters from values in the canonical order. */
+fsdp_status_t lm_test_set_params(fsdp_lm_t *lm, const float *values);
 /* Appends unit u's parameters, taken from its flat buffer `flat`, to out at *off. */
 void lm_test_canon_copy(fsdp_unit_t *u, const float *flat, float *out, size_t *off);
-/* The sharded gradients of units 0..nunits-1 (world 1: all of them) into out. */
-void lm_test_grads(lm_test_unit_func_t unit, void *model, int nunits, float *out);
-/* Gathers the full parameters of units 0..nunits-1 (a collective) and on rank 0 writes them to
- * out. */
-fsdp_status_t lm_test_gather_params(lm_test_unit_func_t unit, void *model, int nunits, int rank,
-                                    float *out);
+/* The model's sharded gradients (world 1: all of them) into out. */
+void lm_test_grads(fsdp_lm_t *lm, float *out);
+/* Gathers the model's full parameters (a collective) and on rank 0 writes them to out. */
+fsdp_status_t lm_test_gather_params(fsdp_lm_t *lm, int rank, float *out);
 
 /* Rank `rank` of `world`'s rows of step `step`: from a token source, or its slice of one global
  * batch (inputs and targets of batch x seq). */
@@ -41,15 +35,11 @@ fsdp_status_t lm_test_launch(int world, int shape, fsdp_status_t (*fn)(fsdp_dev_
 /* The same in data mode with the sim's pack cache off (no_pack_cache 1) or on (0). */
 fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
                                      fsdp_status_t (*fn)(fsdp_dev_t *, void *), void *arg);
-/* One forward-backward of a model over rows x seq tokens (the model's own, through a wrapper). */
-typedef fsdp_status_t (*lm_test_fb_t)(void *model, const int32_t *inputs, const int32_t *targets,
-                                      size_t rows, size_t seq, float *loss_p);
 /* Gradient accumulation as fsdp-train --grad-accum: the rows in `accum` micro-batches, no_sync
  * for all but the last; *loss_p the mean of their losses. The model's loss scale (1 / accum) is
  * the caller's to set. */
-fsdp_status_t lm_test_accumulate(fsdp_t *fs, void *model, lm_test_fb_t fb, int accum,
-                                 const int32_t *inputs, const int32_t *targets, size_t rows,
-                                 size_t seq, float *loss_p);
+fsdp_status_t lm_test_accumulate(fsdp_t *fs, fsdp_lm_t *lm, int accum, const int32_t *inputs,
+                                 const int32_t *targets, size_t rows, size_t seq, float *loss_p);
 /* The peak bytes of FSDP_MEM_ACTIVATION of fs's allocator. */
 size_t lm_test_act_peak(fsdp_t *fs);
 

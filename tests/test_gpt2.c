@@ -386,7 +386,7 @@ typedef struct job {
     fsdp_strategy_t strategy;
     int world;
     int checkpoint;        /* 1: every block */
-    const float *init;     /* canonical order; NULL: fsdp_gpt2_init_params(seed) */
+    const float *init;     /* canonical order; NULL: fsdp_lm_init_params(seed) */
     const char *init_file; /* an HF checkpoint to load instead */
     uint64_t seed;
     /* data: fixed inputs and targets of one rank-0 batch, or a token source */
@@ -452,25 +452,14 @@ static fsdp_status_t spy_kernel(fsdp_dev_t *dev, fsdp_stream_t *st, const fsdp_k
     return tl_inner->kernel(dev, st, k);
 }
 
-static fsdp_unit_t *unit_at(void *m, int k)
-{
-    return k == 0 ? fsdp_gpt2_root(m) : fsdp_gpt2_block(m, k - 1);
-}
-
-static fsdp_status_t forward_backward(void *m, const int32_t *in, const int32_t *tg, size_t rows,
-                                      size_t seq, float *loss_p)
-{
-    return fsdp_gpt2_forward_backward(m, in, tg, rows, seq, loss_p);
-}
-
 static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 {
     job_t *j = arg;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
-    fsdp_gpt2_weights_t *w = NULL;
+    fsdp_lm_weights_t *w = NULL;
     size_t rows = j->batch / (size_t)dev->world_size;
     int32_t *in = malloc(rows * j->seq * sizeof(int32_t));
     int32_t *tg = malloc(rows * j->seq * sizeof(int32_t));
@@ -493,16 +482,16 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_gpt2_create(fs, &j->cfg, &m);
     if (st == FSDP_OK && j->checkpoint)
-        st = fsdp_gpt2_set_checkpointing(m, -1, 1);
+        st = fsdp_lm_set_checkpointing(m, -1, 1);
     if (st == FSDP_OK && j->init_file != NULL) {
         st = fsdp_gpt2_weights_open(j->init_file, &j->cfg, &w);
         if (st == FSDP_OK)
-            st = fsdp_gpt2_load_weights(m, w);
-        fsdp_gpt2_weights_close(w);
+            st = fsdp_lm_load_weights(m, w);
+        fsdp_lm_weights_close(w);
     } else if (st == FSDP_OK && j->init != NULL) {
-        st = lm_test_set_params(unit_at, m, j->cfg.n_layer + 1, j->init);
+        st = lm_test_set_params(m, j->init);
     } else if (st == FSDP_OK) {
-        st = fsdp_gpt2_init_params(m, j->seed);
+        st = fsdp_lm_init_params(m, j->seed);
     }
     if (st == FSDP_OK && j->steps > 0)
         st = fsdp_optim_create(fs, &j->optim, &opt);
@@ -516,15 +505,14 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
                                     dev->rank, dev->world_size, s, in, tg);
         }
         if (st == FSDP_OK && j->accum > 1) {
-            fsdp_gpt2_set_loss_scale(m, 1.0f / (float)j->accum);
-            st = lm_test_accumulate(fs, m, forward_backward, j->accum, in, tg, rows, j->seq,
-                                    &loss);
+            fsdp_lm_set_loss_scale(m, 1.0f / (float)j->accum);
+            st = lm_test_accumulate(fs, m, j->accum, in, tg, rows, j->seq, &loss);
         } else if (st == FSDP_OK) {
-            st = fsdp_gpt2_forward_backward(m, in, tg, rows, j->seq, &loss);
+            st = fsdp_lm_forward_backward(m, in, tg, rows, j->seq, &loss);
         }
         j->losses[s][dev->rank] = loss;
         if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
-            lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
+            lm_test_grads(m, j->grads);
         if (st == FSDP_OK && opt != NULL)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -535,7 +523,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     j->gemm_dtypes[dev->rank] = tl_gemm;
     j->nn_dtypes[dev->rank] = tl_nn;
     if (st == FSDP_OK && j->params != NULL)
-        st = lm_test_gather_params(unit_at, m, j->cfg.n_layer + 1, dev->rank, j->params);
+        st = lm_test_gather_params(m, dev->rank, j->params);
     if (st == FSDP_OK && j->save_path != NULL)
         st = fsdp_gpt2_save_weights(m, j->save_path, j->save_names);
     if (fs != NULL)
@@ -543,7 +531,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     free(in);
     free(tg);
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     dev->ops = tl_inner;
     fsdp_sim_pack_cache_stats(dev, &j->pack_hits[dev->rank], &j->pack_packs[dev->rank]);
@@ -1223,7 +1211,7 @@ static void test_hf_errors(void)
     values = calloc(total, sizeof(float));
     path_in_tmp(path, sizeof(path), "bad.safetensors");
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        fsdp_gpt2_weights_t *w = NULL;
+        fsdp_lm_weights_t *w = NULL;
         CU_ASSERT_EQUAL_FATAL(write_hub(path, &small, values, "", 0, cases[c].mutate), FSDP_OK);
         log_buf[0] = '\0';
         fsdp_log_set_handler(log_capture, NULL);
@@ -1239,7 +1227,7 @@ static void test_hf_errors(void)
     cfg.n_positions = 16;
     log_buf[0] = '\0';
     fsdp_log_set_handler(log_capture, NULL);
-    fsdp_gpt2_weights_t *w = NULL;
+    fsdp_lm_weights_t *w = NULL;
     CU_ASSERT_EQUAL(fsdp_gpt2_weights_open(path, &cfg, &w), FSDP_ERR_FORMAT);
     fsdp_log_set_handler(NULL, NULL);
     CU_ASSERT(strstr(log_buf, "'transformer.wpe.weight' has shape [8, 8]") != NULL);
@@ -1537,8 +1525,8 @@ static void test_fused_attention_memory(void)
     free(j);
 }
 
-/* fsdp_gpt2_init_params on 3 and 5 ranks (shards that end inside a parameter, inside a pair of
- * the polar method's values) gives every rank's part the values of one process, bit for bit:
+/* fsdp_lm_init_params of GPT-2 on 3 and 5 ranks (shards that end inside a parameter, inside a pair
+ * of the polar method's values) gives every rank's part the values of one process, bit for bit:
  * each rank computes only its part of the stream it draws whole. */
 static void test_init_sharded(void)
 {

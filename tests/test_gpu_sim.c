@@ -191,7 +191,7 @@ static fsdp_status_t gpt_rank(fsdp_dev_t *dev, void *arg)
     fsdp_trace_t *trace = NULL;
     fsdp_trace_run_info_t info;
     fsdp_t *fs = NULL;
-    fsdp_gpt2_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_mem_stats_t ms;
     int32_t *in = NULL, *tg = NULL;
@@ -220,7 +220,7 @@ static fsdp_status_t gpt_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_gpt2_create(fs, &cfg, &m);
     if (st == FSDP_OK)
-        st = fsdp_gpt2_init_params(m, 7);
+        st = fsdp_lm_init_params(m, 7);
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
     for (int s = 0; s < STEPS && st == FSDP_OK; s++) {
@@ -228,7 +228,7 @@ static fsdp_status_t gpt_rank(fsdp_dev_t *dev, void *arg)
             in[i] = (int32_t)((i * 31 + (size_t)s * 17) % (size_t)cfg.vocab_size);
             tg[i] = (int32_t)((i * 31 + (size_t)s * 17 + 1) % (size_t)cfg.vocab_size);
         }
-        st = fsdp_gpt2_forward_backward(m, in, tg, ROWS, T, &g->losses[s]);
+        st = fsdp_lm_forward_backward(m, in, tg, ROWS, T, &g->losses[s]);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -244,7 +244,7 @@ static fsdp_status_t gpt_rank(fsdp_dev_t *dev, void *arg)
         g->peak_allocated = ms.peak_allocated;
     }
     fsdp_optim_destroy(opt);
-    fsdp_gpt2_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     fsdp_trace_detach(dev);
     if (fsdp_trace_close(trace) != FSDP_OK && st == FSDP_OK)

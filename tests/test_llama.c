@@ -378,23 +378,12 @@ typedef struct job {
     uint64_t pack_hits[MAX_W], pack_packs[MAX_W];
 } job_t;
 
-static fsdp_unit_t *unit_at(void *m, int k)
-{
-    return k == 0 ? fsdp_llama_root(m) : fsdp_llama_layer(m, k - 1);
-}
-
-static fsdp_status_t forward_backward(void *m, const int32_t *in, const int32_t *tg, size_t rows,
-                                      size_t seq, float *loss_p)
-{
-    return fsdp_llama_forward_backward(m, in, tg, rows, seq, loss_p);
-}
-
 static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 {
     job_t *j = arg;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_llama_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_optim_t *opt = NULL;
     size_t rows = j->batch / (size_t)dev->world_size;
     int32_t *in = malloc(rows * j->seq * sizeof(int32_t));
@@ -409,13 +398,13 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK && j->checkpoint)
-        st = fsdp_llama_set_checkpointing(m, -1, j->checkpoint);
+        st = fsdp_lm_set_checkpointing(m, -1, j->checkpoint);
     if (st == FSDP_OK && j->eager)
         st = fsdp_llama_set_eager_memory(m, 1);
     if (st == FSDP_OK && j->init != NULL) {
-        st = lm_test_set_params(unit_at, m, j->cfg.n_layer + 1, j->init);
+        st = lm_test_set_params(m, j->init);
     } else if (st == FSDP_OK) {
-        st = fsdp_llama_init_params(m, j->seed);
+        st = fsdp_lm_init_params(m, j->seed);
     }
     if (st == FSDP_OK && j->steps > 0)
         st = fsdp_optim_create(fs, &j->optim, &opt);
@@ -429,27 +418,26 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
                                     dev->rank, dev->world_size, s, in, tg);
         }
         if (st == FSDP_OK && j->accum > 1) {
-            fsdp_llama_set_loss_scale(m, 1.0f / (float)j->accum);
-            st = lm_test_accumulate(fs, m, forward_backward, j->accum, in, tg, rows, j->seq,
-                                    &loss);
+            fsdp_lm_set_loss_scale(m, 1.0f / (float)j->accum);
+            st = lm_test_accumulate(fs, m, j->accum, in, tg, rows, j->seq, &loss);
         } else if (st == FSDP_OK) {
-            st = fsdp_llama_forward_backward(m, in, tg, rows, j->seq, &loss);
+            st = fsdp_lm_forward_backward(m, in, tg, rows, j->seq, &loss);
         }
         j->losses[s][dev->rank] = loss;
         if (st == FSDP_OK && j->steps == 0 && dev->world_size == 1 && j->grads != NULL)
-            lm_test_grads(unit_at, m, j->cfg.n_layer + 1, j->grads);
+            lm_test_grads(m, j->grads);
         if (st == FSDP_OK && opt != NULL)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
     if (st == FSDP_OK && j->params != NULL)
-        st = lm_test_gather_params(unit_at, m, j->cfg.n_layer + 1, dev->rank, j->params);
+        st = lm_test_gather_params(m, dev->rank, j->params);
     if (fs != NULL)
         j->act_peak[dev->rank] = lm_test_act_peak(fs);
     free(in);
     free(tg);
     fsdp_optim_destroy(opt);
-    fsdp_llama_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     fsdp_sim_pack_cache_stats(dev, &j->pack_hits[dev->rank], &j->pack_packs[dev->rank]);
     return st;
@@ -616,7 +604,7 @@ static void test_against_reference(void)
         /* full and selective op checkpointing recompute the same activations: the same bits */
         first = malloc(total * sizeof(float));
         memcpy(first, j->grads, total * sizeof(float));
-        for (int policy = FSDP_LLAMA_CKPT_FULL; policy <= FSDP_LLAMA_CKPT_SELECTIVE_OP; policy++) {
+        for (int policy = FSDP_LM_CKPT_FULL; policy <= FSDP_LM_CKPT_SELECTIVE_OP; policy++) {
             float loss0 = j->losses[0][0];
             j->checkpoint = policy;
             CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
@@ -703,7 +691,7 @@ static void test_fsdp_parity(void)
     fsdp_tokens_close(t);
 }
 
-/* fsdp_llama_init_params on 3 and 5 ranks gives every rank's part the values of one process,
+/* fsdp_lm_init_params of Llama on 3 and 5 ranks gives every rank's part the values of one process,
  * bit for bit: each rank skips the generator to its part and past the rest. */
 static void test_init_sharded(void)
 {
@@ -871,9 +859,9 @@ static void test_shape_selective_op(void)
         j->shape = 1;
         j->batch = 2;
         j->seq = 2048;
-        j->checkpoint = policy == 0   ? FSDP_LLAMA_CKPT_NONE
-                        : policy == 1 ? FSDP_LLAMA_CKPT_SELECTIVE_OP
-                                      : FSDP_LLAMA_CKPT_FULL;
+        j->checkpoint = policy == 0   ? FSDP_LM_CKPT_NONE
+                        : policy == 1 ? FSDP_LM_CKPT_SELECTIVE_OP
+                                      : FSDP_LM_CKPT_FULL;
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
         peak[policy] = j->act_peak[0];
     }
@@ -932,9 +920,9 @@ static void test_shape_eager_memory(void)
     /* f32 compute: .to(f32) is the tensor itself, the residual stream is what RMSNorm saves */
     j->use_mp = 0;
     j->eager = 1;
-    j->checkpoint = FSDP_LLAMA_CKPT_SELECTIVE_OP;
+    j->checkpoint = FSDP_LM_CKPT_SELECTIVE_OP;
     CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
-    j->checkpoint = FSDP_LLAMA_CKPT_FULL;
+    j->checkpoint = FSDP_LM_CKPT_FULL;
     CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
     /* data mode: the fused kernels read what eager PyTorch frees */
     j->shape = 0;

@@ -19,7 +19,7 @@ typedef struct job {
     fsdp_strategy_t strategy;
     int world, per_node;
     const char *save;                 /* init from seed and save here, or */
-    const fsdp_llama_weights_t *load; /* load these */
+    const fsdp_lm_weights_t *load;    /* load these */
     float *params;                    /* rank 0: every parameter, units in order */
     size_t nparams;
 } job_t;
@@ -29,7 +29,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     job_t *j = arg;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
-    fsdp_llama_t *m = NULL;
+    fsdp_lm_t *m = NULL;
     fsdp_status_t st;
     size_t off = 0;
 
@@ -39,11 +39,11 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK)
-        st = j->load != NULL ? fsdp_llama_load_weights(m, j->load) : fsdp_llama_init_params(m, 7);
+        st = j->load != NULL ? fsdp_lm_load_weights(m, j->load) : fsdp_lm_init_params(m, 7);
     if (st == FSDP_OK && j->save != NULL)
-        st = fsdp_llama_save_weights(m, j->save);
+        st = fsdp_lm_save_weights(m, j->save);
     for (int k = 0; k <= j->cfg.n_layer && st == FSDP_OK; k++) {
-        fsdp_unit_t *u = k == 0 ? fsdp_llama_root(m) : fsdp_llama_layer(m, k - 1);
+        fsdp_unit_t *u = k == 0 ? fsdp_lm_root(m) : fsdp_lm_layer(m, k - 1);
         size_t n = fsdp_unit_flat_numel(u);
         float *flat = malloc(n * sizeof(float));
         st = flat != NULL ? fsdp_unit_gather_full(u, flat) : FSDP_ERR_NO_MEMORY;
@@ -52,7 +52,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         off += n;
         free(flat);
     }
-    fsdp_llama_destroy(m);
+    fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     return st;
 }
@@ -83,13 +83,13 @@ static const char *tmp_path(const char *name)
 static fsdp_status_t load_run(const char *path, const fsdp_llama_config_t *cfg, int world,
                               int per_node, fsdp_strategy_t strategy, float *out, size_t n)
 {
-    fsdp_llama_weights_t *w = NULL;
+    fsdp_lm_weights_t *w = NULL;
     fsdp_status_t st = fsdp_llama_weights_open(path, cfg, &w);
     job_t j = {*cfg, strategy, world, per_node, NULL, w, out, n};
 
     if (st == FSDP_OK)
         st = job_run(&j);
-    fsdp_llama_weights_close(w);
+    fsdp_lm_weights_close(w);
     return st;
 }
 
@@ -218,7 +218,7 @@ static void test_round_trip_tied(void)
 static void test_bad_checkpoints(void)
 {
     fsdp_llama_config_t cfg, other;
-    fsdp_llama_weights_t *w = NULL;
+    fsdp_lm_weights_t *w = NULL;
     char path[256];
     job_t save;
     FILE *idx;
@@ -253,7 +253,7 @@ static void test_bad_checkpoints(void)
     fsdp_log_set_level(FSDP_LOG_WARN);
     CU_ASSERT(w == NULL);
     CU_ASSERT(fsdp_llama_weights_open(save.save, &cfg, &w) == FSDP_OK);
-    fsdp_llama_weights_close(w);
+    fsdp_lm_weights_close(w);
     unlink(tmp_path("model.safetensors.index.json"));
     unlink(tmp_path("odd.safetensors"));
     unlink(save.save);

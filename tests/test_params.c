@@ -484,7 +484,7 @@ static fsdp_status_t gl_rank(fsdp_dev_t *dev, void *arg)
 {
     gl_ctx_t *gc = arg;
     fsdp_gpt2_config_t cfg;
-    fsdp_gpt2_t *m;
+    fsdp_lm_t *m;
     fsdp_t *fs;
     fsdp_status_t status;
     int bad = 0;
@@ -497,7 +497,7 @@ static fsdp_status_t gl_rank(fsdp_dev_t *dev, void *arg)
     status = fsdp_gpt2_create(fs, &cfg, &m);
     if (status == FSDP_OK) {
         int64_t c = cfg.n_embd;
-        fsdp_unit_t *root = fsdp_gpt2_root(m);
+        fsdp_unit_t *root = fsdp_lm_root(m);
         size_t off = 0;
         uint64_t total = 0;
         bad |= fsdp_num_units(fs) != 1 + cfg.n_layer || fsdp_unit_at(fs, 0) != root;
@@ -511,7 +511,7 @@ static fsdp_status_t gl_rank(fsdp_dev_t *dev, void *arg)
         bad |= fsdp_unit_flat_numel(root) != off + 2 * (size_t)c;
         total += fsdp_unit_flat_numel(root);
         for (int l = 0; l < cfg.n_layer; l++) {
-            fsdp_unit_t *u = fsdp_gpt2_block(m, l);
+            fsdp_unit_t *u = fsdp_lm_layer(m, l);
             char uname[64], pname[128];
             snprintf(uname, sizeof(uname), "transformer.h.%d", l);
             bad |= u != fsdp_unit_at(fs, 1 + l) || strcmp(fsdp_unit_name(u), uname) != 0 ||
@@ -528,7 +528,7 @@ static fsdp_status_t gl_rank(fsdp_dev_t *dev, void *arg)
         }
         if (dev->rank == 0)
             gc->total = total;
-        fsdp_gpt2_destroy(m);
+        fsdp_lm_destroy(m);
     }
     if (dev->rank == 0)
         gc->bad = bad;

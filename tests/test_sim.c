@@ -454,7 +454,7 @@ static fsdp_status_t rank_classes(fsdp_dev_t *dev, void *arg)
     for (int m = 0; m < 4; m++) {
         char what[64];
         fsdp_mlp_t *mlp = NULL;
-        fsdp_gpt2_t *gpt = NULL;
+        fsdp_lm_t *gpt = NULL;
         int ok;
 
         FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
@@ -469,7 +469,7 @@ static fsdp_status_t rank_classes(fsdp_dev_t *dev, void *arg)
             snprintf(what, sizeof(what), "gpt2-tiny");
         }
         ok = ok && check_classes(dev->rank, fs, what);
-        fsdp_gpt2_destroy(gpt);
+        fsdp_lm_destroy(gpt);
         fsdp_mlp_destroy(mlp);
         fsdp_destroy(fs);
         if (!ok)

@@ -73,9 +73,9 @@ static int gpt_parse(const char *spec, model_cfg_t *cfg)
 
 static fsdp_status_t gpt_create(fsdp_t *fs, const model_cfg_t *cfg, void **model_p)
 {
-    fsdp_status_t st = fsdp_gpt2_create(fs, &cfg->gpt, (fsdp_gpt2_t **)model_p);
+    fsdp_status_t st = fsdp_gpt2_create(fs, &cfg->gpt, (fsdp_lm_t **)model_p);
     if (st == FSDP_OK && cfg->checkpoint_activations)
-        st = fsdp_gpt2_set_checkpointing(*model_p, -1, 1);
+        st = fsdp_lm_set_checkpointing(*model_p, -1, FSDP_LM_CKPT_FULL);
     return st;
 }
 
@@ -89,14 +89,15 @@ static fsdp_status_t gpt_step(void *model, size_t batch, size_t seq)
     tokens = calloc(batch * seq, sizeof(*tokens));
     if (tokens == NULL)
         return FSDP_ERR_NO_MEMORY;
-    st = fsdp_gpt2_forward_backward(model, tokens, tokens, batch, seq, &loss);
+    st = fsdp_lm_forward_backward(model, tokens, tokens, batch, seq, &loss);
     free(tokens);
     return st;
 }
 
-static void gpt_destroy(void *model)
+/* GPT-2's and Llama's: an fsdp_lm_t (lm.h) */
+static void lm_destroy(void *model)
 {
-    fsdp_gpt2_destroy(model);
+    fsdp_lm_destroy(model);
 }
 
 static double gpt_params(const model_cfg_t *cfg)
@@ -116,8 +117,8 @@ static double gpt_palm_flops(const model_cfg_t *cfg)
     return 6.0 * (gpt_params(cfg) - embed) + 12.0 * g->n_layer * g->n_embd * (double)cfg->seq;
 }
 
-static const model_ops_t gpt_ops = {gpt_parse,   gpt_create, gpt_step,  NULL,
-                                    gpt_destroy, gpt_params, gpt_units, gpt_palm_flops};
+static const model_ops_t gpt_ops = {gpt_parse,  gpt_create, gpt_step,  NULL,
+                                    lm_destroy, gpt_params, gpt_units, gpt_palm_flops};
 
 /* Llama (include/fsdp/llama.h): a preset name or llama:layers=..., sequences of the model's
  * length, or of 8192 tokens (Llama 3's training context) for the 128K-context presets, or
@@ -129,12 +130,12 @@ static int llama_parse(const char *spec, model_cfg_t *cfg)
 
 static fsdp_status_t llama_create(fsdp_t *fs, const model_cfg_t *cfg, void **model_p)
 {
-    fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_llama_t **)model_p);
+    fsdp_status_t st = fsdp_llama_create(fs, &cfg->llama, (fsdp_lm_t **)model_p);
     int every = cfg->checkpoint_activations;
     if (st == FSDP_OK && every == CLI_AC_SELECTIVE_OP)
-        st = fsdp_llama_set_checkpointing(*model_p, -1, FSDP_LLAMA_CKPT_SELECTIVE_OP);
+        st = fsdp_lm_set_checkpointing(*model_p, -1, FSDP_LM_CKPT_SELECTIVE_OP);
     for (int l = every - 1; st == FSDP_OK && every > 0 && l < cfg->llama.n_layer; l += every)
-        st = fsdp_llama_set_checkpointing(*model_p, l, FSDP_LLAMA_CKPT_FULL);
+        st = fsdp_lm_set_checkpointing(*model_p, l, FSDP_LM_CKPT_FULL);
     if (st == FSDP_OK && cfg->eager_memory)
         st = fsdp_llama_set_eager_memory(*model_p, 1);
     return st;
@@ -149,12 +150,7 @@ static fsdp_status_t llama_step(void *model, size_t batch, size_t seq)
 {
     float loss;
     /* shape mode reads no tokens */
-    return fsdp_llama_forward_backward(model, NULL, NULL, batch, seq, &loss);
-}
-
-static void llama_destroy(void *model)
-{
-    fsdp_llama_destroy(model);
+    return fsdp_lm_forward_backward(model, NULL, NULL, batch, seq, &loss);
 }
 
 static double llama_params(const model_cfg_t *cfg)
@@ -176,8 +172,8 @@ static double llama_palm_flops(const model_cfg_t *cfg)
            12.0 * l->n_layer * l->n_head * fsdp_llama_head_dim(l) * (double)cfg->seq;
 }
 
-static const model_ops_t llama_ops = {llama_parse,   llama_create, llama_step,  NULL,
-                                      llama_destroy, llama_params, llama_units, llama_palm_flops};
+static const model_ops_t llama_ops = {llama_parse, llama_create, llama_step,  NULL,
+                                      lm_destroy,  llama_params, llama_units, llama_palm_flops};
 
 static const model_entry_t models[] = {
     {"mlp:", NULL, "mlp:D0,D1,...,DL: a Linear/ReLU stack, one unit per Linear", &mlp_ops, MODEL_MLP, 8},

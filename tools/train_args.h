@@ -34,7 +34,7 @@ typedef struct train_args {
     const char *profile_arg;       /* --profile, or NULL for the default */
     int ops;                       /* --ops: fsdp_sim_ops_t, or -1 for the profile's */
     fsdp_sim_profile_t profile;
-    /* --model gpt2... or llama...: the language-model path (train_gpt2.c) */
+    /* --model gpt2... or llama...: a language model (train_lm.c) */
     int gpt; /* either */
     int llama;
     const char *model_name;

@@ -1,4 +1,4 @@
-/* fsdp-train's trace database and step accounting, shared by the MLP and GPT-2 paths. */
+/* fsdp-train's trace database and step accounting, for its training loop (train_loop.c). */
 #include "train_trace.h"
 
 #include <pthread.h>

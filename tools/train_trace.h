@@ -1,4 +1,4 @@
-/* What both of fsdp-train's paths share: the trace database and the per-step report. */
+/* fsdp-train's trace database and its per-step report, for its training loop (train_loop.c). */
 #ifndef FSDP_TOOLS_TRAIN_TRACE_H
 #define FSDP_TOOLS_TRAIN_TRACE_H
 

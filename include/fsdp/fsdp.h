@@ -4,15 +4,16 @@
 
 #include <fsdp/backend.h>
 #include <fsdp/calibrate.h>
-#include <fsdp/core.h>
-#include <fsdp/gpu.h>
-#include <fsdp/kernel.h>
-#include <fsdp/log.h>
-#include <fsdp/memory.h>
 #include <fsdp/checkpoint.h>
+#include <fsdp/core.h>
 #include <fsdp/data.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/gpu.h>
+#include <fsdp/kernel.h>
 #include <fsdp/llama.h>
+#include <fsdp/lm.h>
+#include <fsdp/log.h>
+#include <fsdp/memory.h>
 #include <fsdp/nn.h>
 #include <fsdp/safetensors.h>
 #include <fsdp/sim.h>

@@ -5,9 +5,9 @@
  * HF's eager attention holds it; in f32 multiplied by 1/sqrt(head_dim)) and a 4x MLP with
  * gelu_new;
  * a final LayerNorm; the LM head tied to the token embedding; mean cross-entropy over the next
- * tokens. No dropout (HF's dropouts at p = 0, or eval mode). Forward and backward are written
- * only against backend kernels (kernel.h) and the FSDP hooks, so the same code runs on the sim
- * and on GPUs.
+ * tokens. No dropout (HF's dropouts at p = 0, or eval mode). This header holds what is GPT-2's
+ * own: its configurations, its units and HF's names; the model, once created, is an fsdp_lm_t
+ * (lm.h), as every language model is.
  *
  * Units: the root "transformer" owns wte, wpe and ln_f (its parameters stay unsharded from
  * forward to backward, as PyTorch's root does); every block "transformer.h.<i>" is a unit.
@@ -21,7 +21,7 @@
 
 #include <fsdp/api.h>
 
-#include <fsdp/nn.h>
+#include <fsdp/lm.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,21 +80,15 @@ FSDP_API uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg);
  * the causal mask not exploited), the usual 2 x parameters + attention; training is about 3x. */
 FSDP_API double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq);
 
-/* ---- the model on one rank ---- */
-
-typedef struct fsdp_gpt2 fsdp_gpt2_t;
+/* ---- the model on one rank (lm.h) ---- */
 
 /* Creates the units on fs: the root "transformer" (wte, wpe, ln_f) and n_layer blocks
  * "transformer.h.<i>", as fsdp_auto_wrap with ModuleWrapPolicy({GPT2Block}) decides over HF's
- * module tree. The model computes in the units' compute dtype: f32, or a mixed-precision
- * param_dtype (bf16, f16), with activations and their gradients in it and the loss in f32. */
+ * module tree; the rest is lm.h's. fsdp_lm_init_params is HF's _init_weights: weights
+ * N(0, initializer_range), every c_proj weight N(0, initializer_range / sqrt(2 n_layer)),
+ * biases 0, LayerNorm weights 1. Activation checkpointing is FSDP_LM_CKPT_FULL or none. */
 FSDP_API fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg,
-                                        fsdp_gpt2_t **model_p);
-FSDP_API void fsdp_gpt2_destroy(fsdp_gpt2_t *model);
-
-FSDP_API const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model);
-FSDP_API fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model);
-FSDP_API fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer); /* NULL out of range */
+                                        fsdp_lm_t **lm_p);
 
 /* Parameter indexes within a block unit and within the root. */
 enum {
@@ -114,43 +108,16 @@ enum {
 };
 enum { FSDP_GPT2_WTE = 0, FSDP_GPT2_WPE, FSDP_GPT2_LNF_W, FSDP_GPT2_LNF_B, FSDP_GPT2_ROOT_NPARAMS };
 
-/* HF's _init_weights: weights N(0, initializer_range), every c_proj weight
- * N(0, initializer_range / sqrt(2 n_layer)), biases 0, LayerNorm weights 1, from a deterministic
- * generator seeded with `seed`, the same on every rank and world size. */
-FSDP_API fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed);
-
-/* Activation checkpointing of block `layer` (-1: every block): its forward keeps only its
- * input, and its backward recomputes the rest after the pre-backward hook (the forward hooks
- * are not re-run). Off by default. */
-FSDP_API fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on);
-/* Scales the loss that backward differentiates (1/K for K accumulation micro-batches); the
- * reported loss stays the plain mean. Default 1. */
-FSDP_API void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale);
-
-/* One forward and backward on this rank's batch: inputs and targets [batch, seq] token ids in
- * host memory (seq <= n_positions; inputs in [0, vocab); a target < 0 is ignored, as torch's
- * ignore_index). Runs every FSDP hook and the final callback, leaving the sharded gradients for
- * the optimizer. *loss_p: the mean cross-entropy over this rank's counted targets. */
-FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inputs,
-                                                  const int32_t *targets, size_t batch, size_t seq,
-                                                  float *loss_p);
-
 /* ---- Hugging Face checkpoints (safetensors) ---- */
 
-/* An HF GPT-2 checkpoint opened and checked against a configuration, shared read-only by the
- * ranks that load it. Names with or without the "transformer." prefix are accepted; the
- * "attn.bias" and "attn.masked_bias" buffers are ignored, and "lm_head.weight" too when it
- * has wte's shape (it is tied). F32, BF16 and F16 tensors are read (widened to f32). A
- * missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is
+/* Opens an HF GPT-2 checkpoint and checks it against a configuration, for fsdp_lm_load_weights
+ * (closed by fsdp_lm_weights_close). Names with or without the "transformer." prefix are
+ * accepted; the "attn.bias" and "attn.masked_bias" buffers are ignored, and "lm_head.weight"
+ * too when it has wte's shape (it is tied). F32, BF16 and F16 tensors are read (widened to
+ * f32). A missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is
  * FSDP_ERR_FORMAT with one logged line naming the tensor. */
-typedef struct fsdp_gpt2_weights fsdp_gpt2_weights_t;
-
 FSDP_API fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
-                                              fsdp_gpt2_weights_t **weights_p);
-FSDP_API void fsdp_gpt2_weights_close(fsdp_gpt2_weights_t *weights);
-/* Sets every parameter of the model from the checkpoint (call on every rank, units idle). */
-FSDP_API fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model,
-                                              const fsdp_gpt2_weights_t *weights);
+                                              fsdp_lm_weights_t **weights_p);
 /* Reads a config's shape from a checkpoint's tensors (layers, width, vocab, positions; heads
  * are not in the tensors and are kept from *cfg). */
 FSDP_API fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_t *cfg);
@@ -160,10 +127,10 @@ typedef enum {
     FSDP_GPT2_SAVE_BARE = 1      /* "h.0...", as the hub's model.safetensors */
 } fsdp_gpt2_save_names_t;
 
-/* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0
- * as an HF checkpoint: F32, HF's names and layouts, no lm_head.weight (tied) and no mask
- * buffers, metadata {"format": "pt"}. */
-FSDP_API fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
+/* fsdp_lm_save_weights (which writes the prefixed names) with a choice of names: no
+ * lm_head.weight (tied) and no mask buffers. A model of another family is
+ * FSDP_ERR_INVALID_PARAM. */
+FSDP_API fsdp_status_t fsdp_gpt2_save_weights(fsdp_lm_t *lm, const char *path,
                                               fsdp_gpt2_save_names_t names);
 
 #ifdef __cplusplus

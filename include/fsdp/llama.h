@@ -6,6 +6,8 @@
  * residual add; a final RMSNorm; the LM head (its own weight, or the embedding's when tied); mean
  * cross-entropy over the next tokens. No biases, no dropout. Attention is one fused kernel
  * (FlashAttention's contract, kernel.h): a layer keeps O(seq) activations, no [seq, seq] tensor.
+ * This header holds what is Llama's own: its configurations, its units and HF's names; the
+ * model, once created, is an fsdp_lm_t (lm.h), as every language model is.
  *
  * Units: the root "model" owns model.embed_tokens.weight, model.norm.weight and lm_head.weight
  * (absent when tied) and keeps them unsharded from forward to backward, as PyTorch's root does;
@@ -18,7 +20,7 @@
 
 #include <fsdp/api.h>
 
-#include <fsdp/nn.h>
+#include <fsdp/lm.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,19 +75,13 @@ FSDP_API uint64_t fsdp_llama_layer_params(const fsdp_llama_config_t *cfg);
  * when rope_scaling), in f32. */
 FSDP_API void fsdp_llama_inv_freq(const fsdp_llama_config_t *cfg, float *inv_freq);
 
-/* ---- the model on one rank ---- */
+/* ---- the model on one rank (lm.h) ---- */
 
-typedef struct fsdp_llama fsdp_llama_t;
-
-/* Creates the units on fs (see above). The model computes in the units' compute dtype: f32, or
- * a mixed-precision param_dtype, the loss in f32. */
+/* Creates the units on fs (see above); the rest is lm.h's. fsdp_lm_init_params is HF's
+ * _init_weights: every Linear and the embedding N(0, initializer_range), RMSNorm weights 1.
+ * Activation checkpointing takes every FSDP_LM_CKPT_* policy. */
 FSDP_API fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg,
-                                         fsdp_llama_t **model_p);
-FSDP_API void fsdp_llama_destroy(fsdp_llama_t *model);
-
-FSDP_API const fsdp_llama_config_t *fsdp_llama_config(const fsdp_llama_t *model);
-FSDP_API fsdp_unit_t *fsdp_llama_root(fsdp_llama_t *model);
-FSDP_API fsdp_unit_t *fsdp_llama_layer(fsdp_llama_t *model, int layer); /* NULL out of range */
+                                         fsdp_lm_t **lm_p);
 
 /* Parameter indexes within a layer unit and within the root (HF's named_parameters order). */
 enum {
@@ -102,70 +98,31 @@ enum {
 };
 enum { FSDP_LLAMA_EMBED = 0, FSDP_LLAMA_NORM, FSDP_LLAMA_LM_HEAD, FSDP_LLAMA_ROOT_NPARAMS };
 
-/* HF's _init_weights: every Linear and the embedding N(0, initializer_range), RMSNorm weights 1,
- * from a generator seeded with `seed`, the same on every rank and world size. */
-FSDP_API fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed);
-
-/* Activation checkpointing policies of a layer, torchtitan's. */
-enum {
-    FSDP_LLAMA_CKPT_NONE = 0, /* the layer keeps what its backward reads */
-    FSDP_LLAMA_CKPT_FULL = 1, /* it keeps only its input; backward recomputes its forward */
-    /* torchtitan's selective op policy: it keeps the outputs of the expensive ops, the fused
-     * attention's (output and log-sum-exp) and every other matmul's, counted in forward order
-     * (q, v and gate saved; k, o and up recomputed; down's output is the layer's), and backward
-     * recomputes the others and the cheap ops (RMSNorm, rotary embedding of k, SwiGLU, the mid
-     * residual). q is kept rotated, the same bytes as its matmul output. */
-    FSDP_LLAMA_CKPT_SELECTIVE_OP = 2
-};
-/* Activation checkpointing of layer `layer` (-1: every layer) by one of the policies above
- * (any other non-zero `on` is FULL); recomputation runs after the pre-backward hook. Off by
- * default. The loss and gradients are the same under every policy. */
-FSDP_API fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on);
 /* Shape mode only: allocates, instead of the fused kernels' buffers, the tensors HF's eager
  * LlamaForCausalLM and autograd hold (docs/costs.md, "The memory of eager autograd"): the f32
  * upcasts and bf16 products RMSNorm saves, the rotary embedding's intermediates, SiLU's output,
  * repeat_kv's copies of k and v, the f32 logits and log-softmax of the loss and the logits'
  * f32 gradients, each freed when eager PyTorch frees it; the kernels launched are the same.
  * FSDP_ERR_UNSUPPORTED on a device that holds data (the fused kernels read what eager PyTorch
- * would have freed). Off by default. */
-FSDP_API fsdp_status_t fsdp_llama_set_eager_memory(fsdp_llama_t *model, int on);
-/* Scales the loss that backward differentiates (1/K for K accumulation micro-batches). */
-FSDP_API void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale);
-
-/* One forward and backward on this rank's batch: inputs and targets [batch, seq] token ids in
- * host memory (seq <= max_seq; a target < 0 is ignored). NULL inputs and targets in shape mode.
- * Runs every FSDP hook and the final callback. *loss_p: the mean cross-entropy. */
-FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *inputs,
-                                                   const int32_t *targets, size_t batch, size_t seq,
-                                                   float *loss_p);
+ * would have freed), FSDP_ERR_INVALID_PARAM for a model of another family. Off by default. */
+FSDP_API fsdp_status_t fsdp_llama_set_eager_memory(fsdp_lm_t *lm, int on);
 
 /* ---- Hugging Face checkpoints (safetensors) ---- */
 
-/* An HF Llama checkpoint opened and checked against a configuration, shared read-only by the
- * ranks that load it. `path` is a .safetensors file, HF's multi-file index
+/* Opens an HF Llama checkpoint and checks it against a configuration, for fsdp_lm_load_weights
+ * (closed by fsdp_lm_weights_close). `path` is a .safetensors file, HF's multi-file index
  * (model.safetensors.index.json: {"weight_map": {name: file}}, the files beside it), or a
  * directory holding either. Files are mapped, not read: a rank's load reads only its shard.
- * Names are LlamaForCausalLM's (llama.h's units), in nn.Linear's [out, in] layout and HF's
+ * Names are LlamaForCausalLM's (the units above), in nn.Linear's [out, in] layout and HF's
  * rotate_half order of the q and k rows: HF's conversion of Meta's checkpoints permutes those
  * rows once, so HF files load as they are, and Meta's own consolidated.*.pth files are not read.
  * lm_head.weight is not needed when tied (and ignored if present); the rotary inv_freq buffers
  * some files carry are skipped. F32, BF16 and F16 tensors are read (widened to f32). A
  * missing, duplicated or unexpected tensor, or a shape or dtype mismatch, is FSDP_ERR_FORMAT
- * with one logged line naming the tensor and its file. */
-typedef struct fsdp_llama_weights fsdp_llama_weights_t;
-
+ * with one logged line naming the tensor and its file. fsdp_lm_save_weights writes one HF
+ * model.safetensors, without lm_head.weight when tied. */
 FSDP_API fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_t *cfg,
-                                               fsdp_llama_weights_t **weights_p);
-/* Accepts NULL. */
-FSDP_API void fsdp_llama_weights_close(fsdp_llama_weights_t *weights);
-/* Sets this rank's shard of every parameter from the checkpoint, reading no other part of it
- * (call on every rank, units idle; no collective). */
-FSDP_API fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model,
-                                               const fsdp_llama_weights_t *weights);
-/* Gathers the full parameters (a collective: every rank calls it) and writes them on rank 0 as
- * one HF model.safetensors: F32, HF's names and layouts, no lm_head.weight when tied, metadata
- * {"format": "pt"}. */
-FSDP_API fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path);
+                                               fsdp_lm_weights_t **weights_p);
 
 #ifdef __cplusplus
 }

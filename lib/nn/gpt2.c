@@ -1,5 +1,6 @@
 /* GPT-2: configurations and presets, the units and their parameters, HF's initialization.
- * The forward and backward are in gpt2_run.c, the HF checkpoints in gpt2_hf.c. */
+ * The forward and backward are in gpt2_run.c, the HF checkpoints in gpt2_hf.c, the model as an
+ * fsdp_lm_t in gpt2_lm.c. */
 #include "config.h"
 
 #include <ctype.h>
@@ -11,6 +12,7 @@
 
 #include <fsdp/gpt2.h>
 #include <fsdp/log.h>
+#include <fsdp/nn.h>
 
 #include "nn/gpt2_int.h"
 
@@ -355,7 +357,7 @@ static const char *sub_name(char *n, int l, const char *suffix)
     return block_name(n, FSDP_LM_NAME_LEN, l, suffix);
 }
 
-static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
+fsdp_status_t fsdp_gpt2_tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
     const fsdp_gpt2_config_t *cfg = cfg_v;
     int list;
@@ -387,62 +389,6 @@ static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
     return FSDP_OK;
 }
 
-/* ---- the model ---- */
-
-fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_gpt2_t **model_p)
-{
-    fsdp_gpt2_t *m;
-    fsdp_status_t status = fsdp_gpt2_config_check(cfg);
-
-    if (status != FSDP_OK)
-        return status;
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return FSDP_ERR_NO_MEMORY;
-    m->cfg = *cfg;
-    /* ModuleWrapPolicy({GPT2Block}): the root holds wte, wpe and ln_f */
-    status = fsdp_lm_setup(&m->lm, fs, "gpt2", "block", cfg->n_layer, tree_build, cfg, "GPT2Block");
-    if (status != FSDP_OK) {
-        fsdp_gpt2_destroy(m); /* units belong to fs and go with it */
-        return status;
-    }
-    *model_p = m;
-    return FSDP_OK;
-}
-
-void fsdp_gpt2_destroy(fsdp_gpt2_t *model)
-{
-    if (model == NULL)
-        return;
-    fsdp_lm_fini(&model->lm);
-    free(model);
-}
-
-const fsdp_gpt2_config_t *fsdp_gpt2_config(const fsdp_gpt2_t *model)
-{
-    return &model->cfg;
-}
-
-fsdp_unit_t *fsdp_gpt2_root(fsdp_gpt2_t *model)
-{
-    return model->lm.root;
-}
-
-fsdp_unit_t *fsdp_gpt2_block(fsdp_gpt2_t *model, int layer)
-{
-    return fsdp_lm_layer(&model->lm, layer);
-}
-
-fsdp_status_t fsdp_gpt2_set_checkpointing(fsdp_gpt2_t *model, int layer, int on)
-{
-    return fsdp_lm_set_checkpointing(&model->lm, layer, on != 0);
-}
-
-void fsdp_gpt2_set_loss_scale(fsdp_gpt2_t *model, float scale)
-{
-    model->lm.loss_scale = scale;
-}
-
 /* ---- initialization ---- */
 
 static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, fsdp_rng_t *rng,
@@ -463,8 +409,9 @@ static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, 
     return fsdp_unit_set_param(u, index, buf);
 }
 
-fsdp_status_t fsdp_gpt2_init_params(fsdp_gpt2_t *model, uint64_t seed)
+fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
 {
+    fsdp_gpt2_t *model = fsdp_gpt2_of(lm);
     const fsdp_gpt2_config_t *cfg = &model->cfg;
     fsdp_unit_t *root = model->lm.root;
     const float std = cfg->initializer_range;

@@ -17,12 +17,13 @@
 
 #define PREFIX "transformer."
 
-struct fsdp_gpt2_weights {
+typedef struct gpt2_weights {
+    fsdp_lm_weights_t base; /* first: fsdp_lm_weights_t hands out &base */
     fsdp_st_file_t *file;
     fsdp_gpt2_config_t cfg;
     const fsdp_st_tensor_t *root[FSDP_GPT2_ROOT_NPARAMS];
     const fsdp_st_tensor_t **blocks; /* [n_layer][FSDP_GPT2_BLOCK_NPARAMS] */
-};
+} gpt2_weights_t;
 
 /* Where a checkpoint name goes: *block_p = -1 for the root, the layer for a block; *index_p
  * the parameter; or *skip_p = 1 for a buffer. Returns 0 for a name that is none of these. */
@@ -105,21 +106,21 @@ static fsdp_status_t check_tensor(const char *path, const fsdp_gpt2_config_t *cf
     return FSDP_OK;
 }
 
-void fsdp_gpt2_weights_close(fsdp_gpt2_weights_t *weights)
+static void weights_close(fsdp_lm_weights_t *base)
 {
-    if (weights == NULL)
-        return;
+    gpt2_weights_t *weights = (gpt2_weights_t *)base;
+
     fsdp_st_close(weights->file);
     free(weights->blocks);
     free(weights);
 }
 
 fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
-                                     fsdp_gpt2_weights_t **weights_p)
+                                     fsdp_lm_weights_t **weights_p)
 {
     const int L = cfg->n_layer, NB = FSDP_GPT2_BLOCK_NPARAMS;
     const fsdp_st_tensor_t *lm_head_t = NULL;
-    fsdp_gpt2_weights_t *w;
+    gpt2_weights_t *w;
     fsdp_status_t status;
 
     status = fsdp_gpt2_config_check(cfg);
@@ -128,6 +129,8 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
     w = calloc(1, sizeof(*w));
     if (w == NULL)
         return FSDP_ERR_NO_MEMORY;
+    w->base.family = "gpt2";
+    w->base.close = weights_close;
     w->cfg = *cfg;
     w->blocks = calloc((size_t)L * (size_t)NB, sizeof(*w->blocks));
     if (w->blocks == NULL) {
@@ -196,11 +199,11 @@ fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t 
             }
         }
     }
-    *weights_p = w;
+    *weights_p = &w->base;
     return FSDP_OK;
 
 err_close:
-    fsdp_gpt2_weights_close(w);
+    weights_close(&w->base);
     return status;
 }
 
@@ -210,8 +213,10 @@ static fsdp_status_t set_param(fsdp_unit_t *u, int index, const fsdp_st_tensor_t
     return status == FSDP_OK ? fsdp_unit_set_param(u, index, buf) : status;
 }
 
-fsdp_status_t fsdp_gpt2_load_weights(fsdp_gpt2_t *model, const fsdp_gpt2_weights_t *weights)
+fsdp_status_t fsdp_gpt2_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *base)
 {
+    const fsdp_gpt2_t *model = fsdp_gpt2_of(lm);
+    const gpt2_weights_t *weights = (const gpt2_weights_t *)base;
     const fsdp_gpt2_config_t *c = &model->cfg, *wc = &weights->cfg;
     fsdp_status_t status = FSDP_OK;
     uint64_t max_numel = 0;
@@ -298,10 +303,15 @@ static void gpt2_name(void *arg, int unit, int index, const fsdp_param_info_t *p
         snprintf(buf, len, "%sh.%d.%s", prefix, unit - 1, fsdp_gpt2_block_param_name(index));
 }
 
-fsdp_status_t fsdp_gpt2_save_weights(fsdp_gpt2_t *model, const char *path,
-                                     fsdp_gpt2_save_names_t names)
+fsdp_status_t fsdp_gpt2_save_weights(fsdp_lm_t *lm, const char *path, fsdp_gpt2_save_names_t names)
 {
-    return fsdp_nn_save_units(model->lm.root, model->lm.layers, model->cfg.n_layer,
-                              fsdp_device(model->lm.fs)->rank, path, gpt2_name,
-                              (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
+    if (fsdp_lm_of_family(lm, "gpt2", "fsdp_gpt2_save_weights") == NULL)
+        return FSDP_ERR_INVALID_PARAM;
+    return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
+                              gpt2_name, (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
+}
+
+fsdp_status_t fsdp_gpt2_save_hf(fsdp_lm_t *lm, const char *path)
+{
+    return fsdp_gpt2_save_weights(lm, path, FSDP_GPT2_SAVE_PREFIXED);
 }

@@ -591,10 +591,11 @@ static const fsdp_lm_ops_t gpt2_ops = {
     .embed_bwd = embed_bwd,
 };
 
-fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t *model, const int32_t *inputs,
+fsdp_status_t fsdp_gpt2_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
                                          const int32_t *targets, size_t batch, size_t seq,
                                          float *loss_p)
 {
+    fsdp_gpt2_t *model = fsdp_gpt2_of(lm);
     const fsdp_gpt2_config_t *cfg = &model->cfg;
     gpt2_run_t run;
     size_t count = 0;

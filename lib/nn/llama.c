@@ -1,5 +1,6 @@
 /* Llama: configurations and presets, the rotary frequencies, the units and their parameters,
- * HF's initialization. The forward and backward are in llama_run.c. */
+ * HF's initialization. The forward and backward are in llama_run.c, the HF checkpoints in
+ * llama_hf.c, the model as an fsdp_lm_t in llama_lm.c. */
 #include "config.h"
 
 #include <ctype.h>
@@ -11,6 +12,7 @@
 
 #include <fsdp/llama.h>
 #include <fsdp/log.h>
+#include <fsdp/nn.h>
 
 #include "nn/llama_int.h"
 
@@ -330,7 +332,7 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg, const cha
 }
 
 /* HF's LlamaForCausalLM in named_modules order; the root is named "model" here. */
-static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
+fsdp_status_t fsdp_llama_tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 {
     const fsdp_llama_config_t *cfg = cfg_v;
     int list;
@@ -375,71 +377,16 @@ static fsdp_status_t tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
 
 /* ---- the model ---- */
 
-fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_llama_t **model_p)
+fsdp_status_t fsdp_llama_set_eager_memory(fsdp_lm_t *lm, int on)
 {
-    fsdp_llama_t *m;
-    fsdp_status_t status = fsdp_llama_config_check(cfg);
-
-    if (status != FSDP_OK)
-        return status;
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return FSDP_ERR_NO_MEMORY;
-    m->cfg = *cfg;
-    status = fsdp_lm_setup(&m->lm, fs, "llama", "layer", cfg->n_layer, tree_build, cfg,
-                           "LlamaDecoderLayer");
-    if (status != FSDP_OK) {
-        fsdp_llama_destroy(m); /* units belong to fs and go with it */
-        return status;
-    }
-    *model_p = m;
-    return FSDP_OK;
-}
-
-void fsdp_llama_destroy(fsdp_llama_t *model)
-{
-    if (model == NULL)
-        return;
-    fsdp_lm_fini(&model->lm);
-    free(model);
-}
-
-const fsdp_llama_config_t *fsdp_llama_config(const fsdp_llama_t *model)
-{
-    return &model->cfg;
-}
-
-fsdp_unit_t *fsdp_llama_root(fsdp_llama_t *model)
-{
-    return model->lm.root;
-}
-
-fsdp_unit_t *fsdp_llama_layer(fsdp_llama_t *model, int layer)
-{
-    return fsdp_lm_layer(&model->lm, layer);
-}
-
-fsdp_status_t fsdp_llama_set_checkpointing(fsdp_llama_t *model, int layer, int on)
-{
-    return fsdp_lm_set_checkpointing(&model->lm, layer,
-                                     on == FSDP_LLAMA_CKPT_SELECTIVE_OP ? on
-                                     : on != 0                          ? FSDP_LLAMA_CKPT_FULL
-                                                                        : FSDP_LLAMA_CKPT_NONE);
-}
-
-fsdp_status_t fsdp_llama_set_eager_memory(fsdp_llama_t *model, int on)
-{
-    if (on && !fsdp_device(model->lm.fs)->no_data) {
+    if (fsdp_lm_of_family(lm, "llama", "fsdp_llama_set_eager_memory") == NULL)
+        return FSDP_ERR_INVALID_PARAM;
+    if (on && !fsdp_device(lm->fs)->no_data) {
         fsdp_error("llama: eager memory is for shape mode (a device without data)");
         return FSDP_ERR_UNSUPPORTED;
     }
-    model->eager_memory = on != 0;
+    fsdp_llama_of(lm)->eager_memory = on != 0;
     return FSDP_OK;
-}
-
-void fsdp_llama_set_loss_scale(fsdp_llama_t *model, float scale)
-{
-    model->lm.loss_scale = scale;
 }
 
 /* ---- initialization ---- */
@@ -465,8 +412,9 @@ static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, fsdp_rng_t
     return fsdp_unit_set_param(u, index, buf);
 }
 
-fsdp_status_t fsdp_llama_init_params(fsdp_llama_t *model, uint64_t seed)
+fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed)
 {
+    fsdp_llama_t *model = fsdp_llama_of(lm);
     const fsdp_llama_config_t *cfg = &model->cfg;
     const float std = cfg->initializer_range;
     const int nroot = cfg->tie_word_embeddings ? 2 : 3;

@@ -20,14 +20,15 @@
 #define INDEX_NAME "model.safetensors.index.json"
 #define SINGLE_NAME "model.safetensors"
 
-struct fsdp_llama_weights {
+typedef struct llama_weights {
+    fsdp_lm_weights_t base; /* first: fsdp_lm_weights_t hands out &base */
     fsdp_st_file_t **files;
     char **file_names; /* for messages */
     int nfiles;
     fsdp_llama_config_t cfg;
     const fsdp_st_tensor_t *root[FSDP_LLAMA_ROOT_NPARAMS];
     const fsdp_st_tensor_t **layers; /* [n_layer][FSDP_LLAMA_LAYER_NPARAMS] */
-};
+} llama_weights_t;
 
 enum { NAME_PARAM = 1, NAME_SKIP = 2, NAME_TIED_HEAD = 3 };
 
@@ -94,7 +95,7 @@ static fsdp_status_t check_tensor(const fsdp_llama_config_t *cfg, const char *fi
 }
 
 /* Puts tensor t (named `name`, from file `file`) in its slot. */
-static fsdp_status_t place(fsdp_llama_weights_t *w, const char *file, const char *name,
+static fsdp_status_t place(llama_weights_t *w, const char *file, const char *name,
                            const fsdp_st_tensor_t *t)
 {
     const int NL = FSDP_LLAMA_LAYER_NPARAMS;
@@ -120,7 +121,7 @@ static fsdp_status_t place(fsdp_llama_weights_t *w, const char *file, const char
 }
 
 /* Maps one more file: w->files[w->nfiles - 1]. */
-static fsdp_status_t open_file(fsdp_llama_weights_t *w, const char *path)
+static fsdp_status_t open_file(llama_weights_t *w, const char *path)
 {
     char **names = realloc(w->file_names, (size_t)(w->nfiles + 1) * sizeof(*names));
     fsdp_st_file_t **files;
@@ -141,7 +142,7 @@ static fsdp_status_t open_file(fsdp_llama_weights_t *w, const char *path)
 }
 
 /* The index: every name in its weight_map is looked up in the file it names (opened once). */
-static fsdp_status_t open_index(fsdp_llama_weights_t *w, const char *index_path)
+static fsdp_status_t open_index(llama_weights_t *w, const char *index_path)
 {
     const char *slash = strrchr(index_path, '/');
     int dir_len = slash != NULL ? (int)(slash - index_path + 1) : 0;
@@ -191,10 +192,10 @@ static fsdp_status_t open_index(fsdp_llama_weights_t *w, const char *index_path)
     return status;
 }
 
-void fsdp_llama_weights_close(fsdp_llama_weights_t *weights)
+static void weights_close(fsdp_lm_weights_t *base)
 {
-    if (weights == NULL)
-        return;
+    llama_weights_t *weights = (llama_weights_t *)base;
+
     for (int i = 0; i < weights->nfiles; i++) {
         fsdp_st_close(weights->files[i]);
         free(weights->file_names[i]);
@@ -218,10 +219,10 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_t *cfg,
-                                      fsdp_llama_weights_t **weights_p)
+                                      fsdp_lm_weights_t **weights_p)
 {
     const int L = cfg->n_layer, NL = FSDP_LLAMA_LAYER_NPARAMS;
-    fsdp_llama_weights_t *w;
+    llama_weights_t *w;
     char buf[4096];
     fsdp_status_t status = fsdp_llama_config_check(cfg);
 
@@ -230,6 +231,8 @@ fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_
     w = calloc(1, sizeof(*w));
     if (w == NULL)
         return FSDP_ERR_NO_MEMORY;
+    w->base.family = "llama";
+    w->base.close = weights_close;
     w->cfg = *cfg;
     w->layers = calloc((size_t)L * (size_t)NL, sizeof(*w->layers));
     if (w->layers == NULL) {
@@ -268,11 +271,11 @@ fsdp_status_t fsdp_llama_weights_open(const char *path, const fsdp_llama_config_
             goto err_close;
         }
     }
-    *weights_p = w;
+    *weights_p = &w->base;
     return FSDP_OK;
 
 err_close:
-    fsdp_llama_weights_close(w);
+    weights_close(&w->base);
     return status;
 }
 
@@ -294,8 +297,10 @@ static fsdp_status_t load_unit(fsdp_unit_t *u, const fsdp_st_tensor_t *const *te
     return status;
 }
 
-fsdp_status_t fsdp_llama_load_weights(fsdp_llama_t *model, const fsdp_llama_weights_t *weights)
+fsdp_status_t fsdp_llama_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *base)
 {
+    const fsdp_llama_t *model = fsdp_llama_of(lm);
+    const llama_weights_t *weights = (const llama_weights_t *)base;
     const fsdp_llama_config_t *c = &model->cfg, *wc = &weights->cfg;
     size_t max_shard = 0;
     fsdp_status_t status;
@@ -336,8 +341,8 @@ static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi,
     snprintf(buf, len, "%s", pi->name); /* the units' names are HF's */
 }
 
-fsdp_status_t fsdp_llama_save_weights(fsdp_llama_t *model, const char *path)
+fsdp_status_t fsdp_llama_save_weights(fsdp_lm_t *lm, const char *path)
 {
-    return fsdp_nn_save_units(model->lm.root, model->lm.layers, model->cfg.n_layer,
-                              fsdp_device(model->lm.fs)->rank, path, hf_name, NULL);
+    return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
+                              hf_name, NULL);
 }

@@ -1,5 +1,5 @@
-/* Llama internals shared by llama.c (configurations, units, init) and llama_run.c (forward,
- * backward). */
+/* Llama internals shared by llama.c (configurations, units, init), llama_run.c (forward,
+ * backward), llama_hf.c (HF checkpoints) and llama_lm.c (the family of lm.h that they make). */
 #ifndef FSDP_NN_LLAMA_INT_H
 #define FSDP_NN_LLAMA_INT_H
 
@@ -9,11 +9,18 @@
 
 #define FSDP_LLAMA_MAX_LAYERS 1024
 
-struct fsdp_llama {
-    fsdp_lm_t lm; /* root: embed_tokens, norm, lm_head (untied); checkpoint: FSDP_LLAMA_CKPT_* */
+typedef struct fsdp_llama {
+    fsdp_lm_t
+        lm; /* first; root: embed_tokens, norm, lm_head (untied); checkpoint: FSDP_LM_CKPT_* */
     fsdp_llama_config_t cfg;
     int eager_memory; /* fsdp_llama_set_eager_memory */
-};
+} fsdp_llama_t;
+
+/* The Llama model that lm is (lm's family is Llama's). */
+static inline fsdp_llama_t *fsdp_llama_of(fsdp_lm_t *lm)
+{
+    return (fsdp_llama_t *)lm;
+}
 
 /* HF's name of a layer parameter without "model.layers.<i>." and of a root parameter, by
  * FSDP_LLAMA_* index. */
@@ -22,5 +29,16 @@ const char *fsdp_llama_root_param_name(int index);
 /* The shape of parameter `index` of layer `layer` (-1: the root), [out, in]. */
 void fsdp_llama_param_shape(const fsdp_llama_config_t *cfg, int layer, int index, int *ndim_p,
                             int64_t shape[2]);
+
+/* The family's functions (lm_int.h), by file: HF's module tree of a configuration and the
+ * initialization (llama.c), one forward and backward (llama_run.c), HF's checkpoints
+ * (llama_hf.c). */
+fsdp_status_t fsdp_llama_tree_build(fsdp_lm_tree_t *t, const void *cfg);
+fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed);
+fsdp_status_t fsdp_llama_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
+                                          const int32_t *targets, size_t batch, size_t seq,
+                                          float *loss_p);
+fsdp_status_t fsdp_llama_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *weights);
+fsdp_status_t fsdp_llama_save_weights(fsdp_lm_t *lm, const char *path);
 
 #endif

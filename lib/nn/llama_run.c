@@ -711,9 +711,9 @@ static unsigned all_act(const llama_run_t *r)
 static unsigned recomputed(const llama_run_t *r, int l)
 {
     const fsdp_llama_t *m = r->m;
-    return m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_FULL           ? all_act(r)
-           : m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_SELECTIVE_OP ? all_act(r) & ~SAVED_OP
-                                                                 : 0u;
+    return m->lm.checkpoint[l] == FSDP_LM_CKPT_FULL           ? all_act(r)
+           : m->lm.checkpoint[l] == FSDP_LM_CKPT_SELECTIVE_OP ? all_act(r) & ~SAVED_OP
+                                                              : 0u;
 }
 
 static fsdp_status_t embed_fwd(fsdp_lm_run_t *lr)
@@ -734,7 +734,7 @@ static void layer_forget(fsdp_lm_run_t *lr, int l)
     llama_run_t *r = run_of(lr);
 
     free_act(r, l, recomputed(r, l));
-    if (r->eager && r->upcast && r->m->lm.checkpoint[l] == FSDP_LLAMA_CKPT_NONE)
+    if (r->eager && r->upcast && r->m->lm.checkpoint[l] == FSDP_LM_CKPT_NONE)
         FREE(r, lr->resid[l]);
 }
 
@@ -889,10 +889,11 @@ static const fsdp_lm_ops_t llama_ops = {
     .cleanup = cleanup,
 };
 
-fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t *model, const int32_t *inputs,
+fsdp_status_t fsdp_llama_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
                                           const int32_t *targets, size_t batch, size_t seq,
                                           float *loss_p)
 {
+    fsdp_llama_t *model = fsdp_llama_of(lm);
     const fsdp_llama_config_t *cfg = &model->cfg;
     llama_run_t run;
     size_t count = 0;

@@ -21,17 +21,18 @@ fsdp_status_t fsdp_lm_check_batch(const fsdp_lm_t *lm, int max_seq, const char *
     if (batch == 0 || seq == 0 || seq > (size_t)max_seq) {
         fsdp_error("%s: a batch needs at least one row and 1 to %d tokens per row (the "
                    "model's %s), not %zu x %zu",
-                   lm->name, max_seq, seq_what, batch, seq);
+                   lm->family->name, max_seq, seq_what, batch, seq);
         return FSDP_ERR_INVALID_PARAM;
     }
     if ((double)batch * (double)seq * per_token * 4.0 > 0x1p60) {
-        fsdp_error("%s: a batch of %zu x %zu is too large", lm->name, batch, seq);
+        fsdp_error("%s: a batch of %zu x %zu is too large", lm->family->name, batch, seq);
         return FSDP_ERR_INVALID_PARAM;
     }
     n = batch * seq;
     if (inputs == NULL || targets == NULL) {
         if (!fsdp_device(lm->fs)->no_data) {
-            fsdp_error("%s: inputs and targets are NULL (allowed in shape mode only)", lm->name);
+            fsdp_error("%s: inputs and targets are NULL (allowed in shape mode only)",
+                       lm->family->name);
             return FSDP_ERR_INVALID_PARAM;
         }
         *count_p = n;
@@ -41,19 +42,20 @@ fsdp_status_t fsdp_lm_check_batch(const fsdp_lm_t *lm, int max_seq, const char *
         if (inputs[i] < 0 || inputs[i] >= vocab) {
             fsdp_error("%s: input token %d at row %zu position %zu is outside the vocabulary "
                        "[0, %d)",
-                       lm->name, (int)inputs[i], i / seq, i % seq, vocab);
+                       lm->family->name, (int)inputs[i], i / seq, i % seq, vocab);
             return FSDP_ERR_INVALID_PARAM;
         }
         if (targets[i] >= vocab) {
             fsdp_error("%s: target token %d at row %zu position %zu is outside the vocabulary "
                        "[0, %d) (negative targets are ignored)",
-                       lm->name, (int)targets[i], i / seq, i % seq, vocab);
+                       lm->family->name, (int)targets[i], i / seq, i % seq, vocab);
             return FSDP_ERR_INVALID_PARAM;
         }
         count += targets[i] >= 0;
     }
     if (count == 0) {
-        fsdp_error("%s: every target of the batch is ignored: no loss to compute", lm->name);
+        fsdp_error("%s: every target of the batch is ignored: no loss to compute",
+                   lm->family->name);
         return FSDP_ERR_INVALID_PARAM;
     }
     *count_p = count;
@@ -79,7 +81,7 @@ fsdp_status_t fsdp_lm_run_init(fsdp_lm_run_t *r, fsdp_lm_t *lm, size_t batch, si
         if (fsdp_unit_compute_dtype(lm->layers[l]) != r->dt) {
             fsdp_error("%s: %s %d computes in %s, the root in %s; the model needs one compute "
                        "dtype",
-                       lm->name, lm->layer, l,
+                       lm->family->name, lm->family->layer, l,
                        fsdp_dtype_name(fsdp_unit_compute_dtype(lm->layers[l])),
                        fsdp_dtype_name(r->dt));
             return FSDP_ERR_INVALID_PARAM;

@@ -1,50 +1,69 @@
 /* What the language models (GPT-2, Llama) share, so that gpt2*.c and llama*.c hold only what is
- * particular to each: the model on one rank, a root unit and one unit per layer made from HF's
- * module tree by a wrap policy, with per-layer checkpointing and a loss scale (lm_units.c); and
- * one training step's scaffolding, the order of its hooks, allocations and frees, around the
- * model's own kernels (lm.c). */
+ * particular to each: the model on one rank behind lm.h, a root unit and one unit per layer made
+ * from HF's module tree by a wrap policy, with per-layer checkpointing and a loss scale, whose
+ * family's own functions lm.h's call (lm_units.c); and one training step's scaffolding, the order
+ * of its hooks, allocations and frees, around the model's own kernels (lm.c). */
 #ifndef FSDP_NN_LM_INT_H
 #define FSDP_NN_LM_INT_H
 
 #include <fsdp/core.h>
+#include <fsdp/lm.h>
 #include <fsdp/wrap.h>
 
 #include "nn/nn_int.h"
 
 /* ---- the model on one rank (lm_units.c) ---- */
 
-/* The first member of struct fsdp_gpt2 and struct fsdp_llama. */
-typedef struct fsdp_lm {
+typedef struct fsdp_lm_tree fsdp_lm_tree_t;
+
+/* What a family (GPT-2, Llama) does its own way behind lm.h's functions. */
+typedef struct fsdp_lm_family {
+    const char *name;      /* "gpt2", "llama": what its log lines start with */
+    const char *layer;     /* "block", "layer": what they call a layer unit */
+    const char *wrap_type; /* HF's class of a layer, which ModuleWrapPolicy wraps */
+    size_t size;           /* bytes of the family's model, whose first member is the fsdp_lm_t */
+    int max_checkpoint;    /* the highest FSDP_LM_CKPT_* policy it has; above it runs FULL */
+    /* HF's module tree of a configuration, in room of fsdp_lm_tree_alloc's */
+    fsdp_status_t (*build)(fsdp_lm_tree_t *t, const void *cfg);
+    fsdp_status_t (*init_params)(fsdp_lm_t *lm, uint64_t seed);
+    fsdp_status_t (*forward_backward)(fsdp_lm_t *lm, const int32_t *inputs, const int32_t *targets,
+                                      size_t batch, size_t seq, float *loss_p);
+    /* weights of this family (checked), opened for a shape it checks against the model's */
+    fsdp_status_t (*load_weights)(fsdp_lm_t *lm, const fsdp_lm_weights_t *weights);
+    fsdp_status_t (*save_weights)(fsdp_lm_t *lm, const char *path);
+} fsdp_lm_family_t;
+
+/* The first member of struct fsdp_gpt2 and struct fsdp_llama, which fsdp_lm_destroy frees. */
+struct fsdp_lm {
+    const fsdp_lm_family_t *family;
     fsdp_t *fs;
-    const char *name;  /* "gpt2", "llama": what its log lines start with */
-    const char *layer; /* "block", "layer": what they call a layer unit */
     int n_layer;
     fsdp_unit_t *root;    /* the embedding, the final norm and the LM head */
     fsdp_unit_t **layers; /* n_layer */
-    int *checkpoint;      /* per layer: the model's activation-checkpointing policy, 0 none */
+    int *checkpoint;      /* per layer: its FSDP_LM_CKPT_* policy */
     float loss_scale;
-} fsdp_lm_t;
+};
 
-typedef struct fsdp_lm_tree fsdp_lm_tree_t;
-/* Builds a model's module tree from its configuration, in room of fsdp_lm_tree_alloc's. */
-typedef fsdp_status_t (*fsdp_lm_tree_func_t)(fsdp_lm_tree_t *t, const void *cfg);
+/* The first member of a family's opened checkpoint. It names the family rather than pointing to
+ * its table, so that the file which reads checkpoints need not name the file that holds the
+ * table, which calls it. */
+struct fsdp_lm_weights {
+    const char *family; /* the family's name */
+    void (*close)(fsdp_lm_weights_t *weights);
+};
 
-/* Makes the model on fs: n_layer layers, the units that ModuleWrapPolicy({wrap_type}) cuts from
- * the tree build(cfg) makes (a root and one per layer), checkpointing off, a loss scale of 1.
- * On failure fsdp_lm_fini releases what was made (the units go with fs). */
-fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
-                            int n_layer, fsdp_lm_tree_func_t build, const void *cfg,
-                            const char *wrap_type);
-/* Frees lm's arrays; its units belong to fs and go with it. */
-void fsdp_lm_fini(fsdp_lm_t *lm);
-/* Layer `layer`'s unit, NULL out of range. */
-fsdp_unit_t *fsdp_lm_layer(fsdp_lm_t *lm, int layer);
-/* Sets the checkpointing policy of layer `layer` (-1: every layer) to `policy`; a layer out of
- * range is FSDP_ERR_INVALID_PARAM, logged with the range. */
-fsdp_status_t fsdp_lm_set_checkpointing(fsdp_lm_t *lm, int layer, int policy);
+/* Makes a model of `family` on fs: a zeroed model of family->size bytes with n_layer layers, the
+ * units that ModuleWrapPolicy({family->wrap_type}) cuts from the tree family->build(cfg) makes (a
+ * root and one per layer), checkpointing off, a loss scale of 1. The family fills in the rest of
+ * its model. On failure nothing is left but units, which belong to fs and go with it. */
+fsdp_status_t fsdp_lm_create(fsdp_t *fs, const fsdp_lm_family_t *family, int n_layer,
+                             const void *cfg, fsdp_lm_t **lm_p);
 /* A host buffer of as many floats as the largest parameter of the root and of layer 0 (the
  * layers are alike), for writing parameters one at a time; NULL when out of memory. */
 float *fsdp_lm_param_buffer(fsdp_lm_t *lm);
+/* lm when it is of the family named `family`; else NULL, and an error logged that `what` needs
+ * that family. */
+fsdp_lm_t *fsdp_lm_of_family(fsdp_lm_t *lm, const char *family, const char *what);
 
 /* HF's module tree in named_modules order, with each module's own parameters: module m holds
  * params [first[m], first[m] + count[m]). The models build it, naming their parameters as HF

@@ -1,4 +1,5 @@
-/* A language model's units on one rank (lm_int.h): HF's module tree, cut by a wrap policy into
+/* A language model on one rank (lm.h, lm_int.h): lm.h's functions, the same for every family,
+ * which call the family's own where it differs; and HF's module tree, cut by a wrap policy into
  * a root unit and one unit per layer, and the per-layer settings the models keep with them. */
 #include "config.h"
 
@@ -9,12 +10,33 @@
 
 #include "nn/lm_int.h"
 
-void fsdp_lm_fini(fsdp_lm_t *lm)
+fsdp_lm_t *fsdp_lm_of_family(fsdp_lm_t *lm, const char *family, const char *what)
 {
+    if (strcmp(lm->family->name, family) == 0)
+        return lm;
+    fsdp_error("%s: needs a %s model, not %s", what, family, lm->family->name);
+    return NULL;
+}
+
+/* ---- lm.h: the same for every family ---- */
+
+void fsdp_lm_destroy(fsdp_lm_t *lm)
+{
+    if (lm == NULL)
+        return;
     free(lm->layers);
     free(lm->checkpoint);
-    lm->layers = NULL;
-    lm->checkpoint = NULL;
+    free(lm); /* the family's model, of which lm is the first member */
+}
+
+int fsdp_lm_num_layers(const fsdp_lm_t *lm)
+{
+    return lm->n_layer;
+}
+
+fsdp_unit_t *fsdp_lm_root(fsdp_lm_t *lm)
+{
+    return lm->root;
 }
 
 fsdp_unit_t *fsdp_lm_layer(fsdp_lm_t *lm, int layer)
@@ -22,18 +44,57 @@ fsdp_unit_t *fsdp_lm_layer(fsdp_lm_t *lm, int layer)
     return layer >= 0 && layer < lm->n_layer ? lm->layers[layer] : NULL;
 }
 
+fsdp_status_t fsdp_lm_init_params(fsdp_lm_t *lm, uint64_t seed)
+{
+    return lm->family->init_params(lm, seed);
+}
+
 fsdp_status_t fsdp_lm_set_checkpointing(fsdp_lm_t *lm, int layer, int policy)
 {
     if (layer < -1 || layer >= lm->n_layer) {
-        fsdp_error("%s: no %s %d to checkpoint (%ss 0..%d, or -1 for all)", lm->name, lm->layer,
-                   layer, lm->layer, lm->n_layer - 1);
+        fsdp_error("%s: no %s %d to checkpoint (%ss 0..%d, or -1 for all)", lm->family->name,
+                   lm->family->layer, layer, lm->family->layer, lm->n_layer - 1);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (policy != FSDP_LM_CKPT_NONE && (policy < 0 || policy > lm->family->max_checkpoint))
+        policy = FSDP_LM_CKPT_FULL;
     for (int l = 0; l < lm->n_layer; l++) {
         if (layer < 0 || l == layer)
             lm->checkpoint[l] = policy;
     }
     return FSDP_OK;
+}
+
+void fsdp_lm_set_loss_scale(fsdp_lm_t *lm, float scale)
+{
+    lm->loss_scale = scale;
+}
+
+fsdp_status_t fsdp_lm_forward_backward(fsdp_lm_t *lm, const int32_t *inputs, const int32_t *targets,
+                                       size_t batch, size_t seq, float *loss_p)
+{
+    return lm->family->forward_backward(lm, inputs, targets, batch, seq, loss_p);
+}
+
+void fsdp_lm_weights_close(fsdp_lm_weights_t *weights)
+{
+    if (weights != NULL)
+        weights->close(weights);
+}
+
+fsdp_status_t fsdp_lm_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *weights)
+{
+    if (strcmp(weights->family, lm->family->name) != 0) {
+        fsdp_error("%s: weights of a %s checkpoint do not fit a %s model", lm->family->name,
+                   weights->family, lm->family->name);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return lm->family->load_weights(lm, weights);
+}
+
+fsdp_status_t fsdp_lm_save_weights(fsdp_lm_t *lm, const char *path)
+{
+    return lm->family->save_weights(lm, path);
 }
 
 float *fsdp_lm_param_buffer(fsdp_lm_t *lm)
@@ -156,8 +217,8 @@ static fsdp_status_t create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const 
             lm->layers[nlayers++] = unit_at[w];
     }
     if (status == FSDP_OK && nlayers != lm->n_layer) {
-        fsdp_error("%s: the wrap policy made %d %s units for %d layers", lm->name, nlayers,
-                   lm->layer, lm->n_layer);
+        fsdp_error("%s: the wrap policy made %d %s units for %d layers", lm->family->name, nlayers,
+                   lm->family->layer, lm->n_layer);
         status = FSDP_ERR_INTERNAL;
     }
     free(specs);
@@ -166,17 +227,17 @@ static fsdp_status_t create_units(fsdp_lm_t *lm, const fsdp_lm_tree_t *t, const 
     return status;
 }
 
-fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const char *layer,
-                            int n_layer, fsdp_lm_tree_func_t build, const void *cfg,
-                            const char *wrap_type)
+fsdp_status_t fsdp_lm_create(fsdp_t *fs, const fsdp_lm_family_t *family, int n_layer,
+                             const void *cfg, fsdp_lm_t **lm_p)
 {
     fsdp_lm_tree_t tree;
+    fsdp_lm_t *lm = calloc(1, family->size);
     fsdp_status_t status = FSDP_OK;
 
-    memset(lm, 0, sizeof(*lm));
+    if (lm == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    lm->family = family;
     lm->fs = fs;
-    lm->name = name;
-    lm->layer = layer;
     lm->n_layer = n_layer;
     lm->loss_scale = 1.0f;
     lm->layers = calloc((size_t)n_layer, sizeof(*lm->layers));
@@ -184,10 +245,15 @@ fsdp_status_t fsdp_lm_setup(fsdp_lm_t *lm, fsdp_t *fs, const char *name, const c
     if (lm->layers == NULL || lm->checkpoint == NULL)
         status = FSDP_ERR_NO_MEMORY;
     if (status == FSDP_OK)
-        status = build(&tree, cfg);
-    if (status != FSDP_OK)
+        status = family->build(&tree, cfg);
+    if (status == FSDP_OK) {
+        status = create_units(lm, &tree, family->wrap_type);
+        fsdp_lm_tree_free(&tree);
+    }
+    if (status != FSDP_OK) {
+        fsdp_lm_destroy(lm);
         return status;
-    status = create_units(lm, &tree, wrap_type);
-    fsdp_lm_tree_free(&tree);
-    return status;
+    }
+    *lm_p = lm;
+    return FSDP_OK;
 }

@@ -96,7 +96,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     FILE *f = fopen(index_path, "wb");
-    fsdp_llama_weights_t *w = NULL;
+    fsdp_lm_weights_t *w = NULL;
 
     if (f == NULL)
         return 0;
@@ -106,6 +106,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     fclose(f);
     if (fsdp_llama_weights_open(index_path, &cfg, &w) == FSDP_OK)
-        fsdp_llama_weights_close(w);
+        fsdp_lm_weights_close(w);
     return 0;
 }

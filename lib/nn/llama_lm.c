@@ -1,0 +1,31 @@
+/* Llama as a language model of lm.h: its family's functions, which lm.h's call, and the model's
+ * creation. Above llama.c, llama_run.c and llama_hf.c, which it names and which do not name it. */
+#include "config.h"
+
+#include "nn/llama_int.h"
+
+static const fsdp_lm_family_t llama_family = {
+    .name = "llama",
+    .layer = "layer",
+    /* ModuleWrapPolicy({LlamaDecoderLayer}): the root holds the embedding, the norm and an untied
+     * LM head */
+    .wrap_type = "LlamaDecoderLayer",
+    .size = sizeof(fsdp_llama_t),
+    .max_checkpoint = FSDP_LM_CKPT_SELECTIVE_OP,
+    .build = fsdp_llama_tree_build,
+    .init_params = fsdp_llama_init_params,
+    .forward_backward = fsdp_llama_forward_backward,
+    .load_weights = fsdp_llama_load_weights,
+    .save_weights = fsdp_llama_save_weights,
+};
+
+fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_lm_t **lm_p)
+{
+    fsdp_status_t status = fsdp_llama_config_check(cfg);
+
+    if (status == FSDP_OK)
+        status = fsdp_lm_create(fs, &llama_family, cfg->n_layer, cfg, lm_p);
+    if (status == FSDP_OK)
+        fsdp_llama_of(*lm_p)->cfg = *cfg;
+    return status;
+}
