@@ -55,7 +55,7 @@ FSDP_API int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_
 /* Which of PyTorch's two FSDP APIs the runtime follows. FSDP1 (FullyShardedDataParallel): one
  * flat parameter per unit, sharded as one vector. FSDP2 (fully_shard): every parameter sharded
  * on dim 0 by itself, one all-gather and one reduce-scatter per unit through a copy-in and a
- * copy-out (docs/runtime.md section 8). The hooks a model calls are the same for both. */
+ * copy-out (docs/runtime.md section 6). The hooks a model calls are the same for both. */
 typedef enum { FSDP_API_FSDP1 = 0, FSDP_API_FSDP2 = 1, FSDP_API_COUNT } fsdp_api_t;
 
 FSDP_API const char *fsdp_api_name(fsdp_api_t api); /* "fsdp1", "fsdp2" */

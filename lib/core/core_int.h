@@ -12,7 +12,7 @@
 
 typedef struct fsdp_handle fsdp_handle_t;
 
-/* FSDP2's per-parameter layout of one parameter of a group (docs/runtime.md section 8): dim-0
+/* FSDP2's per-parameter layout of one parameter of a group (docs/runtime.md section 6): dim-0
  * rows chunked over W ranks, S = ceil(d0 / W) rows a rank, each rank's chunk padded to S rows. */
 typedef struct fsdp_pparam {
     size_t rows;      /* d0 */
@@ -256,7 +256,7 @@ uint64_t fsdp_handle_new_version(void);
 fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void **ptr_p);
 void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel);
 
-/* param_group.c: FSDP2's per-parameter groups (docs/runtime.md section 8) */
+/* param_group.c: FSDP2's per-parameter groups (docs/runtime.md section 6) */
 static inline int fsdp_is_fsdp2(const fsdp_t *fs)
 {
     return fs->cfg.api == FSDP_API_FSDP2;

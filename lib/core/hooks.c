@@ -52,7 +52,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     if (fs->root->state != FSDP_STATE_IDLE)
         return bad_state(fs->root, "lazy init", "the root idle");
     /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation);
-     * FSDP2's copy-in, all-gather and reduce-scatter streams always (section 8) */
+     * FSDP2's copy-in, all-gather and reduce-scatter streams always (section 6) */
     int v2 = fsdp_is_fsdp2(fs);
     int prio = v2 || (fs->any_hybrid && fs->cfg.limit_all_gathers) ? -1 : 0;
     status = dev->ops->stream_create(dev, v2 ? "all_gather" : "unshard", prio, &fs->unshard);

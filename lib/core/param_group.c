@@ -1,7 +1,7 @@
 /* FSDP2's per-parameter groups (fully_shard's FSDPParamGroup), the second kind of handle: every
  * parameter sharded on dim 0 by itself, one all-gather per group through a copy-in and a
  * copy-out, one reduce-scatter from a padded, chunk-concatenated input, frees ordered by events
- * instead of record_stream (docs/runtime.md section 8). The hooks (hooks.c) call these where
+ * instead of record_stream (docs/runtime.md section 6). The hooks (hooks.c) call these where
  * they call the flat parameter's handle.c under FSDP1. */
 #include "core/core_int.h"
 
