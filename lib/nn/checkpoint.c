@@ -562,6 +562,8 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         json_object_set_new(meta, "step", json_integer(step));
         json_object_set_new(meta, "world_size", json_integer(world->size));
         json_object_set_new(meta, "strategy", json_string(fsdp_strategy_name(fsdp_strategy(fs))));
+        if (fsdp_api(fs) != FSDP_API_FSDP1) /* absent: fsdp1, as every checkpoint before */
+            json_object_set_new(meta, "api", json_string(fsdp_api_name(fsdp_api(fs))));
         if (opt != NULL) {
             const fsdp_optim_config_t *oc = fsdp_optim_config(opt);
             json_object_set_new(meta, "optimizer",

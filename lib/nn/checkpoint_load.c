@@ -214,6 +214,17 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
     int64_t step = 0;
     int has_buffer = 0;
 
+    const char *api = json_string_value(json_object_get(lc->meta, "api"));
+
+    /* a flat shard of FSDP1 and fully_shard's per-parameter rows are laid out differently,
+     * even where their sizes agree */
+    if (strcmp(api != NULL ? api : "fsdp1", fsdp_api_name(fsdp_api(fs))) != 0) {
+        snprintf(msg, sizeof(msg),
+                 "a local checkpoint saved under api %s loads only under the same api, not %s: "
+                 "load a sharded or full checkpoint instead, which both read",
+                 api != NULL ? api : "fsdp1", fsdp_api_name(fsdp_api(fs)));
+        return bad_checkpoint(lc, msg);
+    }
     if (lc->old_world != dev->world_size || !json_is_object(ui) ||
         (size_t)json_integer_value(json_object_get(ui, "shard_numel")) != n) {
         snprintf(msg, sizeof(msg),
