@@ -53,7 +53,7 @@ static int nn_overlap(const void *a, size_t an, const void *b, size_t bn, size_t
 
 static fsdp_status_t nn_check(const fsdp_kernel_t *k)
 {
-    fsdp_dtype_t dt = fsdp_kb_nn_dtype(k);
+    fsdp_dtype_t dt = fsdp_kb_dtype(k);
 
     if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16)
         NN_INVALID(k, "dtype %s (%d): the transformer kernels take f32, bf16 or f16",

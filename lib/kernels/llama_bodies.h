@@ -420,29 +420,6 @@ FSDP_HD int fsdp_kb_llama_kind(fsdp_kernel_kind_t kind)
     return kind >= FSDP_K_RMSNORM_FWD && kind <= FSDP_K_ATTENTION_BWD;
 }
 
-FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
-{
-    switch (k->kind) {
-    case FSDP_K_RMSNORM_FWD:
-        return k->u.rmsnorm_fwd.dtype;
-    case FSDP_K_RMSNORM_BWD:
-        return k->u.rmsnorm_bwd.dtype;
-    case FSDP_K_ROPE_FWD:
-    case FSDP_K_ROPE_BWD:
-        return k->u.rope.dtype;
-    case FSDP_K_SWIGLU_FWD:
-        return k->u.swiglu_fwd.dtype;
-    case FSDP_K_SWIGLU_BWD:
-        return k->u.swiglu_bwd.dtype;
-    case FSDP_K_ATTENTION_FWD:
-        return k->u.attention_fwd.dtype;
-    case FSDP_K_ATTENTION_BWD:
-        return k->u.attention_bwd.dtype;
-    default:
-        return FSDP_DTYPE_F32;
-    }
-}
-
 /* How the indices of a pass run. */
 #define FSDP_KB_BY_ELEM 0 /* an element: a thread on the GPU */
 #define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
@@ -607,7 +584,7 @@ static inline const char *fsdp_kb_attention_shape(size_t batch, size_t seq, size
 
 static inline const char *fsdp_kb_llama_check(const fsdp_kernel_t *k)
 {
-    if (!fsdp_kb_llama_float(fsdp_kb_llama_dtype(k)))
+    if (!fsdp_kb_llama_float(fsdp_kb_dtype(k)))
         return "dtype: the Llama kernels take f32, bf16 or f16";
     switch (k->kind) {
     case FSDP_K_RMSNORM_FWD: {

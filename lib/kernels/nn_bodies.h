@@ -25,6 +25,7 @@
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "kernels/hd.h"
+#include "kernels/kinds.h"
 #include "kernels/lanes.h"
 
 /* Columns of one chunk of the host's embedding_bwd loop: row-major reads stay within a cache
@@ -620,35 +621,6 @@ FSDP_HD void fsdp_kb_embedding_bwd_at(const fsdp_kernel_t *k, size_t i)
     } else {
         i -= nt;
         fsdp_kb_embedding_bwd_pos(k, i % n, i / n);
-    }
-}
-
-/* The dtype of a transformer kernel's tensors (f32 for the other kinds). */
-FSDP_HD fsdp_dtype_t fsdp_kb_nn_dtype(const fsdp_kernel_t *k)
-{
-    switch (k->kind) {
-    case FSDP_K_LAYERNORM_FWD:
-        return k->u.layernorm_fwd.dtype;
-    case FSDP_K_LAYERNORM_BWD:
-        return k->u.layernorm_bwd.dtype;
-    case FSDP_K_GELU_FWD:
-        return k->u.gelu_fwd.dtype;
-    case FSDP_K_GELU_BWD:
-        return k->u.gelu_bwd.dtype;
-    case FSDP_K_SOFTMAX_FWD:
-        return k->u.softmax_fwd.dtype;
-    case FSDP_K_SOFTMAX_BWD:
-        return k->u.softmax_bwd.dtype;
-    case FSDP_K_EMBEDDING_FWD:
-        return k->u.embedding_fwd.dtype;
-    case FSDP_K_EMBEDDING_BWD:
-        return k->u.embedding_bwd.dtype;
-    case FSDP_K_CROSS_ENTROPY:
-        return k->u.cross_entropy.dtype;
-    case FSDP_K_ADD:
-        return k->u.add.dtype;
-    default:
-        return FSDP_DTYPE_F32;
     }
 }
 
