@@ -29,6 +29,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/hd.h"
+#include "kernels/kinds.h"
 #include "kernels/lanes.h"
 #include "kernels/nn_bodies.h"
 
@@ -553,6 +554,46 @@ static inline void fsdp_kb_llama_host_pass(fsdp_kernel_kind_t kind, const fsdp_k
     default:
         for (size_t i = 0; i < n; i++)
             fsdp_kb_llama_at(kind, k, pass, i);
+        break;
+    }
+}
+
+#define FSDP_KB_LLAMA_HOST_(KIND, k)                                                               \
+    do {                                                                                           \
+        for (int pass_ = 0; pass_ < fsdp_kb_llama_passes(k); pass_++)                              \
+            fsdp_kb_llama_host_pass(KIND, (k), pass_);                                             \
+    } while (0)
+
+/* The host's run of a whole kernel: its passes in order, the kind a constant so that the
+ * dispatch folds. */
+static inline void fsdp_kb_llama_host(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_FWD, k);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_BWD, k);
+        break;
+    case FSDP_K_ROPE_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_FWD, k);
+        break;
+    case FSDP_K_ROPE_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_BWD, k);
+        break;
+    case FSDP_K_SWIGLU_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_FWD, k);
+        break;
+    case FSDP_K_SWIGLU_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_BWD, k);
+        break;
+    case FSDP_K_ATTENTION_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_FWD, k);
+        break;
+    case FSDP_K_ATTENTION_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_BWD, k);
+        break;
+    default:
         break;
     }
 }
