@@ -426,25 +426,26 @@ FSDP_HD int fsdp_kb_llama_kind(fsdp_kernel_kind_t kind)
 #define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
 #define FSDP_KB_BY_COLS 2 /* FSDP_KB_LANES columns x FSDP_KB_ROW_LANES row lanes: a block */
 
+/* The shape of pass `pass` of a kind, and a kind's passes at most: constant expressions for a
+ * constant kind (the gpu backend instantiates a kernel per pass). */
+#define FSDP_KB_LLAMA_SHAPE(kind, pass)                                                            \
+    ((kind) == FSDP_K_RMSNORM_BWD ? ((pass) == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW)               \
+     : (kind) == FSDP_K_RMSNORM_FWD || (kind) == FSDP_K_ATTENTION_FWD ||                           \
+             (kind) == FSDP_K_ATTENTION_BWD                                                        \
+         ? FSDP_KB_BY_ROW                                                                          \
+         : FSDP_KB_BY_ELEM)
+#define FSDP_KB_LLAMA_PASSES(kind)                                                                 \
+    ((kind) == FSDP_K_RMSNORM_BWD ? 2 : (kind) == FSDP_K_ATTENTION_BWD ? 3 : 1)
+
 FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
 {
-    switch (kind) {
-    case FSDP_K_RMSNORM_FWD:
-        return FSDP_KB_BY_ROW;
-    case FSDP_K_RMSNORM_BWD:
-        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW;
-    case FSDP_K_ATTENTION_FWD:
-    case FSDP_K_ATTENTION_BWD:
-        return FSDP_KB_BY_ROW;
-    default:
-        return FSDP_KB_BY_ELEM;
-    }
+    return FSDP_KB_LLAMA_SHAPE(kind, pass);
 }
 
 /* The passes of a kernel, run in order. */
 FSDP_HD int fsdp_kb_llama_passes(const fsdp_kernel_t *k)
 {
-    return k->kind == FSDP_K_RMSNORM_BWD ? 2 : k->kind == FSDP_K_ATTENTION_BWD ? 3 : 1;
+    return FSDP_KB_LLAMA_PASSES(k->kind);
 }
 
 /* The indices of pass `pass` (0 when it has nothing to do). */
