@@ -62,7 +62,7 @@ static int fast_cast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t b, 
     return 1;
 }
 
-/* whole groups of FAST_LANES first: a fixed trip count the compiler vectorizes */
+/* scale and div; whole groups of FAST_LANES first: a fixed trip count the compiler vectorizes */
 static int fast_scale(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t b, size_t e)
 {
     float *x = k->u.scale.x, alpha = k->u.scale.alpha;
@@ -71,27 +71,19 @@ static int fast_scale(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t b,
     (void)p;
     if (k->u.scale.dtype != FSDP_DTYPE_F32)
         return 0;
-    for (; i + FAST_LANES <= e; i += FAST_LANES)
-        for (size_t j = 0; j < FAST_LANES; j++)
-            x[i + j] *= alpha;
-    for (; i < e; i++)
-        x[i] *= alpha;
-    return 1;
-}
-
-static int fast_div(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t b, size_t e)
-{
-    float *x = k->u.scale.x, alpha = k->u.scale.alpha;
-    size_t i = b;
-
-    (void)p;
-    if (k->u.scale.dtype != FSDP_DTYPE_F32)
-        return 0;
-    for (; i + FAST_LANES <= e; i += FAST_LANES)
-        for (size_t j = 0; j < FAST_LANES; j++)
-            x[i + j] /= alpha;
-    for (; i < e; i++)
-        x[i] /= alpha;
+    if (k->kind == FSDP_K_SCALE) {
+        for (; i + FAST_LANES <= e; i += FAST_LANES)
+            for (size_t j = 0; j < FAST_LANES; j++)
+                x[i + j] *= alpha;
+        for (; i < e; i++)
+            x[i] *= alpha;
+    } else {
+        for (; i + FAST_LANES <= e; i += FAST_LANES)
+            for (size_t j = 0; j < FAST_LANES; j++)
+                x[i + j] /= alpha;
+        for (; i < e; i++)
+            x[i] /= alpha;
+    }
     return 1;
 }
 
@@ -99,7 +91,7 @@ static const fsdp_sim_fast_t fsdp_sim_fast[FSDP_K_COUNT] = {
     [FSDP_K_FILL] = fast_fill,
     [FSDP_K_CAST] = fast_cast,
     [FSDP_K_SCALE] = fast_scale,
-    [FSDP_K_DIV] = fast_div,
+    [FSDP_K_DIV] = fast_scale,
 };
 
 /* The element-wise part of a checked descriptor, elements [b, e): a plain loop, a vector loop

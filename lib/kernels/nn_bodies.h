@@ -1,5 +1,5 @@
 /* Bodies of the transformer kernels of kernel.h (layernorm, gelu, softmax, embedding,
- * cross-entropy, add), shared by the sim's host loops (sim/kernels_nn.c) and the gpu backend's
+ * cross-entropy, add), shared by the sim's host loops (sim/kernels.c) and the gpu backend's
  * launches (gpu/kernels.cu).
  *
  * Each body is a pure function of the descriptor, and its reductions have the fixed shapes of
