@@ -30,7 +30,7 @@ static int in_place_ok(const void *out, fsdp_dtype_t out_dtype, const void *in,
 /* The transformer kinds: what is wrong, or NULL. */
 static const char *check_nn(const fsdp_kernel_t *k)
 {
-    if (!float_ok(fsdp_kb_nn_dtype(k)))
+    if (!float_ok(fsdp_kb_dtype(k)))
         return "dtype: the transformer kernels take f32, bf16 or f16";
     switch (k->kind) {
     case FSDP_K_LAYERNORM_FWD:

@@ -246,9 +246,7 @@ extern "C" fsdp_status_t fsdp_gpu_scale_matrix(fsdp_gpu_stream_t *stream, void *
 
 constexpr bool is_row_kind(int kind)
 {
-    return kind == FSDP_K_LAYERNORM_FWD || kind == FSDP_K_LAYERNORM_BWD ||
-           kind == FSDP_K_SOFTMAX_FWD || kind == FSDP_K_SOFTMAX_BWD ||
-           kind == FSDP_K_CROSS_ENTROPY;
+    return FSDP_KB_ROW_KIND(kind);
 }
 
 template <int Kind>
@@ -287,16 +285,18 @@ __global__ void __launch_bounds__(FSDP_GPU_THREADS)
         fsdp_kb_embedding_bwd_at(&k, i);
 }
 
-/* The column part, then the row part (layernorm_bwd has both; they touch disjoint outputs),
- * then the element-wise part. */
-template <int Kind>
-fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+/* The parts of a kind of the exec classes ELEMS and PARTS (kernel.h), in the sim's order: the
+ * column part (bias_grad, layernorm_bwd's weight gradients), the embedding's buckets, the row
+ * part (they touch disjoint outputs), the reduction (after the rows, whose losses it sums, and
+ * before the elements, which may overwrite its input: mse_loss's dy), then the element-wise
+ * part. Each part a kind has not is left out at compile time. */
+template <int Kind> fsdp_status_t launch_parts(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 {
-    const size_t rows = fsdp_kb_nn_rows(k);
-    fsdp_status_t status;
+    fsdp_kb_prep_t p;
 
-    if constexpr (Kind == FSDP_K_LAYERNORM_BWD) {
-        status = launch_colsum<Kind>(stream->cu, k);
+    fsdp_kb_prepare(k, &p);
+    if constexpr (Kind == FSDP_K_BIAS_GRAD || Kind == FSDP_K_LAYERNORM_BWD) {
+        const fsdp_status_t status = launch_colsum<Kind>(stream->cu, k);
         if (status != FSDP_OK)
             return status;
     }
@@ -304,27 +304,49 @@ fsdp_status_t launch_nn(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k, const
         const size_t n = fsdp_kb_embedding_bwd_threads(k);
         if (n > 0) {
             embedding_bwd_kernel<<<grid_for(n), FSDP_GPU_THREADS, 0, stream->cu>>>(*k, n);
-            status = launched(k, "embedding_bwd_kernel");
+            const fsdp_status_t status = launched(k, "embedding_bwd_kernel");
             if (status != FSDP_OK)
                 return status;
         }
     }
     if constexpr (is_row_kind(Kind)) {
+        const size_t rows = fsdp_kb_nn_rows(k);
         if (rows > 0) {
             const size_t blocks = (rows + FSDP_GPU_ROW_WARPS - 1) / FSDP_GPU_ROW_WARPS;
-            row_kernel<Kind><<<(unsigned)(blocks < 65536 ? blocks : 65536), FSDP_GPU_THREADS, 0,
-                               stream->cu>>>(*k, rows, p->ce_scale);
-            status = launched(k, "row_kernel");
+            row_kernel<Kind>
+                <<<(unsigned)(blocks < 65536 ? blocks : 65536), FSDP_GPU_THREADS, 0, stream->cu>>>(
+                    *k, rows, p.ce_scale);
+            const fsdp_status_t status = launched(k, "row_kernel");
             if (status != FSDP_OK)
                 return status;
         }
     }
-    if (Kind == FSDP_K_CROSS_ENTROPY && k->u.cross_entropy.loss != NULL)
-        return launch_reduce<FSDP_K_CROSS_ENTROPY>(stream, k, k->u.cross_entropy.rows,
-                                                   k->u.cross_entropy.loss,
-                                                   k->u.cross_entropy.denom);
-    return launch_elem<Kind>(stream->cu, k, p);
+    if constexpr (Kind == FSDP_K_SUMSQ || Kind == FSDP_K_MSE_LOSS || Kind == FSDP_K_CROSS_ENTROPY) {
+        size_t n = 0;
+        float *out = NULL;
+        double divisor = 1.0;
+        if (fsdp_kb_reduction(k, &n, &out, &divisor) != NULL) {
+            const fsdp_status_t status = launch_reduce<Kind>(stream, k, n, out, divisor);
+            if (status != FSDP_OK)
+                return status;
+        }
+    }
+    if constexpr (Kind != FSDP_K_SUMSQ && Kind != FSDP_K_BIAS_GRAD)
+        return launch_elem<Kind>(stream->cu, k, &p);
+    return FSDP_OK;
 }
+
+typedef fsdp_status_t (*launch_fn_t)(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
+
+/* A launcher per kind, generated from kernel.h's list by its exec column: the parts above, the
+ * Llama passes (kernels_llama.cu), or none (GEMM goes to cuBLAS: kernel.c). */
+#define FSDP_GPU_LAUNCH_ELEMS(NAME) launch_parts<FSDP_K_##NAME>
+#define FSDP_GPU_LAUNCH_PARTS(NAME) launch_parts<FSDP_K_##NAME>
+#define FSDP_GPU_LAUNCH_PASSES(NAME) fsdp_gpu_launch_llama
+#define FSDP_GPU_LAUNCH_GEMM(NAME) nullptr
+#define FSDP_GPU_LAUNCH_(NAME, name, member, dtypes, exec, cost) FSDP_GPU_LAUNCH_##exec(NAME),
+const launch_fn_t launchers[FSDP_K_COUNT] = {FSDP_FOREACH_KERNEL(FSDP_GPU_LAUNCH_)};
+#undef FSDP_GPU_LAUNCH_
 
 /* Every kernel that the launchers above instantiate: those of launch_elem, launch_reduce and
  * launch_nn per kind, and the GEMM helpers. fsdp_gpu_load_kernels loads them all. */
@@ -388,67 +410,11 @@ extern "C" fsdp_status_t fsdp_gpu_load_kernels(void)
 
 extern "C" fsdp_status_t fsdp_gpu_launch(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 {
-    cudaStream_t s = stream->cu;
-    fsdp_kb_prep_t p;
-    fsdp_status_t status;
+    launch_fn_t launch = (unsigned)k->kind < FSDP_K_COUNT ? launchers[k->kind] : nullptr;
 
-    fsdp_kb_prepare(k, &p);
-    switch (k->kind) {
-    case FSDP_K_FILL:
-        return launch_elem<FSDP_K_FILL>(s, k, &p);
-    case FSDP_K_CAST:
-        return launch_elem<FSDP_K_CAST>(s, k, &p);
-    case FSDP_K_SCALE:
-        return launch_elem<FSDP_K_SCALE>(s, k, &p);
-    case FSDP_K_DIV:
-        return launch_elem<FSDP_K_DIV>(s, k, &p);
-    case FSDP_K_AXPY:
-        return launch_elem<FSDP_K_AXPY>(s, k, &p);
-    case FSDP_K_BIAS_ADD:
-        return launch_elem<FSDP_K_BIAS_ADD>(s, k, &p);
-    case FSDP_K_RELU_FWD:
-        return launch_elem<FSDP_K_RELU_FWD>(s, k, &p);
-    case FSDP_K_RELU_BWD:
-        return launch_elem<FSDP_K_RELU_BWD>(s, k, &p);
-    case FSDP_K_ADAMW:
-        return launch_elem<FSDP_K_ADAMW>(s, k, &p);
-    case FSDP_K_SGD:
-        return launch_elem<FSDP_K_SGD>(s, k, &p);
-    case FSDP_K_MSE_LOSS:
-        /* The loss first: dy may share y's memory. */
-        status =
-            launch_reduce<FSDP_K_MSE_LOSS>(stream, k, k->u.mse.n, k->u.mse.loss, k->u.mse.denom);
-        if (status != FSDP_OK)
-            return status;
-        return launch_elem<FSDP_K_MSE_LOSS>(s, k, &p);
-    case FSDP_K_SUMSQ:
-        return launch_reduce<FSDP_K_SUMSQ>(stream, k, k->u.sumsq.n, k->u.sumsq.out, 1.0);
-    case FSDP_K_BIAS_GRAD:
-        return launch_colsum<FSDP_K_BIAS_GRAD>(s, k);
-    case FSDP_K_LAYERNORM_FWD:
-        return launch_nn<FSDP_K_LAYERNORM_FWD>(stream, k, &p);
-    case FSDP_K_LAYERNORM_BWD:
-        return launch_nn<FSDP_K_LAYERNORM_BWD>(stream, k, &p);
-    case FSDP_K_GELU_FWD:
-        return launch_nn<FSDP_K_GELU_FWD>(stream, k, &p);
-    case FSDP_K_GELU_BWD:
-        return launch_nn<FSDP_K_GELU_BWD>(stream, k, &p);
-    case FSDP_K_SOFTMAX_FWD:
-        return launch_nn<FSDP_K_SOFTMAX_FWD>(stream, k, &p);
-    case FSDP_K_SOFTMAX_BWD:
-        return launch_nn<FSDP_K_SOFTMAX_BWD>(stream, k, &p);
-    case FSDP_K_EMBEDDING_FWD:
-        return launch_nn<FSDP_K_EMBEDDING_FWD>(stream, k, &p);
-    case FSDP_K_EMBEDDING_BWD:
-        return launch_nn<FSDP_K_EMBEDDING_BWD>(stream, k, &p);
-    case FSDP_K_CROSS_ENTROPY:
-        return launch_nn<FSDP_K_CROSS_ENTROPY>(stream, k, &p);
-    case FSDP_K_ADD:
-        return launch_nn<FSDP_K_ADD>(stream, k, &p);
-    default:
-        if (fsdp_kb_llama_kind(k->kind))
-            return fsdp_gpu_launch_llama(stream, k);
+    if (launch == nullptr) {
         fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
         return FSDP_ERR_UNSUPPORTED;
     }
+    return launch(stream, k);
 }

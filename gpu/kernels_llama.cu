@@ -129,6 +129,26 @@ const void *const llama_kernels[] = {
     (const void *)llama_row_kernel<FSDP_K_ATTENTION_BWD, 2>,
 };
 
+/* A kind's passes in the shapes llama_bodies.h gives them. */
+template <int Kind> fsdp_status_t launch_kind(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
+{
+    constexpr int np = FSDP_KB_LLAMA_PASSES(Kind);
+    return launch_passes<Kind, FSDP_KB_LLAMA_SHAPE(Kind, 0),
+                         (np > 1 ? FSDP_KB_LLAMA_SHAPE(Kind, 1) : -1),
+                         (np > 2 ? FSDP_KB_LLAMA_SHAPE(Kind, 2) : -1)>(stream, k);
+}
+
+typedef fsdp_status_t (*launch_fn_t)(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
+
+/* A launcher per kind of the exec class PASSES, generated from kernel.h's list. */
+#define LLAMA_LAUNCH_PASSES(NAME) launch_kind<FSDP_K_##NAME>
+#define LLAMA_LAUNCH_ELEMS(NAME) nullptr
+#define LLAMA_LAUNCH_PARTS(NAME) nullptr
+#define LLAMA_LAUNCH_GEMM(NAME) nullptr
+#define LLAMA_LAUNCH_(NAME, name, member, dtypes, exec, cost) LLAMA_LAUNCH_##exec(NAME),
+const launch_fn_t llama_launchers[FSDP_K_COUNT] = {FSDP_FOREACH_KERNEL(LLAMA_LAUNCH_)};
+#undef LLAMA_LAUNCH_
+
 } // namespace
 
 extern "C" fsdp_status_t fsdp_gpu_load_llama_kernels(void)
@@ -145,26 +165,11 @@ extern "C" fsdp_status_t fsdp_gpu_load_llama_kernels(void)
 
 extern "C" fsdp_status_t fsdp_gpu_launch_llama(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
 {
-    switch (k->kind) {
-    case FSDP_K_RMSNORM_FWD:
-        return launch_passes<FSDP_K_RMSNORM_FWD, FSDP_KB_BY_ROW>(stream, k);
-    case FSDP_K_RMSNORM_BWD:
-        return launch_passes<FSDP_K_RMSNORM_BWD, FSDP_KB_BY_COLS, FSDP_KB_BY_ROW>(stream, k);
-    case FSDP_K_ROPE_FWD:
-        return launch_passes<FSDP_K_ROPE_FWD, FSDP_KB_BY_ELEM>(stream, k);
-    case FSDP_K_ROPE_BWD:
-        return launch_passes<FSDP_K_ROPE_BWD, FSDP_KB_BY_ELEM>(stream, k);
-    case FSDP_K_SWIGLU_FWD:
-        return launch_passes<FSDP_K_SWIGLU_FWD, FSDP_KB_BY_ELEM>(stream, k);
-    case FSDP_K_SWIGLU_BWD:
-        return launch_passes<FSDP_K_SWIGLU_BWD, FSDP_KB_BY_ELEM>(stream, k);
-    case FSDP_K_ATTENTION_FWD:
-        return launch_passes<FSDP_K_ATTENTION_FWD, FSDP_KB_BY_ROW>(stream, k);
-    case FSDP_K_ATTENTION_BWD:
-        return launch_passes<FSDP_K_ATTENTION_BWD, FSDP_KB_BY_ROW, FSDP_KB_BY_ROW,
-                             FSDP_KB_BY_ROW>(stream, k);
-    default:
+    launch_fn_t launch = (unsigned)k->kind < FSDP_K_COUNT ? llama_launchers[k->kind] : nullptr;
+
+    if (launch == nullptr) {
         fsdp_error("kernel %s: no CUDA launcher", fsdp_kernel_name(k->kind));
         return FSDP_ERR_UNSUPPORTED;
     }
+    return launch(stream, k);
 }

@@ -20,6 +20,7 @@
 #include "sim.h"
 
 #include "kernels/attn_dims.h"
+#include "kernels/kinds.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -405,8 +406,7 @@ double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p)
     eager_seq_t s;
     double flops, bytes = 0.0;
 
-    if (!eager_ops(k, &s) || k->kind == FSDP_K_ATTENTION_FWD ||
-        k->kind == FSDP_K_ATTENTION_BWD) {
+    if (!eager_ops(k, &s) || fsdp_kb_cost_class(k->kind) == FSDP_KC_ATTENTION) {
         fsdp_kernel_cost(k, &flops, &bytes);
         if (ops_p != NULL)
             *ops_p = 1 + s.n;
@@ -476,7 +476,8 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
     /* GEMMs at the matmul rate of their operands' dtype (f32: CUDA cores, or TF32 when
      * allowed), times their efficiency and quantization, and on tensor cores the unaligned
      * kernels' share when a row is not 16-byte aligned; memory-bound if their bytes say so */
-    if (k->kind == FSDP_K_GEMM) {
+    switch (fsdp_kb_cost_class(k->kind)) {
+    case FSDP_KC_MATMUL: {
         double q = gemm_quantization_on((double)k->u.gemm.m, (double)k->u.gemm.n,
                                         (double)k->u.gemm.batch, p->gpu.sms, sms);
         if (gemm_unaligned(p, k))
@@ -487,7 +488,7 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
         return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
     }
     /* fused attention: its products on tensor cores, at the attention kernel's efficiency */
-    if (k->kind == FSDP_K_ATTENTION_FWD || k->kind == FSDP_K_ATTENTION_BWD) {
+    case FSDP_KC_ATTENTION: {
         fsdp_attn_dims_t a = fsdp_attn_dims(k);
         double q = fsdp_sim_attention_quantization(a.batch, a.heads, a.seq, sms);
         tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, a.dtype),
@@ -498,6 +499,9 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
             for (int i = 0; i < s.n; i++)
                 t += eager_op_time(p, &s.op[i]);
         return t;
+    }
+    case FSDP_KC_VECTOR:
+        break;
     }
     /* element-wise work on CUDA cores; eager: op by op */
     if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s)) {

@@ -1,76 +1,53 @@
 /* The scalar loop of the element-wise kernels: the one compiled copy of it, below both the
- * scalar path (kernels.c, kernels_nn.c) and the vector loops (elem_vec.c), which run it over
- * their last elements and over the vectors whose inputs hold a NaN. Every formula is a body of
+ * scalar path (kernels.c) and the vector loops (elem_vec.c), which run it over their last
+ * elements and over the vectors whose inputs hold a NaN. Every formula is a body of
  * lib/kernels/kernel_elem.h. */
 #include "config.h"
 
 #include "elem_vec.h"
 
-/* The element-wise loop over [begin, end), with the kind a constant so that fsdp_kb_elem's
- * switch folds. */
-#define FSDP_SIM_ELEM_LOOP(KIND, k, prep, begin, end)                                              \
-    do {                                                                                           \
-        for (size_t i_ = (begin); i_ < (end); i_++)                                                \
-            fsdp_kb_elem(KIND, (k), (prep), i_);                                                   \
-    } while (0)
+typedef void (*fsdp_sim_range_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end);
 
-/* The one compiled copy of every kind's scalar loop: the scalar path runs it over all of a
- * kernel, the vector loops of elem_vec.c over their last elements and over the vectors whose
- * inputs hold a NaN. Never inlined, so that both run the same instructions (which operand of
- * an x86 + or * is first decides which of two NaNs comes out, and each inlined copy of a body
- * may order them its own way). */
+/* A loop per kind of the exec classes ELEMS and PARTS, generated from kernel.h's list, with
+ * the kind a constant so that fsdp_kb_elem's switch folds (to nothing for a kind without
+ * elements); none for GEMM and PASSES. The table's loops are never inlined, so that the scalar
+ * path and the vector loops run the same instructions (which operand of an x86 + or * is first
+ * decides which of two NaNs comes out, and each inlined copy of a body may order them its own
+ * way). */
+#define FSDP_SIM_RANGE_LOOP_(NAME, name)                                                           \
+    static void fsdp_sim_range_##name(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p,             \
+                                      size_t begin, size_t end)                                    \
+    {                                                                                              \
+        for (size_t i = begin; i < end; i++)                                                       \
+            fsdp_kb_elem(FSDP_K_##NAME, k, p, i);                                                  \
+    }
+#define FSDP_SIM_RANGE_DEF_ELEMS(NAME, name) FSDP_SIM_RANGE_LOOP_(NAME, name)
+#define FSDP_SIM_RANGE_DEF_PARTS(NAME, name) FSDP_SIM_RANGE_LOOP_(NAME, name)
+#define FSDP_SIM_RANGE_DEF_PASSES(NAME, name)
+#define FSDP_SIM_RANGE_DEF_GEMM(NAME, name)
+#define FSDP_SIM_RANGE_DEF_(NAME, name, member, dtypes, exec, cost)                                \
+    FSDP_SIM_RANGE_DEF_##exec(NAME, name)
+FSDP_FOREACH_KERNEL(FSDP_SIM_RANGE_DEF_)
+
+#define FSDP_SIM_RANGE_ELEMS(name) fsdp_sim_range_##name
+#define FSDP_SIM_RANGE_PARTS(name) fsdp_sim_range_##name
+#define FSDP_SIM_RANGE_PASSES(name) NULL
+#define FSDP_SIM_RANGE_GEMM(name) NULL
+
+static const fsdp_sim_range_t fsdp_sim_ranges[FSDP_K_COUNT] = {
+#define FSDP_SIM_RANGE_(NAME, name, member, dtypes, exec, cost) FSDP_SIM_RANGE_##exec(name),
+    FSDP_FOREACH_KERNEL(FSDP_SIM_RANGE_)
+#undef FSDP_SIM_RANGE_
+};
+
 #if defined(__GNUC__)
 __attribute__((noinline))
 #endif
 void fsdp_sim_elem_range(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin, size_t end)
 {
-    switch (k->kind) {
-    case FSDP_K_FILL:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_FILL, k, p, begin, end);
-        break;
-    case FSDP_K_CAST:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_CAST, k, p, begin, end);
-        break;
-    case FSDP_K_SCALE:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_SCALE, k, p, begin, end);
-        break;
-    case FSDP_K_DIV:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_DIV, k, p, begin, end);
-        break;
-    case FSDP_K_AXPY:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_AXPY, k, p, begin, end);
-        break;
-    case FSDP_K_BIAS_ADD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_BIAS_ADD, k, p, begin, end);
-        break;
-    case FSDP_K_RELU_FWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_FWD, k, p, begin, end);
-        break;
-    case FSDP_K_RELU_BWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_RELU_BWD, k, p, begin, end);
-        break;
-    case FSDP_K_MSE_LOSS:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_MSE_LOSS, k, p, begin, end);
-        break;
-    case FSDP_K_ADAMW:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_ADAMW, k, p, begin, end);
-        break;
-    case FSDP_K_SGD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_SGD, k, p, begin, end);
-        break;
-    case FSDP_K_GELU_FWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_GELU_FWD, k, p, begin, end);
-        break;
-    case FSDP_K_GELU_BWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_GELU_BWD, k, p, begin, end);
-        break;
-    case FSDP_K_EMBEDDING_FWD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_EMBEDDING_FWD, k, p, begin, end);
-        break;
-    case FSDP_K_ADD:
-        FSDP_SIM_ELEM_LOOP(FSDP_K_ADD, k, p, begin, end);
-        break;
-    default:
-        break;
-    }
+    fsdp_sim_range_t range = (unsigned)k->kind < FSDP_K_COUNT ? fsdp_sim_ranges[k->kind] : NULL;
+
+    if (range != NULL)
+        range(k, p, begin, end);
 }

@@ -26,7 +26,8 @@
 #define FSDP_EV_X86 0
 #endif
 
-typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p);
+typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                     size_t end);
 
 #if FSDP_EV_X86
 #define EV_W 4
@@ -148,99 +149,151 @@ static int fsdp_ev_apart(const fsdp_ev_buf_t *b, int nb, size_t elem)
 
 #define EV_BUF(ptr, n, dt, out) ((fsdp_ev_buf_t){(ptr), (n) * fsdp_dtype_size(dt), (out)})
 
-/* 1 when the vector loop of k's kind gives the body's bytes for this (checked) descriptor */
-static int fsdp_ev_takes(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+/* Whether the vector loop of a kind gives the body's bytes for this (checked) descriptor, one
+ * test per kind with a loop. */
+typedef int (*fsdp_ev_takes_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p);
+
+#define F FSDP_DTYPE_F32
+
+static int takes_adamw(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
 {
-    const fsdp_dtype_t F = FSDP_DTYPE_F32;
+    const fsdp_kb_adamw_scalars_t *a = &p->adamw;
     fsdp_ev_buf_t b[4];
     size_t n = p->n;
 
-    switch (k->kind) {
-    case FSDP_K_ADAMW: {
-        const fsdp_kb_adamw_scalars_t *a = &p->adamw;
-        if (fsdp_ev_nan(a->decay) || fsdp_ev_nan(a->one_minus_beta1) || fsdp_ev_nan(a->beta2) ||
-            fsdp_ev_nan(a->one_minus_beta2) || fsdp_ev_nan(a->neg_step_size) ||
-            fsdp_ev_nan(a->bc2_sqrt) || fsdp_ev_nan(a->eps))
-            return 0;
-        b[0] = EV_BUF(k->u.adamw.param, n, F, 1);
-        b[1] = EV_BUF(k->u.adamw.grad, n, F, 0);
-        b[2] = EV_BUF(k->u.adamw.exp_avg, n, F, 1);
-        b[3] = EV_BUF(k->u.adamw.exp_avg_sq, n, F, 1);
-        return fsdp_ev_apart(b, 4, 4);
-    }
-    case FSDP_K_SGD:
-        if (fsdp_ev_nan(k->u.sgd.lr) || fsdp_ev_nan(k->u.sgd.momentum) ||
-            fsdp_ev_nan(k->u.sgd.dampening) || fsdp_ev_nan(k->u.sgd.weight_decay))
-            return 0;
-        b[0] = EV_BUF(k->u.sgd.param, n, F, 1);
-        b[1] = EV_BUF(k->u.sgd.grad, n, F, 0);
-        if (k->u.sgd.momentum == 0.0f)
-            return fsdp_ev_apart(b, 2, 4);
-        /* the body reads param again after it stores the momentum buffer: apart only */
-        b[2] = EV_BUF(k->u.sgd.momentum_buf, n, F, 1);
-        return fsdp_ev_apart(b, 3, 4) && (n == 0 || (const void *)k->u.sgd.momentum_buf !=
-                                                        (const void *)k->u.sgd.param);
-    case FSDP_K_GELU_FWD:
-        if (!fsdp_ev_dtype(k->u.gelu_fwd.dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.gelu_fwd.y, n, k->u.gelu_fwd.dtype, 1);
-        b[1] = EV_BUF(k->u.gelu_fwd.x, n, k->u.gelu_fwd.dtype, 0);
-        return fsdp_ev_apart(b, 2, 1);
-    case FSDP_K_GELU_BWD:
-        if (!fsdp_ev_dtype(k->u.gelu_bwd.dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.gelu_bwd.dx, n, k->u.gelu_bwd.dtype, 1);
-        b[1] = EV_BUF(k->u.gelu_bwd.dy, n, k->u.gelu_bwd.dtype, 0);
-        b[2] = EV_BUF(k->u.gelu_bwd.x, n, k->u.gelu_bwd.dtype, 0);
-        return fsdp_ev_apart(b, 3, 1);
-    case FSDP_K_ADD:
-        if (!fsdp_ev_dtype(k->u.add.dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.add.y, n, k->u.add.dtype, 1);
-        b[1] = EV_BUF(k->u.add.a, n, k->u.add.dtype, 0);
-        b[2] = EV_BUF(k->u.add.b, n, k->u.add.dtype, 0);
-        return fsdp_ev_apart(b, 3, 1);
-    case FSDP_K_AXPY:
-        if (fsdp_ev_nan(k->u.axpy.alpha))
-            return 0;
-        if (!fsdp_ev_dtype(k->u.axpy.y_dtype) || !fsdp_ev_dtype(k->u.axpy.x_dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.axpy.y, n, k->u.axpy.y_dtype, 1);
-        b[1] = EV_BUF(k->u.axpy.x, n, k->u.axpy.x_dtype, 0);
-        return fsdp_ev_apart(b, 2, 1);
-    case FSDP_K_RELU_FWD:
-        if (!fsdp_ev_dtype(k->u.relu_fwd.y_dtype) || !fsdp_ev_dtype(k->u.relu_fwd.x_dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.relu_fwd.y, n, k->u.relu_fwd.y_dtype, 1);
-        b[1] = EV_BUF(k->u.relu_fwd.x, n, k->u.relu_fwd.x_dtype, 0);
-        return fsdp_ev_apart(b, 2, 1);
-    case FSDP_K_RELU_BWD:
-        if (!fsdp_ev_dtype(k->u.relu_bwd.dx_dtype) || !fsdp_ev_dtype(k->u.relu_bwd.dy_dtype) ||
-            !fsdp_ev_dtype(k->u.relu_bwd.y_dtype))
-            return 0;
-        b[0] = EV_BUF(k->u.relu_bwd.dx, n, k->u.relu_bwd.dx_dtype, 1);
-        b[1] = EV_BUF(k->u.relu_bwd.dy, n, k->u.relu_bwd.dy_dtype, 0);
-        b[2] = EV_BUF(k->u.relu_bwd.y, n, k->u.relu_bwd.y_dtype, 0);
-        return fsdp_ev_apart(b, 3, 1);
-    case FSDP_K_BIAS_ADD: {
-        size_t cols = k->u.bias_add.rows > 0 ? k->u.bias_add.cols : 0;
-        if (!fsdp_ev_dtype(k->u.bias_add.y_dtype) || !fsdp_ev_dtype(k->u.bias_add.bias_dtype))
-            return 0;
-        /* bias is read at other indexes than y's: never one buffer with y */
-        b[0] = EV_BUF(k->u.bias_add.y, n, k->u.bias_add.y_dtype, 1);
-        b[1] = EV_BUF(k->u.bias_add.bias, cols, k->u.bias_add.bias_dtype, 0);
-        return fsdp_ev_apart(b, 2, 0);
-    }
-    case FSDP_K_CAST:
-        /* the same dtype is a copy (fsdp_sim_elem_fast); the check refused an overlap */
-        return fsdp_ev_dtype(k->u.cast.dst_dtype) && fsdp_ev_dtype(k->u.cast.src_dtype) &&
-               k->u.cast.dst_dtype != k->u.cast.src_dtype;
-    default:
+    if (fsdp_ev_nan(a->decay) || fsdp_ev_nan(a->one_minus_beta1) || fsdp_ev_nan(a->beta2) ||
+        fsdp_ev_nan(a->one_minus_beta2) || fsdp_ev_nan(a->neg_step_size) ||
+        fsdp_ev_nan(a->bc2_sqrt) || fsdp_ev_nan(a->eps))
         return 0;
-    }
+    b[0] = EV_BUF(k->u.adamw.param, n, F, 1);
+    b[1] = EV_BUF(k->u.adamw.grad, n, F, 0);
+    b[2] = EV_BUF(k->u.adamw.exp_avg, n, F, 1);
+    b[3] = EV_BUF(k->u.adamw.exp_avg_sq, n, F, 1);
+    return fsdp_ev_apart(b, 4, 4);
 }
 
-int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+static int takes_sgd(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[3];
+    size_t n = p->n;
+
+    if (fsdp_ev_nan(k->u.sgd.lr) || fsdp_ev_nan(k->u.sgd.momentum) ||
+        fsdp_ev_nan(k->u.sgd.dampening) || fsdp_ev_nan(k->u.sgd.weight_decay))
+        return 0;
+    b[0] = EV_BUF(k->u.sgd.param, n, F, 1);
+    b[1] = EV_BUF(k->u.sgd.grad, n, F, 0);
+    if (k->u.sgd.momentum == 0.0f)
+        return fsdp_ev_apart(b, 2, 4);
+    /* the body reads param again after it stores the momentum buffer: apart only */
+    b[2] = EV_BUF(k->u.sgd.momentum_buf, n, F, 1);
+    return fsdp_ev_apart(b, 3, 4) &&
+           (n == 0 || (const void *)k->u.sgd.momentum_buf != (const void *)k->u.sgd.param);
+}
+
+#undef F
+
+static int takes_gelu_fwd(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[2];
+
+    if (!fsdp_ev_dtype(k->u.gelu_fwd.dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.gelu_fwd.y, p->n, k->u.gelu_fwd.dtype, 1);
+    b[1] = EV_BUF(k->u.gelu_fwd.x, p->n, k->u.gelu_fwd.dtype, 0);
+    return fsdp_ev_apart(b, 2, 1);
+}
+
+static int takes_gelu_bwd(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[3];
+
+    if (!fsdp_ev_dtype(k->u.gelu_bwd.dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.gelu_bwd.dx, p->n, k->u.gelu_bwd.dtype, 1);
+    b[1] = EV_BUF(k->u.gelu_bwd.dy, p->n, k->u.gelu_bwd.dtype, 0);
+    b[2] = EV_BUF(k->u.gelu_bwd.x, p->n, k->u.gelu_bwd.dtype, 0);
+    return fsdp_ev_apart(b, 3, 1);
+}
+
+static int takes_add(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[3];
+
+    if (!fsdp_ev_dtype(k->u.add.dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.add.y, p->n, k->u.add.dtype, 1);
+    b[1] = EV_BUF(k->u.add.a, p->n, k->u.add.dtype, 0);
+    b[2] = EV_BUF(k->u.add.b, p->n, k->u.add.dtype, 0);
+    return fsdp_ev_apart(b, 3, 1);
+}
+
+static int takes_axpy(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[2];
+
+    if (fsdp_ev_nan(k->u.axpy.alpha))
+        return 0;
+    if (!fsdp_ev_dtype(k->u.axpy.y_dtype) || !fsdp_ev_dtype(k->u.axpy.x_dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.axpy.y, p->n, k->u.axpy.y_dtype, 1);
+    b[1] = EV_BUF(k->u.axpy.x, p->n, k->u.axpy.x_dtype, 0);
+    return fsdp_ev_apart(b, 2, 1);
+}
+
+static int takes_relu_fwd(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[2];
+
+    if (!fsdp_ev_dtype(k->u.relu_fwd.y_dtype) || !fsdp_ev_dtype(k->u.relu_fwd.x_dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.relu_fwd.y, p->n, k->u.relu_fwd.y_dtype, 1);
+    b[1] = EV_BUF(k->u.relu_fwd.x, p->n, k->u.relu_fwd.x_dtype, 0);
+    return fsdp_ev_apart(b, 2, 1);
+}
+
+static int takes_relu_bwd(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    fsdp_ev_buf_t b[3];
+
+    if (!fsdp_ev_dtype(k->u.relu_bwd.dx_dtype) || !fsdp_ev_dtype(k->u.relu_bwd.dy_dtype) ||
+        !fsdp_ev_dtype(k->u.relu_bwd.y_dtype))
+        return 0;
+    b[0] = EV_BUF(k->u.relu_bwd.dx, p->n, k->u.relu_bwd.dx_dtype, 1);
+    b[1] = EV_BUF(k->u.relu_bwd.dy, p->n, k->u.relu_bwd.dy_dtype, 0);
+    b[2] = EV_BUF(k->u.relu_bwd.y, p->n, k->u.relu_bwd.y_dtype, 0);
+    return fsdp_ev_apart(b, 3, 1);
+}
+
+static int takes_bias_add(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    size_t cols = k->u.bias_add.rows > 0 ? k->u.bias_add.cols : 0;
+    fsdp_ev_buf_t b[2];
+
+    if (!fsdp_ev_dtype(k->u.bias_add.y_dtype) || !fsdp_ev_dtype(k->u.bias_add.bias_dtype))
+        return 0;
+    /* bias is read at other indexes than y's: never one buffer with y */
+    b[0] = EV_BUF(k->u.bias_add.y, p->n, k->u.bias_add.y_dtype, 1);
+    b[1] = EV_BUF(k->u.bias_add.bias, cols, k->u.bias_add.bias_dtype, 0);
+    return fsdp_ev_apart(b, 2, 0);
+}
+
+static int takes_cast(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+{
+    (void)p;
+    /* the same dtype is a copy (kernels.c's plain loops); the check refused an overlap */
+    return fsdp_ev_dtype(k->u.cast.dst_dtype) && fsdp_ev_dtype(k->u.cast.src_dtype) &&
+           k->u.cast.dst_dtype != k->u.cast.src_dtype;
+}
+
+static const fsdp_ev_takes_t fsdp_ev_takes[FSDP_K_COUNT] = {
+    [FSDP_K_ADAMW] = takes_adamw,       [FSDP_K_SGD] = takes_sgd,
+    [FSDP_K_GELU_FWD] = takes_gelu_fwd, [FSDP_K_GELU_BWD] = takes_gelu_bwd,
+    [FSDP_K_ADD] = takes_add,           [FSDP_K_AXPY] = takes_axpy,
+    [FSDP_K_RELU_FWD] = takes_relu_fwd, [FSDP_K_RELU_BWD] = takes_relu_bwd,
+    [FSDP_K_BIAS_ADD] = takes_bias_add, [FSDP_K_CAST] = takes_cast,
+};
+
+int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin, size_t end)
 {
 #if FSDP_EV_X86
     fsdp_sim_elem_isa_t isa = fsdp_ev_isa();
@@ -249,13 +302,15 @@ int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     if (isa == FSDP_SIM_ELEM_SCALAR)
         return 0;
     loop = isa == FSDP_SIM_ELEM_AVX2 ? fsdp_ev_loop_avx2(k->kind) : fsdp_ev_loop_sse2(k->kind);
-    if (loop == NULL || !fsdp_ev_takes(k, p))
+    if (loop == NULL || !fsdp_ev_takes[k->kind](k, p))
         return 0;
-    loop(k, p);
+    loop(k, p, begin, end);
     return 1;
 #else
     (void)k;
     (void)p;
+    (void)begin;
+    (void)end;
     return 0;
 #endif
 }

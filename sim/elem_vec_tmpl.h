@@ -147,18 +147,19 @@ EV_INLINE vf EV(gelu_grad)(vf dy, vf x)
 
 #define EV_NAN(v) ((v) != (v))
 
-#define EV_TAIL(KIND, k, p, i) fsdp_sim_elem_range((k), (p), (i), (p)->n)
+#define EV_TAIL(KIND, k, p, i) fsdp_sim_elem_range((k), (p), (i), end)
 
-EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                              size_t end)
 {
     float *param = k->u.adamw.param, *exp_avg = k->u.adamw.exp_avg;
     float *exp_avg_sq = k->u.adamw.exp_avg_sq;
     const float *grad = k->u.adamw.grad;
     const fsdp_kb_adamw_scalars_t s = p->adamw;
     const float w = s.one_minus_beta1, one_minus_w = 1.0f - w;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf pa = EV(ld)(param, FSDP_DTYPE_F32, i), g = EV(ld)(grad, FSDP_DTYPE_F32, i);
         vf ea = EV(ld)(exp_avg, FSDP_DTYPE_F32, i), es = EV(ld)(exp_avg_sq, FSDP_DTYPE_F32, i);
         if (EV_ANY(EV_NAN(pa) | EV_NAN(g) | EV_NAN(ea) | EV_NAN(es))) {
@@ -178,7 +179,8 @@ EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     EV_TAIL(FSDP_K_ADAMW, k, p, i);
 }
 
-EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                            size_t end)
 {
     float *param = k->u.sgd.param, *buf = k->u.sgd.momentum_buf;
     const float *grad = k->u.sgd.grad;
@@ -186,10 +188,10 @@ EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     const float dampening = k->u.sgd.dampening, weight_decay = k->u.sgd.weight_decay;
     const int nesterov = k->u.sgd.nesterov, first_step = k->u.sgd.first_step;
     const int read_buf = momentum != 0.0f && !first_step;
-    size_t i = 0;
+    size_t i = begin;
 
     /* fsdp_kb_sgd: every branch is on the launch's scalars */
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf pa = EV(ld)(param, FSDP_DTYPE_F32, i), g = EV(ld)(grad, FSDP_DTYPE_F32, i);
         vf bo = read_buf ? EV(ld)(buf, FSDP_DTYPE_F32, i) : pa;
         if (EV_ANY(EV_NAN(pa) | EV_NAN(g) | EV_NAN(bo))) {
@@ -208,12 +210,13 @@ EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     EV_TAIL(FSDP_K_SGD, k, p, i);
 }
 
-EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end)
 {
     const fsdp_dtype_t dt = k->u.gelu_fwd.dtype;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf x = EV(ld)(k->u.gelu_fwd.x, dt, i);
         if (EV_ANY(EV_NAN(x)))
             EV_BODY(FSDP_K_GELU_FWD, k, p, i);
@@ -223,12 +226,13 @@ EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     EV_TAIL(FSDP_K_GELU_FWD, k, p, i);
 }
 
-EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end)
 {
     const fsdp_dtype_t dt = k->u.gelu_bwd.dtype;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf dy = EV(ld)(k->u.gelu_bwd.dy, dt, i), x = EV(ld)(k->u.gelu_bwd.x, dt, i);
         if (EV_ANY(EV_NAN(dy) | EV_NAN(x)))
             EV_BODY(FSDP_K_GELU_BWD, k, p, i);
@@ -238,12 +242,13 @@ EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     EV_TAIL(FSDP_K_GELU_BWD, k, p, i);
 }
 
-EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                            size_t end)
 {
     const fsdp_dtype_t dt = k->u.add.dtype;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf a = EV(ld)(k->u.add.a, dt, i), b = EV(ld)(k->u.add.b, dt, i);
         if (EV_ANY(EV_NAN(a) & EV_NAN(b))) /* one NaN alone passes through either order */
             EV_BODY(FSDP_K_ADD, k, p, i);
@@ -253,13 +258,14 @@ EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     EV_TAIL(FSDP_K_ADD, k, p, i);
 }
 
-EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                             size_t end)
 {
     const fsdp_dtype_t ydt = k->u.axpy.y_dtype, xdt = k->u.axpy.x_dtype;
     const float alpha = k->u.axpy.alpha;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf y = EV(ld)(k->u.axpy.y, ydt, i), x = EV(ld)(k->u.axpy.x, xdt, i);
         if (EV_ANY(EV_NAN(y) | EV_NAN(x))) /* alpha * x may be a NaN of its own */
             EV_BODY(FSDP_K_AXPY, k, p, i);
@@ -269,27 +275,29 @@ EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
     EV_TAIL(FSDP_K_AXPY, k, p, i);
 }
 
-EV_ATTR static void EV(relu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(relu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end)
 {
     const fsdp_dtype_t ydt = k->u.relu_fwd.y_dtype, xdt = k->u.relu_fwd.x_dtype;
     const vf zero = EV(splat)(0.0f);
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf x = EV(ld)(k->u.relu_fwd.x, xdt, i);
         EV(st)(k->u.relu_fwd.y, ydt, i, EV(sel)(x > 0.0f, x, zero));
     }
     EV_TAIL(FSDP_K_RELU_FWD, k, p, i);
 }
 
-EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end)
 {
     const fsdp_dtype_t dxdt = k->u.relu_bwd.dx_dtype, dydt = k->u.relu_bwd.dy_dtype;
     const fsdp_dtype_t ydt = k->u.relu_bwd.y_dtype;
     const vf zero = EV(splat)(0.0f);
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W) {
+    for (; i + EV_W <= end; i += EV_W) {
         vf dy = EV(ld)(k->u.relu_bwd.dy, dydt, i), y = EV(ld)(k->u.relu_bwd.y, ydt, i);
         EV(st)(k->u.relu_bwd.dx, dxdt, i, EV(sel)(y > 0.0f, dy, zero));
     }
@@ -297,11 +305,16 @@ EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
 }
 
 /* row by row: whole vectors of the row's columns, then its last columns by the scalar loop */
-EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                                 size_t end)
 {
     const fsdp_dtype_t ydt = k->u.bias_add.y_dtype, bdt = k->u.bias_add.bias_dtype;
     const size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
 
+    if (begin != 0 || end != p->n) { /* whole rows only */
+        fsdp_sim_elem_range(k, p, begin, end);
+        return;
+    }
     for (size_t r = 0; r < rows; r++) {
         size_t c = 0, o = r * cols;
         for (; c + EV_W <= cols; c += EV_W) {
@@ -315,13 +328,14 @@ EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     }
 }
 
-/* between f32 and bf16 (the same dtype is a copy: fsdp_sim_elem_fast) */
-EV_ATTR static void EV(cast)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
+/* between f32 and bf16 (the same dtype is a copy: kernels.c's plain loops) */
+EV_ATTR static void EV(cast)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+                             size_t end)
 {
     const fsdp_dtype_t ddt = k->u.cast.dst_dtype, sdt = k->u.cast.src_dtype;
-    size_t i = 0;
+    size_t i = begin;
 
-    for (; i + EV_W <= p->n; i += EV_W)
+    for (; i + EV_W <= end; i += EV_W)
         EV(st)(k->u.cast.dst, ddt, i, EV(ld)(k->u.cast.src, sdt, i));
     EV_TAIL(FSDP_K_CAST, k, p, i);
 }
@@ -329,30 +343,14 @@ EV_ATTR static void EV(cast)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p)
 /* The loop of kind, or NULL */
 static fsdp_sim_elem_loop_t EV(fsdp_ev_loop)(fsdp_kernel_kind_t kind)
 {
-    switch (kind) {
-    case FSDP_K_ADAMW:
-        return EV(adamw);
-    case FSDP_K_SGD:
-        return EV(sgd);
-    case FSDP_K_GELU_FWD:
-        return EV(gelu_fwd);
-    case FSDP_K_GELU_BWD:
-        return EV(gelu_bwd);
-    case FSDP_K_ADD:
-        return EV(add);
-    case FSDP_K_AXPY:
-        return EV(axpy);
-    case FSDP_K_RELU_FWD:
-        return EV(relu_fwd);
-    case FSDP_K_RELU_BWD:
-        return EV(relu_bwd);
-    case FSDP_K_BIAS_ADD:
-        return EV(bias_add);
-    case FSDP_K_CAST:
-        return EV(cast);
-    default:
-        return NULL;
-    }
+    static const fsdp_sim_elem_loop_t loops[FSDP_K_COUNT] = {
+        [FSDP_K_ADAMW] = EV(adamw),       [FSDP_K_SGD] = EV(sgd),
+        [FSDP_K_GELU_FWD] = EV(gelu_fwd), [FSDP_K_GELU_BWD] = EV(gelu_bwd),
+        [FSDP_K_ADD] = EV(add),           [FSDP_K_AXPY] = EV(axpy),
+        [FSDP_K_RELU_FWD] = EV(relu_fwd), [FSDP_K_RELU_BWD] = EV(relu_bwd),
+        [FSDP_K_BIAS_ADD] = EV(bias_add), [FSDP_K_CAST] = EV(cast),
+    };
+    return (unsigned)kind < FSDP_K_COUNT ? loops[kind] : NULL;
 }
 
 #undef EV_TAIL

@@ -119,17 +119,9 @@ fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *
  * then (a descriptor's sizes only; it may still be invalid). */
 int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k);
 
-/* 1 for the transformer kinds (layernorm .. add), which kernels_nn.c runs. */
-int fsdp_sim_nn_kernel(fsdp_kernel_kind_t kind);
-/* fsdp_sim_kernel_exec for those kinds: checks the descriptor, then loops over the bodies of
- * lib/kernels/nn_bodies.h. */
-fsdp_status_t fsdp_sim_nn_kernel_exec(const fsdp_kernel_t *k);
-
-/* 1 for the Llama kinds (rmsnorm .. attention), which kernels_llama.c runs. */
-int fsdp_sim_llama_kernel(fsdp_kernel_kind_t kind);
-/* fsdp_sim_kernel_exec for those kinds: the shared check, then the passes of
- * lib/kernels/llama_bodies.h. */
-fsdp_status_t fsdp_sim_llama_kernel_exec(const fsdp_kernel_t *k);
+/* The check of a descriptor of any kind (kernel_check.c): FSDP_OK, or FSDP_ERR_INVALID_PARAM
+ * after one line naming the kernel and what is wrong with it. */
+fsdp_status_t fsdp_sim_kernel_check(const fsdp_kernel_t *k);
 
 /* C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, f32, row-major, as the GEMM
  * descriptor of kernel.h: op(A) = A ([M,K], lda >= K) or A^T (A is [K,M], lda >= M), likewise

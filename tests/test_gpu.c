@@ -316,7 +316,8 @@ static void host_exec(const fsdp_kernel_t *k)
         return;
     }
     fsdp_kb_prepare(k, &p);
-    if (k->kind >= FSDP_K_LAYERNORM_FWD && k->kind <= FSDP_K_ADD) { /* sim/kernels_nn.c's loops */
+    if (k->kind >= FSDP_K_LAYERNORM_FWD &&
+        k->kind <= FSDP_K_ADD) { /* the sim's loops (sim/kernels.c) */
         const size_t chunks = fsdp_kb_nn_chunks(k), rows = fsdp_kb_nn_rows(k);
         fsdp_kb_colsum(k);
         for (size_t c = 0; c < chunks; c++)

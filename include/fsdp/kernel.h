@@ -18,43 +18,59 @@
 extern "C" {
 #endif
 
-/* X(name, "name") */
+/* Every kind of kernel, one row each; everything indexed by kind is generated from this list
+ * (the enum below, fsdp_kernel_name, the library's lookups in lib/kernels/kinds.h and the
+ * backends' dispatch tables). Rows are appended, never reordered: FSDP_K_* are numbers.
+ *
+ * X(NAME, name, member, dtypes, exec, cost)
+ *   NAME    the kind is FSDP_K_NAME
+ *   name    its name in logs and traces (fsdp_kernel_name)
+ *   member  its operands: the member of fsdp_kernel_t's union
+ *   dtypes  ONE: every tensor but f32 statistics has the member's `dtype`; MIXED: each operand
+ *           names its own (x_dtype, y_dtype, ...); F32: f32 only (float * operands)
+ *   exec    how a backend runs it: ELEMS, independent elements (fsdp_kb_elem over i < n, which
+ *           a backend may cut anywhere); PARTS, the parts of lib/kernels/kernel_elem.h in order
+ *           (column sums, rows, a reduction, elements); PASSES, the passes of
+ *           lib/kernels/llama_bodies.h; GEMM, the backend's own matrix product
+ *   cost    how the simulator prices its FLOPs and bytes (fsdp_kernel_cost): VECTOR, a roofline
+ *           on CUDA cores; MATMUL, tensor cores at the GEMM's efficiency; ATTENTION, tensor
+ *           cores at the fused attention's */
 #define FSDP_FOREACH_KERNEL(X)                                                                     \
-    X(FILL, "fill")                                                                                \
-    X(CAST, "cast")                                                                                \
-    X(SCALE, "scale")                                                                              \
-    X(DIV, "div")                                                                                  \
-    X(AXPY, "axpy")                                                                                \
-    X(GEMM, "gemm")                                                                                \
-    X(BIAS_ADD, "bias_add")                                                                        \
-    X(BIAS_GRAD, "bias_grad")                                                                      \
-    X(RELU_FWD, "relu_fwd")                                                                        \
-    X(RELU_BWD, "relu_bwd")                                                                        \
-    X(MSE_LOSS, "mse_loss")                                                                        \
-    X(ADAMW, "adamw")                                                                              \
-    X(SGD, "sgd")                                                                                  \
-    X(SUMSQ, "sumsq")                                                                              \
-    X(LAYERNORM_FWD, "layernorm_fwd")                                                              \
-    X(LAYERNORM_BWD, "layernorm_bwd")                                                              \
-    X(GELU_FWD, "gelu_fwd")                                                                        \
-    X(GELU_BWD, "gelu_bwd")                                                                        \
-    X(SOFTMAX_FWD, "softmax_fwd")                                                                  \
-    X(SOFTMAX_BWD, "softmax_bwd")                                                                  \
-    X(EMBEDDING_FWD, "embedding_fwd")                                                              \
-    X(EMBEDDING_BWD, "embedding_bwd")                                                              \
-    X(CROSS_ENTROPY, "cross_entropy")                                                              \
-    X(ADD, "add")                                                                                  \
-    X(RMSNORM_FWD, "rmsnorm_fwd")                                                                  \
-    X(RMSNORM_BWD, "rmsnorm_bwd")                                                                  \
-    X(ROPE_FWD, "rope_fwd")                                                                        \
-    X(ROPE_BWD, "rope_bwd")                                                                        \
-    X(SWIGLU_FWD, "swiglu_fwd")                                                                    \
-    X(SWIGLU_BWD, "swiglu_bwd")                                                                    \
-    X(ATTENTION_FWD, "attention_fwd")                                                              \
-    X(ATTENTION_BWD, "attention_bwd")
+    X(FILL, fill, fill, ONE, ELEMS, VECTOR)                                                        \
+    X(CAST, cast, cast, MIXED, ELEMS, VECTOR)                                                      \
+    X(SCALE, scale, scale, ONE, ELEMS, VECTOR)                                                     \
+    X(DIV, div, scale, ONE, ELEMS, VECTOR)                                                         \
+    X(AXPY, axpy, axpy, MIXED, ELEMS, VECTOR)                                                      \
+    X(GEMM, gemm, gemm, MIXED, GEMM, MATMUL)                                                       \
+    X(BIAS_ADD, bias_add, bias_add, MIXED, PARTS, VECTOR)                                          \
+    X(BIAS_GRAD, bias_grad, bias_grad, MIXED, PARTS, VECTOR)                                       \
+    X(RELU_FWD, relu_fwd, relu_fwd, MIXED, ELEMS, VECTOR)                                          \
+    X(RELU_BWD, relu_bwd, relu_bwd, MIXED, ELEMS, VECTOR)                                          \
+    X(MSE_LOSS, mse_loss, mse, MIXED, PARTS, VECTOR)                                               \
+    X(ADAMW, adamw, adamw, F32, ELEMS, VECTOR)                                                     \
+    X(SGD, sgd, sgd, F32, ELEMS, VECTOR)                                                           \
+    X(SUMSQ, sumsq, sumsq, ONE, PARTS, VECTOR)                                                     \
+    X(LAYERNORM_FWD, layernorm_fwd, layernorm_fwd, ONE, PARTS, VECTOR)                             \
+    X(LAYERNORM_BWD, layernorm_bwd, layernorm_bwd, ONE, PARTS, VECTOR)                             \
+    X(GELU_FWD, gelu_fwd, gelu_fwd, ONE, ELEMS, VECTOR)                                            \
+    X(GELU_BWD, gelu_bwd, gelu_bwd, ONE, ELEMS, VECTOR)                                            \
+    X(SOFTMAX_FWD, softmax_fwd, softmax_fwd, ONE, PARTS, VECTOR)                                   \
+    X(SOFTMAX_BWD, softmax_bwd, softmax_bwd, ONE, PARTS, VECTOR)                                   \
+    X(EMBEDDING_FWD, embedding_fwd, embedding_fwd, ONE, PARTS, VECTOR)                             \
+    X(EMBEDDING_BWD, embedding_bwd, embedding_bwd, ONE, PARTS, VECTOR)                             \
+    X(CROSS_ENTROPY, cross_entropy, cross_entropy, ONE, PARTS, VECTOR)                             \
+    X(ADD, add, add, ONE, ELEMS, VECTOR)                                                           \
+    X(RMSNORM_FWD, rmsnorm_fwd, rmsnorm_fwd, ONE, PASSES, VECTOR)                                  \
+    X(RMSNORM_BWD, rmsnorm_bwd, rmsnorm_bwd, ONE, PASSES, VECTOR)                                  \
+    X(ROPE_FWD, rope_fwd, rope, ONE, PASSES, VECTOR)                                               \
+    X(ROPE_BWD, rope_bwd, rope, ONE, PASSES, VECTOR)                                               \
+    X(SWIGLU_FWD, swiglu_fwd, swiglu_fwd, ONE, PASSES, VECTOR)                                     \
+    X(SWIGLU_BWD, swiglu_bwd, swiglu_bwd, ONE, PASSES, VECTOR)                                     \
+    X(ATTENTION_FWD, attention_fwd, attention_fwd, ONE, PASSES, ATTENTION)                         \
+    X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION)
 
 typedef enum {
-#define FSDP_KERNEL_ENUM_(name, str) FSDP_K_##name,
+#define FSDP_KERNEL_ENUM_(NAME, name, member, dtypes, exec, cost) FSDP_K_##NAME,
     FSDP_FOREACH_KERNEL(FSDP_KERNEL_ENUM_)
 #undef FSDP_KERNEL_ENUM_
         FSDP_K_COUNT

@@ -5,15 +5,12 @@
 
 const char *fsdp_kernel_name(fsdp_kernel_kind_t kind)
 {
-    switch (kind) {
-#define FSDP_KERNEL_NAME_(name, str)                                                               \
-    case FSDP_K_##name:                                                                            \
-        return str;
+    static const char *const names[FSDP_K_COUNT] = {
+#define FSDP_KERNEL_NAME_(NAME, name, member, dtypes, exec, cost) #name,
         FSDP_FOREACH_KERNEL(FSDP_KERNEL_NAME_)
 #undef FSDP_KERNEL_NAME_
-    default:
-        return "invalid";
-    }
+    };
+    return (unsigned)kind < FSDP_K_COUNT ? names[kind] : "invalid";
 }
 
 /* Bytes of one element, as a double for the cost formulas. */

@@ -21,6 +21,7 @@
 #include <fsdp/kernel.h>
 
 #include "kernels/elementwise.h"
+#include "kernels/kinds.h"
 #include "kernels/nn_bodies.h"
 
 /* The scalars of one launch, computed once on the host (in double, as torch does in Python). */
@@ -448,6 +449,206 @@ static inline double fsdp_kb_reduce_sum(const fsdp_kernel_t *k, size_t n, fsdp_k
         lane[b % FSDP_KB_RED_LANES] += partial[b];
     fsdp_kb_reduce_tree(lane);
     return lane[0];
+}
+
+/* ---- dispatch by kind: a row's passes and lanes, the host's embedding chunks ---- */
+
+/* The number of rows a row kernel runs over (0 for the others). */
+FSDP_HD size_t fsdp_kb_nn_rows(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        return k->u.layernorm_fwd.cols > 0 ? k->u.layernorm_fwd.rows : 0;
+    case FSDP_K_LAYERNORM_BWD:
+        return k->u.layernorm_bwd.cols > 0 && k->u.layernorm_bwd.dx != NULL
+                   ? k->u.layernorm_bwd.rows
+                   : 0;
+    case FSDP_K_SOFTMAX_FWD:
+        return k->u.softmax_fwd.rows;
+    case FSDP_K_SOFTMAX_BWD:
+        return k->u.softmax_bwd.rows;
+    case FSDP_K_CROSS_ENTROPY:
+        return k->u.cross_entropy.rows;
+    default:
+        return 0;
+    }
+}
+
+/* The number of column chunks of the host's embedding_bwd loop (0 for the other kinds). */
+FSDP_HD size_t fsdp_kb_nn_chunks(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_EMBEDDING_BWD:
+        return fsdp_kb_col_chunks(k->u.embedding_bwd.cols);
+    default:
+        return 0;
+    }
+}
+
+/* The reduction passes of a row kernel (before its storing pass), and whether pass p's
+ * partials meet as a maximum (else a sum). Constant expressions for a constant kind. */
+#define FSDP_KB_ROW_REDUCTIONS(kind) ((kind) == FSDP_K_SOFTMAX_BWD ? 1 : 2)
+#define FSDP_KB_ROW_MAX(kind, p)                                                                   \
+    ((p) == 0 && ((kind) == FSDP_K_SOFTMAX_FWD || (kind) == FSDP_K_CROSS_ENTROPY))
+
+/* Pass p of row r of a row kernel over elements l, l + step, ... into acc (see the row bodies;
+ * ce_scale: cross_entropy's 1 / denom). With a constant kind the switch folds away. */
+FSDP_HD void fsdp_kb_nn_row_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                                 size_t r, unsigned l, unsigned step, int p, float *st, float *acc)
+{
+    switch (kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        fsdp_kb_layernorm_fwd_pass(k, r, l, step, p, st, acc);
+        break;
+    case FSDP_K_LAYERNORM_BWD:
+        fsdp_kb_layernorm_bwd_pass(k, r, l, step, p, st, acc);
+        break;
+    case FSDP_K_SOFTMAX_FWD:
+        fsdp_kb_softmax_fwd_pass(k, r, l, step, p, st, acc);
+        break;
+    case FSDP_K_SOFTMAX_BWD:
+        fsdp_kb_softmax_bwd_pass(k, r, l, step, p, st, acc);
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        fsdp_kb_cross_entropy_pass(k, ce_scale, r, l, step, p, st, acc);
+        break;
+    default:
+        break;
+    }
+}
+
+/* A partial's start in pass p: -inf for a maximum, 0 for a sum. */
+FSDP_HD float fsdp_kb_nn_row_init(fsdp_kernel_kind_t kind, int p)
+{
+    return FSDP_KB_ROW_MAX(kind, p) ? -fsdp_kb_inff() : 0.0f;
+}
+
+/* The row's scalar from reduction p's result st[p], in place, once per row (on the GPU in every
+ * lane): layernorm's mean and rstd, layernorm_bwd's means of g and g * xhat. */
+FSDP_HD void fsdp_kb_nn_row_reduced(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, int p,
+                                    float *st)
+{
+    switch (kind) {
+    case FSDP_K_LAYERNORM_FWD: {
+        const float n = (float)k->u.layernorm_fwd.cols;
+        st[p] = p == 0 ? st[p] / n : 1.0f / sqrtf(st[p] / n + k->u.layernorm_fwd.eps);
+        break;
+    }
+    case FSDP_K_LAYERNORM_BWD:
+        st[p] = st[p] / (float)k->u.layernorm_bwd.cols;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Host side: row r of a row kernel as a warp runs it: each pass once over the row into the 32
+ * lanes' partials, which meet in fsdp_kb_lane_tree (fsdp_kb_lane_max): the GPU's bits. */
+FSDP_HD void fsdp_kb_nn_row(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, float ce_scale,
+                            size_t r)
+{
+    float st[FSDP_KB_ROW_STATE] = {0.0f, 0.0f, 0.0f}, part[FSDP_KB_LANES];
+    const int np = FSDP_KB_ROW_REDUCTIONS(kind);
+
+    for (int p = 0; p < np; p++) {
+        for (unsigned l = 0; l < FSDP_KB_LANES; l++)
+            part[l] = fsdp_kb_nn_row_init(kind, p);
+        fsdp_kb_nn_row_pass(kind, k, ce_scale, r, 0, 1, p, st, part);
+        st[p] = FSDP_KB_ROW_MAX(kind, p) ? fsdp_kb_lane_max(part) : fsdp_kb_lane_tree(part);
+        fsdp_kb_nn_row_reduced(kind, k, p, st);
+    }
+    fsdp_kb_nn_row_pass(kind, k, ce_scale, r, 0, 1, np, st, part);
+}
+
+/* Column chunk c of the host's embedding_bwd loop (the GPU runs fsdp_kb_embedding_bwd_at). */
+FSDP_HD void fsdp_kb_nn_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, size_t c)
+{
+    switch (kind) {
+    case FSDP_K_EMBEDDING_BWD:
+        fsdp_kb_embedding_bwd_cols(k, c);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Is kind a row kernel of nn_bodies.h (a constant expression)? */
+#define FSDP_KB_ROW_KIND(kind)                                                                     \
+    ((kind) == FSDP_K_LAYERNORM_FWD || (kind) == FSDP_K_LAYERNORM_BWD ||                           \
+     (kind) == FSDP_K_SOFTMAX_FWD || (kind) == FSDP_K_SOFTMAX_BWD ||                               \
+     (kind) == FSDP_K_CROSS_ENTROPY)
+
+#define FSDP_KB_ROW_LOOP_(KIND, k, ce_scale, rows)                                                 \
+    do {                                                                                           \
+        for (size_t r_ = 0; r_ < (rows); r_++)                                                     \
+            fsdp_kb_nn_row(KIND, (k), (ce_scale), r_);                                             \
+    } while (0)
+
+/* Host side: every row of a row kernel (none for the other kinds), each kind a constant so
+ * that its passes inline into the lanes' loops. */
+static inline void fsdp_kb_nn_rows_host(const fsdp_kernel_t *k, float ce_scale)
+{
+    const size_t rows = fsdp_kb_nn_rows(k);
+
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD:
+        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_FWD, k, ce_scale, rows);
+        break;
+    case FSDP_K_LAYERNORM_BWD:
+        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_BWD, k, ce_scale, rows);
+        break;
+    case FSDP_K_SOFTMAX_FWD:
+        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_FWD, k, ce_scale, rows);
+        break;
+    case FSDP_K_SOFTMAX_BWD:
+        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_BWD, k, ce_scale, rows);
+        break;
+    case FSDP_K_CROSS_ENTROPY:
+        FSDP_KB_ROW_LOOP_(FSDP_K_CROSS_ENTROPY, k, ce_scale, rows);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Host side: the column chunks of the host's embedding_bwd loop (none for the other kinds). */
+static inline void fsdp_kb_nn_cols_host(const fsdp_kernel_t *k)
+{
+    const size_t chunks = fsdp_kb_nn_chunks(k);
+
+    for (size_t c = 0; c < chunks; c++)
+        fsdp_kb_nn_cols(k->kind, k, c);
+}
+
+/* The reduction of a launch into one f32, out[0] = (float)(sum of term(k, i) for i < *n_p, in
+ * double along fsdp_kb_reduce_shape's tree) / *divisor_p): sumsq's, mse_loss's loss,
+ * cross_entropy's mean (when it has a loss). NULL for a launch without one. Read before the
+ * element-wise part writes (mse_loss's dy may be y) and after the rows (cross_entropy's
+ * losses). */
+static inline fsdp_kb_term_func_t fsdp_kb_reduction(const fsdp_kernel_t *k, size_t *n_p,
+                                                    float **out_p, double *divisor_p)
+{
+    switch (k->kind) {
+    case FSDP_K_SUMSQ:
+        *n_p = k->u.sumsq.n;
+        *out_p = k->u.sumsq.out;
+        *divisor_p = 1.0;
+        return fsdp_kb_sumsq_term;
+    case FSDP_K_MSE_LOSS:
+        *n_p = k->u.mse.n;
+        *out_p = k->u.mse.loss;
+        *divisor_p = k->u.mse.denom;
+        return fsdp_kb_mse_term;
+    case FSDP_K_CROSS_ENTROPY:
+        if (k->u.cross_entropy.loss == NULL)
+            return NULL;
+        *n_p = k->u.cross_entropy.rows;
+        *out_p = k->u.cross_entropy.loss;
+        *divisor_p = k->u.cross_entropy.denom;
+        return fsdp_kb_cross_entropy_term;
+    default:
+        return NULL;
+    }
 }
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "kernels/convert.h"
 #include "kernels/hd.h"
+#include "kernels/kinds.h"
 #include "kernels/lanes.h"
 #include "kernels/nn_bodies.h"
 
@@ -420,53 +421,31 @@ FSDP_HD int fsdp_kb_llama_kind(fsdp_kernel_kind_t kind)
     return kind >= FSDP_K_RMSNORM_FWD && kind <= FSDP_K_ATTENTION_BWD;
 }
 
-FSDP_HD fsdp_dtype_t fsdp_kb_llama_dtype(const fsdp_kernel_t *k)
-{
-    switch (k->kind) {
-    case FSDP_K_RMSNORM_FWD:
-        return k->u.rmsnorm_fwd.dtype;
-    case FSDP_K_RMSNORM_BWD:
-        return k->u.rmsnorm_bwd.dtype;
-    case FSDP_K_ROPE_FWD:
-    case FSDP_K_ROPE_BWD:
-        return k->u.rope.dtype;
-    case FSDP_K_SWIGLU_FWD:
-        return k->u.swiglu_fwd.dtype;
-    case FSDP_K_SWIGLU_BWD:
-        return k->u.swiglu_bwd.dtype;
-    case FSDP_K_ATTENTION_FWD:
-        return k->u.attention_fwd.dtype;
-    case FSDP_K_ATTENTION_BWD:
-        return k->u.attention_bwd.dtype;
-    default:
-        return FSDP_DTYPE_F32;
-    }
-}
-
 /* How the indices of a pass run. */
 #define FSDP_KB_BY_ELEM 0 /* an element: a thread on the GPU */
 #define FSDP_KB_BY_ROW 1  /* a row of FSDP_KB_LANES lanes (lanes.h): a warp on the GPU */
 #define FSDP_KB_BY_COLS 2 /* FSDP_KB_LANES columns x FSDP_KB_ROW_LANES row lanes: a block */
 
+/* The shape of pass `pass` of a kind, and a kind's passes at most: constant expressions for a
+ * constant kind (the gpu backend instantiates a kernel per pass). */
+#define FSDP_KB_LLAMA_SHAPE(kind, pass)                                                            \
+    ((kind) == FSDP_K_RMSNORM_BWD ? ((pass) == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW)               \
+     : (kind) == FSDP_K_RMSNORM_FWD || (kind) == FSDP_K_ATTENTION_FWD ||                           \
+             (kind) == FSDP_K_ATTENTION_BWD                                                        \
+         ? FSDP_KB_BY_ROW                                                                          \
+         : FSDP_KB_BY_ELEM)
+#define FSDP_KB_LLAMA_PASSES(kind)                                                                 \
+    ((kind) == FSDP_K_RMSNORM_BWD ? 2 : (kind) == FSDP_K_ATTENTION_BWD ? 3 : 1)
+
 FSDP_HD int fsdp_kb_llama_shape(fsdp_kernel_kind_t kind, int pass)
 {
-    switch (kind) {
-    case FSDP_K_RMSNORM_FWD:
-        return FSDP_KB_BY_ROW;
-    case FSDP_K_RMSNORM_BWD:
-        return pass == 0 ? FSDP_KB_BY_COLS : FSDP_KB_BY_ROW;
-    case FSDP_K_ATTENTION_FWD:
-    case FSDP_K_ATTENTION_BWD:
-        return FSDP_KB_BY_ROW;
-    default:
-        return FSDP_KB_BY_ELEM;
-    }
+    return FSDP_KB_LLAMA_SHAPE(kind, pass);
 }
 
 /* The passes of a kernel, run in order. */
 FSDP_HD int fsdp_kb_llama_passes(const fsdp_kernel_t *k)
 {
-    return k->kind == FSDP_K_RMSNORM_BWD ? 2 : k->kind == FSDP_K_ATTENTION_BWD ? 3 : 1;
+    return FSDP_KB_LLAMA_PASSES(k->kind);
 }
 
 /* The indices of pass `pass` (0 when it has nothing to do). */
@@ -580,6 +559,46 @@ static inline void fsdp_kb_llama_host_pass(fsdp_kernel_kind_t kind, const fsdp_k
     }
 }
 
+#define FSDP_KB_LLAMA_HOST_(KIND, k)                                                               \
+    do {                                                                                           \
+        for (int pass_ = 0; pass_ < fsdp_kb_llama_passes(k); pass_++)                              \
+            fsdp_kb_llama_host_pass(KIND, (k), pass_);                                             \
+    } while (0)
+
+/* The host's run of a whole kernel: its passes in order, the kind a constant so that the
+ * dispatch folds. */
+static inline void fsdp_kb_llama_host(const fsdp_kernel_t *k)
+{
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_FWD, k);
+        break;
+    case FSDP_K_RMSNORM_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_BWD, k);
+        break;
+    case FSDP_K_ROPE_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_FWD, k);
+        break;
+    case FSDP_K_ROPE_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_BWD, k);
+        break;
+    case FSDP_K_SWIGLU_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_FWD, k);
+        break;
+    case FSDP_K_SWIGLU_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_BWD, k);
+        break;
+    case FSDP_K_ATTENTION_FWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_FWD, k);
+        break;
+    case FSDP_K_ATTENTION_BWD:
+        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_BWD, k);
+        break;
+    default:
+        break;
+    }
+}
+
 /* ---- the host's check of a descriptor, for both backends: what is wrong, or NULL ---- */
 
 static inline int fsdp_kb_llama_float(fsdp_dtype_t dt)
@@ -607,7 +626,7 @@ static inline const char *fsdp_kb_attention_shape(size_t batch, size_t seq, size
 
 static inline const char *fsdp_kb_llama_check(const fsdp_kernel_t *k)
 {
-    if (!fsdp_kb_llama_float(fsdp_kb_llama_dtype(k)))
+    if (!fsdp_kb_llama_float(fsdp_kb_dtype(k)))
         return "dtype: the Llama kernels take f32, bf16 or f16";
     switch (k->kind) {
     case FSDP_K_RMSNORM_FWD: {
