@@ -119,6 +119,17 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
         else if (k->u.fill.n > 0 && k->u.fill.x == NULL)
             bad = "x is NULL";
         break;
+    case FSDP_K_CHUNK_COPY:
+        if (!dtype_ok(k->u.chunk_copy.dst_dtype) || !dtype_ok(k->u.chunk_copy.src_dtype))
+            bad = "dtype";
+        else if (k->u.chunk_copy.rows * k->u.chunk_copy.cols > 0 &&
+                 (k->u.chunk_copy.dst == NULL ||
+                  (k->u.chunk_copy.src == NULL && k->u.chunk_copy.src_n > 0)))
+            bad = "dst or src is NULL";
+        else if (k->u.chunk_copy.rows > 1 && (k->u.chunk_copy.dst_ld < k->u.chunk_copy.cols ||
+                                              k->u.chunk_copy.src_ld < k->u.chunk_copy.cols))
+            bad = "a leading dimension below the columns";
+        break;
     case FSDP_K_CAST:
         if (!dtype_ok(k->u.cast.dst_dtype) || !dtype_ok(k->u.cast.src_dtype))
             bad = "dtype";

@@ -356,6 +356,7 @@ namespace {
 const void *const all_kernels[] = {
     (const void *)elem_kernel<FSDP_K_FILL>,
     (const void *)elem_kernel<FSDP_K_CAST>,
+    (const void *)elem_kernel<FSDP_K_CHUNK_COPY>,
     (const void *)elem_kernel<FSDP_K_SCALE>,
     (const void *)elem_kernel<FSDP_K_DIV>,
     (const void *)elem_kernel<FSDP_K_AXPY>,

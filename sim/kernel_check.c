@@ -87,6 +87,18 @@ static fsdp_status_t base_check(const fsdp_kernel_t *k)
         }
         break;
     }
+    case FSDP_K_CHUNK_COPY: {
+        const size_t rows = k->u.chunk_copy.rows, cols = k->u.chunk_copy.cols;
+        FSDP_SIM_NEED_FLOAT(k, k->u.chunk_copy.dst_dtype);
+        FSDP_SIM_NEED_FLOAT(k, k->u.chunk_copy.src_dtype);
+        FSDP_SIM_NEED(k, k->u.chunk_copy.dst, rows * cols);
+        FSDP_SIM_NEED(k, k->u.chunk_copy.src, k->u.chunk_copy.src_n > 0 ? rows * cols : 0);
+        if (rows > 1 && (k->u.chunk_copy.dst_ld < cols || k->u.chunk_copy.src_ld < cols))
+            FSDP_SIM_KERNEL_INVALID(k, "leading dimensions %zu (dst) and %zu (src) below the %zu "
+                                    "columns", k->u.chunk_copy.dst_ld, k->u.chunk_copy.src_ld,
+                                    cols);
+        break;
+    }
     case FSDP_K_SCALE:
     case FSDP_K_DIV:
         FSDP_SIM_NEED_DTYPE(k, k->u.scale.dtype, fsdp_sim_dtype_float(k->u.scale.dtype),

@@ -853,6 +853,84 @@ static void test_cast_int_and_copy(void)
         CU_ASSERT_EQUAL(fo[i], (float)iv[i]);
 }
 
+static void expect_invalid(const fsdp_kernel_t *k, const char *what);
+
+/* chunk_copy (FSDP2's copy-out and chunk-cat) against a plain loop: blocks with their own
+ * leading dimensions, the source cut at src_n into zeros, f32 to bf16 rounded once, bf16 to
+ * bf16 bit for bit (NaN payloads), one launch split across threads as any element-wise kind;
+ * a leading dimension below the columns is refused. */
+static void test_chunk_copy(void)
+{
+    enum { ROWS = 5, COLS = 37, SLD = 41, DLD = 50, N = ROWS * SLD };
+    static float src[N], dst[ROWS * DLD];
+    static uint16_t src16[N], dst16[ROWS * DLD];
+    fsdp_kernel_t k = {.kind = FSDP_K_CHUNK_COPY};
+    size_t src_n = 3 * SLD + 11; /* rows 0-2 whole, row 3 in part, row 4 none */
+    int bad = 0;
+
+    test_seed(77);
+    fill_rand(src, N, -3.0, 3.0);
+    for (size_t i = 0; i < N; i++)
+        src16[i] = fsdp_f32_to_bf16(src[i]);
+    src16[7] = 0x7fc1; /* a NaN with a payload: copied as it is */
+    for (size_t i = 0; i < ROWS * DLD; i++) {
+        dst[i] = -1.0f;
+        dst16[i] = 0xbeef;
+    }
+    k.u.chunk_copy = (typeof(k.u.chunk_copy)){.dst = dst16, .dst_dtype = FSDP_DTYPE_BF16,
+                                              .dst_ld = DLD, .src = src, .src_dtype = FSDP_DTYPE_F32,
+                                              .src_ld = SLD, .src_n = src_n, .rows = ROWS,
+                                              .cols = COLS};
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    for (size_t r = 0; r < ROWS; r++) {
+        for (size_t c = 0; c < DLD; c++) {
+            size_t s = r * SLD + c;
+            uint16_t want = c >= COLS ? 0xbeef : s < src_n ? fsdp_f32_to_bf16(src[s]) : 0;
+            bad += dst16[r * DLD + c] != want;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+
+    k.u.chunk_copy = (typeof(k.u.chunk_copy)){.dst = dst, .dst_dtype = FSDP_DTYPE_F32,
+                                              .dst_ld = DLD, .src = src16,
+                                              .src_dtype = FSDP_DTYPE_BF16, .src_ld = SLD,
+                                              .src_n = SIZE_MAX, .rows = ROWS, .cols = COLS};
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    bad = 0;
+    for (size_t r = 0; r < ROWS; r++)
+        for (size_t c = 0; c < COLS; c++)
+            bad += test_f32_bits(dst[r * DLD + c]) !=
+                   test_f32_bits(fsdp_bf16_to_f32(src16[r * SLD + c]));
+    CU_ASSERT_EQUAL(bad, 0);
+
+    uint16_t out16[ROWS * COLS];
+    k.u.chunk_copy = (typeof(k.u.chunk_copy)){.dst = out16, .dst_dtype = FSDP_DTYPE_BF16,
+                                              .dst_ld = COLS, .src = src16,
+                                              .src_dtype = FSDP_DTYPE_BF16, .src_ld = SLD,
+                                              .src_n = SIZE_MAX, .rows = ROWS, .cols = COLS};
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    CU_ASSERT_EQUAL(out16[7], 0x7fc1);
+    bad = 0;
+    for (size_t r = 0; r < ROWS; r++)
+        for (size_t c = 0; c < COLS; c++)
+            bad += out16[r * COLS + c] != src16[r * SLD + c];
+    CU_ASSERT_EQUAL(bad, 0);
+
+    /* a gradient that is all past its end: zeros, and no source needed */
+    k.u.chunk_copy.src = NULL;
+    k.u.chunk_copy.src_n = 0;
+    CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+    bad = 0;
+    for (size_t i = 0; i < ROWS * COLS; i++)
+        bad += out16[i] != 0;
+    CU_ASSERT_EQUAL(bad, 0);
+
+    k.u.chunk_copy.src = src16;
+    k.u.chunk_copy.src_n = N;
+    k.u.chunk_copy.src_ld = COLS - 1;
+    expect_invalid(&k, "chunk_copy with a leading dimension below the columns");
+}
+
 static void test_fill(void)
 {
     float f[5];
@@ -2147,6 +2225,7 @@ int main(void)
         {"gemm_degenerate", test_gemm_degenerate},
         {"cast_round_trips", test_cast_round_trips},
         {"cast_int_and_copy", test_cast_int_and_copy},
+        {"chunk_copy", test_chunk_copy},
         {"threads_bits", test_threads_bits},
         {"pack_cache", test_pack_cache},
         {"fill", test_fill},

@@ -67,7 +67,8 @@ extern "C" {
     X(SWIGLU_FWD, swiglu_fwd, swiglu_fwd, ONE, PASSES, VECTOR)                                     \
     X(SWIGLU_BWD, swiglu_bwd, swiglu_bwd, ONE, PASSES, VECTOR)                                     \
     X(ATTENTION_FWD, attention_fwd, attention_fwd, ONE, PASSES, ATTENTION)                         \
-    X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION)
+    X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION)                         \
+    X(CHUNK_COPY, chunk_copy, chunk_copy, MIXED, ELEMS, VECTOR)
 
 typedef enum {
 #define FSDP_KERNEL_ENUM_(NAME, name, member, dtypes, exec, cost) FSDP_K_##NAME,
@@ -243,6 +244,13 @@ typedef struct fsdp_kernel {
             cross_entropy;
         /* y = a + b (the residual add); y may equal a or b */
         struct { void *y; const void *a; const void *b; size_t n; fsdp_dtype_t dtype; } add;
+        /* FSDP2's copy-out and chunk-cat: rows blocks of cols elements, block i from src +
+         * i * src_ld to dst + i * dst_ld, cast to dst_dtype (rounded once, nearest even; the
+         * same dtype is copied bit for bit); an element at or past src + src_n reads as 0 (a
+         * gradient's chunks padded to whole ones). dst and src do not overlap. */
+        struct { void *dst; fsdp_dtype_t dst_dtype; size_t dst_ld; const void *src;
+                 fsdp_dtype_t src_dtype; size_t src_ld; size_t src_n; size_t rows, cols; }
+            chunk_copy;
 
         /* ---- the Llama kernels (lib/kernels/llama_bodies.h), under the rules of the
          * transformer kernels above: one dtype per descriptor, f32 statistics, f32 arithmetic,

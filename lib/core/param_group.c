@@ -5,6 +5,7 @@
  * they call the flat parameter's handle.c under FSDP1. */
 #include "core/core_int.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,15 +89,23 @@ static size_t chunk_valid(const fsdp_pparam_t *p, size_t j)
     return numel > start ? (numel - start < p->chunk ? numel - start : p->chunk) : 0;
 }
 
-/* Copies (casting when the dtypes differ) n elements on stream s. */
-static fsdp_status_t copy_cast(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dt,
-                               const void *src, fsdp_dtype_t st, size_t n)
+/* One chunk_copy launch on stream s: rows blocks of cols elements (kernel.h). */
+static fsdp_status_t chunk_copy(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dt,
+                                size_t dst_ld, const void *src, fsdp_dtype_t st, size_t src_ld,
+                                size_t src_n, size_t rows, size_t cols)
 {
-    if (n == 0)
-        return FSDP_OK;
-    if (dt == st)
-        return fs->dev->ops->memcpy_async(fs->dev, dst, src, n * fsdp_dtype_size(dt), s);
-    return fsdp_k_cast(fs, s, dst, dt, src, st, n);
+    fsdp_kernel_t k = {.kind = FSDP_K_CHUNK_COPY};
+
+    k.u.chunk_copy.dst = dst;
+    k.u.chunk_copy.dst_dtype = dt;
+    k.u.chunk_copy.dst_ld = dst_ld;
+    k.u.chunk_copy.src = src;
+    k.u.chunk_copy.src_dtype = st;
+    k.u.chunk_copy.src_ld = src_ld;
+    k.u.chunk_copy.src_n = src_n;
+    k.u.chunk_copy.rows = rows;
+    k.u.chunk_copy.cols = cols;
+    return fs->dev->ops->kernel(fs->dev, s, &k);
 }
 
 /* foreach_all_gather (semantics 1, "AG input"): O of W * A elements on the copy-in stream, this
@@ -181,13 +190,11 @@ static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t 
                          "parameter (%zu elements)",
                          fs->dev->rank, h->unit->name, w * p->chunk);
     if (h->ag_out == NULL) /* W = 1: the shard is the whole parameter */
-        return copy_cast(fs, cs, p->unsharded, c, h->local_shard + p->slot, FSDP_DTYPE_F32,
-                         p->chunk);
-    for (size_t j = 0; j < w && status == FSDP_OK; j++)
-        status = fs->dev->ops->memcpy_async(
-            fs->dev, (char *)p->unsharded + j * p->chunk * esz,
-            (char *)h->ag_out + (j * h->shard_numel + p->slot) * esz, p->chunk * esz, cs);
-    return status;
+        return chunk_copy(fs, cs, p->unsharded, c, p->chunk, h->local_shard + p->slot,
+                          FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
+    /* split_with_sizes_copy: O as (W, A), this parameter's columns */
+    return chunk_copy(fs, cs, p->unsharded, c, p->chunk, (char *)h->ag_out + p->slot * esz, c,
+                      h->shard_numel, SIZE_MAX, w, p->chunk);
 }
 
 /* wait_for_unshard: the compute stream waits for the all-gather, copies out into each
@@ -341,15 +348,8 @@ static fsdp_status_t chunk_cat(fsdp_t *fs, fsdp_handle_t *h, void *in)
     fsdp_stream_t *cs = fs->compute;
     fsdp_dtype_t rd = h->reduce_dtype;
     size_t esz = fsdp_dtype_size(rd), a = h->shard_numel, w = (size_t)h->world;
-    int pads = 0;
     fsdp_status_t status = FSDP_OK;
 
-    for (int i = 0; i < h->nparams; i++) {
-        const fsdp_pparam_t *p = &h->pp[i];
-        pads |= w * p->chunk != h->params[i].numel || (p->grad == NULL && p->accum == NULL);
-    }
-    if (pads) /* the pads, and the rows of a parameter without a gradient, are zero */
-        status = fsdp_k_fill(fs, cs, in, rd, w * a, 0.0);
     for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
         fsdp_pparam_t *p = &h->pp[i];
         const void *src = p->accum != NULL ? (const void *)p->accum : p->grad;
@@ -358,10 +358,10 @@ static fsdp_status_t chunk_cat(fsdp_t *fs, fsdp_handle_t *h, void *in)
             continue;
         if (p->accum != NULL && p->grad != NULL) /* the last micro-batch joins the sum */
             status = add_into(fs, cs, p->accum, p->grad, h->compute_dtype, h->params[i].numel);
-        for (size_t j = 0; j < w && status == FSDP_OK && src != NULL; j++)
-            status = copy_cast(fs, cs, (char *)in + (j * a + p->slot) * esz, rd,
-                               (const char *)src + j * p->chunk * fsdp_dtype_size(st), st,
-                               chunk_valid(p, j));
+        /* rank j's chunk of the gradient to row j; past its end (or without one) zeros */
+        if (status == FSDP_OK)
+            status = chunk_copy(fs, cs, (char *)in + p->slot * esz, rd, a, src, st, p->chunk,
+                                src != NULL ? h->params[i].numel : 0, w, p->chunk);
     }
     return status;
 }

@@ -183,6 +183,20 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         flops = n;
         bytes = 3.0 * (double)fsdp_dtype_size(k->u.add.dtype) * n;
         break;
+    case FSDP_K_CHUNK_COPY: {
+        /* every element written; only those inside the source read */
+        const size_t rows = k->u.chunk_copy.rows, cols = k->u.chunk_copy.cols;
+        double read = 0.0;
+        for (size_t r = 0; r < rows; r++) {
+            size_t s = r * k->u.chunk_copy.src_ld;
+            read += s >= k->u.chunk_copy.src_n ? 0.0
+                    : (double)(k->u.chunk_copy.src_n - s < cols ? k->u.chunk_copy.src_n - s : cols);
+        }
+        n = (double)rows * (double)cols;
+        bytes = n * (double)fsdp_dtype_size(k->u.chunk_copy.dst_dtype) +
+                read * (double)fsdp_dtype_size(k->u.chunk_copy.src_dtype);
+        break;
+    }
     /* The Llama kernels. Fused attention counts the FLOPs of its matrix products over the
      * (query, key) pairs it computes, causal about half of them (FlashAttention's count: forward
      * 4 hd a pair, backward 10, its five products with the scores recomputed), and the bytes of

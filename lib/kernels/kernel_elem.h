@@ -113,6 +113,9 @@ static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
     case FSDP_K_ADD:
         p->n = k->u.add.n;
         break;
+    case FSDP_K_CHUNK_COPY:
+        p->n = k->u.chunk_copy.rows * k->u.chunk_copy.cols;
+        break;
     case FSDP_K_CROSS_ENTROPY:
         p->ce_scale = (float)(1.0 / k->u.cross_entropy.denom);
         break;
@@ -137,6 +140,23 @@ FSDP_HD void fsdp_kb_cast_at(const fsdp_kernel_t *k, size_t i)
     fsdp_kb_store(k->u.cast.dst, dd, i, fsdp_kb_load(k->u.cast.src, sd, i));
 }
 
+/* chunk_copy: element i is column i % cols of block i / cols. */
+FSDP_HD void fsdp_kb_chunk_copy_at(const fsdp_kernel_t *k, size_t i)
+{
+    size_t row = i / k->u.chunk_copy.cols, col = i - row * k->u.chunk_copy.cols;
+    size_t s = row * k->u.chunk_copy.src_ld + col, d = row * k->u.chunk_copy.dst_ld + col;
+    fsdp_dtype_t sd = k->u.chunk_copy.src_dtype, dd = k->u.chunk_copy.dst_dtype;
+
+    if (s >= k->u.chunk_copy.src_n)
+        fsdp_kb_store(k->u.chunk_copy.dst, dd, d, 0.0f);
+    else if (sd == dd && dd != FSDP_DTYPE_F32)
+        ((uint16_t *)k->u.chunk_copy.dst)[d] = ((const uint16_t *)k->u.chunk_copy.src)[s];
+    else if (sd == dd)
+        ((uint32_t *)k->u.chunk_copy.dst)[d] = ((const uint32_t *)k->u.chunk_copy.src)[s];
+    else
+        fsdp_kb_store(k->u.chunk_copy.dst, dd, d, fsdp_kb_load(k->u.chunk_copy.src, sd, s));
+}
+
 FSDP_HD void fsdp_kb_fill_at(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t i)
 {
     if (k->u.fill.dtype == FSDP_DTYPE_I32)
@@ -156,6 +176,9 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
         break;
     case FSDP_K_CAST:
         fsdp_kb_cast_at(k, i);
+        break;
+    case FSDP_K_CHUNK_COPY:
+        fsdp_kb_chunk_copy_at(k, i);
         break;
     case FSDP_K_SCALE:
         fsdp_kb_store(k->u.scale.x, k->u.scale.dtype, i,
