@@ -1,6 +1,7 @@
 /* fsdp-trace summary: what each rank did, from SQL aggregates (nothing is loaded whole). Ranks
  * whose lines are identical are printed once, as "ranks 0-3", which keeps a 1024-rank summary
  * readable. */
+#include "base/strbuf.h"
 #include "trace/trace_int.h"
 
 #include <fsdp/log.h>

@@ -7,7 +7,6 @@
 #include <fsdp/trace.h>
 
 #include <sqlite3.h>
-#include <stdarg.h>
 #include <stddef.h>
 
 /* Converts an SQLite result code at the boundary: SQLITE_OK, SQLITE_ROW and SQLITE_DONE are
@@ -115,18 +114,6 @@ void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_t
 
 /* Fills a step row selected with FSDP_TRACE_STEP_COLUMNS starting at column 0. */
 void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row);
-
-/* A growable string (the tools format reports in it before printing). */
-typedef struct fsdp_strbuf {
-    char *s;
-    size_t len, cap;
-    int failed; /* an allocation failed: the text is truncated */
-} fsdp_strbuf_t;
-
-void fsdp_strbuf_printf(fsdp_strbuf_t *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void fsdp_strbuf_reset(fsdp_strbuf_t *b);
-void fsdp_strbuf_free(fsdp_strbuf_t *b);
 
 /* "1.50 MiB", "512 B": into buf (at least 32 bytes). */
 const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size);
