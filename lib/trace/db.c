@@ -51,14 +51,6 @@ int fsdp_event_kind_parse(const char *s, fsdp_event_kind_t *kind_p)
     return -1;
 }
 
-void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const char *name)
-{
-    memset(ev, 0, sizeof(*ev));
-    ev->kind = kind;
-    ev->name = name;
-    ev->dtype = -1;
-}
-
 static const char *const divergence_names[] = {
 #define FSDP_DIV_NAME_(name, str) str,
     FSDP_FOREACH_TRACE_DIVERGENCE(FSDP_DIV_NAME_)
@@ -909,22 +901,4 @@ void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row)
         row->peak_by_category[c] = (uint64_t)sqlite3_column_int64(st, col++);
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++)
         row->at_peak_by_category[c] = (uint64_t)sqlite3_column_int64(st, col++);
-}
-
-const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-
-    if (bytes < 1024) {
-        snprintf(buf, size, "%" PRIu64 " B", bytes);
-        return buf;
-    }
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, size, "%.2f %s", v, units[u]);
-    return buf;
 }

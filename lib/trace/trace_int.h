@@ -115,7 +115,4 @@ void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_t
 /* Fills a step row selected with FSDP_TRACE_STEP_COLUMNS starting at column 0. */
 void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row);
 
-/* "1.50 MiB", "512 B": into buf (at least 32 bytes). */
-const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size);
-
 #endif
