@@ -164,7 +164,10 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
     return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
 }
 
-/* error.c: trace helpers (no-ops when the rank is not tracing). */
+/* hook_ctx.c: the hook context. fsdp_trace_hook: `hook` starts on u (may be NULL), the phase
+ * out-of-memory reports name, and the hook's trace event when the rank traces;
+ * fsdp_trace_unit_swap: later events and allocations are the unit's, and the previous unit is
+ * returned to restore. */
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
 const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
