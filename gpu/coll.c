@@ -291,152 +291,132 @@ static fsdp_status_t coll_traced(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g,
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                  void *recv, size_t count, fsdp_dtype_t dtype,
-                                  fsdp_stream_t *stream)
+/* The stream-ordered collectives, as sim/coll.c has them: each ops slot fills in a call, and
+ * coll_stream checks it, enqueues it, watches it and traces it. */
+typedef enum {
+    COLL_ALL_GATHER,
+    COLL_REDUCE_SCATTER,
+    COLL_ALL_REDUCE,
+    COLL_BROADCAST,
+} coll_kind_t;
+
+typedef struct coll_call {
+    coll_kind_t kind;
+    const void *send;
+    void *recv; /* broadcast: send and recv are its one buffer */
+    size_t count;
+    fsdp_dtype_t dtype;
+    fsdp_reduce_op_t op; /* reduce_scatter, all_reduce */
+    int root;            /* broadcast */
+} coll_call_t;
+
+/* Each kind's name (in messages and the trace) and its NCCL call's; `reduces`: it takes an op. */
+static const struct {
+    const char *name, *nccl;
+    int reduces;
+} coll_kinds[] = {
+    [COLL_ALL_GATHER] = {"all_gather", "ncclAllGather", 0},
+    [COLL_REDUCE_SCATTER] = {"reduce_scatter", "ncclReduceScatter", 1},
+    [COLL_ALL_REDUCE] = {"all_reduce", "ncclAllReduce", 1},
+    [COLL_BROADCAST] = {"broadcast", "ncclBroadcast", 0},
+};
+
+static ncclResult_t coll_enqueue(const coll_call_t *c, ncclDataType_t type, ncclRedOp_t op,
+                                 ncclComm_t comm, cudaStream_t s)
+{
+    switch (c->kind) {
+    case COLL_ALL_GATHER:
+        return ncclAllGather(c->send, c->recv, c->count, type, comm, s);
+    case COLL_REDUCE_SCATTER:
+        return ncclReduceScatter(c->send, c->recv, c->count, type, op, comm, s);
+    case COLL_ALL_REDUCE:
+        return ncclAllReduce(c->send, c->recv, c->count, type, op, comm, s);
+    case COLL_BROADCAST:
+        return ncclBroadcast(c->send, c->recv, c->count, type, c->root, comm, s);
+    }
+    return ncclInvalidArgument;
+}
+
+/* Runs a collective on a stream: its op and root are checked before a count of 0 returns
+ * (traced), its dtype and buffers after; then it is ordered after another communicator's
+ * collective (coll_order), timed on its stream, enqueued, watched (coll_end) and traced. */
+static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stream_t *stream,
+                                 const coll_call_t *c)
 {
     fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
     fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
     cudaStream_t s = gs->cu;
     double host = fsdp_gpu_now();
+    const char *name = coll_kinds[c->kind].name;
     fsdp_gpu_timer_t *timer;
     ncclResult_t res;
     fsdp_gpu_group_t *g;
     ncclDataType_t type;
+    ncclRedOp_t nop = ncclSum;
     fsdp_status_t status;
     char what[FSDP_GPU_WHAT_SIZE];
 
-    status = coll_begin(gdev, group, "all_gather", &g);
+    status = coll_begin(gdev, group, name, &g);
     if (status != FSDP_OK)
         return status;
-    if (count == 0)
-        return coll_traced(gdev, g, gs, "all_gather", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "all_gather", send, recv, dtype, &type);
+    if (coll_kinds[c->kind].reduces && !nccl_op(c->op, &nop)) {
+        fsdp_error("rank %d: %s: invalid reduce op %d (sum, avg or max)", dev->rank, name,
+                   (int)c->op);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (c->kind == COLL_BROADCAST && (c->root < 0 || c->root >= g->super.size)) {
+        fsdp_error("rank %d: broadcast on group %s: root %d is not a rank of the group (0..%d)",
+                   dev->rank, g->super.name, c->root, g->super.size - 1);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (c->count == 0)
+        return coll_traced(gdev, g, gs, name, 0, c->dtype, host, NULL, FSDP_OK);
+    status = coll_args(gdev, name, c->send, c->recv, c->dtype, &type);
     if (status != FSDP_OK)
         return status;
-    coll_what(what, sizeof(what), "all_gather", count, dtype, g);
+    coll_what(what, sizeof(what), name, c->count, c->dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
         return status;
     timer = fsdp_gpu_trace_begin(gdev, s, 0);
-    res = ncclAllGather(send, recv, count, type, g->comm, s);
-    status = coll_end(gdev, g, s, res, "ncclAllGather", what);
-    return coll_traced(gdev, g, gs, "all_gather", count, dtype, host, timer, status);
+    res = coll_enqueue(c, type, nop, g->comm, s);
+    status = coll_end(gdev, g, s, res, coll_kinds[c->kind].nccl, what);
+    return coll_traced(gdev, g, gs, name, c->count, c->dtype, host, timer, status);
+}
+
+fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
+                                  void *recv, size_t count, fsdp_dtype_t dtype,
+                                  fsdp_stream_t *stream)
+{
+    coll_call_t call = {.kind = COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
+                        .dtype = dtype};
+    return coll_stream(dev, group, stream, &call);
 }
 
 fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
                                       void *recv, size_t count, fsdp_dtype_t dtype,
                                       fsdp_reduce_op_t op, fsdp_stream_t *stream)
 {
-    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
-    cudaStream_t s = gs->cu;
-    double host = fsdp_gpu_now();
-    fsdp_gpu_timer_t *timer;
-    ncclResult_t res;
-    fsdp_gpu_group_t *g;
-    ncclDataType_t type;
-    ncclRedOp_t nop;
-    fsdp_status_t status;
-    char what[FSDP_GPU_WHAT_SIZE];
-
-    status = coll_begin(gdev, group, "reduce_scatter", &g);
-    if (status != FSDP_OK)
-        return status;
-    if (!nccl_op(op, &nop)) {
-        fsdp_error("rank %d: reduce_scatter: invalid reduce op %d (sum, avg or max)", dev->rank,
-                   (int)op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (count == 0)
-        return coll_traced(gdev, g, gs, "reduce_scatter", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "reduce_scatter", send, recv, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
-    coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
-    status = coll_order(gdev, g, s);
-    if (status != FSDP_OK)
-        return status;
-    timer = fsdp_gpu_trace_begin(gdev, s, 0);
-    res = ncclReduceScatter(send, recv, count, type, nop, g->comm, s);
-    status = coll_end(gdev, g, s, res, "ncclReduceScatter", what);
-    return coll_traced(gdev, g, gs, "reduce_scatter", count, dtype, host, timer, status);
+    coll_call_t call = {.kind = COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = count,
+                        .dtype = dtype, .op = op};
+    return coll_stream(dev, group, stream, &call);
 }
 
 fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
                                   void *recv, size_t count, fsdp_dtype_t dtype, fsdp_reduce_op_t op,
                                   fsdp_stream_t *stream)
 {
-    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
-    cudaStream_t s = gs->cu;
-    double host = fsdp_gpu_now();
-    fsdp_gpu_timer_t *timer;
-    ncclResult_t res;
-    fsdp_gpu_group_t *g;
-    ncclDataType_t type;
-    ncclRedOp_t nop;
-    fsdp_status_t status;
-    char what[FSDP_GPU_WHAT_SIZE];
-
-    status = coll_begin(gdev, group, "all_reduce", &g);
-    if (status != FSDP_OK)
-        return status;
-    if (!nccl_op(op, &nop)) {
-        fsdp_error("rank %d: all_reduce: invalid reduce op %d (sum, avg or max)", dev->rank,
-                   (int)op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (count == 0)
-        return coll_traced(gdev, g, gs, "all_reduce", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "all_reduce", send, recv, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
-    coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
-    status = coll_order(gdev, g, s);
-    if (status != FSDP_OK)
-        return status;
-    timer = fsdp_gpu_trace_begin(gdev, s, 0);
-    res = ncclAllReduce(send, recv, count, type, nop, g->comm, s);
-    status = coll_end(gdev, g, s, res, "ncclAllReduce", what);
-    return coll_traced(gdev, g, gs, "all_reduce", count, dtype, host, timer, status);
+    coll_call_t call = {.kind = COLL_ALL_REDUCE, .send = send, .recv = recv, .count = count,
+                        .dtype = dtype, .op = op};
+    return coll_stream(dev, group, stream, &call);
 }
 
 fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
                                  fsdp_dtype_t dtype, int root, fsdp_stream_t *stream)
 {
-    fsdp_gpu_dev_t *gdev = fsdp_gpu_dev_of(dev);
-    fsdp_gpu_stream_t *gs = fsdp_gpu_stream_of(gdev, stream);
-    cudaStream_t s = gs->cu;
-    double host = fsdp_gpu_now();
-    fsdp_gpu_timer_t *timer;
-    ncclResult_t res;
-    fsdp_gpu_group_t *g;
-    ncclDataType_t type;
-    fsdp_status_t status;
-    char what[FSDP_GPU_WHAT_SIZE];
-
-    status = coll_begin(gdev, group, "broadcast", &g);
-    if (status != FSDP_OK)
-        return status;
-    if (root < 0 || root >= g->super.size) {
-        fsdp_error("rank %d: broadcast on group %s: root %d is not a rank of the group (0..%d)",
-                   dev->rank, g->super.name, root, g->super.size - 1);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (count == 0)
-        return coll_traced(gdev, g, gs, "broadcast", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "broadcast", buf, buf, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
-    coll_what(what, sizeof(what), "broadcast", count, dtype, g);
-    status = coll_order(gdev, g, s);
-    if (status != FSDP_OK)
-        return status;
-    timer = fsdp_gpu_trace_begin(gdev, s, 0);
-    res = ncclBroadcast(buf, buf, count, type, root, g->comm, s);
-    status = coll_end(gdev, g, s, res, "ncclBroadcast", what);
-    return coll_traced(gdev, g, gs, "broadcast", count, dtype, host, timer, status);
+    coll_call_t call = {.kind = COLL_BROADCAST, .send = buf, .recv = buf, .count = count,
+                        .dtype = dtype, .root = root};
+    return coll_stream(dev, group, stream, &call);
 }
 
 /* A one-element all-reduce on the internal stream, waited for by the host. */

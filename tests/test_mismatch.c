@@ -1,7 +1,8 @@
 /* The sim backend never hangs: collectives whose calls differ, ranks on different groups, ranks
  * that finish, fail or arrive too late all make the collective fail on every rank, quickly,
- * with a message that names the ranks and their calls. Also: launch parameter checks and the
- * status fsdp_sim_launch returns.
+ * with a message that names the ranks and their calls. Under the runtime such a failure is
+ * still logged once, the runtime's context going to fsdp_last_error. Also: launch parameter
+ * checks and the status fsdp_sim_launch returns.
  *
  * Rank functions record what happened in per-rank slots (no CUnit calls off the main thread). */
 #include <fsdp/fsdp.h>
@@ -449,6 +450,75 @@ static void test_after_error(void)
     free(c);
 }
 
+/* ---- under the runtime ----------------------------------------------------------------- */
+
+/* A unit's all-gather that fails below the runtime: rank 1's unit is larger than rank 0's (a
+ * mismatch), or, with a device capacity, no rank's device holds the unsharded parameter. */
+typedef struct runtime_ctx {
+    size_t capacity;
+    fsdp_status_t st[2];
+    char msg[2][512]; /* fsdp_last_error */
+} runtime_ctx_t;
+
+static fsdp_status_t runtime_rank(fsdp_dev_t *dev, void *arg)
+{
+    runtime_ctx_t *c = arg;
+    fsdp_param_spec_t spec = {.name = "a.w", .ndim = 1, .requires_grad = 1, .tied_to = -1};
+    fsdp_unit_t *root, *a;
+    fsdp_config_t cfg;
+    fsdp_t *fs;
+    fsdp_status_t st;
+
+    spec.shape[0] = c->capacity != 0 ? 1 << 20 : dev->rank == 1 ? 64 : 32;
+    fsdp_config_init(&cfg);
+    cfg.device_capacity = c->capacity;
+    st = fsdp_create(dev, &cfg, &fs);
+    if (st != FSDP_OK)
+        return st;
+    st = fsdp_unit_create(fs, "root", NULL, NULL, 0, &root);
+    if (st == FSDP_OK)
+        st = fsdp_unit_create(fs, "a", root, &spec, 1, &a);
+    if (st == FSDP_OK)
+        st = fsdp_pre_forward(root);
+    if (st == FSDP_OK)
+        st = fsdp_pre_forward(a);
+    c->st[dev->rank] = st;
+    snprintf(c->msg[dev->rank], sizeof(c->msg[0]), "%s", fsdp_last_error(fs));
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_runtime_logged_once(void)
+{
+    runtime_ctx_t c = {0};
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 2;
+    p.timeout_s = 10.0;
+    /* the mismatch: the backend's line for both ranks, and no other */
+    log_reset();
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, runtime_rank, &c, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(log_count(), 1);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(c.st[r], FSDP_ERR_COLLECTIVE_MISMATCH);
+        CU_ASSERT(strstr(c.msg[r], "unit 'a': all-gather failed") != NULL);
+    }
+    /* out of device memory: the allocator's line on each rank, and no other */
+    memset(&c, 0, sizeof(c));
+    c.capacity = 30 << 20;
+    log_reset();
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, runtime_rank, &c, NULL), FSDP_OK);
+    CU_ASSERT_EQUAL(log_count(), 2);
+    pthread_mutex_lock(&log_lock);
+    CU_ASSERT(strstr(log_last, "out of device memory") != NULL);
+    pthread_mutex_unlock(&log_lock);
+    for (int r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(c.st[r], FSDP_ERR_OUT_OF_MEMORY);
+        CU_ASSERT(strstr(c.msg[r], "unit 'a': cannot allocate its unsharded parameter") != NULL);
+    }
+}
+
 /* ---- the launcher ---------------------------------------------------------------------- */
 
 static fsdp_status_t rank_nop(fsdp_dev_t *dev, void *arg)
@@ -535,6 +605,7 @@ int main(void)
         {"rank_fail", test_rank_fail},
         {"timeout", test_timeout},
         {"after_error", test_after_error},
+        {"runtime_logged_once", test_runtime_logged_once},
         {"launch_params", test_launch_params},
         {"exit_codes", test_exit_codes},
         {NULL, NULL},

@@ -181,6 +181,14 @@ struct fsdp {
 /* Records an error message for fsdp_last_error and logs it. Returns `status`. */
 fsdp_status_t fsdp_fail(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* fsdp_fail for a status that a call below the core returned (a backend op, the allocator, a
+ * core helper that logs its errors). That call logged the error where it found it, so the
+ * message is recorded for fsdp_last_error and not logged again; except for the two statuses
+ * that come with no line of this rank's: FSDP_ERR_RANK_FAILED (another rank failed and said
+ * so; this line says where this rank stopped, and the tools fold such lines into one) and
+ * FSDP_ERR_NO_MEMORY (a host allocation failed). */
+fsdp_status_t fsdp_fail_below(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static inline int fsdp_strategy_is_hybrid(fsdp_strategy_t s)
 {
@@ -198,7 +206,10 @@ static inline int fsdp_strategy_reshards_after_forward(fsdp_strategy_t s)
     return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
 }
 
-/* error.c: trace helpers (no-ops when the rank is not tracing). */
+/* hook_ctx.c: the hook context. fsdp_trace_hook: `hook` starts on u (may be NULL), the phase
+ * out-of-memory reports name, and the hook's trace event when the rank traces;
+ * fsdp_trace_unit_swap: later events and allocations are the unit's, and the previous unit is
+ * returned to restore. */
 void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u);
 const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 

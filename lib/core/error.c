@@ -1,49 +1,49 @@
-/* Error recording (fsdp_fail, fsdp_last_error) and the hook context every core file stamps on
- * trace events and out-of-memory reports: the bottom of the core, calling no other core file. */
+/* Error recording: the message fsdp_last_error returns, and its line in the log. The bottom of
+ * the core, with the hook context (hook_ctx.c): it calls no other core file. */
 #include "core/core_int.h"
 
-#include <fsdp/trace.h>
-
 #include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stdio.h>
+
+/* Records the message and, with log, logs it as one line. */
+static fsdp_status_t fail_v(fsdp_t *fs, fsdp_status_t status, int log, const char *fmt, va_list ap)
+{
+    vsnprintf(fs->last_error, sizeof(fs->last_error), fmt, ap);
+    if (log)
+        fsdp_error("%s", fs->last_error);
+    return status;
+}
 
 fsdp_status_t fsdp_fail(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
 {
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(fs->last_error, sizeof(fs->last_error), fmt, ap);
+    status = fail_v(fs, status, 1, fmt, ap);
     va_end(ap);
-    fsdp_error("%s", fs->last_error);
+    return status;
+}
+
+/* Whether the code below the core has logged an error it returned with this status. It logs
+ * where it finds an error, once (a collective's mismatch or timeout once for all its ranks), but
+ * two statuses come up without a line of this rank's: another rank's failure, and a host
+ * allocation's, returned as it is. */
+static int logged_below(fsdp_status_t status)
+{
+    return status != FSDP_ERR_RANK_FAILED && status != FSDP_ERR_NO_MEMORY;
+}
+
+fsdp_status_t fsdp_fail_below(fsdp_t *fs, fsdp_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    status = fail_v(fs, status, !logged_below(status), fmt, ap);
+    va_end(ap);
     return status;
 }
 
 const char *fsdp_last_error(const fsdp_t *fs)
 {
     return fs ? fs->last_error : "";
-}
-
-void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u)
-{
-    fsdp_trace_event_t ev;
-    /* the phase an out-of-memory report names */
-    fs->cur_phase = hook;
-    fsdp_mem_set_context(fs->mem, u != NULL ? u->name : NULL, hook);
-    if (!fsdp_trace_enabled(fs->dev))
-        return;
-    fsdp_trace_event_init(&ev, FSDP_EV_HOOK, hook);
-    ev.unit = u != NULL ? u->name : NULL;
-    ev.host_time = fs->dev->ops->host_time(fs->dev);
-    ev.start = ev.end = ev.host_time;
-    fsdp_trace_emit(fs->dev, &ev);
-}
-
-const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit)
-{
-    const char *prev = fs->cur_unit;
-    fs->cur_unit = unit;
-    fsdp_trace_set_unit(fs->dev, unit);
-    fsdp_mem_set_context(fs->mem, unit, fs->cur_phase);
-    return prev;
 }

@@ -54,8 +54,8 @@ fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h)
     if (status == FSDP_OK)
         status = dev->ops->stream_synchronize(dev, fs->compute);
     if (status != FSDP_OK) {
-        fsdp_fail(fs, status, "rank %d: unit '%s': forward-order check failed: %s", dev->rank,
-                  h->unit->name, fsdp_status_string(status));
+        fsdp_fail_below(fs, status, "rank %d: unit '%s': forward-order check failed: %s", dev->rank,
+                        h->unit->name, fsdp_status_string(status));
     } else {
         for (int r = 1; r < world->size; r++) {
             if (seen[r] == seen[0])

@@ -339,15 +339,16 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
                             h->shard_numel * (size_t)h->world * fsdp_dtype_size(h->compute_dtype),
                             FSDP_MEM_UNSHARDED_PARAM, fs->unshard, &h->full_param_padded);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate its unsharded "
-                         "parameter (%zu elements)", dev->rank, h->unit->name,
-                         h->shard_numel * (size_t)h->world);
+        return fsdp_fail_below(fs, status,
+                               "rank %d: unit '%s': cannot allocate its unsharded "
+                               "parameter (%zu elements)",
+                               dev->rank, h->unit->name, h->shard_numel * (size_t)h->world);
     status = dev->ops->all_gather(dev, h->unit->pg, fsdp_handle_shard_source(h),
                                   h->full_param_padded, h->shard_numel, h->compute_dtype,
                                   fs->unshard);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
-                         h->unit->name, fsdp_status_string(status));
+        return fsdp_fail_below(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
+                               h->unit->name, fsdp_status_string(status));
     h->gather_version = fsdp_handle_new_version();
     h->uses_unsharded_view = 1;
     /* B.4 offload: the staged copy was read on U; B.5: so was the low-precision shard */
@@ -399,8 +400,8 @@ fsdp_status_t fsdp_handle_alloc_grad(fsdp_t *fs, fsdp_handle_t *h)
     status = fsdp_mem_alloc(fs->mem, h->numel * fsdp_dtype_size(h->compute_dtype),
                             FSDP_MEM_GRADIENT, fs->compute, &h->unsharded_grad);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate its gradient",
-                         fs->dev->rank, h->unit->name);
+        return fsdp_fail_below(fs, status, "rank %d: unit '%s': cannot allocate its gradient",
+                               fs->dev->rank, h->unit->name);
     return fsdp_k_fill(fs, fs->compute, h->unsharded_grad, h->compute_dtype, h->numel, 0.0);
 }
 
@@ -527,8 +528,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
             status = dev->ops->all_reduce(dev, h->unit->pg, input, input, h->numel, rd,
                                           FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
-            fsdp_fail(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
-                      dev->rank, h->unit->name, fsdp_status_string(status));
+            fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
+                            dev->rank, h->unit->name, fsdp_status_string(status));
             goto out;
         }
         status = fsdp_k_div(fs, r, input, rd, h->numel, (float)post);
@@ -560,8 +561,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
         status = dev->ops->reduce_scatter(dev, h->unit->pg, input, reduced, h->shard_numel, rd,
                                           FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
-            fsdp_fail(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
-                      dev->rank, h->unit->name, fsdp_status_string(status));
+            fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
+                            dev->rank, h->unit->name, fsdp_status_string(status));
             goto out;
         }
         if (h->unit->replicate != NULL) {
@@ -574,9 +575,9 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
                 status = dev->ops->all_reduce(dev, h->unit->replicate, reduced, reduced,
                                               h->shard_numel, rd, FSDP_REDUCE_SUM, a);
             if (status != FSDP_OK) {
-                fsdp_fail(fs, status,
-                          "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",
-                          dev->rank, h->unit->name, fsdp_status_string(status));
+                fsdp_fail_below(fs, status,
+                                "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",
+                                dev->rank, h->unit->name, fsdp_status_string(status));
                 goto out;
             }
             r = a;

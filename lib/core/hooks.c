@@ -67,7 +67,7 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
     if (status == FSDP_OK && fs->any_hybrid)
         status = dev->ops->stream_create(dev, "all_reduce", 0, &fs->all_reduce);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
+        return fsdp_fail_below(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
 
     status = fsdp_exec_order_init(fs);
     if (status == FSDP_OK && v2)

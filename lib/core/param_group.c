@@ -126,10 +126,10 @@ fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *c
     status =
         fsdp_mem_alloc(fs->mem, (size_t)h->world * a * esz, FSDP_MEM_COMM_BUFFER, copy_in, &out);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status,
-                         "rank %d: unit '%s': cannot allocate its all-gather output "
-                         "(%zu elements)",
-                         dev->rank, h->unit->name, (size_t)h->world * a);
+        return fsdp_fail_below(fs, status,
+                               "rank %d: unit '%s': cannot allocate its all-gather output "
+                               "(%zu elements)",
+                               dev->rank, h->unit->name, (size_t)h->world * a);
     in = (char *)out + (size_t)h->rank * a * esz;
     if (c != FSDP_DTYPE_F32) {
         /* all shards cast into one temporary, then copied into the slots */
@@ -148,8 +148,8 @@ fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *c
         status = dev->ops->all_gather(dev, h->unit->pg, in, out, a, c, gather);
     if (status != FSDP_OK) {
         fsdp_mem_free(fs->mem, out);
-        return fsdp_fail(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
-                         h->unit->name, fsdp_status_string(status));
+        return fsdp_fail_below(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
+                               h->unit->name, fsdp_status_string(status));
     }
     h->ag_out = out;
     h->gather_version = fsdp_handle_new_version();
@@ -185,10 +185,10 @@ static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t 
     status =
         fsdp_mem_alloc(fs->mem, w * p->chunk * esz, FSDP_MEM_UNSHARDED_PARAM, cs, &p->unsharded);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status,
-                         "rank %d: unit '%s': cannot allocate an unsharded "
-                         "parameter (%zu elements)",
-                         fs->dev->rank, h->unit->name, w * p->chunk);
+        return fsdp_fail_below(fs, status,
+                               "rank %d: unit '%s': cannot allocate an unsharded "
+                               "parameter (%zu elements)",
+                               fs->dev->rank, h->unit->name, w * p->chunk);
     if (h->ag_out == NULL) /* W = 1: the shard is the whole parameter */
         return chunk_copy(fs, cs, p->unsharded, c, p->chunk, h->local_shard + p->slot,
                           FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
@@ -287,10 +287,10 @@ fsdp_status_t fsdp_pgroup_grad(fsdp_t *fs, fsdp_handle_t *h, int index, void **g
         if (status == FSDP_OK)
             status = fsdp_k_fill(fs, fs->compute, p->grad, h->compute_dtype, numel, 0.0);
         if (status != FSDP_OK)
-            return fsdp_fail(fs, status,
-                             "rank %d: unit '%s': cannot allocate the gradient of "
-                             "'%s'",
-                             fs->dev->rank, h->unit->name, h->params[t].name);
+            return fsdp_fail_below(fs, status,
+                                   "rank %d: unit '%s': cannot allocate the gradient of "
+                                   "'%s'",
+                                   fs->dev->rank, h->unit->name, h->params[t].name);
     }
     *grad_p = p->grad;
     return FSDP_OK;
@@ -408,8 +408,8 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
     else
         status = dev->ops->memcpy_async(dev, *out_p, in, a * esz, r);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
-                         dev->rank, u->name, fsdp_status_string(status));
+        return fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
+                               dev->rank, u->name, fsdp_status_string(status));
     status = dev->ops->event_create(dev, rs_event_p);
     if (status == FSDP_OK)
         status = dev->ops->event_record(dev, *rs_event_p, r);
@@ -425,8 +425,8 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
             dev->ops->all_reduce(dev, u->replicate, *out_p, *out_p, a, rd,
                                  u->replicate->size > 1 ? op : FSDP_REDUCE_SUM, fs->all_reduce);
     if (status != FSDP_OK)
-        return fsdp_fail(fs, status, "rank %d: unit '%s': replicate all-reduce failed: %s",
-                         dev->rank, u->name, fsdp_status_string(status));
+        return fsdp_fail_below(fs, status, "rank %d: unit '%s': replicate all-reduce failed: %s",
+                               dev->rank, u->name, fsdp_status_string(status));
     *post_p = fs->all_reduce;
     return FSDP_OK;
 }

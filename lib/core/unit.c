@@ -90,10 +90,8 @@ static fsdp_status_t unit_groups(fsdp_t *fs, const char *name, const fsdp_unit_o
         if (fs->unit_hybrid_pg == NULL) {
             status = fsdp_groups_make_hybrid(fs, &fs->unit_hybrid_pg, &fs->unit_hybrid_replicate);
             if (status != FSDP_OK)
-                return fsdp_fail(fs, status,
-                                 "unit '%s': cannot make the default hybrid "
-                                 "groups",
-                                 name);
+                return fsdp_fail_below(fs, status,
+                                       "unit '%s': cannot make the default hybrid groups", name);
         }
         u->pg = fs->unit_hybrid_pg;
         u->replicate = fs->unit_hybrid_replicate;

@@ -1,10 +1,18 @@
-/* What both backends put into an op's trace event: one builder, so that a simulated and a
- * hardware run of the same program write the same kinds, names, bytes, counts and dtypes, and
- * differ only in their times. */
+/* Building trace events: the blank event every emitter starts from, and what both backends put
+ * into an op's event: one builder, so that a simulated and a hardware run of the same program
+ * write the same kinds, names, bytes, counts and dtypes, and differ only in their times. */
 #include <fsdp/backend/trace.h>
 
 #include <math.h>
 #include <string.h>
+
+void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind, const char *name)
+{
+    memset(ev, 0, sizeof(*ev));
+    ev->kind = kind;
+    ev->name = name;
+    ev->dtype = -1;
+}
 
 void fsdp_trace_op(fsdp_dev_t *dev, const fsdp_trace_op_t *op, fsdp_trace_timing_t *timing)
 {

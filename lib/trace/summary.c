@@ -1,6 +1,7 @@
 /* fsdp-trace summary: what each rank did, from SQL aggregates (nothing is loaded whole). Ranks
  * whose lines are identical are printed once, as "ranks 0-3", which keeps a 1024-rank summary
  * readable. */
+#include "base/strbuf.h"
 #include "trace/trace_int.h"
 
 #include <fsdp/log.h>
@@ -8,6 +9,25 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* "1.50 MiB", "512 B": into buf (at least 32 bytes). */
+static const char *fmt_bytes(uint64_t bytes, char *buf, size_t size)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+
+    if (bytes < 1024) {
+        snprintf(buf, size, "%" PRIu64 " B", bytes);
+        return buf;
+    }
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, size, "%.2f %s", v, units[u]);
+    return buf;
+}
 
 typedef struct summary {
     sqlite3 *db;
@@ -98,10 +118,9 @@ static void row_kinds(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 static void row_collectives(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 {
     char bytes[32];
-    fsdp_strbuf_printf(
-        b, "    %-16s %8" PRId64 " calls %14s\n", fsdp_trace_col_text(st, 1),
-        (int64_t)sqlite3_column_int64(st, 2),
-        fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 3), bytes, sizeof(bytes)));
+    fsdp_strbuf_printf(b, "    %-16s %8" PRId64 " calls %14s\n", fsdp_trace_col_text(st, 1),
+                       (int64_t)sqlite3_column_int64(st, 2),
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 3), bytes, sizeof(bytes)));
 }
 
 static void row_units(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
@@ -111,14 +130,14 @@ static void row_units(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
     uint64_t max = (uint64_t)sqlite3_column_int64(st, 5);
     const char *dtypes = fsdp_trace_col_text(st, 7);
 
-    fsdp_trace_fmt_bytes(min, lo, sizeof(lo));
-    fsdp_trace_fmt_bytes(max, hi, sizeof(hi));
-    fsdp_strbuf_printf(
-        b, "    %-20s %-15s %6" PRId64 " x %s%s%s  (%s total) %s\n", fsdp_trace_col_text(st, 1),
-        fsdp_trace_col_text(st, 2), (int64_t)sqlite3_column_int64(st, 3), lo,
-        min != max ? " .. " : "", min != max ? hi : "",
-        fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 6), total, sizeof(total)),
-        dtypes != NULL ? dtypes : "");
+    fmt_bytes(min, lo, sizeof(lo));
+    fmt_bytes(max, hi, sizeof(hi));
+    fsdp_strbuf_printf(b, "    %-20s %-15s %6" PRId64 " x %s%s%s  (%s total) %s\n",
+                       fsdp_trace_col_text(st, 1), fsdp_trace_col_text(st, 2),
+                       (int64_t)sqlite3_column_int64(st, 3), lo, min != max ? " .. " : "",
+                       min != max ? hi : "",
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 6), total, sizeof(total)),
+                       dtypes != NULL ? dtypes : "");
 }
 
 static void row_steps(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
@@ -149,8 +168,8 @@ static void row_memory(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
     int col = 3;
 
     fsdp_strbuf_printf(b, "    peak allocated %s, peak reserved %s\n",
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 1), v, sizeof(v)),
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 2), w, sizeof(w)));
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 1), v, sizeof(v)),
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 2), w, sizeof(w)));
     fsdp_strbuf_printf(b, "    %-18s %14s %14s\n", "category", "own peak", "at peak");
     for (int c = 0; c < FSDP_MEM_CATEGORY_COUNT; c++, col++) {
         uint64_t peak = (uint64_t)sqlite3_column_int64(st, col);
@@ -158,8 +177,7 @@ static void row_memory(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
         if (peak == 0 && at == 0)
             continue;
         fsdp_strbuf_printf(b, "    %-18s %14s %14s\n", mem_cat_names[c],
-                           fsdp_trace_fmt_bytes(peak, v, sizeof(v)),
-                           fsdp_trace_fmt_bytes(at, w, sizeof(w)));
+                           fmt_bytes(peak, v, sizeof(v)), fmt_bytes(at, w, sizeof(w)));
     }
 }
 
@@ -167,8 +185,8 @@ static void row_event_memory(fsdp_strbuf_t *b, sqlite3_stmt *st, int first)
 {
     char v[32], w[32];
     fsdp_strbuf_printf(b, "    max allocated %s, max reserved %s (from events)\n",
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 1), v, sizeof(v)),
-                       fsdp_trace_fmt_bytes((uint64_t)sqlite3_column_int64(st, 2), w, sizeof(w)));
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 1), v, sizeof(v)),
+                       fmt_bytes((uint64_t)sqlite3_column_int64(st, 2), w, sizeof(w)));
 }
 
 /* The memory section: the highest of each peak over the steps; the at-peak columns come from

@@ -7,10 +7,9 @@
 #include <fsdp/trace.h>
 
 #include <sqlite3.h>
-#include <stdarg.h>
 #include <stddef.h>
 
-/* Converts an SQLite result code at the boundary: SQLITE_OK, SQLITE_ROW and SQLITE_DONE are
+/* db.c: converts an SQLite result code at the boundary: SQLITE_OK, SQLITE_ROW and SQLITE_DONE are
  * FSDP_OK; anything else is logged once, with the failing call and SQLite's own message, and
  * mapped to an fsdp_status_t. `db` may be NULL. */
 #define FSDP_SQLITE_CALL(db, call)                                                                 \
@@ -21,12 +20,12 @@ fsdp_status_t fsdp_sqlite_status(sqlite3 *db, int rc, const char *what, const ch
 /* The fsdp_status_t of an SQLite result code, logging nothing. */
 fsdp_status_t fsdp_sqlite_map(int rc);
 
-/* Opens `path` for the trace module: read-only (the file must exist) or read-write (created if
- * missing), with a busy timeout, and checks its schema version. Writable: WAL and
+/* db_open.c: opens `path` for the trace module: read-only (the file must exist) or read-write
+ * (created if missing), with a busy timeout, and checks its schema version. Writable: WAL and
  * synchronous=NORMAL, the schema created when older. Read-only: the tables must exist. */
 fsdp_status_t fsdp_trace_db_open(const char *path, int writable, sqlite3 **db_p);
 
-/* Runs a statement without results. */
+/* db.c: runs a statement without results. */
 fsdp_status_t fsdp_trace_db_exec(sqlite3 *db, const char *sql);
 
 /* A prepared statement, logged on failure. */
@@ -41,11 +40,11 @@ static inline const char *fsdp_trace_col_text(sqlite3_stmt *st, int col)
     return (const char *)sqlite3_column_text(st, col);
 }
 
-/* The reader's connection (for the tools in lib/). */
+/* read.c: the reader's connection (for the tools in lib/). */
 sqlite3 *fsdp_trace_reader_db(fsdp_trace_reader_t *reader);
 const char *fsdp_trace_reader_path(const fsdp_trace_reader_t *reader);
 
-/* Resolves a run id as fsdp_trace_reader_find_run does. */
+/* db_runs.c: resolves a run id as fsdp_trace_reader_find_run does. */
 fsdp_status_t fsdp_trace_db_find_run(sqlite3 *db, const char *path, int64_t run, int64_t *run_p);
 
 /* Readers accept runs of at most this many ranks: as many as a world may have. */
@@ -109,26 +108,11 @@ const char *fsdp_trace_rank_label(const fsdp_trace_rank_class_t *classes, int ra
     "grp, allocated, reserved"
 #define FSDP_TRACE_EVENT_NCOLS 15
 
-/* Fills *ev (and rank, seq) from a row selected with FSDP_TRACE_EVENT_COLUMNS starting at
- * column 0. The strings point into the statement's row. */
+/* db_rows.c: fills *ev (and rank, seq) from a row selected with FSDP_TRACE_EVENT_COLUMNS starting
+ * at column 0. The strings point into the statement's row. */
 void fsdp_trace_row_event(sqlite3_stmt *st, int *rank_p, uint64_t *seq_p, fsdp_trace_event_t *ev);
 
 /* Fills a step row selected with FSDP_TRACE_STEP_COLUMNS starting at column 0. */
 void fsdp_trace_row_step(sqlite3_stmt *st, fsdp_trace_step_row_t *row);
-
-/* A growable string (the tools format reports in it before printing). */
-typedef struct fsdp_strbuf {
-    char *s;
-    size_t len, cap;
-    int failed; /* an allocation failed: the text is truncated */
-} fsdp_strbuf_t;
-
-void fsdp_strbuf_printf(fsdp_strbuf_t *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-void fsdp_strbuf_reset(fsdp_strbuf_t *b);
-void fsdp_strbuf_free(fsdp_strbuf_t *b);
-
-/* "1.50 MiB", "512 B": into buf (at least 32 bytes). */
-const char *fsdp_trace_fmt_bytes(uint64_t bytes, char *buf, size_t size);
 
 #endif

@@ -2,6 +2,7 @@
  * the rank's current chunk under the rank's own mutex; a full chunk, or one that ends a step,
  * is handed to the writer's queue; attach and detach give a rank its writer and its row of the
  * ranks table. */
+#include "base/strbuf.h"
 #include "trace/writer.h"
 
 #include <fsdp/log.h>
