@@ -23,7 +23,20 @@ typedef struct seq_cfg {
     fsdp_dtype_t param_dtype, reduce_dtype;
     int mark_gemms; /* log a C_GEMM marker at every forward GEMM of a layer's output */
     size_t sharded_bytes[8];
+    fsdp_mem_stats_t at_backward[8], at_end[8]; /* as the backward begins, after the step */
 } seq_cfg_t;
+
+typedef struct phase_arg {
+    fsdp_t *fs;
+    fsdp_mem_stats_t *at_backward;
+} phase_arg_t;
+
+static void at_phase(fsdp_phase_t phase, void *arg)
+{
+    phase_arg_t *pa = arg;
+    if (phase == FSDP_PHASE_BACKWARD)
+        fsdp_mem_get_stats(fsdp_memory(pa->fs), pa->at_backward);
+}
 
 static _Thread_local const fsdp_backend_ops_t *inner_ops;
 
@@ -68,9 +81,12 @@ static fsdp_status_t seq_rank(fsdp_dev_t *dev, void *arg)
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 3));
     x = calloc(rows * (size_t)c->dims[0], sizeof(float));
     y = calloc(rows * (size_t)c->dims[c->nlayers], sizeof(float));
+    phase_arg_t pa = {fs, &c->at_backward[dev->rank]};
+    fsdp_mlp_set_phase_hook(mlp, at_phase, &pa);
     tl_nlog = 0;
     fsdp_set_sync_gradients(fs, c->sync);
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_forward_backward(mlp, x, y, rows, &loss));
+    fsdp_mem_get_stats(fsdp_memory(fs), &c->at_end[dev->rank]);
     memcpy(seq_log[dev->rank], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
     seq_nlog[dev->rank] = tl_nlog;
     fsdp_mem_get_stats(fsdp_memory(fs), &st);
@@ -256,6 +272,49 @@ static void test_seq_mixed_precision(void)
     check_seq(&c, want16, 9);
 }
 
+/* ---------------- memory: closed forms per category ---------------- */
+
+/* W = 3, f32 (allocations rounded to 512 bytes). Unsharded parameters, one buffer each of
+ * W * S * rest elements: L0 1920 + 120 -> 2048 + 512, L2 2520 + 84 -> 2560 + 512, L4 480 + 24
+ * -> 512 + 512. All-gather outputs and reduce-scatter inputs, W * A elements: 2040 -> 2048,
+ * 2604 -> 3072, 504 -> 512. Sharded parameters and gradients, A: 680, 868, 168 -> 1024, 1024,
+ * 512. */
+static void test_memory_closed_forms(void)
+{
+    enum { U0 = 2560, U2 = 3072, U4 = 1024, O0 = 2048, O2 = 3072, O4 = 512 };
+    seq_cfg_t c = seq_default(3, dims3, 3);
+
+    run_seq(&c);
+    for (int r = 0; r < 3; r++) {
+        const fsdp_mem_stats_t *b = &c.at_backward[r], *e = &c.at_end[r];
+        /* resharded after each forward: one unit's buffers at a time, L2's the largest */
+        CU_ASSERT_EQUAL(b->by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+        CU_ASSERT_EQUAL(e->peak_by_category[FSDP_MEM_UNSHARDED_PARAM], U2);
+        /* the root's post-forward let the last all-gather output go */
+        CU_ASSERT_EQUAL(b->by_category[FSDP_MEM_COMM_BUFFER], 0);
+        /* two buffers at most: L0's held output and L2's copy-in in forward; in backward L0's
+         * prefetched output and L2's reduce-scatter input, L4's released before it */
+        CU_ASSERT_EQUAL(e->peak_by_category[FSDP_MEM_COMM_BUFFER], O0 + O2);
+        /* after the step: the sharded gradients alone, the last input released */
+        CU_ASSERT_EQUAL(e->by_category[FSDP_MEM_GRADIENT], 1024 + 1024 + 512);
+        CU_ASSERT_EQUAL(e->by_category[FSDP_MEM_COMM_BUFFER], 0);
+        CU_ASSERT_EQUAL(e->by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+    }
+
+    c.raf = FSDP_RESHARD_FALSE;
+    run_seq(&c);
+    for (int r = 0; r < 3; r++) {
+        const fsdp_mem_stats_t *b = &c.at_backward[r], *e = &c.at_end[r];
+        /* every unit kept its parameters for backward; freed by the post-backward reshards */
+        CU_ASSERT_EQUAL(b->by_category[FSDP_MEM_UNSHARDED_PARAM], U0 + U2 + U4);
+        CU_ASSERT_EQUAL(e->by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+        CU_ASSERT_EQUAL(b->by_category[FSDP_MEM_COMM_BUFFER], 0);
+        /* forward as above; backward holds one input at a time */
+        CU_ASSERT_EQUAL(e->peak_by_category[FSDP_MEM_COMM_BUFFER], O0 + O2);
+        CU_ASSERT(O2 + O4 < O0 + O2);
+    }
+}
+
 /* ---------------- the layout ---------------- */
 
 static fsdp_status_t layout_rank(fsdp_dev_t *dev, void *arg)
@@ -426,6 +485,7 @@ int main(void)
         {"sequence: W = 2, explicit and implicit prefetch", test_seq_explicit},
         {"sequence: HSDP on a 2 x 2 mesh", test_seq_hsdp},
         {"sequence: bf16 parameters, f32 and f16 reduction", test_seq_mixed_precision},
+        {"memory: closed forms per category (W = 3)", test_memory_closed_forms},
         {"parity with one process, worlds 1 to 6", test_parity_worlds},
         {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
         {"refusals", test_refusals},
