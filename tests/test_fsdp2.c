@@ -192,6 +192,22 @@ static void test_seq_no_reshard(void)
     check_seq(&c, want, 6);
 }
 
+/* reshard_after_forward = 2 at W = 4 (semantics 1, "int reshard_after_forward"): the forward
+ * gathers over the 4 ranks, the post-forward keeps W / N = 2 chunks a rank, and the backward
+ * gathers those over the group of 2: L0 136 -> 544 forward, 272 -> 544 backward. */
+static void test_seq_reshard_to_group(void)
+{
+    seq_cfg_t c = seq_default(4, dims3, 3);
+    const coll_t want[] = {AG(136, 4, F32), AG(155, 4, F32),      AG(21, 4, F32),
+                           AG(42, 2, F32),  AG(310, 2, F32),      RS(21, 4, F32, AVG),
+                           AG(272, 2, F32), RS(155, 4, F32, AVG), RS(136, 4, F32, AVG)};
+    c.raf = 2;
+    run_seq(&c);
+    check_seq(&c, want, 9);
+    for (int r = 0; r < 4; r++) /* the post-forward copies were gathered and freed */
+        CU_ASSERT_EQUAL(c.at_end[r].by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+}
+
 /* Sync off (set_requires_gradient_sync(False)): forward and backward still gather, nothing is
  * reduced. */
 static void test_seq_sync_off(void)
@@ -393,6 +409,10 @@ static void test_parity_worlds(void)
             cfg.raf = w % 2 ? FSDP_RESHARD_FALSE : FSDP_RESHARD_TRUE;
             cfg.explicit_fwd = cfg.explicit_bwd = k;
             CU_ASSERT(parity(&cfg) <= 1e-6);
+            if (w == 4 || w == 6) { /* to groups of 2 (and of 3 at W = 6) */
+                cfg.raf = 2 + (w == 6 && k);
+                CU_ASSERT(parity(&cfg) <= 1e-6);
+            }
         }
     }
     ref_batch = MAXB;
@@ -482,6 +502,7 @@ int main(void)
         {"sequence: W = 3, reshard after forward", test_seq_world3},
         {"sequence: W = 3, no reshard after forward", test_seq_no_reshard},
         {"sequence: W = 3, gradient sync off", test_seq_sync_off},
+        {"sequence: W = 4, reshard after forward to groups of 2", test_seq_reshard_to_group},
         {"sequence: W = 2, explicit and implicit prefetch", test_seq_explicit},
         {"sequence: HSDP on a 2 x 2 mesh", test_seq_hsdp},
         {"sequence: bf16 parameters, f32 and f16 reduction", test_seq_mixed_precision},

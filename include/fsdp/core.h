@@ -64,7 +64,8 @@ FSDP_API int fsdp_api_parse(const char *s, fsdp_api_t *api_p);
 /* FSDP2's reshard_after_forward: FSDP_RESHARD_DEFAULT is fully_shard's None (the root keeps
  * its parameters after forward, every other unit frees them), FSDP_RESHARD_TRUE and
  * FSDP_RESHARD_FALSE are True and False; an int N >= 2 dividing the shard group's size
- * reshards to groups of N ranks (N = 1 is False, N = W is True, as torch). In
+ * reshards to groups of N consecutive ranks, whose all-gather the backward then runs (N = 1
+ * is False, N = W is True, as torch; the groups are made by a split at unit creation). In
  * fsdp_unit_options_t, FSDP_RESHARD_INHERIT takes the config's. */
 #define FSDP_RESHARD_FALSE 0
 #define FSDP_RESHARD_DEFAULT (-1)

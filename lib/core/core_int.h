@@ -22,6 +22,9 @@ typedef struct fsdp_pparam {
     void *unsharded;  /* U: W * chunk elements of the compute dtype, NULL when resharded */
     void *grad;       /* the autograd gradient, numel of the compute dtype, NULL when none */
     float *accum;     /* sync off under mixed precision: the gradient accumulated in f32 */
+    /* reshard_after_forward = N: this rank's W / N chunks of U, from the post-forward to the
+     * backward's copy-out (the N-group all-gathers them) */
+    void *post_forward;
 } fsdp_pparam_t;
 
 /* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow docs/runtime.md
@@ -75,7 +78,10 @@ struct fsdp_handle {
      * order (pads zero) and saved_grad_shard the reduced gradient in the same layout. */
     fsdp_pparam_t *pp;          /* nparams; a tied parameter repeats its target's slot */
     void *ag_out;               /* O: W * A of the compute dtype, from copy-in to copy-out */
-    int reshard_after_forward;  /* resolved: 1 or 0 (the root's default is 0) */
+    int reshard_after_forward;  /* resolved: 1, 0, or N >= 2 (to groups of N ranks) */
+    fsdp_group_t *post_forward_pg;     /* N >= 2: this rank's group of N */
+    fsdp_event_t *post_forward_event;  /* the post-forward copies, for the backward copy-in */
+    int ag_blocks;                     /* blocks of ag_out: W, or N from the post-forward */
     int reshard_after_backward; /* 1 by default */
     int grads_pending;          /* sync off left unreduced gradients */
     fsdp_event_t *post_reduce_event;
@@ -109,7 +115,8 @@ struct fsdp_unit {
     fsdp_handle_t *handle; /* NULL when the unit owns no parameters */
     fsdp_training_state_t state;
     fsdp_strategy_t strategy; /* effective, this unit's */
-    int reshard_after_forward; /* FSDP2: resolved to 1 or 0 */
+    int reshard_after_forward; /* FSDP2: resolved to 1, 0 or N >= 2 */
+    fsdp_group_t *post_forward_pg; /* FSDP2, N >= 2: the group of N this rank is in (shared) */
     fsdp_group_t *pg;         /* this unit's shard group */
     fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */
     fsdp_ignored_param_t *ignored;
@@ -164,6 +171,12 @@ struct fsdp {
     /* FSDP2: the last forward all-gather's output and its copy-out event, released by the next
      * group's copy-out or the root's post-forward; the last reduce-scatter input and its event,
      * released before the next group's reduce or in the final callback */
+    /* FSDP2's groups of N ranks for reshard_after_forward = N, one per (shard group, N) */
+    struct fsdp_raf_group {
+        fsdp_group_t *parent, *group;
+        int n;
+    } *raf_groups;
+    int n_raf_groups;
     void *ag_state_buf;
     fsdp_event_t *ag_state_event;
     void *rs_state_buf;
@@ -279,6 +292,7 @@ fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *c
 fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int retain);
 fsdp_status_t fsdp_pgroup_release_ag_state(fsdp_t *fs);
 fsdp_status_t fsdp_pgroup_reshard(fsdp_t *fs, fsdp_handle_t *h);
+fsdp_status_t fsdp_pgroup_post_forward(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_pgroup_post_backward(fsdp_t *fs, fsdp_handle_t *h);
 fsdp_status_t fsdp_pgroup_finalize(fsdp_t *fs);
 int fsdp_pgroup_has_grads(const fsdp_handle_t *h);

@@ -275,7 +275,7 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
         /* D.4: the root keeps its parameters for backward, as do NO_RESHARD strategies;
          * FSDP2: as the unit's reshard_after_forward says */
         if (fsdp_is_fsdp2(fs))
-            status = h->reshard_after_forward ? fsdp_pgroup_reshard(fs, h) : FSDP_OK;
+            status = fsdp_pgroup_post_forward(fs, h);
         else
             status = fsdp_handle_reshard(
                 fs, h, !u->is_root && fsdp_strategy_reshards_after_forward(u->strategy));

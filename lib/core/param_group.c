@@ -72,8 +72,11 @@ void fsdp_pgroup_free(fsdp_t *fs, fsdp_handle_t *h)
         fsdp_mem_free(fs->mem, h->pp[i].unsharded);
         fsdp_mem_free(fs->mem, h->pp[i].grad);
         fsdp_mem_free(fs->mem, h->pp[i].accum);
+        fsdp_mem_free(fs->mem, h->pp[i].post_forward);
     }
     fsdp_mem_free(fs->mem, h->ag_out);
+    if (h->post_forward_event != NULL)
+        fs->dev->ops->event_destroy(fs->dev, h->post_forward_event);
     if (h->post_reduce_event != NULL)
         fs->dev->ops->event_destroy(fs->dev, h->post_reduce_event);
     free(h->prefetch[0]);
@@ -108,44 +111,75 @@ static fsdp_status_t chunk_copy(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dt
     return fs->dev->ops->kernel(fs->dev, s, &k);
 }
 
-/* foreach_all_gather (semantics 1, "AG input"): O of W * A elements on the copy-in stream, this
- * rank's shard (cast to the compute dtype under mixed precision) into its block, then the
- * in-place all-gather on the all-gather stream. A no-op when the group is unsharded or its
- * all-gather is already issued, and at W = 1, where the copy-out copies the shard itself. */
-fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *copy_in,
-                                  fsdp_stream_t *gather)
+/* The all-gather input of this rank: its shard (cast to the compute dtype under mixed
+ * precision, through a temporary of A elements), or under reshard_after_forward = N its
+ * post-forward copies, each at its slot scaled by W / N. */
+static fsdp_status_t copy_in(fsdp_t *fs, fsdp_handle_t *h, void *in, fsdp_stream_t *s)
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_dtype_t c = h->compute_dtype;
     size_t a = h->shard_numel, esz = fsdp_dtype_size(c);
-    void *out = NULL, *in, *tmp = NULL;
+    void *tmp = NULL;
+    fsdp_status_t status = FSDP_OK;
+
+    if (h->ag_blocks < h->world) {
+        size_t f = (size_t)(h->world / h->ag_blocks);
+        status = dev->ops->stream_wait_event(dev, s, h->post_forward_event);
+        for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+            const fsdp_pparam_t *p = &h->pp[i];
+            if (h->params[i].tied_to < 0)
+                status = dev->ops->memcpy_async(dev, (char *)in + f * p->slot * esz,
+                                                p->post_forward, f * p->chunk * esz, s);
+        }
+        return status;
+    }
+    if (c == FSDP_DTYPE_F32)
+        return dev->ops->memcpy_async(dev, in, h->local_shard, a * esz, s);
+    status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_LOW_PREC_SHARD, s, &tmp);
+    if (status == FSDP_OK)
+        status = fsdp_k_cast(fs, s, tmp, c, h->local_shard, FSDP_DTYPE_F32, a);
+    if (status == FSDP_OK)
+        status = dev->ops->memcpy_async(dev, in, tmp, a * esz, s);
+    fsdp_mem_free(fs->mem, tmp);
+    return status;
+}
+
+/* foreach_all_gather (semantics 1, "AG input"): O of W * A elements on the copy-in stream, this
+ * rank's input into its block, then the in-place all-gather on the all-gather stream: over the
+ * shard group, or over the group of N after a post-forward reshard to N (semantics 1, "int
+ * reshard_after_forward"). A no-op when the group is unsharded or its all-gather is already
+ * issued, and at W = 1, where the copy-out copies the shard itself. */
+fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *copy_in_s,
+                                  fsdp_stream_t *gather)
+{
+    fsdp_dev_t *dev = fs->dev;
+    fsdp_dtype_t c = h->compute_dtype;
+    fsdp_group_t *g = h->unit->pg;
+    size_t a = h->shard_numel, esz = fsdp_dtype_size(c), block;
+    void *out = NULL, *in;
     fsdp_status_t status;
 
     if (h->uses_unsharded_view || h->ag_out != NULL || h->world == 1)
         return FSDP_OK;
+    h->ag_blocks = h->world;
+    if (h->post_forward_event != NULL) {
+        g = h->post_forward_pg;
+        h->ag_blocks = g->size;
+    }
+    block = (size_t)(h->world / h->ag_blocks) * a;
     status =
-        fsdp_mem_alloc(fs->mem, (size_t)h->world * a * esz, FSDP_MEM_COMM_BUFFER, copy_in, &out);
+        fsdp_mem_alloc(fs->mem, (size_t)h->world * a * esz, FSDP_MEM_COMM_BUFFER, copy_in_s, &out);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status,
                                "rank %d: unit '%s': cannot allocate its all-gather output "
                                "(%zu elements)",
                                dev->rank, h->unit->name, (size_t)h->world * a);
-    in = (char *)out + (size_t)h->rank * a * esz;
-    if (c != FSDP_DTYPE_F32) {
-        /* all shards cast into one temporary, then copied into the slots */
-        status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_LOW_PREC_SHARD, copy_in, &tmp);
-        if (status == FSDP_OK)
-            status = fsdp_k_cast(fs, copy_in, tmp, c, h->local_shard, FSDP_DTYPE_F32, a);
-        if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, in, tmp, a * esz, copy_in);
-        fsdp_mem_free(fs->mem, tmp);
-    } else {
-        status = dev->ops->memcpy_async(dev, in, h->local_shard, a * esz, copy_in);
-    }
-    if (status == FSDP_OK && gather != copy_in)
-        status = fsdp_stream_wait_stream(dev, gather, copy_in);
+    in = (char *)out + (size_t)g->rank * block * esz;
+    status = copy_in(fs, h, in, copy_in_s);
+    if (status == FSDP_OK && gather != copy_in_s)
+        status = fsdp_stream_wait_stream(dev, gather, copy_in_s);
     if (status == FSDP_OK)
-        status = dev->ops->all_gather(dev, h->unit->pg, in, out, a, c, gather);
+        status = dev->ops->all_gather(dev, g, in, out, block, c, gather);
     if (status != FSDP_OK) {
         fsdp_mem_free(fs->mem, out);
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
@@ -179,7 +213,7 @@ static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t 
 {
     fsdp_stream_t *cs = fs->compute;
     fsdp_dtype_t c = h->compute_dtype;
-    size_t esz = fsdp_dtype_size(c), w = (size_t)h->world;
+    size_t esz = fsdp_dtype_size(c), w = (size_t)h->world, f;
     fsdp_status_t status;
 
     status =
@@ -192,9 +226,10 @@ static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t 
     if (h->ag_out == NULL) /* W = 1: the shard is the whole parameter */
         return chunk_copy(fs, cs, p->unsharded, c, p->chunk, h->local_shard + p->slot,
                           FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
-    /* split_with_sizes_copy: O as (W, A), this parameter's columns */
-    return chunk_copy(fs, cs, p->unsharded, c, p->chunk, (char *)h->ag_out + p->slot * esz, c,
-                      h->shard_numel, SIZE_MAX, w, p->chunk);
+    /* split_with_sizes_copy: O as (blocks, W / blocks * A), this parameter's columns */
+    f = w / (size_t)h->ag_blocks;
+    return chunk_copy(fs, cs, p->unsharded, c, f * p->chunk, (char *)h->ag_out + f * p->slot * esz,
+                      c, f * h->shard_numel, SIZE_MAX, (size_t)h->ag_blocks, f * p->chunk);
 }
 
 /* wait_for_unshard: the compute stream waits for the all-gather, copies out into each
@@ -225,6 +260,17 @@ fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int ret
     if (status != FSDP_OK)
         return status;
     h->uses_unsharded_view = 1;
+    if (h->post_forward_event != NULL && h->ag_out != NULL) {
+        /* the post-forward copies were gathered: the compute stream, which waited on the
+         * all-gather, is past their copy-in */
+        for (int i = 0; i < h->nparams; i++) {
+            if (h->params[i].tied_to < 0)
+                fsdp_mem_free(fs->mem, h->pp[i].post_forward);
+            h->pp[i].post_forward = NULL;
+        }
+        dev->ops->event_destroy(dev, h->post_forward_event);
+        h->post_forward_event = NULL;
+    }
     if (h->ag_out == NULL) {
         h->gather_version = fsdp_handle_new_version();
         return FSDP_OK;
@@ -261,6 +307,47 @@ fsdp_status_t fsdp_pgroup_reshard(fsdp_t *fs, fsdp_handle_t *h)
     h->uses_unsharded_view = 0;
     h->prefetched = 0;
     return FSDP_OK;
+}
+
+/* reshard_after_forward = N (semantics 1): each parameter keeps the N-th part of U that is
+ * this rank's place in its group of N, copied on the compute stream, and U goes; an event
+ * orders the backward's copy-in after the copies. */
+static fsdp_status_t reshard_to_group(fsdp_t *fs, fsdp_handle_t *h)
+{
+    fsdp_dev_t *dev = fs->dev;
+    size_t esz = fsdp_dtype_size(h->compute_dtype);
+    size_t f = (size_t)(h->world / h->post_forward_pg->size);
+    size_t j = (size_t)h->post_forward_pg->rank;
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+        fsdp_pparam_t *p = &h->pp[i];
+        if (h->params[i].tied_to >= 0 || p->unsharded == NULL)
+            continue;
+        status = fsdp_mem_alloc(fs->mem, f * p->chunk * esz, FSDP_MEM_UNSHARDED_PARAM, fs->compute,
+                                &p->post_forward);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, p->post_forward,
+                                            (char *)p->unsharded + j * f * p->chunk * esz,
+                                            f * p->chunk * esz, fs->compute);
+    }
+    if (status == FSDP_OK && h->post_forward_event == NULL)
+        status = dev->ops->event_create(dev, &h->post_forward_event);
+    if (status == FSDP_OK)
+        status = dev->ops->event_record(dev, h->post_forward_event, fs->compute);
+    if (status != FSDP_OK)
+        return status;
+    return fsdp_pgroup_reshard(fs, h);
+}
+
+/* FSDPParamGroup.post_forward's reshard: free U (1), keep it (0), or reshard to N. */
+fsdp_status_t fsdp_pgroup_post_forward(fsdp_t *fs, fsdp_handle_t *h)
+{
+    if (h->reshard_after_forward == 0)
+        return FSDP_OK;
+    if (h->reshard_after_forward == 1 || h->world == 1 || !h->uses_unsharded_view)
+        return fsdp_pgroup_reshard(fs, h);
+    return reshard_to_group(fs, h);
 }
 
 int fsdp_pgroup_has_grads(const fsdp_handle_t *h)

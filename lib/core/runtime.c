@@ -107,6 +107,11 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t 
 
 static void destroy_groups(fsdp_t *fs)
 {
+    for (int i = 0; i < fs->n_raf_groups; i++)
+        fs->dev->ops->group_destroy(fs->dev, fs->raf_groups[i].group);
+    free(fs->raf_groups);
+    fs->raf_groups = NULL;
+    fs->n_raf_groups = 0;
     if (fs->unit_hybrid_pg != NULL)
         fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_pg);
     if (fs->unit_hybrid_replicate != NULL)

@@ -17,6 +17,38 @@ void fsdp_unit_options_init(fsdp_unit_options_t *opts)
     opts->reshard_after_forward = FSDP_RESHARD_INHERIT;
 }
 
+/* reshard_after_forward = N: the shard group's ranks in groups of N consecutive ones, made
+ * once per (shard group, N) by a split of the shard group (a collective over it). */
+static fsdp_status_t post_forward_group(fsdp_t *fs, const char *name, int n, fsdp_unit_t *u)
+{
+    struct fsdp_raf_group *g;
+    fsdp_status_t status;
+
+    u->reshard_after_forward = n;
+    for (int i = 0; i < fs->n_raf_groups; i++) {
+        if (fs->raf_groups[i].parent == u->pg && fs->raf_groups[i].n == n) {
+            u->post_forward_pg = fs->raf_groups[i].group;
+            return FSDP_OK;
+        }
+    }
+    g = realloc(fs->raf_groups, sizeof(*g) * (size_t)(fs->n_raf_groups + 1));
+    if (g == NULL)
+        return FSDP_ERR_NO_MEMORY;
+    fs->raf_groups = g;
+    g = &g[fs->n_raf_groups];
+    status = fs->dev->ops->group_split(fs->dev, u->pg, u->pg->rank / n, u->pg->rank, &g->group);
+    if (status != FSDP_OK)
+        return fsdp_fail_below(fs, status,
+                               "unit '%s': cannot make the groups of %d ranks that "
+                               "reshard_after_forward %d reshards to",
+                               name, n, n);
+    g->parent = u->pg;
+    g->n = n;
+    fs->n_raf_groups++;
+    u->post_forward_pg = g->group;
+    return FSDP_OK;
+}
+
 /* FSDP2's reshard_after_forward, resolved for the unit (semantics 2 C): None frees the
  * parameters after forward except on the root; an int N is False at 1 and True at W. */
 static fsdp_status_t unit_reshard(fsdp_t *fs, const char *name, const fsdp_unit_options_t *o,
@@ -37,10 +69,7 @@ static fsdp_status_t unit_reshard(fsdp_t *fs, const char *name, const fsdp_unit_
                          "the default, or a group size that divides the shard group's %d ranks",
                          name, raf, u->pg->size);
     else
-        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
-                         "unit '%s': reshard_after_forward %d (resharding to groups of %d of the "
-                         "%d ranks) is not supported yet; give true or false",
-                         name, raf, raf, u->pg->size);
+        return post_forward_group(fs, name, raf, u);
     return FSDP_OK;
 }
 
