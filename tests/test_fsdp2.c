@@ -418,6 +418,33 @@ static void test_parity_worlds(void)
     ref_batch = MAXB;
 }
 
+/* CPUOffloadPolicy: the shards and the reduced gradients in pinned host memory, the optimizer
+ * on the host; with accumulation under sync off, and at W = 1 (no all-gather). */
+static void test_parity_offload(void)
+{
+    make_batch();
+    ref_batch = MAXB_ALL;
+    for (int w = 1; w <= 3; w++) {
+        run_result_t *res = calloc(1, sizeof(*res));
+        run_cfg_t cfg = {.world = w, .steps = 3, .fsdp2 = 1, .cpu_offload = 1};
+        fsdp_optim_config_init(&cfg.optim, FSDP_OPTIM_ADAMW);
+        cfg.optim.lr = 1e-2f;
+        CU_ASSERT(parity(&cfg) <= 1e-6);
+        cfg.micro = 2;
+        cfg.sync[0] = 0;
+        cfg.sync[1] = 1;
+        CU_ASSERT(parity(&cfg) <= 1e-6);
+        /* the shards live on the host: no device bytes of sharded parameters between steps */
+        run_fsdp(&cfg, res);
+        for (int r = 0; r < w; r++) {
+            CU_ASSERT_EQUAL(res->sharded_param_bytes[r], 0);
+            CU_ASSERT(res->pinned_bytes[r] > 0);
+        }
+        free(res);
+    }
+    ref_batch = MAXB;
+}
+
 /* Gradient accumulation without sync for the first micro-batches, clipping, and HSDP. */
 static void test_parity_accum_clip_hsdp(void)
 {
@@ -465,9 +492,9 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     fc.strategy = FSDP_SHARD_GRAD_OP;
     FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_INVALID_PARAM);
     fc.strategy = FSDP_FULL_SHARD;
-    fc.cpu_offload = 1;
-    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_UNSUPPORTED);
-    fc.cpu_offload = 0;
+    fc.mixed_precision.buffer_dtype = FSDP_DTYPE_BF16; /* MixedPrecisionPolicy has none */
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_INVALID_PARAM);
+    fc.mixed_precision.buffer_dtype = FSDP_DTYPE_UNSET;
     fc.api = (fsdp_api_t)7;
     FSDP_RANK_CHECK_EQ(&failure, r, fsdp_create(dev, &fc, &fs), FSDP_ERR_INVALID_PARAM);
     fc.api = FSDP_API_FSDP2;
@@ -509,6 +536,7 @@ int main(void)
         {"memory: closed forms per category (W = 3)", test_memory_closed_forms},
         {"parity with one process, worlds 1 to 6", test_parity_worlds},
         {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
+        {"parity: CPU offload", test_parity_offload},
         {"refusals", test_refusals},
         {NULL, NULL},
     };

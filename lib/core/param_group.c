@@ -111,6 +111,17 @@ static fsdp_status_t chunk_copy(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dt
     return fs->dev->ops->kernel(fs->dev, s, &k);
 }
 
+/* CPU offload: a device copy of the host shard (A f32), by a copy on stream s. */
+static fsdp_status_t stage_shard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *s, void **staged_p)
+{
+    size_t bytes = h->shard_numel * sizeof(float);
+    fsdp_status_t status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_SHARDED_PARAM, s, staged_p);
+
+    if (status == FSDP_OK)
+        status = fs->dev->ops->memcpy_async(fs->dev, *staged_p, h->local_shard, bytes, s);
+    return status;
+}
+
 /* The all-gather input of this rank: its shard (cast to the compute dtype under mixed
  * precision, through a temporary of A elements), or under reshard_after_forward = N its
  * post-forward copies, each at its slot scaled by W / N. */
@@ -133,14 +144,22 @@ static fsdp_status_t copy_in(fsdp_t *fs, fsdp_handle_t *h, void *in, fsdp_stream
         }
         return status;
     }
-    if (c == FSDP_DTYPE_F32)
-        return dev->ops->memcpy_async(dev, in, h->local_shard, a * esz, s);
-    status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_LOW_PREC_SHARD, s, &tmp);
-    if (status == FSDP_OK)
-        status = fsdp_k_cast(fs, s, tmp, c, h->local_shard, FSDP_DTYPE_F32, a);
-    if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, in, tmp, a * esz, s);
-    fsdp_mem_free(fs->mem, tmp);
+    const void *src = h->local_shard;
+    void *staged = NULL;
+    if (h->offload) /* CPUOffloadPolicy: the host shard to the device first */
+        status = stage_shard(fs, h, s, &staged);
+    src = staged != NULL ? staged : src;
+    if (status == FSDP_OK && c == FSDP_DTYPE_F32) {
+        status = dev->ops->memcpy_async(dev, in, src, a * esz, s);
+    } else if (status == FSDP_OK) {
+        status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_LOW_PREC_SHARD, s, &tmp);
+        if (status == FSDP_OK)
+            status = fsdp_k_cast(fs, s, tmp, c, src, FSDP_DTYPE_F32, a);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, in, tmp, a * esz, s);
+        fsdp_mem_free(fs->mem, tmp);
+    }
+    fsdp_mem_free(fs->mem, staged);
     return status;
 }
 
@@ -223,9 +242,17 @@ static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t 
                                "rank %d: unit '%s': cannot allocate an unsharded "
                                "parameter (%zu elements)",
                                fs->dev->rank, h->unit->name, w * p->chunk);
-    if (h->ag_out == NULL) /* W = 1: the shard is the whole parameter */
-        return chunk_copy(fs, cs, p->unsharded, c, p->chunk, h->local_shard + p->slot,
-                          FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
+    if (h->ag_out == NULL) { /* W = 1: the shard is the whole parameter */
+        void *staged = NULL;
+        if (h->offload)
+            status = stage_shard(fs, h, cs, &staged);
+        if (status == FSDP_OK)
+            status = chunk_copy(fs, cs, p->unsharded, c, p->chunk,
+                                (staged != NULL ? (float *)staged : h->local_shard) + p->slot,
+                                FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
+        fsdp_mem_free(fs->mem, staged);
+        return status;
+    }
     /* split_with_sizes_copy: O as (blocks, W / blocks * A), this parameter's columns */
     f = w / (size_t)h->ag_blocks;
     return chunk_copy(fs, cs, p->unsharded, c, f * p->chunk, (char *)h->ag_out + f * p->slot * esz,
@@ -518,6 +545,31 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
     return FSDP_OK;
 }
 
+/* CPUOffloadPolicy: the reduced gradient goes to pinned host memory, where the host optimizer
+ * reads it after the final callback's wait; the device copy goes once the copy is enqueued (the
+ * stream that allocated it runs the copy). */
+static fsdp_status_t offload_grad(fsdp_t *fs, fsdp_handle_t *h, void *grad, fsdp_stream_t *s)
+{
+    size_t a = h->shard_numel;
+    fsdp_status_t status = FSDP_OK;
+
+    if (h->has_cpu_grad)
+        status = fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                           "rank %d: unit '%s': accumulating gradients across iterations without "
+                           "set_requires_gradient_sync(False) is not supported with CPU offload; "
+                           "turn gradient sync off for the accumulation steps",
+                           fs->dev->rank, h->unit->name);
+    if (status == FSDP_OK && h->cpu_grad == NULL)
+        status = fsdp_shard_alloc(fs, h, a, (void **)&h->cpu_grad);
+    if (status == FSDP_OK)
+        status = fs->dev->ops->memcpy_async(fs->dev, h->cpu_grad, grad, a * sizeof(float), s);
+    if (status == FSDP_OK && s != fs->post_backward)
+        status = fsdp_mem_record_stream(fs->mem, grad, s);
+    fsdp_mem_free(fs->mem, grad);
+    h->has_cpu_grad = status == FSDP_OK;
+    return status;
+}
+
 /* On the post-reduce stream: post-divide, the f32 sharded gradient (a cast when reduced in
  * 16 bits), += into an existing one, and the post-reduce event. */
 static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_stream_t *s,
@@ -540,7 +592,9 @@ static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_s
             status = fsdp_mem_record_stream(fs->mem, out, s);
         fsdp_mem_free(fs->mem, out);
     }
-    if (status == FSDP_OK && h->saved_grad_shard != NULL) {
+    if (status == FSDP_OK && h->offload) {
+        status = offload_grad(fs, h, grad, s);
+    } else if (status == FSDP_OK && h->saved_grad_shard != NULL) {
         status = add_into(fs, s, h->saved_grad_shard, grad, FSDP_DTYPE_F32, a);
         if (status == FSDP_OK && s != fs->post_backward)
             status = fsdp_mem_record_stream(fs->mem, grad, s);
@@ -655,6 +709,12 @@ fsdp_status_t fsdp_pgroup_finalize(fsdp_t *fs)
         if (fs->units[i]->handle != NULL)
             status = wait_post_reduce(fs, fs->units[i]->handle);
     }
+    if (status == FSDP_OK && fs->cfg.cpu_offload && fs->sync_gradients) {
+        /* the host optimizer reads the offloaded gradients: the host waits for their copies */
+        status = fs->dev->ops->stream_synchronize(fs->dev, fs->post_backward);
+        if (status == FSDP_OK && fs->all_reduce != fs->compute)
+            status = fs->dev->ops->stream_synchronize(fs->dev, fs->all_reduce);
+    }
     if (status == FSDP_OK)
         status = fsdp_pgroup_release_ag_state(fs);
     if (status == FSDP_OK)
@@ -668,13 +728,20 @@ fsdp_status_t fsdp_pgroup_gather(fsdp_t *fs, fsdp_handle_t *h, const float *shar
 {
     fsdp_dev_t *dev = fs->dev;
     size_t a = h->shard_numel, w = (size_t)h->world;
-    void *full = NULL;
+    void *full = NULL, *staged = NULL;
     float *host = malloc(w * a * sizeof(float) + 1);
     fsdp_status_t status;
 
     if (host == NULL)
         return FSDP_ERR_NO_MEMORY;
     status = fsdp_mem_alloc(fs->mem, w * a * sizeof(float), FSDP_MEM_TEMPORARY, fs->compute, &full);
+    if (status == FSDP_OK && h->offload) { /* collectives read device memory */
+        status =
+            fsdp_mem_alloc(fs->mem, a * sizeof(float), FSDP_MEM_TEMPORARY, fs->compute, &staged);
+        if (status == FSDP_OK)
+            status = dev->ops->memcpy_async(dev, staged, shard, a * sizeof(float), fs->compute);
+        shard = staged;
+    }
     if (status == FSDP_OK && w > 1)
         status =
             dev->ops->all_gather(dev, h->unit->pg, shard, full, a, FSDP_DTYPE_F32, fs->compute);
@@ -692,6 +759,7 @@ fsdp_status_t fsdp_pgroup_gather(fsdp_t *fs, fsdp_handle_t *h, const float *shar
             memcpy(host_out + h->params[i].offset + j * p->chunk, host + j * a + p->slot,
                    chunk_valid(p, j) * sizeof(float));
     }
+    fsdp_mem_free(fs->mem, staged);
     fsdp_mem_free(fs->mem, full);
     free(host);
     return status;

@@ -71,14 +71,12 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
               "(ranks_per_node 1) to replicate";
     else if (mp->buffer_dtype != FSDP_DTYPE_UNSET || mp->keep_low_precision_grads)
         why = "MixedPrecisionPolicy has no buffer_dtype or keep_low_precision_grads";
-    else if (cfg->cpu_offload)
-        why = "CPUOffloadPolicy is not supported with api fsdp2 yet";
     else if (cfg->reshard_after_forward < FSDP_RESHARD_TRUE)
         why = "reshard_after_forward must be FSDP_RESHARD_DEFAULT, _TRUE, _FALSE or a group size";
     if (why == NULL)
         return FSDP_OK;
     fsdp_error("rank %d: api fsdp2 (fully_shard): %s", dev->rank, why);
-    return cfg->cpu_offload ? FSDP_ERR_UNSUPPORTED : FSDP_ERR_INVALID_PARAM;
+    return FSDP_ERR_INVALID_PARAM;
 }
 
 static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t *cfg)
