@@ -234,7 +234,7 @@ static fsdp_status_t bad_options_rank(fsdp_dev_t *dev, void *arg)
     bad += strstr(fsdp_last_error(fs), "full_shard") != NULL;
     fsdp_unit_options_init(&uo);
     uo.strategy = FSDP_FULL_SHARD;
-    uo.replicate_group = dev->ops->group_world(dev);
+    uo.replicate_group = fsdp_dev_group_world(dev);
     bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;
     uo.strategy = FSDP_HYBRID_SHARD;
     bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;

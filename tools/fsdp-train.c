@@ -206,7 +206,7 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     size_t din = (size_t)a->dims[0], dout = (size_t)a->dims[a->nlayers];
     const float *x = sh->x + (size_t)dev->rank * rows * din;
     const float *y = sh->y + (size_t)dev->rank * rows * dout;
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     fsdp_t *fs = NULL;
     fsdp_mlp_t *mlp = NULL;
     fsdp_optim_t *opt = NULL;
@@ -273,16 +273,16 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
             status = fsdp_checkpoint_save(fs, opt, a->ckpt_dir, a->state_dict, step + 1);
         /* the global mean: every rank holds the same number of rows */
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, dloss, &loss, sizeof(float),
-                                            fsdp_compute_stream(fs));
+            status =
+                fsdp_dev_memcpy_async(dev, dloss, &loss, sizeof(float), fsdp_compute_stream(fs));
         if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, world, dloss, dloss, 1, FSDP_DTYPE_F32,
-                                          FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
+            status = fsdp_dev_all_reduce(dev, world, dloss, dloss, 1, FSDP_DTYPE_F32,
+                                         FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, &loss, dloss, sizeof(float),
-                                            fsdp_compute_stream(fs));
+            status =
+                fsdp_dev_memcpy_async(dev, &loss, dloss, sizeof(float), fsdp_compute_stream(fs));
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
         if (status == FSDP_OK)
             step_time = train_step_end(dev, fs, &clock, step + 1, loss);
         if (status == FSDP_OK && dev->rank == 0) {

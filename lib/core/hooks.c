@@ -53,15 +53,15 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
         return bad_state(fs->root, "lazy init", "the root idle");
     /* high priority (-1) only for hybrid sharding with the limiter (section 2, notation) */
     int prio = fs->any_hybrid && fs->cfg.limit_all_gathers ? -1 : 0;
-    status = dev->ops->stream_create(dev, "unshard", prio, &fs->unshard);
+    status = fsdp_dev_stream_create(dev, "unshard", prio, &fs->unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "pre_unshard", prio, &fs->pre_unshard);
+        status = fsdp_dev_stream_create(dev, "pre_unshard", prio, &fs->pre_unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, "post_backward", prio, &fs->post_backward);
+        status = fsdp_dev_stream_create(dev, "post_backward", prio, &fs->post_backward);
     /* the all-reduce stream is the compute stream unless a unit is hybrid */
     fs->all_reduce = fs->compute;
     if (status == FSDP_OK && fs->any_hybrid)
-        status = dev->ops->stream_create(dev, "all_reduce", 0, &fs->all_reduce);
+        status = fsdp_dev_stream_create(dev, "all_reduce", 0, &fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
 
@@ -327,9 +327,9 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
     }
     if (fs->cfg.cpu_offload && fs->sync_gradients) {
         /* H.1: the host optimizer reads the offloaded gradients */
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->post_backward);
+            status = fsdp_dev_stream_synchronize(dev, fs->post_backward);
         if (status != FSDP_OK)
             return status;
     }
