@@ -180,7 +180,8 @@ static int nccl_op(fsdp_reduce_op_t op, ncclRedOp_t *op_p)
     }
 }
 
-/* Checks what every collective needs and makes room in the watch ring. */
+/* Checks that the communicators still stand and makes room in the watch ring (the arguments
+ * were checked by fsdp_dev_coll_check). */
 static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const char *op,
                                 fsdp_gpu_group_t **g_p)
 {
@@ -188,10 +189,6 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     fsdp_gpu_poll_t poll;
     fsdp_status_t status;
 
-    if (g == NULL) {
-        fsdp_error("rank %d: %s: group is NULL", gdev->super.rank, op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     if (gdev->failed != FSDP_OK || g->comm == NULL) {
         fsdp_error("rank %d: %s on group %s: the communicators were aborted after an earlier "
                    "failure (%s)",
@@ -256,22 +253,6 @@ static void coll_what(char *buf, size_t size, const char *op, size_t count, fsdp
              g->super.name);
 }
 
-static fsdp_status_t coll_args(fsdp_gpu_dev_t *gdev, const char *op, const void *send,
-                               const void *recv, fsdp_dtype_t dtype, ncclDataType_t *type_p)
-{
-    if (!nccl_dtype(dtype, type_p)) {
-        fsdp_error("rank %d: %s: invalid dtype %d (f32, bf16, f16 or i32)", gdev->super.rank, op,
-                   (int)dtype);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (send == NULL || recv == NULL) {
-        fsdp_error("rank %d: %s: %s buffer is NULL", gdev->super.rank, op,
-                   send == NULL ? "send" : "recv");
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    return FSDP_OK;
-}
-
 /* The collective's trace event (status: the enqueue's), as the simulator emits it. */
 static fsdp_status_t coll_traced(fsdp_gpu_dev_t *gdev, fsdp_gpu_group_t *g,
                                  fsdp_gpu_stream_t *s, const char *name, size_t count,
@@ -311,9 +292,8 @@ fsdp_status_t fsdp_gpu_all_gather(fsdp_dev_t *dev, fsdp_group_t *group, const vo
         return status;
     if (count == 0)
         return coll_traced(gdev, g, gs, "all_gather", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "all_gather", send, recv, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
+    if (!nccl_dtype(dtype, &type))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     coll_what(what, sizeof(what), "all_gather", count, dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
@@ -343,16 +323,12 @@ fsdp_status_t fsdp_gpu_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group, cons
     status = coll_begin(gdev, group, "reduce_scatter", &g);
     if (status != FSDP_OK)
         return status;
-    if (!nccl_op(op, &nop)) {
-        fsdp_error("rank %d: reduce_scatter: invalid reduce op %d (sum, avg or max)", dev->rank,
-                   (int)op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
+    if (!nccl_op(op, &nop))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     if (count == 0)
         return coll_traced(gdev, g, gs, "reduce_scatter", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "reduce_scatter", send, recv, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
+    if (!nccl_dtype(dtype, &type))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     coll_what(what, sizeof(what), "reduce_scatter", count, dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
@@ -382,16 +358,12 @@ fsdp_status_t fsdp_gpu_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group, const vo
     status = coll_begin(gdev, group, "all_reduce", &g);
     if (status != FSDP_OK)
         return status;
-    if (!nccl_op(op, &nop)) {
-        fsdp_error("rank %d: all_reduce: invalid reduce op %d (sum, avg or max)", dev->rank,
-                   (int)op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
+    if (!nccl_op(op, &nop))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     if (count == 0)
         return coll_traced(gdev, g, gs, "all_reduce", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "all_reduce", send, recv, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
+    if (!nccl_dtype(dtype, &type))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     coll_what(what, sizeof(what), "all_reduce", count, dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
@@ -419,16 +391,10 @@ fsdp_status_t fsdp_gpu_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf
     status = coll_begin(gdev, group, "broadcast", &g);
     if (status != FSDP_OK)
         return status;
-    if (root < 0 || root >= g->super.size) {
-        fsdp_error("rank %d: broadcast on group %s: root %d is not a rank of the group (0..%d)",
-                   dev->rank, g->super.name, root, g->super.size - 1);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     if (count == 0)
         return coll_traced(gdev, g, gs, "broadcast", 0, dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, "broadcast", buf, buf, dtype, &type);
-    if (status != FSDP_OK)
-        return status;
+    if (!nccl_dtype(dtype, &type))
+        return FSDP_ERR_INTERNAL; /* fsdp_dev_coll_check lets none through */
     coll_what(what, sizeof(what), "broadcast", count, dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
@@ -603,10 +569,6 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     ncclResult_t res;
     char what[FSDP_GPU_WHAT_SIZE];
 
-    if (group_p == NULL) {
-        fsdp_error("rank %d: group_split: group_p is NULL", dev->rank);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     status = coll_begin(gdev, parent, "group_split", &p);
     if (status != FSDP_OK)
         return status;
