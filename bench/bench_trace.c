@@ -37,6 +37,7 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
 
+#include "trace/trace_hidden.h"
 #include "trace/trace_int.h"
 
 #include <inttypes.h>

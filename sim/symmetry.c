@@ -18,6 +18,7 @@
  * boundary of a unit, and the ranks just after them, cut the group into runs whose ranks hold
  * alike shards by construction, and only each run's first rank is compared; the cost is in the
  * parameters, not in the ranks, apart from writing each rank's class. */
+#include "core/core_hidden.h"
 #include "sim.h"
 
 #include <fsdp/log.h>

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/alloc_hidden.h"
 #include "test_util.h"
 
 #define KiB ((size_t)1 << 10)

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sim_hidden.h"
 #include "test_util.h"
 #include <fsdp/calibrate.h>
 

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "io/io_hidden.h"
+#include "nn/nn_hidden.h"
 #include "test_util.h"
 
 #define NL 2

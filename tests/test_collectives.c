@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/base_hidden.h"
 #include "test_util.h"
 
 static const int worlds[] = {1, 2, 3, 4, 8};

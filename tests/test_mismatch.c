@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define MAX_RANKS 64

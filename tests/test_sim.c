@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
+#include "sim_hidden.h"
 #include "test_util.h"
 
 static fsdp_test_failure_t failure;

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc/alloc_hidden.h"
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define MAXU 8

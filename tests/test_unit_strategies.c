@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "runtime_test.h"
 
 /* A model of four units, each parameter w with loss 0.5 |w - t_r|^2 on rank r: the averaged

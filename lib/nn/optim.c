@@ -13,6 +13,8 @@
  */
 #include "config.h"
 
+#include "nn/nn_int.h"
+
 #include <stdlib.h>
 #include <string.h>
 
