@@ -105,43 +105,42 @@ static size_t coll_count(fsdp_sim_coll_kind_t kind, size_t size, int n)
 static fsdp_status_t run_coll(fsdp_dev_t *dev, fsdp_sim_coll_kind_t kind, void *send, void *recv,
                               size_t count)
 {
-    const fsdp_backend_ops_t *o = dev->ops;
-    fsdp_group_t *w = o->group_world(dev);
+    fsdp_group_t *w = fsdp_dev_group_world(dev);
 
     switch (kind) {
     case FSDP_SIM_COLL_ALL_GATHER:
-        return o->all_gather(dev, w, send, recv, count, FSDP_DTYPE_F32, NULL);
+        return fsdp_dev_all_gather(dev, w, send, recv, count, FSDP_DTYPE_F32, NULL);
     case FSDP_SIM_COLL_REDUCE_SCATTER:
-        return o->reduce_scatter(dev, w, send, recv, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        return fsdp_dev_reduce_scatter(dev, w, send, recv, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                       NULL);
     case FSDP_SIM_COLL_ALL_REDUCE:
-        return o->all_reduce(dev, w, send, recv, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        return fsdp_dev_all_reduce(dev, w, send, recv, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                   NULL);
     default:
-        return o->broadcast(dev, w, recv, count, FSDP_DTYPE_F32, 0, NULL);
+        return fsdp_dev_broadcast(dev, w, recv, count, FSDP_DTYPE_F32, 0, NULL);
     }
 }
 
 /* The mean over ranks of a host value, through the device. */
 static fsdp_status_t rank_mean(fsdp_dev_t *dev, float *dbuf, double *value)
 {
-    const fsdp_backend_ops_t *o = dev->ops;
     float v = (float)*value;
     fsdp_status_t st;
 
-    st = o->memcpy_async(dev, dbuf, &v, sizeof(v), NULL);
+    st = fsdp_dev_memcpy_async(dev, dbuf, &v, sizeof(v), NULL);
     if (st == FSDP_OK)
-        st = o->all_reduce(dev, o->group_world(dev), dbuf, dbuf, 1, FSDP_DTYPE_F32,
-                           FSDP_REDUCE_AVG, NULL);
+        st = fsdp_dev_all_reduce(dev, fsdp_dev_group_world(dev), dbuf, dbuf, 1, FSDP_DTYPE_F32,
+                                 FSDP_REDUCE_AVG, NULL);
     if (st == FSDP_OK)
-        st = o->memcpy_async(dev, &v, dbuf, sizeof(v), NULL);
+        st = fsdp_dev_memcpy_async(dev, &v, dbuf, sizeof(v), NULL);
     if (st == FSDP_OK)
-        st = o->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     *value = v;
     return st;
 }
 
 static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
 {
-    const fsdp_backend_ops_t *o = dev->ops;
     const int n = dev->world_size;
     const size_t max = b->quick ? (size_t)64 << 20 : (size_t)1 << 30;
     const size_t factor = b->quick ? 4 : 2;
@@ -149,11 +148,11 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
     float *dbuf = NULL;
     fsdp_status_t st;
 
-    st = o->segment_alloc(dev, FSDP_MEMKIND_DEVICE, max, &send);
+    st = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, max, &send);
     if (st == FSDP_OK)
-        st = o->segment_alloc(dev, FSDP_MEMKIND_DEVICE, max, &recv);
+        st = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, max, &recv);
     if (st == FSDP_OK)
-        st = o->segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(float), (void **)&dbuf);
+        st = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(float), (void **)&dbuf);
     if (st == FSDP_OK && dev->rank == 0)
         printf("%d rank%s on %d node%s; simulated: profile %s\n"
                "%-15s %12s %12s %10s %10s %10s %10s %8s\n",
@@ -176,15 +175,15 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
             for (int i = 0; i < WARMUP && st == FSDP_OK; i++)
                 st = run_coll(dev, kinds[k], send, recv, count);
             if (st == FSDP_OK)
-                st = o->stream_synchronize(dev, NULL);
+                st = fsdp_dev_stream_synchronize(dev, NULL);
             if (st == FSDP_OK)
-                st = o->barrier(dev, o->group_world(dev));
-            t0 = o->host_time(dev);
+                st = fsdp_dev_barrier(dev, fsdp_dev_group_world(dev));
+            t0 = fsdp_dev_host_time(dev);
             for (int i = 0; i < ITERS && st == FSDP_OK; i++)
                 st = run_coll(dev, kinds[k], send, recv, count);
             if (st == FSDP_OK)
-                st = o->stream_synchronize(dev, NULL);
-            t = (o->host_time(dev) - t0) / ITERS;
+                st = fsdp_dev_stream_synchronize(dev, NULL);
+            t = (fsdp_dev_host_time(dev) - t0) / ITERS;
             if (st == FSDP_OK)
                 st = rank_mean(dev, dbuf, &t);
             if (st != FSDP_OK || dev->rank != 0)
@@ -204,9 +203,9 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, const bench_t *b)
      * and launch cost (8-12 us measured on an H200), which the multi-GPU model does not cover */
     if (st == FSDP_OK && dev->rank == 0 && n == 1)
         printf("one rank: no model error is reported; a second GPU gives the multi-GPU cases\n");
-    o->segment_free(dev, FSDP_MEMKIND_DEVICE, dbuf);
-    o->segment_free(dev, FSDP_MEMKIND_DEVICE, recv);
-    o->segment_free(dev, FSDP_MEMKIND_DEVICE, send);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, dbuf);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, recv);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, send);
     return st;
 }
 

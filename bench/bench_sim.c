@@ -214,25 +214,25 @@ static fsdp_status_t bench_rank(fsdp_dev_t *dev, void *arg)
      * between that barrier and the one after them is the steps' cost, whatever runs the ranks
      * (threads or fibers) */
     if (st == FSDP_OK && b->x != NULL)
-        st = dev->ops->barrier(dev, dev->ops->group_world(dev));
+        st = fsdp_dev_barrier(dev, fsdp_dev_group_world(dev));
     if (dev->rank == 0)
         b->steps_cpu = -cpu_now();
     fsdp_sim_time_reset(dev);
-    t0 = dev->ops->host_time(dev);
+    t0 = fsdp_dev_host_time(dev);
     for (int step = 0; step < b->steps && st == FSDP_OK; step++)
         st = bench_step(b, fs, mlp, gpt, opt, tokens, x, y);
     if (st == FSDP_OK)
-        st = dev->ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     if (st == FSDP_OK)
         st = fsdp_sim_time_stats(dev, &ts);
     if (st == FSDP_OK) {
         fsdp_mem_get_stats(fsdp_memory(fs), &ms);
         b->ops[dev->rank] = ts.n_kernels + ts.n_copies + ts.n_colls;
-        b->step_time[dev->rank] = dev->ops->host_time(dev) - t0;
+        b->step_time[dev->rank] = fsdp_dev_host_time(dev) - t0;
         b->peak_reserved[dev->rank] = ms.peak_reserved;
     }
     if (st == FSDP_OK && b->x != NULL)
-        st = dev->ops->barrier(dev, dev->ops->group_world(dev));
+        st = fsdp_dev_barrier(dev, fsdp_dev_group_world(dev));
     if (dev->rank == 0)
         b->steps_cpu += cpu_now();
     fsdp_optim_destroy(opt);

@@ -37,6 +37,7 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
 
+#include "trace/trace_hidden.h"
 #include "trace/trace_int.h"
 
 #include <inttypes.h>
@@ -353,7 +354,7 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
             status = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
         if (traced) {
             fsdp_mem_get_stats(fsdp_memory(fs), &mem);
             fsdp_trace_step(dev, s, loss, 0.0, &mem);

@@ -69,8 +69,8 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     for (int s = 0; s <= r->steps && st == FSDP_OK; s++) {
         float loss;
         if (s == 1) {
-            st = dev->ops->stream_synchronize(dev, NULL);
-            t0 = dev->ops->host_time(dev);
+            st = fsdp_dev_stream_synchronize(dev, NULL);
+            t0 = fsdp_dev_host_time(dev);
         }
         if (st == FSDP_OK)
             st = fsdp_lm_forward_backward(m, tokens, tokens, r->rows, r->seq, &loss);
@@ -79,9 +79,9 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
         fsdp_zero_grad(fs);
     }
     if (st == FSDP_OK)
-        st = dev->ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     if (st == FSDP_OK && dev->rank == 0) {
-        r->step_s = (dev->ops->host_time(dev) - t0) / r->steps;
+        r->step_s = (fsdp_dev_host_time(dev) - t0) / r->steps;
         fsdp_mem_get_stats(fsdp_memory(fs), &ms);
         r->peak_allocated = ms.peak_allocated;
         r->peak_reserved = ms.peak_reserved;

@@ -94,7 +94,7 @@ static fsdp_status_t linear_forward(fsdp_dev_t *dev, fsdp_stream_t *s, fsdp_unit
     k.u.gemm.ldc = out;
     k.u.gemm.epilogue.bias = fsdp_unit_param(u, 1);
     k.u.gemm.epilogue.act = relu ? FSDP_ACT_RELU : FSDP_ACT_NONE;
-    return dev->ops->kernel(dev, s, &k);
+    return fsdp_dev_kernel(dev, s, &k);
 }
 
 /* Given dy [rows, out]: dW += dy^T x, db += column sums of dy, and dx = dy @ W (when dx is not
@@ -124,7 +124,7 @@ static fsdp_status_t linear_backward(fsdp_dev_t *dev, fsdp_stream_t *s, fsdp_uni
     k.u.gemm.beta = 1.0f; /* gradients accumulate, as autograd's */
     k.u.gemm.c = dw;
     k.u.gemm.ldc = in;
-    status = dev->ops->kernel(dev, s, &k);
+    status = fsdp_dev_kernel(dev, s, &k);
     if (status != FSDP_OK)
         return status;
     k = (fsdp_kernel_t){.kind = FSDP_K_BIAS_GRAD};
@@ -132,7 +132,7 @@ static fsdp_status_t linear_backward(fsdp_dev_t *dev, fsdp_stream_t *s, fsdp_uni
     k.u.bias_grad.dy = dy;
     k.u.bias_grad.rows = ROWS;
     k.u.bias_grad.cols = out;
-    status = dev->ops->kernel(dev, s, &k);
+    status = fsdp_dev_kernel(dev, s, &k);
     if (status != FSDP_OK || dx == NULL)
         return status;
     k = (fsdp_kernel_t){.kind = FSDP_K_GEMM};
@@ -146,7 +146,7 @@ static fsdp_status_t linear_backward(fsdp_dev_t *dev, fsdp_stream_t *s, fsdp_uni
     k.u.gemm.ldb = in;
     k.u.gemm.c = dx;
     k.u.gemm.ldc = in;
-    status = dev->ops->kernel(dev, s, &k);
+    status = fsdp_dev_kernel(dev, s, &k);
     if (status != FSDP_OK)
         return status;
     k = (fsdp_kernel_t){.kind = FSDP_K_RELU_BWD};
@@ -154,7 +154,7 @@ static fsdp_status_t linear_backward(fsdp_dev_t *dev, fsdp_stream_t *s, fsdp_uni
     k.u.relu_bwd.dy = dx;
     k.u.relu_bwd.y = x;
     k.u.relu_bwd.n = ROWS * in;
-    return dev->ops->kernel(dev, s, &k);
+    return fsdp_dev_kernel(dev, s, &k);
 }
 
 /* This rank's rows of a step: x uniform, y = a fixed linear map of x (what the model learns). */
@@ -200,9 +200,9 @@ static fsdp_status_t train_step(fsdp_dev_t *dev, model_t *m, const float *hx, co
     ALLOC(loss, 1, FSDP_MEM_TEMPORARY);
 #undef ALLOC
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, x, hx, ROWS * IN * sizeof(float), s);
+        status = fsdp_dev_memcpy_async(dev, x, hx, ROWS * IN * sizeof(float), s);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, t, hy, ROWS * OUT * sizeof(float), s);
+        status = fsdp_dev_memcpy_async(dev, t, hy, ROWS * OUT * sizeof(float), s);
 
     /* forward: the children's hooks nest inside the root's */
     if (status == FSDP_OK)
@@ -230,7 +230,7 @@ static fsdp_status_t train_step(fsdp_dev_t *dev, model_t *m, const float *hx, co
     k.u.mse.n = ROWS * OUT;
     k.u.mse.denom = ROWS * OUT;
     if (status == FSDP_OK)
-        status = dev->ops->kernel(dev, s, &k);
+        status = fsdp_dev_kernel(dev, s, &k);
     if (status == FSDP_OK)
         status = fsdp_pre_backward(m->root);
     if (status == FSDP_OK)
@@ -252,12 +252,12 @@ static fsdp_status_t train_step(fsdp_dev_t *dev, model_t *m, const float *hx, co
 
     /* the mean loss over the ranks, back to the host */
     if (status == FSDP_OK)
-        status = dev->ops->all_reduce(dev, dev->ops->group_world(dev), loss, loss, 1,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_AVG, s);
+        status = fsdp_dev_all_reduce(dev, fsdp_dev_group_world(dev), loss, loss, 1, FSDP_DTYPE_F32,
+                                     FSDP_REDUCE_AVG, s);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, loss_p, loss, sizeof(float), s);
+        status = fsdp_dev_memcpy_async(dev, loss_p, loss, sizeof(float), s);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, s);
+        status = fsdp_dev_stream_synchronize(dev, s);
     fsdp_mem_free(mem, loss);
     fsdp_mem_free(mem, dh);
     fsdp_mem_free(mem, dy);

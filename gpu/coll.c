@@ -180,7 +180,8 @@ static int nccl_op(fsdp_reduce_op_t op, ncclRedOp_t *op_p)
     }
 }
 
-/* Checks what every collective needs and makes room in the watch ring. */
+/* Checks that the communicators still stand and makes room in the watch ring (the arguments
+ * were checked by fsdp_dev_coll_check). */
 static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const char *op,
                                 fsdp_gpu_group_t **g_p)
 {
@@ -188,10 +189,6 @@ static fsdp_status_t coll_begin(fsdp_gpu_dev_t *gdev, fsdp_group_t *group, const
     fsdp_gpu_poll_t poll;
     fsdp_status_t status;
 
-    if (g == NULL) {
-        fsdp_error("rank %d: %s: group is NULL", gdev->super.rank, op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     if (gdev->failed != FSDP_OK || g->comm == NULL) {
         fsdp_error("rank %d: %s on group %s: the communicators were aborted after an earlier "
                    "failure (%s)",
@@ -254,22 +251,6 @@ static void coll_what(char *buf, size_t size, const char *op, size_t count, fsdp
 {
     snprintf(buf, size, "%s(count %zu, %s) on group %s", op, count, fsdp_dtype_name(dtype),
              g->super.name);
-}
-
-static fsdp_status_t coll_args(fsdp_gpu_dev_t *gdev, const char *op, const void *send,
-                               const void *recv, fsdp_dtype_t dtype, ncclDataType_t *type_p)
-{
-    if (!nccl_dtype(dtype, type_p)) {
-        fsdp_error("rank %d: %s: invalid dtype %d (f32, bf16, f16 or i32)", gdev->super.rank, op,
-                   (int)dtype);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (send == NULL || recv == NULL) {
-        fsdp_error("rank %d: %s: %s buffer is NULL", gdev->super.rank, op,
-                   send == NULL ? "send" : "recv");
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    return FSDP_OK;
 }
 
 /* The collective's trace event (status: the enqueue's), as the simulator emits it. */
@@ -337,8 +318,8 @@ static ncclResult_t coll_enqueue(const coll_call_t *c, ncclDataType_t type, nccl
     return ncclInvalidArgument;
 }
 
-/* Runs a collective on a stream: its op and root are checked before a count of 0 returns
- * (traced), its dtype and buffers after; then it is ordered after another communicator's
+/* Runs a collective on a stream, its arguments checked by fsdp_dev_coll_check before the
+ * backend is called: a count of 0 returns (traced); then it is ordered after another communicator's
  * collective (coll_order), timed on its stream, enqueued, watched (coll_end) and traced. */
 static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stream_t *stream,
                                  const coll_call_t *c)
@@ -359,21 +340,13 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
     status = coll_begin(gdev, group, name, &g);
     if (status != FSDP_OK)
         return status;
-    if (coll_kinds[c->kind].reduces && !nccl_op(c->op, &nop)) {
-        fsdp_error("rank %d: %s: invalid reduce op %d (sum, avg or max)", dev->rank, name,
-                   (int)c->op);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    if (c->kind == COLL_BROADCAST && (c->root < 0 || c->root >= g->super.size)) {
-        fsdp_error("rank %d: broadcast on group %s: root %d is not a rank of the group (0..%d)",
-                   dev->rank, g->super.name, c->root, g->super.size - 1);
-        return FSDP_ERR_INVALID_PARAM;
-    }
+    /* the op, the root, the dtype and the buffers were checked by fsdp_dev_coll_check */
+    if (coll_kinds[c->kind].reduces && !nccl_op(c->op, &nop))
+        return FSDP_ERR_INTERNAL;
     if (c->count == 0)
         return coll_traced(gdev, g, gs, name, 0, c->dtype, host, NULL, FSDP_OK);
-    status = coll_args(gdev, name, c->send, c->recv, c->dtype, &type);
-    if (status != FSDP_OK)
-        return status;
+    if (!nccl_dtype(c->dtype, &type))
+        return FSDP_ERR_INTERNAL;
     coll_what(what, sizeof(what), name, c->count, c->dtype, g);
     status = coll_order(gdev, g, s);
     if (status != FSDP_OK)
@@ -583,10 +556,6 @@ fsdp_status_t fsdp_gpu_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     ncclResult_t res;
     char what[FSDP_GPU_WHAT_SIZE];
 
-    if (group_p == NULL) {
-        fsdp_error("rank %d: group_split: group_p is NULL", dev->rank);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     status = coll_begin(gdev, parent, "group_split", &p);
     if (status != FSDP_OK)
         return status;

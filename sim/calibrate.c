@@ -1,6 +1,10 @@
 /* A cluster profile fitted to a trace (include/fsdp/calibrate.h says what and how), for
- * fsdp-trace calibrate. Reads the trace through the public reader; prices nothing itself but
- * through the sim's public cost functions (fsdp_sim_coll_time for the algorithm NCCL picks). */
+ * fsdp-trace calibrate. Reads the trace through the trace reader; prices nothing itself but
+ * through the sim's cost functions (fsdp_sim_coll_time for the algorithm NCCL picks). */
+
+#include "sim_hidden.h"
+#include "trace/trace_hidden.h"
+
 #include <fsdp/calibrate.h>
 
 #include <fsdp/kernel.h>

@@ -1,5 +1,6 @@
-/* The sim's group and collective slots of the ops table: argument checks, the calls they
- * deposit in the rendezvous (pg.c), and how the virtual clocks move around them.
+/* The sim's group and collective slots of the ops table: the calls they deposit in the
+ * rendezvous (pg.c), and how the virtual clocks move around them (fsdp_dev_coll_check has
+ * checked their arguments).
  *
  * Collectives on data are stream-ordered: one starts when the last member's stream is ready
  * for it, and the caller's stream continues after its end. barrier and group_split block the
@@ -7,17 +8,16 @@
  */
 #include "sim.h"
 
-#include <stdint.h>
-
 static fsdp_status_t group_get(fsdp_sim_dev_t *d, fsdp_group_t *group, const char *what,
                                fsdp_sim_group_t **group_p)
 {
     fsdp_sim_group_t *h = (fsdp_sim_group_t *)group;
 
-    if (h == NULL || h->dev != d)
+    if (h->dev != d)
         return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                               "%s: the group %s; pass one of this rank's groups", what,
-                               h == NULL ? "is NULL" : "belongs to another rank");
+                               "%s: the group belongs to another rank; pass one of this rank's "
+                               "groups",
+                               what);
     *group_p = h;
     return FSDP_OK;
 }
@@ -38,8 +38,6 @@ fsdp_status_t fsdp_sim_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int co
     status = group_get(d, parent, "group_split", &h);
     if (status != FSDP_OK)
         return status;
-    if (group_p == NULL)
-        return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM, "group_split: group_p is NULL");
     /* Like a communicator split on hardware, this blocks the host. */
     call.ready = d->host_clock;
     status = fsdp_sim_coll_run(d, h, &call);
@@ -66,52 +64,21 @@ void fsdp_sim_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group)
     fsdp_sim_group_release(h);
 }
 
-/* Checks shared by the data collectives; on success the call is ready to deposit. */
+/* The group and stream of a data collective, whose arguments fsdp_dev_coll_check has checked
+ * (backend.h); on success the call is ready to deposit. */
 static fsdp_status_t coll_prepare(fsdp_sim_dev_t *d, fsdp_group_t *group, fsdp_stream_t *stream,
                                   fsdp_sim_call_t *call, fsdp_sim_group_t **group_p,
                                   fsdp_sim_stream_t **stream_p)
 {
-    const char *name = fsdp_sim_coll_name(call->kind);
-    size_t es = fsdp_dtype_size(call->dtype);
     fsdp_sim_group_t *h = NULL;
     fsdp_status_t status;
-    size_t n;
 
-    status = group_get(d, group, name, &h);
+    status = group_get(d, group, fsdp_sim_coll_name(call->kind), &h);
     if (status != FSDP_OK)
         return status;
     status = fsdp_sim_stream_get(d, stream, stream_p);
     if (status != FSDP_OK)
         return status;
-    if (es == 0)
-        return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                               "%s on group %s: dtype %d is not one of f32, bf16, f16, i32",
-                               name, h->super.name, (int)call->dtype);
-    if (call->kind == FSDP_SIM_COLL_REDUCE_SCATTER || call->kind == FSDP_SIM_COLL_ALL_REDUCE) {
-        if ((int)call->op < 0 || call->op >= FSDP_REDUCE_COUNT)
-            return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                                   "%s on group %s: reduce op %d is not sum, avg or max", name,
-                                   h->super.name, (int)call->op);
-        if (call->op == FSDP_REDUCE_AVG && call->dtype == FSDP_DTYPE_I32)
-            return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                                   "%s on group %s: avg needs a floating-point dtype, not i32",
-                                   name, h->super.name);
-    }
-    if (call->kind == FSDP_SIM_COLL_BROADCAST && (call->root < 0 || call->root >= h->super.size))
-        return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                               "broadcast on group %s: root %d is not a group rank in [0, %d)",
-                               h->super.name, call->root, h->super.size);
-    /* The largest buffer (all_gather's recv, reduce_scatter's send) is count * size elements. */
-    n = call->count;
-    if (n > SIZE_MAX / es / (size_t)h->super.size)
-        return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                               "%s on group %s: count %zu overflows a buffer size", name,
-                               h->super.name, n);
-    if (n > 0 && !fsdp_sim_is_shape(d) &&
-        ((call->kind != FSDP_SIM_COLL_BROADCAST && call->send == NULL) || call->recv == NULL))
-        return fsdp_sim_errorf(d, FSDP_ERR_INVALID_PARAM,
-                               "%s on group %s: NULL buffer for count %zu", name, h->super.name,
-                               n);
     call->ready = fsdp_sim_stream_ready(d, *stream_p);
     *group_p = h;
     return FSDP_OK;

@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "base/base_hidden.h"
+#include "sim_hidden.h"
 #include "sim_kernels.h"
 
 typedef struct fsdp_sim_world fsdp_sim_world_t;

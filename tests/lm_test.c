@@ -1,5 +1,6 @@
 /* Helpers of the language-model tests (lm_test.h). */
 #include "lm_test.h"
+#include "core/core_hidden.h"
 
 #include <CUnit/Basic.h>
 #include <stdlib.h>

@@ -1,5 +1,6 @@
 /* The MLP of the runtime tests: its single-process reference and its FSDP run (mlp_ref.h). */
 #include "mlp_ref.h"
+#include "core/core_hidden.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/alloc_hidden.h"
 #include "test_util.h"
 
 #define KiB ((size_t)1 << 10)
@@ -44,13 +45,13 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
     const body_t *body = arg;
     env_t env = {.dev = dev};
 
-    env.s0 = dev->ops->compute_stream(dev);
-    CHECK_OK(dev->ops->stream_create(dev, "side1", 0, &env.s1));
-    CHECK_OK(dev->ops->stream_create(dev, "side2", 0, &env.s2));
+    env.s0 = fsdp_dev_compute_stream(dev);
+    CHECK_OK(fsdp_dev_stream_create(dev, "side1", 0, &env.s1));
+    CHECK_OK(fsdp_dev_stream_create(dev, "side2", 0, &env.s2));
     if (env.s1 != NULL && env.s2 != NULL)
         body->func(&env);
-    dev->ops->stream_destroy(dev, env.s2);
-    dev->ops->stream_destroy(dev, env.s1);
+    fsdp_dev_stream_destroy(dev, env.s2);
+    fsdp_dev_stream_destroy(dev, env.s1);
     return FSDP_OK;
 }
 
@@ -708,7 +709,7 @@ static fsdp_status_t gate_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind, si
     g->n_segment_alloc++;
     if (g->fail_segments)
         return FSDP_ERR_OUT_OF_MEMORY;
-    return g->inner->ops->segment_alloc(g->inner, kind, bytes, ptr_p);
+    return fsdp_dev_segment_alloc(g->inner, kind, bytes, ptr_p);
 }
 
 static void gate_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
@@ -745,7 +746,7 @@ static fsdp_status_t gate_event_record(fsdp_dev_t *dev, fsdp_event_t *event, fsd
 static fsdp_status_t gate_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)
 {
     gate_dev_t *g = (gate_dev_t *)dev;
-    fsdp_status_t status = g->inner->ops->event_query(g->inner, event, done_p);
+    fsdp_status_t status = fsdp_dev_event_query(g->inner, event, done_p);
 
     g->n_query++;
     if (status == FSDP_OK && !g->open)

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "sim_hidden.h"
 #include "test_util.h"
 
 static void test_status_strings(void)

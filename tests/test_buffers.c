@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "runtime_test.h"
 
 #define BF_WORLD 4

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sim_hidden.h"
 #include "test_util.h"
 #include <fsdp/calibrate.h>
 
@@ -94,31 +95,30 @@ static fsdp_status_t gemm(fsdp_dev_t *dev, size_t m, size_t n, size_t k, fsdp_dt
     g.u.gemm.ldc = n;
     g.u.gemm.alpha = 1.0f;
     g.u.gemm.a_dtype = g.u.gemm.b_dtype = g.u.gemm.c_dtype = dtype;
-    return dev->ops->kernel(dev, NULL, &g);
+    return fsdp_dev_kernel(dev, NULL, &g);
 }
 
 static fsdp_status_t issue(fsdp_dev_t *dev, fsdp_group_t *g, size_t count)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
 
-    TRY("all_gather", ops->all_gather(dev, g, NULL, NULL, count, FSDP_DTYPE_BF16, NULL));
-    TRY("reduce_scatter", ops->reduce_scatter(dev, g, NULL, NULL, count, FSDP_DTYPE_F32,
-                                              FSDP_REDUCE_SUM, NULL));
-    TRY("all_reduce", ops->all_reduce(dev, g, NULL, NULL, count, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+    TRY("all_gather", fsdp_dev_all_gather(dev, g, NULL, NULL, count, FSDP_DTYPE_BF16, NULL));
+    TRY("reduce_scatter",
+        fsdp_dev_reduce_scatter(dev, g, NULL, NULL, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+    TRY("all_reduce",
+        fsdp_dev_all_reduce(dev, g, NULL, NULL, count, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
     return FSDP_OK;
 }
 
 static fsdp_status_t calib_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
-    fsdp_group_t *world = ops->group_world(dev), *node = NULL, *cross2 = NULL, *cross1 = NULL;
+    fsdp_group_t *world = fsdp_dev_group_world(dev), *node = NULL, *cross2 = NULL, *cross1 = NULL;
     static const size_t counts[] = {256, 4096, 65536, 1u << 20, 3u << 20};
 
     TRY("attach", fsdp_trace_attach(arg, dev));
-    TRY("split node", ops->group_split(dev, world, dev->rank / PER_NODE, dev->rank, &node));
-    TRY("split cross2", ops->group_split(dev, world, 10 + dev->rank % 2, dev->rank, &cross2));
-    TRY("split cross1", ops->group_split(dev, world, 20 + dev->rank % PER_NODE, dev->rank, &cross1));
+    TRY("split node", fsdp_dev_group_split(dev, world, dev->rank / PER_NODE, dev->rank, &node));
+    TRY("split cross2", fsdp_dev_group_split(dev, world, 10 + dev->rank % 2, dev->rank, &cross2));
+    TRY("split cross1",
+        fsdp_dev_group_split(dev, world, 20 + dev->rank % PER_NODE, dev->rank, &cross1));
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
         fsdp_kernel_t k;
         TRY("world", issue(dev, world, counts[i]));
@@ -130,26 +130,26 @@ static fsdp_status_t calib_rank(fsdp_dev_t *dev, void *arg)
         k.u.axpy.y_dtype = k.u.axpy.x_dtype = FSDP_DTYPE_F32;
         k.u.axpy.n = counts[i] * 3;
         k.u.axpy.alpha = 1.0f;
-        TRY("axpy", ops->kernel(dev, NULL, &k));
+        TRY("axpy", fsdp_dev_kernel(dev, NULL, &k));
         memset(&k, 0, sizeof(k));
         k.kind = FSDP_K_RELU_FWD;
         k.u.relu_fwd.y_dtype = k.u.relu_fwd.x_dtype = FSDP_DTYPE_BF16;
         k.u.relu_fwd.n = counts[i] * 5;
-        TRY("relu", ops->kernel(dev, NULL, &k));
+        TRY("relu", fsdp_dev_kernel(dev, NULL, &k));
         memset(&k, 0, sizeof(k));
         k.kind = FSDP_K_GELU_FWD;
         k.u.gelu_fwd.n = counts[i] * 2;
-        TRY("gelu", ops->kernel(dev, NULL, &k));
+        TRY("gelu", fsdp_dev_kernel(dev, NULL, &k));
     }
     for (size_t s = 32; s <= 4096; s *= 4) {
         TRY("gemm f32", gemm(dev, s, 2 * s, s, FSDP_DTYPE_F32));
         TRY("gemm bf16", gemm(dev, s, s, 3 * s, FSDP_DTYPE_BF16));
         TRY("gemm f16", gemm(dev, 2 * s, s, s, FSDP_DTYPE_F16));
     }
-    TRY("sync", ops->stream_synchronize(dev, NULL));
-    ops->group_destroy(dev, cross1);
-    ops->group_destroy(dev, cross2);
-    ops->group_destroy(dev, node);
+    TRY("sync", fsdp_dev_stream_synchronize(dev, NULL));
+    fsdp_dev_group_destroy(dev, cross1);
+    fsdp_dev_group_destroy(dev, cross2);
+    fsdp_dev_group_destroy(dev, node);
     fsdp_trace_detach(dev);
     return FSDP_OK;
 }

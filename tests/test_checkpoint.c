@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "io/io_hidden.h"
+#include "nn/nn_hidden.h"
 #include "test_util.h"
 
 #define NL 2
@@ -96,8 +98,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
                                     (void **)&dloss);
         if (status == FSDP_OK) {
             *dloss = loss;
-            status = dev->ops->all_reduce(dev, dev->ops->group_world(dev), dloss, dloss, 1,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
+            status = fsdp_dev_all_reduce(dev, fsdp_dev_group_world(dev), dloss, dloss, 1,
+                                         FSDP_DTYPE_F32, FSDP_REDUCE_AVG, fsdp_compute_stream(fs));
             if (dev->rank == 0)
                 j->losses[s] = *dloss;
         }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/base_hidden.h"
 #include "test_util.h"
 
 static const int worlds[] = {1, 2, 3, 4, 8};
@@ -115,14 +116,14 @@ static int same_elem(const void *a, size_t i, const void *b, size_t j, size_t es
 static void *dev_alloc(fsdp_dev_t *dev, size_t bytes)
 {
     void *p = NULL;
-    if (dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p) != FSDP_OK)
+    if (fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p) != FSDP_OK)
         return NULL;
     return p;
 }
 
 static void dev_free(fsdp_dev_t *dev, void *p)
 {
-    dev->ops->segment_free(dev, FSDP_MEMKIND_DEVICE, p);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, p);
 }
 
 /* ---- the collectives on the world ------------------------------------------------------ */
@@ -130,7 +131,7 @@ static void dev_free(fsdp_dev_t *dev, void *p)
 static fsdp_status_t rank_all_gather(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *g = dev->ops->group_world(dev);
+    fsdp_group_t *g = fsdp_dev_group_world(dev);
     int W = g->size;
 
     for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
@@ -144,7 +145,7 @@ static fsdp_status_t rank_all_gather(fsdp_dev_t *dev, void *arg)
                 put(send, dt, i, input(dt, dev->rank, i));
             memset(recv, 0xa5, n * es * W);
             FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                                 dev->ops->all_gather(dev, g, send, recv, n, dt, NULL));
+                                 fsdp_dev_all_gather(dev, g, send, recv, n, dt, NULL));
             for (int r = 0; r < W; r++) {
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, r, i));
@@ -160,7 +161,7 @@ static fsdp_status_t rank_all_gather(fsdp_dev_t *dev, void *arg)
                 put(recv + dev->rank * n * es, dt, i, input(dt, dev->rank, i));
             FSDP_RANK_REQUIRE_OK(
                 &c->fail, dev,
-                dev->ops->all_gather(dev, g, recv + dev->rank * n * es, recv, n, dt, NULL));
+                fsdp_dev_all_gather(dev, g, recv + dev->rank * n * es, recv, n, dt, NULL));
             for (int r = 0; r < W; r++) {
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, r, i));
@@ -188,7 +189,7 @@ static int op_applies(fsdp_dtype_t dt, fsdp_reduce_op_t op)
 static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *g = dev->ops->group_world(dev);
+    fsdp_group_t *g = fsdp_dev_group_world(dev);
     int W = g->size, me = g->rank;
 
     for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
@@ -206,7 +207,7 @@ static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
                 for (size_t j = 0; j < n * W; j++)
                     put(send, dt, j, input(dt, dev->rank, j));
                 FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                                     dev->ops->reduce_scatter(dev, g, send, recv, n, dt, op, NULL));
+                                     fsdp_dev_reduce_scatter(dev, g, send, recv, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
                     expect_reduce(dt, op, W, me * n + i, want);
                     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, same_elem(recv, i, want, 0, es),
@@ -216,7 +217,7 @@ static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
                 /* in place: recv is this rank's chunk of send */
                 FSDP_RANK_REQUIRE_OK(
                     &c->fail, dev,
-                    dev->ops->reduce_scatter(dev, g, send, send + me * n * es, n, dt, op, NULL));
+                    fsdp_dev_reduce_scatter(dev, g, send, send + me * n * es, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
                     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
                                           same_elem(send, me * n + i, recv, i, es),
@@ -234,7 +235,7 @@ static fsdp_status_t rank_reduce_scatter(fsdp_dev_t *dev, void *arg)
 static fsdp_status_t rank_all_reduce(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *g = dev->ops->group_world(dev);
+    fsdp_group_t *g = fsdp_dev_group_world(dev);
     int W = g->size;
 
     for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
@@ -252,10 +253,10 @@ static fsdp_status_t rank_all_reduce(fsdp_dev_t *dev, void *arg)
                 for (size_t i = 0; i < n; i++)
                     put(send, dt, i, input(dt, dev->rank, i));
                 FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                                     dev->ops->all_reduce(dev, g, send, recv, n, dt, op, NULL));
+                                     fsdp_dev_all_reduce(dev, g, send, recv, n, dt, op, NULL));
                 /* in place */
                 FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                                     dev->ops->all_reduce(dev, g, send, send, n, dt, op, NULL));
+                                     fsdp_dev_all_reduce(dev, g, send, send, n, dt, op, NULL));
                 for (size_t i = 0; i < n; i++) {
                     expect_reduce(dt, op, W, i, want);
                     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
@@ -275,7 +276,7 @@ static fsdp_status_t rank_all_reduce(fsdp_dev_t *dev, void *arg)
 static fsdp_status_t rank_broadcast(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *g = dev->ops->group_world(dev);
+    fsdp_group_t *g = fsdp_dev_group_world(dev);
 
     for (int root = 0; root < g->size; root++) {
         for (size_t ci = 0; ci < N_ELEMS(counts); ci++) {
@@ -287,7 +288,7 @@ static fsdp_status_t rank_broadcast(fsdp_dev_t *dev, void *arg)
                 for (size_t i = 0; i < n; i++)
                     put(buf, dt, i, input(dt, g->rank == root ? root : 100 + g->rank, i));
                 FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                                     dev->ops->broadcast(dev, g, buf, n, dt, root, NULL));
+                                     fsdp_dev_broadcast(dev, g, buf, n, dt, root, NULL));
                 for (size_t i = 0; i < n; i++) {
                     put(want, dt, 0, input(dt, root, i));
                     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, same_elem(buf, i, want, 0, es),
@@ -297,7 +298,7 @@ static fsdp_status_t rank_broadcast(fsdp_dev_t *dev, void *arg)
                 dev_free(dev, buf);
             }
         }
-        FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, g));
+        FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_barrier(dev, g));
     }
     return FSDP_OK;
 }
@@ -358,7 +359,7 @@ static fsdp_status_t check_group_collectives(ctx_t *c, fsdp_dev_t *dev, fsdp_gro
     float f = (float)dev->rank + 0.5f;
 
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->all_gather(dev, g, &me, all, 1, FSDP_DTYPE_I32, NULL));
+                         fsdp_dev_all_gather(dev, g, &me, all, 1, FSDP_DTYPE_I32, NULL));
     for (int i = 0; i < g->size; i++) {
         FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, all[i] == g->ranks[i],
                               "all_gather on %s slot %d holds %d, want %d", g->name, i, all[i],
@@ -367,11 +368,11 @@ static fsdp_status_t check_group_collectives(ctx_t *c, fsdp_dev_t *dev, fsdp_gro
     }
     FSDP_RANK_REQUIRE_OK(
         &c->fail, dev,
-        dev->ops->all_reduce(dev, g, &me, &me, 1, FSDP_DTYPE_I32, FSDP_REDUCE_SUM, NULL));
+        fsdp_dev_all_reduce(dev, g, &me, &me, 1, FSDP_DTYPE_I32, FSDP_REDUCE_SUM, NULL));
     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, me == sum, "sum over %s is %d, want %d", g->name, me,
                           sum);
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->broadcast(dev, g, &f, 1, FSDP_DTYPE_F32, g->size - 1, NULL));
+                         fsdp_dev_broadcast(dev, g, &f, 1, FSDP_DTYPE_F32, g->size - 1, NULL));
     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, f == (float)g->ranks[g->size - 1] + 0.5f,
                           "broadcast on %s gave %g", g->name, (double)f);
     return FSDP_OK;
@@ -380,7 +381,7 @@ static fsdp_status_t check_group_collectives(ctx_t *c, fsdp_dev_t *dev, fsdp_gro
 static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *world = dev->ops->group_world(dev), *par, *pair, *rev, *none, *nested;
+    fsdp_group_t *world = fsdp_dev_group_world(dev), *par, *pair, *rev, *none, *nested;
     int W = dev->world_size, r = dev->rank, members[8], n;
     char name[48];
     fsdp_status_t st;
@@ -390,7 +391,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         "world group is %s (%d ranks, rank %d)", world->name, world->size, world->rank);
 
     /* parity: evens and odds, ordered by global rank */
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, r % 2, r, &par));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_group_split(dev, world, r % 2, r, &par));
     n = 0;
     for (int i = r % 2; i < W; i += 2)
         members[n++] = i;
@@ -399,7 +400,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         return st;
 
     /* pairs {0,1}, {2,3}, ... */
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, r / 2, 0, &pair));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_group_split(dev, world, r / 2, 0, &pair));
     n = 0;
     for (int i = r / 2 * 2; i < W && i < r / 2 * 2 + 2; i++)
         members[n++] = i;
@@ -408,7 +409,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         return st;
 
     /* one group whose order the keys reverse */
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, world, 7, W - r, &rev));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_group_split(dev, world, 7, W - r, &rev));
     for (int i = 0; i < W; i++)
         members[i] = W - 1 - i;
     if ((st = check_group(c, dev, rev, members, W, "world/split3(7)")) != FSDP_OK)
@@ -416,7 +417,7 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
 
     /* a negative color leaves the rank out */
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, world, r == 0 ? -1 : 0, 0, &none));
+                         fsdp_dev_group_split(dev, world, r == 0 ? -1 : 0, 0, &none));
     if (r == 0) {
         FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, none == NULL, "a negative color gave a group");
     } else {
@@ -435,11 +436,11 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
             (st = check_group_collectives(c, dev, world)) != FSDP_OK)
             return st;
     }
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, par));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_barrier(dev, par));
 
     /* a split of a split: within the parity group, halves by group rank */
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, par, par->rank / 2, par->rank, &nested));
+                         fsdp_dev_group_split(dev, par, par->rank / 2, par->rank, &nested));
     n = 0;
     for (int i = par->rank / 2 * 2; i < par->size && i < par->rank / 2 * 2 + 2; i++)
         members[n++] = par->ranks[i];
@@ -448,15 +449,15 @@ static fsdp_status_t rank_split(fsdp_dev_t *dev, void *arg)
         (st = check_group_collectives(c, dev, nested)) != FSDP_OK)
         return st;
 
-    dev->ops->group_destroy(dev, nested);
-    dev->ops->group_destroy(dev, none);
-    dev->ops->group_destroy(dev, rev);
-    dev->ops->group_destroy(dev, pair);
-    dev->ops->group_destroy(dev, world); /* the backend's: a no-op */
+    fsdp_dev_group_destroy(dev, nested);
+    fsdp_dev_group_destroy(dev, none);
+    fsdp_dev_group_destroy(dev, rev);
+    fsdp_dev_group_destroy(dev, pair);
+    fsdp_dev_group_destroy(dev, world); /* the backend's: a no-op */
     /* a group stays usable by the others after one member destroyed its handle */
     if ((st = check_group_collectives(c, dev, par)) != FSDP_OK)
         return st;
-    dev->ops->group_destroy(dev, par);
+    fsdp_dev_group_destroy(dev, par);
     return check_group_collectives(c, dev, world);
 }
 
@@ -492,23 +493,23 @@ static fsdp_status_t rank_names(fsdp_dev_t *dev, void *arg)
 {
     names_ctx_t *nc = arg;
     ctx_t *c = &nc->c;
-    fsdp_group_t *world = dev->ops->group_world(dev), *g[NAMES_SLOTS];
+    fsdp_group_t *world = fsdp_dev_group_world(dev), *g[NAMES_SLOTS];
     int r = dev->rank;
 
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, world, r / 4, r, &g[0])); /* by node */
+                         fsdp_dev_group_split(dev, world, r / 4, r, &g[0])); /* by node */
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, world, r % 4, r, &g[1])); /* across nodes */
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->group_split(dev, g[0], g[0]->rank % 2, 0, &g[2]));
+                         fsdp_dev_group_split(dev, world, r % 4, r, &g[1])); /* across nodes */
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_group_split(dev, g[0], g[0]->rank % 2, 0, &g[2]));
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, g[1], 0, 0, &g[3])); /* = g[1]'s members */
+                         fsdp_dev_group_split(dev, g[1], 0, 0, &g[3])); /* = g[1]'s members */
     for (int d = 0; d < NAMES_DEPTH; d++)
         FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                             dev->ops->group_split(dev, d == 0 ? g[0] : g[3 + d], 0, 0, &g[4 + d]));
+                             fsdp_dev_group_split(dev, d == 0 ? g[0] : g[3 + d], 0, 0, &g[4 + d]));
     for (int s = 0; s < NAMES_SLOTS; s++)
         names_record(nc, dev, s, g[s]);
     for (int s = NAMES_SLOTS - 1; s >= 0; s--)
-        dev->ops->group_destroy(dev, g[s]);
+        fsdp_dev_group_destroy(dev, g[s]);
     return FSDP_OK;
 }
 
@@ -555,7 +556,7 @@ static void test_split_names(void)
 static fsdp_status_t rank_determinism(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *g = dev->ops->group_world(dev);
+    fsdp_group_t *g = fsdp_dev_group_world(dev);
     size_t n = 333, es = 2;
     uint8_t *send = dev_alloc(dev, n * es * g->size), *recv = dev_alloc(dev, n * es);
     unsigned seed = c->seed * 131u + (unsigned)dev->rank;
@@ -567,11 +568,11 @@ static fsdp_status_t rank_determinism(fsdp_dev_t *dev, void *arg)
         if (c->jitter)
             usleep(rand_r(&seed) % 2000);
         FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                             dev->ops->reduce_scatter(dev, g, send, recv, n, FSDP_DTYPE_BF16,
-                                                      k % 2 ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM,
-                                                      NULL));
+                             fsdp_dev_reduce_scatter(dev, g, send, recv, n, FSDP_DTYPE_BF16,
+                                                     k % 2 ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM,
+                                                     NULL));
         FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                             dev->ops->all_gather(dev, g, recv, send, n, FSDP_DTYPE_BF16, NULL));
+                             fsdp_dev_all_gather(dev, g, recv, send, n, FSDP_DTYPE_BF16, NULL));
     }
     memcpy(c->out[dev->rank], send, n * es * g->size);
     dev_free(dev, send);
@@ -612,28 +613,28 @@ static void test_determinism(void)
 static fsdp_status_t rank_large(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    fsdp_group_t *world = dev->ops->group_world(dev), *node;
+    fsdp_group_t *world = fsdp_dev_group_world(dev), *node;
     void *buf = NULL;
 
     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank,
                           dev->local_size == 8 && dev->local_rank == dev->rank % 8,
                           "local rank %d of %d", dev->local_rank, dev->local_size);
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, 1u << 30, &buf));
+                         fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, 1u << 30, &buf));
     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, buf != NULL, "shape-mode segment is NULL");
     /* shape mode: no data moves, fake pointers are never touched */
     FSDP_RANK_REQUIRE_OK(
-        &c->fail, dev, dev->ops->all_gather(dev, world, buf, buf, 1u << 20, FSDP_DTYPE_BF16, NULL));
+        &c->fail, dev, fsdp_dev_all_gather(dev, world, buf, buf, 1u << 20, FSDP_DTYPE_BF16, NULL));
     FSDP_RANK_REQUIRE_OK(&c->fail, dev,
-                         dev->ops->group_split(dev, world, dev->rank / 8, dev->rank, &node));
+                         fsdp_dev_group_split(dev, world, dev->rank / 8, dev->rank, &node));
     FSDP_RANK_REQUIRE_MSG(&c->fail, dev->rank, node->size == 8 && node->rank == dev->local_rank,
                           "node group %d/%d", node->rank, node->size);
     FSDP_RANK_REQUIRE_OK(
         &c->fail, dev,
-        dev->ops->reduce_scatter(dev, node, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDUCE_AVG, NULL));
-    FSDP_RANK_REQUIRE_OK(&c->fail, dev, dev->ops->barrier(dev, world));
-    dev->ops->group_destroy(dev, node);
-    dev->ops->segment_free(dev, FSDP_MEMKIND_DEVICE, buf);
+        fsdp_dev_reduce_scatter(dev, node, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDUCE_AVG, NULL));
+    FSDP_RANK_REQUIRE_OK(&c->fail, dev, fsdp_dev_barrier(dev, world));
+    fsdp_dev_group_destroy(dev, node);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, buf);
     return FSDP_OK;
 }
 

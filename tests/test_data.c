@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "corpus.h"
+#include "nn/nn_hidden.h"
 #include "test_util.h"
 
 static char tmpdir[] = "/tmp/test_data.XXXXXX";

@@ -18,7 +18,10 @@
 #include <unistd.h>
 
 #include "corpus.h"
+#include "io/io_hidden.h"
 #include "lm_test.h"
+#include "nn/nn_hidden.h"
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define NB FSDP_GPT2_BLOCK_NPARAMS

@@ -69,27 +69,27 @@ static void fill_random(void *p, fsdp_dtype_t dtype, size_t n, float lo, float h
 static void *dalloc(size_t bytes)
 {
     void *p = NULL;
-    CU_ASSERT_EQUAL_FATAL(ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, bytes, &p), FSDP_OK);
     return p;
 }
 
 static void dfree(void *p)
 {
-    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, p);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, p);
 }
 
 static void h2d(void *d, const void *h, size_t bytes)
 {
-    fsdp_stream_t *s = ops->compute_stream(dev);
-    CU_ASSERT_EQUAL_FATAL(ops->memcpy_async(dev, d, h, bytes, s), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_memcpy_async(dev, d, h, bytes, s), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_stream_synchronize(dev, s), FSDP_OK);
 }
 
 static void d2h(void *h, const void *d, size_t bytes)
 {
-    fsdp_stream_t *s = ops->compute_stream(dev);
-    CU_ASSERT_EQUAL_FATAL(ops->memcpy_async(dev, h, d, bytes, s), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_memcpy_async(dev, h, d, bytes, s), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_stream_synchronize(dev, s), FSDP_OK);
 }
 
 /* Keeps expected error lines out of the test output. */
@@ -408,7 +408,7 @@ static void run_case(kcase_t *c)
     void *got[MAX_BUFS], *init[MAX_BUFS];
     float tree = 0.0f;
     fsdp_kernel_t kd;
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
 
     for (int i = 0; i < c->nbufs; i++) {
         c->buf[i].d = dalloc(c->buf[i].bytes);
@@ -420,8 +420,8 @@ static void run_case(kcase_t *c)
         memcpy(init[i], c->buf[i].h, c->buf[i].bytes);
     }
     kd = device_kernel(c);
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &kd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_stream_synchronize(dev, s), FSDP_OK);
     for (int i = 0; i < c->nbufs; i++)
         d2h(got[i], c->buf[i].d, c->buf[i].bytes);
     if (tree_scalar(c, &tree)) {
@@ -460,7 +460,7 @@ static void test_ops_table(void)
     CU_ASSERT_EQUAL(dev->rank, 0);
     CU_ASSERT_EQUAL(dev->world_size, 1);
     CU_ASSERT_EQUAL(dev->local_size, 1);
-    CU_ASSERT_EQUAL(ops->compute_stream(dev)->id, 0);
+    CU_ASSERT_EQUAL(fsdp_dev_compute_stream(dev)->id, 0);
 }
 
 static void test_fill_cast(void)
@@ -782,7 +782,7 @@ static void test_reduction_determinism(void)
     const size_t n = 3000017;
     float *h = malloc(n * sizeof(float)), out[2];
     float *x = dalloc(n * sizeof(float)), *o = dalloc(2 * sizeof(float));
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     fsdp_kernel_t k = {.kind = FSDP_K_SUMSQ};
 
     CU_ASSERT_PTR_NOT_NULL_FATAL(h);
@@ -793,7 +793,7 @@ static void test_reduction_determinism(void)
     k.u.sumsq.n = n;
     for (int r = 0; r < 2; r++) {
         k.u.sumsq.out = o + r;
-        CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &k), FSDP_OK);
     }
     d2h(out, o, sizeof(out));
     CU_ASSERT(memcmp(&out[0], &out[1], sizeof(float)) == 0);
@@ -1030,7 +1030,7 @@ static void gemm_case(int ta, int tb, size_t m, size_t n, size_t k, size_t pad, 
     float *c = malloc(nc * sizeof(float)), *got = malloc(nc * sizeof(float));
     float *da = dalloc((na + 1) * sizeof(float)), *db = dalloc((nb + 1) * sizeof(float));
     float *dc = dalloc(nc * sizeof(float));
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
     int bad = 0;
 
@@ -1056,7 +1056,7 @@ static void gemm_case(int ta, int tb, size_t m, size_t n, size_t k, size_t pad, 
     kd.u.gemm.beta = beta;
     kd.u.gemm.c = dc;
     kd.u.gemm.ldc = ldc;
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &kd), FSDP_OK);
     d2h(got, dc, nc * sizeof(float));
 
     for (size_t i = 0; i < m; i++) {
@@ -1106,7 +1106,7 @@ static void gemm_case_lp(fsdp_dtype_t dt, fsdp_dtype_t cdt, int ta, int tb, size
     void *a = malloc(na * es), *b = malloc(nb * es), *c = malloc(nc * cs), *got = malloc(nc * cs);
     void *da = dalloc(na * es), *db = dalloc(nb * es), *dc = dalloc(nc * cs);
     double half_ulp = cdt == FSDP_DTYPE_BF16 ? 0x1p-8 : cdt == FSDP_DTYPE_F16 ? 0x1p-11 : 0.0;
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     fsdp_kernel_t kd = {.kind = FSDP_K_GEMM};
     int bad = 0;
 
@@ -1132,7 +1132,7 @@ static void gemm_case_lp(fsdp_dtype_t dt, fsdp_dtype_t cdt, int ta, int tb, size
     kd.u.gemm.ldc = ldc;
     kd.u.gemm.a_dtype = kd.u.gemm.b_dtype = dt;
     kd.u.gemm.c_dtype = cdt;
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &kd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &kd), FSDP_OK);
     d2h(got, dc, nc * cs);
 
     for (size_t i = 0; i < m; i++) {
@@ -1192,23 +1192,23 @@ static void test_gemm(void)
 
 static void test_kernel_errors(void)
 {
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     fsdp_kernel_t k = {.kind = FSDP_K_COUNT};
     int lines = 0;
 
     fsdp_log_set_handler(quiet, &lines);
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, NULL), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, NULL), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM);
     k.kind = FSDP_K_FILL;
     k.u.fill.n = 10;
     k.u.fill.dtype = FSDP_DTYPE_F32;
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* x NULL */
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* x NULL */
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_GEMM;
     k.u.gemm.m = k.u.gemm.n = k.u.gemm.k = 4;
     k.u.gemm.lda = 3;
     k.u.gemm.ldb = k.u.gemm.ldc = 4;
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* lda < K */
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &k), FSDP_ERR_INVALID_PARAM); /* lda < K */
     fsdp_log_set_handler(NULL, NULL);
     CU_ASSERT(lines >= 4);
 }
@@ -1217,28 +1217,29 @@ static void test_kernel_errors(void)
  * it (the thread's last error, which launches check, is reset). */
 static void test_error_not_inherited(void)
 {
-    fsdp_stream_t *s = ops->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     fsdp_kernel_t k = {.kind = FSDP_K_FILL};
     float host[16];
     void *x = NULL;
     int lines = 0;
 
-    CU_ASSERT_EQUAL_FATAL(ops->segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(host), &x), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, sizeof(host), &x),
+                          FSDP_OK);
     fsdp_log_set_handler(quiet, &lines);
     /* cudaFree of an address that is no allocation: cudaErrorInvalidValue, not sticky */
-    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)(uintptr_t)0x1000);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, (void *)(uintptr_t)0x1000);
     fsdp_log_set_handler(NULL, NULL);
     CU_ASSERT(lines >= 1);
     k.u.fill.x = x;
     k.u.fill.n = 16;
     k.u.fill.dtype = FSDP_DTYPE_F32;
     k.u.fill.value = 2.5f;
-    CU_ASSERT_EQUAL(ops->kernel(dev, s, &k), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->memcpy_async(dev, host, x, sizeof(host), s), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, s), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_kernel(dev, s, &k), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(dev, host, x, sizeof(host), s), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_stream_synchronize(dev, s), FSDP_OK);
     for (int i = 0; i < 16; i++)
         CU_ASSERT_EQUAL(host[i], 2.5f);
-    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, x);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, x);
 }
 
 /* ---- memory, streams, events ---- */
@@ -1246,47 +1247,47 @@ static void test_error_not_inherited(void)
 static void test_memory_streams_events(void)
 {
     const size_t n = 1 << 20;
-    fsdp_stream_t *hi = NULL, *lo = NULL, *cs = ops->compute_stream(dev);
+    fsdp_stream_t *hi = NULL, *lo = NULL, *cs = fsdp_dev_compute_stream(dev);
     fsdp_event_t *ev = NULL;
     float *pinned = NULL, *back = malloc(n * sizeof(float));
     float *d1 = dalloc(n * sizeof(float)), *d2 = dalloc(n * sizeof(float));
-    double t0 = ops->host_time(dev);
+    double t0 = fsdp_dev_host_time(dev);
     int done = 0;
 
     CU_ASSERT_PTR_NOT_NULL_FATAL(back);
     CU_ASSERT_EQUAL_FATAL(
-        ops->segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, n * sizeof(float), (void **)&pinned),
+        fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, n * sizeof(float), (void **)&pinned),
         FSDP_OK);
     for (size_t i = 0; i < n; i++)
         pinned[i] = (float)i;
-    CU_ASSERT_EQUAL_FATAL(ops->stream_create(dev, "unshard", -100, &hi), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(ops->stream_create(dev, "post_backward", 100, &lo), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_stream_create(dev, "unshard", -100, &hi), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_stream_create(dev, "post_backward", 100, &lo), FSDP_OK);
     CU_ASSERT(hi->id > 0 && lo->id > 0 && hi->id != lo->id);
     CU_ASSERT(hi->priority <= lo->priority); /* clamped to the device's range */
     CU_ASSERT_STRING_EQUAL(hi->name, "unshard");
-    CU_ASSERT_EQUAL_FATAL(ops->event_create(dev, &ev), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_event_create(dev, &ev), FSDP_OK);
 
     /* pinned -> d1 on `hi`, then d1 -> d2 on `lo` after an event, then d2 -> host. */
-    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d1, pinned, n * sizeof(float), hi), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->event_record(dev, ev, hi), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->stream_wait_event(dev, lo, ev), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d2, d1, n * sizeof(float), lo), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(dev, d1, pinned, n * sizeof(float), hi), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_event_record(dev, ev, hi), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_stream_wait_event(dev, lo, ev), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(dev, d2, d1, n * sizeof(float), lo), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_stream_wait_stream(dev, cs, lo), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->memcpy_async(dev, back, d2, n * sizeof(float), cs), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->stream_synchronize(dev, cs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(dev, back, d2, n * sizeof(float), cs), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_stream_synchronize(dev, cs), FSDP_OK);
     CU_ASSERT(memcmp(back, pinned, n * sizeof(float)) == 0);
-    CU_ASSERT_EQUAL(ops->event_synchronize(dev, ev), FSDP_OK);
-    CU_ASSERT_EQUAL(ops->event_query(dev, ev, &done), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_event_synchronize(dev, ev), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_event_query(dev, ev, &done), FSDP_OK);
     CU_ASSERT_EQUAL(done, 1);
-    CU_ASSERT_EQUAL(ops->memcpy_async(dev, d1, pinned, 0, cs), FSDP_OK);
-    CU_ASSERT(ops->host_time(dev) >= t0);
+    CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(dev, d1, pinned, 0, cs), FSDP_OK);
+    CU_ASSERT(fsdp_dev_host_time(dev) >= t0);
 
-    ops->event_destroy(dev, ev);
-    ops->stream_destroy(dev, hi);
-    ops->stream_destroy(dev, lo);
-    ops->stream_destroy(dev, cs); /* ignored: the compute stream belongs to the backend */
-    ops->segment_free(dev, FSDP_MEMKIND_HOST_PINNED, pinned);
-    ops->segment_free(dev, FSDP_MEMKIND_DEVICE, NULL);
+    fsdp_dev_event_destroy(dev, ev);
+    fsdp_dev_stream_destroy(dev, hi);
+    fsdp_dev_stream_destroy(dev, lo);
+    fsdp_dev_stream_destroy(dev, cs); /* ignored: the compute stream belongs to the backend */
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_HOST_PINNED, pinned);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, NULL);
     dfree(d1);
     dfree(d2);
     free(back);
@@ -1296,58 +1297,59 @@ static void test_memory_streams_events(void)
 
 static void check_collectives(fsdp_dev_t *d, fsdp_group_t *g)
 {
-    const fsdp_backend_ops_t *o = d->ops;
     const size_t n = 4099;
-    fsdp_stream_t *s = o->compute_stream(d);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(d);
     float *h = malloc(n * sizeof(float)), *r = malloc(n * sizeof(float));
     uint16_t *hb = malloc(n * sizeof(uint16_t)), *rb = malloc(n * sizeof(uint16_t));
     void *x = NULL, *y = NULL;
     int lines = 0;
 
     CU_ASSERT_FATAL(h != NULL && r != NULL && hb != NULL && rb != NULL);
-    CU_ASSERT_EQUAL_FATAL(o->segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &x), FSDP_OK);
-    CU_ASSERT_EQUAL_FATAL(o->segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &y), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &x), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_segment_alloc(d, FSDP_MEMKIND_DEVICE, n * 4, &y), FSDP_OK);
     fill_random(h, FSDP_DTYPE_F32, n, -5, 5);
     fill_random(hb, FSDP_DTYPE_BF16, n, -5, 5);
 
 #define ROUND_TRIP_(call, host_in, host_out, bytes)                                                \
     do {                                                                                           \
-        CU_ASSERT_EQUAL(o->memcpy_async(d, x, host_in, bytes, s), FSDP_OK);                        \
-        CU_ASSERT_EQUAL(o->memcpy_async(d, y, host_in, bytes, s), FSDP_OK);                        \
+        CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(d, x, host_in, bytes, s), FSDP_OK);                  \
+        CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(d, y, host_in, bytes, s), FSDP_OK);                  \
         CU_ASSERT_EQUAL(call, FSDP_OK);                                                            \
-        CU_ASSERT_EQUAL(o->memcpy_async(d, host_out, y, bytes, s), FSDP_OK);                       \
-        CU_ASSERT_EQUAL(o->stream_synchronize(d, s), FSDP_OK);                                     \
+        CU_ASSERT_EQUAL(fsdp_dev_memcpy_async(d, host_out, y, bytes, s), FSDP_OK);                 \
+        CU_ASSERT_EQUAL(fsdp_dev_stream_synchronize(d, s), FSDP_OK);                               \
         CU_ASSERT(memcmp(host_in, host_out, bytes) == 0);                                          \
     } while (0)
 
     /* One rank: every collective is the identity. */
-    ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_F32, s), h, r, n * 4);
-    ROUND_TRIP_(o->all_gather(d, g, x, y, n, FSDP_DTYPE_BF16, s), hb, rb, n * 2);
+    ROUND_TRIP_(fsdp_dev_all_gather(d, g, x, y, n, FSDP_DTYPE_F32, s), h, r, n * 4);
+    ROUND_TRIP_(fsdp_dev_all_gather(d, g, x, y, n, FSDP_DTYPE_BF16, s), hb, rb, n * 2);
     for (int op = 0; op < FSDP_REDUCE_COUNT; op++) {
-        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h, r,
-                    n * 4);
-        ROUND_TRIP_(o->reduce_scatter(d, g, x, y, n, FSDP_DTYPE_BF16, (fsdp_reduce_op_t)op, s), hb,
-                    rb, n * 2);
-        ROUND_TRIP_(o->all_reduce(d, g, y, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h, r,
-                    n * 4);
+        ROUND_TRIP_(fsdp_dev_reduce_scatter(d, g, x, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s),
+                    h, r, n * 4);
+        ROUND_TRIP_(
+            fsdp_dev_reduce_scatter(d, g, x, y, n, FSDP_DTYPE_BF16, (fsdp_reduce_op_t)op, s), hb,
+            rb, n * 2);
+        ROUND_TRIP_(fsdp_dev_all_reduce(d, g, y, y, n, FSDP_DTYPE_F32, (fsdp_reduce_op_t)op, s), h,
+                    r, n * 4);
     }
-    ROUND_TRIP_(o->broadcast(d, g, y, n, FSDP_DTYPE_F32, 0, s), h, r, n * 4);
-    CU_ASSERT_EQUAL(o->barrier(d, g), FSDP_OK);
-    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s), FSDP_OK);
+    ROUND_TRIP_(fsdp_dev_broadcast(d, g, y, n, FSDP_DTYPE_F32, 0, s), h, r, n * 4);
+    CU_ASSERT_EQUAL(fsdp_dev_barrier(d, g), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_all_reduce(d, g, x, y, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s),
+                    FSDP_OK);
 
     fsdp_log_set_handler(quiet, &lines);
-    CU_ASSERT_EQUAL(o->broadcast(d, g, y, n, FSDP_DTYPE_F32, 1, s), FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, n, FSDP_DTYPE_COUNT, FSDP_REDUCE_SUM, s),
+    CU_ASSERT_EQUAL(fsdp_dev_broadcast(d, g, y, n, FSDP_DTYPE_F32, 1, s), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_dev_all_reduce(d, g, x, y, n, FSDP_DTYPE_COUNT, FSDP_REDUCE_SUM, s),
                     FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(o->all_reduce(d, g, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_COUNT, s),
+    CU_ASSERT_EQUAL(fsdp_dev_all_reduce(d, g, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_COUNT, s),
                     FSDP_ERR_INVALID_PARAM);
-    CU_ASSERT_EQUAL(o->all_reduce(d, NULL, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s),
+    CU_ASSERT_EQUAL(fsdp_dev_all_reduce(d, NULL, x, y, n, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, s),
                     FSDP_ERR_INVALID_PARAM);
     fsdp_log_set_handler(NULL, NULL);
     CU_ASSERT_EQUAL(lines, 4);
 #undef ROUND_TRIP_
-    o->segment_free(d, FSDP_MEMKIND_DEVICE, x);
-    o->segment_free(d, FSDP_MEMKIND_DEVICE, y);
+    fsdp_dev_segment_free(d, FSDP_MEMKIND_DEVICE, x);
+    fsdp_dev_segment_free(d, FSDP_MEMKIND_DEVICE, y);
     free(h);
     free(r);
     free(hb);
@@ -1356,7 +1358,7 @@ static void check_collectives(fsdp_dev_t *d, fsdp_group_t *g)
 
 static void test_collectives(void)
 {
-    fsdp_group_t *w = ops->group_world(dev), *sub = NULL, *none = (fsdp_group_t *)1;
+    fsdp_group_t *w = fsdp_dev_group_world(dev), *sub = NULL, *none = (fsdp_group_t *)1;
 
     CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     CU_ASSERT_EQUAL(w->rank, 0);
@@ -1365,18 +1367,18 @@ static void test_collectives(void)
     CU_ASSERT_STRING_EQUAL(w->name, "world");
     check_collectives(dev, w);
 
-    CU_ASSERT_EQUAL_FATAL(ops->group_split(dev, w, 3, 0, &sub), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_dev_group_split(dev, w, 3, 0, &sub), FSDP_OK);
     CU_ASSERT_PTR_NOT_NULL_FATAL(sub);
     CU_ASSERT_EQUAL(sub->rank, 0);
     CU_ASSERT_EQUAL(sub->size, 1);
     CU_ASSERT_EQUAL(sub->ranks[0], 0);
     CU_ASSERT_STRING_EQUAL(sub->name, "world/split(3)");
     check_collectives(dev, sub);
-    CU_ASSERT_EQUAL(ops->group_split(dev, w, -1, 0, &none), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_dev_group_split(dev, w, -1, 0, &none), FSDP_OK);
     CU_ASSERT_PTR_NULL(none);
-    ops->group_destroy(dev, sub);
-    ops->group_destroy(dev, w); /* ignored: the world belongs to the backend */
-    CU_ASSERT_PTR_EQUAL(ops->group_world(dev), w);
+    fsdp_dev_group_destroy(dev, sub);
+    fsdp_dev_group_destroy(dev, w); /* ignored: the world belongs to the backend */
+    CU_ASSERT_PTR_EQUAL(fsdp_dev_group_world(dev), w);
 }
 
 /* A second dev in the same process, with host-blocking collectives. */
@@ -1389,7 +1391,7 @@ static void test_blocking_collectives(void)
     p.blocking_collectives = 1;
     p.timeout_s = 30.0;
     CU_ASSERT_EQUAL_FATAL(fsdp_gpu_init(&p, &d2), FSDP_OK);
-    check_collectives(d2, d2->ops->group_world(d2));
+    check_collectives(d2, fsdp_dev_group_world(d2));
     fsdp_gpu_finalize(d2);
 }
 

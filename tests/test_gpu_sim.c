@@ -74,20 +74,19 @@ static float from_bf16(uint16_t h)
 
 static fsdp_status_t coll_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *o = dev->ops;
-    fsdp_group_t *w = o->group_world(dev);
+    fsdp_group_t *w = fsdp_dev_group_world(dev);
     const int n = dev->world_size, r = dev->rank;
     const size_t big = (size_t)COUNT * (size_t)n;
-    fsdp_stream_t *s = o->compute_stream(dev);
+    fsdp_stream_t *s = fsdp_dev_compute_stream(dev);
     void *send = NULL, *recv = NULL, *host = malloc(big * 4);
     fsdp_status_t st;
 
     (void)arg;
     if (host == NULL)
         return FSDP_ERR_NO_MEMORY;
-    st = o->segment_alloc(dev, FSDP_MEMKIND_DEVICE, big * 4, &send);
+    st = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, big * 4, &send);
     if (st == FSDP_OK)
-        st = o->segment_alloc(dev, FSDP_MEMKIND_DEVICE, big * 4, &recv);
+        st = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_DEVICE, big * 4, &recv);
     for (int d = 0; d < 2 && st == FSDP_OK; d++) {
         fsdp_dtype_t dt = d == 0 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16;
         size_t es = d == 0 ? 4 : 2;
@@ -101,40 +100,41 @@ static fsdp_status_t coll_rank(fsdp_dev_t *dev, void *arg)
                 else
                     ((uint16_t *)host)[i] = to_bf16(v);
             }
-            st = o->memcpy_async(dev, c == C_BROADCAST ? recv : send, host, in * es, s);
+            st = fsdp_dev_memcpy_async(dev, c == C_BROADCAST ? recv : send, host, in * es, s);
             if (st != FSDP_OK)
                 break;
             switch (c) {
             case C_ALL_GATHER:
-                st = o->all_gather(dev, w, send, recv, COUNT, dt, s);
+                st = fsdp_dev_all_gather(dev, w, send, recv, COUNT, dt, s);
                 break;
             case C_RS_SUM:
             case C_RS_AVG:
             case C_RS_MAX:
-                st = o->reduce_scatter(dev, w, send, recv, COUNT, dt,
-                                       (fsdp_reduce_op_t)(FSDP_REDUCE_SUM + (c - C_RS_SUM)), s);
+                st = fsdp_dev_reduce_scatter(dev, w, send, recv, COUNT, dt,
+                                             (fsdp_reduce_op_t)(FSDP_REDUCE_SUM + (c - C_RS_SUM)),
+                                             s);
                 break;
             case C_AR_SUM:
             case C_AR_AVG:
             case C_AR_MAX:
-                st = o->all_reduce(dev, w, send, recv, COUNT, dt,
-                                   (fsdp_reduce_op_t)(FSDP_REDUCE_SUM + (c - C_AR_SUM)), s);
+                st = fsdp_dev_all_reduce(dev, w, send, recv, COUNT, dt,
+                                         (fsdp_reduce_op_t)(FSDP_REDUCE_SUM + (c - C_AR_SUM)), s);
                 break;
             default:
-                st = o->broadcast(dev, w, recv, COUNT, dt, n - 1, s);
+                st = fsdp_dev_broadcast(dev, w, recv, COUNT, dt, n - 1, s);
                 break;
             }
             if (st == FSDP_OK)
-                st = o->memcpy_async(dev, host, recv, out * es, s);
+                st = fsdp_dev_memcpy_async(dev, host, recv, out * es, s);
             if (st == FSDP_OK)
-                st = o->stream_synchronize(dev, s);
+                st = fsdp_dev_stream_synchronize(dev, s);
             for (size_t i = 0; st == FSDP_OK && i < out; i++)
                 results[coll_backend][d][c][r][i] =
                     d == 0 ? ((float *)host)[i] : from_bf16(((uint16_t *)host)[i]);
         }
     }
-    o->segment_free(dev, FSDP_MEMKIND_DEVICE, send);
-    o->segment_free(dev, FSDP_MEMKIND_DEVICE, recv);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, send);
+    fsdp_dev_segment_free(dev, FSDP_MEMKIND_DEVICE, recv);
     free(host);
     return st;
 }
@@ -233,7 +233,7 @@ static fsdp_status_t gpt_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
         if (st == FSDP_OK)
-            st = dev->ops->stream_synchronize(dev, NULL);
+            st = fsdp_dev_stream_synchronize(dev, NULL);
         if (st == FSDP_OK) {
             fsdp_mem_get_stats(fsdp_memory(fs), &ms);
             fsdp_trace_step(dev, s + 1, g->losses[s], 0.0, &ms);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/core_hidden.h"
 #include "mlp_ref.h"
 
 /* ---------------- illegal transitions ---------------- */

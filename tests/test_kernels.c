@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/lanes.h"
+#include "nn/nn_hidden.h"
 #include "sim_kernels.h"
 #include "test_util.h"
 

@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "lm_test.h"
+#include "nn/nn_hidden.h"
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define NL FSDP_LLAMA_LAYER_NPARAMS

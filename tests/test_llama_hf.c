@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io/io_hidden.h"
+#include "nn/nn_hidden.h"
 #include "test_util.h"
 
 typedef struct job {

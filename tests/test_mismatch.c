@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define MAX_RANKS 64
@@ -110,8 +111,7 @@ static void sleep_s(double s)
 static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
 {
     ctx_t *c = arg;
-    const fsdp_backend_ops_t *ops = dev->ops;
-    fsdp_group_t *world = ops->group_world(dev), *par = NULL;
+    fsdp_group_t *world = fsdp_dev_group_world(dev), *par = NULL;
     int r = dev->rank;
     float buf[64] = {0}, out[64 * MAX_RANKS];
     fsdp_status_t st;
@@ -119,7 +119,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
     /* call #1 on the world succeeds everywhere (except where the scenario is about call #1) */
     if (c->sc != SC_TIMEOUT && c->sc != SC_FINISHED && c->sc != SC_ERROR_RETURN &&
         c->sc != SC_RANK_FAIL && c->sc != SC_RANK_FAIL_SELF && c->sc != SC_EXIT_CODES) {
-        st = ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        st = fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
         if (st != FSDP_OK)
             return st;
     }
@@ -127,46 +127,51 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
     switch (c->sc) {
     case SC_KIND:
         if (r == 1)
-            TIMED(c, dev, ops->reduce_scatter(dev, world, out, buf, 2, FSDP_DTYPE_F32,
-                                              FSDP_REDUCE_SUM, NULL));
+            TIMED(c, dev,
+                  fsdp_dev_reduce_scatter(dev, world, out, buf, 2, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                          NULL));
         else
-            TIMED(c, dev, ops->all_gather(dev, world, buf, out, 8, FSDP_DTYPE_F32, NULL));
+            TIMED(c, dev, fsdp_dev_all_gather(dev, world, buf, out, 8, FSDP_DTYPE_F32, NULL));
         break;
     case SC_COUNT:
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, r == 2 ? 5 : 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, r == 2 ? 5 : 4, FSDP_DTYPE_F32,
+                                  FSDP_REDUCE_SUM, NULL));
         break;
     case SC_DTYPE:
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4,
-                                      r == 3 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4,
+                                  r == 3 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                  NULL));
         break;
     case SC_OP:
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      r == 0 ? FSDP_REDUCE_MAX : FSDP_REDUCE_AVG, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
+                                  r == 0 ? FSDP_REDUCE_MAX : FSDP_REDUCE_AVG, NULL));
         break;
     case SC_ROOT:
-        TIMED(c, dev, ops->broadcast(dev, world, buf, 4, FSDP_DTYPE_F32, r == 3 ? 1 : 0, NULL));
+        TIMED(c, dev, fsdp_dev_broadcast(dev, world, buf, 4, FSDP_DTYPE_F32, r == 3 ? 1 : 0, NULL));
         break;
     case SC_OTHER_GROUP:
-        st = ops->group_split(dev, world, r % 2, r, &par);
+        st = fsdp_dev_group_split(dev, world, r % 2, r, &par);
         if (st != FSDP_OK)
             return st;
-        TIMED(c, dev, ops->all_reduce(dev, r == 1 ? par : world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
-        ops->group_destroy(dev, par);
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, r == 1 ? par : world, buf, buf, 4, FSDP_DTYPE_F32,
+                                  FSDP_REDUCE_SUM, NULL));
+        fsdp_dev_group_destroy(dev, par);
         break;
     case SC_FINISHED:
         if (r == 2)
             return FSDP_OK; /* never arrives */
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         break;
     case SC_ERROR_RETURN:
         if (r == 2)
             return FSDP_ERR_IO;
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         break;
     case SC_RANK_FAIL:
         if (r == 3) {
@@ -174,47 +179,50 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
             sleep_s(0.2); /* still running: the others must not wait for it to return */
             return FSDP_OK;
         }
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         break;
     case SC_RANK_FAIL_SELF:
         if (r == 3)
             fsdp_sim_rank_fail(dev);
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         break;
     case SC_TIMEOUT:
         if (r == 1)
             sleep_s(3.0); /* outlasts the timeout even in slow sanitizer builds */
-        TIMED(c, dev, ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                      FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         break;
     case SC_AFTER_ERROR: {
         float one = (float)r;
-        st = ops->group_split(dev, world, r % 2, r, &par);
+        st = fsdp_dev_group_split(dev, world, r % 2, r, &par);
         if (st != FSDP_OK)
             return st;
         /* a mismatch on the evens' group only */
         if (r % 2 == 0)
-            TIMED(c, dev, r == 0 ? ops->all_gather(dev, par, buf, out, 4, FSDP_DTYPE_F32, NULL)
-                                 : ops->all_reduce(dev, par, buf, buf, 4, FSDP_DTYPE_F32,
-                                                   FSDP_REDUCE_SUM, NULL));
+            TIMED(c, dev,
+                  r == 0 ? fsdp_dev_all_gather(dev, par, buf, out, 4, FSDP_DTYPE_F32, NULL)
+                         : fsdp_dev_all_reduce(dev, par, buf, buf, 4, FSDP_DTYPE_F32,
+                                               FSDP_REDUCE_SUM, NULL));
         else
-            TIMED(c, dev, ops->all_reduce(dev, par, buf, buf, 4, FSDP_DTYPE_F32,
-                                          FSDP_REDUCE_SUM, NULL));
+            TIMED(
+                c, dev,
+                fsdp_dev_all_reduce(dev, par, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
         /* the world is unharmed */
-        st = ops->all_reduce(dev, world, &one, &one, 1, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        st = fsdp_dev_all_reduce(dev, world, &one, &one, 1, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
         c->extra_ok[r] = st == FSDP_OK && one == (float)(dev->world_size *
                                                          (dev->world_size - 1) / 2);
         /* the failed group stays failed, at once */
-        c->st2[r] = ops->barrier(dev, par);
-        ops->group_destroy(dev, par);
+        c->st2[r] = fsdp_dev_barrier(dev, par);
+        fsdp_dev_group_destroy(dev, par);
         break;
     }
     case SC_LARGE:
-        TIMED(c, dev, r == 5 ? ops->barrier(dev, world)
-                             : ops->all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32,
-                                               FSDP_REDUCE_SUM, NULL));
+        TIMED(c, dev,
+              r == 5 ? fsdp_dev_barrier(dev, world)
+                     : fsdp_dev_all_reduce(dev, world, buf, buf, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                           NULL));
         break;
     case SC_EXIT_CODES:
         return r == 1 ? FSDP_ERR_IO : r == 3 ? FSDP_ERR_FORMAT : FSDP_OK;

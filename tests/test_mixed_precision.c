@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "test_util.h"
 
 static const fsdp_dtype_t dts[] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};

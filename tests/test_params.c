@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
+#include "nn/nn_hidden.h"
 #include "runtime_test.h"
 
 /* Parameter names are unique across the model however many units it has: a name of the

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/io_hidden.h"
 #include "test_util.h"
 
 #define LABEL "bad.safetensors"

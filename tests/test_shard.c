@@ -3,6 +3,7 @@
 #include <fsdp/fsdp.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "test_util.h"
 
 static void test_shard_table(void)

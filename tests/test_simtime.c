@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc/alloc_hidden.h"
+#include "sim_hidden.h"
 #include "test_util.h"
 
 #define MAXU 8
@@ -122,7 +124,7 @@ static fsdp_status_t gemm(fsdp_dev_t *dev, fsdp_t *fs, void *a, void *c, double 
     k.u.gemm.ldb = k.u.gemm.k;
     k.u.gemm.c = c;
     k.u.gemm.ldc = 1;
-    return dev->ops->kernel(dev, fsdp_compute_stream(fs), &k);
+    return fsdp_dev_kernel(dev, fsdp_compute_stream(fs), &k);
 }
 
 static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
@@ -160,11 +162,11 @@ static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_optim_create(fs, &oc, &opt);
     }
     if (st == FSDP_OK)
-        st = dev->ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     if (st != FSDP_OK)
         goto out;
     fsdp_sim_time_reset(dev);
-    t0 = dev->ops->host_time(dev);
+    t0 = fsdp_dev_host_time(dev);
 
     st = fsdp_pre_forward(root);
     for (int i = 0; i < c->nunits && st == FSDP_OK; i++) {
@@ -179,10 +181,10 @@ static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_post_forward(root);
     if (st == FSDP_OK && c->sync_after_forward)
-        st = dev->ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     if (st != FSDP_OK)
         goto out;
-    t1 = dev->ops->host_time(dev);
+    t1 = fsdp_dev_host_time(dev);
     c->t_fwd[r] = t1 - t0;
 
     st = fsdp_pre_backward(root);
@@ -203,15 +205,15 @@ static fsdp_status_t case_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK)
         st = fsdp_final_callback(fs);
     if (st == FSDP_OK)
-        st = dev->ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     if (st != FSDP_OK)
         goto out;
-    c->t_bwd[r] = dev->ops->host_time(dev) - t1;
+    c->t_bwd[r] = fsdp_dev_host_time(dev) - t1;
     st = fsdp_sim_time_stats(dev, &c->ts[r]);
     if (st == FSDP_OK && opt != NULL) {
         st = fsdp_optim_step(opt);
         if (st == FSDP_OK)
-            st = dev->ops->stream_synchronize(dev, NULL);
+            st = fsdp_dev_stream_synchronize(dev, NULL);
     }
     fsdp_mem_get_stats(fsdp_memory(fs), &c->mem[r]);
 out:
@@ -1127,19 +1129,19 @@ static fsdp_status_t mlp_rank(fsdp_dev_t *dev, void *arg)
             x[i] = (float)((i * 7 + (size_t)r) % 13) / 13.0f - 0.5f;
     }
     for (int step = 0; step < 2 && st == FSDP_OK; step++) {
-        double t0 = dev->ops->host_time(dev);
+        double t0 = fsdp_dev_host_time(dev);
         /* shape mode: no host data at all */
         st = fsdp_mlp_forward_backward(mlp, x, y, rows, &c->loss[r][step]);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
         if (st == FSDP_OK)
-            st = dev->ops->stream_synchronize(dev, NULL);
-        c->step_time[r][step] = dev->ops->host_time(dev) - t0;
+            st = fsdp_dev_stream_synchronize(dev, NULL);
+        c->step_time[r][step] = fsdp_dev_host_time(dev) - t0;
     }
     if (st == FSDP_OK)
         st = fsdp_sim_time_stats(dev, &c->ts[r]);
-    c->host_end[r] = dev->ops->host_time(dev);
+    c->host_end[r] = fsdp_dev_host_time(dev);
     fsdp_mem_get_stats(fsdp_memory(fs), &c->mem[r]);
     free(x);
     free(y);
@@ -1214,7 +1216,6 @@ static void test_determinism(void)
 
 static fsdp_status_t query_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
     fsdp_stream_t *s = NULL;
     fsdp_event_t *ev = NULL;
     fsdp_kernel_t k = {.kind = FSDP_K_GEMM};
@@ -1224,28 +1225,28 @@ static fsdp_status_t query_rank(fsdp_dev_t *dev, void *arg)
 
     k.u.gemm.m = k.u.gemm.n = 1;
     k.u.gemm.k = (size_t)1 << 29; /* 2^30 FLOPs: 1 s at 2^30 FLOP/s */
-    if (ops->stream_create(dev, "side", 0, &s) != FSDP_OK || ops->event_create(dev, &ev))
+    if (fsdp_dev_stream_create(dev, "side", 0, &s) != FSDP_OK || fsdp_dev_event_create(dev, &ev))
         return FSDP_ERR_INTERNAL;
     kt = fsdp_sim_kernel_time(fsdp_sim_rank_profile(dev), &k);
     /* two kernels on the side stream, one on compute after an event of the first */
-    ops->kernel(dev, s, &k);
-    ops->event_record(dev, ev, s);
-    ops->kernel(dev, s, &k);
-    ops->stream_wait_event(dev, NULL, ev);
-    ops->kernel(dev, NULL, &k);
+    fsdp_dev_kernel(dev, s, &k);
+    fsdp_dev_event_record(dev, ev, s);
+    fsdp_dev_kernel(dev, s, &k);
+    fsdp_dev_stream_wait_event(dev, NULL, ev);
+    fsdp_dev_kernel(dev, NULL, &k);
     ok[dev->rank] = kt == 1.0 && fsdp_sim_stream_time(dev, s) == 2.0 &&
                     fsdp_sim_stream_time(dev, NULL) == 2.0 && fsdp_sim_device_time(dev) == 2.0 &&
-                    ops->host_time(dev) == 0.0;
-    ops->event_synchronize(dev, ev);
-    ok[dev->rank] &= ops->host_time(dev) == 1.0;
+                    fsdp_dev_host_time(dev) == 0.0;
+    fsdp_dev_event_synchronize(dev, ev);
+    ok[dev->rank] &= fsdp_dev_host_time(dev) == 1.0;
     fsdp_sim_time_stats(dev, &ts);
     ok[dev->rank] &= ts.kernel_s == 3.0 && ts.compute_s == 1.0 && ts.gemm_flops == 3 * P2(30) &&
                      ts.n_kernels == 3;
     fsdp_sim_time_reset(dev);
     fsdp_sim_time_stats(dev, &ts);
     ok[dev->rank] &= ts.kernel_s == 0.0 && ts.host_time == 1.0 && ts.device_time == 2.0;
-    ops->event_destroy(dev, ev);
-    ops->stream_destroy(dev, s);
+    fsdp_dev_event_destroy(dev, ev);
+    fsdp_dev_stream_destroy(dev, s);
     return FSDP_OK;
 }
 
@@ -1287,42 +1288,41 @@ static fsdp_kernel_t sm_gemm(void)
 
 static fsdp_status_t sm_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
-    fsdp_group_t *world = ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     fsdp_kernel_t k = sm_gemm();
     fsdp_stream_t *side = NULL;
     sm_case_t *c = &((sm_case_t *)arg)[dev->rank]; /* each rank its own */
     fsdp_status_t st;
 
-    if ((st = ops->stream_create(dev, "side", 0, &side)) != FSDP_OK)
+    if ((st = fsdp_dev_stream_create(dev, "side", 0, &side)) != FSDP_OK)
         return st;
     /* a GEMM issued before the all-gather runs on the whole GPU: the model sees a collective's
      * SMs only from the kernels issued after it (docs/costs.md) */
-    st = ops->kernel(dev, NULL, &k);
+    st = fsdp_dev_kernel(dev, NULL, &k);
     if (st == FSDP_OK)
-        st = ops->all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
+        st = fsdp_dev_all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
     c->end_before = fsdp_sim_stream_time(dev, NULL);
     if (st == FSDP_OK)
-        st = ops->stream_synchronize(dev, NULL);
+        st = fsdp_dev_stream_synchronize(dev, NULL);
     /* the all-gather on the side stream, then at once a GEMM on the compute stream: the GEMM
      * shares the GPU with it until it ends, then has it to itself; a second GEMM after it */
     if (st == FSDP_OK)
-        st = ops->stream_synchronize(dev, side);
+        st = fsdp_dev_stream_synchronize(dev, side);
     if (st == FSDP_OK)
-        st = ops->all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
+        st = fsdp_dev_all_gather(dev, world, NULL, NULL, (size_t)1 << 16, FSDP_DTYPE_F32, side);
     if (st == FSDP_OK)
-        st = ops->kernel(dev, NULL, &k);
+        st = fsdp_dev_kernel(dev, NULL, &k);
     c->end1 = fsdp_sim_stream_time(dev, NULL) - c->end_before;
     c->ag_s = fsdp_sim_stream_time(dev, side) - c->end_before;
     if (st == FSDP_OK)
-        st = ops->kernel(dev, NULL, &k);
+        st = fsdp_dev_kernel(dev, NULL, &k);
     c->end2 = fsdp_sim_stream_time(dev, NULL) - c->end_before;
     if (st == FSDP_OK) {
         fsdp_sim_time_stats_t ts;
         st = fsdp_sim_time_stats(dev, &ts);
         c->held = ts.sm_held_s;
     }
-    ops->stream_destroy(dev, side);
+    fsdp_dev_stream_destroy(dev, side);
     return st;
 }
 
@@ -1404,21 +1404,20 @@ static void test_sm_contention(void)
  * of an earlier run of the job (fsdp_sim_holds_t) says the all-gather ran beside it. */
 static fsdp_status_t sm_before_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
     fsdp_kernel_t k = sm_gemm();
     fsdp_stream_t *side = NULL;
     double *end = arg;
     fsdp_status_t st;
 
-    if ((st = ops->stream_create(dev, "side", 0, &side)) != FSDP_OK)
+    if ((st = fsdp_dev_stream_create(dev, "side", 0, &side)) != FSDP_OK)
         return st;
-    st = ops->kernel(dev, NULL, &k);
+    st = fsdp_dev_kernel(dev, NULL, &k);
     if (st == FSDP_OK)
-        st = ops->all_gather(dev, ops->group_world(dev), NULL, NULL, (size_t)1 << 16,
-                             FSDP_DTYPE_F32, side);
+        st = fsdp_dev_all_gather(dev, fsdp_dev_group_world(dev), NULL, NULL, (size_t)1 << 16,
+                                 FSDP_DTYPE_F32, side);
     end[2 * dev->rank] = fsdp_sim_stream_time(dev, NULL);
     end[2 * dev->rank + 1] = fsdp_sim_stream_time(dev, side);
-    ops->stream_destroy(dev, side);
+    fsdp_dev_stream_destroy(dev, side);
     return st;
 }
 
@@ -1475,23 +1474,22 @@ static void test_sm_book(void)
  * launch's 8 ranks a node); the shard groups, inside a node, do not use it. */
 static fsdp_status_t nic_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
     const fsdp_sim_profile_t *p = fsdp_sim_rank_profile(dev);
     fsdp_group_t *rep = NULL;
     fsdp_stream_t *s = NULL;
     double *cost = arg, ready;
     fsdp_status_t st;
 
-    st = ops->group_split(dev, ops->group_world(dev), dev->rank % 8, dev->rank, &rep);
+    st = fsdp_dev_group_split(dev, fsdp_dev_group_world(dev), dev->rank % 8, dev->rank, &rep);
     if (st == FSDP_OK)
-        st = ops->stream_create(dev, "rep", 0, &s);
-    ready = ops->host_time(dev) + p->host.launch_latency_s;
+        st = fsdp_dev_stream_create(dev, "rep", 0, &s);
+    ready = fsdp_dev_host_time(dev) + p->host.launch_latency_s;
     if (st == FSDP_OK)
-        st = ops->all_reduce(dev, rep, NULL, NULL, (size_t)1 << 26, FSDP_DTYPE_F32,
-                             FSDP_REDUCE_SUM, s);
+        st = fsdp_dev_all_reduce(dev, rep, NULL, NULL, (size_t)1 << 26, FSDP_DTYPE_F32,
+                                 FSDP_REDUCE_SUM, s);
     cost[dev->rank] = fsdp_sim_stream_time(dev, s) - ready;
-    ops->stream_destroy(dev, s);
-    ops->group_destroy(dev, rep);
+    fsdp_dev_stream_destroy(dev, s);
+    fsdp_dev_group_destroy(dev, rep);
     return st;
 }
 
@@ -1519,23 +1517,22 @@ static void test_nic_sharing(void)
 
 static fsdp_status_t fiber_fail_rank(fsdp_dev_t *dev, void *arg)
 {
-    const fsdp_backend_ops_t *ops = dev->ops;
-    fsdp_group_t *world = ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     int what = *(int *)arg;
 
     if (what == 0) /* rank 1 leaves early: a rank that can never arrive */
-        return dev->rank == 1 ? FSDP_OK : ops->barrier(dev, world);
+        return dev->rank == 1 ? FSDP_OK : fsdp_dev_barrier(dev, world);
     if (what == 1) /* different collectives */
-        return dev->rank == 1 ? ops->barrier(dev, world)
-                              : ops->all_reduce(dev, world, NULL, NULL, 1, FSDP_DTYPE_F32,
-                                                FSDP_REDUCE_SUM, NULL);
+        return dev->rank == 1 ? fsdp_dev_barrier(dev, world)
+                              : fsdp_dev_all_reduce(dev, world, NULL, NULL, 1, FSDP_DTYPE_F32,
+                                                    FSDP_REDUCE_SUM, NULL);
     /* rank 1 is slow (on the host, holding its worker): the others time out */
     if (dev->rank == 1) {
         struct timespec ts = {0, 600 * 1000 * 1000};
         nanosleep(&ts, NULL);
         return FSDP_OK;
     }
-    return ops->barrier(dev, world);
+    return fsdp_dev_barrier(dev, world);
 }
 
 static void test_fiber_failures(void)

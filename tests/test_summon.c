@@ -3,6 +3,7 @@
 #include <fsdp/fsdp.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "mlp_ref.h"
 
 /* summon_full_params: full f32 parameters, writeback, rank0_only, offload_to_cpu, with_grads,

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "trace/trace_hidden.h"
 
 #define WORLD 4
 #define CHILD_FLAG "--killed-writer-child"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "runtime_test.h"
 
 /* A model of four units, each parameter w with loss 0.5 |w - t_r|^2 on rank r: the averaged
@@ -234,7 +235,7 @@ static fsdp_status_t bad_options_rank(fsdp_dev_t *dev, void *arg)
     bad += strstr(fsdp_last_error(fs), "full_shard") != NULL;
     fsdp_unit_options_init(&uo);
     uo.strategy = FSDP_FULL_SHARD;
-    uo.replicate_group = dev->ops->group_world(dev);
+    uo.replicate_group = fsdp_dev_group_world(dev);
     bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;
     uo.strategy = FSDP_HYBRID_SHARD;
     bad += fsdp_unit_create_ex(fs, "root", NULL, &spec, 1, &uo, &u) == FSDP_ERR_INVALID_PARAM;

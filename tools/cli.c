@@ -265,7 +265,9 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
     case CLI_OPT_API:
-        if (fsdp_api_parse(arg, &cfg->api) != 0) {
+        if (strcmp(arg, "fsdp1") == 0 || strcmp(arg, "fsdp2") == 0) {
+            cfg->api = arg[4] == '2' ? FSDP_API_FSDP2 : FSDP_API_FSDP1;
+        } else {
             snprintf(why, why_len, "--api: '%s' is not one of fsdp1, fsdp2", arg);
             return -1;
         }

@@ -105,7 +105,7 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         /* what came before (setup, or the last step's optimizer) ends */
         phase_begin(FSDP_PHASE_FORWARD, &pc);
         fsdp_sim_time_reset(dev);
-        t0 = dev->ops->host_time(dev);
+        t0 = fsdp_dev_host_time(dev);
         st = a->model->ops->step(model, a->local_batch, a->mcfg.seq);
         if (st != FSDP_OK)
             break;
@@ -114,10 +114,10 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
         if (st == FSDP_OK)
-            st = dev->ops->stream_synchronize(dev, NULL);
+            st = fsdp_dev_stream_synchronize(dev, NULL);
         if (st == FSDP_OK)
             st = fsdp_sim_time_stats(dev, &r->ts);
-        r->step_time = dev->ops->host_time(dev) - t0;
+        r->step_time = fsdp_dev_host_time(dev) - t0;
         if (st == FSDP_OK && run->trace != NULL) {
             fsdp_mem_stats_t ms;
             fsdp_mem_get_stats(mem, &ms);

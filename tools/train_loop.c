@@ -28,14 +28,14 @@ typedef struct loop_shared {
 static fsdp_status_t global_mean(fsdp_dev_t *dev, fsdp_t *fs, float *dbuf, float *value)
 {
     fsdp_stream_t *s = fsdp_compute_stream(fs);
-    fsdp_status_t status = dev->ops->memcpy_async(dev, dbuf, value, sizeof(float), s);
+    fsdp_status_t status = fsdp_dev_memcpy_async(dev, dbuf, value, sizeof(float), s);
     if (status == FSDP_OK)
-        status = dev->ops->all_reduce(dev, dev->ops->group_world(dev), dbuf, dbuf, 1,
+        status = fsdp_dev_all_reduce(dev, fsdp_dev_group_world(dev), dbuf, dbuf, 1,
                                       FSDP_DTYPE_F32, FSDP_REDUCE_AVG, s);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, value, dbuf, sizeof(float), s);
+        status = fsdp_dev_memcpy_async(dev, value, dbuf, sizeof(float), s);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, s);
+        status = fsdp_dev_stream_synchronize(dev, s);
     return status;
 }
 

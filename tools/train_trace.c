@@ -174,13 +174,13 @@ void train_report_outputs(const char *ckpt_dir, const char *trace_path)
 
 void train_step_begin(fsdp_dev_t *dev, train_step_clock_t *clock)
 {
-    clock->start = dev->ops->host_time(dev);
+    clock->start = fsdp_dev_host_time(dev);
 }
 
 double train_step_end(fsdp_dev_t *dev, fsdp_t *fs, train_step_clock_t *clock, int64_t step,
                       double loss)
 {
-    double dt = dev->ops->host_time(dev) - clock->start;
+    double dt = fsdp_dev_host_time(dev) - clock->start;
     if (fsdp_trace_enabled(dev)) {
         fsdp_mem_stats_t st;
         fsdp_mem_get_stats(fsdp_memory(fs), &st);

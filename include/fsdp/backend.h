@@ -1,19 +1,19 @@
-/* libfsdp: the backend boundary.
+/* libfsdp: driving a device.
  *
- * The core (lib/) drives a device only through this ops table. A backend (sim/, gpu/) fills in
- * every slot; an operation it cannot do points to a function that returns
- * FSDP_ERR_UNSUPPORTED, never NULL. A program picks a backend and hands its per-rank device
- * context (fsdp_dev_t) to the core.
- *
- * Ordering model (as CUDA's): work on one stream runs in issue order; an event records the
- * point a stream has reached; stream_wait_event makes later work on a stream wait for it.
- * Collectives are enqueued on a stream and match across the ranks of a group by call order.
+ * The calls a program, a model and the core make on a rank's device (<fsdp/device.h>): memory
+ * segments, streams, events, copies, groups, collectives and kernels. Each fsdp_dev_* call is
+ * one slot of the backend's ops table (<fsdp/backend/ops.h>, which says what each does), called
+ * through an inline wrapper, as libfabric's fi_* calls are; the collectives check their
+ * arguments first, once for every backend (fsdp_dev_coll_check). Nobody but a backend
+ * forwarding to another one calls dev->ops directly.
  */
 #ifndef FSDP_BACKEND_H
 #define FSDP_BACKEND_H
 
 #include <fsdp/api.h>
 
+#include <fsdp/backend/ops.h>
+#include <fsdp/device.h>
 #include <fsdp/kernel.h>
 #include <fsdp/status.h>
 #include <fsdp/types.h>
@@ -22,164 +22,187 @@
 extern "C" {
 #endif
 
-typedef struct fsdp_backend_ops fsdp_backend_ops_t;
-typedef struct fsdp_event fsdp_event_t; /* opaque, backend-defined */
-typedef struct fsdp_trace_rank fsdp_trace_rank_t; /* a rank's event-trace writer (trace.h) */
+/* ---- memory ---- */
 
-/* The most ranks a world may have: the simulator's and fsdp-plan's bound, and a trace that names
- * more is refused as corrupt. Above the largest clusters built; per-rank tables stay small. */
-#define FSDP_MAX_WORLD (1 << 20)
+static inline fsdp_status_t fsdp_dev_segment_alloc(fsdp_dev_t *dev, fsdp_memkind_t kind,
+                                                   size_t bytes, void **ptr_p)
+{
+    return dev->ops->segment_alloc(dev, kind, bytes, ptr_p);
+}
 
-/* Per-rank device context. Backends embed it as their first member, named `super`. */
-typedef struct fsdp_dev {
-    const fsdp_backend_ops_t *ops;
-    int rank;       /* global rank */
-    int world_size; /* global world size */
-    int local_rank; /* rank within its node */
-    int local_size; /* ranks per node */
-    fsdp_trace_rank_t *trace; /* NULL: not tracing; set by fsdp_trace_attach */
-    int no_data; /* 1 when buffers hold no data (sim shape mode): skip data-dependent checks */
-    /* How many ranks this one stands for: 1 (0 reads as 1), or more for the sim's symmetric
-     * ranks in shape mode (fsdp_sim_params_t.represent), whose runs are theirs too. */
-    int stands_for;
-    /* NULL, or world_size entries: represent[r] is the rank whose run is rank r's (the sim's
-     * fsdp_sim_params_t.represent), so that a trace can say which ranks this one stands for. */
-    const int *represent;
-} fsdp_dev_t;
+static inline void fsdp_dev_segment_free(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr)
+{
+    dev->ops->segment_free(dev, kind, ptr);
+}
 
-/* A stream. Backends embed it first. */
-typedef struct fsdp_stream {
-    int id;           /* per-rank, 0 = the default compute stream */
-    int priority;     /* lower is higher priority, as CUDA */
-    char name[24];
-} fsdp_stream_t;
+/* ---- streams, events, the host clock ---- */
 
-#define FSDP_GROUP_NAME_SIZE 48
+static inline fsdp_stream_t *fsdp_dev_compute_stream(fsdp_dev_t *dev)
+{
+    return dev->ops->compute_stream(dev);
+}
 
-/* A communication group (the world, or a sub-group made by group_split). Backends embed it
- * first. */
-typedef struct fsdp_group {
-    int rank;         /* this rank's index in the group */
-    int size;         /* number of ranks in the group */
-    const int *ranks; /* global ranks of the members, in group-rank order */
-    char name[FSDP_GROUP_NAME_SIZE]; /* "world", or a split's name (fsdp_group_split_name) */
-} fsdp_group_t;
+static inline fsdp_status_t fsdp_dev_stream_create(fsdp_dev_t *dev, const char *name, int priority,
+                                                   fsdp_stream_t **stream_p)
+{
+    return dev->ops->stream_create(dev, name, priority, stream_p);
+}
 
-typedef enum {
-    FSDP_MEMKIND_DEVICE = 0,     /* device memory (sim: host memory) */
-    FSDP_MEMKIND_HOST_PINNED = 1 /* page-locked host memory for async copies */
-} fsdp_memkind_t;
+static inline void fsdp_dev_stream_destroy(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    dev->ops->stream_destroy(dev, stream);
+}
 
-struct fsdp_backend_ops {
-    size_t size; /* sizeof(fsdp_backend_ops_t) the backend was built with */
-    const char *name;
+static inline fsdp_status_t fsdp_dev_stream_synchronize(fsdp_dev_t *dev, fsdp_stream_t *stream)
+{
+    return dev->ops->stream_synchronize(dev, stream);
+}
 
-    /* Raw segments. Returns FSDP_ERR_OUT_OF_MEMORY when the device cannot provide them. */
-    fsdp_status_t (*segment_alloc)(fsdp_dev_t *dev, fsdp_memkind_t kind, size_t bytes,
-                                   void **ptr_p);
-    void (*segment_free)(fsdp_dev_t *dev, fsdp_memkind_t kind, void *ptr);
+static inline fsdp_status_t fsdp_dev_event_create(fsdp_dev_t *dev, fsdp_event_t **event_p)
+{
+    return dev->ops->event_create(dev, event_p);
+}
 
-    /* Streams. The compute stream exists from the start; others are created by the core. */
-    fsdp_stream_t *(*compute_stream)(fsdp_dev_t *dev);
-    fsdp_status_t (*stream_create)(fsdp_dev_t *dev, const char *name, int priority,
-                                   fsdp_stream_t **stream_p);
-    void (*stream_destroy)(fsdp_dev_t *dev, fsdp_stream_t *stream);
-    fsdp_status_t (*stream_synchronize)(fsdp_dev_t *dev, fsdp_stream_t *stream);
+static inline void fsdp_dev_event_destroy(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    dev->ops->event_destroy(dev, event);
+}
 
-    /* Events. */
-    fsdp_status_t (*event_create)(fsdp_dev_t *dev, fsdp_event_t **event_p);
-    void (*event_destroy)(fsdp_dev_t *dev, fsdp_event_t *event);
-    fsdp_status_t (*event_record)(fsdp_dev_t *dev, fsdp_event_t *event, fsdp_stream_t *stream);
-    fsdp_status_t (*stream_wait_event)(fsdp_dev_t *dev, fsdp_stream_t *stream,
-                                       fsdp_event_t *event);
-    /* *done_p = 1 when all work before the record has finished. */
-    fsdp_status_t (*event_query)(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p);
-    /* The host waits for the event. */
-    fsdp_status_t (*event_synchronize)(fsdp_dev_t *dev, fsdp_event_t *event);
-    /* Host clock of this rank, seconds (sim: virtual). */
-    double (*host_time)(fsdp_dev_t *dev);
+static inline fsdp_status_t fsdp_dev_event_record(fsdp_dev_t *dev, fsdp_event_t *event,
+                                                  fsdp_stream_t *stream)
+{
+    return dev->ops->event_record(dev, event, stream);
+}
 
-    /* Copies between any two buffers (device or host), ordered on the stream. */
-    fsdp_status_t (*memcpy_async)(fsdp_dev_t *dev, void *dst, const void *src, size_t bytes,
-                                  fsdp_stream_t *stream);
+static inline fsdp_status_t fsdp_dev_stream_wait_event(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                                       fsdp_event_t *event)
+{
+    return dev->ops->stream_wait_event(dev, stream, event);
+}
 
-    /* Groups. The world group is owned by the backend. */
-    fsdp_group_t *(*group_world)(fsdp_dev_t *dev);
-    /* Collective over `parent`: ranks with the same color form a group, ordered by (key, rank).
-     * A negative color gives *group_p = NULL. */
-    fsdp_status_t (*group_split)(fsdp_dev_t *dev, fsdp_group_t *parent, int color, int key,
-                                 fsdp_group_t **group_p);
-    void (*group_destroy)(fsdp_dev_t *dev, fsdp_group_t *group);
+static inline fsdp_status_t fsdp_dev_event_query(fsdp_dev_t *dev, fsdp_event_t *event, int *done_p)
+{
+    return dev->ops->event_query(dev, event, done_p);
+}
 
-    /* Collectives. `count` arguments are element counts.
-     * all_gather: recv[r*count .. (r+1)*count) = send of group rank r.
-     * reduce_scatter: recv (count) = reduction over ranks of send[rank*count ..).
-     * all_reduce: recv (count) = reduction over ranks of send; send may equal recv.
-     * broadcast: buf of `root` (a group rank) copied to every rank.
-     * Floating-point sums accumulate in f32 in group-rank order and round once (the sim; NCCL
-     * rounds 16-bit sums at every step of its own order: DESIGN.md, "Where the code differs"). */
-    fsdp_status_t (*all_gather)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                void *recv, size_t count, fsdp_dtype_t dtype,
-                                fsdp_stream_t *stream);
-    fsdp_status_t (*reduce_scatter)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                    void *recv, size_t count, fsdp_dtype_t dtype,
-                                    fsdp_reduce_op_t op, fsdp_stream_t *stream);
-    fsdp_status_t (*all_reduce)(fsdp_dev_t *dev, fsdp_group_t *group, const void *send,
-                                void *recv, size_t count, fsdp_dtype_t dtype,
-                                fsdp_reduce_op_t op, fsdp_stream_t *stream);
-    fsdp_status_t (*broadcast)(fsdp_dev_t *dev, fsdp_group_t *group, void *buf, size_t count,
-                               fsdp_dtype_t dtype, int root, fsdp_stream_t *stream);
-    /* Host-blocking barrier over the group. */
-    fsdp_status_t (*barrier)(fsdp_dev_t *dev, fsdp_group_t *group);
+static inline fsdp_status_t fsdp_dev_event_synchronize(fsdp_dev_t *dev, fsdp_event_t *event)
+{
+    return dev->ops->event_synchronize(dev, event);
+}
 
-    /* Kernels (kernel.h), enqueued on the stream. */
-    fsdp_status_t (*kernel)(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k);
-};
-
-/* Every function slot of fsdp_backend_ops_t, in order: X(slot) for each. fsdp_backend_check
- * walks this list, and a static assertion there fails the build when the struct has a slot the
- * list lacks. */
-#define FSDP_BACKEND_SLOTS(X)                                                                      \
-    X(segment_alloc)                                                                               \
-    X(segment_free)                                                                                \
-    X(compute_stream)                                                                              \
-    X(stream_create)                                                                               \
-    X(stream_destroy)                                                                              \
-    X(stream_synchronize)                                                                          \
-    X(event_create)                                                                                \
-    X(event_destroy)                                                                               \
-    X(event_record)                                                                                \
-    X(stream_wait_event)                                                                           \
-    X(event_query)                                                                                 \
-    X(event_synchronize)                                                                           \
-    X(host_time)                                                                                   \
-    X(memcpy_async)                                                                                \
-    X(group_world)                                                                                 \
-    X(group_split)                                                                                 \
-    X(group_destroy)                                                                               \
-    X(all_gather)                                                                                  \
-    X(reduce_scatter)                                                                              \
-    X(all_reduce)                                                                                  \
-    X(broadcast)                                                                                   \
-    X(barrier)                                                                                     \
-    X(kernel)
-
-/* Checks that an ops table is complete (size matches, no NULL slot). */
-FSDP_API fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops);
-
-/* The name of the group that members of color `color` get from the `round`-th group_split of
- * the group named `parent` (rounds count from 1, per parent group, over every split call its
- * members make: each member makes the same calls in the same order, so all agree):
- * "<parent>/split(<color>)" for round 1, "<parent>/split<round>(<color>)" after. A name longer
- * than a group's name field is replaced by "g:" and 16 hex digits of a 64-bit FNV-1a hash of
- * it. Distinct groups of a run thus get distinct names (unless two long names collide in 64
- * bits), and the same run gives the same names. Every backend names its splits with it. */
-FSDP_API void fsdp_group_split_name(char name[FSDP_GROUP_NAME_SIZE], const char *parent,
-                                    unsigned round, int color);
+static inline double fsdp_dev_host_time(fsdp_dev_t *dev)
+{
+    return dev->ops->host_time(dev);
+}
 
 /* Convenience: X.wait_stream(Y) as PyTorch spells it, through a temporary event. */
 FSDP_API fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
                                                fsdp_stream_t *waitee);
+
+/* ---- copies and kernels ---- */
+
+static inline fsdp_status_t fsdp_dev_memcpy_async(fsdp_dev_t *dev, void *dst, const void *src,
+                                                  size_t bytes, fsdp_stream_t *stream)
+{
+    return dev->ops->memcpy_async(dev, dst, src, bytes, stream);
+}
+
+static inline fsdp_status_t fsdp_dev_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream,
+                                            const fsdp_kernel_t *k)
+{
+    return dev->ops->kernel(dev, stream, k);
+}
+
+/* ---- groups and collectives ---- */
+
+typedef enum {
+    FSDP_COLL_ALL_GATHER,
+    FSDP_COLL_REDUCE_SCATTER,
+    FSDP_COLL_ALL_REDUCE,
+    FSDP_COLL_BROADCAST,
+    FSDP_COLL_BARRIER,
+    FSDP_COLL_GROUP_SPLIT
+} fsdp_coll_kind_t;
+
+/* What every backend would check of a collective's arguments, checked once before its slot is
+ * called: a group (a split's parent), and for the data collectives a dtype of types.h, a reduce
+ * op of fsdp_reduce_op_t (avg for floating-point dtypes only), a broadcast root among the group
+ * ranks, a count whose largest buffer has a size, and no NULL buffer when count > 0 and the
+ * device holds data. null_buf: a buffer is NULL (for a split: its group_p, refused whatever
+ * the count). Logs what was wrong and returns FSDP_ERR_INVALID_PARAM, or FSDP_OK. */
+FSDP_API fsdp_status_t fsdp_dev_coll_check(const fsdp_dev_t *dev, fsdp_coll_kind_t kind,
+                                           const fsdp_group_t *group, int null_buf, size_t count,
+                                           fsdp_dtype_t dtype, fsdp_reduce_op_t op, int root);
+
+static inline fsdp_group_t *fsdp_dev_group_world(fsdp_dev_t *dev)
+{
+    return dev->ops->group_world(dev);
+}
+
+static inline fsdp_status_t fsdp_dev_group_split(fsdp_dev_t *dev, fsdp_group_t *parent, int color,
+                                                 int key, fsdp_group_t **group_p)
+{
+    fsdp_status_t status = fsdp_dev_coll_check(dev, FSDP_COLL_GROUP_SPLIT, parent, group_p == NULL,
+                                               0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0);
+    return status != FSDP_OK ? status : dev->ops->group_split(dev, parent, color, key, group_p);
+}
+
+static inline void fsdp_dev_group_destroy(fsdp_dev_t *dev, fsdp_group_t *group)
+{
+    dev->ops->group_destroy(dev, group);
+}
+
+static inline fsdp_status_t fsdp_dev_all_gather(fsdp_dev_t *dev, fsdp_group_t *group,
+                                                const void *send, void *recv, size_t count,
+                                                fsdp_dtype_t dtype, fsdp_stream_t *stream)
+{
+    fsdp_status_t status =
+        fsdp_dev_coll_check(dev, FSDP_COLL_ALL_GATHER, group, send == NULL || recv == NULL, count,
+                            dtype, FSDP_REDUCE_SUM, 0);
+    return status != FSDP_OK ? status
+                             : dev->ops->all_gather(dev, group, send, recv, count, dtype, stream);
+}
+
+static inline fsdp_status_t fsdp_dev_reduce_scatter(fsdp_dev_t *dev, fsdp_group_t *group,
+                                                    const void *send, void *recv, size_t count,
+                                                    fsdp_dtype_t dtype, fsdp_reduce_op_t op,
+                                                    fsdp_stream_t *stream)
+{
+    fsdp_status_t status = fsdp_dev_coll_check(dev, FSDP_COLL_REDUCE_SCATTER, group,
+                                               send == NULL || recv == NULL, count, dtype, op, 0);
+    return status != FSDP_OK
+               ? status
+               : dev->ops->reduce_scatter(dev, group, send, recv, count, dtype, op, stream);
+}
+
+static inline fsdp_status_t fsdp_dev_all_reduce(fsdp_dev_t *dev, fsdp_group_t *group,
+                                                const void *send, void *recv, size_t count,
+                                                fsdp_dtype_t dtype, fsdp_reduce_op_t op,
+                                                fsdp_stream_t *stream)
+{
+    fsdp_status_t status = fsdp_dev_coll_check(dev, FSDP_COLL_ALL_REDUCE, group,
+                                               send == NULL || recv == NULL, count, dtype, op, 0);
+    return status != FSDP_OK
+               ? status
+               : dev->ops->all_reduce(dev, group, send, recv, count, dtype, op, stream);
+}
+
+static inline fsdp_status_t fsdp_dev_broadcast(fsdp_dev_t *dev, fsdp_group_t *group, void *buf,
+                                               size_t count, fsdp_dtype_t dtype, int root,
+                                               fsdp_stream_t *stream)
+{
+    fsdp_status_t status = fsdp_dev_coll_check(dev, FSDP_COLL_BROADCAST, group, buf == NULL, count,
+                                               dtype, FSDP_REDUCE_SUM, root);
+    return status != FSDP_OK ? status
+                             : dev->ops->broadcast(dev, group, buf, count, dtype, root, stream);
+}
+
+static inline fsdp_status_t fsdp_dev_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
+{
+    fsdp_status_t status = fsdp_dev_coll_check(dev, FSDP_COLL_BARRIER, group, 0, 0, FSDP_DTYPE_F32,
+                                               FSDP_REDUCE_SUM, 0);
+    return status != FSDP_OK ? status : dev->ops->barrier(dev, group);
+}
 
 #ifdef __cplusplus
 }

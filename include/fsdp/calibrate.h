@@ -46,10 +46,4 @@ FSDP_API fsdp_status_t fsdp_trace_calibrate(const char *path, const fsdp_calib_o
                                             const fsdp_sim_profile_t *base, fsdp_sim_profile_t *out,
                                             FILE *report);
 
-/* Least squares (exposed for its tests): theta minimizing |X theta - y| for X of rows x cols (row-major). Columns that
- * are zero or linear combinations of earlier ones are not identified: used[j] = 0 and
- * theta[j] = 0. Returns the number of identified columns, -1 when out of memory. */
-FSDP_API int fsdp_calib_lsq(const double *x, const double *y, int rows, int cols, double *theta,
-                            int *used);
-
 #endif

@@ -38,7 +38,6 @@ typedef enum {
 } fsdp_state_dict_type_t;
 
 /* "full", "sharded", "local" */
-FSDP_API const char *fsdp_state_dict_type_name(fsdp_state_dict_type_t type);
 FSDP_API int fsdp_state_dict_type_parse(const char *s, fsdp_state_dict_type_t *type_p);
 
 /* Saves the model's parameters and, when opt is not NULL, the optimizer state, as step `step`.

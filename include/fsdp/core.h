@@ -58,8 +58,6 @@ FSDP_API int fsdp_backward_prefetch_parse(const char *s, fsdp_backward_prefetch_
  * copy-out (docs/runtime.md section 6). The hooks a model calls are the same for both. */
 typedef enum { FSDP_API_FSDP1 = 0, FSDP_API_FSDP2 = 1, FSDP_API_COUNT } fsdp_api_t;
 
-FSDP_API const char *fsdp_api_name(fsdp_api_t api); /* "fsdp1", "fsdp2" */
-FSDP_API int fsdp_api_parse(const char *s, fsdp_api_t *api_p);
 
 /* FSDP2's reshard_after_forward: FSDP_RESHARD_DEFAULT is fully_shard's None (the root keeps
  * its parameters after forward, every other unit frees them), FSDP_RESHARD_TRUE and
@@ -190,35 +188,20 @@ typedef enum {
     FSDP_HANDLE_SUMMON_FULL_PARAMS = 4
 } fsdp_handle_state_t;
 
-/* ---- shard arithmetic (section 4), exposed for tools and tests ---- */
-
-/* S = ceil(T / W), the chunk each rank holds (padded). W >= 1. */
-FSDP_API size_t fsdp_shard_numel(size_t total, int world);
-/* Elements of the flat parameter rank r holds, and the padding it adds. */
-FSDP_API void fsdp_shard_extent(size_t total, int world, int rank, size_t *numel_p, size_t *pad_p);
-/* Gradient division factors for a reduction over D ranks: pre before, post after. */
-FSDP_API void fsdp_divide_factors(int d, double *pre_p, double *post_p);
-
 /* ---- the runtime ---- */
 
 FSDP_API fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs_p);
 FSDP_API void fsdp_destroy(fsdp_t *fs);
 
 FSDP_API fsdp_dev_t *fsdp_device(fsdp_t *fs);
+
 FSDP_API fsdp_mem_t *fsdp_memory(fsdp_t *fs);
 FSDP_API fsdp_stream_t *fsdp_compute_stream(fsdp_t *fs);
-/* The effective strategy (NO_SHARD when the shard group has one rank, as PyTorch forces). */
-FSDP_API fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
-/* The group parameters are sharded over. */
-FSDP_API fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
-/* The group sharded gradients are all-reduced over (hybrid strategies), else NULL. */
-FSDP_API fsdp_group_t *fsdp_replicate_group(fsdp_t *fs);
 
 /* PyTorch's no_sync(): with sync off, backward keeps each unit's unsharded gradient and
  * accumulates into it, with no communication; the next iteration with sync on reduces the sum.
  * Call on every rank, outside forward and backward. */
 FSDP_API fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync);
-FSDP_API int fsdp_sync_gradients(const fsdp_t *fs);
 
 /* Clips the sharded gradients of every unit so that their total norm (over all ranks) is at
  * most max_norm, as torch.nn.utils.clip_grad_norm_ / FSDP.clip_grad_norm_. norm_type > 0, or
@@ -226,7 +209,6 @@ FSDP_API int fsdp_sync_gradients(const fsdp_t *fs);
  * clipping. */
 FSDP_API fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
                                            double *total_norm_p);
-FSDP_API fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);
 
 /* Creates a unit. The first unit created with parent NULL is the root; every other unit needs
  * a parent created before it. Parameter names must be unique across the model. */
@@ -269,30 +251,19 @@ FSDP_API fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_un
                                            const fsdp_param_spec_t *params, int nparams,
                                            const fsdp_unit_options_t *opts, fsdp_unit_t **unit_p);
 
-FSDP_API int fsdp_num_units(const fsdp_t *fs);
-FSDP_API fsdp_unit_t *fsdp_unit_at(fsdp_t *fs, int index); /* creation order */
-FSDP_API fsdp_unit_t *fsdp_root(fsdp_t *fs);
-FSDP_API const char *fsdp_unit_name(const fsdp_unit_t *u);
-FSDP_API int fsdp_unit_has_params(const fsdp_unit_t *u);
-FSDP_API int fsdp_unit_num_params(const fsdp_unit_t *u);
 FSDP_API fsdp_status_t fsdp_unit_param_info(const fsdp_unit_t *u, int index,
                                             fsdp_param_info_t *info_p);
 /* T: flat numel (tied parameters once), S: shard numel, W: shard-group size. */
 FSDP_API size_t fsdp_unit_flat_numel(const fsdp_unit_t *u);
-FSDP_API size_t fsdp_unit_shard_numel(const fsdp_unit_t *u);
 /* The unit's effective strategy (NO_SHARD on a one-rank shard group) and groups. */
 FSDP_API fsdp_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
 FSDP_API fsdp_group_t *fsdp_unit_shard_group(const fsdp_unit_t *u);
 FSDP_API fsdp_group_t *fsdp_unit_replicate_group(const fsdp_unit_t *u); /* NULL unless hybrid */
-FSDP_API fsdp_handle_state_t fsdp_unit_handle_state(const fsdp_unit_t *u);
-FSDP_API fsdp_training_state_t fsdp_unit_training_state(const fsdp_unit_t *u);
 
 /* This rank's sharded flat parameter (S elements, f32; pinned host memory with CPU offload,
  * else device memory), to read or to write (the optimizer) while the unit is idle; each call
  * renews fsdp_unit_param_version under NO_SHARD, so write before the next forward. */
 FSDP_API float *fsdp_unit_local_shard(fsdp_unit_t *u);
-/* 1 when the unit's shard and gradient live in host memory (CPU offload). */
-FSDP_API int fsdp_unit_offloaded(const fsdp_unit_t *u);
 /* The dtype parameters have between the hooks, and gradients are written in. */
 FSDP_API fsdp_dtype_t fsdp_unit_compute_dtype(const fsdp_unit_t *u);
 /* This rank's sharded gradient after the final callback (S elements, f32), NULL when none or
@@ -309,21 +280,12 @@ FSDP_API void fsdp_zero_grad(fsdp_t *fs);
  * zero at creation. FSDP never reads or writes them after that: no collective, no gradient
  * reduction, no broadcast under sync_module_states, no fsdp_zero_grad, no optimizer step, no
  * state dict or checkpoint; the caller owns them. */
-FSDP_API int fsdp_unit_num_ignored_params(const fsdp_unit_t *u);
-FSDP_API fsdp_status_t fsdp_unit_ignored_param_info(const fsdp_unit_t *u, int index,
-                                                    fsdp_param_info_t *info_p);
 FSDP_API float *fsdp_unit_ignored_param(fsdp_unit_t *u, int index);
 FSDP_API float *fsdp_unit_ignored_grad(fsdp_unit_t *u, int index);
-/* Copies this rank's host values (numel floats) into ignored parameter `index`. */
-FSDP_API fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index,
-                                                   const float *host_values);
 
-/* Module buffers (fsdp_unit_options_t.buffers), in spec order. info: name, ndim, shape,
- * numel. fsdp_unit_buffer: the buffer in device memory as the model computes with it, in
- * *dtype_p (f32, or buffer_dtype after lazy init). */
-FSDP_API int fsdp_unit_num_buffers(const fsdp_unit_t *u);
-FSDP_API fsdp_status_t fsdp_unit_buffer_info(const fsdp_unit_t *u, int index,
-                                             fsdp_param_info_t *info_p);
+/* Module buffers (fsdp_unit_options_t.buffers), in spec order. fsdp_unit_buffer: the buffer in
+ * device memory as the model computes with it, in *dtype_p (f32, or buffer_dtype after lazy
+ * init). */
 FSDP_API void *fsdp_unit_buffer(fsdp_unit_t *u, int index, fsdp_dtype_t *dtype_p);
 /* Sets buffer `index` from numel f32 host values (stored in the buffer's present dtype). With
  * sync_module_states, rank 0's values, broadcast over the world (a collective), as PyTorch
@@ -341,18 +303,9 @@ FSDP_API fsdp_status_t fsdp_unit_set_param(fsdp_unit_t *u, int index, const floa
  * anything). */
 FSDP_API fsdp_status_t fsdp_unit_set_param_reads(const fsdp_unit_t *u, int index, size_t *first_p,
                                                  size_t *count_p);
-/* Sets this rank's part of parameter `index` alone: host_values are its numel_in_shard floats
- * from intra_start (fsdp_unit_param_info); nothing is read when it has no part in the shard.
- * Not a collective, so sync_module_states does not apply: each rank reads its own part (a
- * checkpoint loaded without any rank holding the whole parameter). Call while the unit is idle. */
-FSDP_API fsdp_status_t fsdp_unit_set_param_shard(fsdp_unit_t *u, int index,
-                                                 const float *host_values);
 /* Gathers the full flat parameter to host memory (T floats, unpadded) on every rank of the
  * shard group. A collective: every rank must call it. */
 FSDP_API fsdp_status_t fsdp_unit_gather_full(fsdp_unit_t *u, float *host_out);
-/* The same for any buffer laid out as the unit's shard (S floats where the shard lives), e.g.
- * an optimizer state. A collective. */
-FSDP_API fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float *host_out);
 
 /* ---- during compute ---- */
 
@@ -400,10 +353,6 @@ FSDP_API fsdp_status_t fsdp_unit_set_reshard_after_backward(fsdp_unit_t *u, int 
  * FSDP2 only; each a collective over the unit's shard group for unshard. */
 FSDP_API fsdp_status_t fsdp_unit_unshard(fsdp_unit_t *u);
 FSDP_API fsdp_status_t fsdp_unit_reshard(fsdp_unit_t *u);
-FSDP_API fsdp_api_t fsdp_api(const fsdp_t *fs);
-
-/* Bytes of pinned host memory held for CPU offload. */
-FSDP_API size_t fsdp_host_pinned_bytes(const fsdp_t *fs);
 
 /* ---- summon_full_params ---- */
 
@@ -423,8 +372,6 @@ FSDP_API void fsdp_summon_options_init(fsdp_summon_options_t *opts); /* PyTorch'
  * inside forward/backward, and nested summons. A collective over the shard group. */
 FSDP_API fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *u, const fsdp_summon_options_t *opts);
 FSDP_API fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
-/* With with_grads: the full gradient of parameter `index` (f32), or NULL without one. */
-FSDP_API float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
 
 /* ---- symmetric ranks (lib/core/symmetry.c) ----
  *

@@ -65,8 +65,6 @@ FSDP_API void fsdp_tokens_close(fsdp_tokens_t *tokens);
 FSDP_API size_t fsdp_tokens_count(const fsdp_tokens_t *tokens);
 /* The largest id (0 when empty): a model needs a vocabulary above it. */
 FSDP_API uint32_t fsdp_tokens_max_id(const fsdp_tokens_t *tokens);
-FSDP_API uint32_t fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i); /* i < count */
-FSDP_API fsdp_tokens_order_t fsdp_tokens_order(const fsdp_tokens_t *tokens);
 /* What the tokens are, for a log line: "llm.c shard x.bin", "text y.txt", ... Never NULL. */
 FSDP_API const char *fsdp_tokens_source(const fsdp_tokens_t *tokens);
 
@@ -86,10 +84,6 @@ FSDP_API fsdp_status_t fsdp_tokens_check_spec(const fsdp_tokens_t *tokens,
 /* This rank's rows of global batch `step` (>= 0): inputs and targets, [B/W, T] each. */
 FSDP_API fsdp_status_t fsdp_tokens_batch(const fsdp_tokens_t *tokens, const fsdp_batch_spec_t *spec,
                                          int64_t step, int32_t *inputs, int32_t *targets);
-
-/* SEQUENTIAL order: the position of global batch `step`'s window of B*T + 1 tokens. */
-FSDP_API size_t fsdp_tokens_window(const fsdp_tokens_t *tokens, size_t batch, size_t seq,
-                                   int64_t step);
 
 #ifdef __cplusplus
 }

@@ -60,25 +60,15 @@ FSDP_API const fsdp_gpt2_preset_t *fsdp_gpt2_preset_find(const char *name);
 /* A comma-separated list of the preset names. Never NULL. */
 FSDP_API const char *fsdp_gpt2_preset_names(void);
 
-/* HF's GPT2Config defaults (the 124M model). */
-FSDP_API void fsdp_gpt2_config_init(fsdp_gpt2_config_t *cfg);
 /* Parses a preset name, or "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,attention=A" (any
  * subset, the others from gpt2-tiny; seq sets n_positions; A is eager (the default) or fused).
  * Errors are FSDP_ERR_INVALID_PARAM, logged with what is allowed. */
 FSDP_API fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p);
 /* 1 when spec names a GPT model (a preset, or "gpt2:..."), whether or not it parses. */
 FSDP_API int fsdp_gpt2_spec_is_gpt(const char *spec);
-/* Checks the ranges (every size >= 1, n_head divides n_embd, ...), logging what is wrong. */
-FSDP_API fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg);
 /* Parameters, tied weights once, without the attention-mask buffers (12 C^2 + 13 C per block,
  * plus (vocab + n_positions) C + 2 C). */
 FSDP_API uint64_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *cfg);
-/* Parameters of one block, and of the root (wte, wpe, ln_f). */
-FSDP_API uint64_t fsdp_gpt2_block_params(const fsdp_gpt2_config_t *cfg);
-FSDP_API uint64_t fsdp_gpt2_root_params(const fsdp_gpt2_config_t *cfg);
-/* Forward FLOPs per token at sequence length seq (matrix products, attention included, with
- * the causal mask not exploited), the usual 2 x parameters + attention; training is about 3x. */
-FSDP_API double fsdp_gpt2_flops_per_token(const fsdp_gpt2_config_t *cfg, int seq);
 
 /* ---- the model on one rank (lm.h) ---- */
 
@@ -118,9 +108,6 @@ enum { FSDP_GPT2_WTE = 0, FSDP_GPT2_WPE, FSDP_GPT2_LNF_W, FSDP_GPT2_LNF_B, FSDP_
  * FSDP_ERR_FORMAT with one logged line naming the tensor. */
 FSDP_API fsdp_status_t fsdp_gpt2_weights_open(const char *path, const fsdp_gpt2_config_t *cfg,
                                               fsdp_lm_weights_t **weights_p);
-/* Reads a config's shape from a checkpoint's tensors (layers, width, vocab, positions; heads
- * are not in the tensors and are kept from *cfg). */
-FSDP_API fsdp_status_t fsdp_gpt2_weights_infer_config(const char *path, fsdp_gpt2_config_t *cfg);
 
 typedef enum {
     FSDP_GPT2_SAVE_PREFIXED = 0, /* "transformer.h.0...", as GPT2LMHeadModel.save_pretrained */

@@ -55,7 +55,6 @@ typedef struct fsdp_llama_preset {
 /* The presets: llama-tiny (tests and the demo), llama2-7b, llama2-13b, llama2-70b, llama3-8b,
  * llama3-70b, llama3.1-405b, llama3.2-1b, llama3.2-3b (their HF config.json). */
 FSDP_API const fsdp_llama_preset_t *fsdp_llama_presets(int *count_p);
-FSDP_API const fsdp_llama_preset_t *fsdp_llama_preset_find(const char *name);
 FSDP_API const char *fsdp_llama_preset_names(void);
 
 /* 1 when spec names a Llama model (a preset or "llama:..."), whether or not it parses. */
@@ -65,15 +64,10 @@ FSDP_API int fsdp_llama_spec_is_llama(const char *spec);
  * llama-tiny (rope_scaling=llama3 takes Llama 3.1's factor 8, frequency factors 1 and 4 and
  * original context 8192). Errors are FSDP_ERR_INVALID_PARAM, logged with what is allowed. */
 FSDP_API fsdp_status_t fsdp_llama_config_parse(const char *spec, fsdp_llama_config_t *cfg_p);
-FSDP_API fsdp_status_t fsdp_llama_config_check(const fsdp_llama_config_t *cfg);
 /* head_dim, or dim / n_head when it is 0 */
 FSDP_API int fsdp_llama_head_dim(const fsdp_llama_config_t *cfg);
 /* V D (tied ? 1 : 2) + L (D (H + 2K) hd + H hd D + 3 D F + 2 D) + D */
 FSDP_API uint64_t fsdp_llama_num_params(const fsdp_llama_config_t *cfg);
-FSDP_API uint64_t fsdp_llama_layer_params(const fsdp_llama_config_t *cfg);
-/* The rotary inverse frequencies inv_freq[i], i < head_dim / 2, as HF computes them (scaled
- * when rope_scaling), in f32. */
-FSDP_API void fsdp_llama_inv_freq(const fsdp_llama_config_t *cfg, float *inv_freq);
 
 /* ---- the model on one rank (lm.h) ---- */
 

@@ -84,12 +84,6 @@ typedef struct fsdp_mem_stats {
     uint64_t num_device_free;      /* segments returned to the backend */
 } fsdp_mem_stats_t;
 
-/* capacity: bytes the device may hold (0 = unlimited). A segment that would take the reserved
- * bytes past it fails as cudaMalloc would, without calling the backend. */
-FSDP_API fsdp_status_t fsdp_mem_create(fsdp_dev_t *dev, size_t capacity, fsdp_mem_t **mem_p);
-/* Returns every segment to the backend, live blocks included. Accepts NULL. */
-FSDP_API void fsdp_mem_destroy(fsdp_mem_t *mem);
-
 /* Requests of 0 bytes return NULL with FSDP_OK. A NULL stream is the compute stream. When no
  * segment can be had, the cached free segments are released and the allocation retried once;
  * failing again returns FSDP_ERR_OUT_OF_MEMORY and logs the request and the breakdown of
@@ -103,26 +97,8 @@ FSDP_API void fsdp_mem_free(fsdp_mem_t *mem, void *ptr);
 FSDP_API fsdp_status_t fsdp_mem_record_stream(fsdp_mem_t *mem, void *ptr, fsdp_stream_t *stream);
 
 FSDP_API void fsdp_mem_get_stats(const fsdp_mem_t *mem, fsdp_mem_stats_t *stats_p);
-/* Who is allocating (a unit name and a phase such as "pre_forward"; the strings must stay
- * valid), named by the out-of-memory report. The runtime sets it in its hooks. */
-FSDP_API void fsdp_mem_set_context(fsdp_mem_t *mem, const char *unit, const char *phase);
-/* Just the current allocated and reserved bytes (cheap: for every trace event). */
-FSDP_API void fsdp_mem_current(const fsdp_mem_t *mem, size_t *allocated_p, size_t *reserved_p);
-/* The live statistics of all blocks (pool FSDP_MEM_POOL_ALL), updated in place by every
- * allocation and free, for readers that must not call back into the allocator (the trace
- * writer stamps each event with allocated_bytes.current and reserved_bytes.current). Valid
- * until fsdp_mem_destroy; read on the thread that allocates. */
-FSDP_API const fsdp_mem_pool_stats_t *fsdp_mem_counters(const fsdp_mem_t *mem);
 /* Every peak becomes its current value (reset_peak_memory_stats). */
 FSDP_API void fsdp_mem_reset_peaks(fsdp_mem_t *mem);
-/* Waits for the events of record_stream'd blocks, then returns every segment that is one free
- * block to the backend (torch.cuda.empty_cache). */
-FSDP_API fsdp_status_t fsdp_mem_empty_cache(fsdp_mem_t *mem);
-
-/* Request size rounded as the allocator rounds it; 0 when not representable. */
-FSDP_API size_t fsdp_mem_round_size(size_t bytes);
-/* Size of the live block at ptr (at least the rounded request), or 0 when ptr is not one. */
-FSDP_API size_t fsdp_mem_block_size(const fsdp_mem_t *mem, const void *ptr);
 
 /* ---- introspection (memory_snapshot) ---- */
 
@@ -152,13 +128,6 @@ typedef struct fsdp_mem_block_info {
 
 typedef void (*fsdp_mem_visit_func_t)(const fsdp_mem_segment_info_t *seg,
                                       const fsdp_mem_block_info_t *block, void *arg);
-/* Calls func for every block, segment by segment in the order they were allocated, blocks by
- * address. */
-FSDP_API void fsdp_mem_snapshot(const fsdp_mem_t *mem, fsdp_mem_visit_func_t func, void *arg);
-/* Checks the allocator's internal invariants (blocks tile their segments, free neighbours are
- * merged, indexes and statistics agree with the blocks); FSDP_ERR_INTERNAL, logged, if not.
- * Costs O(blocks): for tests and debugging. */
-FSDP_API fsdp_status_t fsdp_mem_check(const fsdp_mem_t *mem);
 
 #ifdef __cplusplus
 }

@@ -43,9 +43,6 @@ FSDP_API void fsdp_optim_destroy(fsdp_optim_t *opt);
 /* One step over every unit's sharded parameter with its sharded gradient; units without a
  * gradient are skipped, as torch skips parameters whose .grad is None. */
 FSDP_API fsdp_status_t fsdp_optim_step(fsdp_optim_t *opt);
-FSDP_API int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt);
-FSDP_API void fsdp_optim_set_num_steps(fsdp_optim_t *opt, int64_t steps);
-FSDP_API const fsdp_optim_config_t *fsdp_optim_config(const fsdp_optim_t *opt);
 
 /* The optimizer state of one unit's shard, laid out as the shard (fsdp_unit_local_shard), for
  * state dicts and checkpoints. */
@@ -57,12 +54,6 @@ typedef struct fsdp_optim_state_view {
     int has_buffer;       /* SGD: the momentum buffer holds a value */
 } fsdp_optim_state_view_t;
 
-/* With `allocate`, creates the (zeroed) state first, e.g. to load a checkpoint into it. */
-FSDP_API fsdp_status_t fsdp_optim_unit_state_view(fsdp_optim_t *opt, fsdp_unit_t *u, int allocate,
-                                                  fsdp_optim_state_view_t *view_p);
-/* step in [0, FSDP_OPTIM_STEP_MAX], else FSDP_ERR_INVALID_PARAM with a message. */
-FSDP_API fsdp_status_t fsdp_optim_set_unit_step(fsdp_optim_t *opt, fsdp_unit_t *u, int64_t step,
-                                                int has_buffer);
 /* The most steps a unit may have taken: counts stay exact as doubles and never wrap. */
 #define FSDP_OPTIM_STEP_MAX (INT64_C(1) << 53)
 
@@ -82,8 +73,6 @@ FSDP_API int fsdp_mlp_parse_spec(const char *spec, int *dims, int max_dims);
 /* Parameters of the MLP of widths dims[0..nlayers]: each Linear's weight and bias. */
 FSDP_API uint64_t fsdp_mlp_num_params(const int *dims, int nlayers);
 
-FSDP_API int fsdp_mlp_num_layers(const fsdp_mlp_t *mlp);
-FSDP_API const int *fsdp_mlp_dims(const fsdp_mlp_t *mlp);
 FSDP_API fsdp_unit_t *fsdp_mlp_layer(fsdp_mlp_t *mlp, int layer);
 
 /* nn.Linear's default init: weight and bias uniform in +-1/sqrt(in), from a deterministic
@@ -115,19 +104,10 @@ typedef struct fsdp_rng {
 } fsdp_rng_t;
 
 FSDP_API void fsdp_rng_seed(fsdp_rng_t *rng, uint64_t seed);
-FSDP_API uint64_t fsdp_rng_next(fsdp_rng_t *rng);
-/* Moves on as n calls of fsdp_rng_next would, in constant time. */
-FSDP_API void fsdp_rng_skip(fsdp_rng_t *rng, uint64_t n);
 /* Uniform in [lo, hi). One fsdp_rng_next. */
 FSDP_API float fsdp_rng_uniform(fsdp_rng_t *rng, float lo, float hi);
 /* Standard normal (Box-Muller). Two fsdp_rng_next, always. */
 FSDP_API float fsdp_rng_normal(fsdp_rng_t *rng);
-/* n normal values of standard deviation std (Marsaglia's polar method: two values per accepted
- * pair of draws, one log, no trigonometry), of which only out[first .. first + count) are
- * computed and stored (the pairs that touch them); the generator moves past all n, as the
- * rejections take a variable number of draws. */
-FSDP_API void fsdp_rng_normal_polar(fsdp_rng_t *rng, float *out, size_t n, float std, size_t first,
-                                    size_t count);
 
 #ifdef __cplusplus
 }

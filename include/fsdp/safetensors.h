@@ -41,19 +41,12 @@ typedef struct fsdp_st_tensor {
 
 typedef struct fsdp_st_file fsdp_st_file_t;
 
-/* Bits per element of a safetensors dtype name, 0 if unknown. */
-FSDP_API unsigned fsdp_st_dtype_bits(const char *dtype);
-
 /* Maps the file read-only (no copy; pages load on first touch). A missing file, a directory or
  * a failed read is FSDP_ERR_IO; a file shorter than 8 bytes (an empty one too) or breaking any
  * other rule is FSDP_ERR_FORMAT. Another process truncating the file while it is open makes
  * access to the lost pages fault (SIGBUS), as with any mapping: replace files by rename, as
  * fsdp_st_write does. An open file is read-only: any number of threads may read it. */
 FSDP_API fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p);
-/* Same rules, over a buffer the caller keeps alive while the file is open. `label` names it in
- * messages ("<buffer>" if NULL); buf may be NULL when len is 0. */
-FSDP_API fsdp_status_t fsdp_st_open_buffer(const void *buf, size_t len, const char *label,
-                                           fsdp_st_file_t **file_p);
 /* Accepts NULL. */
 FSDP_API void fsdp_st_close(fsdp_st_file_t *file);
 
@@ -68,13 +61,6 @@ FSDP_API const fsdp_st_tensor_t *fsdp_st_find(const fsdp_st_file_t *file, const 
  * the first NaN or Inf. Loaders of weights and data call it: a NaN would only surface as a NaN
  * loss steps later. */
 FSDP_API fsdp_status_t fsdp_st_check_finite(const fsdp_st_tensor_t *t, const char *label);
-/* Value of a __metadata__ key, NULL if absent. */
-FSDP_API const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
-/* Elements [start, start + n) of a F32, BF16 or F16 tensor (row-major), widened to f32 into
- * out: only those bytes of the file are read. FSDP_ERR_INVALID_PARAM for another dtype or a
- * range past the tensor's end. */
-FSDP_API fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64_t n,
-                                        float *out);
 
 typedef struct fsdp_st_entry {
     const char *name;

@@ -51,11 +51,6 @@ typedef enum {
     FSDP_SIM_PROTO_COUNT
 } fsdp_sim_proto_t;
 
-/* "ring", "tree", "nvls", "nvls_tree", "pat" / "ll", "ll128", "simple"; "invalid" otherwise.
- * Never NULL. */
-FSDP_API const char *fsdp_sim_algo_name(fsdp_sim_algo_t algo);
-FSDP_API const char *fsdp_sim_proto_name(fsdp_sim_proto_t proto);
-
 /* Columns of NCCL's per-node-count tables: one node, two nodes, three or more. */
 #define FSDP_SIM_NODE_CLASSES 3
 /* treeCorrectionFactor: one entry per power of two of nBytes/64, from 64 B to 256 MiB. */
@@ -173,25 +168,9 @@ typedef struct fsdp_sim_profile {
 /* The default profile of fsdp_sim_params_init: one 8xH100 SXM node. */
 #define FSDP_SIM_DEFAULT_PROFILE "h100"
 
-/* A built-in preset: "h100" (8x H100 SXM5 80GB per node, DGX H100) or "a100" (8x A100 SXM4
- * 80GB per node, DGX A100), optionally with a shape, "h100:nodes=4" or
- * "a100:nodes=2,gpus_per_node=4". An unknown name or option is FSDP_ERR_INVALID_PARAM,
- * logged with what is allowed. */
-FSDP_API fsdp_status_t fsdp_sim_profile_preset(const char *spec, fsdp_sim_profile_t *profile_p);
-/* The presets, comma-separated ("h100, a100"). Never NULL. */
-FSDP_API const char *fsdp_sim_profile_presets(void);
-/* A profile from JSON text or a file (the layout of traces/profiles/h100.json). A "base"
- * member names a preset to start from; otherwise every required number must be present.
- * Malformed JSON is FSDP_ERR_FORMAT (with line and column); an unknown member, a wrong type or
- * a value out of range is FSDP_ERR_INVALID_PARAM naming the member; a missing file
- * FSDP_ERR_NOT_FOUND. Nothing is written to *profile_p unless the result is FSDP_OK. */
-FSDP_API fsdp_status_t fsdp_sim_profile_parse(const char *json, fsdp_sim_profile_t *profile_p);
-FSDP_API fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profile_p);
 /* What tools take on the command line: a preset spec, or a JSON file (an argument that ends
  * in ".json" or names an existing file), either followed by ":nodes=N,gpus_per_node=G". */
 FSDP_API fsdp_status_t fsdp_sim_profile_from_arg(const char *arg, fsdp_sim_profile_t *profile_p);
-/* Checks every field's range; FSDP_ERR_INVALID_PARAM, logged, naming the first bad one. */
-FSDP_API fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *profile);
 /* The profile as JSON text that fsdp_sim_profile_parse reads back to the same values (for a
  * trace's run row). Free it with free(); NULL when out of memory. */
 FSDP_API char *fsdp_sim_profile_to_json(const fsdp_sim_profile_t *profile);
@@ -235,45 +214,6 @@ typedef struct fsdp_sim_coll_cost {
 FSDP_API double fsdp_sim_coll_time(const fsdp_sim_profile_t *profile, fsdp_sim_coll_kind_t kind,
                                    int nranks, int nnodes, double nbytes,
                                    fsdp_sim_coll_cost_t *cost_p);
-/* The same when each node holds node_ranks ranks that run groups like this one at the same time
- * (hybrid sharding's replicate groups: one rank per node each, as many groups as a node has
- * ranks): they share the node's NICs, so a group with k ranks on a node has k / node_ranks of
- * its nics_per_node NICs when that is less than k NICs (docs/costs.md, "Tree and ring across
- * nodes"). node_ranks <= nranks / nnodes is fsdp_sim_coll_time: the group has the node alone. */
-FSDP_API double fsdp_sim_coll_time_shared(const fsdp_sim_profile_t *profile,
-                                          fsdp_sim_coll_kind_t kind, int nranks, int nnodes,
-                                          int node_ranks, double nbytes,
-                                          fsdp_sim_coll_cost_t *cost_p);
-/* A kernel's device time. GEMMs: FLOPs / (peak x gemm_efficiency x quantization); fused
- * attention likewise with attention_efficiency; other kernels: max(FLOPs / (vector peak x
- * compute_efficiency), bytes / (bandwidth x memory_efficiency)); each plus the kernel latency.
- * Under FSDP_SIM_OPS_EAGER a fused element-wise kernel costs the sum of its eager ops, each
- * with its own latency. */
-FSDP_API double fsdp_sim_kernel_time(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
-/* The same with only `sms` of the GPU's SMs free for it (1 <= sms <= gpu.sms; the rest held by
- * collectives): a GEMM's or fused attention's peak scales by sms / gpu.sms and its wave
- * quantization counts `sms` SMs; other kernels, bound by memory, keep their time. */
-FSDP_API double fsdp_sim_kernel_time_on(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k,
-                                        int sms);
-/* The kernels k is launched as: 1, or its eager ops' count under FSDP_SIM_OPS_EAGER (the host
- * pays a launch for each). */
-FSDP_API int fsdp_sim_kernel_launches(const fsdp_sim_profile_t *profile, const fsdp_kernel_t *k);
-/* 1 when FSDP_SIM_OPS_EAGER prices kernels of this kind as a sequence of eager ops (for some
- * descriptors or all), 0 when always as one kernel. */
-FSDP_API int fsdp_sim_kind_eager(fsdp_kernel_kind_t kind);
-/* The tile and wave quantization of an m x n GEMM output (batch products) on `sms` SMs, in
- * (0, 1]: (m n / padded tiles' area) x (tiles / (waves x sms)), with FSDP_SIM_GEMM_TILE_M x
- * _N tiles, the longer side along the longer dimension (NVIDIA's "Matrix Multiplication
- * Background User's Guide"); an output with fewer such tiles than SMs takes the largest of
- * 128 x 128, 64 x 128 and 64 x 64 that fills them, else 64 x 64, as cuBLAS's heuristics pick
- * smaller tiles for small outputs. 1 when sms <= 0. */
-FSDP_API double fsdp_sim_gemm_quantization(double m, double n, double batch, int sms);
-/* The same for fused attention: batch x heads x ceil(seq / FSDP_SIM_ATTN_BLOCK) blocks on
- * `sms` SMs, the last block of a sequence padded. */
-FSDP_API double fsdp_sim_attention_quantization(double batch, double heads, double seq, int sms);
-/* The bytes that the eager ops of k read and write together, and their count (1 and
- * fsdp_kernel_cost's bytes for a kernel priced as one). */
-FSDP_API double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p);
 
 typedef enum {
     FSDP_SIM_COPY_H2D = 0,
@@ -282,12 +222,6 @@ typedef enum {
     FSDP_SIM_COPY_H2H = 3,
     FSDP_SIM_COPY_COUNT
 } fsdp_sim_copy_kind_t;
-
-/* "h2d", "d2h", "d2d", "h2h". Never NULL. */
-FSDP_API const char *fsdp_sim_copy_name(fsdp_sim_copy_kind_t kind);
-/* A copy: over PCIe for h2d/d2h, read and write of HBM for d2d; plus the kernel latency. */
-FSDP_API double fsdp_sim_copy_time(const fsdp_sim_profile_t *profile, fsdp_sim_copy_kind_t kind,
-                                   double bytes);
 
 /* A book of the SMs each rank's collectives held over a run, in the order the rank issued them,
  * kept for the next run of the same job (fsdp_sim_params_t.holds). A kernel is priced when it is
@@ -305,8 +239,6 @@ typedef struct fsdp_sim_holds fsdp_sim_holds_t;
 FSDP_API fsdp_sim_holds_t *fsdp_sim_holds_create(int world_size);
 /* Accepts NULL. */
 FSDP_API void fsdp_sim_holds_destroy(fsdp_sim_holds_t *holds);
-/* The holds rank recorded in the last run with the book (0 for a rank that did not run). */
-FSDP_API size_t fsdp_sim_holds_count(const fsdp_sim_holds_t *holds, int rank);
 /* Makes the next run with the book price its kernels as the last run did (with the same
  * earlier holds), so that it repeats the last run exactly: to trace a run already made.
  * Accepts NULL. */
@@ -382,19 +314,10 @@ typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
 FSDP_API fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func,
                                        void *arg, fsdp_status_t *rank_status);
 
-/* The sim ops table (for code that wants to wrap or inspect it). */
-FSDP_API const fsdp_backend_ops_t *fsdp_sim_backend(void);
 
 /* The message of the last error this rank's backend reported ("" if none). Valid until the
  * next failing call on the same rank. */
 FSDP_API const char *fsdp_sim_last_error(fsdp_dev_t *dev);
-
-/* Marks this rank failed (as if its function had returned an error): peers waiting in a
- * collective with it return FSDP_ERR_RANK_FAILED. */
-FSDP_API void fsdp_sim_rank_fail(fsdp_dev_t *dev);
-
-/* 1 when the dev belongs to the sim backend. */
-FSDP_API int fsdp_dev_is_sim(const fsdp_dev_t *dev);
 
 /* ---- virtual time: per-rank queries for the runtime and tools ----
  *
@@ -406,13 +329,6 @@ FSDP_API int fsdp_dev_is_sim(const fsdp_dev_t *dev);
  * synchronizes jumps to the event's or stream's time. All of it is deterministic. Call the
  * functions below from the rank itself (its function); they return 0, NULL or
  * FSDP_ERR_INVALID_PARAM for a dev that is not a sim rank. */
-
-/* The time at which the work issued so far on a stream (NULL: the compute stream) ends. */
-FSDP_API double fsdp_sim_stream_time(fsdp_dev_t *dev, fsdp_stream_t *stream);
-/* The latest of the host clock and every stream's clock: when everything issued so far ends. */
-FSDP_API double fsdp_sim_device_time(fsdp_dev_t *dev);
-/* The cluster profile the rank's world runs with. */
-FSDP_API const fsdp_sim_profile_t *fsdp_sim_rank_profile(fsdp_dev_t *dev);
 
 /* What a rank's device did, since the rank started or since fsdp_sim_time_reset. Busy times
  * are sums of op durations; a collective's duration runs from when its stream was ready for it
@@ -437,9 +353,6 @@ typedef struct fsdp_sim_time_stats {
 } fsdp_sim_time_stats_t;
 
 FSDP_API fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);
-/* Data mode: how many of this rank's GEMMs read a kept packed operand (no_pack_cache), and how
- * many times one was packed, since the launch. Zeros for any other device. */
-FSDP_API void fsdp_sim_pack_cache_stats(fsdp_dev_t *dev, uint64_t *hits_p, uint64_t *packs_p);
 /* Starts a new accounting window (e.g. at a step boundary): later stats count only ops
  * issued from now on. The clocks are not touched. */
 FSDP_API void fsdp_sim_time_reset(fsdp_dev_t *dev);

@@ -58,11 +58,6 @@ typedef enum {
         FSDP_EV_KIND_COUNT
 } fsdp_event_kind_t;
 
-/* "hook", "alloc", ...; "invalid" for anything else. Never NULL. */
-FSDP_API const char *fsdp_event_kind_name(fsdp_event_kind_t kind);
-/* Parses a kind name; returns 0 on success, -1 if unknown. */
-FSDP_API int fsdp_event_kind_parse(const char *s, fsdp_event_kind_t *kind_p);
-
 typedef struct fsdp_trace_event {
     fsdp_event_kind_t kind;
     const char *name;   /* "pre_forward", "all_gather", "gemm", a memory category, ...; copied */
@@ -79,10 +74,6 @@ typedef struct fsdp_trace_event {
 
 /* Strings longer than this many bytes are stored truncated. */
 #define FSDP_TRACE_STR_MAX 1024
-
-/* Zeroes *ev and sets kind, name and dtype = -1. */
-FSDP_API void fsdp_trace_event_init(fsdp_trace_event_t *ev, fsdp_event_kind_t kind,
-                                    const char *name);
 
 typedef struct fsdp_trace fsdp_trace_t; /* one database, one run */
 
@@ -117,26 +108,12 @@ static inline int fsdp_trace_enabled(const fsdp_dev_t *dev)
     return dev != NULL && dev->trace != NULL;
 }
 
-/* Appends one event to the rank's trace and gives it the rank's next sequence number (0, 1,
- * ...). A no-op when dev->trace is NULL. Never blocks on the database. */
-FSDP_API void fsdp_trace_emit(fsdp_dev_t *dev, const fsdp_trace_event_t *ev);
-
-/* The FSDP unit this rank's next events belong to when they name none (NULL: none). The name
- * must stay valid until the next call. The runtime sets it in its hooks. */
-FSDP_API void fsdp_trace_set_unit(fsdp_dev_t *dev, const char *unit);
-/* The live counters (fsdp_mem_counters of the runtime's allocator) whose allocated and reserved
- * bytes every event of this rank records when its emitter leaves both 0 (NULL: zeros). The
- * writer reads them and never calls the allocator. */
-FSDP_API void fsdp_trace_set_memory(fsdp_dev_t *dev, const fsdp_mem_pool_stats_t *counters);
 /* The rank's step row (loss, step time, peak memory by category from `mem`, which may be NULL)
  * and a step boundary: the rank's pending events are handed to the writer, which commits them
  * together with the row. */
 FSDP_API void fsdp_trace_step(fsdp_dev_t *dev, int64_t step, double loss, double step_time,
                               const fsdp_mem_stats_t *mem);
 
-/* Waits until everything emitted so far (by every attached rank) is committed. Returns the
- * first error the writer met, if any. */
-FSDP_API fsdp_status_t fsdp_trace_flush(fsdp_trace_t *t);
 /* Flushes, marks the run finished, stops the writer and closes the database. Accepts NULL.
  * Returns the first error the writer met, if any. */
 FSDP_API fsdp_status_t fsdp_trace_close(fsdp_trace_t *t);
@@ -159,11 +136,6 @@ typedef struct fsdp_trace_stats {
     uint64_t dropped;    /* events lost after a writer error */
     double writer_cpu_s; /* CPU time of the writer thread */
 } fsdp_trace_stats_t;
-
-FSDP_API void fsdp_trace_get_stats(fsdp_trace_t *t, fsdp_trace_stats_t *stats_p);
-
-/* The text of traces/schema.sql, as built into the library. */
-FSDP_API const char *fsdp_trace_schema(void);
 
 /* ---- Reading ------------------------------------------------------------------------------ */
 
@@ -190,18 +162,6 @@ typedef struct fsdp_trace_run_row {
     int finished; /* 1 when fsdp_trace_close ran */
 } fsdp_trace_run_row_t;
 
-/* The strings stay valid until the next call on the reader. */
-FSDP_API fsdp_status_t fsdp_trace_reader_run(fsdp_trace_reader_t *reader, int64_t run,
-                                             fsdp_trace_run_row_t *row_p);
-
-/* Which traced rank stands for each rank of the run's world: rep[r] (world_size entries) is the
- * rank whose events are r's (a symmetric plan's simulated rank standing for its class, from the
- * ranks table; r itself for a rank traced on its own), or -1 when no rank of the run stands
- * for r. *traced_p (may be NULL): the ranks with events or steps of their own. A ranks table
- * that does not add up is FSDP_ERR_FORMAT. */
-FSDP_API fsdp_status_t fsdp_trace_reader_represent(fsdp_trace_reader_t *reader, int64_t run,
-                                                   int *rep, int *traced_p);
-
 /* Called for each event of a run, in (rank, seq) order; the strings are valid during the call.
  * A non-zero return stops the iteration (and is not an error). */
 typedef int (*fsdp_trace_event_func_t)(void *arg, int rank, uint64_t seq,
@@ -221,9 +181,6 @@ typedef struct fsdp_trace_step_row {
 } fsdp_trace_step_row_t;
 
 typedef int (*fsdp_trace_step_func_t)(void *arg, const fsdp_trace_step_row_t *row);
-/* In (rank, step) order; rank -1: every rank. */
-FSDP_API fsdp_status_t fsdp_trace_reader_steps(fsdp_trace_reader_t *reader, int64_t run, int rank,
-                                               fsdp_trace_step_func_t func, void *arg);
 
 /* ---- What fsdp-trace does ----------------------------------------------------------------- */
 
@@ -249,8 +206,6 @@ typedef enum {
 #undef FSDP_TRACE_DIV_ENUM_
         FSDP_TRACE_DIV_COUNT
 } fsdp_trace_divergence_t;
-
-FSDP_API const char *fsdp_trace_divergence_name(fsdp_trace_divergence_t d);
 
 typedef struct fsdp_trace_diff {
     fsdp_trace_divergence_t what; /* the first structural divergence; NONE if identical */
@@ -295,10 +250,6 @@ FSDP_API void fsdp_trace_plot_options_init(fsdp_trace_plot_options_t *opts);
 FSDP_API fsdp_status_t fsdp_trace_plot_svg_ex(const char *path, int64_t run,
                                               const fsdp_trace_plot_options_t *opts,
                                               const char *out_path);
-
-/* fsdp_trace_plot_svg_ex of the whole run; max_ranks: how many ranks to draw (0: 8). */
-FSDP_API fsdp_status_t fsdp_trace_plot_svg(const char *path, int64_t run, int max_ranks,
-                                           const char *out_path);
 
 #ifdef __cplusplus
 }

@@ -41,8 +41,6 @@ typedef enum {
     FSDP_REDUCE_COUNT
 } fsdp_reduce_op_t;
 
-FSDP_API const char *fsdp_reduce_op_name(fsdp_reduce_op_t op);
-
 /* What a byte of device memory is for (DESIGN.md, "Memory"). */
 #define FSDP_FOREACH_MEM_CATEGORY(X)                                                               \
     X(SHARDED_PARAM, "sharded_param")                                                              \

@@ -11,7 +11,9 @@
 
 #include <fsdp/memory.h>
 
+#include "alloc/alloc_hidden.h"
 #include "alloc/mem_index.h"
+#include "trace/trace_hidden.h"
 
 typedef struct mem_segment mem_segment_t;
 

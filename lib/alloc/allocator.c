@@ -156,7 +156,7 @@ static fsdp_status_t event_get(fsdp_mem_t *mem, fsdp_event_t **event_p)
         *event_p = mem->spare_events[--mem->n_spare_events];
         return FSDP_OK;
     }
-    return mem->dev->ops->event_create(mem->dev, event_p);
+    return fsdp_dev_event_create(mem->dev, event_p);
 }
 
 static void event_put(fsdp_mem_t *mem, fsdp_event_t *event)
@@ -165,7 +165,7 @@ static void event_put(fsdp_mem_t *mem, fsdp_event_t *event)
         size_t cap = mem->cap_spare_events ? mem->cap_spare_events * 2 : 16;
         fsdp_event_t **events = realloc(mem->spare_events, cap * sizeof(*events));
         if (events == NULL) {
-            mem->dev->ops->event_destroy(mem->dev, event);
+            fsdp_dev_event_destroy(mem->dev, event);
             return;
         }
         mem->spare_events = events;
@@ -202,7 +202,7 @@ static fsdp_status_t stream_slot(fsdp_mem_t *mem, fsdp_stream_t *stream, int *si
 
 static fsdp_stream_t *normalize_stream(fsdp_mem_t *mem, fsdp_stream_t *stream)
 {
-    return stream != NULL ? stream : mem->dev->ops->compute_stream(mem->dev);
+    return stream != NULL ? stream : fsdp_dev_compute_stream(mem->dev);
 }
 
 /* ---- free pools ------------------------------------------------------------------------ */
@@ -315,7 +315,7 @@ static fsdp_status_t alloc_block(fsdp_mem_t *mem, int sidx, fsdp_mem_pool_t pool
     seg = calloc(1, sizeof(*seg));
     if (seg == NULL)
         return FSDP_ERR_NO_MEMORY;
-    status = mem->dev->ops->segment_alloc(mem->dev, FSDP_MEMKIND_DEVICE, size, &ptr);
+    status = fsdp_dev_segment_alloc(mem->dev, FSDP_MEMKIND_DEVICE, size, &ptr);
     if (status == FSDP_OK && ptr == NULL) {
         fsdp_error("rank %d: the %s backend returned a NULL segment of %zu bytes", mem->dev->rank,
                    mem->dev->ops->name, size);
@@ -347,7 +347,7 @@ static fsdp_status_t alloc_block(fsdp_mem_t *mem, int sidx, fsdp_mem_pool_t pool
 static void release_segment(fsdp_mem_t *mem, mem_segment_t *seg)
 {
     pool_remove(mem, seg->head);
-    mem->dev->ops->segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
+    fsdp_dev_segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
     STAT_DEC(mem, seg->pool, segment, 1);
     STAT_DEC(mem, seg->pool, reserved_bytes, seg->size);
     mem->stats.num_device_free++;
@@ -400,11 +400,11 @@ static fsdp_status_t insert_event(fsdp_mem_t *mem, mem_block_t *b, fsdp_stream_t
         status = event_get(mem, &event);
     if (status != FSDP_OK)
         return status;
-    status = mem->dev->ops->event_record(mem->dev, event, stream);
+    status = fsdp_dev_event_record(mem->dev, event, stream);
     if (status == FSDP_OK)
         status = event_push(&mem->streams[sidx], event, b);
     if (status != FSDP_OK) {
-        mem->dev->ops->event_destroy(mem->dev, event);
+        fsdp_dev_event_destroy(mem->dev, event);
         return status;
     }
     b->event_count++;
@@ -424,7 +424,7 @@ static void insert_events(fsdp_mem_t *mem, mem_block_t *b)
         fsdp_warn("rank %d: cannot record an event for a freed block (%s); waiting for stream "
                   "'%s' instead",
                   mem->dev->rank, fsdp_status_string(status), b->uses[i]->name);
-        status = mem->dev->ops->stream_synchronize(mem->dev, b->uses[i]);
+        status = fsdp_dev_stream_synchronize(mem->dev, b->uses[i]);
         if (status != FSDP_OK)
             fsdp_error("rank %d: stream '%s' failed to synchronize (%s); reusing the block anyway",
                        mem->dev->rank, b->uses[i]->name, fsdp_status_string(status));
@@ -460,7 +460,7 @@ static fsdp_status_t process_events(fsdp_mem_t *mem)
         while (s->ev_head < s->ev_tail) {
             int done = 0;
             fsdp_status_t status =
-                mem->dev->ops->event_query(mem->dev, s->events[s->ev_head].event, &done);
+                fsdp_dev_event_query(mem->dev, s->events[s->ev_head].event, &done);
 
             if (status != FSDP_OK) {
                 fsdp_error("rank %d: querying a record_stream event on stream '%s' failed: %s",
@@ -484,7 +484,7 @@ static fsdp_status_t synchronize_and_free_events(fsdp_mem_t *mem)
 
         while (s->ev_head < s->ev_tail) {
             fsdp_status_t status =
-                mem->dev->ops->event_synchronize(mem->dev, s->events[s->ev_head].event);
+                fsdp_dev_event_synchronize(mem->dev, s->events[s->ev_head].event);
 
             if (status != FSDP_OK) {
                 fsdp_error("rank %d: waiting for a record_stream event on stream '%s' failed: %s",
@@ -547,20 +547,20 @@ void fsdp_mem_destroy(fsdp_mem_t *mem)
     for (int i = 0; i < mem->n_streams; i++) {
         mem_stream_t *s = &mem->streams[i];
         for (size_t j = s->ev_head; j < s->ev_tail; j++)
-            mem->dev->ops->event_destroy(mem->dev, s->events[j].event);
+            fsdp_dev_event_destroy(mem->dev, s->events[j].event);
         free(s->events);
         for (int p = 0; p < FSDP_MEM_POOL_COUNT; p++)
             fsdp_atree_destroy(&s->free_tree[p]);
     }
     free(mem->streams);
     for (size_t i = 0; i < mem->n_spare_events; i++)
-        mem->dev->ops->event_destroy(mem->dev, mem->spare_events[i]);
+        fsdp_dev_event_destroy(mem->dev, mem->spare_events[i]);
     free(mem->spare_events);
     /* newest first, as in release_cached_blocks: a backend that keeps its segments sorted by
      * address then drops its last entry each time, not its first */
     for (seg = mem->seg_last; seg != NULL; seg = next) {
         next = seg->prev;
-        mem->dev->ops->segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
+        fsdp_dev_segment_free(mem->dev, FSDP_MEMKIND_DEVICE, (void *)seg->base);
         free(seg);
     }
     for (size_t i = 0; i < mem->n_slabs; i++) {
@@ -669,7 +669,7 @@ static void trace_mem(fsdp_mem_t *mem, fsdp_event_kind_t kind, fsdp_mem_category
         return;
     fsdp_trace_event_init(&ev, kind, fsdp_mem_category_name(category));
     ev.stream = stream != NULL ? stream->name : NULL;
-    ev.host_time = mem->dev->ops->host_time(mem->dev);
+    ev.host_time = fsdp_dev_host_time(mem->dev);
     ev.start = ev.end = ev.host_time;
     ev.bytes = size;
     ev.count = 1;

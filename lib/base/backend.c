@@ -1,9 +1,11 @@
-/* Checks on backend ops tables, and helpers built only from their slots. */
+/* Checks on backend ops tables and on the arguments of the collectives before a slot is called,
+ * and helpers built only from the slots. */
 #include <fsdp/backend.h>
 #include <fsdp/log.h>
 
 #include <inttypes.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,21 +39,81 @@ fsdp_status_t fsdp_backend_check(const fsdp_backend_ops_t *ops)
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter,
-                                      fsdp_stream_t *waitee)
+static const char *coll_name(fsdp_coll_kind_t kind)
+{
+    static const char *const names[] = {"all_gather", "reduce_scatter", "all_reduce",
+                                        "broadcast",  "barrier",        "group_split"};
+    return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "collective";
+}
+
+fsdp_status_t fsdp_dev_coll_check(const fsdp_dev_t *dev, fsdp_coll_kind_t kind,
+                                  const fsdp_group_t *group, int null_buf, size_t count,
+                                  fsdp_dtype_t dtype, fsdp_reduce_op_t op, int root)
+{
+    const char *name = coll_name(kind);
+    size_t es = fsdp_dtype_size(dtype);
+
+    if (group == NULL) {
+        fsdp_error("rank %d: %s: the group is NULL; pass one of this rank's groups", dev->rank,
+                   name);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (kind == FSDP_COLL_GROUP_SPLIT && null_buf) {
+        fsdp_error("rank %d: group_split: group_p is NULL", dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (kind == FSDP_COLL_BARRIER || kind == FSDP_COLL_GROUP_SPLIT)
+        return FSDP_OK;
+    if (es == 0) {
+        fsdp_error("rank %d: %s on group %s: dtype %d is not one of f32, bf16, f16, i32", dev->rank,
+                   name, group->name, (int)dtype);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE) {
+        if ((int)op < 0 || op >= FSDP_REDUCE_COUNT) {
+            fsdp_error("rank %d: %s on group %s: reduce op %d is not sum, avg or max", dev->rank,
+                       name, group->name, (int)op);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+        if (op == FSDP_REDUCE_AVG && dtype == FSDP_DTYPE_I32) {
+            fsdp_error("rank %d: %s on group %s: avg needs a floating-point dtype, not i32",
+                       dev->rank, name, group->name);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+    }
+    if (kind == FSDP_COLL_BROADCAST && (root < 0 || root >= group->size)) {
+        fsdp_error("rank %d: broadcast on group %s: root %d is not a group rank in [0, %d)",
+                   dev->rank, group->name, root, group->size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    /* The largest buffer (all_gather's recv, reduce_scatter's send) is count * size elements. */
+    if (count > SIZE_MAX / es / (size_t)group->size) {
+        fsdp_error("rank %d: %s on group %s: count %zu overflows a buffer size", dev->rank, name,
+                   group->name, count);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (count > 0 && !dev->no_data && null_buf) {
+        fsdp_error("rank %d: %s on group %s: NULL buffer for count %zu", dev->rank, name,
+                   group->name, count);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_stream_wait_stream(fsdp_dev_t *dev, fsdp_stream_t *waiter, fsdp_stream_t *waitee)
 {
     fsdp_event_t *ev;
     fsdp_status_t status;
 
     if (waiter == waitee)
         return FSDP_OK;
-    status = dev->ops->event_create(dev, &ev);
+    status = fsdp_dev_event_create(dev, &ev);
     if (status != FSDP_OK)
         return status;
-    status = dev->ops->event_record(dev, ev, waitee);
+    status = fsdp_dev_event_record(dev, ev, waitee);
     if (status == FSDP_OK)
-        status = dev->ops->stream_wait_event(dev, waiter, ev);
-    dev->ops->event_destroy(dev, ev);
+        status = fsdp_dev_stream_wait_event(dev, waiter, ev);
+    fsdp_dev_event_destroy(dev, ev);
     return status;
 }
 

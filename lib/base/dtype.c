@@ -1,8 +1,10 @@
 /* Element types, reduction ops, memory categories and the public conversion functions. */
+
 #include <fsdp/types.h>
 
 #include <string.h>
 
+#include "base/base_hidden.h"
 #include "kernels/convert.h"
 
 size_t fsdp_dtype_size(fsdp_dtype_t dtype)

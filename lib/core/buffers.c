@@ -160,13 +160,13 @@ static fsdp_status_t buffer_copy(fsdp_t *fs, fsdp_buffer_t *b, float *host, int 
         status =
             fsdp_k_cast(fs, fs->compute, f32, FSDP_DTYPE_F32, b->data, b->dtype, b->info.numel);
     if (status == FSDP_OK)
-        status = to_host ? dev->ops->memcpy_async(dev, host, f32, bytes, fs->compute)
-                         : dev->ops->memcpy_async(dev, f32, host, bytes, fs->compute);
+        status = to_host ? fsdp_dev_memcpy_async(dev, host, f32, bytes, fs->compute)
+                         : fsdp_dev_memcpy_async(dev, f32, host, bytes, fs->compute);
     if (status == FSDP_OK && !to_host && f32 != b->data)
         status =
             fsdp_k_cast(fs, fs->compute, b->data, b->dtype, f32, FSDP_DTYPE_F32, b->info.numel);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     if (f32 != b->data)
         fsdp_mem_free(fs->mem, f32);
     return status;

@@ -55,11 +55,11 @@ static fsdp_status_t local_partial(fsdp_t *fs, const fsdp_group_t *group, double
             k.u.sumsq.x = g;
             k.u.sumsq.dtype = dtype;
             k.u.sumsq.n = n;
-            status = dev->ops->kernel(dev, fs->compute, &k);
+            status = fsdp_dev_kernel(dev, fs->compute, &k);
             if (status == FSDP_OK)
-                status = dev->ops->memcpy_async(dev, &sq, d, sizeof(sq), fs->compute);
+                status = fsdp_dev_memcpy_async(dev, &sq, d, sizeof(sq), fs->compute);
             if (status == FSDP_OK)
-                status = dev->ops->stream_synchronize(dev, fs->compute);
+                status = fsdp_dev_stream_synchronize(dev, fs->compute);
             partial += sq;
             continue;
         }
@@ -72,9 +72,9 @@ static fsdp_status_t local_partial(fsdp_t *fs, const fsdp_group_t *group, double
             host = grown;
             host_cap = bytes;
         }
-        status = dev->ops->memcpy_async(dev, host, g, bytes, fs->compute);
+        status = fsdp_dev_memcpy_async(dev, host, g, bytes, fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->compute);
+            status = fsdp_dev_stream_synchronize(dev, fs->compute);
         for (size_t j = 0; j < n && status == FSDP_OK && !dev->no_data; j++) {
             double a = host_abs(host, dtype, j);
             if (isinf(p))
@@ -99,14 +99,14 @@ static fsdp_status_t combine(fsdp_t *fs, fsdp_group_t *group, double p, double *
     status = fsdp_mem_alloc(fs->mem, sizeof(float), FSDP_MEM_TEMPORARY, fs->compute,
                             (void **)&d);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, d, &f, sizeof(f), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, d, &f, sizeof(f), fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->all_reduce(dev, group, d, d, 1, FSDP_DTYPE_F32,
-                                      isinf(p) ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM, fs->compute);
+        status = fsdp_dev_all_reduce(dev, group, d, d, 1, FSDP_DTYPE_F32,
+                                     isinf(p) ? FSDP_REDUCE_MAX : FSDP_REDUCE_SUM, fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, &f, d, sizeof(f), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, &f, d, sizeof(f), fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     fsdp_mem_free(fs->mem, d);
     *partial_p = f;
     return status;
@@ -167,7 +167,7 @@ fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
         k.u.scale.dtype = dtype;
         k.u.scale.n = u->handle->shard_numel;
         k.u.scale.alpha = (float)coef;
-        status = dev->ops->kernel(dev, fs->compute, &k);
+        status = fsdp_dev_kernel(dev, fs->compute, &k);
     }
     return status;
 }

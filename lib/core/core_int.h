@@ -3,7 +3,10 @@
 #ifndef FSDP_LIB_CORE_INT_H
 #define FSDP_LIB_CORE_INT_H
 
+#include "alloc/alloc_hidden.h"
 #include "alloc/mem_index.h"
+#include "core/core_hidden.h"
+#include "trace/trace_hidden.h"
 
 #include <fsdp/core.h>
 #include <fsdp/log.h>

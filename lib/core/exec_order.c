@@ -31,7 +31,7 @@ void fsdp_exec_order_destroy(fsdp_t *fs)
 fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h)
 {
     fsdp_dev_t *dev = fs->dev;
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     int32_t mine = h->unit->index, *seen = NULL;
     void *dsend = NULL, *drecv = NULL;
     size_t nbytes = sizeof(int32_t) * (size_t)world->size;
@@ -46,13 +46,13 @@ fsdp_status_t fsdp_validate_forward_order(fsdp_t *fs, fsdp_handle_t *h)
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(fs->mem, nbytes, FSDP_MEM_TEMPORARY, fs->compute, &drecv);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, dsend, &mine, sizeof(mine), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, dsend, &mine, sizeof(mine), fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->all_gather(dev, world, dsend, drecv, 1, FSDP_DTYPE_I32, fs->compute);
+        status = fsdp_dev_all_gather(dev, world, dsend, drecv, 1, FSDP_DTYPE_I32, fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, seen, drecv, nbytes, fs->compute);
+        status = fsdp_dev_memcpy_async(dev, seen, drecv, nbytes, fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     if (status != FSDP_OK) {
         fsdp_fail_below(fs, status, "rank %d: unit '%s': forward-order check failed: %s", dev->rank,
                         h->unit->name, fsdp_status_string(status));

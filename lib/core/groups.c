@@ -6,7 +6,7 @@
 fsdp_status_t fsdp_groups_make_hybrid(fsdp_t *fs, fsdp_group_t **pg_p, fsdp_group_t **replicate_p)
 {
     fsdp_dev_t *dev = fs->dev;
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     int per_node = fs->cfg.ranks_per_node > 0 ? fs->cfg.ranks_per_node : dev->local_size;
     fsdp_status_t status;
 
@@ -15,15 +15,14 @@ fsdp_status_t fsdp_groups_make_hybrid(fsdp_t *fs, fsdp_group_t **pg_p, fsdp_grou
                    world->size);
         return FSDP_ERR_INVALID_PARAM;
     }
-    status = dev->ops->group_split(dev, world, world->rank / per_node, world->rank, pg_p);
+    status = fsdp_dev_group_split(dev, world, world->rank / per_node, world->rank, pg_p);
     if (status == FSDP_OK)
-        status =
-            dev->ops->group_split(dev, world, world->rank % per_node, world->rank, replicate_p);
+        status = fsdp_dev_group_split(dev, world, world->rank % per_node, world->rank, replicate_p);
     if (status != FSDP_OK) {
         fsdp_error("rank %d: cannot make the hybrid shard and replicate groups: %s", dev->rank,
                    fsdp_status_string(status));
         if (*pg_p != NULL)
-            dev->ops->group_destroy(dev, *pg_p);
+            fsdp_dev_group_destroy(dev, *pg_p);
         *pg_p = NULL;
     }
     return status;

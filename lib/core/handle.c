@@ -90,7 +90,7 @@ fsdp_status_t fsdp_shard_alloc(fsdp_t *fs, fsdp_handle_t *h, size_t numel, void 
     *ptr_p = NULL;
     if (bytes == 0)
         return FSDP_OK;
-    status = fs->dev->ops->segment_alloc(fs->dev, FSDP_MEMKIND_HOST_PINNED, bytes, ptr_p);
+    status = fsdp_dev_segment_alloc(fs->dev, FSDP_MEMKIND_HOST_PINNED, bytes, ptr_p);
     if (status != FSDP_OK)
         return fsdp_fail(fs, status, "rank %d: unit '%s': cannot allocate %zu bytes of pinned "
                          "host memory", fs->dev->rank, h->unit->name, bytes);
@@ -106,7 +106,7 @@ void fsdp_shard_free(fsdp_t *fs, fsdp_handle_t *h, void *ptr, size_t numel)
         fsdp_mem_free(fs->mem, ptr);
         return;
     }
-    fs->dev->ops->segment_free(fs->dev, FSDP_MEMKIND_HOST_PINNED, ptr);
+    fsdp_dev_segment_free(fs->dev, FSDP_MEMKIND_HOST_PINNED, ptr);
     fs->host_pinned_bytes -= numel * sizeof(float);
 }
 
@@ -280,7 +280,7 @@ static fsdp_status_t pre_unshard(fsdp_t *fs, fsdp_handle_t *h, int *did_work_p)
         /* host-to-device copy of the shard on the pre-unshard stream */
         status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_SHARDED_PARAM, p, &staged);
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, staged, h->local_shard, bytes, p);
+            status = fsdp_dev_memcpy_async(dev, staged, h->local_shard, bytes, p);
         if (status != FSDP_OK) {
             fsdp_mem_free(fs->mem, staged);
             return status;
@@ -344,7 +344,7 @@ fsdp_status_t fsdp_handle_unshard(fsdp_t *fs, fsdp_handle_t *h)
                                "rank %d: unit '%s': cannot allocate its unsharded "
                                "parameter (%zu elements)",
                                dev->rank, h->unit->name, h->shard_numel * (size_t)h->world);
-    status = dev->ops->all_gather(dev, h->unit->pg, fsdp_handle_shard_source(h),
+    status = fsdp_dev_all_gather(dev, h->unit->pg, fsdp_handle_shard_source(h),
                                   h->full_param_padded, h->shard_numel, h->compute_dtype,
                                   fs->unshard);
     if (status != FSDP_OK)
@@ -474,13 +474,13 @@ static fsdp_status_t offload_grad(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *s
     if (h->cpu_grad == NULL)
         status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->cpu_grad);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, h->cpu_grad, h->saved_grad_shard,
-                                        h->shard_numel * sizeof(float), stream);
+        status = fsdp_dev_memcpy_async(dev, h->cpu_grad, h->saved_grad_shard,
+                                       h->shard_numel * sizeof(float), stream);
     if (status == FSDP_OK)
         status = fsdp_mem_record_stream(fs->mem, h->saved_grad_shard, stream);
     /* NO_SHARD's offload copy is blocking (G.6) */
     if (status == FSDP_OK && !fsdp_strategy_is_sharded(h->unit->strategy))
-        status = dev->ops->stream_synchronize(dev, stream);
+        status = fsdp_dev_stream_synchronize(dev, stream);
     h->has_cpu_grad = status == FSDP_OK;
     return status;
 }
@@ -526,8 +526,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
         /* G.6: all-reduce the whole gradient in place */
         status = fsdp_k_div(fs, r, input, rd, h->numel, (float)pre);
         if (status == FSDP_OK)
-            status = dev->ops->all_reduce(dev, h->unit->pg, input, input, h->numel, rd,
-                                          FSDP_REDUCE_SUM, r);
+            status = fsdp_dev_all_reduce(dev, h->unit->pg, input, input, h->numel, rd,
+                                         FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
             fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient all-reduce failed: %s",
                             dev->rank, h->unit->name, fsdp_status_string(status));
@@ -546,7 +546,7 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
             status = fsdp_mem_alloc(fs->mem, padded_numel * esz, FSDP_MEM_COMM_BUFFER, r,
                                     &padded);
             if (status == FSDP_OK)
-                status = dev->ops->memcpy_async(dev, padded, input, h->numel * esz, r);
+                status = fsdp_dev_memcpy_async(dev, padded, input, h->numel * esz, r);
             if (status == FSDP_OK)
                 status = fsdp_k_fill(fs, r, (char *)padded + h->numel * esz, rd,
                                      padded_numel - h->numel, 0.0);
@@ -559,8 +559,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
             status = fsdp_k_div(fs, r, input, rd, padded_numel, (float)pre);
         if (status != FSDP_OK)
             goto out;
-        status = dev->ops->reduce_scatter(dev, h->unit->pg, input, reduced, h->shard_numel, rd,
-                                          FSDP_REDUCE_SUM, r);
+        status = fsdp_dev_reduce_scatter(dev, h->unit->pg, input, reduced, h->shard_numel, rd,
+                                         FSDP_REDUCE_SUM, r);
         if (status != FSDP_OK) {
             fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
                             dev->rank, h->unit->name, fsdp_status_string(status));
@@ -573,8 +573,8 @@ fsdp_status_t fsdp_handle_reduce_grad(fsdp_t *fs, fsdp_handle_t *h)
             if (status == FSDP_OK)
                 status = fsdp_mem_record_stream(fs->mem, reduced, a);
             if (status == FSDP_OK)
-                status = dev->ops->all_reduce(dev, h->unit->replicate, reduced, reduced,
-                                              h->shard_numel, rd, FSDP_REDUCE_SUM, a);
+                status = fsdp_dev_all_reduce(dev, h->unit->replicate, reduced, reduced,
+                                             h->shard_numel, rd, FSDP_REDUCE_SUM, a);
             if (status != FSDP_OK) {
                 fsdp_fail_below(fs, status,
                                 "rank %d: unit '%s': inter-node gradient all-reduce failed: %s",

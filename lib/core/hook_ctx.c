@@ -15,7 +15,7 @@ void fsdp_trace_hook(fsdp_t *fs, const char *hook, const fsdp_unit_t *u)
         return;
     fsdp_trace_event_init(&ev, FSDP_EV_HOOK, hook);
     ev.unit = u != NULL ? u->name : NULL;
-    ev.host_time = fs->dev->ops->host_time(fs->dev);
+    ev.host_time = fsdp_dev_host_time(fs->dev);
     ev.start = ev.end = ev.host_time;
     fsdp_trace_emit(fs->dev, &ev);
 }

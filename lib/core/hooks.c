@@ -55,17 +55,17 @@ static fsdp_status_t lazy_init(fsdp_t *fs)
      * FSDP2's copy-in, all-gather and reduce-scatter streams always (section 6) */
     int v2 = fsdp_is_fsdp2(fs);
     int prio = v2 || (fs->any_hybrid && fs->cfg.limit_all_gathers) ? -1 : 0;
-    status = dev->ops->stream_create(dev, v2 ? "all_gather" : "unshard", prio, &fs->unshard);
+    status = fsdp_dev_stream_create(dev, v2 ? "all_gather" : "unshard", prio, &fs->unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, v2 ? "all_gather_copy_in" : "pre_unshard", prio,
+        status = fsdp_dev_stream_create(dev, v2 ? "all_gather_copy_in" : "pre_unshard", prio,
                                          &fs->pre_unshard);
     if (status == FSDP_OK)
-        status = dev->ops->stream_create(dev, v2 ? "reduce_scatter" : "post_backward", prio,
+        status = fsdp_dev_stream_create(dev, v2 ? "reduce_scatter" : "post_backward", prio,
                                          &fs->post_backward);
     /* the all-reduce stream is the compute stream unless a unit is hybrid */
     fs->all_reduce = fs->compute;
     if (status == FSDP_OK && fs->any_hybrid)
-        status = dev->ops->stream_create(dev, "all_reduce", 0, &fs->all_reduce);
+        status = fsdp_dev_stream_create(dev, "all_reduce", 0, &fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status, "rank %d: cannot create the fsdp streams", dev->rank);
 
@@ -423,9 +423,9 @@ fsdp_status_t fsdp_final_callback(fsdp_t *fs)
     }
     if (fs->cfg.cpu_offload && fs->sync_gradients) {
         /* H.1: the host optimizer reads the offloaded gradients */
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->post_backward);
+            status = fsdp_dev_stream_synchronize(dev, fs->post_backward);
         if (status != FSDP_OK)
             return status;
     }

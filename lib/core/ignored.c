@@ -133,9 +133,9 @@ fsdp_status_t fsdp_unit_set_ignored_param(fsdp_unit_t *u, int index, const float
         return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
                          "unit '%s': no ignored parameter %d to set (it has %d)", u->name, index,
                          u->nignored);
-    status = fs->dev->ops->memcpy_async(fs->dev, ip->value, host_values,
-                                        ip->info.numel * sizeof(float), fs->compute);
+    status = fsdp_dev_memcpy_async(fs->dev, ip->value, host_values, ip->info.numel * sizeof(float),
+                                   fs->compute);
     if (status == FSDP_OK)
-        status = fs->dev->ops->stream_synchronize(fs->dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(fs->dev, fs->compute);
     return status;
 }

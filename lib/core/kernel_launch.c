@@ -3,7 +3,7 @@
 
 static fsdp_status_t launch(fsdp_t *fs, fsdp_stream_t *s, const fsdp_kernel_t *k)
 {
-    return fs->dev->ops->kernel(fs->dev, s, k);
+    return fsdp_dev_kernel(fs->dev, s, k);
 }
 
 fsdp_status_t fsdp_k_fill(fsdp_t *fs, fsdp_stream_t *s, void *x, fsdp_dtype_t dtype, size_t n,

@@ -14,8 +14,8 @@ static fsdp_status_t wait_oldest(fsdp_t *fs)
     memmove(&fs->limiter_events[0], &fs->limiter_events[1],
             sizeof(ev) * (size_t)(fs->n_limiter_events - 1));
     fs->n_limiter_events--;
-    status = fs->dev->ops->event_synchronize(fs->dev, ev);
-    fs->dev->ops->event_destroy(fs->dev, ev);
+    status = fsdp_dev_event_synchronize(fs->dev, ev);
+    fsdp_dev_event_destroy(fs->dev, ev);
     return status;
 }
 
@@ -38,12 +38,12 @@ fsdp_status_t fsdp_limiter_record(fsdp_t *fs)
         if (status != FSDP_OK)
             return status;
     }
-    status = fs->dev->ops->event_create(fs->dev, &ev);
+    status = fsdp_dev_event_create(fs->dev, &ev);
     if (status != FSDP_OK)
         return status;
-    status = fs->dev->ops->event_record(fs->dev, ev, fs->compute);
+    status = fsdp_dev_event_record(fs->dev, ev, fs->compute);
     if (status != FSDP_OK) {
-        fs->dev->ops->event_destroy(fs->dev, ev);
+        fsdp_dev_event_destroy(fs->dev, ev);
         return status;
     }
     fs->limiter_events[fs->n_limiter_events++] = ev;
@@ -53,6 +53,6 @@ fsdp_status_t fsdp_limiter_record(fsdp_t *fs)
 void fsdp_limiter_clear(fsdp_t *fs)
 {
     for (int i = 0; i < fs->n_limiter_events; i++)
-        fs->dev->ops->event_destroy(fs->dev, fs->limiter_events[i]);
+        fsdp_dev_event_destroy(fs->dev, fs->limiter_events[i]);
     fs->n_limiter_events = 0;
 }

@@ -76,9 +76,9 @@ void fsdp_pgroup_free(fsdp_t *fs, fsdp_handle_t *h)
     }
     fsdp_mem_free(fs->mem, h->ag_out);
     if (h->post_forward_event != NULL)
-        fs->dev->ops->event_destroy(fs->dev, h->post_forward_event);
+        fsdp_dev_event_destroy(fs->dev, h->post_forward_event);
     if (h->post_reduce_event != NULL)
-        fs->dev->ops->event_destroy(fs->dev, h->post_reduce_event);
+        fsdp_dev_event_destroy(fs->dev, h->post_reduce_event);
     free(h->prefetch[0]);
     free(h->prefetch[1]);
     free(h->pp);
@@ -108,7 +108,7 @@ static fsdp_status_t chunk_copy(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dt
     k.u.chunk_copy.src_n = src_n;
     k.u.chunk_copy.rows = rows;
     k.u.chunk_copy.cols = cols;
-    return fs->dev->ops->kernel(fs->dev, s, &k);
+    return fsdp_dev_kernel(fs->dev, s, &k);
 }
 
 /* CPU offload: a device copy of the host shard (A f32), by a copy on stream s. */
@@ -118,7 +118,7 @@ static fsdp_status_t stage_shard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *s,
     fsdp_status_t status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_SHARDED_PARAM, s, staged_p);
 
     if (status == FSDP_OK)
-        status = fs->dev->ops->memcpy_async(fs->dev, *staged_p, h->local_shard, bytes, s);
+        status = fsdp_dev_memcpy_async(fs->dev, *staged_p, h->local_shard, bytes, s);
     return status;
 }
 
@@ -135,11 +135,11 @@ static fsdp_status_t copy_in(fsdp_t *fs, fsdp_handle_t *h, void *in, fsdp_stream
 
     if (h->ag_blocks < h->world) {
         size_t f = (size_t)(h->world / h->ag_blocks);
-        status = dev->ops->stream_wait_event(dev, s, h->post_forward_event);
+        status = fsdp_dev_stream_wait_event(dev, s, h->post_forward_event);
         for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
             const fsdp_pparam_t *p = &h->pp[i];
             if (h->params[i].tied_to < 0)
-                status = dev->ops->memcpy_async(dev, (char *)in + f * p->slot * esz,
+                status = fsdp_dev_memcpy_async(dev, (char *)in + f * p->slot * esz,
                                                 p->post_forward, f * p->chunk * esz, s);
         }
         return status;
@@ -150,13 +150,13 @@ static fsdp_status_t copy_in(fsdp_t *fs, fsdp_handle_t *h, void *in, fsdp_stream
         status = stage_shard(fs, h, s, &staged);
     src = staged != NULL ? staged : src;
     if (status == FSDP_OK && c == FSDP_DTYPE_F32) {
-        status = dev->ops->memcpy_async(dev, in, src, a * esz, s);
+        status = fsdp_dev_memcpy_async(dev, in, src, a * esz, s);
     } else if (status == FSDP_OK) {
         status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_LOW_PREC_SHARD, s, &tmp);
         if (status == FSDP_OK)
             status = fsdp_k_cast(fs, s, tmp, c, src, FSDP_DTYPE_F32, a);
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, in, tmp, a * esz, s);
+            status = fsdp_dev_memcpy_async(dev, in, tmp, a * esz, s);
         fsdp_mem_free(fs->mem, tmp);
     }
     fsdp_mem_free(fs->mem, staged);
@@ -198,7 +198,7 @@ fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *c
     if (status == FSDP_OK && gather != copy_in_s)
         status = fsdp_stream_wait_stream(dev, gather, copy_in_s);
     if (status == FSDP_OK)
-        status = dev->ops->all_gather(dev, g, in, out, block, c, gather);
+        status = fsdp_dev_all_gather(dev, g, in, out, block, c, gather);
     if (status != FSDP_OK) {
         fsdp_mem_free(fs->mem, out);
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': all-gather failed: %s", dev->rank,
@@ -217,10 +217,10 @@ fsdp_status_t fsdp_pgroup_release_ag_state(fsdp_t *fs)
 
     if (fs->ag_state_buf == NULL)
         return FSDP_OK;
-    status = dev->ops->stream_wait_event(dev, fs->pre_unshard, fs->ag_state_event);
+    status = fsdp_dev_stream_wait_event(dev, fs->pre_unshard, fs->ag_state_event);
     if (status == FSDP_OK)
-        status = dev->ops->stream_wait_event(dev, fs->unshard, fs->ag_state_event);
-    dev->ops->event_destroy(dev, fs->ag_state_event);
+        status = fsdp_dev_stream_wait_event(dev, fs->unshard, fs->ag_state_event);
+    fsdp_dev_event_destroy(dev, fs->ag_state_event);
     fsdp_mem_free(fs->mem, fs->ag_state_buf);
     fs->ag_state_buf = NULL;
     fs->ag_state_event = NULL;
@@ -295,16 +295,16 @@ fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int ret
                 fsdp_mem_free(fs->mem, h->pp[i].post_forward);
             h->pp[i].post_forward = NULL;
         }
-        dev->ops->event_destroy(dev, h->post_forward_event);
+        fsdp_dev_event_destroy(dev, h->post_forward_event);
         h->post_forward_event = NULL;
     }
     if (h->ag_out == NULL) {
         h->gather_version = fsdp_handle_new_version();
         return FSDP_OK;
     }
-    status = dev->ops->event_create(dev, &ev);
+    status = fsdp_dev_event_create(dev, &ev);
     if (status == FSDP_OK)
-        status = dev->ops->event_record(dev, ev, fs->compute);
+        status = fsdp_dev_event_record(dev, ev, fs->compute);
     if (status == FSDP_OK && retain) {
         fs->ag_state_buf = h->ag_out;
         fs->ag_state_event = ev;
@@ -312,11 +312,11 @@ fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int ret
         return FSDP_OK;
     }
     if (status == FSDP_OK)
-        status = dev->ops->stream_wait_event(dev, fs->pre_unshard, ev);
+        status = fsdp_dev_stream_wait_event(dev, fs->pre_unshard, ev);
     if (status == FSDP_OK)
-        status = dev->ops->stream_wait_event(dev, fs->unshard, ev);
+        status = fsdp_dev_stream_wait_event(dev, fs->unshard, ev);
     if (ev != NULL)
-        dev->ops->event_destroy(dev, ev);
+        fsdp_dev_event_destroy(dev, ev);
     fsdp_mem_free(fs->mem, h->ag_out);
     h->ag_out = NULL;
     return status;
@@ -354,14 +354,14 @@ static fsdp_status_t reshard_to_group(fsdp_t *fs, fsdp_handle_t *h)
         status = fsdp_mem_alloc(fs->mem, f * p->chunk * esz, FSDP_MEM_UNSHARDED_PARAM, fs->compute,
                                 &p->post_forward);
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, p->post_forward,
+            status = fsdp_dev_memcpy_async(dev, p->post_forward,
                                             (char *)p->unsharded + j * f * p->chunk * esz,
                                             f * p->chunk * esz, fs->compute);
     }
     if (status == FSDP_OK && h->post_forward_event == NULL)
-        status = dev->ops->event_create(dev, &h->post_forward_event);
+        status = fsdp_dev_event_create(dev, &h->post_forward_event);
     if (status == FSDP_OK)
-        status = dev->ops->event_record(dev, h->post_forward_event, fs->compute);
+        status = fsdp_dev_event_record(dev, h->post_forward_event, fs->compute);
     if (status != FSDP_OK)
         return status;
     return fsdp_pgroup_reshard(fs, h);
@@ -422,7 +422,7 @@ static fsdp_status_t add_into(fsdp_t *fs, fsdp_stream_t *s, float *y, const void
     k.u.axpy.x_dtype = xt;
     k.u.axpy.n = n;
     k.u.axpy.alpha = 1.0f;
-    return fs->dev->ops->kernel(fs->dev, s, &k);
+    return fsdp_dev_kernel(fs->dev, s, &k);
 }
 
 /* Sync off under mixed precision (semantics 4): each gradient joins an f32 accumulation at the
@@ -517,16 +517,16 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
     if (status != FSDP_OK)
         return status;
     if (h->world > 1)
-        status = dev->ops->reduce_scatter(dev, u->pg, in, *out_p, a, rd,
+        status = fsdp_dev_reduce_scatter(dev, u->pg, in, *out_p, a, rd,
                                           u->pg->size > 1 ? op : FSDP_REDUCE_SUM, r);
     else
-        status = dev->ops->memcpy_async(dev, *out_p, in, a * esz, r);
+        status = fsdp_dev_memcpy_async(dev, *out_p, in, a * esz, r);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
                                dev->rank, u->name, fsdp_status_string(status));
-    status = dev->ops->event_create(dev, rs_event_p);
+    status = fsdp_dev_event_create(dev, rs_event_p);
     if (status == FSDP_OK)
-        status = dev->ops->event_record(dev, *rs_event_p, r);
+        status = fsdp_dev_event_record(dev, *rs_event_p, r);
     *post_p = r;
     if (status != FSDP_OK || u->replicate == NULL)
         return status;
@@ -536,7 +536,7 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
         status = fsdp_mem_record_stream(fs->mem, *out_p, fs->all_reduce);
     if (status == FSDP_OK)
         status =
-            dev->ops->all_reduce(dev, u->replicate, *out_p, *out_p, a, rd,
+            fsdp_dev_all_reduce(dev, u->replicate, *out_p, *out_p, a, rd,
                                  u->replicate->size > 1 ? op : FSDP_REDUCE_SUM, fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': replicate all-reduce failed: %s",
@@ -562,7 +562,7 @@ static fsdp_status_t offload_grad(fsdp_t *fs, fsdp_handle_t *h, void *grad, fsdp
     if (status == FSDP_OK && h->cpu_grad == NULL)
         status = fsdp_shard_alloc(fs, h, a, (void **)&h->cpu_grad);
     if (status == FSDP_OK)
-        status = fs->dev->ops->memcpy_async(fs->dev, h->cpu_grad, grad, a * sizeof(float), s);
+        status = fsdp_dev_memcpy_async(fs->dev, h->cpu_grad, grad, a * sizeof(float), s);
     if (status == FSDP_OK && s != fs->post_backward)
         status = fsdp_mem_record_stream(fs->mem, grad, s);
     fsdp_mem_free(fs->mem, grad);
@@ -605,9 +605,9 @@ static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_s
         fsdp_mem_free(fs->mem, grad);
     }
     if (status == FSDP_OK && h->post_reduce_event == NULL)
-        status = dev->ops->event_create(dev, &h->post_reduce_event);
+        status = fsdp_dev_event_create(dev, &h->post_reduce_event);
     if (status == FSDP_OK)
-        status = dev->ops->event_record(dev, h->post_reduce_event, s);
+        status = fsdp_dev_event_record(dev, h->post_reduce_event, s);
     return status;
 }
 
@@ -620,8 +620,8 @@ static fsdp_status_t release_rs_state(fsdp_t *fs)
 
     if (fs->rs_state_buf == NULL)
         return FSDP_OK;
-    status = dev->ops->stream_wait_event(dev, fs->compute, fs->rs_state_event);
-    dev->ops->event_destroy(dev, fs->rs_state_event);
+    status = fsdp_dev_stream_wait_event(dev, fs->compute, fs->rs_state_event);
+    fsdp_dev_event_destroy(dev, fs->rs_state_event);
     fsdp_mem_free(fs->mem, fs->rs_state_buf);
     fs->rs_state_buf = NULL;
     fs->rs_state_event = NULL;
@@ -634,8 +634,8 @@ static fsdp_status_t wait_post_reduce(fsdp_t *fs, fsdp_handle_t *h)
 
     if (h->post_reduce_event == NULL)
         return FSDP_OK;
-    status = fs->dev->ops->stream_wait_event(fs->dev, fs->compute, h->post_reduce_event);
-    fs->dev->ops->event_destroy(fs->dev, h->post_reduce_event);
+    status = fsdp_dev_stream_wait_event(fs->dev, fs->compute, h->post_reduce_event);
+    fsdp_dev_event_destroy(fs->dev, h->post_reduce_event);
     h->post_reduce_event = NULL;
     return status;
 }
@@ -688,7 +688,7 @@ fsdp_status_t fsdp_pgroup_post_backward(fsdp_t *fs, fsdp_handle_t *h)
     fsdp_mem_free(fs->mem, out);
     if (status != FSDP_OK) {
         if (rs_event != NULL)
-            fs->dev->ops->event_destroy(fs->dev, rs_event);
+            fsdp_dev_event_destroy(fs->dev, rs_event);
         fsdp_mem_free(fs->mem, in);
         return status;
     }
@@ -711,9 +711,9 @@ fsdp_status_t fsdp_pgroup_finalize(fsdp_t *fs)
     }
     if (status == FSDP_OK && fs->cfg.cpu_offload && fs->sync_gradients) {
         /* the host optimizer reads the offloaded gradients: the host waits for their copies */
-        status = fs->dev->ops->stream_synchronize(fs->dev, fs->post_backward);
+        status = fsdp_dev_stream_synchronize(fs->dev, fs->post_backward);
         if (status == FSDP_OK && fs->all_reduce != fs->compute)
-            status = fs->dev->ops->stream_synchronize(fs->dev, fs->all_reduce);
+            status = fsdp_dev_stream_synchronize(fs->dev, fs->all_reduce);
     }
     if (status == FSDP_OK)
         status = fsdp_pgroup_release_ag_state(fs);
@@ -739,18 +739,18 @@ fsdp_status_t fsdp_pgroup_gather(fsdp_t *fs, fsdp_handle_t *h, const float *shar
         status =
             fsdp_mem_alloc(fs->mem, a * sizeof(float), FSDP_MEM_TEMPORARY, fs->compute, &staged);
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, staged, shard, a * sizeof(float), fs->compute);
+            status = fsdp_dev_memcpy_async(dev, staged, shard, a * sizeof(float), fs->compute);
         shard = staged;
     }
     if (status == FSDP_OK && w > 1)
         status =
-            dev->ops->all_gather(dev, h->unit->pg, shard, full, a, FSDP_DTYPE_F32, fs->compute);
+            fsdp_dev_all_gather(dev, h->unit->pg, shard, full, a, FSDP_DTYPE_F32, fs->compute);
     else if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, full, shard, a * sizeof(float), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, full, shard, a * sizeof(float), fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->memcpy_async(dev, host, full, w * a * sizeof(float), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, host, full, w * a * sizeof(float), fs->compute);
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     for (int i = 0; i < h->nparams && status == FSDP_OK && !dev->no_data; i++) {
         const fsdp_pparam_t *p = &h->pp[i];
         if (h->params[i].tied_to >= 0)

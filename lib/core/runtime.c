@@ -106,21 +106,21 @@ static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t 
 static void destroy_groups(fsdp_t *fs)
 {
     for (int i = 0; i < fs->n_raf_groups; i++)
-        fs->dev->ops->group_destroy(fs->dev, fs->raf_groups[i].group);
+        fsdp_dev_group_destroy(fs->dev, fs->raf_groups[i].group);
     free(fs->raf_groups);
     fs->raf_groups = NULL;
     fs->n_raf_groups = 0;
     if (fs->unit_hybrid_pg != NULL)
-        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_pg);
+        fsdp_dev_group_destroy(fs->dev, fs->unit_hybrid_pg);
     if (fs->unit_hybrid_replicate != NULL)
-        fs->dev->ops->group_destroy(fs->dev, fs->unit_hybrid_replicate);
+        fsdp_dev_group_destroy(fs->dev, fs->unit_hybrid_replicate);
     fs->unit_hybrid_pg = fs->unit_hybrid_replicate = NULL;
     if (!fs->owns_groups)
         return;
     if (fs->pg != NULL)
-        fs->dev->ops->group_destroy(fs->dev, fs->pg);
+        fsdp_dev_group_destroy(fs->dev, fs->pg);
     if (fs->replicate != NULL)
-        fs->dev->ops->group_destroy(fs->dev, fs->replicate);
+        fsdp_dev_group_destroy(fs->dev, fs->replicate);
     fs->pg = fs->replicate = NULL;
     fs->owns_groups = 0;
 }
@@ -192,7 +192,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
             goto err_free_fs;
         fs->owns_groups = 1;
     } else {
-        fs->pg = cfg->process_group ? cfg->process_group : dev->ops->group_world(dev);
+        fs->pg = cfg->process_group ? cfg->process_group : fsdp_dev_group_world(dev);
         fs->replicate = cfg->replicate_group;
     }
     /* PyTorch forces NO_SHARD on a single-rank group (FSDP1; fully_shard shards over one) */
@@ -203,7 +203,7 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
         fs->strategy = FSDP_NO_SHARD;
     }
     fs->sync_gradients = 1;
-    fs->compute = dev->ops->compute_stream(dev);
+    fs->compute = fsdp_dev_compute_stream(dev);
     status = fsdp_mem_create(dev, cfg->device_capacity, &fs->mem);
     if (status != FSDP_OK)
         goto err_free_groups;
@@ -225,7 +225,7 @@ static void destroy_streams(fsdp_t *fs)
                                 fs->all_reduce != fs->compute ? fs->all_reduce : NULL};
     for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
         if (streams[i] != NULL)
-            dev->ops->stream_destroy(dev, streams[i]);
+            fsdp_dev_stream_destroy(dev, streams[i]);
     }
     fs->unshard = fs->pre_unshard = fs->post_backward = fs->all_reduce = NULL;
 }

@@ -1,4 +1,7 @@
 /* Shard arithmetic of a flat parameter (docs/runtime.md section 4). */
+
+#include "core/core_hidden.h"
+
 #include <fsdp/core.h>
 
 #include <string.h>

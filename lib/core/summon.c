@@ -54,9 +54,9 @@ static fsdp_status_t gather_kept(fsdp_unit_t *u, const float *shard, int keep, i
     status = fsdp_mem_alloc(fs->mem, bytes, FSDP_MEM_UNSHARDED_PARAM, fs->compute,
                             (void **)out_p);
     if (status == FSDP_OK)
-        status = fs->dev->ops->memcpy_async(fs->dev, *out_p, host, bytes, fs->compute);
+        status = fsdp_dev_memcpy_async(fs->dev, *out_p, host, bytes, fs->compute);
     if (status == FSDP_OK)
-        status = fs->dev->ops->stream_synchronize(fs->dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(fs->dev, fs->compute);
     free(host);
     return status;
 }
@@ -155,11 +155,11 @@ fsdp_status_t fsdp_summon_end(fsdp_unit_t *top)
             h->numel_in_shard > 0 && status == FSDP_OK) {
             /* this rank's part of the (possibly changed) full parameter back into its shard */
             h->shard_version = fsdp_handle_new_version();
-            status = dev->ops->memcpy_async(
-                dev, h->local_shard, h->summon_param + (size_t)h->rank * h->shard_numel,
-                h->numel_in_shard * sizeof(float), fs->compute);
+            status = fsdp_dev_memcpy_async(dev, h->local_shard,
+                                           h->summon_param + (size_t)h->rank * h->shard_numel,
+                                           h->numel_in_shard * sizeof(float), fs->compute);
             if (status == FSDP_OK)
-                status = dev->ops->stream_synchronize(dev, fs->compute);
+                status = fsdp_dev_stream_synchronize(dev, fs->compute);
         }
         if (h != NULL) {
             release(fs, h);

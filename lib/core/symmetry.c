@@ -22,6 +22,8 @@
  * parameters, not in the ranks, apart from writing each rank's class. */
 #include <fsdp/backend.h>
 #include <fsdp/core.h>
+
+#include "core/core_hidden.h"
 #include <fsdp/log.h>
 
 #include <stdint.h>

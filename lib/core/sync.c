@@ -13,7 +13,7 @@ fsdp_status_t fsdp_broadcast_from_rank0(fsdp_t *fs, const float *host_values, si
                                         float *host_out)
 {
     fsdp_dev_t *dev = fs->dev;
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     size_t bucket = fs->cfg.sync_bucket_bytes ? fs->cfg.sync_bucket_bytes : (size_t)250 << 20;
     size_t per = bucket / sizeof(float) ? bucket / sizeof(float) : 1;
     void *d = NULL;
@@ -23,13 +23,13 @@ fsdp_status_t fsdp_broadcast_from_rank0(fsdp_t *fs, const float *host_values, si
                             FSDP_MEM_COMM_BUFFER, fs->compute, &d);
     for (size_t off = 0; off < numel && status == FSDP_OK; off += per) {
         size_t n = numel - off < per ? numel - off : per;
-        status = dev->ops->memcpy_async(dev, d, host_values + off, n * sizeof(float), fs->compute);
+        status = fsdp_dev_memcpy_async(dev, d, host_values + off, n * sizeof(float), fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->broadcast(dev, world, d, n, FSDP_DTYPE_F32, 0, fs->compute);
+            status = fsdp_dev_broadcast(dev, world, d, n, FSDP_DTYPE_F32, 0, fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->memcpy_async(dev, host_out + off, d, n * sizeof(float), fs->compute);
+            status = fsdp_dev_memcpy_async(dev, host_out + off, d, n * sizeof(float), fs->compute);
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fs->compute);
+            status = fsdp_dev_stream_synchronize(dev, fs->compute);
     }
     fsdp_mem_free(fs->mem, d);
     return status;

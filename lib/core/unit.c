@@ -36,7 +36,7 @@ static fsdp_status_t post_forward_group(fsdp_t *fs, const char *name, int n, fsd
         return FSDP_ERR_NO_MEMORY;
     fs->raf_groups = g;
     g = &g[fs->n_raf_groups];
-    status = fs->dev->ops->group_split(fs->dev, u->pg, u->pg->rank / n, u->pg->rank, &g->group);
+    status = fsdp_dev_group_split(fs->dev, u->pg, u->pg->rank / n, u->pg->rank, &g->group);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status,
                                "unit '%s': cannot make the groups of %d ranks that "
@@ -102,7 +102,7 @@ static fsdp_status_t unit_groups(fsdp_t *fs, const char *name, const fsdp_unit_o
     u->replicate = NULL;
     if (!fsdp_strategy_is_hybrid(s)) {
         u->pg = o->process_group                            ? o->process_group
-                : fsdp_strategy_is_hybrid(fs->cfg.strategy) ? dev->ops->group_world(dev)
+                : fsdp_strategy_is_hybrid(fs->cfg.strategy) ? fsdp_dev_group_world(dev)
                                                             : fs->pg;
         if (u->pg->size == 1 && s != FSDP_NO_SHARD)
             u->strategy = FSDP_NO_SHARD;
@@ -382,10 +382,10 @@ static fsdp_status_t set_shard_part(fsdp_unit_t *u, const fsdp_param_info_t *pi,
     if (!pi->in_shard)
         return FSDP_OK;
     u->handle->shard_version = fsdp_handle_new_version();
-    status = dev->ops->memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard, part,
-                                    pi->numel_in_shard * sizeof(float), fs->compute);
+    status = fsdp_dev_memcpy_async(dev, u->handle->local_shard + pi->offset_in_shard, part,
+                                   pi->numel_in_shard * sizeof(float), fs->compute);
     if (status == FSDP_OK) /* the caller's buffer may go away on return */
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     return status;
 }
 
@@ -480,7 +480,7 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
         return fsdp_pgroup_gather(fs, h, shard, host_out);
     } else if (!fsdp_strategy_is_sharded(u->strategy)) {
         status =
-            dev->ops->memcpy_async(dev, host_out, shard, h->numel * sizeof(float), fs->compute);
+            fsdp_dev_memcpy_async(dev, host_out, shard, h->numel * sizeof(float), fs->compute);
     } else {
         const void *src = shard;
         status = fsdp_mem_alloc(fs->mem, h->shard_numel * (size_t)h->world * sizeof(float),
@@ -490,19 +490,19 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
             status = fsdp_mem_alloc(fs->mem, h->shard_numel * sizeof(float), FSDP_MEM_TEMPORARY,
                                     fs->compute, &staged);
             if (status == FSDP_OK)
-                status = dev->ops->memcpy_async(dev, staged, shard, h->shard_numel * sizeof(float),
-                                                fs->compute);
+                status = fsdp_dev_memcpy_async(dev, staged, shard, h->shard_numel * sizeof(float),
+                                               fs->compute);
             src = staged;
         }
         if (status == FSDP_OK)
-            status = dev->ops->all_gather(dev, u->pg, src, full, h->shard_numel, FSDP_DTYPE_F32,
-                                          fs->compute);
+            status = fsdp_dev_all_gather(dev, u->pg, src, full, h->shard_numel, FSDP_DTYPE_F32,
+                                         fs->compute);
         if (status == FSDP_OK)
             status =
-                dev->ops->memcpy_async(dev, host_out, full, h->numel * sizeof(float), fs->compute);
+                fsdp_dev_memcpy_async(dev, host_out, full, h->numel * sizeof(float), fs->compute);
     }
     if (status == FSDP_OK)
-        status = dev->ops->stream_synchronize(dev, fs->compute);
+        status = fsdp_dev_stream_synchronize(dev, fs->compute);
     fsdp_mem_free(fs->mem, staged);
     fsdp_mem_free(fs->mem, full);
     return status;

@@ -5,12 +5,14 @@
  * mapping costs no copy and no second resident image, pages load on first touch and the tensor
  * pointers stay valid until fsdp_st_close. The header is parsed straight from the mapping.
  */
+
 #include <fsdp/safetensors.h>
 #include <fsdp/types.h>
 
 #include <fsdp/log.h>
 
 #include "io/fs.h"
+#include "io/io_hidden.h"
 #include "kernels/convert.h"
 
 #include <errno.h>

@@ -115,7 +115,7 @@ void fsdp_ckpt_tensor_name(char *out, size_t len, const char *param, const char 
 fsdp_status_t fsdp_ckpt_agree(fsdp_t *fs, fsdp_status_t status)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     int32_t mine = status != FSDP_OK, any = 0;
     void *d = NULL;
     fsdp_status_t st;
@@ -125,14 +125,14 @@ fsdp_status_t fsdp_ckpt_agree(fsdp_t *fs, fsdp_status_t status)
     st = fsdp_mem_alloc(fsdp_memory(fs), sizeof(int32_t), FSDP_MEM_TEMPORARY,
                         fsdp_compute_stream(fs), &d);
     if (st == FSDP_OK)
-        st = dev->ops->memcpy_async(dev, d, &mine, sizeof(mine), fsdp_compute_stream(fs));
+        st = fsdp_dev_memcpy_async(dev, d, &mine, sizeof(mine), fsdp_compute_stream(fs));
     if (st == FSDP_OK)
-        st = dev->ops->all_reduce(dev, world, d, d, 1, FSDP_DTYPE_I32, FSDP_REDUCE_MAX,
-                                  fsdp_compute_stream(fs));
+        st = fsdp_dev_all_reduce(dev, world, d, d, 1, FSDP_DTYPE_I32, FSDP_REDUCE_MAX,
+                                 fsdp_compute_stream(fs));
     if (st == FSDP_OK)
-        st = dev->ops->memcpy_async(dev, &any, d, sizeof(any), fsdp_compute_stream(fs));
+        st = fsdp_dev_memcpy_async(dev, &any, d, sizeof(any), fsdp_compute_stream(fs));
     if (st == FSDP_OK)
-        st = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+        st = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
     fsdp_mem_free(fsdp_memory(fs), d);
     if (status != FSDP_OK)
         return status;
@@ -374,11 +374,11 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
                     status = FSDP_ERR_NO_MEMORY;
                     break;
                 }
-                status = dev->ops->memcpy_async(dev, copy, b.shard[k] + pi.offset_in_shard,
-                                                pi.numel_in_shard * sizeof(float),
-                                                fsdp_compute_stream(fs));
+                status = fsdp_dev_memcpy_async(dev, copy, b.shard[k] + pi.offset_in_shard,
+                                               pi.numel_in_shard * sizeof(float),
+                                               fsdp_compute_stream(fs));
                 if (status == FSDP_OK)
-                    status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+                    status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
                 fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
                 /* the piece's place in the flattened parameter rides in its name */
                 snprintf(name + strlen(name), sizeof(name) - strlen(name), "@%zu", pi.intra_start);
@@ -447,10 +447,10 @@ static fsdp_status_t save_local(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdi
                 status = FSDP_ERR_NO_MEMORY;
                 break;
             }
-            status = dev->ops->memcpy_async(dev, copy, b.shard[k], n * sizeof(float),
-                                            fsdp_compute_stream(fs));
+            status = fsdp_dev_memcpy_async(dev, copy, b.shard[k], n * sizeof(float),
+                                           fsdp_compute_stream(fs));
             if (status == FSDP_OK)
-                status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+                status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
             fsdp_ckpt_tensor_name(name, sizeof(name), base, b.names[k]);
             if (status == FSDP_OK)
                 status = fsdp_ckpt_list_add(&flat, name, 1, &len, copy);
@@ -512,7 +512,7 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
                                    fsdp_state_dict_type_t type, int64_t step)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
-    fsdp_group_t *world = dev->ops->group_world(dev);
+    fsdp_group_t *world = fsdp_dev_group_world(dev);
     char sub[64], tmpdir[PATH_MAX], final[PATH_MAX];
     json_t *meta = json_object();
     fsdp_status_t status = FSDP_OK;

@@ -255,10 +255,10 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
         snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
         if (fsdp_st_check_finite(t, msg) != FSDP_OK)
             return FSDP_ERR_FORMAT;
-        status = dev->ops->memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
-                                        fsdp_compute_stream(fs));
+        status = fsdp_dev_memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
+                                       fsdp_compute_stream(fs));
         if (status == FSDP_OK)
-            status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+            status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
     }
     if (status == FSDP_OK && opt != NULL)
         status = fsdp_optim_set_unit_step(opt, u, step, has_buffer);
@@ -304,11 +304,11 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             if (status == FSDP_OK)
                 status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
             if (status == FSDP_OK)
-                status = dev->ops->memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
-                                                pi.numel_in_shard * sizeof(float),
-                                                fsdp_compute_stream(fs));
+                status = fsdp_dev_memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
+                                               pi.numel_in_shard * sizeof(float),
+                                               fsdp_compute_stream(fs));
             if (status == FSDP_OK)
-                status = dev->ops->stream_synchronize(dev, fsdp_compute_stream(fs));
+                status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
             free(tmp);
         }
     }

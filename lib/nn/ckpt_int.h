@@ -4,6 +4,10 @@
 #ifndef FSDP_NN_CKPT_INT_H
 #define FSDP_NN_CKPT_INT_H
 
+#include "core/core_hidden.h"
+#include "io/io_hidden.h"
+#include "nn/nn_hidden.h"
+
 #include <fsdp/checkpoint.h>
 #include <fsdp/safetensors.h>
 

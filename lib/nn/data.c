@@ -2,6 +2,8 @@
  * batch (include/fsdp/data.h). */
 #include "config.h"
 
+#include "nn/nn_int.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

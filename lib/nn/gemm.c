@@ -16,10 +16,10 @@ fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_
     if (k->kind != FSDP_K_GEMM || k->u.gemm.c_dtype != FSDP_DTYPE_F32 ||
         (e->bias == NULL && e->act == FSDP_ACT_NONE && e->residual == NULL) || k->u.gemm.ldc != n ||
         k->u.gemm.batch > 1)
-        return dev->ops->kernel(dev, s, k);
+        return fsdp_dev_kernel(dev, s, k);
     d = *k;
     memset(&d.u.gemm.epilogue, 0, sizeof(d.u.gemm.epilogue));
-    status = dev->ops->kernel(dev, s, &d);
+    status = fsdp_dev_kernel(dev, s, &d);
     if (status == FSDP_OK && e->bias != NULL) {
         memset(&d, 0, sizeof(d));
         d.kind = FSDP_K_BIAS_ADD;
@@ -29,7 +29,7 @@ fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_
         d.u.bias_add.cols = n;
         d.u.bias_add.y_dtype = FSDP_DTYPE_F32;
         d.u.bias_add.bias_dtype = e->bias_dtype;
-        status = dev->ops->kernel(dev, s, &d);
+        status = fsdp_dev_kernel(dev, s, &d);
     }
     if (status == FSDP_OK && e->act == FSDP_ACT_RELU) {
         memset(&d, 0, sizeof(d));
@@ -38,7 +38,7 @@ fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_
         d.u.relu_fwd.x = k->u.gemm.c;
         d.u.relu_fwd.n = m * n;
         d.u.relu_fwd.y_dtype = d.u.relu_fwd.x_dtype = FSDP_DTYPE_F32;
-        status = dev->ops->kernel(dev, s, &d);
+        status = fsdp_dev_kernel(dev, s, &d);
     } else if (status == FSDP_OK && e->act == FSDP_ACT_GELU_TANH) {
         memset(&d, 0, sizeof(d));
         d.kind = FSDP_K_GELU_FWD;
@@ -46,7 +46,7 @@ fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_
         d.u.gelu_fwd.x = k->u.gemm.c;
         d.u.gelu_fwd.n = m * n;
         d.u.gelu_fwd.dtype = FSDP_DTYPE_F32;
-        status = dev->ops->kernel(dev, s, &d);
+        status = fsdp_dev_kernel(dev, s, &d);
     }
     if (status == FSDP_OK && e->residual != NULL) {
         memset(&d, 0, sizeof(d));
@@ -56,7 +56,7 @@ fsdp_status_t fsdp_nn_gemm(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_
         d.u.add.b = e->residual;
         d.u.add.n = m * n;
         d.u.add.dtype = FSDP_DTYPE_F32;
-        status = dev->ops->kernel(dev, s, &d);
+        status = fsdp_dev_kernel(dev, s, &d);
     }
     return status;
 }

@@ -687,10 +687,9 @@ static fsdp_status_t rope_tables(fsdp_lm_run_t *lr)
             host[p * half + i] = (float)cos((double)angle);
             host[n + p * half + i] = (float)sin((double)angle);
         }
-    status = r->lm.dev->ops->memcpy_async(r->lm.dev, r->cos, host, n * sizeof(float), r->lm.s);
+    status = fsdp_dev_memcpy_async(r->lm.dev, r->cos, host, n * sizeof(float), r->lm.s);
     if (status == FSDP_OK)
-        status =
-            r->lm.dev->ops->memcpy_async(r->lm.dev, r->sin, host + n, n * sizeof(float), r->lm.s);
+        status = fsdp_dev_memcpy_async(r->lm.dev, r->sin, host + n, n * sizeof(float), r->lm.s);
     free(inv);
     return status;
 }

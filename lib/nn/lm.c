@@ -102,9 +102,9 @@ static fsdp_status_t batch_to_device(fsdp_lm_run_t *r, const int32_t *inputs,
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(r->mem, bytes, FSDP_MEM_ACTIVATION, r->s, (void **)&r->targets);
     if (status == FSDP_OK)
-        status = r->dev->ops->memcpy_async(r->dev, r->tokens, inputs, bytes, r->s);
+        status = fsdp_dev_memcpy_async(r->dev, r->tokens, inputs, bytes, r->s);
     if (status == FSDP_OK)
-        status = r->dev->ops->memcpy_async(r->dev, r->targets, targets, bytes, r->s);
+        status = fsdp_dev_memcpy_async(r->dev, r->targets, targets, bytes, r->s);
     return status;
 }
 
@@ -224,10 +224,10 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
 static fsdp_status_t loss_to_host(fsdp_lm_run_t *r, float *loss_p)
 {
     float host = 0.0f;
-    fsdp_status_t status = r->dev->ops->memcpy_async(r->dev, &host, r->loss, sizeof(float), r->s);
+    fsdp_status_t status = fsdp_dev_memcpy_async(r->dev, &host, r->loss, sizeof(float), r->s);
 
     if (status == FSDP_OK)
-        status = r->dev->ops->stream_synchronize(r->dev, r->s);
+        status = fsdp_dev_stream_synchronize(r->dev, r->s);
     if (status == FSDP_OK)
         *loss_p = host / r->lm->loss_scale;
     return status;

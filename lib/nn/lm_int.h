@@ -165,7 +165,7 @@ fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const
 /* Kernel launches and buffers of a run, for the models' own code. */
 static inline fsdp_status_t fsdp_lm_launch(fsdp_lm_run_t *r, const fsdp_kernel_t *k)
 {
-    return r->dev->ops->kernel(r->dev, r->s, k);
+    return fsdp_dev_kernel(r->dev, r->s, k);
 }
 
 /* n elements of the compute dtype */

@@ -208,7 +208,7 @@ typedef struct mlp_run {
 
 static fsdp_status_t kernel(mlp_run_t *r, const fsdp_kernel_t *k)
 {
-    return r->dev->ops->kernel(r->dev, r->c, k);
+    return fsdp_dev_kernel(r->dev, r->c, k);
 }
 
 static fsdp_status_t linear_forward(mlp_run_t *r, int i)
@@ -378,7 +378,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
      * act[0] itself, else an f32 copy that the root casts */
     status = fsdp_mem_alloc(run.mem, in_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &x32);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, x32, x, in_numel * sizeof(float), run.c);
+        status = fsdp_dev_memcpy_async(run.dev, x32, x, in_numel * sizeof(float), run.c);
     if (status == FSDP_OK && run.dt == FSDP_DTYPE_F32) {
         run.act[0] = x32;
         x32 = NULL;
@@ -387,7 +387,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
         status =
             fsdp_mem_alloc(run.mem, out_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &target);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, target, y, out_numel * sizeof(float), run.c);
+        status = fsdp_dev_memcpy_async(run.dev, target, y, out_numel * sizeof(float), run.c);
     if (status != FSDP_OK)
         goto out;
 
@@ -454,9 +454,9 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     if (status == FSDP_OK)
         status = fsdp_final_callback(fs);
     if (status == FSDP_OK)
-        status = run.dev->ops->memcpy_async(run.dev, &host_loss, loss, sizeof(float), run.c);
+        status = fsdp_dev_memcpy_async(run.dev, &host_loss, loss, sizeof(float), run.c);
     if (status == FSDP_OK)
-        status = run.dev->ops->stream_synchronize(run.dev, run.c);
+        status = fsdp_dev_stream_synchronize(run.dev, run.c);
     if (status == FSDP_OK)
         *loss_p = host_loss / mlp->loss_scale;
 out:

@@ -3,6 +3,10 @@
 #ifndef FSDP_NN_NN_INT_H
 #define FSDP_NN_NN_INT_H
 
+#include "core/core_hidden.h"
+#include "io/io_hidden.h"
+#include "nn/nn_hidden.h"
+
 #include <fsdp/backend.h>
 #include <fsdp/core.h>
 #include <fsdp/memory.h>

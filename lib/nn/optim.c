@@ -13,6 +13,8 @@
  */
 #include "config.h"
 
+#include "nn/nn_int.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,7 +141,7 @@ static void fsdp_optim_state_free(fsdp_optim_t *opt, fsdp_optim_unit_t *st, floa
     if (p == NULL)
         return;
     if (st->on_host)
-        dev->ops->segment_free(dev, FSDP_MEMKIND_HOST_PINNED, p);
+        fsdp_dev_segment_free(dev, FSDP_MEMKIND_HOST_PINNED, p);
     else
         fsdp_mem_free(fsdp_memory(opt->fs), p);
 }
@@ -164,7 +166,7 @@ int64_t fsdp_optim_num_steps(const fsdp_optim_t *opt)
 static fsdp_status_t fsdp_optim_launch(fsdp_optim_t *opt, const fsdp_kernel_t *k)
 {
     fsdp_dev_t *dev = fsdp_device(opt->fs);
-    return dev->ops->kernel(dev, fsdp_compute_stream(opt->fs), k);
+    return fsdp_dev_kernel(dev, fsdp_compute_stream(opt->fs), k);
 }
 
 /* One zero-filled S-element state tensor, beside the shard it updates (device, or pinned host
@@ -178,7 +180,7 @@ static fsdp_status_t fsdp_optim_state_alloc(fsdp_optim_t *opt, fsdp_optim_unit_t
     fsdp_status_t status;
 
     if (st->on_host)
-        status = dev->ops->segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, numel * sizeof(float), &p);
+        status = fsdp_dev_segment_alloc(dev, FSDP_MEMKIND_HOST_PINNED, numel * sizeof(float), &p);
     else
         status = fsdp_mem_alloc(fsdp_memory(opt->fs), numel * sizeof(float),
                                 FSDP_MEM_OPTIMIZER_STATE, fsdp_compute_stream(opt->fs), &p);

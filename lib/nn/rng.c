@@ -3,6 +3,8 @@
  * fsdp_rng_t. The same seed gives the same sequence on every rank, platform and build. */
 #include "config.h"
 
+#include "nn/nn_int.h"
+
 #include <math.h>
 
 #include <fsdp/nn.h>

@@ -1,6 +1,9 @@
 /* Building trace events: the blank event every emitter starts from, and what both backends put
  * into an op's event: one builder, so that a simulated and a hardware run of the same program
  * write the same kinds, names, bytes, counts and dtypes, and differ only in their times. */
+
+#include "trace/trace_hidden.h"
+
 #include <fsdp/backend/trace.h>
 
 #include <math.h>

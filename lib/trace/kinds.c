@@ -1,5 +1,7 @@
 /* The names of trace.h's enumerations: the event kinds, both ways, and the divergences that
  * fsdp-trace diff reports. */
+#include "trace/trace_hidden.h"
+
 #include <fsdp/trace.h>
 
 #include <string.h>

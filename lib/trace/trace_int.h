@@ -3,6 +3,8 @@
 #ifndef FSDP_TRACE_INT_H
 #define FSDP_TRACE_INT_H
 
+#include "trace/trace_hidden.h"
+
 #include <fsdp/backend/trace.h>
 #include <fsdp/trace.h>
 

@@ -31,10 +31,6 @@ struct fsdp_trace_timing {
     void (*resolve)(fsdp_trace_timing_t *timing, double *start_p, double *end_p);
 };
 
-/* As fsdp_trace_emit, with ev->start and ev->end filled in later by timing (NULL: now). */
-FSDP_API void fsdp_trace_emit_timed(fsdp_dev_t *dev, const fsdp_trace_event_t *ev,
-                                    fsdp_trace_timing_t *timing);
-
 /* One op of a backend, built into an event and emitted (a no-op when the device does not
  * trace): stream NULL for a host event, dtype -1 and group NULL where they do not apply.
  * Both backends emit every op through this, so their traces hold the same fields. */
