@@ -20,6 +20,7 @@ enum { IN = 8, HIDDEN = 32, OUT = 4, ROWS = 16 /* per rank and step */ };
 
 typedef struct job {
     int steps;
+    fsdp_api_t api; /* FSDP1 (FullyShardedDataParallel) or FSDP2 (fully_shard): the same hooks */
     float first_loss, last_loss; /* rank 0's, averaged over the ranks */
 } job_t;
 
@@ -281,6 +282,7 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
     fsdp_status_t status;
 
     fsdp_config_init(&cfg); /* FULL_SHARD, BACKWARD_PRE prefetch, the rate limiter on */
+    cfg.api = job->api;
     status = fsdp_create(dev, &cfg, &fs);
     if (status != FSDP_OK)
         return status;
@@ -316,13 +318,16 @@ static fsdp_status_t rank_main(fsdp_dev_t *dev, void *arg)
 int main(int argc, char **argv)
 {
     fsdp_sim_params_t params;
-    job_t job = {.steps = argc > 2 ? atoi(argv[2]) : 60};
+    job_t job = {.steps = argc > 2 ? atoi(argv[2]) : 60, .api = FSDP_API_FSDP1};
     fsdp_status_t status;
 
     fsdp_sim_params_init(&params);
     params.world_size = argc > 1 ? atoi(argv[1]) : 4;
-    if (params.world_size < 1 || job.steps < 1) {
-        fprintf(stderr, "usage: %s [world >= 1] [steps >= 1]\n", argv[0]);
+    if (argc > 3 && strcmp(argv[3], "fsdp2") == 0)
+        job.api = FSDP_API_FSDP2;
+    if (params.world_size < 1 || job.steps < 1 ||
+        (argc > 3 && strcmp(argv[3], "fsdp1") != 0 && strcmp(argv[3], "fsdp2") != 0)) {
+        fprintf(stderr, "usage: %s [world >= 1] [steps >= 1] [fsdp1|fsdp2]\n", argv[0]);
         return 2;
     }
     status = fsdp_sim_launch(&params, rank_main, &job, NULL);

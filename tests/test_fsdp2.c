@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/core_hidden.h"
 #include "mlp_ref.h"
 
 /* ---------------- one iteration of an MLP, its collectives logged ---------------- */
