@@ -332,6 +332,223 @@ static void test_memory_closed_forms(void)
     }
 }
 
+/* ---------------- frozen parameters and divide factors ---------------- */
+
+/* A root without parameters and a unit a of w [4, 3] and b [5]: each rank writes gradient
+ * rank + 1 into every trainable parameter, then the sharded gradient is read back. */
+typedef struct grad_case {
+    int frozen_w;             /* w has requires_grad = 0 */
+    double divide_factor;     /* fsdp_unit_options_t.gradient_divide_factor */
+    int force_sum;            /* .force_sum_reduction */
+    fsdp_dtype_t reduce;      /* the reduce dtype (FSDP_DTYPE_UNSET: f32) */
+    float got_b[8], got_w[8]; /* rank r's first element of b's and w's rows in its shard */
+    float w_after[8];         /* w's first element after an SGD step with weight decay */
+} grad_case_t;
+
+static fsdp_status_t write_grad(fsdp_dev_t *dev, fsdp_unit_t *u, int index, size_t n, float v)
+{
+    void *g;
+    float host[16];
+    fsdp_status_t status = fsdp_unit_grad(u, index, &g);
+
+    for (size_t i = 0; i < n; i++)
+        host[i] = v;
+    if (status == FSDP_OK)
+        status =
+            fsdp_dev_memcpy_async(dev, g, host, n * sizeof(float), fsdp_dev_compute_stream(dev));
+    if (status == FSDP_OK)
+        status = fsdp_dev_stream_synchronize(dev, fsdp_dev_compute_stream(dev));
+    return status;
+}
+
+static fsdp_status_t grad_rank(fsdp_dev_t *dev, void *arg)
+{
+    grad_case_t *gc = arg;
+    fsdp_backend_ops_t wrapped;
+    fsdp_config_t fc;
+    fsdp_unit_options_t o;
+    fsdp_t *fs;
+    fsdp_unit_t *root, *a;
+    fsdp_param_spec_t ps[2] = {{.name = "a.w", .ndim = 2, .shape = {4, 3}, .tied_to = -1},
+                               {.name = "a.b", .ndim = 1, .shape = {5}, .tied_to = -1}};
+    fsdp_param_info_t wi, bi;
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt;
+    float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, *g, *ls;
+    int r = dev->rank;
+
+    wrap_ops(dev, &wrapped);
+    ps[0].requires_grad = !gc->frozen_w;
+    ps[1].requires_grad = 1;
+    fsdp_config_init(&fc);
+    fc.api = FSDP_API_FSDP2;
+    fc.mixed_precision.reduce_dtype = gc->reduce;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    fsdp_unit_options_init(&o);
+    o.gradient_divide_factor = gc->divide_factor;
+    o.force_sum_reduction = gc->force_sum;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_create(fs, "root", NULL, NULL, 0, &root));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_create_ex(fs, "a", root, ps, 2, &o, &a));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_set_param(a, 0, ones));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_set_param(a, 1, ones));
+    tl_nlog = 0;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, forward_to_backward(root, a));
+    if (!gc->frozen_w)
+        FSDP_RANK_REQUIRE_OK(&failure, dev, write_grad(dev, a, 0, 12, (float)(r + 1)));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, write_grad(dev, a, 1, 5, (float)(r + 1)));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, finish_backward(fs, root, a));
+    memcpy(seq_log[r], tl_log, sizeof(coll_t) * (size_t)tl_nlog);
+    seq_nlog[r] = tl_nlog;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_param_info(a, 0, &wi));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_param_info(a, 1, &bi));
+    g = fsdp_unit_sharded_grad(a);
+    FSDP_RANK_REQUIRE_MSG(&failure, r, g != NULL, "no sharded gradient");
+    gc->got_b[r] = bi.in_shard ? g[bi.offset_in_shard] : -1.0f;
+    gc->got_w[r] = wi.in_shard ? g[wi.offset_in_shard] : -1.0f;
+    /* the optimizer leaves a frozen parameter as it was, weight decay included */
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_SGD);
+    oc.lr = 0.5f;
+    oc.weight_decay = 0.1f;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_optim_create(fs, &oc, &opt));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_optim_step(opt));
+    ls = fsdp_unit_local_shard(a);
+    gc->w_after[r] = wi.in_shard ? ls[wi.offset_in_shard] : -1.0f;
+    fsdp_optim_destroy(opt);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+/* Frozen parameters take no part in the reduce-scatter (its size follows the parameters with
+ * a gradient: b's chunk of 2 of A = 6 + 2 at W = 3), get no gradient and no optimizer step. w's
+ * 4 rows are 2, 2 and 0 on the three ranks; b's 5 rows 2, 2 and 1. */
+static void test_frozen(void)
+{
+    grad_case_t gc = {.frozen_w = 1, .reduce = FSDP_DTYPE_UNSET};
+    const coll_t want[] = {AG(8, 3, F32), AG(8, 3, F32), RS(2, 3, F32, AVG)};
+
+    memset(seq_nlog, 0, sizeof(seq_nlog));
+    CU_ASSERT_EQUAL_FATAL(run_ranks(3, grad_rank, &gc), FSDP_OK);
+    for (int r = 0; r < 3; r++) {
+        CU_ASSERT_EQUAL(seq_nlog[r], 3);
+        for (int i = 0; i < 3 && i < seq_nlog[r]; i++) {
+            CU_ASSERT_EQUAL(seq_log[r][i].kind, want[i].kind);
+            CU_ASSERT_EQUAL(seq_log[r][i].n, want[i].n);
+        }
+        CU_ASSERT_EQUAL(gc.got_b[r], 2.0f); /* the average of 1, 2 and 3 */
+        CU_ASSERT_EQUAL(gc.got_w[r], r < 2 ? 0.0f : -1.0f);
+        CU_ASSERT_EQUAL(gc.w_after[r], r < 2 ? 1.0f : -1.0f);
+    }
+
+    gc.frozen_w = 0; /* trainable: in the reduce-scatter, and stepped */
+    memset(seq_nlog, 0, sizeof(seq_nlog));
+    CU_ASSERT_EQUAL_FATAL(run_ranks(3, grad_rank, &gc), FSDP_OK);
+    for (int r = 0; r < 3; r++) {
+        CU_ASSERT(seq_nlog[r] == 3 && seq_log[r][2].n == 8);
+        CU_ASSERT_EQUAL(gc.got_w[r], r < 2 ? 2.0f : -1.0f);
+        if (r < 2) /* 1 - 0.5 * (2 + 0.1 * 1) */
+            CU_ASSERT(fabsf(gc.w_after[r] - (1.0f - 0.5f * (2.0f + 0.1f))) < 1e-6f);
+    }
+}
+
+/* set_gradient_divide_factor and set_force_sum_reduction_for_comms (semantics 1): f = W is
+ * AVG; another f a PREMUL_SUM by 1 / f; forced sums divide by W after; f16 with f = 6 divides
+ * by 2 before and 3 after (pre/post factors of 6). Gradients 1, 2, 3 on three ranks. */
+static void test_divide_factors(void)
+{
+    static const struct {
+        double f;
+        int force;
+        fsdp_dtype_t rd;
+        fsdp_reduce_op_t op;
+        float want;
+    } cases[] = {
+        {0.0, 0, FSDP_DTYPE_UNSET, FSDP_REDUCE_AVG, 2.0f},
+        {3.0, 0, FSDP_DTYPE_UNSET, FSDP_REDUCE_AVG, 2.0f},
+        {6.0, 0, FSDP_DTYPE_UNSET, FSDP_REDUCE_SUM, 1.0f},
+        {0.0, 1, FSDP_DTYPE_UNSET, FSDP_REDUCE_SUM, 2.0f},
+        {6.0, 0, FSDP_DTYPE_F16, FSDP_REDUCE_SUM, 1.0f},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        grad_case_t gc = {
+            .divide_factor = cases[c].f, .force_sum = cases[c].force, .reduce = cases[c].rd};
+        memset(seq_nlog, 0, sizeof(seq_nlog));
+        CU_ASSERT_EQUAL_FATAL(run_ranks(3, grad_rank, &gc), FSDP_OK);
+        for (int r = 0; r < 3; r++) {
+            int rs = seq_nlog[r] - 1;
+            CU_ASSERT(rs >= 0 && seq_log[r][rs].kind == C_RS && seq_log[r][rs].op == cases[c].op);
+            CU_ASSERT_EQUAL(gc.got_b[r], cases[c].want);
+            CU_ASSERT_EQUAL(gc.got_w[r], r < 2 ? cases[c].want : -1.0f);
+        }
+    }
+}
+
+/* ---------------- FSDPModule's controls ---------------- */
+
+/* unshard() outside forward and backward gathers a unit's parameters (their values those of
+ * fsdp_unit_gather_full), reshard() frees them; set_reshard_after_backward(False) keeps a
+ * unit's parameters after backward, so the next forward gathers the other units only. */
+static fsdp_status_t controls_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp;
+    fsdp_unit_t *l1;
+    float x[2 * 16] = {0}, y[2 * 4] = {0}, loss, full[20 * 30 + 20], got[20 * 30];
+    fsdp_mem_stats_t st;
+    int r = dev->rank;
+    fsdp_backend_ops_t wrapped;
+    (void)arg;
+
+    wrap_ops(dev, &wrapped);
+    fsdp_config_init(&fc);
+    fc.api = FSDP_API_FSDP2;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, dims3, 3, &mlp));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 5));
+    l1 = fsdp_mlp_layer(mlp, 1);
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_unshard(l1), FSDP_ERR_STATE); /* before lazy init */
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_forward_backward(mlp, x, y, 2, &loss));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_gather_full(l1, full));
+    FSDP_RANK_CHECK(&failure, r, fsdp_unit_param(l1, 0) == NULL);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_unshard(l1));
+    FSDP_RANK_REQUIRE_MSG(&failure, r, fsdp_unit_param(l1, 0) != NULL, "no unsharded weight");
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         fsdp_dev_memcpy_async(dev, got, fsdp_unit_param(l1, 0), sizeof(got),
+                                               fsdp_dev_compute_stream(dev)));
+    FSDP_RANK_REQUIRE_OK(&failure, dev,
+                         fsdp_dev_stream_synchronize(dev, fsdp_dev_compute_stream(dev)));
+    FSDP_RANK_CHECK(&failure, r, memcmp(got, full, sizeof(got)) == 0);
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_reshard(l1));
+    FSDP_RANK_CHECK(&failure, r, fsdp_unit_param(l1, 0) == NULL);
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    FSDP_RANK_CHECK_EQ(&failure, r, st.by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+
+    /* kept after backward: 2560 + 3072 + 1024 bytes of the three units' parameters */
+    for (int l = 0; l < 3; l++)
+        FSDP_RANK_REQUIRE_OK(&failure, dev,
+                             fsdp_unit_set_reshard_after_backward(fsdp_mlp_layer(mlp, l), 0));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_forward_backward(mlp, x, y, 2, &loss));
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    FSDP_RANK_CHECK_EQ(&failure, r, st.by_category[FSDP_MEM_UNSHARDED_PARAM], 6656);
+    tl_nlog = 0;
+    tl_counts.all_gather = 0;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_forward_backward(mlp, x, y, 2, &loss));
+    /* reshard after forward still frees them in forward; backward gathers again, forward not */
+    FSDP_RANK_CHECK_EQ(&failure, r, tl_counts.all_gather, 3);
+    for (int l = 0; l < 3; l++)
+        FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_unit_reshard(fsdp_mlp_layer(mlp, l)));
+    fsdp_mem_get_stats(fsdp_memory(fs), &st);
+    FSDP_RANK_CHECK_EQ(&failure, r, st.by_category[FSDP_MEM_UNSHARDED_PARAM], 0);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+static void test_controls(void)
+{
+    launch_quiet(3, FSDP_SIM_DATA, controls_rank); /* the refusal before lazy init logs */
+}
+
 /* ---------------- the layout ---------------- */
 
 static fsdp_status_t layout_rank(fsdp_dev_t *dev, void *arg)
@@ -504,6 +721,8 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     /* fully_shard refuses scalars */
     FSDP_RANK_CHECK_EQ(&failure, r, fsdp_unit_create(fs, "s", root, &scalar, 1, &u),
                        FSDP_ERR_INVALID_PARAM);
+    /* and has no summon_full_params */
+    FSDP_RANK_CHECK_EQ(&failure, r, fsdp_summon_full_params(root, NULL), FSDP_ERR_UNSUPPORTED);
     fsdp_destroy(fs);
 
     /* FSDPModule's controls are fully_shard's */
@@ -538,6 +757,9 @@ int main(void)
         {"parity with one process, worlds 1 to 6", test_parity_worlds},
         {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
         {"parity: CPU offload", test_parity_offload},
+        {"frozen parameters: no gradient, no reduction, no step", test_frozen},
+        {"divide factors: AVG, PREMUL_SUM, forced SUM, f16", test_divide_factors},
+        {"unshard, reshard, reshard_after_backward", test_controls},
         {"refusals", test_refusals},
         {NULL, NULL},
     };

@@ -240,6 +240,14 @@ typedef struct fsdp_unit_options {
     int nbuffers;
     /* FSDP2: this unit's reshard_after_forward (FSDP_RESHARD_INHERIT: the config's). */
     int reshard_after_forward;
+    /* FSDP2: set_gradient_divide_factor(f) (0: unset, the gradients averaged over the W x R
+     * ranks they are reduced over): f32 and bf16 reduce-scatter with AVG when f = W, else
+     * multiplied by 1 / f before a SUM (NCCL's PREMUL_SUM), the HSDP all-reduce with SUM;
+     * other dtypes SUM with pre- and post-divide factors of f. */
+    double gradient_divide_factor;
+    /* FSDP2: set_force_sum_reduction_for_comms(True): SUM collectives, the whole division
+     * after them. 0 by default. */
+    int force_sum_reduction;
 } fsdp_unit_options_t;
 
 FSDP_API void fsdp_unit_options_init(fsdp_unit_options_t *opts); /* everything from the config */

@@ -28,6 +28,8 @@ typedef struct fsdp_pparam {
     /* reshard_after_forward = N: this rank's W / N chunks of U, from the post-forward to the
      * backward's copy-out (the N-group all-gathers them) */
     void *post_forward;
+    size_t gslot; /* the reduce in progress: where its chunk sits in a rank's row of I */
+    int reduced;  /* the reduce in progress includes it (it has a gradient) */
 } fsdp_pparam_t;
 
 /* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow docs/runtime.md
@@ -85,6 +87,9 @@ struct fsdp_handle {
     fsdp_group_t *post_forward_pg;     /* N >= 2: this rank's group of N */
     fsdp_event_t *post_forward_event;  /* the post-forward copies, for the backward copy-in */
     int ag_blocks;                     /* blocks of ag_out: W, or N from the post-forward */
+    size_t reduced_numel;              /* the reduce in progress: its R <= A elements a rank */
+    double divide_factor;              /* set_gradient_divide_factor, 0: unset */
+    int force_sum;                     /* set_force_sum_reduction_for_comms */
     int reshard_after_backward; /* 1 by default */
     int grads_pending;          /* sync off left unreduced gradients */
     fsdp_event_t *post_reduce_event;
@@ -119,6 +124,8 @@ struct fsdp_unit {
     fsdp_training_state_t state;
     fsdp_strategy_t strategy; /* effective, this unit's */
     int reshard_after_forward; /* FSDP2: resolved to 1, 0 or N >= 2 */
+    double divide_factor;      /* FSDP2: fsdp_unit_options_t.gradient_divide_factor */
+    int force_sum;             /* FSDP2: fsdp_unit_options_t.force_sum_reduction */
     fsdp_group_t *post_forward_pg; /* FSDP2, N >= 2: the group of N this rank is in (shared) */
     fsdp_group_t *pg;         /* this unit's shard group */
     fsdp_group_t *replicate;  /* hybrid: this unit's inter-node group, else NULL */

@@ -125,12 +125,8 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
             return status;
         nfrozen += !params[i].requires_grad;
     }
-    if (nfrozen > 0 && fsdp_is_fsdp2(fs))
-        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
-                         "unit '%s': frozen parameters (requires_grad=0) are not supported with "
-                         "api fsdp2 yet; put them in an FSDP1 model, or make them ignored",
-                         u->name);
-    if (nfrozen > 0 && nfrozen < nparams && !fs->cfg.use_orig_params) {
+    /* fully_shard keeps every parameter apart: frozen and trainable ones mix freely */
+    if (nfrozen > 0 && nfrozen < nparams && !fs->cfg.use_orig_params && !fsdp_is_fsdp2(fs)) {
         char names[256] = "";
         size_t off = 0;
         for (int i = 0; i < nparams && off < sizeof(names); i++) {
@@ -214,6 +210,8 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     h->compute_dtype = fs->param_dtype;
     h->reshard_after_forward = h->unit->reshard_after_forward;
     h->post_forward_pg = h->unit->post_forward_pg;
+    h->divide_factor = h->unit->divide_factor;
+    h->force_sum = h->unit->force_sum;
     h->reduce_dtype = fs->reduce_dtype;
     h->offload = fs->cfg.cpu_offload;
     status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->local_shard);

@@ -139,8 +139,8 @@ static fsdp_status_t copy_in(fsdp_t *fs, fsdp_handle_t *h, void *in, fsdp_stream
         for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
             const fsdp_pparam_t *p = &h->pp[i];
             if (h->params[i].tied_to < 0)
-                status = fsdp_dev_memcpy_async(dev, (char *)in + f * p->slot * esz,
-                                                p->post_forward, f * p->chunk * esz, s);
+                status = fsdp_dev_memcpy_async(dev, (char *)in + f * p->slot * esz, p->post_forward,
+                                               f * p->chunk * esz, s);
         }
         return status;
     }
@@ -355,8 +355,8 @@ static fsdp_status_t reshard_to_group(fsdp_t *fs, fsdp_handle_t *h)
                                 &p->post_forward);
         if (status == FSDP_OK)
             status = fsdp_dev_memcpy_async(dev, p->post_forward,
-                                            (char *)p->unsharded + j * f * p->chunk * esz,
-                                            f * p->chunk * esz, fs->compute);
+                                           (char *)p->unsharded + j * f * p->chunk * esz,
+                                           f * p->chunk * esz, fs->compute);
     }
     if (status == FSDP_OK && h->post_forward_event == NULL)
         status = fsdp_dev_event_create(dev, &h->post_forward_event);
@@ -454,42 +454,87 @@ static fsdp_status_t accumulate_unsharded(fsdp_t *fs, fsdp_handle_t *h)
     return status;
 }
 
-/* foreach_reduce_scatter_copy_in (torch's chunk_cat): row j of I (W x A, reduce dtype) is the
- * concatenation over parameters of rank j's chunk of each gradient, zero-padded, cast in the
- * same pass. A parameter without a gradient this iteration contributes zeros. */
+/* The reduce's layout (semantics 1, "RS input/output"): only the parameters with a gradient
+ * take part, their chunks concatenated in parameter order; R elements a rank (A when every
+ * parameter has one). */
+static size_t reduce_layout(fsdp_handle_t *h)
+{
+    size_t r = 0;
+
+    for (int i = 0; i < h->nparams; i++) {
+        fsdp_pparam_t *p = &h->pp[i];
+        p->reduced = h->params[i].tied_to < 0 && (p->grad != NULL || p->accum != NULL);
+        p->gslot = r;
+        r += p->reduced ? p->chunk : 0;
+    }
+    h->reduced_numel = r;
+    return r;
+}
+
+/* foreach_reduce_scatter_copy_in (torch's chunk_cat): row j of I (W x R, reduce dtype) is the
+ * concatenation over the reduced parameters of rank j's chunk of each gradient, zero-padded,
+ * cast in the same pass. */
 static fsdp_status_t chunk_cat(fsdp_t *fs, fsdp_handle_t *h, void *in)
 {
     fsdp_stream_t *cs = fs->compute;
     fsdp_dtype_t rd = h->reduce_dtype;
-    size_t esz = fsdp_dtype_size(rd), a = h->shard_numel, w = (size_t)h->world;
+    size_t esz = fsdp_dtype_size(rd), r = h->reduced_numel, w = (size_t)h->world;
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
         fsdp_pparam_t *p = &h->pp[i];
         const void *src = p->accum != NULL ? (const void *)p->accum : p->grad;
         fsdp_dtype_t st = p->accum != NULL ? FSDP_DTYPE_F32 : h->compute_dtype;
-        if (h->params[i].tied_to >= 0)
+        if (!p->reduced)
             continue;
         if (p->accum != NULL && p->grad != NULL) /* the last micro-batch joins the sum */
             status = add_into(fs, cs, p->accum, p->grad, h->compute_dtype, h->params[i].numel);
-        /* rank j's chunk of the gradient to row j; past its end (or without one) zeros */
+        /* rank j's chunk of the gradient to row j; past its end zeros */
         if (status == FSDP_OK)
-            status = chunk_copy(fs, cs, (char *)in + p->slot * esz, rd, a, src, st, p->chunk,
-                                src != NULL ? h->params[i].numel : 0, w, p->chunk);
+            status = chunk_copy(fs, cs, (char *)in + p->gslot * esz, rd, r, src, st, p->chunk,
+                                h->params[i].numel, w, p->chunk);
     }
     return status;
 }
 
-/* The reduce op and the factors a gradient is divided by before and after (semantics 1,
- * "Reduce dtype, op, divide factors"): AVG for f32 and bf16 (SUM on one rank), else SUM with
- * FSDP1's pre- and post-divide factors. */
-static fsdp_reduce_op_t reduce_op(fsdp_dtype_t rd, int d, double *pre_p, double *post_p)
+/* The reduce op and the factors a gradient is divided by before and after, over d ranks (W x R)
+ * of a shard group of w (semantics 1, "Reduce dtype, op, divide factors"). f32 and bf16: AVG
+ * (SUM on one rank); with a divide factor f, AVG when f = w, else a SUM of the inputs
+ * multiplied by 1 / f first (*premul_p: NCCL's PREMUL_SUM) and a SUM all-reduce (*ar_op_p);
+ * forced sums divide by f or d after. Other dtypes: SUM with FSDP1's pre- and post-divide
+ * factors of f or d. */
+static fsdp_reduce_op_t reduce_op(const fsdp_handle_t *h, int w, int d, double *pre_p,
+                                  double *post_p, double *premul_p, fsdp_reduce_op_t *ar_op_p)
 {
-    *pre_p = *post_p = 1.0;
-    if (rd == FSDP_DTYPE_F32 || rd == FSDP_DTYPE_BF16)
-        return d == 1 ? FSDP_REDUCE_SUM : FSDP_REDUCE_AVG;
-    fsdp_divide_factors(d, pre_p, post_p);
-    return FSDP_REDUCE_SUM;
+    fsdp_dtype_t rd = h->reduce_dtype;
+    double f = h->divide_factor > 0.0 ? h->divide_factor : (double)d;
+
+    *pre_p = *post_p = *premul_p = 1.0;
+    *ar_op_p = FSDP_REDUCE_SUM;
+    if (rd != FSDP_DTYPE_F32 && rd != FSDP_DTYPE_BF16) {
+        fsdp_divide_factors((int)f, pre_p, post_p);
+        if ((double)(int)f != f) { /* a factor that is not whole: all of it after */
+            *pre_p = 1.0;
+            *post_p = f;
+        }
+        if (h->force_sum) {
+            *pre_p = 1.0;
+            *post_p = f;
+        }
+        return FSDP_REDUCE_SUM;
+    }
+    if (h->force_sum) {
+        *post_p = f;
+        return FSDP_REDUCE_SUM;
+    }
+    if (h->divide_factor > 0.0) {
+        if (h->divide_factor == (double)w)
+            return FSDP_REDUCE_AVG;
+        *premul_p = 1.0 / h->divide_factor;
+        return FSDP_REDUCE_SUM;
+    }
+    *ar_op_p = FSDP_REDUCE_AVG;
+    return d == 1 ? FSDP_REDUCE_SUM : FSDP_REDUCE_AVG;
 }
 
 /* The reduce-scatter stream's part of foreach_reduce: out, pre-divide, the reduce-scatter (a
@@ -503,24 +548,31 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
     fsdp_unit_t *u = h->unit;
     fsdp_stream_t *r = fs->post_backward;
     fsdp_dtype_t rd = h->reduce_dtype;
-    size_t a = h->shard_numel, esz = fsdp_dtype_size(rd);
+    size_t n = h->reduced_numel, esz = fsdp_dtype_size(rd), all = (size_t)h->world * n;
     int d = u->pg->size * (u->replicate ? u->replicate->size : 1);
-    double pre;
-    fsdp_reduce_op_t op = reduce_op(rd, d, &pre, post_div_p);
+    double pre, premul;
+    fsdp_reduce_op_t ar_op, op = reduce_op(h, u->pg->size, d, &pre, post_div_p, &premul, &ar_op);
     fsdp_status_t status;
 
     status = fsdp_stream_wait_stream(dev, r, fs->compute);
     if (status == FSDP_OK)
-        status = fsdp_mem_alloc(fs->mem, a * esz, FSDP_MEM_GRADIENT, r, out_p);
+        status = fsdp_mem_alloc(fs->mem, n * esz, FSDP_MEM_GRADIENT, r, out_p);
     if (status == FSDP_OK && pre > 1.0)
-        status = fsdp_k_div(fs, r, in, rd, (size_t)h->world * a, (float)pre);
+        status = fsdp_k_div(fs, r, in, rd, all, (float)pre);
+    if (status == FSDP_OK && premul != 1.0) { /* PREMUL_SUM's multiply, before the sum */
+        fsdp_kernel_t k = {.kind = FSDP_K_SCALE};
+        k.u.scale.x = in;
+        k.u.scale.dtype = rd;
+        k.u.scale.n = all;
+        k.u.scale.alpha = (float)premul;
+        status = fsdp_dev_kernel(dev, r, &k);
+    }
     if (status != FSDP_OK)
         return status;
     if (h->world > 1)
-        status = fsdp_dev_reduce_scatter(dev, u->pg, in, *out_p, a, rd,
-                                          u->pg->size > 1 ? op : FSDP_REDUCE_SUM, r);
-    else
-        status = fsdp_dev_memcpy_async(dev, *out_p, in, a * esz, r);
+        status = fsdp_dev_reduce_scatter(dev, u->pg, in, *out_p, n, rd, op, r);
+    else /* one rank: the reduce-scatter is a copy */
+        status = fsdp_dev_memcpy_async(dev, *out_p, in, n * esz, r);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': gradient reduce-scatter failed: %s",
                                dev->rank, u->name, fsdp_status_string(status));
@@ -535,9 +587,10 @@ static fsdp_status_t reduce_scatter(fsdp_t *fs, fsdp_handle_t *h, void *in, void
     if (status == FSDP_OK)
         status = fsdp_mem_record_stream(fs->mem, *out_p, fs->all_reduce);
     if (status == FSDP_OK)
-        status =
-            fsdp_dev_all_reduce(dev, u->replicate, *out_p, *out_p, a, rd,
-                                 u->replicate->size > 1 ? op : FSDP_REDUCE_SUM, fs->all_reduce);
+        status = fsdp_dev_all_reduce(
+            dev, u->replicate, *out_p, *out_p, n, rd,
+            u->replicate->size > 1 && op != FSDP_REDUCE_SUM ? ar_op : FSDP_REDUCE_SUM,
+            fs->all_reduce);
     if (status != FSDP_OK)
         return fsdp_fail_below(fs, status, "rank %d: unit '%s': replicate all-reduce failed: %s",
                                dev->rank, u->name, fsdp_status_string(status));
@@ -577,17 +630,28 @@ static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_s
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_dtype_t rd = h->reduce_dtype;
-    size_t a = h->shard_numel;
+    size_t a = h->shard_numel, n = h->reduced_numel;
     void *grad = out;
     fsdp_status_t status = FSDP_OK;
 
-    if (post > 1.0)
-        status = fsdp_k_div(fs, s, out, rd, a, (float)post);
-    if (status == FSDP_OK && rd != FSDP_DTYPE_F32) {
+    if (post != 1.0)
+        status = fsdp_k_div(fs, s, out, rd, n, (float)post);
+    if (status == FSDP_OK && (rd != FSDP_DTYPE_F32 || n != a)) {
+        /* to f32, and to the shard's layout when some parameter had no gradient (zeros
+         * there: frozen parameters, which the optimizer skips) */
         grad = NULL;
         status = fsdp_mem_alloc(fs->mem, a * sizeof(float), FSDP_MEM_GRADIENT, s, &grad);
-        if (status == FSDP_OK)
+        if (status == FSDP_OK && n == a) /* one run of one dtype: one cast */
             status = fsdp_k_cast(fs, s, grad, FSDP_DTYPE_F32, out, rd, a);
+        else if (status == FSDP_OK)
+            status = fsdp_k_fill(fs, s, grad, FSDP_DTYPE_F32, a, 0.0);
+        for (int i = 0; i < h->nparams && status == FSDP_OK && n != a; i++) {
+            const fsdp_pparam_t *p = &h->pp[i];
+            if (p->reduced)
+                status = chunk_copy(fs, s, (float *)grad + p->slot, FSDP_DTYPE_F32, p->chunk,
+                                    (const char *)out + p->gslot * fsdp_dtype_size(rd), rd,
+                                    p->chunk, p->chunk, 1, p->chunk);
+        }
         if (status == FSDP_OK && s != fs->post_backward)
             status = fsdp_mem_record_stream(fs->mem, out, s);
         fsdp_mem_free(fs->mem, out);
@@ -666,7 +730,7 @@ fsdp_status_t fsdp_pgroup_post_backward(fsdp_t *fs, fsdp_handle_t *h)
         return status;
     status = wait_post_reduce(fs, h);
     if (status == FSDP_OK)
-        status = fsdp_mem_alloc(fs->mem, (size_t)h->world * h->shard_numel * esz,
+        status = fsdp_mem_alloc(fs->mem, (size_t)h->world * reduce_layout(h) * esz,
                                 FSDP_MEM_COMM_BUFFER, fs->compute, &in);
     if (status == FSDP_OK)
         status = chunk_cat(fs, h, in);
@@ -743,8 +807,7 @@ fsdp_status_t fsdp_pgroup_gather(fsdp_t *fs, fsdp_handle_t *h, const float *shar
         shard = staged;
     }
     if (status == FSDP_OK && w > 1)
-        status =
-            fsdp_dev_all_gather(dev, h->unit->pg, shard, full, a, FSDP_DTYPE_F32, fs->compute);
+        status = fsdp_dev_all_gather(dev, h->unit->pg, shard, full, a, FSDP_DTYPE_F32, fs->compute);
     else if (status == FSDP_OK)
         status = fsdp_dev_memcpy_async(dev, full, shard, a * sizeof(float), fs->compute);
     if (status == FSDP_OK)

@@ -86,6 +86,11 @@ fsdp_status_t fsdp_summon_full_params(fsdp_unit_t *top, const fsdp_summon_option
         fsdp_summon_options_init(&o);
     else
         o = *opts;
+    if (fsdp_is_fsdp2(fs))
+        return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
+                         "summon_full_params is FSDP1's; fully_shard (api fsdp2) has none: "
+                         "gather a unit's parameters with fsdp_unit_gather_full, or unshard it "
+                         "with fsdp_unit_unshard");
     if (o.writeback && o.rank0_only)
         return fsdp_fail(fs, FSDP_ERR_UNSUPPORTED,
                          "summon_full_params: writeback with rank0_only is not supported (as "

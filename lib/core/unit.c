@@ -193,6 +193,13 @@ fsdp_status_t fsdp_unit_create_ex(fsdp_t *fs, const char *name, fsdp_unit_t *par
     status = unit_groups(fs, u->name, opts, u);
     if (status == FSDP_OK && fsdp_is_fsdp2(fs))
         status = unit_reshard(fs, u->name, opts, u);
+    if (status == FSDP_OK && !(opts->gradient_divide_factor >= 0.0))
+        status = fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                           "unit '%s': gradient_divide_factor %g is not allowed: give 0 (unset) "
+                           "or a positive factor",
+                           u->name, opts->gradient_divide_factor);
+    u->divide_factor = opts->gradient_divide_factor;
+    u->force_sum = opts->force_sum_reduction != 0;
     if (status != FSDP_OK)
         goto err_free_name;
     status = fsdp_ignored_split(fs, u, params, nparams, &managed, &nmanaged);
