@@ -119,6 +119,16 @@ else
     echo "skipped: the trace's rows (no sqlite3 command)"
 fi
 
+# the Perfetto export shows the copy-in stream and the copy-outs
+"$bin/fsdp-trace" export --chrome "$tmp/t.json" "$tmp/t.db" >/dev/null 2>&1
+check "the Chrome trace has the copy-in stream and the chunk_copy kernels" \
+    sh -c "grep -q 'all_gather_copy_in' '$tmp/t.json' && grep -q 'chunk_copy' '$tmp/t.json'"
+# fsdp-trace diff of an fsdp1 and an fsdp2 run of one job lists what differs by unit
+$train $mlp --steps 1 --trace "$tmp/t1.db" >/dev/null 2>&1
+"$bin/fsdp-trace" diff "$tmp/t1.db" "$tmp/t.db" >"$tmp/diff" 2>&1
+check "fsdp-trace diff fsdp1 fsdp2: per unit, the copy-outs on B's side" \
+    grep -q '^  layers.0 kernel chunk_copy  *0  ' "$tmp/diff"
+
 # fsdp-plan: the config line, and a sweep over fully_shard's settings
 $plan --model gpt2 --world 8 --local-batch 2 --seq 512 --api fsdp2 >"$tmp/plan" 2>&1
 check "fsdp-plan --api fsdp2 names fully_shard's settings" \
