@@ -332,6 +332,86 @@ static void test_memory_closed_forms(void)
     }
 }
 
+/* ---------------- bf16: rounded where torch rounds ---------------- */
+
+typedef struct mp_run {
+    fsdp_api_t api;
+    int world;
+    fsdp_dtype_t param, reduce;
+    float final[512];
+    size_t total;
+} mp_run_t;
+
+static fsdp_status_t mp_rank(fsdp_dev_t *dev, void *arg)
+{
+    mp_run_t *m = arg;
+    fsdp_config_t fc;
+    fsdp_t *fs;
+    fsdp_mlp_t *mlp;
+    fsdp_optim_config_t oc;
+    fsdp_optim_t *opt;
+    size_t rows = (size_t)MAXB_ALL / (size_t)m->world, total;
+    float loss, out[512];
+
+    fsdp_config_init(&fc);
+    fc.api = m->api;
+    fc.mixed_precision.param_dtype = m->param;
+    fc.mixed_precision.reduce_dtype = m->reduce;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, dims, NL, &mlp));
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 11));
+    fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
+    oc.lr = 1e-2f;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_optim_create(fs, &oc, &opt));
+    for (int step = 0; step < 3; step++) {
+        size_t row0 = (size_t)dev->rank * rows;
+        FSDP_RANK_REQUIRE_OK(&failure, dev,
+                             fsdp_mlp_forward_backward(mlp, xs + row0 * (size_t)dims[0],
+                                                       ys + row0 * (size_t)dims[NL], rows, &loss));
+        FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_optim_step(opt));
+        fsdp_zero_grad(fs);
+    }
+    FSDP_RANK_REQUIRE_OK(&failure, dev, gather_all(mlp, out, &total));
+    if (dev->rank == 0) {
+        memcpy(m->final, out, total * sizeof(float));
+        m->total = total;
+    }
+    fsdp_optim_destroy(opt);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+/* bf16 parameters under fully_shard round where FSDP1's MixedPrecision(param_dtype=bf16,
+ * reduce_dtype=f32) rounds (its bf16 path held to PyTorch by test_mixed_precision_fsdp): the
+ * shard cast for the all-gather, the compute, the bf16 gradients cast to f32 in the chunk-cat.
+ * Where dividing by W is exact (W = 2 and 4) the AVG reduce-scatter gives FSDP1's bits; the
+ * default reduce dtype of bf16 parameters is f32 (torch 2.15), so leaving it unset is the
+ * same. */
+static void test_bf16_rounding(void)
+{
+    make_batch();
+    for (int w = 2; w <= 4; w += 2) {
+        mp_run_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+        *a = (mp_run_t){
+            .api = FSDP_API_FSDP1, .world = w, .param = FSDP_DTYPE_BF16, .reduce = FSDP_DTYPE_F32};
+        *b = (mp_run_t){.api = FSDP_API_FSDP2,
+                        .world = w,
+                        .param = FSDP_DTYPE_BF16,
+                        .reduce = FSDP_DTYPE_UNSET};
+        CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, a), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, b), FSDP_OK);
+        CU_ASSERT_EQUAL(a->total, b->total);
+        CU_ASSERT(a->total > 0 && memcmp(a->final, b->final, a->total * sizeof(float)) == 0);
+        /* and the bf16 reduction is another rounding */
+        b->reduce = FSDP_DTYPE_BF16;
+        CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, b), FSDP_OK);
+        CU_ASSERT(memcmp(a->final, b->final, a->total * sizeof(float)) != 0);
+        free(a);
+        free(b);
+    }
+}
+
 /* ---------------- frozen parameters and divide factors ---------------- */
 
 /* A root without parameters and a unit a of w [4, 3] and b [5]: each rank writes gradient
@@ -757,6 +837,7 @@ int main(void)
         {"parity with one process, worlds 1 to 6", test_parity_worlds},
         {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
         {"parity: CPU offload", test_parity_offload},
+        {"bf16 rounds where FSDP1's bf16 with an f32 reduction does", test_bf16_rounding},
         {"frozen parameters: no gradient, no reduction, no step", test_frozen},
         {"divide factors: AVG, PREMUL_SUM, forced SUM, f16", test_divide_factors},
         {"unshard, reshard, reshard_after_backward", test_controls},
