@@ -111,6 +111,8 @@ $train $mlp --api fsdp2 --steps 1 --trace "$tmp/t.db" >/dev/null 2>&1
 if command -v sqlite3 >/dev/null 2>&1; then
     check "the trace's config names the api" \
         sh -c "sqlite3 '$tmp/t.db' 'select config from runs' | grep -q '\"api\": \"fsdp2\"'"
+    check "fsdp-trace summary names it" \
+        sh -c "'$bin/fsdp-trace' summary '$tmp/t.db' | head -n 1 | grep -q 'strategy fsdp2 full_shard'"
     check "the trace names the copy-in stream" test "$(sqlite3 "$tmp/t.db" \
         "select count(*) from events where stream = 'all_gather_copy_in'")" -gt 0
     check "the trace holds the copy-outs" test "$(sqlite3 "$tmp/t.db" \

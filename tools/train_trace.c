@@ -55,7 +55,10 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
     }
     info.backend = train_backend_name(launch->backend);
     info.world_size = launch->world;
-    info.strategy = fsdp_strategy_name(cfg->strategy);
+    /* the runs table names the api beside the strategy for fully_shard: fsdp2 full_shard */
+    info.strategy = cfg->api != FSDP_API_FSDP2                ? fsdp_strategy_name(cfg->strategy)
+                    : cfg->strategy == FSDP_HYBRID_SHARD ? "fsdp2 hybrid_shard"
+                                                         : "fsdp2 full_shard";
     info.config_json = config;
     info.profile_json = profile_json;
     info.command_line = cmd;
