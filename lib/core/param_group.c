@@ -11,7 +11,7 @@
 
 fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h)
 {
-    size_t w = (size_t)h->world, r = (size_t)h->rank, a = 0, held = 0;
+    size_t a = 0, held = 0;
 
     h->pp = calloc((size_t)h->nparams, sizeof(*h->pp));
     if (h->pp == NULL)
@@ -19,7 +19,7 @@ fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h)
     for (int i = 0; i < h->nparams; i++) {
         fsdp_param_info_t *pi = &h->params[i];
         fsdp_pparam_t *p = &h->pp[i];
-        size_t s, own;
+        size_t own, pad;
 
         if (pi->ndim == 0) {
             free(h->pp);
@@ -43,15 +43,16 @@ fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h)
         p->rest = 1;
         for (int d = 1; d < pi->ndim; d++)
             p->rest *= (size_t)pi->shape[d];
-        s = (p->rows + w - 1) / w; /* S = ceil(d0 / W) */
-        p->chunk = s * p->rest;
+        /* S = ceil(d0 / W); rank r owns rows [r S, min((r + 1) S, d0)): high ranks may own
+         * none (torch.chunk's arithmetic, as a flat shard's; the classes of symmetric ranks
+         * count on it, lib/core/symmetry.c) */
+        fsdp_shard_extent(p->rows, h->world, h->rank, &own, &pad);
+        p->chunk = (own + pad) * p->rest;
         p->slot = a;
         a += p->chunk;
-        /* rank r owns rows [r S, min((r + 1) S, d0)): high ranks may own none */
-        own = p->rows > r * s ? (p->rows - r * s < s ? p->rows - r * s : s) : 0;
         pi->in_shard = own > 0 && p->rest > 0;
         pi->offset_in_shard = p->slot;
-        pi->intra_start = pi->in_shard ? r * p->chunk : 0;
+        pi->intra_start = pi->in_shard ? (size_t)h->rank * p->chunk : 0;
         pi->numel_in_shard = pi->in_shard ? own * p->rest : 0;
         held += pi->numel_in_shard;
     }
