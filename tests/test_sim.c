@@ -4,6 +4,7 @@
  * Rank functions record the first failed check (test_util.h); the main thread asserts it. */
 #include <fsdp/fsdp.h>
 #include <fsdp/gpt2.h>
+#include <fsdp/llama.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -348,10 +349,30 @@ static void test_bad_args(void)
 
 /* ---- symmetric ranks: the classes against a rank-by-rank derivation ----------------------- */
 
+/* FSDP2's piece of a parameter on group rank x of a group of g, from the formulas of
+ * docs/runtime.md section 6: its elements in the rows x owns of S = ceil(d0 / g), and its kind
+ * where it owns any. */
+static void ref_rows(const fsdp_param_info_t *pi, int g, int x, size_t piece[3])
+{
+    size_t d0 = (size_t)pi->shape[0], rest = 1, s = (d0 + (size_t)g - 1) / (size_t)g, own;
+
+    for (int d = 1; d < pi->ndim; d++)
+        rest *= (size_t)pi->shape[d];
+    own = (size_t)x * s >= d0 ? 0 : d0 - (size_t)x * s < s ? d0 - (size_t)x * s : s;
+    piece[0] = own * rest;
+    piece[1] = 0; /* every rank's slot is at the same place */
+    piece[2] = piece[0] != 0
+                   ? (size_t)((pi->ndim <= 1) | (!pi->requires_grad) << 1 | (pi->tied_to >= 0) << 2)
+                   : 0;
+}
+
 /* Group ranks x and y of a group of g hold alike shards of every unit: the same size and
- * padding, and of each parameter the same piece (size, place, kind), compared rank by rank. */
+ * padding, and of each parameter the same piece (size, place, kind), compared rank by rank.
+ * Under FSDP2 the pieces are the rows each owns (ref_rows), the padded slots being alike. */
 static int ref_alike(fsdp_t *fs, int g, int x, int y)
 {
+    int pp = fsdp_api(fs) == FSDP_API_FSDP2;
+
     for (int i = 0; i < fsdp_num_units(fs); i++) {
         fsdp_unit_t *u = fsdp_unit_at(fs, i);
         size_t total = fsdp_unit_flat_numel(u), s = fsdp_shard_numel(total, g), nx, px, ny, py;
@@ -360,7 +381,7 @@ static int ref_alike(fsdp_t *fs, int g, int x, int y)
             continue;
         fsdp_shard_extent(total, g, x, &nx, &px);
         fsdp_shard_extent(total, g, y, &ny, &py);
-        if (nx != ny || px != py)
+        if (!pp && (nx != ny || px != py))
             return 0;
         for (int j = 0; j < fsdp_unit_num_params(u); j++) {
             fsdp_param_info_t pi;
@@ -368,7 +389,9 @@ static int ref_alike(fsdp_t *fs, int g, int x, int y)
             int r[2] = {x, y};
 
             fsdp_unit_param_info(u, j, &pi);
-            for (int k = 0; k < 2; k++) {
+            for (int k = 0; k < 2 && pp; k++)
+                ref_rows(&pi, g, r[k], piece[k]);
+            for (int k = 0; k < 2 && !pp; k++) {
                 size_t lo = (size_t)r[k] * s, hi = lo + s;
                 size_t a = pi.offset > lo ? pi.offset : lo;
                 size_t b = pi.offset + pi.numel < hi ? pi.offset + pi.numel : hi;
@@ -402,6 +425,18 @@ static int ref_classes(fsdp_t *fs, int g, int *first)
     return n;
 }
 
+/* The hybrid classes of a world from first[x], the first place in the node alike with place x:
+ * products of places and runs of nodes, the last place and the last node apart. */
+static void hybrid_classes(int world, int per_node, int *first, int *want)
+{
+    int nodes = world / per_node;
+
+    if (per_node > 1)
+        first[per_node - 1] = per_node - 1;
+    for (int r = 0; r < world; r++)
+        want[r] = (r / per_node == nodes - 1 ? nodes - 1 : 0) * per_node + first[r % per_node];
+}
+
 /* fsdp_symmetric_ranks's classes of fs against the rank-by-rank ones, over the world and,
  * for the hybrid strategies, the node (the last place and the last node apart). */
 static int check_classes(int rank, fsdp_t *fs, const char *what)
@@ -421,13 +456,8 @@ static int check_classes(int rank, fsdp_t *fs, const char *what)
             int n, m = 0;
 
             if (hybrid) {
-                int nodes = world / per_node;
                 ref_classes(fs, per_node, first);
-                if (per_node > 1)
-                    first[per_node - 1] = per_node - 1;
-                for (int r = 0; r < world; r++)
-                    want[r] = (r / per_node == nodes - 1 ? nodes - 1 : 0) * per_node +
-                              first[r % per_node];
+                hybrid_classes(world, per_node, first, want);
             } else {
                 ref_classes(fs, world, want);
             }
@@ -451,34 +481,37 @@ static int check_classes(int rank, fsdp_t *fs, const char *what)
     return 1;
 }
 
-static fsdp_status_t rank_classes(fsdp_dev_t *dev, void *arg)
+/* Model m of the symmetry tests: three MLPs, GPT-2 (a tied parameter) and Llama. */
+static int symmetry_model(fsdp_t *fs, int m, fsdp_mlp_t **mlp, fsdp_lm_t **lm)
 {
     static const int dims[][4] = {{1000, 3001, 7, 0}, {1, 5, 0, 0}, {3, 64, 64, 3}};
     static const int nlayers[] = {2, 1, 3};
+
+    if (m < 3)
+        return fsdp_mlp_create(fs, dims[m], nlayers[m], mlp);
+    return m == 3 ? fsdp_gpt2_create(fs, &fsdp_gpt2_preset_find("gpt2-tiny")->cfg, lm)
+                  : fsdp_llama_create(fs, &fsdp_llama_preset_find("llama-tiny")->cfg, lm);
+}
+
+static fsdp_status_t rank_classes(fsdp_dev_t *dev, void *arg)
+{
     fsdp_config_t cfg;
     fsdp_t *fs;
     (void)arg;
 
     fsdp_config_init(&cfg);
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < 10; m++) {
         char what[64];
         fsdp_mlp_t *mlp = NULL;
-        fsdp_lm_t *gpt = NULL;
+        fsdp_lm_t *lm = NULL;
         int ok;
 
+        cfg.api = m < 5 ? FSDP_API_FSDP1 : FSDP_API_FSDP2;
         FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
-        if (m < 3) {
-            ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank,
-                                    fsdp_mlp_create(fs, dims[m], nlayers[m], &mlp), FSDP_OK);
-            snprintf(what, sizeof(what), "mlp %d", m);
-        } else {
-            ok = FSDP_RANK_CHECK_EQ(
-                &failure, dev->rank,
-                fsdp_gpt2_create(fs, &fsdp_gpt2_preset_find("gpt2-tiny")->cfg, &gpt), FSDP_OK);
-            snprintf(what, sizeof(what), "gpt2-tiny");
-        }
+        ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank, symmetry_model(fs, m % 5, &mlp, &lm), FSDP_OK);
+        snprintf(what, sizeof(what), "%s model %d", fsdp_api_name(cfg.api), m % 5);
         ok = ok && check_classes(dev->rank, fs, what);
-        fsdp_lm_destroy(gpt);
+        fsdp_lm_destroy(lm);
         fsdp_mlp_destroy(mlp);
         fsdp_destroy(fs);
         if (!ok)
@@ -494,6 +527,178 @@ static void test_symmetric_classes(void)
     launch_ok(1, 0, FSDP_SIM_SHAPE, rank_classes);
 }
 
+/* ---- FSDP2's classes against each rank's own layout ------------------------------------- */
+
+#define OWNED_MAX 256 /* parameters of a model here */
+
+/* One launch of rank_owned: a model (rank_classes's) under fully_shard with strategy, each
+ * rank's tuple of what it holds of every parameter (fsdp_unit_param_info's numel_in_shard and
+ * in_shard). */
+typedef struct owned_case {
+    int model;
+    fsdp_strategy_t strategy;
+    size_t (*tuple)[OWNED_MAX]; /* a row a rank */
+    int n;                      /* entries of a row */
+    int classes;                /* of the shard group's ranks, by their tuples */
+} owned_case_t;
+
+/* Every rank records its tuple; rank 0 then derives the classes rank by rank from the tuples
+ * (ranks alike when their tuples are, within the node under hybrid sharding, with the last place
+ * and node apart) and holds fsdp_symmetric_ranks to them, and every rank of a class to its
+ * representative's tuple. */
+static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
+{
+    owned_case_t *c = arg;
+    int world = dev->world_size, hybrid = c->strategy == FSDP_HYBRID_SHARD;
+    int g = hybrid ? dev->local_size : world, n = 0, ok;
+    fsdp_config_t cfg;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_lm_t *lm = NULL;
+    fsdp_t *fs = NULL;
+
+    fsdp_config_init(&cfg);
+    cfg.api = FSDP_API_FSDP2;
+    cfg.strategy = c->strategy;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
+    ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank, symmetry_model(fs, c->model, &mlp, &lm), FSDP_OK);
+    for (int i = 0; i < fsdp_num_units(fs) && ok; i++) {
+        fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        for (int j = 0; j < fsdp_unit_num_params(u) && ok; j++) {
+            fsdp_param_info_t pi;
+            ok = FSDP_RANK_CHECK(&failure, dev->rank, n < OWNED_MAX) &&
+                 FSDP_RANK_CHECK_EQ(&failure, dev->rank, fsdp_unit_param_info(u, j, &pi), FSDP_OK);
+            if (ok)
+                c->tuple[dev->rank][n++] = pi.numel_in_shard * 2 + (pi.in_shard != 0);
+        }
+    }
+    if (dev->rank == 0)
+        c->n = n;
+    if (dev->ops->barrier(dev, dev->ops->group_world(dev)) != FSDP_OK)
+        ok = 0;
+    if (ok && dev->rank == 0) {
+        int *got = malloc((size_t)world * sizeof(*got)),
+            *want = malloc((size_t)world * sizeof(*want));
+        int *first = malloc((size_t)g * sizeof(*first)), m = 0;
+        size_t row = (size_t)n * sizeof(c->tuple[0][0]);
+
+        ok = FSDP_RANK_CHECK(&failure, 0, got != NULL && want != NULL && first != NULL);
+        c->classes = 0;
+        for (int x = 0; x < g && ok; x++) {
+            int y = 0;
+            while (memcmp(c->tuple[y], c->tuple[x], row) != 0)
+                y++;
+            first[x] = y;
+            c->classes += y == x;
+        }
+        if (ok && hybrid)
+            hybrid_classes(world, g, first, want);
+        else if (ok)
+            memcpy(want, first, (size_t)world * sizeof(*want));
+        for (int r = 0; r < world && ok; r++)
+            m += want[r] == r;
+        if (ok)
+            ok = FSDP_RANK_CHECK_MSG(
+                &failure, 0,
+                fsdp_symmetric_ranks(fs, world, dev->local_size, c->strategy, got) == m,
+                "model %d on %d ranks (%s): not %d classes", c->model, world,
+                fsdp_strategy_name(c->strategy), m);
+        for (int r = 0; r < world && ok; r++)
+            ok = FSDP_RANK_CHECK_MSG(
+                &failure, 0, got[r] == want[r] && memcmp(c->tuple[r], c->tuple[got[r]], row) == 0,
+                "model %d on %d ranks (%s): rank %d stands with %d, not %d", c->model, world,
+                fsdp_strategy_name(c->strategy), r, got[r], want[r]);
+        free(got);
+        free(want);
+        free(first);
+    }
+    fsdp_lm_destroy(lm);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return ok ? FSDP_OK : FSDP_ERR_INTERNAL;
+}
+
+/* FSDP2's classes are those of the rows every rank owns, read from each rank's own layout on
+ * worlds that pad (3, 5, 6, 7) and under HSDP (2 nodes of 3, 2 of 4), for MLPs, GPT-2 (a tied
+ * parameter) and Llama. */
+static void test_symmetric_classes_fsdp2(void)
+{
+    static const int worlds[][2] = {{3, 0}, {5, 0}, {6, 0}, {7, 0}, {6, 3}, {8, 4}};
+    size_t(*tuple)[OWNED_MAX] = malloc(8 * sizeof(*tuple));
+    int split = 0;
+
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tuple);
+    for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+        for (int m = 0; m < 5; m++) {
+            owned_case_t c = {m, worlds[w][1] ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, tuple, 0, 0};
+            fsdp_sim_params_t p;
+
+            fsdp_sim_params_init(&p);
+            p.world_size = worlds[w][0];
+            p.ranks_per_node = worlds[w][1];
+            p.mode = FSDP_SIM_SHAPE;
+            p.timeout_s = 20.0;
+            CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_owned, &c, NULL), FSDP_OK);
+            fsdp_test_failure_assert(&failure);
+            /* neither one class nor every rank */
+            split += c.classes > 1 && c.classes < (worlds[w][1] ? worlds[w][1] : worlds[w][0]);
+        }
+    }
+    CU_ASSERT(split > 0);
+    free(tuple);
+}
+
+/* A launch of mlp 1,5 under fully_shard standing ranks for others; each simulated rank's
+ * fsdp_symmetry_check. */
+static fsdp_status_t checked[7];
+
+static fsdp_status_t rank_check(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_config_t cfg;
+    fsdp_mlp_t *mlp = NULL;
+    fsdp_t *fs = NULL;
+    int ok;
+
+    fsdp_config_init(&cfg);
+    cfg.api = FSDP_API_FSDP2;
+    FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
+    ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank, symmetry_model(fs, 1, &mlp, NULL), FSDP_OK);
+    if (ok)
+        checked[dev->rank] = fsdp_symmetry_check(fs, arg);
+    fsdp_mlp_destroy(mlp);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+/* fsdp_symmetry_check under FSDP2: of mlp 1,5 on 7 ranks, ranks 0-4 own a row of each
+ * parameter and ranks 5-6 none. The classes ({0-4}, {5-6}) pass on both representatives; rank 0
+ * standing for 6 ranks, or for all 7, is refused. */
+static void test_symmetry_check_fsdp2(void)
+{
+    static const int right[7] = {0, 0, 0, 0, 0, 5, 5},
+                     wrong[][7] = {{0, 0, 0, 0, 0, 0, 6}, {0, 0, 0, 0, 0, 0, 0}};
+    fsdp_sim_params_t p;
+
+    fsdp_sim_params_init(&p);
+    p.world_size = 7;
+    p.mode = FSDP_SIM_SHAPE;
+    p.timeout_s = 20.0;
+    p.represent = right;
+    checked[0] = checked[5] = FSDP_ERR_INTERNAL;
+    CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_check, (void *)right, NULL), FSDP_OK);
+    fsdp_test_failure_assert(&failure);
+    CU_ASSERT_EQUAL(checked[0], FSDP_OK);
+    CU_ASSERT_EQUAL(checked[5], FSDP_OK);
+    fsdp_log_set_handler(quiet, NULL); /* the refusals are expected */
+    for (int k = 0; k < 2; k++) {
+        p.represent = wrong[k];
+        checked[0] = FSDP_OK;
+        CU_ASSERT_EQUAL(fsdp_sim_launch(&p, rank_check, (void *)wrong[k], NULL), FSDP_OK);
+        fsdp_test_failure_assert(&failure);
+        CU_ASSERT_EQUAL(checked[0], FSDP_ERR_UNSUPPORTED);
+    }
+    fsdp_log_set_handler(NULL, NULL);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -504,6 +709,8 @@ int main(void)
         {"streams_events", test_streams_events},
         {"bad_args", test_bad_args},
         {"symmetric_classes", test_symmetric_classes},
+        {"symmetric_classes_fsdp2", test_symmetric_classes_fsdp2},
+        {"symmetry_check_fsdp2", test_symmetry_check_fsdp2},
         {NULL, NULL},
     };
     return fsdp_test_run("sim", tests);

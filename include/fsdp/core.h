@@ -384,10 +384,10 @@ FSDP_API fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
 /* ---- symmetric ranks (lib/core/symmetry.c) ----
  *
  * In an FSDP job every rank runs the same program on its own shard; ranks differ only where
- * their shards differ (the padding of the last shards), and in where they sit in the node and
- * in the groups. fsdp_symmetric_ranks derives classes of ranks that provably run alike from the
- * layout of the units, for the sim's shape mode (fsdp_sim_params_t.represent), which runs one
- * rank of each class. */
+ * their shards differ (the padding of the last shards; under FSDP2 the rows of each parameter
+ * they own), and in where they sit in the node and in the groups. fsdp_symmetric_ranks derives
+ * classes of ranks that provably run alike from the layout of the units, for the sim's shape
+ * mode (fsdp_sim_params_t.represent), which runs one rank of each class. */
 
 /* Fills represent (world_size entries; represent[r] is the rank whose run is rank r's) for FSDP
  * over world_size ranks, ranks_per_node to a node, with strategy's default groups (the world;

@@ -3,18 +3,23 @@
  * from the layout of the units, which is the core's; the sim is handed only their table
  * (fsdp_sim_params_t.represent).
  *
- * A rank's run depends on its rank only through its shards, its groups and where they lie. A
- * shard is group rank x's chunk [x S, (x + 1) S) of a unit's flat parameter (docs/runtime.md
- * section 4): what runs on it is its padding and the pieces of parameters it holds (the
- * optimizer launches one update per piece). Two group ranks whose every unit has the same
- * padding and the same pieces (size, place in the shard, and the kind of parameter: 1-d or
- * not, frozen, tied) run the same ops. Without hybrid sharding every group is the world, so
- * classes are the ranks with alike shards. With it the shard group is the node: classes are
- * products of the places in the node with alike shards and of runs of nodes (the last node
- * apart, and the last place, so that the representatives tell a split by node from a split by
- * place); each group of the default hybrid groups (a node, a place across the nodes) then holds
- * the same classes at the same group ranks as any other of its kind, and their representatives
- * all lie in the group of the first rank's representative.
+ * A rank's run depends on its rank only through its shards, its groups and where they lie.
+ * Under FSDP1 a shard is group rank x's chunk [x S, (x + 1) S) of a unit's flat parameter
+ * (docs/runtime.md section 4): what runs on it is its padding and the pieces of parameters it
+ * holds (the optimizer launches one update per piece). Under FSDP2 (fully_shard, section 6)
+ * every rank keeps the same padded slot of S rows of each parameter, S = ceil(d0 / W), and
+ * all-gathers and reduce-scatters the same sizes; what differs is how many of the slot's rows
+ * it owns (S, the rest of d0, or none), of which the optimizer updates the owned elements (one
+ * update per parameter it owns rows of). Either way a piece is what a rank holds of a
+ * parameter, and two group ranks whose every unit has the same padding and the same pieces
+ * (size, place in the shard, and the kind of parameter: 1-d or not, frozen, tied) run the same
+ * ops. Without hybrid sharding every group is the world, so classes are the ranks with alike
+ * shards. With it the shard group is the node: classes are products of the places in the node
+ * with alike shards and of runs of nodes (the last node apart, and the last place, so that the
+ * representatives tell a split by node from a split by place); each group of the default hybrid
+ * groups (a node, a place across the nodes) then holds the same classes at the same group ranks
+ * as any other of its kind, and their representatives all lie in the group of the first rank's
+ * representative.
  *
  * The classes are derived without visiting every rank (cuts): the ranks whose shard holds a
  * boundary of a unit, and the ranks just after them, cut the group into runs whose ranks hold
@@ -41,6 +46,27 @@ static int param_kind(const fsdp_param_info_t *info)
     return (info->ndim <= 1) | (!info->requires_grad) << 1 | (info->tied_to >= 0) << 2;
 }
 
+/* One parameter of a unit laid out over a group of g: under FSDP1 its extent in the flat
+ * parameter, under FSDP2 (per-parameter) its rows d0, the elements of a row and the rows of a
+ * rank's slot, S = ceil(d0 / g); and its kind. */
+typedef struct lparam {
+    size_t off, numel;    /* FSDP1 */
+    size_t rows, rest, s; /* FSDP2 */
+    int kind;
+} lparam_t;
+
+static void lparam_of(const fsdp_param_info_t *info, int g, lparam_t *q)
+{
+    q->off = info->offset;
+    q->numel = info->numel;
+    q->rows = info->ndim >= 1 ? (size_t)info->shape[0] : info->numel;
+    q->rest = 1;
+    for (int d = 1; d < info->ndim; d++)
+        q->rest *= (size_t)info->shape[d];
+    q->s = fsdp_shard_numel(q->rows, g);
+    q->kind = param_kind(info);
+}
+
 /* The piece of a parameter of kind, at [off, off + numel) of the flat parameter, in group rank
  * x's shard [x s, (x + 1) s); none (n == 0) when they do not meet. */
 static piece_t piece_at(size_t off, size_t numel, int kind, size_t s, int x)
@@ -58,29 +84,64 @@ static piece_t piece_at(size_t off, size_t numel, int kind, size_t s, int x)
     return p;
 }
 
-/* Parameter i's piece in group rank x's shard of unit u, of s elements. */
-static piece_t unit_piece(fsdp_unit_t *u, int i, size_t s, int x)
+/* Parameter q's piece on group rank x of a group of g: under FSDP1 in its shard of s elements
+ * of the flat parameter; under FSDP2 (pp) the elements of the rows x owns, rows [x S,
+ * min((x + 1) S, d0)) as the core lays them out (fsdp_pgroup_layout), at the parameter's slot,
+ * which is the same on every rank. */
+static piece_t lparam_piece(const lparam_t *q, int pp, int g, size_t s, int x)
 {
-    fsdp_param_info_t info;
     piece_t p = {0, 0, 0};
+    size_t own, pad;
 
-    if (fsdp_unit_param_info(u, i, &info) != FSDP_OK)
+    if (!pp)
+        return piece_at(q->off, q->numel, q->kind, s, x);
+    fsdp_shard_extent(q->rows, g, x, &own, &pad);
+    if (own * q->rest == 0)
         return p;
-    return piece_at(info.offset, info.numel, param_kind(&info), s, x);
+    p.n = own * q->rest;
+    p.kind = q->kind;
+    return p;
 }
 
-/* Unit u shards alike on group ranks x and y of a group of g. */
-static int unit_alike(fsdp_unit_t *u, int g, int x, int y)
+/* Unit u (of an fs of api pp) shards alike on group ranks x and y of a group of g. */
+static int unit_alike(fsdp_unit_t *u, int pp, int g, int x, int y)
 {
-    size_t total = fsdp_unit_flat_numel(u), s = fsdp_shard_numel(total, g), nx, px, ny, py;
+    size_t total = pp ? 0 : fsdp_unit_flat_numel(u), s = fsdp_shard_numel(total, g), nx, px, ny, py;
 
     fsdp_shard_extent(total, g, x, &nx, &px);
     fsdp_shard_extent(total, g, y, &ny, &py);
     if (nx != ny || px != py)
         return 0;
     for (int i = 0; i < fsdp_unit_num_params(u); i++) {
-        piece_t a = unit_piece(u, i, s, x), b = unit_piece(u, i, s, y);
+        fsdp_param_info_t info;
+        lparam_t q;
+        piece_t a, b;
+
+        if (fsdp_unit_param_info(u, i, &info) != FSDP_OK)
+            return 0;
+        lparam_of(&info, g, &q);
+        a = lparam_piece(&q, pp, g, s, x);
+        b = lparam_piece(&q, pp, g, s, y);
         if (a.n != b.n || a.at != b.at || a.kind != b.kind)
+            return 0;
+    }
+    return 1;
+}
+
+/* FSDP2: this rank holds of each parameter of unit u, group rank x of a group of g, what the
+ * classes assumed (lparam_piece): fsdp_pgroup_layout laid it out so. */
+static int unit_laid_out(fsdp_unit_t *u, int g, int x)
+{
+    for (int i = 0; i < fsdp_unit_num_params(u); i++) {
+        fsdp_param_info_t info;
+        lparam_t q;
+        piece_t p;
+
+        if (fsdp_unit_param_info(u, i, &info) != FSDP_OK)
+            return 0;
+        lparam_of(&info, g, &q);
+        p = lparam_piece(&q, 1, g, 0, x);
+        if (info.numel_in_shard != p.n || (info.in_shard != 0) != (p.n != 0))
             return 0;
     }
     return 1;
@@ -96,22 +157,19 @@ static int hybrid(fsdp_strategy_t s)
     return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
 }
 
-/* One unit's layout, read once: its flat size and shard size over the group, and each
- * parameter's extent and kind in the flat parameter. */
+/* One unit's layout over a group, read once: under FSDP1 its flat size and shard size, under
+ * FSDP2 (pp) none (every rank's padded slots are alike, its padding follows from its pieces);
+ * and each parameter's (lparam_t). */
 typedef struct layout {
     size_t total, s;
-    int n;
-    size_t *off, *numel;
-    int *kind;
+    int n, pp;
+    lparam_t *p;
 } layout_t;
 
 static void layouts_free(layout_t *l, int n)
 {
-    for (int i = 0; i < n && l != NULL; i++) {
-        free(l[i].off);
-        free(l[i].numel);
-        free(l[i].kind);
-    }
+    for (int i = 0; i < n && l != NULL; i++)
+        free(l[i].p);
     free(l);
 }
 
@@ -119,7 +177,7 @@ static void layouts_free(layout_t *l, int n)
  * out of memory. */
 static int layouts(fsdp_t *fs, int g, layout_t **l_p)
 {
-    int nu = fsdp_num_units(fs), n = 0;
+    int nu = fsdp_num_units(fs), n = 0, pp = fsdp_api(fs) == FSDP_API_FSDP2;
     layout_t *l = calloc(nu > 0 ? (size_t)nu : 1, sizeof(*l));
 
     if (l == NULL)
@@ -132,13 +190,12 @@ static int layouts(fsdp_t *fs, int g, layout_t **l_p)
         if (!fsdp_unit_has_params(u))
             continue;
         n++;
-        y->total = fsdp_unit_flat_numel(u);
+        y->total = pp ? 0 : fsdp_unit_flat_numel(u);
         y->s = fsdp_shard_numel(y->total, g);
         y->n = np;
-        y->off = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->off));
-        y->numel = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->numel));
-        y->kind = malloc((np > 0 ? (size_t)np : 1) * sizeof(*y->kind));
-        if (y->off == NULL || y->numel == NULL || y->kind == NULL) {
+        y->pp = pp;
+        y->p = calloc(np > 0 ? (size_t)np : 1, sizeof(*y->p));
+        if (y->p == NULL) {
             layouts_free(l, n);
             return -1;
         }
@@ -148,22 +205,20 @@ static int layouts(fsdp_t *fs, int g, layout_t **l_p)
                 memset(&info, 0, sizeof(info));
                 info.tied_to = -1;
             }
-            y->off[j] = info.offset;
-            y->numel[j] = info.numel;
-            y->kind[j] = param_kind(&info);
+            lparam_of(&info, g, &y->p[j]);
         }
     }
     *l_p = l;
     return n;
 }
 
-/* Parameter j's piece in group rank x's shard of the unit laid out as y (unit_piece). */
-static piece_t layout_piece(const layout_t *y, int j, int x)
+/* Parameter j's piece on group rank x of a group of g, of the unit laid out as y. */
+static piece_t layout_piece(const layout_t *y, int j, int g, int x)
 {
-    return piece_at(y->off[j], y->numel[j], y->kind[j], y->s, x);
+    return lparam_piece(&y->p[j], y->pp, g, y->s, x);
 }
 
-/* Group ranks x and y shard alike in every unit (alike, from the layouts). */
+/* Group ranks x and y shard alike in every unit (unit_alike, from the layouts). */
 static int layouts_alike(const layout_t *l, int nl, int g, int x, int y)
 {
     for (int i = 0; i < nl; i++) {
@@ -174,7 +229,7 @@ static int layouts_alike(const layout_t *l, int nl, int g, int x, int y)
         if (nx != ny || px != py)
             return 0;
         for (int j = 0; j < l[i].n; j++) {
-            piece_t a = layout_piece(&l[i], j, x), b = layout_piece(&l[i], j, y);
+            piece_t a = layout_piece(&l[i], j, g, x), b = layout_piece(&l[i], j, g, y);
             if (a.n != b.n || a.at != b.at || a.kind != b.kind)
                 return 0;
         }
@@ -193,7 +248,7 @@ static uint64_t layouts_hash(const layout_t *l, int nl, int g, int x)
         MIX(n);
         MIX(pad);
         for (int j = 0; j < l[i].n; j++) {
-            piece_t p = layout_piece(&l[i], j, x);
+            piece_t p = layout_piece(&l[i], j, g, x);
             if (p.n != 0) {
                 MIX(j);
                 MIX(p.n);
@@ -213,21 +268,23 @@ static int cmp_int(const void *a, const void *b)
 }
 
 /* The cuts of the group ranks 0..g-1 into runs that shard alike, into cut (sorted, distinct,
- * from 0, at most 2 per boundary plus 1); their number. A boundary of a unit is where a
- * parameter starts or ends in its flat parameter, or where the flat parameter ends. The rank
- * whose shard holds a boundary b is cut from its neighbours: b / s and b / s + 1 start runs.
- * Every other rank of a run then holds no boundary, nor does the run's whole span
- * [first s, (last + 1) s), which so lies within one parameter (or past the end, or in
- * none) in each unit: every rank of the run holds a whole shard of the same parameters (the
- * same pieces, at 0, of the same kinds), or all the same padding. Runs of one rank are alike
- * trivially. */
+ * from 0, at most 2 per boundary plus 1); their number. Under FSDP1 a boundary of a unit is
+ * where a parameter starts or ends in its flat parameter, or where the flat parameter ends. The
+ * rank whose shard holds a boundary b is cut from its neighbours: b / s and b / s + 1 start
+ * runs. Every other rank of a run then holds no boundary, nor does the run's whole span
+ * [first s, (last + 1) s), which so lies within one parameter (or past the end, or in none) in
+ * each unit: every rank of the run holds a whole shard of the same parameters (the same pieces,
+ * at 0, of the same kinds), or all the same padding. Under FSDP2 a parameter's boundary is the
+ * end of its rows d0, in slots of s = S rows: the ranks before d0 / S own S rows, rank d0 / S
+ * the rest (maybe none) and the ranks after it none, so the same two cuts leave runs whose ranks
+ * own as many rows of every parameter. Runs of one rank are alike trivially. */
 static int cuts(const layout_t *l, int nl, int g, int *cut)
 {
     int n = 0;
 
-#define CUT(b)                                                                                     \
+#define CUT(b, s)                                                                                  \
     do {                                                                                           \
-        size_t r_ = (b) / l[i].s;                                                                  \
+        size_t r_ = (b) / (s);                                                                     \
         if (r_ < (size_t)g)                                                                        \
             cut[n++] = (int)r_;                                                                    \
         if (r_ + 1 < (size_t)g)                                                                    \
@@ -235,12 +292,16 @@ static int cuts(const layout_t *l, int nl, int g, int *cut)
     } while (0)
     cut[n++] = 0;
     for (int i = 0; i < nl; i++) {
-        if (l[i].s == 0) /* an empty flat parameter: every rank alike */
+        for (int j = 0; j < l[i].n && l[i].pp; j++) {
+            if (l[i].p[j].s != 0) /* else no rows: every rank alike */
+                CUT(l[i].p[j].rows, l[i].p[j].s);
+        }
+        if (l[i].pp || l[i].s == 0) /* an empty flat parameter: every rank alike */
             continue;
-        CUT(l[i].total);
+        CUT(l[i].total, l[i].s);
         for (int j = 0; j < l[i].n; j++) {
-            CUT(l[i].off[j]);
-            CUT(l[i].off[j] + l[i].numel[j]);
+            CUT(l[i].p[j].off, l[i].s);
+            CUT(l[i].p[j].off + l[i].p[j].numel, l[i].s);
         }
     }
 #undef CUT
@@ -356,6 +417,7 @@ fsdp_status_t fsdp_symmetry_check(fsdp_t *fs, const int *represent)
     fsdp_dev_t *dev = fsdp_device(fs);
     int me = dev->rank, world = dev->world_size, per_node = dev->local_size;
     int lo = me, hi = me, lo_place = me % per_node, hi_place = lo_place;
+    int pp = fsdp_api(fs) == FSDP_API_FSDP2;
 
     if (represent == NULL || dev->stands_for <= 1)
         return FSDP_OK;
@@ -383,10 +445,12 @@ fsdp_status_t fsdp_symmetry_check(fsdp_t *fs, const int *represent)
         }
         /* the pieces were compared rank by rank when the classes were made (from the same
          * layout); here the group must be the kind they were made for, and the ends of the
-         * class, whose extents bound all between, alike */
-        if (!unit_alike(u, g->size, g->size == world ? lo : lo % per_node,
+         * class, whose extents bound all between (under FSDP2 the rows a rank owns fall with
+         * its group rank), alike; under FSDP2 this rank must also own the rows they assumed */
+        if (!unit_alike(u, pp, g->size, g->size == world ? lo : lo % per_node,
                         g->size == world ? hi : hi_place) ||
-            !unit_alike(u, g->size, g->rank, g->size == world ? lo : lo_place)) {
+            !unit_alike(u, pp, g->size, g->rank, g->size == world ? lo : lo_place) ||
+            (pp && !unit_laid_out(u, g->size, g->rank))) {
             fsdp_error("rank %d: unit '%s' shards differently on ranks it stands for; they "
                        "must run apart",
                        me, fsdp_unit_name(u));
