@@ -1,6 +1,7 @@
 #!/bin/sh
 # fsdp-plan's symmetric ranks: the printed figures are those of the run of every rank, across
-# strategies, with uneven padding, at 8, 64 and 512 ranks; classes split where shards differ.
+# strategies, with uneven padding, at 8, 64 and 512 ranks; classes split where shards differ;
+# the same under --api fsdp2 (fully_shard's per-parameter rows).
 set -u
 plan="${top_builddir:-..}/tools/fsdp-plan"
 [ -x "$plan" ] || plan=../tools/fsdp-plan
@@ -45,6 +46,40 @@ else
     echo "FAILED: classes not split"; cat "$tmp/out"; fail=1
 fi
 same "the split classes" --model mlp:1,5 --world 8
+
+# fully_shard (--api fsdp2): every rank keeps padded slots of S = ceil(d0 / W) rows of each
+# parameter, and ranks differ in the rows they own (S, the rest, none); the classes follow them.
+# The same figures, and fewer ranks simulated than the world.
+fewer() { # description, world: the last same() simulated fewer ranks than world
+    if [ -n "$n" ] && [ "$n" -lt "$2" ]; then
+        echo "ok: $1: $n of $2 ranks simulated"
+    else
+        echo "FAILED: $1: not fewer ranks simulated than $2 (${n:-all})"; fail=1
+    fi
+}
+for w in 8 64 512; do
+    same "fsdp2 full_shard on $w ranks" --model $mlp --world $w --gpus-per-node 8 --api fsdp2
+    fewer "fsdp2 full_shard on $w ranks" $w
+done
+same "fsdp2 hybrid_shard on 4 nodes of 4" --model $mlp --world 16 --gpus-per-node 4 \
+    --strategy hybrid_shard --api fsdp2
+fewer "fsdp2 hybrid_shard on 4 nodes of 4" 16
+same "fsdp2 hybrid_shard on 8 nodes of 8" --model $mlp --world 64 --gpus-per-node 8 \
+    --strategy hybrid_shard --api fsdp2
+same "fsdp2 gpt2-tiny bf16 with checkpointing, 24 ranks" --model gpt2-tiny --world 24 \
+    --mixed-precision bf16 --checkpoint-activations --api fsdp2
+same "fsdp2 llama-tiny, reshard after forward false, 24 ranks" --model llama-tiny --world 24 \
+    --api fsdp2 --reshard-after-forward false
+fewer "fsdp2 llama-tiny, reshard after forward false, 24 ranks" 24
+same "fsdp2 a sweep on 16 ranks" --model $mlp --world 16 --api fsdp2 --sweep
+# mlp:1,5 on 8 ranks: S = 1 row, ranks 0-4 own one of each parameter, ranks 5-7 none
+"$plan" --model mlp:1,5 --world 8 --api fsdp2 >"$tmp/out" 2>&1
+if grep -q '^ranks simulated: 2 of 8' "$tmp/out"; then
+    echo "ok: fsdp2 classes split where the rows owned differ: $(grep '^ranks simulated' "$tmp/out")"
+else
+    echo "FAILED: fsdp2 classes not split at the rows owned"; cat "$tmp/out"; fail=1
+fi
+same "fsdp2 the split classes" --model mlp:1,5 --world 8 --api fsdp2
 
 # A trace of a symmetric plan: the simulated ranks, each with the ranks it stands for, their
 # counts summing to the world; the plan prints what it prints without a trace.
@@ -99,6 +134,9 @@ diff_same "hybrid_shard_zero2 on 8 nodes of 8" --model $mlp --world 64 --gpus-pe
 diff_same "gpt2-tiny full_shard bf16 with checkpointing, 64 ranks" --model gpt2-tiny --world 64 \
     --mixed-precision bf16 --checkpoint-activations
 diff_same "the split classes" --model mlp:1,5 --world 8
+diff_same "fsdp2 full_shard on 64 ranks" --model $mlp --world 64 --gpus-per-node 8 --api fsdp2
+diff_same "fsdp2 hybrid_shard on 4 nodes of 4" --model $mlp --world 16 --gpus-per-node 4 \
+    --strategy hybrid_shard --api fsdp2
 
 # a real difference is still caught: another prefetch policy, symmetric against every rank
 rm -f "$tmp/ds.db" "$tmp/dp.db"

@@ -182,10 +182,7 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     run.cfg.device_capacity = capacity;
     if (classes == NULL)
         classes = malloc((size_t)a->world * sizeof(*classes));
-    /* the classes are derived from FSDP1's flat shards; fully_shard's per-parameter chunks
-     * part the ranks otherwise, so every rank is simulated */
-    s.simulated =
-        classes != NULL && cfg->api != FSDP_API_FSDP2 ? plan_symmetry(a, cfg, classes) : a->world;
+    s.simulated = classes != NULL ? plan_symmetry(a, cfg, classes) : a->world;
     if (s.simulated > 0 && s.simulated < a->world)
         run.represent = classes;
     else
