@@ -2218,6 +2218,34 @@ static void test_cost_dtypes(void)
     CU_ASSERT_EQUAL(bytes, 80.0);
 }
 
+/* chunk_copy's bytes: every element written, and of the source those of each row's block
+ * below its end, against a loop over the rows (the cost counts them in closed form). */
+static void test_cost_chunk_copy(void)
+{
+    static const size_t dims[] = {0, 1, 2, 3, 5, 7, 8, 64, 1000};
+    fsdp_kernel_t k;
+
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_CHUNK_COPY;
+    for (size_t a = 0; a < sizeof(dims) / sizeof(dims[0]); a++)
+        for (size_t b = 0; b < sizeof(dims) / sizeof(dims[0]); b++)
+            for (size_t ld = 0; ld < 12; ld++)
+                for (size_t i = 0; i < 28; i++) {
+                    /* SIZE_MAX: a source with no end (the copy-out's) */
+                    size_t rows = dims[a], cols = dims[b], read = 0, n = i < 27 ? 3 * i : SIZE_MAX;
+                    double flops, bytes;
+
+                    for (size_t r = 0; r < rows; r++)
+                        read += r * ld >= n ? 0 : n - r * ld < cols ? n - r * ld : cols;
+                    k.u.chunk_copy.rows = rows;
+                    k.u.chunk_copy.cols = cols;
+                    k.u.chunk_copy.src_ld = ld;
+                    k.u.chunk_copy.src_n = n;
+                    fsdp_kernel_cost(&k, &flops, &bytes);
+                    CU_ASSERT_EQUAL(bytes, 4.0 * (double)(rows * cols + read));
+                }
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -2227,6 +2255,7 @@ int main(void)
         {"cast_round_trips", test_cast_round_trips},
         {"cast_int_and_copy", test_cast_int_and_copy},
         {"chunk_copy", test_chunk_copy},
+        {"cost_chunk_copy", test_cost_chunk_copy},
         {"threads_bits", test_threads_bits},
         {"pack_cache", test_pack_cache},
         {"fill", test_fill},

@@ -19,6 +19,26 @@ static double dsize(fsdp_dtype_t dtype)
     return (double)fsdp_dtype_size(dtype);
 }
 
+/* The elements chunk_copy reads: of each row r, those of [r ld, r ld + cols) below src_n. In
+ * closed form, not a loop over the rows (W of them in FSDP2's copy-out and chunk-cat): the
+ * first f rows read cols, rows f to m - 1 the rest of the source, the others none. */
+static size_t chunk_copy_read(size_t rows, size_t cols, size_t ld, size_t src_n)
+{
+    size_t m, f = 0, t;
+
+    if (src_n == 0 || rows == 0)
+        return 0;
+    if (ld == 0)
+        return rows * (src_n < cols ? src_n : cols);
+    /* rows that start inside the source, and of them those wholly inside, counted without
+     * overflow (src_n is SIZE_MAX for a source with no end) */
+    m = (src_n - 1) / ld < rows - 1 ? (src_n - 1) / ld + 1 : rows;
+    if (src_n >= cols)
+        f = (src_n - cols) / ld < m ? (src_n - cols) / ld + 1 : m;
+    t = m - f; /* rows cut by the end, reading src_n - r ld each */
+    return f * cols + (t == 0 ? 0 : t * (src_n - f * ld) - ld * (t * (t - 1) / 2));
+}
+
 void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
 {
     double flops = 0.0, bytes = 0.0, n;
@@ -186,15 +206,10 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
     case FSDP_K_CHUNK_COPY: {
         /* every element written; only those inside the source read */
         const size_t rows = k->u.chunk_copy.rows, cols = k->u.chunk_copy.cols;
-        double read = 0.0;
-        for (size_t r = 0; r < rows; r++) {
-            size_t s = r * k->u.chunk_copy.src_ld;
-            read += s >= k->u.chunk_copy.src_n ? 0.0
-                    : (double)(k->u.chunk_copy.src_n - s < cols ? k->u.chunk_copy.src_n - s : cols);
-        }
         n = (double)rows * (double)cols;
         bytes = n * (double)fsdp_dtype_size(k->u.chunk_copy.dst_dtype) +
-                read * (double)fsdp_dtype_size(k->u.chunk_copy.src_dtype);
+                (double)chunk_copy_read(rows, cols, k->u.chunk_copy.src_ld, k->u.chunk_copy.src_n) *
+                    (double)fsdp_dtype_size(k->u.chunk_copy.src_dtype);
         break;
     }
     /* The Llama kernels. Fused attention counts the FLOPs of its matrix products over the
