@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/core_hidden.h"
+#include "nn/nn_hidden.h"
 #include "sim_hidden.h"
 #include "test_util.h"
 
