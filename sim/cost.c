@@ -454,11 +454,15 @@ static double roofline(const fsdp_sim_profile_t *p, double peak, double flops, d
     return (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
 }
 
-/* An eager op's time: its bytes' roofline, or its elements at the non-vectorized path's rate
- * when that is longer. */
+/* An eager op's time: its bytes at the element-wise ops' share of the memory bandwidth, or its
+ * elements at the non-vectorized path's rate when that is longer (an op does one FLOP an
+ * element at most: memory-bound on every profile). */
 static double eager_op_time(const fsdp_sim_profile_t *p, const eager_op_t *op)
 {
-    double t = roofline(p, p->gpu.vector_flops_per_s, 0.0, op->read + op->write);
+    double eff = p->gpu.elementwise_memory_efficiency > 0.0 ? p->gpu.elementwise_memory_efficiency
+                                                            : p->gpu.memory_efficiency;
+    double t = rate_time(op->read + op->write, p->gpu.hbm_bytes_per_s, eff) +
+               p->gpu.kernel_latency_s;
     double te = rate_time(op->elems, p->gpu.strided_elements_per_s, 1.0) +
                 p->gpu.kernel_latency_s;
 

@@ -48,6 +48,7 @@ typedef struct field {
 
 static const field_t fields[] = {
     FLD("", "name", F_STRING, name, 0),
+    FLD("", "stack", F_STRING, stack, 0),
     FLD("", "nodes", F_INT, nodes, 1),
     FLD("", "gpus_per_node", F_INT, gpus_per_node, 1),
     FLD("", "ops", F_OPS, ops, 0),
@@ -64,6 +65,7 @@ static const field_t fields[] = {
     FLD("gpu", "gemm_unaligned_efficiency", F_DOUBLE, gpu.gemm_unaligned_efficiency, 0),
     FLD("gpu", "attention_efficiency", F_DOUBLE, gpu.attention_efficiency, 0),
     FLD("gpu", "strided_elements_per_s", F_DOUBLE, gpu.strided_elements_per_s, 0),
+    FLD("gpu", "elementwise_memory_efficiency", F_DOUBLE, gpu.elementwise_memory_efficiency, 0),
     FLD("gpu", "sms", F_INT, gpu.sms, 0),
     FLD("host", "launch_overhead_s", F_DOUBLE, host.launch_overhead_s, 0),
     FLD("host", "event_overhead_s", F_DOUBLE, host.event_overhead_s, 0),

@@ -72,7 +72,7 @@ onterm sweep "$tools/fsdp-plan --model mlp:64,64 --world 2 --sweep"
 check "fsdp-plan --sweep under a terminal exits 0" test "$(cat "$tmp/sweep.rc")" -eq 0
 check "fsdp-plan --sweep: a bar" grep -aq '\] 1/[0-9]* |' "$tmp/sweep.raw"
 check "fsdp-plan --sweep: every row is clean" \
-    sh -c "! grep -v '^\(model\|cluster\|batch\|strategy\|sweeping\|fastest\|nothing\|ranks\) ' '$tmp/sweep.screen' |
+    sh -c "! grep -v '^\(model\|cluster\|software\|batch\|strategy\|sweeping\|fastest\|nothing\|ranks\) ' '$tmp/sweep.screen' |
            grep -v '^\(full_shard\|shard_grad_op\|no_shard\) .* \(yes\|no\)$' | grep -q ."
 
 # stdout on the terminal, stderr not: no bar anywhere

@@ -605,6 +605,9 @@ static void test_compute_model(void)
     fsdp_sim_profile_t h100;
     fsdp_kernel_t k;
     double bw = 3350e9 * 0.87;
+    /* eager element-wise ops reach 0.81 of the H100's bandwidth, not a copy's 0.87
+     * (elementwise_memory_efficiency) */
+    double ew = 3350e9 * 0.81;
     int ops;
 
     CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
@@ -707,11 +710,15 @@ static void test_compute_model(void)
     /* to(f32), * rstd and weight * take the non-vectorized path (a conversion, two
      * broadcasts): each n / 0.3e12 s, longer than their 6n, 8n + 4r and 4n + 2c bytes
      * (9,376 B); the other five are their bytes (9,376 B) */
-    close_to(fsdp_sim_kernel_time(&h100, &k), 9376.0 / bw + 3 * 512 / 0.3e12 + 8 * 1.2e-6,
+    close_to(fsdp_sim_kernel_time(&h100, &k), 9376.0 / ew + 3 * 512 / 0.3e12 + 8 * 1.2e-6,
              1e-12);
     /* without that rate, every op is its bytes */
     h100.gpu.strided_elements_per_s = 0.0;
+    close_to(fsdp_sim_kernel_time(&h100, &k), 18752.0 / ew + 8 * 1.2e-6, 1e-12);
+    /* and with elementwise_memory_efficiency 0, at a copy's memory_efficiency */
+    h100.gpu.elementwise_memory_efficiency = 0.0;
     close_to(fsdp_sim_kernel_time(&h100, &k), 18752.0 / bw + 8 * 1.2e-6, 1e-12);
+    h100.gpu.elementwise_memory_efficiency = 0.81;
     h100.gpu.strided_elements_per_s = 0.3e12;
     /* fused: x, y, weight, rstd in one kernel: 2 x 2n + 2c + 4r */
     h100.ops = FSDP_SIM_OPS_FUSED;
@@ -732,7 +739,7 @@ static void test_compute_model(void)
     k.u.gelu_fwd.dtype = FSDP_DTYPE_BF16;
     close_to(fsdp_sim_eager_bytes(&k, &ops), 36000.0, 0);
     CU_ASSERT_EQUAL(ops, 8);
-    close_to(fsdp_sim_kernel_time(&h100, &k), 36000.0 / bw + 8 * 1.2e-6, 1e-12);
+    close_to(fsdp_sim_kernel_time(&h100, &k), 36000.0 / ew + 8 * 1.2e-6, 1e-12);
     k.kind = FSDP_K_GELU_BWD;
     k.u.gelu_bwd.n = 1000;
     k.u.gelu_bwd.dtype = FSDP_DTYPE_BF16;
@@ -748,7 +755,7 @@ static void test_compute_model(void)
     k.u.softmax_fwd.dtype = FSDP_DTYPE_BF16;
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 3);
     close_to(fsdp_sim_kernel_time(&h100, &k),
-             2 * 4.0 * 2097152 / bw + 2097152 / 0.3e12 + 3 * 1.2e-6, 1e-12);
+             2 * 4.0 * 2097152 / ew + 2097152 / 0.3e12 + 3 * 1.2e-6, 1e-12);
     k.u.softmax_fwd.causal = 0;
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 2);
     /* an f32 RMSNorm has no casts: 6 kernels */
@@ -868,6 +875,27 @@ static void test_nccl_terms(void)
     CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_PAT);
     close_to(cc.latency_s, 68.8e-6, 1e-12);
     close_to(t, 10.3e-6 + 68.8e-6 + P2(20) / (47e9 * 0.75), 1e-12);
+    /* h100-2024 (NCCL 2.19-2.21, before PAT) is the h100 preset but its name, its stack and
+     * PAT: the same reduce-scatter runs as a ring there, at the time of h100 without PAT */
+    {
+        fsdp_sim_profile_t old_stack, no_pat = h100;
+        fsdp_sim_coll_cost_t c2;
+        double t2;
+
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100-2024", &old_stack), FSDP_OK);
+        CU_ASSERT_STRING_EQUAL(old_stack.name, "h100-2024");
+        CU_ASSERT(strstr(old_stack.stack, "NCCL 2.19-2.21") != NULL);
+        CU_ASSERT(strstr(h100.stack, "PyTorch 2.11") != NULL);
+        no_pat.nccl.algorithms &= ~(1u << FSDP_SIM_ALGO_PAT);
+        t2 = fsdp_sim_coll_time(&old_stack, FSDP_SIM_COLL_REDUCE_SCATTER, 16, 16, P2(20), &c2);
+        CU_ASSERT_NOT_EQUAL(c2.algo, FSDP_SIM_ALGO_PAT);
+        CU_ASSERT(t2 > t);
+        close_to(t2, fsdp_sim_coll_time(&no_pat, FSDP_SIM_COLL_REDUCE_SCATTER, 16, 16, P2(20), &c2),
+                 0);
+        memcpy(no_pat.name, old_stack.name, sizeof(no_pat.name));
+        memcpy(no_pat.stack, old_stack.stack, sizeof(no_pat.stack));
+        CU_ASSERT_EQUAL(memcmp(&no_pat, &old_stack, sizeof(no_pat)), 0);
+    }
     fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_GATHER, 32, 16, P2(20), &cc);
     CU_ASSERT(cc.algo != FSDP_SIM_ALGO_PAT);
     fsdp_sim_coll_time(&h100, FSDP_SIM_COLL_ALL_REDUCE, 16, 16, P2(20), &cc);
@@ -987,7 +1015,7 @@ static void test_profile_errors(void)
     fsdp_sim_profile_t p;
 
     capture_start();
-    expect_error(fsdp_sim_profile_preset("h300", &p), FSDP_ERR_INVALID_PARAM, "h100, a100, h200");
+    expect_error(fsdp_sim_profile_preset("h300", &p), FSDP_ERR_INVALID_PARAM, "h100, h100-2024, a100, h200");
     expect_error(fsdp_sim_profile_preset("h100:gpus=4", &p), FSDP_ERR_INVALID_PARAM,
                  "allowed: nodes=N, gpus_per_node=G");
     expect_error(fsdp_sim_profile_preset("h100:nodes=0", &p), FSDP_ERR_INVALID_PARAM, "'nodes=0'");
@@ -1045,10 +1073,10 @@ static void test_profile_errors(void)
 /* The presets read back from their JSON, and the JSON files under traces/profiles are them. */
 static void test_profile_json(void)
 {
-    const char *names[] = {"h100", "a100", "h200"};
+    const char *names[] = {"h100", "h100-2024", "a100", "h200"};
     const char *srcdir = getenv("srcdir");
 
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         fsdp_sim_profile_t p, q;
         char *a, *b, path[1024];
         CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(names[i], &p), FSDP_OK);

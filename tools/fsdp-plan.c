@@ -122,6 +122,8 @@ static void print_header(const plan_args_t *a)
            a->model->ops->units(&a->mcfg), params, params * 4 / (double)((size_t)1 << 30));
     printf("cluster %s: %d ranks, %d per node (%s, %s each)\n", a->profile.name, a->world,
            a->per_node, a->profile.gpu.model, cap);
+    if (a->profile.stack[0] != '\0')
+        printf("software of its constants: %s\n", a->profile.stack);
     if (plan_seq_len(a) > 1)
         printf("batch %zu sequences, %zu per rank (%zu tokens per rank), %s, %d step%s simulated "
                "(the last is reported)\n",

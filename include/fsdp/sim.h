@@ -72,6 +72,10 @@ typedef struct fsdp_sim_gpu_profile {
      * operand, a strided view, a dtype conversion) and softmax: elements per second at most,
      * whatever their bytes (docs/costs.md, "Eager element-wise ops"); 0: bytes alone */
     double strided_elements_per_s;
+    /* Eager element-wise ops on PyTorch's vectorized path: the fraction of the memory bandwidth
+     * they reach at a model's tensor sizes (docs/costs.md, "Eager element-wise ops"), (0, 1];
+     * 0: memory_efficiency, the rate of a large copy */
+    double elementwise_memory_efficiency;
     double kernel_latency_s;   /* fixed device time of every kernel and copy */
     /* GEMMs: the fraction of the matmul peak a GEMM reaches on whole tiles and full waves,
      * (0, 1]; its time is FLOPs / (peak x gemm_efficiency x quantization), the quantization of
@@ -157,6 +161,9 @@ typedef struct fsdp_sim_nccl_profile {
 
 typedef struct fsdp_sim_profile {
     char name[64];
+    /* The software the profile's measured constants come from ("PyTorch 2.11, CUDA 13.0, NCCL
+     * 2.30"); "" where not stated. Descriptive: nothing is computed from it. */
+    char stack[64];
     int nodes;         /* the cluster the planner lays ranks on */
     int gpus_per_node;
     fsdp_sim_gpu_profile_t gpu;

@@ -16,12 +16,12 @@ plan=${1:-$(dirname "$0")/../fsdp-plan}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 printf '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 47e9}}\n' >"$dir/a100-400g.json"
-printf '{"base": "h100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 94e9}}\n' >"$dir/h100-800g.json"
+printf '{"base": "h100-2024", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 94e9}}\n' >"$dir/h100-800g.json"
 # torchtitan's Grand Teton H100s: 96 GB of HBM2e at 2.4 TB/s, a 500 W limit that puts the peak
 # between the SXM's and the NVL's (835 TFLOP/s bf16): both bounds are planned
 gt='"model": "NVIDIA H100 96GB HBM2e", "hbm_bytes_per_s": 2.4e12, "memory_bytes": 103079215104'
-printf '{"base": "h100", "gpu": {%s}}\n' "$gt" >"$dir/h100-gt.json"
-printf '{"base": "h100", "gpu": {%s, "matmul_flops_per_s": {"f32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "f16": 835e12}}}\n' \
+printf '{"base": "h100-2024", "gpu": {%s}}\n' "$gt" >"$dir/h100-gt.json"
+printf '{"base": "h100-2024", "gpu": {%s, "matmul_flops_per_s": {"f32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "f16": 835e12}}}\n' \
     "$gt" >"$dir/h100-gt-nvl.json"
 
 tt="--profile a100:nodes=8 --mixed-precision param=bf16,reduce=fp32"
