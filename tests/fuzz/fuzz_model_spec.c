@@ -7,6 +7,8 @@
 #include <fsdp/log.h>
 #include <fsdp/nn.h>
 
+#include "nn/nn_hidden.h" /* the configs' checks */
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
