@@ -44,8 +44,9 @@
 #define RDV_ACCEPT_BATCH (RDV_PENDING_MAX / 4)
 /* Seconds a connection may take to send its whole request (a rank sends it in one write). */
 #define RDV_REQUEST_S 1.0
-/* Dropped connections named in the log, before the rest are only counted. */
-#define RDV_DROP_WARN_MAX 8
+/* Dropped connections, and refused requests, named in the log before the rest of each are only
+ * counted (a peer with a wrong token may send thousands a second). */
+#define RDV_WARN_MAX 8
 /* Seconds between connection attempts while rank 0 is not up. */
 #define RDV_RETRY_S 0.05
 
@@ -86,6 +87,7 @@ typedef struct {
     int njoined;            /* ranks other than 0 joined */
     uint64_t naccepted;
     uint64_t ndropped; /* connections dropped before a whole request */
+    uint64_t nrefused; /* whole requests refused */
 } rdv_server_t;
 
 static double now_s(void)
@@ -303,23 +305,48 @@ static void answer(int fd, uint32_t code, uint32_t detail, const void *blob, uin
     (void)send_all(fd, msg, RDV_ANS_BYTES + blob_len, deadline);
 }
 
-/* Closes a connection that sent no whole request; a flood is named a few times, not each. */
+/* Logs a dropped connection or a refused request, *count counting those of its kind (what):
+ * the first RDV_WARN_MAX, the last of them saying that the rest are counted; warn_summary gives
+ * the count. A flood is named a few times, not each. */
+static void warn_limited(uint64_t *count, const char *what, const char *msg)
+{
+    uint64_t n = ++*count;
+
+    if (n < RDV_WARN_MAX)
+        fsdp_warn("rendezvous: %s", msg);
+    else if (n == RDV_WARN_MAX)
+        fsdp_warn("rendezvous: %s (further %s are counted, not logged)", msg, what);
+}
+
+static void warn_summary(const rdv_server_t *srv)
+{
+    if (srv->ndropped > RDV_WARN_MAX || srv->nrefused > RDV_WARN_MAX)
+        fsdp_warn("rendezvous: rank 0 dropped %llu connections and refused %llu requests in all "
+                  "(the first %d of each logged)",
+                  (unsigned long long)srv->ndropped, (unsigned long long)srv->nrefused,
+                  RDV_WARN_MAX);
+}
+
+/* Closes a connection that sent no whole request; why NULL: one that closed having sent
+ * nothing, which is not logged. */
 static void drop_pending(rdv_server_t *srv, rdv_pending_t *c, const char *why)
 {
-    if (why != NULL && srv->ndropped < RDV_DROP_WARN_MAX)
-        fsdp_warn("rendezvous: dropped the connection from %s: %s", c->peer, why);
-    else if (why != NULL && srv->ndropped == RDV_DROP_WARN_MAX)
-        fsdp_warn("rendezvous: dropped the connection from %s: %s (further drops are not "
-                  "logged)",
-                  c->peer, why);
-    if (why != NULL)
-        srv->ndropped++;
+    char msg[256];
+
+    if (why != NULL) {
+        snprintf(msg, sizeof(msg), "dropped the connection from %s: %s", c->peer, why);
+        warn_limited(&srv->ndropped, "drops", msg);
+    }
     close_fd(&c->fd);
 }
 
-static void refuse(rdv_pending_t *c, uint32_t rank, uint32_t code, uint32_t detail, const char *why)
+static void refuse(rdv_server_t *srv, rdv_pending_t *c, uint32_t rank, uint32_t code,
+                   uint32_t detail, const char *why)
 {
-    fsdp_warn("rendezvous: refused rank %u from %s: %s", rank, c->peer, why);
+    char msg[256];
+
+    snprintf(msg, sizeof(msg), "refused rank %u from %s: %s", rank, c->peer, why);
+    warn_limited(&srv->nrefused, "refusals", msg);
     /* Refusals are best effort, and short: a misbehaving peer must not hold rank 0. */
     answer(c->fd, code, detail, NULL, 0, now_s() + 0.1);
     close_fd(&c->fd);
@@ -334,21 +361,21 @@ static void server_judge(rdv_server_t *srv, rdv_pending_t *c)
     char why[96];
 
     if (!token_ok(srv, c->token, c->token_len)) {
-        refuse(c, rank, RDV_BAD_TOKEN, 0, "job token rejected");
+        refuse(srv, c, rank, RDV_BAD_TOKEN, 0, "job token rejected");
     } else if (world != (uint32_t)world_size) {
         snprintf(why, sizeof(why), "world size %u does not match the server's %d", world,
                  world_size);
-        refuse(c, rank, RDV_BAD_WORLD, (uint32_t)world_size, why);
+        refuse(srv, c, rank, RDV_BAD_WORLD, (uint32_t)world_size, why);
     } else if (rank == 0 || rank >= (uint32_t)world_size) {
         snprintf(why, sizeof(why), "rank %u is out of range [1, %d)", rank, world_size);
-        refuse(c, rank, RDV_BAD_RANK, (uint32_t)world_size, why);
+        refuse(srv, c, rank, RDV_BAD_RANK, (uint32_t)world_size, why);
     } else if (blob_size != srv->blob_size) {
         snprintf(why, sizeof(why), "blob size %u does not match the server's %u", blob_size,
                  srv->blob_size);
-        refuse(c, rank, RDV_BAD_BLOB_SIZE, srv->blob_size, why);
+        refuse(srv, c, rank, RDV_BAD_BLOB_SIZE, srv->blob_size, why);
     } else if (srv->joined_fd[rank] >= 0) {
         snprintf(why, sizeof(why), "rank %u already joined", rank);
-        refuse(c, rank, RDV_RANK_JOINED, 0, why);
+        refuse(srv, c, rank, RDV_RANK_JOINED, 0, why);
     } else {
         fsdp_debug("rendezvous: rank %u joined from %s", rank, c->peer);
         srv->joined_fd[rank] = c->fd;
@@ -392,7 +419,7 @@ static void server_read(rdv_server_t *srv, rdv_pending_t *c)
                 char why[64];
 
                 snprintf(why, sizeof(why), "protocol version %u, not %u", version, RDV_VERSION);
-                refuse(c, get32(c->req + 8), RDV_BAD_VERSION, RDV_VERSION, why);
+                refuse(srv, c, get32(c->req + 8), RDV_BAD_VERSION, RDV_VERSION, why);
                 return;
             }
             c->token_len = get32(c->req + 20);
@@ -610,6 +637,7 @@ static fsdp_status_t rendezvous_serve(const fsdp_launch_info_t *info, const char
     status = server_listen(&srv);
     if (status == FSDP_OK)
         status = server_run(&srv, blob, timeout_s);
+    warn_summary(&srv);
     if (status == FSDP_OK)
         fsdp_info("rendezvous: rank 0 served %d ranks at %s:%d", info->world_size,
                   info->master_addr, info->master_port);

@@ -408,8 +408,7 @@ static fsdp_status_t sim_memcpy_async(fsdp_dev_t *dev, void *dst, const void *sr
                                dst == NULL ? "destination" : "source");
     if (!fsdp_sim_is_shape(sdev) && bytes > 0 && dst != src)
         memmove(dst, src, bytes);
-    fsdp_sim_stream_issue(sdev, s, &op);
-    return FSDP_OK;
+    return fsdp_sim_stream_issue(sdev, s, &op);
 }
 
 static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fsdp_kernel_t *k)
@@ -445,8 +444,7 @@ static fsdp_status_t sim_kernel(fsdp_dev_t *dev, fsdp_stream_t *stream, const fs
             return status;
         }
     }
-    fsdp_sim_stream_issue(sdev, s, &op);
-    return FSDP_OK;
+    return fsdp_sim_stream_issue(sdev, s, &op);
 }
 
 /* ---- virtual time queries ---------------------------------------------------------------- */

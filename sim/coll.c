@@ -102,6 +102,8 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
     host = d->host_clock;
     fsdp_sim_host_launch(d);
     status = fsdp_sim_coll_run(d, h, call);
+    if (status == FSDP_OK)
+        status = fsdp_sim_time_check(d, fsdp_sim_coll_name(call->kind), call->ready, call->end);
     if (status != FSDP_OK)
         return status;
     if (call->end > s->clock)
@@ -169,6 +171,8 @@ fsdp_status_t fsdp_sim_barrier(fsdp_dev_t *dev, fsdp_group_t *group)
     /* Host-blocking: the hosts leave together, at the latest host's time. */
     call.ready = d->host_clock;
     status = fsdp_sim_coll_run(d, h, &call);
+    if (status == FSDP_OK)
+        status = fsdp_sim_time_check(d, "barrier", call.ready, call.end);
     if (status != FSDP_OK)
         return status;
     if (call.end > d->host_clock)

@@ -351,6 +351,27 @@ static int bad_double(double v, double lo, double hi)
         }                                                                                          \
     } while (0)
 
+/* A rate (FLOP/s, bytes/s, elements/s) is 0 where zero says what 0 means (free, no cap; NULL:
+ * 0 is not allowed), or in [FSDP_SIM_PROFILE_MIN_RATE, FSDP_SIM_PROFILE_BIG] (sim.h): no op's
+ * time, its work divided by the rate, overflows. 1 (logged) when v is none of these. */
+static int bad_rate(const fsdp_sim_profile_t *p, double v, const char *field, const char *zero)
+{
+    if ((v == 0.0 && zero != NULL) ||
+        !bad_double(v, FSDP_SIM_PROFILE_MIN_RATE, FSDP_SIM_PROFILE_BIG))
+        return 0;
+    fsdp_error("cluster profile '%s': %s is %g; it must be %s%s%sa rate per second in [%g, %g] "
+               "(a smaller one makes simulated times overflow)",
+               p->name, field, v, zero != NULL ? "0 (" : "", zero != NULL ? zero : "",
+               zero != NULL ? ") or " : "", FSDP_SIM_PROFILE_MIN_RATE, FSDP_SIM_PROFILE_BIG);
+    return 1;
+}
+
+#define CHECK_RATE(expr, field_, zero_)                                                            \
+    do {                                                                                           \
+        if (bad_rate(p, (expr), (field_), (zero_)))                                                \
+            return FSDP_ERR_INVALID_PARAM;                                                         \
+    } while (0)
+
 fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
 {
     const fsdp_sim_nccl_profile_t *nc;
@@ -365,12 +386,15 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
                    p->name, p->nodes, p->gpus_per_node);
         return FSDP_ERR_INVALID_PARAM;
     }
-    for (int d = 0; d < FSDP_DTYPE_COUNT; d++)
-        CHECK_RANGE(p->gpu.matmul_flops_per_s[d], 0, FSDP_SIM_PROFILE_BIG, "gpu.matmul_flops_per_s",
-                    "a FLOP/s rate >= 0 (0: free)");
-    CHECK_RANGE(p->gpu.tf32_flops_per_s, 0, FSDP_SIM_PROFILE_BIG, "gpu.matmul_flops_per_s.tf32", ">= 0");
-    CHECK_RANGE(p->gpu.vector_flops_per_s, 0, FSDP_SIM_PROFILE_BIG, "gpu.vector_flops_per_s", ">= 0");
-    CHECK_RANGE(p->gpu.hbm_bytes_per_s, 0, FSDP_SIM_PROFILE_BIG, "gpu.hbm_bytes_per_s", ">= 0");
+    for (int d = 0; d < FSDP_DTYPE_COUNT; d++) {
+        char field[64];
+        snprintf(field, sizeof(field), "gpu.matmul_flops_per_s.%s",
+                 fsdp_dtype_name((fsdp_dtype_t)d));
+        CHECK_RATE(p->gpu.matmul_flops_per_s[d], field, "free");
+    }
+    CHECK_RATE(p->gpu.tf32_flops_per_s, "gpu.matmul_flops_per_s.tf32", "free");
+    CHECK_RATE(p->gpu.vector_flops_per_s, "gpu.vector_flops_per_s", "free");
+    CHECK_RATE(p->gpu.hbm_bytes_per_s, "gpu.hbm_bytes_per_s", "free");
     CHECK_RANGE(p->gpu.compute_efficiency, 1e-6, 1, "gpu.compute_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.memory_efficiency, 1e-6, 1, "gpu.memory_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.kernel_latency_s, 0, 1, "gpu.kernel_latency_s", "seconds in [0, 1]");
@@ -378,8 +402,7 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     CHECK_RANGE(p->gpu.attention_efficiency, 1e-6, 1, "gpu.attention_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.gemm_unaligned_efficiency, 1e-6, 1, "gpu.gemm_unaligned_efficiency",
                 "in (0, 1]");
-    CHECK_RANGE(p->gpu.strided_elements_per_s, 0, FSDP_SIM_PROFILE_BIG, "gpu.strided_elements_per_s",
-                ">= 0 (0: bytes alone)");
+    CHECK_RATE(p->gpu.strided_elements_per_s, "gpu.strided_elements_per_s", "bytes alone");
     CHECK_RANGE(p->gpu.elementwise_memory_efficiency, 0, 1, "gpu.elementwise_memory_efficiency",
                 "in [0, 1] (0: memory_efficiency)");
     CHECK_RANGE(p->gpu.sms, 0, 100000, "gpu.sms", "an integer in [0, 100000] (0: no quantization)");
@@ -390,8 +413,8 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     CHECK_RANGE(p->host.launch_overhead_s, 0, 1, "host.launch_overhead_s", "seconds in [0, 1]");
     CHECK_RANGE(p->host.event_overhead_s, 0, 1, "host.event_overhead_s", "seconds in [0, 1]");
     CHECK_RANGE(p->host.launch_latency_s, 0, 1, "host.launch_latency_s", "seconds in [0, 1]");
-    CHECK_RANGE(p->host.h2d_bytes_per_s, 0, FSDP_SIM_PROFILE_BIG, "host.h2d_bytes_per_s", ">= 0");
-    CHECK_RANGE(p->host.d2h_bytes_per_s, 0, FSDP_SIM_PROFILE_BIG, "host.d2h_bytes_per_s", ">= 0");
+    CHECK_RATE(p->host.h2d_bytes_per_s, "host.h2d_bytes_per_s", "free");
+    CHECK_RATE(p->host.d2h_bytes_per_s, "host.d2h_bytes_per_s", "free");
     if (!(nc->algorithms & (1u << FSDP_SIM_ALGO_RING)) ||
         nc->algorithms >= (1u << FSDP_SIM_ALGO_COUNT)) {
         fsdp_error("cluster profile '%s': nccl.algorithms must include ring (all-gather and "
@@ -423,31 +446,28 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
                                 "a factor in (0, 1]");
         }
     }
-    CHECK_RANGE(nc->intra_bus_bytes_per_s, 1e-30, FSDP_SIM_PROFILE_BIG, "nccl.intra_bus_bytes_per_s",
-                "a bandwidth > 0");
-    CHECK_RANGE(nc->nic_bytes_per_s, 0, FSDP_SIM_PROFILE_BIG, "nccl.nic_bytes_per_s", ">= 0 (0: no limit)");
+    CHECK_RATE(nc->intra_bus_bytes_per_s, "nccl.intra_bus_bytes_per_s", NULL);
+    CHECK_RATE(nc->nic_bytes_per_s, "nccl.nic_bytes_per_s", "no limit");
     CHECK_RANGE(nc->net_overhead_s, 0, 1, "nccl.net_overhead_s", "in [0, 1] s");
     CHECK_RANGE(nc->net_latency_s, 0, 1, "nccl.net_latency_s", "in [0, 1] s");
     for (int i = 0; i < FSDP_SIM_NODE_CLASSES; i++) {
-        CHECK_RANGE(nc->ll_max_bytes_per_s[i], 0, FSDP_SIM_PROFILE_BIG, "nccl.ll_max_bytes_per_s",
-                    ">= 0 (0: no cap)");
-        CHECK_RANGE(nc->ring_ll128_channel_bytes_per_s[i], 0, FSDP_SIM_PROFILE_BIG,
-                    "nccl.ring_ll128_channel_bytes_per_s", ">= 0 (0: no cap)");
-        CHECK_RANGE(nc->tree_channel_bytes_per_s[i], 0, FSDP_SIM_PROFILE_BIG, "nccl.tree_channel_bytes_per_s",
-                    ">= 0 (0: no cap)");
-        CHECK_RANGE(nc->tree_ll128_channel_bytes_per_s[i], 0, FSDP_SIM_PROFILE_BIG,
-                    "nccl.tree_ll128_channel_bytes_per_s", ">= 0 (0: no cap)");
+        CHECK_RATE(nc->ll_max_bytes_per_s[i], "nccl.ll_max_bytes_per_s", "no cap");
+        CHECK_RATE(nc->ring_ll128_channel_bytes_per_s[i], "nccl.ring_ll128_channel_bytes_per_s",
+                   "no cap");
+        CHECK_RATE(nc->tree_channel_bytes_per_s[i], "nccl.tree_channel_bytes_per_s", "no cap");
+        CHECK_RATE(nc->tree_ll128_channel_bytes_per_s[i], "nccl.tree_ll128_channel_bytes_per_s",
+                   "no cap");
     }
     CHECK_RANGE(nc->ring_plateau_factor, 1e-6, 100, "nccl.ring_plateau_factor", "in (0, 100]");
-    CHECK_RANGE(nc->nvls_bus_bytes_per_s, 0, FSDP_SIM_PROFILE_BIG, "nccl.nvls_bus_bytes_per_s", ">= 0 (0: no NVLS)");
+    CHECK_RATE(nc->nvls_bus_bytes_per_s, "nccl.nvls_bus_bytes_per_s", "no NVLS");
     CHECK_RANGE(nc->call_floor_s, 0, 1, "nccl.call_floor_s", "in [0, 1] s");
     CHECK_RANGE(nc->net_floor_s, 0, 1, "nccl.net_floor_s", "in [0, 1] s");
     for (int pr = 0; pr < FSDP_SIM_PROTO_COUNT; pr++)
         CHECK_RANGE(nc->channel_bytes[pr], 0, FSDP_SIM_PROFILE_BIG, "nccl.channel_bytes",
                     ">= 0 bytes (0: every call on all channels)");
     for (int i = 0; i < FSDP_SIM_NODE_CLASSES; i++)
-        CHECK_RANGE(nc->nvls_tree_channel_bytes_per_s[i], 0, FSDP_SIM_PROFILE_BIG,
-                    "nccl.nvls_tree_channel_bytes_per_s", ">= 0 (0: no cap)");
+        CHECK_RATE(nc->nvls_tree_channel_bytes_per_s[i], "nccl.nvls_tree_channel_bytes_per_s",
+                   "no cap");
     CHECK_RANGE(nc->pat_bandwidth_factor, 0, 1, "nccl.pat_bandwidth_factor",
                 "in [0, 1] (0: no PAT)");
     if (nc->sms_per_channel < 0 || nc->sms_per_channel > 8) {

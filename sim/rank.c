@@ -314,16 +314,34 @@ void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *
     fsdp_trace_op(&dev->super, &op, NULL);
 }
 
-double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
-                             const fsdp_sim_op_t *op)
+fsdp_status_t fsdp_sim_time_check(fsdp_sim_dev_t *dev, const char *what, double start, double end)
 {
-    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops;
+    if (isfinite(end) && end >= start)
+        return FSDP_OK;
+    return fsdp_sim_errorf(dev, FSDP_ERR_INVALID_PARAM,
+                           "the simulated time of %s is %g s, not a finite time: cluster "
+                           "profile '%s' prices it out of range",
+                           what, end - start, dev->profile->name);
+}
+
+fsdp_status_t fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
+                                    const fsdp_sim_op_t *op)
+{
+    double host = dev->host_clock, start = fsdp_sim_stream_ready(dev, stream), flops, end;
+    fsdp_status_t status;
 
     int launches = op->kind == FSDP_SIM_OP_KERNEL
                        ? fsdp_sim_kernel_launches(dev->profile, op->kernel)
                        : 1;
 
-    stream->clock = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    end = start + fsdp_sim_op_cost_flops(dev, op, &flops);
+    /* the stream's clock stays finite: an op it cannot price fails the rank */
+    status = fsdp_sim_time_check(
+        dev, op->kind == FSDP_SIM_OP_KERNEL ? fsdp_kernel_name(op->kernel->kind) : "a copy", start,
+        end);
+    if (status != FSDP_OK)
+        return status;
+    stream->clock = end;
     if ((dev->n_sm_holds > 0 || dev->prior != NULL) && op->kind == FSDP_SIM_OP_KERNEL &&
         (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
          op->kernel->kind == FSDP_K_ATTENTION_BWD)) {
@@ -354,7 +372,7 @@ double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
                               host, start, stream->clock, (double)op->bytes, op->bytes, -1, NULL);
         }
     }
-    return stream->clock;
+    return FSDP_OK;
 }
 
 fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,

@@ -283,6 +283,10 @@ static inline size_t fsdp_sim_seg_search(const fsdp_sim_dev_t *dev, uintptr_t ad
 /* profile.c, profile_json.c: the largest rate or size a profile may give, and the collective
  * algorithms' names as their messages list them. */
 #define FSDP_SIM_PROFILE_BIG 1e30
+/* ... and the smallest positive rate (FLOP/s, bytes/s, elements/s): an op's work over it, at
+ * the least efficiency a profile may give, stays far below what a double holds, where a rate
+ * of 1e-308 made every time inf and a step's time NaN. */
+#define FSDP_SIM_PROFILE_MIN_RATE 1.0
 #define FSDP_SIM_ALGO_NAMES "ring, tree, nvls, nvls_tree, pat"
 /* profile.c: applies "nodes=N,gpus_per_node=G" (opts) to *p; `what` is the whole spec, for the
  * message. */
@@ -338,9 +342,14 @@ void fsdp_sim_trace_op(fsdp_sim_dev_t *dev, fsdp_event_kind_t kind, const char *
 void fsdp_sim_acct_cleanup(fsdp_sim_dev_t *dev);
 /* Fills the span totals of stats (compute_s, comm_s, exposed_comm_s) from the rank's spans. */
 void fsdp_sim_acct_spans(fsdp_sim_dev_t *dev, fsdp_sim_time_stats_t *stats);
-/* Issues op on stream (start = ready time, end = start + cost); returns the end time. */
-double fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
-                             const fsdp_sim_op_t *op);
+/* Issues op on stream (start = ready time, end = start + cost); an op whose time is not finite
+ * fails the rank (fsdp_sim_time_check) and leaves the stream as it was. */
+fsdp_status_t fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stream,
+                                    const fsdp_sim_op_t *op);
+/* FSDP_OK when an op that started at start and ends at end took a finite time >= 0; otherwise
+ * the rank fails naming the op (what) and the profile. Every simulated time passes it. */
+fsdp_status_t fsdp_sim_time_check(fsdp_sim_dev_t *dev, const char *what, double start,
+                                  double end);
 /* Maps NULL to the compute stream and checks that the stream belongs to dev. */
 fsdp_status_t fsdp_sim_stream_get(fsdp_sim_dev_t *dev, fsdp_stream_t *stream,
                                   fsdp_sim_stream_t **stream_p);

@@ -639,7 +639,11 @@ static void test_presets_and_specs(void)
                 {"gpt3-13b", 13.0},    {"gpt3-175b", 175.0}};
     static const char *const bad[] = {"gpt2-huge",    "gpt2:layers=0",  "gpt2:heads=3,dim=16",
                                       "gpt2:depth=2", "gpt2:layers=2,", "gpt2:dim=x",
-                                      "gpt"};
+                                      "gpt",
+                                      /* one key twice, no key, an int's overflow */
+                                      "gpt2:", "gpt2:layers=2,layers=3", "gpt2:,dim=16",
+                                      "gpt2:dim=16,,heads=2", "gpt2:attention=sdpa",
+                                      "gpt2:vocab=4294967297"};
     fsdp_gpt2_config_t cfg;
     int n;
 

@@ -957,6 +957,19 @@ static void test_presets_and_specs(void)
         "llama:rope_theta=abc",
         "llama:head_dim=7",
         "llama-huge",
+        /* one key twice, no key, values that overflow the field's type (eps is a float) */
+        "llama:layers=2,layers=3",
+        "llama:",
+        "llama:,layers=2",
+        "llama:layers=2,,heads=4",
+        "llama:eps=1e300",
+        "llama:eps=1e39",
+        "llama:eps=inf",
+        "llama:rope_theta=1e400",
+        "llama:rope_factor=nan",
+        "llama:vocab=4294967297",
+        "llama:layers=99999999999999999999",
+        "llama:layers=",
     };
     fsdp_llama_config_t cfg;
     int n;
@@ -988,7 +1001,17 @@ static void test_presets_and_specs(void)
             fprintf(stderr, "\n  '%s' was accepted", bad[i]);
         CU_ASSERT_EQUAL(fsdp_llama_config_parse(bad[i], &cfg), FSDP_ERR_INVALID_PARAM);
     }
+    /* a config built by hand is held to the same: no infinite eps, theta or factor */
+    fsdp_llama_config_parse("llama-tiny", &cfg);
+    cfg.rms_norm_eps = INFINITY;
+    CU_ASSERT_EQUAL(fsdp_llama_config_check(&cfg), FSDP_ERR_INVALID_PARAM);
+    fsdp_llama_config_parse("llama3.1-405b", &cfg);
+    cfg.rope_factor = INFINITY;
+    CU_ASSERT_EQUAL(fsdp_llama_config_check(&cfg), FSDP_ERR_INVALID_PARAM);
     fsdp_log_set_level(FSDP_LOG_WARN);
+    /* eps=1e-50 is a float too (0) */
+    CU_ASSERT_EQUAL(fsdp_llama_config_parse("llama:eps=1e-50,rope_factor=2", &cfg), FSDP_OK);
+    CU_ASSERT(cfg.rms_norm_eps == 0.0f && !cfg.rope_scaling && cfg.rope_factor == 2.0);
 }
 
 int main(void)

@@ -94,6 +94,13 @@ check "gpt3-175b: the fastest that fits checkpoints activations in bf16" \
 check "--print-profile is the shipped preset" cmp -s "$tmp/h100.json" "$srcdir/../traces/profiles/h100.json"
 "$plan" --model mlp:64,64 --world 2 --profile "$srcdir/../traces/profiles/a100.json" >"$tmp/a100" 2>&1
 check "a JSON profile file" grep -q "^cluster a100: 2 ranks" "$tmp/a100"
+# a rate so small that a step's time would be NaN: refused at load, naming the field
+for f in gpu.hbm_bytes_per_s host.h2d_bytes_per_s nccl.nic_bytes_per_s; do
+    printf '{"base": "h100", "%s": {"%s": 1e-308}}\n' "${f%%.*}" "${f#*.}" >"$tmp/tiny.json"
+    refuse "a profile with $f 1e-308" --model llama3-8b --world 16 --local-batch 1 \
+        --cpu-offload --profile "$tmp/tiny.json"
+    check "  naming the field" grep -q "$f is 1e-308; it must be" "$tmp/err"
+done
 "$plan" --help >"$tmp/help"
 check "--help" grep -q "^usage: fsdp-plan" "$tmp/help"
 

@@ -706,6 +706,58 @@ static void test_rdv_flood(void)
     (void)wait_code(flood);
 }
 
+/* A peer that sends request after request with a wrong token is named a few times in rank 0's
+ * log, then counted in one line: before, each request was a line (23,361 in 1.5 s). */
+static void test_rdv_wrong_token_flood(void)
+{
+    enum { FLOOD = 100 };
+    job_t job = job_new("s3cret", 10.0);
+    /* rank 1 of 2, a blob of BLOB_BYTES, a 6-byte token that is not the job's */
+    unsigned char req[30] = {'F', 'S', 'D', 'R', 0, 1, 0, 0, 0, 0,   0,   1,   0,   0,   0,
+                             2,   0,   0,   0,   0, 0, 0, 0, 6, 's', '3', 'c', 'r', 'e', 's'};
+    fsdp_launch_info_t info = {.rank = 0, .world_size = 2, .master_addr = "127.0.0.1"};
+    unsigned char blob[BLOB_BYTES];
+    const char *p;
+    int refused = 0;
+    pid_t peer;
+
+    req[16] = (unsigned char)(BLOB_BYTES >> 24), req[17] = (unsigned char)(BLOB_BYTES >> 16);
+    req[18] = (unsigned char)(BLOB_BYTES >> 8), req[19] = (unsigned char)BLOB_BYTES;
+    info.master_port = job.port;
+    fill_blob(blob, job.port);
+    fflush(NULL);
+    peer = fork();
+    if (peer == 0) {
+        /* each refused (rank 0 answers and closes), then the true rank 1 joins */
+        fsdp_launch_info_t one = info;
+        unsigned char got[BLOB_BYTES] = {0};
+        alarm(20);
+        fsdp_log_set_level(FSDP_LOG_OFF);
+        for (int i = 0; i < FLOOD; i++)
+            if (send_raw(job.port, req, sizeof(req), 1) != 1)
+                exit(2);
+        one.rank = 1;
+        exit(fsdp_rendezvous(&one, job.token, 10.0, got, sizeof(got)) == FSDP_OK &&
+                     memcmp(got, blob, sizeof(got)) == 0
+                 ? 0
+                 : 3);
+    }
+    CU_ASSERT_FATAL(peer > 0);
+    capture_warnings = 1;
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_rendezvous(&info, job.token, 10.0, blob, sizeof(blob)), FSDP_OK);
+    CU_ASSERT_EQUAL(wait_code(peer), 0);
+    fsdp_log_set_handler(NULL, NULL);
+    capture_warnings = 0;
+    for (p = log_text; (p = strstr(p, "refused rank 1 from")) != NULL; p++)
+        refused++;
+    if (refused > 8)
+        fprintf(stderr, "\n  %d refusals logged of %d", refused, FLOOD);
+    CU_ASSERT(refused >= 1 && refused <= 8);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "further refusals are counted, not logged"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "refused 100 requests in all"));
+}
+
 /* A rank 0 that reads the request, answers len bytes of the 16 and closes. */
 static pid_t spawn_short_server(int port, size_t len)
 {
@@ -812,6 +864,7 @@ int main(void)
         {"rdv_wrong_world", test_rdv_wrong_world},
         {"rdv_ipv6", test_rdv_ipv6},
         {"rdv_flood", test_rdv_flood},
+        {"rdv_wrong_token_flood", test_rdv_wrong_token_flood},
         {"rdv_short_answer", test_rdv_short_answer},
         {"rdv_no_token_warning", test_rdv_no_token_warning},
         {"rdv_bad_args", test_rdv_bad_args},

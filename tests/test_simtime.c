@@ -1053,7 +1053,44 @@ static void test_profile_errors(void)
     expect_error(fsdp_sim_profile_load("/nonexistent/profile.json", &p), FSDP_ERR_NOT_FOUND,
                  "cannot open");
     expect_error(fsdp_sim_profile_from_arg("missing.json", &p), FSDP_ERR_NOT_FOUND, "missing.json");
+    /* a positive rate too small for a time to stay finite (1e-308 made a step's time NaN) is
+     * refused naming its field; 0 (free, no cap) and 1 per second are rates */
+    {
+        static const char *const tiny[][2] = {
+            {"gpu", "hbm_bytes_per_s"},        {"gpu", "vector_flops_per_s"},
+            {"gpu", "strided_elements_per_s"}, {"host", "h2d_bytes_per_s"},
+            {"host", "d2h_bytes_per_s"},       {"nccl", "nic_bytes_per_s"},
+            {"nccl", "intra_bus_bytes_per_s"}, {"nccl", "nvls_bus_bytes_per_s"},
+        };
+        char json[256], field[64];
+        for (size_t i = 0; i < sizeof(tiny) / sizeof(tiny[0]); i++) {
+            snprintf(json, sizeof(json), "{\"base\": \"h100\", \"%s\": {\"%s\": 1e-308}}",
+                     tiny[i][0], tiny[i][1]);
+            snprintf(field, sizeof(field), "%s.%s is 1e-308; it must be", tiny[i][0], tiny[i][1]);
+            expect_error(fsdp_sim_profile_parse(json, &p), FSDP_ERR_INVALID_PARAM, field);
+        }
+        expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"gpu\": "
+                                            "{\"matmul_flops_per_s\": {\"bf16\": 0.5}}}",
+                                            &p),
+                     FSDP_ERR_INVALID_PARAM, "gpu.matmul_flops_per_s.bf16 is 0.5");
+        expect_error(fsdp_sim_profile_parse("{\"base\": \"h100\", \"nccl\": "
+                                            "{\"ll_max_bytes_per_s\": [1e-300, 0, 0]}}",
+                                            &p),
+                     FSDP_ERR_INVALID_PARAM, "nccl.ll_max_bytes_per_s is 1e-300");
+        CU_ASSERT_EQUAL(fsdp_sim_profile_parse("{\"base\": \"h100\", \"gpu\": "
+                                               "{\"hbm_bytes_per_s\": 0, "
+                                               "\"vector_flops_per_s\": 1}}",
+                                               &p),
+                        FSDP_OK);
+    }
     /* a launch with a bad profile names the bad field */
+    {
+        fsdp_sim_params_t sp;
+        fsdp_sim_params_init(&sp);
+        sp.profile.host.h2d_bytes_per_s = 1e-308;
+        expect_error(fsdp_sim_launch(&sp, case_rank, NULL, NULL), FSDP_ERR_INVALID_PARAM,
+                     "host.h2d_bytes_per_s");
+    }
     {
         fsdp_sim_params_t sp;
         fsdp_sim_params_init(&sp);

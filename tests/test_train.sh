@@ -467,6 +467,12 @@ check "  naming the tensor" grep -q "tensor 'layers\.[01]\.[a-z]*' holds NaN" "$
 refuse "a repeated gpt2 key" --model gpt2:layers=2,layers=3
 refuse "gpt2: without keys" --model gpt2:
 refuse "a trailing comma in a gpt2 spec" --model gpt2:layers=2,
+refuse "a repeated llama key" --model llama:layers=2,layers=3
+check "  naming it" grep -q "layers is given twice" "$tmp/err"
+refuse "llama: without keys" --model llama:
+refuse "an eps that is no float" --model llama:eps=1e300
+check "  naming the key and what is allowed" \
+    grep -q "eps needs a finite number >= 0 (a float), not '1e300'" "$tmp/err"
 refuse "a repeated mixed-precision key" --mixed-precision param=bf16,param=fp16
 refuse "an empty mixed-precision item" --mixed-precision ,
 refuse "--version with an argument" --version extra

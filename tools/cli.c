@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "progress.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -52,9 +53,34 @@ static void cli_peer_summary(void)
                 fsdp_status_string(FSDP_ERR_RANK_FAILED));
 }
 
+/* At exit, what the tool printed must have reached its file (a full disk, /dev/full, a pipe whose
+ * reader is gone with SIGPIPE ignored): otherwise one error line and status 2, never a cut-short
+ * output and 0. Registered first, so it runs after every other exit handler has printed; stdout
+ * closed by the caller (>&-) with nothing written to it is no failure. */
+static void cli_close_stdout(void)
+{
+    int failed = ferror(stdout) != 0, err = 0;
+    char why[128];
+
+    if (fflush(stdout) != 0)
+        failed = 1, err = errno;
+    errno = 0;
+    if (fclose(stdout) != 0 && !failed && errno != EBADF)
+        failed = 1, err = errno;
+    if (!failed)
+        return;
+    snprintf(why, sizeof(why), "%s", err ? strerror(err) : "a write to it failed");
+    why[0] = (char)tolower((unsigned char)why[0]);
+    fprintf(stderr,
+            "%s: error: cannot write the standard output: %s (what it holds is cut short)\n",
+            cli_tool, why);
+    _exit(2);
+}
+
 void cli_init(const char *tool)
 {
     cli_tool = tool;
+    atexit(cli_close_stdout);
     atexit(cli_peer_summary);
     fsdp_log_set_handler(log_to_stderr, NULL);
     fsdp_log_level(); /* a bad FSDP_LOG_LEVEL is said at once, not at the first message */

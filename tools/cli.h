@@ -10,7 +10,8 @@
 
 /* Names the tool in its messages (e.g. "fsdp-train") and makes the library's log messages come
  * out as the tool's own: "<tool>: error: ...", one line each, and a message repeated at once
- * (every rank may say the same) only once. Call first in main. */
+ * (every rank may say the same) only once. At exit, a write to stdout that failed (a full disk)
+ * is said in one line and the tool exits with status 2. Call first in main. */
 void cli_init(const char *tool);
 /* While quiet, the library's log messages are dropped (a tool probing what may fail). */
 void cli_log_quiet(int quiet);

@@ -3,9 +3,8 @@
  * fsdp_lm_t in gpt2_lm.c. */
 #include "config.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +93,9 @@ fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg)
         bad = "seq (positions) must be in [1, 2^20]";
     else if (cfg->vocab_size < 1 || cfg->vocab_size > (1 << 24))
         bad = "vocab must be in [1, 2^24]";
-    else if (!(cfg->layer_norm_eps >= 0.0f) || !(cfg->initializer_range >= 0.0f))
-        bad = "layer_norm_eps and initializer_range must be >= 0";
+    else if (!(cfg->layer_norm_eps >= 0.0f) || !isfinite(cfg->layer_norm_eps) ||
+             !(cfg->initializer_range >= 0.0f) || !isfinite(cfg->initializer_range))
+        bad = "layer_norm_eps and initializer_range must be finite and >= 0";
     else if (cfg->fused_attention != 0 && cfg->fused_attention != 1)
         bad = "fused_attention must be 0 (eager) or 1 (fused)";
     else if (cfg->fused_attention && cfg->n_embd / cfg->n_head > 256)
@@ -108,84 +108,43 @@ fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *cfg)
     return FSDP_OK;
 }
 
+#define GPT2_SPEC_FORM "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,attention=eager|fused"
+
+static const char *const attentions[] = {"eager", "fused", NULL};
+
+#define GPT2_KEY(key, field, lo, hi)                                                               \
+    {                                                                                              \
+        key, FSDP_NN_SPEC_INT, offsetof(fsdp_gpt2_config_t, field), lo, hi, NULL                   \
+    }
+
+/* the ranges of fsdp_gpt2_config_check, where one key alone decides them */
+static const fsdp_nn_spec_key_t gpt2_keys[] = {
+    GPT2_KEY("layers", n_layer, 1, FSDP_GPT2_MAX_LAYERS),
+    GPT2_KEY("heads", n_head, 1, 1 << 20),
+    GPT2_KEY("dim", n_embd, 1, 1 << 20),
+    GPT2_KEY("seq", n_positions, 1, 1 << 20),
+    GPT2_KEY("vocab", vocab_size, 1, 1 << 24),
+    {"attention", FSDP_NN_SPEC_CHOICE, offsetof(fsdp_gpt2_config_t, fused_attention), 0, 0,
+     attentions},
+};
+
 fsdp_status_t fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config_t *cfg_p)
 {
     const fsdp_gpt2_preset_t *preset = fsdp_gpt2_preset_find(spec);
     fsdp_gpt2_config_t cfg = presets[0].cfg;
-    const char *p;
 
     if (preset != NULL) {
         *cfg_p = preset->cfg;
         return FSDP_OK;
     }
     if (spec == NULL || strncmp(spec, "gpt2:", 5) != 0) {
-        fsdp_error("model '%s' is not a gpt model: expected one of %s, or "
-                   "gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,attention=eager|fused",
+        fsdp_error("model '%s' is not a gpt model: expected one of %s, or " GPT2_SPEC_FORM,
                    spec ? spec : "(null)", fsdp_gpt2_preset_names());
         return FSDP_ERR_INVALID_PARAM;
     }
-    p = spec + 5;
-    if (*p == '\0' || p[strlen(p) - 1] == ',') {
-        fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,"
-                   "attention=eager|fused (any of them, comma-separated) after 'gpt2:', without "
-                   "an empty one",
-                   spec);
-        return FSDP_ERR_INVALID_PARAM;
-    }
-    unsigned seen = 0;
-    while (*p != '\0') {
-        static const char *const keys[] = {"layers", "heads", "dim", "seq", "vocab", "attention"};
-        int *fields[] = {&cfg.n_layer, &cfg.n_head, &cfg.n_embd, &cfg.n_positions, &cfg.vocab_size};
-        const int nkeys = (int)(sizeof(keys) / sizeof(keys[0])), attention = nkeys - 1;
-        const char *eq = strchr(p, '=');
-        size_t klen = eq ? (size_t)(eq - p) : 0;
-        int key = -1;
-        char *end;
-        long v;
-
-        for (int i = 0; eq != NULL && i < nkeys; i++) {
-            if (strlen(keys[i]) == klen && strncmp(p, keys[i], klen) == 0)
-                key = i;
-        }
-        if (key < 0) {
-            fsdp_error("model '%s': expected gpt2:layers=L,heads=H,dim=D,seq=T,vocab=V,"
-                       "attention=eager|fused (any of them, comma-separated), not '%.*s'",
-                       spec, (int)strcspn(p, ","), p);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        if (seen & (1u << key)) {
-            fsdp_error("model '%s': %s is given twice", spec, keys[key]);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        seen |= 1u << key;
-        if (key == attention) {
-            size_t n = strcspn(eq + 1, ",");
-            if (n == 5 && strncmp(eq + 1, "eager", 5) == 0) {
-                cfg.fused_attention = 0;
-            } else if (n == 5 && strncmp(eq + 1, "fused", 5) == 0) {
-                cfg.fused_attention = 1;
-            } else {
-                fsdp_error("model '%s': attention is eager or fused, not '%.*s'", spec, (int)n,
-                           eq + 1);
-                return FSDP_ERR_INVALID_PARAM;
-            }
-            p = eq + 1 + n;
-            if (*p == ',')
-                p++;
-            continue;
-        }
-        errno = 0;
-        v = strtol(eq + 1, &end, 10);
-        if (errno != 0 || end == eq + 1 || !isdigit((unsigned char)eq[1]) || v < 1 ||
-            v > (1L << 24) || (*end != ',' && *end != '\0') || (*end == ',' && end[1] == '\0')) {
-            fsdp_error("model '%s': %s needs a positive integer, not '%.*s'", spec, keys[key],
-                       (int)strcspn(eq + 1, ","), eq + 1);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        *fields[key] = (int)v;
-        p = *end == ',' ? end + 1 : end;
-    }
-    if (fsdp_gpt2_config_check(&cfg) != FSDP_OK)
+    if (fsdp_nn_spec_parse(spec, GPT2_SPEC_FORM, gpt2_keys,
+                           (int)(sizeof(gpt2_keys) / sizeof(gpt2_keys[0])), &cfg) != FSDP_OK ||
+        fsdp_gpt2_config_check(&cfg) != FSDP_OK)
         return FSDP_ERR_INVALID_PARAM;
     *cfg_p = cfg;
     return FSDP_OK;

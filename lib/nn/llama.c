@@ -3,9 +3,9 @@
  * llama_hf.c, the model as an fsdp_lm_t in llama_lm.c. */
 #include "config.h"
 
-#include <ctype.h>
-#include <errno.h>
+#include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,12 +103,14 @@ fsdp_status_t fsdp_llama_config_check(const fsdp_llama_config_t *cfg)
         bad = "seq must be in [1, 2^24]";
     else if (cfg->vocab_size < 1 || cfg->vocab_size > (1 << 24))
         bad = "vocab must be in [1, 2^24]";
-    else if (!(cfg->rope_theta > 1.0) || !(cfg->rms_norm_eps >= 0.0f) ||
-             !(cfg->initializer_range >= 0.0f))
-        bad = "rope_theta must be > 1, eps and initializer_range >= 0";
+    else if (!(cfg->rope_theta > 1.0) || !isfinite(cfg->rope_theta) ||
+             !(cfg->rms_norm_eps >= 0.0f) || !isfinite(cfg->rms_norm_eps) ||
+             !(cfg->initializer_range >= 0.0f) || !isfinite(cfg->initializer_range))
+        bad = "rope_theta must be finite and > 1, eps and initializer_range finite and >= 0";
     else if (cfg->rope_scaling &&
              (!(cfg->rope_factor >= 1.0) || !(cfg->rope_low_freq_factor > 0.0) ||
               !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor) ||
+              !isfinite(cfg->rope_factor) || !isfinite(cfg->rope_high_freq_factor) ||
               cfg->rope_original_max_seq < 1))
         bad = "rope scaling needs factor >= 1, 0 < low < high frequency factors and an original "
               "context >= 1";
@@ -126,11 +128,35 @@ fsdp_status_t fsdp_llama_config_check(const fsdp_llama_config_t *cfg)
     "llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,seq=T,vocab=V,rope_theta=X,eps=E[,tie=1][,"     \
     "rope_scaling=llama3][,rope_factor=F][,head_dim=hd]"
 
+static const char *const rope_types[] = {"none", "llama3", NULL};
+
+#define LLAMA_KEY(key, type, field, lo, hi)                                                        \
+    {                                                                                              \
+        key, FSDP_NN_SPEC_##type, offsetof(fsdp_llama_config_t, field), lo, hi, NULL               \
+    }
+
+/* the ranges of fsdp_llama_config_check, where one key alone decides them */
+static const fsdp_nn_spec_key_t llama_keys[] = {
+    LLAMA_KEY("layers", INT, n_layer, 1, FSDP_LLAMA_MAX_LAYERS),
+    LLAMA_KEY("heads", INT, n_head, 1, 1 << 24),
+    LLAMA_KEY("kv_heads", INT, n_kv_head, 1, 1 << 24),
+    LLAMA_KEY("dim", INT, dim, 1, 1 << 20),
+    LLAMA_KEY("ffn", INT, ffn_dim, 1, 1 << 22),
+    LLAMA_KEY("seq", INT, max_seq, 1, 1 << 24),
+    LLAMA_KEY("vocab", INT, vocab_size, 1, 1 << 24),
+    LLAMA_KEY("rope_theta", DOUBLE, rope_theta, 0, DBL_MAX),
+    LLAMA_KEY("eps", FLOAT, rms_norm_eps, 0, FLT_MAX),
+    LLAMA_KEY("tie", INT, tie_word_embeddings, 0, 1),
+    {"rope_scaling", FSDP_NN_SPEC_CHOICE, offsetof(fsdp_llama_config_t, rope_scaling), 0, 0,
+     rope_types},
+    LLAMA_KEY("rope_factor", DOUBLE, rope_factor, 1, DBL_MAX),
+    LLAMA_KEY("head_dim", INT, head_dim, 2, 256),
+};
+
 fsdp_status_t fsdp_llama_config_parse(const char *spec, fsdp_llama_config_t *cfg_p)
 {
     const fsdp_llama_preset_t *preset = fsdp_llama_preset_find(spec);
     fsdp_llama_config_t cfg = presets[0].cfg;
-    const char *p;
 
     if (preset != NULL) {
         *cfg_p = preset->cfg;
@@ -141,71 +167,13 @@ fsdp_status_t fsdp_llama_config_parse(const char *spec, fsdp_llama_config_t *cfg
                    spec ? spec : "(null)", fsdp_llama_preset_names());
         return FSDP_ERR_INVALID_PARAM;
     }
-    p = spec + 6;
-    while (*p != '\0') {
-        static const char *const ints[] = {"layers", "heads", "kv_heads", "dim",     "ffn",
-                                           "seq",    "vocab", "tie",      "head_dim"};
-        int *ifields[] = {&cfg.n_layer, &cfg.n_head,  &cfg.n_kv_head,  &cfg.dim,
-                          &cfg.ffn_dim, &cfg.max_seq, &cfg.vocab_size, &cfg.tie_word_embeddings,
-                          &cfg.head_dim};
-        const char *eq = strchr(p, '=');
-        size_t klen = eq ? (size_t)(eq - p) : 0, vlen = eq ? strcspn(eq + 1, ",") : 0;
-        const char *next = eq ? eq + 1 + vlen : p + strlen(p);
-        char *end;
-        int key = -1;
-
-#define KEY_IS(s) (klen == strlen(s) && strncmp(p, s, klen) == 0)
-        for (int i = 0; eq != NULL && i < 9; i++) {
-            if (KEY_IS(ints[i]))
-                key = i;
-        }
-        errno = 0;
-        if (key >= 0) {
-            long v = strtol(eq + 1, &end, 10);
-            if (errno != 0 || end != next || !isdigit((unsigned char)eq[1]) || v > (1L << 24) ||
-                (v < 1 && key != 7) || (key == 7 && v > 1)) {
-                fsdp_error("model '%s': %s needs a positive integer (tie: 0 or 1), not '%.*s'",
-                           spec, ints[key], (int)vlen, eq + 1);
-                return FSDP_ERR_INVALID_PARAM;
-            }
-            *ifields[key] = (int)v;
-        } else if (eq != NULL && (KEY_IS("rope_theta") || KEY_IS("eps") || KEY_IS("rope_factor"))) {
-            double v = strtod(eq + 1, &end);
-            if (errno != 0 || end != next || end == eq + 1 || !(v >= 0.0) || !isfinite(v)) {
-                fsdp_error("model '%s': %.*s needs a number >= 0, not '%.*s'", spec, (int)klen, p,
-                           (int)vlen, eq + 1);
-                return FSDP_ERR_INVALID_PARAM;
-            }
-            if (KEY_IS("rope_theta"))
-                cfg.rope_theta = v;
-            else if (KEY_IS("eps"))
-                cfg.rms_norm_eps = (float)v;
-            else
-                cfg.rope_factor = v;
-        } else if (eq != NULL && KEY_IS("rope_scaling")) {
-            if (vlen == 6 && strncmp(eq + 1, "llama3", 6) == 0) {
-                cfg.rope_scaling = 1;
-                if (cfg.rope_factor == 0.0)
-                    cfg.rope_factor = 8.0;
-            } else if (vlen == 4 && strncmp(eq + 1, "none", 4) == 0) {
-                cfg.rope_scaling = 0;
-            } else {
-                fsdp_error("model '%s': rope_scaling is llama3 or none, not '%.*s'", spec,
-                           (int)vlen, eq + 1);
-                return FSDP_ERR_INVALID_PARAM;
-            }
-        } else {
-            fsdp_error("model '%s': expected " LLAMA_SPEC_FORM " (any of them), not '%.*s'", spec,
-                       (int)strcspn(p, ","), p);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-#undef KEY_IS
-        if (*next == ',' && next[1] == '\0') {
-            fsdp_error("model '%s': a trailing comma", spec);
-            return FSDP_ERR_INVALID_PARAM;
-        }
-        p = *next == ',' ? next + 1 : next;
-    }
+    if (fsdp_nn_spec_parse(spec, LLAMA_SPEC_FORM, llama_keys,
+                           (int)(sizeof(llama_keys) / sizeof(llama_keys[0])), &cfg) != FSDP_OK)
+        return FSDP_ERR_INVALID_PARAM;
+    /* rope_scaling=llama3 without rope_factor (llama-tiny's 0; a given one is >= 1) is Llama
+     * 3.1's factor 8 */
+    if (cfg.rope_scaling && cfg.rope_factor == 0.0)
+        cfg.rope_factor = 8.0;
     if (fsdp_llama_config_check(&cfg) != FSDP_OK)
         return FSDP_ERR_INVALID_PARAM;
     *cfg_p = cfg;

@@ -12,6 +12,35 @@
 
 #include "nn/nn_int.h"
 
+/* ---- specs (spec.c) ---- */
+
+/* A key of a family's spec and the config field it sets: an int (decimal digits), a float or a
+ * double (finite in the field's own type: 1e300 is no float), each in [lo, hi]; or a choice,
+ * the int index of its value among choices (NULL-terminated). */
+typedef enum {
+    FSDP_NN_SPEC_INT,
+    FSDP_NN_SPEC_FLOAT,
+    FSDP_NN_SPEC_DOUBLE,
+    FSDP_NN_SPEC_CHOICE
+} fsdp_nn_spec_type_t;
+
+typedef struct fsdp_nn_spec_key {
+    const char *name;
+    fsdp_nn_spec_type_t type;
+    size_t offset; /* of the field in the config */
+    double lo, hi;
+    const char *const *choices;
+} fsdp_nn_spec_key_t;
+
+/* Sets cfg's fields from what follows the first ':' of spec ("llama:layers=2,eps=1e-6"): one
+ * or more key=value of keys[0..nkeys) (nkeys <= 32), comma-separated, each key at most once.
+ * Anything else (an empty spec or item,
+ * an unknown or repeated key, a value outside its range or type) is FSDP_ERR_INVALID_PARAM,
+ * logged naming the spec, the key and what is allowed (form: the spec's full form); cfg may
+ * then be partly written. */
+fsdp_status_t fsdp_nn_spec_parse(const char *spec, const char *form, const fsdp_nn_spec_key_t *keys,
+                                 int nkeys, void *cfg);
+
 /* ---- the model on one rank (lm_units.c) ---- */
 
 typedef struct fsdp_lm_tree fsdp_lm_tree_t;

@@ -1,11 +1,13 @@
 /* libFuzzer: model specs as --model takes them ("llama:layers=2,heads=4,...", "gpt2:...", a
  * preset, "mlp:8,12,3"). A spec that parses must pass its model's check, its parameter count
- * must equal the formula in double precision (no 64-bit wrap), and its rotary frequencies must
- * be finite. */
+ * must equal the formula in double precision (no 64-bit wrap), its numbers must be finite in
+ * their own type (a float eps) and its rotary frequencies must be finite. */
 #include <fsdp/gpt2.h>
 #include <fsdp/llama.h>
 #include <fsdp/log.h>
 #include <fsdp/nn.h>
+
+#include "nn/nn_hidden.h" /* the configs' checks */
 
 #include <math.h>
 #include <stddef.h>
@@ -31,6 +33,8 @@ static void llama(const char *spec)
         return;
     if (fsdp_llama_config_check(&cfg) != FSDP_OK)
         __builtin_trap(); /* parse accepted what check refuses */
+    if (!isfinite(cfg.rms_norm_eps) || !isfinite(cfg.rope_theta) || !isfinite(cfg.rope_factor))
+        __builtin_trap();
     hd = fsdp_llama_head_dim(&cfg);
     if (hd < 2 || hd % 2 != 0)
         __builtin_trap();
@@ -57,7 +61,7 @@ static void gpt(const char *spec)
 
     if (fsdp_gpt2_config_parse(spec, &cfg) != FSDP_OK)
         return;
-    if (fsdp_gpt2_config_check(&cfg) != FSDP_OK)
+    if (fsdp_gpt2_config_check(&cfg) != FSDP_OK || !isfinite(cfg.layer_norm_eps))
         __builtin_trap();
     c = cfg.n_embd;
     expect = ((double)cfg.vocab_size + cfg.n_positions) * c + 2 * c +

@@ -2,6 +2,8 @@
 #include <fsdp/log.h>
 #include <fsdp/sim.h>
 
+#include "sim/sim_hidden.h" /* fsdp_sim_profile_parse and _check */
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
