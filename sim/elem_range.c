@@ -1,10 +1,11 @@
-/* The scalar loop of the element-wise kernels: the one compiled copy of it, below both the
- * scalar path (kernels.c) and the vector loops (elem_vec.c), which run it over their last
- * elements and over the vectors whose inputs hold a NaN. Every formula is a body of
- * lib/kernels/kernel_elem.h. */
+/* The scalar loops of the element-wise kernels and of the Llama kernels' passes: the one compiled
+ * copy of each, below both the scalar path (kernels.c) and the vector loops (elem_vec.c), which
+ * run it over their last elements and over the vectors (the attention rows) whose inputs
+ * hold a NaN. Every formula is a body of lib/kernels/kernel_elem.h or llama_bodies.h. */
 #include "config.h"
 
 #include "elem_vec.h"
+#include "kernels/llama_bodies.h"
 
 typedef void (*fsdp_sim_range_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
                                  size_t end);
@@ -50,4 +51,12 @@ void fsdp_sim_elem_range(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t
 
     if (range != NULL)
         range(k, p, begin, end);
+}
+
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+void fsdp_sim_pass_range(const fsdp_kernel_t *k, int pass, size_t begin, size_t end)
+{
+    fsdp_kb_llama_host_range(k, pass, begin, end);
 }

@@ -6,10 +6,10 @@
  * loop here computes, lane by lane, the same IEEE operations on the same operands in the same
  * order, so its bytes are those of the scalar loop over the body (tests/test_elem_vec.c checks
  * every kind against it with NaNs, infinities, signed zeros and subnormals, at every length and
- * alignment; elem_vec_tmpl.h says how NaN payloads stay the same). One source, elem_vec_tmpl.h, is instantiated twice on x86-64: 4 lanes on the
- * SSE2 baseline and 8 lanes for CPUs with AVX2 (chosen at run time; FMA is never enabled, and
- * -ffp-contract=off would keep it out anyway). Other targets, f16 and anything else run the
- * scalar loop.
+ * alignment; elem_vec_tmpl.h says how NaN payloads stay the same). One source, elem_vec_tmpl.h, is
+ * instantiated twice on x86-64: 4 lanes on the SSE2 baseline and 8 lanes for CPUs with AVX2 (chosen
+ * at run time; FMA is never enabled, and -ffp-contract=off would keep it out anyway). Other
+ * targets, f16 and anything else run the scalar loop.
  */
 #include "config.h"
 
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "elem_vec.h"
+#include "kernels/llama_bodies.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define FSDP_EV_X86 1
@@ -36,6 +37,7 @@ typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_
 #define EV_SQRT(v) ((__typeof__(v))_mm_sqrt_ps((__m128)(v)))
 #define EV_ANY(m) _mm_movemask_ps((__m128)(m))
 #include "elem_vec_tmpl.h"
+#include "lanes_vec_tmpl.h"
 #undef EV_W
 #undef EV_SUFFIX
 #undef EV_ATTR
@@ -48,6 +50,7 @@ typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_
 #define EV_SQRT(v) ((__typeof__(v))_mm256_sqrt_ps((__m256)(v)))
 #define EV_ANY(m) _mm256_movemask_ps((__m256)(m))
 #include "elem_vec_tmpl.h"
+#include "lanes_vec_tmpl.h"
 #undef EV_W
 #undef EV_SUFFIX
 #undef EV_ATTR
@@ -147,7 +150,7 @@ static int fsdp_ev_apart(const fsdp_ev_buf_t *b, int nb, size_t elem)
     return 1;
 }
 
-#define EV_BUF(ptr, n, dt, out) ((fsdp_ev_buf_t){(ptr), (n) * fsdp_dtype_size(dt), (out)})
+#define EV_BUF(ptr, n, dt, out) ((fsdp_ev_buf_t){(ptr), (n)*fsdp_dtype_size(dt), (out)})
 
 /* Whether the vector loop of a kind gives the body's bytes for this (checked) descriptor, one
  * test per kind with a loop. */
@@ -311,6 +314,44 @@ int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t be
     (void)p;
     (void)begin;
     (void)end;
+    return 0;
+#endif
+}
+
+/* ---- the fused attention's rows (lanes_vec_tmpl.h) ---- */
+
+int fsdp_sim_lanes_vec(const fsdp_kernel_t *k, int pass, size_t r0, size_t r1)
+{
+#if FSDP_EV_X86
+    fsdp_sim_elem_isa_t isa = fsdp_ev_isa();
+    fsdp_dtype_t dt;
+    size_t hd;
+
+    if (isa == FSDP_SIM_ELEM_SCALAR)
+        return 0;
+    if (k->kind == FSDP_K_ATTENTION_FWD) {
+        dt = k->u.attention_fwd.dtype;
+        hd = k->u.attention_fwd.head_dim;
+    } else if (k->kind == FSDP_K_ATTENTION_BWD) {
+        dt = k->u.attention_bwd.dtype;
+        hd = k->u.attention_bwd.head_dim;
+    } else {
+        return 0;
+    }
+    if (!fsdp_ev_dtype(dt))
+        return 0;
+    if (isa == FSDP_SIM_ELEM_AVX2 && hd % 8 == 0)
+        fsdp_ev_lanes_vec_rows_avx2(k, pass, r0, r1);
+    else if (hd % 4 == 0)
+        fsdp_ev_lanes_vec_rows_sse2(k, pass, r0, r1);
+    else
+        return 0;
+    return 1;
+#else
+    (void)k;
+    (void)pass;
+    (void)r0;
+    (void)r1;
     return 0;
 #endif
 }

@@ -356,11 +356,4 @@ static fsdp_sim_elem_loop_t EV(fsdp_ev_loop)(fsdp_kernel_kind_t kind)
 #undef EV_TAIL
 #undef EV_BODY
 #undef EV_NAN
-#undef EV_INLINE
-#undef vf
-#undef vi
-#undef vu
-#undef vh
-#undef EV
-#undef EV_CAT
-#undef EV_CAT2
+/* the vector types and helpers stay defined for lanes_vec_tmpl.h, which undefines them */

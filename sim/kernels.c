@@ -140,6 +140,15 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t 
     return status;
 }
 
+/* Indices [b, e) of pass `pass` of a checked Llama kernel: attention's rows with their lanes in
+ * vectors (elem_vec.c) where there is a loop for them, the bodies' host loops otherwise; the
+ * same bytes either way. */
+static void fsdp_sim_llama_range(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
+{
+    if (!fsdp_sim_lanes_vec(k, pass, b, e))
+        fsdp_sim_pass_range(k, pass, b, e);
+}
+
 /* The parts of a checked descriptor of the exec classes ELEMS and PARTS, in the order of
  * kernel.h's list: the column sums and the embedding's column chunks read only inputs, the rows
  * write outputs, the reduction reads what the rows wrote (cross_entropy's losses) before the
@@ -177,7 +186,8 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
     case FSDP_KX_GEMM:
         return fsdp_sim_gemm_desc(k, NULL, NULL);
     case FSDP_KX_PASSES:
-        fsdp_kb_llama_host(k);
+        for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++)
+            fsdp_sim_llama_range(k, pass, 0, fsdp_kb_llama_count(k, pass));
         return FSDP_OK;
     case FSDP_KX_ELEMS:
     case FSDP_KX_PARTS:

@@ -311,8 +311,7 @@ static void host_exec(const fsdp_kernel_t *k)
     double acc = 0.0;
 
     if (fsdp_kb_llama_kind(k->kind)) { /* each pass's rows, lanes and column blocks in order */
-        for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++)
-            fsdp_kb_llama_host_pass(k->kind, k, pass);
+        fsdp_kb_llama_host(k);
         return;
     }
     fsdp_kb_prepare(k, &p);

@@ -534,69 +534,60 @@ FSDP_HD void fsdp_kb_llama_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k,
         fsdp_kb_rmsnorm_bwd_cols(k, blk, x0, y0, s);
 }
 
-/* The host's run of a pass: each index in order, and within one the lanes (or the columns and
- * row lanes of a block) in the loops of the body. */
+/* The host's run of indices [b, e) of a pass: each index in order, and within one the lanes
+ * (or the columns and row lanes of a block) in the loops of the body. The indices of a pass are
+ * independent, so any cut of [0, fsdp_kb_llama_count) into ranges, run in any order or at once,
+ * gives the bits of one run in order. */
 static inline void fsdp_kb_llama_host_pass(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k,
-                                           int pass)
+                                           int pass, size_t b, size_t e)
 {
-    const size_t n = fsdp_kb_llama_count(k, pass);
-
     switch (fsdp_kb_llama_shape(kind, pass)) {
     case FSDP_KB_BY_ROW:
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = b; i < e; i++)
             fsdp_kb_llama_row(kind, k, pass, i, 0);
         break;
     case FSDP_KB_BY_COLS: {
         float s[FSDP_KB_ROW_LANES][FSDP_KB_LANES + 1];
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = b; i < e; i++)
             fsdp_kb_llama_cols(kind, k, pass, i, 0, 0, s);
         break;
     }
     default:
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = b; i < e; i++)
             fsdp_kb_llama_at(kind, k, pass, i);
         break;
     }
 }
 
-#define FSDP_KB_LLAMA_HOST_(KIND, k)                                                               \
-    do {                                                                                           \
-        for (int pass_ = 0; pass_ < fsdp_kb_llama_passes(k); pass_++)                              \
-            fsdp_kb_llama_host_pass(KIND, (k), pass_);                                             \
-    } while (0)
+#define FSDP_KB_LLAMA_CASE_(KIND)                                                                  \
+    case KIND:                                                                                     \
+        fsdp_kb_llama_host_pass(KIND, k, pass, b, e);                                              \
+        break;
 
-/* The host's run of a whole kernel: its passes in order, the kind a constant so that the
+/* Indices [b, e) of pass `pass` of a kernel on the host, the kind a constant so that the
  * dispatch folds. */
-static inline void fsdp_kb_llama_host(const fsdp_kernel_t *k)
+static inline void fsdp_kb_llama_host_range(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
 {
     switch (k->kind) {
-    case FSDP_K_RMSNORM_FWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_FWD, k);
-        break;
-    case FSDP_K_RMSNORM_BWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_RMSNORM_BWD, k);
-        break;
-    case FSDP_K_ROPE_FWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_FWD, k);
-        break;
-    case FSDP_K_ROPE_BWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_ROPE_BWD, k);
-        break;
-    case FSDP_K_SWIGLU_FWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_FWD, k);
-        break;
-    case FSDP_K_SWIGLU_BWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_SWIGLU_BWD, k);
-        break;
-    case FSDP_K_ATTENTION_FWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_FWD, k);
-        break;
-    case FSDP_K_ATTENTION_BWD:
-        FSDP_KB_LLAMA_HOST_(FSDP_K_ATTENTION_BWD, k);
-        break;
+        FSDP_KB_LLAMA_CASE_(FSDP_K_RMSNORM_FWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_RMSNORM_BWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_ROPE_FWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_ROPE_BWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_SWIGLU_FWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_SWIGLU_BWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_ATTENTION_FWD)
+        FSDP_KB_LLAMA_CASE_(FSDP_K_ATTENTION_BWD)
     default:
         break;
     }
+}
+#undef FSDP_KB_LLAMA_CASE_
+
+/* The host's run of a whole kernel: its passes in order. */
+static inline void fsdp_kb_llama_host(const fsdp_kernel_t *k)
+{
+    for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++)
+        fsdp_kb_llama_host_range(k, pass, 0, fsdp_kb_llama_count(k, pass));
 }
 
 /* ---- the host's check of a descriptor, for both backends: what is wrong, or NULL ---- */

@@ -1,0 +1,296 @@
+/* One instance of the vectorized host replay of the fused attention's rows (lanes_vec in
+ * elem_vec.c), included after elem_vec_tmpl.h with the same definitions (EV_W, EV_SUFFIX,
+ * EV_ATTR and the vector types and helpers of that instance).
+ *
+ * The scalar replay (llama_bodies.h) runs the 32 lanes of a warp one after the other; here the
+ * 32 lanes are FSDP_KB_LANES / EV_W vectors: row element e goes to lane e % 32, that is lane
+ * (e % 32) % EV_W of vector (e % 32) / EV_W, and each lane adds its elements in index order, as
+ * fsdp_kb_dot_walk does. The butterfly of fsdp_kb_lanes_sum_n adds whole vectors for the levels
+ * of EV_W lanes or more and shuffled halves of vector 0 below (the lanes that no level reads end
+ * with other values, which nothing reads). The accumulators of a row (head_dim elements) are
+ * head_dim / EV_W vectors. The keys (queries for dk and dv) are taken EV_W at a time: their
+ * scores are EV_W dot products, their exps one vector expf (the running maximum of the online
+ * softmax is followed key by key first, so each lane's exp has the operands of the scalar
+ * body's), and they are added into the accumulators one at a time, in order. Every lane thus
+ * does the scalar body's IEEE operations on the same operands in the same order.
+ *
+ * NaNs: with NaN inputs, which of two NaN operands comes out may differ from the scalar body's
+ * compiled order (elem_vec_tmpl.h). A NaN that reaches no output changes nothing, so a row is
+ * computed into local vectors first, and a row whose outputs hold a NaN is computed again by the
+ * scalar loop's one compiled copy (fsdp_sim_pass_range, the scalar path's), which then writes
+ * it. The callers take f32 and bf16 rows whose head_dim is a
+ * multiple of EV_W only. */
+
+#define EV_NL (FSDP_KB_LANES / EV_W)       /* vectors of a row's 32 lanes */
+#define EV_HV (FSDP_KB_ATTN_MAX_HD / EV_W) /* vectors of a row of head_dim at most */
+
+/* The row of hd elements at p + o, as vectors. */
+EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_t hd)
+{
+    for (size_t i = 0; i * EV_W < hd; i++)
+        r[i] = EV(ld)(p, dt, o + i * EV_W);
+}
+
+/* v with lanes s .. 2 s - 1 moved down to lanes 0 .. s - 1 (the others: whatever) */
+EV_INLINE vf EV(down)(vf v, int s)
+{
+#if EV_W == 8
+    if (s == 4)
+        return __builtin_shuffle(v, (vi){4, 5, 6, 7, 4, 5, 6, 7});
+    if (s == 2)
+        return __builtin_shuffle(v, (vi){2, 3, 2, 3, 6, 7, 6, 7});
+    return __builtin_shuffle(v, (vi){1, 1, 3, 3, 5, 5, 7, 7});
+#else
+    if (s == 2)
+        return __builtin_shuffle(v, (vi){2, 3, 2, 3});
+    return __builtin_shuffle(v, (vi){1, 1, 3, 3});
+#endif
+}
+
+/* fsdp_kb_lanes_sum_n of the 32 lanes in part, for a row of n elements */
+EV_INLINE float EV(lanes_sum)(vf *part, size_t n)
+{
+    for (unsigned w = FSDP_KB_LANES / 2; w >= EV_W; w >>= 1)
+        if (n > w)
+            for (unsigned v = 0; v < w / EV_W; v++)
+                part[v] = part[v] + part[v + w / EV_W];
+    for (int w = EV_W / 2; w > 0; w >>= 1)
+        if (n > (size_t)w)
+            part[0] = part[0] + EV(down)(part[0], w);
+    return part[0][0];
+}
+
+/* fsdp_kb_dot_lanes of the loaded row a and the row b at bo, hd elements */
+EV_INLINE float EV(dot)(const vf *a, const void *b, size_t bo, size_t hd, fsdp_dtype_t dt)
+{
+    vf part[EV_NL];
+
+    for (unsigned v = 0; v < EV_NL; v++)
+        part[v] = EV(splat)(0.0f);
+    for (size_t c = 0; c < hd; c += FSDP_KB_LANES)
+        for (unsigned v = 0; v < EV_NL && c + v * EV_W < hd; v++)
+            part[v] += a[c / EV_W + v] * EV(ld)(b, dt, bo + c + v * EV_W);
+    return EV(lanes_sum)(part, hd);
+}
+
+/* acc += p * (the row at ro), fsdp_kb_acc_add */
+EV_INLINE void EV(acc_add)(vf *acc, float p, const void *row, size_t ro, size_t nv, fsdp_dtype_t dt)
+{
+    for (size_t i = 0; i < nv; i++)
+        acc[i] += p * EV(ld)(row, dt, ro + i * EV_W);
+}
+
+/* whether a lane of r[0 .. nv) is a NaN */
+EV_INLINE int EV(any_nan)(const vf *r, size_t nv)
+{
+    vi m = (vi)EV(splat)(0.0f);
+    for (size_t i = 0; i < nv; i++)
+        m |= r[i] != r[i];
+    return EV_ANY(m) != 0;
+}
+
+EV_INLINE void EV(row_st)(void *p, fsdp_dtype_t dt, size_t o, const vf *r, size_t nv)
+{
+    for (size_t i = 0; i < nv; i++)
+        EV(st)(p, dt, o + i * EV_W, r[i]);
+}
+
+/* fsdp_kb_attention_fwd_row */
+EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
+    const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
+    const size_t hd = k->u.attention_fwd.head_dim, nv = hd / EV_W;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t g = h / (H / k->u.attention_fwd.kv_heads);
+    const size_t last = k->u.attention_fwd.causal ? t : T - 1;
+    const float scale = k->u.attention_fwd.scale;
+    vf q[EV_HV], acc[EV_HV];
+    float m = -fsdp_kb_inff(), l = 0.0f, lse;
+
+    EV(row_ld)(q, k->u.attention_fwd.q, dt, (b * T + t) * k->u.attention_fwd.ldq + h * hd, hd);
+    for (size_t i = 0; i < nv; i++)
+        acc[i] = EV(splat)(0.0f);
+    for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
+        const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
+        vf s = EV(splat)(0.0f), mprev = s, mnew = s, p, corr;
+        unsigned grew = 0;
+        for (unsigned u = 0; u < nj; u++) {
+            s[u] = EV(dot)(q, k->u.attention_fwd.k,
+                           (b * T + j0 + u) * k->u.attention_fwd.ldk + g * hd, hd, dt) *
+                   scale;
+            mprev[u] = m;
+            if (s[u] > m) { /* a new maximum: what was summed is rescaled by corr */
+                grew |= 1u << u;
+                m = s[u];
+            }
+            mnew[u] = m;
+        }
+        p = EV(expf)(s - mnew);
+        corr = EV(expf)(mprev - s);
+        for (unsigned u = 0; u < nj; u++) {
+            if (grew & (1u << u)) {
+                l *= corr[u];
+                for (size_t i = 0; i < nv; i++)
+                    acc[i] *= corr[u];
+            }
+            l += p[u];
+            EV(acc_add)
+            (acc, p[u], k->u.attention_fwd.v, (b * T + j0 + u) * k->u.attention_fwd.ldv + g * hd,
+             nv, dt);
+        }
+    }
+    for (size_t i = 0; i < nv; i++)
+        acc[i] = acc[i] / l;
+    lse = m + fsdp_kb_logf(l);
+    if (EV(any_nan)(acc, nv) || lse != lse) {
+        fsdp_sim_pass_range(k, 0, r, r + 1);
+        return;
+    }
+    EV(row_st)(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd, acc, nv);
+    if (k->u.attention_fwd.lse != NULL)
+        k->u.attention_fwd.lse[r] = lse;
+}
+
+/* fsdp_kb_attention_delta_row */
+EV_ATTR static void EV(attn_delta_row)(const fsdp_kernel_t *k, size_t r)
+{
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t hd = k->u.attention_bwd.head_dim;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t oo = (b * T + t) * k->u.attention_bwd.ldo + h * hd;
+    vf dout[EV_HV];
+    float d;
+
+    EV(row_ld)(dout, k->u.attention_bwd.dout, k->u.attention_bwd.dtype, oo, hd);
+    d = EV(dot)(dout, k->u.attention_bwd.o, oo, hd, k->u.attention_bwd.dtype);
+    if (d != d)
+        fsdp_sim_pass_range(k, 0, r, r + 1);
+    else
+        k->u.attention_bwd.delta[r] = d;
+}
+
+/* fsdp_kb_attention_dq_row */
+EV_ATTR static void EV(attn_dq_row)(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t hd = k->u.attention_bwd.head_dim, nv = hd / EV_W;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t g = h / (H / k->u.attention_bwd.kv_heads);
+    const size_t last = k->u.attention_bwd.causal ? t : T - 1;
+    const float lse = k->u.attention_bwd.lse[r], delta = k->u.attention_bwd.delta[r];
+    vf q[EV_HV], dout[EV_HV], acc[EV_HV];
+
+    EV(row_ld)(q, k->u.attention_bwd.q, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd);
+    EV(row_ld)
+    (dout, k->u.attention_bwd.dout, dt, (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd);
+    for (size_t i = 0; i < nv; i++)
+        acc[i] = EV(splat)(0.0f);
+    for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
+        const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
+        vf s = EV(splat)(0.0f), dp = s, ds;
+        for (unsigned u = 0; u < nj; u++) {
+            const size_t j = j0 + u;
+            s[u] = EV(dot)(q, k->u.attention_bwd.k, (b * T + j) * k->u.attention_bwd.ldk + g * hd,
+                           hd, dt) *
+                   k->u.attention_bwd.scale;
+            dp[u] = EV(dot)(dout, k->u.attention_bwd.v,
+                            (b * T + j) * k->u.attention_bwd.ldv + g * hd, hd, dt);
+        }
+        ds = EV(expf)(s - lse) * (dp - delta);
+        for (unsigned u = 0; u < nj; u++)
+            EV(acc_add)
+            (acc, ds[u], k->u.attention_bwd.k, (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd,
+             nv, dt);
+    }
+    for (size_t i = 0; i < nv; i++)
+        acc[i] = acc[i] * k->u.attention_bwd.scale;
+    if (EV(any_nan)(acc, nv))
+        fsdp_sim_pass_range(k, 1, r, r + 1);
+    else
+        EV(row_st)
+        (k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd, acc, nv);
+}
+
+/* fsdp_kb_attention_dkv_row */
+EV_ATTR static void EV(attn_dkv_row)(const fsdp_kernel_t *k, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t K = k->u.attention_bwd.kv_heads, hd = k->u.attention_bwd.head_dim;
+    const size_t nv = hd / EV_W;
+    const size_t j = r % T, g = (r / T) % K, b = r / T / K, group = H / K;
+    const size_t ko = (b * T + j) * k->u.attention_bwd.ldk + g * hd;
+    const size_t vo = (b * T + j) * k->u.attention_bwd.ldv + g * hd;
+    vf kr[EV_HV], vr[EV_HV], dk[EV_HV], dv[EV_HV];
+
+    EV(row_ld)(kr, k->u.attention_bwd.k, dt, ko, hd);
+    EV(row_ld)(vr, k->u.attention_bwd.v, dt, vo, hd);
+    for (size_t i = 0; i < nv; i++)
+        dk[i] = dv[i] = EV(splat)(0.0f);
+    for (size_t h = g * group; h < (g + 1) * group; h++) {
+        for (size_t t0 = k->u.attention_bwd.causal ? j : 0; t0 < T; t0 += EV_W) {
+            const unsigned nt = T - t0 < EV_W ? (unsigned)(T - t0) : EV_W;
+            vf s = EV(splat)(0.0f), dp = s, lse = s, delta = s, p, ds;
+            for (unsigned u = 0; u < nt; u++) {
+                const size_t t = t0 + u, rq = (b * H + h) * T + t;
+                s[u] = EV(dot)(kr, k->u.attention_bwd.q,
+                               (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd, dt) *
+                       k->u.attention_bwd.scale;
+                dp[u] = EV(dot)(vr, k->u.attention_bwd.dout,
+                                (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd, dt);
+                lse[u] = k->u.attention_bwd.lse[rq];
+                delta[u] = k->u.attention_bwd.delta[rq];
+            }
+            p = EV(expf)(s - lse);
+            ds = p * (dp - delta);
+            for (unsigned u = 0; u < nt; u++) {
+                const size_t t = t0 + u;
+                EV(acc_add)
+                (dv, p[u], k->u.attention_bwd.dout, (b * T + t) * k->u.attention_bwd.ldo + h * hd,
+                 nv, dt);
+                EV(acc_add)
+                (dk, ds[u], k->u.attention_bwd.q, (b * T + t) * k->u.attention_bwd.ldq + h * hd, nv,
+                 dt);
+            }
+        }
+    }
+    for (size_t i = 0; i < nv; i++) {
+        dk[i] = dk[i] * k->u.attention_bwd.scale;
+        dv[i] = dv[i] * 1.0f;
+    }
+    if (EV(any_nan)(dk, nv) || EV(any_nan)(dv, nv)) {
+        fsdp_sim_pass_range(k, 2, r, r + 1);
+        return;
+    }
+    EV(row_st)(k->u.attention_bwd.dk, dt, ko, dk, nv);
+    EV(row_st)(k->u.attention_bwd.dv, dt, vo, dv, nv);
+}
+
+/* Rows [r0, r1) of pass `pass` of a checked attention kernel that lanes_vec takes. */
+EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass, size_t r0,
+                                               size_t r1)
+{
+    for (size_t r = r0; r < r1; r++) {
+        if (k->kind == FSDP_K_ATTENTION_FWD)
+            EV(attn_fwd_row)(k, r);
+        else if (pass == 0)
+            EV(attn_delta_row)(k, r);
+        else if (pass == 1)
+            EV(attn_dq_row)(k, r);
+        else
+            EV(attn_dkv_row)(k, r);
+    }
+}
+
+#undef EV_NL
+#undef EV_HV
+#undef EV_INLINE
+#undef vf
+#undef vi
+#undef vu
+#undef vh
+#undef EV
+#undef EV_CAT
+#undef EV_CAT2
