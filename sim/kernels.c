@@ -117,9 +117,9 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t 
     size_t sc = fsdp_dtype_size(k->u.gemm.c_dtype);
     fsdp_status_t status = FSDP_OK;
 
-    if (batch > 1 && (k->u.gemm.stride_a > SIZE_MAX / batch / sa ||
-                      k->u.gemm.stride_b > SIZE_MAX / batch / sb ||
-                      k->u.gemm.stride_c > SIZE_MAX / batch / sc))
+    if (batch > 1 &&
+        (k->u.gemm.stride_a > SIZE_MAX / batch / sa || k->u.gemm.stride_b > SIZE_MAX / batch / sb ||
+         k->u.gemm.stride_c > SIZE_MAX / batch / sc))
         FSDP_SIM_KERNEL_INVALID(k, "a batch of %zu with strides %zu, %zu, %zu overflows", batch,
                                 k->u.gemm.stride_a, k->u.gemm.stride_b, k->u.gemm.stride_c);
     for (size_t i = 0; i < batch && status == FSDP_OK; i++) {
@@ -242,9 +242,8 @@ static void fsdp_sim_par_batch_part(void *arg, size_t part)
             k->u.gemm.alpha, (const char *)k->u.gemm.a + i * k->u.gemm.stride_a * sa,
             k->u.gemm.a_dtype, k->u.gemm.lda,
             (const char *)k->u.gemm.b + i * k->u.gemm.stride_b * sb, k->u.gemm.b_dtype,
-            k->u.gemm.ldb, k->u.gemm.beta,
-            (char *)k->u.gemm.c + i * k->u.gemm.stride_c * sc, k->u.gemm.c_dtype, k->u.gemm.ldc,
-            NULL);
+            k->u.gemm.ldb, k->u.gemm.beta, (char *)k->u.gemm.c + i * k->u.gemm.stride_c * sc,
+            k->u.gemm.c_dtype, k->u.gemm.ldc, NULL);
     if (status != FSDP_OK)
         atomic_store(&job->status, (int)status);
 }
@@ -270,6 +269,135 @@ static int fsdp_sim_par_batch(const fsdp_kernel_t *k, int threads)
     return 1;
 }
 
+/* ---- the kernels of passes and parts, split by index ----
+ *
+ * A Llama kernel's pass is a range of independent indices (llama_bodies.h: rows, column blocks,
+ * elements), and so is each part of a kernel of parts but its one reduction (kernel_elem.h:
+ * the column sums by blocks of 32 columns, each in its fixed tree; the embedding's column
+ * chunks; the rows; the elements): each is cut into ranges of indices run on the pool's
+ * threads, a part after the one before it, the reduction on the calling thread. Every index is
+ * computed as on one thread, so the bits do not depend on the thread count. */
+
+#define FSDP_SIM_PAR_MIN_WORK ((double)(1 << 19)) /* FLOPs and bytes: less stays serial */
+#define FSDP_SIM_PAR_PARTS 8                      /* ranges per thread, for the balance */
+
+/* 1 when a checked-or-not kernel of passes or parts is worth the pool. */
+static int fsdp_sim_par_split(const fsdp_kernel_t *k)
+{
+    double flops, bytes;
+
+    if (fsdp_kb_exec(k->kind) != FSDP_KX_PASSES && fsdp_kb_exec(k->kind) != FSDP_KX_PARTS)
+        return 0;
+    if (k->kind == FSDP_K_ATTENTION_FWD && k->u.attention_fwd.batch > 0) {
+        /* a query row reads every key and value row of its batch: o must be apart from them
+         * (in place over q is a row's own) */
+        const size_t es = fsdp_dtype_size(k->u.attention_fwd.dtype),
+                     rows = k->u.attention_fwd.batch * k->u.attention_fwd.seq;
+        const char *o = k->u.attention_fwd.o, *kk = k->u.attention_fwd.k, *v = k->u.attention_fwd.v;
+        const size_t ob = rows * k->u.attention_fwd.ldo * es;
+        if ((o < kk + rows * k->u.attention_fwd.ldk * es && kk < o + ob) ||
+            (o < v + rows * k->u.attention_fwd.ldv * es && v < o + ob))
+            return 0;
+    }
+    fsdp_kernel_cost(k, &flops, &bytes);
+    return flops + bytes >= FSDP_SIM_PAR_MIN_WORK;
+}
+
+typedef struct fsdp_sim_split_job fsdp_sim_split_job_t;
+struct fsdp_sim_split_job {
+    const fsdp_kernel_t *k;
+    const fsdp_kb_prep_t *prep;
+    int pass;        /* a Llama kernel's pass */
+    size_t n, block; /* indices in all and per range */
+    void (*range)(const fsdp_sim_split_job_t *job, size_t b, size_t e);
+};
+
+static void fsdp_sim_split_part(void *arg, size_t part)
+{
+    const fsdp_sim_split_job_t *job = arg;
+    size_t b = part * job->block, e = job->n - b < job->block ? job->n : b + job->block;
+
+    job->range(job, b, e);
+}
+
+/* Indices [0, n) of job on the pool's threads, in ranges. */
+static void fsdp_sim_split_run(fsdp_sim_pool_t *pool, fsdp_sim_split_job_t *job, size_t n)
+{
+    size_t parts = (size_t)fsdp_sim_pool_threads(pool) * FSDP_SIM_PAR_PARTS;
+
+    if (n == 0)
+        return;
+    job->n = n;
+    job->block = (n + parts - 1) / parts;
+    if (n <= 1 || fsdp_sim_pool_threads(pool) <= 1) {
+        job->range(job, 0, n);
+        return;
+    }
+    fsdp_sim_pool_run(pool, (n + job->block - 1) / job->block, fsdp_sim_split_part, job);
+}
+
+static void fsdp_sim_split_llama(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_sim_llama_range(job->k, job->pass, b, e);
+}
+
+static void fsdp_sim_split_colsum(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_kb_colsum_range(job->k, b, e);
+}
+
+static void fsdp_sim_split_cols(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_kb_nn_cols_range(job->k, b, e);
+}
+
+static void fsdp_sim_split_rows(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_kb_nn_rows_range(job->k, job->prep->ce_scale, b, e);
+}
+
+static void fsdp_sim_split_elems(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_sim_elems(job->k, job->prep, b, e);
+}
+
+/* A checked kernel of passes or parts on the pool: what fsdp_sim_kernel_exec does, each pass
+ * or part cut into ranges. */
+static void fsdp_sim_split_exec(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
+{
+    fsdp_sim_split_job_t job = {.k = k};
+    fsdp_kb_prep_t prep;
+    fsdp_kb_term_func_t term;
+    size_t n = 0;
+    float *out = NULL;
+    double divisor = 1.0;
+
+    if (fsdp_kb_exec(k->kind) == FSDP_KX_PASSES) {
+        job.range = fsdp_sim_split_llama;
+        for (job.pass = 0; job.pass < fsdp_kb_llama_passes(k); job.pass++)
+            fsdp_sim_split_run(pool, &job, fsdp_kb_llama_count(k, job.pass));
+        return;
+    }
+    /* fsdp_sim_parts' order */
+    fsdp_kb_prepare(k, &prep);
+    job.prep = &prep;
+    job.range = fsdp_sim_split_colsum;
+    fsdp_sim_split_run(pool, &job, fsdp_kb_colsum_blocks(k));
+    job.range = fsdp_sim_split_cols;
+    fsdp_sim_split_run(pool, &job, fsdp_kb_nn_chunks(k));
+    job.range = fsdp_sim_split_rows;
+    fsdp_sim_split_run(pool, &job, fsdp_kb_nn_rows(k));
+    term = fsdp_kb_reduction(k, &n, &out, &divisor);
+    if (term != NULL)
+        out[0] = (float)(fsdp_kb_reduce_sum(k, n, term) / divisor);
+    if (prep.n < FSDP_SIM_PAR_MIN_ELEMS) {
+        fsdp_sim_elems(k, &prep, 0, prep.n);
+        return;
+    }
+    job.range = fsdp_sim_split_elems;
+    fsdp_sim_split_run(pool, &job, prep.n);
+}
+
 int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k)
 {
     fsdp_kb_prep_t prep;
@@ -283,7 +411,7 @@ int fsdp_sim_kernel_wants_pool(const fsdp_kernel_t *k)
         fsdp_kb_prepare(k, &prep);
         return prep.n >= FSDP_SIM_PAR_MIN_ELEMS;
     default:
-        return 0;
+        return fsdp_sim_par_split(k);
     }
 }
 
@@ -308,6 +436,14 @@ fsdp_status_t fsdp_sim_kernel_exec_par(const fsdp_kernel_t *k, fsdp_sim_pool_t *
         atomic_init(&job.status, (int)FSDP_OK);
         fsdp_sim_pool_run(pool, parts, fsdp_sim_par_batch_part, &job);
         return (fsdp_status_t)atomic_load(&job.status);
+    }
+    if (threads > 1 && k != NULL && fsdp_sim_par_split(k)) {
+        /* checked whole first, as below */
+        status = fsdp_sim_kernel_check(k);
+        if (status != FSDP_OK)
+            return status;
+        fsdp_sim_split_exec(k, pool);
+        return FSDP_OK;
     }
     if (threads <= 1 || k == NULL || fsdp_kb_exec(k->kind) != FSDP_KX_ELEMS)
         return fsdp_sim_kernel_exec(k);

@@ -9,7 +9,7 @@
  * reductions (bias_grad, mse_loss, sumsq, the GEMM's k sums) follow a fixed order that
  * depends only on the shapes. No routine starts threads: ranks are already threads. A rank
  * that has cores to spare (fsdp_sim_params_t.threads) has a pool of worker threads, started
- * once, and the _par routines split a GEMM or a large element-wise kernel across it by a
+ * once, and the _par routines split a GEMM or any other large kernel across it by a
  * partition of the output that involves no sum across parts, so their results are the same
  * bits whatever the number of threads.
  */

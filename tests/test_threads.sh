@@ -1,6 +1,7 @@
 #!/bin/sh
-# fsdp-train --threads: a rank's GEMMs and large element-wise kernels split across worker
-# threads by a fixed partition of their outputs, so the losses (printed to the float's full
+# fsdp-train --threads: a rank's GEMMs and large kernels of every kind (element-wise, the rows
+# and column sums of the transformer's, the Llama passes) split across worker threads by a fixed
+# partition of their outputs, so the losses (printed to the float's full
 # precision) and the final weights (the safetensors bytes) are the same with 1, 2 and 3 threads,
 # for GPT-2 and Llama, on one rank and on two ranks sharing the threads.
 set -u
@@ -41,6 +42,9 @@ same_for_threads() {
 
 same_for_threads gpt2-tiny 1
 same_for_threads llama-tiny 1
+same_for_threads llama-tiny 1 --mixed-precision bf16
+same_for_threads llama:layers=1,heads=4,kv_heads=2,dim=128,ffn=256,seq=64,vocab=256 1
+same_for_threads gpt2-tiny 1 --attention fused
 same_for_threads gpt2-tiny 1 --mixed-precision bf16
 same_for_threads gpt2-tiny 2
 

@@ -96,7 +96,7 @@ static void usage(FILE *f)
         "  --timeout S                collective timeout in seconds (default 60)\n"
         "  --threads N                sim: CPU threads of the whole run (default: the online\n"
         "                             CPUs); with fewer ranks than N each rank splits its\n"
-        "                             GEMMs and large element-wise kernels across N / world\n"
+        "                             GEMMs and other large kernels across N / world\n"
         "                             threads, with the same results bit for bit\n"
         "  --host-memory BYTES        sim: the most host memory the simulated ranks' memory\n"
         "                             may take, all together, with K/M/G/T; 0 is unlimited\n"

@@ -392,16 +392,22 @@ static inline void fsdp_kb_colsum_block(fsdp_kernel_kind_t kind, const fsdp_kern
     }
 }
 
-/* Host side: the whole column part of k (each kind a constant: the bodies inline). */
-static inline void fsdp_kb_colsum(const fsdp_kernel_t *k)
+/* Host side: blocks [b0, b1) of the column part of k (each kind a constant: the bodies inline).
+ * A block writes its own columns only, so the blocks may run in any order, or at once. */
+static inline void fsdp_kb_colsum_range(const fsdp_kernel_t *k, size_t b0, size_t b1)
 {
-    const size_t blocks = fsdp_kb_colsum_blocks(k);
-    for (size_t b = 0; b < blocks; b++) {
+    for (size_t b = b0; b < b1; b++) {
         if (k->kind == FSDP_K_LAYERNORM_BWD)
             fsdp_kb_colsum_block(FSDP_K_LAYERNORM_BWD, k, b);
         else
             fsdp_kb_colsum_block(FSDP_K_BIAS_GRAD, k, b);
     }
+}
+
+/* Host side: the whole column part of k. */
+static inline void fsdp_kb_colsum(const fsdp_kernel_t *k)
+{
+    fsdp_kb_colsum_range(k, 0, fsdp_kb_colsum_blocks(k));
 }
 
 /* sumsq, element i: x[i]^2 in double (exact for every f32 x). */
@@ -601,46 +607,56 @@ FSDP_HD void fsdp_kb_nn_cols(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, si
      (kind) == FSDP_K_SOFTMAX_FWD || (kind) == FSDP_K_SOFTMAX_BWD ||                               \
      (kind) == FSDP_K_CROSS_ENTROPY)
 
-#define FSDP_KB_ROW_LOOP_(KIND, k, ce_scale, rows)                                                 \
+#define FSDP_KB_ROW_LOOP_(KIND, k, ce_scale, r0, r1)                                               \
     do {                                                                                           \
-        for (size_t r_ = 0; r_ < (rows); r_++)                                                     \
+        for (size_t r_ = (r0); r_ < (r1); r_++)                                                    \
             fsdp_kb_nn_row(KIND, (k), (ce_scale), r_);                                             \
     } while (0)
 
-/* Host side: every row of a row kernel (none for the other kinds), each kind a constant so
- * that its passes inline into the lanes' loops. */
-static inline void fsdp_kb_nn_rows_host(const fsdp_kernel_t *k, float ce_scale)
+/* Host side: rows [r0, r1) of a row kernel (nothing for the other kinds), each kind a constant
+ * so that its passes inline into the lanes' loops. A row writes its own outputs only. */
+static inline void fsdp_kb_nn_rows_range(const fsdp_kernel_t *k, float ce_scale, size_t r0,
+                                         size_t r1)
 {
-    const size_t rows = fsdp_kb_nn_rows(k);
-
     switch (k->kind) {
     case FSDP_K_LAYERNORM_FWD:
-        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_FWD, k, ce_scale, rows);
+        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_FWD, k, ce_scale, r0, r1);
         break;
     case FSDP_K_LAYERNORM_BWD:
-        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_BWD, k, ce_scale, rows);
+        FSDP_KB_ROW_LOOP_(FSDP_K_LAYERNORM_BWD, k, ce_scale, r0, r1);
         break;
     case FSDP_K_SOFTMAX_FWD:
-        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_FWD, k, ce_scale, rows);
+        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_FWD, k, ce_scale, r0, r1);
         break;
     case FSDP_K_SOFTMAX_BWD:
-        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_BWD, k, ce_scale, rows);
+        FSDP_KB_ROW_LOOP_(FSDP_K_SOFTMAX_BWD, k, ce_scale, r0, r1);
         break;
     case FSDP_K_CROSS_ENTROPY:
-        FSDP_KB_ROW_LOOP_(FSDP_K_CROSS_ENTROPY, k, ce_scale, rows);
+        FSDP_KB_ROW_LOOP_(FSDP_K_CROSS_ENTROPY, k, ce_scale, r0, r1);
         break;
     default:
         break;
     }
 }
 
-/* Host side: the column chunks of the host's embedding_bwd loop (none for the other kinds). */
+/* Host side: every row of a row kernel. */
+static inline void fsdp_kb_nn_rows_host(const fsdp_kernel_t *k, float ce_scale)
+{
+    fsdp_kb_nn_rows_range(k, ce_scale, 0, fsdp_kb_nn_rows(k));
+}
+
+/* Host side: column chunks [c0, c1) of the host's embedding_bwd loop (none for the other kinds);
+ * a chunk writes its own columns only. */
+static inline void fsdp_kb_nn_cols_range(const fsdp_kernel_t *k, size_t c0, size_t c1)
+{
+    for (size_t c = c0; c < c1; c++)
+        fsdp_kb_nn_cols(k->kind, k, c);
+}
+
+/* Host side: the column chunks of the host's embedding_bwd loop. */
 static inline void fsdp_kb_nn_cols_host(const fsdp_kernel_t *k)
 {
-    const size_t chunks = fsdp_kb_nn_chunks(k);
-
-    for (size_t c = 0; c < chunks; c++)
-        fsdp_kb_nn_cols(k->kind, k, c);
+    fsdp_kb_nn_cols_range(k, 0, fsdp_kb_nn_chunks(k));
 }
 
 /* The reduction of a launch into one f32, out[0] = (float)(sum of term(k, i) for i < *n_p, in
