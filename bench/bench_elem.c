@@ -1,7 +1,9 @@
 /* The sim's element-wise kernels on their scalar loop and on their vector loops (sim/elem_vec.c),
  * in the same run: ns per element of adamw, gelu_fwd, gelu_bwd, add, axpy and an f32 -> bf16
  * cast on 2^20 elements, each ISA's best of several rounds (the rounds alternate the ISAs, so
- * that a noisy machine slows them alike), and the speedup over the scalar loop. Then, unless
+ * that a noisy machine slows them alike), and the speedup over the scalar loop; the same for the
+ * fused attention's forward and backward (its lanes as vectors, sim/lanes_vec_tmpl.h) on
+ * llama-tiny's, stories15M's and head_dim 128 shapes. Then, unless
  * --quick, GPT-2 124M training steps (B=4, T=64, AdamW, one rank on one thread) with the scalar
  * loops and with the widest vectors, alternated, and the ratio of their step times.
  *
@@ -160,6 +162,41 @@ static void bench_kernels(size_t n, int rounds)
     free(h), free(hx), free(hy);
 }
 
+/* The fused attention, forward and backward, on each ISA (its 32 lanes as vectors,
+ * sim/lanes_vec_tmpl.h): ns per (query, key) pair that the causal mask keeps. */
+static void bench_attention(const char *what, size_t B, size_t T, size_t H, size_t hd,
+                            fsdp_dtype_t dt, int rounds)
+{
+    const size_t rows = B * T, n = rows * H * hd, pairs = B * H * T * (T + 1) / 2;
+    float *q = values(n, 2.0f, 7), *kk = values(n, 2.0f, 8), *v = values(n, 1.0f, 9);
+    float *o = values(n, 0.0f, 10), *dout = values(n, 0.01f, 11), *dq = alloc(n * 4);
+    float *dk = alloc(n * 4), *dv = alloc(n * 4), *lse = alloc(B * H * T * 4);
+    float *delta = alloc(B * H * T * 4);
+    fsdp_kernel_t k;
+    char name[64];
+
+    for (size_t i = 0; dt == FSDP_DTYPE_BF16 && i < n; i++) { /* in place, as bench_gpt2 */
+        ((uint16_t *)q)[i] = fsdp_f32_to_bf16(q[i]), ((uint16_t *)kk)[i] = fsdp_f32_to_bf16(kk[i]);
+        ((uint16_t *)v)[i] = fsdp_f32_to_bf16(v[i]);
+        ((uint16_t *)dout)[i] = fsdp_f32_to_bf16(dout[i]);
+    }
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ATTENTION_FWD;
+    k.u.attention_fwd = (__typeof__(k.u.attention_fwd)){
+        o, lse, q, kk, v, B, T, H, H, hd, H * hd, H * hd, H * hd, H * hd, 0.125f, 1, dt};
+    snprintf(name, sizeof(name), "%s fwd %s", what, fsdp_dtype_name(dt));
+    time_kernel(name, &k, pairs, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ATTENTION_BWD;
+    k.u.attention_bwd = (__typeof__(k.u.attention_bwd)){
+        dq, dk, dv, delta, dout,   o,      q,      kk,     v,      lse, B,
+        T,  H,  H,  hd,    H * hd, H * hd, H * hd, H * hd, 0.125f, 1,   dt};
+    snprintf(name, sizeof(name), "%s bwd %s", what, fsdp_dtype_name(dt));
+    time_kernel(name, &k, pairs, rounds, NULL, NULL, NULL, 0);
+    free(q), free(kk), free(v), free(o), free(dout), free(dq), free(dk), free(dv), free(lse);
+    free(delta);
+}
+
 /* ---- GPT-2 124M steps ---- */
 
 typedef struct step_ctx {
@@ -251,6 +288,15 @@ int main(int argc, char **argv)
     if (steps < 2)
         steps = 2;
     bench_kernels((size_t)1 << 20, rounds);
+    printf("fused attention (causal), ns per (query, key) pair (best of %d) and speedup over "
+           "scalar:\n",
+           rounds);
+    for (int d = 0; d < 2; d++) {
+        fsdp_dtype_t dt = d == 0 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16;
+        bench_attention("llama-tiny", 8, 64, 4, 16, dt, rounds);  /* head_dim 16 */
+        bench_attention("stories15M", 4, 256, 6, 48, dt, rounds); /* head_dim 48 */
+        bench_attention("hd128", 1, 256, 2, 128, dt, rounds);     /* Llama 2 and 3's */
+    }
     if (quick)
         return 0;
     if (corpus_open_default(argv[0], &t) != FSDP_OK)
@@ -273,7 +319,8 @@ int main(int argc, char **argv)
             }
         }
         printf("  best: scalar %.3f s, vector %.3f s: %.3fx; losses %s\n", best[0], best[1],
-               best[0] / best[1], memcmp(&loss[0], &loss[1], sizeof(float)) == 0 ? "equal" : "DIFFER");
+               best[0] / best[1],
+               memcmp(&loss[0], &loss[1], sizeof(float)) == 0 ? "equal" : "DIFFER");
     }
     fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
     fsdp_tokens_close(t);
