@@ -7,9 +7,11 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/io_hidden.h"
@@ -261,6 +263,99 @@ static void test_bad_checkpoints(void)
     unlink(save.save);
 }
 
+/* The last error logged. */
+static char log_text[1024];
+
+static void capture_log(fsdp_log_level_t level, const char *file, int line, const char *func,
+                        const char *msg, void *arg)
+{
+    (void)file, (void)line, (void)func, (void)arg;
+    if (level == FSDP_LOG_ERROR)
+        snprintf(log_text, sizeof(log_text), "%s", msg);
+}
+
+/* Copies the checkpoint src to dst with element `at` of F32 tensor `name` set to v. */
+static void write_poisoned(const char *src, const char *dst, const char *name, uint64_t at, float v)
+{
+    fsdp_st_file_t *f = NULL;
+    fsdp_st_entry_t *e;
+    float *bad = NULL;
+    int n;
+
+    CU_ASSERT_FATAL(fsdp_st_open(src, &f) == FSDP_OK);
+    n = fsdp_st_num_tensors(f);
+    e = calloc((size_t)n, sizeof(*e));
+    CU_ASSERT_FATAL(e != NULL);
+    for (int i = 0; i < n; i++) {
+        const fsdp_st_tensor_t *t = fsdp_st_tensor_at(f, i);
+        e[i] = (fsdp_st_entry_t){t->name, t->dtype, t->ndim, t->shape, t->data};
+        if (strcmp(t->name, name) == 0) {
+            CU_ASSERT_FATAL(strcmp(t->dtype, "F32") == 0 && at < t->numel);
+            bad = malloc(t->nbytes);
+            CU_ASSERT_FATAL(bad != NULL);
+            memcpy(bad, t->data, t->nbytes);
+            bad[at] = v;
+            e[i].data = bad;
+        }
+    }
+    CU_ASSERT_FATAL(bad != NULL);
+    CU_ASSERT_FATAL(fsdp_st_write(dst, e, n, NULL, 0) == FSDP_OK);
+    free(bad);
+    free(e);
+    fsdp_st_close(f);
+}
+
+/* Weights that are not finite are refused at the open, as GPT-2's are, naming the file, the
+ * tensor and the first bad element: from a single file and from a shard of an index. */
+static void test_not_finite(void)
+{
+    fsdp_llama_config_t cfg;
+    fsdp_lm_weights_t *w = NULL;
+    char good[256], bad[256], dir[256], shard[300];
+    job_t save;
+
+    fsdp_llama_config_parse("llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=48,vocab=64", &cfg);
+    snprintf(good, sizeof(good), "%s", tmp_path("good.safetensors"));
+    snprintf(bad, sizeof(bad), "%s", tmp_path("nan.safetensors"));
+    save = (job_t){cfg, FSDP_FULL_SHARD, 1, 0, good, NULL, NULL, 0};
+    CU_ASSERT_FATAL(job_run(&save) == FSDP_OK);
+    fsdp_log_set_handler(capture_log, NULL);
+
+    write_poisoned(good, bad, "model.layers.1.mlp.up_proj.weight", 77, NAN);
+    log_text[0] = '\0';
+    CU_ASSERT(fsdp_llama_weights_open(bad, &cfg, &w) == FSDP_ERR_FORMAT);
+    CU_ASSERT(w == NULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, bad));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(log_text, "tensor 'model.layers.1.mlp.up_proj.weight' holds NaN at element 77"));
+
+    /* an index whose second shard holds an Inf */
+    snprintf(dir, sizeof(dir), "%s/index", tmpdir);
+    CU_ASSERT_FATAL(mkdir(dir, 0700) == 0);
+    write_poisoned(good, bad, "model.layers.1.self_attn.o_proj.weight", 5, -INFINITY);
+    write_multi(bad, dir);
+    log_text[0] = '\0';
+    CU_ASSERT(fsdp_llama_weights_open(dir, &cfg, &w) == FSDP_ERR_FORMAT);
+    CU_ASSERT(w == NULL);
+    snprintf(shard, sizeof(shard), "%s/model-00003-of-00003.safetensors", dir);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, shard));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(log_text, "tensor 'model.layers.1.self_attn.o_proj.weight' holds Inf at element 5"));
+    fsdp_log_set_handler(NULL, NULL);
+
+    CU_ASSERT(fsdp_llama_weights_open(good, &cfg, &w) == FSDP_OK);
+    fsdp_lm_weights_close(w);
+    for (int p = 1; p <= 3; p++) {
+        snprintf(shard, sizeof(shard), "%s/model-%05d-of-00003.safetensors", dir, p);
+        unlink(shard);
+    }
+    snprintf(shard, sizeof(shard), "%s/model.safetensors.index.json", dir);
+    unlink(shard);
+    rmdir(dir);
+    unlink(bad);
+    unlink(good);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -268,6 +363,8 @@ int main(void)
          test_round_trip_untied},
         {"the same, tied: no lm_head.weight", test_round_trip_tied},
         {"a bad checkpoint is an error", test_bad_checkpoints},
+        {"NaN or Inf in a single file or a shard is refused, naming tensor and element",
+         test_not_finite},
         {NULL, NULL},
     };
     int rc;

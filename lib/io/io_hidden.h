@@ -26,4 +26,11 @@ const char *fsdp_st_metadata(const fsdp_st_file_t *file, const char *key);
  * range past the tensor's end. */
 fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64_t n, float *out);
 
+/* The finiteness check of every loader of weights (fsdp_st_check_finite, and the checkpoint
+ * reader on the ranges it reads): FSDP_OK when p[0..n) are finite, else FSDP_ERR_FORMAT with one
+ * line naming `label` (the file or directory), tensor `name` and its first NaN or Inf, counted
+ * from `first` (p's offset in the tensor). */
+fsdp_status_t fsdp_st_check_finite_f32(const char *label, const char *name, const float *p,
+                                       uint64_t n, uint64_t first);
+
 #endif

@@ -671,35 +671,48 @@ fsdp_status_t fsdp_st_read_f32(const fsdp_st_tensor_t *t, uint64_t start, uint64
     return FSDP_OK;
 }
 
+/* The one line that refuses a weight that is not finite. */
+static fsdp_status_t st_refuse_nonfinite(const char *label, const char *name, double v, uint64_t i)
+{
+    fsdp_error("%s: tensor '%s' holds %s at element %" PRIu64 ": refused (a diverged run's save, "
+               "or a damaged file)",
+               label != NULL ? label : "<buffer>", name, isnan(v) ? "NaN" : "Inf", i);
+    return FSDP_ERR_FORMAT;
+}
+
+fsdp_status_t fsdp_st_check_finite_f32(const char *label, const char *name, const float *p,
+                                       uint64_t n, uint64_t first)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return st_refuse_nonfinite(label, name, p[i], first + i);
+    return FSDP_OK;
+}
+
 fsdp_status_t fsdp_st_check_finite(const fsdp_st_tensor_t *t, const char *label)
 {
-    const unsigned char *p = t->data;
-    int f64 = strcmp(t->dtype, "F64") == 0, f32 = strcmp(t->dtype, "F32") == 0;
-    int f16 = strcmp(t->dtype, "F16") == 0, bf16 = strcmp(t->dtype, "BF16") == 0;
+    enum { CHUNK = 1024 };
+    float buf[CHUNK];
 
-    if (!f64 && !f32 && !f16 && !bf16)
+    if (strcmp(t->dtype, "F64") == 0) { /* no reader widens F64, and narrowing could overflow */
+        for (uint64_t i = 0; i < t->numel; i++) {
+            double v;
+            memcpy(&v, (const unsigned char *)t->data + 8 * i, 8);
+            if (!isfinite(v))
+                return st_refuse_nonfinite(label, t->name, v, i);
+        }
         return FSDP_OK;
-    for (uint64_t i = 0; i < t->numel; i++) {
-        double v;
-
-        if (f64) {
-            memcpy(&v, p + 8 * i, 8);
-        } else if (f32) {
-            float x;
-            memcpy(&x, p + 4 * i, 4);
-            v = x;
-        } else {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            v = f16 ? fsdp_f16_to_f32(h) : fsdp_bf16_to_f32(h);
-        }
-        if (!isfinite(v)) {
-            fsdp_error("%s: tensor '%s' holds %s at element %llu: refused (a diverged run's "
-                       "save, or a damaged file)",
-                       label != NULL ? label : "<buffer>", t->name, isnan(v) ? "NaN" : "Inf",
-                       (unsigned long long)i);
-            return FSDP_ERR_FORMAT;
-        }
+    }
+    if (strcmp(t->dtype, "F32") != 0 && strcmp(t->dtype, "F16") != 0 &&
+        strcmp(t->dtype, "BF16") != 0)
+        return FSDP_OK;
+    for (uint64_t i = 0; i < t->numel; i += CHUNK) {
+        uint64_t n = t->numel - i < CHUNK ? t->numel - i : CHUNK;
+        fsdp_status_t status = fsdp_st_read_f32(t, i, n, buf);
+        if (status == FSDP_OK)
+            status = fsdp_st_check_finite_f32(label, t->name, buf, n, i);
+        if (status != FSDP_OK)
+            return status;
     }
     return FSDP_OK;
 }

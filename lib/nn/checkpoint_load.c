@@ -5,12 +5,12 @@
 #include <fsdp/safetensors.h>
 
 #include "io/fs.h"
+#include "io/io_hidden.h"
 #include "nn/ckpt_int.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,15 +52,7 @@ static fsdp_status_t bad_checkpoint(const load_ctx_t *lc, const char *what)
 static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, const float *p,
                                       size_t n, size_t start)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(p[i])) {
-            fsdp_error("%s: tensor '%s' holds %s at element %zu: refused (a diverged run's save, "
-                       "or a damaged file)",
-                       lc->dir, name, isnan(p[i]) ? "NaN" : "Inf", start + i);
-            return FSDP_ERR_FORMAT;
-        }
-    }
-    return FSDP_OK;
+    return fsdp_st_check_finite_f32(lc->dir, name, p, n, start);
 }
 
 /* A step count beyond this is corruption. */

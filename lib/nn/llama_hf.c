@@ -102,6 +102,7 @@ static fsdp_status_t place(llama_weights_t *w, const char *file, const char *nam
     const fsdp_st_tensor_t **slot;
     int layer = -1, index = 0;
     int kind = classify(&w->cfg, name, &layer, &index);
+    fsdp_status_t status;
 
     if (kind == 0) {
         fsdp_error("%s: unexpected tensor '%s' for a %d-layer llama (expected HF "
@@ -117,7 +118,8 @@ static fsdp_status_t place(llama_weights_t *w, const char *file, const char *nam
         return FSDP_ERR_FORMAT;
     }
     *slot = t;
-    return check_tensor(&w->cfg, file, t, layer, index);
+    status = check_tensor(&w->cfg, file, t, layer, index);
+    return status == FSDP_OK ? fsdp_st_check_finite(t, file) : status;
 }
 
 /* Maps one more file: w->files[w->nfiles - 1]. */
