@@ -5,8 +5,11 @@
  * throughout: seconds, bytes, bytes/s, FLOP/s. */
 #include "sim.h"
 
+#include "io/fs.h"
+
 #include <fsdp/log.h>
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -488,11 +491,11 @@ fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profil
         fsdp_error("fsdp_sim_profile_load: path and profile_p must not be NULL");
         return FSDP_ERR_INVALID_PARAM;
     }
-    f = fopen(path, "rb");
-    if (f == NULL) {
-        fsdp_error("cluster profile %s: cannot open it", path);
-        return FSDP_ERR_NOT_FOUND;
-    }
+    st = fsdp_fs_fopen_read(path, 1, &f);
+    if (st == FSDP_ERR_NOT_FOUND)
+        fsdp_error("cluster profile %s: cannot open it: %s", path, strerror(ENOENT));
+    if (st != FSDP_OK)
+        return st;
     root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
     fclose(f);
     if (root == NULL) {

@@ -37,7 +37,9 @@ const char *fsdp_sim_profile_presets(void);
  * member names a preset to start from; otherwise every required number must be present.
  * Malformed JSON is FSDP_ERR_FORMAT (with line and column); an unknown member, a wrong type or
  * a value out of range is FSDP_ERR_INVALID_PARAM naming the member; a missing file
- * FSDP_ERR_NOT_FOUND. Nothing is written to *profile_p unless the result is FSDP_OK. */
+ * FSDP_ERR_NOT_FOUND, one that cannot be read FSDP_ERR_IO, and what is not a regular file (a
+ * FIFO is not waited on) FSDP_ERR_INVALID_PARAM. Nothing is written to *profile_p unless the
+ * result is FSDP_OK. */
 fsdp_status_t fsdp_sim_profile_parse(const char *json, fsdp_sim_profile_t *profile_p);
 fsdp_status_t fsdp_sim_profile_load(const char *path, fsdp_sim_profile_t *profile_p);
 

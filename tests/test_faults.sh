@@ -60,6 +60,34 @@ check "  saying it is a FIFO" grep -q "is a FIFO, not a regular file" "$tmp/err"
 timeout 10 "$train" --model gpt2-tiny --tokens "$tmp" --steps 1 >/dev/null 2>"$tmp/err"
 check "--tokens DIR says it is a directory" grep -q "is a directory, not a regular file" "$tmp/err"
 
+# every file read is a regular file, opened without blocking (lib/io/fs.c): FIFOs inside a
+# checkpoint, an HF index and a profile are refused at once (timeout: an open that blocks fails
+# the check instead of hanging the suite)
+"$train" --model mlp:6,10,2 --steps 1 --save-checkpoint "$tmp/ck" >/dev/null 2>&1
+step=$(cat "$tmp/ck/latest")
+mkdir "$tmp/ckl" "$tmp/ckj" "$tmp/ckj/$step"
+mkfifo "$tmp/ckl/latest" "$tmp/ckj/$step/checkpoint.json"
+cp "$tmp/ck/latest" "$tmp/ckj/latest"
+for d in ckl ckj; do
+    [ $d = ckl ] && what=latest || what=checkpoint.json
+    timeout 10 "$train" --model mlp:6,10,2 --steps 2 --resume "$tmp/$d" >/dev/null 2>"$tmp/err"
+    check "--resume with a FIFO $what is refused" test $? -eq 1
+    check "  saying it is a FIFO" grep -q "$what: is a FIFO, not a regular file" "$tmp/err"
+    timeout 10 "$train" --consolidate "$tmp/$d" --save "$tmp/c.safetensors" >/dev/null 2>"$tmp/err"
+    check "--consolidate with a FIFO $what is refused" test $? -eq 2
+    check "  saying it is a FIFO" grep -q "$what: is a FIFO, not a regular file" "$tmp/err"
+done
+mkdir "$tmp/hf"
+mkfifo "$tmp/hf/model.safetensors.index.json"
+timeout 10 "$train" --model llama-tiny --init "$tmp/hf" --steps 1 >/dev/null 2>"$tmp/err"
+check "--init DIR with a FIFO index is refused" test $? -eq 2
+check "  saying it is a FIFO" grep -q "index.json: is a FIFO, not a regular file" "$tmp/err"
+mkfifo "$tmp/profile.json"
+timeout 10 "$train" --model mlp:6,10,2 --steps 1 --profile "$tmp/profile.json" >/dev/null \
+    2>"$tmp/err"
+check "--profile FIFO is refused" test $? -ne 0
+check "  saying it is a FIFO" grep -q "profile.json: is a FIFO, not a regular file" "$tmp/err"
+
 # waits until file has n lines matching pattern, or s seconds pass
 wait_lines() { # file, pattern, n, seconds
     i=0

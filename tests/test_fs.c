@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,12 +193,66 @@ static void test_sync_dir(void)
     free(dir);
 }
 
+/* The one open of a file to read: a regular file opens, blocking again; a FIFO, a device and a
+ * directory are refused at once, each with one line saying what it is; a missing file is logged,
+ * or with quiet_missing answered FSDP_ERR_NOT_FOUND alone. */
+static void test_open_read(void)
+{
+    char *dir = make_tmpdir(), path[PATH_MAX + 16], fifo[PATH_MAX + 16];
+    struct stat st;
+    FILE *f = NULL;
+    char line[16];
+    int fd = -1;
+
+    snprintf(path, sizeof(path), "%s/file", dir);
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    f = fopen(path, "w");
+    CU_ASSERT_FATAL(f != NULL);
+    fputs("latest\n", f);
+    fclose(f);
+    CU_ASSERT_FATAL(mkfifo(fifo, 0600) == 0);
+
+    log_count = 0;
+    CU_ASSERT_EQUAL_FATAL(fsdp_fs_open_read(path, 0, &fd, &st), FSDP_OK);
+    CU_ASSERT_EQUAL(st.st_size, 7);
+    CU_ASSERT_EQUAL(fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+    close(fd);
+    CU_ASSERT_EQUAL_FATAL(fsdp_fs_fopen_read(path, 0, &f), FSDP_OK);
+    CU_ASSERT(fgets(line, sizeof(line), f) != NULL && strcmp(line, "latest\n") == 0);
+    fclose(f);
+    CU_ASSERT_EQUAL(log_count, 0);
+
+    alarm(10); /* a blocking open would hang: fail instead */
+    CU_ASSERT_EQUAL(fsdp_fs_open_read(fifo, 0, &fd, &st), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(logged_once(fifo, "is a FIFO, not a regular file"));
+    CU_ASSERT_EQUAL(fsdp_fs_fopen_read(fifo, 1, &f), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(logged_once(fifo, "is a FIFO, not a regular file"));
+    alarm(0);
+    CU_ASSERT_EQUAL(fsdp_fs_open_read("/dev/zero", 0, &fd, &st), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(logged_once("/dev/zero", "is a device, not a regular file"));
+    CU_ASSERT_EQUAL(fsdp_fs_open_read(dir, 0, &fd, &st), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(logged_once(dir, "is a directory, not a regular file"));
+
+    snprintf(path, sizeof(path), "%s/none", dir);
+    CU_ASSERT_EQUAL(fsdp_fs_open_read(path, 0, &fd, &st), FSDP_ERR_IO);
+    CU_ASSERT(logged_once(path, strerror(ENOENT)));
+    CU_ASSERT_EQUAL(fsdp_fs_fopen_read(path, 1, &f), FSDP_ERR_NOT_FOUND);
+    CU_ASSERT_EQUAL(log_count, 0);
+
+    unlink(fifo);
+    snprintf(path, sizeof(path), "%s/file", dir);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"an atomic write leaves exactly its content and no temporary", test_write_exact},
         {"a failed atomic write leaves the target and no temporary", test_write_fails_cleanly},
         {"a directory sync", test_sync_dir},
+        {"a file opened to read: regular only, a FIFO never waited on", test_open_read},
         {NULL, NULL},
     };
     fsdp_log_set_handler(capture_log, NULL);

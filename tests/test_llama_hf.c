@@ -356,6 +356,32 @@ static void test_not_finite(void)
     unlink(good);
 }
 
+/* An index that is a FIFO is refused at once, not waited on: by its path and from the
+ * directory. */
+static void test_index_fifo(void)
+{
+    fsdp_llama_config_t cfg;
+    fsdp_lm_weights_t *w = NULL;
+    char dir[256], path[300];
+
+    fsdp_llama_config_parse("llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=48,vocab=64", &cfg);
+    snprintf(dir, sizeof(dir), "%s/fifo", tmpdir);
+    CU_ASSERT_FATAL(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    CU_ASSERT_FATAL(mkfifo(path, 0600) == 0);
+    fsdp_log_set_handler(capture_log, NULL);
+    log_text[0] = '\0';
+    alarm(10); /* a blocking open would hang: fail instead */
+    CU_ASSERT(fsdp_llama_weights_open(dir, &cfg, &w) == FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, "is a FIFO, not a regular file"));
+    CU_ASSERT(fsdp_llama_weights_open(path, &cfg, &w) == FSDP_ERR_INVALID_PARAM);
+    alarm(0);
+    fsdp_log_set_handler(NULL, NULL);
+    CU_ASSERT(w == NULL);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -365,6 +391,7 @@ int main(void)
         {"a bad checkpoint is an error", test_bad_checkpoints},
         {"NaN or Inf in a single file or a shard is refused, naming tensor and element",
          test_not_finite},
+        {"an index that is a FIFO is refused, not waited on", test_index_fifo},
         {NULL, NULL},
     };
     int rc;

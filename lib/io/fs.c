@@ -1,5 +1,7 @@
-/* File-system helpers shared by the writers of lib/ (safetensors, checkpoints): atomic writes
- * and directory syncs, with one policy for filesystems that cannot sync a directory. */
+/* File-system helpers shared by the readers and writers of lib/ (safetensors, checkpoints, token
+ * data, profiles): the one open of a file to read, which refuses what is not a regular file,
+ * atomic writes, and directory syncs with one policy for filesystems that cannot sync a
+ * directory. */
 #include "io/fs.h"
 
 #include <fsdp/log.h>
@@ -9,7 +11,66 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+static const char *fs_kind(mode_t mode)
+{
+    return S_ISDIR(mode)                    ? "a directory"
+           : S_ISFIFO(mode)                 ? "a FIFO"
+           : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+           : S_ISSOCK(mode)                 ? "a socket"
+                                            : "a special file";
+}
+
+fsdp_status_t fsdp_fs_open_read(const char *path, int quiet_missing, int *fd_p, struct stat *st_p)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), err;
+
+    if (fd < 0) {
+        err = errno;
+        if (quiet_missing && err == ENOENT)
+            return FSDP_ERR_NOT_FOUND;
+        fsdp_error("%s: cannot open: %s", path, strerror(err));
+        errno = err;
+        return FSDP_ERR_IO;
+    }
+    if (fstat(fd, st_p) != 0) {
+        err = errno;
+        fsdp_error("%s: cannot stat: %s", path, strerror(err));
+        close(fd);
+        errno = err;
+        return FSDP_ERR_IO;
+    }
+    if (!S_ISREG(st_p->st_mode)) {
+        fsdp_error("%s: is %s, not a regular file: only a regular file is read", path,
+                   fs_kind(st_p->st_mode));
+        close(fd);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    *fd_p = fd;
+    return FSDP_OK;
+}
+
+fsdp_status_t fsdp_fs_fopen_read(const char *path, int quiet_missing, FILE **f_p)
+{
+    struct stat st;
+    int fd;
+    fsdp_status_t status = fsdp_fs_open_read(path, quiet_missing, &fd, &st);
+
+    if (status != FSDP_OK)
+        return status;
+    *f_p = fdopen(fd, "r");
+    if (*f_p == NULL) {
+        int err = errno;
+        fsdp_error("%s: cannot open: %s", path, strerror(err));
+        close(fd);
+        errno = err;
+        return err == ENOMEM ? FSDP_ERR_NO_MEMORY : FSDP_ERR_IO;
+    }
+    return FSDP_OK;
+}
 
 /* 0, or the errno of the failing open or fsync (EINVAL from fsync counts as success). */
 static int fs_sync_dir_errno(const char *dir)

@@ -1,5 +1,6 @@
-/* The library's file-system helpers (never installed): a file written atomically, and a
- * directory synced so that a rename in it survives a crash.
+/* The library's file-system helpers (never installed): a file opened to be read, never blocking
+ * and only when it is a regular file; a file written atomically, and a directory synced so that
+ * a rename in it survives a crash.
  */
 #ifndef FSDP_LIB_IO_FS_H
 #define FSDP_LIB_IO_FS_H
@@ -7,6 +8,21 @@
 #include <fsdp/status.h>
 
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+/* Opens path to read it; every file the library reads by path is opened here. The open does not
+ * block (O_NONBLOCK: a FIFO's would wait for a writer), and what fstat says is not a regular
+ * file is refused: a directory, a FIFO, a device or a socket could block a reader or never end.
+ * On success *fd_p is the descriptor, blocking again, and *st_p its stat (st_size bounds what a
+ * reader takes). On failure one error line names path: "cannot open: <why>" with errno kept
+ * and FSDP_ERR_IO, or "is a FIFO, not a regular file" (directory, device, socket) and
+ * FSDP_ERR_INVALID_PARAM. With quiet_missing, a path that does not exist is FSDP_ERR_NOT_FOUND,
+ * not logged, for a caller to whom that is no error or who says it better. */
+fsdp_status_t fsdp_fs_open_read(const char *path, int quiet_missing, int *fd_p, struct stat *st_p);
+
+/* The same, as a stdio stream ("r") into *f_p. */
+fsdp_status_t fsdp_fs_fopen_read(const char *path, int quiet_missing, FILE **f_p);
 
 /* One piece of a file's contents, written in order. */
 typedef struct fsdp_fs_chunk {

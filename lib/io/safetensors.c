@@ -561,22 +561,9 @@ fsdp_status_t fsdp_st_open(const char *path, fsdp_st_file_t **file_p)
         fsdp_error("%s: safetensors needs a little-endian host", path);
         return FSDP_ERR_UNSUPPORTED;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
-    if (fd < 0) {
-        fsdp_error("%s: cannot open: %s", path, strerror(errno));
-        return FSDP_ERR_IO;
-    }
-    if (fstat(fd, &st) != 0) {
-        fsdp_error("%s: cannot stat: %s", path, strerror(errno));
-        status = FSDP_ERR_IO;
-        goto err_close;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fsdp_error("%s: cannot read: %s", path,
-                   S_ISDIR(st.st_mode) ? strerror(EISDIR) : "not a regular file");
-        status = FSDP_ERR_IO;
-        goto err_close;
-    }
+    status = fsdp_fs_open_read(path, 0, &fd, &st);
+    if (status != FSDP_OK)
+        return FSDP_ERR_IO; /* what is not a regular file too, as documented */
     if ((uintmax_t)st.st_size > SIZE_MAX) {
         fsdp_error("%s: %jd bytes do not fit in the address space", path, (intmax_t)st.st_size);
         status = FSDP_ERR_NO_MEMORY;

@@ -494,7 +494,7 @@ static void save_failed(const char *dir, const char *tmpdir, int64_t step)
     if (rm_tree(tmpdir) != 0)
         fsdp_warn("%s: cannot remove the failed save: %s", tmpdir, strerror(errno));
     if (fsdp_ckpt_path_join(path, sizeof(path), dir, "latest") == FSDP_OK &&
-        (f = fopen(path, "r")) != NULL) {
+        fsdp_fs_fopen_read(path, 1, &f) == FSDP_OK) {
         if (fgets(latest, sizeof(latest), f) == NULL)
             latest[0] = '\0';
         latest[strcspn(latest, "\n")] = '\0';

@@ -364,11 +364,11 @@ static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
 
     if (fsdp_ckpt_path_join(path, sizeof(path), dir, "latest") != FSDP_OK)
         return FSDP_ERR_INVALID_PARAM;
-    f = fopen(path, "r");
-    if (f == NULL) {
-        fsdp_error("%s: no checkpoint here (cannot read %s: %s)", dir, path, strerror(errno));
-        return FSDP_ERR_NOT_FOUND;
-    }
+    status = fsdp_fs_fopen_read(path, 1, &f);
+    if (status == FSDP_ERR_NOT_FOUND)
+        fsdp_error("%s: no checkpoint here (cannot read %s: %s)", dir, path, strerror(ENOENT));
+    if (status != FSDP_OK)
+        return status;
     if (fgets(sub, sizeof(sub), f) == NULL)
         sub[0] = '\0';
     fclose(f);
@@ -380,7 +380,11 @@ static fsdp_status_t read_meta(load_ctx_t *lc, const char *dir)
     if (fsdp_ckpt_path_join(lc->dir, sizeof(lc->dir), dir, sub) != FSDP_OK ||
         fsdp_ckpt_path_join(path, sizeof(path), lc->dir, "checkpoint.json") != FSDP_OK)
         return FSDP_ERR_INVALID_PARAM;
-    lc->meta = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    status = fsdp_fs_fopen_read(path, 0, &f);
+    if (status != FSDP_OK)
+        return status;
+    lc->meta = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
+    fclose(f);
     if (lc->meta == NULL) {
         fsdp_error("%s: %s (line %d)", path, err.text, err.line);
         return FSDP_ERR_FORMAT;

@@ -14,6 +14,7 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
+#include "io/fs.h"
 #include "nn/llama_int.h"
 #include "nn/nn_int.h"
 
@@ -149,11 +150,16 @@ static fsdp_status_t open_index(llama_weights_t *w, const char *index_path)
     const char *slash = strrchr(index_path, '/');
     int dir_len = slash != NULL ? (int)(slash - index_path + 1) : 0;
     json_error_t jerr;
-    json_t *root = json_load_file(index_path, 0, &jerr), *map;
+    json_t *root, *map;
     const char *name;
     json_t *v;
-    fsdp_status_t status = FSDP_OK;
+    FILE *in;
+    fsdp_status_t status = fsdp_fs_fopen_read(index_path, 0, &in);
 
+    if (status != FSDP_OK)
+        return status;
+    root = json_loadf(in, 0, &jerr);
+    fclose(in);
     if (root == NULL) {
         fsdp_error("%s: not a safetensors index: %s (line %d)", index_path, jerr.text, jerr.line);
         return FSDP_ERR_FORMAT;
