@@ -10,6 +10,7 @@
  */
 #include <fsdp/fsdp.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,7 @@ int main(int argc, char **argv)
     }
     job.dir = argv[1];
     if (argc == 3) {
-        status = fsdp_tokens_open_text(argv[2], &tokens); /* byte-level: token = byte */
+        status = fsdp_tokens_open_text(argv[2], SIZE_MAX, &tokens); /* byte-level: token = byte */
     } else {
         uint16_t ids[sizeof(text) - 1];
 

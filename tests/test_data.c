@@ -57,7 +57,7 @@ static fsdp_status_t open_quiet(const char *path, fsdp_tokens_t **t)
 {
     fsdp_status_t st;
     fsdp_log_set_level(FSDP_LOG_OFF);
-    st = fsdp_tokens_open_llmc(path, t);
+    st = fsdp_tokens_open_llmc(path, SIZE_MAX, t);
     fsdp_log_set_level(FSDP_LOG_ERROR);
     return st;
 }
@@ -69,7 +69,7 @@ static void test_llmc_header(void)
 
     tmp_path(path, sizeof(path), "ok.bin");
     write_shard(path, 20240520, 1, 1000, 1000, 0);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, SIZE_MAX, &t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_count(t), 1000);
     CU_ASSERT_EQUAL(fsdp_tokens_order(t), FSDP_TOKENS_SEQUENTIAL);
     CU_ASSERT_EQUAL(fsdp_tokens_at(t, 999), (uint32_t)((999 * 7) & 0xffff));
@@ -115,7 +115,7 @@ static void test_llmc_uint32(void)
 
     tmp_path(path, sizeof(path), "llama3.bin");
     write_shard(path, 20240801, 7, N, N, 0);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, SIZE_MAX, &t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_count(t), N);
     CU_ASSERT_EQUAL(fsdp_tokens_order(t), FSDP_TOKENS_SEQUENTIAL);
     CU_ASSERT_EQUAL(fsdp_tokens_at(t, 4999), (uint32_t)(4999 * 7919 % 128256));
@@ -144,7 +144,7 @@ static void test_llmc_windows(void)
 
     tmp_path(path, sizeof(path), "w.bin");
     write_shard(path, 20240520, 1, N, N, 0);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, SIZE_MAX, &t), FSDP_OK);
     for (int64_t step = 0; step < 100; step++) {
         CU_ASSERT_EQUAL(fsdp_tokens_window(t, B, T, step), pos);
         CU_ASSERT(pos + B * T + 1 <= N);
@@ -158,7 +158,7 @@ static void test_llmc_windows(void)
     /* exactly B*T + 1 tokens: every batch is the whole file */
     fsdp_tokens_close(t);
     write_shard(path, 20240520, 1, B * T + 1, B * T + 1, 0);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, SIZE_MAX, &t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_window(t, B, T, 5), 0);
     fsdp_tokens_close(t);
 }
@@ -174,7 +174,7 @@ static void test_llmc_ranks(void)
 
     tmp_path(path, sizeof(path), "r.bin");
     write_shard(path, 20240520, 1, N, N, 0);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(path, SIZE_MAX, &t), FSDP_OK);
     for (int world = 1; world <= 4; world *= 2) {
         int rows = B / world;
         for (int rank = 0; rank < world; rank++) {
@@ -218,7 +218,7 @@ static void test_random_sampler(void)
     for (int i = 0; i < 3000; i++)
         fputc(32 + (i * 31 + i / 7) % 95, f);
     fclose(f);
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_text(path, &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_text(path, SIZE_MAX, &t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_count(t), 3000);
     CU_ASSERT_EQUAL(fsdp_tokens_order(t), FSDP_TOKENS_RANDOM);
     CU_ASSERT(fsdp_tokens_max_id(t) < 256);
@@ -251,9 +251,9 @@ static void test_random_sampler(void)
     f = fopen(path, "wb");
     fclose(f);
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_tokens_open_text(path, &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text(path, SIZE_MAX, &t), FSDP_ERR_INVALID_PARAM);
     tmp_path(path, sizeof(path), "none.txt");
-    CU_ASSERT_EQUAL(fsdp_tokens_open_text(path, &t), FSDP_ERR_IO);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text(path, SIZE_MAX, &t), FSDP_ERR_IO);
     fsdp_log_set_level(FSDP_LOG_ERROR);
 }
 
@@ -277,7 +277,7 @@ static void test_texts(void)
     paths[0] = b;
     paths[1] = a;
     paths[2] = b;
-    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_texts(paths, 3, "three files", &t), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_texts(paths, 3, "three files", SIZE_MAX, &t), FSDP_OK);
     CU_ASSERT_EQUAL(fsdp_tokens_count(t), 7);
     for (size_t i = 0; i < 7; i++)
         CU_ASSERT_EQUAL(fsdp_tokens_at(t, i), (uint32_t) "deabcde"[i]);
@@ -287,12 +287,68 @@ static void test_texts(void)
     fsdp_tokens_close(t);
 
     fsdp_log_set_level(FSDP_LOG_OFF);
-    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 0, "nothing", &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 0, "nothing", SIZE_MAX, &t),
+                    FSDP_ERR_INVALID_PARAM);
     paths[1] = none;
-    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 2, "a missing file", &t), FSDP_ERR_IO);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 2, "a missing file", SIZE_MAX, &t), FSDP_ERR_IO);
     fsdp_log_set_level(FSDP_LOG_ERROR);
     remove(a);
     remove(b);
+}
+
+/* Only regular files are read, and no more than max_bytes: a FIFO (which would block), a device
+ * (/dev/zero never ends) and a directory are refused at once; a file past the bound by its size,
+ * before it is read. */
+static void test_files_only(void)
+{
+    char fifo[256], a[256], b[256], shard[256];
+    const char *paths[2];
+    fsdp_tokens_t *t = NULL;
+    FILE *f;
+
+    tmp_path(fifo, sizeof(fifo), "fifo.txt");
+    tmp_path(a, sizeof(a), "a100.txt");
+    tmp_path(b, sizeof(b), "b60.txt");
+    tmp_path(shard, sizeof(shard), "bound.bin");
+    CU_ASSERT_FATAL(mkfifo(fifo, 0600) == 0);
+    f = fopen(a, "wb");
+    for (int i = 0; i < 100; i++)
+        fputc('a' + i % 26, f);
+    fclose(f);
+    f = fopen(b, "wb");
+    for (int i = 0; i < 60; i++)
+        fputc('b', f);
+    fclose(f);
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    alarm(10); /* a blocking open would hang: fail instead */
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text(fifo, SIZE_MAX, &t), FSDP_ERR_INVALID_PARAM);
+    alarm(0);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text("/dev/null", SIZE_MAX, &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text(tmpdir, SIZE_MAX, &t), FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_text(a, 99, &t), FSDP_ERR_NO_MEMORY);
+    paths[0] = a;
+    paths[1] = b;
+    CU_ASSERT_EQUAL(fsdp_tokens_open_texts(paths, 2, "both", 159, &t), FSDP_ERR_NO_MEMORY);
+    write_shard(shard, 20240520, 1, 100, 100, 0);
+    CU_ASSERT_EQUAL(fsdp_tokens_open_llmc(shard, 1024 + 199, &t), FSDP_ERR_NO_MEMORY);
+    fsdp_log_set_level(FSDP_LOG_ERROR);
+    CU_ASSERT_PTR_NULL(t);
+
+    /* exactly the bound is read */
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_text(a, 100, &t), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_tokens_count(t), 100);
+    fsdp_tokens_close(t);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_texts(paths, 2, "both", 160, &t), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_tokens_count(t), 160);
+    CU_ASSERT_EQUAL(fsdp_tokens_at(t, 159), (uint32_t)'b');
+    fsdp_tokens_close(t);
+    CU_ASSERT_EQUAL_FATAL(fsdp_tokens_open_llmc(shard, 1024 + 200, &t), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_tokens_count(t), 100);
+    fsdp_tokens_close(t);
+    remove(fifo);
+    remove(a);
+    remove(b);
+    remove(shard);
 }
 
 /* the default corpus is the project's own sources, found from the build */
@@ -320,6 +376,8 @@ int main(void)
         {"llm.c rows: each rank its slice, inputs and shifted targets", test_llmc_ranks},
         {"seeded sampler: deterministic, one global batch split across ranks", test_random_sampler},
         {"text files concatenated under a label", test_texts},
+        {"only regular files, within max_bytes: FIFO, device, directory, too large refused",
+         test_files_only},
         {"default corpus found and read", test_default_corpus},
         {NULL, NULL},
     };

@@ -88,6 +88,44 @@ timeout 10 "$train" --model mlp:6,10,2 --steps 1 --profile "$tmp/profile.json" >
 check "--profile FIFO is refused" test $? -ne 0
 check "  saying it is a FIFO" grep -q "profile.json: is a FIFO, not a regular file" "$tmp/err"
 
+# --data and --tokens read a regular file only, and no more of it than the host memory allows
+timeout 10 "$train" --model gpt2-tiny --data "$tmp/fifo" --steps 1 >/dev/null 2>"$tmp/err"
+check "--data FIFO is refused" test $? -eq 2
+check "  saying it is a FIFO" grep -q "is a FIFO, not a regular file" "$tmp/err"
+timeout 10 "$train" --model gpt2-tiny --data /dev/null --steps 1 >/dev/null 2>"$tmp/err"
+check "--data /dev/null is refused as a device" grep -q "is a device, not a regular file" "$tmp/err"
+# /dev/zero never ends: bounded by ulimit too where the build allows it (a sanitizer's does not)
+if (ulimit -v 4194304 && "$train" --version) >/dev/null 2>&1; then
+    (ulimit -v 4194304 && timeout 10 "$train" --model gpt2-tiny --data /dev/zero --steps 1) \
+        >/dev/null 2>"$tmp/err"
+    check "--data /dev/zero is refused as a device" grep -q "is a device, not a regular file" \
+        "$tmp/err"
+fi
+truncate -s 1G "$tmp/sparse.txt"
+timeout 60 "$train" --model gpt2-tiny --data "$tmp/sparse.txt" --steps 1 --host-memory 256M \
+    >/dev/null 2>"$tmp/err"
+check "--data of 1 GiB (sparse) past --host-memory 256M is refused" test $? -eq 2
+check "  naming its size" grep -q "sparse.txt: 1073741824 bytes are more than" "$tmp/err"
+timeout 60 "$train" --model gpt2-tiny --tokens "$tmp/sparse.txt" --steps 1 --host-memory 256M \
+    >/dev/null 2>"$tmp/err"
+check "--tokens of 1 GiB past --host-memory 256M is refused by its size" \
+    grep -q "sparse.txt: 1073741824 bytes are more than" "$tmp/err"
+rm -f "$tmp/sparse.txt"
+# the MLP's --data: x [2M, 6] and y [2M, 2] F32 (64 MiB, sparse) past --host-memory 32M
+hdr='{"x":{"dtype":"F32","shape":[2097152,6],"data_offsets":[0,50331648]},"y":{"dtype":"F32","shape":[2097152,2],"data_offsets":[50331648,67108864]}}'
+i=0
+while [ $i -lt 8 ]; do # the header's length, 8 bytes little-endian
+    printf "\\$(printf %03o $(((${#hdr} >> (8 * i)) & 255)))"
+    i=$((i + 1))
+done >"$tmp/big.safetensors"
+printf "%s" "$hdr" >>"$tmp/big.safetensors"
+truncate -s $((8 + ${#hdr} + 67108864)) "$tmp/big.safetensors"
+timeout 60 "$train" --model mlp:6,10,2 --data "$tmp/big.safetensors" --steps 1 \
+    --host-memory 32M >/dev/null 2>"$tmp/err"
+check "MLP --data of 64 MiB past --host-memory 32M is refused" test $? -ne 0
+check "  naming its size" grep -q "take 67108864 bytes, more than" "$tmp/err"
+rm -f "$tmp/big.safetensors"
+
 # waits until file has n lines matching pattern, or s seconds pass
 wait_lines() { # file, pattern, n, seconds
     i=0

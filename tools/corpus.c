@@ -6,6 +6,7 @@
 
 #include <glob.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ fsdp_status_t corpus_open_default(const char *argv0, fsdp_tokens_t **tokens_p)
         for (size_t i = 0; globbed[p] && i < g[p].gl_pathc; i++)
             paths[n++] = g[p].gl_pathv[i];
     snprintf(label, sizeof(label), "the libfsdp sources in %s", tree);
-    status = fsdp_tokens_open_texts(paths, n, label, tokens_p);
+    status = fsdp_tokens_open_texts(paths, n, label, SIZE_MAX, tokens_p); /* the sources */
 out:
     free(paths);
     for (size_t p = 0; p < sizeof(patterns) / sizeof(patterns[0]); p++)

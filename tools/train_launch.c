@@ -1,6 +1,7 @@
 /* fsdp-train's two ways of running ranks (see train_launch.h). */
 #include "train_launch.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,16 +108,29 @@ void train_launch_sim_profile(const train_launch_t *l, fsdp_sim_profile_t *profi
     profile_p->nodes = l->world / per_node;
 }
 
+/* The bytes a model's parameters, gradients and optimizer state take at least (no activations,
+ * no buffers): 4 + 4 a parameter, and AdamW's 8 or SGD's 4 with momentum. */
+static double host_need(uint64_t params, const fsdp_optim_config_t *optim)
+{
+    double state = optim->kind == FSDP_OPTIM_ADAMW ? 8.0 : optim->momentum != 0.0f ? 4.0 : 0.0;
+    return (double)params * (8.0 + state);
+}
+
+/* --host-memory, or the library's default (90% of the memory available). */
+static size_t host_limit(const train_launch_t *l)
+{
+    return l->host_memory != 0 ? l->host_memory : fsdp_sim_host_memory_default();
+}
+
 int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t params,
                             const fsdp_optim_config_t *optim)
 {
-    double state = optim->kind == FSDP_OPTIM_ADAMW ? 8.0 : optim->momentum != 0.0f ? 4.0 : 0.0;
-    double need = (double)params * (8.0 + state);
+    double need = host_need(params, optim);
     size_t limit;
 
     if (l->backend != TRAIN_BACKEND_SIM)
         return 0;
-    limit = l->host_memory != 0 ? l->host_memory : fsdp_sim_host_memory_default();
+    limit = host_limit(l);
     if (need <= (double)limit)
         return 0;
     cli_error("%s: its %.4g parameters, their gradients and %s state alone take %.3g GiB, and "
@@ -127,6 +141,17 @@ int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t
               model, (double)params, optim->kind == FSDP_OPTIM_ADAMW ? "AdamW's" : "SGD's",
               need / (1 << 30), (double)limit / (1 << 30), model);
     return -1;
+}
+
+size_t train_launch_data_bytes(const train_launch_t *l, uint64_t params,
+                               const fsdp_optim_config_t *optim)
+{
+    size_t limit = host_limit(l);
+    double need = l->backend == TRAIN_BACKEND_SIM ? host_need(params, optim) : 0.0;
+
+    if (limit == SIZE_MAX)
+        return SIZE_MAX;
+    return need < (double)limit ? limit - (size_t)need : 0;
 }
 
 fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg)

@@ -45,6 +45,13 @@ int train_launch_reports(const train_launch_t *l);
 int train_launch_check_host(const train_launch_t *l, const char *model, uint64_t params,
                             const fsdp_optim_config_t *optim);
 
+/* The host bytes the run's data (--data, --tokens) may take: what --host-memory (default 90% of
+ * the memory available; SIZE_MAX unbounded) leaves after, on the simulator, the least that
+ * train_launch_check_host counts for the model. The data lives in this process's memory on
+ * either backend. */
+size_t train_launch_data_bytes(const train_launch_t *l, uint64_t params,
+                               const fsdp_optim_config_t *optim);
+
 /* Runs func on the ranks: sim: all of them, as threads; gpu: this process's one, after the
  * NCCL id went from rank 0 to every rank (fsdp_rendezvous, token FSDP_JOB_TOKEN) and
  * fsdp_gpu_init chose the device by local rank. */

@@ -191,12 +191,15 @@ static const train_model_ops_t lm_ops = {
 };
 
 /* The token source the options name: --tokens, --data, or the default corpus. */
-static fsdp_status_t open_tokens(const train_args_t *a, char **argv, fsdp_tokens_t **t_p)
+static fsdp_status_t open_tokens(const train_args_t *a, char **argv, uint64_t params,
+                                 fsdp_tokens_t **t_p)
 {
+    size_t max_bytes = train_launch_data_bytes(&a->launch, params, &a->optim);
+
     if (a->tokens_path != NULL)
-        return fsdp_tokens_open_llmc(a->tokens_path, t_p);
+        return fsdp_tokens_open_llmc(a->tokens_path, max_bytes, t_p);
     if (a->data_path != NULL)
-        return fsdp_tokens_open_text(a->data_path, t_p);
+        return fsdp_tokens_open_text(a->data_path, max_bytes, t_p);
     return corpus_open_default(argv[0], t_p);
 }
 
@@ -235,14 +238,13 @@ int train_lm_main(const train_args_t *a, int argc, char **argv)
                        .step_items = (double)a->batch * (double)a->seq};
     const int vocab = a->llama ? a->llama_cfg.vocab_size : a->gpt_cfg.vocab_size;
     fsdp_batch_spec_t spec = {(size_t)a->batch, (size_t)a->seq, 0, a->world, a->seed};
+    const uint64_t params =
+        a->llama ? fsdp_llama_num_params(&a->llama_cfg) : fsdp_gpt2_num_params(&a->gpt_cfg);
     int rc = 2;
 
-    if (train_launch_check_host(&a->launch, a->model_name,
-                                a->llama ? fsdp_llama_num_params(&a->llama_cfg)
-                                         : fsdp_gpt2_num_params(&a->gpt_cfg),
-                                &a->optim) != 0)
+    if (train_launch_check_host(&a->launch, a->model_name, params, &a->optim) != 0)
         return 1;
-    if (open_tokens(a, argv, &sh.tokens) != FSDP_OK)
+    if (open_tokens(a, argv, params, &sh.tokens) != FSDP_OK)
         return 2; /* the library said why */
     if (fsdp_tokens_max_id(sh.tokens) >= (uint32_t)vocab) {
         cli_error("%s: token ids reach %u, beyond the model's vocabulary of %d "

@@ -93,7 +93,7 @@ static void load_init(const train_args_t *a, mlp_shared_t *sh)
     fsdp_st_close(f);
 }
 
-static void load_data(train_args_t *a, mlp_shared_t *sh)
+static void load_data(train_args_t *a, mlp_shared_t *sh, size_t max_bytes)
 {
     fsdp_st_file_t *f;
     const fsdp_st_tensor_t *x, *y;
@@ -103,6 +103,12 @@ static void load_data(train_args_t *a, mlp_shared_t *sh)
     x = fsdp_st_find(f, "x");
     if (x == NULL || x->ndim != 2)
         cli_die("%s: needs a 2-d tensor 'x' [B, %d]", a->data_path, a->dims[0]);
+    y = fsdp_st_find(f, "y");
+    if (x->nbytes + (y != NULL ? y->nbytes : 0) > max_bytes) /* before a byte of them is read */
+        cli_die("%s: tensors 'x' and 'y' take %llu bytes, more than the %zu bytes of host memory "
+                "the data may take (--host-memory, default 90%% of the memory available)",
+                a->data_path, (unsigned long long)(x->nbytes + (y != NULL ? y->nbytes : 0)),
+                max_bytes);
     need_tensor(f, a->data_path, "x", x->shape[0], a->dims[0], 2);
     y = need_tensor(f, a->data_path, "y", x->shape[0], a->dims[a->nlayers], 2);
     if (x->shape[0] % a->world != 0)
@@ -280,8 +286,10 @@ int train_mlp_main(train_args_t *a, int argc, char **argv)
         return 1;
     if (a->init_path)
         load_init(a, &sh);
-    if (a->data_path)
-        load_data(a, &sh); /* the batch is the file's */
+    if (a->data_path) /* the batch is the file's */
+        load_data(a, &sh,
+                  train_launch_data_bytes(&a->launch, fsdp_mlp_num_params(a->dims, a->nlayers),
+                                          &a->optim));
     else
         make_data(a, &sh);
     m.step_items = (double)a->batch;

@@ -37,22 +37,30 @@ typedef enum { FSDP_TOKENS_RANDOM = 0, FSDP_TOKENS_SEQUENTIAL = 1 } fsdp_tokens_
 
 typedef struct fsdp_tokens fsdp_tokens_t;
 
-/* Byte-level tokens of any file (token i = byte i), RANDOM order. An empty or unreadable file
- * is an error (FSDP_ERR_IO, FSDP_ERR_INVALID_PARAM), logged with the path. */
-FSDP_API fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p);
+/* The readers of token files read regular files only: a directory, a FIFO, a device or a socket
+ * is FSDP_ERR_INVALID_PARAM at once, never read (a FIFO would block, /dev/zero never end). Each
+ * takes at most max_bytes of host memory (SIZE_MAX: no bound): a larger file is refused by its
+ * size, before any of it is read, with FSDP_ERR_NO_MEMORY, logged with the size and the bound. */
 
-/* Byte-level tokens of the files paths[0..n), concatenated in that order, RANDOM order;
- * fsdp_tokens_source() says label. An unreadable file is FSDP_ERR_IO, logged with its path;
- * no bytes at all FSDP_ERR_INVALID_PARAM, logged with the label. */
+/* Byte-level tokens of a file (token i = byte i), RANDOM order. An empty file is
+ * FSDP_ERR_INVALID_PARAM, an unreadable one FSDP_ERR_IO, logged with the path. */
+FSDP_API fsdp_status_t fsdp_tokens_open_text(const char *path, size_t max_bytes,
+                                             fsdp_tokens_t **tokens_p);
+
+/* Byte-level tokens of the files paths[0..n), concatenated in that order, at most max_bytes in
+ * all, RANDOM order; fsdp_tokens_source() says label. An unreadable file is FSDP_ERR_IO, logged
+ * with its path; no bytes at all FSDP_ERR_INVALID_PARAM, logged with the label. */
 FSDP_API fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const char *label,
-                                              fsdp_tokens_t **tokens_p);
+                                              size_t max_bytes, fsdp_tokens_t **tokens_p);
 
 /* An llm.c shard as dev/data/data_common.py's write_datafile writes it: a header of 256
  * little-endian int32 (magic, version, the token count), then the tokens: magic 20240520 and
  * version 1, uint16 (GPT-2's vocabulary), or magic 20240801 and version 7, uint32 (Llama 3's);
- * SEQUENTIAL order. A bad magic, version or count (the file must be exactly 1024 + 2 or 4 times
- * count bytes) is FSDP_ERR_FORMAT, logged with what was found. */
-FSDP_API fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p);
+ * SEQUENTIAL order. The file is mapped, and counts whole against max_bytes (opening reads it all
+ * once). A bad magic, version or count (the file must be exactly 1024 + 2 or 4 times count
+ * bytes) is FSDP_ERR_FORMAT, logged with what was found. */
+FSDP_API fsdp_status_t fsdp_tokens_open_llmc(const char *path, size_t max_bytes,
+                                             fsdp_tokens_t **tokens_p);
 
 /* Tokens from memory (copied), in either order; `source` names them in messages. */
 FSDP_API fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n,

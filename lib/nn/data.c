@@ -2,10 +2,11 @@
  * batch (include/fsdp/data.h). */
 #include "config.h"
 
+#include "io/fs.h"
 #include "nn/nn_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,49 +111,72 @@ fsdp_status_t fsdp_tokens_from_array(const uint16_t *ids, size_t n, fsdp_tokens_
     return FSDP_OK;
 }
 
-/* Appends the whole file at path to *buf (grown as needed). */
-static fsdp_status_t append_file(const char *path, unsigned char **buf, size_t *len, size_t *cap)
+/* Refuses, with one line, data of `bytes` (after `before` bytes of earlier files) past the
+ * max_bytes it may take in host memory. */
+static fsdp_status_t tokens_fit(const char *path, uint64_t bytes, size_t before, size_t max_bytes)
 {
-    FILE *f = fopen(path, "rb");
-    size_t got;
-
-    if (f == NULL) {
-        fsdp_error("%s: cannot open: %s", path, strerror(errno));
-        return FSDP_ERR_IO;
-    }
-    do {
-        if (*cap - *len < 65536) {
-            size_t ncap = *cap ? *cap * 2 : 1 << 20;
-            unsigned char *nb = realloc(*buf, ncap);
-            if (nb == NULL) {
-                fclose(f);
-                return FSDP_ERR_NO_MEMORY;
-            }
-            *buf = nb;
-            *cap = ncap;
-        }
-        got = fread(*buf + *len, 1, *cap - *len, f);
-        *len += got;
-    } while (got > 0);
-    if (ferror(f)) {
-        fsdp_error("%s: cannot read: %s", path, strerror(errno));
-        fclose(f);
-        return FSDP_ERR_IO;
-    }
-    fclose(f);
-    return FSDP_OK;
+    if (bytes <= max_bytes && before <= max_bytes - bytes)
+        return FSDP_OK;
+    fsdp_error("%s: %" PRIu64 " bytes%s are more than the %zu bytes of host memory the token "
+               "data may take (max_bytes; in fsdp-train what --host-memory, default 90%% of the "
+               "memory available, leaves after the model); train on a smaller file or give more "
+               "memory",
+               path, bytes, before > 0 ? " after the files before it" : "", max_bytes);
+    return FSDP_ERR_NO_MEMORY;
 }
 
-/* Reads paths[0..n) one after the other into t as its tokens; closes t on failure. `name` says
- * what t is in the message when there is nothing to read. */
-static fsdp_status_t tokens_load(fsdp_tokens_t *t, const char *const *paths, size_t n,
-                                 const char *name, fsdp_tokens_t **tokens_p)
+/* Appends file path, a regular file of at most max_bytes together with the *len bytes before
+ * it, to *buf: the bytes its size gave at the open, no more (one that grows is not followed). */
+static fsdp_status_t append_file(const char *path, size_t max_bytes, unsigned char **buf,
+                                 size_t *len)
 {
-    size_t cap = 0;
+    struct stat st;
+    unsigned char *nb;
+    size_t size, got = 0;
+    int fd;
+    fsdp_status_t status = fsdp_fs_open_read(path, 0, &fd, &st);
+
+    if (status != FSDP_OK)
+        return status;
+    status = tokens_fit(path, (uint64_t)st.st_size, *len, max_bytes);
+    if (status != FSDP_OK)
+        goto out;
+    size = (size_t)st.st_size;
+    nb = realloc(*buf, *len + size + 1);
+    if (nb == NULL) {
+        fsdp_error("%s: out of host memory for its %zu bytes", path, size);
+        status = FSDP_ERR_NO_MEMORY;
+        goto out;
+    }
+    *buf = nb;
+    while (got < size) {
+        ssize_t r = read(fd, nb + *len + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            fsdp_error("%s: cannot read: %s", path, strerror(errno));
+            status = FSDP_ERR_IO;
+            goto out;
+        }
+        if (r == 0)
+            break; /* it shrank: what is there */
+        got += (size_t)r;
+    }
+    *len += got;
+out:
+    close(fd);
+    return status;
+}
+
+/* Reads paths[0..n) one after the other into t as its tokens, at most max_bytes in all; closes t
+ * on failure. `name` says what t is in the message when there is nothing to read. */
+static fsdp_status_t tokens_load(fsdp_tokens_t *t, const char *const *paths, size_t n,
+                                 const char *name, size_t max_bytes, fsdp_tokens_t **tokens_p)
+{
     fsdp_status_t status = FSDP_OK;
 
     for (size_t i = 0; i < n && status == FSDP_OK; i++)
-        status = append_file(paths[i], &t->owned, &t->n, &cap);
+        status = append_file(paths[i], max_bytes, &t->owned, &t->n);
     if (status == FSDP_OK && t->n == 0) {
         fsdp_error("%s: %s: no tokens to train on", name,
                    n == 1   ? "the file is empty"
@@ -170,17 +194,17 @@ static fsdp_status_t tokens_load(fsdp_tokens_t *t, const char *const *paths, siz
     return FSDP_OK;
 }
 
-fsdp_status_t fsdp_tokens_open_text(const char *path, fsdp_tokens_t **tokens_p)
+fsdp_status_t fsdp_tokens_open_text(const char *path, size_t max_bytes, fsdp_tokens_t **tokens_p)
 {
     fsdp_tokens_t *t = tokens_new(FSDP_TOKENS_RANDOM, 1, "text", path);
 
     if (t == NULL)
         return FSDP_ERR_NO_MEMORY;
-    return tokens_load(t, &path, 1, path, tokens_p);
+    return tokens_load(t, &path, 1, path, max_bytes, tokens_p);
 }
 
 fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const char *label,
-                                     fsdp_tokens_t **tokens_p)
+                                     size_t max_bytes, fsdp_tokens_t **tokens_p)
 {
     fsdp_tokens_t *t;
 
@@ -192,7 +216,7 @@ fsdp_status_t fsdp_tokens_open_texts(const char *const *paths, size_t n, const c
     if (t == NULL)
         return FSDP_ERR_NO_MEMORY;
     snprintf(t->source, sizeof(t->source), "%s", label);
-    return tokens_load(t, paths, n, label, tokens_p);
+    return tokens_load(t, paths, n, label, max_bytes, tokens_p);
 }
 
 /* ---- llm.c shards ---- */
@@ -203,29 +227,21 @@ static int32_t le32(const unsigned char *p)
                      (uint32_t)p[3] << 24);
 }
 
-fsdp_status_t fsdp_tokens_open_llmc(const char *path, fsdp_tokens_t **tokens_p)
+fsdp_status_t fsdp_tokens_open_llmc(const char *path, size_t max_bytes, fsdp_tokens_t **tokens_p)
 {
     fsdp_tokens_t *t;
     struct stat st;
     const unsigned char *h;
     int32_t magic, version, count;
-    int width, want_version;
-    /* O_NONBLOCK: a FIFO must not block the open before it is refused below */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int width, want_version, fd;
+    fsdp_status_t status = fsdp_fs_open_read(path, 0, &fd, &st);
 
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        fsdp_error("%s: cannot open: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return FSDP_ERR_IO;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fsdp_error("%s: is %s, not a regular file: an llm.c token file is mapped whole", path,
-                   S_ISDIR(st.st_mode)    ? "a directory"
-                   : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                          : "a special file");
+    if (status != FSDP_OK)
+        return status;
+    status = tokens_fit(path, (uint64_t)st.st_size, 0, max_bytes); /* mapped, read by the scan */
+    if (status != FSDP_OK) {
         close(fd);
-        return FSDP_ERR_INVALID_PARAM;
+        return status;
     }
     if (st.st_size < FSDP_LLMC_HEADER_BYTES) {
         fsdp_error("%s: %lld bytes is shorter than the %d-byte header of an llm.c token file", path,

@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size)
         return 0;
-    if (fsdp_tokens_open_llmc(path, &t) != FSDP_OK)
+    if (fsdp_tokens_open_llmc(path, SIZE_MAX, &t) != FSDP_OK)
         return 0;
     for (size_t i = 0; i < fsdp_tokens_count(t); i++)
         max = fsdp_tokens_at(t, i) > max ? fsdp_tokens_at(t, i) : max;
