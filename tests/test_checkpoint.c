@@ -650,6 +650,43 @@ static void test_overlapping_pieces(void)
     free(j);
 }
 
+/* A negative exp_avg_sq (AdamW's mean of squares) is refused on load, naming the tensor, from
+ * sharded, full and local checkpoints. */
+static void test_negative_exp_avg_sq(void)
+{
+    static const fsdp_state_dict_type_t types[] = {FSDP_STATE_DICT_SHARDED, FSDP_STATE_DICT_FULL,
+                                                   FSDP_STATE_DICT_LOCAL};
+    char dir[300], file[400], name[128], says[300];
+    job_t *j = calloc(1, sizeof(job_t));
+
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        saved_job(j, dir, sizeof(dir), fsdp_state_dict_type_name(types[i]));
+        j->save = 1;
+        j->load = 0;
+        j->type = types[i];
+        j->save_step = 2;
+        CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+        j->save = 0;
+        j->load = 1;
+        j->steps = 0;
+        snprintf(file, sizeof(file), "%s/step-00000002/%s", dir,
+                 types[i] == FSDP_STATE_DICT_FULL ? "optimizer.safetensors"
+                                                  : "rank-00000.safetensors");
+        find_tensor(file,
+                    types[i] == FSDP_STATE_DICT_LOCAL ? "state.layers.0.flat_param.exp_avg_sq"
+                                                      : "state.layers.0.weight.exp_avg_sq",
+                    name, sizeof(name));
+        rewrite_tensor(file, name, name, 5, -0.25f);
+        snprintf(says, sizeof(says), "tensor '%.*s' holds -0.25 at element 5",
+                 (int)strcspn(name, "@"), name);
+        refused_saying(j, NULL, says);
+        /* -0 is a square's mean too */
+        rewrite_tensor(file, name, name, 5, -0.0f);
+        CU_ASSERT_EQUAL(run(j), FSDP_OK);
+    }
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -662,6 +699,7 @@ int main(void)
         {"corrupted checkpoints refused", test_corrupted},
         {"checkpoint.json fields checked", test_fields},
         {"overlapping pieces refused", test_overlapping_pieces},
+        {"negative exp_avg_sq refused", test_negative_exp_avg_sq},
         {NULL, NULL},
     };
     int rc;

@@ -63,6 +63,27 @@ static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, co
     return FSDP_OK;
 }
 
+/* The optimizer state's range beyond finiteness: AdamW's exp_avg_sq, a running mean of squared
+ * gradients, is never negative, and a negative one turns the step's square root, then the loss,
+ * into NaN. `buf` is the buffer's name (NULL for the parameter); p may be unaligned. */
+static fsdp_status_t state_in_range(const load_ctx_t *lc, const char *name, const char *buf,
+                                    const void *p, size_t n, size_t start)
+{
+    if (buf == NULL || strcmp(buf, "exp_avg_sq") != 0)
+        return FSDP_OK;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, (const char *)p + i * sizeof(float), sizeof(v));
+        if (v < 0.0f) {
+            fsdp_error("%s: tensor '%s' holds %g at element %zu: refused (exp_avg_sq, a mean of "
+                       "squares, is never negative: a damaged file)",
+                       lc->dir, name, (double)v, start + i);
+            return FSDP_ERR_FORMAT;
+        }
+    }
+    return FSDP_OK;
+}
+
 /* A step count beyond this is corruption. */
 #define CKPT_STEP_MAX FSDP_OPTIM_STEP_MAX
 
@@ -352,7 +373,9 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
         snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
         if (fsdp_st_check_finite(t, msg) != FSDP_OK)
             return FSDP_ERR_FORMAT;
-        status = fsdp_dev_memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
+        status = state_in_range(lc, name, b.names[k], t->data, n, 0);
+        if (status == FSDP_OK)
+            status = fsdp_dev_memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
                                        fsdp_compute_stream(fs));
         if (status == FSDP_OK)
             status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
@@ -402,6 +425,9 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             }
             if (status == FSDP_OK)
                 status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
+            if (status == FSDP_OK)
+                status =
+                    state_in_range(lc, name, b.names[k], tmp, pi.numel_in_shard, pi.intra_start);
             if (status == FSDP_OK)
                 status = fsdp_dev_memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
                                                pi.numel_in_shard * sizeof(float),
