@@ -309,7 +309,8 @@ static void test_full_file_names(void)
 /* A save killed before its commit leaves the previous checkpoint as `latest`. */
 static void test_killed_save(void)
 {
-    char dir[300];
+    char dir[300], tmp_save[320];
+    struct stat st;
     job_t *j = calloc(1, sizeof(job_t)), *k;
     pid_t pid;
     int wstatus;
@@ -343,6 +344,13 @@ static void test_killed_save(void)
     CU_ASSERT_EQUAL(run(k), FSDP_OK);
     CU_ASSERT_EQUAL(k->loaded_step, 2);
     CU_ASSERT(memcmp(k->params, j->params, sizeof(j->params)) == 0);
+    /* the killed save's step-4.tmp is removed by the next save into the directory */
+    snprintf(tmp_save, sizeof(tmp_save), "%s/step-00000004.tmp", dir);
+    CU_ASSERT_EQUAL(stat(tmp_save, &st), 0);
+    k->save = 1;
+    k->save_step = 3;
+    CU_ASSERT_EQUAL(run(k), FSDP_OK);
+    CU_ASSERT_NOT_EQUAL(stat(tmp_save, &st), 0);
     free(j);
     free(k);
 }
