@@ -236,7 +236,7 @@ static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel,
             ps[np++] = (piece_t){lo, hi, (const char *)ten->data + (lo - off) * sizeof(float), r};
         }
     }
-    if (status == FSDP_OK)
+    if (status == FSDP_OK && np > 1)
         qsort(ps, (size_t)np, sizeof(*ps), piece_cmp);
     /* the pieces in order tile the range: each starts where the one before ended */
     for (int i = 0; i <= np && status == FSDP_OK; i++) {
