@@ -309,7 +309,8 @@ static void test_full_file_names(void)
 /* A save killed before its commit leaves the previous checkpoint as `latest`. */
 static void test_killed_save(void)
 {
-    char dir[300];
+    char dir[300], tmp_save[320];
+    struct stat st;
     job_t *j = calloc(1, sizeof(job_t)), *k;
     pid_t pid;
     int wstatus;
@@ -343,6 +344,13 @@ static void test_killed_save(void)
     CU_ASSERT_EQUAL(run(k), FSDP_OK);
     CU_ASSERT_EQUAL(k->loaded_step, 2);
     CU_ASSERT(memcmp(k->params, j->params, sizeof(j->params)) == 0);
+    /* the killed save's step-4.tmp is removed by the next save into the directory */
+    snprintf(tmp_save, sizeof(tmp_save), "%s/step-00000004.tmp", dir);
+    CU_ASSERT_EQUAL(stat(tmp_save, &st), 0);
+    k->save = 1;
+    k->save_step = 3;
+    CU_ASSERT_EQUAL(run(k), FSDP_OK);
+    CU_ASSERT_NOT_EQUAL(stat(tmp_save, &st), 0);
     free(j);
     free(k);
 }
@@ -535,6 +543,158 @@ static void test_fields(void)
     free(j);
 }
 
+/* ---- sharded pieces: each element of each tensor in exactly one piece ---- */
+
+/* Rewrites the safetensors file at path with tensor `from` renamed `to` and, when index >= 0,
+ * its element `index` (F32) set to value. */
+static void rewrite_tensor(const char *path, const char *from, const char *to, long index,
+                           float value)
+{
+    fsdp_st_file_t *f;
+    fsdp_st_entry_t *e;
+    float *copy = NULL;
+    int n;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    n = fsdp_st_num_tensors(f);
+    e = calloc((size_t)n, sizeof(*e));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+    for (int i = 0; i < n; i++) {
+        const fsdp_st_tensor_t *t = fsdp_st_tensor_at(f, i);
+        e[i] = (fsdp_st_entry_t){t->name, t->dtype, t->ndim, t->shape, t->data};
+        if (strcmp(t->name, from) != 0)
+            continue;
+        e[i].name = to;
+        if (index >= 0) {
+            CU_ASSERT_FATAL((uint64_t)index < t->numel && strcmp(t->dtype, "F32") == 0);
+            copy = malloc(t->nbytes);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(copy);
+            memcpy(copy, t->data, t->nbytes);
+            copy[index] = value;
+            e[i].data = copy;
+        }
+    }
+    /* written to a temporary and renamed: the mapping of the old file stays valid */
+    CU_ASSERT_EQUAL(fsdp_st_write(path, e, n, NULL, 0), FSDP_OK);
+    fsdp_st_close(f);
+    free(copy);
+    free(e);
+}
+
+/* The name of the first tensor of the file at path that starts with prefix (into out). */
+static void find_tensor(const char *path, const char *prefix, char *out, size_t len)
+{
+    fsdp_st_file_t *f;
+
+    out[0] = '\0';
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    for (int i = 0; i < fsdp_st_num_tensors(f) && out[0] == '\0'; i++)
+        if (strncmp(fsdp_st_tensor_at(f, i)->name, prefix, strlen(prefix)) == 0)
+            snprintf(out, len, "%s", fsdp_st_tensor_at(f, i)->name);
+    fsdp_st_close(f);
+    CU_ASSERT_FATAL(out[0] != '\0');
+}
+
+/* Runs j (or, when j is NULL, consolidates dir) and expects FSDP_ERR_FORMAT with `says` in the
+ * errors logged. */
+static void refused_saying(job_t *j, const char *dir, const char *says)
+{
+    char out[400];
+
+    log_text[0] = '\0';
+    fsdp_log_set_handler(capture_log, NULL);
+    if (j != NULL) {
+        CU_ASSERT_EQUAL(run(j), FSDP_ERR_FORMAT);
+    } else {
+        snprintf(out, sizeof(out), "%s/consolidated.safetensors", tmpdir);
+        CU_ASSERT_EQUAL(fsdp_checkpoint_consolidate(dir, out, NULL), FSDP_ERR_FORMAT);
+    }
+    fsdp_log_set_handler(NULL, NULL);
+    if (strstr(log_text, says) == NULL)
+        fprintf(stderr, "\n  expected '%s' in: %s", says, log_text);
+    CU_ASSERT_PTR_NOT_NULL(strstr(log_text, says));
+}
+
+/* Two pieces that overlap, their sizes adding up to the tensor's (so that part of it is in no
+ * piece), are refused by a load (into one rank, whose range is the whole tensor) and by
+ * consolidation, naming the tensor and the elements; so is a piece past the tensor's end. */
+static void test_overlapping_pieces(void)
+{
+    char dir[300], rank1[400], piece[128], moved[160], up[160], says[300];
+    job_t *j = calloc(1, sizeof(job_t));
+    long off;
+
+    saved_job(j, dir, sizeof(dir), "overlap");
+    snprintf(rank1, sizeof(rank1), "%s/step-00000001/rank-00001.safetensors", dir);
+    find_tensor(rank1, "layers.0.weight@", piece, sizeof(piece));
+    off = atol(piece + strlen("layers.0.weight@"));
+    CU_ASSERT_FATAL(off >= 2 && off < 66);
+    /* rank 1's piece of layers.0.weight moved 2 elements down: [off - 2, off) twice, the last
+     * 2 elements nowhere */
+    snprintf(moved, sizeof(moved), "layers.0.weight@%ld", off - 2);
+    rewrite_tensor(rank1, piece, moved, -1, 0.0f);
+    j->world = 1;
+    j->steps = 0;
+    snprintf(says, sizeof(says),
+             "tensor 'layers.0.weight': elements [%ld, %ld) are in two pieces (of "
+             "rank-00000.safetensors and rank-00001.safetensors)",
+             off - 2, off);
+    refused_saying(j, NULL, says);
+    refused_saying(NULL, dir, says);
+    /* 2 elements up instead: past the end of the 66 */
+    snprintf(up, sizeof(up), "layers.0.weight@%ld", off + 2);
+    rewrite_tensor(rank1, moved, up, -1, 0.0f);
+    snprintf(says, sizeof(says),
+             "rank-00001.safetensors: piece 'layers.0.weight@%ld' holds elements [%ld, %ld + %ld) "
+             "of tensor 'layers.0.weight', which has 66",
+             off + 2, off + 2, off + 2, 66 - off);
+    refused_saying(j, NULL, says);
+    refused_saying(NULL, dir, says);
+    /* put back, it loads and consolidates */
+    rewrite_tensor(rank1, up, piece, -1, 0.0f);
+    CU_ASSERT_EQUAL(run(j), FSDP_OK);
+    snprintf(says, sizeof(says), "%s/consolidated.safetensors", tmpdir);
+    CU_ASSERT_EQUAL(fsdp_checkpoint_consolidate(dir, says, NULL), FSDP_OK);
+    free(j);
+}
+
+/* A negative exp_avg_sq (AdamW's mean of squares) is refused on load, naming the tensor, from
+ * sharded, full and local checkpoints. */
+static void test_negative_exp_avg_sq(void)
+{
+    static const fsdp_state_dict_type_t types[] = {FSDP_STATE_DICT_SHARDED, FSDP_STATE_DICT_FULL,
+                                                   FSDP_STATE_DICT_LOCAL};
+    char dir[300], file[400], name[128], says[300];
+    job_t *j = calloc(1, sizeof(job_t));
+
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        saved_job(j, dir, sizeof(dir), fsdp_state_dict_type_name(types[i]));
+        j->save = 1;
+        j->load = 0;
+        j->type = types[i];
+        j->save_step = 2;
+        CU_ASSERT_EQUAL_FATAL(run(j), FSDP_OK);
+        j->save = 0;
+        j->load = 1;
+        j->steps = 0;
+        snprintf(file, sizeof(file), "%s/step-00000002/%s", dir,
+                 types[i] == FSDP_STATE_DICT_FULL ? "optimizer.safetensors"
+                                                  : "rank-00000.safetensors");
+        find_tensor(file,
+                    types[i] == FSDP_STATE_DICT_LOCAL ? "state.layers.0.flat_param.exp_avg_sq"
+                                                      : "state.layers.0.weight.exp_avg_sq",
+                    name, sizeof(name));
+        rewrite_tensor(file, name, name, 5, -0.25f);
+        snprintf(says, sizeof(says), "tensor '%.*s' holds -0.25 at element 5",
+                 (int)strcspn(name, "@"), name);
+        refused_saying(j, NULL, says);
+        /* -0 is a square's mean too */
+        rewrite_tensor(file, name, name, 5, -0.0f);
+        CU_ASSERT_EQUAL(run(j), FSDP_OK);
+    }
+    free(j);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
@@ -546,6 +706,8 @@ int main(void)
         {"a killed save leaves the old checkpoint", test_killed_save},
         {"corrupted checkpoints refused", test_corrupted},
         {"checkpoint.json fields checked", test_fields},
+        {"overlapping pieces refused", test_overlapping_pieces},
+        {"negative exp_avg_sq refused", test_negative_exp_avg_sq},
         {NULL, NULL},
     };
     int rc;

@@ -234,4 +234,33 @@ for n in 3 30 90; do
             grep -qx $(wc -l <"$tmp/resumed_steps")"
 done
 
+
+# two runs at once on one checkpoint directory or one trace: the second is refused at once,
+# naming the first's pid, and writes nothing there; the lock dies with its holder
+rm -rf "$tmp/one" "$tmp/one.db"*
+: >"$tmp/kout"
+"$train" --model mlp:32,256,256,8 --world 2 --steps 100000 --checkpoint-every 100000 \
+    --save-checkpoint "$tmp/one" --trace "$tmp/one.db" >"$tmp/kout" 2>&1 &
+pid=$!
+wait_lines "$tmp/kout" '^step ' 1 60
+timeout 20 "$train" --model mlp:8,8,2 --steps 2 --save-checkpoint "$tmp/one" >"$tmp/out2" 2>"$tmp/err"
+check "a second run saving into a checkpoint directory in use is refused" test $? -ne 0
+check "  naming the first run's pid" \
+    grep -q "checkpoint directory '$tmp/one' is in use by another run (pid $pid on " "$tmp/err"
+check "  in one line, before any step" \
+    sh -c "test \$(wc -l <'$tmp/err') -eq 1 && ! grep -q '^step ' '$tmp/out2'"
+check "  and saves nothing there" test ! -e "$tmp/one/latest"
+timeout 20 "$train" --model mlp:8,8,2 --steps 2 --trace "$tmp/one.db" >"$tmp/out2" 2>"$tmp/err"
+rc=$?
+check "a second run on a trace in use is refused at open" \
+    sh -c "test $rc -ne 0 && ! grep -q '^step ' '$tmp/out2'"
+check "  naming the first run's pid" \
+    grep -q "trace '$tmp/one.db' is in use by another run (pid $pid on " "$tmp/err"
+kill -9 $pid
+wait $pid 2>/dev/null
+"$train" --model mlp:8,8,2 --steps 2 --save-checkpoint "$tmp/one" --trace "$tmp/one.db" \
+    >/dev/null 2>"$tmp/err"
+check "once the first run is killed, the next saves and traces there" test $? -eq 0
+check "  and leaves no lock file" sh -c "test ! -e '$tmp/one/lock' && test ! -e '$tmp/one.db.lock'"
+
 exit $fail

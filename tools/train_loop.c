@@ -4,10 +4,15 @@
  * trace, the launch of the ranks and the report. The model's own part is train_model_ops_t. */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "io/lock.h"
 #include "progress.h"
 #include "train_launch.h"
 #include "train_loop.h"
@@ -129,6 +134,43 @@ static fsdp_status_t train_rank(fsdp_dev_t *dev, void *arg)
     return status;
 }
 
+/* --save-checkpoint DIR is this run's alone until it ends: DIR (created if needed) is locked by
+ * DIR/lock, so that a second run saving there is refused at once, naming this one's pid, instead
+ * of replacing this run's checkpoints with its own. *created_p says whether DIR was made here. */
+static int lock_checkpoint_dir(const char *dir, fsdp_lock_t **lock_p, int *created_p)
+{
+    char path[4096], what[4200];
+
+    *lock_p = NULL;
+    *created_p = 0;
+    if (dir == NULL)
+        return 0;
+    if (snprintf(path, sizeof(path), "%s/lock", dir) >= (int)sizeof(path)) {
+        cli_error("--save-checkpoint: the path '%s' is too long", dir);
+        return -1;
+    }
+    if (mkdir(dir, 0755) == 0) {
+        *created_p = 1;
+    } else if (errno != EEXIST) {
+        cli_error("--save-checkpoint %s: cannot create the directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    snprintf(what, sizeof(what), "checkpoint directory '%s'", dir);
+    if (fsdp_lock_take(path, what, 0, lock_p) == FSDP_OK)
+        return 0;
+    if (*created_p)
+        rmdir(dir);
+    return -1; /* it said why */
+}
+
+/* Drops the lock, and the directory when this run made it and saved nothing into it. */
+static void unlock_checkpoint_dir(const char *dir, fsdp_lock_t *lock, int created)
+{
+    fsdp_lock_release(lock);
+    if (created)
+        rmdir(dir); /* fails, as it should, once it holds a checkpoint */
+}
+
 int train_loop_run(const train_args_t *a, const train_model_t *m, int argc, char **argv)
 {
     loop_shared_t sh = {.a = a, .m = m};
@@ -136,17 +178,24 @@ int train_loop_run(const train_args_t *a, const train_model_t *m, int argc, char
     char trace_buf[4096];
     const char *trace_path =
         train_launch_trace_path(&a->launch, a->trace_path, trace_buf, sizeof(trace_buf));
+    fsdp_lock_t *ckpt_lock = NULL;
     fsdp_status_t status;
     double t0, dt;
-    int rc = 1;
+    int rc = 1, ckpt_created = 0;
 
     sh.peak = calloc((size_t)a->world, sizeof(size_t));
     if (sh.peak == NULL) {
         cli_error("out of host memory");
         return 2;
     }
+    /* the process that reports is the one that commits checkpoints (rank 0) */
+    if (report && lock_checkpoint_dir(a->ckpt_dir, &ckpt_lock, &ckpt_created) != 0) {
+        free(sh.peak);
+        return 2;
+    }
     if (train_trace_open(trace_path, &a->launch, &a->fsdp, m->name, argc, argv, &sh.trace) !=
         FSDP_OK) {
+        unlock_checkpoint_dir(a->ckpt_dir, ckpt_lock, ckpt_created);
         free(sh.peak);
         return 2; /* it said why */
     }
@@ -184,6 +233,7 @@ int train_loop_run(const train_args_t *a, const train_model_t *m, int argc, char
     train_report_outputs(report ? a->ckpt_dir : NULL, trace_path);
     rc = 0;
 out:
+    unlock_checkpoint_dir(a->ckpt_dir, ckpt_lock, ckpt_created);
     free(sh.peak);
     return rc;
 }

@@ -3,7 +3,9 @@
  * A checkpoint directory holds one subdirectory per saved step and a `latest` file naming the
  * newest complete one. A save writes into `step-N.tmp/`, then renames it to `step-N/` and
  * replaces `latest` atomically, so a crash during a save leaves the previous checkpoint
- * loadable. Both calls are collectives: every rank calls them.
+ * loadable; the `step-N.tmp/` a crash leaves is removed by the next save into the directory (one
+ * run saves into a directory at a time: fsdp-train locks it). Both calls are collectives: every
+ * rank calls them.
  *
  * FULL: `model.safetensors` holds the unsharded parameters under their plain names (tied
  * aliases once), readable by PyTorch and HF tools as it is; `optimizer.safetensors` holds the

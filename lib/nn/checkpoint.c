@@ -8,6 +8,7 @@
 #include "io/fs.h"
 #include "nn/ckpt_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -66,6 +67,32 @@ static int rm_tree(const char *path)
     if (lstat(path, &st) != 0)
         return errno == ENOENT ? 0 : -1;
     return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Removes dir's step-N.tmp directories: the unfinished saves of a killed run (the one run that
+ * saves into dir at a time is this one, fsdp-train's lock says; its own saves are done). */
+static void remove_stale_saves(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        const char *p = e->d_name;
+        char path[PATH_MAX];
+        size_t len = strlen(p);
+        if (strncmp(p, "step-", 5) != 0 || len < 10 || strcmp(p + len - 4, ".tmp") != 0 ||
+            strspn(p + 5, "0123456789") != len - 9)
+            continue;
+        if (fsdp_ckpt_path_join(path, sizeof(path), dir, p) != FSDP_OK)
+            continue;
+        if (rm_tree(path) == 0)
+            fsdp_info("%s: removed, an unfinished save of a run that was stopped", path);
+        else
+            fsdp_warn("%s: cannot remove this unfinished save: %s", path, strerror(errno));
+    }
+    closedir(d);
 }
 
 /* Writes a small text file atomically (dir/name). */
@@ -539,7 +566,10 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
             fsdp_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
             status = FSDP_ERR_IO;
-        } else if (rm_tree(tmpdir) != 0 || mkdir(tmpdir, 0755) != 0) {
+        }
+        if (status == FSDP_OK)
+            remove_stale_saves(dir);
+        if (status == FSDP_OK && (rm_tree(tmpdir) != 0 || mkdir(tmpdir, 0755) != 0)) {
             fsdp_error("%s: cannot create: %s", tmpdir, strerror(errno));
             status = FSDP_ERR_IO;
         }

@@ -55,6 +55,27 @@ static fsdp_status_t finite_or_refuse(const load_ctx_t *lc, const char *name, co
     return fsdp_st_check_finite_f32(lc->dir, name, p, n, start);
 }
 
+/* The optimizer state's range beyond finiteness: AdamW's exp_avg_sq, a running mean of squared
+ * gradients, is never negative, and a negative one turns the step's square root, then the loss,
+ * into NaN. `buf` is the buffer's name (NULL for the parameter); p may be unaligned. */
+static fsdp_status_t state_in_range(const load_ctx_t *lc, const char *name, const char *buf,
+                                    const void *p, size_t n, size_t start)
+{
+    if (buf == NULL || strcmp(buf, "exp_avg_sq") != 0)
+        return FSDP_OK;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, (const char *)p + i * sizeof(float), sizeof(v));
+        if (v < 0.0f) {
+            fsdp_error("%s: tensor '%s' holds %g at element %zu: refused (exp_avg_sq, a mean of "
+                       "squares, is never negative: a damaged file)",
+                       lc->dir, name, (double)v, start + i);
+            return FSDP_ERR_FORMAT;
+        }
+    }
+    return FSDP_OK;
+}
+
 /* A step count beyond this is corruption. */
 #define CKPT_STEP_MAX FSDP_OPTIM_STEP_MAX
 
@@ -119,50 +140,147 @@ static fsdp_status_t meta_opt_step(const load_ctx_t *lc, const char *name, int64
     return status;
 }
 
-/* Fills dst[0 .. n) with elements [start, start + n) of the flattened tensor `name` (a
- * parameter or `state.<param>.<buffer>`) from a sharded checkpoint's pieces. */
-static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t start, size_t n,
-                                        float *dst)
+/* A piece of a sharded checkpoint, clipped to the range a read needs: elements [lo, hi) of the
+ * flattened tensor, at data (element lo), from rank file `rank`. */
+typedef struct piece {
+    size_t lo, hi;
+    const void *data;
+    int rank;
+} piece_t;
+
+static int piece_cmp(const void *a, const void *b)
 {
-    size_t covered = 0;
-    char prefix[600];
-    size_t plen;
+    const piece_t *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : x->hi < y->hi ? -1 : x->hi > y->hi;
+}
+
+/* The offset of a piece named <name>@<offset>: decimal digits alone, within a size_t. */
+static int piece_offset(const char *s, size_t *off_p)
+{
+    char *end;
+    unsigned long long v;
+
+    if (*s < '0' || *s > '9')
+        return 0;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > SIZE_MAX)
+        return 0;
+    *off_p = (size_t)v;
+    return 1;
+}
+
+/* Every piece of the flattened tensor `name` (a parameter or `state.<param>.<buffer>`, numel
+ * elements) in every rank file, clipped to [start, start + n), sorted; refused, naming the
+ * tensor and the elements, unless they hold each element of the range exactly once. A piece
+ * past the tensor's end is refused wherever it lies. *pieces_p is the caller's to free. */
+static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel, size_t start,
+                                 size_t n, piece_t **pieces_p, int *npieces_p)
+{
+    piece_t *ps = NULL;
+    int np = 0, cap = 0;
+    size_t next = start, plen;
+    char prefix[600], msg[900];
+    fsdp_status_t status = FSDP_OK;
 
     snprintf(prefix, sizeof(prefix), "%s@", name);
     plen = strlen(prefix);
-    for (int r = 0; r < lc->old_world && covered < n; r++) {
+    for (int r = 0; r < lc->old_world && status == FSDP_OK; r++) {
         char fname[64];
         fsdp_st_file_t *f;
-        fsdp_status_t status;
         snprintf(fname, sizeof(fname), "rank-%05d.safetensors", r);
         status = open_file(lc, r, fname, &f);
-        if (status != FSDP_OK)
-            return status;
-        for (int t = 0; t < fsdp_st_num_tensors(f); t++) {
+        for (int t = 0; status == FSDP_OK && t < fsdp_st_num_tensors(f); t++) {
             const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f, t);
-            char *end;
             size_t off, cnt, lo, hi;
             if (strncmp(ten->name, prefix, plen) != 0)
                 continue;
-            off = strtoull(ten->name + plen, &end, 10);
-            if (*end != '\0' || strcmp(ten->dtype, "F32") != 0 || ten->ndim != 1)
-                return bad_checkpoint(lc, "a piece is not a 1-d F32 tensor named <name>@offset");
+            if (!piece_offset(ten->name + plen, &off) || strcmp(ten->dtype, "F32") != 0 ||
+                ten->ndim != 1) {
+                snprintf(msg, sizeof(msg),
+                         "%s: piece '%s' is not a 1-d F32 tensor named <name>@<offset>", fname,
+                         ten->name);
+                status = bad_checkpoint(lc, msg);
+                break;
+            }
             cnt = (size_t)ten->numel;
+            if (off > numel || cnt > numel - off) {
+                snprintf(msg, sizeof(msg),
+                         "%s: piece '%s' holds elements [%zu, %zu + %zu) of tensor '%s', which "
+                         "has %zu",
+                         fname, ten->name, off, off, cnt, name, numel);
+                status = bad_checkpoint(lc, msg);
+                break;
+            }
             lo = off > start ? off : start;
             hi = off + cnt < start + n ? off + cnt : start + n;
             if (lo >= hi)
                 continue;
-            memcpy(dst + (lo - start), (const float *)ten->data + (lo - off),
-                   (hi - lo) * sizeof(float));
-            covered += hi - lo;
+            if (np == cap) {
+                piece_t *grown = realloc(ps, sizeof(*ps) * (size_t)(cap ? 2 * cap : 16));
+                if (grown == NULL) {
+                    status = FSDP_ERR_NO_MEMORY;
+                    break;
+                }
+                ps = grown;
+                cap = cap ? 2 * cap : 16;
+            }
+            ps[np++] = (piece_t){lo, hi, (const char *)ten->data + (lo - off) * sizeof(float), r};
         }
     }
-    if (covered != n) {
-        char msg[700];
-        snprintf(msg, sizeof(msg), "the pieces of '%s' cover %zu of the %zu elements needed", name,
-                 covered, n);
-        return bad_checkpoint(lc, msg);
+    if (status == FSDP_OK && np > 1)
+        qsort(ps, (size_t)np, sizeof(*ps), piece_cmp);
+    /* the pieces in order tile the range: each starts where the one before ended */
+    for (int i = 0; i <= np && status == FSDP_OK; i++) {
+        size_t lo = i < np ? ps[i].lo : start + n;
+        if (lo > next) {
+            snprintf(msg, sizeof(msg),
+                     "tensor '%s': elements [%zu, %zu) are in no piece: each element must be in "
+                     "exactly one",
+                     name, next, lo);
+            status = bad_checkpoint(lc, msg);
+        } else if (lo < next) {
+            snprintf(msg, sizeof(msg),
+                     "tensor '%s': elements [%zu, %zu) are in two pieces (of "
+                     "rank-%05d.safetensors and rank-%05d.safetensors): each element must be in "
+                     "exactly one",
+                     name, lo, next < ps[i].hi ? next : ps[i].hi, ps[i - 1].rank, ps[i].rank);
+            status = bad_checkpoint(lc, msg);
+        } else if (i < np) {
+            next = ps[i].hi;
+        }
     }
+    if (status != FSDP_OK) {
+        free(ps);
+        return status;
+    }
+    *pieces_p = ps;
+    *npieces_p = np;
+    return FSDP_OK;
+}
+
+/* Elements [start, start + n) of the flattened tensor `name` (numel elements) from a sharded
+ * checkpoint's pieces, into *data_p (allocated once the pieces are known to hold each element
+ * exactly once; the caller frees it). */
+static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t numel,
+                                        size_t start, size_t n, float **data_p)
+{
+    piece_t *ps = NULL;
+    int np = 0;
+    float *dst;
+    fsdp_status_t status = find_pieces(lc, name, numel, start, n, &ps, &np);
+
+    if (status != FSDP_OK)
+        return status;
+    dst = malloc(n * sizeof(float) + 1);
+    if (dst == NULL) {
+        free(ps);
+        return FSDP_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < np; i++)
+        memcpy(dst + (ps[i].lo - start), ps[i].data, (ps[i].hi - ps[i].lo) * sizeof(float));
+    free(ps);
+    *data_p = dst;
     return FSDP_OK;
 }
 
@@ -247,7 +365,9 @@ static fsdp_status_t load_unit_local(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_
         snprintf(msg, sizeof(msg), "%s/%s", lc->dir, fname);
         if (fsdp_st_check_finite(t, msg) != FSDP_OK)
             return FSDP_ERR_FORMAT;
-        status = fsdp_dev_memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
+        status = state_in_range(lc, name, b.names[k], t->data, n, 0);
+        if (status == FSDP_OK)
+            status = fsdp_dev_memcpy_async(dev, b.shard[k], t->data, n * sizeof(float),
                                        fsdp_compute_stream(fs));
         if (status == FSDP_OK)
             status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
@@ -284,17 +404,22 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             continue;
         for (int k = 0; k < b.n && status == FSDP_OK; k++) {
             char name[512];
-            float *tmp = malloc(pi.numel_in_shard * sizeof(float));
-            if (tmp == NULL)
-                return FSDP_ERR_NO_MEMORY;
+            float *tmp = NULL;
             fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
-            if (lc->type == FSDP_STATE_DICT_SHARDED)
-                status = read_sharded_range(lc, name, pi.intra_start, pi.numel_in_shard, tmp);
-            else
-                status = read_full_range(lc, k == 0 ? 0 : 1, &pi, name, pi.intra_start,
-                                         pi.numel_in_shard, tmp);
+            if (lc->type == FSDP_STATE_DICT_SHARDED) {
+                status =
+                    read_sharded_range(lc, name, pi.numel, pi.intra_start, pi.numel_in_shard, &tmp);
+            } else {
+                tmp = malloc(pi.numel_in_shard * sizeof(float));
+                status = tmp == NULL ? FSDP_ERR_NO_MEMORY
+                                     : read_full_range(lc, k == 0 ? 0 : 1, &pi, name,
+                                                       pi.intra_start, pi.numel_in_shard, tmp);
+            }
             if (status == FSDP_OK)
                 status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
+            if (status == FSDP_OK)
+                status =
+                    state_in_range(lc, name, b.names[k], tmp, pi.numel_in_shard, pi.intra_start);
             if (status == FSDP_OK)
                 status = fsdp_dev_memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
                                                pi.numel_in_shard * sizeof(float),
@@ -475,23 +600,25 @@ static fsdp_status_t consolidate_sharded(load_ctx_t *lc, entry_list_t *l, int *n
     if (!json_is_object(params))
         return bad_checkpoint(lc, "checkpoint.json has no params");
     json_object_foreach (params, name, p) {
-        json_t *shape = json_object_get(p, "shape");
+        json_t *shape = json_object_get(p, "shape"), *jn = json_object_get(p, "numel");
         int64_t dims[FSDP_MAX_DIMS];
-        size_t numel = (size_t)json_integer_value(json_object_get(p, "numel")), n = 1;
-        int ndim = (int)json_array_size(shape);
-        float *full;
+        size_t numel = 0, n = 1;
+        int ndim = (int)json_array_size(shape), bad = !json_is_integer(jn);
+        float *full = NULL;
         if (!json_is_array(shape) || ndim > FSDP_MAX_DIMS)
             return bad_checkpoint(lc, "a parameter of checkpoint.json has no valid shape");
         for (int d = 0; d < ndim; d++) {
-            dims[d] = json_integer_value(json_array_get(shape, (size_t)d));
-            n *= (size_t)dims[d];
+            json_t *jd = json_array_get(shape, (size_t)d);
+            dims[d] = json_integer_value(jd);
+            bad |= !json_is_integer(jd) || dims[d] < 0 ||
+                   __builtin_mul_overflow(n, (size_t)dims[d], &n);
         }
-        if (n != numel || dims[0] < 0)
+        if (!bad && json_integer_value(jn) >= 0)
+            numel = (size_t)json_integer_value(jn);
+        if (bad || json_integer_value(jn) < 0 || n != numel)
             return bad_checkpoint(lc, "a parameter's numel is not the product of its shape");
-        full = malloc(numel * sizeof(float) + 1);
-        if (full == NULL)
-            return FSDP_ERR_NO_MEMORY;
-        status = read_sharded_range(lc, name, 0, numel, full);
+        /* the pieces are checked before the tensor is allocated: a damaged numel costs nothing */
+        status = read_sharded_range(lc, name, numel, 0, numel, &full);
         ndims[l->n] = ndim;
         if (status == FSDP_OK)
             status = fsdp_ckpt_list_add(l, name, ndim, dims, full);

@@ -150,6 +150,7 @@ static void trace_free(fsdp_trace_t *t)
         free(t->strs[i].text);
     free(t->strs);
     sqlite3_close(t->db);
+    fsdp_lock_release(t->file_lock);
     free(t->path);
     free(t);
 }
@@ -168,6 +169,32 @@ static int trace_cond_init_monotonic(pthread_cond_t *cond)
         rc = pthread_cond_init(cond, &attr);
     pthread_condattr_destroy(&attr);
     return rc;
+}
+
+/* One writing run per trace, refused here: two would interleave their rows, and SQLite would
+ * answer one of them "database is locked" at some later step. */
+static fsdp_status_t trace_lock(fsdp_trace_t *t)
+{
+    size_t len = strlen(t->path);
+    char *lock_path, *what;
+    fsdp_status_t status;
+
+    if (len == 0)
+        return FSDP_OK; /* refused by the open */
+    lock_path = malloc(len + sizeof(".lock"));
+    what = malloc(len + sizeof("trace ''"));
+    if (lock_path == NULL || what == NULL) {
+        free(lock_path);
+        free(what);
+        fsdp_error("fsdp_trace_open: out of host memory");
+        return FSDP_ERR_NO_MEMORY;
+    }
+    sprintf(lock_path, "%s.lock", t->path);
+    sprintf(what, "trace '%s'", t->path);
+    status = fsdp_lock_take(lock_path, what, FSDP_LOCK_IF_WRITABLE, &t->file_lock);
+    free(lock_path);
+    free(what);
+    return status;
 }
 
 fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *info,
@@ -198,6 +225,9 @@ fsdp_status_t fsdp_trace_open(const char *path, const fsdp_trace_run_info_t *inf
     }
     for (int r = 0; r < t->world; r++)
         t->rank_step[r] = -1;
+    status = trace_lock(t);
+    if (status != FSDP_OK)
+        goto err_free;
     status = fsdp_trace_db_open(path, 1, &t->db);
     if (status != FSDP_OK)
         goto err_free;

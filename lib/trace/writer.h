@@ -5,6 +5,7 @@
 #ifndef FSDP_TRACE_WRITER_H
 #define FSDP_TRACE_WRITER_H
 
+#include "io/lock.h"
 #include "trace/trace_int.h"
 
 #include <pthread.h>
@@ -83,6 +84,7 @@ struct fsdp_trace_rank {
 
 struct fsdp_trace {
     char *path;
+    fsdp_lock_t *file_lock; /* path.lock: one writing run at a time (NULL: not lockable) */
     sqlite3 *db;
     int64_t run_id;
     sqlite3_stmt *ins_event, *ins_events, *ins_step; /* one row, TRACE_INSERT_ROWS rows */

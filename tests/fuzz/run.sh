@@ -10,7 +10,8 @@ src=$(cd "$here/../.." && pwd)
 build=${FUZZ_BUILD:-$src/_build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 jobs=${FUZZ_JOBS:-2}
-harnesses=${*:-safetensors tokens profile hostlist rendezvous checkpoint_json model_spec llama_index trace}
+harnesses=${*:-safetensors tokens profile hostlist rendezvous checkpoint_json checkpoint_pieces model_spec
+    llama_index trace}
 cc=${FUZZ_CC:-clang}
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=all"
 
