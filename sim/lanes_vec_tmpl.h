@@ -31,19 +31,32 @@ EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_
         r[i] = EV(ld)(p, dt, o + i * EV_W);
 }
 
+/* A vector's lanes rearranged: clang's and gcc >= 12's __builtin_shufflevector, gcc's older
+ * __builtin_shuffle (as sim/gemm.c's FSDP_GEMM_SHUF4). */
+#ifndef FSDP_LANES_SHUF4
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shufflevector(v, v, a, b, c, d)
+#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                               \
+    __builtin_shufflevector(v, v, a, b, c, d, e, f, g, h)
+#else
+#define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shuffle(v, (vi){a, b, c, d})
+#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h) __builtin_shuffle(v, (vi){a, b, c, d, e, f, g, h})
+#endif
+#endif
+
 /* v with lanes s .. 2 s - 1 moved down to lanes 0 .. s - 1 (the others: whatever) */
 EV_INLINE vf EV(down)(vf v, int s)
 {
 #if EV_W == 8
     if (s == 4)
-        return __builtin_shuffle(v, (vi){4, 5, 6, 7, 4, 5, 6, 7});
+        return FSDP_LANES_SHUF8(v, 4, 5, 6, 7, 4, 5, 6, 7);
     if (s == 2)
-        return __builtin_shuffle(v, (vi){2, 3, 2, 3, 6, 7, 6, 7});
-    return __builtin_shuffle(v, (vi){1, 1, 3, 3, 5, 5, 7, 7});
+        return FSDP_LANES_SHUF8(v, 2, 3, 2, 3, 6, 7, 6, 7);
+    return FSDP_LANES_SHUF8(v, 1, 1, 3, 3, 5, 5, 7, 7);
 #else
     if (s == 2)
-        return __builtin_shuffle(v, (vi){2, 3, 2, 3});
-    return __builtin_shuffle(v, (vi){1, 1, 3, 3});
+        return FSDP_LANES_SHUF4(v, 2, 3, 2, 3);
+    return FSDP_LANES_SHUF4(v, 1, 1, 3, 3);
 #endif
 }
 
