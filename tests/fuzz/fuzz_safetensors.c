@@ -2,6 +2,8 @@
 #include <fsdp/log.h>
 #include <fsdp/safetensors.h>
 
+#include "io/io_hidden.h" /* fsdp_st_open_buffer, fsdp_st_metadata */
+
 #include <stddef.h>
 #include <stdint.h>
 

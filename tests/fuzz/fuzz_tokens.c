@@ -2,6 +2,8 @@
 #include <fsdp/data.h>
 #include <fsdp/log.h>
 
+#include "nn/nn_hidden.h" /* fsdp_tokens_at */
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

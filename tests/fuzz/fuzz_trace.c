@@ -7,6 +7,9 @@
 #include <fsdp/sim.h>
 #include <fsdp/trace.h>
 
+#include "sim/sim_hidden.h"     /* fsdp_sim_profile_preset */
+#include "trace/trace_hidden.h" /* fsdp_trace_plot_svg */
+
 #include <sqlite3.h>
 #include <stddef.h>
 #include <stdint.h>
