@@ -3,9 +3,12 @@
  * cast on 2^20 elements, each ISA's best of several rounds (the rounds alternate the ISAs, so
  * that a noisy machine slows them alike), and the speedup over the scalar loop; the same for the
  * fused attention's forward and backward (its lanes as vectors, sim/lanes_vec_tmpl.h) on
- * llama-tiny's, stories15M's and head_dim 128 shapes. Then, unless
- * --quick, GPT-2 124M training steps (B=4, T=64, AdamW, one rank on one thread) with the scalar
- * loops and with the widest vectors, alternated, and the ratio of their step times.
+ * llama-tiny's, stories15M's and head_dim 128 shapes. Then, unless --quick, training steps
+ * (AdamW, one rank on one thread) of GPT-2 124M (B=4, T=64), of a stories15M-shaped Llama (6
+ * layers of 288, 6 heads, SwiGLU of 768, vocab 32000; B=4, T=256) and of gpt2-tiny (B=32, T=64),
+ * each with the scalar loops and with the widest vectors, alternated, and the ratio of their step
+ * times: the scalar run is the reference, the same step with the element-wise kernels' and the
+ * fused attention's vector paths off (the same bytes; the GEMMs keep their vector kernel in both).
  *
  *     bench_elem [--quick] [--rounds N] [--steps N]
  *
@@ -197,10 +200,25 @@ static void bench_attention(const char *what, size_t B, size_t T, size_t H, size
     free(delta);
 }
 
-/* ---- GPT-2 124M steps ---- */
+/* ---- training steps: GPT-2 124M, a stories15M-shaped Llama, gpt2-tiny ---- */
+
+typedef struct step_model {
+    const char *name;
+    const char *spec; /* fsdp_gpt2_config_parse's or, with llama, fsdp_llama_config_parse's */
+    int llama;
+    size_t batch, seq;
+} step_model_t;
+
+static const step_model_t step_models[] = {
+    {"GPT-2 124M", "gpt2", 0, 4, 64},
+    {"stories15M", "llama:layers=6,heads=6,kv_heads=6,dim=288,ffn=768,seq=256,vocab=32000", 1, 4,
+     256},
+    {"gpt2-tiny", "gpt2-tiny", 0, 32, 64},
+};
 
 typedef struct step_ctx {
     fsdp_tokens_t *tokens;
+    const step_model_t *model;
     int steps;
     double seconds; /* the rank thread's CPU time of its fastest step after the first */
     float last_loss;
@@ -209,10 +227,11 @@ typedef struct step_ctx {
 static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
 {
     step_ctx_t *c = arg;
-    const size_t B = 4, T = 64;
+    const size_t B = c->model->batch, T = c->model->seq;
     int32_t *in = alloc(B * T * sizeof(int32_t)), *tg = alloc(B * T * sizeof(int32_t));
     fsdp_batch_spec_t spec = {B, T, dev->rank, dev->world_size, 1};
     fsdp_gpt2_config_t cfg;
+    fsdp_llama_config_t lcfg;
     fsdp_optim_config_t oc;
     fsdp_config_t fc;
     fsdp_t *fs = NULL;
@@ -222,10 +241,12 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
 
     fsdp_config_init(&fc);
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
-    fsdp_gpt2_config_parse("gpt2", &cfg);
-    st = fsdp_create(dev, &fc, &fs);
+    st = c->model->llama ? fsdp_llama_config_parse(c->model->spec, &lcfg)
+                         : fsdp_gpt2_config_parse(c->model->spec, &cfg);
     if (st == FSDP_OK)
-        st = fsdp_gpt2_create(fs, &cfg, &m);
+        st = fsdp_create(dev, &fc, &fs);
+    if (st == FSDP_OK)
+        st = c->model->llama ? fsdp_llama_create(fs, &lcfg, &m) : fsdp_gpt2_create(fs, &cfg, &m);
     if (st == FSDP_OK)
         st = fsdp_lm_init_params(m, 1);
     if (st == FSDP_OK)
@@ -252,9 +273,9 @@ static fsdp_status_t step_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* CPU seconds of the fastest step after the first, on one rank and one thread */
-static double run_steps(fsdp_tokens_t *t, int steps, float *loss)
+static double run_steps(fsdp_tokens_t *t, const step_model_t *model, int steps, float *loss)
 {
-    step_ctx_t c = {t, steps, 0.0, 0.0f};
+    step_ctx_t c = {t, model, steps, 0.0, 0.0f};
     fsdp_sim_params_t p;
 
     fsdp_sim_params_init(&p);
@@ -301,25 +322,27 @@ int main(int argc, char **argv)
         return 0;
     if (corpus_open_default(argv[0], &t) != FSDP_OK)
         return 1;
-    printf("GPT-2 124M, 1 rank on 1 thread, B=4 T=64, AdamW: CPU s of the fastest of steps "
-           "2..%d, scalar and %s loops alternated:\n",
-           steps, (fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO), fsdp_sim_elem_isa_name()));
-    {
+    for (size_t k = 0; k < sizeof(step_models) / sizeof(step_models[0]); k++) {
+        const step_model_t *mdl = &step_models[k];
         double best[2] = {1e30, 1e30};
         float loss[2];
+        printf("%s, 1 rank on 1 thread, B=%zu T=%zu, AdamW: CPU s of the fastest of steps "
+               "2..%d, scalar and %s loops alternated:\n",
+               mdl->name, mdl->batch, mdl->seq, steps,
+               (fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO), fsdp_sim_elem_isa_name()));
         for (int r = 0; r < 3; r++) {
             for (int v = 0; v < 2; v++) {
                 double s;
                 fsdp_sim_elem_set_isa(v == 0 ? FSDP_SIM_ELEM_SCALAR : FSDP_SIM_ELEM_AUTO);
-                s = run_steps(t, steps, &loss[v]);
-                printf("  %-7s %.3f s (loss after step %d: %.7f)\n", v == 0 ? "scalar" : "vector",
+                s = run_steps(t, mdl, steps, &loss[v]);
+                printf("  %-7s %.4f s (loss after step %d: %.7f)\n", v == 0 ? "scalar" : "vector",
                        s, steps, (double)loss[v]);
                 if (s < best[v])
                     best[v] = s;
             }
         }
-        printf("  best: scalar %.3f s, vector %.3f s: %.3fx; losses %s\n", best[0], best[1],
-               best[0] / best[1],
+        printf("  best: scalar %.4f s, vector %.4f s: %.3fx, %.0f tokens/s; losses %s\n", best[0],
+               best[1], best[0] / best[1], (double)(mdl->batch * mdl->seq) / best[1],
                memcmp(&loss[0], &loss[1], sizeof(float)) == 0 ? "equal" : "DIFFER");
     }
     fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);

@@ -340,6 +340,14 @@ fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t 
     if (status != FSDP_OK)
         return status;
 
+    if (world->params.fibers)
+        fsdp_debug("fsdp_sim_launch: %d rank%s as fibers on %d worker thread%s", world->n_devs,
+                   world->n_devs > 1 ? "s" : "", world->params.workers,
+                   world->params.workers > 1 ? "s" : "");
+    else
+        fsdp_debug("fsdp_sim_launch: %d rank%s, a thread each, with at most %d kernel thread%s "
+                   "each", world->n_devs, world->n_devs > 1 ? "s" : "", world->devs[0].threads,
+                   world->devs[0].threads > 1 ? "s" : "");
     if (world->params.fibers) {
         static const fsdp_sim_fiber_calls_t calls = {fsdp_sim_rank_body,
                                                      fsdp_sim_comm_timeout_locked};

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -154,6 +155,12 @@ size_t train_launch_data_bytes(const train_launch_t *l, uint64_t params,
     return need < (double)limit ? limit - (size_t)need : 0;
 }
 
+static int online_cpus(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 ? (int)(cpus < 4096 ? cpus : 4096) : 1;
+}
+
 fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, void *arg)
 {
     fsdp_sim_params_t sim;
@@ -163,7 +170,14 @@ fsdp_status_t train_launch_run(const train_launch_t *l, fsdp_rank_func_t func, v
     fsdp_sim_params_init(&sim);
     sim.world_size = l->world;
     sim.timeout_s = l->timeout_s;
-    sim.threads = l->threads;
+    /* --threads bounds the whole run: a world of more ranks than that runs its ranks as fibers
+     * on that many worker threads (the same results, bit for bit); a smaller one gives each rank
+     * its share of them for its kernels */
+    sim.threads = l->threads > 0 ? l->threads : online_cpus();
+    if (l->world > sim.threads) {
+        sim.fibers = 1;
+        sim.workers = sim.threads;
+    }
     sim.host_memory = l->host_memory;
     sim.no_pack_cache = l->no_pack_cache;
     train_launch_sim_profile(l, &sim.profile);
