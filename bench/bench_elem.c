@@ -3,14 +3,15 @@
  * cast on 2^20 elements, each ISA's best of several rounds (the rounds alternate the ISAs, so
  * that a noisy machine slows them alike), and the speedup over the scalar loop; the same for the
  * fused attention's forward and backward (its lanes as vectors, sim/lanes_vec_tmpl.h) on
- * llama-tiny's, stories15M's and head_dim 128 shapes. Then, unless --quick, training steps
+ * llama-tiny's, stories15M's and head_dim 128 shapes (with --long, also T = 1024 and 2048 at
+ * head_dim 48, 64 and 128: keys and values past the caches). Then, unless --quick, training steps
  * (AdamW, one rank on one thread) of GPT-2 124M (B=4, T=64), of a stories15M-shaped Llama (6
  * layers of 288, 6 heads, SwiGLU of 768, vocab 32000; B=4, T=256) and of gpt2-tiny (B=32, T=64),
  * each with the scalar loops and with the widest vectors, alternated, and the ratio of their step
  * times: the scalar run is the reference, the same step with the element-wise kernels' and the
  * fused attention's vector paths off (the same bytes; the GEMMs keep their vector kernel in both).
  *
- *     bench_elem [--quick] [--rounds N] [--steps N]
+ *     bench_elem [--quick] [--long] [--rounds N] [--steps N]
  *
  * Kernel and step times are the thread's CPU time (a shared machine's other load counts less),
  * the best of the rounds, and of the steps after the first.
@@ -289,18 +290,20 @@ static double run_steps(fsdp_tokens_t *t, const step_model_t *model, int steps, 
 
 int main(int argc, char **argv)
 {
-    int quick = 0, rounds = 0, steps = 5;
+    int quick = 0, longer = 0, rounds = 0, steps = 5;
     fsdp_tokens_t *t;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--long") == 0) {
+            longer = 1;
         } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
             rounds = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
             steps = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--rounds N] [--steps N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--long] [--rounds N] [--steps N]\n", argv[0]);
             return 2;
         }
     }
@@ -317,6 +320,12 @@ int main(int argc, char **argv)
         bench_attention("llama-tiny", 8, 64, 4, 16, dt, rounds);  /* head_dim 16 */
         bench_attention("stories15M", 4, 256, 6, 48, dt, rounds); /* head_dim 48 */
         bench_attention("hd128", 1, 256, 2, 128, dt, rounds);     /* Llama 2 and 3's */
+        for (size_t T = 1024; longer && T <= 2048; T *= 2)
+            for (size_t hd = 48; hd <= 128; hd = hd == 48 ? 64 : 2 * hd) {
+                char what[32];
+                snprintf(what, sizeof(what), "T%zu hd%zu", T, hd);
+                bench_attention(what, 1, T, 2, hd, dt, rounds);
+            }
     }
     if (quick)
         return 0;

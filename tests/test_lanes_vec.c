@@ -5,7 +5,8 @@
  * 12, 24, 40 and 6, which no vector loop takes), with ordinary inputs, with large scores (the
  * online softmax's rescaling, exp's underflow), and with NaNs and infinities now and then; on
  * each available ISA (SSE2, AVX2), and split across a pool of 3 threads. Every output buffer is
- * compared whole, guards included. */
+ * compared whole, guards included. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
+ * and not, grouped-query heads, f32 and bf16), whose keys and values outgrow the first caches. */
 #include "config.h"
 
 #include <stdint.h>
@@ -229,6 +230,29 @@ static void test_split(void)
     fsdp_sim_pool_destroy(pool);
 }
 
+/* long sequences on each ISA and on 1, 2 and 3 threads */
+static void test_long(void)
+{
+    static const struct {
+        shape_t s;
+        fsdp_dtype_t dt;
+        int mode;
+    } runs[] = {
+        {{1, 1024, 2, 1, 64, 1}, FSDP_DTYPE_F32, 0},
+        {{1, 1024, 2, 2, 64, 0}, FSDP_DTYPE_BF16, 1},
+        {{1, 2048, 1, 1, 64, 1}, FSDP_DTYPE_BF16, 0},
+        {{1, 2048, 2, 1, 64, 1}, FSDP_DTYPE_F32, 2},
+    };
+
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        const int threads = 1 + (int)(i % 3);
+        fsdp_sim_pool_t *pool = fsdp_sim_pool_create(threads); /* one thread: NULL, no pool */
+        CU_ASSERT_FATAL(threads == 1 || pool != NULL);
+        check(&runs[i].s, runs[i].dt, runs[i].mode, pool);
+        fsdp_sim_pool_destroy(pool);
+    }
+}
+
 static void test_summary(void)
 {
     printf("\n  sse2 %s, avx2 %s; %ld runs compared with the scalar replay ",
@@ -242,6 +266,7 @@ int main(void)
     static const fsdp_test_case_t tests[] = {
         {"shapes", test_shapes},
         {"split", test_split},
+        {"long", test_long},
         {"summary", test_summary},
         {NULL, NULL},
     };
