@@ -83,13 +83,9 @@ struct fsdp_handle {
      * order (pads zero) and saved_grad_shard the reduced gradient in the same layout. */
     fsdp_pparam_t *pp;          /* nparams; a tied parameter repeats its target's slot */
     void *ag_out;               /* O: W * A of the compute dtype, from copy-in to copy-out */
-    int reshard_after_forward;  /* resolved: 1, 0, or N >= 2 (to groups of N ranks) */
-    fsdp_group_t *post_forward_pg;     /* N >= 2: this rank's group of N */
     fsdp_event_t *post_forward_event;  /* the post-forward copies, for the backward copy-in */
     int ag_blocks;                     /* blocks of ag_out: W, or N from the post-forward */
     size_t reduced_numel;              /* the reduce in progress: its R <= A elements a rank */
-    double divide_factor;              /* set_gradient_divide_factor, 0: unset */
-    int force_sum;                     /* set_force_sum_reduction_for_comms */
     int reshard_after_backward; /* 1 by default */
     int grads_pending;          /* sync off left unreduced gradients */
     fsdp_event_t *post_reduce_event;

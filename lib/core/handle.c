@@ -208,10 +208,6 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
     }
 
     h->compute_dtype = fs->param_dtype;
-    h->reshard_after_forward = h->unit->reshard_after_forward;
-    h->post_forward_pg = h->unit->post_forward_pg;
-    h->divide_factor = h->unit->divide_factor;
-    h->force_sum = h->unit->force_sum;
     h->reduce_dtype = fs->reduce_dtype;
     h->offload = fs->cfg.cpu_offload;
     status = fsdp_shard_alloc(fs, h, h->shard_numel, (void **)&h->local_shard);

@@ -183,7 +183,7 @@ fsdp_status_t fsdp_pgroup_unshard(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *c
         return FSDP_OK;
     h->ag_blocks = h->world;
     if (h->post_forward_event != NULL) {
-        g = h->post_forward_pg;
+        g = h->unit->post_forward_pg;
         h->ag_blocks = g->size;
     }
     block = (size_t)(h->world / h->ag_blocks) * a;
@@ -344,8 +344,8 @@ static fsdp_status_t reshard_to_group(fsdp_t *fs, fsdp_handle_t *h)
 {
     fsdp_dev_t *dev = fs->dev;
     size_t esz = fsdp_dtype_size(h->compute_dtype);
-    size_t f = (size_t)(h->world / h->post_forward_pg->size);
-    size_t j = (size_t)h->post_forward_pg->rank;
+    size_t f = (size_t)(h->world / h->unit->post_forward_pg->size);
+    size_t j = (size_t)h->unit->post_forward_pg->rank;
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
@@ -371,9 +371,9 @@ static fsdp_status_t reshard_to_group(fsdp_t *fs, fsdp_handle_t *h)
 /* FSDPParamGroup.post_forward's reshard: free U (1), keep it (0), or reshard to N. */
 fsdp_status_t fsdp_pgroup_post_forward(fsdp_t *fs, fsdp_handle_t *h)
 {
-    if (h->reshard_after_forward == 0)
+    if (h->unit->reshard_after_forward == 0)
         return FSDP_OK;
-    if (h->reshard_after_forward == 1 || h->world == 1 || !h->uses_unsharded_view)
+    if (h->unit->reshard_after_forward == 1 || h->world == 1 || !h->uses_unsharded_view)
         return fsdp_pgroup_reshard(fs, h);
     return reshard_to_group(fs, h);
 }
@@ -508,30 +508,26 @@ static fsdp_reduce_op_t reduce_op(const fsdp_handle_t *h, int w, int d, double *
                                   double *post_p, double *premul_p, fsdp_reduce_op_t *ar_op_p)
 {
     fsdp_dtype_t rd = h->reduce_dtype;
-    double f = h->divide_factor > 0.0 ? h->divide_factor : (double)d;
+    double f = h->unit->divide_factor > 0.0 ? h->unit->divide_factor : (double)d;
 
     *pre_p = *post_p = *premul_p = 1.0;
     *ar_op_p = FSDP_REDUCE_SUM;
+    if (h->unit->force_sum) { /* SUM collectives, the whole division after */
+        *post_p = f;
+        return FSDP_REDUCE_SUM;
+    }
     if (rd != FSDP_DTYPE_F32 && rd != FSDP_DTYPE_BF16) {
         fsdp_divide_factors((int)f, pre_p, post_p);
         if ((double)(int)f != f) { /* a factor that is not whole: all of it after */
             *pre_p = 1.0;
             *post_p = f;
         }
-        if (h->force_sum) {
-            *pre_p = 1.0;
-            *post_p = f;
-        }
         return FSDP_REDUCE_SUM;
     }
-    if (h->force_sum) {
-        *post_p = f;
-        return FSDP_REDUCE_SUM;
-    }
-    if (h->divide_factor > 0.0) {
-        if (h->divide_factor == (double)w)
+    if (h->unit->divide_factor > 0.0) {
+        if (h->unit->divide_factor == (double)w)
             return FSDP_REDUCE_AVG;
-        *premul_p = 1.0 / h->divide_factor;
+        *premul_p = 1.0 / h->unit->divide_factor;
         return FSDP_REDUCE_SUM;
     }
     *ar_op_p = FSDP_REDUCE_AVG;
