@@ -11,7 +11,8 @@
 
 /* ---------------- one iteration of an MLP, its collectives logged ---------------- */
 
-#define C_GEMM 9 /* a marker in the log: the first GEMM of a unit's forward */
+#define C_GEMM 9  /* a marker in the log: the first GEMM of a unit's forward */
+#define C_CAST 10 /* a marker: a cast on the compute stream, n elements to dtype */
 
 typedef struct seq_cfg {
     int world;
@@ -21,8 +22,10 @@ typedef struct seq_cfg {
     int explicit_fwd, explicit_bwd;
     int sync; /* the iteration's gradient sync */
     int ranks_per_node;
-    fsdp_dtype_t param_dtype, reduce_dtype;
+    fsdp_dtype_t param_dtype, reduce_dtype, output_dtype;
+    size_t rows;    /* of the batch on every rank (0: 2) */
     int mark_gemms; /* log a C_GEMM marker at every forward GEMM of a layer's output */
+    int mark_casts; /* log a C_CAST marker at every cast on the compute stream */
     size_t sharded_bytes[8];
     fsdp_mem_stats_t at_backward[8], at_end[8]; /* as the backward begins, after the step */
 } seq_cfg_t;
@@ -40,11 +43,15 @@ static void at_phase(fsdp_phase_t phase, void *arg)
 }
 
 static _Thread_local const fsdp_backend_ops_t *inner_ops;
+static _Thread_local int mark_gemms, mark_casts;
+static _Thread_local fsdp_stream_t *compute_stream;
 
 static fsdp_status_t marking_kernel(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_t *k)
 {
-    if (k->kind == FSDP_K_GEMM && k->u.gemm.trans_b && tl_nlog < MAX_LOG)
+    if (mark_gemms && k->kind == FSDP_K_GEMM && k->u.gemm.trans_b && tl_nlog < MAX_LOG)
         tl_log[tl_nlog++] = (coll_t){(coll_kind_t)C_GEMM, k->u.gemm.n, 0, FSDP_DTYPE_F32, 0};
+    if (mark_casts && k->kind == FSDP_K_CAST && s == compute_stream && tl_nlog < MAX_LOG)
+        tl_log[tl_nlog++] = (coll_t){(coll_kind_t)C_CAST, k->u.cast.n, 0, k->u.cast.dst_dtype, 0};
     return inner_ops->kernel(dev, s, k);
 }
 
@@ -58,13 +65,15 @@ static fsdp_status_t seq_rank(fsdp_dev_t *dev, void *arg)
     fsdp_config_t fc;
     fsdp_t *fs;
     fsdp_mlp_t *mlp;
-    size_t rows = 2;
+    size_t rows = c->rows > 0 ? c->rows : 2;
     float *x, *y, loss;
     fsdp_mem_stats_t st;
 
     inner_ops = dev->ops;
     wrap_ops(dev, &wrapped);
-    if (c->mark_gemms)
+    mark_gemms = c->mark_gemms;
+    mark_casts = c->mark_casts;
+    if (c->mark_gemms || c->mark_casts)
         wrapped.kernel = marking_kernel;
     fsdp_config_init(&fc);
     fc.api = FSDP_API_FSDP2;
@@ -77,7 +86,9 @@ static fsdp_status_t seq_rank(fsdp_dev_t *dev, void *arg)
     }
     fc.mixed_precision.param_dtype = c->param_dtype;
     fc.mixed_precision.reduce_dtype = c->reduce_dtype;
+    fc.mixed_precision.output_dtype = c->output_dtype;
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
+    compute_stream = fsdp_compute_stream(fs);
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, c->dims, c->nlayers, &mlp));
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 3));
     x = calloc(rows * (size_t)c->dims[0], sizeof(float));
@@ -155,7 +166,8 @@ static seq_cfg_t seq_default(int world, const int *layer_dims, int nlayers)
                    .raf = FSDP_RESHARD_DEFAULT,
                    .sync = 1,
                    .param_dtype = FSDP_DTYPE_UNSET,
-                   .reduce_dtype = FSDP_DTYPE_UNSET};
+                   .reduce_dtype = FSDP_DTYPE_UNSET,
+                   .output_dtype = FSDP_DTYPE_UNSET};
     return c;
 }
 
@@ -289,6 +301,50 @@ static void test_seq_mixed_precision(void)
     check_seq(&c, want16, 9);
 }
 
+#define GEMM_(n)                                                                                   \
+    {                                                                                              \
+        (coll_kind_t) C_GEMM, (n), 0, F32, 0                                                       \
+    }
+#define CAST(n, dt)                                                                                \
+    {                                                                                              \
+        (coll_kind_t) C_CAST, (n), 0, (dt), 0                                                      \
+    }
+
+/* MixedPrecisionPolicy(param_dtype=bf16, output_dtype=f32), W = 3, 2 rows: each unit's
+ * pre-forward casts its f32 input to bf16 before its all-gather (the root's the data, the
+ * layers' the f32 output of the layer before), each post-forward casts the bf16 output to f32
+ * after the reshard; in backward the output's cast goes back (f32 -> bf16) before the unit's
+ * pre-backward and the input's (bf16 -> f32) after its post-backward's reduce-scatter. Without
+ * output_dtype only the root's cast of the data is left. */
+static void test_seq_output_dtype(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const fsdp_dtype_t B = FSDP_DTYPE_BF16;
+    const coll_t want[] = {CAST(32, B),         AG(170, 3, B),        GEMM_(30),
+                           CAST(60, F32), /* root, L0 */
+                           CAST(60, B),         AG(217, 3, B),        GEMM_(20),
+                           CAST(40, F32), /* L2 */
+                           CAST(40, B),         AG(42, 3, B),         GEMM_(4),
+                           CAST(8, F32), /* L4 */
+                           CAST(8, B),          AG(42, 3, B),         AG(217, 3, B),
+                           RS(42, 3, F32, AVG), CAST(40, F32),        CAST(40, B),
+                           AG(170, 3, B),       RS(217, 3, F32, AVG), CAST(60, F32),
+                           CAST(60, B),         RS(170, 3, F32, AVG)};
+    const coll_t plain[] = {
+        CAST(32, B),         AG(170, 3, B),       GEMM_(30),     AG(217, 3, B),
+        GEMM_(20),           AG(42, 3, B),        GEMM_(4),      AG(42, 3, B),
+        AG(217, 3, B),       RS(42, 3, F32, AVG), AG(170, 3, B), RS(217, 3, F32, AVG),
+        RS(170, 3, F32, AVG)};
+    c.param_dtype = B;
+    c.mark_gemms = c.mark_casts = 1;
+    c.output_dtype = FSDP_DTYPE_F32;
+    run_seq(&c);
+    check_seq(&c, want, (int)(sizeof(want) / sizeof(want[0])));
+    c.output_dtype = FSDP_DTYPE_UNSET;
+    run_seq(&c);
+    check_seq(&c, plain, (int)(sizeof(plain) / sizeof(plain[0])));
+}
+
 /* ---------------- memory: closed forms per category ---------------- */
 
 /* W = 3, f32 (allocations rounded to 512 bytes). Unsharded parameters, one buffer each of
@@ -332,13 +388,45 @@ static void test_memory_closed_forms(void)
     }
 }
 
+/* The activations' peak with output_dtype f32 under bf16 parameters, W = 3, B = 128 rows (every
+ * block a multiple of 512 bytes: no rounding), d = 16, 30, 20, 4. Without it the peak is in
+ * L2's backward: the f32 target 4 B d3, the bf16 input and saved outputs 2 B (d0 + d1 + d2 +
+ * d3), L4's input gradient 2 B d2 and L2's 2 B d1, less L4's output and its gradient freed:
+ * B (4 d3 + 2 d0 + 4 d1 + 4 d2). With it the peak is at L2's post-forward cast: the target,
+ * the input, L0's f32 output (4 B d1) beside L2's bf16 cast of it (2 B d1), L2's bf16 output
+ * (2 B d2) and its f32 cast (4 B d2): B (4 d3 + 2 d0 + 6 d1 + 6 d2). The casts add
+ * 2 B (d1 + d2) to the peak. */
+static void test_memory_output_dtype(void)
+{
+    const size_t B = 128, d0 = 16, d1 = 30, d2 = 20, d3 = 4;
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    size_t plain[3];
+
+    c.param_dtype = FSDP_DTYPE_BF16;
+    c.rows = B;
+    run_seq(&c);
+    for (int r = 0; r < 3; r++) {
+        plain[r] = c.at_end[r].peak_by_category[FSDP_MEM_ACTIVATION];
+        CU_ASSERT_EQUAL(plain[r], B * (4 * d3 + 2 * d0 + 4 * d1 + 4 * d2));
+    }
+    c.output_dtype = FSDP_DTYPE_F32;
+    run_seq(&c);
+    for (int r = 0; r < 3; r++) {
+        const fsdp_mem_stats_t *e = &c.at_end[r];
+        CU_ASSERT_EQUAL(e->peak_by_category[FSDP_MEM_ACTIVATION],
+                        B * (4 * d3 + 2 * d0 + 6 * d1 + 6 * d2));
+        CU_ASSERT_EQUAL(e->peak_by_category[FSDP_MEM_ACTIVATION] - plain[r], 2 * B * (d1 + d2));
+        CU_ASSERT_EQUAL(e->by_category[FSDP_MEM_ACTIVATION], 0); /* every cast freed */
+    }
+}
+
 /* ---------------- bf16: rounded where torch rounds ---------------- */
 
 typedef struct mp_run {
     fsdp_api_t api;
     int world;
-    fsdp_dtype_t param, reduce;
-    float final[512];
+    fsdp_dtype_t param, reduce, output;
+    float final[512], losses[3];
     size_t total;
 } mp_run_t;
 
@@ -357,6 +445,7 @@ static fsdp_status_t mp_rank(fsdp_dev_t *dev, void *arg)
     fc.api = m->api;
     fc.mixed_precision.param_dtype = m->param;
     fc.mixed_precision.reduce_dtype = m->reduce;
+    fc.mixed_precision.output_dtype = m->output;
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &fc, &fs));
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_create(fs, dims, NL, &mlp));
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_mlp_init_params(mlp, 11));
@@ -370,6 +459,8 @@ static fsdp_status_t mp_rank(fsdp_dev_t *dev, void *arg)
                                                        ys + row0 * (size_t)dims[NL], rows, &loss));
         FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_optim_step(opt));
         fsdp_zero_grad(fs);
+        if (dev->rank == 0)
+            m->losses[step] = loss;
     }
     FSDP_RANK_REQUIRE_OK(&failure, dev, gather_all(mlp, out, &total));
     if (dev->rank == 0) {
@@ -393,12 +484,16 @@ static void test_bf16_rounding(void)
     make_batch();
     for (int w = 2; w <= 4; w += 2) {
         mp_run_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
-        *a = (mp_run_t){
-            .api = FSDP_API_FSDP1, .world = w, .param = FSDP_DTYPE_BF16, .reduce = FSDP_DTYPE_F32};
+        *a = (mp_run_t){.api = FSDP_API_FSDP1,
+                        .world = w,
+                        .param = FSDP_DTYPE_BF16,
+                        .reduce = FSDP_DTYPE_F32,
+                        .output = FSDP_DTYPE_UNSET};
         *b = (mp_run_t){.api = FSDP_API_FSDP2,
                         .world = w,
                         .param = FSDP_DTYPE_BF16,
-                        .reduce = FSDP_DTYPE_UNSET};
+                        .reduce = FSDP_DTYPE_UNSET,
+                        .output = FSDP_DTYPE_UNSET};
         CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, a), FSDP_OK);
         CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, b), FSDP_OK);
         CU_ASSERT_EQUAL(a->total, b->total);
@@ -407,6 +502,34 @@ static void test_bf16_rounding(void)
         b->reduce = FSDP_DTYPE_BF16;
         CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, b), FSDP_OK);
         CU_ASSERT(memcmp(a->final, b->final, a->total * sizeof(float)) != 0);
+        free(a);
+        free(b);
+    }
+}
+
+/* output_dtype f32 under bf16 parameters gives the losses and weights of no output_dtype, bit
+ * for bit: every bf16 value is an f32 one, so the forward's bf16 -> f32 -> bf16 round trip
+ * gives the same bits; the input cast's backward widens a bf16 gradient exactly and the output
+ * cast's rounds it back to itself; the loss reads the same values from the f32 output, and its
+ * gradient, computed in f32 by the same expression, is rounded once either way (on the MSE's
+ * store, or by the cast back). At worlds 2 and 3 (3 pads and leaves an empty shard). */
+static void test_output_dtype_exact(void)
+{
+    make_batch();
+    for (int w = 2; w <= 3; w++) {
+        mp_run_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+        *a = (mp_run_t){.api = FSDP_API_FSDP2,
+                        .world = w,
+                        .param = FSDP_DTYPE_BF16,
+                        .reduce = FSDP_DTYPE_UNSET,
+                        .output = FSDP_DTYPE_UNSET};
+        *b = *a;
+        b->output = FSDP_DTYPE_F32;
+        CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, a), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(run_ranks(w, mp_rank, b), FSDP_OK);
+        CU_ASSERT(a->total > 0 && a->total == b->total);
+        CU_ASSERT(memcmp(a->final, b->final, a->total * sizeof(float)) == 0);
+        CU_ASSERT(memcmp(a->losses, b->losses, sizeof(a->losses)) == 0);
         free(a);
         free(b);
     }
@@ -833,7 +956,10 @@ int main(void)
         {"sequence: W = 2, explicit and implicit prefetch", test_seq_explicit},
         {"sequence: HSDP on a 2 x 2 mesh", test_seq_hsdp},
         {"sequence: bf16 parameters, f32 and f16 reduction", test_seq_mixed_precision},
+        {"sequence: output_dtype f32 casts at every unit's boundary", test_seq_output_dtype},
         {"memory: closed forms per category (W = 3)", test_memory_closed_forms},
+        {"memory: output_dtype's casts (W = 3)", test_memory_output_dtype},
+        {"output_dtype f32 under bf16: the same losses and weights", test_output_dtype_exact},
         {"parity with one process, worlds 1 to 6", test_parity_worlds},
         {"parity: accumulation, clipping, HSDP", test_parity_accum_clip_hsdp},
         {"parity: CPU offload", test_parity_offload},

@@ -42,6 +42,11 @@ refuse "shard_grad_op under fsdp2" "reshard-after-forward false" \
 refuse "no_shard under fsdp2" "ranks-per-node 1" $train $mlp --api fsdp2 --strategy no_shard
 refuse "--reshard-after-forward under fsdp1" "api fsdp2" $train $mlp --reshard-after-forward true
 refuse "--backward-prefetch explicit under fsdp1" "api fsdp2" $train $mlp --backward-prefetch explicit
+refuse "--output-dtype under fsdp1" "api fsdp2" $train $mlp --output-dtype f32
+refuse "fsdp-plan: --output-dtype under fsdp1" "api fsdp2" \
+    $plan --model gpt2 --world 8 --output-dtype f32
+refuse "an --output-dtype that is no float dtype" "float dtype" \
+    $train $mlp --api fsdp2 --output-dtype i32
 refuse "an unknown api" "fsdp1, fsdp2" $train $mlp --api fsdp3
 refuse "a reshard group that does not divide the world" "divides" \
     $train $mlp --api fsdp2 --reshard-after-forward 2
@@ -66,6 +71,26 @@ for m in "mlp:16,30,20,4 --batch 30" "gpt2-tiny --batch 3 --seq 16 $text" \
     done
     check "$name: fsdp2 trains with fsdp1's losses" close "$tmp/$name.fsdp1" "$tmp/$name.fsdp2"
     check "$name: nothing on stderr" test ! -s "$tmp/$name.fsdp2.err"
+done
+
+same_losses() { # file, file: the same losses, as printed
+    losses "$1" >"$1.l"
+    losses "$2" >"$2.l"
+    test -s "$1.l" && cmp -s "$1.l" "$2.l"
+}
+# output_dtype f32 under bf16 parameters: the casts at every layer's boundary are exact (a bf16
+# value is an f32 one, and back), so the losses are the same to the bit
+for m in "mlp:16,30,20,4 --batch 30" "gpt2-tiny --batch 3 --seq 16 $text" \
+    "llama-tiny --batch 3 --seq 16 $text"; do
+    name=${m%%:*}
+    name=${name%% *}
+    for od in "" "--output-dtype f32"; do
+        # shellcheck disable=SC2086
+        $train --model $m --world 3 --steps 3 --api fsdp2 --mixed-precision bf16 $od \
+            >"$tmp/$name.od${od##* }" 2>&1
+    done
+    check "$name: output_dtype f32 under bf16 gives the same losses" \
+        same_losses "$tmp/$name.od" "$tmp/$name.odf32"
 done
 
 # reshard after forward false keeps the parameters: more memory, the same losses

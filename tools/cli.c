@@ -287,7 +287,7 @@ static int parse_reshard(const char *arg)
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
 {
-    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_RAF)
+    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_OUTPUT_DTYPE)
         fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
     case CLI_OPT_API:
@@ -304,6 +304,17 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
             snprintf(why, why_len,
                      "--reshard-after-forward: '%s' is not true, false or a number of ranks N "
                      ">= 1 (dividing the shard group's size)",
+                     arg);
+            return -1;
+        }
+        return 0;
+    case CLI_OPT_OUTPUT_DTYPE:
+        if (!fsdp_dtype_parse(arg, &cfg->mixed_precision.output_dtype) ||
+            !fsdp_dtype_is_float(cfg->mixed_precision.output_dtype)) {
+            cfg->mixed_precision.output_dtype = FSDP_DTYPE_UNSET;
+            snprintf(why, why_len,
+                     "--output-dtype: '%s' is not a float dtype (fp32/f32/float32, "
+                     "bf16/bfloat16, fp16/f16/float16)",
                      arg);
             return -1;
         }
@@ -391,6 +402,9 @@ void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg)
     if (explicit_backward)
         cli_die("--backward-prefetch explicit is fully_shard's (--api fsdp2); fsdp1 takes pre, "
                 "post or none");
+    if (GIVEN(CLI_OPT_OUTPUT_DTYPE))
+        cli_die("--output-dtype is fully_shard's MixedPrecisionPolicy (--api fsdp2); fsdp1's "
+                "--mixed-precision takes param, reduce and buffer dtypes");
 }
 
 int cli_activation_checkpointing(const char *arg)

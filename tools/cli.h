@@ -52,7 +52,8 @@ enum {
     CLI_OPT_LIMIT,
     CLI_OPT_NO_LIMIT,
     CLI_OPT_API,
-    CLI_OPT_RAF
+    CLI_OPT_RAF,
+    CLI_OPT_OUTPUT_DTYPE
 };
 
 /* The entries of a tool's struct option table for them. */
@@ -63,7 +64,8 @@ enum {
         {"limit-all-gathers", no_argument, NULL, CLI_OPT_LIMIT},                                \
         {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT},                        \
         {"api", required_argument, NULL, CLI_OPT_API},                                          \
-        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF}
+        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF},                        \
+        {"output-dtype", required_argument, NULL, CLI_OPT_OUTPUT_DTYPE}
 
 /* Applies getopt_long's value opt (and its argument) to cfg and returns 0; -1 when opt is none
  * of these options (spelled: the option as written) or its argument is not allowed, with why
@@ -77,7 +79,7 @@ void cli_other_option(int opt, char **argv, fsdp_config_t *cfg);
 /* After the options: the tool takes no other arguments, and dies naming the first one; and
  * FSDP's options agree with --api: under fsdp2, --forward-prefetch and --backward-prefetch
  * explicit become fully_shard's explicit lists, and an FSDP1-only option is refused with its
- * FSDP2 equivalent named (and --reshard-after-forward or explicit under fsdp1). */
+ * FSDP2 equivalent named (and --reshard-after-forward, --output-dtype or explicit under fsdp1). */
 void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg);
 
 /* --activation-checkpointing, torchtitan's meanings: "none" 0, "full" 1 (every block),

@@ -89,7 +89,15 @@ typedef struct fsdp_mixed_precision {
      * reduced and accumulated as without it, then cast in the final callback); read it with
      * fsdp_unit_sharded_grad_data. No effect without param_dtype. 0 by default. */
     int keep_low_precision_grads;
-    int cast_forward_inputs;      /* 0 */
+    /* Floating-point forward inputs cast to param_dtype at each unit's pre-forward. -1 (the
+     * default): the API's default, FSDP1's MixedPrecision 0, FSDP2's MixedPrecisionPolicy 1.
+     * Under FSDP1 the runtime casts nothing (docs/runtime.md section 1); under FSDP2 a built-in
+     * model's unit boundaries are cast (section 6). */
+    int cast_forward_inputs;
+    /* FSDP2's MixedPrecisionPolicy.output_dtype: floating-point forward outputs cast to it at
+     * each unit's post-forward, their gradients cast back in backward (FSDP_DTYPE_UNSET: no
+     * cast). Refused under FSDP1, whose MixedPrecision has none. */
+    fsdp_dtype_t output_dtype;
 } fsdp_mixed_precision_t;
 
 typedef struct fsdp_config {

@@ -70,6 +70,31 @@ fsdp_status_t fsdp_unit_gather_buffer(fsdp_unit_t *u, const float *shard, float 
  * or NULL without one. */
 float *fsdp_unit_full_grad(fsdp_unit_t *u, int index);
 
+/* ---- FSDP2's MixedPrecisionPolicy at a unit's boundaries (docs/runtime.md section 6) ---- */
+
+/* A tensor handed across a unit's boundary: numel elements of dtype at data (device memory). */
+typedef struct fsdp_act {
+    void *data;
+    fsdp_dtype_t dtype;
+    size_t numel;
+} fsdp_act_t;
+
+/* Replaces *a by a new block of `category` holding its elements cast to `to`, by one cast
+ * kernel on the compute stream; the old block stays the caller's. Nothing when a is already of
+ * `to` or not floating (torch's _cast_fp_tensor). */
+fsdp_status_t fsdp_act_cast(fsdp_t *fs, fsdp_act_t *a, fsdp_dtype_t to,
+                            fsdp_mem_category_t category);
+/* fsdp_pre_forward with the unit's n forward inputs: under FSDP2 with cast_forward_inputs and a
+ * param_dtype, each floating one not of param_dtype is replaced by its cast (FSDP_MEM_ACTIVATION),
+ * after the pre-forward's hook and before its all-gather (semantics 2 B.3). */
+fsdp_status_t fsdp_pre_forward_io(fsdp_unit_t *u, fsdp_act_t *inputs, int n);
+/* fsdp_post_forward with the unit's n forward outputs: under FSDP2 with an output_dtype, each
+ * floating one of another dtype is replaced by its cast, after the reshard (semantics 2 C.4). */
+fsdp_status_t fsdp_post_forward_io(fsdp_unit_t *u, fsdp_act_t *outputs, int n);
+/* The dtypes those casts give a floating tensor of dtype `have` (`have` when none). */
+fsdp_dtype_t fsdp_unit_input_dtype(const fsdp_unit_t *u, fsdp_dtype_t have);
+fsdp_dtype_t fsdp_unit_output_dtype(const fsdp_unit_t *u, fsdp_dtype_t have);
+
 /* The API a runtime follows, by name ("fsdp1", "fsdp2"); parse returns -1 for another. */
 fsdp_api_t fsdp_api(const fsdp_t *fs);
 const char *fsdp_api_name(fsdp_api_t api);

@@ -207,7 +207,63 @@ static fsdp_status_t pre_backward_group(fsdp_t *fs, fsdp_handle_t *h)
     return target != NULL ? prefetch_groups(fs, &target->unit, 1) : FSDP_OK;
 }
 
+fsdp_dtype_t fsdp_unit_input_dtype(const fsdp_unit_t *u, fsdp_dtype_t have)
+{
+    const fsdp_mixed_precision_t *mp = &u->fs->cfg.mixed_precision;
+
+    if (!fsdp_is_fsdp2(u->fs) || mp->cast_forward_inputs == 0 ||
+        mp->param_dtype == FSDP_DTYPE_UNSET || !fsdp_dtype_is_float(have))
+        return have;
+    return mp->param_dtype;
+}
+
+fsdp_dtype_t fsdp_unit_output_dtype(const fsdp_unit_t *u, fsdp_dtype_t have)
+{
+    const fsdp_mixed_precision_t *mp = &u->fs->cfg.mixed_precision;
+
+    if (!fsdp_is_fsdp2(u->fs) || mp->output_dtype == FSDP_DTYPE_UNSET || !fsdp_dtype_is_float(have))
+        return have;
+    return mp->output_dtype;
+}
+
+fsdp_status_t fsdp_act_cast(fsdp_t *fs, fsdp_act_t *a, fsdp_dtype_t to,
+                            fsdp_mem_category_t category)
+{
+    void *dst = NULL;
+    fsdp_status_t status;
+
+    if (a->dtype == to || !fsdp_dtype_is_float(a->dtype))
+        return FSDP_OK;
+    status = fsdp_mem_alloc(fs->mem, a->numel * fsdp_dtype_size(to), category, fs->compute, &dst);
+    if (status == FSDP_OK)
+        status = fsdp_k_cast(fs, fs->compute, dst, to, a->data, a->dtype, a->numel);
+    if (status != FSDP_OK) {
+        fsdp_mem_free(fs->mem, dst);
+        return status;
+    }
+    a->data = dst;
+    a->dtype = to;
+    return FSDP_OK;
+}
+
+/* The pre-forward's cast of the floating forward inputs (semantics 2 B.3), between the hook
+ * and the unshard. */
+static fsdp_status_t cast_inputs(fsdp_unit_t *u, fsdp_act_t *inputs, int n)
+{
+    fsdp_status_t status = FSDP_OK;
+
+    for (int i = 0; i < n && status == FSDP_OK; i++)
+        status = fsdp_act_cast(u->fs, &inputs[i], fsdp_unit_input_dtype(u, inputs[i].dtype),
+                               FSDP_MEM_ACTIVATION);
+    return status;
+}
+
 fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
+{
+    return fsdp_pre_forward_io(u, NULL, 0);
+}
+
+fsdp_status_t fsdp_pre_forward_io(fsdp_unit_t *u, fsdp_act_t *inputs, int n)
 {
     fsdp_t *fs = u->fs;
     fsdp_handle_t *h = u->handle;
@@ -235,8 +291,9 @@ fsdp_status_t fsdp_pre_forward(fsdp_unit_t *u)
             return status;
     }
     u->state = FSDP_STATE_FORWARD_BACKWARD;
-    if (h == NULL)
-        return FSDP_OK;
+    status = cast_inputs(u, inputs, n);
+    if (h == NULL || status != FSDP_OK)
+        return status;
     fsdp_exec_order_record_pre_forward(fs, h);
     h->state = FSDP_HANDLE_FORWARD;
     if (fsdp_is_fsdp2(fs))
@@ -290,6 +347,23 @@ fsdp_status_t fsdp_post_forward(fsdp_unit_t *u)
     if (u->is_root && fsdp_is_fsdp2(fs))
         return fsdp_pgroup_release_ag_state(fs);
     return FSDP_OK;
+}
+
+fsdp_status_t fsdp_post_forward_io(fsdp_unit_t *u, fsdp_act_t *outputs, int n)
+{
+    fsdp_t *fs = u->fs;
+    fsdp_status_t status = fsdp_post_forward(u);
+    const char *unit;
+
+    if (status != FSDP_OK || n == 0 || fs->cfg.mixed_precision.output_dtype == FSDP_DTYPE_UNSET)
+        return status;
+    /* C.4, the last of the post-forward: after the reshard and the root's release */
+    unit = fsdp_trace_unit_swap(fs, u->name);
+    for (int i = 0; i < n && status == FSDP_OK; i++)
+        status = fsdp_act_cast(fs, &outputs[i], fsdp_unit_output_dtype(u, outputs[i].dtype),
+                               FSDP_MEM_ACTIVATION);
+    fsdp_trace_unit_swap(fs, unit);
+    return status;
 }
 
 fsdp_status_t fsdp_pre_backward(fsdp_unit_t *u)

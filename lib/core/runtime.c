@@ -22,6 +22,8 @@ void fsdp_config_init(fsdp_config_t *cfg)
     cfg->mixed_precision.param_dtype = FSDP_DTYPE_UNSET;
     cfg->mixed_precision.reduce_dtype = FSDP_DTYPE_UNSET;
     cfg->mixed_precision.buffer_dtype = FSDP_DTYPE_UNSET;
+    cfg->mixed_precision.cast_forward_inputs = -1;
+    cfg->mixed_precision.output_dtype = FSDP_DTYPE_UNSET;
     cfg->cpu_offload = 0;
     cfg->device_capacity = 0;
     cfg->api = FSDP_API_FSDP1;
@@ -61,6 +63,12 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
         fsdp_error("rank %d: invalid api %d; allowed: fsdp1, fsdp2", dev->rank, (int)cfg->api);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (cfg->api != FSDP_API_FSDP2 && mp->output_dtype != FSDP_DTYPE_UNSET) {
+        fsdp_error("rank %d: output_dtype is MixedPrecisionPolicy's (api fsdp2); FSDP1's "
+                   "MixedPrecision has param_dtype, reduce_dtype and buffer_dtype",
+                   dev->rank);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (cfg->api != FSDP_API_FSDP2)
         return FSDP_OK;
     if (cfg->strategy == FSDP_SHARD_GRAD_OP || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2)
@@ -82,10 +90,12 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
 static fsdp_status_t check_mixed_precision(fsdp_dev_t *dev, const fsdp_config_t *cfg)
 {
     const fsdp_mixed_precision_t *mp = &cfg->mixed_precision;
-    const fsdp_dtype_t dts[3] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype};
-    static const char *const names[3] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+    const fsdp_dtype_t dts[4] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype,
+                                 mp->output_dtype};
+    static const char *const names[4] = {"param_dtype", "reduce_dtype", "buffer_dtype",
+                                         "output_dtype"};
 
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (dts[i] != FSDP_DTYPE_UNSET && !fsdp_dtype_is_float(dts[i])) {
             fsdp_error("rank %d: mixed precision %s %d is not a floating dtype; allowed: f32, "
                        "bf16, f16, or unset",

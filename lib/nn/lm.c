@@ -108,26 +108,80 @@ static fsdp_status_t batch_to_device(fsdp_lm_run_t *r, const int32_t *inputs,
     return status;
 }
 
+/* resid[l], of dtype `have`, becomes dt (the module computing from it casts what arrives in
+ * another dtype), by the unit's pre-forward (u) or the module itself (u NULL); the tensor it was
+ * goes once the module has it (in torch, when the caller drops it after the layer). */
+static fsdp_status_t resid_in(fsdp_lm_run_t *r, fsdp_unit_t *u, int l, fsdp_dtype_t have,
+                              void **held_p)
+{
+    fsdp_act_t a = {r->resid[l], have, r->BT * r->width};
+    fsdp_status_t status = u != NULL ? fsdp_pre_forward_io(u, &a, 1) : FSDP_OK;
+
+    if (status == FSDP_OK)
+        status = fsdp_act_cast(r->lm->fs, &a, r->dt, FSDP_MEM_ACTIVATION);
+    if (a.data != r->resid[l]) {
+        *held_p = r->resid[l];
+        r->resid[l] = a.data;
+    }
+    return status;
+}
+
+/* The backward of a cast of the residual stream: dres, of dtype `have`, to `to`. */
+static fsdp_status_t dres_cast(fsdp_lm_run_t *r, fsdp_dtype_t have, fsdp_dtype_t to)
+{
+    fsdp_act_t g = {r->dres, have, r->BT * r->width};
+    fsdp_status_t status = fsdp_act_cast(r->lm->fs, &g, to, FSDP_MEM_TEMPORARY);
+
+    if (g.data != r->dres) {
+        FSDP_LM_FREE(r, r->dres);
+        r->dres = g.data;
+    }
+    return status;
+}
+
+/* Layer l's forward: its input cast at the pre-forward, its output at the post-forward. */
+static fsdp_status_t layer_forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, int l)
+{
+    fsdp_unit_t *u = r->lm->layers[l];
+    fsdp_act_t out;
+    void *held = NULL;
+    fsdp_status_t status = resid_in(r, u, l, l > 0 ? r->link_dt : r->dt, &held);
+
+    if (status == FSDP_OK)
+        status = ops->layer_fwd(r, l);
+    out = (fsdp_act_t){r->resid[l + 1], r->dt, r->BT * r->width};
+    if (status == FSDP_OK)
+        status = fsdp_post_forward_io(u, &out, 1);
+    if (out.data != r->resid[l + 1]) { /* the next unit saves its own cast of it */
+        FSDP_LM_FREE(r, r->resid[l + 1]);
+        r->resid[l + 1] = out.data;
+    }
+    r->link_dt = out.dtype;
+    FSDP_LM_FREE(r, held);
+    return status;
+}
+
 /* The forward up to the logits, inside the root's forward hooks. */
 static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
 {
     fsdp_lm_t *lm = r->lm;
     const int L = lm->n_layer;
+    void *held = NULL;
     fsdp_status_t status = fsdp_pre_forward(lm->root);
 
     if (status == FSDP_OK)
         status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->resid[0]);
     if (status == FSDP_OK)
         status = ops->embed_fwd(r);
+    r->link_dt = r->dt;
     for (int l = 0; l < L && status == FSDP_OK; l++) {
-        status = fsdp_pre_forward(lm->layers[l]);
-        if (status == FSDP_OK)
-            status = ops->layer_fwd(r, l);
-        if (status == FSDP_OK)
-            status = fsdp_post_forward(lm->layers[l]);
+        status = layer_forward(r, ops, l);
         ops->layer_forget(r, l);
     }
     /* the final norm, then the head */
+    if (status == FSDP_OK)
+        status = resid_in(r, NULL, L, r->link_dt, &held);
+    FSDP_LM_FREE(r, held);
     if (status == FSDP_OK)
         status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->nf);
     if (status == FSDP_OK && ops->norm_mean)
@@ -189,6 +243,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
         status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &r->dres);
     if (status == FSDP_OK)
         status = ops->norm_bwd(r, g, r->tmp[0]);
+    if (status == FSDP_OK) /* the final norm's cast of the last layer's output */
+        status = dres_cast(r, r->dt, r->link_dt);
     FSDP_LM_FREE(r, r->tmp[0]);
     FSDP_LM_FREE(r, r->nf);
     FSDP_LM_FREE(r, r->meanf);
@@ -196,13 +252,17 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
     FSDP_LM_FREE(r, r->resid[L]);
 
     for (int l = L - 1; l >= 0 && status == FSDP_OK; l--) {
-        status = fsdp_pre_backward(lm->layers[l]);
+        status = dres_cast(r, r->link_dt, r->dt); /* the output's cast, before the hook */
+        if (status == FSDP_OK)
+            status = fsdp_pre_backward(lm->layers[l]);
         if (status == FSDP_OK)
             status = ops->layer_recompute(r, l);
         if (status == FSDP_OK)
             status = ops->layer_bwd(r, l);
         if (status == FSDP_OK)
             status = fsdp_post_backward(lm->layers[l]);
+        if (status == FSDP_OK && l > 0) /* the input's cast, after the post-backward */
+            status = dres_cast(r, r->dt, r->link_dt);
         ops->layer_free(r, l);
         if (l > 0)
             FSDP_LM_FREE(r, r->resid[l]);

@@ -139,6 +139,10 @@ typedef struct fsdp_lm_run {
     float *losses, *loss;      /* [BT] per row, and the loss */
     void *dres;                /* the gradient of the residual stream, walked down the layers */
     void *tmp[5];              /* a layer's backward scratch */
+    /* FSDP2's MixedPrecisionPolicy: the dtype the layers hand the residual stream on in (their
+     * output_dtype, else dt), which each layer's pre-forward and the root's final norm cast
+     * back to dt */
+    fsdp_dtype_t link_dt;
 } fsdp_lm_run_t;
 
 /* The model's part of a step, called in the order the step's comments give. */

@@ -204,6 +204,10 @@ typedef struct mlp_run {
     size_t batch;
     fsdp_dtype_t dt;                    /* compute dtype of activations and their gradients */
     void *act[FSDP_MLP_MAX_LAYERS + 1]; /* act[0] = x; act[i+1] = output of layer i */
+    /* FSDP2's MixedPrecisionPolicy: the dtype layer i's input arrived in before its
+     * pre-forward cast it to dt, and the dtype its output left in after its post-forward; the
+     * root's output before its own cast (dt where nothing was cast) */
+    fsdp_dtype_t in_dt[FSDP_MLP_MAX_LAYERS], root_out_dt;
 } mlp_run_t;
 
 static fsdp_status_t kernel(mlp_run_t *r, const fsdp_kernel_t *k)
@@ -336,20 +340,60 @@ static fsdp_status_t compute_dtype(fsdp_mlp_t *mlp, fsdp_dtype_t *dt_p)
     return FSDP_OK;
 }
 
-/* cast_root_forward_inputs: the f32 input on the device becomes act[0] in the compute dtype. */
-static fsdp_status_t cast_input(mlp_run_t *r, void *x32, size_t numel)
+/* A unit's boundary (docs/runtime.md section 6): the runtime's cast of the input, then the
+ * model's own when the input is still not of the compute dtype (FSDP1's
+ * cast_root_forward_inputs, or FSDP2 without cast_forward_inputs). *a becomes the unit's
+ * input; the tensor it was stays the caller's. */
+static fsdp_status_t enter(mlp_run_t *r, fsdp_unit_t *u, fsdp_act_t *a)
 {
-    fsdp_kernel_t k = {.kind = FSDP_K_CAST};
-    fsdp_status_t status = alloc_act(r, numel, &r->act[0]);
+    fsdp_status_t status = fsdp_pre_forward_io(u, a, 1);
 
+    if (status == FSDP_OK)
+        status = fsdp_act_cast(r->mlp->fs, a, r->dt, FSDP_MEM_ACTIVATION);
+    return status;
+}
+
+/* A gradient *g of a tensor that a cast made from one of dtype `to`: the cast's backward, into a
+ * new block; the old one is freed. */
+static fsdp_status_t cast_back(mlp_run_t *r, fsdp_act_t *g, fsdp_dtype_t to)
+{
+    void *old = g->data;
+    fsdp_status_t status = fsdp_act_cast(r->mlp->fs, g, to, FSDP_MEM_ACTIVATION);
+
+    if (status == FSDP_OK && g->data != old)
+        fsdp_mem_free(r->mem, old);
+    return status;
+}
+
+/* Layer i's forward: its input (act[i], arrived as *cur) cast at the pre-forward, its output
+ * act[i + 1] cast at the post-forward; *cur becomes the output as the layer hands it on. */
+static fsdp_status_t layer_forward(mlp_run_t *r, int i, fsdp_act_t *cur)
+{
+    fsdp_mlp_t *mlp = r->mlp;
+    fsdp_act_t in = *cur, out;
+    fsdp_status_t status;
+
+    status = alloc_act(r, r->batch * (size_t)mlp->dims[i + 1], &r->act[i + 1]);
+    if (status == FSDP_OK)
+        status = enter(r, mlp->layers[i], &in);
     if (status != FSDP_OK)
         return status;
-    k.u.cast.dst = r->act[0];
-    k.u.cast.dst_dtype = r->dt;
-    k.u.cast.src = x32;
-    k.u.cast.src_dtype = FSDP_DTYPE_F32;
-    k.u.cast.n = numel;
-    return kernel(r, &k);
+    /* the layer saves the cast input for its backward; the caller's copy lives until the
+     * layer returns */
+    r->in_dt[i] = cur->dtype;
+    r->act[i] = in.data;
+    status = linear_forward(r, i);
+    out = (fsdp_act_t){r->act[i + 1], r->dt, r->batch * (size_t)mlp->dims[i + 1]};
+    if (status == FSDP_OK)
+        status = fsdp_post_forward_io(mlp->layers[i], &out, 1);
+    if (in.data != cur->data)
+        fsdp_mem_free(r->mem, cur->data);
+    if (out.data != r->act[i + 1]) { /* nothing saved the output before its cast */
+        fsdp_mem_free(r->mem, r->act[i + 1]);
+        r->act[i + 1] = out.data;
+    }
+    *cur = out;
+    return status;
 }
 
 fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const float *y,
@@ -363,6 +407,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     void *x32 = NULL, *target = NULL, *dy = NULL, *dx = NULL;
     float *loss = NULL;
     fsdp_kernel_t k = {.kind = FSDP_K_MSE_LOSS};
+    fsdp_act_t cur, g;
     fsdp_status_t status;
     float host_loss = 0.0f;
 
@@ -379,10 +424,6 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     status = fsdp_mem_alloc(run.mem, in_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &x32);
     if (status == FSDP_OK)
         status = fsdp_dev_memcpy_async(run.dev, x32, x, in_numel * sizeof(float), run.c);
-    if (status == FSDP_OK && run.dt == FSDP_DTYPE_F32) {
-        run.act[0] = x32;
-        x32 = NULL;
-    }
     if (status == FSDP_OK)
         status =
             fsdp_mem_alloc(run.mem, out_numel * sizeof(float), FSDP_MEM_ACTIVATION, run.c, &target);
@@ -392,30 +433,29 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
         goto out;
 
     /* forward; the root casts the input to the compute dtype (A.4) */
-    status = fsdp_pre_forward(mlp->root);
-    if (status == FSDP_OK && x32 != NULL) {
-        status = cast_input(&run, x32, in_numel);
+    cur = (fsdp_act_t){x32, FSDP_DTYPE_F32, in_numel};
+    status = enter(&run, mlp->root, &cur);
+    run.act[0] = cur.data;
+    if (cur.data != x32)
         fsdp_mem_free(run.mem, x32);
-        x32 = NULL;
-    }
-    for (int i = 0; i < L && status == FSDP_OK; i++) {
-        status = alloc_act(&run, batch * (size_t)mlp->dims[i + 1], &run.act[i + 1]);
-        if (status == FSDP_OK)
-            status = fsdp_pre_forward(mlp->layers[i]);
-        if (status == FSDP_OK)
-            status = linear_forward(&run, i);
-        if (status == FSDP_OK)
-            status = fsdp_post_forward(mlp->layers[i]);
-    }
+    x32 = NULL;
+    for (int i = 0; i < L && status == FSDP_OK; i++)
+        status = layer_forward(&run, i, &cur);
+    run.root_out_dt = cur.dtype;
     if (status == FSDP_OK)
-        status = fsdp_post_forward(mlp->root);
+        status = fsdp_post_forward_io(mlp->root, &cur, 1);
+    if (status == FSDP_OK && cur.data != run.act[L]) {
+        fsdp_mem_free(run.mem, run.act[L]);
+        run.act[L] = cur.data;
+    }
 
     /* loss: mean over this rank's rows and outputs */
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(run.mem, sizeof(float), FSDP_MEM_TEMPORARY, run.c,
                                 (void **)&loss);
     if (status == FSDP_OK)
-        status = alloc_act(&run, out_numel, &dy);
+        status = fsdp_mem_alloc(run.mem, out_numel * fsdp_dtype_size(cur.dtype),
+                                FSDP_MEM_ACTIVATION, run.c, &dy);
     if (status != FSDP_OK)
         goto out;
     k.u.mse.loss = loss;
@@ -423,7 +463,7 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     k.u.mse.y = run.act[L];
     k.u.mse.t = target;
     k.u.mse.n = out_numel;
-    k.u.mse.y_dtype = k.u.mse.dy_dtype = run.dt; /* the target and the loss stay f32 */
+    k.u.mse.y_dtype = k.u.mse.dy_dtype = cur.dtype; /* the target and the loss stay f32 */
     k.u.mse.t_dtype = FSDP_DTYPE_F32;
     /* the scale divides the denominator: loss and gradient both carry it */
     k.u.mse.denom = (double)out_numel / (double)mlp->loss_scale;
@@ -432,10 +472,17 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
     /* backward: the root's gradient arrives first, then the units in reverse */
     if (status == FSDP_OK)
         phase(mlp, FSDP_PHASE_BACKWARD);
+    /* the backward of a cast comes before the hook on the tensor it cast, and after the
+     * post-backward of the unit whose input it cast (semantics 2 C.2, B.4) */
+    g = (fsdp_act_t){dy, cur.dtype, out_numel};
+    if (status == FSDP_OK)
+        status = cast_back(&run, &g, run.root_out_dt);
     if (status == FSDP_OK)
         status = fsdp_pre_backward(mlp->root);
     for (int i = L - 1; i >= 0 && status == FSDP_OK; i--) {
-        if (i > 0)
+        status = cast_back(&run, &g, run.dt); /* the output's cast */
+        dy = g.data;
+        if (i > 0 && status == FSDP_OK)
             status = alloc_act(&run, batch * (size_t)mlp->dims[i], &dx);
         if (status == FSDP_OK)
             status = fsdp_pre_backward(mlp->layers[i]);
@@ -448,6 +495,10 @@ fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t *mlp, const float *x, const f
         run.act[i + 1] = NULL;
         dy = dx;
         dx = NULL;
+        g = (fsdp_act_t){dy, run.dt, batch * (size_t)mlp->dims[i]};
+        if (i > 0 && status == FSDP_OK) /* the input's cast, from in_dt[i] */
+            status = cast_back(&run, &g, run.in_dt[i]);
+        dy = g.data;
     }
     if (status == FSDP_OK)
         status = fsdp_post_backward(mlp->root);
