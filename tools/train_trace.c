@@ -43,6 +43,11 @@ fsdp_status_t train_trace_open(const char *path, const train_launch_t *launch,
                  ", \"api\": \"fsdp2\", \"reshard_after_forward\": %d}",
                  cfg->reshard_after_forward);
     }
+    if (cfg->api == FSDP_API_FSDP2 && cfg->mixed_precision.output_dtype != FSDP_DTYPE_UNSET) {
+        size_t n = strlen(config) - 1;
+        snprintf(config + n, sizeof(config) - n, ", \"output_dtype\": \"%s\"}",
+                 fsdp_dtype_name(cfg->mixed_precision.output_dtype));
+    }
     memset(&info, 0, sizeof(info));
     if (launch->backend == TRAIN_BACKEND_SIM) {
         fsdp_sim_profile_t profile;

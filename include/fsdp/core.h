@@ -96,7 +96,8 @@ typedef struct fsdp_mixed_precision {
     int cast_forward_inputs;
     /* FSDP2's MixedPrecisionPolicy.output_dtype: floating-point forward outputs cast to it at
      * each unit's post-forward, their gradients cast back in backward (FSDP_DTYPE_UNSET: no
-     * cast). Refused under FSDP1, whose MixedPrecision has none. */
+     * cast). FSDP1, whose MixedPrecision has none, ignores it (a struct built before it
+     * existed, zeroed, still runs there as it did). */
     fsdp_dtype_t output_dtype;
 } fsdp_mixed_precision_t;
 

@@ -63,12 +63,6 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
         fsdp_error("rank %d: invalid api %d; allowed: fsdp1, fsdp2", dev->rank, (int)cfg->api);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (cfg->api != FSDP_API_FSDP2 && mp->output_dtype != FSDP_DTYPE_UNSET) {
-        fsdp_error("rank %d: output_dtype is MixedPrecisionPolicy's (api fsdp2); FSDP1's "
-                   "MixedPrecision has param_dtype, reduce_dtype and buffer_dtype",
-                   dev->rank);
-        return FSDP_ERR_INVALID_PARAM;
-    }
     if (cfg->api != FSDP_API_FSDP2)
         return FSDP_OK;
     if (cfg->strategy == FSDP_SHARD_GRAD_OP || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2)
