@@ -130,6 +130,9 @@ static fsdp_status_t check(const fsdp_dev_t *dev, const fsdp_kernel_t *k)
                                               k->u.chunk_copy.src_ld < k->u.chunk_copy.cols))
             bad = "a leading dimension below the columns";
         break;
+    case FSDP_K_GROUP_COPY:
+        bad = fsdp_kb_group_copy_check(k);
+        break;
     case FSDP_K_CAST:
         if (!dtype_ok(k->u.cast.dst_dtype) || !dtype_ok(k->u.cast.src_dtype))
             bad = "dtype";

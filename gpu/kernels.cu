@@ -20,6 +20,7 @@
 #include "gpu.h"
 
 #include <stdio.h>
+#include <string.h>
 
 namespace {
 
@@ -336,6 +337,50 @@ template <int Kind> fsdp_status_t launch_parts(fsdp_gpu_stream_t *stream, const 
     return FSDP_OK;
 }
 
+/* group_copy: the caller's table of parts is host memory, so each launch carries a slice of it
+ * in its arguments, which CUDA copies at launch (nothing outlives the call); a group of more
+ * parts than one launch holds is several launches, each over its parts' elements. 32 parts of
+ * 80 bytes stay well inside the 4 KiB of kernel arguments every CUDA version takes. */
+#define FSDP_GPU_COPY_PARTS 32
+
+struct copy_slice {
+    fsdp_copy_part_t parts[FSDP_GPU_COPY_PARTS];
+    size_t nparts, begin, end; /* the launch's elements [begin, end) */
+};
+
+/* __grid_constant__: the body reads the table where the arguments are, with no copy a thread */
+__global__ void __launch_bounds__(FSDP_GPU_THREADS)
+    group_copy_kernel(const __grid_constant__ copy_slice t)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = t.begin + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < t.end; i += stride)
+        fsdp_kb_group_copy_at(t.parts, t.nparts, i);
+}
+
+template <>
+fsdp_status_t launch_parts<FSDP_K_GROUP_COPY>(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k)
+{
+    const fsdp_copy_part_t *parts = k->u.group_copy.parts;
+    const size_t nparts = k->u.group_copy.nparts;
+    copy_slice t;
+
+    for (size_t j = 0; j < nparts; j += FSDP_GPU_COPY_PARTS) {
+        const fsdp_copy_part_t *last;
+        t.nparts = nparts - j < FSDP_GPU_COPY_PARTS ? nparts - j : FSDP_GPU_COPY_PARTS;
+        memcpy(t.parts, parts + j, t.nparts * sizeof(*parts));
+        last = &t.parts[t.nparts - 1];
+        t.begin = t.parts[0].first;
+        t.end = last->first + last->rows * last->cols;
+        if (t.end == t.begin)
+            continue;
+        group_copy_kernel<<<grid_for(t.end - t.begin), FSDP_GPU_THREADS, 0, stream->cu>>>(t);
+        const fsdp_status_t status = launched(k, "group_copy_kernel");
+        if (status != FSDP_OK)
+            return status;
+    }
+    return FSDP_OK;
+}
+
 typedef fsdp_status_t (*launch_fn_t)(fsdp_gpu_stream_t *stream, const fsdp_kernel_t *k);
 
 /* A launcher per kind, generated from kernel.h's list by its exec column: the parts above, the
@@ -357,6 +402,7 @@ const void *const all_kernels[] = {
     (const void *)elem_kernel<FSDP_K_FILL>,
     (const void *)elem_kernel<FSDP_K_CAST>,
     (const void *)elem_kernel<FSDP_K_CHUNK_COPY>,
+    (const void *)group_copy_kernel,
     (const void *)elem_kernel<FSDP_K_SCALE>,
     (const void *)elem_kernel<FSDP_K_DIV>,
     (const void *)elem_kernel<FSDP_K_AXPY>,

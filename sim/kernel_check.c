@@ -99,6 +99,12 @@ static fsdp_status_t base_check(const fsdp_kernel_t *k)
                                     cols);
         break;
     }
+    case FSDP_K_GROUP_COPY: {
+        const char *bad = fsdp_kb_group_copy_check(k);
+        if (bad != NULL)
+            FSDP_SIM_KERNEL_INVALID(k, "%s", bad);
+        break;
+    }
     case FSDP_K_SCALE:
     case FSDP_K_DIV:
         FSDP_SIM_NEED_DTYPE(k, k->u.scale.dtype, fsdp_sim_dtype_float(k->u.scale.dtype),

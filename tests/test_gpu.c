@@ -141,10 +141,37 @@ static void *to_dev_ptr(const kcase_t *c, const void *h)
     return NULL;
 }
 
-/* The same descriptor with device pointers. */
+/* A pointer into a buffer of the case (a group_copy part's), on the device. */
+static void *to_dev_inner(const kcase_t *c, const void *h)
+{
+    for (int i = 0; h != NULL && i < c->nbufs; i++) {
+        const char *b = c->buf[i].h;
+        if ((const char *)h >= b && (const char *)h < b + c->buf[i].bytes)
+            return (char *)c->buf[i].d + ((const char *)h - b);
+    }
+    CU_ASSERT_PTR_NULL(h);
+    return NULL;
+}
+
+#define MAX_PARTS 64
+
+/* The same descriptor with device pointers (a group_copy's table with them: host memory, as
+ * the runtime's). */
 static fsdp_kernel_t device_kernel(const kcase_t *c)
 {
+    static fsdp_copy_part_t dparts[MAX_PARTS];
     fsdp_kernel_t k = c->k;
+
+    if (k.kind == FSDP_K_GROUP_COPY) {
+        CU_ASSERT_FATAL(k.u.group_copy.nparts <= MAX_PARTS);
+        for (size_t j = 0; j < k.u.group_copy.nparts; j++) {
+            dparts[j] = k.u.group_copy.parts[j];
+            dparts[j].dst = to_dev_inner(c, dparts[j].dst);
+            dparts[j].src = to_dev_inner(c, dparts[j].src);
+        }
+        k.u.group_copy.parts = dparts;
+        return k;
+    }
 #define MAP_(field) k.u.field = to_dev_ptr(c, c->k.u.field)
     switch (k.kind) {
     case FSDP_K_FILL:
@@ -508,6 +535,55 @@ static void test_fill_cast(void)
     c.k.u.fill.x = kbuf(&c, FSDP_DTYPE_F32, c.k.u.fill.n, 0, 1);
     c.k.u.fill.dtype = FSDP_DTYPE_F32;
     c.k.u.fill.value = -2.5;
+    run_case(&c);
+}
+
+/* group_copy of 41 parts, more than one launch's 32: blocks with their own leading dimensions,
+ * f32 and bf16 sources into f32 and bf16 destinations, sources cut into zeros, empty parts, and
+ * a part of 2^20 elements (a grid-stride loop); against the host's loop and the sim. */
+static void test_group_copy(void)
+{
+    enum { P = 41 };
+    static fsdp_copy_part_t parts[P];
+    size_t first = 0, so = 0, d32 = 0, d16 = 0;
+    kcase_t c;
+
+    memset(&c, 0, sizeof(c));
+    for (int pass = 0; pass < 2; pass++) { /* sizes, then the parts over the buffers */
+        float *s32 = pass ? c.buf[0].h : NULL, *o32 = pass ? c.buf[2].h : NULL;
+        uint16_t *s16 = pass ? c.buf[1].h : NULL, *o16 = pass ? c.buf[3].h : NULL;
+        first = so = d32 = d16 = 0;
+        for (int j = 0; j < P; j++) {
+            size_t rows = j == P - 1 ? 1 : 1 + (size_t)j % 4;
+            size_t cols = j == P - 1 ? (size_t)1 << 20 : (size_t)(j * 7) % 13;
+            size_t sld = cols + (size_t)j % 3, dld = cols + (size_t)j % 2;
+            int dst32 = j % 3 == 0, src32 = j % 2 == 0;
+            if (pass)
+                parts[j] = (fsdp_copy_part_t){
+                    .dst = dst32 ? (void *)(o32 + d32) : (void *)(o16 + d16),
+                    .src = src32 ? (const void *)(s32 + so) : (const void *)(s16 + so),
+                    .dst_ld = dld,
+                    .src_ld = sld,
+                    .src_n = j % 5 == 0 ? rows * sld / 2 : SIZE_MAX,
+                    .rows = rows,
+                    .cols = cols,
+                    .first = first,
+                    .dst_dtype = dst32 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16,
+                    .src_dtype = src32 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16};
+            first += rows * cols;
+            so += rows * sld;
+            *(dst32 ? &d32 : &d16) += rows * dld;
+        }
+        if (!pass) {
+            kbuf(&c, FSDP_DTYPE_F32, so, -3, 3);
+            kbuf(&c, FSDP_DTYPE_BF16, so, -3, 3);
+            kbuf(&c, FSDP_DTYPE_F32, d32, -1, 1);
+            kbuf(&c, FSDP_DTYPE_BF16, d16, -1, 1);
+        }
+    }
+    c.k.kind = FSDP_K_GROUP_COPY;
+    c.k.u.group_copy.parts = parts;
+    c.k.u.group_copy.nparts = P;
     run_case(&c);
 }
 
@@ -1472,6 +1548,7 @@ static const fsdp_test_case_t tests[] = {
     {"params", test_params},
     {"memory, streams, events", test_memory_streams_events},
     {"fill and cast", test_fill_cast},
+    {"group_copy", test_group_copy},
     {"scale, div, axpy", test_scale_axpy},
     {"bias and relu", test_bias_relu},
     {"transformer kernels", test_transformer},

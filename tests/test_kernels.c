@@ -932,6 +932,158 @@ static void test_chunk_copy(void)
     expect_invalid(&k, "chunk_copy with a leading dimension below the columns");
 }
 
+/* One group_copy of nparts parts into dst: on the calling thread (pool NULL) or cut across the
+ * pool's threads as the sim's --threads cuts it. */
+static void run_group(fsdp_copy_part_t *parts, size_t nparts, fsdp_sim_pool_t *pool)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_GROUP_COPY};
+
+    k.u.group_copy.parts = parts;
+    k.u.group_copy.nparts = nparts;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_exec_par(&k, pool, NULL), FSDP_OK);
+}
+
+/* The per-parameter launches a group_copy replaces: a chunk_copy a part, and the sum of their
+ * bytes, which is the group's (one launch of them all). */
+static void run_per_part(const fsdp_copy_part_t *parts, size_t nparts, const fsdp_kernel_t *g)
+{
+    double bytes = 0.0, b, flops;
+
+    for (size_t j = 0; j < nparts; j++) {
+        fsdp_kernel_t k = {.kind = FSDP_K_CHUNK_COPY};
+        const fsdp_copy_part_t *q = &parts[j];
+        k.u.chunk_copy = (typeof(k.u.chunk_copy)){.dst = q->dst,
+                                                  .dst_dtype = q->dst_dtype,
+                                                  .dst_ld = q->dst_ld,
+                                                  .src = q->src,
+                                                  .src_dtype = q->src_dtype,
+                                                  .src_ld = q->src_ld,
+                                                  .src_n = q->src_n,
+                                                  .rows = q->rows,
+                                                  .cols = q->cols};
+        CU_ASSERT_EQUAL(run(&k), FSDP_OK);
+        fsdp_kernel_cost(&k, &flops, &b);
+        bytes += b;
+    }
+    fsdp_kernel_cost(g, &flops, &b);
+    CU_ASSERT_EQUAL(b, bytes);
+    CU_ASSERT_EQUAL(flops, 0.0);
+}
+
+/* group_copy against the chunk_copy per parameter that FSDP2 ran before, byte for byte, at
+ * W = 3 and 5 in f32 and bf16: the copy-out (block j of O, W x A, into each parameter's U), the
+ * chunk-cat (each gradient's W chunks into I, zero-padded past its end, f32 and bf16 sources
+ * cast to the reduce dtype) and the relayout (the reduced chunks into the f32 shard, zeros in a
+ * frozen parameter's slot). The parameters: 37 rows (padded), 2 rows (high ranks own none: empty
+ * shards), 1 row, [4, 0] (an empty part) and 1000 x 70 (a launch past 2^16 elements, cut across
+ * threads). Every buffer starts as the same garbage; what no part covers stays garbage. A part
+ * whose first is not the count of the elements before it is refused. */
+static void test_group_copy(void)
+{
+    enum { P = 5 };
+    static const size_t rows[P] = {37, 2, 1, 4, 1000}, rest[P] = {3, 5, 7, 0, 70};
+    static const int worlds[] = {3, 5};
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+    fsdp_sim_pool_t *pool = fsdp_sim_pool_create(3);
+    fsdp_copy_part_t parts[P];
+    fsdp_kernel_t g = {.kind = FSDP_K_GROUP_COPY};
+
+    CU_ASSERT_FATAL(pool != NULL);
+    test_seed(91);
+    for (size_t wi = 0; wi < sizeof(worlds) / sizeof(worlds[0]); wi++) {
+        size_t w = (size_t)worlds[wi], chunk[P], slot[P], numel[P], a = 0, total = 0;
+        for (int j = 0; j < P; j++) {
+            chunk[j] = (rows[j] + w - 1) / w * rest[j];
+            slot[j] = a;
+            a += chunk[j];
+            numel[j] = rows[j] * rest[j];
+            total += numel[j];
+        }
+        /* sources: O (W x A), the gradients in f32 and in bf16, a reduced row (A) */
+        float *o32 = malloc(w * a * 4), *g32 = malloc(total * 4);
+        uint16_t *o16 = malloc(w * a * 2), *g16 = malloc(total * 2);
+        unsigned char *want = malloc(w * a * 4), *got = malloc(w * a * 4);
+        CU_ASSERT_FATAL(o32 && g32 && o16 && g16 && want && got);
+        fill_rand(o32, w * a, -3.0, 3.0);
+        fill_rand(g32, total, -3.0, 3.0);
+        for (size_t i = 0; i < w * a; i++)
+            o16[i] = fsdp_f32_to_bf16(o32[i] * 0.7f);
+        for (size_t i = 0; i < total; i++)
+            g16[i] = fsdp_f32_to_bf16(g32[i] * 1.3f);
+        for (size_t d = 0; d < 2; d++) {
+            const fsdp_dtype_t dt = dts[d];
+            const size_t es = fsdp_dtype_size(dt);
+            const void *o = dt == FSDP_DTYPE_F32 ? (const void *)o32 : (const void *)o16;
+            for (int pass = 0; pass < 6; pass++) { /* 3 copies, each on 1 and 3 threads */
+                const int what = pass / 2;
+                size_t first = 0, goff = 0;
+                memset(want, 0xa5, w * a * 4);
+                memset(got, 0xa5, w * a * 4);
+                for (int j = 0; j < P; j++) {
+                    fsdp_copy_part_t *q = &parts[j];
+                    if (what == 0) /* copy-out: U of parameter j at W x its slot */
+                        *q = (fsdp_copy_part_t){.dst = want + w * slot[j] * es,
+                                                .dst_dtype = dt,
+                                                .dst_ld = chunk[j],
+                                                .src = (char *)o + slot[j] * es,
+                                                .src_dtype = dt,
+                                                .src_ld = a,
+                                                .src_n = SIZE_MAX,
+                                                .rows = w,
+                                                .cols = chunk[j]};
+                    else if (what == 1) /* chunk-cat: odd parameters' gradients in bf16 */
+                        *q = (fsdp_copy_part_t){
+                            .dst = want + slot[j] * es,
+                            .dst_dtype = dt,
+                            .dst_ld = a,
+                            .src = j % 2 ? (const void *)(g16 + goff) : (const void *)(g32 + goff),
+                            .src_dtype = j % 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+                            .src_ld = chunk[j],
+                            .src_n = numel[j],
+                            .rows = w,
+                            .cols = chunk[j]};
+                    else /* relayout: parameter 1 frozen (zeros), the others from a row of dt */
+                        *q = (fsdp_copy_part_t){.dst = want + slot[j] * 4,
+                                                .dst_dtype = FSDP_DTYPE_F32,
+                                                .dst_ld = chunk[j],
+                                                .src = j == 1 ? NULL : (char *)o + slot[j] * es,
+                                                .src_dtype = dt,
+                                                .src_ld = chunk[j],
+                                                .src_n = j == 1 ? 0 : chunk[j],
+                                                .rows = 1,
+                                                .cols = chunk[j]};
+                    q->first = first;
+                    first += q->rows * q->cols;
+                    goff += numel[j];
+                }
+                CU_ASSERT(what == 2 || first == w * a);
+                g.u.group_copy.parts = parts;
+                g.u.group_copy.nparts = P;
+                run_per_part(parts, P, &g);
+                for (int j = 0; j < P; j++)
+                    parts[j].dst = got + ((unsigned char *)parts[j].dst - want);
+                run_group(parts, P, pass % 2 ? pool : NULL);
+                if (memcmp(want, got, w * a * 4) != 0)
+                    fprintf(stderr, "\n  group_copy W = %zu, %s, copy %d, %d thread(s) differs\n",
+                            w, fsdp_dtype_name(dt), what, pass % 2 ? 3 : 1);
+                CU_ASSERT(memcmp(want, got, w * a * 4) == 0);
+            }
+        }
+        free(o32);
+        free(g32);
+        free(o16);
+        free(g16);
+        free(want);
+        free(got);
+    }
+    fsdp_sim_pool_destroy(pool);
+
+    parts[2].first++;
+    expect_invalid(&g, "group_copy with a part's first past the count before it");
+    g.u.group_copy.parts = NULL;
+    expect_invalid(&g, "group_copy with no table");
+}
+
 static void test_fill(void)
 {
     float f[5];
@@ -2256,6 +2408,7 @@ int main(void)
         {"cast_int_and_copy", test_cast_int_and_copy},
         {"chunk_copy", test_chunk_copy},
         {"cost_chunk_copy", test_cost_chunk_copy},
+        {"group_copy", test_group_copy},
         {"threads_bits", test_threads_bits},
         {"pack_cache", test_pack_cache},
         {"fill", test_fill},

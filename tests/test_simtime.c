@@ -595,6 +595,25 @@ static void test_nccl_formula(void)
         close_to(fsdp_sim_kernel_time(&h100, &k), 4.0 * (1 << 28) / (3350e9 * 0.87) + 1.2e-6,
                  1e-12);
         close_to(fsdp_sim_copy_time(&h100, FSDP_SIM_COPY_H2D, gib), gib / 51e9 + 1.2e-6, 1e-12);
+        /* FSDP2's group_copy: one memory-bound launch of its parts' bytes summed (2^27 f32
+         * copied, 2^26 bf16 widened to f32), one latency for the group */
+        fsdp_copy_part_t parts[2] = {{.rows = 1,
+                                      .cols = 1 << 27,
+                                      .src_n = SIZE_MAX,
+                                      .dst_dtype = FSDP_DTYPE_F32,
+                                      .src_dtype = FSDP_DTYPE_F32},
+                                     {.rows = 2,
+                                      .cols = 1 << 25,
+                                      .src_ld = 1 << 25,
+                                      .src_n = SIZE_MAX,
+                                      .first = 1 << 27,
+                                      .dst_dtype = FSDP_DTYPE_F32,
+                                      .src_dtype = FSDP_DTYPE_BF16}};
+        k.kind = FSDP_K_GROUP_COPY;
+        k.u.group_copy.parts = parts;
+        k.u.group_copy.nparts = 2;
+        close_to(fsdp_sim_kernel_time(&h100, &k),
+                 (8.0 * (1 << 27) + 6.0 * (1 << 26)) / (3350e9 * 0.87) + 1.2e-6, 1e-12);
     }
 }
 

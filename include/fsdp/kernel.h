@@ -68,7 +68,8 @@ extern "C" {
     X(SWIGLU_BWD, swiglu_bwd, swiglu_bwd, ONE, PASSES, VECTOR)                                     \
     X(ATTENTION_FWD, attention_fwd, attention_fwd, ONE, PASSES, ATTENTION)                         \
     X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION)                         \
-    X(CHUNK_COPY, chunk_copy, chunk_copy, MIXED, ELEMS, VECTOR)
+    X(CHUNK_COPY, chunk_copy, chunk_copy, MIXED, ELEMS, VECTOR)                                    \
+    X(GROUP_COPY, group_copy, group_copy, MIXED, ELEMS, VECTOR)
 
 typedef enum {
 #define FSDP_KERNEL_ENUM_(NAME, name, member, dtypes, exec, cost) FSDP_K_##NAME,
@@ -106,6 +107,15 @@ typedef struct fsdp_gemm_epilogue {
      * where beta = 1 adds it. 0: no accumulation stage. */
     int accumulate;
 } fsdp_gemm_epilogue_t;
+
+/* One part of a group_copy launch: the operands of a chunk_copy (below), and `first`, the index
+ * of its first element among the launch's: the sum of rows * cols over the parts before it. */
+typedef struct fsdp_copy_part {
+    void *dst;
+    const void *src;
+    size_t dst_ld, src_ld, src_n, rows, cols, first;
+    fsdp_dtype_t dst_dtype, src_dtype;
+} fsdp_copy_part_t;
 
 typedef struct fsdp_kernel {
     fsdp_kernel_kind_t kind;
@@ -251,6 +261,13 @@ typedef struct fsdp_kernel {
         struct { void *dst; fsdp_dtype_t dst_dtype; size_t dst_ld; const void *src;
                  fsdp_dtype_t src_dtype; size_t src_ld; size_t src_n; size_t rows, cols; }
             chunk_copy;
+        /* FSDP2's copy-out, chunk-cat and gradient relayout of a whole group in one launch, as
+         * torch's split_with_sizes_copy and _chunk_cat: each part of parts[0 .. nparts) is a
+         * chunk_copy, whose element e is the launch's element parts[j].first + e, the same
+         * bits as its own chunk_copy. No part's dst overlaps another part's dst or src. The
+         * table is read while the launch is issued and need not outlive the call (the gpu
+         * backend copies it into the kernel's arguments: a launch of up to 32 parts each). */
+        struct { const fsdp_copy_part_t *parts; size_t nparts; } group_copy;
 
         /* ---- the Llama kernels (lib/kernels/llama_bodies.h), under the rules of the
          * transformer kernels above: one dtype per descriptor, f32 statistics, f32 arithmetic,

@@ -39,6 +39,15 @@ static size_t chunk_copy_read(size_t rows, size_t cols, size_t ld, size_t src_n)
     return f * cols + (t == 0 ? 0 : t * (src_n - f * ld) - ld * (t * (t - 1) / 2));
 }
 
+/* chunk_copy's bytes (a group_copy's part's): every element written, and only those inside
+ * the source read. */
+static double chunk_copy_bytes(size_t rows, size_t cols, size_t ld, size_t src_n, fsdp_dtype_t dt,
+                               fsdp_dtype_t st)
+{
+    return (double)rows * (double)cols * dsize(dt) +
+           (double)chunk_copy_read(rows, cols, ld, src_n) * dsize(st);
+}
+
 void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
 {
     double flops = 0.0, bytes = 0.0, n;
@@ -203,15 +212,18 @@ void fsdp_kernel_cost(const fsdp_kernel_t *k, double *flops_p, double *bytes_p)
         flops = n;
         bytes = 3.0 * (double)fsdp_dtype_size(k->u.add.dtype) * n;
         break;
-    case FSDP_K_CHUNK_COPY: {
-        /* every element written; only those inside the source read */
-        const size_t rows = k->u.chunk_copy.rows, cols = k->u.chunk_copy.cols;
-        n = (double)rows * (double)cols;
-        bytes = n * (double)fsdp_dtype_size(k->u.chunk_copy.dst_dtype) +
-                (double)chunk_copy_read(rows, cols, k->u.chunk_copy.src_ld, k->u.chunk_copy.src_n) *
-                    (double)fsdp_dtype_size(k->u.chunk_copy.src_dtype);
+    case FSDP_K_CHUNK_COPY:
+        bytes = chunk_copy_bytes(k->u.chunk_copy.rows, k->u.chunk_copy.cols, k->u.chunk_copy.src_ld,
+                                 k->u.chunk_copy.src_n, k->u.chunk_copy.dst_dtype,
+                                 k->u.chunk_copy.src_dtype);
         break;
-    }
+    case FSDP_K_GROUP_COPY: /* one memory-bound launch: its parts' bytes summed */
+        for (size_t j = 0; j < k->u.group_copy.nparts && k->u.group_copy.parts != NULL; j++) {
+            const fsdp_copy_part_t *q = &k->u.group_copy.parts[j];
+            bytes +=
+                chunk_copy_bytes(q->rows, q->cols, q->src_ld, q->src_n, q->dst_dtype, q->src_dtype);
+        }
+        break;
     /* The Llama kernels. Fused attention counts the FLOPs of its matrix products over the
      * (query, key) pairs it computes, causal about half of them (FlashAttention's count: forward
      * 4 hd a pair, backward 10, its five products with the scores recomputed), and the bytes of

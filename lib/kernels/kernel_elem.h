@@ -116,6 +116,12 @@ static inline void fsdp_kb_prepare(const fsdp_kernel_t *k, fsdp_kb_prep_t *p)
     case FSDP_K_CHUNK_COPY:
         p->n = k->u.chunk_copy.rows * k->u.chunk_copy.cols;
         break;
+    case FSDP_K_GROUP_COPY: /* the last part's end (read before the check: parts may be NULL) */
+        if (k->u.group_copy.nparts > 0 && k->u.group_copy.parts != NULL) {
+            const fsdp_copy_part_t *last = &k->u.group_copy.parts[k->u.group_copy.nparts - 1];
+            p->n = last->first + last->rows * last->cols;
+        }
+        break;
     case FSDP_K_CROSS_ENTROPY:
         p->ce_scale = (float)(1.0 / k->u.cross_entropy.denom);
         break;
@@ -140,21 +146,81 @@ FSDP_HD void fsdp_kb_cast_at(const fsdp_kernel_t *k, size_t i)
     fsdp_kb_store(k->u.cast.dst, dd, i, fsdp_kb_load(k->u.cast.src, sd, i));
 }
 
-/* chunk_copy: element i is column i % cols of block i / cols. */
+/* Element i of a chunk_copy's rows blocks of cols elements: column i % cols of block i / cols,
+ * cast to dd (the same dtype copied bit for bit); past src_n a 0. */
+FSDP_HD void fsdp_kb_chunk_elem(void *dst, fsdp_dtype_t dd, size_t dst_ld, const void *src,
+                                fsdp_dtype_t sd, size_t src_ld, size_t src_n, size_t cols, size_t i)
+{
+    size_t row = i / cols, col = i - row * cols;
+    size_t s = row * src_ld + col, d = row * dst_ld + col;
+
+    if (s >= src_n)
+        fsdp_kb_store(dst, dd, d, 0.0f);
+    else if (sd == dd && dd != FSDP_DTYPE_F32)
+        ((uint16_t *)dst)[d] = ((const uint16_t *)src)[s];
+    else if (sd == dd)
+        ((uint32_t *)dst)[d] = ((const uint32_t *)src)[s];
+    else
+        fsdp_kb_store(dst, dd, d, fsdp_kb_load(src, sd, s));
+}
+
 FSDP_HD void fsdp_kb_chunk_copy_at(const fsdp_kernel_t *k, size_t i)
 {
-    size_t row = i / k->u.chunk_copy.cols, col = i - row * k->u.chunk_copy.cols;
-    size_t s = row * k->u.chunk_copy.src_ld + col, d = row * k->u.chunk_copy.dst_ld + col;
-    fsdp_dtype_t sd = k->u.chunk_copy.src_dtype, dd = k->u.chunk_copy.dst_dtype;
+    fsdp_kb_chunk_elem(k->u.chunk_copy.dst, k->u.chunk_copy.dst_dtype, k->u.chunk_copy.dst_ld,
+                       k->u.chunk_copy.src, k->u.chunk_copy.src_dtype, k->u.chunk_copy.src_ld,
+                       k->u.chunk_copy.src_n, k->u.chunk_copy.cols, i);
+}
 
-    if (s >= k->u.chunk_copy.src_n)
-        fsdp_kb_store(k->u.chunk_copy.dst, dd, d, 0.0f);
-    else if (sd == dd && dd != FSDP_DTYPE_F32)
-        ((uint16_t *)k->u.chunk_copy.dst)[d] = ((const uint16_t *)k->u.chunk_copy.src)[s];
-    else if (sd == dd)
-        ((uint32_t *)k->u.chunk_copy.dst)[d] = ((const uint32_t *)k->u.chunk_copy.src)[s];
-    else
-        fsdp_kb_store(k->u.chunk_copy.dst, dd, d, fsdp_kb_load(k->u.chunk_copy.src, sd, s));
+/* group_copy: element i (at or past parts[0].first) of the part it falls in, the last of the
+ * nparts whose first is at most i (a binary search: an empty part shares its first with the
+ * next and is passed over). The gpu backend calls it on its copy of a slice of the table. */
+FSDP_HD void fsdp_kb_group_copy_at(const fsdp_copy_part_t *parts, size_t nparts, size_t i)
+{
+    size_t lo = 0, hi = nparts;
+
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (parts[mid].first <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    fsdp_kb_chunk_elem(parts[lo].dst, parts[lo].dst_dtype, parts[lo].dst_ld, parts[lo].src,
+                       parts[lo].src_dtype, parts[lo].src_ld, parts[lo].src_n, parts[lo].cols,
+                       i - parts[lo].first);
+}
+
+static inline int fsdp_kb_copy_float(fsdp_dtype_t dt)
+{
+    return dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
+}
+
+/* Host side: what is wrong with a group_copy's table, or NULL (the sim's and the gpu backend's
+ * one check): float dtypes, the buffers a part with elements needs, leading dimensions of at
+ * least the columns, and each part's first the count of the elements before it. */
+static inline const char *fsdp_kb_group_copy_check(const fsdp_kernel_t *k)
+{
+    const fsdp_copy_part_t *parts = k->u.group_copy.parts;
+    size_t next = 0;
+
+    if (k->u.group_copy.nparts > 0 && parts == NULL)
+        return "parts is NULL";
+    for (size_t j = 0; j < k->u.group_copy.nparts; j++) {
+        const fsdp_copy_part_t *q = &parts[j];
+        size_t n = q->rows * q->cols;
+        if (!fsdp_kb_copy_float(q->dst_dtype) || !fsdp_kb_copy_float(q->src_dtype))
+            return "a part's dtype: f32, bf16 or f16";
+        if (q->cols > 0 && n / q->cols != q->rows)
+            return "a part's rows x cols overflow";
+        if (n > 0 && (q->dst == NULL || (q->src == NULL && q->src_n > 0)))
+            return "a part's dst or src is NULL";
+        if (q->rows > 1 && (q->dst_ld < q->cols || q->src_ld < q->cols))
+            return "a part's leading dimension is below its columns";
+        if (q->first != next || next + n < next)
+            return "a part's first is not the count of the elements before it";
+        next += n;
+    }
+    return NULL;
 }
 
 FSDP_HD void fsdp_kb_fill_at(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t i)
@@ -179,6 +245,9 @@ FSDP_HD void fsdp_kb_elem(fsdp_kernel_kind_t kind, const fsdp_kernel_t *k, const
         break;
     case FSDP_K_CHUNK_COPY:
         fsdp_kb_chunk_copy_at(k, i);
+        break;
+    case FSDP_K_GROUP_COPY:
+        fsdp_kb_group_copy_at(k->u.group_copy.parts, k->u.group_copy.nparts, i);
         break;
     case FSDP_K_SCALE:
         fsdp_kb_store(k->u.scale.x, k->u.scale.dtype, i,
