@@ -13,6 +13,9 @@
 
 #define C_GEMM 9  /* a marker in the log: the first GEMM of a unit's forward */
 #define C_CAST 10 /* a marker: a cast on the compute stream, n elements to dtype */
+/* a marker: a group_copy of n elements in group_size parts, the first to dtype (a chunk_copy
+ * is one of a single part) */
+#define C_COPY 11
 
 typedef struct seq_cfg {
     int world;
@@ -26,6 +29,7 @@ typedef struct seq_cfg {
     size_t rows;    /* of the batch on every rank (0: 2) */
     int mark_gemms; /* log a C_GEMM marker at every forward GEMM of a layer's output */
     int mark_casts; /* log a C_CAST marker at every cast on the compute stream */
+    int mark_copies; /* log a C_COPY marker at every group_copy or chunk_copy */
     size_t sharded_bytes[8];
     fsdp_mem_stats_t at_backward[8], at_end[8]; /* as the backward begins, after the step */
 } seq_cfg_t;
@@ -43,7 +47,7 @@ static void at_phase(fsdp_phase_t phase, void *arg)
 }
 
 static _Thread_local const fsdp_backend_ops_t *inner_ops;
-static _Thread_local int mark_gemms, mark_casts;
+static _Thread_local int mark_gemms, mark_casts, mark_copies;
 static _Thread_local fsdp_stream_t *compute_stream;
 
 static fsdp_status_t marking_kernel(fsdp_dev_t *dev, fsdp_stream_t *s, const fsdp_kernel_t *k)
@@ -52,6 +56,16 @@ static fsdp_status_t marking_kernel(fsdp_dev_t *dev, fsdp_stream_t *s, const fsd
         tl_log[tl_nlog++] = (coll_t){(coll_kind_t)C_GEMM, k->u.gemm.n, 0, FSDP_DTYPE_F32, 0};
     if (mark_casts && k->kind == FSDP_K_CAST && s == compute_stream && tl_nlog < MAX_LOG)
         tl_log[tl_nlog++] = (coll_t){(coll_kind_t)C_CAST, k->u.cast.n, 0, k->u.cast.dst_dtype, 0};
+    if (mark_copies && k->kind == FSDP_K_GROUP_COPY && tl_nlog < MAX_LOG) {
+        const fsdp_copy_part_t *last = &k->u.group_copy.parts[k->u.group_copy.nparts - 1];
+        tl_log[tl_nlog++] =
+            (coll_t){(coll_kind_t)C_COPY, last->first + last->rows * last->cols,
+                     (int)k->u.group_copy.nparts, k->u.group_copy.parts[0].dst_dtype, 0};
+    }
+    if (mark_copies && k->kind == FSDP_K_CHUNK_COPY && tl_nlog < MAX_LOG)
+        tl_log[tl_nlog++] =
+            (coll_t){(coll_kind_t)C_COPY, k->u.chunk_copy.rows * k->u.chunk_copy.cols, 1,
+                     k->u.chunk_copy.dst_dtype, 0};
     return inner_ops->kernel(dev, s, k);
 }
 
@@ -73,7 +87,8 @@ static fsdp_status_t seq_rank(fsdp_dev_t *dev, void *arg)
     wrap_ops(dev, &wrapped);
     mark_gemms = c->mark_gemms;
     mark_casts = c->mark_casts;
-    if (c->mark_gemms || c->mark_casts)
+    mark_copies = c->mark_copies;
+    if (c->mark_gemms || c->mark_casts || c->mark_copies)
         wrapped.kernel = marking_kernel;
     fsdp_config_init(&fc);
     fc.api = FSDP_API_FSDP2;
@@ -345,6 +360,44 @@ static void test_seq_output_dtype(void)
     check_seq(&c, plain, (int)(sizeof(plain) / sizeof(plain[0])));
 }
 
+#define COPY(n, parts, dt)                                                                         \
+    {                                                                                              \
+        (coll_kind_t) C_COPY, (n), (parts), (dt), 0                                                \
+    }
+
+/* One group_copy a unit for each copy-out and each chunk-cat, as torch's split_with_sizes_copy
+ * and _chunk_cat, never a copy per parameter: W = 3, each of a unit's weight and bias a part,
+ * W * A elements each way (510, 651 and 126), the copy-out into the compute dtype after the
+ * unit's all-gather (and before the backward's prefetch), the chunk-cat into the reduce dtype
+ * before its reduce-scatter. */
+static void test_seq_group_copies(void)
+{
+    seq_cfg_t c = seq_default(3, dims3, 3);
+    const fsdp_dtype_t B = FSDP_DTYPE_BF16;
+    coll_t want[] = {AG(170, 3, F32),      COPY(510, 2, F32),   AG(217, 3, F32),
+                     COPY(651, 2, F32),    AG(42, 3, F32),      COPY(126, 2, F32), /* forward */
+                     AG(42, 3, F32),       COPY(126, 2, F32),   AG(217, 3, F32),
+                     COPY(126, 2, F32),    RS(42, 3, F32, AVG), /* L4's backward */
+                     COPY(651, 2, F32),    AG(170, 3, F32),     COPY(651, 2, F32),
+                     RS(217, 3, F32, AVG), /* L2's */
+                     COPY(510, 2, F32),    COPY(510, 2, F32),   RS(170, 3, F32, AVG)};
+    const int n = (int)(sizeof(want) / sizeof(want[0]));
+
+    c.mark_copies = 1;
+    run_seq(&c);
+    check_seq(&c, want, n);
+    /* bf16 parameters: the copy-outs write bf16, the chunk-cats f32 (the reduce dtype) */
+    for (int i = 0; i < n; i++) {
+        if (want[i].kind == C_AG)
+            want[i].dtype = B;
+        if (want[i].kind == (coll_kind_t)C_COPY && i + 1 < n && want[i + 1].kind != C_RS)
+            want[i].dtype = B;
+    }
+    c.param_dtype = B;
+    run_seq(&c);
+    check_seq(&c, want, n);
+}
+
 /* ---------------- memory: closed forms per category ---------------- */
 
 /* W = 3, f32 (allocations rounded to 512 bytes). Unsharded parameters, one buffer each of
@@ -544,6 +597,7 @@ typedef struct grad_case {
     double divide_factor;     /* fsdp_unit_options_t.gradient_divide_factor */
     int force_sum;            /* .force_sum_reduction */
     fsdp_dtype_t reduce;      /* the reduce dtype (FSDP_DTYPE_UNSET: f32) */
+    int mark_copies;          /* log the copies too (C_COPY) */
     float got_b[8], got_w[8]; /* rank r's first element of b's and w's rows in its shard */
     float w_after[8];         /* w's first element after an SGD step with weight decay */
 } grad_case_t;
@@ -580,7 +634,12 @@ static fsdp_status_t grad_rank(fsdp_dev_t *dev, void *arg)
     float ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, *g, *ls;
     int r = dev->rank;
 
+    inner_ops = dev->ops;
     wrap_ops(dev, &wrapped);
+    mark_gemms = mark_casts = 0;
+    mark_copies = gc->mark_copies;
+    if (mark_copies)
+        wrapped.kernel = marking_kernel;
     ps[0].requires_grad = !gc->frozen_w;
     ps[1].requires_grad = 1;
     fsdp_config_init(&fc);
@@ -641,6 +700,25 @@ static void test_frozen(void)
         CU_ASSERT_EQUAL(gc.got_w[r], r < 2 ? 0.0f : -1.0f);
         CU_ASSERT_EQUAL(gc.w_after[r], r < 2 ? 1.0f : -1.0f);
     }
+
+    /* the copies: the copy-outs of W * A = 24, the chunk-cat of b's chunks alone, and the
+     * relayout of the reduced gradient into the shard, zeros in w's slot, one launch each */
+    const coll_t copies[] = {AG(8, 3, F32),   COPY(24, 2, F32),   AG(8, 3, F32),  COPY(24, 2, F32),
+                             COPY(6, 1, F32), RS(2, 3, F32, AVG), COPY(8, 2, F32)};
+    gc.mark_copies = 1;
+    memset(seq_nlog, 0, sizeof(seq_nlog));
+    CU_ASSERT_EQUAL_FATAL(run_ranks(3, grad_rank, &gc), FSDP_OK);
+    for (int r = 0; r < 3; r++) {
+        CU_ASSERT_EQUAL(seq_nlog[r], 7);
+        for (int i = 0; i < 7 && i < seq_nlog[r]; i++) {
+            CU_ASSERT_EQUAL(seq_log[r][i].kind, copies[i].kind);
+            CU_ASSERT_EQUAL(seq_log[r][i].n, copies[i].n);
+            CU_ASSERT_EQUAL(seq_log[r][i].group_size, copies[i].group_size);
+        }
+        CU_ASSERT_EQUAL(gc.got_b[r], 2.0f);
+        CU_ASSERT_EQUAL(gc.got_w[r], r < 2 ? 0.0f : -1.0f);
+    }
+    gc.mark_copies = 0;
 
     gc.frozen_w = 0; /* trainable: in the reduce-scatter, and stepped */
     memset(seq_nlog, 0, sizeof(seq_nlog));
@@ -957,6 +1035,8 @@ int main(void)
         {"sequence: HSDP on a 2 x 2 mesh", test_seq_hsdp},
         {"sequence: bf16 parameters, f32 and f16 reduction", test_seq_mixed_precision},
         {"sequence: output_dtype f32 casts at every unit's boundary", test_seq_output_dtype},
+        {"sequence: one group_copy a unit for the copy-out and the chunk-cat",
+         test_seq_group_copies},
         {"memory: closed forms per category (W = 3)", test_memory_closed_forms},
         {"memory: output_dtype's casts (W = 3)", test_memory_output_dtype},
         {"output_dtype f32 under bf16: the same losses and weights", test_output_dtype_exact},

@@ -140,21 +140,25 @@ if command -v sqlite3 >/dev/null 2>&1; then
         sh -c "'$bin/fsdp-trace' summary '$tmp/t.db' | head -n 1 | grep -q 'strategy fsdp2 full_shard'"
     check "the trace names the copy-in stream" test "$(sqlite3 "$tmp/t.db" \
         "select count(*) from events where stream = 'all_gather_copy_in'")" -gt 0
-    check "the trace holds the copy-outs" test "$(sqlite3 "$tmp/t.db" \
-        "select count(*) from events where name = 'chunk_copy' and stream = 'compute'")" -gt 0
+    # a group_copy a unit for each copy-out (forward and backward) and chunk-cat: 3 x 3 a rank
+    check "the trace holds one group_copy a unit for each copy-out and chunk-cat" test \
+        "$(sqlite3 "$tmp/t.db" "select group_concat(n) from (select count(*) as n from events \
+            where name = 'group_copy' and stream = 'compute' group by rank)")" = "9,9,9"
+    check "the trace holds no copy kernel per parameter" test \
+        "$(sqlite3 "$tmp/t.db" "select count(*) from events where name = 'chunk_copy'")" = 0
 else
     echo "skipped: the trace's rows (no sqlite3 command)"
 fi
 
 # the Perfetto export shows the copy-in stream and the copy-outs
 "$bin/fsdp-trace" export --chrome "$tmp/t.json" "$tmp/t.db" >/dev/null 2>&1
-check "the Chrome trace has the copy-in stream and the chunk_copy kernels" \
-    sh -c "grep -q 'all_gather_copy_in' '$tmp/t.json' && grep -q 'chunk_copy' '$tmp/t.json'"
+check "the Chrome trace has the copy-in stream and the group_copy kernels" \
+    sh -c "grep -q 'all_gather_copy_in' '$tmp/t.json' && grep -q 'group_copy' '$tmp/t.json'"
 # fsdp-trace diff of an fsdp1 and an fsdp2 run of one job lists what differs by unit
 $train $mlp --steps 1 --trace "$tmp/t1.db" >/dev/null 2>&1
 "$bin/fsdp-trace" diff "$tmp/t1.db" "$tmp/t.db" >"$tmp/diff" 2>&1
 check "fsdp-trace diff fsdp1 fsdp2: per unit, the copy-outs on B's side" \
-    grep -q '^  layers.0 kernel chunk_copy  *0  ' "$tmp/diff"
+    grep -q '^  layers.0 kernel group_copy  *0  *9  ' "$tmp/diff"
 
 # fsdp-plan: the config line, and a sweep over fully_shard's settings
 $plan --model gpt2 --world 8 --local-batch 2 --seq 512 --api fsdp2 >"$tmp/plan" 2>&1

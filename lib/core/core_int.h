@@ -82,6 +82,7 @@ struct fsdp_handle {
      * shard_numel is A, the padded slots of all parameters, local_shard holds them in parameter
      * order (pads zero) and saved_grad_shard the reduced gradient in the same layout. */
     fsdp_pparam_t *pp;          /* nparams; a tied parameter repeats its target's slot */
+    fsdp_copy_part_t *parts;    /* nparams: the table of the group's group_copy launches */
     void *ag_out;               /* O: W * A of the compute dtype, from copy-in to copy-out */
     fsdp_event_t *post_forward_event;  /* the post-forward copies, for the backward copy-in */
     int ag_blocks;                     /* blocks of ag_out: W, or N from the post-forward */

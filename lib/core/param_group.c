@@ -14,8 +14,14 @@ fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h)
     size_t a = 0, held = 0;
 
     h->pp = calloc((size_t)h->nparams, sizeof(*h->pp));
-    if (h->pp == NULL)
+    h->parts = calloc((size_t)h->nparams, sizeof(*h->parts));
+    if (h->pp == NULL || h->parts == NULL) {
+        free(h->pp);
+        free(h->parts);
+        h->pp = NULL;
+        h->parts = NULL;
         return FSDP_ERR_NO_MEMORY;
+    }
     for (int i = 0; i < h->nparams; i++) {
         fsdp_param_info_t *pi = &h->params[i];
         fsdp_pparam_t *p = &h->pp[i];
@@ -23,7 +29,9 @@ fsdp_status_t fsdp_pgroup_layout(fsdp_t *fs, fsdp_handle_t *h)
 
         if (pi->ndim == 0) {
             free(h->pp);
+            free(h->parts);
             h->pp = NULL;
+            h->parts = NULL;
             return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
                              "unit '%s': parameter '%s' is a scalar; fully_shard (api fsdp2) "
                              "shards every parameter on dim 0 and refuses scalars: give it "
@@ -83,7 +91,9 @@ void fsdp_pgroup_free(fsdp_t *fs, fsdp_handle_t *h)
     free(h->prefetch[0]);
     free(h->prefetch[1]);
     free(h->pp);
+    free(h->parts);
     h->pp = NULL;
+    h->parts = NULL;
 }
 
 /* Elements of a parameter's rows that fall in rank j's chunk (the rest of the chunk is pad). */
@@ -93,22 +103,37 @@ static size_t chunk_valid(const fsdp_pparam_t *p, size_t j)
     return numel > start ? (numel - start < p->chunk ? numel - start : p->chunk) : 0;
 }
 
-/* One chunk_copy launch on stream s: rows blocks of cols elements (kernel.h). */
-static fsdp_status_t chunk_copy(fsdp_t *fs, fsdp_stream_t *s, void *dst, fsdp_dtype_t dt,
-                                size_t dst_ld, const void *src, fsdp_dtype_t st, size_t src_ld,
-                                size_t src_n, size_t rows, size_t cols)
+/* Appends part *np of the group's group_copy table: rows blocks of cols elements, a
+ * chunk_copy's operands (kernel.h). */
+static void copy_part(fsdp_handle_t *h, size_t *np, void *dst, fsdp_dtype_t dt, size_t dst_ld,
+                      const void *src, fsdp_dtype_t st, size_t src_ld, size_t src_n, size_t rows,
+                      size_t cols)
 {
-    fsdp_kernel_t k = {.kind = FSDP_K_CHUNK_COPY};
+    fsdp_copy_part_t *q = &h->parts[*np];
 
-    k.u.chunk_copy.dst = dst;
-    k.u.chunk_copy.dst_dtype = dt;
-    k.u.chunk_copy.dst_ld = dst_ld;
-    k.u.chunk_copy.src = src;
-    k.u.chunk_copy.src_dtype = st;
-    k.u.chunk_copy.src_ld = src_ld;
-    k.u.chunk_copy.src_n = src_n;
-    k.u.chunk_copy.rows = rows;
-    k.u.chunk_copy.cols = cols;
+    *q = (fsdp_copy_part_t){.dst = dst,
+                            .src = src,
+                            .dst_ld = dst_ld,
+                            .src_ld = src_ld,
+                            .src_n = src_n,
+                            .rows = rows,
+                            .cols = cols,
+                            .first = *np > 0 ? q[-1].first + q[-1].rows * q[-1].cols : 0,
+                            .dst_dtype = dt,
+                            .src_dtype = st};
+    (*np)++;
+}
+
+/* One group_copy launch of the table's first n parts on stream s: a group's copy in one
+ * kernel, as torch's split_with_sizes_copy and _chunk_cat. */
+static fsdp_status_t group_copy(fsdp_t *fs, fsdp_handle_t *h, fsdp_stream_t *s, size_t n)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_GROUP_COPY};
+
+    if (n == 0)
+        return FSDP_OK;
+    k.u.group_copy.parts = h->parts;
+    k.u.group_copy.nparts = n;
     return fsdp_dev_kernel(fs->dev, s, &k);
 }
 
@@ -228,36 +253,50 @@ fsdp_status_t fsdp_pgroup_release_ag_state(fsdp_t *fs)
     return status;
 }
 
-/* One parameter's copy-out on the compute stream: U, then rank j's chunk from block j of O. */
-static fsdp_status_t copy_out_param(fsdp_t *fs, fsdp_handle_t *h, fsdp_pparam_t *p)
+/* The copy-out on the compute stream: every parameter's U, then one group_copy of rank j's chunk
+ * of each from block j of O (torch's split_with_sizes_copy into the allocated outputs). */
+static fsdp_status_t copy_out(fsdp_t *fs, fsdp_handle_t *h)
 {
     fsdp_stream_t *cs = fs->compute;
     fsdp_dtype_t c = h->compute_dtype;
-    size_t esz = fsdp_dtype_size(c), w = (size_t)h->world, f;
-    fsdp_status_t status;
+    size_t esz = fsdp_dtype_size(c), w = (size_t)h->world, np = 0;
+    size_t f = h->ag_out != NULL ? w / (size_t)h->ag_blocks : 1;
+    const float *shard = h->local_shard;
+    void *staged = NULL;
+    fsdp_status_t status = FSDP_OK;
 
-    status =
-        fsdp_mem_alloc(fs->mem, w * p->chunk * esz, FSDP_MEM_UNSHARDED_PARAM, cs, &p->unsharded);
-    if (status != FSDP_OK)
-        return fsdp_fail_below(fs, status,
-                               "rank %d: unit '%s': cannot allocate an unsharded "
-                               "parameter (%zu elements)",
-                               fs->dev->rank, h->unit->name, w * p->chunk);
-    if (h->ag_out == NULL) { /* W = 1: the shard is the whole parameter */
-        void *staged = NULL;
-        if (h->offload)
-            status = stage_shard(fs, h, cs, &staged);
-        if (status == FSDP_OK)
-            status = chunk_copy(fs, cs, p->unsharded, c, p->chunk,
-                                (staged != NULL ? (float *)staged : h->local_shard) + p->slot,
-                                FSDP_DTYPE_F32, p->chunk, p->chunk, 1, p->chunk);
-        fsdp_mem_free(fs->mem, staged);
-        return status;
+    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+        fsdp_pparam_t *p = &h->pp[i];
+        if (h->params[i].tied_to >= 0)
+            continue;
+        status = fsdp_mem_alloc(fs->mem, w * p->chunk * esz, FSDP_MEM_UNSHARDED_PARAM, cs,
+                                &p->unsharded);
+        if (status != FSDP_OK)
+            return fsdp_fail_below(fs, status,
+                                   "rank %d: unit '%s': cannot allocate an unsharded "
+                                   "parameter (%zu elements)",
+                                   fs->dev->rank, h->unit->name, w * p->chunk);
     }
-    /* split_with_sizes_copy: O as (blocks, W / blocks * A), this parameter's columns */
-    f = w / (size_t)h->ag_blocks;
-    return chunk_copy(fs, cs, p->unsharded, c, f * p->chunk, (char *)h->ag_out + f * p->slot * esz,
+    /* W = 1: the shard is the whole parameter (staged once from the host under CPU offload) */
+    if (h->ag_out == NULL && h->offload) {
+        status = stage_shard(fs, h, cs, &staged);
+        shard = staged;
+    }
+    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+        fsdp_pparam_t *p = &h->pp[i];
+        if (h->params[i].tied_to >= 0)
+            continue;
+        if (h->ag_out == NULL)
+            copy_part(h, &np, p->unsharded, c, p->chunk, shard + p->slot, FSDP_DTYPE_F32, p->chunk,
+                      p->chunk, 1, p->chunk);
+        else /* split_with_sizes_copy: O as (blocks, W / blocks * A), this parameter's columns */
+            copy_part(h, &np, p->unsharded, c, f * p->chunk, (char *)h->ag_out + f * p->slot * esz,
                       c, f * h->shard_numel, SIZE_MAX, (size_t)h->ag_blocks, f * p->chunk);
+    }
+    if (status == FSDP_OK)
+        status = group_copy(fs, h, cs, np);
+    fsdp_mem_free(fs->mem, staged);
+    return status;
 }
 
 /* wait_for_unshard: the compute stream waits for the all-gather, copies out into each
@@ -277,10 +316,8 @@ fsdp_status_t fsdp_pgroup_wait_for_unshard(fsdp_t *fs, fsdp_handle_t *h, int ret
         if (status == FSDP_OK)
             status = fsdp_stream_wait_stream(dev, fs->compute, fs->unshard);
     }
-    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
-        if (h->params[i].tied_to < 0)
-            status = copy_out_param(fs, h, &h->pp[i]);
-    }
+    if (status == FSDP_OK)
+        status = copy_out(fs, h);
     for (int i = 0; i < h->nparams; i++) {
         if (h->params[i].tied_to >= 0)
             h->pp[i].unsharded = h->pp[h->params[i].tied_to].unsharded;
@@ -479,23 +516,24 @@ static fsdp_status_t chunk_cat(fsdp_t *fs, fsdp_handle_t *h, void *in)
 {
     fsdp_stream_t *cs = fs->compute;
     fsdp_dtype_t rd = h->reduce_dtype;
-    size_t esz = fsdp_dtype_size(rd), r = h->reduced_numel, w = (size_t)h->world;
+    size_t esz = fsdp_dtype_size(rd), r = h->reduced_numel, w = (size_t)h->world, np = 0;
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
         fsdp_pparam_t *p = &h->pp[i];
+        if (p->reduced && p->accum != NULL && p->grad != NULL) /* the last micro-batch joins */
+            status = add_into(fs, cs, p->accum, p->grad, h->compute_dtype, h->params[i].numel);
+    }
+    for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
+        fsdp_pparam_t *p = &h->pp[i];
         const void *src = p->accum != NULL ? (const void *)p->accum : p->grad;
         fsdp_dtype_t st = p->accum != NULL ? FSDP_DTYPE_F32 : h->compute_dtype;
-        if (!p->reduced)
-            continue;
-        if (p->accum != NULL && p->grad != NULL) /* the last micro-batch joins the sum */
-            status = add_into(fs, cs, p->accum, p->grad, h->compute_dtype, h->params[i].numel);
         /* rank j's chunk of the gradient to row j; past its end zeros */
-        if (status == FSDP_OK)
-            status = chunk_copy(fs, cs, (char *)in + p->gslot * esz, rd, r, src, st, p->chunk,
-                                h->params[i].numel, w, p->chunk);
+        if (p->reduced)
+            copy_part(h, &np, (char *)in + p->gslot * esz, rd, r, src, st, p->chunk,
+                      h->params[i].numel, w, p->chunk);
     }
-    return status;
+    return status == FSDP_OK ? group_copy(fs, h, cs, np) : status;
 }
 
 /* The reduce op and the factors a gradient is divided by before and after, over d ranks (W x R)
@@ -627,7 +665,7 @@ static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_s
 {
     fsdp_dev_t *dev = fs->dev;
     fsdp_dtype_t rd = h->reduce_dtype;
-    size_t a = h->shard_numel, n = h->reduced_numel;
+    size_t a = h->shard_numel, n = h->reduced_numel, np = 0;
     void *grad = out;
     fsdp_status_t status = FSDP_OK;
 
@@ -640,15 +678,16 @@ static fsdp_status_t post_reduce(fsdp_t *fs, fsdp_handle_t *h, void *out, fsdp_s
         status = fsdp_mem_alloc(fs->mem, a * sizeof(float), FSDP_MEM_GRADIENT, s, &grad);
         if (status == FSDP_OK && n == a) /* one run of one dtype: one cast */
             status = fsdp_k_cast(fs, s, grad, FSDP_DTYPE_F32, out, rd, a);
-        else if (status == FSDP_OK)
-            status = fsdp_k_fill(fs, s, grad, FSDP_DTYPE_F32, a, 0.0);
         for (int i = 0; i < h->nparams && status == FSDP_OK && n != a; i++) {
             const fsdp_pparam_t *p = &h->pp[i];
-            if (p->reduced)
-                status = chunk_copy(fs, s, (float *)grad + p->slot, FSDP_DTYPE_F32, p->chunk,
-                                    (const char *)out + p->gslot * fsdp_dtype_size(rd), rd,
-                                    p->chunk, p->chunk, 1, p->chunk);
+            const char *src = (const char *)out + p->gslot * fsdp_dtype_size(rd);
+            if (h->params[i].tied_to < 0) /* the reduced chunks, zeros for the others */
+                copy_part(h, &np, (float *)grad + p->slot, FSDP_DTYPE_F32, p->chunk,
+                          p->reduced ? src : NULL, rd, p->chunk, p->reduced ? p->chunk : 0, 1,
+                          p->chunk);
         }
+        if (status == FSDP_OK)
+            status = group_copy(fs, h, s, np);
         if (status == FSDP_OK && s != fs->post_backward)
             status = fsdp_mem_record_stream(fs->mem, out, s);
         fsdp_mem_free(fs->mem, out);
