@@ -377,10 +377,6 @@ fsdp_status_t fsdp_llama_set_eager_memory(fsdp_lm_t *lm, int on)
 {
     if (fsdp_lm_of_family(lm, "llama", "fsdp_llama_set_eager_memory") == NULL)
         return FSDP_ERR_INVALID_PARAM;
-    if (on && fsdp_llama_of(lm)->tp > 1) {
-        fsdp_error("llama: eager memory is not modelled under tensor parallelism");
-        return FSDP_ERR_UNSUPPORTED;
-    }
     if (on && !fsdp_device(lm->fs)->no_data) {
         fsdp_error("llama: eager memory is for shape mode (a device without data)");
         return FSDP_ERR_UNSUPPORTED;

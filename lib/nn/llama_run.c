@@ -211,7 +211,9 @@ static fsdp_status_t ealloc(llama_run_t *r, size_t bytes, fsdp_mem_category_t ca
  * *rstd and *y are allocated only when NULL (the final norm's come from lm.c). */
 static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void **hb, void **y)
 {
-    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    /* a sequence shard under tensor parallelism; y is what the Linears after it read, the
+     * all-gathered [BT, D] */
+    const size_t n = r->lm.rows * r->D, es = r->lm.es;
     void *t = NULL;
     fsdp_status_t status = FSDP_OK;
 
@@ -220,7 +222,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
     if (status == FSDP_OK)
         status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* pow(2) */
     if (status == FSDP_OK && *rstd == NULL)
-        status = ealloc(r, 4 * r->lm.BT, FSDP_MEM_ACTIVATION, rstd);
+        status = ealloc(r, 4 * r->lm.rows, FSDP_MEM_ACTIVATION, rstd);
     FREE(r, t);
     if (status == FSDP_OK && r->upcast)
         status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* h * rstd before .to(dtype) */
@@ -228,7 +230,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
         status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, hb);
     FREE(r, t);
     if (status == FSDP_OK && *y == NULL)
-        status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, y);
+        status = ealloc(r, es * r->lm.BT * r->D, FSDP_MEM_ACTIVATION, y);
     return status;
 }
 
@@ -239,7 +241,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
  * gradient. Then frees the norm's saved u, hb and rstd. */
 static fsdp_status_t eager_rmsnorm_bwd(llama_run_t *r, void **u, void **hb, void **rstd)
 {
-    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    const size_t n = r->lm.rows * r->D, es = r->lm.es;
     void *dhb = NULL, *dhn = NULL, *dh = NULL, *t = NULL, *gm = NULL, *p1 = NULL, *p2 = NULL;
     fsdp_status_t status = ealloc(r, es * n, FSDP_MEM_TEMPORARY, &dhb);
 
@@ -523,10 +525,10 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     /* o_proj, then the residual add into the mid residual */
     if (!eager)
         ho = a[A_H];
-    else if (status == FSDP_OK && (need & BIT(A_H)))
-        status = ealloc(r, BT * D * es, TMP, &ho);
+    else if (status == FSDP_OK && (need & BIT(A_H))) /* tp: the reduce-scatter's output */
+        status = ealloc(r, r->lm.rows * D * es, TMP, &ho);
     if (status == FSDP_OK && (need & BIT(A_H)) && r->lm.tp > 1)
-        status = row_parallel_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), a[A_H]);
+        status = row_parallel_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), ho);
     else if (status == FSDP_OK && (need & BIT(A_H)))
         status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, ho, D);
     if (status == FSDP_OK && eager && (need & BIT(A_H)))
@@ -564,7 +566,7 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     if (status == FSDP_OK && output) {
         /* down_proj, then the residual add into the layer's output */
         if (eager)
-            status = ealloc(r, BT * D * es, TMP, &ho);
+            status = ealloc(r, r->lm.rows * D * es, TMP, &ho);
         if (status == FSDP_OK)
             status = alloc_a(r, r->lm.rows * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
         if (!eager)
