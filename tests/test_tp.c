@@ -328,11 +328,220 @@ static void test_layer_collectives(void)
     fsdp_tokens_close(t);
 }
 
+/* ---------------- memory per rank, in closed form (docs/costs.md) ---------------- */
+
+static size_t r512(size_t bytes)
+{
+    return (bytes + 511) / 512 * 512;
+}
+
+/* one fully_shard group's shard: every parameter's dim-0 chunk over d ranks, padded */
+static size_t chunk(size_t rows, size_t cols, size_t d)
+{
+    return (rows + d - 1) / d * cols;
+}
+
+/* The elements of a unit's shard (A): the root (layer < 0) or a layer, at tp t and dp d. */
+static size_t shard_numel(const fsdp_llama_config_t *c, int layer, size_t t, size_t d)
+{
+    const size_t D = (size_t)c->dim, hd = (size_t)fsdp_llama_head_dim(c), V = (size_t)c->vocab_size;
+    const size_t q = (size_t)c->n_head / t * hd, kv = (size_t)c->n_kv_head / t * hd;
+    const size_t F = (size_t)c->ffn_dim / t;
+
+    if (layer < 0) /* embedding and head by vocabulary rows, the norm whole */
+        return 2 * chunk(V / t, D, d) + chunk(D, 1, d);
+    return chunk(q, D, d) + 2 * chunk(kv, D, d) + chunk(D, q, d) + 2 * chunk(F, D, d) +
+           chunk(D, F, d) + 2 * chunk(D, 1, d);
+}
+
+/* FSDP_MEM_ACTIVATION's peak, f32, at the end of the forward: the batch (tokens, targets and,
+ * under tp, the vocabulary-local ids), the rotary tables, the residual stream's L + 1 sequence
+ * shards [BT / t, D], each layer's saved tensors (its norms' outputs all-gathered [BT, D] and
+ * their rstd on the shard, q k v o of its H / t and K / t heads, the log-sum-exp, the mid
+ * residual's shard, gate, up and their product of F / t columns), the final norm's rstd on the
+ * shard, its output (all-gathered under tp: [BT, D]) and the logits, all-gathered [BT, V]. */
+static size_t act_peak(const fsdp_llama_config_t *c, size_t B, size_t T, size_t t)
+{
+    const size_t D = (size_t)c->dim, hd = (size_t)fsdp_llama_head_dim(c), V = (size_t)c->vocab_size;
+    const size_t BT = B * T, rows = BT / t, H = (size_t)c->n_head / t, K = (size_t)c->n_kv_head / t;
+    const size_t F = (size_t)c->ffn_dim / t, L = (size_t)c->n_layer;
+    size_t layer = 2 * r512(BT * D * 4) + 2 * r512(rows * 4) + 2 * r512(BT * H * hd * 4) +
+                   2 * r512(BT * K * hd * 4) + r512(B * H * T * 4) + r512(rows * D * 4) +
+                   3 * r512(BT * F * 4);
+    size_t batch = (t > 1 ? 3 : 2) * r512(BT * 4) + 2 * r512(T * hd / 2 * 4);
+
+    return batch + (L + 1) * r512(rows * D * 4) + L * layer + r512(rows * 4) + r512(BT * D * 4) +
+           r512(BT * V * 4);
+}
+
+/* Shape mode, one AdamW step of a batch of 2 x 64 per dp rank: the sharded parameters and the
+ * optimizer state (two tensors per unit) are the closed form's shards, the activations' peak
+ * is act_peak, at tp 1, 2, 4 with dp 1 and at tp 2 with dp 2. */
+static void test_memory_closed_form(void)
+{
+    static const int runs[][2] = {{1, 1}, {2, 2}, {4, 4}, {4, 2}}; /* world, tp */
+    job_t *j = calloc(1, sizeof(*j));
+
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        const size_t t = (size_t)runs[i][1], d = (size_t)(runs[i][0] / runs[i][1]);
+        size_t params = 0, act;
+        job_init(j, NULL, runs[i][0], runs[i][1]);
+        CU_ASSERT_EQUAL_FATAL(fsdp_llama_config_parse("llama:kv_heads=4,ffn=128", &j->cfg),
+                              FSDP_OK);
+        j->shape = 1;
+        j->steps = 1;
+        j->batch = 2 * d;
+        j->seq = 64;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        for (int l = -1; l < j->cfg.n_layer; l++)
+            params += r512(shard_numel(&j->cfg, l, t, d) * 4);
+        act = act_peak(&j->cfg, 2, 64, t);
+        fprintf(stderr, "\n  tp %zu dp %zu: sharded parameters %zu bytes, activations %zu", t, d,
+                j->mem[0].by_category[FSDP_MEM_SHARDED_PARAM],
+                j->mem[0].peak_by_category[FSDP_MEM_ACTIVATION]);
+        for (int r = 0; r < j->world; r++) {
+            CU_ASSERT_EQUAL(j->mem[r].by_category[FSDP_MEM_SHARDED_PARAM], params);
+            CU_ASSERT_EQUAL(j->mem[r].by_category[FSDP_MEM_OPTIMIZER_STATE], 2 * params);
+            CU_ASSERT_EQUAL(j->mem[r].peak_by_category[FSDP_MEM_ACTIVATION], act);
+        }
+    }
+    free(j);
+}
+
+/* ---------------- bf16 ---------------- */
+
+/* bf16 (MixedPrecisionPolicy(param_dtype=bf16), f32 reduce) at tp 2: a row-parallel Linear's
+ * partial output is rounded to bf16 on each rank (the matmul's output dtype) before the
+ * reduce-scatter sums the partials and rounds once more, as torch's bf16 reduce_scatter_tensor of
+ * DTensor's Partial -> Shard(1) does (the sim sums a collective in f32 and rounds once, its rule
+ * for every bf16 reduction); the norms' partial gradients are summed over tp in bf16 likewise.
+ * So tp 2 rounds more often than tp 1: the losses stay within bf16's roundoff of f32's. */
+static void test_bf16(void)
+{
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b)), *c = calloc(1, sizeof(*c));
+    double worst = 0.0, worst1 = 0.0;
+
+    job_init(a, t, 1, 1);
+    job_init(b, t, 2, 2);
+    job_init(c, t, 1, 1);
+    b->bf16 = c->bf16 = 1;
+    CU_ASSERT_EQUAL_FATAL(job_run(a), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(job_run(b), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(job_run(c), FSDP_OK);
+    for (int s = 0; s < 4; s++) {
+        worst = fmax(worst, fabs(b->losses[s][0] - a->losses[s][0]) / a->losses[s][0]);
+        worst1 = fmax(worst1, fabs(c->losses[s][0] - a->losses[s][0]) / a->losses[s][0]);
+    }
+    fprintf(stderr, "\n  bf16 losses within %.3g of f32 at tp 2 (%.3g at tp 1)", worst, worst1);
+    CU_ASSERT(worst < 0x1p-9 * 16); /* 16 units of bf16's roundoff, as test_llama.c */
+    CU_ASSERT(b->losses[0][0] == b->losses[0][1]); /* the tp ranks agree */
+    CU_ASSERT(b->losses[3][0] < b->losses[0][0]);
+    free(a);
+    free(b);
+    free(c);
+    fsdp_tokens_close(t);
+}
+
+/* ---------------- refusals ---------------- */
+
+enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_SAVE, R_COUNT };
+
+typedef struct refusals {
+    fsdp_status_t got[MAX_W][R_COUNT];
+} refusals_t;
+
+static fsdp_status_t try_config(fsdp_dev_t *dev, fsdp_config_t *fc)
+{
+    fsdp_t *fs = NULL;
+    fsdp_status_t st = fsdp_create(dev, fc, &fs);
+    fsdp_destroy(fs);
+    return st;
+}
+
+static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_status_t *got = ((refusals_t *)arg)->got[dev->rank];
+    fsdp_config_t fc;
+    fsdp_llama_config_t lc;
+    fsdp_gpt2_config_t gc;
+    fsdp_t *fs = NULL;
+    fsdp_lm_t *m = NULL;
+    int32_t tok[2 * 33] = {0};
+    float loss;
+
+    fsdp_config_init(&fc);
+    fc.tp_size = 2;
+    got[R_FSDP1] = try_config(dev, &fc); /* fsdp1 */
+    fc.api = FSDP_API_FSDP2;
+    fc.strategy = FSDP_HYBRID_SHARD;
+    got[R_HYBRID] = try_config(dev, &fc);
+    fc.strategy = FSDP_FULL_SHARD;
+    fc.tp_size = 4;
+    fc.ranks_per_node = 2; /* tp 4 does not fit a node of 2 */
+    got[R_NODE] = try_config(dev, &fc);
+    fc.tp_size = 2;
+    fc.ranks_per_node = 0;
+    if (fsdp_create(dev, &fc, &fs) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    fsdp_llama_config_parse("llama:kv_heads=1", &lc); /* tp 2 does not divide 1 kv head */
+    got[R_HEADS] = fsdp_llama_create(fs, &lc, &m);
+    fsdp_lm_destroy(m);
+    m = NULL;
+    fsdp_destroy(fs);
+    fs = NULL;
+    if (fsdp_create(dev, &fc, &fs) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    fsdp_llama_config_parse("llama-tiny", &lc);
+    if (fsdp_llama_create(fs, &lc, &m) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    got[R_SEQ] = fsdp_lm_forward_backward(m, tok, tok, 2, 33, &loss); /* 33 tokens over tp 2 */
+    got[R_SAVE] = fsdp_lm_save_weights(m, "/nonexistent/model.safetensors");
+    fsdp_lm_destroy(m);
+    fsdp_destroy(fs);
+    fs = NULL;
+    m = NULL;
+    if (fsdp_create(dev, &fc, &fs) != FSDP_OK)
+        return FSDP_ERR_INTERNAL;
+    fsdp_gpt2_config_parse("gpt2-tiny", &gc);
+    got[R_GPT2] = fsdp_gpt2_create(fs, &gc, &m);
+    fsdp_lm_destroy(m);
+    fsdp_destroy(fs);
+    return FSDP_OK;
+}
+
+/* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide the kv heads or the
+ * sequence, GPT-2 and saving HF weights under tp are refused, each with its line. */
+static void test_refusals(void)
+{
+    static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
+                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
+                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_UNSUPPORTED,
+                                                FSDP_ERR_UNSUPPORTED};
+    refusals_t *r = calloc(1, sizeof(*r));
+
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(lm_test_launch(4, 0, refusal_rank, r), FSDP_OK);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+    for (int rank = 0; rank < 4; rank++)
+        for (int i = 0; i < R_COUNT; i++) {
+            if (r->got[rank][i] != want[i])
+                fprintf(stderr, "\n  rank %d case %d: %s", rank, i,
+                        fsdp_status_name(r->got[rank][i]));
+            CU_ASSERT_EQUAL(r->got[rank][i], want[i]);
+        }
+    free(r);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"f32 at tp 2 and 4, dp 1 and 2, equals one process within summation order", test_parity},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
+        {"memory per rank: TP's shards and SP's activations in closed form",
+         test_memory_closed_form},
+        {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
+        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, gpt2, HF save", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);
