@@ -29,6 +29,7 @@ typedef struct job {
     size_t batch, seq; /* the global batch */
     fsdp_tokens_t *tokens;
     int bf16, shape;
+    int loss_parallel; /* fsdp_config_t.tp_loss_parallel */
     float losses[MAX_STEPS][MAX_W];
     float *params; /* every full parameter, canonical order (root, then layers) */
     fsdp_mem_stats_t mem[MAX_W];
@@ -86,6 +87,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fc.api = FSDP_API_FSDP2;
     fc.tp_size = j->tp;
     fc.ranks_per_node = j->world;
+    fc.tp_loss_parallel = j->loss_parallel;
     if (j->bf16)
         fc.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
     if (st == FSDP_OK)
@@ -184,7 +186,8 @@ static double rel_diff(const float *a, const float *b, size_t n)
  * the losses within 1e-5 (relative), as FSDP's own parity tests bound them (test_llama.c). */
 static void test_parity(void)
 {
-    static const int runs[][2] = {{2, 2}, {4, 2}, {4, 4}, {8, 4}}; /* world, tp */
+    /* world, tp, the vocabulary-parallel loss */
+    static const int runs[][3] = {{2, 2, 0}, {4, 2, 0}, {4, 4, 0}, {8, 4, 0}, {4, 2, 1}, {4, 4, 1}};
     fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
     size_t total;
@@ -199,6 +202,7 @@ static void test_parity(void)
         double dl = 0.0, dp;
         memset(j->params, 0, total * sizeof(float));
         job_init(j, t, runs[i][0], runs[i][1]);
+        j->loss_parallel = runs[i][2];
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
         for (int s = 0; s < 4; s++) {
             for (int r = 0; r < j->world; r++) /* every rank: its dp rank's loss */
@@ -217,8 +221,8 @@ static void test_parity(void)
             }
         }
         dp = rel_diff(j->params, ref->params, total);
-        fprintf(stderr, "\n  tp %d dp %d: losses within %.2g, parameters within %.2g", j->tp,
-                j->world / j->tp, dl, dp);
+        fprintf(stderr, "\n  tp %d dp %d%s: losses within %.2g, parameters within %.2g", j->tp,
+                j->world / j->tp, j->loss_parallel ? " loss parallel" : "", dl, dp);
         CU_ASSERT(dl <= 1e-5);
         CU_ASSERT(dp <= 1e-5);
     }
@@ -359,8 +363,9 @@ static size_t shard_numel(const fsdp_llama_config_t *c, int layer, size_t t, siz
  * shards [BT / t, D], each layer's saved tensors (its norms' outputs all-gathered [BT, D] and
  * their rstd on the shard, q k v o of its H / t and K / t heads, the log-sum-exp, the mid
  * residual's shard, gate, up and their product of F / t columns), the final norm's rstd on the
- * shard, its output (all-gathered under tp: [BT, D]) and the logits, all-gathered [BT, V]. */
-static size_t act_peak(const fsdp_llama_config_t *c, size_t B, size_t T, size_t t)
+ * shard, its output (all-gathered under tp: [BT, D]) and the logits, all-gathered [BT, V], or
+ * this rank's [BT, V / t] under the vocabulary-parallel loss (lp). */
+static size_t act_peak(const fsdp_llama_config_t *c, size_t B, size_t T, size_t t, int lp)
 {
     const size_t D = (size_t)c->dim, hd = (size_t)fsdp_llama_head_dim(c), V = (size_t)c->vocab_size;
     const size_t BT = B * T, rows = BT / t, H = (size_t)c->n_head / t, K = (size_t)c->n_kv_head / t;
@@ -371,7 +376,7 @@ static size_t act_peak(const fsdp_llama_config_t *c, size_t B, size_t T, size_t 
     size_t batch = (t > 1 ? 3 : 2) * r512(BT * 4) + 2 * r512(T * hd / 2 * 4);
 
     return batch + (L + 1) * r512(rows * D * 4) + L * layer + r512(rows * 4) + r512(BT * D * 4) +
-           r512(BT * V * 4);
+           r512(BT * (lp ? V / t : V) * 4);
 }
 
 /* Shape mode, one AdamW step of a batch of 2 x 64 per dp rank: the sharded parameters and the
@@ -379,13 +384,14 @@ static size_t act_peak(const fsdp_llama_config_t *c, size_t B, size_t T, size_t 
  * is act_peak, at tp 1, 2, 4 with dp 1 and at tp 2 with dp 2. */
 static void test_memory_closed_form(void)
 {
-    static const int runs[][2] = {{1, 1}, {2, 2}, {4, 4}, {4, 2}}; /* world, tp */
+    static const int runs[][3] = {{1, 1, 0}, {2, 2, 0}, {4, 4, 0}, {4, 2, 0}, {4, 4, 1}};
     job_t *j = calloc(1, sizeof(*j));
 
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         const size_t t = (size_t)runs[i][1], d = (size_t)(runs[i][0] / runs[i][1]);
         size_t params = 0, act;
         job_init(j, NULL, runs[i][0], runs[i][1]);
+        j->loss_parallel = runs[i][2];
         CU_ASSERT_EQUAL_FATAL(fsdp_llama_config_parse("llama:kv_heads=4,ffn=128", &j->cfg),
                               FSDP_OK);
         j->shape = 1;
@@ -395,7 +401,7 @@ static void test_memory_closed_form(void)
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
         for (int l = -1; l < j->cfg.n_layer; l++)
             params += r512(shard_numel(&j->cfg, l, t, d) * 4);
-        act = act_peak(&j->cfg, 2, 64, t);
+        act = act_peak(&j->cfg, 2, 64, t, j->loss_parallel);
         fprintf(stderr, "\n  tp %zu dp %zu: sharded parameters %zu bytes, activations %zu", t, d,
                 j->mem[0].by_category[FSDP_MEM_SHARDED_PARAM],
                 j->mem[0].peak_by_category[FSDP_MEM_ACTIVATION]);
@@ -533,11 +539,66 @@ static void test_refusals(void)
     free(r);
 }
 
+/* Between the root's post-forward and pre-backward hooks: the loss's collectives over tp. */
+static int collect_loss(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *ev)
+{
+    seen_t *s = arg;
+    (void)rank, (void)seq;
+    if (ev->kind == FSDP_EV_HOOK && ev->unit != NULL && strcmp(ev->unit, "model") == 0)
+        s->in_layer = strcmp(ev->name, "post_forward") == 0;
+    else if (ev->kind == FSDP_EV_COLLECTIVE && s->in_layer && ev->group != NULL &&
+             strcmp(ev->group, s->group) == 0 && s->n < MAX_EV)
+        snprintf(s->ev[s->n++], sizeof(s->ev[0]), "%s %llu %s", ev->name,
+                 (unsigned long long)ev->count, fsdp_dtype_name((fsdp_dtype_t)ev->dtype));
+    return 0;
+}
+
+/* The vocabulary-parallel loss at tp 2, 2 x 32 tokens: torch's loss_parallel all-reduces the
+ * rows' maximum, their sums of exponentials and their targets' logits (64 f32 each), in that
+ * order; without it the loss runs no collective (the logits came all-gathered). */
+static void test_loss_parallel_collectives(void)
+{
+    char path[] = "/tmp/fsdp-tp-trace-XXXXXX";
+    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 2};
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *j = calloc(1, sizeof(*j));
+    int fd = mkstemp(path);
+
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    for (int lp = 0; lp <= 1; lp++) {
+        seen_t *s = calloc(1, sizeof(*s));
+        fsdp_trace_reader_t *rd;
+        int64_t run = 0;
+        unlink(path);
+        job_init(j, t, 2, 2);
+        j->batch = 2;
+        j->steps = 1;
+        j->loss_parallel = lp;
+        CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &j->trace), FSDP_OK);
+        CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_close(j->trace), FSDP_OK);
+        s->group = j->tp_group;
+        CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
+        CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 0, collect_loss, s), FSDP_OK);
+        fsdp_trace_reader_close(rd);
+        CU_ASSERT_EQUAL(s->n, lp ? 3 : 0);
+        for (int i = 0; i < s->n; i++)
+            CU_ASSERT_STRING_EQUAL(s->ev[i], "all_reduce 64 f32");
+        free(s);
+    }
+    unlink(path);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"f32 at tp 2 and 4, dp 1 and 2, equals one process within summation order", test_parity},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
+        {"the vocabulary-parallel loss's collectives", test_loss_parallel_collectives},
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},

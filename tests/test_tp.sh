@@ -31,6 +31,7 @@ refuse "--tp with fsdp1" "needs --api fsdp2" $train $llama --tp 2
 refuse "--tp with hybrid_shard" "HSDP x tp" $train $llama --api fsdp2 --tp 2 --strategy hybrid_shard
 refuse "--tp 3 on 4 ranks" "does not divide" $train $llama --api fsdp2 --tp 3
 refuse "--tp 0" "not a number of ranks" $train $llama --api fsdp2 --tp 0
+refuse "--tp-loss-parallel without --tp" "give --tp N > 1" $train $llama --api fsdp2 --tp-loss-parallel
 refuse "--tp for gpt" "llama models only" $train --model gpt2-tiny --world 2 --api fsdp2 --tp 2
 refuse "--tp with --clip-grad-norm" "not supported under tensor parallelism" \
     $train $llama --api fsdp2 --tp 2 --clip-grad-norm 1
@@ -38,15 +39,16 @@ refuse "--tp larger than a node" "must divide the 2 GPUs per node" \
     $plan --model llama3-8b --api fsdp2 --tp 4 --profile h100:nodes=2,gpus_per_node=2
 refuse "--tp for an mlp plan" "llama models only" $plan --model mlp:64,64 --api fsdp2 --tp 2
 
-# the same losses (printed to 4 decimals) at tp 1, 2 and 4
-for tp in 1 2 4; do
-    $train $llama --api fsdp2 --tp $tp 2>&1 | grep '^loss ' | sed 's/;.*//' >"$tmp/loss$tp" || fail=1
+# the same losses (printed to 4 decimals) at tp 1, 2 and 4, and with the vocabulary-parallel loss
+$train $llama --api fsdp2 2>&1 | grep '^loss ' | sed 's/;.*//' >"$tmp/want"
+for tp in 2 4 "4 --tp-loss-parallel"; do
+    $train $llama --api fsdp2 --tp $tp 2>&1 | grep '^loss ' | sed 's/;.*//' >"$tmp/got"
+    if [ -s "$tmp/want" ] && cmp -s "$tmp/want" "$tmp/got"; then
+        echo "ok: --tp $tp trains to the losses of --tp 1: $(cat "$tmp/got")"
+    else
+        echo "FAILED: --tp $tp: losses differ from --tp 1"; cat "$tmp/want" "$tmp/got"; fail=1
+    fi
 done
-if cmp -s "$tmp/loss1" "$tmp/loss2" && cmp -s "$tmp/loss1" "$tmp/loss4"; then
-    echo "ok: --tp 1, 2, 4 train to the same losses: $(cat "$tmp/loss2")"
-else
-    echo "FAILED: losses differ across tp"; cat "$tmp/loss1" "$tmp/loss2" "$tmp/loss4"; fail=1
-fi
 
 # fsdp-plan --tp 2, and the sweep's tp rows
 if $plan --model llama3-8b --api fsdp2 --world 16 --local-batch 1 --seq 2048 --tp 2 \

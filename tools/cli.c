@@ -287,7 +287,7 @@ static int parse_reshard(const char *arg)
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
 {
-    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_TP)
+    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_TP_LOSS)
         fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
     case CLI_OPT_API:
@@ -318,6 +318,9 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
         cfg->tp_size = (int)n;
         return 0;
     }
+    case CLI_OPT_TP_LOSS:
+        cfg->tp_loss_parallel = 1;
+        return 0;
     case CLI_OPT_STRATEGY:
         if (!fsdp_strategy_parse(arg, &cfg->strategy)) {
             snprintf(why, why_len,
@@ -395,6 +398,8 @@ void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg)
 {
     if (optind < argc)
         cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (cfg->tp_loss_parallel && cfg->tp_size <= 1)
+        cli_die("--tp-loss-parallel keeps the logits sharded over a tp group: give --tp N > 1");
     if (cfg->api == FSDP_API_FSDP2) {
         fsdp2_options(cfg);
         return;

@@ -241,9 +241,17 @@ typedef struct fsdp_kernel {
          * dlogits[r] = (softmax(logits[r]) - onehot(targets[r])) / denom (a zero row when
          * ignored). loss and losses are f32 whatever the dtype (the logits upcast, as HF's
          * loss does). loss and dlogits may be NULL; dlogits may equal logits; losses (rows
-         * floats) is always written. A target >= vocab gives NaN. */
+         * floats) is always written. A target >= vocab gives NaN.
+         * stage 1 to 3: torch's loss_parallel over logits sharded by the vocabulary, this rank's
+         * columns [vocab_start, vocab_start + vocab) of targets in the whole vocabulary, with
+         * stats [3 rows] f32 (the row maximum, the sum of exponentials, the target's logit)
+         * reduced across the ranks between the stages: 1 writes this rank's maximum and target
+         * logit (0 when another rank holds it), 2 the sum of exp(logit - stats' maximum), 3
+         * losses, loss and dlogits from the reduced stats, as above (ignored rows 0); losses
+         * is written by stage 3 only. */
         struct { float *loss; float *losses; void *dlogits; const void *logits;
-                 const int32_t *targets; size_t rows, vocab; double denom; fsdp_dtype_t dtype; }
+                 const int32_t *targets; size_t rows, vocab; double denom; fsdp_dtype_t dtype;
+                 int stage; float *stats; size_t vocab_start; }
             cross_entropy;
         /* y = a + b (the residual add); y may equal a or b */
         struct { void *y; const void *a; const void *b; size_t n; fsdp_dtype_t dtype; } add;

@@ -850,7 +850,7 @@ static fsdp_status_t norm_fwd(fsdp_lm_run_t *lr)
 static fsdp_status_t loss_fwd(fsdp_lm_run_t *lr)
 {
     llama_run_t *r = run_of(lr);
-    const size_t n = lr->BT * lr->V;
+    const size_t n = lr->BT * lr->lv;
     void *lf = NULL;
     fsdp_status_t status = FSDP_OK;
 
@@ -871,7 +871,7 @@ static fsdp_status_t loss_fwd(fsdp_lm_run_t *lr)
 static fsdp_status_t loss_bwd(fsdp_lm_run_t *lr)
 {
     llama_run_t *r = run_of(lr);
-    const size_t n = lr->BT * lr->V;
+    const size_t n = lr->BT * lr->lv;
     void *gn = NULL, *gl = NULL;
     fsdp_status_t status;
 
@@ -904,7 +904,11 @@ static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
         return gemm_v(r, 0, 1, r->lm.BT, lr->V, r->D, lr->nf, r->D, P(lr->lm->root, head_index(r)),
                       r->D, 0.0f, lr->logits, lr->V, fsdp_unit_param_version(lr->lm->root));
     /* ColwiseParallel on the all-gathered norm: this rank's vocabulary columns of the logits,
-     * all-gathered (output Replicate) */
+     * all-gathered (output Replicate), or kept for the vocabulary-parallel loss (Shard(-1)) */
+    if (lr->loss_parallel)
+        return gemm_v(r, 0, 1, r->lm.BT, lr->vl, r->D, lr->nff, r->D,
+                      P(lr->lm->root, head_index(r)), r->D, 0.0f, lr->logits, lr->vl,
+                      fsdp_unit_param_version(lr->lm->root));
     status = alloc_a(r, lr->BT * lr->vl, FSDP_MEM_TEMPORARY, &part);
     if (status == FSDP_OK)
         status =
@@ -931,7 +935,8 @@ static fsdp_status_t head_bwd(fsdp_lm_run_t *lr, void **g, void *dnf)
     status = alloc_a(r, lr->BT * r->D, FSDP_MEM_TEMPORARY, &part);
     if (status == FSDP_OK)
         status = linear_bwd(r, lr->nff, r->D, P(lr->lm->root, head_index(r)), lr->vl,
-                            AT(r, lr->logits, lr->v0), lr->V, g[head_index(r)], part, 0);
+                            AT(r, lr->logits, lr->loss_parallel ? 0 : lr->v0), lr->lv,
+                            g[head_index(r)], part, 0);
     if (status == FSDP_OK)
         status = fsdp_lm_sp_scatter(lr, part, dnf, r->D);
     FREE(r, part);

@@ -160,7 +160,7 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
         FSDP_LM_FREE(r, r->nf);
     }
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
+        status = fsdp_lm_alloc(r, r->BT * r->lv, FSDP_MEM_ACTIVATION, &r->logits);
     if (status == FSDP_OK)
         status = ops->head_fwd(r);
     if (status == FSDP_OK && ops->loss_fwd != NULL)
@@ -185,6 +185,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
         status = fsdp_lm_alloc_f(r, 1, FSDP_MEM_TEMPORARY, &r->loss);
     if (status == FSDP_OK && ops->loss_bwd != NULL)
         status = ops->loss_bwd(r);
+    if (status == FSDP_OK && r->loss_parallel)
+        status = fsdp_lm_tp_cross_entropy(r, denom);
     if (status != FSDP_OK)
         return status;
     d.u.cross_entropy.loss = r->loss;
@@ -196,7 +198,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
     d.u.cross_entropy.vocab = r->V;
     d.u.cross_entropy.denom = denom;
     d.u.cross_entropy.dtype = r->dt;
-    status = fsdp_lm_launch(r, &d);
+    if (!r->loss_parallel)
+        status = fsdp_lm_launch(r, &d);
 
     if (status == FSDP_OK)
         status = fsdp_pre_backward(lm->root);

@@ -146,6 +146,10 @@ typedef struct fsdp_lm_run {
      * hold them. The embedding and the LM head hold vocabulary rows [v0, v0 + vl). */
     fsdp_group_t *tpg;
     size_t tp, tp_rank, rows, v0, vl;
+    /* the logits' columns: V, or vl under the vocabulary-parallel loss (torch's loss_parallel,
+     * fsdp_config_t.tp_loss_parallel), which keeps them sharded */
+    size_t lv;
+    int loss_parallel;
     int32_t *ltokens; /* [BT] the tokens as rows of this rank's vocabulary, -1 outside */
     void *nff;        /* the final norm's output all-gathered [BT, width], kept for the head */
 } fsdp_lm_run_t;
@@ -239,6 +243,11 @@ fsdp_status_t fsdp_lm_sp_gather(fsdp_lm_run_t *r, const void *local, void *full,
 fsdp_status_t fsdp_lm_sp_scatter(fsdp_lm_run_t *r, const void *full, void *local, size_t cols);
 /* Shard(-1) -> Replicate of the logits: full [BT, vl tp] from every rank's [BT, vl]. */
 fsdp_status_t fsdp_lm_tp_gather_cols(fsdp_lm_run_t *r, const void *local, void *full);
+/* torch's loss_parallel: the cross-entropy of r->logits [BT, vl] sharded by the vocabulary, the
+ * row maximum all-reduced (MAX), then the sum of exponentials and the targets' logits (SUM), in
+ * torch's order, into r->losses and r->loss, the logits' gradient in place (the cross-entropy
+ * kernel's stages 1 to 3). */
+fsdp_status_t fsdp_lm_tp_cross_entropy(fsdp_lm_run_t *r, double denom);
 
 /* The embedding of the run's tokens into resid[0]: the rows of wte, plus those of wpe (the
  * positions) unless NULL. */

@@ -21,6 +21,8 @@ fsdp_status_t fsdp_lm_tp_init(fsdp_lm_run_t *r)
     r->rows = r->BT / r->tp;
     r->vl = r->V / r->tp;
     r->v0 = r->tp_rank * r->vl;
+    r->loss_parallel = fsdp_tp_loss_parallel(r->lm->fs);
+    r->lv = r->loss_parallel ? r->vl : r->V;
     if (r->tp > 1 && r->T % r->tp != 0) {
         fsdp_error("%s: tp %zu must divide the sequence length %zu (sequence parallelism shards "
                    "every sequence)",
@@ -107,5 +109,50 @@ fsdp_status_t fsdp_lm_tp_gather_cols(fsdp_lm_run_t *r, const void *local, void *
         status = copy_blocks(r, AT(r, full, t * r->vl), r->V, AT(r, buf, t * n), r->vl,
                              n * (r->tp - t), r->BT, r->vl);
     FSDP_LM_FREE(r, buf);
+    return status;
+}
+
+/* one stage of the vocabulary-parallel cross-entropy (kernel.h) */
+static fsdp_status_t ce_stage(fsdp_lm_run_t *r, int stage, float *stats, double denom)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_CROSS_ENTROPY};
+
+    d.u.cross_entropy.loss = stage == 3 ? r->loss : NULL;
+    d.u.cross_entropy.losses = r->losses;
+    d.u.cross_entropy.dlogits = stage == 3 ? r->logits : NULL;
+    d.u.cross_entropy.logits = r->logits;
+    d.u.cross_entropy.targets = r->targets;
+    d.u.cross_entropy.rows = r->BT;
+    d.u.cross_entropy.vocab = r->vl;
+    d.u.cross_entropy.denom = denom;
+    d.u.cross_entropy.dtype = r->dt;
+    d.u.cross_entropy.stage = stage;
+    d.u.cross_entropy.stats = stats;
+    d.u.cross_entropy.vocab_start = r->v0;
+    return fsdp_lm_launch(r, &d);
+}
+
+/* torch's loss.py: _log_softmax all-reduces the maximum and then the sum of exponentials,
+ * _nll_loss_forward the target's logit, each over the tp group; the backward needs no
+ * collective. */
+fsdp_status_t fsdp_lm_tp_cross_entropy(fsdp_lm_run_t *r, double denom)
+{
+    float *stats = NULL;
+    fsdp_status_t status = fsdp_lm_alloc_f(r, 3 * r->BT, FSDP_MEM_TEMPORARY, &stats);
+
+    if (status == FSDP_OK)
+        status = ce_stage(r, 1, stats, denom);
+    if (status == FSDP_OK)
+        status = fsdp_dev_all_reduce(r->dev, r->tpg, stats, stats, r->BT, FSDP_DTYPE_F32,
+                                     FSDP_REDUCE_MAX, r->s);
+    if (status == FSDP_OK)
+        status = ce_stage(r, 2, stats, denom);
+    for (int i = 1; i <= 2 && status == FSDP_OK; i++)
+        status = fsdp_dev_all_reduce(r->dev, r->tpg, stats + (size_t)i * r->BT,
+                                     stats + (size_t)i * r->BT, r->BT, FSDP_DTYPE_F32,
+                                     FSDP_REDUCE_SUM, r->s);
+    if (status == FSDP_OK)
+        status = ce_stage(r, 3, stats, denom);
+    FSDP_LM_FREE(r, stats);
     return status;
 }
