@@ -166,16 +166,6 @@ static void job_init(job_t *j, fsdp_tokens_t *t, int world, int tp)
     j->tokens = t;
 }
 
-static double rel_diff(const float *a, const float *b, size_t n)
-{
-    double nd = 0.0, nb = 0.0;
-    for (size_t e = 0; e < n; e++) {
-        nd += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
-        nb += (double)b[e] * b[e];
-    }
-    return sqrt(nd / nb);
-}
-
 /* f32 at tp = 2, 4 and dp = 1, 2 against one process, 4 AdamW steps. What differs is the order
  * of f32 sums: a row-parallel GEMM (o, down) sums its k in tp partial sums that the reduce-scatter
  * adds, the column-parallel layers' input gradients and the head's likewise, and a norm weight's
@@ -220,7 +210,7 @@ static void test_parity(void)
                 dl = fmax(dl, fabs(mean - ref->losses[s][0]) / ref->losses[s][0]);
             }
         }
-        dp = rel_diff(j->params, ref->params, total);
+        dp = lm_test_rel_diff(j->params, ref->params, total);
         fprintf(stderr, "\n  tp %d dp %d%s: losses within %.2g, parameters within %.2g", j->tp,
                 j->world / j->tp, j->loss_parallel ? " loss parallel" : "", dl, dp);
         CU_ASSERT(dl <= 1e-5);
@@ -269,6 +259,38 @@ static int collect(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *
     return 0;
 }
 
+/* One traced step of 2 x 32 tokens at tp 2, dp 1 (the vocabulary-parallel loss when lp): rank
+ * 0's events through fn into s, whose group is then the tp group. */
+static void traced_step(int lp, fsdp_trace_event_func_t fn, seen_t *s)
+{
+    char path[] = "/tmp/fsdp-tp-trace-XXXXXX";
+    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 2};
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *j = calloc(1, sizeof(*j));
+    fsdp_trace_reader_t *rd;
+    int64_t run = 0;
+    int fd = mkstemp(path);
+
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    unlink(path);
+    job_init(j, t, 2, 2);
+    j->batch = 2;
+    j->steps = 1;
+    j->loss_parallel = lp;
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &j->trace), FSDP_OK);
+    CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_close(j->trace), FSDP_OK);
+    s->group = j->tp_group;
+    CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
+    CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 0, fn, s), FSDP_OK);
+    fsdp_trace_reader_close(rd);
+    unlink(path);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
 /* tp 2, dp 1, f32, a batch of 2 x 32: the tp group's collectives of layer 0, in order. Forward
  * (torchtitan's plan): all-gather of the attention norm's [B T / 2, D] shard, reduce-scatter of
  * o's partial [B T, D], the same around the MLP; backward: all-gather of the output gradient
@@ -277,14 +299,7 @@ static int collect(void *arg, int rank, uint64_t seq, const fsdp_trace_event_t *
  * (FSDPParam's redistribution of their partial gradients). Counts are elements per rank. */
 static void test_layer_collectives(void)
 {
-    char path[] = "/tmp/fsdp-tp-trace-XXXXXX";
-    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 2};
-    fsdp_tokens_t *t = lm_test_parity_tokens();
-    job_t *j = calloc(1, sizeof(*j));
     seen_t *s = calloc(1, sizeof(*s));
-    fsdp_trace_reader_t *rd;
-    int64_t run = 0;
-    int fd = mkstemp(path);
     /* rows 2 x 32 / 2 = 32 of D = 64 */
     static const char *const want[] = {
         "pre_forward",
@@ -303,20 +318,7 @@ static void test_layer_collectives(void)
         "all_reduce model.layers.0 64 f32",
     };
 
-    CU_ASSERT_FATAL(fd >= 0);
-    close(fd);
-    unlink(path);
-    job_init(j, t, 2, 2);
-    j->batch = 2;
-    j->steps = 1;
-    CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &j->trace), FSDP_OK);
-    CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_trace_close(j->trace), FSDP_OK);
-    s->group = j->tp_group;
-    CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
-    CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 0, collect, s), FSDP_OK);
-    fsdp_trace_reader_close(rd);
+    traced_step(0, collect, s);
     if (s->n != (int)(sizeof(want) / sizeof(want[0])))
         for (int i = 0; i < s->n; i++)
             fprintf(stderr, "\n  event %d: '%s'", i, s->ev[i]);
@@ -326,10 +328,7 @@ static void test_layer_collectives(void)
             fprintf(stderr, "\n  event %d: got '%s', want '%s'", i, s->ev[i], want[i]);
         CU_ASSERT_STRING_EQUAL(s->ev[i], want[i]);
     }
-    unlink(path);
     free(s);
-    free(j);
-    fsdp_tokens_close(t);
 }
 
 /* ---------------- memory per rank, in closed form (docs/costs.md) ---------------- */
@@ -558,39 +557,14 @@ static int collect_loss(void *arg, int rank, uint64_t seq, const fsdp_trace_even
  * order; without it the loss runs no collective (the logits came all-gathered). */
 static void test_loss_parallel_collectives(void)
 {
-    char path[] = "/tmp/fsdp-tp-trace-XXXXXX";
-    fsdp_trace_run_info_t info = {.backend = "sim", .world_size = 2};
-    fsdp_tokens_t *t = lm_test_parity_tokens();
-    job_t *j = calloc(1, sizeof(*j));
-    int fd = mkstemp(path);
-
-    CU_ASSERT_FATAL(fd >= 0);
-    close(fd);
     for (int lp = 0; lp <= 1; lp++) {
         seen_t *s = calloc(1, sizeof(*s));
-        fsdp_trace_reader_t *rd;
-        int64_t run = 0;
-        unlink(path);
-        job_init(j, t, 2, 2);
-        j->batch = 2;
-        j->steps = 1;
-        j->loss_parallel = lp;
-        CU_ASSERT_EQUAL_FATAL(fsdp_trace_open(path, &info, &j->trace), FSDP_OK);
-        CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
-        CU_ASSERT_EQUAL(fsdp_trace_close(j->trace), FSDP_OK);
-        s->group = j->tp_group;
-        CU_ASSERT_EQUAL_FATAL(fsdp_trace_reader_open(path, &rd), FSDP_OK);
-        CU_ASSERT_EQUAL(fsdp_trace_reader_find_run(rd, 0, &run), FSDP_OK);
-        CU_ASSERT_EQUAL(fsdp_trace_reader_events(rd, run, 0, collect_loss, s), FSDP_OK);
-        fsdp_trace_reader_close(rd);
+        traced_step(lp, collect_loss, s);
         CU_ASSERT_EQUAL(s->n, lp ? 3 : 0);
         for (int i = 0; i < s->n; i++)
             CU_ASSERT_STRING_EQUAL(s->ev[i], "all_reduce 64 f32");
         free(s);
     }
-    unlink(path);
-    free(j);
-    fsdp_tokens_close(t);
 }
 
 int main(void)
