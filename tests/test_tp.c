@@ -4,8 +4,10 @@
  * - the collectives of one layer's forward and backward: op, size, group and order;
  * - the sharded parameters, gradients and optimizer state per rank are the TP shards' sizes,
  *   and the activations follow sequence parallelism's sizes (docs/costs.md), in closed form;
+ * - GPT-2 likewise (c_attn split by heads into q, k, v columns, the c_proj's row-parallel);
+ * - the vocabulary-parallel loss: the same training, its collectives, its memory;
  * - bf16 stays within its roundoff of f32 under tp;
- * - refusals: fsdp1, hybrid sharding, a tp that does not divide a node or the model, GPT-2.
+ * - refusals: fsdp1, hybrid sharding, a tp that does not divide a node or the model.
  */
 #include <fsdp/fsdp.h>
 #include <math.h>
@@ -25,6 +27,8 @@
 
 typedef struct job {
     fsdp_llama_config_t cfg;
+    int gpt2; /* gcfg's GPT-2 instead of cfg's Llama */
+    fsdp_gpt2_config_t gcfg;
     int world, tp, steps;
     size_t batch, seq; /* the global batch */
     fsdp_tokens_t *tokens;
@@ -37,35 +41,46 @@ typedef struct job {
     char tp_group[64]; /* rank 0's tp group's name */
 } job_t;
 
-/* How a parameter is cut over tp (the model's layout, llama.h): 0 whole, 1 rows, 2 columns. */
-static int slice_of(int root, int i)
+/* How a parameter is cut over tp (the models' layouts, llama.h, gpt2_int.h): 0 whole, -1 its
+ * rows, P > 0 the columns of P blocks of each row (q, k, v of GPT-2's c_attn: 3). */
+static int slice_of(int gpt2, int root, int i)
 {
+    if (gpt2 && root)
+        return i == FSDP_GPT2_WTE ? -1 : 0;
+    if (gpt2)
+        return i == FSDP_GPT2_ATTN_W || i == FSDP_GPT2_ATTN_B           ? 3
+               : i == FSDP_GPT2_FC_W || i == FSDP_GPT2_FC_B             ? 1
+               : i == FSDP_GPT2_ATTN_PROJ_W || i == FSDP_GPT2_FC_PROJ_W ? -1
+                                                                        : 0;
     if (root)
-        return i == FSDP_LLAMA_NORM ? 0 : 1;
-    return i == FSDP_LLAMA_O || i == FSDP_LLAMA_DOWN ? 2 : i >= FSDP_LLAMA_LN1 ? 0 : 1;
+        return i == FSDP_LLAMA_NORM ? 0 : -1;
+    return i == FSDP_LLAMA_O || i == FSDP_LLAMA_DOWN ? 1 : i >= FSDP_LLAMA_LN1 ? 0 : -1;
 }
 
 /* Writes unit u's full parameters (flat, gathered over dp) as tp rank t's slices into out at
  * *off, where one process keeps the full tensors. */
-static void put_slices(fsdp_unit_t *u, int root, const float *flat, int tp, int t, float *out,
-                       size_t *off)
+static void put_slices(fsdp_unit_t *u, int gpt2, int root, const float *flat, int tp, int t,
+                       float *out, size_t *off)
 {
     for (int i = 0; i < fsdp_unit_num_params(u); i++) {
         fsdp_param_info_t pi;
-        int s;
+        int parts;
         fsdp_unit_param_info(u, i, &pi);
-        s = tp > 1 ? slice_of(root, i) : 0;
-        if (s == 0 && t == 0) {
-            memcpy(out + *off, flat + pi.offset, pi.numel * sizeof(float));
-        } else if (s == 1) {
-            memcpy(out + *off + (size_t)t * pi.numel, flat + pi.offset, pi.numel * sizeof(float));
-        } else if (s == 2) {
-            size_t r = (size_t)pi.shape[0], c = (size_t)pi.shape[1];
-            for (size_t k = 0; k < r; k++)
-                memcpy(out + *off + k * c * (size_t)tp + (size_t)t * c, flat + pi.offset + k * c,
-                       c * sizeof(float));
+        parts = tp > 1 ? slice_of(gpt2, root, i) : 0;
+        for (size_t e = 0; e < pi.numel && (parts != 0 || t == 0); e++) {
+            size_t cols = pi.ndim == 2 ? (size_t)pi.shape[1] : pi.numel, w, f;
+            if (parts < 0) {
+                f = (size_t)t * pi.numel + e;
+            } else if (parts == 0) {
+                f = e;
+            } else {
+                w = cols / (size_t)parts;
+                f = e / cols * cols * (size_t)tp + e % cols / w * w * (size_t)tp + (size_t)t * w +
+                    e % w;
+            }
+            out[*off + f] = flat[pi.offset + e];
         }
-        *off += s == 0 ? pi.numel : pi.numel * (size_t)tp;
+        *off += parts == 0 ? pi.numel : pi.numel * (size_t)tp;
     }
 }
 
@@ -95,7 +110,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     if (st == FSDP_OK && dev->rank == 0 && fsdp_tp_group(fs) != NULL)
         snprintf(j->tp_group, sizeof(j->tp_group), "%s", fsdp_tp_group(fs)->name);
     if (st == FSDP_OK)
-        st = fsdp_llama_create(fs, &j->cfg, &m);
+        st = j->gpt2 ? fsdp_gpt2_create(fs, &j->gcfg, &m) : fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK)
         st = fsdp_lm_init_params(m, 3);
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
@@ -129,11 +144,12 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             for (int i = 0; i < fsdp_unit_num_params(v); i++) {
                 fsdp_param_info_t pi;
                 fsdp_unit_param_info(v, i, &pi);
-                off += j->tp > 1 && slice_of(q == 0, i) ? pi.numel * (size_t)j->tp : pi.numel;
+                off +=
+                    j->tp > 1 && slice_of(j->gpt2, q == 0, i) ? pi.numel * (size_t)j->tp : pi.numel;
             }
         }
         if (st == FSDP_OK && dev->rank < j->tp)
-            put_slices(u, k == 0, flat, j->tp, dev->rank, j->params, &off);
+            put_slices(u, j->gpt2, k == 0, flat, j->tp, dev->rank, j->params, &off);
         free(flat);
     }
     free(in);
@@ -218,6 +234,61 @@ static void test_parity(void)
     }
     free(ref->params);
     free(j->params);
+    free(ref);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
+/* GPT-2 (4 heads of 16, tied wte, eager and fused attention) at tp 2 and 4 with dp 1 and 2, as
+ * Llama: c_attn's q, k and v columns of this rank's heads with their bias, c_fc's columns,
+ * both c_proj's rows with the bias divided by tp on every rank (DTensor's Replicate -> Partial)
+ * and summed by the reduce-scatter, the layernorms and wpe on sequence shards. The same bound
+ * and for the same reasons as Llama's. */
+static void test_gpt2_parity(void)
+{
+    static const int runs[][4] = {{2, 2, 0, 0},
+                                  {4, 2, 0, 0},
+                                  {4, 4, 0, 0},
+                                  {4, 2, 1, 0},
+                                  {4, 2, 0, 1}}; /* world, tp, fused, loss parallel */
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    size_t total;
+
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        double dl = 0.0, dp;
+        job_init(ref, t, 1, 1);
+        job_init(j, t, runs[i][0], runs[i][1]);
+        ref->gpt2 = j->gpt2 = 1;
+        CU_ASSERT_EQUAL_FATAL(
+            fsdp_gpt2_config_parse(runs[i][2] ? "gpt2:heads=4,attention=fused" : "gpt2:heads=4",
+                                   &j->gcfg),
+            FSDP_OK);
+        ref->gcfg = j->gcfg;
+        j->loss_parallel = runs[i][3];
+        total = fsdp_gpt2_root_params(&j->gcfg) +
+                (size_t)j->gcfg.n_layer * fsdp_gpt2_block_params(&j->gcfg);
+        ref->params = calloc(total, sizeof(float));
+        j->params = calloc(total, sizeof(float));
+        CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        for (int s = 0; s < 4; s++) {
+            double mean = 0.0;
+            for (int r = 0; r < j->world; r++)
+                mean += j->losses[s][r] / j->world;
+            dl = fmax(dl, fabs(mean - ref->losses[s][0]) / ref->losses[s][0]);
+        }
+        dp = lm_test_rel_diff(j->params, ref->params, total);
+        fprintf(stderr, "\n  gpt2 tp %d dp %d%s%s: losses within %.2g, parameters within %.2g",
+                j->tp, j->world / j->tp, runs[i][2] ? " fused" : "",
+                j->loss_parallel ? " loss parallel" : "", dl, dp);
+        CU_ASSERT(ref->losses[3][0] < ref->losses[0][0] - 0.05f);
+        CU_ASSERT(dl <= 1e-5);
+        CU_ASSERT(dp <= 1e-5);
+        free(ref->params);
+        free(j->params);
+        ref->params = j->params = NULL;
+    }
     free(ref);
     free(j);
     fsdp_tokens_close(t);
@@ -508,20 +579,20 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     m = NULL;
     if (fsdp_create(dev, &fc, &fs) != FSDP_OK)
         return FSDP_ERR_INTERNAL;
-    fsdp_gpt2_config_parse("gpt2-tiny", &gc);
+    fsdp_gpt2_config_parse("gpt2:heads=1", &gc); /* tp 2 does not divide 1 head */
     got[R_GPT2] = fsdp_gpt2_create(fs, &gc, &m);
     fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     return FSDP_OK;
 }
 
-/* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide the kv heads or the
- * sequence, GPT-2 and saving HF weights under tp are refused, each with its line. */
+/* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide Llama's kv heads, the
+ * sequence or GPT-2's heads, and saving HF weights under tp are refused, each with its line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
-                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_UNSUPPORTED,
+                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_UNSUPPORTED};
     refusals_t *r = calloc(1, sizeof(*r));
 
@@ -571,12 +642,14 @@ int main(void)
 {
     static const fsdp_test_case_t tests[] = {
         {"f32 at tp 2 and 4, dp 1 and 2, equals one process within summation order", test_parity},
+        {"GPT-2 at tp 2 and 4, dp 1 and 2, equals one process within summation order",
+         test_gpt2_parity},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
         {"the vocabulary-parallel loss's collectives", test_loss_parallel_collectives},
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
-        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, gpt2, HF save", test_refusals},
+        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, HF save", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);

@@ -412,7 +412,8 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
      * prefetch policies and limiter */
     int v2 = a->fsdp.api == FSDP_API_FSDP2, n_pf = v2 ? 2 : 3;
     /* fully_shard of a llama: tensor parallelism of 1, 2, 4 and 8 ranks where they divide a
-     * node (hybrid sharding only at tp 1), unless --tp fixed it */
+     * node (hybrid sharding only at tp 1), unless --tp fixed it (GPT-2's presets' vocabulary of
+     * 50257 divides by none) */
     int tps[4] = {tp_of(&a->fsdp)}, n_tp = 1;
 
     if (v2 && a->model->family == MODEL_LLAMA && !(a->fixed & FIX_TP))

@@ -57,8 +57,8 @@ static void usage(FILE *f)
         "                             each unit fully_shard'ed in model order, then the root\n"
         "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
         "                             after forward (default: all units but the root)\n"
-        "  --tp N                     fsdp2, llama: tensor parallelism over N consecutive ranks\n"
-        "                             of a node (Megatron with sequence parallelism), FSDP\n"
+        "  --tp N                     fsdp2, gpt, llama: tensor parallelism over N consecutive\n"
+        "                             ranks of a node (Megatron with sequence parallelism), FSDP\n"
         "                             over the world / N ranks of each tp index (default 1)\n"
         "  --tp-loss-parallel         with --tp: the logits stay sharded by the vocabulary and\n"
         "                             the loss is computed across the tp group (torch's\n"
@@ -404,9 +404,9 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (a->fsdp.tp_size > 1) {
         if (a->world % a->fsdp.tp_size != 0)
             cli_die("--tp %d does not divide --world %d", a->fsdp.tp_size, a->world);
-        if (!a->llama)
-            cli_die("--tp %d: tensor parallelism is planned for llama models only (gpt and mlp "
-                    "have no tensor-parallel layout here)",
+        if (!a->gpt)
+            cli_die("--tp %d: tensor parallelism is planned for gpt and llama models only (an "
+                    "mlp has no tensor-parallel layout here)",
                     a->fsdp.tp_size);
         if (a->clip_grad_norm > 0.0 || a->ckpt_dir != NULL || a->resume_dir != NULL ||
             a->save_path != NULL || a->init_path != NULL)

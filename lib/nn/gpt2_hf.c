@@ -220,6 +220,12 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *bas
     const fsdp_gpt2_config_t *c = &model->cfg, *wc = &weights->cfg;
     fsdp_status_t status = FSDP_OK;
     uint64_t max_numel = 0;
+
+    if (model->tp > 1) {
+        fsdp_error("gpt2: loading HF weights under tensor parallelism (tp %d) is not supported",
+                   model->tp);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     float *buf;
 
     if (c->n_layer != wc->n_layer || c->n_embd != wc->n_embd || c->n_positions != wc->n_positions ||
@@ -307,6 +313,11 @@ fsdp_status_t fsdp_gpt2_save_weights(fsdp_lm_t *lm, const char *path, fsdp_gpt2_
 {
     if (fsdp_lm_of_family(lm, "gpt2", "fsdp_gpt2_save_weights") == NULL)
         return FSDP_ERR_INVALID_PARAM;
+    if (fsdp_gpt2_of(lm)->tp > 1) {
+        fsdp_error("gpt2: saving HF weights under tensor parallelism (tp %d) is not supported",
+                   fsdp_gpt2_of(lm)->tp);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
                               gpt2_name, (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
 }

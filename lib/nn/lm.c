@@ -316,7 +316,10 @@ fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const
 
 /* Under tensor parallelism the embedding is vocabulary-parallel (torchtitan's RowwiseParallel
  * of tok_embeddings): each rank looks up the tokens of its rows, zeros for the others (torch's
- * masked lookup), into a partial [BT, width] that is reduce-scattered to sequence shards. */
+ * masked lookup), into a partial [BT, width] that is reduce-scattered to sequence shards; the
+ * positions' rows (replicated wpe) are then added to the shard, HF's inputs_embeds +
+ * position_embeds (the same one rounding: the reduce-scatter's sum is exact, one term being
+ * non-zero). */
 fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *wpe)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
@@ -328,7 +331,7 @@ fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *w
     d.u.embedding_fwd.y = r->tp > 1 ? full : r->resid[0];
     d.u.embedding_fwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     d.u.embedding_fwd.wte = wte;
-    d.u.embedding_fwd.wpe = wpe;
+    d.u.embedding_fwd.wpe = r->tp > 1 ? NULL : wpe;
     d.u.embedding_fwd.rows = r->BT;
     d.u.embedding_fwd.cols = r->width;
     d.u.embedding_fwd.seq = r->T;
@@ -340,6 +343,17 @@ fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *w
     if (status == FSDP_OK && r->tp > 1)
         status = fsdp_lm_sp_scatter(r, full, r->resid[0], r->width);
     FSDP_LM_FREE(r, full);
+    for (size_t b = 0; status == FSDP_OK && r->tp > 1 && wpe != NULL && b < r->B; b++) {
+        /* sequence b's rows of the shard: positions tp_rank T / tp onward */
+        const size_t ts = r->T / r->tp, n = ts * r->width;
+        fsdp_kernel_t a = {.kind = FSDP_K_ADD};
+        a.u.add.y = (char *)r->resid[0] + b * n * r->es;
+        a.u.add.a = a.u.add.y;
+        a.u.add.b = (const char *)wpe + r->tp_rank * n * r->es;
+        a.u.add.n = n;
+        a.u.add.dtype = r->dt;
+        status = fsdp_lm_launch(r, &a);
+    }
     return status;
 }
 
@@ -357,7 +371,7 @@ fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe)
             status = fsdp_lm_sp_gather(r, r->dres, full, r->width);
     }
     e.u.embedding_bwd.dwte = dwte;
-    e.u.embedding_bwd.dwpe = dwpe;
+    e.u.embedding_bwd.dwpe = r->tp > 1 ? NULL : dwpe;
     e.u.embedding_bwd.dy = r->tp > 1 ? full : r->dres;
     e.u.embedding_bwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     e.u.embedding_bwd.rows = r->BT;
@@ -368,5 +382,15 @@ fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe)
     if (status == FSDP_OK)
         status = fsdp_lm_launch(r, &e);
     FSDP_LM_FREE(r, full);
+    if (status == FSDP_OK && r->tp > 1 && dwpe != NULL) {
+        /* the positions of the shard, from its rows: a partial gradient (tp_partial_grad) */
+        const size_t ts = r->T / r->tp;
+        e.u.embedding_bwd.dwte = NULL;
+        e.u.embedding_bwd.dwpe = (char *)dwpe + r->tp_rank * ts * r->width * r->es;
+        e.u.embedding_bwd.dy = r->dres;
+        e.u.embedding_bwd.rows = r->rows;
+        e.u.embedding_bwd.seq = ts;
+        status = fsdp_lm_launch(r, &e);
+    }
     return status;
 }
