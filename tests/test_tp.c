@@ -34,6 +34,8 @@ typedef struct job {
     fsdp_tokens_t *tokens;
     int bf16, shape;
     int loss_parallel; /* fsdp_config_t.tp_loss_parallel */
+    double clip;       /* > 0: fsdp_clip_grad_norm to it each step, the norms into norms */
+    double norms[MAX_STEPS];
     float losses[MAX_STEPS][MAX_W];
     float *params; /* every full parameter, canonical order (root, then layers) */
     fsdp_mem_stats_t mem[MAX_W];
@@ -127,6 +129,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_lm_forward_backward(m, j->shape ? NULL : in, j->shape ? NULL : tg, rows,
                                           j->seq, &loss);
         j->losses[s][dev->rank] = loss;
+        if (st == FSDP_OK && j->clip > 0.0)
+            st = fsdp_clip_grad_norm(fs, j->clip, 2.0, &j->norms[s]);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
@@ -289,6 +293,44 @@ static void test_gpt2_parity(void)
         free(j->params);
         ref->params = j->params = NULL;
     }
+    free(ref);
+    free(j);
+    fsdp_tokens_close(t);
+}
+
+/* clip_grad_norm at tp 2 and 4 (dp 1, 2) clips as one process does: the norm counts every tp
+ * rank's slices of the sharded parameters and the replicated ones (the norms, tp_partial_grad)
+ * once, as torch's norm of DTensors does; a max_norm of 0.05 clips every step. */
+static void test_clip(void)
+{
+    static const int runs[][2] = {{2, 2}, {4, 2}, {4, 4}};
+    fsdp_tokens_t *t = lm_test_parity_tokens();
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    size_t total;
+
+    job_init(ref, t, 1, 1);
+    ref->clip = 0.05;
+    total = fsdp_llama_num_params(&ref->cfg);
+    ref->params = calloc(total, sizeof(float));
+    j->params = calloc(total, sizeof(float));
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        double dn = 0.0, dp;
+        job_init(j, t, runs[i][0], runs[i][1]);
+        j->clip = 0.05;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        for (int s = 0; s < 4; s++) {
+            CU_ASSERT(ref->norms[s] > 0.05); /* it clipped */
+            dn = fmax(dn, fabs(j->norms[s] - ref->norms[s]) / ref->norms[s]);
+        }
+        dp = lm_test_rel_diff(j->params, ref->params, total);
+        fprintf(stderr, "\n  tp %d dp %d: norms within %.2g, parameters within %.2g", j->tp,
+                j->world / j->tp, dn, dp);
+        CU_ASSERT(dn <= 1e-5);
+        CU_ASSERT(dp <= 1e-5);
+    }
+    free(ref->params);
+    free(j->params);
     free(ref);
     free(j);
     fsdp_tokens_close(t);
@@ -644,6 +686,7 @@ int main(void)
         {"f32 at tp 2 and 4, dp 1 and 2, equals one process within summation order", test_parity},
         {"GPT-2 at tp 2 and 4, dp 1 and 2, equals one process within summation order",
          test_gpt2_parity},
+        {"clip_grad_norm under tp clips as one process", test_clip},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
         {"the vocabulary-parallel loss's collectives", test_loss_parallel_collectives},
         {"memory per rank: TP's shards and SP's activations in closed form",

@@ -35,8 +35,8 @@ refuse "--tp-loss-parallel without --tp" "give --tp N > 1" $train $llama --api f
 refuse "--tp for an mlp" "gpt and llama models only" $train --model mlp:16,32,4 --world 2 --api fsdp2 --tp 2
 refuse "--tp 2 over one gpt2 head" "must divide heads" \
     $train --model gpt2:heads=1 --world 2 --api fsdp2 --tp 2
-refuse "--tp with --clip-grad-norm" "not supported under tensor parallelism" \
-    $train $llama --api fsdp2 --tp 2 --clip-grad-norm 1
+refuse "--tp with --save-checkpoint" "not supported under tensor parallelism" \
+    $train $llama --api fsdp2 --tp 2 --save-checkpoint "$tmp/ckpt"
 refuse "--tp larger than a node" "must divide the 2 GPUs per node" \
     $plan --model llama3-8b --api fsdp2 --tp 4 --profile h100:nodes=2,gpus_per_node=2
 refuse "--tp for an mlp plan" "gpt and llama models only" $plan --model mlp:64,64 --api fsdp2 --tp 2

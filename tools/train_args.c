@@ -408,10 +408,10 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
             cli_die("--tp %d: tensor parallelism is planned for gpt and llama models only (an "
                     "mlp has no tensor-parallel layout here)",
                     a->fsdp.tp_size);
-        if (a->clip_grad_norm > 0.0 || a->ckpt_dir != NULL || a->resume_dir != NULL ||
-            a->save_path != NULL || a->init_path != NULL)
-            cli_die("--tp %d: --clip-grad-norm, --save, --init, --save-checkpoint and --resume "
-                    "are not supported under tensor parallelism",
+        if (a->ckpt_dir != NULL || a->resume_dir != NULL || a->save_path != NULL ||
+            a->init_path != NULL)
+            cli_die("--tp %d: --save, --init, --save-checkpoint and --resume are not supported "
+                    "under tensor parallelism",
                     a->fsdp.tp_size);
         a->dp = a->world / a->fsdp.tp_size;
     }
