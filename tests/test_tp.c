@@ -563,7 +563,7 @@ static void test_bf16(void)
 
 /* ---------------- refusals ---------------- */
 
-enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_SAVE, R_COUNT };
+enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_SAVE, R_CKPT, R_COUNT };
 
 typedef struct refusals {
     fsdp_status_t got[MAX_W][R_COUNT];
@@ -615,6 +615,7 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
         return FSDP_ERR_INTERNAL;
     got[R_SEQ] = fsdp_lm_forward_backward(m, tok, tok, 2, 33, &loss); /* 33 tokens over tp 2 */
     got[R_SAVE] = fsdp_lm_save_weights(m, "/nonexistent/model.safetensors");
+    got[R_CKPT] = fsdp_checkpoint_save(fs, NULL, "/nonexistent", FSDP_STATE_DICT_SHARDED, 1);
     fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     fs = NULL;
@@ -629,13 +630,14 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide Llama's kv heads, the
- * sequence or GPT-2's heads, and saving HF weights under tp are refused, each with its line. */
+ * sequence or GPT-2's heads, and saving HF weights or a checkpoint under tp are refused, each
+ * with its line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
-                                                FSDP_ERR_UNSUPPORTED};
+                                                FSDP_ERR_UNSUPPORTED,   FSDP_ERR_UNSUPPORTED};
     refusals_t *r = calloc(1, sizeof(*r));
 
     fsdp_log_set_level(FSDP_LOG_OFF);
@@ -692,7 +694,7 @@ int main(void)
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
-        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, HF save", test_refusals},
+        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, HF save, checkpoint", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);

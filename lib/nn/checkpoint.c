@@ -552,6 +552,12 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         json_decref(meta);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (fsdp_tp_group(fs) != NULL) { /* every tp rank would write its slices under one name */
+        fsdp_error("checkpoint save: not supported under tensor parallelism (tp %d)",
+                   fsdp_tp_group(fs)->size);
+        json_decref(meta);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     snprintf(sub, sizeof(sub), "step-%08lld", (long long)step);
     status = fsdp_ckpt_path_join(final, sizeof(final), dir, sub);
     if (status == FSDP_OK && strlen(final) + 5 > sizeof(tmpdir))
