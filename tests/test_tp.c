@@ -35,6 +35,8 @@ typedef struct job {
     int bf16, shape;
     int loss_parallel; /* fsdp_config_t.tp_loss_parallel */
     double clip;       /* > 0: fsdp_clip_grad_norm to it each step, the norms into norms */
+    const char *load;  /* an HF file to start from instead of init_params(3) */
+    const char *save;  /* an HF file the first values are saved to */
     double norms[MAX_STEPS];
     float losses[MAX_STEPS][MAX_W];
     float *params; /* every full parameter, canonical order (root, then layers) */
@@ -113,8 +115,17 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         snprintf(j->tp_group, sizeof(j->tp_group), "%s", fsdp_tp_group(fs)->name);
     if (st == FSDP_OK)
         st = j->gpt2 ? fsdp_gpt2_create(fs, &j->gcfg, &m) : fsdp_llama_create(fs, &j->cfg, &m);
-    if (st == FSDP_OK)
+    if (st == FSDP_OK && j->load != NULL) {
+        fsdp_lm_weights_t *w = NULL;
+        st = fsdp_llama_weights_open(j->load, &j->cfg, &w);
+        if (st == FSDP_OK)
+            st = fsdp_lm_load_weights(m, w);
+        fsdp_lm_weights_close(w);
+    } else if (st == FSDP_OK) {
         st = fsdp_lm_init_params(m, 3);
+    }
+    if (st == FSDP_OK && j->save != NULL)
+        st = fsdp_lm_save_weights(m, j->save);
     fsdp_optim_config_init(&oc, FSDP_OPTIM_ADAMW);
     oc.lr = 1e-3f;
     if (st == FSDP_OK)
@@ -334,6 +345,47 @@ static void test_clip(void)
     free(ref);
     free(j);
     fsdp_tokens_close(t);
+}
+
+/* Initialization and HF weights under tp: at tp 2 and 4 (dp 1 and 2) every rank's slices hold
+ * one process's values bit for bit, whether drawn by init_params (each run of a slice from the
+ * generator skipped to its place) or loaded from an HF file one process saved (each run read
+ * from its place in the full tensor). */
+static void test_init_and_load(void)
+{
+    static const int runs[][2] = {{2, 2}, {4, 2}, {4, 4}};
+    char path[] = "/tmp/fsdp-tp-hf-XXXXXX";
+    job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
+    int fd = mkstemp(path);
+    size_t total;
+
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    job_init(ref, NULL, 1, 1);
+    ref->steps = 0;
+    ref->save = path;
+    total = fsdp_llama_num_params(&ref->cfg);
+    ref->params = calloc(total, sizeof(float));
+    j->params = calloc(total, sizeof(float));
+    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        for (int load = 0; load <= 1; load++) {
+            memset(j->params, 0xff, total * sizeof(float));
+            job_init(j, NULL, runs[i][0], runs[i][1]);
+            j->steps = 0;
+            j->load = load ? path : NULL;
+            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+            if (memcmp(j->params, ref->params, total * sizeof(float)) != 0)
+                fprintf(stderr, "\n  tp %d dp %d %s: not one process's values", j->tp,
+                        j->world / j->tp, load ? "loaded" : "initialized");
+            CU_ASSERT(memcmp(j->params, ref->params, total * sizeof(float)) == 0);
+        }
+    }
+    unlink(path);
+    free(ref->params);
+    free(j->params);
+    free(ref);
+    free(j);
 }
 
 /* ---------------- the collectives of one layer ---------------- */
@@ -689,6 +741,7 @@ int main(void)
         {"GPT-2 at tp 2 and 4, dp 1 and 2, equals one process within summation order",
          test_gpt2_parity},
         {"clip_grad_norm under tp clips as one process", test_clip},
+        {"init and HF weights under tp: one process's values, bit for bit", test_init_and_load},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
         {"the vocabulary-parallel loss's collectives", test_loss_parallel_collectives},
         {"memory per rank: TP's shards and SP's activations in closed form",

@@ -391,49 +391,6 @@ fsdp_status_t fsdp_llama_set_eager_memory(fsdp_lm_t *lm, int on)
  * vocabulary-parallel tables) or its columns (row-parallel). */
 enum { SLICE_WHOLE, SLICE_ROWS, SLICE_COLS };
 
-/* One parameter: normal of std (ones when std < 0), through buf. Each normal takes two draws,
- * so a rank skips to the values it keeps (fsdp_unit_set_param_reads) and past the rest. Under
- * tensor parallelism the values are those of this rank's slice of the full tensor, as one
- * process draws the full tensor: each run of elements contiguous in the full tensor is drawn
- * from the generator skipped to its place, and the generator moves past the full tensor. */
-static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, int slice, int tp,
-                                int tp_rank, fsdp_rng_t *rng, float *buf)
-{
-    fsdp_param_info_t info;
-    size_t first, count, full;
-    const fsdp_rng_t base = *rng;
-    fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
-
-    if (status == FSDP_OK)
-        status = fsdp_unit_set_param_reads(u, index, &first, &count);
-    if (status != FSDP_OK)
-        return status;
-    if (tp <= 1)
-        slice = SLICE_WHOLE;
-    full = slice == SLICE_WHOLE ? info.numel : info.numel * (size_t)tp;
-    for (size_t i = first; i < first + count;) {
-        /* local element i, its place f in the full tensor, the run that stays contiguous */
-        size_t cols = info.ndim == 2 ? (size_t)info.shape[1] : info.numel;
-        size_t f = i, run = first + count - i;
-        fsdp_rng_t g = base;
-        if (slice == SLICE_ROWS) {
-            f = (size_t)tp_rank * info.numel + i;
-        } else if (slice == SLICE_COLS) {
-            f = (i / cols) * cols * (size_t)tp + (size_t)tp_rank * cols + i % cols;
-            if (run > cols - i % cols)
-                run = cols - i % cols;
-        }
-        if (std >= 0.0f)
-            fsdp_rng_skip(&g, 2 * (uint64_t)f);
-        for (size_t j = i; j < i + run; j++)
-            buf[j] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(&g);
-        i += run;
-    }
-    if (std >= 0.0f)
-        fsdp_rng_skip(rng, 2 * (uint64_t)full);
-    return fsdp_unit_set_param(u, index, buf);
-}
-
 /* the slice of parameter `index` of a layer (layer >= 0) or of the root */
 static int param_slice(int layer, int index)
 {
@@ -442,6 +399,53 @@ static int param_slice(int layer, int index)
     return index == FSDP_LLAMA_O || index == FSDP_LLAMA_DOWN ? SLICE_COLS
            : index >= FSDP_LLAMA_LN1                         ? SLICE_WHOLE
                                                              : SLICE_ROWS;
+}
+
+size_t fsdp_llama_slice_run(const fsdp_llama_t *m, int layer, int index, size_t numel, size_t cols,
+                            size_t i, size_t end, size_t *full_p)
+{
+    const int slice = m->tp > 1 ? param_slice(layer, index) : SLICE_WHOLE;
+    const size_t tp = (size_t)m->tp, t = (size_t)m->tp_rank;
+
+    *full_p = slice == SLICE_ROWS   ? t * numel + i
+              : slice == SLICE_COLS ? (i / cols) * cols * tp + t * cols + i % cols
+                                    : i;
+    return slice == SLICE_COLS && end - i > cols - i % cols ? cols - i % cols : end - i;
+}
+
+/* One parameter: normal of std (ones when std < 0), through buf. Each normal takes two draws,
+ * so a rank skips to the values it keeps (fsdp_unit_set_param_reads) and past the rest. Under
+ * tensor parallelism the values are those of this rank's slice of the full tensor, as one
+ * process draws the full tensor: each run of elements contiguous in the full tensor is drawn
+ * from the generator skipped to its place, and the generator moves past the full tensor. */
+static fsdp_status_t init_param(const fsdp_llama_t *m, int layer, int index, float std,
+                                fsdp_rng_t *rng, float *buf)
+{
+    fsdp_unit_t *u = layer < 0 ? m->lm.root : m->lm.layers[layer];
+    fsdp_param_info_t info;
+    size_t first, count, cols, f, run;
+    const fsdp_rng_t base = *rng;
+    fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
+
+    if (status == FSDP_OK)
+        status = fsdp_unit_set_param_reads(u, index, &first, &count);
+    if (status != FSDP_OK)
+        return status;
+    cols = info.ndim == 2 ? (size_t)info.shape[1] : info.numel;
+    for (size_t i = first; i < first + count; i += run) {
+        fsdp_rng_t g = base;
+        run = fsdp_llama_slice_run(m, layer, index, info.numel, cols, i, first + count, &f);
+        if (std >= 0.0f)
+            fsdp_rng_skip(&g, 2 * (uint64_t)f);
+        for (size_t j = i; j < i + run; j++)
+            buf[j] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(&g);
+    }
+    /* past the full tensor: every rank's slices of it */
+    if (std >= 0.0f)
+        fsdp_rng_skip(rng, 2 * (uint64_t)(m->tp > 1 && param_slice(layer, index) != SLICE_WHOLE
+                                              ? info.numel * (size_t)m->tp
+                                              : info.numel));
+    return fsdp_unit_set_param(u, index, buf);
 }
 
 fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed)
@@ -461,12 +465,10 @@ fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     for (int i = 0; i < nroot && status == FSDP_OK; i++)
-        status = init_param(model->lm.root, i, i == FSDP_LLAMA_NORM ? -1.0f : std,
-                            param_slice(-1, i), model->tp, model->tp_rank, &rng, buf);
+        status = init_param(model, -1, i, i == FSDP_LLAMA_NORM ? -1.0f : std, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
-            status = init_param(model->lm.layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std,
-                                param_slice(l, i), model->tp, model->tp_rank, &rng, buf);
+            status = init_param(model, l, i, i >= FSDP_LLAMA_LN1 ? -1.0f : std, &rng, buf);
     }
     free(buf);
     return status;

@@ -45,6 +45,11 @@ fsdp_status_t fsdp_llama_tree_build(fsdp_lm_tree_t *t, const void *cfg);
  * FSDP_ERR_INVALID_PARAM, logged naming the values. */
 fsdp_status_t fsdp_llama_tp_config(const fsdp_llama_config_t *cfg, int tp,
                                    fsdp_llama_config_t *local_p);
+/* Where this rank's slice of parameter `index` of layer `layer` (-1: the root) sits in the full
+ * tensor: for its element i (of numel, rows of cols), *full_p the full tensor's element and the
+ * return value the run of elements from i on that are contiguous there (at most end - i). */
+size_t fsdp_llama_slice_run(const fsdp_llama_t *m, int layer, int index, size_t numel, size_t cols,
+                            size_t i, size_t end, size_t *full_p);
 fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed);
 fsdp_status_t fsdp_llama_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
                                           const int32_t *targets, size_t batch, size_t seq,
