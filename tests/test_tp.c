@@ -197,6 +197,26 @@ static void job_init(job_t *j, fsdp_tokens_t *t, int world, int tp)
     j->tokens = t;
 }
 
+/* j against the one process ref: *dl_p the largest relative difference of the step losses (the
+ * mean over the ranks, each dp rank's own rows: the global batch's), the return value the
+ * parameters' relative difference (total of them). Prints both under `what`. */
+static double compare_runs(const job_t *ref, const job_t *j, size_t total, const char *what,
+                           double *dl_p)
+{
+    double dl = 0.0, dp = lm_test_rel_diff(j->params, ref->params, total);
+
+    for (int s = 0; s < j->steps; s++) {
+        double mean = 0.0;
+        for (int r = 0; r < j->world; r++)
+            mean += j->losses[s][r] / j->world;
+        dl = fmax(dl, fabs(mean - ref->losses[s][0]) / ref->losses[s][0]);
+    }
+    fprintf(stderr, "\n  %s tp %d dp %d: losses within %.2g, parameters within %.2g", what, j->tp,
+            j->world / j->tp, dl, dp);
+    *dl_p = dl;
+    return dp;
+}
+
 /* f32 at tp = 2, 4 and dp = 1, 2 against one process, 4 AdamW steps. What differs is the order
  * of f32 sums: a row-parallel GEMM (o, down) sums its k in tp partial sums that the reduce-scatter
  * adds, the column-parallel layers' input gradients and the head's likewise, and a norm weight's
@@ -220,30 +240,12 @@ static void test_parity(void)
     CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
     CU_ASSERT(ref->losses[3][0] < ref->losses[0][0] - 0.05f); /* it trained */
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        double dl = 0.0, dp;
+        double dl, dp;
         memset(j->params, 0, total * sizeof(float));
         job_init(j, t, runs[i][0], runs[i][1]);
         j->loss_parallel = runs[i][2];
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
-        for (int s = 0; s < 4; s++) {
-            for (int r = 0; r < j->world; r++) /* every rank: its dp rank's loss */
-                dl = fmax(dl, fabs((double)j->losses[s][r] - ref->losses[s][0] * 1.0) /
-                                  ref->losses[s][0]);
-        }
-        /* the mean over dp ranks is the global loss: with dp 2 each half of the batch differs,
-         * so compare the mean */
-        if (j->world / j->tp > 1) {
-            dl = 0.0;
-            for (int s = 0; s < 4; s++) {
-                double mean = 0.0;
-                for (int r = 0; r < j->world; r++)
-                    mean += j->losses[s][r] / j->world;
-                dl = fmax(dl, fabs(mean - ref->losses[s][0]) / ref->losses[s][0]);
-            }
-        }
-        dp = lm_test_rel_diff(j->params, ref->params, total);
-        fprintf(stderr, "\n  tp %d dp %d%s: losses within %.2g, parameters within %.2g", j->tp,
-                j->world / j->tp, j->loss_parallel ? " loss parallel" : "", dl, dp);
+        dp = compare_runs(ref, j, total, j->loss_parallel ? "loss parallel" : "llama", &dl);
         CU_ASSERT(dl <= 1e-5);
         CU_ASSERT(dp <= 1e-5);
     }
@@ -271,7 +273,7 @@ static void test_gpt2_parity(void)
     size_t total;
 
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        double dl = 0.0, dp;
+        double dl, dp;
         job_init(ref, t, 1, 1);
         job_init(j, t, runs[i][0], runs[i][1]);
         ref->gpt2 = j->gpt2 = 1;
@@ -287,16 +289,11 @@ static void test_gpt2_parity(void)
         j->params = calloc(total, sizeof(float));
         CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
-        for (int s = 0; s < 4; s++) {
-            double mean = 0.0;
-            for (int r = 0; r < j->world; r++)
-                mean += j->losses[s][r] / j->world;
-            dl = fmax(dl, fabs(mean - ref->losses[s][0]) / ref->losses[s][0]);
-        }
-        dp = lm_test_rel_diff(j->params, ref->params, total);
-        fprintf(stderr, "\n  gpt2 tp %d dp %d%s%s: losses within %.2g, parameters within %.2g",
-                j->tp, j->world / j->tp, runs[i][2] ? " fused" : "",
-                j->loss_parallel ? " loss parallel" : "", dl, dp);
+        dp = compare_runs(ref, j, total,
+                          runs[i][2]   ? "gpt2 fused"
+                          : runs[i][3] ? "gpt2 loss parallel"
+                                       : "gpt2",
+                          &dl);
         CU_ASSERT(ref->losses[3][0] < ref->losses[0][0] - 0.05f);
         CU_ASSERT(dl <= 1e-5);
         CU_ASSERT(dp <= 1e-5);

@@ -445,21 +445,6 @@ static fsdp_status_t row_parallel_fwd(gpt2_run_t *r, const void *x, size_t k, co
     return status;
 }
 
-/* dres all-gathered into *full (the reduce-scatter's backward); without tensor parallelism dres */
-static fsdp_status_t gather_dres(gpt2_run_t *r, void **full)
-{
-    fsdp_status_t status;
-
-    if (r->lm.tp <= 1) {
-        *full = r->lm.dres;
-        return FSDP_OK;
-    }
-    status = alloc_a(r, r->lm.BT * r->C, FSDP_MEM_TEMPORARY, full);
-    if (status == FSDP_OK)
-        status = fsdp_lm_sp_gather(&r->lm, r->lm.dres, *full, r->C);
-    return status;
-}
-
 /* A layernorm's backward into dres from the column-parallel layer's input gradient dln [BT, C],
  * partial over tp and reduce-scattered to the shard first (the all-gather's backward); its
  * weight and bias gradients are this shard's part (tp_partial_grad: FSDP2 sums them). */
@@ -548,7 +533,7 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * 4 * Ca, FSDP_MEM_TEMPORARY, dh);
     if (status == FSDP_OK)
-        status = gather_dres(r, &dfull);
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dfull);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_G], 4 * Ca, P(u, FSDP_GPT2_FC_PROJ_W), C, dfull,
                             g[FSDP_GPT2_FC_PROJ_W], g[FSDP_GPT2_FC_PROJ_B], *dh);
@@ -577,7 +562,7 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * Ca, FSDP_MEM_TEMPORARY, dy);
     if (status == FSDP_OK)
-        status = gather_dres(r, &dfull);
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dfull);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_Y], Ca, P(u, FSDP_GPT2_ATTN_PROJ_W), C, dfull,
                             g[FSDP_GPT2_ATTN_PROJ_W], g[FSDP_GPT2_ATTN_PROJ_B], *dy);

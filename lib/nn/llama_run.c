@@ -412,22 +412,6 @@ static fsdp_status_t row_parallel_fwd(llama_run_t *r, const void *x, size_t in, 
     return status;
 }
 
-/* The gradient of a row-parallel Linear's output, all-gathered from dres (the reduce-scatter's
- * backward) into *full; without tensor parallelism dres itself. */
-static fsdp_status_t gather_dres(llama_run_t *r, void **full)
-{
-    fsdp_status_t status;
-
-    if (r->lm.tp <= 1) {
-        *full = r->lm.dres;
-        return FSDP_OK;
-    }
-    status = alloc_a(r, r->lm.BT * r->D, FSDP_MEM_TEMPORARY, full);
-    if (status == FSDP_OK)
-        status = fsdp_lm_sp_gather(&r->lm, r->lm.dres, *full, r->D);
-    return status;
-}
-
 /* A norm's backward under the column-parallel layers: their input gradient dn [BT, D], partial
  * over tp, reduce-scattered to the shard (the all-gather's backward), then the RMSNorm backward
  * into dres; the weight gradient is this shard's part (tp_partial_grad: FSDP2 sums it). */
@@ -624,7 +608,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * F, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = gather_dres(r, &dy);
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dy);
     if (status == FSDP_OK)
         status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, dy, D, g[FSDP_LLAMA_DOWN],
                             *dact, 0);
@@ -681,7 +665,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->qw, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = gather_dres(r, &dy);
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dy);
     if (status == FSDP_OK)
         status =
             linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, dy, D, g[FSDP_LLAMA_O], *dact, 0);

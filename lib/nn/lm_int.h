@@ -241,6 +241,10 @@ fsdp_status_t fsdp_lm_sp_gather(fsdp_lm_run_t *r, const void *local, void *full,
  * over tp of full [BT, cols]; full is first permuted into [tp, B, T / tp, cols] by chunk
  * copies (torch's cat of the chunks along dim 1), then reduce-scattered. */
 fsdp_status_t fsdp_lm_sp_scatter(fsdp_lm_run_t *r, const void *full, void *local, size_t cols);
+/* The gradient of a row-parallel layer's output: dres all-gathered into a new [BT, width] *full_p
+ * (the reduce-scatter's backward), to be freed by the caller; without tensor parallelism dres
+ * itself. */
+fsdp_status_t fsdp_lm_sp_gather_dres(fsdp_lm_run_t *r, void **full_p);
 /* Shard(-1) -> Replicate of the logits: full [BT, vl tp] from every rank's [BT, vl]. */
 fsdp_status_t fsdp_lm_tp_gather_cols(fsdp_lm_run_t *r, const void *local, void *full);
 /* torch's loss_parallel: the cross-entropy of r->logits [BT, vl] sharded by the vocabulary, the

@@ -96,6 +96,20 @@ fsdp_status_t fsdp_lm_sp_scatter(fsdp_lm_run_t *r, const void *full, void *local
     return status;
 }
 
+fsdp_status_t fsdp_lm_sp_gather_dres(fsdp_lm_run_t *r, void **full_p)
+{
+    fsdp_status_t status;
+
+    if (r->tp <= 1) {
+        *full_p = r->dres;
+        return FSDP_OK;
+    }
+    status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, full_p);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_gather(r, r->dres, *full_p, r->width);
+    return status;
+}
+
 fsdp_status_t fsdp_lm_tp_gather_cols(fsdp_lm_run_t *r, const void *local, void *full)
 {
     const size_t n = r->BT * r->vl;
