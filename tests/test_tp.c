@@ -140,8 +140,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_lm_forward_backward(m, j->shape ? NULL : in, j->shape ? NULL : tg, rows,
                                           j->seq, &loss);
         j->losses[s][dev->rank] = loss;
-        if (st == FSDP_OK && j->clip > 0.0)
-            st = fsdp_clip_grad_norm(fs, j->clip, 2.0, &j->norms[s]);
+        if (st == FSDP_OK && j->clip > 0.0) /* every rank's norm is the same: rank 0 keeps it */
+            st = fsdp_clip_grad_norm(fs, j->clip, 2.0, dev->rank == 0 ? &j->norms[s] : NULL);
         if (st == FSDP_OK)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);

@@ -41,8 +41,6 @@ static void usage(FILE *f)
           "                             loss_parallel); default: they are all-gathered\n"
           "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
           "                             unit prefetching the previous one (default: implicit)\n"
-          "  --output-dtype D           fsdp2: MixedPrecisionPolicy.output_dtype, each unit's\n"
-          "                             floating outputs cast to D (f32, bf16, f16)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
           "  --limit-all-gathers, --no-limit-all-gathers   CPU rate limiter (default on)\n"
           "  --mixed-precision SPEC     D, PyTorch's MixedPrecision(param_dtype=D); or\n"
