@@ -117,7 +117,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
         st = j->gpt2 ? fsdp_gpt2_create(fs, &j->gcfg, &m) : fsdp_llama_create(fs, &j->cfg, &m);
     if (st == FSDP_OK && j->load != NULL) {
         fsdp_lm_weights_t *w = NULL;
-        st = fsdp_llama_weights_open(j->load, &j->cfg, &w);
+        st = j->gpt2 ? fsdp_gpt2_weights_open(j->load, &j->gcfg, &w)
+                     : fsdp_llama_weights_open(j->load, &j->cfg, &w);
         if (st == FSDP_OK)
             st = fsdp_lm_load_weights(m, w);
         fsdp_lm_weights_close(w);
@@ -344,43 +345,85 @@ static void test_clip(void)
     fsdp_tokens_close(t);
 }
 
-/* Initialization and HF weights under tp: at tp 2 and 4 (dp 1 and 2) every rank's slices hold
- * one process's values bit for bit, whether drawn by init_params (each run of a slice from the
- * generator skipped to its place) or loaded from an HF file one process saved (each run read
- * from its place in the full tensor). */
+/* The bytes of a file (*n_p of them), or NULL. */
+static char *file_bytes(const char *path, size_t *n_p)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    long n;
+
+    if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 &&
+        fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n)) != NULL &&
+        fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (f != NULL)
+        fclose(f);
+    *n_p = b != NULL ? (size_t)n : 0;
+    return b;
+}
+
+/* Initialization and HF weights under tp, Llama and GPT-2: at tp 2 and 4 (dp 1 and 2) every
+ * rank's slices hold one process's values bit for bit, whether drawn by init_params (Llama:
+ * each run of a slice from the generator skipped to its place; GPT-2: the whole tensor drawn,
+ * the polar method cannot skip) or loaded from an HF file one process saved (each slice read
+ * from its place in the full tensor); and the HF file saved under tp (every tp rank's slices
+ * all-gathered and put together on rank 0) is one process's, byte for byte. */
 static void test_init_and_load(void)
 {
     static const int runs[][2] = {{2, 2}, {4, 2}, {4, 4}};
-    char path[] = "/tmp/fsdp-tp-hf-XXXXXX";
+    char path[] = "/tmp/fsdp-tp-hf-XXXXXX", saved[] = "/tmp/fsdp-tp-hf2-XXXXXX";
     job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
-    int fd = mkstemp(path);
-    size_t total;
+    int fd = mkstemp(path), fd2 = mkstemp(saved);
 
-    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_FATAL(fd >= 0 && fd2 >= 0);
     close(fd);
-    job_init(ref, NULL, 1, 1);
-    ref->steps = 0;
-    ref->save = path;
-    total = fsdp_llama_num_params(&ref->cfg);
-    ref->params = calloc(total, sizeof(float));
-    j->params = calloc(total, sizeof(float));
-    CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
-    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
-        for (int load = 0; load <= 1; load++) {
-            memset(j->params, 0xff, total * sizeof(float));
-            job_init(j, NULL, runs[i][0], runs[i][1]);
-            j->steps = 0;
-            j->load = load ? path : NULL;
-            CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
-            if (memcmp(j->params, ref->params, total * sizeof(float)) != 0)
-                fprintf(stderr, "\n  tp %d dp %d %s: not one process's values", j->tp,
-                        j->world / j->tp, load ? "loaded" : "initialized");
-            CU_ASSERT(memcmp(j->params, ref->params, total * sizeof(float)) == 0);
+    close(fd2);
+    for (int gpt2 = 0; gpt2 <= 1; gpt2++) {
+        size_t total, n_ref, n_got;
+        char *want, *got;
+        job_init(ref, NULL, 1, 1);
+        ref->gpt2 = gpt2;
+        CU_ASSERT_EQUAL_FATAL(fsdp_gpt2_config_parse("gpt2:heads=4", &ref->gcfg), FSDP_OK);
+        ref->steps = 0;
+        ref->save = path;
+        total = gpt2 ? fsdp_gpt2_root_params(&ref->gcfg) +
+                           (size_t)ref->gcfg.n_layer * fsdp_gpt2_block_params(&ref->gcfg)
+                     : fsdp_llama_num_params(&ref->cfg);
+        ref->params = calloc(total, sizeof(float));
+        j->params = calloc(total, sizeof(float));
+        CU_ASSERT_EQUAL_FATAL(job_run(ref), FSDP_OK);
+        want = file_bytes(path, &n_ref);
+        for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+            for (int load = 0; load <= 1; load++) {
+                memset(j->params, 0xff, total * sizeof(float));
+                job_init(j, NULL, runs[i][0], runs[i][1]);
+                j->gpt2 = gpt2;
+                j->gcfg = ref->gcfg;
+                j->steps = 0;
+                j->load = load ? path : NULL;
+                j->save = saved;
+                CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+                got = file_bytes(saved, &n_got);
+                if (memcmp(j->params, ref->params, total * sizeof(float)) != 0 || n_got != n_ref ||
+                    got == NULL || want == NULL || memcmp(got, want, n_ref) != 0)
+                    fprintf(stderr, "\n  %s tp %d dp %d %s: not one process's values",
+                            gpt2 ? "gpt2" : "llama", j->tp, j->world / j->tp,
+                            load ? "loaded" : "initialized");
+                CU_ASSERT(memcmp(j->params, ref->params, total * sizeof(float)) == 0);
+                CU_ASSERT(want != NULL && got != NULL && n_got == n_ref &&
+                          memcmp(got, want, n_ref) == 0);
+                free(got);
+            }
         }
+        free(want);
+        free(ref->params);
+        free(j->params);
+        ref->params = j->params = NULL;
     }
     unlink(path);
-    free(ref->params);
-    free(j->params);
+    unlink(saved);
     free(ref);
     free(j);
 }
@@ -612,7 +655,7 @@ static void test_bf16(void)
 
 /* ---------------- refusals ---------------- */
 
-enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_SAVE, R_CKPT, R_COUNT };
+enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_CKPT, R_COUNT };
 
 typedef struct refusals {
     fsdp_status_t got[MAX_W][R_COUNT];
@@ -663,7 +706,6 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     if (fsdp_llama_create(fs, &lc, &m) != FSDP_OK)
         return FSDP_ERR_INTERNAL;
     got[R_SEQ] = fsdp_lm_forward_backward(m, tok, tok, 2, 33, &loss); /* 33 tokens over tp 2 */
-    got[R_SAVE] = fsdp_lm_save_weights(m, "/nonexistent/model.safetensors");
     got[R_CKPT] = fsdp_checkpoint_save(fs, NULL, "/nonexistent", FSDP_STATE_DICT_SHARDED, 1);
     fsdp_lm_destroy(m);
     fsdp_destroy(fs);
@@ -679,14 +721,13 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide Llama's kv heads, the
- * sequence or GPT-2's heads, and saving HF weights or a checkpoint under tp are refused, each
- * with its line. */
+ * sequence or GPT-2's heads, and a checkpoint under tp are refused, each with its line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
-                                                FSDP_ERR_UNSUPPORTED,   FSDP_ERR_UNSUPPORTED};
+                                                FSDP_ERR_UNSUPPORTED};
     refusals_t *r = calloc(1, sizeof(*r));
 
     fsdp_log_set_level(FSDP_LOG_OFF);
@@ -738,13 +779,14 @@ int main(void)
         {"GPT-2 at tp 2 and 4, dp 1 and 2, equals one process within summation order",
          test_gpt2_parity},
         {"clip_grad_norm under tp clips as one process", test_clip},
-        {"init and HF weights under tp: one process's values, bit for bit", test_init_and_load},
+        {"init, HF load and HF save under tp: one process's values, bit for bit",
+         test_init_and_load},
         {"one layer's tp collectives: op, size, group, order", test_layer_collectives},
         {"the vocabulary-parallel loss's collectives", test_loss_parallel_collectives},
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
-        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, HF save, checkpoint", test_refusals},
+        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, checkpoint", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);

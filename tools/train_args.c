@@ -408,10 +408,9 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
             cli_die("--tp %d: tensor parallelism is planned for gpt and llama models only (an "
                     "mlp has no tensor-parallel layout here)",
                     a->fsdp.tp_size);
-        if (a->ckpt_dir != NULL || a->resume_dir != NULL || a->save_path != NULL ||
-            (a->init_path != NULL && !a->llama))
-            cli_die("--tp %d: --save, --save-checkpoint, --resume and a gpt's --init are not "
-                    "supported under tensor parallelism",
+        if (a->ckpt_dir != NULL || a->resume_dir != NULL)
+            cli_die("--tp %d: --save-checkpoint and --resume are not supported under tensor "
+                    "parallelism (--save and --init are: HF weights)",
                     a->fsdp.tp_size);
         a->dp = a->world / a->fsdp.tp_size;
     }

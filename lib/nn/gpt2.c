@@ -361,28 +361,25 @@ fsdp_status_t fsdp_gpt2_tree_build(fsdp_lm_tree_t *t, const void *shape_v)
 
 /* ---- initialization ---- */
 
-/* Where element i of this rank's slice of a tensor sits in the full tensor, under tensor
- * parallelism over tp ranks (this one tp_rank): parts 0, whole; parts < 0, rows (its numel
- * elements at tp_rank numel); parts P > 0, the columns of P blocks of a row of cols elements,
- * this rank's cols / P of each block. */
-static size_t full_index(size_t i, size_t numel, size_t cols, int parts, int tp, int tp_rank)
+int fsdp_gpt2_slice_parts(int block, int index)
 {
-    size_t w, r, j;
-
-    if (parts == 0)
-        return i;
-    if (parts < 0)
-        return (size_t)tp_rank * numel + i;
-    w = cols / (size_t)parts, r = i / cols, j = i % cols;
-    return r * cols * (size_t)tp + (j / w) * w * (size_t)tp + (size_t)tp_rank * w + j % w;
+    if (block < 0)
+        return index == FSDP_GPT2_WTE ? -1 : 0;
+    return index == FSDP_GPT2_ATTN_W || index == FSDP_GPT2_ATTN_B           ? 3
+           : index == FSDP_GPT2_FC_W || index == FSDP_GPT2_FC_B             ? 1
+           : index == FSDP_GPT2_ATTN_PROJ_W || index == FSDP_GPT2_FC_PROJ_W ? -1
+                                                                            : 0;
 }
 
-/* kind 0: normal (HF's normal_(std), the polar method), 1: ones, 2: zeros. Under tensor
- * parallelism a sliced normal tensor is drawn whole, as one process draws it (the polar method
- * cannot skip), and this rank keeps its slice (parts: full_index's). */
-static fsdp_status_t init_param(fsdp_gpt2_t *m, fsdp_unit_t *u, int index, int kind, float std,
-                                int parts, fsdp_rng_t *rng, float *buf)
+/* kind 0: normal (HF's normal_(std), the polar method), 1: ones, 2: zeros, of parameter
+ * `index` of block `block` (-1: the root). Under tensor parallelism a sliced normal tensor is
+ * drawn whole, as one process draws it (the polar method cannot skip), and this rank keeps its
+ * slice. */
+static fsdp_status_t init_param(fsdp_gpt2_t *m, int block, int index, int kind, float std,
+                                fsdp_rng_t *rng, float *buf)
 {
+    fsdp_unit_t *u = block < 0 ? m->lm.root : m->lm.layers[block];
+    const int parts = fsdp_gpt2_slice_parts(block, index);
     fsdp_param_info_t info;
     size_t first, count, cols;
     float *full;
@@ -400,7 +397,7 @@ static fsdp_status_t init_param(fsdp_gpt2_t *m, fsdp_unit_t *u, int index, int k
                               info.numel * (size_t)m->tp);
         cols = info.ndim == 2 ? (size_t)info.shape[1] : info.numel;
         for (size_t i = first; i < first + count; i++)
-            buf[i] = full[full_index(i, info.numel, cols, parts, m->tp, m->tp_rank)];
+            buf[i] = full[fsdp_nn_slice_index(i, info.numel, cols, parts, m->tp, m->tp_rank)];
         free(full);
     } else if (kind == 0) { /* every rank draws the whole stream, and computes only its part */
         fsdp_rng_normal_polar(rng, buf, info.numel, std, first, count);
@@ -414,7 +411,6 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
 {
     fsdp_gpt2_t *model = fsdp_gpt2_of(lm);
     const fsdp_gpt2_config_t *cfg = &model->cfg;
-    fsdp_unit_t *root = model->lm.root;
     const float std = cfg->initializer_range;
     const float proj_std = std / sqrtf(2.0f * (float)cfg->n_layer);
     fsdp_status_t status = FSDP_OK;
@@ -428,24 +424,24 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     /* kind 0: normal, 1: ones, 2: zeros */
-    status = init_param(model, root, FSDP_GPT2_WTE, 0, std, -1, &rng, buf);
+    status = init_param(model, -1, FSDP_GPT2_WTE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model, root, FSDP_GPT2_WPE, 0, std, 0, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_WPE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model, root, FSDP_GPT2_LNF_W, 1, 0.0f, 0, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(model, root, FSDP_GPT2_LNF_B, 2, 0.0f, 0, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++) {
-            int kind = 2, parts = 0; /* the slices of fsdp_gpt2_param_shape_tp */
+            int kind = 2;
             float s = std;
             if (i == FSDP_GPT2_LN1_W || i == FSDP_GPT2_LN2_W)
                 kind = 1;
             else if (i == FSDP_GPT2_ATTN_W || i == FSDP_GPT2_FC_W)
-                kind = 0, parts = i == FSDP_GPT2_ATTN_W ? 3 : 1;
+                kind = 0;
             else if (i == FSDP_GPT2_ATTN_PROJ_W || i == FSDP_GPT2_FC_PROJ_W)
-                kind = 0, s = proj_std, parts = -1;
-            status = init_param(model, model->lm.layers[l], i, kind, s, parts, &rng, buf);
+                kind = 0, s = proj_std;
+            status = init_param(model, l, i, kind, s, &rng, buf);
         }
     }
     free(buf);

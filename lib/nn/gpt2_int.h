@@ -41,6 +41,9 @@ void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, 
  * whole); wte's vocabulary rows; the layernorms and wpe whole. */
 void fsdp_gpt2_param_shape_tp(const fsdp_gpt2_config_t *cfg, int tp, int block, int index,
                               int *ndim_p, int64_t shape[2]);
+/* How those tensors are cut over tp, as fsdp_nn_slice_func_t says: 0 whole, -1 by rows, P > 0
+ * by the columns of P blocks (c_attn's q, k and v: 3). */
+int fsdp_gpt2_slice_parts(int block, int index);
 
 /* The family's functions (lm_int.h), by file: HF's module tree of a configuration and the
  * initialization (gpt2.c), one forward and backward (gpt2_run.c), HF's checkpoints

@@ -401,6 +401,12 @@ static int param_slice(int layer, int index)
                                                              : SLICE_ROWS;
 }
 
+int fsdp_llama_slice_parts(int layer, int index)
+{
+    const int slice = param_slice(layer, index);
+    return slice == SLICE_ROWS ? -1 : slice == SLICE_COLS ? 1 : 0;
+}
+
 size_t fsdp_llama_slice_run(const fsdp_llama_t *m, int layer, int index, size_t numel, size_t cols,
                             size_t i, size_t end, size_t *full_p)
 {

@@ -357,13 +357,18 @@ static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi,
     snprintf(buf, len, "%s", pi->name); /* the units' names are HF's */
 }
 
+/* unit 0 the root, l + 1 layer l */
+static int hf_slice(void *arg, int unit, int index)
+{
+    (void)arg;
+    return fsdp_llama_slice_parts(unit - 1, index);
+}
+
 fsdp_status_t fsdp_llama_save_weights(fsdp_lm_t *lm, const char *path)
 {
-    if (fsdp_llama_of(lm)->tp > 1) {
-        fsdp_error("llama: saving HF weights under tensor parallelism (tp %d) is not supported",
-                   fsdp_llama_of(lm)->tp);
-        return FSDP_ERR_UNSUPPORTED;
-    }
+    if (fsdp_llama_of(lm)->tp > 1)
+        return fsdp_nn_save_units_tp(lm->fs, lm->root, lm->layers, lm->n_layer, path, hf_name,
+                                     hf_slice, NULL);
     return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
                               hf_name, NULL);
 }

@@ -48,6 +48,9 @@ fsdp_status_t fsdp_llama_tp_config(const fsdp_llama_config_t *cfg, int tp,
 /* Where this rank's slice of parameter `index` of layer `layer` (-1: the root) sits in the full
  * tensor: for its element i (of numel, rows of cols), *full_p the full tensor's element and the
  * return value the run of elements from i on that are contiguous there (at most end - i). */
+/* How parameter `index` of layer `layer` (-1: the root) is cut over tp, as
+ * fsdp_nn_slice_func_t says: 0 whole, -1 by rows, 1 by columns. */
+int fsdp_llama_slice_parts(int layer, int index);
 size_t fsdp_llama_slice_run(const fsdp_llama_t *m, int layer, int index, size_t numel, size_t cols,
                             size_t i, size_t end, size_t *full_p);
 fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed);
