@@ -1,5 +1,6 @@
 /* Tensor parallelism of Llama under FSDP2 (fsdp_config_t.tp_size, lib/nn/lm_tp.c):
- * - f32 training at tp = 2 and 4 with dp = 1 and 2 equals one process's losses and weights,
+ * - f32 training at tp = 2 and 4 with dp = 1 and 2 (and HSDP's 2 x 2 x tp 2) equals one
+ *   process's losses and weights,
  *   within the summation orders that tensor parallelism changes (the bound is below);
  * - the collectives of one layer's forward and backward: op, size, group and order;
  * - the sharded parameters, gradients and optimizer state per rank are the TP shards' sizes,
@@ -7,7 +8,7 @@
  * - GPT-2 likewise (c_attn split by heads into q, k, v columns, the c_proj's row-parallel);
  * - the vocabulary-parallel loss: the same training, its collectives, its memory;
  * - bf16 stays within its roundoff of f32 under tp;
- * - refusals: fsdp1, hybrid sharding, a tp that does not divide a node or the model.
+ * - refusals: fsdp1, a tp that does not divide a node or the model, checkpoints.
  */
 #include <fsdp/fsdp.h>
 #include <math.h>
@@ -34,6 +35,7 @@ typedef struct job {
     fsdp_tokens_t *tokens;
     int bf16, shape;
     int loss_parallel; /* fsdp_config_t.tp_loss_parallel */
+    int per_node;      /* > 0: hybrid_shard (HSDP x tp) over nodes of per_node ranks */
     double clip;       /* > 0: fsdp_clip_grad_norm to it each step, the norms into norms */
     const char *load;  /* an HF file to start from instead of init_params(3) */
     const char *save;  /* an HF file the first values are saved to */
@@ -105,7 +107,9 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_config_init(&fc);
     fc.api = FSDP_API_FSDP2;
     fc.tp_size = j->tp;
-    fc.ranks_per_node = j->world;
+    fc.ranks_per_node = j->per_node > 0 ? j->per_node : j->world;
+    if (j->per_node > 0)
+        fc.strategy = FSDP_HYBRID_SHARD;
     fc.tp_loss_parallel = j->loss_parallel;
     if (j->bf16)
         fc.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
@@ -228,8 +232,9 @@ static double compare_runs(const job_t *ref, const job_t *j, size_t total, const
  * the losses within 1e-5 (relative), as FSDP's own parity tests bound them (test_llama.c). */
 static void test_parity(void)
 {
-    /* world, tp, the vocabulary-parallel loss */
-    static const int runs[][3] = {{2, 2, 0}, {4, 2, 0}, {4, 4, 0}, {8, 4, 0}, {4, 2, 1}, {4, 4, 1}};
+    /* world, tp, the vocabulary-parallel loss, HSDP's ranks per node (0: full_shard) */
+    static const int runs[][4] = {{2, 2, 0, 0}, {4, 2, 0, 0}, {4, 4, 0, 0}, {8, 4, 0, 0},
+                                  {4, 2, 1, 0}, {4, 4, 1, 0}, {8, 2, 0, 4}};
     fsdp_tokens_t *t = lm_test_parity_tokens();
     job_t *ref = calloc(1, sizeof(*ref)), *j = calloc(1, sizeof(*j));
     size_t total;
@@ -245,8 +250,13 @@ static void test_parity(void)
         memset(j->params, 0, total * sizeof(float));
         job_init(j, t, runs[i][0], runs[i][1]);
         j->loss_parallel = runs[i][2];
+        j->per_node = runs[i][3];
         CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
-        dp = compare_runs(ref, j, total, j->loss_parallel ? "loss parallel" : "llama", &dl);
+        dp = compare_runs(ref, j, total,
+                          j->loss_parallel ? "loss parallel"
+                          : j->per_node    ? "HSDP 2 x 2"
+                                           : "llama",
+                          &dl);
         CU_ASSERT(dl <= 1e-5);
         CU_ASSERT(dp <= 1e-5);
     }
@@ -655,7 +665,7 @@ static void test_bf16(void)
 
 /* ---------------- refusals ---------------- */
 
-enum { R_FSDP1, R_HYBRID, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_CKPT, R_COUNT };
+enum { R_FSDP1, R_GROUP, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_CKPT, R_COUNT };
 
 typedef struct refusals {
     fsdp_status_t got[MAX_W][R_COUNT];
@@ -684,9 +694,9 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     fc.tp_size = 2;
     got[R_FSDP1] = try_config(dev, &fc); /* fsdp1 */
     fc.api = FSDP_API_FSDP2;
-    fc.strategy = FSDP_HYBRID_SHARD;
-    got[R_HYBRID] = try_config(dev, &fc);
-    fc.strategy = FSDP_FULL_SHARD;
+    fc.process_group = fsdp_dev_group_world(dev); /* the groups are tp_size's to make */
+    got[R_GROUP] = try_config(dev, &fc);
+    fc.process_group = NULL;
     fc.tp_size = 4;
     fc.ranks_per_node = 2; /* tp 4 does not fit a node of 2 */
     got[R_NODE] = try_config(dev, &fc);
@@ -720,8 +730,9 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     return FSDP_OK;
 }
 
-/* fsdp1, HSDP x tp, a tp larger than a node, a tp that does not divide Llama's kv heads, the
- * sequence or GPT-2's heads, and a checkpoint under tp are refused, each with its line. */
+/* fsdp1, a process group given with tp, a tp larger than a node, a tp that does not divide Llama's
+ * kv heads, the sequence or GPT-2's heads, and a checkpoint under tp are refused, each with its
+ * line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
@@ -786,7 +797,7 @@ int main(void)
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
-        {"refusals: fsdp1, HSDP x tp, a node, heads, seq, checkpoint", test_refusals},
+        {"refusals: fsdp1, a given group, a node, heads, seq, checkpoint", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);

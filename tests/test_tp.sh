@@ -28,7 +28,6 @@ refuse() { # description, pattern the line holds, tool, arguments...
 
 llama="--model llama:kv_heads=4 --world 4 --batch 4 --seq 32 --steps 3"
 refuse "--tp with fsdp1" "needs --api fsdp2" $train $llama --tp 2
-refuse "--tp with hybrid_shard" "HSDP x tp" $train $llama --api fsdp2 --tp 2 --strategy hybrid_shard
 refuse "--tp 3 on 4 ranks" "does not divide" $train $llama --api fsdp2 --tp 3
 refuse "--tp 0" "not a number of ranks" $train $llama --api fsdp2 --tp 0
 refuse "--tp-loss-parallel without --tp" "give --tp N > 1" $train $llama --api fsdp2 --tp-loss-parallel
@@ -43,7 +42,7 @@ refuse "--tp for an mlp plan" "gpt and llama models only" $plan --model mlp:64,6
 
 # the same losses (printed to 4 decimals) at tp 1, 2 and 4, and with the vocabulary-parallel loss
 $train $llama --api fsdp2 2>&1 | grep '^loss ' | sed 's/;.*//' >"$tmp/want"
-for tp in 2 4 "4 --tp-loss-parallel"; do
+for tp in 2 4 "4 --tp-loss-parallel" "2 --strategy hybrid_shard --ranks-per-node 2"; do
     $train $llama --api fsdp2 --tp $tp 2>&1 | grep '^loss ' | sed 's/;.*//' >"$tmp/got"
     if [ -s "$tmp/want" ] && cmp -s "$tmp/want" "$tmp/got"; then
         echo "ok: --tp $tp trains to the losses of --tp 1: $(cat "$tmp/got")"

@@ -384,10 +384,6 @@ static void fsdp2_options(fsdp_config_t *cfg)
     if (cfg->strategy == FSDP_NO_SHARD)
         cli_die("--api fsdp2: --strategy no_shard is fsdp1's; replicate with --strategy "
                 "hybrid_shard --ranks-per-node 1");
-    if (cfg->tp_size > 1 && cfg->strategy == FSDP_HYBRID_SHARD)
-        cli_die("--tp %d: tensor parallelism with --strategy hybrid_shard (HSDP x tp) is not "
-                "supported; use full_shard",
-                cfg->tp_size);
     cfg->explicit_forward_prefetch = cfg->forward_prefetch;
     cfg->explicit_backward_prefetch = explicit_backward;
     cfg->forward_prefetch = 0;

@@ -142,8 +142,9 @@ typedef struct fsdp_config {
      * divides ranks_per_node, or the backend's local_size), and parameters are sharded over the
      * dp group of the ranks with this rank's tp index, both groups made by fsdp_create
      * (torchtitan's mesh). The models place their tensors on the tp group (Megatron's column
-     * and row parallel layers with sequence parallelism, lm.h); process_group and the hybrid
-     * strategies are refused with it. 0 by default. */
+     * and row parallel layers with sequence parallelism, lm.h). With hybrid_shard the mesh is
+     * HSDP's 3-D (replicate across nodes x shard within the node x tp). process_group and
+     * replicate_group are refused with it. 0 by default. */
     int tp_size;
     /* With tp_size > 1: the language models keep their logits sharded over the vocabulary and
      * compute the loss across the tp group (torch's loss_parallel) instead of all-gathering

@@ -236,9 +236,11 @@ const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
 /* groups.c: the intra-node shard group and the inter-node replicate group of hybrid sharding */
 fsdp_status_t fsdp_groups_make_hybrid(fsdp_t *fs, fsdp_group_t **pg_p, fsdp_group_t **replicate_p);
-/* The 2-D mesh of tensor parallelism (fsdp_config_t.tp_size): the tp group of consecutive ranks
- * and the dp group parameters are sharded over. Collective over the world. */
-fsdp_status_t fsdp_groups_make_tp(fsdp_t *fs, fsdp_group_t **dp_p, fsdp_group_t **tp_p);
+/* The mesh of tensor parallelism (fsdp_config_t.tp_size): the tp group of consecutive ranks and
+ * the dp group parameters are sharded over, or with replicate_p (HSDP x tp, a 3-D mesh) the
+ * shard group within the node and the replicate group across nodes. Collective over the world. */
+fsdp_status_t fsdp_groups_make_tp(fsdp_t *fs, fsdp_group_t **dp_p, fsdp_group_t **tp_p,
+                                  fsdp_group_t **replicate_p);
 
 /* names.c: the model's names by hash */
 fsdp_status_t fsdp_names_add_unit(fsdp_t *fs, const fsdp_unit_t *u);

@@ -84,12 +84,9 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
         why = "MixedPrecisionPolicy has no buffer_dtype or keep_low_precision_grads";
     else if (cfg->reshard_after_forward < FSDP_RESHARD_TRUE)
         why = "reshard_after_forward must be FSDP_RESHARD_DEFAULT, _TRUE, _FALSE or a group size";
-    else if (cfg->tp_size > 1 && fsdp_strategy_is_hybrid(cfg->strategy))
-        why = "tensor parallelism shards over the dp group only: hybrid_shard (HSDP x tp) is not "
-              "supported; use full_shard";
-    else if (cfg->tp_size > 1 && cfg->process_group != NULL)
-        why = "with tensor parallelism the dp and tp groups are made from tp_size: leave "
-              "process_group unset";
+    else if (cfg->tp_size > 1 && (cfg->process_group != NULL || cfg->replicate_group != NULL))
+        why = "with tensor parallelism the dp (shard, replicate) and tp groups are made from "
+              "tp_size and ranks_per_node: leave process_group and replicate_group unset";
     if (why == NULL)
         return FSDP_OK;
     fsdp_error("rank %d: api fsdp2 (fully_shard): %s", dev->rank, why);
@@ -206,7 +203,8 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
                                                             : fs->param_dtype;
     }
     if (cfg->tp_size > 1) {
-        status = fsdp_groups_make_tp(fs, &fs->pg, &fs->tp);
+        status = fsdp_groups_make_tp(
+            fs, &fs->pg, &fs->tp, fsdp_strategy_is_hybrid(cfg->strategy) ? &fs->replicate : NULL);
         if (status != FSDP_OK)
             goto err_free_fs;
         fs->owns_groups = 1;
