@@ -731,8 +731,8 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
 }
 
 /* fsdp1, a process group given with tp, a tp larger than a node, a tp that does not divide Llama's
- * kv heads, the sequence or GPT-2's heads, and a checkpoint under tp are refused, each with its
- * line. */
+ * kv heads, the sequence or GPT-2's heads, and a sharded checkpoint under tp are refused, each with
+ * its line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,

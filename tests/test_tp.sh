@@ -34,7 +34,7 @@ refuse "--tp-loss-parallel without --tp" "give --tp N > 1" $train $llama --api f
 refuse "--tp for an mlp" "gpt and llama models only" $train --model mlp:16,32,4 --world 2 --api fsdp2 --tp 2
 refuse "--tp 2 over one gpt2 head" "must divide heads" \
     $train --model gpt2:heads=1 --world 2 --api fsdp2 --tp 2
-refuse "--tp with --save-checkpoint" "not supported under tensor parallelism" \
+refuse "--tp with a sharded --save-checkpoint" "needs --state-dict local" \
     $train $llama --api fsdp2 --tp 2 --save-checkpoint "$tmp/ckpt"
 refuse "--tp larger than a node" "must divide the 2 GPUs per node" \
     $plan --model llama3-8b --api fsdp2 --tp 4 --profile h100:nodes=2,gpus_per_node=2
@@ -50,6 +50,20 @@ for tp in 2 4 "4 --tp-loss-parallel" "2 --strategy hybrid_shard --ranks-per-node
         echo "FAILED: --tp $tp: losses differ from --tp 1"; cat "$tmp/want" "$tmp/got"; fail=1
     fi
 done
+
+# a local checkpoint at --tp 2 resumes to the steps of a run without one, and only at --tp 2
+$train $llama --steps 4 --api fsdp2 --tp 2 2>&1 | grep '^step [34]' | sed 's/ tok.*//' >"$tmp/want"
+$train $llama --steps 2 --api fsdp2 --tp 2 --save-checkpoint "$tmp/local" --state-dict local \
+    >/dev/null 2>&1 || fail=1
+$train $llama --steps 4 --api fsdp2 --tp 2 --resume "$tmp/local" 2>&1 | grep '^step [34]' |
+    sed 's/ tok.*//' >"$tmp/got"
+if [ -s "$tmp/want" ] && cmp -s "$tmp/want" "$tmp/got"; then
+    echo "ok: a local checkpoint at --tp 2 resumes to the same steps: $(tr '\n' ' ' <"$tmp/got")"
+else
+    echo "FAILED: resuming at --tp 2"; cat "$tmp/want" "$tmp/got"; fail=1
+fi
+refuse "a tp 2 checkpoint at --tp 4" "loads only at the same tp" \
+    $train $llama --steps 4 --api fsdp2 --tp 4 --resume "$tmp/local"
 
 # fsdp-plan --tp 2, and the sweep's tp rows
 if $plan --model llama3-8b --api fsdp2 --world 16 --local-batch 1 --seq 2048 --tp 2 \
