@@ -126,7 +126,7 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     }
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_EMBEDDING_FWD;
-    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V, dt};
+    k.u.embedding_fwd = (__typeof__(k.u.embedding_fwd)){y, tok, wte, x, n, C, T, V, dt, 0};
     t = time_kernel(&k, reps);
     ROW("embedding_fwd", n * C);
     k.kind = FSDP_K_EMBEDDING_BWD;
@@ -135,8 +135,8 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     ROW("embedding_bwd", n * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_CROSS_ENTROPY;
-    k.u.cross_entropy =
-        (__typeof__(k.u.cross_entropy)){&loss, losses, logits, logits, tok, n, V, (double)n, dt};
+    k.u.cross_entropy = (__typeof__(k.u.cross_entropy)){&loss, losses,    logits, logits, tok,  n,
+                                                        V,     (double)n, dt,     0,      NULL, 0};
     t = time_kernel(&k, reps);
     ROW("cross_entropy", n * V);
 #undef ROW

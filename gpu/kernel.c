@@ -94,6 +94,9 @@ static const char *check_nn(const fsdp_kernel_t *k)
             (k->u.cross_entropy.vocab == 0 || k->u.cross_entropy.logits == NULL ||
              k->u.cross_entropy.targets == NULL || k->u.cross_entropy.losses == NULL))
             return "0 classes, or logits, targets or losses is NULL";
+        if (k->u.cross_entropy.stage < 0 || k->u.cross_entropy.stage > 3 ||
+            (k->u.cross_entropy.stage != 0 && k->u.cross_entropy.stats == NULL))
+            return "stage must be 0 to 3, and stats given for stages 1 to 3";
         if ((k->u.cross_entropy.loss != NULL || k->u.cross_entropy.dlogits != NULL) &&
             !(k->u.cross_entropy.denom > 0.0))
             return "denom must be > 0";

@@ -332,6 +332,10 @@ static fsdp_status_t nn_check(const fsdp_kernel_t *k)
         FSDP_SIM_NEED(k, k->u.cross_entropy.logits, rows * v);
         FSDP_SIM_NEED(k, k->u.cross_entropy.targets, rows);
         FSDP_SIM_NEED(k, k->u.cross_entropy.losses, rows);
+        if (k->u.cross_entropy.stage < 0 || k->u.cross_entropy.stage > 3)
+            FSDP_SIM_KERNEL_INVALID(k, "stage %d is not 0 to 3", k->u.cross_entropy.stage);
+        if (k->u.cross_entropy.stage != 0)
+            FSDP_SIM_NEED(k, k->u.cross_entropy.stats, 3 * rows);
         if ((k->u.cross_entropy.loss != NULL || k->u.cross_entropy.dlogits != NULL) &&
             !(k->u.cross_entropy.denom > 0.0)) /* NaN fails too */
             FSDP_SIM_KERNEL_INVALID(k, "denom %g must be > 0", k->u.cross_entropy.denom);

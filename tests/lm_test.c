@@ -3,6 +3,7 @@
 #include "core/core_hidden.h"
 
 #include <CUnit/Basic.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,16 @@ fsdp_status_t lm_test_accumulate(fsdp_t *fs, fsdp_lm_t *lm, int accum, const int
         *loss_p += part / (float)accum;
     }
     return st;
+}
+
+double lm_test_rel_diff(const float *a, const float *b, size_t n)
+{
+    double nd = 0.0, nb = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        nd += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
+        nb += (double)b[e] * b[e];
+    }
+    return sqrt(nd / nb);
 }
 
 size_t lm_test_act_peak(fsdp_t *fs)

@@ -40,6 +40,8 @@ fsdp_status_t lm_test_launch_packing(int world, int no_pack_cache,
  * the caller's to set. */
 fsdp_status_t lm_test_accumulate(fsdp_t *fs, fsdp_lm_t *lm, int accum, const int32_t *inputs,
                                  const int32_t *targets, size_t rows, size_t seq, float *loss_p);
+/* The relative difference of a from b: |a - b| / |b| in the L2 norm, in double. */
+double lm_test_rel_diff(const float *a, const float *b, size_t n);
 /* The peak bytes of FSDP_MEM_ACTIVATION of fs's allocator. */
 size_t lm_test_act_peak(fsdp_t *fs);
 

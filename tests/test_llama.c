@@ -641,16 +641,6 @@ static void parity_job(job_t *j, fsdp_tokens_t *t, fsdp_strategy_t s, int world)
     j->optim.lr = 1e-3f;
 }
 
-static double param_diff(const float *a, const float *b, size_t n)
-{
-    double nd = 0.0, nb = 0.0;
-    for (size_t e = 0; e < n; e++) {
-        nd += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
-        nb += (double)b[e] * b[e];
-    }
-    return sqrt(nd / nb);
-}
-
 static void test_fsdp_parity(void)
 {
     static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
@@ -679,7 +669,7 @@ static void test_fsdp_parity(void)
                     mean += j->losses[step][r] / worlds[w];
                 dl = fmax(dl, fabs(mean - ref->losses[step][0]) / ref->losses[step][0]);
             }
-            dp = param_diff(j->params, ref->params, total);
+            dp = lm_test_rel_diff(j->params, ref->params, total);
             fprintf(stderr, "\n  %s W=%d: losses within %.2g, parameters within %.2g",
                     fsdp_strategy_name(strategies[s]), worlds[w], dl, dp);
             CU_ASSERT(dl <= 1e-5);

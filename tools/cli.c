@@ -287,7 +287,7 @@ static int parse_reshard(const char *arg)
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
 {
-    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_OUTPUT_DTYPE)
+    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_TP_LOSS)
         fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
     case CLI_OPT_API:
@@ -318,6 +318,19 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
                      arg);
             return -1;
         }
+        return 0;
+    case CLI_OPT_TP: {
+        char *end;
+        long n = strtol(arg, &end, 10);
+        if (arg[0] < '1' || arg[0] > '9' || *end != '\0' || n < 1 || n > 4096) {
+            snprintf(why, why_len, "--tp: '%s' is not a number of ranks in [1, 4096]", arg);
+            return -1;
+        }
+        cfg->tp_size = (int)n;
+        return 0;
+    }
+    case CLI_OPT_TP_LOSS:
+        cfg->tp_loss_parallel = 1;
         return 0;
     case CLI_OPT_STRATEGY:
         if (!fsdp_strategy_parse(arg, &cfg->strategy)) {
@@ -392,10 +405,16 @@ void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg)
 {
     if (optind < argc)
         cli_die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (cfg->tp_loss_parallel && cfg->tp_size <= 1)
+        cli_die("--tp-loss-parallel keeps the logits sharded over a tp group: give --tp N > 1");
     if (cfg->api == FSDP_API_FSDP2) {
         fsdp2_options(cfg);
         return;
     }
+    if (GIVEN(CLI_OPT_TP) && cfg->tp_size > 1)
+        cli_die("--tp %d needs --api fsdp2: tensor parallelism composes with fully_shard's "
+                "per-parameter shards, not with fsdp1's flat parameters",
+                cfg->tp_size);
     if (GIVEN(CLI_OPT_RAF))
         cli_die("--reshard-after-forward is fully_shard's (--api fsdp2); fsdp1's strategies "
                 "say it: full_shard reshards, shard_grad_op does not");

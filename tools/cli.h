@@ -53,19 +53,23 @@ enum {
     CLI_OPT_NO_LIMIT,
     CLI_OPT_API,
     CLI_OPT_RAF,
-    CLI_OPT_OUTPUT_DTYPE
+    CLI_OPT_OUTPUT_DTYPE,
+    CLI_OPT_TP,
+    CLI_OPT_TP_LOSS
 };
 
 /* The entries of a tool's struct option table for them. */
-#define CLI_FSDP_LONG_OPTIONS                                                                   \
-    {"strategy", required_argument, NULL, CLI_OPT_STRATEGY},                                    \
-        {"backward-prefetch", required_argument, NULL, CLI_OPT_BWD_PREFETCH},                   \
-        {"forward-prefetch", no_argument, NULL, CLI_OPT_FWD_PREFETCH},                          \
-        {"limit-all-gathers", no_argument, NULL, CLI_OPT_LIMIT},                                \
-        {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT},                        \
-        {"api", required_argument, NULL, CLI_OPT_API},                                          \
-        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF},                        \
-        {"output-dtype", required_argument, NULL, CLI_OPT_OUTPUT_DTYPE}
+#define CLI_FSDP_LONG_OPTIONS                                                                     \
+    {"strategy", required_argument, NULL, CLI_OPT_STRATEGY},                                      \
+        {"backward-prefetch", required_argument, NULL, CLI_OPT_BWD_PREFETCH},                     \
+        {"forward-prefetch", no_argument, NULL, CLI_OPT_FWD_PREFETCH},                            \
+        {"limit-all-gathers", no_argument, NULL, CLI_OPT_LIMIT},                                  \
+        {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT},                            \
+        {"api", required_argument, NULL, CLI_OPT_API},                                            \
+        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF},                          \
+        {"output-dtype", required_argument, NULL, CLI_OPT_OUTPUT_DTYPE},                          \
+        {"tp", required_argument, NULL, CLI_OPT_TP},                                              \
+        {"tp-loss-parallel", no_argument, NULL, CLI_OPT_TP_LOSS}
 
 /* Applies getopt_long's value opt (and its argument) to cfg and returns 0; -1 when opt is none
  * of these options (spelled: the option as written) or its argument is not allowed, with why

@@ -57,6 +57,12 @@ static void usage(FILE *f)
         "                             each unit fully_shard'ed in model order, then the root\n"
         "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
         "                             after forward (default: all units but the root)\n"
+        "  --tp N                     fsdp2, gpt, llama: tensor parallelism over N consecutive\n"
+        "                             ranks of a node (Megatron with sequence parallelism), FSDP\n"
+        "                             over the world / N ranks of each tp index (default 1)\n"
+        "  --tp-loss-parallel         with --tp: the logits stay sharded by the vocabulary and\n"
+        "                             the loss is computed across the tp group (torch's\n"
+        "                             loss_parallel); default: they are all-gathered\n"
         "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
         "                             unit prefetching the previous one (default: implicit)\n"
         "  --output-dtype D           fsdp2: MixedPrecisionPolicy.output_dtype, each unit's\n"
@@ -396,6 +402,20 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (train_launch_prepare(&a->launch, backend, a->world, a->timeout_s, &a->profile) != 0)
         cli_fail_quietly();
     a->world = a->launch.world;
+    a->dp = a->world;
+    if (a->fsdp.tp_size > 1) {
+        if (a->world % a->fsdp.tp_size != 0)
+            cli_die("--tp %d does not divide --world %d", a->fsdp.tp_size, a->world);
+        if (!a->gpt)
+            cli_die("--tp %d: tensor parallelism is planned for gpt and llama models only (an "
+                    "mlp has no tensor-parallel layout here)",
+                    a->fsdp.tp_size);
+        if (a->ckpt_dir != NULL && a->state_dict != FSDP_STATE_DICT_LOCAL)
+            cli_die("--tp %d: --save-checkpoint under tensor parallelism needs --state-dict local "
+                    "(each rank's shards as they are; --save writes HF weights)",
+                    a->fsdp.tp_size);
+        a->dp = a->world / a->fsdp.tp_size;
+    }
     a->launch.threads = a->threads;
     a->launch.host_memory = host_memory;
     a->launch.no_pack_cache = no_pack_cache;
@@ -433,18 +453,18 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (a->gpt && !batch_given)
         a->batch = 8;
     if (local_batch > 0) {
-        if (batch_given && a->batch != local_batch * a->world)
+        if (batch_given && a->batch != local_batch * a->dp)
             cli_die("--batch %d and --local-batch %d disagree on %d ranks: give one", a->batch,
-                    local_batch, a->world);
-        if ((long)local_batch * a->world > 1 << 24)
-            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->world,
+                    local_batch, a->dp);
+        if ((long)local_batch * a->dp > 1 << 24)
+            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->dp,
                     1 << 24);
-        a->batch = local_batch * a->world;
-    } else if (!batch_given && a->batch % a->world != 0 && (a->gpt || a->data_path == NULL)) {
-        int rounded = (a->batch + a->world - 1) / a->world * a->world;
+        a->batch = local_batch * a->dp;
+    } else if (!batch_given && a->batch % a->dp != 0 && (a->gpt || a->data_path == NULL)) {
+        int rounded = (a->batch + a->dp - 1) / a->dp * a->dp;
         cli_note("global batch %d %s: the default %d rounded up to a multiple of --world %d "
                  "(--batch or --local-batch sets it)",
-                 rounded, a->gpt ? "sequences" : "rows", a->batch, a->world);
+                 rounded, a->gpt ? "sequences" : "rows", a->batch, a->dp);
         a->batch = rounded;
     }
     cli_apply_attention(attention, a->gpt && !a->llama ? &a->gpt_cfg : NULL, a->llama);
@@ -464,14 +484,19 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
         cli_die("--tokens, --seq and activation checkpointing apply to gpt and llama models only");
     }
-    if (a->batch % a->world != 0)
-        cli_die("--batch %d is not divisible by --world %d: every rank needs the same number of %s "
+    char ranks[64]; /* what the batch is split over */
+    if (a->dp < a->world)
+        snprintf(ranks, sizeof(ranks), "the %d dp ranks (--world %d / --tp %d)", a->dp, a->world,
+                 a->fsdp.tp_size);
+    else
+        snprintf(ranks, sizeof(ranks), "--world %d", a->world);
+    if (a->batch % a->dp != 0)
+        cli_die("--batch %d is not divisible by %s: every rank needs the same number of %s "
                 "(--local-batch B gives each rank B)",
-                a->batch, a->world, a->gpt ? "sequences" : "rows");
-    if (a->batch / a->world % a->grad_accum != 0)
-        cli_die(
-            "--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
-            a->grad_accum, a->batch / a->world, a->batch, a->world);
+                a->batch, ranks, a->gpt ? "sequences" : "rows");
+    if (a->batch / a->dp % a->grad_accum != 0)
+        cli_die("--grad-accum %d does not divide the %d rows of each rank (--batch %d / %s)",
+                a->grad_accum, a->batch / a->dp, a->batch, ranks);
     if ((a->fsdp.strategy == FSDP_HYBRID_SHARD || a->fsdp.strategy == FSDP_HYBRID_SHARD_ZERO2 ||
          a->fsdp.ranks_per_node > 0) &&
         a->world % (a->fsdp.ranks_per_node > 0 ? a->fsdp.ranks_per_node : a->world) != 0)

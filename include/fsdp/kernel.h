@@ -232,9 +232,12 @@ typedef struct fsdp_kernel {
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
                  int causal; fsdp_dtype_t dtype; float divisor; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
-         * (no position term). A token outside [0, vocab) gives a row of NaN. */
+         * (no position term). A token outside [0, vocab) gives a row of NaN, or with
+         * zero_outside a row of zeros (a vocabulary-parallel embedding's rows of the tokens
+         * another rank holds, which torch masks to zero). */
         struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;
-                 size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; } embedding_fwd;
+                 size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; int zero_outside; }
+            embedding_fwd;
         /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c]. In f32 each row adds
          * in row order; in a 16-bit dtype the rows of one token (of one position) are summed in
          * f32 in row order and rounded once, then added and rounded, as torch's embedding
@@ -248,9 +251,17 @@ typedef struct fsdp_kernel {
          * dlogits[r] = (softmax(logits[r]) - onehot(targets[r])) / denom (a zero row when
          * ignored). loss and losses are f32 whatever the dtype (the logits upcast, as HF's
          * loss does). loss and dlogits may be NULL; dlogits may equal logits; losses (rows
-         * floats) is always written. A target >= vocab gives NaN. */
+         * floats) is always written. A target >= vocab gives NaN.
+         * stage 1 to 3: torch's loss_parallel over logits sharded by the vocabulary, this rank's
+         * columns [vocab_start, vocab_start + vocab) of targets in the whole vocabulary, with
+         * stats [3 rows] f32 (the row maximum, the sum of exponentials, the target's logit)
+         * reduced across the ranks between the stages: 1 writes this rank's maximum and target
+         * logit (0 when another rank holds it), 2 the sum of exp(logit - stats' maximum), 3
+         * losses, loss and dlogits from the reduced stats, as above (ignored rows 0); losses
+         * is written by stage 3 only. */
         struct { float *loss; float *losses; void *dlogits; const void *logits;
-                 const int32_t *targets; size_t rows, vocab; double denom; fsdp_dtype_t dtype; }
+                 const int32_t *targets; size_t rows, vocab; double denom; fsdp_dtype_t dtype;
+                 int stage; float *stats; size_t vocab_start; }
             cross_entropy;
         /* y = a + b (the residual add); y may equal a or b */
         struct { void *y; const void *a; const void *b; size_t n; fsdp_dtype_t dtype; } add;

@@ -25,9 +25,36 @@ static double host_abs(const void *x, fsdp_dtype_t dtype, size_t j)
     }
 }
 
+/* The elements [*start, *start + *n) of a unit's shard this rank counts, range k of them (0
+ * when k is past the last; then 0 is returned): the whole shard, or under tensor parallelism on
+ * tp ranks other than the first the slots of the parameters that are not replicated over tp
+ * (tp_partial_grad), since every tp rank holds the same replicated gradients and torch's norm
+ * of a Replicate DTensor counts them once. */
+static int count_range(const fsdp_t *fs, const fsdp_unit_t *u, int k, size_t *start, size_t *n)
+{
+    const fsdp_handle_t *h = u->handle;
+    int seen = 0;
+
+    if (fs->tp == NULL || fs->tp->rank == 0) {
+        *start = 0;
+        *n = h->shard_numel;
+        return k == 0;
+    }
+    for (int i = 0; i < h->nparams; i++) {
+        if (h->params[i].tied_to >= 0 || h->pp[i].tp_partial)
+            continue;
+        if (seen++ == k) {
+            *start = h->pp[i].slot;
+            *n = h->pp[i].chunk;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* This rank's partial over the units whose norm group is `group`: sum of |g|^p over their
- * shards (or max |g| for p = inf). p = 2 runs on the device (sumsq); other norms read the
- * gradients on the host. */
+ * shards (or max |g| for p = inf), over count_range's ranges. p = 2 runs on the device (sumsq);
+ * other norms read the gradients on the host. */
 static fsdp_status_t local_partial(fsdp_t *fs, const fsdp_group_t *group, double p,
                                    double *partial_p)
 {
@@ -41,12 +68,19 @@ static fsdp_status_t local_partial(fsdp_t *fs, const fsdp_group_t *group, double
     if (p == 2.0)
         status = fsdp_mem_alloc(fs->mem, sizeof(float), FSDP_MEM_TEMPORARY, fs->compute,
                                 (void **)&d);
-    for (int i = 0; i < fs->nunits && status == FSDP_OK; i++) {
+    for (int i = 0, range = 0; i < fs->nunits && status == FSDP_OK; range++) {
         fsdp_unit_t *u = fs->units[i];
         fsdp_dtype_t dtype;
         void *g = fsdp_unit_sharded_grad_data(u, &dtype);
-        size_t n = u->handle ? u->handle->shard_numel : 0, bytes = n * fsdp_dtype_size(dtype);
-        if (g == NULL || n == 0 || norm_group(u) != group)
+        size_t start = 0, n = 0, bytes;
+        if (g == NULL || u->handle == NULL || norm_group(u) != group ||
+            !count_range(fs, u, range, &start, &n)) {
+            i++, range = -1; /* the next unit */
+            continue;
+        }
+        g = (char *)g + start * fsdp_dtype_size(dtype);
+        bytes = n * fsdp_dtype_size(dtype);
+        if (n == 0)
             continue;
         if (p == 2.0) {
             fsdp_kernel_t k = {.kind = FSDP_K_SUMSQ};
@@ -147,6 +181,9 @@ fsdp_status_t fsdp_clip_grad_norm(fsdp_t *fs, double max_norm, double norm_type,
         else
             partial += part;
     }
+    /* tensor parallelism: the tp ranks' shards are other slices of the same parameters */
+    if (status == FSDP_OK && fs->tp != NULL)
+        status = combine(fs, fs->tp, norm_type, &partial);
     if (status != FSDP_OK)
         return status;
     total = isinf(norm_type) ? partial : pow(partial, 1.0 / norm_type);

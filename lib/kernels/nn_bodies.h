@@ -178,7 +178,7 @@ FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
     float v;
 
     if (t < 0 || (size_t)t >= k->u.embedding_fwd.vocab) {
-        v = fsdp_kb_nanf();
+        v = k->u.embedding_fwd.zero_outside ? 0.0f : fsdp_kb_nanf();
     } else {
         v = fsdp_kb_load(k->u.embedding_fwd.wte, dt, (size_t)t * cols + c);
         if (k->u.embedding_fwd.wpe != NULL)
@@ -385,6 +385,55 @@ FSDP_HD void fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned
  * the exponentials, pass 2 losses[r] and, when asked, dlogits[r]. As in softmax_fwd, f32
  * dlogits keep the exponentials until the division; in a 16-bit dtype they are computed again
  * for the gradient. */
+/* cross_entropy's stages 1 to 3 (kernel.h), row r: the vocabulary-parallel loss. The stats of
+ * the other stages come reduced in stats; the passes that would recompute them do nothing. */
+FSDP_HD void fsdp_kb_cross_entropy_vp_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
+                                           unsigned l, unsigned step, int pass, float *st,
+                                           float *acc)
+{
+    const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
+    const size_t v = k->u.cross_entropy.vocab, o = r * v, rows = k->u.cross_entropy.rows;
+    const size_t v0 = k->u.cross_entropy.vocab_start;
+    const int stage = k->u.cross_entropy.stage;
+    const void *lg = k->u.cross_entropy.logits;
+    void *d = k->u.cross_entropy.dlogits;
+    float *stats = k->u.cross_entropy.stats;
+    const int32_t t = k->u.cross_entropy.targets[r];
+    /* the target's column here; v when another rank holds it or it is ignored */
+    const size_t tc = t >= 0 && (size_t)t >= v0 && (size_t)t - v0 < v ? (size_t)t - v0 : v;
+    const float gmax = stage > 1 ? stats[r] : 0.0f;
+
+    if (stage == 1 && pass == 0) {
+        st[2] = tc < v ? fsdp_kb_load(lg, dt, o + tc) : 0.0f;
+        for (size_t j = l; j < v; j += step) {
+            float lj = fsdp_kb_load(lg, dt, o + j);
+            float *m = &acc[FSDP_KB_LANE_SLOT(j, step)];
+            if (lj > *m)
+                *m = lj;
+        }
+    } else if (stage == 2 && pass == 1) {
+        for (size_t j = l; j < v; j += step)
+            acc[FSDP_KB_LANE_SLOT(j, step)] += fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - gmax);
+    } else if (pass == 2 && stage == 1) {
+        if (l == 0) {
+            stats[r] = st[0];
+            stats[2 * rows + r] = st[2];
+        }
+    } else if (pass == 2 && stage == 2) {
+        if (l == 0)
+            stats[rows + r] = st[1];
+    } else if (pass == 2 && stage == 3) {
+        const float sum = stats[rows + r];
+        if (l == 0)
+            k->u.cross_entropy.losses[r] =
+                t < 0 ? 0.0f : (gmax + fsdp_kb_logf(sum)) - stats[2 * rows + r];
+        for (size_t j = l; d != NULL && j < v; j += step) {
+            float p = fsdp_kb_expf(fsdp_kb_load(lg, dt, o + j) - gmax) / sum;
+            fsdp_kb_store(d, dt, o + j, t < 0 ? 0.0f : (j == tc ? p - 1.0f : p) * inv_denom);
+        }
+    }
+}
+
 FSDP_HD void fsdp_kb_cross_entropy_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
                                         unsigned l, unsigned step, int pass, float *st, float *acc)
 {
@@ -394,6 +443,10 @@ FSDP_HD void fsdp_kb_cross_entropy_pass(const fsdp_kernel_t *k, float inv_denom,
     void *d = k->u.cross_entropy.dlogits;
     const int32_t t = k->u.cross_entropy.targets[r];
 
+    if (k->u.cross_entropy.stage != 0) {
+        fsdp_kb_cross_entropy_vp_pass(k, inv_denom, r, l, step, pass, st, acc);
+        return;
+    }
     if (t < 0 || (size_t)t >= v) { /* ignored (0), or no such class (NaN): read nothing */
         const float fill = t < 0 ? 0.0f : fsdp_kb_nanf();
         if (pass < 2)

@@ -552,6 +552,15 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         json_decref(meta);
         return FSDP_ERR_INVALID_PARAM;
     }
+    /* full and sharded name a parameter's whole tensor, of which each tp rank holds a slice;
+     * local holds each rank's shards as they are, its own file a rank */
+    if (fsdp_tp_group(fs) != NULL && type != FSDP_STATE_DICT_LOCAL) {
+        fsdp_error("checkpoint save: under tensor parallelism (tp %d) only a local state dict is "
+                   "supported (each rank's shards as they are), not %s",
+                   fsdp_tp_group(fs)->size, fsdp_state_dict_type_name(type));
+        json_decref(meta);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     snprintf(sub, sizeof(sub), "step-%08lld", (long long)step);
     status = fsdp_ckpt_path_join(final, sizeof(final), dir, sub);
     if (status == FSDP_OK && strlen(final) + 5 > sizeof(tmpdir))
@@ -591,6 +600,8 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
         json_object_set_new(meta, "type", json_string(fsdp_state_dict_type_name(type)));
         json_object_set_new(meta, "step", json_integer(step));
         json_object_set_new(meta, "world_size", json_integer(world->size));
+        if (fsdp_tp_group(fs) != NULL)
+            json_object_set_new(meta, "tp", json_integer(fsdp_tp_group(fs)->size));
         json_object_set_new(meta, "strategy", json_string(fsdp_strategy_name(fsdp_strategy(fs))));
         if (fsdp_api(fs) != FSDP_API_FSDP1) /* absent: fsdp1, as every checkpoint before */
             json_object_set_new(meta, "api", json_string(fsdp_api_name(fsdp_api(fs))));

@@ -540,6 +540,18 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     memset(&lc, 0, sizeof(lc));
     lc.fs = fs;
     status = dir ? read_meta(&lc, dir) : FSDP_ERR_INVALID_PARAM;
+    if (status == FSDP_OK) { /* the shards of tp slices load only into the same slices */
+        json_t *tp = json_object_get(lc.meta, "tp");
+        int saved = json_is_integer(tp) ? (int)json_integer_value(tp) : 1;
+        int now = fsdp_tp_group(fs) != NULL ? fsdp_tp_group(fs)->size : 1;
+        if (saved != now) {
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "saved at tensor parallelism tp %d, it loads only at the same tp, not %d",
+                     saved, now);
+            status = bad_checkpoint(&lc, msg);
+        }
+    }
     if (status == FSDP_OK && opt != NULL && !json_is_string(json_object_get(lc.meta, "optimizer")))
         status = bad_checkpoint(&lc, "saved without optimizer state; load it without one");
     if (status == FSDP_OK && opt != NULL &&

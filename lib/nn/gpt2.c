@@ -198,12 +198,18 @@ const char *fsdp_gpt2_root_param_name(int index)
 void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, int *ndim_p,
                            int64_t shape[2])
 {
-    const int64_t c = cfg->n_embd;
+    fsdp_gpt2_param_shape_tp(cfg, 1, block, index, ndim_p, shape);
+}
+
+void fsdp_gpt2_param_shape_tp(const fsdp_gpt2_config_t *cfg, int tp, int block, int index,
+                              int *ndim_p, int64_t shape[2])
+{
+    const int64_t c = cfg->n_embd, cl = c / tp; /* cl: this rank's columns of the heads */
 
     if (block < 0) {
         static const int nd[FSDP_GPT2_ROOT_NPARAMS] = {2, 2, 1, 1};
         *ndim_p = nd[index];
-        shape[0] = index == FSDP_GPT2_WTE   ? cfg->vocab_size
+        shape[0] = index == FSDP_GPT2_WTE   ? cfg->vocab_size / tp
                    : index == FSDP_GPT2_WPE ? cfg->n_positions
                                             : c;
         shape[1] = c;
@@ -213,29 +219,29 @@ void fsdp_gpt2_param_shape(const fsdp_gpt2_config_t *cfg, int block, int index, 
     case FSDP_GPT2_ATTN_W:
         *ndim_p = 2;
         shape[0] = c;
-        shape[1] = 3 * c;
+        shape[1] = 3 * cl;
         break;
     case FSDP_GPT2_ATTN_B:
         *ndim_p = 1;
-        shape[0] = 3 * c;
+        shape[0] = 3 * cl;
         break;
     case FSDP_GPT2_ATTN_PROJ_W:
         *ndim_p = 2;
-        shape[0] = c;
+        shape[0] = cl;
         shape[1] = c;
         break;
     case FSDP_GPT2_FC_W:
         *ndim_p = 2;
         shape[0] = c;
-        shape[1] = 4 * c;
+        shape[1] = 4 * cl;
         break;
     case FSDP_GPT2_FC_B:
         *ndim_p = 1;
-        shape[0] = 4 * c;
+        shape[0] = 4 * cl;
         break;
     case FSDP_GPT2_FC_PROJ_W:
         *ndim_p = 2;
-        shape[0] = 4 * c;
+        shape[0] = 4 * cl;
         shape[1] = c;
         break;
     default:
@@ -295,7 +301,7 @@ static const char *block_name(char *out, size_t cap, int block, const char *suff
 
 /* Adds module `name` of `type` under `parent`, owning `np` parameters: block `block` (or the
  * root's, -1) parameters of FSDP_GPT2_* index `pi0` onward. Returns its index. */
-static int tree_add(fsdp_lm_tree_t *t, const fsdp_gpt2_config_t *cfg, const char *name,
+static int tree_add(fsdp_lm_tree_t *t, const fsdp_gpt2_shape_t *sh, const char *name,
                     const char *type, int parent, int block, int pi0, int np)
 {
     int m = fsdp_lm_tree_module(t, name, type, parent);
@@ -303,9 +309,14 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_gpt2_config_t *cfg, const char
     for (int i = pi0; i < pi0 + np; i++) {
         int nd;
         int64_t shape[2];
-        fsdp_gpt2_param_shape(cfg, block, i, &nd, shape);
+        fsdp_gpt2_param_shape_tp(sh->cfg, sh->tp, block, i, &nd, shape);
         block_name(fsdp_lm_tree_param(t, nd, shape), FSDP_LM_NAME_LEN, block,
                    block < 0 ? root_names[i] : block_names[i]);
+        /* replicated over tp and applied to sequence shards: the layernorms and wpe */
+        t->params[t->nparams - 1].tp_partial_grad =
+            block < 0 ? i != FSDP_GPT2_WTE
+                      : i == FSDP_GPT2_LN1_W || i == FSDP_GPT2_LN1_B || i == FSDP_GPT2_LN2_W ||
+                            i == FSDP_GPT2_LN2_B;
     }
     return m;
 }
@@ -316,53 +327,81 @@ static const char *sub_name(char *n, int l, const char *suffix)
     return block_name(n, FSDP_LM_NAME_LEN, l, suffix);
 }
 
-fsdp_status_t fsdp_gpt2_tree_build(fsdp_lm_tree_t *t, const void *cfg_v)
+fsdp_status_t fsdp_gpt2_tree_build(fsdp_lm_tree_t *t, const void *shape_v)
 {
-    const fsdp_gpt2_config_t *cfg = cfg_v;
+    const fsdp_gpt2_shape_t *sh = shape_v;
+    const fsdp_gpt2_config_t *cfg = sh->cfg;
     int list;
     fsdp_status_t status = fsdp_lm_tree_alloc(
         t, 5 + 10 * cfg->n_layer, FSDP_GPT2_ROOT_NPARAMS + FSDP_GPT2_BLOCK_NPARAMS * cfg->n_layer);
 
     if (status != FSDP_OK)
         return status;
-    tree_add(t, cfg, "transformer", "GPT2Model", -1, -1, 0, 0);
-    tree_add(t, cfg, "transformer.wte", "Embedding", 0, -1, FSDP_GPT2_WTE, 1);
-    tree_add(t, cfg, "transformer.wpe", "Embedding", 0, -1, FSDP_GPT2_WPE, 1);
-    list = tree_add(t, cfg, "transformer.h", "ModuleList", 0, -1, 0, 0);
+    tree_add(t, sh, "transformer", "GPT2Model", -1, -1, 0, 0);
+    tree_add(t, sh, "transformer.wte", "Embedding", 0, -1, FSDP_GPT2_WTE, 1);
+    tree_add(t, sh, "transformer.wpe", "Embedding", 0, -1, FSDP_GPT2_WPE, 1);
+    list = tree_add(t, sh, "transformer.h", "ModuleList", 0, -1, 0, 0);
     for (int l = 0; l < cfg->n_layer; l++) {
         char n[FSDP_LM_NAME_LEN];
         int blk, attn, mlp;
         block_name(n, sizeof(n), l, NULL);
-        blk = tree_add(t, cfg, n, "GPT2Block", list, l, 0, 0);
-        tree_add(t, cfg, sub_name(n, l, "ln_1"), "LayerNorm", blk, l, FSDP_GPT2_LN1_W, 2);
-        attn = tree_add(t, cfg, sub_name(n, l, "attn"), "GPT2Attention", blk, l, 0, 0);
-        tree_add(t, cfg, sub_name(n, l, "attn.c_attn"), "Conv1D", attn, l, FSDP_GPT2_ATTN_W, 2);
-        tree_add(t, cfg, sub_name(n, l, "attn.c_proj"), "Conv1D", attn, l, FSDP_GPT2_ATTN_PROJ_W,
-                 2);
-        tree_add(t, cfg, sub_name(n, l, "ln_2"), "LayerNorm", blk, l, FSDP_GPT2_LN2_W, 2);
-        mlp = tree_add(t, cfg, sub_name(n, l, "mlp"), "GPT2MLP", blk, l, 0, 0);
-        tree_add(t, cfg, sub_name(n, l, "mlp.c_fc"), "Conv1D", mlp, l, FSDP_GPT2_FC_W, 2);
-        tree_add(t, cfg, sub_name(n, l, "mlp.c_proj"), "Conv1D", mlp, l, FSDP_GPT2_FC_PROJ_W, 2);
+        blk = tree_add(t, sh, n, "GPT2Block", list, l, 0, 0);
+        tree_add(t, sh, sub_name(n, l, "ln_1"), "LayerNorm", blk, l, FSDP_GPT2_LN1_W, 2);
+        attn = tree_add(t, sh, sub_name(n, l, "attn"), "GPT2Attention", blk, l, 0, 0);
+        tree_add(t, sh, sub_name(n, l, "attn.c_attn"), "Conv1D", attn, l, FSDP_GPT2_ATTN_W, 2);
+        tree_add(t, sh, sub_name(n, l, "attn.c_proj"), "Conv1D", attn, l, FSDP_GPT2_ATTN_PROJ_W, 2);
+        tree_add(t, sh, sub_name(n, l, "ln_2"), "LayerNorm", blk, l, FSDP_GPT2_LN2_W, 2);
+        mlp = tree_add(t, sh, sub_name(n, l, "mlp"), "GPT2MLP", blk, l, 0, 0);
+        tree_add(t, sh, sub_name(n, l, "mlp.c_fc"), "Conv1D", mlp, l, FSDP_GPT2_FC_W, 2);
+        tree_add(t, sh, sub_name(n, l, "mlp.c_proj"), "Conv1D", mlp, l, FSDP_GPT2_FC_PROJ_W, 2);
     }
-    tree_add(t, cfg, "transformer.ln_f", "LayerNorm", 0, -1, FSDP_GPT2_LNF_W, 2);
+    tree_add(t, sh, "transformer.ln_f", "LayerNorm", 0, -1, FSDP_GPT2_LNF_W, 2);
     return FSDP_OK;
 }
 
 /* ---- initialization ---- */
 
-static fsdp_status_t init_param(fsdp_unit_t *u, int index, int kind, float std, fsdp_rng_t *rng,
-                                float *buf)
+int fsdp_gpt2_slice_parts(int block, int index)
 {
+    if (block < 0)
+        return index == FSDP_GPT2_WTE ? -1 : 0;
+    return index == FSDP_GPT2_ATTN_W || index == FSDP_GPT2_ATTN_B           ? 3
+           : index == FSDP_GPT2_FC_W || index == FSDP_GPT2_FC_B             ? 1
+           : index == FSDP_GPT2_ATTN_PROJ_W || index == FSDP_GPT2_FC_PROJ_W ? -1
+                                                                            : 0;
+}
+
+/* kind 0: normal (HF's normal_(std), the polar method), 1: ones, 2: zeros, of parameter
+ * `index` of block `block` (-1: the root). Under tensor parallelism a sliced normal tensor is
+ * drawn whole, as one process draws it (the polar method cannot skip), and this rank keeps its
+ * slice. */
+static fsdp_status_t init_param(fsdp_gpt2_t *m, int block, int index, int kind, float std,
+                                fsdp_rng_t *rng, float *buf)
+{
+    fsdp_unit_t *u = block < 0 ? m->lm.root : m->lm.layers[block];
+    const int parts = fsdp_gpt2_slice_parts(block, index);
     fsdp_param_info_t info;
-    size_t first, count;
+    size_t first, count, cols;
+    float *full;
     fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
 
     if (status == FSDP_OK)
         status = fsdp_unit_set_param_reads(u, index, &first, &count);
     if (status != FSDP_OK)
         return status;
-    if (kind == 0) /* every rank draws the whole stream, and computes only its part of it */
+    if (kind == 0 && m->tp > 1 && parts != 0) {
+        full = malloc(info.numel * (size_t)m->tp * sizeof(float));
+        if (full == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        fsdp_rng_normal_polar(rng, full, info.numel * (size_t)m->tp, std, 0,
+                              info.numel * (size_t)m->tp);
+        cols = info.ndim == 2 ? (size_t)info.shape[1] : info.numel;
+        for (size_t i = first; i < first + count; i++)
+            buf[i] = full[fsdp_nn_slice_index(i, info.numel, cols, parts, m->tp, m->tp_rank)];
+        free(full);
+    } else if (kind == 0) { /* every rank draws the whole stream, and computes only its part */
         fsdp_rng_normal_polar(rng, buf, info.numel, std, first, count);
+    }
     for (size_t i = first; kind != 0 && i < first + count; i++)
         buf[i] = kind == 1 ? 1.0f : 0.0f;
     return fsdp_unit_set_param(u, index, buf);
@@ -372,7 +411,6 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
 {
     fsdp_gpt2_t *model = fsdp_gpt2_of(lm);
     const fsdp_gpt2_config_t *cfg = &model->cfg;
-    fsdp_unit_t *root = model->lm.root;
     const float std = cfg->initializer_range;
     const float proj_std = std / sqrtf(2.0f * (float)cfg->n_layer);
     fsdp_status_t status = FSDP_OK;
@@ -386,13 +424,13 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     /* kind 0: normal, 1: ones, 2: zeros */
-    status = init_param(root, FSDP_GPT2_WTE, 0, std, &rng, buf);
+    status = init_param(model, -1, FSDP_GPT2_WTE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(root, FSDP_GPT2_WPE, 0, std, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_WPE, 0, std, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(root, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_LNF_W, 1, 0.0f, &rng, buf);
     if (status == FSDP_OK)
-        status = init_param(root, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
+        status = init_param(model, -1, FSDP_GPT2_LNF_B, 2, 0.0f, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++) {
             int kind = 2;
@@ -403,7 +441,7 @@ fsdp_status_t fsdp_gpt2_init_params(fsdp_lm_t *lm, uint64_t seed)
                 kind = 0;
             else if (i == FSDP_GPT2_ATTN_PROJ_W || i == FSDP_GPT2_FC_PROJ_W)
                 kind = 0, s = proj_std;
-            status = init_param(model->lm.layers[l], i, kind, s, &rng, buf);
+            status = init_param(model, l, i, kind, s, &rng, buf);
         }
     }
     free(buf);

@@ -207,9 +207,21 @@ err_close:
     return status;
 }
 
-static fsdp_status_t set_param(fsdp_unit_t *u, int index, const fsdp_st_tensor_t *t, float *buf)
+/* Parameter `index` of block `block` (-1: the root) from tensor t, through buf (its numel
+ * floats); under tensor parallelism this rank's slice of it, through full (t's numel). */
+static fsdp_status_t set_param(const fsdp_gpt2_t *m, int block, int index,
+                               const fsdp_st_tensor_t *t, float *buf, float *full)
 {
-    fsdp_status_t status = fsdp_st_read_f32(t, 0, t->numel, buf);
+    fsdp_unit_t *u = block < 0 ? m->lm.root : m->lm.layers[block];
+    const int parts = m->tp > 1 ? fsdp_gpt2_slice_parts(block, index) : 0;
+    fsdp_param_info_t pi;
+    fsdp_status_t status = fsdp_unit_param_info(u, index, &pi);
+
+    if (status == FSDP_OK)
+        status = fsdp_st_read_f32(t, 0, t->numel, parts != 0 ? full : buf);
+    for (size_t e = 0; status == FSDP_OK && parts != 0 && e < pi.numel; e++)
+        buf[e] = full[fsdp_nn_slice_index(e, pi.numel, pi.ndim > 1 ? (size_t)pi.shape[1] : pi.numel,
+                                          parts, m->tp, m->tp_rank)];
     return status == FSDP_OK ? fsdp_unit_set_param(u, index, buf) : status;
 }
 
@@ -220,7 +232,7 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *bas
     const fsdp_gpt2_config_t *c = &model->cfg, *wc = &weights->cfg;
     fsdp_status_t status = FSDP_OK;
     uint64_t max_numel = 0;
-    float *buf;
+    float *buf, *full = NULL;
 
     if (c->n_layer != wc->n_layer || c->n_embd != wc->n_embd || c->n_positions != wc->n_positions ||
         c->vocab_size != wc->vocab_size) {
@@ -238,16 +250,21 @@ fsdp_status_t fsdp_gpt2_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *bas
     if ((uint64_t)4 * c->n_embd * c->n_embd > max_numel)
         max_numel = (uint64_t)4 * c->n_embd * c->n_embd;
     buf = malloc((size_t)max_numel * sizeof(float));
-    if (buf == NULL)
+    if (model->tp > 1)
+        full = malloc((size_t)max_numel * sizeof(float));
+    if (buf == NULL || (model->tp > 1 && full == NULL)) {
+        free(buf);
         return FSDP_ERR_NO_MEMORY;
+    }
     for (int i = 0; i < FSDP_GPT2_ROOT_NPARAMS && status == FSDP_OK; i++)
-        status = set_param(model->lm.root, i, weights->root[i], buf);
+        status = set_param(model, -1, i, weights->root[i], buf, full);
     for (int l = 0; l < c->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_GPT2_BLOCK_NPARAMS && status == FSDP_OK; i++)
-            status =
-                set_param(model->lm.layers[l], i,
-                          weights->blocks[(size_t)l * FSDP_GPT2_BLOCK_NPARAMS + (size_t)i], buf);
+            status = set_param(model, l, i,
+                               weights->blocks[(size_t)l * FSDP_GPT2_BLOCK_NPARAMS + (size_t)i],
+                               buf, full);
     }
+    free(full);
     free(buf);
     return status;
 }
@@ -303,10 +320,21 @@ static void gpt2_name(void *arg, int unit, int index, const fsdp_param_info_t *p
         snprintf(buf, len, "%sh.%d.%s", prefix, unit - 1, fsdp_gpt2_block_param_name(index));
 }
 
+/* unit 0 the root, l + 1 block l */
+static int gpt2_slice(void *arg, int unit, int index)
+{
+    (void)arg;
+    return fsdp_gpt2_slice_parts(unit - 1, index);
+}
+
 fsdp_status_t fsdp_gpt2_save_weights(fsdp_lm_t *lm, const char *path, fsdp_gpt2_save_names_t names)
 {
     if (fsdp_lm_of_family(lm, "gpt2", "fsdp_gpt2_save_weights") == NULL)
         return FSDP_ERR_INVALID_PARAM;
+    if (fsdp_gpt2_of(lm)->tp > 1)
+        return fsdp_nn_save_units_tp(lm->fs, lm->root, lm->layers, lm->n_layer, path, gpt2_name,
+                                     gpt2_slice,
+                                     (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
     return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
                               gpt2_name, (void *)(names == FSDP_GPT2_SAVE_BARE ? "" : PREFIX));
 }

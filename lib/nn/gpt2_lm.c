@@ -2,6 +2,9 @@
  * creation. Above gpt2.c, gpt2_run.c and gpt2_hf.c, which it names and which do not name it. */
 #include "config.h"
 
+#include <fsdp/log.h>
+
+#include "core/core_hidden.h"
 #include "nn/gpt2_int.h"
 
 static const fsdp_lm_family_t gpt2_family = {
@@ -21,11 +24,24 @@ static const fsdp_lm_family_t gpt2_family = {
 
 fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_lm_t **lm_p)
 {
+    fsdp_group_t *g = fsdp_tp_group(fs);
+    const int tp = g != NULL ? g->size : 1;
+    fsdp_gpt2_shape_t shape = {cfg, tp};
     fsdp_status_t status = fsdp_gpt2_config_check(cfg);
 
+    if (status == FSDP_OK && (cfg->n_head % tp != 0 || cfg->vocab_size % tp != 0)) {
+        fsdp_error("gpt2: tp %d must divide heads %d and vocab %d (c_attn's heads and c_fc's "
+                   "columns, and the vocabulary-parallel wte, are split over tp)",
+                   tp, cfg->n_head, cfg->vocab_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (status == FSDP_OK)
-        status = fsdp_lm_create(fs, &gpt2_family, cfg->n_layer, cfg, lm_p);
-    if (status == FSDP_OK)
-        fsdp_gpt2_of(*lm_p)->cfg = *cfg;
+        status = fsdp_lm_create(fs, &gpt2_family, cfg->n_layer, &shape, lm_p);
+    if (status == FSDP_OK) {
+        fsdp_gpt2_t *m = fsdp_gpt2_of(*lm_p);
+        m->cfg = *cfg;
+        m->tp = tp;
+        m->tp_rank = g != NULL ? g->rank : 0;
+    }
     return status;
 }

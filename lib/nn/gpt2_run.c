@@ -59,6 +59,7 @@ typedef struct gpt2_run {
     fsdp_lm_run_t lm; /* first: the step's callbacks get &run.lm (lm.c) */
     fsdp_gpt2_t *m;
     size_t C, H, hs;
+    size_t Ca; /* the attention's width: H hs, C / tp under tensor parallelism (H this rank's) */
     float att_scale; /* 1 / sqrt(hs), in f32 */
     float att_div;   /* sqrt(hs) in a 16-bit dtype (the kernel rounds it), else 0 */
 } gpt2_run_t;
@@ -184,7 +185,7 @@ static fsdp_status_t layernorm_fwd(gpt2_run_t *r, const void *x, const void *w, 
     d.u.layernorm_fwd.x = x;
     d.u.layernorm_fwd.weight = w;
     d.u.layernorm_fwd.bias = b;
-    d.u.layernorm_fwd.rows = r->lm.BT;
+    d.u.layernorm_fwd.rows = r->lm.rows; /* sequence shards under tensor parallelism */
     d.u.layernorm_fwd.cols = r->C;
     d.u.layernorm_fwd.eps = r->m->cfg.layer_norm_eps;
     d.u.layernorm_fwd.dtype = r->lm.dt;
@@ -204,7 +205,7 @@ static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const void *dy, const void *x,
     d.u.layernorm_bwd.mean = mean;
     d.u.layernorm_bwd.rstd = rstd;
     d.u.layernorm_bwd.weight = w;
-    d.u.layernorm_bwd.rows = r->lm.BT;
+    d.u.layernorm_bwd.rows = r->lm.rows;
     d.u.layernorm_bwd.cols = r->C;
     d.u.layernorm_bwd.accumulate = accumulate;
     d.u.layernorm_bwd.dtype = r->lm.dt;
@@ -217,7 +218,7 @@ static fsdp_status_t layernorm_bwd(gpt2_run_t *r, const void *dy, const void *x,
  * probabilities. */
 static fsdp_status_t attention_fwd(gpt2_run_t *r, const void *qkv, void *att, void *y)
 {
-    const size_t T = r->lm.T, C = r->C, H = r->H, hs = r->hs, tt = T * T;
+    const size_t T = r->lm.T, C = r->Ca, H = r->H, hs = r->hs, tt = T * T;
     fsdp_kernel_t d = {.kind = FSDP_K_SOFTMAX_FWD};
     fsdp_status_t status = FSDP_OK;
 
@@ -250,7 +251,7 @@ static fsdp_status_t attention_fwd(gpt2_run_t *r, const void *qkv, void *att, vo
 static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *att, const void *dy,
                                    void *datt, void *dqkv)
 {
-    const size_t T = r->lm.T, C = r->C, H = r->H, hs = r->hs, tt = T * T;
+    const size_t T = r->lm.T, C = r->Ca, H = r->H, hs = r->hs, tt = T * T;
     fsdp_kernel_t d = {.kind = FSDP_K_SOFTMAX_BWD};
     fsdp_status_t status = FSDP_OK;
 
@@ -295,14 +296,14 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *a
 #define FUSED_ARGS(f, r, qkv)                                                                      \
     do {                                                                                           \
         (f).q = (qkv);                                                                             \
-        (f).k = AT((r), (qkv), (r)->C);                                                            \
-        (f).v = AT((r), (qkv), 2 * (r)->C);                                                        \
+        (f).k = AT((r), (qkv), (r)->Ca);                                                           \
+        (f).v = AT((r), (qkv), 2 * (r)->Ca);                                                       \
         (f).batch = (r)->lm.B;                                                                     \
         (f).seq = (r)->lm.T;                                                                       \
         (f).heads = (f).kv_heads = (r)->H;                                                         \
         (f).head_dim = (r)->hs;                                                                    \
-        (f).ldq = (f).ldk = (f).ldv = 3 * (r)->C;                                                  \
-        (f).ldo = (r)->C;                                                                          \
+        (f).ldq = (f).ldk = (f).ldv = 3 * (r)->Ca;                                                 \
+        (f).ldo = (r)->Ca;                                                                         \
         (f).scale = (r)->att_scale;                                                                \
         (f).causal = 1;                                                                            \
         (f).dtype = (r)->lm.dt;                                                                    \
@@ -326,8 +327,8 @@ static fsdp_status_t fused_attention_bwd(gpt2_run_t *r, const void *qkv, const v
     fsdp_kernel_t d = {.kind = FSDP_K_ATTENTION_BWD};
 
     d.u.attention_bwd.dq = dqkv;
-    d.u.attention_bwd.dk = AT_W(r, dqkv, r->C);
-    d.u.attention_bwd.dv = AT_W(r, dqkv, 2 * r->C);
+    d.u.attention_bwd.dk = AT_W(r, dqkv, r->Ca);
+    d.u.attention_bwd.dv = AT_W(r, dqkv, 2 * r->Ca);
     d.u.attention_bwd.delta = delta;
     d.u.attention_bwd.dout = dy;
     d.u.attention_bwd.o = y;
@@ -338,6 +339,9 @@ static fsdp_status_t fused_attention_bwd(gpt2_run_t *r, const void *qkv, const v
 
 /* ---- blocks ---- */
 
+/* Under tensor parallelism the layernorms' statistics and the mid residual are sequence
+ * shards (rows), ln_1 and ln_2 all-gathered, and qkv, att, y, h and g this rank's heads and
+ * columns (Ca = C / tp). */
 static size_t act_numel(const gpt2_run_t *r, int i)
 {
     switch (i) {
@@ -345,14 +349,18 @@ static size_t act_numel(const gpt2_run_t *r, int i)
     case A_RSTD1:
     case A_MEAN2:
     case A_RSTD2:
-        return r->lm.BT;
+        return r->lm.rows;
     case A_QKV:
-        return r->lm.BT * 3 * r->C;
+        return r->lm.BT * 3 * r->Ca;
     case A_ATT: /* the probabilities, or the fused kernel's log-sum-exp */
         return r->lm.B * r->H * r->lm.T * (r->m->cfg.fused_attention ? 1 : r->lm.T);
     case A_H:
     case A_G:
-        return r->lm.BT * 4 * r->C;
+        return r->lm.BT * 4 * r->Ca;
+    case A_Y:
+        return r->lm.BT * r->Ca;
+    case A_XMID:
+        return r->lm.rows * r->C;
     default:
         return r->lm.BT * r->C;
     }
@@ -374,6 +382,90 @@ static void free_act(gpt2_run_t *r, int l)
 
 #define P(u, i) ((const void *)fsdp_unit_param((u), (i)))
 
+/* ---- tensor parallelism (Megatron's layout of a block, with sequence parallelism) ---- */
+
+/* A layernorm on the sequence shard x (SequenceParallel) into the all-gathered y [BT, C] that the
+ * column-parallel c_attn or c_fc reads; without tensor parallelism the layernorm itself. */
+static fsdp_status_t ln_gather(gpt2_run_t *r, const void *x, const void *w, const void *b, void *y,
+                               float *mean, float *rstd)
+{
+    void *ys = NULL;
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1)
+        return layernorm_fwd(r, x, w, b, y, mean, rstd);
+    status = alloc_a(r, r->lm.rows * r->C, FSDP_MEM_TEMPORARY, &ys);
+    if (status == FSDP_OK)
+        status = layernorm_fwd(r, x, w, b, ys, mean, rstd);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_gather(&r->lm, ys, y, r->C);
+    FREE(r, ys);
+    return status;
+}
+
+/* out [rows, C] = the row-parallel c_proj of x [BT, k] (RowwiseParallel, output Shard(1)), then
+ * + residual (the sequence shard): the partial products x W + bias / tp, as DTensor's addmm makes
+ * the replicated bias Partial (Partial._partition_value divides it by tp), reduce-scattered, and
+ * the residual added. Without tensor parallelism linear_fwd's bias and residual epilogue. */
+static fsdp_status_t row_parallel_fwd(gpt2_run_t *r, const void *x, size_t k, const void *w,
+                                      const void *bias, const void *residual, void *out)
+{
+    fsdp_kernel_t d = {.kind = FSDP_K_DIV};
+    void *part = NULL, *bp = NULL;
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1)
+        return linear_fwd(r, x, k, w, bias, r->C, residual, out);
+    status = alloc_a(r, r->C, FSDP_MEM_TEMPORARY, &bp);
+    if (status == FSDP_OK)
+        status = fsdp_dev_memcpy_async(r->lm.dev, bp, bias, r->C * r->lm.es, r->lm.s);
+    d.u.scale.x = bp;
+    d.u.scale.dtype = r->lm.dt;
+    d.u.scale.n = r->C;
+    d.u.scale.alpha = (float)r->lm.tp;
+    if (status == FSDP_OK)
+        status = launch(r, &d);
+    if (status == FSDP_OK)
+        status = alloc_a(r, r->lm.BT * r->C, FSDP_MEM_TEMPORARY, &part);
+    if (status == FSDP_OK)
+        status = linear_fwd(r, x, k, w, bp, r->C, NULL, part);
+    FREE(r, bp);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_scatter(&r->lm, part, out, r->C);
+    FREE(r, part);
+    if (status == FSDP_OK) {
+        fsdp_kernel_t a = {.kind = FSDP_K_ADD};
+        a.u.add.y = out;
+        a.u.add.a = out;
+        a.u.add.b = residual;
+        a.u.add.n = r->lm.rows * r->C;
+        a.u.add.dtype = r->lm.dt;
+        status = launch(r, &a);
+    }
+    return status;
+}
+
+/* A layernorm's backward into dres from the column-parallel layer's input gradient dln [BT, C],
+ * partial over tp and reduce-scattered to the shard first (the all-gather's backward); its
+ * weight and bias gradients are this shard's part (tp_partial_grad: FSDP2 sums them). */
+static fsdp_status_t ln_scatter_bwd(gpt2_run_t *r, const void *dln, const void *x,
+                                    const float *mean, const float *rstd, const void *w, void *dw,
+                                    void *db)
+{
+    void **dls = &r->lm.tmp[0];
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1)
+        return layernorm_bwd(r, dln, x, mean, rstd, w, r->lm.dres, 1, dw, db);
+    status = alloc_a(r, r->lm.rows * r->C, FSDP_MEM_TEMPORARY, dls);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_scatter(&r->lm, dln, *dls, r->C);
+    if (status == FSDP_OK)
+        status = layernorm_bwd(r, *dls, x, mean, rstd, w, r->lm.dres, 1, dw, db);
+    FREE(r, *dls);
+    return status;
+}
+
 /* Block l's forward from resid[l]: its activations, and (unless recompute, which stops at
  * what the backward reads) its output resid[l + 1]. */
 static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
@@ -388,37 +480,37 @@ static fsdp_status_t block_fwd(gpt2_run_t *r, int l, int recompute)
     for (int i = 0; i < A_COUNT && status == FSDP_OK; i++)
         status = fsdp_mem_alloc(r->lm.mem, act_bytes(r, i), FSDP_MEM_ACTIVATION, r->lm.s, &a[i]);
     if (status == FSDP_OK)
-        status = layernorm_fwd(r, x, P(u, FSDP_GPT2_LN1_W), P(u, FSDP_GPT2_LN1_B), a[A_LN1],
-                               (float *)a[A_MEAN1], (float *)a[A_RSTD1]);
+        status = ln_gather(r, x, P(u, FSDP_GPT2_LN1_W), P(u, FSDP_GPT2_LN1_B), a[A_LN1],
+                           (float *)a[A_MEAN1], (float *)a[A_RSTD1]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B), 3 * C,
-                            NULL, a[A_QKV]);
+        status = linear_fwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), P(u, FSDP_GPT2_ATTN_B),
+                            3 * r->Ca, NULL, a[A_QKV]);
     if (status == FSDP_OK)
         status = r->m->cfg.fused_attention
                      ? fused_attention_fwd(r, a[A_QKV], (float *)a[A_ATT], a[A_Y])
                      : attention_fwd(r, a[A_QKV], a[A_ATT], a[A_Y]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), P(u, FSDP_GPT2_ATTN_PROJ_B),
-                            C, x, a[A_XMID]);
+        status = row_parallel_fwd(r, a[A_Y], r->Ca, P(u, FSDP_GPT2_ATTN_PROJ_W),
+                                  P(u, FSDP_GPT2_ATTN_PROJ_B), x, a[A_XMID]);
     if (status == FSDP_OK)
-        status = layernorm_fwd(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
-                               (float *)a[A_MEAN2], (float *)a[A_RSTD2]);
+        status = ln_gather(r, a[A_XMID], P(u, FSDP_GPT2_LN2_W), P(u, FSDP_GPT2_LN2_B), a[A_LN2],
+                           (float *)a[A_MEAN2], (float *)a[A_RSTD2]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * C, NULL,
-                            a[A_H]);
+        status = linear_fwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), P(u, FSDP_GPT2_FC_B), 4 * r->Ca,
+                            NULL, a[A_H]);
     if (status == FSDP_OK) {
         d.u.gelu_fwd.y = a[A_G];
         d.u.gelu_fwd.x = a[A_H];
-        d.u.gelu_fwd.n = BT * 4 * C;
+        d.u.gelu_fwd.n = BT * 4 * r->Ca;
         d.u.gelu_fwd.dtype = r->lm.dt;
         status = launch(r, &d);
     }
     if (status != FSDP_OK || recompute)
         return status;
-    status = alloc_a(r, BT * C, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
+    status = alloc_a(r, r->lm.rows * C, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
     if (status == FSDP_OK)
-        status = linear_fwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), P(u, FSDP_GPT2_FC_PROJ_B),
-                            C, a[A_XMID], r->lm.resid[l + 1]);
+        status = row_parallel_fwd(r, a[A_G], 4 * r->Ca, P(u, FSDP_GPT2_FC_PROJ_W),
+                                  P(u, FSDP_GPT2_FC_PROJ_B), a[A_XMID], r->lm.resid[l + 1]);
     return status;
 }
 
@@ -430,7 +522,8 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     void **a = ACT(r, l), *g[FSDP_GPT2_BLOCK_NPARAMS];
     void **dh = &r->lm.tmp[0], **dln = &r->lm.tmp[1], **dy = &r->lm.tmp[2], **datt = &r->lm.tmp[3];
     void **dqkv = &r->lm.tmp[4];
-    const size_t C = r->C, BT = r->lm.BT;
+    void *dfull = NULL; /* dres, all-gathered under tensor parallelism */
+    const size_t C = r->C, Ca = r->Ca, BT = r->lm.BT;
     fsdp_kernel_t d = {.kind = FSDP_K_GELU_BWD};
     fsdp_status_t status = FSDP_OK;
 
@@ -438,40 +531,48 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
         status = fsdp_unit_grad(u, i, &g[i]);
     /* MLP: dG = dres W_proj^T, dH = dG gelu'(H), dln2 = dH W_fc^T */
     if (status == FSDP_OK)
-        status = alloc_a(r, BT * 4 * C, FSDP_MEM_TEMPORARY, dh);
+        status = alloc_a(r, BT * 4 * Ca, FSDP_MEM_TEMPORARY, dh);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_G], 4 * C, P(u, FSDP_GPT2_FC_PROJ_W), C, r->lm.dres,
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dfull);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_G], 4 * Ca, P(u, FSDP_GPT2_FC_PROJ_W), C, dfull,
                             g[FSDP_GPT2_FC_PROJ_W], g[FSDP_GPT2_FC_PROJ_B], *dh);
+    if (dfull != r->lm.dres)
+        FREE(r, dfull);
+    dfull = NULL;
     if (status == FSDP_OK) {
         d.u.gelu_bwd.dx = *dh;
         d.u.gelu_bwd.dy = *dh;
         d.u.gelu_bwd.x = a[A_H];
-        d.u.gelu_bwd.n = BT * 4 * C;
+        d.u.gelu_bwd.n = BT * 4 * Ca;
         d.u.gelu_bwd.dtype = r->lm.dt;
         status = launch(r, &d);
     }
     if (status == FSDP_OK)
         status = alloc_a(r, BT * C, FSDP_MEM_TEMPORARY, dln);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), 4 * C, *dh, g[FSDP_GPT2_FC_W],
+        status = linear_bwd(r, a[A_LN2], C, P(u, FSDP_GPT2_FC_W), 4 * Ca, *dh, g[FSDP_GPT2_FC_W],
                             g[FSDP_GPT2_FC_B], *dln);
     FREE(r, *dh);
     /* the mid residual: dres += ln_2's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, a[A_XMID], (float *)a[A_MEAN2], (float *)a[A_RSTD2],
-                               P(u, FSDP_GPT2_LN2_W), r->lm.dres, 1, g[FSDP_GPT2_LN2_W],
-                               g[FSDP_GPT2_LN2_B]);
+        status = ln_scatter_bwd(r, *dln, a[A_XMID], (float *)a[A_MEAN2], (float *)a[A_RSTD2],
+                                P(u, FSDP_GPT2_LN2_W), g[FSDP_GPT2_LN2_W], g[FSDP_GPT2_LN2_B]);
     /* attention */
     if (status == FSDP_OK)
-        status = alloc_a(r, BT * C, FSDP_MEM_TEMPORARY, dy);
+        status = alloc_a(r, BT * Ca, FSDP_MEM_TEMPORARY, dy);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_Y], C, P(u, FSDP_GPT2_ATTN_PROJ_W), C, r->lm.dres,
+        status = fsdp_lm_sp_gather_dres(&r->lm, &dfull);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_Y], Ca, P(u, FSDP_GPT2_ATTN_PROJ_W), C, dfull,
                             g[FSDP_GPT2_ATTN_PROJ_W], g[FSDP_GPT2_ATTN_PROJ_B], *dy);
+    if (dfull != r->lm.dres)
+        FREE(r, dfull);
     /* the scores' gradient [B, H, T, T], or the fused backward's delta [B, H, T] (f32) */
     if (status == FSDP_OK)
         status = fsdp_mem_alloc(r->lm.mem, act_bytes(r, A_ATT), FSDP_MEM_TEMPORARY, r->lm.s, datt);
     if (status == FSDP_OK)
-        status = alloc_a(r, BT * 3 * C, FSDP_MEM_TEMPORARY, dqkv);
+        status = alloc_a(r, BT * 3 * Ca, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
         status = r->m->cfg.fused_attention
                      ? fused_attention_bwd(r, a[A_QKV], a[A_Y], (const float *)a[A_ATT], *dy,
@@ -480,14 +581,13 @@ static fsdp_status_t block_bwd(gpt2_run_t *r, int l)
     FREE(r, *datt);
     FREE(r, *dy);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), 3 * C, *dqkv,
+        status = linear_bwd(r, a[A_LN1], C, P(u, FSDP_GPT2_ATTN_W), 3 * Ca, *dqkv,
                             g[FSDP_GPT2_ATTN_W], g[FSDP_GPT2_ATTN_B], *dln);
     FREE(r, *dqkv);
     /* the block's input: dres += ln_1's input gradient */
     if (status == FSDP_OK)
-        status = layernorm_bwd(r, *dln, r->lm.resid[l], (float *)a[A_MEAN1], (float *)a[A_RSTD1],
-                               P(u, FSDP_GPT2_LN1_W), r->lm.dres, 1, g[FSDP_GPT2_LN1_W],
-                               g[FSDP_GPT2_LN1_B]);
+        status = ln_scatter_bwd(r, *dln, r->lm.resid[l], (float *)a[A_MEAN1], (float *)a[A_RSTD1],
+                                P(u, FSDP_GPT2_LN1_W), g[FSDP_GPT2_LN1_W], g[FSDP_GPT2_LN1_B]);
     FREE(r, *dln);
     return status;
 }
@@ -528,22 +628,50 @@ static fsdp_status_t norm_fwd(fsdp_lm_run_t *lr)
  * while it does not change (micro-batches of an accumulated step) */
 static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
 {
-    return gemm_epi(run_of(lr), 0, 1, lr->BT, lr->V, lr->width, 1.0f, lr->nf, lr->width, 0,
-                    P(lr->lm->root, FSDP_GPT2_WTE), lr->width, 0, 0.0f, lr->logits, lr->V, 0, 1,
-                    NULL, fsdp_unit_param_version(lr->lm->root));
+    gpt2_run_t *r = run_of(lr);
+    void *part = NULL;
+    fsdp_status_t status;
+
+    if (lr->tp <= 1)
+        return gemm_epi(r, 0, 1, lr->BT, lr->V, lr->width, 1.0f, lr->nf, lr->width, 0,
+                        P(lr->lm->root, FSDP_GPT2_WTE), lr->width, 0, 0.0f, lr->logits, lr->V, 0, 1,
+                        NULL, fsdp_unit_param_version(lr->lm->root));
+    /* ColwiseParallel on the all-gathered ln_f: this rank's vocabulary columns, all-gathered
+     * (output Replicate) or kept for the vocabulary-parallel loss */
+    part = lr->loss_parallel ? lr->logits : NULL;
+    status = part != NULL ? FSDP_OK : alloc_a(r, lr->BT * lr->vl, FSDP_MEM_TEMPORARY, &part);
+    if (status == FSDP_OK)
+        status = gemm_epi(r, 0, 1, lr->BT, lr->vl, lr->width, 1.0f, lr->nff, lr->width, 0,
+                          P(lr->lm->root, FSDP_GPT2_WTE), lr->width, 0, 0.0f, part, lr->vl, 0, 1,
+                          NULL, fsdp_unit_param_version(lr->lm->root));
+    if (status == FSDP_OK && !lr->loss_parallel)
+        status = fsdp_lm_tp_gather_cols(lr, part, lr->logits);
+    if (!lr->loss_parallel)
+        FREE(r, part);
+    return status;
 }
 
-/* dln_f = dlogits wte, dwte += dlogits^T ln_f */
+/* dln_f = dlogits wte, dwte += dlogits^T ln_f; under tensor parallelism from this rank's
+ * vocabulary columns and the all-gathered ln_f, dln_f partial and reduce-scattered */
 static fsdp_status_t head_bwd(fsdp_lm_run_t *lr, void **g, void *dnf)
 {
     gpt2_run_t *r = run_of(lr);
     const size_t C = lr->width;
-    fsdp_status_t status = gemm(r, 0, 0, lr->BT, C, lr->V, lr->logits, lr->V,
-                                P(lr->lm->root, FSDP_GPT2_WTE), C, 0.0f, dnf, C);
+    const void *dl = AT(r, lr->logits, lr->tp > 1 && !lr->loss_parallel ? lr->v0 : 0);
+    const void *nf = lr->tp > 1 ? lr->nff : lr->nf;
+    void *part = NULL;
+    fsdp_status_t status = FSDP_OK;
 
+    if (lr->tp > 1)
+        status = alloc_a(r, lr->BT * C, FSDP_MEM_TEMPORARY, &part);
     if (status == FSDP_OK)
-        status =
-            grad_gemm(r, 1, 0, lr->V, C, lr->BT, lr->logits, lr->V, lr->nf, C, g[FSDP_GPT2_WTE], C);
+        status = gemm(r, 0, 0, lr->BT, C, lr->vl, dl, lr->lv, P(lr->lm->root, FSDP_GPT2_WTE), C,
+                      0.0f, lr->tp > 1 ? part : dnf, C);
+    if (status == FSDP_OK)
+        status = grad_gemm(r, 1, 0, lr->vl, C, lr->BT, dl, lr->lv, nf, C, g[FSDP_GPT2_WTE], C);
+    if (status == FSDP_OK && lr->tp > 1)
+        status = fsdp_lm_sp_scatter(lr, part, dnf, C);
+    FREE(r, part);
     return status;
 }
 
@@ -615,8 +743,9 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
         return status;
     run.m = model;
     run.C = (size_t)cfg->n_embd;
-    run.H = (size_t)cfg->n_head;
-    run.hs = run.C / run.H;
+    run.H = (size_t)cfg->n_head / (size_t)model->tp; /* this rank's heads */
+    run.hs = run.C / (size_t)cfg->n_head;
+    run.Ca = run.H * run.hs;
     run.att_scale = (float)(1.0 / sqrt((double)run.hs));
     run.att_div = run.lm.dt != FSDP_DTYPE_F32 ? (float)sqrt((double)run.hs) : 0.0f;
     return fsdp_lm_run_step(&run.lm, &gpt2_ops, inputs, targets, count, loss_p);

@@ -287,18 +287,27 @@ err_close:
     return status;
 }
 
-/* One unit's parameters: each rank converts and sets only the elements in its shard. */
-static fsdp_status_t load_unit(fsdp_unit_t *u, const fsdp_st_tensor_t *const *tensors, int np,
-                               float *buf)
+/* One unit's parameters (layer -1: the root's): each rank converts and sets only the elements
+ * in its shard; under tensor parallelism those of its slice of each tensor, read a contiguous
+ * run of the full tensor at a time. */
+static fsdp_status_t load_unit(const fsdp_llama_t *m, int layer,
+                               const fsdp_st_tensor_t *const *tensors, int np, float *buf)
 {
+    fsdp_unit_t *u = layer < 0 ? m->lm.root : m->lm.layers[layer];
     fsdp_status_t status = FSDP_OK;
 
     for (int i = 0; i < np && status == FSDP_OK; i++) {
         fsdp_param_info_t pi;
+        size_t cols, end, f, run;
         status = fsdp_unit_param_info(u, i, &pi);
         if (status != FSDP_OK || !pi.in_shard)
             continue;
-        status = fsdp_st_read_f32(tensors[i], pi.intra_start, pi.numel_in_shard, buf);
+        cols = pi.ndim == 2 ? (size_t)pi.shape[1] : pi.numel;
+        end = pi.intra_start + pi.numel_in_shard;
+        for (size_t e = pi.intra_start; e < end && status == FSDP_OK; e += run) {
+            run = fsdp_llama_slice_run(m, layer, i, pi.numel, cols, e, end, &f);
+            status = fsdp_st_read_f32(tensors[i], f, run, buf + (e - pi.intra_start));
+        }
         if (status == FSDP_OK)
             status = fsdp_unit_set_param_shard(u, i, buf);
     }
@@ -331,11 +340,10 @@ fsdp_status_t fsdp_llama_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *ba
     buf = malloc(max_shard * sizeof(float) + 1);
     if (buf == NULL)
         return FSDP_ERR_NO_MEMORY;
-    status = load_unit(model->lm.root, weights->root, fsdp_unit_num_params(model->lm.root), buf);
+    status = load_unit(model, -1, weights->root, fsdp_unit_num_params(model->lm.root), buf);
     for (int l = 0; l < c->n_layer && status == FSDP_OK; l++)
-        status =
-            load_unit(model->lm.layers[l], weights->layers + (size_t)l * FSDP_LLAMA_LAYER_NPARAMS,
-                      FSDP_LLAMA_LAYER_NPARAMS, buf);
+        status = load_unit(model, l, weights->layers + (size_t)l * FSDP_LLAMA_LAYER_NPARAMS,
+                           FSDP_LLAMA_LAYER_NPARAMS, buf);
     free(buf);
     return status;
 }
@@ -349,8 +357,18 @@ static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi,
     snprintf(buf, len, "%s", pi->name); /* the units' names are HF's */
 }
 
+/* unit 0 the root, l + 1 layer l */
+static int hf_slice(void *arg, int unit, int index)
+{
+    (void)arg;
+    return fsdp_llama_slice_parts(unit - 1, index);
+}
+
 fsdp_status_t fsdp_llama_save_weights(fsdp_lm_t *lm, const char *path)
 {
+    if (fsdp_llama_of(lm)->tp > 1)
+        return fsdp_nn_save_units_tp(lm->fs, lm->root, lm->layers, lm->n_layer, path, hf_name,
+                                     hf_slice, NULL);
     return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
                               hf_name, NULL);
 }

@@ -13,6 +13,10 @@ typedef struct fsdp_llama {
     fsdp_lm_t
         lm; /* first; root: embed_tokens, norm, lm_head (untied); checkpoint: FSDP_LM_CKPT_* */
     fsdp_llama_config_t cfg;
+    /* Tensor parallelism over tp ranks (1: none), this rank tp_rank: the shapes of this rank's
+     * tensors, cfg with heads, kv heads, ffn and vocab divided by tp (head_dim given) */
+    fsdp_llama_config_t local;
+    int tp, tp_rank;
     int eager_memory; /* fsdp_llama_set_eager_memory */
 } fsdp_llama_t;
 
@@ -34,6 +38,21 @@ void fsdp_llama_param_shape(const fsdp_llama_config_t *cfg, int layer, int index
  * initialization (llama.c), one forward and backward (llama_run.c), HF's checkpoints
  * (llama_hf.c). */
 fsdp_status_t fsdp_llama_tree_build(fsdp_lm_tree_t *t, const void *cfg);
+/* The configuration of one rank's tensors under tensor parallelism over tp ranks (Megatron's
+ * layout, torchtitan's plan): q, k, v, gate and up column-parallel (heads, kv heads and ffn
+ * rows split), o and down row-parallel, the embedding and the LM head split over the vocabulary,
+ * the norms replicated. A tp that does not divide heads, kv heads, ffn or vocab is
+ * FSDP_ERR_INVALID_PARAM, logged naming the values. */
+fsdp_status_t fsdp_llama_tp_config(const fsdp_llama_config_t *cfg, int tp,
+                                   fsdp_llama_config_t *local_p);
+/* Where this rank's slice of parameter `index` of layer `layer` (-1: the root) sits in the full
+ * tensor: for its element i (of numel, rows of cols), *full_p the full tensor's element and the
+ * return value the run of elements from i on that are contiguous there (at most end - i). */
+/* How parameter `index` of layer `layer` (-1: the root) is cut over tp, as
+ * fsdp_nn_slice_func_t says: 0 whole, -1 by rows, 1 by columns. */
+int fsdp_llama_slice_parts(int layer, int index);
+size_t fsdp_llama_slice_run(const fsdp_llama_t *m, int layer, int index, size_t numel, size_t cols,
+                            size_t i, size_t end, size_t *full_p);
 fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed);
 fsdp_status_t fsdp_llama_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
                                           const int32_t *targets, size_t batch, size_t seq,

@@ -87,7 +87,7 @@ fsdp_status_t fsdp_lm_run_init(fsdp_lm_run_t *r, fsdp_lm_t *lm, size_t batch, si
             return FSDP_ERR_INVALID_PARAM;
         }
     }
-    return FSDP_OK;
+    return fsdp_lm_tp_init(r);
 }
 
 /* The batch on the device: n token ids and n target ids, copied from the host into ACTIVATION
@@ -105,6 +105,22 @@ static fsdp_status_t batch_to_device(fsdp_lm_run_t *r, const int32_t *inputs,
         status = fsdp_dev_memcpy_async(r->dev, r->tokens, inputs, bytes, r->s);
     if (status == FSDP_OK)
         status = fsdp_dev_memcpy_async(r->dev, r->targets, targets, bytes, r->s);
+    if (status == FSDP_OK && r->tp > 1)
+        status = fsdp_mem_alloc(r->mem, bytes, FSDP_MEM_ACTIVATION, r->s, (void **)&r->ltokens);
+    if (status == FSDP_OK && r->tp > 1 && inputs != NULL) {
+        /* the vocabulary-parallel embedding's ids: rows of this rank's slice, -1 outside */
+        int32_t *host = malloc(bytes);
+        if (host == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        for (size_t i = 0; i < r->BT; i++)
+            host[i] = (size_t)inputs[i] >= r->v0 && (size_t)inputs[i] < r->v0 + r->vl
+                          ? (int32_t)((size_t)inputs[i] - r->v0)
+                          : -1;
+        status = fsdp_dev_memcpy_async(r->dev, r->ltokens, host, bytes, r->s);
+        if (status == FSDP_OK)
+            status = fsdp_dev_stream_synchronize(r->dev, r->s);
+        free(host);
+    }
     return status;
 }
 
@@ -114,7 +130,7 @@ static fsdp_status_t batch_to_device(fsdp_lm_run_t *r, const int32_t *inputs,
 static fsdp_status_t resid_in(fsdp_lm_run_t *r, fsdp_unit_t *u, int l, fsdp_dtype_t have,
                               void **held_p)
 {
-    fsdp_act_t a = {r->resid[l], have, r->BT * r->width};
+    fsdp_act_t a = {r->resid[l], have, r->rows * r->width};
     fsdp_status_t status = u != NULL ? fsdp_pre_forward_io(u, &a, 1) : FSDP_OK;
 
     if (status == FSDP_OK)
@@ -129,7 +145,7 @@ static fsdp_status_t resid_in(fsdp_lm_run_t *r, fsdp_unit_t *u, int l, fsdp_dtyp
 /* The backward of a cast of the residual stream: dres, of dtype `have`, to `to`. */
 static fsdp_status_t dres_cast(fsdp_lm_run_t *r, fsdp_dtype_t have, fsdp_dtype_t to)
 {
-    fsdp_act_t g = {r->dres, have, r->BT * r->width};
+    fsdp_act_t g = {r->dres, have, r->rows * r->width};
     fsdp_status_t status = fsdp_act_cast(r->lm->fs, &g, to, FSDP_MEM_TEMPORARY);
 
     if (g.data != r->dres) {
@@ -149,7 +165,7 @@ static fsdp_status_t layer_forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, i
 
     if (status == FSDP_OK)
         status = ops->layer_fwd(r, l);
-    out = (fsdp_act_t){r->resid[l + 1], r->dt, r->BT * r->width};
+    out = (fsdp_act_t){r->resid[l + 1], r->dt, r->rows * r->width};
     if (status == FSDP_OK)
         status = fsdp_post_forward_io(u, &out, 1);
     if (out.data != r->resid[l + 1]) { /* the next unit saves its own cast of it */
@@ -170,7 +186,7 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
     fsdp_status_t status = fsdp_pre_forward(lm->root);
 
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->resid[0]);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_ACTIVATION, &r->resid[0]);
     if (status == FSDP_OK)
         status = ops->embed_fwd(r);
     r->link_dt = r->dt;
@@ -178,20 +194,27 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
         status = layer_forward(r, ops, l);
         ops->layer_forget(r, l);
     }
-    /* the final norm, then the head */
+    /* the final norm, then the head (under tensor parallelism on its input all-gathered, which
+     * the head keeps instead of the norm's sequence shard) */
     if (status == FSDP_OK)
         status = resid_in(r, NULL, L, r->link_dt, &held);
     FSDP_LM_FREE(r, held);
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->nf);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_ACTIVATION, &r->nf);
     if (status == FSDP_OK && ops->norm_mean)
-        status = fsdp_lm_alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, &r->meanf);
+        status = fsdp_lm_alloc_f(r, r->rows, FSDP_MEM_ACTIVATION, &r->meanf);
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, &r->rstdf);
+        status = fsdp_lm_alloc_f(r, r->rows, FSDP_MEM_ACTIVATION, &r->rstdf);
     if (status == FSDP_OK)
         status = ops->norm_fwd(r);
+    if (status == FSDP_OK && r->tp > 1) {
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->nff);
+        if (status == FSDP_OK)
+            status = fsdp_lm_sp_gather(r, r->nf, r->nff, r->width);
+        FSDP_LM_FREE(r, r->nf);
+    }
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
+        status = fsdp_lm_alloc(r, r->BT * r->lv, FSDP_MEM_ACTIVATION, &r->logits);
     if (status == FSDP_OK)
         status = ops->head_fwd(r);
     if (status == FSDP_OK && ops->loss_fwd != NULL)
@@ -216,6 +239,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
         status = fsdp_lm_alloc_f(r, 1, FSDP_MEM_TEMPORARY, &r->loss);
     if (status == FSDP_OK && ops->loss_bwd != NULL)
         status = ops->loss_bwd(r);
+    if (status == FSDP_OK && r->loss_parallel)
+        status = fsdp_lm_tp_cross_entropy(r, denom);
     if (status != FSDP_OK)
         return status;
     d.u.cross_entropy.loss = r->loss;
@@ -227,7 +252,8 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
     d.u.cross_entropy.vocab = r->V;
     d.u.cross_entropy.denom = denom;
     d.u.cross_entropy.dtype = r->dt;
-    status = fsdp_lm_launch(r, &d);
+    if (!r->loss_parallel)
+        status = fsdp_lm_launch(r, &d);
 
     if (status == FSDP_OK)
         status = fsdp_pre_backward(lm->root);
@@ -235,12 +261,13 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
         status = fsdp_unit_grad(lm->root, i, &g[i]);
     /* the head, then the final norm into dres */
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &r->tmp[0]);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_TEMPORARY, &r->tmp[0]);
     if (status == FSDP_OK)
         status = ops->head_bwd(r, g, r->tmp[0]);
     FSDP_LM_FREE(r, r->logits);
+    FSDP_LM_FREE(r, r->nff);
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &r->dres);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_TEMPORARY, &r->dres);
     if (status == FSDP_OK)
         status = ops->norm_bwd(r, g, r->tmp[0]);
     if (status == FSDP_OK) /* the final norm's cast of the last layer's output */
@@ -310,10 +337,12 @@ static void run_cleanup(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
     FSDP_LM_FREE(r, r->nf);
     FSDP_LM_FREE(r, r->meanf);
     FSDP_LM_FREE(r, r->rstdf);
+    FSDP_LM_FREE(r, r->nff);
     if (ops->cleanup != NULL)
         ops->cleanup(r);
     FSDP_LM_FREE(r, r->tokens);
     FSDP_LM_FREE(r, r->targets);
+    FSDP_LM_FREE(r, r->ltokens);
     free(r->acts);
     free(r->resid);
     r->acts = NULL;
@@ -345,34 +374,83 @@ fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const
     return status;
 }
 
+/* Under tensor parallelism the embedding is vocabulary-parallel (torchtitan's RowwiseParallel
+ * of tok_embeddings): each rank looks up the tokens of its rows, zeros for the others (torch's
+ * masked lookup), into a partial [BT, width] that is reduce-scattered to sequence shards; the
+ * positions' rows (replicated wpe) are then added to the shard, HF's inputs_embeds +
+ * position_embeds (the same one rounding: the reduce-scatter's sum is exact, one term being
+ * non-zero). */
 fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *wpe)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
+    void *full = NULL;
+    fsdp_status_t status = FSDP_OK;
 
-    d.u.embedding_fwd.y = r->resid[0];
-    d.u.embedding_fwd.tokens = r->tokens;
+    if (r->tp > 1)
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &full);
+    d.u.embedding_fwd.y = r->tp > 1 ? full : r->resid[0];
+    d.u.embedding_fwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     d.u.embedding_fwd.wte = wte;
-    d.u.embedding_fwd.wpe = wpe;
+    d.u.embedding_fwd.wpe = r->tp > 1 ? NULL : wpe;
     d.u.embedding_fwd.rows = r->BT;
     d.u.embedding_fwd.cols = r->width;
     d.u.embedding_fwd.seq = r->T;
-    d.u.embedding_fwd.vocab = r->V;
+    d.u.embedding_fwd.vocab = r->vl;
+    d.u.embedding_fwd.zero_outside = r->tp > 1;
     d.u.embedding_fwd.dtype = r->dt;
-    return fsdp_lm_launch(r, &d);
+    if (status == FSDP_OK)
+        status = fsdp_lm_launch(r, &d);
+    if (status == FSDP_OK && r->tp > 1)
+        status = fsdp_lm_sp_scatter(r, full, r->resid[0], r->width);
+    FSDP_LM_FREE(r, full);
+    for (size_t b = 0; status == FSDP_OK && r->tp > 1 && wpe != NULL && b < r->B; b++) {
+        /* sequence b's rows of the shard: positions tp_rank T / tp onward */
+        const size_t ts = r->T / r->tp, n = ts * r->width;
+        fsdp_kernel_t a = {.kind = FSDP_K_ADD};
+        a.u.add.y = (char *)r->resid[0] + b * n * r->es;
+        a.u.add.a = a.u.add.y;
+        a.u.add.b = (const char *)wpe + r->tp_rank * n * r->es;
+        a.u.add.n = n;
+        a.u.add.dtype = r->dt;
+        status = fsdp_lm_launch(r, &a);
+    }
+    return status;
 }
 
+/* Under tensor parallelism from dres all-gathered (the reduce-scatter's backward), into this
+ * rank's vocabulary rows. */
 fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe)
 {
     fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
+    void *full = NULL;
+    fsdp_status_t status = FSDP_OK;
 
+    if (r->tp > 1) {
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &full);
+        if (status == FSDP_OK)
+            status = fsdp_lm_sp_gather(r, r->dres, full, r->width);
+    }
     e.u.embedding_bwd.dwte = dwte;
-    e.u.embedding_bwd.dwpe = dwpe;
-    e.u.embedding_bwd.dy = r->dres;
-    e.u.embedding_bwd.tokens = r->tokens;
+    e.u.embedding_bwd.dwpe = r->tp > 1 ? NULL : dwpe;
+    e.u.embedding_bwd.dy = r->tp > 1 ? full : r->dres;
+    e.u.embedding_bwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     e.u.embedding_bwd.rows = r->BT;
     e.u.embedding_bwd.cols = r->width;
     e.u.embedding_bwd.seq = r->T;
-    e.u.embedding_bwd.vocab = r->V;
+    e.u.embedding_bwd.vocab = r->vl;
     e.u.embedding_bwd.dtype = r->dt;
-    return fsdp_lm_launch(r, &e);
+    if (status == FSDP_OK)
+        status = fsdp_lm_launch(r, &e);
+    FSDP_LM_FREE(r, full);
+    if (status == FSDP_OK && r->tp > 1 && dwpe != NULL) {
+        /* the positions of the shard, from its rows: a partial gradient (tp_partial_grad) */
+        const size_t ts = r->T / r->tp;
+        e.u.embedding_bwd.dwte = NULL;
+        e.u.embedding_bwd.dwpe = (char *)dwpe + r->tp_rank * ts * r->width * r->es;
+        e.u.embedding_bwd.dy = r->dres;
+        e.u.embedding_bwd.rows = r->rows;
+        e.u.embedding_bwd.seq = ts;
+        status = fsdp_lm_launch(r, &e);
+    }
+    return status;
 }

@@ -29,5 +29,29 @@ typedef void (*fsdp_nn_name_func_t)(void *arg, int unit, int index, const fsdp_p
  * F32 safetensors file at path, named by name(), metadata {"format": "pt"} (save_units.c). */
 fsdp_status_t fsdp_nn_save_units(fsdp_unit_t *root, fsdp_unit_t *const *layers, int nlayers,
                                  int rank, const char *path, fsdp_nn_name_func_t name, void *arg);
+/* How parameter `index` of unit `unit` is cut over a tp group: 0 whole (replicated), -1 by its
+ * rows (tp rank t's are rows t r.. of the full tensor), P > 0 by the columns of P equal blocks
+ * of each row (tp rank t's are columns t w.. of each block of w tp). */
+typedef int (*fsdp_nn_slice_func_t)(void *arg, int unit, int index);
+/* Where element e of tp rank t's slice (numel elements, rows of cols) of a tensor cut as `parts`
+ * says sits in the full tensor. */
+static inline size_t fsdp_nn_slice_index(size_t e, size_t numel, size_t cols, int parts, int tp,
+                                         int t)
+{
+    size_t w;
+
+    if (parts == 0)
+        return e;
+    if (parts < 0)
+        return (size_t)t * numel + e;
+    w = cols / (size_t)parts;
+    return e / cols * cols * (size_t)tp + e % cols / w * w * (size_t)tp + (size_t)t * w + e % w;
+}
+/* The same under tensor parallelism (fs's tp group): each unit is gathered over dp, then its
+ * tp ranks' tensors over tp, and rank 0 writes the full tensors that slice() says they are
+ * slices of. Without a tp group, fsdp_nn_save_units. */
+fsdp_status_t fsdp_nn_save_units_tp(fsdp_t *fs, fsdp_unit_t *root, fsdp_unit_t *const *layers,
+                                    int nlayers, const char *path, fsdp_nn_name_func_t name,
+                                    fsdp_nn_slice_func_t slice, void *arg);
 
 #endif
