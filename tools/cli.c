@@ -287,7 +287,7 @@ static int parse_reshard(const char *arg)
 int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t *cfg, char *why,
                     size_t why_len)
 {
-    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_RAF)
+    if (opt >= CLI_OPT_STRATEGY && opt <= CLI_OPT_TP)
         fsdp_given |= 1u << (opt - CLI_OPT_STRATEGY);
     switch (opt) {
     case CLI_OPT_API:
@@ -308,6 +308,16 @@ int cli_fsdp_option(int opt, const char *arg, const char *spelled, fsdp_config_t
             return -1;
         }
         return 0;
+    case CLI_OPT_TP: {
+        char *end;
+        long n = strtol(arg, &end, 10);
+        if (arg[0] < '1' || arg[0] > '9' || *end != '\0' || n < 1 || n > 4096) {
+            snprintf(why, why_len, "--tp: '%s' is not a number of ranks in [1, 4096]", arg);
+            return -1;
+        }
+        cfg->tp_size = (int)n;
+        return 0;
+    }
     case CLI_OPT_STRATEGY:
         if (!fsdp_strategy_parse(arg, &cfg->strategy)) {
             snprintf(why, why_len,
@@ -371,6 +381,10 @@ static void fsdp2_options(fsdp_config_t *cfg)
     if (cfg->strategy == FSDP_NO_SHARD)
         cli_die("--api fsdp2: --strategy no_shard is fsdp1's; replicate with --strategy "
                 "hybrid_shard --ranks-per-node 1");
+    if (cfg->tp_size > 1 && cfg->strategy == FSDP_HYBRID_SHARD)
+        cli_die("--tp %d: tensor parallelism with --strategy hybrid_shard (HSDP x tp) is not "
+                "supported; use full_shard",
+                cfg->tp_size);
     cfg->explicit_forward_prefetch = cfg->forward_prefetch;
     cfg->explicit_backward_prefetch = explicit_backward;
     cfg->forward_prefetch = 0;
@@ -385,6 +399,10 @@ void cli_no_arguments(int argc, char **argv, fsdp_config_t *cfg)
         fsdp2_options(cfg);
         return;
     }
+    if (GIVEN(CLI_OPT_TP) && cfg->tp_size > 1)
+        cli_die("--tp %d needs --api fsdp2: tensor parallelism composes with fully_shard's "
+                "per-parameter shards, not with fsdp1's flat parameters",
+                cfg->tp_size);
     if (GIVEN(CLI_OPT_RAF))
         cli_die("--reshard-after-forward is fully_shard's (--api fsdp2); fsdp1's strategies "
                 "say it: full_shard reshards, shard_grad_op does not");

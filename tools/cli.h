@@ -52,7 +52,8 @@ enum {
     CLI_OPT_LIMIT,
     CLI_OPT_NO_LIMIT,
     CLI_OPT_API,
-    CLI_OPT_RAF
+    CLI_OPT_RAF,
+    CLI_OPT_TP
 };
 
 /* The entries of a tool's struct option table for them. */
@@ -63,7 +64,8 @@ enum {
         {"limit-all-gathers", no_argument, NULL, CLI_OPT_LIMIT},                                \
         {"no-limit-all-gathers", no_argument, NULL, CLI_OPT_NO_LIMIT},                        \
         {"api", required_argument, NULL, CLI_OPT_API},                                          \
-        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF}
+        {"reshard-after-forward", required_argument, NULL, CLI_OPT_RAF},                        \
+        {"tp", required_argument, NULL, CLI_OPT_TP}
 
 /* Applies getopt_long's value opt (and its argument) to cfg and returns 0; -1 when opt is none
  * of these options (spelled: the option as written) or its argument is not allowed, with why

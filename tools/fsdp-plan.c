@@ -124,7 +124,12 @@ static void print_header(const plan_args_t *a)
            a->per_node, a->profile.gpu.model, cap);
     if (a->profile.stack[0] != '\0')
         printf("software of its constants: %s\n", a->profile.stack);
-    if (plan_seq_len(a) > 1)
+    if (plan_seq_len(a) > 1 && a->dp < a->world)
+        printf("batch %zu sequences, %zu per dp rank of %d (tp %d: %zu tokens per rank), %s, %d "
+               "step%s simulated (the last is reported)\n",
+               a->local_batch * (size_t)a->dp, a->local_batch, a->dp, a->world / a->dp, a->rows,
+               a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
+    else if (plan_seq_len(a) > 1)
         printf("batch %zu sequences, %zu per rank (%zu tokens per rank), %s, %d step%s simulated "
                "(the last is reported)\n",
                a->local_batch * (size_t)a->world, a->local_batch, a->rows,
@@ -327,6 +332,21 @@ typedef struct sweep_point {
     int ckpt_act;
 } sweep_point_t;
 
+/* tp of a configuration, 1 without tensor parallelism */
+static int tp_of(const fsdp_config_t *c)
+{
+    return c->tp_size > 1 ? c->tp_size : 1;
+}
+
+/* The sweep's first column: the strategy, and tp when there is tensor parallelism. */
+static const char *strategy_col(const sweep_point_t *p, char buf[32])
+{
+    if (tp_of(&p->cfg) == 1)
+        return fsdp_strategy_name(p->cfg.strategy);
+    snprintf(buf, 32, "%s tp%d", fsdp_strategy_name(p->cfg.strategy), tp_of(&p->cfg));
+    return buf;
+}
+
 /* A sweep's activation checkpointing: off, on (every block), sel-layer (every K-th), sel-op. */
 static const char *ckpt_name(int ckpt_act)
 {
@@ -360,10 +380,12 @@ static const char *limiter_col(const fsdp_config_t *c)
 
 static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
 {
-    snprintf(buf, n, "%s, backward prefetch %s, %s %s, activation checkpointing %s, %s",
-             fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
-             p->cfg.api == FSDP_API_FSDP2 ? "reshard after forward" : "limit all-gathers",
-             limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg));
+    int k = snprintf(buf, n, "%s, backward prefetch %s, %s %s, activation checkpointing %s, %s",
+                     fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
+                     p->cfg.api == FSDP_API_FSDP2 ? "reshard after forward" : "limit all-gathers",
+                     limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg));
+    if (tp_of(&p->cfg) > 1 && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, ", tp %d", tp_of(&p->cfg));
 }
 
 /* Every combination of the settings the command line leaves free, in a fixed order: the
@@ -389,6 +411,14 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
      * reshard_after_forward at its default and false, in the places of FSDP1's strategies,
      * prefetch policies and limiter */
     int v2 = a->fsdp.api == FSDP_API_FSDP2, n_pf = v2 ? 2 : 3;
+    /* fully_shard of a llama: tensor parallelism of 1, 2, 4 and 8 ranks where they divide a
+     * node (hybrid sharding only at tp 1), unless --tp fixed it */
+    int tps[4] = {tp_of(&a->fsdp)}, n_tp = 1;
+
+    if (v2 && a->model->family == MODEL_LLAMA && !(a->fixed & FIX_TP))
+        for (int t = 2; t <= 8; t *= 2)
+            if (a->per_node % t == 0 && a->world % t == 0)
+                tps[n_tp++] = t;
 
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
         if (v2 && strategies[si] != FSDP_FULL_SHARD && strategies[si] != FSDP_HYBRID_SHARD)
@@ -421,9 +451,14 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
                             p.cfg.backward_prefetch = prefetches[pi];
                             p.cfg.limit_all_gathers = lim;
                         }
-                        if (n < max)
-                            pts[n] = p;
-                        n++;
+                        for (int ti = 0; ti < n_tp; ti++) {
+                            if (ti > 0 && plan_is_hybrid(strategies[si]))
+                                break;
+                            p.cfg.tp_size = tps[ti];
+                            if (n < max)
+                                pts[n] = p;
+                            n++;
+                        }
                     }
                 }
             }
@@ -434,7 +469,7 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
 
 static int print_sweep(const plan_args_t *a, rank_result_t *res)
 {
-    enum { MAX_POINTS = 5 * 3 * 2 * 2 * 2 };
+    enum { MAX_POINTS = 5 * 3 * 2 * 2 * 2 * 4 };
     sweep_point_t pts[MAX_POINTS], best_pt;
     summary_t best = {.status = FSDP_ERR_NOT_FOUND};
     int n_fit = 0, n_failed = 0, n = sweep_points(a, pts, MAX_POINTS), sim_lo = a->world;
@@ -455,27 +490,31 @@ static int print_sweep(const plan_args_t *a, rank_result_t *res)
         plan_args_t b = *a;
         const sweep_point_t *p = &pts[i];
         summary_t s;
+        char col[32];
 
         b.mcfg.checkpoint_activations = p->ckpt_act;
+        /* the same global batch over world / tp dp ranks */
+        b.dp = a->world / tp_of(&p->cfg);
+        b.local_batch = a->local_batch * (size_t)a->dp / (size_t)b.dp;
+        b.rows = b.local_batch * plan_seq_len(a) / (size_t)tp_of(&p->cfg);
         s = plan_config(&b, &p->cfg, res, 1);
         sim_lo = s.simulated < sim_lo ? s.simulated : sim_lo;
         sim_hi = s.simulated > sim_hi ? s.simulated : sim_hi;
         if (s.status != FSDP_OK && !s.oom) {
-            progress_printf("%-18s %-12s %-7s %-8s %-9s  failed: %s",
-                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
-                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
-                            fsdp_status_string(s.status));
+            progress_printf("%-18s %-12s %-7s %-8s %-9s  failed: %s", strategy_col(p, col),
+                            prefetch_col(&p->cfg), limiter_col(&p->cfg), ckpt_name(p->ckpt_act),
+                            precision_name(&p->cfg), fsdp_status_string(s.status));
             n_failed++;
         } else if (s.oom) {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9s %11s %6s %15s %18s  %s",
-                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
-                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
-                            "-", "-", "-", "-", "-", "no");
+                            strategy_col(p, col), prefetch_col(&p->cfg), limiter_col(&p->cfg),
+                            ckpt_name(p->ckpt_act), precision_name(&p->cfg), "-", "-", "-", "-",
+                            "-", "no");
         } else {
             progress_printf("%-18s %-12s %-7s %-8s %-9s %9.3f %11.3f %5.1f%% %15.2f %18.2f  %s",
-                            fsdp_strategy_name(p->cfg.strategy), prefetch_col(&p->cfg),
-                            limiter_col(&p->cfg), ckpt_name(p->ckpt_act), precision_name(&p->cfg),
-                            s.step_time * 1e3, s.exposed * 1e3, 100.0 * s.mfu,
+                            strategy_col(p, col), prefetch_col(&p->cfg), limiter_col(&p->cfg),
+                            ckpt_name(p->ckpt_act), precision_name(&p->cfg), s.step_time * 1e3,
+                            s.exposed * 1e3, 100.0 * s.mfu,
                             (double)s.peak_alloc / (double)((size_t)1 << 30),
                             (double)s.peak_reserved / (double)((size_t)1 << 30), "yes");
             if (best.status != FSDP_OK || s.step_time < best.step_time) {

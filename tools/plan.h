@@ -74,7 +74,8 @@ enum {
     FIX_PREFETCH = 1u << 1,
     FIX_LIMITER = 1u << 2,
     FIX_PRECISION = 1u << 3,
-    FIX_CKPT_ACT = 1u << 4
+    FIX_CKPT_ACT = 1u << 4,
+    FIX_TP = 1u << 5
 };
 
 /* --fit-status: the exit status of a plan or sweep that ran (docs: --help). */
@@ -95,6 +96,7 @@ typedef struct plan_args {
     unsigned fixed; /* FIX_*: the settings given on the command line, which a sweep keeps */
     int fit_status; /* --fit-status: the exit status says whether the job fits */
     int world, per_node;
+    int dp; /* data-parallel ranks: world / --tp; local_batch is each one's */
     double timeout_s;
     const char *trace_path;  /* --trace: every simulated run becomes a run of this database */
     const char *plot_path;   /* --plot: an SVG of the reported step, drawn from the trace */

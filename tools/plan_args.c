@@ -33,6 +33,9 @@ static void usage(FILE *f)
           "                             each unit fully_shard'ed in model order, then the root\n"
           "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
           "                             after forward (default: all units but the root)\n"
+          "  --tp N                     fsdp2, llama: tensor parallelism over N consecutive ranks\n"
+          "                             of a node (Megatron with sequence parallelism), FSDP\n"
+          "                             over the world / N ranks of each tp index (default 1)\n"
           "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
           "                             unit prefetching the previous one (default: implicit)\n"
           "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
@@ -280,6 +283,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
                         : c == CLI_OPT_BWD_PREFETCH                   ? FIX_PREFETCH
                         : c == CLI_OPT_LIMIT || c == CLI_OPT_NO_LIMIT ? FIX_LIMITER
                         : c == CLI_OPT_RAF                            ? FIX_LIMITER
+                        : c == CLI_OPT_TP                             ? FIX_TP
                                                                       : 0u;
             cli_other_option(c, argv, &a->fsdp);
             break;
@@ -364,17 +368,31 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
         cli_die("--world %d is not a whole number of nodes of %d GPUs (set --gpus-per-node)",
                 a->world, a->per_node);
     a->capacity = capacity ? cli_parse_bytes("--capacity", capacity) : a->profile.gpu.memory_bytes;
-    if (batch > 0 && batch % a->world != 0)
+    a->dp = a->world;
+    if (a->fsdp.tp_size > 1) {
+        const int tp = a->fsdp.tp_size;
+        if (a->model->family != MODEL_LLAMA)
+            cli_die("--tp %d: tensor parallelism is planned for llama models only (gpt and mlp "
+                    "have no tensor-parallel layout here)",
+                    tp);
+        if (a->per_node % tp != 0 || a->world % tp != 0)
+            cli_die("--tp %d must divide the %d GPUs per node (tp groups stay inside a node) and "
+                    "--world %d",
+                    tp, a->per_node, a->world);
+        a->dp = a->world / tp;
+    }
+    if (batch > 0 && batch % a->dp != 0)
         cli_die("--batch %ld is not divisible by --world %d: every rank needs the same number of "
                 "%s (--local-batch B gives each rank B)",
-                batch, a->world, plan_seq_len(a) > 1 ? "sequences" : "rows");
-    if (batch > 0 && local_batch > 0 && batch != local_batch * a->world)
+                batch, a->dp, plan_seq_len(a) > 1 ? "sequences" : "rows");
+    if (batch > 0 && local_batch > 0 && batch != local_batch * a->dp)
         cli_die("--batch %ld and --local-batch %ld disagree on %d ranks: give one", batch,
-                local_batch, a->world);
+                local_batch, a->dp);
     if (local_batch == 0)
-        local_batch = batch > 0 ? batch / a->world : (long)a->model->default_rows;
+        local_batch = batch > 0 ? batch / a->dp : (long)a->model->default_rows;
     if (local_batch == 0) /* one sequence */
         local_batch = 1;
     a->local_batch = (size_t)local_batch;
-    a->rows = a->local_batch * plan_seq_len(a);
+    /* tokens per rank: the tp ranks of a dp rank share its sequences */
+    a->rows = a->local_batch * plan_seq_len(a) / (size_t)(a->world / a->dp);
 }

@@ -151,7 +151,8 @@ static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *re
     fsdp_sim_params_t sp;
     plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
 
-    if (!a->symmetry || a->world == 1)
+    /* (tensor parallelism: every rank, the classes know nothing of its groups) */
+    if (!a->symmetry || a->world == 1 || cfg->tp_size > 1)
         return a->world;
     one.world = one.per_node = 1;
     run.cfg.device_capacity = 0;

@@ -57,6 +57,9 @@ static void usage(FILE *f)
         "                             each unit fully_shard'ed in model order, then the root\n"
         "  --reshard-after-forward true|false|N   fsdp2: free the unsharded parameters\n"
         "                             after forward (default: all units but the root)\n"
+        "  --tp N                     fsdp2, llama: tensor parallelism over N consecutive ranks\n"
+        "                             of a node (Megatron with sequence parallelism), FSDP\n"
+        "                             over the world / N ranks of each tp index (default 1)\n"
         "  --backward-prefetch P      pre | post | none (default pre); fsdp2: explicit, each\n"
         "                             unit prefetching the previous one (default: implicit)\n"
         "  --forward-prefetch         prefetch the next unit's all-gather in forward\n"
@@ -394,6 +397,21 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (train_launch_prepare(&a->launch, backend, a->world, a->timeout_s, &a->profile) != 0)
         cli_fail_quietly();
     a->world = a->launch.world;
+    a->dp = a->world;
+    if (a->fsdp.tp_size > 1) {
+        if (a->world % a->fsdp.tp_size != 0)
+            cli_die("--tp %d does not divide --world %d", a->fsdp.tp_size, a->world);
+        if (!a->llama)
+            cli_die("--tp %d: tensor parallelism is planned for llama models only (gpt and mlp "
+                    "have no tensor-parallel layout here)",
+                    a->fsdp.tp_size);
+        if (a->clip_grad_norm > 0.0 || a->ckpt_dir != NULL || a->resume_dir != NULL ||
+            a->save_path != NULL || a->init_path != NULL)
+            cli_die("--tp %d: --clip-grad-norm, --save, --init, --save-checkpoint and --resume "
+                    "are not supported under tensor parallelism",
+                    a->fsdp.tp_size);
+        a->dp = a->world / a->fsdp.tp_size;
+    }
     a->launch.threads = a->threads;
     a->launch.host_memory = host_memory;
     a->launch.no_pack_cache = no_pack_cache;
@@ -431,18 +449,18 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (a->gpt && !batch_given)
         a->batch = 8;
     if (local_batch > 0) {
-        if (batch_given && a->batch != local_batch * a->world)
+        if (batch_given && a->batch != local_batch * a->dp)
             cli_die("--batch %d and --local-batch %d disagree on %d ranks: give one", a->batch,
-                    local_batch, a->world);
-        if ((long)local_batch * a->world > 1 << 24)
-            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->world,
+                    local_batch, a->dp);
+        if ((long)local_batch * a->dp > 1 << 24)
+            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->dp,
                     1 << 24);
-        a->batch = local_batch * a->world;
-    } else if (!batch_given && a->batch % a->world != 0 && (a->gpt || a->data_path == NULL)) {
-        int rounded = (a->batch + a->world - 1) / a->world * a->world;
+        a->batch = local_batch * a->dp;
+    } else if (!batch_given && a->batch % a->dp != 0 && (a->gpt || a->data_path == NULL)) {
+        int rounded = (a->batch + a->dp - 1) / a->dp * a->dp;
         cli_note("global batch %d %s: the default %d rounded up to a multiple of --world %d "
                  "(--batch or --local-batch sets it)",
-                 rounded, a->gpt ? "sequences" : "rows", a->batch, a->world);
+                 rounded, a->gpt ? "sequences" : "rows", a->batch, a->dp);
         a->batch = rounded;
     }
     cli_apply_attention(attention, a->gpt && !a->llama ? &a->gpt_cfg : NULL, a->llama);
@@ -462,14 +480,14 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     } else if (a->tokens_path != NULL || a->seq != 0 || a->checkpoint_activations) {
         cli_die("--tokens, --seq and activation checkpointing apply to gpt and llama models only");
     }
-    if (a->batch % a->world != 0)
+    if (a->batch % a->dp != 0)
         cli_die("--batch %d is not divisible by --world %d: every rank needs the same number of %s "
                 "(--local-batch B gives each rank B)",
-                a->batch, a->world, a->gpt ? "sequences" : "rows");
-    if (a->batch / a->world % a->grad_accum != 0)
+                a->batch, a->dp, a->gpt ? "sequences" : "rows");
+    if (a->batch / a->dp % a->grad_accum != 0)
         cli_die(
             "--grad-accum %d does not divide the %d rows of each rank (--batch %d / --world %d)",
-            a->grad_accum, a->batch / a->world, a->batch, a->world);
+            a->grad_accum, a->batch / a->dp, a->batch, a->dp);
     if ((a->fsdp.strategy == FSDP_HYBRID_SHARD || a->fsdp.strategy == FSDP_HYBRID_SHARD_ZERO2 ||
          a->fsdp.ranks_per_node > 0) &&
         a->world % (a->fsdp.ranks_per_node > 0 ? a->fsdp.ranks_per_node : a->world) != 0)

@@ -12,6 +12,7 @@ typedef struct train_args {
     int dims[FSDP_MLP_MAX_LAYERS + 1];
     int nlayers;
     int world;
+    int dp; /* the data-parallel ranks, world / --tp: each reads its own rows of a batch */
     fsdp_config_t fsdp;
     fsdp_optim_config_t optim;
     int steps;

@@ -35,7 +35,9 @@ static fsdp_status_t lm_create(const void *shared, fsdp_t *fs, void **model_p)
 {
     const lm_shared_t *sh = shared;
     const train_args_t *a = sh->args;
-    const size_t rows = (size_t)a->batch / (size_t)a->world, T = (size_t)a->seq;
+    /* the tp ranks of one dp rank read the same rows */
+    const size_t rows = (size_t)a->batch / (size_t)a->dp, T = (size_t)a->seq;
+    const int tp = a->fsdp.tp_size > 1 ? a->fsdp.tp_size : 1;
     const int every = a->checkpoint_activations;
     lm_rank_t *r = calloc(1, sizeof(*r));
     fsdp_status_t status;
@@ -44,7 +46,7 @@ static fsdp_status_t lm_create(const void *shared, fsdp_t *fs, void **model_p)
     if (r == NULL)
         return FSDP_ERR_NO_MEMORY;
     r->sh = sh;
-    r->spec = (fsdp_batch_spec_t){(size_t)a->batch, T, fsdp_device(fs)->rank, a->world, a->seed};
+    r->spec = (fsdp_batch_spec_t){(size_t)a->batch, T, fsdp_device(fs)->rank / tp, a->dp, a->seed};
     r->micro = rows / (size_t)a->grad_accum;
     r->seq = T;
     r->inputs = malloc(rows * T * sizeof(int32_t));

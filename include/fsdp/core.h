@@ -137,6 +137,18 @@ typedef struct fsdp_config {
      * backward prefetch. fsdp_unit_set_prefetch sets any other lists. 0 by default. */
     int explicit_forward_prefetch;
     int explicit_backward_prefetch;
+    /* FSDP2: tensor parallelism of tp_size ranks (0 or 1: none), a 2-D mesh of dp x tp with
+     * W = dp tp: each tensor-parallel group is tp_size consecutive ranks of one node (tp_size
+     * divides ranks_per_node, or the backend's local_size), and parameters are sharded over the
+     * dp group of the ranks with this rank's tp index, both groups made by fsdp_create
+     * (torchtitan's mesh). The models place their tensors on the tp group (Megatron's column
+     * and row parallel layers with sequence parallelism, lm.h); process_group and the hybrid
+     * strategies are refused with it. 0 by default. */
+    int tp_size;
+    /* With tp_size > 1: the language models keep their logits sharded over the vocabulary and
+     * compute the loss across the tp group (torch's loss_parallel) instead of all-gathering
+     * them. 0 by default. */
+    int tp_loss_parallel;
 } fsdp_config_t;
 
 FSDP_API void fsdp_config_init(fsdp_config_t *cfg);
@@ -156,6 +168,12 @@ typedef struct fsdp_param_spec {
      * FSDP's state dicts; it is the caller's (fsdp_unit_ignored_param). Its index counts among
      * the unit's ignored parameters, the others' among the flattened ones. 0 by default. */
     int ignored;
+    /* 1: under tensor parallelism (fsdp_config_t.tp_size > 1) the parameter is replicated over
+     * the tp group and each tp rank's gradient is a partial sum (a norm's weight applied to
+     * sequence shards): FSDP2 all-reduces the unsharded gradient over the tp group before its
+     * reduce-scatter, as torch's FSDPParam redistributes a gradient to its parameter's
+     * placement. No effect without tensor parallelism. 0 by default. */
+    int tp_partial_grad;
 } fsdp_param_spec_t;
 
 /* Where a parameter sits in its handle's flat parameter and in this rank's shard

@@ -222,9 +222,12 @@ typedef struct fsdp_kernel {
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
                  int causal; fsdp_dtype_t dtype; float divisor; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
-         * (no position term). A token outside [0, vocab) gives a row of NaN. */
+         * (no position term). A token outside [0, vocab) gives a row of NaN, or with
+         * zero_outside a row of zeros (a vocabulary-parallel embedding's rows of the tokens
+         * another rank holds, which torch masks to zero). */
         struct { void *y; const int32_t *tokens; const void *wte; const void *wpe;
-                 size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; } embedding_fwd;
+                 size_t rows, cols, seq, vocab; fsdp_dtype_t dtype; int zero_outside; }
+            embedding_fwd;
         /* dwte[tokens[r], c] += dy[r, c] and dwpe[r % seq, c] += dy[r, c]. In f32 each row adds
          * in row order; in a 16-bit dtype the rows of one token (of one position) are summed in
          * f32 in row order and rounded once, then added and rounded, as torch's embedding

@@ -26,6 +26,10 @@ fsdp_strategy_t fsdp_strategy(const fsdp_t *fs);
 fsdp_group_t *fsdp_shard_group(fsdp_t *fs);
 /* The group sharded gradients are all-reduced over (hybrid strategies), else NULL. */
 fsdp_group_t *fsdp_replicate_group(fsdp_t *fs);
+/* Tensor parallelism's group (fsdp_config_t.tp_size > 1), else NULL. */
+fsdp_group_t *fsdp_tp_group(fsdp_t *fs);
+/* fsdp_config_t.tp_loss_parallel, under tensor parallelism; else 0. */
+int fsdp_tp_loss_parallel(const fsdp_t *fs);
 /* fsdp_set_sync_gradients' setting. */
 int fsdp_sync_gradients(const fsdp_t *fs);
 fsdp_training_state_t fsdp_training_state(const fsdp_t *fs);

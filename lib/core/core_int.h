@@ -30,6 +30,7 @@ typedef struct fsdp_pparam {
     void *post_forward;
     size_t gslot; /* the reduce in progress: where its chunk sits in a rank's row of I */
     int reduced;  /* the reduce in progress includes it (it has a gradient) */
+    int tp_partial; /* its gradient is summed over the tp group first (tp_partial_grad) */
 } fsdp_pparam_t;
 
 /* One unit's flat parameter (PyTorch's FlatParamHandle). Names follow docs/runtime.md
@@ -139,6 +140,7 @@ struct fsdp {
     fsdp_strategy_t strategy; /* effective */
     fsdp_group_t *pg;         /* shard group */
     fsdp_group_t *replicate;  /* hybrid: the inter-node group, else NULL */
+    fsdp_group_t *tp;         /* tensor parallelism's group (owned), else NULL */
     int owns_groups;          /* made by fsdp_create: destroyed with it */
     /* default hybrid groups made for hybrid units of a non-hybrid config (owned) */
     fsdp_group_t *unit_hybrid_pg, *unit_hybrid_replicate;
@@ -234,6 +236,9 @@ const char *fsdp_trace_unit_swap(fsdp_t *fs, const char *unit);
 
 /* groups.c: the intra-node shard group and the inter-node replicate group of hybrid sharding */
 fsdp_status_t fsdp_groups_make_hybrid(fsdp_t *fs, fsdp_group_t **pg_p, fsdp_group_t **replicate_p);
+/* The 2-D mesh of tensor parallelism (fsdp_config_t.tp_size): the tp group of consecutive ranks
+ * and the dp group parameters are sharded over. Collective over the world. */
+fsdp_status_t fsdp_groups_make_tp(fsdp_t *fs, fsdp_group_t **dp_p, fsdp_group_t **tp_p);
 
 /* names.c: the model's names by hash */
 fsdp_status_t fsdp_names_add_unit(fsdp_t *fs, const fsdp_unit_t *u);

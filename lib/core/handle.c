@@ -193,6 +193,8 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
         status = fsdp_pgroup_layout(fs, h);
         if (status != FSDP_OK)
             goto err_free_params;
+        for (int i = 0; i < nparams; i++)
+            h->pp[i].tp_partial = fs->tp != NULL && params[i].tp_partial_grad;
     } else if (fsdp_strategy_is_sharded(h->unit->strategy)) {
         h->world = h->unit->pg->size;
         h->rank = h->unit->pg->rank;

@@ -484,12 +484,18 @@ static fsdp_status_t chunk_cat(fsdp_t *fs, fsdp_handle_t *h, void *in)
 
     for (int i = 0; i < h->nparams && status == FSDP_OK; i++) {
         fsdp_pparam_t *p = &h->pp[i];
-        const void *src = p->accum != NULL ? (const void *)p->accum : p->grad;
+        void *src = p->accum != NULL ? (void *)p->accum : p->grad;
         fsdp_dtype_t st = p->accum != NULL ? FSDP_DTYPE_F32 : h->compute_dtype;
         if (!p->reduced)
             continue;
         if (p->accum != NULL && p->grad != NULL) /* the last micro-batch joins the sum */
             status = add_into(fs, cs, p->accum, p->grad, h->compute_dtype, h->params[i].numel);
+        /* a partial sum per tp rank to its parameter's placement, Replicate: FSDPParam's
+         * _get_grad_inner_tensor redistributes it (an all-reduce over tp) in post_backward,
+         * on the current stream, before foreach_reduce */
+        if (status == FSDP_OK && p->tp_partial)
+            status = fsdp_dev_all_reduce(fs->dev, fs->tp, src, src, h->params[i].numel, st,
+                                         FSDP_REDUCE_SUM, cs);
         /* rank j's chunk of the gradient to row j; past its end zeros */
         if (status == FSDP_OK)
             status = chunk_copy(fs, cs, (char *)in + p->gslot * esz, rd, r, src, st, p->chunk,

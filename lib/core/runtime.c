@@ -61,8 +61,19 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
         fsdp_error("rank %d: invalid api %d; allowed: fsdp1, fsdp2", dev->rank, (int)cfg->api);
         return FSDP_ERR_INVALID_PARAM;
     }
-    if (cfg->api != FSDP_API_FSDP2)
-        return FSDP_OK;
+    if (cfg->tp_size < 0 || cfg->tp_size > FSDP_MAX_WORLD) {
+        fsdp_error("rank %d: tp_size %d must be in [0, %d]", dev->rank, cfg->tp_size,
+                   FSDP_MAX_WORLD);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (cfg->api != FSDP_API_FSDP2) {
+        if (cfg->tp_size <= 1)
+            return FSDP_OK;
+        fsdp_error("rank %d: tp_size %d needs api fsdp2: tensor parallelism composes with "
+                   "fully_shard's per-parameter shards, not with fsdp1's flat parameters",
+                   dev->rank, cfg->tp_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (cfg->strategy == FSDP_SHARD_GRAD_OP || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2)
         why = "its strategy is reshard_after_forward=false (with a 2-D mesh for HSDP): use "
               "full_shard or hybrid_shard and set reshard_after_forward";
@@ -73,6 +84,12 @@ static fsdp_status_t check_fsdp2(fsdp_dev_t *dev, const fsdp_config_t *cfg)
         why = "MixedPrecisionPolicy has no buffer_dtype or keep_low_precision_grads";
     else if (cfg->reshard_after_forward < FSDP_RESHARD_TRUE)
         why = "reshard_after_forward must be FSDP_RESHARD_DEFAULT, _TRUE, _FALSE or a group size";
+    else if (cfg->tp_size > 1 && fsdp_strategy_is_hybrid(cfg->strategy))
+        why = "tensor parallelism shards over the dp group only: hybrid_shard (HSDP x tp) is not "
+              "supported; use full_shard";
+    else if (cfg->tp_size > 1 && cfg->process_group != NULL)
+        why = "with tensor parallelism the dp and tp groups are made from tp_size: leave "
+              "process_group unset";
     if (why == NULL)
         return FSDP_OK;
     fsdp_error("rank %d: api fsdp2 (fully_shard): %s", dev->rank, why);
@@ -121,7 +138,9 @@ static void destroy_groups(fsdp_t *fs)
         fsdp_dev_group_destroy(fs->dev, fs->pg);
     if (fs->replicate != NULL)
         fsdp_dev_group_destroy(fs->dev, fs->replicate);
-    fs->pg = fs->replicate = NULL;
+    if (fs->tp != NULL)
+        fsdp_dev_group_destroy(fs->dev, fs->tp);
+    fs->pg = fs->replicate = fs->tp = NULL;
     fs->owns_groups = 0;
 }
 
@@ -186,7 +205,12 @@ fsdp_status_t fsdp_create(fsdp_dev_t *dev, const fsdp_config_t *cfg, fsdp_t **fs
                            : cfg->api == FSDP_API_FSDP2     ? FSDP_DTYPE_F32
                                                             : fs->param_dtype;
     }
-    if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
+    if (cfg->tp_size > 1) {
+        status = fsdp_groups_make_tp(fs, &fs->pg, &fs->tp);
+        if (status != FSDP_OK)
+            goto err_free_fs;
+        fs->owns_groups = 1;
+    } else if (fsdp_strategy_is_hybrid(cfg->strategy) && cfg->process_group == NULL) {
         status = fsdp_groups_make_hybrid(fs, &fs->pg, &fs->replicate);
         if (status != FSDP_OK)
             goto err_free_fs;
@@ -283,6 +307,16 @@ fsdp_group_t *fsdp_shard_group(fsdp_t *fs)
 fsdp_group_t *fsdp_replicate_group(fsdp_t *fs)
 {
     return fs->replicate;
+}
+
+fsdp_group_t *fsdp_tp_group(fsdp_t *fs)
+{
+    return fs->tp;
+}
+
+int fsdp_tp_loss_parallel(const fsdp_t *fs)
+{
+    return fs->tp != NULL && fs->cfg.tp_loss_parallel;
 }
 
 fsdp_status_t fsdp_set_sync_gradients(fsdp_t *fs, int sync)

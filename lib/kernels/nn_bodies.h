@@ -178,7 +178,7 @@ FSDP_HD void fsdp_kb_embedding_fwd_at(const fsdp_kernel_t *k, size_t i)
     float v;
 
     if (t < 0 || (size_t)t >= k->u.embedding_fwd.vocab) {
-        v = fsdp_kb_nanf();
+        v = k->u.embedding_fwd.zero_outside ? 0.0f : fsdp_kb_nanf();
     } else {
         v = fsdp_kb_load(k->u.embedding_fwd.wte, dt, (size_t)t * cols + c);
         if (k->u.embedding_fwd.wpe != NULL)

@@ -2,6 +2,9 @@
  * creation. Above gpt2.c, gpt2_run.c and gpt2_hf.c, which it names and which do not name it. */
 #include "config.h"
 
+#include <fsdp/log.h>
+
+#include "core/core_hidden.h"
 #include "nn/gpt2_int.h"
 
 static const fsdp_lm_family_t gpt2_family = {
@@ -23,6 +26,11 @@ fsdp_status_t fsdp_gpt2_create(fsdp_t *fs, const fsdp_gpt2_config_t *cfg, fsdp_l
 {
     fsdp_status_t status = fsdp_gpt2_config_check(cfg);
 
+    if (status == FSDP_OK && fsdp_tp_group(fs) != NULL) {
+        fsdp_error("gpt2: tensor parallelism (tp %d) is planned for llama models only",
+                   fsdp_tp_group(fs)->size);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     if (status == FSDP_OK)
         status = fsdp_lm_create(fs, &gpt2_family, cfg->n_layer, cfg, lm_p);
     if (status == FSDP_OK)

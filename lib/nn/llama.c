@@ -291,12 +291,40 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg, const cha
         char *pn;
         fsdp_llama_param_shape(cfg, layer, i, &nd, shape);
         pn = fsdp_lm_tree_param(t, nd, shape);
+        /* the norms' weights: replicated over tp, applied to sequence shards */
+        t->params[t->nparams - 1].tp_partial_grad = nd == 1;
         if (layer < 0)
             snprintf(pn, FSDP_LM_NAME_LEN, "%s", root_names[i]);
         else
             snprintf(pn, FSDP_LM_NAME_LEN, "model.layers.%d.%s", layer, layer_names[i]);
     }
     return m;
+}
+
+fsdp_status_t fsdp_llama_tp_config(const fsdp_llama_config_t *cfg, int tp,
+                                   fsdp_llama_config_t *local_p)
+{
+    fsdp_llama_config_t local = *cfg;
+
+    if (tp <= 1) {
+        *local_p = local;
+        return FSDP_OK;
+    }
+    if (cfg->n_head % tp != 0 || cfg->n_kv_head % tp != 0 || cfg->ffn_dim % tp != 0 ||
+        cfg->vocab_size % tp != 0) {
+        fsdp_error("llama: tp %d must divide heads %d, kv_heads %d, ffn %d and vocab %d (the "
+                   "column-parallel q, k, v, gate, up and the vocabulary-parallel embedding and "
+                   "head split them)",
+                   tp, cfg->n_head, cfg->n_kv_head, cfg->ffn_dim, cfg->vocab_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    local.head_dim = fsdp_llama_head_dim(cfg);
+    local.n_head /= tp;
+    local.n_kv_head /= tp;
+    local.ffn_dim /= tp;
+    local.vocab_size /= tp;
+    *local_p = local;
+    return FSDP_OK;
 }
 
 /* HF's LlamaForCausalLM in named_modules order; the root is named "model" here. */
@@ -359,25 +387,61 @@ fsdp_status_t fsdp_llama_set_eager_memory(fsdp_lm_t *lm, int on)
 
 /* ---- initialization ---- */
 
+/* How a parameter is cut over tp ranks: whole (replicated), its rows (column-parallel, the
+ * vocabulary-parallel tables) or its columns (row-parallel). */
+enum { SLICE_WHOLE, SLICE_ROWS, SLICE_COLS };
+
 /* One parameter: normal of std (ones when std < 0), through buf. Each normal takes two draws,
- * so a rank skips to the values it keeps (fsdp_unit_set_param_reads) and past the rest. */
-static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, fsdp_rng_t *rng, float *buf)
+ * so a rank skips to the values it keeps (fsdp_unit_set_param_reads) and past the rest. Under
+ * tensor parallelism the values are those of this rank's slice of the full tensor, as one
+ * process draws the full tensor: each run of elements contiguous in the full tensor is drawn
+ * from the generator skipped to its place, and the generator moves past the full tensor. */
+static fsdp_status_t init_param(fsdp_unit_t *u, int index, float std, int slice, int tp,
+                                int tp_rank, fsdp_rng_t *rng, float *buf)
 {
     fsdp_param_info_t info;
-    size_t first, count;
+    size_t first, count, full;
+    const fsdp_rng_t base = *rng;
     fsdp_status_t status = fsdp_unit_param_info(u, index, &info);
 
     if (status == FSDP_OK)
         status = fsdp_unit_set_param_reads(u, index, &first, &count);
     if (status != FSDP_OK)
         return status;
+    if (tp <= 1)
+        slice = SLICE_WHOLE;
+    full = slice == SLICE_WHOLE ? info.numel : info.numel * (size_t)tp;
+    for (size_t i = first; i < first + count;) {
+        /* local element i, its place f in the full tensor, the run that stays contiguous */
+        size_t cols = info.ndim == 2 ? (size_t)info.shape[1] : info.numel;
+        size_t f = i, run = first + count - i;
+        fsdp_rng_t g = base;
+        if (slice == SLICE_ROWS) {
+            f = (size_t)tp_rank * info.numel + i;
+        } else if (slice == SLICE_COLS) {
+            f = (i / cols) * cols * (size_t)tp + (size_t)tp_rank * cols + i % cols;
+            if (run > cols - i % cols)
+                run = cols - i % cols;
+        }
+        if (std >= 0.0f)
+            fsdp_rng_skip(&g, 2 * (uint64_t)f);
+        for (size_t j = i; j < i + run; j++)
+            buf[j] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(&g);
+        i += run;
+    }
     if (std >= 0.0f)
-        fsdp_rng_skip(rng, 2 * (uint64_t)first);
-    for (size_t i = first; i < first + count; i++)
-        buf[i] = std < 0.0f ? 1.0f : std * fsdp_rng_normal(rng);
-    if (std >= 0.0f)
-        fsdp_rng_skip(rng, 2 * (uint64_t)(info.numel - first - count));
+        fsdp_rng_skip(rng, 2 * (uint64_t)full);
     return fsdp_unit_set_param(u, index, buf);
+}
+
+/* the slice of parameter `index` of a layer (layer >= 0) or of the root */
+static int param_slice(int layer, int index)
+{
+    if (layer < 0)
+        return index == FSDP_LLAMA_NORM ? SLICE_WHOLE : SLICE_ROWS;
+    return index == FSDP_LLAMA_O || index == FSDP_LLAMA_DOWN ? SLICE_COLS
+           : index >= FSDP_LLAMA_LN1                         ? SLICE_WHOLE
+                                                             : SLICE_ROWS;
 }
 
 fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed)
@@ -397,11 +461,12 @@ fsdp_status_t fsdp_llama_init_params(fsdp_lm_t *lm, uint64_t seed)
         return FSDP_ERR_NO_MEMORY;
     fsdp_rng_seed(&rng, seed);
     for (int i = 0; i < nroot && status == FSDP_OK; i++)
-        status = init_param(model->lm.root, i, i == FSDP_LLAMA_NORM ? -1.0f : std, &rng, buf);
+        status = init_param(model->lm.root, i, i == FSDP_LLAMA_NORM ? -1.0f : std,
+                            param_slice(-1, i), model->tp, model->tp_rank, &rng, buf);
     for (int l = 0; l < cfg->n_layer && status == FSDP_OK; l++) {
         for (int i = 0; i < FSDP_LLAMA_LAYER_NPARAMS && status == FSDP_OK; i++)
-            status =
-                init_param(model->lm.layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std, &rng, buf);
+            status = init_param(model->lm.layers[l], i, i >= FSDP_LLAMA_LN1 ? -1.0f : std,
+                                param_slice(l, i), model->tp, model->tp_rank, &rng, buf);
     }
     free(buf);
     return status;

@@ -314,6 +314,12 @@ fsdp_status_t fsdp_llama_load_weights(fsdp_lm_t *lm, const fsdp_lm_weights_t *ba
     fsdp_status_t status;
     float *buf;
 
+    if (model->tp > 1) {
+        fsdp_error("llama: loading HF weights under tensor parallelism (tp %d) is not supported",
+                   model->tp);
+        return FSDP_ERR_UNSUPPORTED;
+    }
+
     if (c->n_layer != wc->n_layer || c->dim != wc->dim || c->ffn_dim != wc->ffn_dim ||
         c->n_head != wc->n_head || c->n_kv_head != wc->n_kv_head ||
         fsdp_llama_head_dim(c) != fsdp_llama_head_dim(wc) || c->vocab_size != wc->vocab_size ||
@@ -351,6 +357,11 @@ static void hf_name(void *arg, int unit, int index, const fsdp_param_info_t *pi,
 
 fsdp_status_t fsdp_llama_save_weights(fsdp_lm_t *lm, const char *path)
 {
+    if (fsdp_llama_of(lm)->tp > 1) {
+        fsdp_error("llama: saving HF weights under tensor parallelism (tp %d) is not supported",
+                   fsdp_llama_of(lm)->tp);
+        return FSDP_ERR_UNSUPPORTED;
+    }
     return fsdp_nn_save_units(lm->root, lm->layers, lm->n_layer, fsdp_device(lm->fs)->rank, path,
                               hf_name, NULL);
 }

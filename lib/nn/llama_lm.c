@@ -2,6 +2,9 @@
  * creation. Above llama.c, llama_run.c and llama_hf.c, which it names and which do not name it. */
 #include "config.h"
 
+#include <fsdp/log.h>
+
+#include "core/core_hidden.h"
 #include "nn/llama_int.h"
 
 static const fsdp_lm_family_t llama_family = {
@@ -21,11 +24,20 @@ static const fsdp_lm_family_t llama_family = {
 
 fsdp_status_t fsdp_llama_create(fsdp_t *fs, const fsdp_llama_config_t *cfg, fsdp_lm_t **lm_p)
 {
+    fsdp_group_t *tp = fsdp_tp_group(fs);
+    fsdp_llama_config_t local;
     fsdp_status_t status = fsdp_llama_config_check(cfg);
 
     if (status == FSDP_OK)
-        status = fsdp_lm_create(fs, &llama_family, cfg->n_layer, cfg, lm_p);
+        status = fsdp_llama_tp_config(cfg, tp != NULL ? tp->size : 1, &local);
     if (status == FSDP_OK)
-        fsdp_llama_of(*lm_p)->cfg = *cfg;
+        status = fsdp_lm_create(fs, &llama_family, cfg->n_layer, &local, lm_p);
+    if (status == FSDP_OK) {
+        fsdp_llama_t *m = fsdp_llama_of(*lm_p);
+        m->cfg = *cfg;
+        m->local = local;
+        m->tp = tp != NULL ? tp->size : 1;
+        m->tp_rank = tp != NULL ? tp->rank : 0;
+    }
     return status;
 }

@@ -139,7 +139,7 @@ static fsdp_status_t rmsnorm_fwd(llama_run_t *r, const void *x, const void *w, v
     d.u.rmsnorm_fwd.rstd = rstd;
     d.u.rmsnorm_fwd.x = x;
     d.u.rmsnorm_fwd.weight = w;
-    d.u.rmsnorm_fwd.rows = r->lm.BT;
+    d.u.rmsnorm_fwd.rows = r->lm.rows; /* sequence shards under tensor parallelism */
     d.u.rmsnorm_fwd.cols = r->D;
     d.u.rmsnorm_fwd.eps = r->m->cfg.rms_norm_eps;
     d.u.rmsnorm_fwd.dtype = r->lm.dt;
@@ -156,7 +156,7 @@ static fsdp_status_t rmsnorm_bwd(llama_run_t *r, const void *dy, const void *x, 
     d.u.rmsnorm_bwd.x = x;
     d.u.rmsnorm_bwd.rstd = rstd;
     d.u.rmsnorm_bwd.weight = w;
-    d.u.rmsnorm_bwd.rows = r->lm.BT;
+    d.u.rmsnorm_bwd.rows = r->lm.rows;
     d.u.rmsnorm_bwd.cols = r->D;
     d.u.rmsnorm_bwd.accumulate = accumulate;
     d.u.rmsnorm_bwd.dtype = r->lm.dt;
@@ -211,7 +211,9 @@ static fsdp_status_t ealloc(llama_run_t *r, size_t bytes, fsdp_mem_category_t ca
  * *rstd and *y are allocated only when NULL (the final norm's come from lm.c). */
 static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void **hb, void **y)
 {
-    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    /* a sequence shard under tensor parallelism; y is what the Linears after it read, the
+     * all-gathered [BT, D] */
+    const size_t n = r->lm.rows * r->D, es = r->lm.es;
     void *t = NULL;
     fsdp_status_t status = FSDP_OK;
 
@@ -220,7 +222,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
     if (status == FSDP_OK)
         status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* pow(2) */
     if (status == FSDP_OK && *rstd == NULL)
-        status = ealloc(r, 4 * r->lm.BT, FSDP_MEM_ACTIVATION, rstd);
+        status = ealloc(r, 4 * r->lm.rows, FSDP_MEM_ACTIVATION, rstd);
     FREE(r, t);
     if (status == FSDP_OK && r->upcast)
         status = ealloc(r, 4 * n, FSDP_MEM_TEMPORARY, &t); /* h * rstd before .to(dtype) */
@@ -228,7 +230,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
         status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, hb);
     FREE(r, t);
     if (status == FSDP_OK && *y == NULL)
-        status = ealloc(r, es * n, FSDP_MEM_ACTIVATION, y);
+        status = ealloc(r, es * r->lm.BT * r->D, FSDP_MEM_ACTIVATION, y);
     return status;
 }
 
@@ -239,7 +241,7 @@ static fsdp_status_t eager_rmsnorm(llama_run_t *r, void **u, void **rstd, void *
  * gradient. Then frees the norm's saved u, hb and rstd. */
 static fsdp_status_t eager_rmsnorm_bwd(llama_run_t *r, void **u, void **hb, void **rstd)
 {
-    const size_t n = r->lm.BT * r->D, es = r->lm.es;
+    const size_t n = r->lm.rows * r->D, es = r->lm.es;
     void *dhb = NULL, *dhn = NULL, *dh = NULL, *t = NULL, *gm = NULL, *p1 = NULL, *p2 = NULL;
     fsdp_status_t status = ealloc(r, es * n, FSDP_MEM_TEMPORARY, &dhb);
 
@@ -335,7 +337,9 @@ static size_t act_bytes(const llama_run_t *r, int i)
     switch (i) {
     case A_RSTD1:
     case A_RSTD2:
-        return r->lm.BT * sizeof(float);
+        return r->lm.rows * sizeof(float);
+    case A_H: /* the mid residual: a sequence shard under tensor parallelism */
+        return r->lm.rows * r->D * r->lm.es;
     case A_LSE:
         return r->lm.B * r->H * r->lm.T * sizeof(float);
     case A_Q:
@@ -371,6 +375,79 @@ static void free_act(llama_run_t *r, int l, unsigned mask)
      (x).ldo = (r)->qw, (x).scale = (float)(1.0 / sqrt((double)(r)->hd)), (x).causal = 1,          \
      (x).dtype = (r)->lm.dt)
 
+/* ---- tensor parallelism (torchtitan's plan for a layer) ---- */
+
+/* An RMSNorm on the sequence shard x (SequenceParallel) into the all-gathered y [BT, D] that the
+ * column-parallel q, k, v (gate, up) read (PrepareModuleInput's Shard(1) -> Replicate); its rstd
+ * stays the shard's. Without tensor parallelism the norm itself. */
+static fsdp_status_t norm_gather(llama_run_t *r, const void *x, const void *w, void *y, float *rstd)
+{
+    void *ys = NULL;
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1)
+        return rmsnorm_fwd(r, x, w, y, rstd);
+    status = alloc_a(r, r->lm.rows * r->D, FSDP_MEM_TEMPORARY, &ys);
+    if (status == FSDP_OK)
+        status = rmsnorm_fwd(r, x, w, ys, rstd);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_gather(&r->lm, ys, y, r->D);
+    FREE(r, ys);
+    return status;
+}
+
+/* A row-parallel Linear (o, down: RowwiseParallel with output Shard(1)): x [BT, in] W^T, a
+ * partial sum over the tp ranks' columns, reduce-scattered into the sequence shard y [rows, D]. */
+static fsdp_status_t row_parallel_fwd(llama_run_t *r, const void *x, size_t in, const void *w,
+                                      void *y)
+{
+    void *part = NULL;
+    fsdp_status_t status = alloc_a(r, r->lm.BT * r->D, FSDP_MEM_TEMPORARY, &part);
+
+    if (status == FSDP_OK)
+        status = linear_fwd(r, x, in, w, r->D, part, r->D);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_scatter(&r->lm, part, y, r->D);
+    FREE(r, part);
+    return status;
+}
+
+/* The gradient of a row-parallel Linear's output, all-gathered from dres (the reduce-scatter's
+ * backward) into *full; without tensor parallelism dres itself. */
+static fsdp_status_t gather_dres(llama_run_t *r, void **full)
+{
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1) {
+        *full = r->lm.dres;
+        return FSDP_OK;
+    }
+    status = alloc_a(r, r->lm.BT * r->D, FSDP_MEM_TEMPORARY, full);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_gather(&r->lm, r->lm.dres, *full, r->D);
+    return status;
+}
+
+/* A norm's backward under the column-parallel layers: their input gradient dn [BT, D], partial
+ * over tp, reduce-scattered to the shard (the all-gather's backward), then the RMSNorm backward
+ * into dres; the weight gradient is this shard's part (tp_partial_grad: FSDP2 sums it). */
+static fsdp_status_t norm_scatter_bwd(llama_run_t *r, const void *dn, const void *x,
+                                      const float *rstd, const void *w, void *dw)
+{
+    void **dns = &r->lm.tmp[4];
+    fsdp_status_t status;
+
+    if (r->lm.tp <= 1)
+        return rmsnorm_bwd(r, dn, x, rstd, w, r->lm.dres, 1, dw);
+    status = alloc_a(r, r->lm.rows * r->D, FSDP_MEM_TEMPORARY, dns);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_scatter(&r->lm, dn, *dns, r->D);
+    if (status == FSDP_OK)
+        status = rmsnorm_bwd(r, *dns, x, rstd, w, r->lm.dres, 1, dw);
+    FREE(r, *dns);
+    return status;
+}
+
 /* Layer l's forward from resid[l]: the activations in the set `need` (their inputs already there)
  * and, when output, resid[l + 1]. Recomputing runs the same kernels on the same inputs as the
  * forward did, so the values are the same to the bit. With eager memory the buffers are eager
@@ -397,7 +474,7 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     if (status == FSDP_OK && eager && (need & BIT(A_N1)))
         status = eager_rmsnorm(r, &a[A_U1], &a[A_RSTD1], &a[A_HB1], &a[A_N1]);
     if (status == FSDP_OK && (need & BIT(A_N1)))
-        status = rmsnorm_fwd(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
+        status = norm_gather(r, x, P(u, FSDP_LLAMA_LN1), a[A_N1], a[A_RSTD1]);
     if (eager) {
         if (status == FSDP_OK && (need & BIT(A_Q)))
             status = ealloc(r, BT * r->qw * es, TMP, &qo);
@@ -448,20 +525,22 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     /* o_proj, then the residual add into the mid residual */
     if (!eager)
         ho = a[A_H];
+    else if (status == FSDP_OK && (need & BIT(A_H))) /* tp: the reduce-scatter's output */
+        status = ealloc(r, r->lm.rows * D * es, TMP, &ho);
+    if (status == FSDP_OK && (need & BIT(A_H)) && r->lm.tp > 1)
+        status = row_parallel_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), ho);
     else if (status == FSDP_OK && (need & BIT(A_H)))
-        status = ealloc(r, BT * D * es, TMP, &ho);
-    if (status == FSDP_OK && (need & BIT(A_H)))
         status = linear_fwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, ho, D);
     if (status == FSDP_OK && eager && (need & BIT(A_H)))
         status = ealloc(r, act_bytes(r, A_H), ACTV, &a[A_H]);
     if (status == FSDP_OK && (need & BIT(A_H)))
-        status = add(r, a[A_H], ho, x, BT * D);
+        status = add(r, a[A_H], ho, x, r->lm.rows * D);
     if (eager)
         FREE(r, ho);
     if (status == FSDP_OK && eager && (need & BIT(A_N2)))
         status = eager_rmsnorm(r, &a[A_U2], &a[A_RSTD2], &a[A_HB2], &a[A_N2]);
     if (status == FSDP_OK && (need & BIT(A_N2)))
-        status = rmsnorm_fwd(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
+        status = norm_gather(r, a[A_H], P(u, FSDP_LLAMA_LN2), a[A_N2], a[A_RSTD2]);
     /* the MLP: gate, silu(gate) (eager: its own tensor, saved by the product), up, the product */
     if (status == FSDP_OK && eager && (need & BIT(A_GATE)))
         status = ealloc(r, act_bytes(r, A_GATE), ACTV, &a[A_GATE]);
@@ -487,15 +566,17 @@ static fsdp_status_t layer_fwd(llama_run_t *r, int l, unsigned need, int output)
     if (status == FSDP_OK && output) {
         /* down_proj, then the residual add into the layer's output */
         if (eager)
-            status = ealloc(r, BT * D * es, TMP, &ho);
+            status = ealloc(r, r->lm.rows * D * es, TMP, &ho);
         if (status == FSDP_OK)
-            status = alloc_a(r, BT * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
+            status = alloc_a(r, r->lm.rows * D, FSDP_MEM_ACTIVATION, &r->lm.resid[l + 1]);
         if (!eager)
             ho = r->lm.resid[l + 1];
-        if (status == FSDP_OK)
+        if (status == FSDP_OK && r->lm.tp > 1)
+            status = row_parallel_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), ho);
+        else if (status == FSDP_OK)
             status = linear_fwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, ho, D);
         if (status == FSDP_OK)
-            status = add(r, r->lm.resid[l + 1], ho, a[A_H], BT * D);
+            status = add(r, r->lm.resid[l + 1], ho, a[A_H], r->lm.rows * D);
         if (eager)
             FREE(r, ho);
     }
@@ -531,6 +612,7 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
          **delta = &r->lm.tmp[3];
     void *dq, *dk, *dv; /* dq [BT, H hd], dk and dv [BT, K hd], one after another in *dqkv */
     void *ds = NULL, *du = NULL, *dg = NULL, *acc = NULL, *dkv = NULL; /* eager */
+    void *dy = NULL; /* dres, or under tensor parallelism dres all-gathered */
     const size_t D = r->D, F = r->F, BT = r->lm.BT, es = r->lm.es;
     const int eager = r->eager, gqa = r->K < r->H;
     const fsdp_mem_category_t TMP = FSDP_MEM_TEMPORARY;
@@ -542,8 +624,12 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     if (status == FSDP_OK)
         status = alloc_a(r, BT * F, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, r->lm.dres, D,
-                            g[FSDP_LLAMA_DOWN], *dact, 0);
+        status = gather_dres(r, &dy);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, a[A_ACT], F, P(u, FSDP_LLAMA_DOWN), D, dy, D, g[FSDP_LLAMA_DOWN],
+                            *dact, 0);
+    if (dy != r->lm.dres)
+        FREE(r, dy);
     if (eager) { /* the product's gradients, silu's input's; dgate and dup are new tensors */
         FREE(r, a[A_ACT]);
         if (status == FSDP_OK)
@@ -587,16 +673,20 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
     }
     /* the mid residual: dres += post_attention_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, eager && r->upcast ? a[A_U2] : a[A_H], a[A_RSTD2],
-                             P(u, FSDP_LLAMA_LN2), r->lm.dres, 1, g[FSDP_LLAMA_LN2]);
+        status = norm_scatter_bwd(r, *dn, eager && r->upcast ? a[A_U2] : a[A_H], a[A_RSTD2],
+                                  P(u, FSDP_LLAMA_LN2), g[FSDP_LLAMA_LN2]);
     if (status == FSDP_OK && eager)
         status = eager_rmsnorm_bwd(r, &a[A_U2], &a[A_HB2], &a[A_RSTD2]);
     /* attention: dout = dres W_o, then the fused backward into dq dk dv, rotated back */
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->qw, FSDP_MEM_TEMPORARY, dact);
     if (status == FSDP_OK)
-        status = linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, r->lm.dres, D, g[FSDP_LLAMA_O],
-                            *dact, 0);
+        status = gather_dres(r, &dy);
+    if (status == FSDP_OK)
+        status =
+            linear_bwd(r, a[A_O], r->qw, P(u, FSDP_LLAMA_O), D, dy, D, g[FSDP_LLAMA_O], *dact, 0);
+    if (dy != r->lm.dres)
+        FREE(r, dy);
     if (status == FSDP_OK)
         status = alloc_a(r, BT * r->w, FSDP_MEM_TEMPORARY, dqkv);
     if (status == FSDP_OK)
@@ -640,8 +730,8 @@ static fsdp_status_t layer_bwd(llama_run_t *r, int l)
         FREE(r, a[A_N1]);
     /* the layer's input: dres += input_layernorm's input gradient */
     if (status == FSDP_OK)
-        status = rmsnorm_bwd(r, *dn, eager && r->upcast ? a[A_U1] : r->lm.resid[l], a[A_RSTD1],
-                             P(u, FSDP_LLAMA_LN1), r->lm.dres, 1, g[FSDP_LLAMA_LN1]);
+        status = norm_scatter_bwd(r, *dn, eager && r->upcast ? a[A_U1] : r->lm.resid[l], a[A_RSTD1],
+                                  P(u, FSDP_LLAMA_LN1), g[FSDP_LLAMA_LN1]);
     if (status == FSDP_OK && eager)
         status = eager_rmsnorm_bwd(r, &a[A_U1], &a[A_HB1], &a[A_RSTD1]);
     FREE(r, *dn);
@@ -807,16 +897,45 @@ static fsdp_status_t loss_bwd(fsdp_lm_run_t *lr)
 static fsdp_status_t head_fwd(fsdp_lm_run_t *lr)
 {
     llama_run_t *r = run_of(lr);
-    return gemm_v(r, 0, 1, r->lm.BT, lr->V, r->D, lr->nf, r->D, P(lr->lm->root, head_index(r)),
-                  r->D, 0.0f, lr->logits, lr->V, fsdp_unit_param_version(lr->lm->root));
+    void *part = NULL;
+    fsdp_status_t status;
+
+    if (lr->tp <= 1)
+        return gemm_v(r, 0, 1, r->lm.BT, lr->V, r->D, lr->nf, r->D, P(lr->lm->root, head_index(r)),
+                      r->D, 0.0f, lr->logits, lr->V, fsdp_unit_param_version(lr->lm->root));
+    /* ColwiseParallel on the all-gathered norm: this rank's vocabulary columns of the logits,
+     * all-gathered (output Replicate) */
+    status = alloc_a(r, lr->BT * lr->vl, FSDP_MEM_TEMPORARY, &part);
+    if (status == FSDP_OK)
+        status =
+            gemm_v(r, 0, 1, r->lm.BT, lr->vl, r->D, lr->nff, r->D, P(lr->lm->root, head_index(r)),
+                   r->D, 0.0f, part, lr->vl, fsdp_unit_param_version(lr->lm->root));
+    if (status == FSDP_OK)
+        status = fsdp_lm_tp_gather_cols(lr, part, lr->logits);
+    FREE(r, part);
+    return status;
 }
 
-/* dW_head += dlogits^T nf, dnf = dlogits W_head */
+/* dW_head += dlogits^T nf, dnf = dlogits W_head; under tensor parallelism from this rank's
+ * vocabulary columns of the logits' gradient and the all-gathered nf, dnf partial over tp and
+ * reduce-scattered to the shard */
 static fsdp_status_t head_bwd(fsdp_lm_run_t *lr, void **g, void *dnf)
 {
     llama_run_t *r = run_of(lr);
-    return linear_bwd(r, lr->nf, r->D, P(lr->lm->root, head_index(r)), lr->V, lr->logits, lr->V,
-                      g[head_index(r)], dnf, 0);
+    void *part = NULL;
+    fsdp_status_t status;
+
+    if (lr->tp <= 1)
+        return linear_bwd(r, lr->nf, r->D, P(lr->lm->root, head_index(r)), lr->V, lr->logits, lr->V,
+                          g[head_index(r)], dnf, 0);
+    status = alloc_a(r, lr->BT * r->D, FSDP_MEM_TEMPORARY, &part);
+    if (status == FSDP_OK)
+        status = linear_bwd(r, lr->nff, r->D, P(lr->lm->root, head_index(r)), lr->vl,
+                            AT(r, lr->logits, lr->v0), lr->V, g[head_index(r)], part, 0);
+    if (status == FSDP_OK)
+        status = fsdp_lm_sp_scatter(lr, part, dnf, r->D);
+    FREE(r, part);
+    return status;
 }
 
 static fsdp_status_t norm_bwd(fsdp_lm_run_t *lr, void **g, const void *dnf)
@@ -909,11 +1028,12 @@ fsdp_status_t fsdp_llama_forward_backward(fsdp_lm_t *lm, const int32_t *inputs,
     if (status != FSDP_OK)
         return status;
     run.m = model;
+    /* this rank's heads, kv heads and ffn columns (all of them without tensor parallelism) */
     run.D = (size_t)cfg->dim;
-    run.H = (size_t)cfg->n_head;
-    run.K = (size_t)cfg->n_kv_head;
+    run.H = (size_t)model->local.n_head;
+    run.K = (size_t)model->local.n_kv_head;
     run.hd = (size_t)fsdp_llama_head_dim(cfg);
-    run.F = (size_t)cfg->ffn_dim;
+    run.F = (size_t)model->local.ffn_dim;
     run.qw = run.H * run.hd;
     run.kw = run.K * run.hd;
     run.w = run.qw + 2 * run.kw;

@@ -87,7 +87,7 @@ fsdp_status_t fsdp_lm_run_init(fsdp_lm_run_t *r, fsdp_lm_t *lm, size_t batch, si
             return FSDP_ERR_INVALID_PARAM;
         }
     }
-    return FSDP_OK;
+    return fsdp_lm_tp_init(r);
 }
 
 /* The batch on the device: n token ids and n target ids, copied from the host into ACTIVATION
@@ -105,6 +105,22 @@ static fsdp_status_t batch_to_device(fsdp_lm_run_t *r, const int32_t *inputs,
         status = fsdp_dev_memcpy_async(r->dev, r->tokens, inputs, bytes, r->s);
     if (status == FSDP_OK)
         status = fsdp_dev_memcpy_async(r->dev, r->targets, targets, bytes, r->s);
+    if (status == FSDP_OK && r->tp > 1)
+        status = fsdp_mem_alloc(r->mem, bytes, FSDP_MEM_ACTIVATION, r->s, (void **)&r->ltokens);
+    if (status == FSDP_OK && r->tp > 1 && inputs != NULL) {
+        /* the vocabulary-parallel embedding's ids: rows of this rank's slice, -1 outside */
+        int32_t *host = malloc(bytes);
+        if (host == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        for (size_t i = 0; i < r->BT; i++)
+            host[i] = (size_t)inputs[i] >= r->v0 && (size_t)inputs[i] < r->v0 + r->vl
+                          ? (int32_t)((size_t)inputs[i] - r->v0)
+                          : -1;
+        status = fsdp_dev_memcpy_async(r->dev, r->ltokens, host, bytes, r->s);
+        if (status == FSDP_OK)
+            status = fsdp_dev_stream_synchronize(r->dev, r->s);
+        free(host);
+    }
     return status;
 }
 
@@ -116,7 +132,7 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
     fsdp_status_t status = fsdp_pre_forward(lm->root);
 
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->resid[0]);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_ACTIVATION, &r->resid[0]);
     if (status == FSDP_OK)
         status = ops->embed_fwd(r);
     for (int l = 0; l < L && status == FSDP_OK; l++) {
@@ -127,15 +143,22 @@ static fsdp_status_t forward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
             status = fsdp_post_forward(lm->layers[l]);
         ops->layer_forget(r, l);
     }
-    /* the final norm, then the head */
+    /* the final norm, then the head (under tensor parallelism on its input all-gathered, which
+     * the head keeps instead of the norm's sequence shard) */
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->nf);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_ACTIVATION, &r->nf);
     if (status == FSDP_OK && ops->norm_mean)
-        status = fsdp_lm_alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, &r->meanf);
+        status = fsdp_lm_alloc_f(r, r->rows, FSDP_MEM_ACTIVATION, &r->meanf);
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc_f(r, r->BT, FSDP_MEM_ACTIVATION, &r->rstdf);
+        status = fsdp_lm_alloc_f(r, r->rows, FSDP_MEM_ACTIVATION, &r->rstdf);
     if (status == FSDP_OK)
         status = ops->norm_fwd(r);
+    if (status == FSDP_OK && r->tp > 1) {
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_ACTIVATION, &r->nff);
+        if (status == FSDP_OK)
+            status = fsdp_lm_sp_gather(r, r->nf, r->nff, r->width);
+        FSDP_LM_FREE(r, r->nf);
+    }
     if (status == FSDP_OK)
         status = fsdp_lm_alloc(r, r->BT * r->V, FSDP_MEM_ACTIVATION, &r->logits);
     if (status == FSDP_OK)
@@ -181,12 +204,13 @@ static fsdp_status_t backward(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, double
         status = fsdp_unit_grad(lm->root, i, &g[i]);
     /* the head, then the final norm into dres */
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &r->tmp[0]);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_TEMPORARY, &r->tmp[0]);
     if (status == FSDP_OK)
         status = ops->head_bwd(r, g, r->tmp[0]);
     FSDP_LM_FREE(r, r->logits);
+    FSDP_LM_FREE(r, r->nff);
     if (status == FSDP_OK)
-        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &r->dres);
+        status = fsdp_lm_alloc(r, r->rows * r->width, FSDP_MEM_TEMPORARY, &r->dres);
     if (status == FSDP_OK)
         status = ops->norm_bwd(r, g, r->tmp[0]);
     FSDP_LM_FREE(r, r->tmp[0]);
@@ -250,10 +274,12 @@ static void run_cleanup(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops)
     FSDP_LM_FREE(r, r->nf);
     FSDP_LM_FREE(r, r->meanf);
     FSDP_LM_FREE(r, r->rstdf);
+    FSDP_LM_FREE(r, r->nff);
     if (ops->cleanup != NULL)
         ops->cleanup(r);
     FSDP_LM_FREE(r, r->tokens);
     FSDP_LM_FREE(r, r->targets);
+    FSDP_LM_FREE(r, r->ltokens);
     free(r->acts);
     free(r->resid);
     r->acts = NULL;
@@ -285,34 +311,59 @@ fsdp_status_t fsdp_lm_run_step(fsdp_lm_run_t *r, const fsdp_lm_ops_t *ops, const
     return status;
 }
 
+/* Under tensor parallelism the embedding is vocabulary-parallel (torchtitan's RowwiseParallel
+ * of tok_embeddings): each rank looks up the tokens of its rows, zeros for the others (torch's
+ * masked lookup), into a partial [BT, width] that is reduce-scattered to sequence shards. */
 fsdp_status_t fsdp_lm_embed_fwd(fsdp_lm_run_t *r, const void *wte, const void *wpe)
 {
     fsdp_kernel_t d = {.kind = FSDP_K_EMBEDDING_FWD};
+    void *full = NULL;
+    fsdp_status_t status = FSDP_OK;
 
-    d.u.embedding_fwd.y = r->resid[0];
-    d.u.embedding_fwd.tokens = r->tokens;
+    if (r->tp > 1)
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &full);
+    d.u.embedding_fwd.y = r->tp > 1 ? full : r->resid[0];
+    d.u.embedding_fwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     d.u.embedding_fwd.wte = wte;
     d.u.embedding_fwd.wpe = wpe;
     d.u.embedding_fwd.rows = r->BT;
     d.u.embedding_fwd.cols = r->width;
     d.u.embedding_fwd.seq = r->T;
-    d.u.embedding_fwd.vocab = r->V;
+    d.u.embedding_fwd.vocab = r->vl;
+    d.u.embedding_fwd.zero_outside = r->tp > 1;
     d.u.embedding_fwd.dtype = r->dt;
-    return fsdp_lm_launch(r, &d);
+    if (status == FSDP_OK)
+        status = fsdp_lm_launch(r, &d);
+    if (status == FSDP_OK && r->tp > 1)
+        status = fsdp_lm_sp_scatter(r, full, r->resid[0], r->width);
+    FSDP_LM_FREE(r, full);
+    return status;
 }
 
+/* Under tensor parallelism from dres all-gathered (the reduce-scatter's backward), into this
+ * rank's vocabulary rows. */
 fsdp_status_t fsdp_lm_embed_bwd(fsdp_lm_run_t *r, void *dwte, void *dwpe)
 {
     fsdp_kernel_t e = {.kind = FSDP_K_EMBEDDING_BWD};
+    void *full = NULL;
+    fsdp_status_t status = FSDP_OK;
 
+    if (r->tp > 1) {
+        status = fsdp_lm_alloc(r, r->BT * r->width, FSDP_MEM_TEMPORARY, &full);
+        if (status == FSDP_OK)
+            status = fsdp_lm_sp_gather(r, r->dres, full, r->width);
+    }
     e.u.embedding_bwd.dwte = dwte;
     e.u.embedding_bwd.dwpe = dwpe;
-    e.u.embedding_bwd.dy = r->dres;
-    e.u.embedding_bwd.tokens = r->tokens;
+    e.u.embedding_bwd.dy = r->tp > 1 ? full : r->dres;
+    e.u.embedding_bwd.tokens = r->tp > 1 ? r->ltokens : r->tokens;
     e.u.embedding_bwd.rows = r->BT;
     e.u.embedding_bwd.cols = r->width;
     e.u.embedding_bwd.seq = r->T;
-    e.u.embedding_bwd.vocab = r->V;
+    e.u.embedding_bwd.vocab = r->vl;
     e.u.embedding_bwd.dtype = r->dt;
-    return fsdp_lm_launch(r, &e);
+    if (status == FSDP_OK)
+        status = fsdp_lm_launch(r, &e);
+    FSDP_LM_FREE(r, full);
+    return status;
 }

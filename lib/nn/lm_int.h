@@ -139,6 +139,15 @@ typedef struct fsdp_lm_run {
     float *losses, *loss;      /* [BT] per row, and the loss */
     void *dres;                /* the gradient of the residual stream, walked down the layers */
     void *tmp[5];              /* a layer's backward scratch */
+    /* Tensor parallelism (lm_tp.c): the tp group (NULL: none; then rows = BT, tp = 1, v0 = 0,
+     * vl = V). The residual stream, the norms and their gradients are sequence shards, torch's
+     * Shard(1) of [B, T, width]: this rank's rows [tp_rank T / tp, (tp_rank + 1) T / tp) of
+     * every sequence, rows = BT / tp of them; resid, nf, dres and the final norm's statistics
+     * hold them. The embedding and the LM head hold vocabulary rows [v0, v0 + vl). */
+    fsdp_group_t *tpg;
+    size_t tp, tp_rank, rows, v0, vl;
+    int32_t *ltokens; /* [BT] the tokens as rows of this rank's vocabulary, -1 outside */
+    void *nff;        /* the final norm's output all-gathered [BT, width], kept for the head */
 } fsdp_lm_run_t;
 
 /* The model's part of a step, called in the order the step's comments give. */
@@ -213,6 +222,23 @@ static inline fsdp_status_t fsdp_lm_alloc_f(fsdp_lm_run_t *r, size_t n, fsdp_mem
 
 /* frees a buffer of the run and forgets it */
 #define FSDP_LM_FREE(r, p) (fsdp_mem_free((r)->mem, (p)), (p) = NULL)
+
+/* ---- tensor parallelism's collectives (lm_tp.c), on the compute stream, traced with the unit
+ * and the hook whose code issues them ---- */
+
+/* Fills r's tensor-parallel fields from the model's fsdp_t: the group, rows and the vocabulary
+ * slice; with tp > 1 refuses a seq that tp does not divide, naming both. */
+fsdp_status_t fsdp_lm_tp_init(fsdp_lm_run_t *r);
+/* Sequence parallelism's all-gather (Shard(1) -> Replicate): full [BT, cols] from every tp
+ * rank's local [rows, cols]; the gathered [tp, B, T / tp, cols] is permuted into [B, T, cols]
+ * by tp chunk copies, as torch's all_gather along dim 1 copies its chunks into place. */
+fsdp_status_t fsdp_lm_sp_gather(fsdp_lm_run_t *r, const void *local, void *full, size_t cols);
+/* Its reduce-scatter (Partial -> Shard(1)): local [rows, cols] = this rank's rows of the sum
+ * over tp of full [BT, cols]; full is first permuted into [tp, B, T / tp, cols] by chunk
+ * copies (torch's cat of the chunks along dim 1), then reduce-scattered. */
+fsdp_status_t fsdp_lm_sp_scatter(fsdp_lm_run_t *r, const void *full, void *local, size_t cols);
+/* Shard(-1) -> Replicate of the logits: full [BT, vl tp] from every rank's [BT, vl]. */
+fsdp_status_t fsdp_lm_tp_gather_cols(fsdp_lm_run_t *r, const void *local, void *full);
 
 /* The embedding of the run's tokens into resid[0]: the rows of wte, plus those of wpe (the
  * positions) unless NULL. */
