@@ -591,6 +591,32 @@ static double cap(double v, double c)
  * + 2.8 us x nranks. */
 #define PAT_RANK_LATENCY_S 2.8e-6
 
+/* NCCL_MAX_NVLS_ARITY (src/include/device.h): the heads of an NVLS graph */
+#define NVLS_MAX_HEADS 32
+
+/* NCCL's NVLS graph inside one node (src/graph/search.cc, ncclTopoCompute and
+ * ncclTopoSearchTryNvls) has a head, one channel, per GPU, each at one speed of Hopper's intra-node
+ * search (sm90SpeedArrayIntra, GB/s): the fastest whose n + 1 shares, a GPU's own head counted
+ * twice, fit its NVLink. The tuning's NVLS all-reduce busBw is then 2 x 0.85 x that speed x
+ * (n - 1) (src/graph/tuning.cc): 476 GB/s on 8 H100s, 306 on 4, 102 on 2. The profile's NVLS
+ * bandwidth is measured on 8 ranks; n ranks take NCCL's ratio of n's to 8's, 1 on 8. */
+static double nvls_ranks_scale(double nvlink_bytes_per_s, int n)
+{
+    static const double speeds[] = {60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3};
+    double head[2] = {0.0, 0.0};
+    int ranks[2] = {n < NVLS_MAX_HEADS ? n : NVLS_MAX_HEADS, 8};
+
+    for (int i = 0; i < 2; i++) {
+        for (size_t s = 0; s < sizeof(speeds) / sizeof(speeds[0]) && head[i] == 0.0; s++) {
+            if ((ranks[i] + 1) * speeds[s] * 1e9 <= nvlink_bytes_per_s)
+                head[i] = speeds[s];
+        }
+    }
+    if (head[1] == 0.0)
+        return 1.0;
+    return head[0] * (ranks[0] - 1) / (head[1] * 7.0);
+}
+
 /* NCCL's tuning model of one (algorithm, protocol) on all channels: its latency and algorithm
  * bandwidth; 0 if the pair does not apply. */
 static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kind, int a, int pr,
@@ -677,7 +703,7 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         if (!all_reduce || nodes > 1 || ppn < 2 || pr != FSDP_SIM_PROTO_SIMPLE ||
             nc->nvls_bus_bytes_per_s <= 0.0)
             return 0;
-        bw = nc->nvls_bus_bytes_per_s * n / nsteps;
+        bw = nc->nvls_bus_bytes_per_s * nvls_ranks_scale(nc->intra_bus_bytes_per_s, n) * n / nsteps;
         lat = nc->intra_latency_s[a][pr];
         break;
     case FSDP_SIM_ALGO_NVLS_TREE:
