@@ -166,6 +166,7 @@ fi
 # would show the database file's steps only)
 if command -v sqlite3 >/dev/null 2>&1; then
     mkdir "$tmp/wk" "$tmp/wcopy" "$tmp/wref"
+    : >"$tmp/kout" # emptied first: the run's own redirection may come after wait_lines' first look
     "$train" --model mlp:32,256,256,8 --world 2 --steps 100000 --trace "$tmp/wk/w.db" \
         >"$tmp/kout" 2>&1 &
     pid=$!
