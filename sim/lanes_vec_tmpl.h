@@ -299,11 +299,4 @@ EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass,
 
 #undef EV_NL
 #undef EV_HV
-#undef EV_INLINE
-#undef vf
-#undef vi
-#undef vu
-#undef vh
-#undef EV
-#undef EV_CAT
-#undef EV_CAT2
+/* the vector types and helpers stay defined for rows_vec_tmpl.h, which undefines them */
