@@ -38,9 +38,15 @@ EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shufflevector(v, v, a, b, c, d)
 #define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                               \
     __builtin_shufflevector(v, v, a, b, c, d, e, f, g, h)
+#define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shufflevector(v, w, a, b, c, d)
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+    __builtin_shufflevector(v, w, a, b, c, d, e, f, g, h)
 #else
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shuffle(v, (vi){a, b, c, d})
 #define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h) __builtin_shuffle(v, (vi){a, b, c, d, e, f, g, h})
+#define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shuffle(v, w, (vi){a, b, c, d})
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+    __builtin_shuffle(v, w, (vi){a, b, c, d, e, f, g, h})
 #endif
 #endif
 
@@ -86,6 +92,62 @@ EV_INLINE float EV(dot)(const vf *a, const void *b, size_t bo, size_t hd, fsdp_d
     return EV(lanes_sum)(part, hd);
 }
 
+/* The dot products of the loaded row a with nj <= EV_W rows of b at bo, bo + ld, ... (hd
+ * elements each), as EV(dot) computes each: lane u of the result is row u's (0 past nj). Each
+ * row's 32 lanes are summed to one vector by the levels of EV_W lanes or more, then the EV_W
+ * rows' vectors meet in the levels below EV_W together, two rows' halves an addition: lane l of
+ * a row still adds lane l + w to itself at level w, in the same order (a head_dim that is a
+ * multiple of EV_W has more than EV_W / 2 elements, so lanes_sum runs every level below EV_W). */
+EV_INLINE vf EV(dots)(const vf *a, const void *b, size_t bo, size_t ld, unsigned nj, size_t hd,
+                      fsdp_dtype_t dt)
+{
+    vf p[EV_W];
+
+    for (unsigned u = 0; u < EV_W; u++) {
+        vf part[EV_NL];
+        p[u] = EV(splat)(0.0f);
+        if (u >= nj)
+            continue;
+        for (unsigned v = 0; v < EV_NL; v++)
+            part[v] = EV(splat)(0.0f);
+        for (size_t c = 0; c < hd; c += FSDP_KB_LANES)
+            for (unsigned v = 0; v < EV_NL && c + v * EV_W < hd; v++)
+                part[v] += a[c / EV_W + v] * EV(ld)(b, dt, bo + u * ld + c + v * EV_W);
+        for (unsigned w = FSDP_KB_LANES / 2; w >= EV_W; w >>= 1)
+            if (hd > w)
+                for (unsigned v = 0; v < w / EV_W; v++)
+                    part[v] = part[v] + part[v + w / EV_W];
+        p[u] = part[0];
+    }
+#if EV_W == 8
+    {
+        /* level 4: rows 2i and 2i + 1 in one vector, lanes 0-3 and 4-7 */
+        vf s01 = FSDP_LANES_MIX8(p[0], p[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[0], p[1], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s23 = FSDP_LANES_MIX8(p[2], p[3], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[2], p[3], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s45 = FSDP_LANES_MIX8(p[4], p[5], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[4], p[5], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s67 = FSDP_LANES_MIX8(p[6], p[7], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[6], p[7], 4, 5, 6, 7, 12, 13, 14, 15);
+        /* level 2: rows 0, 2, 1, 3 (and 4, 6, 5, 7) two lanes each */
+        vf t0 = FSDP_LANES_MIX8(s01, s23, 0, 1, 8, 9, 4, 5, 12, 13) +
+                FSDP_LANES_MIX8(s01, s23, 2, 3, 10, 11, 6, 7, 14, 15);
+        vf t1 = FSDP_LANES_MIX8(s45, s67, 0, 1, 8, 9, 4, 5, 12, 13) +
+                FSDP_LANES_MIX8(s45, s67, 2, 3, 10, 11, 6, 7, 14, 15);
+        /* level 1: rows 0 .. 7 in order */
+        return FSDP_LANES_MIX8(t0, t1, 0, 4, 2, 6, 8, 12, 10, 14) +
+               FSDP_LANES_MIX8(t0, t1, 1, 5, 3, 7, 9, 13, 11, 15);
+    }
+#else
+    {
+        vf s01 = FSDP_LANES_MIX4(p[0], p[1], 0, 1, 4, 5) + FSDP_LANES_MIX4(p[0], p[1], 2, 3, 6, 7);
+        vf s23 = FSDP_LANES_MIX4(p[2], p[3], 0, 1, 4, 5) + FSDP_LANES_MIX4(p[2], p[3], 2, 3, 6, 7);
+        return FSDP_LANES_MIX4(s01, s23, 0, 2, 4, 6) + FSDP_LANES_MIX4(s01, s23, 1, 3, 5, 7);
+    }
+#endif
+}
+
 /* acc += p * (the row at ro), fsdp_kb_acc_add */
 EV_INLINE void EV(acc_add)(vf *acc, float p, const void *row, size_t ro, size_t nv, fsdp_dtype_t dt)
 {
@@ -126,12 +188,12 @@ EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
         acc[i] = EV(splat)(0.0f);
     for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
         const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(splat)(0.0f), mprev = s, mnew = s, p, corr;
+        vf s = EV(dots)(q, k->u.attention_fwd.k, (b * T + j0) * k->u.attention_fwd.ldk + g * hd,
+                        k->u.attention_fwd.ldk, nj, hd, dt) *
+               scale;
+        vf mprev = EV(splat)(0.0f), mnew = mprev, p, corr;
         unsigned grew = 0;
         for (unsigned u = 0; u < nj; u++) {
-            s[u] = EV(dot)(q, k->u.attention_fwd.k,
-                           (b * T + j0 + u) * k->u.attention_fwd.ldk + g * hd, hd, dt) *
-                   scale;
             mprev[u] = m;
             if (s[u] > m) { /* a new maximum: what was summed is rescaled by corr */
                 grew |= 1u << u;
@@ -202,16 +264,12 @@ EV_ATTR static void EV(attn_dq_row)(const fsdp_kernel_t *k, size_t r)
         acc[i] = EV(splat)(0.0f);
     for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
         const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(splat)(0.0f), dp = s, ds;
-        for (unsigned u = 0; u < nj; u++) {
-            const size_t j = j0 + u;
-            s[u] = EV(dot)(q, k->u.attention_bwd.k, (b * T + j) * k->u.attention_bwd.ldk + g * hd,
-                           hd, dt) *
-                   k->u.attention_bwd.scale;
-            dp[u] = EV(dot)(dout, k->u.attention_bwd.v,
-                            (b * T + j) * k->u.attention_bwd.ldv + g * hd, hd, dt);
-        }
-        ds = EV(expf)(s - lse) * (dp - delta);
+        vf s = EV(dots)(q, k->u.attention_bwd.k, (b * T + j0) * k->u.attention_bwd.ldk + g * hd,
+                        k->u.attention_bwd.ldk, nj, hd, dt) *
+               k->u.attention_bwd.scale;
+        vf dp = EV(dots)(dout, k->u.attention_bwd.v, (b * T + j0) * k->u.attention_bwd.ldv + g * hd,
+                         k->u.attention_bwd.ldv, nj, hd, dt);
+        vf ds = EV(expf)(s - lse) * (dp - delta);
         for (unsigned u = 0; u < nj; u++)
             EV(acc_add)
             (acc, ds[u], k->u.attention_bwd.k, (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd,
@@ -245,14 +303,16 @@ EV_ATTR static void EV(attn_dkv_row)(const fsdp_kernel_t *k, size_t r)
     for (size_t h = g * group; h < (g + 1) * group; h++) {
         for (size_t t0 = k->u.attention_bwd.causal ? j : 0; t0 < T; t0 += EV_W) {
             const unsigned nt = T - t0 < EV_W ? (unsigned)(T - t0) : EV_W;
-            vf s = EV(splat)(0.0f), dp = s, lse = s, delta = s, p, ds;
+            vf s =
+                EV(dots)(kr, k->u.attention_bwd.q, (b * T + t0) * k->u.attention_bwd.ldq + h * hd,
+                         k->u.attention_bwd.ldq, nt, hd, dt) *
+                k->u.attention_bwd.scale;
+            vf dp = EV(dots)(vr, k->u.attention_bwd.dout,
+                             (b * T + t0) * k->u.attention_bwd.ldo + h * hd, k->u.attention_bwd.ldo,
+                             nt, hd, dt);
+            vf lse = EV(splat)(0.0f), delta = lse, p, ds;
             for (unsigned u = 0; u < nt; u++) {
-                const size_t t = t0 + u, rq = (b * H + h) * T + t;
-                s[u] = EV(dot)(kr, k->u.attention_bwd.q,
-                               (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd, dt) *
-                       k->u.attention_bwd.scale;
-                dp[u] = EV(dot)(vr, k->u.attention_bwd.dout,
-                                (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd, dt);
+                const size_t rq = (b * H + h) * T + t0 + u;
                 lse[u] = k->u.attention_bwd.lse[rq];
                 delta[u] = k->u.attention_bwd.delta[rq];
             }
