@@ -50,6 +50,14 @@ EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_
 #endif
 #endif
 
+#ifndef EV_UNROLL
+#if defined(__clang__)
+#define EV_UNROLL _Pragma("unroll")
+#else
+#define EV_UNROLL _Pragma("GCC unroll 8")
+#endif
+#endif
+
 /* v with lanes s .. 2 s - 1 moved down to lanes 0 .. s - 1 (the others: whatever) */
 EV_INLINE vf EV(down)(vf v, int s)
 {
@@ -103,20 +111,28 @@ EV_INLINE vf EV(dots)(const vf *a, const void *b, size_t bo, size_t ld, unsigned
 {
     vf p[EV_W];
 
+    /* the loops over the constant counts unroll, so that the partials stay in registers */
+    EV_UNROLL
     for (unsigned u = 0; u < EV_W; u++) {
         vf part[EV_NL];
         p[u] = EV(splat)(0.0f);
         if (u >= nj)
             continue;
-        for (unsigned v = 0; v < EV_NL; v++)
-            part[v] = EV(splat)(0.0f);
-        for (size_t c = 0; c < hd; c += FSDP_KB_LANES)
-            for (unsigned v = 0; v < EV_NL && c + v * EV_W < hd; v++)
-                part[v] += a[c / EV_W + v] * EV(ld)(b, dt, bo + u * ld + c + v * EV_W);
-        for (unsigned w = FSDP_KB_LANES / 2; w >= EV_W; w >>= 1)
-            if (hd > w)
-                for (unsigned v = 0; v < w / EV_W; v++)
-                    part[v] = part[v] + part[v + w / EV_W];
+        EV_UNROLL
+        for (unsigned v = 0; v < EV_NL; v++) { /* lane vector v: elements v W, v W + 32, ... */
+            vf sum = EV(splat)(0.0f);
+            for (size_t c = v * EV_W; c < hd; c += FSDP_KB_LANES)
+                sum += a[c / EV_W] * EV(ld)(b, dt, bo + u * ld + c);
+            part[v] = sum;
+        }
+        EV_UNROLL
+        for (unsigned w = FSDP_KB_LANES / 2; w >= EV_W; w >>= 1) {
+            if (hd <= w)
+                continue;
+            EV_UNROLL
+            for (unsigned v = 0; v < w / EV_W; v++)
+                part[v] = part[v] + part[v + w / EV_W];
+        }
         p[u] = part[0];
     }
 #if EV_W == 8
@@ -148,11 +164,22 @@ EV_INLINE vf EV(dots)(const vf *a, const void *b, size_t bo, size_t ld, unsigned
 #endif
 }
 
-/* acc += p * (the row at ro), fsdp_kb_acc_add */
-EV_INLINE void EV(acc_add)(vf *acc, float p, const void *row, size_t ro, size_t nv, fsdp_dtype_t dt)
+/* acc += p[u] * (the row at ro + u ld) for the nj rows u in order, fsdp_kb_acc_add's row by row;
+ * with grew, acc is first rescaled by corr[u] at each row u whose bit is set (the online softmax's
+ * new maxima). A vector of acc goes through all the rows before the next, in a register: each
+ * element still takes the rows' terms in order. */
+EV_INLINE void EV(acc_rows)(vf *acc, vf p, const void *row, size_t ro, size_t ld, unsigned nj,
+                            size_t nv, fsdp_dtype_t dt, unsigned grew, vf corr)
 {
-    for (size_t i = 0; i < nv; i++)
-        acc[i] += p * EV(ld)(row, dt, ro + i * EV_W);
+    for (size_t i = 0; i < nv; i++) {
+        vf x = acc[i];
+        for (unsigned u = 0; u < nj; u++) {
+            if (grew & (1u << u))
+                x *= corr[u];
+            x += p[u] * EV(ld)(row, dt, ro + u * ld + i * EV_W);
+        }
+        acc[i] = x;
+    }
 }
 
 /* whether a lane of r[0 .. nv) is a NaN */
@@ -204,16 +231,13 @@ EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
         p = EV(expf)(s - mnew);
         corr = EV(expf)(mprev - s);
         for (unsigned u = 0; u < nj; u++) {
-            if (grew & (1u << u)) {
+            if (grew & (1u << u))
                 l *= corr[u];
-                for (size_t i = 0; i < nv; i++)
-                    acc[i] *= corr[u];
-            }
             l += p[u];
-            EV(acc_add)
-            (acc, p[u], k->u.attention_fwd.v, (b * T + j0 + u) * k->u.attention_fwd.ldv + g * hd,
-             nv, dt);
         }
+        EV(acc_rows)
+        (acc, p, k->u.attention_fwd.v, (b * T + j0) * k->u.attention_fwd.ldv + g * hd,
+         k->u.attention_fwd.ldv, nj, nv, dt, grew, corr);
     }
     for (size_t i = 0; i < nv; i++)
         acc[i] = acc[i] / l;
@@ -270,10 +294,9 @@ EV_ATTR static void EV(attn_dq_row)(const fsdp_kernel_t *k, size_t r)
         vf dp = EV(dots)(dout, k->u.attention_bwd.v, (b * T + j0) * k->u.attention_bwd.ldv + g * hd,
                          k->u.attention_bwd.ldv, nj, hd, dt);
         vf ds = EV(expf)(s - lse) * (dp - delta);
-        for (unsigned u = 0; u < nj; u++)
-            EV(acc_add)
-            (acc, ds[u], k->u.attention_bwd.k, (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd,
-             nv, dt);
+        EV(acc_rows)
+        (acc, ds, k->u.attention_bwd.k, (b * T + j0) * k->u.attention_bwd.ldk + g * hd,
+         k->u.attention_bwd.ldk, nj, nv, dt, 0, ds);
     }
     for (size_t i = 0; i < nv; i++)
         acc[i] = acc[i] * k->u.attention_bwd.scale;
@@ -318,15 +341,12 @@ EV_ATTR static void EV(attn_dkv_row)(const fsdp_kernel_t *k, size_t r)
             }
             p = EV(expf)(s - lse);
             ds = p * (dp - delta);
-            for (unsigned u = 0; u < nt; u++) {
-                const size_t t = t0 + u;
-                EV(acc_add)
-                (dv, p[u], k->u.attention_bwd.dout, (b * T + t) * k->u.attention_bwd.ldo + h * hd,
-                 nv, dt);
-                EV(acc_add)
-                (dk, ds[u], k->u.attention_bwd.q, (b * T + t) * k->u.attention_bwd.ldq + h * hd, nv,
-                 dt);
-            }
+            EV(acc_rows)
+            (dv, p, k->u.attention_bwd.dout, (b * T + t0) * k->u.attention_bwd.ldo + h * hd,
+             k->u.attention_bwd.ldo, nt, nv, dt, 0, p);
+            EV(acc_rows)
+            (dk, ds, k->u.attention_bwd.q, (b * T + t0) * k->u.attention_bwd.ldq + h * hd,
+             k->u.attention_bwd.ldq, nt, nv, dt, 0, ds);
         }
     }
     for (size_t i = 0; i < nv; i++) {
