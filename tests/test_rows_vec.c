@@ -25,17 +25,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint32_t rng(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
+    return fsdp_test_rand32(&rng_state);
 }
 
 /* modes: 0 ordinary, 1 large (exp's overflow and underflow), 2 NaNs and infinities one in 97,
@@ -46,8 +36,9 @@ static float value(int mode)
 {
     float u = (float)(rng() >> 8) / 16777216.0f - 0.5f;
     if ((mode == 2 && rng() % 97 == 0) || (mode == 3 && rng() % 3000 == 0))
-        return rng() & 1 ? bits_f32(0x7fc00000u | (rng() & 0x3fffffu) | (rng() & 1u) << 31)
-                         : bits_f32(0x7f800000u | (rng() & 1u) << 31);
+        return rng() & 1
+                   ? fsdp_test_bits_f32(0x7fc00000u | (rng() & 0x3fffffu) | (rng() & 1u) << 31)
+                   : fsdp_test_bits_f32(0x7f800000u | (rng() & 1u) << 31);
     return mode == 1 ? 200.0f * u : 4.0f * u;
 }
 
