@@ -197,6 +197,34 @@ EV_INLINE void EV(row_st)(void *p, fsdp_dtype_t dt, size_t o, const vf *r, size_
         EV(st)(p, dt, o + i * EV_W, r[i]);
 }
 
+/* v's lanes one up, lane 0 first (in front of lane 0) */
+EV_INLINE vf EV(after)(float first, vf v)
+{
+    const vf f = EV(splat)(first);
+#if EV_W == 8
+    return FSDP_LANES_MIX8(f, v, 0, 8, 9, 10, 11, 12, 13, 14);
+#else
+    return FSDP_LANES_MIX4(f, v, 0, 4, 5, 6);
+#endif
+}
+
+/* Lane u: the running maximum of the online softmax after key u, from m before key 0: keys that
+ * are not above it leave it, as fsdp_kb_attention_fwd_row's `s > m`. That is the leftmost of the
+ * largest of m, s[0 .. u] (a +0 after an equal -0 leaves the -0), whatever the grouping, so the
+ * lanes' prefix is taken in log2(W) steps of pairs. (A NaN score, which this would group another
+ * way, makes the row's lse a NaN: that row is computed again by the scalar loop.) */
+EV_INLINE vf EV(run_max)(float m, vf s)
+{
+    const float ninf = -fsdp_kb_inff();
+    for (int w = 1; w < EV_W; w <<= 1) {
+        vf before = s; /* lane u: lane u - w, -inf below */
+        for (int i = 0; i < w; i++)
+            before = EV(after)(ninf, before);
+        s = EV(sel)(s > before, s, before);
+    }
+    return EV(sel)(s > m, s, EV(splat)(m));
+}
+
 /* fsdp_kb_attention_fwd_row */
 EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
 {
@@ -218,16 +246,11 @@ EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
         vf s = EV(dots)(q, k->u.attention_fwd.k, (b * T + j0) * k->u.attention_fwd.ldk + g * hd,
                         k->u.attention_fwd.ldk, nj, hd, dt) *
                scale;
-        vf mprev = EV(splat)(0.0f), mnew = mprev, p, corr;
-        unsigned grew = 0;
-        for (unsigned u = 0; u < nj; u++) {
-            mprev[u] = m;
-            if (s[u] > m) { /* a new maximum: what was summed is rescaled by corr */
-                grew |= 1u << u;
-                m = s[u];
-            }
-            mnew[u] = m;
-        }
+        /* the running maximum after each key and before it; a key above the one before it is a
+         * new maximum: what was summed is rescaled by corr */
+        vf mnew = EV(run_max)(m, s), mprev = EV(after)(m, mnew), p, corr;
+        unsigned grew = (unsigned)EV_ANY(s > mprev) & ((1u << nj) - 1u);
+        m = mnew[nj - 1];
         p = EV(expf)(s - mnew);
         corr = EV(expf)(mprev - s);
         for (unsigned u = 0; u < nj; u++) {
