@@ -206,4 +206,14 @@ static inline float fsdp_test_bits_f32(uint32_t u)
     return f;
 }
 
+/* The closing line of a test of vector loops against their scalar replay: which ISAs it could
+ * run (have_isa[0] SSE2, have_isa[1] AVX2) and how many runs it compared; at least one. */
+static inline void fsdp_test_isa_summary(const int *have_isa, long compared)
+{
+    printf("\n  sse2 %s, avx2 %s; %ld runs compared with the scalar replay ",
+           have_isa[0] ? "tested" : "not available", have_isa[1] ? "tested" : "not available",
+           compared);
+    CU_ASSERT(compared > 0);
+}
+
 #endif
