@@ -2,14 +2,16 @@
  * in the same run: ns per element of adamw, gelu_fwd, gelu_bwd, add, axpy and an f32 -> bf16
  * cast on 2^20 elements, each ISA's best of several rounds (the rounds alternate the ISAs, so
  * that a noisy machine slows them alike), and the speedup over the scalar loop; the same for the
- * fused attention's forward and backward (its lanes as vectors, sim/lanes_vec_tmpl.h) on
- * llama-tiny's, stories15M's and head_dim 128 shapes (with --long, also T = 1024 and 2048 at
- * head_dim 48, 64 and 128: keys and values past the caches). Then, unless --quick, training steps
- * (AdamW, one rank on one thread) of GPT-2 124M (B=4, T=64), of a stories15M-shaped Llama (6
- * layers of 288, 6 heads, SwiGLU of 768, vocab 32000; B=4, T=256) and of gpt2-tiny (B=32, T=64),
- * each with the scalar loops and with the widest vectors, alternated, and the ratio of their step
- * times: the scalar run is the reference, the same step with the element-wise kernels' and the
- * fused attention's vector paths off (the same bytes; the GEMMs keep their vector kernel in both).
+ * row kernels, column sums and Llama element passes (sim/rows_vec_tmpl.h) at the shapes of a
+ * GPT-2 124M and a stories15M step, and for the fused attention's forward and backward (its lanes
+ * as vectors, sim/lanes_vec_tmpl.h) on llama-tiny's, stories15M's and head_dim 128 shapes (with
+ * --long, also T = 1024 and 2048 at head_dim 48, 64 and 128: keys and values past the caches).
+ * Then, unless --quick, training steps (AdamW, one rank on one thread) of GPT-2 124M (B=4, T=64),
+ * of a stories15M-shaped Llama (6 layers of 288, 6 heads, SwiGLU of 768, vocab 32000; B=4, T=256)
+ * and of gpt2-tiny (B=32, T=64), each with the scalar loops and with the widest vectors,
+ * alternated, and the ratio of their step times: the scalar run is the reference, the same step
+ * with the element-wise kernels' and the fused attention's vector paths off (the same bytes; the
+ * GEMMs keep their vector kernel in both).
  *
  *     bench_elem [--quick] [--long] [--rounds N] [--steps N]
  *
@@ -201,6 +203,82 @@ static void bench_attention(const char *what, size_t B, size_t T, size_t H, size
     free(delta);
 }
 
+/* The row kernels, column sums and Llama element passes (sim/rows_vec_tmpl.h) on each ISA, at
+ * the shapes of a GPT-2 124M step (B=4, T=64: 256 rows of 768, 12 heads' causal scores, the
+ * loss over 50257 logits of 64 rows) and of a stories15M step (B=4, T=256: 1024 rows of 288,
+ * SwiGLU of 768, 6 heads of 48): ns per element of the kernel's largest tensor. */
+static void bench_rows(int rounds)
+{
+    const size_t R = 256, C = 768, V = 50257, RV = 64, SR = 3072, ST = 64;
+    const size_t LR = 1024, LC = 288, LF = 768, LH = 6, LD = 48;
+    float *x = values(SR * ST > RV * V ? SR * ST : RV * V, 2.0f, 12), *y = values(RV * V, 1.0f, 13);
+    float *dy = values(LR * LF, 0.1f, 14), *w = values(LR * LF, 1.0f, 15);
+    float *b = values(C, 0.1f, 16), *dw = values(C, 0.0f, 17), *db = values(C, 0.0f, 18);
+    float *st = values(LR, 0.0f, 19), *st2 = values(LR, 0.0f, 20), *tab = values(LR * LD, 1.0f, 21);
+    int32_t *tg = alloc(RV * sizeof(int32_t));
+    fsdp_kernel_t k;
+
+    for (size_t i = 0; i < LR; i++)
+        st[i] = 0.01f * (float)(i % 7), st2[i] = 1.0f + 0.01f * (float)(i % 5);
+    for (size_t i = 0; i < RV; i++)
+        tg[i] = (int32_t)((i * 7919) % V);
+    printf("row kernels, column sums and Llama element passes, ns per element (best of %d) and "
+           "speedup over scalar:\n",
+           rounds);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_LAYERNORM_FWD;
+    k.u.layernorm_fwd =
+        (__typeof__(k.u.layernorm_fwd)){y, st, st2, x, w, b, R, C, 1e-5f, FSDP_DTYPE_F32};
+    time_kernel("layernorm_fwd", &k, R * C, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_LAYERNORM_BWD;
+    k.u.layernorm_bwd =
+        (__typeof__(k.u.layernorm_bwd)){y, dw, db, dy, x, st, st2, w, R, C, 0, FSDP_DTYPE_F32};
+    time_kernel("layernorm_bwd", &k, R * C, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_BIAS_GRAD;
+    k.u.bias_grad = (__typeof__(k.u.bias_grad)){db, dy, R, C, FSDP_DTYPE_F32, FSDP_DTYPE_F32};
+    time_kernel("bias_grad", &k, R * C, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SOFTMAX_FWD;
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){y, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0};
+    time_kernel("softmax_fwd", &k, SR * ST, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SOFTMAX_BWD;
+    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){w, dy, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0};
+    time_kernel("softmax_bwd", &k, SR * ST, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_CROSS_ENTROPY;
+    k.u.cross_entropy = (__typeof__(k.u.cross_entropy)){
+        NULL, st, y, x, tg, RV, V, (double)RV, FSDP_DTYPE_F32, 0, NULL, 0};
+    time_kernel("cross_entropy", &k, RV * V, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RMSNORM_FWD;
+    k.u.rmsnorm_fwd = (__typeof__(k.u.rmsnorm_fwd)){y, st2, x, w, LR, LC, 1e-5f, FSDP_DTYPE_F32};
+    time_kernel("rmsnorm_fwd", &k, LR * LC, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_RMSNORM_BWD;
+    k.u.rmsnorm_bwd =
+        (__typeof__(k.u.rmsnorm_bwd)){y, dw, dy, x, st2, w, LR, LC, 0, FSDP_DTYPE_F32};
+    time_kernel("rmsnorm_bwd", &k, LR * LC, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SWIGLU_FWD;
+    k.u.swiglu_fwd = (__typeof__(k.u.swiglu_fwd)){y, x, w, LR * LF, FSDP_DTYPE_F32};
+    time_kernel("swiglu_fwd", &k, LR * LF, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SWIGLU_BWD;
+    k.u.swiglu_bwd =
+        (__typeof__(k.u.swiglu_bwd)){y, y + LR * LF, dy, x, w, LR * LF, FSDP_DTYPE_F32};
+    time_kernel("swiglu_bwd", &k, LR * LF, rounds, NULL, NULL, NULL, 0);
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_ROPE_FWD;
+    k.u.rope = (__typeof__(k.u.rope)){y,  x,  tab, tab + LR * LD / 2, LR,
+                                      LH, LD, LR,  LH * LD,           FSDP_DTYPE_F32};
+    time_kernel("rope_fwd", &k, LR * LH * LD, rounds, NULL, NULL, NULL, 0);
+    free(x), free(y), free(dy), free(w), free(b), free(dw), free(db), free(st), free(st2);
+    free(tab), free(tg);
+}
+
 /* ---- training steps: GPT-2 124M, a stories15M-shaped Llama, gpt2-tiny ---- */
 
 typedef struct step_model {
@@ -312,6 +390,7 @@ int main(int argc, char **argv)
     if (steps < 2)
         steps = 2;
     bench_kernels((size_t)1 << 20, rounds);
+    bench_rows(rounds);
     printf("fused attention (causal), ns per (query, key) pair (best of %d) and speedup over "
            "scalar:\n",
            rounds);

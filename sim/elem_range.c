@@ -1,7 +1,8 @@
-/* The scalar loops of the element-wise kernels and of the Llama kernels' passes: the one compiled
- * copy of each, below both the scalar path (kernels.c) and the vector loops (elem_vec.c), which
- * run it over their last elements and over the vectors (the attention rows) whose inputs
- * hold a NaN. Every formula is a body of lib/kernels/kernel_elem.h or llama_bodies.h. */
+/* The scalar loops of the element-wise kernels, of the row kernels and column sums, and of the
+ * Llama kernels' passes: the one compiled copy of each, below both the scalar path (kernels.c)
+ * and the vector loops (elem_vec.c), which run it over their last elements and over the vectors
+ * (rows, column blocks) whose inputs hold a NaN. Every formula is a body of
+ * lib/kernels/kernel_elem.h, nn_bodies.h or llama_bodies.h. */
 #include "config.h"
 
 #include "elem_vec.h"
@@ -59,4 +60,20 @@ __attribute__((noinline))
 void fsdp_sim_pass_range(const fsdp_kernel_t *k, int pass, size_t begin, size_t end)
 {
     fsdp_kb_llama_host_range(k, pass, begin, end);
+}
+
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+void fsdp_sim_rows_range(const fsdp_kernel_t *k, float ce_scale, size_t r0, size_t r1)
+{
+    fsdp_kb_nn_rows_range(k, ce_scale, r0, r1);
+}
+
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+void fsdp_sim_colsum_range(const fsdp_kernel_t *k, size_t b0, size_t b1)
+{
+    fsdp_kb_colsum_range(k, b0, b1);
 }

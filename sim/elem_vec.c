@@ -38,6 +38,7 @@ typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_
 #define EV_ANY(m) _mm_movemask_ps((__m128)(m))
 #include "elem_vec_tmpl.h"
 #include "lanes_vec_tmpl.h"
+#include "rows_vec_tmpl.h"
 #undef EV_W
 #undef EV_SUFFIX
 #undef EV_ATTR
@@ -51,6 +52,7 @@ typedef void (*fsdp_sim_elem_loop_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_
 #define EV_ANY(m) _mm256_movemask_ps((__m256)(m))
 #include "elem_vec_tmpl.h"
 #include "lanes_vec_tmpl.h"
+#include "rows_vec_tmpl.h"
 #undef EV_W
 #undef EV_SUFFIX
 #undef EV_ATTR
@@ -318,40 +320,282 @@ int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t be
 #endif
 }
 
-/* ---- the fused attention's rows (lanes_vec_tmpl.h) ---- */
+/* ---- the rows, column sums and Llama passes (lanes_vec_tmpl.h, rows_vec_tmpl.h) ---- */
 
-int fsdp_sim_lanes_vec(const fsdp_kernel_t *k, int pass, size_t r0, size_t r1)
+#define D(dt) fsdp_ev_dtype(dt)
+
+/* Whether n elements of p hold no NaN: the inputs every row reads (a weight, a bias). */
+static int fsdp_ev_no_nan(const void *p, fsdp_dtype_t dt, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = fsdp_kb_load(p, dt, i);
+        if (v != v)
+            return 0;
+    }
+    return 1;
+}
+
+/* The ISA of the rows' loops: 0 for none, else the vector width. */
+static int fsdp_ev_rows_width(void)
 {
 #if FSDP_EV_X86
-    fsdp_sim_elem_isa_t isa = fsdp_ev_isa();
-    fsdp_dtype_t dt;
-    size_t hd;
-
-    if (isa == FSDP_SIM_ELEM_SCALAR)
+    switch (fsdp_ev_isa()) {
+    case FSDP_SIM_ELEM_AVX2:
+        return 8;
+    case FSDP_SIM_ELEM_SSE2:
+        return 4;
+    default:
         return 0;
-    if (k->kind == FSDP_K_ATTENTION_FWD) {
-        dt = k->u.attention_fwd.dtype;
-        hd = k->u.attention_fwd.head_dim;
-    } else if (k->kind == FSDP_K_ATTENTION_BWD) {
-        dt = k->u.attention_bwd.dtype;
-        hd = k->u.attention_bwd.head_dim;
+    }
+#else
+    return 0;
+#endif
+}
+
+/* Whether the row loops take the rows of a checked row kernel: f32 or bf16, no NaN in what
+ * every row reads, each output in place over an input or apart from every other buffer. */
+static int fsdp_ev_rows_takes(const fsdp_kernel_t *k, float ce_scale)
+{
+    fsdp_ev_buf_t b[6];
+
+    switch (k->kind) {
+    case FSDP_K_LAYERNORM_FWD: {
+        const fsdp_dtype_t dt = k->u.layernorm_fwd.dtype;
+        const size_t rows = k->u.layernorm_fwd.rows, n = k->u.layernorm_fwd.cols;
+        if (!D(dt) || fsdp_ev_nan(k->u.layernorm_fwd.eps) ||
+            !fsdp_ev_no_nan(k->u.layernorm_fwd.weight, dt, n) ||
+            !fsdp_ev_no_nan(k->u.layernorm_fwd.bias, dt, n))
+            return 0;
+        b[0] = EV_BUF(k->u.layernorm_fwd.y, rows * n, dt, 1);
+        b[1] = EV_BUF(k->u.layernorm_fwd.x, rows * n, dt, 0);
+        b[2] = EV_BUF(k->u.layernorm_fwd.weight, n, dt, 0);
+        b[3] = EV_BUF(k->u.layernorm_fwd.bias, n, dt, 0);
+        b[4] =
+            EV_BUF(k->u.layernorm_fwd.mean, k->u.layernorm_fwd.mean ? rows : 0, FSDP_DTYPE_F32, 1);
+        b[5] =
+            EV_BUF(k->u.layernorm_fwd.rstd, k->u.layernorm_fwd.rstd ? rows : 0, FSDP_DTYPE_F32, 1);
+        return fsdp_ev_apart(b, 6, 1);
+    }
+    case FSDP_K_LAYERNORM_BWD: {
+        const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
+        const size_t rows = k->u.layernorm_bwd.rows, n = k->u.layernorm_bwd.cols;
+        if (!D(dt) || !fsdp_ev_no_nan(k->u.layernorm_bwd.weight, dt, n))
+            return 0;
+        b[0] = EV_BUF(k->u.layernorm_bwd.dx, rows * n, dt, 1);
+        b[1] = EV_BUF(k->u.layernorm_bwd.dy, rows * n, dt, 0);
+        b[2] = EV_BUF(k->u.layernorm_bwd.x, rows * n, dt, 0);
+        b[3] = EV_BUF(k->u.layernorm_bwd.weight, n, dt, 0);
+        b[4] = EV_BUF(k->u.layernorm_bwd.mean, rows, FSDP_DTYPE_F32, 0);
+        b[5] = EV_BUF(k->u.layernorm_bwd.rstd, rows, FSDP_DTYPE_F32, 0);
+        return fsdp_ev_apart(b, 6, 0);
+    }
+    case FSDP_K_SOFTMAX_FWD: {
+        const fsdp_dtype_t dt = k->u.softmax_fwd.dtype;
+        const size_t n = k->u.softmax_fwd.rows * k->u.softmax_fwd.cols;
+        if (!D(dt) || fsdp_ev_nan(k->u.softmax_fwd.scale) || fsdp_ev_nan(k->u.softmax_fwd.divisor))
+            return 0;
+        b[0] = EV_BUF(k->u.softmax_fwd.y, n, dt, 1);
+        b[1] = EV_BUF(k->u.softmax_fwd.x, n, dt, 0);
+        return fsdp_ev_apart(b, 2, 1);
+    }
+    case FSDP_K_SOFTMAX_BWD: {
+        const fsdp_dtype_t dt = k->u.softmax_bwd.dtype;
+        const size_t n = k->u.softmax_bwd.rows * k->u.softmax_bwd.cols;
+        if (!D(dt) || fsdp_ev_nan(k->u.softmax_bwd.scale) || fsdp_ev_nan(k->u.softmax_bwd.divisor))
+            return 0;
+        b[0] = EV_BUF(k->u.softmax_bwd.dx, n, dt, 1);
+        b[1] = EV_BUF(k->u.softmax_bwd.dy, n, dt, 0);
+        b[2] = EV_BUF(k->u.softmax_bwd.y, n, dt, 0);
+        return fsdp_ev_apart(b, 3, 1);
+    }
+    case FSDP_K_CROSS_ENTROPY: {
+        const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
+        const size_t rows = k->u.cross_entropy.rows, n = rows * k->u.cross_entropy.vocab;
+        if (!D(dt) || fsdp_ev_nan(ce_scale) || k->u.cross_entropy.stage != 0)
+            return 0; /* the vocabulary-parallel stages run the scalar loop */
+        b[0] = EV_BUF(k->u.cross_entropy.dlogits, k->u.cross_entropy.dlogits ? n : 0, dt, 1);
+        b[1] = EV_BUF(k->u.cross_entropy.logits, n, dt, 0);
+        b[2] = EV_BUF(k->u.cross_entropy.losses, rows, FSDP_DTYPE_F32, 1);
+        b[3] = EV_BUF(k->u.cross_entropy.targets, rows, FSDP_DTYPE_I32, 0);
+        return fsdp_ev_apart(b, 4, 1);
+    }
+    default:
+        return 0;
+    }
+}
+
+int fsdp_sim_rows_vec(const fsdp_kernel_t *k, float ce_scale, size_t r0, size_t r1)
+{
+    const int w = fsdp_ev_rows_width();
+
+    if (w == 0 || !fsdp_ev_rows_takes(k, ce_scale))
+        return 0;
+#if FSDP_EV_X86
+    if (w == 8)
+        fsdp_ev_rows_vec_avx2(k, ce_scale, r0, r1);
+    else
+        fsdp_ev_rows_vec_sse2(k, ce_scale, r0, r1);
+#endif
+    (void)r0;
+    (void)r1;
+    return 1;
+}
+
+int fsdp_sim_colsum_vec(const fsdp_kernel_t *k, size_t b0, size_t b1)
+{
+    const int w = fsdp_ev_rows_width();
+    fsdp_ev_buf_t b[4];
+    size_t rows, n;
+
+    if (w == 0)
+        return 0;
+    if (k->kind == FSDP_K_BIAS_GRAD) {
+        rows = k->u.bias_grad.rows, n = k->u.bias_grad.cols;
+        if (!D(k->u.bias_grad.dy_dtype) || !D(k->u.bias_grad.dbias_dtype))
+            return 0;
+        b[0] = EV_BUF(k->u.bias_grad.dbias, n, k->u.bias_grad.dbias_dtype, 1);
+        b[1] = EV_BUF(k->u.bias_grad.dy, rows * n, k->u.bias_grad.dy_dtype, 0);
+        if (!fsdp_ev_apart(b, 2, 0))
+            return 0;
+    } else if (k->kind == FSDP_K_LAYERNORM_BWD) {
+        const fsdp_dtype_t dt = k->u.layernorm_bwd.dtype;
+        rows = k->u.layernorm_bwd.rows, n = k->u.layernorm_bwd.cols;
+        if (!D(dt))
+            return 0;
+        b[0] = EV_BUF(k->u.layernorm_bwd.dweight, k->u.layernorm_bwd.dweight ? n : 0, dt, 1);
+        b[1] = EV_BUF(k->u.layernorm_bwd.dbias, k->u.layernorm_bwd.dbias ? n : 0, dt, 1);
+        b[2] = EV_BUF(k->u.layernorm_bwd.dy, rows * n, dt, 0);
+        b[3] = EV_BUF(k->u.layernorm_bwd.x, rows * n, dt, 0);
+        if (!fsdp_ev_apart(b, 4, 0))
+            return 0;
     } else {
         return 0;
     }
-    if (!fsdp_ev_dtype(dt))
+#if FSDP_EV_X86
+    if (w == 8)
+        fsdp_ev_colsum_vec_avx2(k, b0, b1);
+    else
+        fsdp_ev_colsum_vec_sse2(k, b0, b1);
+#endif
+    (void)b0;
+    (void)b1;
+    return 1;
+}
+
+/* Whether the loops of rows_vec_tmpl.h take pass `pass` of a checked rmsnorm, swiglu or rope
+ * kernel (as fsdp_ev_rows_takes). */
+static int fsdp_ev_pass_takes(const fsdp_kernel_t *k, int pass)
+{
+    fsdp_ev_buf_t b[5];
+
+    switch (k->kind) {
+    case FSDP_K_RMSNORM_FWD: {
+        const fsdp_dtype_t dt = k->u.rmsnorm_fwd.dtype;
+        const size_t rows = k->u.rmsnorm_fwd.rows, n = k->u.rmsnorm_fwd.cols;
+        if (!D(dt) || !fsdp_ev_no_nan(k->u.rmsnorm_fwd.weight, dt, n))
+            return 0;
+        b[0] = EV_BUF(k->u.rmsnorm_fwd.y, rows * n, dt, 1);
+        b[1] = EV_BUF(k->u.rmsnorm_fwd.x, rows * n, dt, 0);
+        b[2] = EV_BUF(k->u.rmsnorm_fwd.weight, n, dt, 0);
+        b[3] = EV_BUF(k->u.rmsnorm_fwd.rstd, k->u.rmsnorm_fwd.rstd ? rows : 0, FSDP_DTYPE_F32, 1);
+        return fsdp_ev_apart(b, 4, 1);
+    }
+    case FSDP_K_RMSNORM_BWD: {
+        const fsdp_dtype_t dt = k->u.rmsnorm_bwd.dtype;
+        const size_t rows = k->u.rmsnorm_bwd.rows, n = k->u.rmsnorm_bwd.cols;
+        if (!D(dt) || (pass == 1 && !fsdp_ev_no_nan(k->u.rmsnorm_bwd.weight, dt, n)))
+            return 0;
+        b[0] = pass == 0 ? EV_BUF(k->u.rmsnorm_bwd.dweight, n, dt, 1)
+                         : EV_BUF(k->u.rmsnorm_bwd.dx, rows * n, dt, 1);
+        b[1] = EV_BUF(k->u.rmsnorm_bwd.dy, rows * n, dt, 0);
+        b[2] = EV_BUF(k->u.rmsnorm_bwd.x, rows * n, dt, 0);
+        b[3] = EV_BUF(k->u.rmsnorm_bwd.rstd, rows, FSDP_DTYPE_F32, 0);
+        b[4] = EV_BUF(k->u.rmsnorm_bwd.weight, pass == 1 ? n : 0, dt, 0);
+        return fsdp_ev_apart(b, 5, 0);
+    }
+    case FSDP_K_SWIGLU_FWD: {
+        const fsdp_dtype_t dt = k->u.swiglu_fwd.dtype;
+        const size_t n = k->u.swiglu_fwd.n;
+        if (!D(dt))
+            return 0;
+        b[0] = EV_BUF(k->u.swiglu_fwd.y, n, dt, 1);
+        b[1] = EV_BUF(k->u.swiglu_fwd.gate, n, dt, 0);
+        b[2] = EV_BUF(k->u.swiglu_fwd.up, n, dt, 0);
+        return fsdp_ev_apart(b, 3, 1);
+    }
+    case FSDP_K_SWIGLU_BWD: {
+        const fsdp_dtype_t dt = k->u.swiglu_bwd.dtype;
+        const size_t n = k->u.swiglu_bwd.n;
+        if (!D(dt))
+            return 0;
+        b[0] = EV_BUF(k->u.swiglu_bwd.dgate, n, dt, 1);
+        b[1] = EV_BUF(k->u.swiglu_bwd.dup, n, dt, 1);
+        b[2] = EV_BUF(k->u.swiglu_bwd.dy, n, dt, 0);
+        b[3] = EV_BUF(k->u.swiglu_bwd.gate, n, dt, 0);
+        b[4] = EV_BUF(k->u.swiglu_bwd.up, n, dt, 0);
+        return fsdp_ev_apart(b, 5, 1);
+    }
+    case FSDP_K_ROPE_FWD:
+    case FSDP_K_ROPE_BWD: {
+        const fsdp_dtype_t dt = k->u.rope.dtype;
+        const size_t n = k->u.rope.rows * k->u.rope.ld,
+                     tab = k->u.rope.seq * k->u.rope.head_dim / 2;
+        if (!D(dt))
+            return 0;
+        b[0] = EV_BUF(k->u.rope.y, n, dt, 1);
+        b[1] = EV_BUF(k->u.rope.x, n, dt, 0);
+        b[2] = EV_BUF(k->u.rope.cos, tab, FSDP_DTYPE_F32, 0);
+        b[3] = EV_BUF(k->u.rope.sin, tab, FSDP_DTYPE_F32, 0);
+        return fsdp_ev_apart(b, 4, 1);
+    }
+    default:
         return 0;
-    if (isa == FSDP_SIM_ELEM_AVX2 && hd % 8 == 0)
-        fsdp_ev_lanes_vec_rows_avx2(k, pass, r0, r1);
+    }
+}
+
+int fsdp_sim_pass_vec(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
+{
+    const int w = fsdp_ev_rows_width();
+    fsdp_dtype_t dt;
+    size_t hd;
+
+    if (w == 0)
+        return 0;
+    if (k->kind != FSDP_K_ATTENTION_FWD && k->kind != FSDP_K_ATTENTION_BWD) {
+        if (!fsdp_ev_pass_takes(k, pass))
+            return 0;
+#if FSDP_EV_X86
+        if (w == 8)
+            fsdp_ev_pass_vec_avx2(k, pass, b, e);
+        else
+            fsdp_ev_pass_vec_sse2(k, pass, b, e);
+#endif
+        return 1;
+    }
+    if (k->kind == FSDP_K_ATTENTION_FWD) {
+        dt = k->u.attention_fwd.dtype;
+        hd = k->u.attention_fwd.head_dim;
+    } else {
+        dt = k->u.attention_bwd.dtype;
+        hd = k->u.attention_bwd.head_dim;
+    }
+    if (!D(dt))
+        return 0;
+#if FSDP_EV_X86
+    /* the attention rows' accumulators are whole vectors of head_dim */
+    if (w == 8 && hd % 8 == 0)
+        fsdp_ev_lanes_vec_rows_avx2(k, pass, b, e);
     else if (hd % 4 == 0)
-        fsdp_ev_lanes_vec_rows_sse2(k, pass, r0, r1);
+        fsdp_ev_lanes_vec_rows_sse2(k, pass, b, e);
     else
         return 0;
     return 1;
 #else
-    (void)k;
-    (void)pass;
-    (void)r0;
-    (void)r1;
+    (void)hd;
+    (void)b;
+    (void)e;
     return 0;
 #endif
 }
+
+#undef D

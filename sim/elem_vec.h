@@ -12,11 +12,20 @@
  * scalar loop). */
 int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin, size_t end);
 
-/* Runs rows [r0, r1) of pass `pass` of the checked attention kernel k (attention_fwd, or a pass
- * of attention_bwd) with its 32 lanes in vectors (lanes_vec_tmpl.h) and returns 1; returns 0,
- * having written nothing, for another kind, an ISA, dtype or head_dim it has no loop for (the
- * caller runs the bodies' rows). The same bytes as fsdp_kb_llama_row's rows. */
-int fsdp_sim_lanes_vec(const fsdp_kernel_t *k, int pass, size_t r0, size_t r1);
+/* Runs indices [b, e) of pass `pass` of the checked Llama kernel k with vectors and returns 1:
+ * attention's rows with their 32 lanes in vectors (lanes_vec_tmpl.h), rmsnorm's rows and column
+ * blocks, swiglu's and rope's elements (rows_vec_tmpl.h); returns 0, having written nothing, for
+ * an ISA, dtype, shape or layout of buffers it has no loop for (the caller runs the bodies'
+ * loops, fsdp_sim_pass_range). The same bytes as those loops. */
+int fsdp_sim_pass_vec(const fsdp_kernel_t *k, int pass, size_t b, size_t e);
+
+/* Runs rows [r0, r1) of the checked row kernel k (layernorm_fwd, layernorm_bwd's input gradient,
+ * softmax_fwd, softmax_bwd, cross_entropy; ce_scale: fsdp_kb_prep_t's) with its 32 lanes in
+ * vectors, or column blocks [b0, b1) of the column sums of bias_grad or layernorm_bwd, and
+ * returns 1; returns 0, having written nothing, where it has no loop (the caller runs
+ * fsdp_sim_rows_range, fsdp_sim_colsum_range). The same bytes as those. */
+int fsdp_sim_rows_vec(const fsdp_kernel_t *k, float ce_scale, size_t r0, size_t r1);
+int fsdp_sim_colsum_vec(const fsdp_kernel_t *k, size_t b0, size_t b1);
 
 /* The scalar loop of k's element-wise kind over elements [begin, end) (elem_range.c): the
  * one compiled copy of it, which the scalar path and the vector loops share. */
@@ -26,5 +35,11 @@ void fsdp_sim_elem_range(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t
  * (elem_range.c): the one compiled copy of them, which the scalar path and the vector lanes'
  * rows with NaNs share. */
 void fsdp_sim_pass_range(const fsdp_kernel_t *k, int pass, size_t begin, size_t end);
+
+/* Rows [r0, r1) of a checked row kernel, column blocks [b0, b1) of the column sums of a checked
+ * kernel, by the bodies' host loops (elem_range.c, fsdp_kb_nn_rows_range, fsdp_kb_colsum_range):
+ * their one compiled copy, which the scalar path and the vector rows with NaNs share. */
+void fsdp_sim_rows_range(const fsdp_kernel_t *k, float ce_scale, size_t r0, size_t r1);
+void fsdp_sim_colsum_range(const fsdp_kernel_t *k, size_t b0, size_t b1);
 
 #endif

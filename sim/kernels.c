@@ -140,13 +140,25 @@ static fsdp_status_t fsdp_sim_gemm_desc(const fsdp_kernel_t *k, fsdp_sim_pool_t 
     return status;
 }
 
-/* Indices [b, e) of pass `pass` of a checked Llama kernel: attention's rows with their lanes in
- * vectors (elem_vec.c) where there is a loop for them, the bodies' host loops otherwise; the
- * same bytes either way. */
+/* Indices [b, e) of pass `pass` of a checked Llama kernel: with vectors (elem_vec.c) where there
+ * is a loop for them, the bodies' host loops otherwise; the same bytes either way. */
 static void fsdp_sim_llama_range(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
 {
-    if (!fsdp_sim_lanes_vec(k, pass, b, e))
+    if (!fsdp_sim_pass_vec(k, pass, b, e))
         fsdp_sim_pass_range(k, pass, b, e);
+}
+
+/* Column blocks [b, e) of the column sums, rows [b, e) of a row kernel: the same. */
+static void fsdp_sim_colsum_part(const fsdp_kernel_t *k, size_t b, size_t e)
+{
+    if (b < e && !fsdp_sim_colsum_vec(k, b, e))
+        fsdp_sim_colsum_range(k, b, e);
+}
+
+static void fsdp_sim_rows_part(const fsdp_kernel_t *k, float ce_scale, size_t b, size_t e)
+{
+    if (b < e && !fsdp_sim_rows_vec(k, ce_scale, b, e))
+        fsdp_sim_rows_range(k, ce_scale, b, e);
 }
 
 /* The parts of a checked descriptor of the exec classes ELEMS and PARTS, in the order of
@@ -162,9 +174,9 @@ static void fsdp_sim_parts(const fsdp_kernel_t *k)
     double divisor = 1.0;
 
     fsdp_kb_prepare(k, &prep);
-    fsdp_kb_colsum(k);
+    fsdp_sim_colsum_part(k, 0, fsdp_kb_colsum_blocks(k));
     fsdp_kb_nn_cols_host(k);
-    fsdp_kb_nn_rows_host(k, prep.ce_scale);
+    fsdp_sim_rows_part(k, prep.ce_scale, 0, fsdp_kb_nn_rows(k));
     term = fsdp_kb_reduction(k, &n, &out, &divisor);
     if (term != NULL)
         out[0] = (float)(fsdp_kb_reduce_sum(k, n, term) / divisor);
@@ -343,7 +355,7 @@ static void fsdp_sim_split_llama(const fsdp_sim_split_job_t *job, size_t b, size
 
 static void fsdp_sim_split_colsum(const fsdp_sim_split_job_t *job, size_t b, size_t e)
 {
-    fsdp_kb_colsum_range(job->k, b, e);
+    fsdp_sim_colsum_part(job->k, b, e);
 }
 
 static void fsdp_sim_split_cols(const fsdp_sim_split_job_t *job, size_t b, size_t e)
@@ -353,7 +365,7 @@ static void fsdp_sim_split_cols(const fsdp_sim_split_job_t *job, size_t b, size_
 
 static void fsdp_sim_split_rows(const fsdp_sim_split_job_t *job, size_t b, size_t e)
 {
-    fsdp_kb_nn_rows_range(job->k, job->prep->ce_scale, b, e);
+    fsdp_sim_rows_part(job->k, job->prep->ce_scale, b, e);
 }
 
 static void fsdp_sim_split_elems(const fsdp_sim_split_job_t *job, size_t b, size_t e)

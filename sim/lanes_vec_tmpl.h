@@ -38,9 +38,23 @@ EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shufflevector(v, v, a, b, c, d)
 #define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                               \
     __builtin_shufflevector(v, v, a, b, c, d, e, f, g, h)
+#define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shufflevector(v, w, a, b, c, d)
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+    __builtin_shufflevector(v, w, a, b, c, d, e, f, g, h)
 #else
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shuffle(v, (vi){a, b, c, d})
 #define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h) __builtin_shuffle(v, (vi){a, b, c, d, e, f, g, h})
+#define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shuffle(v, w, (vi){a, b, c, d})
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+    __builtin_shuffle(v, w, (vi){a, b, c, d, e, f, g, h})
+#endif
+#endif
+
+#ifndef EV_UNROLL
+#if defined(__clang__)
+#define EV_UNROLL _Pragma("unroll")
+#else
+#define EV_UNROLL _Pragma("GCC unroll 8")
 #endif
 #endif
 
@@ -86,11 +100,86 @@ EV_INLINE float EV(dot)(const vf *a, const void *b, size_t bo, size_t hd, fsdp_d
     return EV(lanes_sum)(part, hd);
 }
 
-/* acc += p * (the row at ro), fsdp_kb_acc_add */
-EV_INLINE void EV(acc_add)(vf *acc, float p, const void *row, size_t ro, size_t nv, fsdp_dtype_t dt)
+/* The dot products of the loaded row a with nj <= EV_W rows of b at bo, bo + ld, ... (hd
+ * elements each), as EV(dot) computes each: lane u of the result is row u's (0 past nj). Each
+ * row's 32 lanes are summed to one vector by the levels of EV_W lanes or more, then the EV_W
+ * rows' vectors meet in the levels below EV_W together, two rows' halves an addition: lane l of
+ * a row still adds lane l + w to itself at level w, in the same order (a head_dim that is a
+ * multiple of EV_W has more than EV_W / 2 elements, so lanes_sum runs every level below EV_W). */
+EV_INLINE vf EV(dots)(const vf *a, const void *b, size_t bo, size_t ld, unsigned nj, size_t hd,
+                      fsdp_dtype_t dt)
 {
-    for (size_t i = 0; i < nv; i++)
-        acc[i] += p * EV(ld)(row, dt, ro + i * EV_W);
+    vf p[EV_W];
+
+    /* the loops over the constant counts unroll, so that the partials stay in registers */
+    EV_UNROLL
+    for (unsigned u = 0; u < EV_W; u++) {
+        vf part[EV_NL];
+        p[u] = EV(splat)(0.0f);
+        if (u >= nj)
+            continue;
+        EV_UNROLL
+        for (unsigned v = 0; v < EV_NL; v++) { /* lane vector v: elements v W, v W + 32, ... */
+            vf sum = EV(splat)(0.0f);
+            for (size_t c = v * EV_W; c < hd; c += FSDP_KB_LANES)
+                sum += a[c / EV_W] * EV(ld)(b, dt, bo + u * ld + c);
+            part[v] = sum;
+        }
+        EV_UNROLL
+        for (unsigned w = FSDP_KB_LANES / 2; w >= EV_W; w >>= 1) {
+            if (hd <= w)
+                continue;
+            EV_UNROLL
+            for (unsigned v = 0; v < w / EV_W; v++)
+                part[v] = part[v] + part[v + w / EV_W];
+        }
+        p[u] = part[0];
+    }
+#if EV_W == 8
+    {
+        /* level 4: rows 2i and 2i + 1 in one vector, lanes 0-3 and 4-7 */
+        vf s01 = FSDP_LANES_MIX8(p[0], p[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[0], p[1], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s23 = FSDP_LANES_MIX8(p[2], p[3], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[2], p[3], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s45 = FSDP_LANES_MIX8(p[4], p[5], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[4], p[5], 4, 5, 6, 7, 12, 13, 14, 15);
+        vf s67 = FSDP_LANES_MIX8(p[6], p[7], 0, 1, 2, 3, 8, 9, 10, 11) +
+                 FSDP_LANES_MIX8(p[6], p[7], 4, 5, 6, 7, 12, 13, 14, 15);
+        /* level 2: rows 0, 2, 1, 3 (and 4, 6, 5, 7) two lanes each */
+        vf t0 = FSDP_LANES_MIX8(s01, s23, 0, 1, 8, 9, 4, 5, 12, 13) +
+                FSDP_LANES_MIX8(s01, s23, 2, 3, 10, 11, 6, 7, 14, 15);
+        vf t1 = FSDP_LANES_MIX8(s45, s67, 0, 1, 8, 9, 4, 5, 12, 13) +
+                FSDP_LANES_MIX8(s45, s67, 2, 3, 10, 11, 6, 7, 14, 15);
+        /* level 1: rows 0 .. 7 in order */
+        return FSDP_LANES_MIX8(t0, t1, 0, 4, 2, 6, 8, 12, 10, 14) +
+               FSDP_LANES_MIX8(t0, t1, 1, 5, 3, 7, 9, 13, 11, 15);
+    }
+#else
+    {
+        vf s01 = FSDP_LANES_MIX4(p[0], p[1], 0, 1, 4, 5) + FSDP_LANES_MIX4(p[0], p[1], 2, 3, 6, 7);
+        vf s23 = FSDP_LANES_MIX4(p[2], p[3], 0, 1, 4, 5) + FSDP_LANES_MIX4(p[2], p[3], 2, 3, 6, 7);
+        return FSDP_LANES_MIX4(s01, s23, 0, 2, 4, 6) + FSDP_LANES_MIX4(s01, s23, 1, 3, 5, 7);
+    }
+#endif
+}
+
+/* acc += p[u] * (the row at ro + u ld) for the nj rows u in order, fsdp_kb_acc_add's row by row;
+ * with grew, acc is first rescaled by corr[u] at each row u whose bit is set (the online softmax's
+ * new maxima). A vector of acc goes through all the rows before the next, in a register: each
+ * element still takes the rows' terms in order. */
+EV_INLINE void EV(acc_rows)(vf *acc, vf p, const void *row, size_t ro, size_t ld, unsigned nj,
+                            size_t nv, fsdp_dtype_t dt, unsigned grew, vf corr)
+{
+    for (size_t i = 0; i < nv; i++) {
+        vf x = acc[i];
+        for (unsigned u = 0; u < nj; u++) {
+            if (grew & (1u << u))
+                x *= corr[u];
+            x += p[u] * EV(ld)(row, dt, ro + u * ld + i * EV_W);
+        }
+        acc[i] = x;
+    }
 }
 
 /* whether a lane of r[0 .. nv) is a NaN */
@@ -106,6 +195,34 @@ EV_INLINE void EV(row_st)(void *p, fsdp_dtype_t dt, size_t o, const vf *r, size_
 {
     for (size_t i = 0; i < nv; i++)
         EV(st)(p, dt, o + i * EV_W, r[i]);
+}
+
+/* v's lanes one up, lane 0 first (in front of lane 0) */
+EV_INLINE vf EV(after)(float first, vf v)
+{
+    const vf f = EV(splat)(first);
+#if EV_W == 8
+    return FSDP_LANES_MIX8(f, v, 0, 8, 9, 10, 11, 12, 13, 14);
+#else
+    return FSDP_LANES_MIX4(f, v, 0, 4, 5, 6);
+#endif
+}
+
+/* Lane u: the running maximum of the online softmax after key u, from m before key 0: keys that
+ * are not above it leave it, as fsdp_kb_attention_fwd_row's `s > m`. That is the leftmost of the
+ * largest of m, s[0 .. u] (a +0 after an equal -0 leaves the -0), whatever the grouping, so the
+ * lanes' prefix is taken in log2(W) steps of pairs. (A NaN score, which this would group another
+ * way, makes the row's lse a NaN: that row is computed again by the scalar loop.) */
+EV_INLINE vf EV(run_max)(float m, vf s)
+{
+    const float ninf = -fsdp_kb_inff();
+    for (int w = 1; w < EV_W; w <<= 1) {
+        vf before = s; /* lane u: lane u - w, -inf below */
+        for (int i = 0; i < w; i++)
+            before = EV(after)(ninf, before);
+        s = EV(sel)(s > before, s, before);
+    }
+    return EV(sel)(s > m, s, EV(splat)(m));
 }
 
 /* fsdp_kb_attention_fwd_row */
@@ -126,32 +243,24 @@ EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
         acc[i] = EV(splat)(0.0f);
     for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
         const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(splat)(0.0f), mprev = s, mnew = s, p, corr;
-        unsigned grew = 0;
-        for (unsigned u = 0; u < nj; u++) {
-            s[u] = EV(dot)(q, k->u.attention_fwd.k,
-                           (b * T + j0 + u) * k->u.attention_fwd.ldk + g * hd, hd, dt) *
-                   scale;
-            mprev[u] = m;
-            if (s[u] > m) { /* a new maximum: what was summed is rescaled by corr */
-                grew |= 1u << u;
-                m = s[u];
-            }
-            mnew[u] = m;
-        }
+        vf s = EV(dots)(q, k->u.attention_fwd.k, (b * T + j0) * k->u.attention_fwd.ldk + g * hd,
+                        k->u.attention_fwd.ldk, nj, hd, dt) *
+               scale;
+        /* the running maximum after each key and before it; a key above the one before it is a
+         * new maximum: what was summed is rescaled by corr */
+        vf mnew = EV(run_max)(m, s), mprev = EV(after)(m, mnew), p, corr;
+        unsigned grew = (unsigned)EV_ANY(s > mprev) & ((1u << nj) - 1u);
+        m = mnew[nj - 1];
         p = EV(expf)(s - mnew);
         corr = EV(expf)(mprev - s);
         for (unsigned u = 0; u < nj; u++) {
-            if (grew & (1u << u)) {
+            if (grew & (1u << u))
                 l *= corr[u];
-                for (size_t i = 0; i < nv; i++)
-                    acc[i] *= corr[u];
-            }
             l += p[u];
-            EV(acc_add)
-            (acc, p[u], k->u.attention_fwd.v, (b * T + j0 + u) * k->u.attention_fwd.ldv + g * hd,
-             nv, dt);
         }
+        EV(acc_rows)
+        (acc, p, k->u.attention_fwd.v, (b * T + j0) * k->u.attention_fwd.ldv + g * hd,
+         k->u.attention_fwd.ldv, nj, nv, dt, grew, corr);
     }
     for (size_t i = 0; i < nv; i++)
         acc[i] = acc[i] / l;
@@ -202,20 +311,15 @@ EV_ATTR static void EV(attn_dq_row)(const fsdp_kernel_t *k, size_t r)
         acc[i] = EV(splat)(0.0f);
     for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
         const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(splat)(0.0f), dp = s, ds;
-        for (unsigned u = 0; u < nj; u++) {
-            const size_t j = j0 + u;
-            s[u] = EV(dot)(q, k->u.attention_bwd.k, (b * T + j) * k->u.attention_bwd.ldk + g * hd,
-                           hd, dt) *
-                   k->u.attention_bwd.scale;
-            dp[u] = EV(dot)(dout, k->u.attention_bwd.v,
-                            (b * T + j) * k->u.attention_bwd.ldv + g * hd, hd, dt);
-        }
-        ds = EV(expf)(s - lse) * (dp - delta);
-        for (unsigned u = 0; u < nj; u++)
-            EV(acc_add)
-            (acc, ds[u], k->u.attention_bwd.k, (b * T + j0 + u) * k->u.attention_bwd.ldk + g * hd,
-             nv, dt);
+        vf s = EV(dots)(q, k->u.attention_bwd.k, (b * T + j0) * k->u.attention_bwd.ldk + g * hd,
+                        k->u.attention_bwd.ldk, nj, hd, dt) *
+               k->u.attention_bwd.scale;
+        vf dp = EV(dots)(dout, k->u.attention_bwd.v, (b * T + j0) * k->u.attention_bwd.ldv + g * hd,
+                         k->u.attention_bwd.ldv, nj, hd, dt);
+        vf ds = EV(expf)(s - lse) * (dp - delta);
+        EV(acc_rows)
+        (acc, ds, k->u.attention_bwd.k, (b * T + j0) * k->u.attention_bwd.ldk + g * hd,
+         k->u.attention_bwd.ldk, nj, nv, dt, 0, ds);
     }
     for (size_t i = 0; i < nv; i++)
         acc[i] = acc[i] * k->u.attention_bwd.scale;
@@ -245,28 +349,27 @@ EV_ATTR static void EV(attn_dkv_row)(const fsdp_kernel_t *k, size_t r)
     for (size_t h = g * group; h < (g + 1) * group; h++) {
         for (size_t t0 = k->u.attention_bwd.causal ? j : 0; t0 < T; t0 += EV_W) {
             const unsigned nt = T - t0 < EV_W ? (unsigned)(T - t0) : EV_W;
-            vf s = EV(splat)(0.0f), dp = s, lse = s, delta = s, p, ds;
+            vf s =
+                EV(dots)(kr, k->u.attention_bwd.q, (b * T + t0) * k->u.attention_bwd.ldq + h * hd,
+                         k->u.attention_bwd.ldq, nt, hd, dt) *
+                k->u.attention_bwd.scale;
+            vf dp = EV(dots)(vr, k->u.attention_bwd.dout,
+                             (b * T + t0) * k->u.attention_bwd.ldo + h * hd, k->u.attention_bwd.ldo,
+                             nt, hd, dt);
+            vf lse = EV(splat)(0.0f), delta = lse, p, ds;
             for (unsigned u = 0; u < nt; u++) {
-                const size_t t = t0 + u, rq = (b * H + h) * T + t;
-                s[u] = EV(dot)(kr, k->u.attention_bwd.q,
-                               (b * T + t) * k->u.attention_bwd.ldq + h * hd, hd, dt) *
-                       k->u.attention_bwd.scale;
-                dp[u] = EV(dot)(vr, k->u.attention_bwd.dout,
-                                (b * T + t) * k->u.attention_bwd.ldo + h * hd, hd, dt);
+                const size_t rq = (b * H + h) * T + t0 + u;
                 lse[u] = k->u.attention_bwd.lse[rq];
                 delta[u] = k->u.attention_bwd.delta[rq];
             }
             p = EV(expf)(s - lse);
             ds = p * (dp - delta);
-            for (unsigned u = 0; u < nt; u++) {
-                const size_t t = t0 + u;
-                EV(acc_add)
-                (dv, p[u], k->u.attention_bwd.dout, (b * T + t) * k->u.attention_bwd.ldo + h * hd,
-                 nv, dt);
-                EV(acc_add)
-                (dk, ds[u], k->u.attention_bwd.q, (b * T + t) * k->u.attention_bwd.ldq + h * hd, nv,
-                 dt);
-            }
+            EV(acc_rows)
+            (dv, p, k->u.attention_bwd.dout, (b * T + t0) * k->u.attention_bwd.ldo + h * hd,
+             k->u.attention_bwd.ldo, nt, nv, dt, 0, p);
+            EV(acc_rows)
+            (dk, ds, k->u.attention_bwd.q, (b * T + t0) * k->u.attention_bwd.ldq + h * hd,
+             k->u.attention_bwd.ldq, nt, nv, dt, 0, ds);
         }
     }
     for (size_t i = 0; i < nv; i++) {
@@ -299,11 +402,4 @@ EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass,
 
 #undef EV_NL
 #undef EV_HV
-#undef EV_INLINE
-#undef vf
-#undef vi
-#undef vu
-#undef vh
-#undef EV
-#undef EV_CAT
-#undef EV_CAT2
+/* the vector types and helpers stay defined for rows_vec_tmpl.h, which undefines them */

@@ -6,6 +6,7 @@
 #include <fsdp/gpu.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,33 @@ static inline int fsdp_test_skip_gpu(const char *prog, const char *why)
 
     printf("%s: %s: %s\n", prog, required ? "FAIL (FSDP_REQUIRE_GPU is set)" : "skipped", why);
     return required ? 1 : 77;
+}
+
+/* A xorshift generator for test inputs: the next 32 bits of *state (any nonzero seed). */
+static inline uint32_t fsdp_test_rand32(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (uint32_t)(*state >> 11);
+}
+
+/* The float of the given bits (a NaN of a chosen payload, say). */
+static inline float fsdp_test_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* The closing line of a test of vector loops against their scalar replay: which ISAs it could
+ * run (have_isa[0] SSE2, have_isa[1] AVX2) and how many runs it compared; at least one. */
+static inline void fsdp_test_isa_summary(const int *have_isa, long compared)
+{
+    printf("\n  sse2 %s, avx2 %s; %ld runs compared with the scalar replay ",
+           have_isa[0] ? "tested" : "not available", have_isa[1] ? "tested" : "not available",
+           compared);
+    CU_ASSERT(compared > 0);
 }
 
 #endif
