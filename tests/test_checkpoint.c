@@ -26,6 +26,7 @@ static char tmpdir[256];
 typedef struct job {
     int world;
     fsdp_strategy_t strategy;
+    int per_node; /* fsdp_config_t.ranks_per_node (hybrid_shard), 0: the default */
     fsdp_optim_kind_t optim;
     int cpu_offload;
     int load;  /* load the checkpoint of `dir` first */
@@ -68,6 +69,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 
     fsdp_config_init(&fc);
     fc.strategy = j->strategy;
+    fc.ranks_per_node = j->per_node;
     fc.cpu_offload = j->cpu_offload;
     fsdp_optim_config_init(&oc, j->optim);
     oc.lr = j->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
@@ -229,6 +231,42 @@ static void test_full_adamw(void)
 static void test_sharded_sgd_offload(void)
 {
     check_resume(FSDP_STATE_DICT_SHARDED, FSDP_OPTIM_SGD, 1);
+}
+
+/* A sharded checkpoint of ranks that hold the same shard (NO_SHARD's every rank, hybrid
+ * sharding's replicas) has each piece once, from the first of them: it loads elsewhere with the
+ * saved parameters. */
+static void test_sharded_replicas(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        int per_node;
+    } saves[] = {{FSDP_NO_SHARD, 0}, {FSDP_HYBRID_SHARD, 2}, {FSDP_HYBRID_SHARD_ZERO2, 1}};
+    char dir[300];
+
+    for (size_t i = 0; i < sizeof(saves) / sizeof(saves[0]); i++) {
+        job_t *first = calloc(1, sizeof(job_t)), *j = calloc(1, sizeof(job_t));
+        snprintf(dir, sizeof(dir), "%s/replicas-%zu", tmpdir, i);
+        *first = (job_t){.world = 4,
+                         .strategy = saves[i].strategy,
+                         .per_node = saves[i].per_node,
+                         .optim = FSDP_OPTIM_ADAMW,
+                         .steps = 2,
+                         .save = 1,
+                         .save_step = 2,
+                         .type = FSDP_STATE_DICT_SHARDED,
+                         .dir = dir};
+        CU_ASSERT_EQUAL_FATAL(run(first), FSDP_OK);
+        *j = (job_t){.world = 2,
+                     .strategy = FSDP_FULL_SHARD,
+                     .optim = FSDP_OPTIM_ADAMW,
+                     .load = 1,
+                     .dir = dir};
+        CU_ASSERT_EQUAL(run(j), FSDP_OK);
+        CU_ASSERT(memcmp(j->params, first->params, sizeof(j->params)) == 0);
+        free(first);
+        free(j);
+    }
 }
 
 /* LOCAL: resumes exactly on the same world and sharding, and refuses any other. */
@@ -701,6 +739,7 @@ int main(void)
         {"sharded checkpoint, adamw: resume and reshard", test_sharded_adamw},
         {"full checkpoint, adamw: resume and reshard", test_full_adamw},
         {"sharded checkpoint, sgd, cpu offload", test_sharded_sgd_offload},
+        {"sharded checkpoint of replicas: each piece once", test_sharded_replicas},
         {"full checkpoint file names", test_full_file_names},
         {"local checkpoint: same world only", test_local},
         {"a killed save leaves the old checkpoint", test_killed_save},

@@ -458,8 +458,20 @@ static fsdp_status_t add_pieces(entry_list_t *l, const fsdp_param_info_t *pi, in
     return status;
 }
 
-/* SHARDED: every rank writes the pieces of its shard; under tensor parallelism a replicated
- * parameter's by the first tp rank only, as each tensor's element is in exactly one piece. */
+/* Whether this rank writes unit u's pieces: each element of a tensor is in exactly one piece, so
+ * of the ranks that hold the same shard the first writes it (torch's DCP writes a replicated
+ * tensor once too): under hybrid sharding the first replica, under NO_SHARD the first rank. */
+static int first_holder(fsdp_unit_t *u)
+{
+    const fsdp_group_t *rep = fsdp_unit_replicate_group(u), *pg = fsdp_unit_shard_group(u);
+
+    if (rep != NULL && rep->rank != 0)
+        return 0;
+    return fsdp_unit_strategy(u) != FSDP_NO_SHARD || pg == NULL || pg->rank == 0;
+}
+
+/* SHARDED: every rank writes the pieces of its shard, of the ranks holding the same shard the
+ * first (first_holder); under tensor parallelism a replicated parameter's by the first tp rank. */
 static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
@@ -495,7 +507,8 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
                 json_object_set_new(steps, pi.name,
                                     json_pack("{s:I, s:b}", "step", (json_int_t)b.step,
                                               "has_buffer", b.has_buffer));
-            if (!pi.in_shard || pi.numel_in_shard == 0 || (pi.tp_shard == 0 && trank != 0))
+            if (!pi.in_shard || pi.numel_in_shard == 0 || (pi.tp_shard == 0 && trank != 0) ||
+                !first_holder(u))
                 continue;
             for (int k = 0; k < b.n && status == FSDP_OK; k++) {
                 char name[512];
