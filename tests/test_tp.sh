@@ -99,6 +99,16 @@ for sd in full sharded; do
         fi
     done
 done
+# under HSDP x tp the first replica writes the pieces: the checkpoint holds each element once
+hs="--model gpt2:heads=4 --batch 8 --seq 32"
+$train $hs --world 8 --api fsdp2 --tp 2 --strategy hybrid_shard --ranks-per-node 4 --steps 2 \
+    --save-checkpoint "$tmp/hsdp" --state-dict sharded >/dev/null 2>&1 || fail=1
+if $train $hs --world 2 --api fsdp2 --steps 3 --resume "$tmp/hsdp" >"$tmp/res" 2>&1 &&
+    grep -q '^step 3 ' "$tmp/res"; then
+    echo "ok: a sharded checkpoint of HSDP x tp 2 resumes on 2 ranks"
+else
+    echo "FAILED: a sharded checkpoint of HSDP x tp 2"; cat "$tmp/res"; fail=1
+fi
 if $train --consolidate "$tmp/sharded" --save "$tmp/cons.safetensors" >/dev/null 2>&1 &&
     cmp -s "$tmp/cons.safetensors" "$tmp/full/step-00000002/model.safetensors"; then
     echo "ok: the sharded checkpoint of --tp 2 consolidates to the full one's bytes"
