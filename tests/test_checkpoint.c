@@ -26,6 +26,7 @@ static char tmpdir[256];
 typedef struct job {
     int world;
     fsdp_strategy_t strategy;
+    int per_node; /* fsdp_config_t.ranks_per_node (hybrid_shard), 0: the default */
     fsdp_optim_kind_t optim;
     int cpu_offload;
     int load;  /* load the checkpoint of `dir` first */
@@ -68,6 +69,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
 
     fsdp_config_init(&fc);
     fc.strategy = j->strategy;
+    fc.ranks_per_node = j->per_node;
     fc.cpu_offload = j->cpu_offload;
     fsdp_optim_config_init(&oc, j->optim);
     oc.lr = j->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
@@ -229,6 +231,42 @@ static void test_full_adamw(void)
 static void test_sharded_sgd_offload(void)
 {
     check_resume(FSDP_STATE_DICT_SHARDED, FSDP_OPTIM_SGD, 1);
+}
+
+/* A sharded checkpoint of ranks that hold the same shard (NO_SHARD's every rank, hybrid
+ * sharding's replicas) has each piece once, from the first of them: it loads elsewhere with the
+ * saved parameters. */
+static void test_sharded_replicas(void)
+{
+    static const struct {
+        fsdp_strategy_t strategy;
+        int per_node;
+    } saves[] = {{FSDP_NO_SHARD, 0}, {FSDP_HYBRID_SHARD, 2}, {FSDP_HYBRID_SHARD_ZERO2, 1}};
+    char dir[300];
+
+    for (size_t i = 0; i < sizeof(saves) / sizeof(saves[0]); i++) {
+        job_t *first = calloc(1, sizeof(job_t)), *j = calloc(1, sizeof(job_t));
+        snprintf(dir, sizeof(dir), "%s/replicas-%zu", tmpdir, i);
+        *first = (job_t){.world = 4,
+                         .strategy = saves[i].strategy,
+                         .per_node = saves[i].per_node,
+                         .optim = FSDP_OPTIM_ADAMW,
+                         .steps = 2,
+                         .save = 1,
+                         .save_step = 2,
+                         .type = FSDP_STATE_DICT_SHARDED,
+                         .dir = dir};
+        CU_ASSERT_EQUAL_FATAL(run(first), FSDP_OK);
+        *j = (job_t){.world = 2,
+                     .strategy = FSDP_FULL_SHARD,
+                     .optim = FSDP_OPTIM_ADAMW,
+                     .load = 1,
+                     .dir = dir};
+        CU_ASSERT_EQUAL(run(j), FSDP_OK);
+        CU_ASSERT(memcmp(j->params, first->params, sizeof(j->params)) == 0);
+        free(first);
+        free(j);
+    }
 }
 
 /* LOCAL: resumes exactly on the same world and sharding, and refuses any other. */
@@ -658,6 +696,93 @@ static void test_overlapping_pieces(void)
     free(j);
 }
 
+/* Rewrites the safetensors file at path with the 1-d piece `name`@0 of a [rows, 6] tensor as
+ * two 2-d pieces of its columns, [0, 3) at column 0 and [3, 6) named for column col2 (3 in
+ * place), and the second moved down `down` rows in name. */
+static void as_column_blocks(const char *path, const char *name, int rows, int col2, int down)
+{
+    char from[128], n0[128], n1[128];
+    fsdp_st_file_t *f;
+    fsdp_st_entry_t *e;
+    float *blk[2];
+    int64_t shape[2] = {rows, 3};
+    int n, k = 0;
+
+    snprintf(from, sizeof(from), "%s@0", name);
+    snprintf(n0, sizeof(n0), "%s@0,0", name);
+    snprintf(n1, sizeof(n1), "%s@%d,%d", name, down, col2);
+    CU_ASSERT_EQUAL_FATAL(fsdp_st_open(path, &f), FSDP_OK);
+    n = fsdp_st_num_tensors(f);
+    e = calloc((size_t)n + 1, sizeof(*e));
+    blk[0] = malloc((size_t)rows * 6 * sizeof(float));
+    blk[1] = blk[0] + (size_t)rows * 3;
+    CU_ASSERT_FATAL(e != NULL && blk[0] != NULL);
+    for (int i = 0; i < n; i++) {
+        const fsdp_st_tensor_t *t = fsdp_st_tensor_at(f, i);
+        if (strcmp(t->name, from) != 0) {
+            e[k++] = (fsdp_st_entry_t){t->name, t->dtype, t->ndim, t->shape, t->data};
+            continue;
+        }
+        CU_ASSERT_FATAL(t->numel == (uint64_t)rows * 6);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < 6; c++)
+                memcpy(&blk[c / 3][r * 3 + c % 3], (const float *)t->data + r * 6 + c,
+                       sizeof(float));
+        e[k++] = (fsdp_st_entry_t){n0, "F32", 2, shape, blk[0]};
+        e[k++] = (fsdp_st_entry_t){n1, "F32", 2, shape, blk[1]};
+    }
+    CU_ASSERT_EQUAL(fsdp_st_write(path, e, k, NULL, 0), FSDP_OK);
+    fsdp_st_close(f);
+    free(blk[0]);
+    free(e);
+}
+
+/* 2-d pieces (<name>@<row>,<col>, as tensor parallelism's column slices are saved): a tensor
+ * held as two blocks of columns loads into another world and consolidates with the saved
+ * values; a block over the other's columns is refused naming the elements in two pieces, and one
+ * past the last row naming its rows and columns. */
+static void test_2d_pieces(void)
+{
+    char dir[300], rank0[400], out[400], says[400];
+    job_t *j = calloc(1, sizeof(job_t)), *saved = calloc(1, sizeof(job_t));
+
+    snprintf(dir, sizeof(dir), "%s/blocks", tmpdir);
+    *saved = (job_t){.world = 1,
+                     .strategy = FSDP_FULL_SHARD,
+                     .optim = FSDP_OPTIM_ADAMW,
+                     .steps = 1,
+                     .save = 1,
+                     .save_step = 1,
+                     .type = FSDP_STATE_DICT_SHARDED,
+                     .dir = dir};
+    CU_ASSERT_EQUAL_FATAL(run(saved), FSDP_OK);
+    snprintf(rank0, sizeof(rank0), "%s/step-00000001/rank-00000.safetensors", dir);
+    as_column_blocks(rank0, "layers.0.weight", 11, 3, 0);
+    as_column_blocks(rank0, "state.layers.0.weight.exp_avg", 11, 3, 0);
+    *j = (job_t){
+        .world = 3, .strategy = FSDP_FULL_SHARD, .optim = FSDP_OPTIM_ADAMW, .load = 1, .dir = dir};
+    CU_ASSERT_EQUAL(run(j), FSDP_OK);
+    CU_ASSERT(memcmp(j->params, saved->params, sizeof(j->params)) == 0);
+    snprintf(out, sizeof(out), "%s/blocks.safetensors", tmpdir);
+    CU_ASSERT_EQUAL(fsdp_checkpoint_consolidate(dir, out, NULL), FSDP_OK);
+    /* the second block at column 2: element 2 of each row twice, element 5 nowhere */
+    rewrite_tensor(rank0, "layers.0.weight@0,3", "layers.0.weight@0,2", -1, 0.0f);
+    snprintf(says, sizeof(says),
+             "tensor 'layers.0.weight': elements [2, 3) are in two pieces (of "
+             "rank-00000.safetensors and rank-00000.safetensors)");
+    refused_saying(j, NULL, says);
+    refused_saying(NULL, dir, says);
+    /* one row down: past the 11 rows */
+    rewrite_tensor(rank0, "layers.0.weight@0,2", "layers.0.weight@1,3", -1, 0.0f);
+    snprintf(says, sizeof(says),
+             "rank-00000.safetensors: piece 'layers.0.weight@1,3' holds rows [1, 1 + 11) and "
+             "columns [3, 3 + 3) of tensor 'layers.0.weight', which has 11 rows of 6");
+    refused_saying(j, NULL, says);
+    refused_saying(NULL, dir, says);
+    free(j);
+    free(saved);
+}
+
 /* A negative exp_avg_sq (AdamW's mean of squares) is refused on load, naming the tensor, from
  * sharded, full and local checkpoints. */
 static void test_negative_exp_avg_sq(void)
@@ -701,12 +826,14 @@ int main(void)
         {"sharded checkpoint, adamw: resume and reshard", test_sharded_adamw},
         {"full checkpoint, adamw: resume and reshard", test_full_adamw},
         {"sharded checkpoint, sgd, cpu offload", test_sharded_sgd_offload},
+        {"sharded checkpoint of replicas: each piece once", test_sharded_replicas},
         {"full checkpoint file names", test_full_file_names},
         {"local checkpoint: same world only", test_local},
         {"a killed save leaves the old checkpoint", test_killed_save},
         {"corrupted checkpoints refused", test_corrupted},
         {"checkpoint.json fields checked", test_fields},
         {"overlapping pieces refused", test_overlapping_pieces},
+        {"2-d pieces: read, and refused overlapping or past the end", test_2d_pieces},
         {"negative exp_avg_sq refused", test_negative_exp_avg_sq},
         {NULL, NULL},
     };

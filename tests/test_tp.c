@@ -8,7 +8,8 @@
  * - GPT-2 likewise (c_attn split by heads into q, k, v columns, the c_proj's row-parallel);
  * - the vocabulary-parallel loss: the same training, its collectives, its memory;
  * - bf16 stays within its roundoff of f32 under tp;
- * - refusals: fsdp1, a tp that does not divide a node or the model, checkpoints.
+ * - full and sharded checkpoints: whole tensors, one process's bytes, loaded at any tp and dp;
+ * - refusals: fsdp1, a tp that does not divide a node or the model.
  */
 #include <fsdp/fsdp.h>
 #include <math.h>
@@ -39,6 +40,11 @@ typedef struct job {
     double clip;       /* > 0: fsdp_clip_grad_norm to it each step, the norms into norms */
     const char *load;  /* an HF file to start from instead of init_params(3) */
     const char *save;  /* an HF file the first values are saved to */
+    int fsdp1;         /* at tp 1: FSDP1 instead of fully_shard */
+    /* a checkpoint directory loaded (model and AdamW state) before the steps, and one saved
+     * after them as step 2, of type ckpt_type */
+    const char *ckpt_load, *ckpt_save;
+    fsdp_state_dict_type_t ckpt_type;
     double norms[MAX_STEPS];
     float losses[MAX_STEPS][MAX_W];
     float *params; /* every full parameter, canonical order (root, then layers) */
@@ -105,7 +111,7 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     fsdp_status_t st = j->trace != NULL ? fsdp_trace_attach(j->trace, dev) : FSDP_OK;
 
     fsdp_config_init(&fc);
-    fc.api = FSDP_API_FSDP2;
+    fc.api = j->fsdp1 ? FSDP_API_FSDP1 : FSDP_API_FSDP2;
     fc.tp_size = j->tp;
     fc.ranks_per_node = j->per_node > 0 ? j->per_node : j->world;
     if (j->per_node > 0)
@@ -135,6 +141,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
     oc.lr = 1e-3f;
     if (st == FSDP_OK)
         st = fsdp_optim_create(fs, &oc, &opt);
+    if (st == FSDP_OK && j->ckpt_load != NULL)
+        st = fsdp_checkpoint_load(fs, opt, j->ckpt_load, NULL);
     for (int s = 0; s < j->steps && st == FSDP_OK; s++) {
         /* the tp ranks of a dp rank read the same rows */
         fsdp_batch_spec_t spec = {j->batch, j->seq, dev->rank / j->tp, dp, 5};
@@ -151,6 +159,8 @@ static fsdp_status_t job_rank(fsdp_dev_t *dev, void *arg)
             st = fsdp_optim_step(opt);
         fsdp_zero_grad(fs);
     }
+    if (st == FSDP_OK && j->ckpt_save != NULL)
+        st = fsdp_checkpoint_save(fs, opt, j->ckpt_save, j->ckpt_type, 2);
     if (fs != NULL)
         fsdp_mem_get_stats(fsdp_memory(fs), &j->mem[dev->rank]);
     for (int k = 0; st == FSDP_OK && j->params != NULL && k <= fsdp_lm_num_layers(m); k++) {
@@ -438,6 +448,121 @@ static void test_init_and_load(void)
     free(j);
 }
 
+/* Whether the files `name` of checkpoint directories a and b (their step 2) hold the same
+ * bytes; prints what differs under `what`. */
+static int same_file(const char *a, const char *b, const char *name, const char *what)
+{
+    char pa[300], pb[300];
+    size_t na, nb;
+    char *x, *y;
+    int same;
+
+    snprintf(pa, sizeof(pa), "%s/step-00000002/%s", a, name);
+    snprintf(pb, sizeof(pb), "%s/step-00000002/%s", b, name);
+    x = file_bytes(pa, &na);
+    y = file_bytes(pb, &nb);
+    same = x != NULL && y != NULL && na == nb && memcmp(x, y, na) == 0;
+    if (!same)
+        fprintf(stderr, "\n  %s: %s is not one process's", what, name);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* Full and sharded checkpoints under tp, Llama and GPT-2, with AdamW's state after 2 steps of
+ * one process: loaded at tp 2 and 4 (dp 1 and 2), at dp 2 and 3 without tp and under FSDP1,
+ * and saved again full, they are that process's model.safetensors and optimizer.safetensors
+ * byte for byte (the whole tensors, put together over dp and tp); saved sharded at each layout
+ * (2-d pieces for the column slices), each loads at the next layout and saves full to the same
+ * bytes, and consolidates to the same model.safetensors. A local checkpoint at tp 2 is refused
+ * at tp 4. */
+static void test_checkpoints(void)
+{
+    /* world, tp, fsdp1 */
+    static const int runs[][3] = {{4, 2, 0}, {4, 4, 0}, {2, 2, 0}, {3, 1, 1}, {2, 1, 0}};
+    const int nruns = (int)(sizeof(runs) / sizeof(runs[0]));
+    char top[] = "/tmp/fsdp-tp-ckpt-XXXXXX", one[64], full[64], sh[8][64], cons[80], want_rm[80];
+    job_t *j = calloc(1, sizeof(*j));
+
+    CU_ASSERT_FATAL(mkdtemp(top) != NULL);
+    snprintf(one, sizeof(one), "%s/one", top);
+    snprintf(full, sizeof(full), "%s/full", top);
+    snprintf(cons, sizeof(cons), "%s/consolidated.safetensors", top);
+    for (int gpt2 = 0; gpt2 <= 1; gpt2++) {
+        const char *model = gpt2 ? "gpt2" : "llama";
+        char want[300], what[64];
+        size_t n_want, n_got;
+        char *wb, *gb;
+        job_init(j, NULL, 1, 1);
+        j->gpt2 = gpt2;
+        CU_ASSERT_EQUAL_FATAL(fsdp_gpt2_config_parse("gpt2:heads=4", &j->gcfg), FSDP_OK);
+        j->tokens = lm_test_parity_tokens();
+        j->steps = 2;
+        j->ckpt_save = one;
+        j->ckpt_type = FSDP_STATE_DICT_FULL;
+        CU_ASSERT_EQUAL_FATAL(job_run(j), FSDP_OK);
+        fsdp_tokens_close(j->tokens);
+        j->tokens = NULL;
+        j->steps = 0;
+        j->ckpt_load = one;
+        for (int i = 0; i < nruns; i++) {
+            j->world = runs[i][0];
+            j->tp = runs[i][1];
+            j->fsdp1 = runs[i][2];
+            snprintf(what, sizeof(what), "%s world %d tp %d%s", model, j->world, j->tp,
+                     j->fsdp1 ? " fsdp1" : "");
+            j->ckpt_load = one;
+            j->ckpt_save = full;
+            j->ckpt_type = FSDP_STATE_DICT_FULL;
+            CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+            CU_ASSERT(same_file(one, full, "model.safetensors", what));
+            CU_ASSERT(same_file(one, full, "optimizer.safetensors", what));
+            snprintf(sh[i], sizeof(sh[i]), "%s/sharded-%s-%d", top, model, i);
+            j->ckpt_save = sh[i];
+            j->ckpt_type = FSDP_STATE_DICT_SHARDED;
+            CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+        }
+        snprintf(want, sizeof(want), "%s/step-00000002/model.safetensors", one);
+        wb = file_bytes(want, &n_want);
+        for (int i = 0; i < nruns; i++) {
+            const int k = (i + 1) % nruns;
+            j->world = runs[k][0];
+            j->tp = runs[k][1];
+            j->fsdp1 = runs[k][2];
+            snprintf(what, sizeof(what), "%s sharded of layout %d at world %d tp %d", model, i,
+                     j->world, j->tp);
+            j->ckpt_load = sh[i];
+            j->ckpt_save = full;
+            j->ckpt_type = FSDP_STATE_DICT_FULL;
+            CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+            CU_ASSERT(same_file(one, full, "model.safetensors", what));
+            CU_ASSERT(same_file(one, full, "optimizer.safetensors", what));
+            CU_ASSERT_EQUAL(fsdp_checkpoint_consolidate(sh[i], cons, NULL), FSDP_OK);
+            gb = file_bytes(cons, &n_got);
+            CU_ASSERT(wb != NULL && gb != NULL && n_got == n_want && memcmp(wb, gb, n_want) == 0);
+            free(gb);
+        }
+        free(wb);
+    }
+    /* a local checkpoint holds tp slices: another tp is refused */
+    j->world = 4;
+    j->tp = 2;
+    j->fsdp1 = 0;
+    j->ckpt_load = NULL;
+    j->ckpt_save = full;
+    j->ckpt_type = FSDP_STATE_DICT_LOCAL;
+    CU_ASSERT_EQUAL(job_run(j), FSDP_OK);
+    j->tp = 4;
+    j->ckpt_load = full;
+    j->ckpt_save = NULL;
+    fsdp_log_set_level(FSDP_LOG_OFF);
+    CU_ASSERT_EQUAL(job_run(j), FSDP_ERR_FORMAT);
+    fsdp_log_set_level(FSDP_LOG_WARN);
+    snprintf(want_rm, sizeof(want_rm), "rm -rf '%s'", top);
+    CU_ASSERT_EQUAL(system(want_rm), 0);
+    free(j);
+}
+
 /* ---------------- the collectives of one layer ---------------- */
 
 #define MAX_EV 64
@@ -665,7 +790,7 @@ static void test_bf16(void)
 
 /* ---------------- refusals ---------------- */
 
-enum { R_FSDP1, R_GROUP, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_CKPT, R_COUNT };
+enum { R_FSDP1, R_GROUP, R_NODE, R_HEADS, R_SEQ, R_GPT2, R_COUNT };
 
 typedef struct refusals {
     fsdp_status_t got[MAX_W][R_COUNT];
@@ -716,7 +841,6 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     if (fsdp_llama_create(fs, &lc, &m) != FSDP_OK)
         return FSDP_ERR_INTERNAL;
     got[R_SEQ] = fsdp_lm_forward_backward(m, tok, tok, 2, 33, &loss); /* 33 tokens over tp 2 */
-    got[R_CKPT] = fsdp_checkpoint_save(fs, NULL, "/nonexistent", FSDP_STATE_DICT_SHARDED, 1);
     fsdp_lm_destroy(m);
     fsdp_destroy(fs);
     fs = NULL;
@@ -730,15 +854,13 @@ static fsdp_status_t refusal_rank(fsdp_dev_t *dev, void *arg)
     return FSDP_OK;
 }
 
-/* fsdp1, a process group given with tp, a tp larger than a node, a tp that does not divide Llama's
- * kv heads, the sequence or GPT-2's heads, and a sharded checkpoint under tp are refused, each with
- * its line. */
+/* fsdp1, a process group given with tp, a tp larger than a node, and a tp that does not divide
+ * Llama's kv heads, the sequence or GPT-2's heads are refused, each with its line. */
 static void test_refusals(void)
 {
     static const fsdp_status_t want[R_COUNT] = {FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
                                                 FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
-                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM,
-                                                FSDP_ERR_UNSUPPORTED};
+                                                FSDP_ERR_INVALID_PARAM, FSDP_ERR_INVALID_PARAM};
     refusals_t *r = calloc(1, sizeof(*r));
 
     fsdp_log_set_level(FSDP_LOG_OFF);
@@ -797,7 +919,9 @@ int main(void)
         {"memory per rank: TP's shards and SP's activations in closed form",
          test_memory_closed_form},
         {"bf16 at tp 2 within bf16's roundoff of f32", test_bf16},
-        {"refusals: fsdp1, a given group, a node, heads, seq, checkpoint", test_refusals},
+        {"full and sharded checkpoints under tp: one process's bytes, any layout from any other",
+         test_checkpoints},
+        {"refusals: fsdp1, a given group, a node, heads, seq", test_refusals},
         {NULL, NULL},
     };
     fsdp_log_set_level(FSDP_LOG_WARN);

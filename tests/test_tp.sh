@@ -1,8 +1,8 @@
 #!/bin/sh
 # --tp N from the command line: refused with fsdp1, with hybrid sharding, for a tp that divides
 # neither the world nor a node, for models without a tensor-parallel layout, and for what tensor
-# parallelism does not support; fsdp-train at --tp 2 prints the losses of --tp 1; fsdp-plan plans
-# with --tp and its fully_shard sweep tries tp 1, 2, 4, 8.
+# parallelism does not support; fsdp-train at --tp 2 prints the losses of --tp 1; its checkpoints
+# resume at other layouts; fsdp-plan plans with --tp and its fully_shard sweep tries tp 1, 2, 4, 8.
 set -u
 bin="${top_builddir:-..}/tools"
 [ -x "$bin/fsdp-train" ] || bin=../tools
@@ -34,8 +34,6 @@ refuse "--tp-loss-parallel without --tp" "give --tp N > 1" $train $llama --api f
 refuse "--tp for an mlp" "gpt and llama models only" $train --model mlp:16,32,4 --world 2 --api fsdp2 --tp 2
 refuse "--tp 2 over one gpt2 head" "must divide heads" \
     $train --model gpt2:heads=1 --world 2 --api fsdp2 --tp 2
-refuse "--tp with a sharded --save-checkpoint" "needs --state-dict local" \
-    $train $llama --api fsdp2 --tp 2 --save-checkpoint "$tmp/ckpt"
 refuse "--tp larger than a node" "must divide the 2 GPUs per node" \
     $plan --model llama3-8b --api fsdp2 --tp 4 --profile h100:nodes=2,gpus_per_node=2
 refuse "--tp for an mlp plan" "gpt and llama models only" $plan --model mlp:64,64 --api fsdp2 --tp 2
@@ -75,8 +73,48 @@ if [ -s "$tmp/want" ] && cmp -s "$tmp/want" "$tmp/got"; then
 else
     echo "FAILED: resuming at --tp 2"; cat "$tmp/want" "$tmp/got"; fail=1
 fi
-refuse "a tp 2 checkpoint at --tp 4" "loads only at the same tp" \
+refuse "a local tp 2 checkpoint at --tp 4" "loads only at the same tp" \
     $train $llama --steps 4 --api fsdp2 --tp 4 --resume "$tmp/local"
+
+# full and sharded checkpoints saved at --tp 2 on 4 ranks (dp 2) resume at tp 1 on 2 ranks, at
+# tp 4 on 4, under fsdp1 on 3 ranks and at tp 2 again, with the steps of the run without a stop:
+# the same losses within 1e-6 (each layout sums in its own order; test_tp.c checks that the
+# checkpoints themselves hold one process's bytes); the sharded one consolidates to the full
+# one's model.safetensors, byte for byte
+gpt="--model gpt2:heads=4 --batch 6 --seq 32"
+$train $gpt --world 4 --api fsdp2 --tp 2 --steps 4 2>&1 | grep '^step [34] ' | awk '{print $4}' \
+    >"$tmp/w.l"
+for sd in full sharded; do
+    $train $gpt --world 4 --api fsdp2 --tp 2 --steps 2 --save-checkpoint "$tmp/$sd" \
+        --state-dict $sd >/dev/null 2>&1 || fail=1
+    for at in "--world 2 --api fsdp2" "--world 4 --api fsdp2 --tp 4" "--world 3" \
+        "--world 4 --api fsdp2 --tp 2"; do
+        $train $gpt $at --steps 4 --resume "$tmp/$sd" 2>&1 | grep '^step [34] ' |
+            awk '{print $4}' >"$tmp/r.l"
+        if [ "$(grep -c . "$tmp/r.l")" -eq 2 ] && awk 'NR==FNR{a[FNR]=$1;next}
+            {d=a[FNR]-$1; if(d<0)d=-d; if(d>1e-6)exit 1}' "$tmp/w.l" "$tmp/r.l"; then
+            echo "ok: a $sd checkpoint of --tp 2 resumes at $at: $(tr '\n' ' ' <"$tmp/r.l")"
+        else
+            echo "FAILED: a $sd checkpoint of --tp 2 at $at"; cat "$tmp/w.l" "$tmp/r.l"; fail=1
+        fi
+    done
+done
+# under HSDP x tp the first replica writes the pieces: the checkpoint holds each element once
+hs="--model gpt2:heads=4 --batch 8 --seq 32"
+$train $hs --world 8 --api fsdp2 --tp 2 --strategy hybrid_shard --ranks-per-node 4 --steps 2 \
+    --save-checkpoint "$tmp/hsdp" --state-dict sharded >/dev/null 2>&1 || fail=1
+if $train $hs --world 2 --api fsdp2 --steps 3 --resume "$tmp/hsdp" >"$tmp/res" 2>&1 &&
+    grep -q '^step 3 ' "$tmp/res"; then
+    echo "ok: a sharded checkpoint of HSDP x tp 2 resumes on 2 ranks"
+else
+    echo "FAILED: a sharded checkpoint of HSDP x tp 2"; cat "$tmp/res"; fail=1
+fi
+if $train --consolidate "$tmp/sharded" --save "$tmp/cons.safetensors" >/dev/null 2>&1 &&
+    cmp -s "$tmp/cons.safetensors" "$tmp/full/step-00000002/model.safetensors"; then
+    echo "ok: the sharded checkpoint of --tp 2 consolidates to the full one's bytes"
+else
+    echo "FAILED: consolidating the sharded checkpoint of --tp 2"; fail=1
+fi
 
 # fsdp-plan --tp 2, and the sweep's tp rows
 if $plan --model llama3-8b --api fsdp2 --world 16 --local-batch 1 --seq 2048 --tp 2 \

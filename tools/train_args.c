@@ -410,10 +410,6 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
             cli_die("--tp %d: tensor parallelism is planned for gpt and llama models only (an "
                     "mlp has no tensor-parallel layout here)",
                     a->fsdp.tp_size);
-        if (a->ckpt_dir != NULL && a->state_dict != FSDP_STATE_DICT_LOCAL)
-            cli_die("--tp %d: --save-checkpoint under tensor parallelism needs --state-dict local "
-                    "(each rank's shards as they are; --save writes HF weights)",
-                    a->fsdp.tp_size);
         a->dp = a->world / a->fsdp.tp_size;
     }
     a->launch.threads = a->threads;

@@ -10,14 +10,22 @@
  * FULL: `model.safetensors` holds the unsharded parameters under their plain names (tied
  * aliases once), readable by PyTorch and HF tools as it is; `optimizer.safetensors` holds the
  * optimizer state as `state.<param>.<buffer>` (torch's names: exp_avg, exp_avg_sq,
- * momentum_buffer). Written by rank 0 (PyTorch's rank0_only full state dict).
+ * momentum_buffer). Written by rank 0 (PyTorch's rank0_only full state dict). Under tensor
+ * parallelism each tensor is whole: gathered over dp, then its tp slices over tp, put together
+ * by rank 0 as its placement says (fsdp_param_spec_t.tp_shard); the files are those of one
+ * process holding the same values, byte for byte.
  * SHARDED: `rank-RRRRR.safetensors` per rank, each holding the pieces of every parameter (and
- * its optimizer state) in that rank's shard, as 1-D tensors; `checkpoint.json` indexes which
- * elements of each flattened parameter each piece holds, so a checkpoint loads into any world
- * size or sharding strategy.
+ * its optimizer state) in that rank's shard, each named for its place in the whole tensor
+ * (torch DCP's chunk offsets): `<name>@<offset>`, a 1-D run of the flattened tensor, or
+ * `<name>@<row>,<col>`, a 2-D block [rows, cols] at that row and column (a tp rank's column
+ * slice, Shard(1), with FSDP's rows of it: one block a column block, so GPT-2's c_attn, q, k
+ * and v of this rank's heads, is three). Each element is in exactly one piece: of ranks that
+ * hold the same values (a tp-replicated parameter, hybrid sharding's replicas, NO_SHARD) the
+ * first writes them. `checkpoint.json` gives each parameter's whole shape, so a checkpoint
+ * loads into any world size, sharding strategy, api or tp.
  * LOCAL: `rank-RRRRR.safetensors` per rank holding each unit's flat shard as it is, padding
  * included (`<unit>.flat_param`, and `state.<unit>.flat_param.<buffer>`), as PyTorch's
- * LOCAL_STATE_DICT: it loads only into the same world size and sharding.
+ * LOCAL_STATE_DICT: it loads only into the same world size, sharding, api and tp.
  * Module buffers (fsdp_unit_options_t.buffers) are saved whole, in f32, under their names: in
  * model.safetensors (FULL), rank 0's file (SHARDED) or every rank's file (LOCAL). Ignored
  * parameters are not saved.

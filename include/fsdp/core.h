@@ -184,6 +184,14 @@ typedef struct fsdp_param_spec {
      * reduce-scatter, as torch's FSDPParam redistributes a gradient to its parameter's
      * placement. No effect without tensor parallelism. 0 by default. */
     int tp_partial_grad;
+    /* Under tensor parallelism, how the shape given (this tp rank's) is cut from the whole
+     * tensor, its DTensor placement, which full and sharded checkpoints name it by: 0 replicated
+     * (every tp rank holds it all), -1 Shard(0) (tp rank t holds rows t d0.. of tp d0), P > 0
+     * Shard(1) in P equal blocks of the last dimension (each row of the whole tensor is P blocks
+     * of w tp, w the block's width here, and tp rank t holds columns t w.. of each: 1 for a plain
+     * column split, 3 for GPT-2's fused q, k, v). No effect without tensor parallelism. 0 by
+     * default. */
+    int tp_shard;
 } fsdp_param_spec_t;
 
 /* Where a parameter sits in its handle's flat parameter and in this rank's shard
@@ -200,6 +208,7 @@ typedef struct fsdp_param_info {
     size_t offset_in_shard; /* where that part starts in the shard */
     size_t intra_start;     /* first element of the parameter in the shard */
     size_t numel_in_shard;
+    int tp_shard; /* fsdp_param_spec_t.tp_shard under tensor parallelism, else 0 */
 } fsdp_param_info_t;
 
 typedef enum {

@@ -30,6 +30,14 @@ fsdp_status_t fsdp_check_param_spec(fsdp_t *fs, const char *unit,
                              "unit '%s': parameter '%s' has negative dimension %lld", unit,
                              p->name, (long long)p->shape[d]);
     }
+    if (p->tp_shard < -1 || (p->tp_shard < 0 && p->ndim < 1) ||
+        (p->tp_shard > 0 &&
+         (p->ndim < 1 || p->ndim > 2 || p->shape[p->ndim - 1] % p->tp_shard != 0)))
+        return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
+                         "unit '%s': parameter '%s' has tp_shard %d; 0 (replicated), -1 (rows) "
+                         "or P > 0 (P blocks of columns of a 1-d or 2-d tensor, P dividing the "
+                         "last dimension) are allowed",
+                         unit, p->name, p->tp_shard);
     for (int j = 0; j < i; j++) {
         if (strcmp(params[j].name, p->name) == 0)
             return fsdp_fail(fs, FSDP_ERR_INVALID_PARAM,
@@ -178,6 +186,7 @@ fsdp_status_t fsdp_handle_create(fsdp_unit_t *u, const fsdp_param_spec_t *params
         pi->numel = numel;
         pi->tied_to = params[i].tied_to;
         pi->requires_grad = params[i].requires_grad != 0;
+        pi->tp_shard = fs->tp != NULL ? params[i].tp_shard : 0;
         if (pi->tied_to >= 0) {
             pi->offset = h->params[pi->tied_to].offset;
         } else {

@@ -7,6 +7,7 @@
 
 #include "io/fs.h"
 #include "nn/ckpt_int.h"
+#include "nn/nn_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -128,6 +129,31 @@ fsdp_status_t fsdp_ckpt_get_bufs(fsdp_unit_t *u, fsdp_optim_t *opt, int allocate
         b->shard[b->n++] = view.buf[i];
     }
     return FSDP_OK;
+}
+
+void fsdp_ckpt_tp(fsdp_t *fs, int *tp_p, int *rank_p)
+{
+    const fsdp_group_t *g = fsdp_tp_group(fs);
+
+    *tp_p = g != NULL ? g->size : 1;
+    if (rank_p != NULL)
+        *rank_p = g != NULL ? g->rank : 0;
+}
+
+size_t fsdp_ckpt_whole_shape(const fsdp_param_info_t *pi, int tp, int64_t *shape)
+{
+    for (int d = 0; d < pi->ndim; d++)
+        shape[d] = pi->shape[d];
+    if (pi->tp_shard != 0 && pi->ndim > 0)
+        shape[pi->tp_shard < 0 ? 0 : pi->ndim - 1] *= tp;
+    return pi->tp_shard != 0 ? pi->numel * (size_t)tp : pi->numel;
+}
+
+size_t fsdp_ckpt_whole_index(const fsdp_param_info_t *pi, int tp, int t, size_t e)
+{
+    const size_t cols = pi->ndim > 1 ? (size_t)pi->shape[pi->ndim - 1] : pi->numel;
+
+    return tp > 1 ? fsdp_nn_slice_index(e, pi->numel, cols, pi->tp_shard, tp, t) : e;
 }
 
 void fsdp_ckpt_tensor_name(char *out, size_t len, const char *param, const char *buf)
@@ -263,17 +289,20 @@ static void module_buffer_dims(fsdp_t *fs, const entry_list_t *l, int *dims)
     }
 }
 
-/* FULL: gather every buffer; rank 0 writes model.safetensors and optimizer.safetensors. */
+/* FULL: gather every buffer (over dp, then over tp, whose slices rank 0 puts together); rank 0
+ * writes model.safetensors and optimizer.safetensors. */
 static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
 {
-    int rank = fsdp_device(fs)->rank;
+    int rank = fsdp_device(fs)->rank, tp;
     entry_list_t model = {0}, optim = {0};
     int *mdims = NULL, *odims = NULL;
     json_t *steps = json_object();
     fsdp_status_t status = FSDP_OK;
 
+    fsdp_ckpt_tp(fs, &tp, NULL);
     for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
         fsdp_unit_t *u = fsdp_unit_at(fs, i);
+        const size_t n = fsdp_unit_flat_numel(u);
         unit_bufs_t b;
         float *full[3] = {NULL, NULL, NULL};
         if (!fsdp_unit_has_params(u))
@@ -282,6 +311,12 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
         for (int k = 0; k < b.n && status == FSDP_OK; k++) {
             full[k] = malloc(fsdp_unit_flat_numel(u) * sizeof(float) + 1);
             status = full[k] ? fsdp_unit_gather_buffer(u, b.shard[k], full[k]) : FSDP_ERR_NO_MEMORY;
+            if (status == FSDP_OK && tp > 1) { /* and every tp rank's slices, put together below */
+                float *all = malloc((size_t)tp * n * sizeof(float) + 1);
+                status = all != NULL ? fsdp_nn_tp_gather(fs, full[k], n, all) : FSDP_ERR_NO_MEMORY;
+                free(full[k]);
+                full[k] = all;
+            }
         }
         for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK && rank == 0; j++) {
             fsdp_param_info_t pi;
@@ -290,15 +325,20 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
                 continue; /* stored once, under the first name */
             for (int k = 0; k < b.n && status == FSDP_OK; k++) {
                 char name[512];
-                float *copy = malloc(pi.numel * sizeof(float) + 1);
-                if (copy == NULL) {
+                int64_t shape[FSDP_MAX_DIMS];
+                float *copy = NULL;
+                fsdp_ckpt_whole_shape(&pi, tp, shape);
+                if (tp > 1) {
+                    status = fsdp_nn_tp_assemble(&pi, full[k], n, tp, pi.tp_shard, &copy, shape);
+                } else if ((copy = malloc(pi.numel * sizeof(float) + 1)) != NULL) {
+                    memcpy(copy, full[k] + pi.offset, pi.numel * sizeof(float));
+                } else {
                     status = FSDP_ERR_NO_MEMORY;
-                    break;
                 }
-                memcpy(copy, full[k] + pi.offset, pi.numel * sizeof(float));
+                if (status != FSDP_OK)
+                    break;
                 fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
-                status = fsdp_ckpt_list_add(k == 0 ? &model : &optim, name, pi.ndim, pi.shape,
-                                            copy);
+                status = fsdp_ckpt_list_add(k == 0 ? &model : &optim, name, pi.ndim, shape, copy);
                 if (status != FSDP_OK)
                     free(copy);
             }
@@ -359,15 +399,88 @@ static fsdp_status_t save_full(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir
     return status;
 }
 
-/* SHARDED: every rank writes the pieces of its shard. */
+/* The pieces of one tensor of this rank (host copy `data` of parameter pi's shard, or of an
+ * optimizer buffer of it, named `name`) into l, each named for its place in the whole tensor:
+ * `<name>@<offset>` a 1-d run of the flattened whole tensor, `<name>@<row>,<col>` a 2-d block of
+ * it. Without tensor parallelism, and for a tp slice of rows, the shard is one run; a tp slice
+ * of columns is one 2-d block a column block (GPT-2's c_attn: q, k and v), or for a 1-d tensor
+ * one run a block. Takes data (freed on failure). */
+static fsdp_status_t add_pieces(entry_list_t *l, const fsdp_param_info_t *pi, int tp, int t,
+                                const char *name, float *data)
+{
+    const size_t first = pi->intra_start, n = pi->numel_in_shard;
+    char pname[600];
+    fsdp_status_t status = FSDP_OK;
+
+    if (tp > 1 && pi->tp_shard > 0 && pi->ndim == 2) {
+        const size_t c = (size_t)pi->shape[1], w = c / (size_t)pi->tp_shard, rows = n / c;
+        int64_t shape[2] = {(int64_t)rows, (int64_t)w};
+        for (int blk = 0; blk < pi->tp_shard && status == FSDP_OK; blk++) {
+            const size_t at = fsdp_ckpt_whole_index(pi, tp, t, first + (size_t)blk * w);
+            const size_t cols = c * (size_t)tp;
+            float *piece = malloc(rows * w * sizeof(float) + 1);
+            if (piece == NULL) {
+                status = FSDP_ERR_NO_MEMORY;
+                break;
+            }
+            for (size_t r = 0; r < rows; r++)
+                memcpy(piece + r * w, data + r * c + (size_t)blk * w, w * sizeof(float));
+            snprintf(pname, sizeof(pname), "%s@%zu,%zu", name, at / cols, at % cols);
+            status = fsdp_ckpt_list_add(l, pname, 2, shape, piece);
+            if (status != FSDP_OK)
+                free(piece);
+        }
+        free(data);
+        return status;
+    }
+    for (size_t e = 0, run; e < n && status == FSDP_OK; e += run) {
+        const size_t at = fsdp_ckpt_whole_index(pi, tp, t, first + e);
+        int64_t len;
+        float *piece;
+        for (run = 1; e + run < n && fsdp_ckpt_whole_index(pi, tp, t, first + e + run) == at + run;)
+            run++;
+        len = (int64_t)run;
+        if (e == 0 && run == n) { /* the whole shard: no copy */
+            piece = data;
+            data = NULL;
+        } else if ((piece = malloc(run * sizeof(float) + 1)) != NULL) {
+            memcpy(piece, data + e, run * sizeof(float));
+        } else {
+            status = FSDP_ERR_NO_MEMORY;
+            break;
+        }
+        snprintf(pname, sizeof(pname), "%s@%zu", name, at);
+        status = fsdp_ckpt_list_add(l, pname, 1, &len, piece);
+        if (status != FSDP_OK)
+            free(piece);
+    }
+    free(data);
+    return status;
+}
+
+/* Whether this rank writes unit u's pieces: each element of a tensor is in exactly one piece, so
+ * of the ranks that hold the same shard the first writes it (torch's DCP writes a replicated
+ * tensor once too): under hybrid sharding the first replica, under NO_SHARD the first rank. */
+static int first_holder(fsdp_unit_t *u)
+{
+    const fsdp_group_t *rep = fsdp_unit_replicate_group(u), *pg = fsdp_unit_shard_group(u);
+
+    if (rep != NULL && rep->rank != 0)
+        return 0;
+    return fsdp_unit_strategy(u) != FSDP_NO_SHARD || pg == NULL || pg->rank == 0;
+}
+
+/* SHARDED: every rank writes the pieces of its shard, of the ranks holding the same shard the
+ * first (first_holder); under tensor parallelism a replicated parameter's by the first tp rank. */
 static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmpdir, json_t *meta)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
     entry_list_t pieces = {0};
-    int *dims = NULL;
+    int *dims = NULL, tp, trank;
     json_t *params = json_object(), *steps = json_object();
     fsdp_status_t status = FSDP_OK;
 
+    fsdp_ckpt_tp(fs, &tp, &trank);
     for (int i = 0; i < fsdp_num_units(fs) && status == FSDP_OK; i++) {
         fsdp_unit_t *u = fsdp_unit_at(fs, i);
         unit_bufs_t b;
@@ -376,26 +489,29 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
         status = fsdp_ckpt_get_bufs(u, opt, 0, &b);
         for (int j = 0; j < fsdp_unit_num_params(u) && status == FSDP_OK; j++) {
             fsdp_param_info_t pi;
+            int64_t whole[FSDP_MAX_DIMS];
+            size_t numel;
             json_t *shape = json_array();
             fsdp_unit_param_info(u, j, &pi);
             if (pi.tied_to >= 0) {
                 json_decref(shape);
                 continue;
             }
+            numel = fsdp_ckpt_whole_shape(&pi, tp, whole);
             for (int d = 0; d < pi.ndim; d++)
-                json_array_append_new(shape, json_integer(pi.shape[d]));
+                json_array_append_new(shape, json_integer(whole[d]));
             json_object_set_new(
                 params, pi.name,
-                json_pack("{s:o, s:I}", "shape", shape, "numel", (json_int_t)pi.numel));
+                json_pack("{s:o, s:I}", "shape", shape, "numel", (json_int_t)numel));
             if (opt != NULL)
                 json_object_set_new(steps, pi.name,
                                     json_pack("{s:I, s:b}", "step", (json_int_t)b.step,
                                               "has_buffer", b.has_buffer));
-            if (!pi.in_shard || pi.numel_in_shard == 0)
+            if (!pi.in_shard || pi.numel_in_shard == 0 || (pi.tp_shard == 0 && trank != 0) ||
+                !first_holder(u))
                 continue;
             for (int k = 0; k < b.n && status == FSDP_OK; k++) {
                 char name[512];
-                int64_t len = (int64_t)pi.numel_in_shard;
                 float *copy = malloc(pi.numel_in_shard * sizeof(float));
                 if (copy == NULL) {
                     status = FSDP_ERR_NO_MEMORY;
@@ -407,11 +523,9 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
                 if (status == FSDP_OK)
                     status = fsdp_dev_stream_synchronize(dev, fsdp_compute_stream(fs));
                 fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
-                /* the piece's place in the flattened parameter rides in its name */
-                snprintf(name + strlen(name), sizeof(name) - strlen(name), "@%zu", pi.intra_start);
                 if (status == FSDP_OK)
-                    status = fsdp_ckpt_list_add(&pieces, name, 1, &len, copy);
-                if (status != FSDP_OK)
+                    status = add_pieces(&pieces, &pi, tp, trank, name, copy);
+                else
                     free(copy);
             }
         }
@@ -425,8 +539,11 @@ static fsdp_status_t save_sharded(fsdp_t *fs, fsdp_optim_t *opt, const char *tmp
         if (dims == NULL) {
             status = FSDP_ERR_NO_MEMORY;
         } else {
-            for (int e = 0; e < pieces.n; e++)
-                dims[e] = 1;
+            /* a piece's name says its dimensions: <name>@<row>,<col> is 2-d */
+            for (int e = 0; e < pieces.n; e++) {
+                const char *at = strrchr(pieces.names[e], '@');
+                dims[e] = at != NULL && strchr(at, ',') != NULL ? 2 : 1;
+            }
             module_buffer_dims(fs, &pieces, dims);
             fsdp_ckpt_list_finish(&pieces, dims);
             snprintf(fname, sizeof(fname), "rank-%05d.safetensors", dev->rank);
@@ -551,15 +668,6 @@ fsdp_status_t fsdp_checkpoint_save(fsdp_t *fs, fsdp_optim_t *opt, const char *di
                    "required");
         json_decref(meta);
         return FSDP_ERR_INVALID_PARAM;
-    }
-    /* full and sharded name a parameter's whole tensor, of which each tp rank holds a slice;
-     * local holds each rank's shards as they are, its own file a rank */
-    if (fsdp_tp_group(fs) != NULL && type != FSDP_STATE_DICT_LOCAL) {
-        fsdp_error("checkpoint save: under tensor parallelism (tp %d) only a local state dict is "
-                   "supported (each rank's shards as they are), not %s",
-                   fsdp_tp_group(fs)->size, fsdp_state_dict_type_name(type));
-        json_decref(meta);
-        return FSDP_ERR_UNSUPPORTED;
     }
     snprintf(sub, sizeof(sub), "step-%08lld", (long long)step);
     status = fsdp_ckpt_path_join(final, sizeof(final), dir, sub);

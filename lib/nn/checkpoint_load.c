@@ -154,28 +154,54 @@ static int piece_cmp(const void *a, const void *b)
     return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : x->hi < y->hi ? -1 : x->hi > y->hi;
 }
 
-/* The offset of a piece named <name>@<offset>: decimal digits alone, within a size_t. */
-static int piece_offset(const char *s, size_t *off_p)
+/* The place of a piece named <name>@<offset> (a 1-d piece: its first element in the flattened
+ * tensor) or <name>@<row>,<col> (a 2-d piece: its first row and column): decimal digits alone,
+ * within a size_t each. Returns the count of numbers, 0 when malformed. */
+static int piece_place(const char *s, size_t place[2])
 {
-    char *end;
-    unsigned long long v;
+    for (int k = 0; k < 2; k++) {
+        char *end;
+        unsigned long long v;
+        if (*s < '0' || *s > '9')
+            return 0;
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno != 0 || v > SIZE_MAX)
+            return 0;
+        place[k] = (size_t)v;
+        if (*end == '\0')
+            return k + 1;
+        if (*end != ',' || k == 1)
+            return 0;
+        s = end + 1;
+    }
+    return 0;
+}
 
-    if (*s < '0' || *s > '9')
-        return 0;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v > SIZE_MAX)
-        return 0;
-    *off_p = (size_t)v;
-    return 1;
+/* Appends the run [lo, hi) at data from rank file r to *ps (np of cap). */
+static fsdp_status_t add_run(piece_t **ps, int *np, int *cap, size_t lo, size_t hi,
+                             const void *data, int r)
+{
+    if (*np == *cap) {
+        int c = *cap ? 2 * *cap : 16;
+        piece_t *grown = c > *cap ? realloc(*ps, sizeof(**ps) * (size_t)c) : NULL;
+        if (grown == NULL)
+            return FSDP_ERR_NO_MEMORY;
+        *ps = grown;
+        *cap = c;
+    }
+    (*ps)[(*np)++] = (piece_t){lo, hi, data, r};
+    return FSDP_OK;
 }
 
 /* Every piece of the flattened tensor `name` (a parameter or `state.<param>.<buffer>`, numel
- * elements) in every rank file, clipped to [start, start + n), sorted; refused, naming the
- * tensor and the elements, unless they hold each element of the range exactly once. A piece
- * past the tensor's end is refused wherever it lies. *pieces_p is the caller's to free. */
-static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel, size_t start,
-                                 size_t n, piece_t **pieces_p, int *npieces_p)
+ * elements; cols its columns when it has two dimensions or more, its elements past dim 0, else
+ * 0) in every rank file, clipped to [start, start + n) as runs of consecutive elements (a 2-d
+ * piece is one run a row), sorted; refused, naming the tensor and the elements, unless they hold
+ * each element of the range exactly once. A piece past the tensor's end is refused wherever it
+ * lies. *pieces_p is the caller's to free. */
+static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel, size_t cols,
+                                 size_t start, size_t n, piece_t **pieces_p, int *npieces_p)
 {
     piece_t *ps = NULL;
     int np = 0, cap = 0;
@@ -192,40 +218,63 @@ static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel,
         status = open_file(lc, r, fname, &f);
         for (int t = 0; status == FSDP_OK && t < fsdp_st_num_tensors(f); t++) {
             const fsdp_st_tensor_t *ten = fsdp_st_tensor_at(f, t);
-            size_t off, cnt, lo, hi;
+            size_t place[2], cnt, lo, hi;
+            int k;
             if (strncmp(ten->name, prefix, plen) != 0)
                 continue;
-            if (!piece_offset(ten->name + plen, &off) || strcmp(ten->dtype, "F32") != 0 ||
-                ten->ndim != 1) {
+            k = piece_place(ten->name + plen, place);
+            if (k == 0 || k != ten->ndim || strcmp(ten->dtype, "F32") != 0) {
                 snprintf(msg, sizeof(msg),
-                         "%s: piece '%s' is not a 1-d F32 tensor named <name>@<offset>", fname,
-                         ten->name);
+                         "%s: piece '%s' is not a 1-d F32 tensor named <name>@<offset> or a 2-d "
+                         "one named <name>@<row>,<col>",
+                         fname, ten->name);
                 status = bad_checkpoint(lc, msg);
                 break;
             }
+            if (k == 2) { /* rows [r0, r0 + h) and columns [c0, c0 + w) */
+                const size_t r0 = place[0], c0 = place[1], h = (size_t)ten->shape[0],
+                             w = (size_t)ten->shape[1], rows = cols != 0 ? numel / cols : 0;
+                size_t first, last;
+                if (cols == 0 || r0 > rows || h > rows - r0 || c0 > cols || w > cols - c0) {
+                    snprintf(msg, sizeof(msg),
+                             "%s: piece '%s' holds rows [%zu, %zu + %zu) and columns [%zu, %zu + "
+                             "%zu) of tensor '%s', which has %zu rows of %zu",
+                             fname, ten->name, r0, r0, h, c0, c0, w, name, rows, cols);
+                    status = bad_checkpoint(lc, msg);
+                    break;
+                }
+                if (w == 0 || h == 0)
+                    continue;
+                /* only the rows that meet the range */
+                first = start / cols > r0 ? start / cols : r0;
+                last =
+                    (start + n + cols - 1) / cols < r0 + h ? (start + n + cols - 1) / cols : r0 + h;
+                for (size_t row = first; row < last && status == FSDP_OK; row++) {
+                    const size_t off = row * cols + c0;
+                    lo = off > start ? off : start;
+                    hi = off + w < start + n ? off + w : start + n;
+                    if (lo < hi)
+                        status = add_run(&ps, &np, &cap, lo, hi,
+                                         (const char *)ten->data +
+                                             ((row - r0) * w + (lo - off)) * sizeof(float),
+                                         r);
+                }
+                continue;
+            }
             cnt = (size_t)ten->numel;
-            if (off > numel || cnt > numel - off) {
+            if (place[0] > numel || cnt > numel - place[0]) {
                 snprintf(msg, sizeof(msg),
                          "%s: piece '%s' holds elements [%zu, %zu + %zu) of tensor '%s', which "
                          "has %zu",
-                         fname, ten->name, off, off, cnt, name, numel);
+                         fname, ten->name, place[0], place[0], cnt, name, numel);
                 status = bad_checkpoint(lc, msg);
                 break;
             }
-            lo = off > start ? off : start;
-            hi = off + cnt < start + n ? off + cnt : start + n;
-            if (lo >= hi)
-                continue;
-            if (np == cap) {
-                piece_t *grown = realloc(ps, sizeof(*ps) * (size_t)(cap ? 2 * cap : 16));
-                if (grown == NULL) {
-                    status = FSDP_ERR_NO_MEMORY;
-                    break;
-                }
-                ps = grown;
-                cap = cap ? 2 * cap : 16;
-            }
-            ps[np++] = (piece_t){lo, hi, (const char *)ten->data + (lo - off) * sizeof(float), r};
+            lo = place[0] > start ? place[0] : start;
+            hi = place[0] + cnt < start + n ? place[0] + cnt : start + n;
+            if (lo < hi)
+                status = add_run(&ps, &np, &cap, lo, hi,
+                                 (const char *)ten->data + (lo - place[0]) * sizeof(float), r);
         }
     }
     if (status == FSDP_OK && np > 1)
@@ -259,16 +308,16 @@ static fsdp_status_t find_pieces(load_ctx_t *lc, const char *name, size_t numel,
     return FSDP_OK;
 }
 
-/* Elements [start, start + n) of the flattened tensor `name` (numel elements) from a sharded
- * checkpoint's pieces, into *data_p (allocated once the pieces are known to hold each element
- * exactly once; the caller frees it). */
-static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t numel,
+/* Elements [start, start + n) of the flattened tensor `name` (numel elements, cols as
+ * find_pieces says) from a sharded checkpoint's pieces, into *data_p (allocated once the pieces
+ * are known to hold each element exactly once; the caller frees it). */
+static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t numel, size_t cols,
                                         size_t start, size_t n, float **data_p)
 {
     piece_t *ps = NULL;
     int np = 0;
     float *dst;
-    fsdp_status_t status = find_pieces(lc, name, numel, start, n, &ps, &np);
+    fsdp_status_t status = find_pieces(lc, name, numel, cols, start, n, &ps, &np);
 
     if (status != FSDP_OK)
         return status;
@@ -284,9 +333,10 @@ static fsdp_status_t read_sharded_range(load_ctx_t *lc, const char *name, size_t
     return FSDP_OK;
 }
 
-/* Fills dst with elements [start, start + n) of tensor `name` of a full checkpoint file. */
-static fsdp_status_t read_full_range(load_ctx_t *lc, int file, const fsdp_param_info_t *pi,
-                                     const char *name, size_t start, size_t n, float *dst)
+/* Fills dst with elements [start, start + n) of tensor `name` (numel elements) of a full
+ * checkpoint file. */
+static fsdp_status_t read_full_range(load_ctx_t *lc, int file, size_t numel, const char *name,
+                                     size_t start, size_t n, float *dst)
 {
     fsdp_st_file_t *f;
     const fsdp_st_tensor_t *t;
@@ -301,13 +351,59 @@ static fsdp_status_t read_full_range(load_ctx_t *lc, int file, const fsdp_param_
         snprintf(msg, sizeof(msg), "no tensor '%s' in the checkpoint", name);
         return bad_checkpoint(lc, msg);
     }
-    if (strcmp(t->dtype, "F32") != 0 || t->numel != pi->numel) {
+    if (strcmp(t->dtype, "F32") != 0 || t->numel != numel) {
         snprintf(msg, sizeof(msg), "tensor '%s' is %s with %llu elements; F32 with %zu expected",
-                 name, t->dtype, (unsigned long long)t->numel, pi->numel);
+                 name, t->dtype, (unsigned long long)t->numel, numel);
         return bad_checkpoint(lc, msg);
     }
     memcpy(dst, (const float *)t->data + start, n * sizeof(float));
     return FSDP_OK;
+}
+
+/* This rank's shard of tensor `name` (parameter pi's, or its optimizer buffer `buf`): the
+ * numel_in_shard elements from intra_start of pi, which under tensor parallelism is this tp
+ * rank's slice of the whole tensor the checkpoint holds (pi->tp_shard). The whole tensor's
+ * elements from the shard's first to its last are read, checked (finite, and in range for
+ * `buf`) and the shard's picked from them: one run unless the slice is a block of columns.
+ * Into *data_p, which the caller frees. */
+static fsdp_status_t read_shard(load_ctx_t *lc, int file, const fsdp_param_info_t *pi,
+                                const char *name, const char *buf, float **data_p)
+{
+    const size_t first = pi->intra_start, n = pi->numel_in_shard;
+    int64_t shape[FSDP_MAX_DIMS];
+    size_t numel, cols, lo, hi;
+    float *range = NULL, *dst;
+    int tp, t;
+    fsdp_status_t status;
+
+    fsdp_ckpt_tp(lc->fs, &tp, &t);
+    numel = fsdp_ckpt_whole_shape(pi, tp, shape);
+    cols = pi->ndim > 1 && shape[0] > 0 ? numel / (size_t)shape[0] : 0;
+    lo = fsdp_ckpt_whole_index(pi, tp, t, first);
+    hi = fsdp_ckpt_whole_index(pi, tp, t, first + n - 1) + 1;
+    if (lc->type == FSDP_STATE_DICT_SHARDED) {
+        status = read_sharded_range(lc, name, numel, cols, lo, hi - lo, &range);
+    } else {
+        range = malloc((hi - lo) * sizeof(float) + 1);
+        status = range == NULL ? FSDP_ERR_NO_MEMORY
+                               : read_full_range(lc, file, numel, name, lo, hi - lo, range);
+    }
+    if (status == FSDP_OK)
+        status = finite_or_refuse(lc, name, range, hi - lo, lo);
+    if (status == FSDP_OK)
+        status = state_in_range(lc, name, buf, range, hi - lo, lo);
+    if (status != FSDP_OK || hi - lo == n) {
+        *data_p = status == FSDP_OK ? range : NULL;
+        if (status != FSDP_OK)
+            free(range);
+        return status;
+    }
+    dst = malloc(n * sizeof(float) + 1);
+    for (size_t e = 0; dst != NULL && e < n; e++)
+        dst[e] = range[fsdp_ckpt_whole_index(pi, tp, t, first + e) - lo];
+    free(range);
+    *data_p = dst;
+    return dst != NULL ? FSDP_OK : FSDP_ERR_NO_MEMORY;
 }
 
 /* LOCAL: the unit's flat shards from this rank's own file; the same world and sharding only. */
@@ -406,20 +502,7 @@ static fsdp_status_t load_unit(load_ctx_t *lc, fsdp_unit_t *u, fsdp_optim_t *opt
             char name[512];
             float *tmp = NULL;
             fsdp_ckpt_tensor_name(name, sizeof(name), pi.name, b.names[k]);
-            if (lc->type == FSDP_STATE_DICT_SHARDED) {
-                status =
-                    read_sharded_range(lc, name, pi.numel, pi.intra_start, pi.numel_in_shard, &tmp);
-            } else {
-                tmp = malloc(pi.numel_in_shard * sizeof(float));
-                status = tmp == NULL ? FSDP_ERR_NO_MEMORY
-                                     : read_full_range(lc, k == 0 ? 0 : 1, &pi, name,
-                                                       pi.intra_start, pi.numel_in_shard, tmp);
-            }
-            if (status == FSDP_OK)
-                status = finite_or_refuse(lc, name, tmp, pi.numel_in_shard, pi.intra_start);
-            if (status == FSDP_OK)
-                status =
-                    state_in_range(lc, name, b.names[k], tmp, pi.numel_in_shard, pi.intra_start);
+            status = read_shard(lc, k == 0 ? 0 : 1, &pi, name, b.names[k], &tmp);
             if (status == FSDP_OK)
                 status = fsdp_dev_memcpy_async(dev, b.shard[k] + pi.offset_in_shard, tmp,
                                                pi.numel_in_shard * sizeof(float),
@@ -540,14 +623,17 @@ fsdp_status_t fsdp_checkpoint_load(fsdp_t *fs, fsdp_optim_t *opt, const char *di
     memset(&lc, 0, sizeof(lc));
     lc.fs = fs;
     status = dir ? read_meta(&lc, dir) : FSDP_ERR_INVALID_PARAM;
-    if (status == FSDP_OK) { /* the shards of tp slices load only into the same slices */
+    if (status == FSDP_OK && lc.type == FSDP_STATE_DICT_LOCAL) {
+        /* a local checkpoint's shards are of tp slices: they load only into the same slices;
+         * full and sharded ones hold whole tensors, which load at any tp */
         json_t *tp = json_object_get(lc.meta, "tp");
-        int saved = json_is_integer(tp) ? (int)json_integer_value(tp) : 1;
-        int now = fsdp_tp_group(fs) != NULL ? fsdp_tp_group(fs)->size : 1;
+        int saved = json_is_integer(tp) ? (int)json_integer_value(tp) : 1, now;
+        fsdp_ckpt_tp(fs, &now, NULL);
         if (saved != now) {
-            char msg[160];
+            char msg[200];
             snprintf(msg, sizeof(msg),
-                     "saved at tensor parallelism tp %d, it loads only at the same tp, not %d",
+                     "a local checkpoint saved at tensor parallelism tp %d loads only at the same "
+                     "tp, not %d: save a sharded or full checkpoint instead, which load at any tp",
                      saved, now);
             status = bad_checkpoint(&lc, msg);
         }
@@ -630,7 +716,9 @@ static fsdp_status_t consolidate_sharded(load_ctx_t *lc, entry_list_t *l, int *n
         if (bad || json_integer_value(jn) < 0 || n != numel)
             return bad_checkpoint(lc, "a parameter's numel is not the product of its shape");
         /* the pieces are checked before the tensor is allocated: a damaged numel costs nothing */
-        status = read_sharded_range(lc, name, numel, 0, numel, &full);
+        status = read_sharded_range(lc, name, numel,
+                                    ndim > 1 && dims[0] > 0 ? numel / (size_t)dims[0] : 0, 0, numel,
+                                    &full);
         ndims[l->n] = ndim;
         if (status == FSDP_OK)
             status = fsdp_ckpt_list_add(l, name, ndim, dims, full);

@@ -40,6 +40,14 @@ fsdp_status_t fsdp_ckpt_path_join(char *out, size_t len, const char *a, const ch
  * `allocate`, for a load into a fresh optimizer). */
 fsdp_status_t fsdp_ckpt_get_bufs(fsdp_unit_t *u, fsdp_optim_t *opt, int allocate,
                                  unit_bufs_t *b);
+/* The tp group's size and this rank's index in it (rank_p may be NULL): 1 and 0 without tensor
+ * parallelism. */
+void fsdp_ckpt_tp(fsdp_t *fs, int *tp_p, int *rank_p);
+/* The shape (into shape) and element count of the whole tensor of which a tp rank's parameter
+ * pi is the slice pi->tp_shard says, over tp ranks. */
+size_t fsdp_ckpt_whole_shape(const fsdp_param_info_t *pi, int tp, int64_t *shape);
+/* Where element e of tp rank t's slice pi sits in the flattened whole tensor: increasing in e. */
+size_t fsdp_ckpt_whole_index(const fsdp_param_info_t *pi, int tp, int t, size_t e);
 /* A buffer's tensor name: the parameter's, or state.<param>.<buf> for an optimizer buffer. */
 void fsdp_ckpt_tensor_name(char *out, size_t len, const char *param, const char *buf);
 /* Every rank of the world agrees on success: a failure anywhere fails everywhere. */

@@ -317,6 +317,7 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_gpt2_shape_t *sh, const char *
             block < 0 ? i != FSDP_GPT2_WTE
                       : i == FSDP_GPT2_LN1_W || i == FSDP_GPT2_LN1_B || i == FSDP_GPT2_LN2_W ||
                             i == FSDP_GPT2_LN2_B;
+        t->params[t->nparams - 1].tp_shard = fsdp_gpt2_slice_parts(block, i);
     }
     return m;
 }

@@ -293,6 +293,7 @@ static int tree_add(fsdp_lm_tree_t *t, const fsdp_llama_config_t *cfg, const cha
         pn = fsdp_lm_tree_param(t, nd, shape);
         /* the norms' weights: replicated over tp, applied to sequence shards */
         t->params[t->nparams - 1].tp_partial_grad = nd == 1;
+        t->params[t->nparams - 1].tp_shard = fsdp_llama_slice_parts(layer, i);
         if (layer < 0)
             snprintf(pn, FSDP_LM_NAME_LEN, "%s", root_names[i]);
         else

@@ -53,5 +53,14 @@ static inline size_t fsdp_nn_slice_index(size_t e, size_t numel, size_t cols, in
 fsdp_status_t fsdp_nn_save_units_tp(fsdp_t *fs, fsdp_unit_t *root, fsdp_unit_t *const *layers,
                                     int nlayers, const char *path, fsdp_nn_name_func_t name,
                                     fsdp_nn_slice_func_t slice, void *arg);
+/* The tp ranks' flat buffers of one unit (n floats each, this rank's at flat) all-gathered over
+ * fs's tp group into tp n floats at all, on the host, through the device. A collective over tp
+ * (save_units.c). */
+fsdp_status_t fsdp_nn_tp_gather(fsdp_t *fs, const float *flat, size_t n, float *all);
+/* Parameter pi's whole tensor from the tp ranks' flat buffers all (tp of n floats, pi at
+ * pi->offset in each): its slices cut as `parts` says (fsdp_nn_slice_func_t), into *data_p
+ * (malloc'd) with its shape (shape[1] 0 for a 1-d tensor). */
+fsdp_status_t fsdp_nn_tp_assemble(const fsdp_param_info_t *pi, const float *all, size_t n, int tp,
+                                  int parts, float **data_p, int64_t shape[2]);
 
 #endif

@@ -19,9 +19,7 @@ typedef struct save_entry {
     float *data; /* under tensor parallelism, the full tensor put together */
 } save_entry_t;
 
-/* The tp ranks' flat parameters of one unit (n floats each, flat, this rank's) all-gathered over
- * the tp group into tp n floats on the host, through the device. A collective over tp. */
-static fsdp_status_t gather_tp(fsdp_t *fs, const float *flat, size_t n, float *all)
+fsdp_status_t fsdp_nn_tp_gather(fsdp_t *fs, const float *flat, size_t n, float *all)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
     fsdp_group_t *g = fsdp_tp_group(fs);
@@ -46,10 +44,8 @@ static fsdp_status_t gather_tp(fsdp_t *fs, const float *flat, size_t n, float *a
     return status;
 }
 
-/* Parameter pi's full tensor from the tp ranks' flat parameters all (tp of n floats): its
- * slices cut as `parts` says (fsdp_nn_slice_func_t), into *data_p with its shape. */
-static fsdp_status_t assemble(const fsdp_param_info_t *pi, const float *all, size_t n, int tp,
-                              int parts, float **data_p, int64_t shape[2])
+fsdp_status_t fsdp_nn_tp_assemble(const fsdp_param_info_t *pi, const float *all, size_t n, int tp,
+                                  int parts, float **data_p, int64_t shape[2])
 {
     const size_t numel = pi->numel, cols = pi->ndim > 1 ? (size_t)pi->shape[1] : numel;
     float *d = malloc((parts != 0 ? numel * (size_t)tp : numel) * sizeof(float) + 1);
@@ -104,7 +100,7 @@ static fsdp_status_t save_units(fsdp_t *fs, fsdp_unit_t *root, fsdp_unit_t *cons
         if (status == FSDP_OK && tp > 1) { /* and the tp ranks' slices */
             size_t n = fsdp_unit_flat_numel(u);
             float *all = malloc((size_t)tp * n * sizeof(float) + 1);
-            status = all != NULL ? gather_tp(fs, full[k], n, all) : FSDP_ERR_NO_MEMORY;
+            status = all != NULL ? fsdp_nn_tp_gather(fs, full[k], n, all) : FSDP_ERR_NO_MEMORY;
             free(full[k]);
             full[k] = all;
         }
@@ -125,8 +121,8 @@ static fsdp_status_t save_units(fsdp_t *fs, fsdp_unit_t *root, fsdp_unit_t *cons
             entries[e].shape = meta[e].shape;
             entries[e].data = full[k] + pi.offset;
             if (status == FSDP_OK && tp > 1) {
-                status = assemble(&pi, full[k], fsdp_unit_flat_numel(u), tp, slice(arg, k, i),
-                                  &meta[e].data, meta[e].shape);
+                status = fsdp_nn_tp_assemble(&pi, full[k], fsdp_unit_flat_numel(u), tp,
+                                             slice(arg, k, i), &meta[e].data, meta[e].shape);
                 entries[e].data = meta[e].data;
             }
         }
