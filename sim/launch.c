@@ -104,6 +104,14 @@ static fsdp_status_t sim_params_check(const fsdp_sim_params_t *p, fsdp_rank_func
                    fsdp_sim_holds_world(p->holds), p->world_size);
         return FSDP_ERR_INVALID_PARAM;
     }
+    if (p->tp_size < 0 ||
+        (p->tp_size > 1 &&
+         (p->ranks_per_node > 0 ? p->ranks_per_node : p->world_size) % p->tp_size != 0)) {
+        fsdp_error("fsdp_sim_launch: tp_size %d is invalid: 0 or 1 (none), or a divisor of the "
+                   "ranks per node",
+                   p->tp_size);
+        return FSDP_ERR_INVALID_PARAM;
+    }
     if (p->represent != NULL) {
         if (p->mode != FSDP_SIM_SHAPE) {
             fsdp_error("fsdp_sim_launch: symmetric ranks (represent) need shape mode: in data "

@@ -513,12 +513,79 @@ static int split_item_cmp(const void *pa, const void *pb)
 }
 
 /* The laws of the rank a symmetric split's colors may follow: what every rank would pass,
- * computed from its own rank as the simulated ones computed theirs (lib/core/groups.c). */
-enum { SPLIT_ONE = 0, SPLIT_NODE, SPLIT_LOCAL, SPLIT_LAWS };
+ * computed from its own rank as the simulated ones computed theirs (lib/core/groups.c): one
+ * color, the node, the place in the node; under tensor parallelism (tp_size) the mesh's: the tp
+ * group of consecutive ranks, the dp group of a tp index, and hybrid sharding's node's ranks of a
+ * tp index. */
+enum { SPLIT_ONE = 0, SPLIT_NODE, SPLIT_LOCAL, SPLIT_TP, SPLIT_DP, SPLIT_NODE_TP, SPLIT_LAWS };
 
-static int split_law(int law, int rank, int per_node, int one)
+typedef struct split_mesh {
+    int world, per_node, tp, one; /* one: the color of SPLIT_ONE */
+} split_mesh_t;
+
+static int split_law(int law, int rank, const split_mesh_t *m)
 {
-    return law == SPLIT_NODE ? rank / per_node : law == SPLIT_LOCAL ? rank % per_node : one;
+    switch (law) {
+    case SPLIT_NODE:
+        return rank / m->per_node;
+    case SPLIT_LOCAL:
+        return rank % m->per_node;
+    case SPLIT_TP:
+        return rank / m->tp;
+    case SPLIT_DP:
+        return rank % m->tp;
+    case SPLIT_NODE_TP:
+        return rank / m->per_node * m->tp + rank % m->tp;
+    }
+    return m->one;
+}
+
+/* How many groups law makes of the world; each has world / that many ranks. */
+static int split_groups(int law, const split_mesh_t *m)
+{
+    int nodes = m->world / m->per_node;
+
+    return law == SPLIT_NODE      ? nodes
+           : law == SPLIT_LOCAL   ? m->per_node
+           : law == SPLIT_TP      ? m->world / m->tp
+           : law == SPLIT_DP      ? m->tp
+           : law == SPLIT_NODE_TP ? nodes * m->tp
+                                  : 1;
+}
+
+/* The i-th rank, in rank order, of the group of color c under law (c one of its colors). */
+static int split_member(int law, int c, int i, const split_mesh_t *m)
+{
+    switch (law) {
+    case SPLIT_NODE:
+        return c * m->per_node + i;
+    case SPLIT_LOCAL:
+        return i * m->per_node + c;
+    case SPLIT_TP:
+        return c * m->tp + i;
+    case SPLIT_DP:
+        return i * m->tp + c;
+    case SPLIT_NODE_TP:
+        return c / m->tp * m->per_node + i * m->tp + c % m->tp;
+    }
+    return i;
+}
+
+/* Laws a and b group the world alike (the same groups, whatever their colors): as many groups,
+ * and each of a's within one of b's. */
+static int split_laws_alike(int a, int b, const split_mesh_t *m)
+{
+    int ngroups = split_groups(a, m), gsize = m->world / ngroups;
+
+    if (split_groups(b, m) != ngroups)
+        return 0;
+    for (int c = 0; c < ngroups; c++) {
+        int cb = split_law(b, split_member(a, c, 0, m), m);
+        for (int i = 1; i < gsize; i++)
+            if (split_law(b, split_member(a, c, i, m), m) != cb)
+                return 0;
+    }
+    return 1;
 }
 
 /* Symmetric ranks: a split of the world whose colors follow one law of the rank. Every rank's
@@ -529,8 +596,10 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
 {
     fsdp_sim_world_t *w = parent->world;
     const int *rep = w->params.represent;
-    int world = w->params.world_size, per_node = w->params.ranks_per_node;
-    int nodes = world / per_node, one = parent->calls[0]->color, law = -1, ngroups, gsize;
+    const split_mesh_t mesh = {w->params.world_size, w->params.ranks_per_node,
+                               w->params.tp_size > 1 ? w->params.tp_size : 1,
+                               parent->calls[0]->color};
+    int world = mesh.world, law = -1, ngroups, gsize;
     fsdp_sim_comm_t *made = NULL, *comm;
     fsdp_status_t status = FSDP_OK;
     int keys_rank = 1, keys_one = 1, *ranks = NULL;
@@ -550,17 +619,15 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
                    parent->name);
         return FSDP_ERR_UNSUPPORTED;
     }
-    /* the grouping each law makes; laws that group alike on this world are one */
+    /* the law the simulated ranks' colors fit; laws that group alike on this world are one */
     for (int l = 0; l < SPLIT_LAWS; l++) {
-        int fits = 1;
-        if ((l == SPLIT_NODE && nodes == 1) || (l == SPLIT_LOCAL && per_node == 1))
-            continue; /* the same grouping as SPLIT_ONE */
+        int fits = l < SPLIT_TP || mesh.tp > 1;
         for (int m = 0; m < parent->nsim && fits; m++) {
             const fsdp_sim_call_t *c = parent->calls[m];
             int r = parent->ranks[parent->members[m]];
-            fits = c->color == split_law(l, r, per_node, one);
+            fits = c->color == split_law(l, r, &mesh);
         }
-        if (!fits)
+        if (!fits || (law >= 0 && split_laws_alike(law, l, &mesh)))
             continue;
         if (law >= 0) {
             fsdp_error("symmetric ranks: the colors of a split of %s fit more than one law of "
@@ -570,19 +637,19 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
         }
         law = l;
     }
-    if (law < 0 || one < 0) {
-        if (law == SPLIT_ONE && one < 0) { /* nobody joins a group */
+    if (law < 0 || mesh.one < 0) {
+        if (law == SPLIT_ONE && mesh.one < 0) { /* nobody joins a group */
             for (int m = 0; m < parent->nsim; m++)
                 parent->calls[m]->new_group = NULL;
             parent->splits++;
             return FSDP_OK;
         }
         fsdp_error("symmetric ranks: the colors of a split of %s follow no law of the rank "
-                   "(one color, the node, the rank in the node); run every rank",
-                   parent->name);
+                   "(one color, the node, the rank in the node%s); run every rank",
+                   parent->name, mesh.tp > 1 ? ", the tp mesh's" : "");
         return FSDP_ERR_UNSUPPORTED;
     }
-    ngroups = law == SPLIT_NODE ? nodes : law == SPLIT_LOCAL ? per_node : 1;
+    ngroups = split_groups(law, &mesh);
     gsize = world / ngroups;
     ranks = malloc((size_t)gsize * sizeof(*ranks));
     if (ranks == NULL) {
@@ -590,15 +657,14 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
         goto out;
     }
     /* group color c's i-th rank, ordered by rank as the keys (the rank, or one value) say */
-#define MEMBER(c, i)                                                                               \
-    (law == SPLIT_NODE ? (c)*per_node + (i) : law == SPLIT_LOCAL ? (i)*per_node + (c) : (i))
     for (int c = 0; c < ngroups; c++) {
-        int ref = rep[MEMBER(c, 0)], rc = split_law(law, ref, per_node, one);
+        int ref = rep[split_member(law, c, 0, &mesh)], rc = split_law(law, ref, &mesh);
         for (int i = 0; i < gsize; i++) {
-            int r = MEMBER(c, i);
+            int r = split_member(law, c, i, &mesh);
             /* alike rank by rank with the group of its first rank's representative, and the
              * representative of each class it holds in that group */
-            if (rep[r] != rep[MEMBER(rc, i)] || split_law(law, rep[r], per_node, one) != rc) {
+            if (rep[r] != rep[split_member(law, rc, i, &mesh)] ||
+                split_law(law, rep[r], &mesh) != rc) {
                 fsdp_error("symmetric ranks: rank %d (in group %d of a split of %s) is "
                            "represented by rank %d, whose group differs; simulate them apart",
                            r, c, parent->name, rep[r]);
@@ -611,12 +677,12 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
     for (int m = 0; m < parent->nsim; m++)
         parent->calls[m]->new_group = NULL;
     for (int m = 0; m < parent->nsim; m++) {
-        int r = parent->ranks[parent->members[m]], c = split_law(law, r, per_node, one), k = 0;
+        int r = parent->ranks[parent->members[m]], c = split_law(law, r, &mesh), k = 0;
         char name[FSDP_GROUP_NAME_SIZE];
         if (parent->calls[m]->new_group != NULL)
             continue; /* its group is made */
         for (int i = 0; i < gsize; i++)
-            ranks[i] = MEMBER(c, i);
+            ranks[i] = split_member(law, c, i, &mesh);
         fsdp_group_split_name(name, parent->name, parent->splits, c);
         status = comm_create(w, name, gsize, ranks, &comm);
         if (status != FSDP_OK)
@@ -625,11 +691,10 @@ static fsdp_status_t comm_split_symmetric_locked(fsdp_sim_comm_t *parent)
         made = comm;
         for (int j = m; j < parent->nsim; j++) {
             int rj = parent->ranks[parent->members[j]];
-            if (split_law(law, rj, per_node, one) == c)
+            if (split_law(law, rj, &mesh) == c)
                 parent->calls[j]->new_group = comm->handles[k++];
         }
     }
-#undef MEMBER
     while (made != NULL) {
         comm = made;
         made = made->next;

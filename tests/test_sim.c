@@ -427,15 +427,19 @@ static int ref_classes(fsdp_t *fs, int g, int *first)
 }
 
 /* The hybrid classes of a world from first[x], the first place in the node alike with place x:
- * products of places and runs of nodes, the last place and the last node apart. */
-static void hybrid_classes(int world, int per_node, int *first, int *want)
+ * products of places and runs of nodes, the last place and the last node apart. Under tensor
+ * parallelism (tp > 1, hybrid or not) first[x] is of the shard group's ranks, a node's (hybrid)
+ * or the world's of one tp index, and the classes products of those (the last apart), of runs of
+ * nodes (hybrid) and of runs of tp indices (the last apart). */
+static void mesh_classes(int world, int per_node, int tp, int hybrid, int *first, int *want)
 {
-    int nodes = world / per_node;
+    int span = hybrid ? per_node : world, nodes = world / span, g = span / tp;
 
-    if (per_node > 1)
-        first[per_node - 1] = per_node - 1;
+    if (g > 1 && (hybrid || tp > 1))
+        first[g - 1] = g - 1;
     for (int r = 0; r < world; r++)
-        want[r] = (r / per_node == nodes - 1 ? nodes - 1 : 0) * per_node + first[r % per_node];
+        want[r] = (r / span == nodes - 1 ? nodes - 1 : 0) * span + first[r % span / tp] * tp +
+                  (r % tp == tp - 1 ? tp - 1 : 0);
 }
 
 /* fsdp_symmetric_ranks's classes of fs against the rank-by-rank ones, over the world and,
@@ -458,7 +462,7 @@ static int check_classes(int rank, fsdp_t *fs, const char *what)
 
             if (hybrid) {
                 ref_classes(fs, per_node, first);
-                hybrid_classes(world, per_node, first, want);
+                mesh_classes(world, per_node, 1, 1, first, want);
             } else {
                 ref_classes(fs, world, want);
             }
@@ -532,26 +536,28 @@ static void test_symmetric_classes(void)
 
 #define OWNED_MAX 256 /* parameters of a model here */
 
-/* One launch of rank_owned: a model (rank_classes's) under fully_shard with strategy, each
- * rank's tuple of what it holds of every parameter (fsdp_unit_param_info's numel_in_shard and
- * in_shard). */
+/* One launch of rank_owned: a model (rank_classes's) under fully_shard with strategy and tp
+ * (tensor parallelism, 1: none), each rank's tuple of what it holds of every parameter
+ * (fsdp_unit_param_info's numel_in_shard and in_shard). */
 typedef struct owned_case {
     int model;
     fsdp_strategy_t strategy;
+    int tp;
     size_t (*tuple)[OWNED_MAX]; /* a row a rank */
     int n;                      /* entries of a row */
     int classes;                /* of the shard group's ranks, by their tuples */
 } owned_case_t;
 
 /* Every rank records its tuple; rank 0 then derives the classes rank by rank from the tuples
- * (ranks alike when their tuples are, within the node under hybrid sharding, with the last place
- * and node apart) and holds fsdp_symmetric_ranks to them, and every rank of a class to its
- * representative's tuple. */
+ * (ranks alike when their tuples are, within the node under hybrid sharding, of tp index 0 under
+ * tensor parallelism, with the last place, node and tp index apart) and holds
+ * fsdp_symmetric_ranks to them, and every rank of a class to its representative's tuple (under
+ * tensor parallelism, of another tp index too). */
 static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
 {
     owned_case_t *c = arg;
     int world = dev->world_size, hybrid = c->strategy == FSDP_HYBRID_SHARD;
-    int g = hybrid ? dev->local_size : world, n = 0, ok;
+    int g = (hybrid ? dev->local_size : world) / c->tp, n = 0, ok;
     fsdp_config_t cfg;
     fsdp_mlp_t *mlp = NULL;
     fsdp_lm_t *lm = NULL;
@@ -560,6 +566,7 @@ static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
     fsdp_config_init(&cfg);
     cfg.api = FSDP_API_FSDP2;
     cfg.strategy = c->strategy;
+    cfg.tp_size = c->tp;
     FSDP_RANK_REQUIRE_OK(&failure, dev, fsdp_create(dev, &cfg, &fs));
     ok = FSDP_RANK_CHECK_EQ(&failure, dev->rank, symmetry_model(fs, c->model, &mlp, &lm), FSDP_OK);
     for (int i = 0; i < fsdp_num_units(fs) && ok; i++) {
@@ -584,15 +591,15 @@ static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
 
         ok = FSDP_RANK_CHECK(&failure, 0, got != NULL && want != NULL && first != NULL);
         c->classes = 0;
-        for (int x = 0; x < g && ok; x++) {
+        for (int x = 0; x < g && ok; x++) { /* group rank x: rank x tp of block 0 */
             int y = 0;
-            while (memcmp(c->tuple[y], c->tuple[x], row) != 0)
+            while (memcmp(c->tuple[y * c->tp], c->tuple[x * c->tp], row) != 0)
                 y++;
             first[x] = y;
             c->classes += y == x;
         }
-        if (ok && hybrid)
-            hybrid_classes(world, g, first, want);
+        if (ok && (hybrid || c->tp > 1))
+            mesh_classes(world, dev->local_size, c->tp, hybrid, first, want);
         else if (ok)
             memcpy(want, first, (size_t)world * sizeof(*want));
         for (int r = 0; r < world && ok; r++)
@@ -601,13 +608,13 @@ static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
             ok = FSDP_RANK_CHECK_MSG(
                 &failure, 0,
                 fsdp_symmetric_ranks(fs, world, dev->local_size, c->strategy, got) == m,
-                "model %d on %d ranks (%s): not %d classes", c->model, world,
-                fsdp_strategy_name(c->strategy), m);
+                "model %d on %d ranks (%s, tp %d): not %d classes", c->model, world,
+                fsdp_strategy_name(c->strategy), c->tp, m);
         for (int r = 0; r < world && ok; r++)
             ok = FSDP_RANK_CHECK_MSG(
                 &failure, 0, got[r] == want[r] && memcmp(c->tuple[r], c->tuple[got[r]], row) == 0,
-                "model %d on %d ranks (%s): rank %d stands with %d, not %d", c->model, world,
-                fsdp_strategy_name(c->strategy), r, got[r], want[r]);
+                "model %d on %d ranks (%s, tp %d): rank %d stands with %d, not %d", c->model, world,
+                fsdp_strategy_name(c->strategy), c->tp, r, got[r], want[r]);
         free(got);
         free(want);
         free(first);
@@ -620,17 +627,21 @@ static fsdp_status_t rank_owned(fsdp_dev_t *dev, void *arg)
 
 /* FSDP2's classes are those of the rows every rank owns, read from each rank's own layout on
  * worlds that pad (3, 5, 6, 7) and under HSDP (2 nodes of 3, 2 of 4), for MLPs, GPT-2 (a tied
- * parameter) and Llama. */
+ * parameter) and Llama; under tensor parallelism (tp 2) for GPT-2 and Llama, on dp groups that
+ * pad (3, 5) and under HSDP x tp (2 nodes of 4, 2 nodes of 6 whose shard groups of 3 pad). */
 static void test_symmetric_classes_fsdp2(void)
 {
-    static const int worlds[][2] = {{3, 0}, {5, 0}, {6, 0}, {7, 0}, {6, 3}, {8, 4}};
-    size_t(*tuple)[OWNED_MAX] = malloc(8 * sizeof(*tuple));
+    static const int worlds[][3] = {{3, 0, 1}, {5, 0, 1}, {6, 0, 1},   {7, 0, 1}, {6, 3, 1},
+                                    {8, 4, 1}, {6, 6, 2}, {10, 10, 2}, {8, 4, 2}, {12, 6, 2}};
+    size_t(*tuple)[OWNED_MAX] = malloc(16 * sizeof(*tuple));
     int split = 0;
 
     CU_ASSERT_PTR_NOT_NULL_FATAL(tuple);
     for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
-        for (int m = 0; m < 5; m++) {
-            owned_case_t c = {m, worlds[w][1] ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, tuple, 0, 0};
+        for (int m = worlds[w][2] > 1 ? 3 : 0; m < 5; m++) {
+            int hybrid = worlds[w][1] && worlds[w][1] < worlds[w][0];
+            owned_case_t c = {
+                m, hybrid ? FSDP_HYBRID_SHARD : FSDP_FULL_SHARD, worlds[w][2], tuple, 0, 0};
             fsdp_sim_params_t p;
 
             fsdp_sim_params_init(&p);

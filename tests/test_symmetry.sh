@@ -1,7 +1,9 @@
 #!/bin/sh
 # fsdp-plan's symmetric ranks: the printed figures are those of the run of every rank, across
 # strategies, with uneven padding, at 8, 64 and 512 ranks; classes split where shards differ;
-# the same under --api fsdp2 (fully_shard's per-parameter rows).
+# the same under --api fsdp2 (fully_shard's per-parameter rows) and under --tp (its dp x tp and
+# replicate x shard x tp meshes), where the trace's rows of the simulated ranks are also those of
+# the plan of every rank.
 set -u
 plan="${top_builddir:-..}/tools/fsdp-plan"
 [ -x "$plan" ] || plan=../tools/fsdp-plan
@@ -81,6 +83,29 @@ else
 fi
 same "fsdp2 the split classes" --model mlp:1,5 --world 8 --api fsdp2
 
+# Tensor parallelism (--tp: a dp x tp mesh, under hybrid_shard replicate x shard x tp): the
+# classes are products of the dp group's ranks of one tp index (alike rows owned), of runs of tp
+# indices and, under hybrid sharding, of runs of nodes (the last of each apart). The same figures
+# at tp 2, 4 and 8, with fewer ranks simulated than the world, on dp groups whose rows pad (24
+# ranks), and with the vocabulary-parallel loss.
+tpl=llama:layers=2,heads=8,kv_heads=8,dim=64,ffn=128,vocab=256,seq=64
+tpg=gpt2:layers=2,heads=8,dim=64,vocab=256,seq=64
+for tp in 2 4 8; do
+    same "llama tp $tp on 32 ranks" --model $tpl --world 32 --gpus-per-node 8 --api fsdp2 --tp $tp
+    fewer "llama tp $tp on 32 ranks" 32
+    same "llama tp $tp hybrid_shard on 4 nodes of 8" --model $tpl --world 32 --gpus-per-node 8 \
+        --api fsdp2 --tp $tp --strategy hybrid_shard
+    fewer "llama tp $tp hybrid_shard on 4 nodes of 8" 32
+    same "gpt2 tp $tp bf16 with checkpointing, 16 ranks" --model $tpg --world 16 \
+        --gpus-per-node 8 --api fsdp2 --tp $tp --mixed-precision bf16 --checkpoint-activations
+    fewer "gpt2 tp $tp bf16 with checkpointing, 16 ranks" 16
+done
+same "llama tp 2 on 24 ranks, rows that pad" --model $tpl --world 24 --gpus-per-node 8 --api fsdp2 \
+    --tp 2 --tp-loss-parallel
+fewer "llama tp 2 on 24 ranks, rows that pad" 24
+same "llama tp 4 hybrid_shard, reshard after forward false, on 3 nodes of 8" --model $tpl --world 24 --gpus-per-node 8 \
+    --api fsdp2 --tp 4 --strategy hybrid_shard --reshard-after-forward false
+
 # A trace of a symmetric plan: the simulated ranks, each with the ranks it stands for, their
 # counts summing to the world; the plan prints what it prints without a trace.
 trace="${top_builddir:-..}/tools/fsdp-trace"
@@ -137,6 +162,39 @@ diff_same "the split classes" --model mlp:1,5 --world 8
 diff_same "fsdp2 full_shard on 64 ranks" --model $mlp --world 64 --gpus-per-node 8 --api fsdp2
 diff_same "fsdp2 hybrid_shard on 4 nodes of 4" --model $mlp --world 16 --gpus-per-node 4 \
     --strategy hybrid_shard --api fsdp2
+
+diff_same "llama tp 2 on 32 ranks" --model $tpl --world 32 --gpus-per-node 8 --api fsdp2 --tp 2
+diff_same "llama tp 8 hybrid_shard on 4 nodes of 8" --model $tpl --world 32 --gpus-per-node 8 \
+    --api fsdp2 --tp 8 --strategy hybrid_shard
+
+# Under --tp the trace's rows of each simulated rank (its events and steps) are those of the
+# same rank in the trace of every rank.
+if command -v sqlite3 >/dev/null 2>&1; then
+    for args in "--tp 4" "--tp 2 --strategy hybrid_shard"; do
+        rm -f "$tmp/ds.db" "$tmp/da.db"
+        "$plan" --model $tpl --world 32 --gpus-per-node 8 --api fsdp2 $args \
+            --trace "$tmp/ds.db" >/dev/null 2>&1
+        "$plan" --model $tpl --world 32 --gpus-per-node 8 --api fsdp2 $args --no-symmetry \
+            --trace "$tmp/da.db" >/dev/null 2>&1
+        ranks=$(sqlite3 "$tmp/ds.db" "SELECT group_concat(rank) FROM ranks")
+        for db in ds da; do
+            sqlite3 "$tmp/$db.db" "SELECT rank, seq, kind, name, unit, stream, host_time,
+                start_time, end_time, bytes, count, dtype, grp, allocated, reserved FROM events
+                WHERE rank IN ($ranks) ORDER BY rank, seq" >"$tmp/$db.rows"
+            sqlite3 "$tmp/$db.db" "SELECT * FROM steps WHERE rank IN ($ranks) ORDER BY rank, step" |
+                cut -d'|' -f2- >>"$tmp/$db.rows"
+        done
+        if [ -n "$ranks" ] && [ "$(echo "$ranks" | tr ',' '\n' | wc -l)" -lt 32 ] &&
+            [ -s "$tmp/ds.rows" ] && cmp -s "$tmp/ds.rows" "$tmp/da.rows"; then
+            echo "ok: $args: the trace's rows of the simulated ranks $ranks are every rank's plan's ($(wc -l <"$tmp/ds.rows") rows)"
+        else
+            echo "FAILED: $args: the trace's rows of the simulated ranks $ranks differ"
+            diff "$tmp/ds.rows" "$tmp/da.rows" | head -5; fail=1
+        fi
+    done
+else
+    echo "skipped: no sqlite3 to read the trace's rows under --tp"
+fi
 
 # a real difference is still caught: another prefetch policy, symmetric against every rank
 rm -f "$tmp/ds.db" "$tmp/dp.db"

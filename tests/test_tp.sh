@@ -64,6 +64,21 @@ fi
 refuse "--batch 3 over 2 dp ranks" "not divisible by the 2 dp ranks (--world 4 / --tp 2)" \
     $train $small --world 4 --tp 2 --batch 3
 
+# the run's header names the mesh under --tp, and only there
+header() { # the pattern the header holds, fsdp-train arguments...
+    want=$1
+    shift
+    if $train $llama --steps 1 "$@" 2>&1 | head -n 1 | grep -q "$want"; then
+        echo "ok: the header of $*: $want"
+    else
+        echo "FAILED: the header of $* lacks $want"; fail=1
+    fi
+}
+header "global batch 4 x 32 on 4 ranks, full_shard$" --api fsdp2
+header "global batch 4 x 32 on 4 ranks (dp 2 x tp 2), full_shard$" --api fsdp2 --tp 2
+header "on 4 ranks (replicate 2 x shard 1 x tp 2), hybrid_shard$" --api fsdp2 --tp 2 \
+    --strategy hybrid_shard --ranks-per-node 2
+
 # a local checkpoint at --tp 2 resumes to the steps of a run without one, and only at --tp 2
 $train $llama --steps 4 --api fsdp2 --tp 2 2>&1 | grep '^step [34]' | sed 's/ tok.*//' >"$tmp/want"
 $train $llama --steps 2 --api fsdp2 --tp 2 --save-checkpoint "$tmp/local" --state-dict local \
@@ -80,7 +95,8 @@ refuse "a tp 2 checkpoint at --tp 4" "loads only at the same tp" \
 
 # fsdp-plan --tp 2, and the sweep's tp rows
 if $plan --model llama3-8b --api fsdp2 --world 16 --local-batch 1 --seq 2048 --tp 2 \
-    --mixed-precision bf16 >"$tmp/plan" 2>&1 && grep -q "per dp rank of 8 (tp 2" "$tmp/plan"; then
+    --mixed-precision bf16 >"$tmp/plan" 2>&1 && grep -q "per dp rank of 8 (tp 2" "$tmp/plan" &&
+    grep -q "^cluster h100: 16 ranks (dp 8 x tp 2), 8 per node " "$tmp/plan"; then
     echo "ok: fsdp-plan --tp 2 plans 8 dp ranks of tp 2"
 else
     echo "FAILED: fsdp-plan --tp 2"; cat "$tmp/plan"; fail=1

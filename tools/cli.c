@@ -520,3 +520,18 @@ int cli_check_output(const char *opt, const char *path, int dir, char *why, size
     }
     return 0;
 }
+
+const char *cli_mesh(char *buf, size_t size, int world, int per_node, const fsdp_config_t *cfg)
+{
+    int tp = cfg->tp_size;
+
+    if (tp <= 1 || world % tp != 0)
+        snprintf(buf, size, "%s", "");
+    else if ((cfg->strategy == FSDP_HYBRID_SHARD || cfg->strategy == FSDP_HYBRID_SHARD_ZERO2) &&
+             per_node > 0 && world % per_node == 0 && per_node % tp == 0)
+        snprintf(buf, size, " (replicate %d x shard %d x tp %d)", world / per_node, per_node / tp,
+                 tp);
+    else
+        snprintf(buf, size, " (dp %d x tp %d)", world / tp, tp);
+    return buf;
+}

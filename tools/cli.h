@@ -104,6 +104,11 @@ int cli_ops(const char *arg);
  * an MLP (gpt NULL, llama 0) has no attention. The tool dies naming a mismatch. */
 void cli_apply_attention(int attention, fsdp_gpt2_config_t *gpt, int llama);
 
+/* " (dp D x tp T)", the mesh of a run of world ranks, per_node to a node, under cfg's tensor
+ * parallelism (" (replicate R x shard S x tp T)" under hybrid sharding, lib/core/groups.c), into
+ * buf; "" without tensor parallelism. Returns buf. */
+const char *cli_mesh(char *buf, size_t size, int world, int per_node, const fsdp_config_t *cfg);
+
 /* Checks an output path before any work, so that a run does not fail at its end: a file (dir
  * 0) must be a regular file or absent, in a writable directory; a directory (dir 1) must be a
  * writable directory or absent, in a writable directory. 0, or -1 with why saying what is wrong

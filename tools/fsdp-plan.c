@@ -114,14 +114,15 @@ static const char *prefetch_name(fsdp_backward_prefetch_t p)
 
 static void print_header(const plan_args_t *a)
 {
-    char cap[32];
+    char cap[32], mesh[64];
     double params = a->model->ops->params(&a->mcfg);
 
     fmt_capacity(a->capacity, cap, sizeof(cap));
     printf("model %s: %d units, %.4g parameters (%.2f GiB in f32)\n", a->model_spec,
            a->model->ops->units(&a->mcfg), params, params * 4 / (double)((size_t)1 << 30));
-    printf("cluster %s: %d ranks, %d per node (%s, %s each)\n", a->profile.name, a->world,
-           a->per_node, a->profile.gpu.model, cap);
+    printf("cluster %s: %d ranks%s, %d per node (%s, %s each)\n", a->profile.name, a->world,
+           cli_mesh(mesh, sizeof(mesh), a->world, a->per_node, &a->fsdp), a->per_node,
+           a->profile.gpu.model, cap);
     if (a->profile.stack[0] != '\0')
         printf("software of its constants: %s\n", a->profile.stack);
     if (plan_seq_len(a) > 1 && a->dp < a->world)

@@ -20,8 +20,9 @@ typedef struct plan_run {
     fsdp_trace_t *trace;  /* --trace, or NULL */
     const int *represent; /* symmetric ranks, or NULL */
     /* not NULL: build the model, derive the classes of symmetric ranks of a world of
-     * classes_world into it (from the layout of its units), stop */
-    int *classes, classes_world, classes_per_node, n_classes;
+     * classes_world into classes + rank x classes_world (from the layout of its units) and
+     * their number into n_classes[rank], stop */
+    int *classes, classes_world, classes_per_node, *n_classes;
 } plan_run_t;
 
 static int *classes;           /* the classes of the last run, a->world entries */
@@ -91,8 +92,9 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         /* a divergence the classes missed fails the run here, before any step */
         st = fsdp_symmetry_check(fs, run->represent);
         if (st == FSDP_OK && run->classes != NULL) {
-            run->n_classes = fsdp_symmetric_ranks(fs, run->classes_world, run->classes_per_node,
-                                                  run->cfg.strategy, run->classes);
+            run->n_classes[dev->rank] = fsdp_symmetric_ranks(
+                fs, run->classes_world, run->classes_per_node, run->cfg.strategy,
+                run->classes + (size_t)dev->rank * (size_t)run->classes_world);
             a->model->ops->destroy(model);
             fsdp_destroy(fs);
             return r->status = st;
@@ -145,26 +147,52 @@ fsdp_dtype_t plan_compute_dtype(const fsdp_config_t *cfg)
  * the world when symmetry is off or does not pay. */
 static int plan_symmetry(const plan_args_t *a, const fsdp_config_t *cfg, int *represent)
 {
-    /* one rank builds the model: the layout of its units is every rank's */
+    /* One rank builds the model: the layout of its units is every rank's. Under tensor
+     * parallelism a tp group does, a rank of each tp index: the models size their slices from
+     * tp alone (they refuse a tp that does not divide what they split), and each derives the
+     * classes from its own layout, which must agree. */
+    const int tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
     plan_args_t one = *a;
-    rank_result_t r1;
+    rank_result_t *r1 = NULL;
+    int *n_classes = NULL, *tables = represent, n = a->world;
     fsdp_sim_params_t sp;
-    plan_run_t run = {.a = &one, .cfg = *cfg, .res = &r1, .classes = represent};
+    plan_run_t run = {.a = &one, .cfg = *cfg};
 
-    /* (tensor parallelism: every rank, the classes know nothing of its groups) */
-    if (!a->symmetry || a->world == 1 || cfg->tp_size > 1)
+    if (!a->symmetry || a->world == 1)
         return a->world;
-    one.world = one.per_node = 1;
+    r1 = calloc((size_t)tp, sizeof(*r1));
+    n_classes = calloc((size_t)tp, sizeof(*n_classes));
+    if (tp > 1)
+        tables = malloc((size_t)tp * (size_t)a->world * sizeof(*tables));
+    if (r1 == NULL || n_classes == NULL || tables == NULL)
+        goto out;
+    one.world = one.per_node = tp;
+    run.res = r1;
+    run.classes = tables;
+    run.n_classes = n_classes;
     run.cfg.device_capacity = 0;
     run.classes_world = a->world;
     run.classes_per_node = a->per_node;
-    memset(&r1, 0, sizeof(r1));
     fsdp_sim_params_init(&sp);
+    sp.world_size = sp.ranks_per_node = tp;
     sp.mode = FSDP_SIM_SHAPE;
     sp.profile = a->profile;
-    if (fsdp_sim_launch(&sp, plan_rank, &run, NULL) != FSDP_OK || run.n_classes < 1)
-        return a->world; /* run every rank */
-    return run.n_classes;
+    if (fsdp_sim_launch(&sp, plan_rank, &run, NULL) == FSDP_OK && n_classes[0] >= 1) {
+        n = n_classes[0];
+        for (int t = 1; t < tp && n < a->world; t++) {
+            if (n_classes[t] != n || memcmp(tables, tables + (size_t)t * (size_t)a->world,
+                                            (size_t)a->world * sizeof(*tables)) != 0)
+                n = a->world; /* run every rank */
+        }
+    }
+    if (tables != represent && n < a->world)
+        memcpy(represent, tables, (size_t)a->world * sizeof(*tables));
+out:
+    if (tables != represent)
+        free(tables);
+    free(n_classes);
+    free(r1);
+    return n;
 }
 
 /* One simulation of the job; holds: the book of the runs before (NULL: none); traced: write the
@@ -219,6 +247,7 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
         last_trace_run = fsdp_trace_run_id(run.trace);
     }
     sp.represent = run.represent;
+    sp.tp_size = cfg->tp_size;
     s.status = fsdp_sim_launch(&sp, plan_rank, &run, NULL);
     if (fsdp_trace_close(run.trace) != FSDP_OK && s.status == FSDP_OK)
         s.status = FSDP_ERR_IO;

@@ -208,22 +208,31 @@ static fsdp_status_t open_tokens(const train_args_t *a, char **argv, uint64_t pa
 /* The line that opens the run: the model's shape, the data and the batch. */
 static void print_model(const train_args_t *a, const fsdp_tokens_t *tokens)
 {
+    fsdp_sim_profile_t cluster;
+    char mesh[64];
+    int per_node = a->launch.info.local_size > 0 ? a->launch.info.local_size : a->world;
+
+    if (a->launch.backend == TRAIN_BACKEND_SIM) {
+        train_launch_sim_profile(&a->launch, &cluster);
+        per_node = cluster.gpus_per_node;
+    }
+    cli_mesh(mesh, sizeof(mesh), a->world, per_node, &a->fsdp);
     if (a->llama) {
         const fsdp_llama_config_t *c = &a->llama_cfg;
         printf("model %s: %llu parameters (layers=%d heads=%d kv_heads=%d dim=%d ffn=%d seq=%d "
-               "vocab=%d%s%s); data: %s, %zu tokens; global batch %d x %d on %d ranks, %s\n",
+               "vocab=%d%s%s); data: %s, %zu tokens; global batch %d x %d on %d ranks%s, %s\n",
                a->model_name, (unsigned long long)fsdp_llama_num_params(c), c->n_layer, c->n_head,
                c->n_kv_head, c->dim, c->ffn_dim, c->max_seq, c->vocab_size,
                c->tie_word_embeddings ? " tied" : "", c->rope_scaling ? " rope_scaling=llama3" : "",
                fsdp_tokens_source(tokens), fsdp_tokens_count(tokens), a->batch, a->seq, a->world,
-               fsdp_strategy_name(a->fsdp.strategy));
+               mesh, fsdp_strategy_name(a->fsdp.strategy));
     } else {
         const fsdp_gpt2_config_t *c = &a->gpt_cfg;
         printf("model %s: %llu parameters (layers=%d heads=%d dim=%d seq=%d vocab=%d); data: %s, "
-               "%zu tokens; global batch %d x %d on %d ranks, %s\n",
+               "%zu tokens; global batch %d x %d on %d ranks%s, %s\n",
                a->model_name, (unsigned long long)fsdp_gpt2_num_params(c), c->n_layer, c->n_head,
                c->n_embd, c->n_positions, c->vocab_size, fsdp_tokens_source(tokens),
-               fsdp_tokens_count(tokens), a->batch, a->seq, a->world,
+               fsdp_tokens_count(tokens), a->batch, a->seq, a->world, mesh,
                fsdp_strategy_name(a->fsdp.strategy));
     }
     fflush(stdout);

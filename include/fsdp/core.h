@@ -419,10 +419,10 @@ FSDP_API fsdp_status_t fsdp_summon_end(fsdp_unit_t *u);
 
 /* Fills represent (world_size entries; represent[r] is the rank whose run is rank r's) for FSDP
  * over world_size ranks, ranks_per_node to a node, with strategy's default groups (the world;
- * for hybrid strategies the node and the ranks of one place across the nodes) and the units of
- * fs (built on any rank: their parameters' layout is the same on every rank). Returns the
- * number of ranks that run, or -1 (logged) when an argument is out of range or memory runs
- * out. */
+ * for hybrid strategies the node and the ranks of one place across the nodes; under fs's tensor
+ * parallelism, fsdp_config_t.tp_size, the groups of its mesh) and the units of fs (built on any
+ * rank: their parameters' layout is the same on every rank). Returns the number of ranks that
+ * run, or -1 (logged) when an argument is out of range or memory runs out. */
 FSDP_API int fsdp_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node,
                                   fsdp_strategy_t strategy, int *represent);
 /* On a rank of a launch with represent: FSDP_OK when every unit of fs shards alike on each

@@ -283,9 +283,15 @@ typedef struct fsdp_sim_params {
      * a rank of the same class as the group of its first member's representative, and hold
      * the representatives of its classes. A split of
      * anything but the world, or whose colors follow no single law of the rank (one color, the
-     * node, the rank in the node) or whose keys are not the rank or one value, fails with
-     * FSDP_ERR_UNSUPPORTED: run without symmetry then. */
+     * node, the rank in the node; with tp_size the laws of its mesh) or whose keys are not the
+     * rank or one value, fails with FSDP_ERR_UNSUPPORTED: run without symmetry then. */
     const int *represent;
+    /* Symmetric ranks under tensor parallelism: the tp groups' size, which must divide
+     * ranks_per_node; 0 or 1 (default): none. A split's colors may then also follow the laws of
+     * the dp x tp mesh (lib/core/groups.c): rank / tp_size (a tp group of consecutive ranks),
+     * rank % tp_size (the dp group of a tp index) and, under hybrid sharding, rank /
+     * ranks_per_node x tp_size + rank % tp_size (the node's ranks of a tp index). */
+    int tp_size;
     /* Data mode: the CPU threads the world's kernels may use; 0 (default) = the online CPUs.
      * When the world has fewer ranks than that, each rank gets threads / world_size of them
      * (the first threads % world_size ranks one more) and splits its GEMMs and large

@@ -21,6 +21,23 @@
  * as any other of its kind, and their representatives all lie in the group of the first rank's
  * representative.
  *
+ * Under tensor parallelism (tp > 1, docs/runtime.md section 6) rank r = b span + j tp + t is its
+ * tp index t, its place j in its shard group (the dp group of tp index t: the world's ranks of
+ * that index, or under hybrid sharding the node's) and, under hybrid sharding, its node b. Its
+ * shards depend on j alone: the tp models size every slice from tp alone and refuse a tp that
+ * does not divide what they split (heads, kv heads, the FFN, the vocabulary), so each tp index
+ * holds parameters of the same shapes and runs the same ops on sequence shards of T / tp rows;
+ * which slice of the vocabulary or of the sequence it holds is data, and shape mode prices sizes.
+ * Where its groups lie does not tell the tp indices apart either: a tp group is tp consecutive
+ * ranks inside a node, and the dp group of any index holds per_node / tp ranks of every node (of
+ * its node, under hybrid sharding), the replicate group one of every node; a collective is priced
+ * by its group's size, its nodes and the node's ranks sharing the NICs (sim/cost.c), alike for
+ * every group of a kind. So the classes are products of the shard group's classes (its ranks with
+ * alike shards), of runs of tp indices and, under hybrid sharding, of runs of nodes. The last
+ * place, the last tp index and the last node are set apart though alike, so that the simulated
+ * ranks' colors tell the laws of the mesh's splits (sim/pg.c) apart: the tp groups (rank / tp)
+ * from one group and from the nodes, the dp groups (rank % tp) from the places in the node.
+ *
  * The classes are derived without visiting every rank (cuts): the ranks whose shard holds a
  * boundary of a unit, and the ranks just after them, cut the group into runs whose ranks hold
  * alike shards by construction, and only each run's first rank is compared; the cost is in the
@@ -371,37 +388,42 @@ err:
 int fsdp_symmetric_ranks(fsdp_t *fs, int world_size, int ranks_per_node, fsdp_strategy_t strategy,
                          int *represent)
 {
+    fsdp_group_t *tpg = fs != NULL ? fsdp_tp_group(fs) : NULL;
     int per_node = ranks_per_node > 0 ? ranks_per_node : world_size, nodes, n = 0;
+    int tp = tpg != NULL && tpg->size > 1 ? tpg->size : 1, span, g, hyb = hybrid(strategy);
     int *first = NULL;
 
     if (fs == NULL || world_size < 1 || per_node < 1 || world_size % per_node != 0 ||
-        represent == NULL || (unsigned)strategy >= FSDP_STRATEGY_COUNT) {
-        fsdp_error("fsdp_symmetric_ranks: invalid arguments (world %d, %d ranks per node)",
-                   world_size, ranks_per_node);
+        per_node % tp != 0 || represent == NULL || (unsigned)strategy >= FSDP_STRATEGY_COUNT) {
+        fsdp_error("fsdp_symmetric_ranks: invalid arguments (world %d, %d ranks per node, tp %d)",
+                   world_size, ranks_per_node, tp);
         return -1;
     }
     nodes = world_size / per_node;
-    if (!hybrid(strategy)) {
-        /* one group, the world: the ranks with alike shards */
-        if (!shards(strategy)) {
-            for (int r = 0; r < world_size; r++)
-                represent[r] = 0;
-            return 1;
-        }
-        if (classes(fs, world_size, represent) != 0)
-            goto err_no_memory;
-    } else {
-        first = malloc((size_t)per_node * sizeof(*first));
-        if (first == NULL || classes(fs, per_node, first) != 0)
-            goto err_no_memory;
-        if (per_node > 1)
-            first[per_node - 1] = per_node - 1;
-        for (int r = 0; r < world_size; r++) {
-            int node = r / per_node == nodes - 1 ? nodes - 1 : 0;
-            represent[r] = node * per_node + first[r % per_node];
-        }
-        free(first);
+    /* rank r = b span + j tp + t: in block b (under hybrid sharding its node, else the world),
+     * group rank j of the shard group of g ranks (the world, the node, or their ranks of tp
+     * index t under tensor parallelism), tp index t */
+    span = hyb ? per_node : world_size;
+    g = span / tp;
+    first = malloc((size_t)g * sizeof(*first));
+    if (first == NULL)
+        goto err_no_memory;
+    if (!shards(strategy)) {
+        for (int j = 0; j < g; j++)
+            first[j] = 0;
+    } else if (classes(fs, g, first) != 0) {
+        goto err_no_memory;
     }
+    /* The last group rank, the last node and the last tp index apart, though alike, so that the
+     * simulated ranks tell the laws of the groups apart (sim/pg.c): a split by node from one by
+     * place, and under tp the tp groups and dp groups from one group and from the nodes. */
+    if ((hyb || tp > 1) && g > 1)
+        first[g - 1] = g - 1;
+    for (int r = 0; r < world_size; r++) {
+        int b = hyb && r / span == nodes - 1 ? nodes - 1 : 0, t = r % tp;
+        represent[r] = b * span + first[r % span / tp] * tp + (t == tp - 1 ? t : 0);
+    }
+    free(first);
     for (int r = 0; r < world_size; r++)
         n += represent[r] == r;
     return n;
@@ -412,44 +434,63 @@ err_no_memory:
     return -1;
 }
 
+/* Whether g is of a kind symmetric ranks follow: one rank, the world, a node, or under tensor
+ * parallelism the dp group of a tp index in either (ranks[k] = ranks[0] + k stride with ranks[0] <
+ * stride within a span, the world or a node, of g->size x stride ranks); then a world rank r's
+ * place in its group of that kind is r % span / stride. */
+static int group_kind(const fsdp_group_t *g, int world, int per_node, int tp, int *stride_p,
+                      int *span_p)
+{
+    int stride = g->size > 1 ? g->ranks[1] - g->ranks[0] : 1, span = g->size * stride;
+
+    if (g->size > 1 && ((stride != 1 && stride != tp) || (span != world && span != per_node) ||
+                        g->ranks[0] % span >= stride))
+        return 0; /* (a group of one: every rank's place is 0) */
+    for (int k = 0; k < g->size; k++)
+        if (g->ranks[k] != g->ranks[0] + k * stride)
+            return 0;
+    *stride_p = stride;
+    *span_p = span;
+    return 1;
+}
+
 fsdp_status_t fsdp_symmetry_check(fsdp_t *fs, const int *represent)
 {
     fsdp_dev_t *dev = fsdp_device(fs);
+    fsdp_group_t *tpg = fsdp_tp_group(fs), *last = NULL;
     int me = dev->rank, world = dev->world_size, per_node = dev->local_size;
-    int lo = me, hi = me, lo_place = me % per_node, hi_place = lo_place;
-    int pp = fsdp_api(fs) == FSDP_API_FSDP2;
+    int tp = tpg != NULL ? tpg->size : 1, pp = fsdp_api(fs) == FSDP_API_FSDP2;
+    int stride = 1, span = world, lo = 0, hi = 0;
 
     if (represent == NULL || dev->stands_for <= 1)
         return FSDP_OK;
-    for (int r = 0; r < world; r++) {
-        if (represent[r] != me)
-            continue;
-        hi = r;
-        lo_place = r % per_node < lo_place ? r % per_node : lo_place;
-        hi_place = r % per_node > hi_place ? r % per_node : hi_place;
-    }
     for (int i = 0; i < fsdp_num_units(fs); i++) {
         fsdp_unit_t *u = fsdp_unit_at(fs, i);
         fsdp_group_t *g = fsdp_unit_shard_group(u);
-        int node_group;
 
         if (!fsdp_unit_has_params(u) || fsdp_unit_strategy(u) == FSDP_NO_SHARD || g == NULL)
             continue;
-        node_group = g->size == per_node && g->ranks[0] % per_node == 0 &&
-                     g->ranks[per_node - 1] == g->ranks[0] + per_node - 1;
-        if (g->size != world && !node_group) {
+        if (g != last && !group_kind(g, world, per_node, tp, &stride, &span)) {
             fsdp_error("rank %d: unit '%s' shards over group %s, which symmetric ranks cannot "
                        "follow",
                        me, fsdp_unit_name(u), g->name);
             return FSDP_ERR_UNSUPPORTED;
         }
+        if (g != last) { /* the group ranks of the ranks this one stands for, lo to hi */
+            lo = hi = me % span / stride;
+            for (int r = 0; r < world; r++) {
+                int x = represent[r] == me ? r % span / stride : lo;
+                lo = x < lo ? x : lo;
+                hi = x > hi ? x : hi;
+            }
+            last = g;
+        }
         /* the pieces were compared rank by rank when the classes were made (from the same
          * layout); here the group must be the kind they were made for, and the ends of the
-         * class, whose extents bound all between (under FSDP2 the rows a rank owns fall with
-         * its group rank), alike; under FSDP2 this rank must also own the rows they assumed */
-        if (!unit_alike(u, pp, g->size, g->size == world ? lo : lo % per_node,
-                        g->size == world ? hi : hi_place) ||
-            !unit_alike(u, pp, g->size, g->rank, g->size == world ? lo : lo_place) ||
+         * class's group ranks, whose extents bound all between (under FSDP2 the rows a rank
+         * owns fall with its group rank), alike; under FSDP2 this rank must also own the rows
+         * they assumed */
+        if (!unit_alike(u, pp, g->size, lo, hi) || !unit_alike(u, pp, g->size, g->rank, lo) ||
             (pp && !unit_laid_out(u, g->size, g->rank))) {
             fsdp_error("rank %d: unit '%s' shards differently on ranks it stands for; they "
                        "must run apart",
