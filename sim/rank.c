@@ -230,7 +230,18 @@ static double bus_bytes(const fsdp_sim_call_t *call, int n)
     }
 }
 
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size)
+/* A stream's key in the holds, the same in every run of a job: a hash of its name (FNV-1a) */
+static unsigned stream_key(const fsdp_sim_stream_t *stream)
+{
+    unsigned h = 2166136261u;
+
+    for (const char *c = stream != NULL ? stream->super.name : NULL; c != NULL && *c; c++)
+        h = (h ^ (unsigned char)*c) * 16777619u;
+    return h;
+}
+
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size,
+                       const fsdp_sim_stream_t *stream)
 {
     fsdp_sim_holds_t *book = dev->world->params.holds;
     double start = call->start, end = call->end;
@@ -238,7 +249,11 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int gro
     double bus = dev->profile->nccl.hbm_traffic_factor * bus_bytes(call, group_size);
     double hbm = end > start ? bus / (end - start) : 0.0;
     fsdp_sim_hold_rec_t rec = {
-        {start, end, sms, hbm}, (int)call->kind, (int)call->dtype, group_size, call->count};
+        {start, end, sms, hbm, stream_key(stream)},
+        (int)call->kind,
+        (int)call->dtype,
+        group_size,
+        call->count};
     size_t kept = 0;
 
     if ((sms <= 0 && !(hbm > 0.0)) || !(end > start))
@@ -274,12 +289,15 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int gro
 }
 
 /* Adds the SMs and the HBM bandwidth the hold h, moved by `shift` seconds, holds at time t to
- * *held and *hbm, and moves *next to its next start or end after t. */
-static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, int *held, double *hbm,
-                    double *next)
+ * *held and *hbm, and moves *next to its next start or end after t; a hold of the kernel's own
+ * stream (`own`) runs before or after it, never beside it. */
+static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, unsigned own, int *held,
+                    double *hbm, double *next)
 {
     double start = h->start + shift, end = h->end + shift;
 
+    if (h->stream == own)
+        return;
     if (start <= t && t < end) {
         *held += h->sms;
         *hbm += h->hbm;
@@ -313,8 +331,8 @@ static double hbm_shared_time(const fsdp_sim_profile_t *p, double rate, double f
  * work that what they leave it allows: a GEMM or fused attention its time on the SMs left
  * (fsdp_sim_kernel_time_on), a memory-bound kernel (rate > 0: its HBM bytes/s alone) its time
  * on the HBM bandwidth left (hbm_shared_time). */
-static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, double start,
-                            double full, double rate)
+static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, unsigned own,
+                            double start, double full, double rate)
 {
     const fsdp_sim_profile_t *p = dev->profile;
     double t = start, left = 1.0; /* the fraction of the kernel's work still to do */
@@ -327,9 +345,9 @@ static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, d
         int held = 0;
 
         for (size_t i = 0; i < dev->n_sm_holds; i++)
-            hold_at(&dev->sm_holds[i], 0.0, t, &held, &hbm, &next);
+            hold_at(&dev->sm_holds[i], 0.0, t, own, &held, &hbm, &next);
         for (size_t i = lo; i < hi; i++)
-            hold_at(&dev->prior[i].hold, dev->prior_shift, t, &held, &hbm, &next);
+            hold_at(&dev->prior[i].hold, dev->prior_shift, t, own, &held, &hbm, &next);
         /* at least one SM stays the kernel's (fsdp_sim_kernel_time_on) */
         if (rate > 0.0)
             on = hbm_shared_time(p, rate, full, hbm);
@@ -393,12 +411,14 @@ fsdp_status_t fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stre
 
         if (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
             op->kernel->kind == FSDP_K_ATTENTION_BWD) {
-            stream->clock = contended_end(dev, op->kernel, start, whole - start, 0.0);
+            stream->clock =
+                contended_end(dev, op->kernel, stream_key(stream), start, whole - start, 0.0);
             dev->acct.sm_held_s += stream->clock - whole;
         } else if (fsdp_kb_cost_class(op->kernel->kind) == FSDP_KC_VECTOR && whole > start) {
             double rate = fsdp_sim_kernel_hbm_bytes(dev->profile, op->kernel) / (whole - start);
 
-            stream->clock = contended_end(dev, op->kernel, start, whole - start, rate);
+            stream->clock =
+                contended_end(dev, op->kernel, stream_key(stream), start, whole - start, rate);
             dev->acct.hbm_held_s += stream->clock - whole;
         }
     }

@@ -142,7 +142,9 @@ typedef struct fsdp_sim_spans {
 typedef struct fsdp_sim_sm_hold {
     double start, end;
     int sms;
-    double hbm; /* bytes/s of HBM it moves (nccl.hbm_traffic_factor x its bus bytes / time) */
+    double hbm;      /* bytes/s of HBM it moves (nccl.hbm_traffic_factor x its bus bytes / time) */
+    unsigned stream; /* its stream (fsdp_sim_stream_key): a kernel of that stream never runs
+                      * beside it */
 } fsdp_sim_sm_hold_t;
 
 /* A hold as a book records it, with what the collective was, to tell a changed job (holds.c). */
@@ -321,7 +323,8 @@ void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
  * (nccl.hbm_traffic_factor x its bus bytes) over [call->start, call->end): GEMMs and fused
  * attention issued later that overlap it run on the SMs left, memory-bound kernels share HBM
  * with it; the launch's book (params.holds) records it. */
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size);
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size,
+                       const fsdp_sim_stream_t *stream);
 
 /* holds.c: the book of params.holds. At a launch, the last run's records become the prior and
  * the records start empty (not thread-safe: before the ranks run). */
