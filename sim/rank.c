@@ -248,12 +248,11 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int gro
     int sms = dev->profile->gpu.sms > 0 ? call->sms : 0;
     double bus = dev->profile->nccl.hbm_traffic_factor * bus_bytes(call, group_size);
     double hbm = end > start ? bus / (end - start) : 0.0;
-    fsdp_sim_hold_rec_t rec = {
-        {start, end, sms, hbm, stream_key(stream)},
-        (int)call->kind,
-        (int)call->dtype,
-        group_size,
-        call->count};
+    fsdp_sim_hold_rec_t rec = {{start, end, sms, hbm, stream_key(stream)},
+                               (int)call->kind,
+                               (int)call->dtype,
+                               group_size,
+                               call->count};
     size_t kept = 0;
 
     if ((sms <= 0 && !(hbm > 0.0)) || !(end > start))
