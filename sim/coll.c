@@ -108,7 +108,7 @@ static fsdp_status_t coll_stream(fsdp_dev_t *dev, fsdp_group_t *group, fsdp_stre
         return status;
     if (call->end > s->clock)
         s->clock = call->end;
-    fsdp_sim_hold_sms(d, call, h->super.size);
+    fsdp_sim_hold_sms(d, call, h->super.size, s);
     /* as NCCL counts bytes: the full buffer of an all-gather or reduce-scatter */
     nbytes = (double)call->count * (double)fsdp_dtype_size(call->dtype);
     if (call->kind == FSDP_SIM_COLL_ALL_GATHER || call->kind == FSDP_SIM_COLL_REDUCE_SCATTER)

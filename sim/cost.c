@@ -421,6 +421,17 @@ double fsdp_sim_eager_bytes(const fsdp_kernel_t *k, int *ops_p)
     return bytes;
 }
 
+double fsdp_sim_kernel_hbm_bytes(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k)
+{
+    double flops, bytes;
+    eager_seq_t s;
+
+    if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s))
+        return fsdp_sim_eager_bytes(k, NULL);
+    fsdp_kernel_cost(k, &flops, &bytes);
+    return bytes;
+}
+
 int fsdp_sim_kind_eager(fsdp_kernel_kind_t kind)
 {
     fsdp_kernel_t d;

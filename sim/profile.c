@@ -92,6 +92,9 @@ static void nccl_latencies(fsdp_sim_nccl_profile_t *nc)
     nc->pat_bandwidth_factor = 0.75;
     /* a channel is one thread block (src/enqueue.cc: the kernel's grid is its channels) */
     nc->sms_per_channel = 1;
+    /* the receive buffer written and read back, the user buffer read or written: 3 bytes of
+     * HBM a bus byte (NVIDIA/nccl issue 1428) */
+    nc->hbm_traffic_factor = 3.0;
 }
 
 static void set3(double *v, double a, double b, double c)
@@ -470,6 +473,8 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
                    "no cap");
     CHECK_RANGE(nc->pat_bandwidth_factor, 0, 1, "nccl.pat_bandwidth_factor",
                 "in [0, 1] (0: no PAT)");
+    CHECK_RANGE(nc->hbm_traffic_factor, 0, 8, "nccl.hbm_traffic_factor",
+                "in [0, 8] (0: collectives take no HBM bandwidth)");
     if (nc->sms_per_channel < 0 || nc->sms_per_channel > 8) {
         fsdp_error("cluster profile '%s': nccl.sms_per_channel %d must be in [0, 8] (0: "
                    "collectives take no SMs from compute)",

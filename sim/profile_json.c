@@ -102,6 +102,7 @@ static const field_t fields[] = {
     FLD("nccl", "nvls_tree_channel_bytes_per_s", F_CLASSES, nccl.nvls_tree_channel_bytes_per_s, 0),
     FLD("nccl", "pat_bandwidth_factor", F_DOUBLE, nccl.pat_bandwidth_factor, 0),
     FLD("nccl", "sms_per_channel", F_INT, nccl.sms_per_channel, 0),
+    FLD("nccl", "hbm_traffic_factor", F_DOUBLE, nccl.hbm_traffic_factor, 0),
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 

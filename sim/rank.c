@@ -4,6 +4,8 @@
  */
 #include "sim.h"
 
+#include "kernels/kinds.h"
+
 #include <fsdp/log.h>
 #include <fsdp/trace.h>
 
@@ -206,16 +208,54 @@ static int same_collective(const fsdp_sim_hold_rec_t *a, const fsdp_sim_hold_rec
            a->count == b->count;
 }
 
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size)
+/* The bytes a rank of a group of n sends or receives over its links in the collective `call`
+ * (nccl-tests' bus bytes: busbw x time): (n - 1)/n of the full buffer for an all-gather or a
+ * reduce-scatter, twice that for an all-reduce, the buffer for a broadcast. */
+static double bus_bytes(const fsdp_sim_call_t *call, int n)
+{
+    double b = (double)call->count * (double)fsdp_dtype_size(call->dtype);
+
+    if (n < 2)
+        return 0.0;
+    switch (call->kind) {
+    case FSDP_SIM_COLL_ALL_GATHER:
+    case FSDP_SIM_COLL_REDUCE_SCATTER:
+        return b * (n - 1); /* count is a rank's shard */
+    case FSDP_SIM_COLL_ALL_REDUCE:
+        return 2.0 * b * (n - 1) / n;
+    case FSDP_SIM_COLL_BROADCAST:
+        return b;
+    default:
+        return 0.0;
+    }
+}
+
+/* A stream's key in the holds, the same in every run of a job: a hash of its name (FNV-1a) */
+static unsigned stream_key(const fsdp_sim_stream_t *stream)
+{
+    unsigned h = 2166136261u;
+
+    for (const char *c = stream != NULL ? stream->super.name : NULL; c != NULL && *c; c++)
+        h = (h ^ (unsigned char)*c) * 16777619u;
+    return h;
+}
+
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size,
+                       const fsdp_sim_stream_t *stream)
 {
     fsdp_sim_holds_t *book = dev->world->params.holds;
     double start = call->start, end = call->end;
-    int sms = call->sms;
-    fsdp_sim_hold_rec_t rec = {
-        {start, end, sms}, (int)call->kind, (int)call->dtype, group_size, call->count};
+    int sms = dev->profile->gpu.sms > 0 ? call->sms : 0;
+    double bus = dev->profile->nccl.hbm_traffic_factor * bus_bytes(call, group_size);
+    double hbm = end > start ? bus / (end - start) : 0.0;
+    fsdp_sim_hold_rec_t rec = {{start, end, sms, hbm, stream_key(stream)},
+                               (int)call->kind,
+                               (int)call->dtype,
+                               group_size,
+                               call->count};
     size_t kept = 0;
 
-    if (sms <= 0 || !(end > start) || dev->profile->gpu.sms <= 0)
+    if ((sms <= 0 && !(hbm > 0.0)) || !(end > start))
         return;
     /* the book: this hold for the next run; the earlier run's holds stop counting once this
      * rank's collectives are no longer theirs */
@@ -244,17 +284,22 @@ void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int gro
         dev->sm_holds = v;
         dev->cap_sm_holds = cap;
     }
-    dev->sm_holds[dev->n_sm_holds++] = (fsdp_sim_sm_hold_t){start, end, sms};
+    dev->sm_holds[dev->n_sm_holds++] = rec.hold;
 }
 
-/* Adds the SMs the hold h, moved by `shift` seconds, holds at time t to *held, and moves *next
- * to its next start or end after t. */
-static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, int *held, double *next)
+/* Adds the SMs and the HBM bandwidth the hold h, moved by `shift` seconds, holds at time t to
+ * *held and *hbm, and moves *next to its next start or end after t; a hold of the kernel's own
+ * stream (`own`) runs before or after it, never beside it. */
+static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, unsigned own, int *held,
+                    double *hbm, double *next)
 {
     double start = h->start + shift, end = h->end + shift;
 
+    if (h->stream == own)
+        return;
     if (start <= t && t < end) {
         *held += h->sms;
+        *hbm += h->hbm;
         *next = fsdp_sim_min2(*next, end);
     } else if (start > t) {
         *next = fsdp_sim_min2(*next, start);
@@ -266,12 +311,27 @@ static void hold_at(const fsdp_sim_sm_hold_t *h, double shift, double t, int *he
  * GPU is behind it (FSDP's limiter keeps that to a unit or two), not beside ones dozens ahead. */
 #define PRIOR_WINDOW 64
 
-/* The end of a GEMM or fused attention that starts at `start` and takes `full` seconds on the
- * whole GPU, run beside the collectives that hold SMs (those issued, and those of the earlier
+/* The time a memory-bound kernel that moves its HBM bytes at `rate` bytes/s alone takes, over
+ * `full` seconds alone, beside collectives that move `hbm` bytes/s: while the two ask for more
+ * than HBM sustains (a large copy's rate, gpu.memory_efficiency x hbm_bytes_per_s), each gets
+ * its share of it in proportion to what it asks (docs/costs.md, "Collectives take HBM
+ * bandwidth"). */
+static double hbm_shared_time(const fsdp_sim_profile_t *p, double rate, double full, double hbm)
+{
+    double cap = p->gpu.hbm_bytes_per_s * p->gpu.memory_efficiency;
+
+    /* HBM of rate 0 is free (rate_time): nothing to share */
+    return cap > 0.0 && rate > 0.0 && rate + hbm > cap ? full * (rate + hbm) / cap : full;
+}
+
+/* The end of a kernel that starts at `start` and takes `full` seconds on the whole GPU, run
+ * beside the collectives that hold SMs and HBM bandwidth (those issued, and those of the earlier
  * run not issued yet): over each stretch between a hold's start or end, it does the part of its
- * work that the SMs left to it allow (its time on them, fsdp_sim_kernel_time_on). */
-static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, double start,
-                            double full)
+ * work that what they leave it allows: a GEMM or fused attention its time on the SMs left
+ * (fsdp_sim_kernel_time_on), a memory-bound kernel (rate > 0: its HBM bytes/s alone) its time
+ * on the HBM bandwidth left (hbm_shared_time). */
+static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, unsigned own,
+                            double start, double full, double rate)
 {
     const fsdp_sim_profile_t *p = dev->profile;
     double t = start, left = 1.0; /* the fraction of the kernel's work still to do */
@@ -280,15 +340,18 @@ static double contended_end(const fsdp_sim_dev_t *dev, const fsdp_kernel_t *k, d
     if (dev->prior != NULL && lo < dev->n_prior)
         hi = dev->n_prior - lo > PRIOR_WINDOW ? lo + PRIOR_WINDOW : dev->n_prior;
     for (;;) {
-        double next = INFINITY, on;
+        double next = INFINITY, on, hbm = 0.0;
         int held = 0;
 
         for (size_t i = 0; i < dev->n_sm_holds; i++)
-            hold_at(&dev->sm_holds[i], 0.0, t, &held, &next);
+            hold_at(&dev->sm_holds[i], 0.0, t, own, &held, &hbm, &next);
         for (size_t i = lo; i < hi; i++)
-            hold_at(&dev->prior[i].hold, dev->prior_shift, t, &held, &next);
+            hold_at(&dev->prior[i].hold, dev->prior_shift, t, own, &held, &hbm, &next);
         /* at least one SM stays the kernel's (fsdp_sim_kernel_time_on) */
-        on = held == 0 ? full : fsdp_sim_kernel_time_on(p, k, p->gpu.sms - held);
+        if (rate > 0.0)
+            on = hbm_shared_time(p, rate, full, hbm);
+        else
+            on = held == 0 ? full : fsdp_sim_kernel_time_on(p, k, p->gpu.sms - held);
         if (!(on > 0.0) || t + left * on <= next)
             return t + left * on;
         left -= (next - t) / on;
@@ -342,13 +405,21 @@ fsdp_status_t fsdp_sim_stream_issue(fsdp_sim_dev_t *dev, fsdp_sim_stream_t *stre
     if (status != FSDP_OK)
         return status;
     stream->clock = end;
-    if ((dev->n_sm_holds > 0 || dev->prior != NULL) && op->kind == FSDP_SIM_OP_KERNEL &&
-        (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
-         op->kernel->kind == FSDP_K_ATTENTION_BWD)) {
+    if ((dev->n_sm_holds > 0 || dev->prior != NULL) && op->kind == FSDP_SIM_OP_KERNEL) {
         double whole = stream->clock;
 
-        stream->clock = contended_end(dev, op->kernel, start, whole - start);
-        dev->acct.sm_held_s += stream->clock - whole;
+        if (op->kernel->kind == FSDP_K_GEMM || op->kernel->kind == FSDP_K_ATTENTION_FWD ||
+            op->kernel->kind == FSDP_K_ATTENTION_BWD) {
+            stream->clock =
+                contended_end(dev, op->kernel, stream_key(stream), start, whole - start, 0.0);
+            dev->acct.sm_held_s += stream->clock - whole;
+        } else if (fsdp_kb_cost_class(op->kernel->kind) == FSDP_KC_VECTOR && whole > start) {
+            double rate = fsdp_sim_kernel_hbm_bytes(dev->profile, op->kernel) / (whole - start);
+
+            stream->clock =
+                contended_end(dev, op->kernel, stream_key(stream), start, whole - start, rate);
+            dev->acct.hbm_held_s += stream->clock - whole;
+        }
     }
     /* a kernel run as several eager ops: the host launches each; the last cannot start before
      * its launch (the device time is spread evenly over the ops for this bound) */

@@ -142,6 +142,9 @@ typedef struct fsdp_sim_spans {
 typedef struct fsdp_sim_sm_hold {
     double start, end;
     int sms;
+    double hbm;      /* bytes/s of HBM it moves (nccl.hbm_traffic_factor x its bus bytes / time) */
+    unsigned stream; /* its stream (fsdp_sim_stream_key): a kernel of that stream never runs
+                      * beside it */
 } fsdp_sim_sm_hold_t;
 
 /* A hold as a book records it, with what the collective was, to tell a changed job (holds.c). */
@@ -300,6 +303,9 @@ double fsdp_sim_op_cost_flops(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op
  * its channels x nccl.sms_per_channel, 0 for a group of one or a barrier. */
 double fsdp_sim_coll_op_cost(const fsdp_sim_dev_t *dev, const fsdp_sim_op_t *op, int *sms_p);
 
+/* cost.c: the HBM bytes a kernel moves as it runs under p (eager: its ops' bytes). */
+double fsdp_sim_kernel_hbm_bytes(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k);
+
 /* cost.c: what a copy between dst and src is, from the rank's segments (memory outside
  * them is pageable host memory). */
 fsdp_sim_copy_kind_t fsdp_sim_copy_kind(const fsdp_sim_dev_t *dev, const void *dst,
@@ -313,10 +319,12 @@ int fsdp_sim_count_nodes(const int *ranks, int n, int per_node);
 double fsdp_sim_stream_ready(const fsdp_sim_dev_t *dev, const fsdp_sim_stream_t *stream);
 /* The host pays for one launch (kernel, copy or collective). */
 void fsdp_sim_host_launch(fsdp_sim_dev_t *dev);
-/* The collective `call` of a group of group_size ranks held call->sms SMs over [call->start,
- * call->end): GEMMs and fused attention issued later that overlap it run on the SMs left; the
- * launch's book (params.holds) records it. */
-void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size);
+/* The collective `call` of a group of group_size ranks held call->sms SMs and moved HBM bytes
+ * (nccl.hbm_traffic_factor x its bus bytes) over [call->start, call->end): GEMMs and fused
+ * attention issued later that overlap it run on the SMs left, memory-bound kernels share HBM
+ * with it; the launch's book (params.holds) records it. */
+void fsdp_sim_hold_sms(fsdp_sim_dev_t *dev, const fsdp_sim_call_t *call, int group_size,
+                       const fsdp_sim_stream_t *stream);
 
 /* holds.c: the book of params.holds. At a launch, the last run's records become the prior and
  * the records start empty (not thread-safe: before the ranks run). */

@@ -1484,6 +1484,109 @@ static void test_sm_contention(void)
                            21.0 / 16.0, 1e-12);
 }
 
+/* ---- collectives take HBM bandwidth from memory-bound kernels ---- */
+
+typedef struct hbm_case {
+    double ag_s, add_s, end, held; /* the all-gather's time, the add's alone, its end, hbm_held_s */
+} hbm_case_t;
+
+static fsdp_kernel_t hbm_add(void)
+{
+    fsdp_kernel_t k = {.kind = FSDP_K_ADD};
+
+    k.u.add.n = (size_t)1 << 22;
+    k.u.add.dtype = FSDP_DTYPE_F32;
+    return k;
+}
+
+/* an all-gather of 2^16 f32 a rank on a side stream, and at once an add on the compute stream */
+static fsdp_status_t hbm_rank(fsdp_dev_t *dev, void *arg)
+{
+    fsdp_kernel_t k = hbm_add();
+    fsdp_stream_t *side = NULL;
+    hbm_case_t *c = &((hbm_case_t *)arg)[dev->rank];
+    fsdp_sim_time_stats_t ts;
+    fsdp_status_t st;
+    double t0;
+
+    if ((st = fsdp_dev_stream_create(dev, "side", 0, &side)) != FSDP_OK)
+        return st;
+    t0 = fsdp_sim_stream_time(dev, NULL);
+    st = fsdp_dev_all_gather(dev, fsdp_dev_group_world(dev), NULL, NULL, (size_t)1 << 16,
+                             FSDP_DTYPE_F32, side);
+    if (st == FSDP_OK)
+        st = fsdp_dev_kernel(dev, NULL, &k);
+    c->ag_s = fsdp_sim_stream_time(dev, side) - t0;
+    c->end = fsdp_sim_stream_time(dev, NULL) - t0;
+    if (st == FSDP_OK && (st = fsdp_sim_time_stats(dev, &ts)) == FSDP_OK)
+        c->held = ts.hbm_held_s;
+    fsdp_dev_stream_destroy(dev, side);
+    return st;
+}
+
+/* a GPU of 2^30 B/s of HBM, no SMs modelled, element-wise kernels fused (each at the HBM's
+ * rate); collectives at 2^29 bus bytes/s on one channel, nccl.hbm_traffic_factor f */
+static const char *hbm_json(double f)
+{
+    static char json[1024];
+
+    snprintf(json, sizeof(json),
+             "{\"name\": \"hbm\", \"nodes\": 1, \"gpus_per_node\": 4, \"ops\": \"fused\","
+             " \"gpu\": {\"memory_bytes\": 1099511627776, \"matmul_flops_per_s\": "
+             "{\"f32\": 1073741824}, \"vector_flops_per_s\": 0, \"hbm_bytes_per_s\": 1073741824, "
+             "\"memory_efficiency\": 1, \"kernel_latency_s\": 0, \"sms\": 0},"
+             " \"host\": {\"h2d_bytes_per_s\": 0, \"d2h_bytes_per_s\": 0},"
+             " \"nccl\": {\"intra_bus_bytes_per_s\": 536870912, \"channels\": 1, "
+             "\"hbm_traffic_factor\": %g}}",
+             f);
+    return json;
+}
+
+static void test_hbm_contention(void)
+{
+    fsdp_sim_params_t p;
+    fsdp_sim_profile_t h100;
+    fsdp_kernel_t k = hbm_add();
+
+    for (int f = 0; f <= 3; f += 3) {
+        hbm_case_t cs[4], c;
+        double g, a, h, slow;
+
+        fsdp_sim_params_init(&p);
+        p.world_size = 4;
+        p.mode = FSDP_SIM_SHAPE;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(hbm_json(f), &p.profile), FSDP_OK);
+        CU_ASSERT_EQUAL(p.profile.nccl.hbm_traffic_factor, (double)f);
+        /* 2^22 x 12 bytes at 2^30 B/s: 48 ms, the HBM's whole rate */
+        g = fsdp_sim_kernel_time(&p.profile, &k);
+        CU_ASSERT_DOUBLE_EQUAL(g, 12.0 * P2(22) / P2(30), 1e-15);
+        memset(cs, 0, sizeof(cs));
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, hbm_rank, cs, NULL), FSDP_OK);
+        for (int r = 1; r < 4; r++)
+            CU_ASSERT(memcmp(&cs[r], &cs[0], sizeof(cs[0])) == 0);
+        c = cs[0];
+        a = c.ag_s;
+        CU_ASSERT(a > 0.0 && a < g);
+        /* the all-gather moves f x its bus bytes, 3 x 2^18 (a rank sends and receives 3 of the
+         * 4 shards), over its time: while it runs the add gets 2^30 / (2^30 + h) of the HBM */
+        h = f * 3.0 * P2(18) / a;
+        slow = (P2(30) + h) / P2(30);
+        if (f == 0) {
+            CU_ASSERT_EQUAL(c.end, g);
+            CU_ASSERT_EQUAL(c.held, 0.0);
+        } else {
+            /* over [0, a) it does a / (g x slow) of its work, the rest at the whole rate */
+            CU_ASSERT_DOUBLE_EQUAL(c.end, a + (1.0 - a / (g * slow)) * g, 1e-12 * g);
+            CU_ASSERT(c.end > g);
+            CU_ASSERT_DOUBLE_EQUAL(c.held, c.end - g, 1e-12 * g);
+        }
+    }
+    /* the presets: 3 HBM bytes a bus byte; 0 turns it off, out of [0, 8] is refused */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100", &h100), FSDP_OK);
+    CU_ASSERT_EQUAL(h100.nccl.hbm_traffic_factor, 3.0);
+    CU_ASSERT_EQUAL(fsdp_sim_profile_parse(hbm_json(9), &p.profile), FSDP_ERR_INVALID_PARAM);
+}
+
 /* A GEMM issued before the all-gather that overlaps it: priced on the whole GPU, unless a book
  * of an earlier run of the job (fsdp_sim_holds_t) says the all-gather ran beside it. */
 static fsdp_status_t sm_before_rank(fsdp_dev_t *dev, void *arg)
@@ -1661,6 +1764,7 @@ int main(void)
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
         {"collectives take SMs from GEMMs", test_sm_contention},
+        {"collectives take HBM bandwidth from memory-bound kernels", test_hbm_contention},
         {"a book of held SMs prices kernels issued before their collective", test_sm_book},
         {"replicate groups share their nodes' NICs", test_nic_sharing},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},

@@ -157,6 +157,12 @@ typedef struct fsdp_sim_nccl_profile {
      * attention kernel that runs beside a collective of c channels runs on sms - c x this SMs
      * (docs/costs.md, "Collectives take SMs"). 1 in the presets; 0: collectives take none. */
     int sms_per_channel;
+    /* HBM bytes a collective's kernel moves on a rank per byte it sends or receives over a link
+     * (its bus bytes): the peer's write into the receive buffer, the read back from it, and the
+     * user buffer read or written (NCCL's maintainers, NVIDIA/nccl issue 1428: "at least 2x ...
+     * it can be 3x"). A memory-bound kernel beside it shares HBM with it (docs/costs.md, "...
+     * and HBM bandwidth"). 3 in the presets; 0: collectives take no HBM bandwidth. */
+    double hbm_traffic_factor;
 } fsdp_sim_nccl_profile_t;
 
 typedef struct fsdp_sim_profile {
@@ -363,6 +369,9 @@ typedef struct fsdp_sim_time_stats {
     /* what GEMMs and fused attention lost to the SMs that collectives held beside them (their
      * time less their time on the whole GPU; part of kernel_s and gemm_s) */
     double sm_held_s;
+    /* what memory-bound kernels lost to the HBM bandwidth of collectives beside them (part of
+     * kernel_s) */
+    double hbm_held_s;
 } fsdp_sim_time_stats_t;
 
 FSDP_API fsdp_status_t fsdp_sim_time_stats(fsdp_dev_t *dev, fsdp_sim_time_stats_t *stats_p);

@@ -1,0 +1,699 @@
+"""fsdp-plan against every published run of docs/fidelity.md: plans each row's job with the
+command the doc gives, and prints (or writes into the doc) every table the doc holds.
+
+    python3 tools/reference/fidelity.py [--plan PATH] [--jobs N] [--write docs/fidelity.md]
+                                        [--table NAME ...]
+
+Each table of docs/fidelity.md follows a line `<!-- fidelity.py: NAME -->`; --write replaces
+the table under each such line with the one this script makes, and leaves every other line of
+the file as it is. Without --write the tables are printed, each after its marker line. The
+tables:
+
+- runs: the 1D rows (FSDP1, fsdp-plan's default), the plan with --ops fused and eager, and the
+  flat roofline of commit 81a8da1 (a column kept as it was published, not rerun);
+- fsdp2: torchtitan's runs planned again with --api fsdp2, as they ran, beside FSDP1's plan,
+  with the published and planned memory;
+- 2d: every published FSDP + TP run found, planned with --api fsdp2 --tp N where fsdp-plan can
+  express it (the others listed, unplanned);
+- memory: the peak allocated / reserved per GPU of the 1D rows, eager and fused, and whether
+  they fit;
+- by-gpu, by-count: the median and worst error by GPU type and by GPU count;
+- time: where each run's planned step goes (compute, exposed communication, what collectives
+  take from compute beside them);
+- kernels: the planned kernel time by kind of the H200 measurement's job, beside its kernel
+  trace (traces/measured/h200-llama-4layer-flash-kernels.json, figures as docs/fidelity.md
+  gives them).
+
+Nothing here is fitted: the profiles are the presets, changed only where a source states a
+cluster fact (docs/fidelity.md, "The runs"). Plans run in parallel (--jobs, default 2).
+"""
+import argparse
+import concurrent.futures
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# torchtitan's Grand Teton H100s: 96 GB of HBM2e at 2.4 TB/s, a 500 W limit that puts the peak
+# between the SXM's and the NVL's (835 TFLOP/s bf16): both bounds are planned
+GT_GPU = '"model": "NVIDIA H100 96GB HBM2e", "hbm_bytes_per_s": 2.4e12, "memory_bytes": 103079215104'
+NVL_PEAK = '"matmul_flops_per_s": {"f32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "f16": 835e12}'
+PROFILES = {
+    # IBM's clusters: one NIC a node of the 400 and 800 Gb/s the post states
+    "a100-400g": '{"base": "a100", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 47e9}}',
+    "h100-800g": '{"base": "h100-2024", "nccl": {"nics_per_node": 1, "nic_bytes_per_s": 94e9}}',
+    "h100-gt": '{"base": "h100-2024", "gpu": {%s}}' % GT_GPU,
+    "h100-gt-nvl": '{"base": "h100-2024", "gpu": {%s, %s}}' % (GT_GPU, NVL_PEAK),
+    # the same GPUs under the software of 2025 (NCCL 2.23 and later, with PAT)
+    "h100-gt-2025": '{"base": "h100", "gpu": {%s}}' % GT_GPU,
+    "h100-gt-2025-nvl": '{"base": "h100", "gpu": {%s, %s}}' % (GT_GPU, NVL_PEAK),
+}
+# each profile again with collectives that take no HBM bandwidth (nccl.hbm_traffic_factor 0),
+# for what that costs the plans: "time"
+NO_HBM = '"hbm_traffic_factor": 0'
+for _name, _text in list(PROFILES.items()):
+    if '"nccl": {' in _text:
+        _text = _text.replace('"nccl": {', '"nccl": {%s, ' % NO_HBM)
+    else:
+        _text = _text[:-1] + ', "nccl": {%s}}' % NO_HBM
+    PROFILES[_name + "-nohbm"] = _text
+for _name in ("a100", "h100", "h100-2024", "h200"):
+    PROFILES[_name + "-nohbm"] = '{"base": "%s", "nccl": {%s}}' % (_name, NO_HBM)
+
+MP = ["--mixed-precision", "param=bf16,reduce=fp32"]
+TT = ["--profile", "a100:nodes=8"] + MP
+TT2 = ["--model", "llama3-8b"] + MP + ["--local-batch", "2", "--seq", "8192",
+                                       "--activation-checkpointing", "selective-op"]
+IBM_A = ["--profile", "@a100-400g:nodes=16", "--mixed-precision", "bf16", "--local-batch", "2"]
+IBM_H = ["--profile", "@h100-800g:nodes=12", "--mixed-precision", "bf16", "--local-batch", "2"]
+CL34 = "llama:layers=48,heads=64,kv_heads=8,dim=8192,ffn=22016,seq=4096,vocab=32000"
+M4 = ("llama:layers=4,heads=32,kv_heads=32,dim=4096,ffn=11008,seq=4096,vocab=32000,"
+      "rope_theta=10000,eps=1e-5")
+W1 = ["--world", "1"] + MP
+
+
+def ac(mode):
+    return ["--activation-checkpointing", mode]
+
+
+def peaks(args, sxm, nvl, nodes):
+    """TT2's GPUs at both bounds of their peak: the SXM's and the NVL's"""
+    return [("SXM", args + ["--profile", "@%s:nodes=%d" % (sxm, nodes)]),
+            ("NVL", args + ["--profile", "@%s:nodes=%d" % (nvl, nodes)])]
+
+
+class Run:
+    """A published run: what the tables show of it, and the fsdp-plan command(s) of its job.
+    variants: (label, options) for each bound planned (TT2's peaks), or one with label ''.
+    api: how it ran (fsdp1, fsdp2); modes: the --ops it is planned with as it ran."""
+
+    def __init__(self, src, model, gpus, gpu, count, batch, ckpt, published, variants,
+                 flat=None, api="fsdp1", modes=("eager",), mem=None, ran=None, **extra):
+        self.src, self.model, self.gpus, self.gpu, self.count = src, model, gpus, gpu, count
+        self.batch, self.ckpt, self.published, self.flat = batch, ckpt, published, flat
+        if variants and isinstance(variants[0], tuple):
+            self.variants = variants
+        else:
+            self.variants = [("", variants)] if variants else []
+        self.api, self.modes, self.mem, self.ran = api, modes, mem, ran
+        self.extra = extra
+
+
+TT_RUNS = [
+    Run("TT", "Llama 3 8B", "64 A100", "A100", 64, "1 x 8192", "selective layer", 2904,
+        ["--model", "llama3-8b"] + TT + ["--local-batch", "1"] + ac("selective-layer"),
+        flat=4034, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 3 8B", "64 A100", "A100", 64, "1 x 8192", "selective op", 2973,
+        ["--model", "llama3-8b"] + TT + ["--local-batch", "1"] + ac("selective-op"),
+        flat=4082, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 3 70B", "64 A100", "A100", 64, "1 x 8192", "full", 331,
+        ["--model", "llama3-70b"] + TT + ["--local-batch", "1"] + ac("full"),
+        flat=436, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 2 13B", "64 A100", "A100", 64, "2 x 4096", "none", 2162,
+        ["--model", "llama2-13b"] + TT + ["--local-batch", "2"],
+        flat=2919, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 2 13B", "64 A100", "A100", 64, "2 x 4096", "selective layer", 1914,
+        ["--model", "llama2-13b"] + TT + ["--local-batch", "2"] + ac("selective-layer"),
+        flat=2585, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 2 13B", "64 A100", "A100", 64, "2 x 4096", "selective op", 1904,
+        ["--model", "llama2-13b"] + TT + ["--local-batch", "2"] + ac("selective-op"),
+        flat=2594, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 2 70B", "64 A100", "A100", 64, "1 x 4096", "selective op", 355,
+        ["--model", "llama2-70b"] + TT + ["--local-batch", "1"] + ac("selective-op"),
+        flat=506, api="fsdp2", mem="not published"),
+    Run("TT", "Llama 2 70B", "64 A100", "A100", 64, "2 x 4096", "full", 353,
+        ["--model", "llama2-70b"] + TT + ["--local-batch", "2"] + ac("full"),
+        flat=460, api="fsdp2", mem="not published"),
+    # the job torchtitan's footnote says ran out of memory: no throughput, not in the runs table
+    Run("TT", "Llama 2 70B", "64 A100", "A100", 64, "2 x 4096", "selective op", None,
+        ["--model", "llama2-70b"] + TT + ["--local-batch", "2"] + ac("selective-op"),
+        api="fsdp2", mem="out of memory", ran="out of memory"),
+]
+TT2_RUNS = [
+    Run("TT2", "Llama 3.1 8B", "8 H100 (96 GB, 500 W)", "H100", 8, "2 x 8192", "selective op",
+        5762, peaks(TT2, "h100-gt", "h100-gt-nvl", 1), api="fsdp2", mem="82.4"),
+    Run("TT2", "Llama 3.1 8B", "128 H100 (96 GB, 500 W)", "H100", 128, "2 x 8192",
+        "selective op", 5605, peaks(TT2, "h100-gt", "h100-gt-nvl", 16), api="fsdp2", mem="67.0"),
+]
+IBM_A_RUNS = [
+    Run("IBM", "Llama 2 7B (HSDP)", "128 A100", "A100", 128, "2 x 4096", "none", 3700,
+        ["--model", "llama2-7b"] + IBM_A + ["--strategy", "hybrid_shard"], flat=5497),
+    Run("IBM", "Llama 2 13B", "128 A100", "A100", 128, "2 x 4096", "every 2nd layer", 1800,
+        ["--model", "llama2-13b"] + IBM_A + ac("selective-layer:2"), flat=2563),
+    Run("IBM", "34B (CodeLlama shape)", "128 A100", "A100", 128, "2 x 4096", "full", 700,
+        ["--model", CL34] + IBM_A + ac("full"), flat=924),
+    Run("IBM", "Llama 2 70B", "128 A100", "A100", 128, "2 x 4096", "full", 370,
+        ["--model", "llama2-70b"] + IBM_A + ac("full"), flat=459),
+]
+IBM_H_RUNS = [
+    Run("IBM", "Llama 2 7B (HSDP)", "96 H100", "H100", 96, "2 x 4096", "none", 7500,
+        ["--model", "llama2-7b"] + IBM_H + ["--strategy", "hybrid_shard"], flat=14370),
+    Run("IBM", "Llama 2 13B", "96 H100", "H100", 96, "2 x 4096", "every 2nd layer", 3800,
+        ["--model", "llama2-13b"] + IBM_H + ac("selective-layer:2"), flat=6736),
+    Run("IBM", "34B (CodeLlama shape)", "96 H100", "H100", 96, "2 x 4096", "full", 1550,
+        ["--model", CL34] + IBM_H + ac("full"), flat=2447),
+    Run("IBM", "Llama 2 70B", "96 H100", "H100", 96, "2 x 4096", "full", 800,
+        ["--model", "llama2-70b"] + IBM_H + ac("full"), flat=1220),
+]
+M_RUNS = [
+    Run("M", "Llama 2 7B shape, 4 layers", "1 H200", "H200", 1, "2 x 4096", "none", 67032,
+        ["--model", M4, "--profile", "h200", "--local-batch", "2"] + W1, flat=95386,
+        mem="ran (140 GiB)", key="m-h200"),
+    Run("M", "Llama 2 7B shape, 4 layers", "1 H100", "H100", 1, "2 x 4096", "none", 62350,
+        ["--model", M4, "--profile", "h100", "--local-batch", "2"] + W1, mem="ran (80 GiB)"),
+    Run("M", "Llama 2 7B shape, 4 layers", "1 H200", "H200", 1, "2 x 4096", "full", 55933,
+        ["--model", M4, "--profile", "h200", "--local-batch", "2"] + W1 + ac("full"),
+        mem="ran (140 GiB)"),
+    Run("M", "GPT-2 124M, HF eager attention", "1 H200", "H200", 1, "8 x 1024", "none", 132967,
+        ["--model", "gpt2", "--profile", "h200", "--local-batch", "8"] + W1,
+        mem="ran (140 GiB)"),
+    Run("M", "GPT-2 124M, HF eager attention", "1 H200", "H200", 1, "8 x 1024", "full", 95695,
+        ["--model", "gpt2", "--profile", "h200", "--local-batch", "8"] + W1 + ac("full"),
+        mem="ran (140 GiB)"),
+    Run("M", "GPT-2 124M, SDPA", "1 H200", "H200", 1, "8 x 1024", "none", 171450,
+        ["--model", "gpt2", "--profile", "h200", "--local-batch", "8", "--attention", "fused"]
+        + W1, mem="ran (140 GiB)"),
+]
+RUNS_1D = TT_RUNS + IBM_A_RUNS + TT2_RUNS + IBM_H_RUNS + M_RUNS
+
+
+def tp_job(model, tp, profile_sxm, profile_nvl, nodes, batch, ckpt):
+    args = ["--api", "fsdp2", "--tp", str(tp), "--model", model] + MP + [
+        "--local-batch", str(batch), "--seq", "8192"] + ac(ckpt)
+    if profile_nvl is None:
+        return args + ["--profile", "%s:nodes=%d" % (profile_sxm, nodes)]
+    return peaks(args, profile_sxm, profile_nvl, nodes)
+
+
+def r2d(src, model, gpus, count, mesh, batch, ckpt, prec, compile_, async_, published, mem,
+        expressible, job=None, modes=("fused",)):
+    return Run(src, model, gpus, "H100", count, batch, ckpt, published, job or [],
+               api="fsdp2", modes=modes, mem=mem, mesh=mesh, prec=prec, compile=compile_,
+               async_tp=async_, expressible=expressible)
+
+
+TT405 = tp_job("llama3.1-405b", 8, "h100-gt", "h100-gt-nvl", 16, 2, "full")
+TTA70 = tp_job("llama3-70b", 8, "h100-gt-2025", "h100-gt-2025-nvl", 32, 16, "full")
+TTA8 = tp_job("llama3-8b", 8, "h100-gt-2025", "h100-gt-2025-nvl", 8, 12, "selective-op")
+WL = tp_job("llama3-8b", 4, "h100-2024", None, 1, 4, "full")
+GT = tp_job("llama3-8b", 2, "h100", None, 1, 1, "selective-op")
+GT_FULL = tp_job("llama3-8b", 2, "h100", None, 1, 1, "full")
+G95 = "128 H100 (95 GB, lower TDP)"
+G96 = "256 H100 (96 GB, 500 W)"
+G64 = "64 H100 (96 GB, 500 W)"
+FP8, ATP = "no: float8", "no: async TP"
+FA = "no: float8, async TP"
+RUNS_2D = [
+    r2d("TT405", "Llama 3.1 405B", G95, 128, "16 x 8", "2 x 8192", "full", "bf16", "not stated",
+        "not stated", 109, "", "yes", TT405, modes=("eager", "fused")),
+    r2d("TT405", "Llama 3.1 405B", "128 H100 (95 GB)", 128, "16 x 8", "2 x 8192", "full",
+        "float8", "not stated", "no", 177, "", FP8),
+    r2d("TT405", "Llama 3.1 405B", "128 H100 (95 GB)", 128, "16 x 8", "2 x 8192", "full",
+        "float8", "not stated", "yes", 185, "", FA),
+    r2d("TTB", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8", "yes", "no",
+        829, "71.9", FP8),
+    r2d("TTB", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8", "yes", "yes",
+        876, "67.6", FA),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "8 x 8 x pp 8, 1F1B", "32 x 8192", "full",
+        "float8", "yes", "yes", 100, "82.5", "no: PP"),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "8 x 8 x pp 8, interleaved 1F1B", "32 x 8192",
+        "full", "float8", "yes", "yes", 128, "72.7", "no: PP"),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "8 x 8 x pp 8, cp 1", "8 x 32768", "full",
+        "float8", "yes", "yes", 76, "75.3", "no: PP"),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "4 x 8 x pp 8, cp 2", "8 x 65536", "full",
+        "float8", "yes", "yes", 47, "75.9", "no: PP, CP"),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "2 x 8 x pp 8, cp 4", "8 x 131072", "full",
+        "float8", "yes", "yes", 31, "77.1", "no: PP, CP"),
+    r2d("TTB", "Llama 3.1 405B", "512 H100", 512, "1 x 8 x pp 8, cp 8", "8 x 262144", "full",
+        "float8", "yes", "yes", 16, "84.9", "no: PP, CP"),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "bf16", "yes", "no",
+        597.3, "", "yes", TTA70),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "bf16", "yes", "yes",
+        652.4, "", ATP),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8 tensorwise",
+        "yes", "no", 809.8, "", FP8),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8 tensorwise",
+        "yes", "yes", 942.4, "", FA),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8 rowwise",
+        "yes", "no", 599.6, "", FP8),
+    r2d("TTA", "Llama 3.1 70B", G96, 256, "32 x 8", "16 x 8192", "full", "float8 rowwise",
+        "yes", "yes", 624.8, "", FA),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op", "bf16", "yes",
+        "no", 4378, "", "yes", TTA8),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op", "bf16", "yes",
+        "yes", 4809.4, "", ATP),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op",
+        "float8 tensorwise", "yes", "no", 5078.1, "", FP8),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op",
+        "float8 tensorwise", "yes", "yes", 5570.1, "", FA),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op", "float8 rowwise",
+        "yes", "no", 3708.5, "", FP8),
+    r2d("TTA", "Llama 3.1 8B", G64, 64, "8 x 8", "12 x 8192", "selective op", "float8 rowwise",
+        "yes", "yes", 3914.9, "", FA),
+    r2d("WL", "Llama 3 8B", "8 H100", 8, "2 x 4", "4 x 8192", "full", "bf16", "no (default)",
+        "no", 3825, "", "yes", WL, modes=("eager",)),
+    r2d("GT", "Llama 3.1 8B", "8 H100", 8, "4 x 2", "1 x 8192",
+        "`default` policy: the config's selective op (assumed)", "bf16", "yes (graph_trainer)",
+        "no", 6607, "30.92", "yes", GT),
+    r2d("GT", "Llama 3.1 8B", "8 H100", 8, "4 x 2", "1 x 8192", "full (`full` policy)", "bf16",
+        "yes (graph_trainer)", "no", 5933, "20.70", "yes", GT_FULL),
+    r2d("GT", "Llama 3.1 8B", "8 H100", 8, "4 x 2", "1 x 8192",
+        "selective op, main at `14f6a75`'s parent", "bf16", "yes (graph_trainer)", "no", 6538,
+        "30.92", "yes", GT),
+    r2d("GT", "Llama 3.1 8B", "8 H100", 8, "4 x 2", "1 x 8192",
+        "selective op, RMSNorm fused (`14f6a75`)", "bf16", "yes (graph_trainer)", "no", 6600,
+        "30.92", "yes", GT),
+]
+
+# The H200 measurement's kernel trace (llama_step.py --sdpa flash --kernels --ops), ms a step,
+# as docs/fidelity.md reads it from traces/measured/h200-llama-4layer-flash-*.json
+MEASURED_KERNELS = [
+    ("GEMMs", ["gemm"], "59.0 (`aten::mm`)"),
+    ("attention forward + backward, with its layout copies", ["attention_fwd", "attention_bwd"],
+     "16.3 (FlashAttention-2 15.1, three [B, T, H, hd] copies a layer 1.2)"),
+    ("AdamW, fills", ["adamw", "fill"], "9.1 (fused AdamW 9.0: 3.3 TB/s)"),
+    ("casts of master weights and gradients", ["cast"], "4.8"),
+    ("- RMSNorm, residual adds", ["rmsnorm_fwd", "rmsnorm_bwd", "add"], "16.1 (by difference)"),
+    ("- rotary embeddings", ["rope_fwd", "rope_bwd"], "9.9"),
+    ("- SwiGLU", ["swiglu_fwd", "swiglu_bwd"], "2.4"),
+    ("- cross-entropy, embedding", ["cross_entropy", "embedding_fwd", "embedding_bwd"], "3.7"),
+]
+MEASURED_ELEMENTWISE = "32.1"
+MEASURED_STEP = "122.2 (122.5 in the traced run)"
+
+
+class Plan:
+    def __init__(self, out):
+        self.out = out
+        m = re.search(r"^([0-9.]+) tokens/s per GPU", out, re.M)
+        self.tps = float(m.group(1)) if m else None
+        self.alloc = self.reserved = 0.0
+        self.fits = None
+        inmem = False
+        for line in out.splitlines():
+            if line.startswith("memory per rank"):
+                inmem = True
+                continue
+            if line.startswith("peaks by phase"):
+                inmem = False
+            f = line.split()
+            if inmem and f and f[0] in ("rank", "ranks"):
+                self.alloc = max(self.alloc, float(f[2]))
+                self.reserved = max(self.reserved, float(f[3]))
+            if line.startswith("fits: "):
+                self.fits = line.split()[1].rstrip(":")
+
+        def num(pattern):
+            m = re.search(pattern, out, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        self.step = num(r"^step time ([0-9.]+) ms")
+        self.compute = num(r"^step time [0-9.]+ ms, compute ([0-9.]+) ms")
+        self.exposed = num(r"exposed communication ([0-9.]+) ms")
+        self.sm_held = num(r"^GEMMs and attention beside collectives: ([0-9.]+) ms")
+
+
+class Planner:
+    def __init__(self, plan, jobs, profdir):
+        self.plan, self.jobs, self.profdir = plan, jobs, profdir
+        self.cache = {}
+
+    def resolve(self, args):
+        out = []
+        for a in args:
+            if a.startswith("@"):
+                name, _, shape = a[1:].partition(":")
+                a = os.path.join(self.profdir, name + ".json") + (":" + shape if shape else "")
+            out.append(a)
+        return out
+
+    def run(self, args, trace=None):
+        cmd = [self.plan] + self.resolve(args) + (["--trace", trace] if trace else [])
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             check=False)
+        return Plan(res.stdout)
+
+    def want(self, args):
+        self.cache.setdefault(tuple(args), None)
+
+    def go(self):
+        todo = [k for k, v in self.cache.items() if v is None]
+        with concurrent.futures.ThreadPoolExecutor(self.jobs) as ex:
+            for key, plan in zip(todo, ex.map(lambda k: self.run(list(k)), todo)):
+                self.cache[key] = plan
+
+    def get(self, args):
+        return self.cache[tuple(args)]
+
+
+def options(run, variant, api, mode):
+    args = list(variant[1])
+    if api == "fsdp2" and "--api" not in args:
+        args = ["--api", "fsdp2"] + args
+    return args + ["--ops", mode]
+
+
+def plans(pl, run, api, mode):
+    return [pl.get(options(run, v, api, mode)) for v in run.variants]
+
+
+def no_hbm(args):
+    """the same job on its profile with collectives that take no HBM bandwidth"""
+    out = list(args)
+    i = out.index("--profile") + 1
+    name, _, shape = out[i].lstrip("@").partition(":")
+    out[i] = "@%s-nohbm" % name + (":" + shape if shape else "")
+    return out
+
+
+def err(got, published):
+    return (got / published - 1.0) * 100.0
+
+
+def fmt_err(e, digits=0):
+    return "%+.*f%%" % (digits, e)
+
+
+def joined(values):
+    return " / ".join(values)
+
+
+def tps_cells(ps, published, digits=0):
+    tps = joined("%d" % p.tps if p.tps else "failed" for p in ps)
+    if published is None or any(p.tps is None for p in ps):
+        return tps, ""
+    return tps, joined(fmt_err(err(p.tps, published), digits) for p in ps)
+
+
+def mem_cell(ps, with_fits=False):
+    cells = []
+    for p in ps:
+        c = "%.2f / %.2f" % (p.alloc, p.reserved)
+        if with_fits and p.fits == "no":
+            c += ", no"
+        cells.append(c)
+    return cells[0] if len(set(cells)) == 1 else joined(cells)
+
+
+def row(cells):
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def table_runs(pl):
+    out = [row(["source", "model", "GPUs", "local batch x seq", "checkpointing",
+                "published tokens/s/GPU", "flat roofline (`81a8da1`)", "error", "--ops fused",
+                "error", "fsdp-plan (eager)", "error"]),
+           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in RUNS_1D:
+        if r.published is None:
+            continue
+        flat = ("%d" % r.flat, fmt_err(err(r.flat, r.published))) if r.flat else ("", "")
+        fused = tps_cells(plans(pl, r, "fsdp1", "fused"), r.published)
+        eager = tps_cells(plans(pl, r, "fsdp1", "eager"), r.published)
+        out.append(row([r.src, r.model, r.gpus, r.batch, r.ckpt, r.published, *flat, *fused,
+                        *eager]))
+    return out
+
+
+def table_fsdp2(pl):
+    out = [row(["source", "model", "GPUs", "local batch x seq", "checkpointing",
+                "published tokens/s/GPU", "FSDP1 plan", "error", "FSDP2 plan", "error",
+                "published memory, GiB", "FSDP1 memory", "FSDP2 memory"]),
+           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in TT_RUNS + TT2_RUNS:
+        p1, p2 = plans(pl, r, "fsdp1", "eager"), plans(pl, r, "fsdp2", "eager")
+        out.append(row([r.src, r.model, r.gpus, r.batch, r.ckpt,
+                        r.published if r.published else r.ran,
+                        *tps_cells(p1, r.published, 1), *tps_cells(p2, r.published, 1), r.mem,
+                        mem_cell(p1, True), mem_cell(p2, True)]))
+    return out
+
+
+def table_2d(pl):
+    out = [row(["source", "model", "GPUs", "dp x tp (x pp, cp)", "local batch x seq",
+                "checkpointing", "precision", "compile", "async TP", "published tokens/s/GPU",
+                "published memory, GiB", "expressible", "fsdp-plan", "error",
+                "planned memory, GiB"]),
+           "|---|---|---|---|---|---|---|---|---|---:|---:|---|---:|---:|---:|"]
+    for r in RUNS_2D:
+        x = r.extra
+        tps = errs = mem = ""
+        if x["expressible"] == "yes":
+            t, e, m = [], [], []
+            for mode in r.modes:
+                ps = plans(pl, r, "fsdp2", mode)
+                a, b = tps_cells(ps, r.published)
+                tag = " (%s)" % mode if len(r.modes) > 1 else ""
+                t.append(a + tag)
+                e.append(b + tag)
+                m.append(mem_cell(ps) + tag + ("" if ps[0].fits != "no" else ": does not fit"))
+            tps, errs, mem = "; ".join(t), "; ".join(e), "; ".join(m)
+        out.append(row([r.src, r.model, r.gpus, x["mesh"], r.batch, r.ckpt, x["prec"],
+                        x["compile"], x["async_tp"], r.published, r.mem, x["expressible"], tps,
+                        errs, mem]))
+    return out
+
+
+def table_memory(pl):
+    out = [row(["source", "model", "GPUs", "local batch", "checkpointing", "eager", "fused",
+                "fits (eager)", "published"]),
+           "|---|---|---|---|---|---:|---:|---|---|"]
+    for r in TT_RUNS + IBM_A_RUNS + IBM_H_RUNS + TT2_RUNS + M_RUNS[:1]:
+        pe, pf = plans(pl, r, "fsdp1", "eager"), plans(pl, r, "fsdp1", "fused")
+        fits = pe[0].fits or "?"
+        if fits == "yes" and pe[0].reserved >= float(pl.capacity.get(r.gpus, 1e9)) - 0.01:
+            fits = "yes, at the limit"
+        pub = r.mem if r.mem not in (None, "not published") else "ran"
+        if r.src == "TT2":
+            pub = "ran: %s GiB" % r.mem
+        out.append(row([r.src, r.model, r.gpus.replace(", 500 W", ""), r.batch.split(" x ")[0],
+                        r.ckpt, mem_cell(pe), mem_cell(pf), fits, pub]))
+    return out
+
+
+def points(pl):
+    """(run, error, as_ran, kind) for every plan with a published throughput: kind 1d or 2d;
+    as_ran: the plan of the API and ops the run used (each bound of an unknown peak or compile
+    counted)"""
+    pts = []
+    for r in RUNS_1D:
+        if r.published is None:
+            continue
+        for api in ("fsdp1", "fsdp2") if r.api == "fsdp2" else ("fsdp1",):
+            for p in plans(pl, r, api, "eager"):
+                if p.tps:
+                    pts.append((r, err(p.tps, r.published), api == r.api, "1d"))
+    for r in RUNS_2D:
+        if r.extra["expressible"] != "yes":
+            continue
+        for mode in r.modes:
+            for p in plans(pl, r, "fsdp2", mode):
+                if p.tps:
+                    pts.append((r, err(p.tps, r.published), True, "2d"))
+    return pts
+
+
+def stat(errs):
+    if not errs:
+        return ""
+    worst = max(errs, key=abs)
+    return "%+.1f%% / %+.1f%% (%d)" % (statistics.median(errs), worst, len(errs))
+
+
+def table_by(pl, key, keys, label, summary=False):
+    pts = points(pl)
+    out = [row([label, "1D, as they ran", "2D (FSDP2 + TP)", "1D and 2D, as they ran",
+                "every plan (1D as FSDP1 too)"]),
+           "|---|---:|---:|---:|---:|"]
+    for k in keys + ["all"]:
+        sel = [p for p in pts if k == "all" or key(p[0]) == k]
+        if not sel:
+            continue
+        out.append(row([k if isinstance(k, str) else "%d GPUs" % k if k > 1 else "1 GPU",
+                        stat([e for r, e, ran, kind in sel if ran and kind == "1d"]),
+                        stat([e for r, e, ran, kind in sel if kind == "2d"]),
+                        stat([e for r, e, ran, kind in sel if ran]),
+                        stat([e for r, e, ran, kind in sel])]))
+    ran = [e for r, e, a, k in pts if a]
+    if not summary:
+        return out
+    out.append("")
+    out.append("As they ran: %d of %d plans within 10%%, %d slower than measured by more than "
+               "5%%; every plan: %d of %d within 10%%." % (
+                   sum(abs(e) <= 10 for e in ran), len(ran), sum(e < -5 for e in ran),
+                   sum(abs(e) <= 10 for r, e, a, k in pts), len(pts)))
+    return out
+
+
+def as_ran_options(r):
+    """(tag, options) of each plan of the run as it ran: each bound, each mode"""
+    out = []
+    for mode in r.modes:
+        for v in r.variants:
+            tag = ", ".join(t for t in (v[0], mode if len(r.modes) > 1 else "") if t)
+            out.append((tag, options(r, v, r.api, mode)))
+    return out
+
+
+def published_runs():
+    return [r for r in RUNS_1D if r.published] + [
+        r for r in RUNS_2D if r.extra["expressible"] == "yes"]
+
+
+def table_time(pl):
+    out = [row(["source", "model", "GPUs", "checkpointing", "planned as", "step, ms",
+                "compute, ms", "exposed communication", "GEMMs and attention on the SMs "
+                "collectives leave", "the HBM bandwidth collectives take", "error"]),
+           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for r in published_runs():
+        for tag, args in as_ran_options(r):
+            p, q = pl.get(args), pl.get(no_hbm(args))
+            key = (tuple(args), r.published)
+            if key in seen or not p.step:
+                continue
+            seen.add(key)
+            how = r.api + (", tp %s" % r.extra["mesh"].split(" x ")[1] if "mesh" in r.extra
+                           else "") + (" (%s)" % tag if tag else "")
+            out.append(row([r.src, r.model, r.gpus, r.ckpt, how, "%.1f" % p.step,
+                            "%.1f" % p.compute, "%.1f%%" % (100 * p.exposed / p.step),
+                            "%.1f%%" % (100 * p.sm_held / p.step),
+                            "%.1f%%" % (100 * (p.step - q.step) / p.step),
+                            fmt_err(err(p.tps, r.published), 1)]))
+    return out
+
+
+def kernel_times(db):
+    """ms by kernel name over the last step of rank 0's last run"""
+    con = sqlite3.connect(db)
+    run = con.execute("SELECT max(id) FROM runs").fetchone()[0]
+    ends = [s for (s,) in con.execute(
+        "SELECT seq_end FROM steps WHERE run = ? AND rank = 0 ORDER BY step", (run,))]
+    step = con.execute("SELECT step_time FROM steps WHERE run = ? AND rank = 0 ORDER BY step "
+                       "DESC LIMIT 1", (run,)).fetchone()[0]
+    lo = ends[-2] if len(ends) > 1 else 0
+    by = {}
+    for name, t in con.execute(
+            "SELECT name, sum(end_time - start_time) FROM events WHERE run = ? AND rank = 0 AND "
+            "kind = 'kernel' AND seq >= ? AND seq < ? GROUP BY name", (run, lo, ends[-1])):
+        by[name] = t * 1e3
+    con.close()
+    return by, step * 1e3
+
+
+def table_kernels(pl):
+    r = M_RUNS[0]
+    with tempfile.TemporaryDirectory() as d:
+        db = os.path.join(d, "m.db")
+        pl.run(options(r, r.variants[0], "fsdp1", "eager"), trace=db)
+        by, step = kernel_times(db)
+    out = [row(["", "plan (eager)", "measured (kernel trace)"]), "|---|---:|---:|"]
+    used = set()
+    elementwise = []
+    for label, names, measured in MEASURED_KERNELS:
+        ms = sum(by.get(n, 0.0) for n in names)
+        used.update(names)
+        if label.startswith("- "):
+            if not elementwise:
+                elementwise.append(len(out))
+                out.append(None)
+            elementwise.append(ms)
+        out.append(row([label, "%.1f" % ms, measured]))
+    out[elementwise[0]] = row(["element-wise work of the model:", "%.1f" % sum(elementwise[1:]),
+                               MEASURED_ELEMENTWISE])
+    rest = sum(v for k, v in by.items() if k not in used)
+    if rest >= 0.05:
+        out.append(row(["other kernels (%s)" % ", ".join(sorted(k for k in by if k not in used)),
+                        "%.1f" % rest, ""]))
+    out.append(row(["step", "%.1f" % step, MEASURED_STEP]))
+    return out
+
+
+TABLES = {
+    "runs": table_runs,
+    "fsdp2": table_fsdp2,
+    "2d": table_2d,
+    "memory": table_memory,
+    "by-gpu": lambda pl: table_by(pl, lambda r: r.gpu, ["A100", "H100", "H200"], "GPU"),
+    "by-count": lambda pl: table_by(pl, lambda r: r.count,
+                                    sorted({r.count for r in RUNS_1D + RUNS_2D}), "GPUs",
+                                    summary=True),
+    "time": table_time,
+    "kernels": table_kernels,
+}
+MARK = re.compile(r"^<!-- fidelity\.py: ([a-z0-9-]+) -->$")
+
+
+def write(path, tables):
+    lines = open(path, encoding="utf-8").read().split("\n")
+    out, i, done = [], 0, set()
+    while i < len(lines):
+        out.append(lines[i])
+        m = MARK.match(lines[i])
+        i += 1
+        if m and m.group(1) in tables:
+            # the table under the marker, and a line of text right below it made by the table
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            if i + 1 < len(lines) and lines[i] == "" and lines[i + 1].startswith("As they ran:"):
+                i += 2
+            out.extend(tables[m.group(1)])
+            done.add(m.group(1))
+    open(path, "w", encoding="utf-8").write("\n".join(out))
+    missing = set(tables) - done
+    if missing:
+        sys.exit("%s: no marker for %s" % (path, ", ".join(sorted(missing))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", default=os.path.join(HERE, "..", "fsdp-plan"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--write", metavar="FILE")
+    ap.add_argument("--table", action="append", choices=sorted(TABLES))
+    a = ap.parse_args()
+    names = a.table or list(TABLES)
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in PROFILES.items():
+            with open(os.path.join(d, name + ".json"), "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        pl = Planner(a.plan, a.jobs, d)
+        pl.capacity = {}
+        for r in RUNS_1D:
+            for v in r.variants:
+                for mode in ("eager", "fused"):
+                    pl.want(options(r, v, "fsdp1", mode))
+                if r.api == "fsdp2":
+                    pl.want(options(r, v, "fsdp2", "eager"))
+        for r in RUNS_2D:
+            if r.extra["expressible"] == "yes":
+                for v in r.variants:
+                    for mode in r.modes:
+                        pl.want(options(r, v, "fsdp2", mode))
+        if "time" in names:
+            for r in published_runs():
+                for _, args in as_ran_options(r):
+                    pl.want(no_hbm(args))
+        pl.go()
+        for r in RUNS_1D:
+            m = re.search(r"\(.*, ([0-9.]+) GiB each\)", pl.get(options(
+                r, r.variants[0], "fsdp1", "eager")).out)
+            if m:
+                pl.capacity[r.gpus] = m.group(1)
+        tables = {n: TABLES[n](pl) for n in names}
+    if a.write:
+        write(a.write, tables)
+        return
+    for n in names:
+        print("<!-- fidelity.py: %s -->" % n)
+        print("\n".join(tables[n]))
+        print()
+
+
+if __name__ == "__main__":
+    main()
