@@ -35,6 +35,11 @@ check "nothing on stderr" test ! -s "$tmp/err"
 check "16 ranks on 2 nodes" grep -q "^cluster h100: 16 ranks, 8 per node" "$tmp/run"
 check "a step time, exposed communication" grep -q "^step time [0-9.]* ms, compute [0-9.]* ms, exposed communication [0-9.]* ms" "$tmp/run"
 check "an MFU" grep -q "^MFU [0-9.]*% " "$tmp/run"
+check "the HBM bandwidth collectives take" grep -q "^memory-bound kernels beside collectives: [0-9.]* ms longer on the HBM bandwidth the collectives take ([0-9.]*% of the step)$" "$tmp/run"
+printf '{"base": "h100", "nccl": {"hbm_traffic_factor": 0}}\n' >"$tmp/nohbm.json"
+"$plan" --model mlp:256,1024,1024,256 --profile "$tmp/nohbm.json:nodes=2" --local-batch 64 >"$tmp/nohbm" 2>&1
+check "no HBM line where collectives take none" \
+    sh -c 'grep -q "^step time" "$1" && ! grep -q "^memory-bound kernels" "$1"' sh "$tmp/nohbm"
 check "memory by category, ranks folded" grep -q "^  ranks 0-15 .*[0-9]" "$tmp/run"
 check "peaks by phase" grep -q "setup *forward *backward *optimizer" "$tmp/run"
 check "it fits" grep -q "^fits: yes" "$tmp/run"

@@ -275,6 +275,10 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
         printf("GEMMs and attention beside collectives: %.3f ms longer on the SMs the collectives "
                "leave them (%.1f%% of the step)\n",
                s.sm_held * 1e3, s.step_time > 0 ? 100.0 * s.sm_held / s.step_time : 0.0);
+    if (a->profile.nccl.hbm_traffic_factor > 0.0)
+        printf("memory-bound kernels beside collectives: %.3f ms longer on the HBM bandwidth the "
+               "collectives take (%.1f%% of the step)\n",
+               s.hbm_held * 1e3, s.step_time > 0 ? 100.0 * s.hbm_held / s.step_time : 0.0);
     printf("MFU %.1f%% (GEMM FLOPs run per rank, recomputation included, / step time / %.4g "
            "TFLOP/s %s peak)\n",
            100.0 * s.mfu, peak / 1e12,

@@ -140,6 +140,7 @@ typedef struct summary {
     double step_time;        /* max over ranks */
     double exposed, compute; /* of the slowest rank */
     double sm_held;          /* its GEMMs' and attention's time lost to collectives' SMs */
+    double hbm_held;         /* its memory-bound kernels' time lost to collectives' HBM traffic */
     double mfu;
     size_t peak_alloc, peak_reserved; /* max over ranks */
     int simulated;                    /* ranks simulated (fewer than the world with symmetry) */

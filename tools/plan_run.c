@@ -275,6 +275,7 @@ static summary_t run_once(const plan_args_t *a, const fsdp_config_t *cfg, size_t
     s.exposed = res[slow].ts.exposed_comm_s;
     s.compute = res[slow].ts.compute_s;
     s.sm_held = res[slow].ts.sm_held_s;
+    s.hbm_held = res[slow].ts.hbm_held_s;
     s.mfu = s.step_time > 0 && peak > 0 ? res[slow].ts.gemm_flops / (s.step_time * peak) : 0.0;
     return s;
 }

@@ -53,18 +53,6 @@ PROFILES = {
     "h100-gt-2025": '{"base": "h100", "gpu": {%s}}' % GT_GPU,
     "h100-gt-2025-nvl": '{"base": "h100", "gpu": {%s, %s}}' % (GT_GPU, NVL_PEAK),
 }
-# each profile again with collectives that take no HBM bandwidth (nccl.hbm_traffic_factor 0),
-# for what that costs the plans: "time"
-NO_HBM = '"hbm_traffic_factor": 0'
-for _name, _text in list(PROFILES.items()):
-    if '"nccl": {' in _text:
-        _text = _text.replace('"nccl": {', '"nccl": {%s, ' % NO_HBM)
-    else:
-        _text = _text[:-1] + ', "nccl": {%s}}' % NO_HBM
-    PROFILES[_name + "-nohbm"] = _text
-for _name in ("a100", "h100", "h100-2024", "h200"):
-    PROFILES[_name + "-nohbm"] = '{"base": "%s", "nccl": {%s}}' % (_name, NO_HBM)
-
 MP = ["--mixed-precision", "param=bf16,reduce=fp32"]
 TT = ["--profile", "a100:nodes=8"] + MP
 TT2 = ["--model", "llama3-8b"] + MP + ["--local-batch", "2", "--seq", "8192",
@@ -316,6 +304,7 @@ class Plan:
         self.compute = num(r"^step time [0-9.]+ ms, compute ([0-9.]+) ms")
         self.exposed = num(r"exposed communication ([0-9.]+) ms")
         self.sm_held = num(r"^GEMMs and attention beside collectives: ([0-9.]+) ms")
+        self.hbm_held = num(r"^memory-bound kernels beside collectives: ([0-9.]+) ms")
 
 
 class Planner:
@@ -360,15 +349,6 @@ def options(run, variant, api, mode):
 
 def plans(pl, run, api, mode):
     return [pl.get(options(run, v, api, mode)) for v in run.variants]
-
-
-def no_hbm(args):
-    """the same job on its profile with collectives that take no HBM bandwidth"""
-    out = list(args)
-    i = out.index("--profile") + 1
-    name, _, shape = out[i].lstrip("@").partition(":")
-    out[i] = "@%s-nohbm" % name + (":" + shape if shape else "")
-    return out
 
 
 def err(got, published):
@@ -553,7 +533,7 @@ def table_time(pl):
     seen = set()
     for r in published_runs():
         for tag, args in as_ran_options(r):
-            p, q = pl.get(args), pl.get(no_hbm(args))
+            p = pl.get(args)
             key = (tuple(args), r.published)
             if key in seen or not p.step:
                 continue
@@ -563,7 +543,7 @@ def table_time(pl):
             out.append(row([r.src, r.model, r.gpus, r.ckpt, how, "%.1f" % p.step,
                             "%.1f" % p.compute, "%.1f%%" % (100 * p.exposed / p.step),
                             "%.1f%%" % (100 * p.sm_held / p.step),
-                            "%.1f%%" % (100 * (p.step - q.step) / p.step),
+                            "%.1f%%" % (100 * p.hbm_held / p.step),
                             fmt_err(err(p.tps, r.published), 1)]))
     return out
 
@@ -675,10 +655,6 @@ def main():
                 for v in r.variants:
                     for mode in r.modes:
                         pl.want(options(r, v, "fsdp2", mode))
-        if "time" in names:
-            for r in published_runs():
-                for _, args in as_ran_options(r):
-                    pl.want(no_hbm(args))
         pl.go()
         for r in RUNS_1D:
             m = re.search(r"\(.*, ([0-9.]+) GiB each\)", pl.get(options(
