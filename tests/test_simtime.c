@@ -1656,6 +1656,81 @@ static void test_sm_book(void)
     fsdp_sim_holds_destroy(NULL);
 }
 
+/* A hold of the book is not counted by a kernel of the collective's own stream, which runs
+ * before or after it: a kernel issued first, on the compute stream or on the all-gather's, and
+ * the all-gather of 2^16 f32 a rank after it on "side" (each rank's clocks are its own). */
+typedef struct own_case {
+    fsdp_kernel_t k;
+    int own;                /* the kernel on "side" */
+    double end[4], ag_s[4]; /* the kernel's end, the all-gather's time */
+} own_case_t;
+
+static fsdp_status_t own_rank(fsdp_dev_t *dev, void *arg)
+{
+    own_case_t *c = arg;
+    fsdp_stream_t *side = NULL;
+    fsdp_status_t st;
+    double t0;
+
+    if ((st = fsdp_dev_stream_create(dev, "side", 0, &side)) != FSDP_OK)
+        return st;
+    t0 = fsdp_sim_stream_time(dev, NULL);
+    st = fsdp_dev_kernel(dev, c->own ? side : NULL, &c->k);
+    c->end[dev->rank] = fsdp_sim_stream_time(dev, c->own ? side : NULL) - t0;
+    if (st == FSDP_OK)
+        st = fsdp_dev_all_gather(dev, fsdp_dev_group_world(dev), NULL, NULL, (size_t)1 << 16,
+                                 FSDP_DTYPE_F32, side);
+    c->ag_s[dev->rank] = fsdp_sim_stream_time(dev, side) - t0 - (c->own ? c->end[dev->rank] : 0);
+    fsdp_dev_stream_destroy(dev, side);
+    return st;
+}
+
+static void test_own_stream(void)
+{
+    for (int hbm = 0; hbm < 2; hbm++) {
+        fsdp_sim_params_t p;
+        fsdp_sim_holds_t *book = fsdp_sim_holds_create(4);
+        own_case_t c = {.k = hbm ? hbm_add() : sm_gemm()};
+        double g, a, slowed;
+
+        CU_ASSERT_PTR_NOT_NULL_FATAL(book);
+        fsdp_sim_params_init(&p);
+        p.world_size = 4;
+        p.mode = FSDP_SIM_SHAPE;
+        p.holds = book;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_parse(hbm ? hbm_json(3) : sm_json(1), &p.profile),
+                              FSDP_OK);
+        g = fsdp_sim_kernel_time(&p.profile, &c.k);
+        /* the book's first run: the kernel alone, the all-gather over [0, a) beside it */
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, own_rank, &c, NULL), FSDP_OK);
+        CU_ASSERT_EQUAL(c.end[0], g);
+        a = c.ag_s[0];
+        CU_ASSERT(a > 0.0 && a < g);
+        /* the next, on the compute stream: the all-gather of the run before holds an SM of the
+         * GEMM's 4 over [0, a), or 3 x its 3 x 2^18 bus bytes of the add's HBM (as in
+         * test_hbm_contention) */
+        if (hbm) {
+            double slow = (P2(30) + 9.0 * P2(18) / a) / P2(30);
+
+            slowed = a + (1.0 - a / (g * slow)) * g;
+        } else {
+            slowed = g + a / 4.0;
+        }
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, own_rank, &c, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++)
+            CU_ASSERT_DOUBLE_EQUAL(c.end[r], slowed, 1e-12 * g);
+        CU_ASSERT(slowed > g);
+        /* the same book on the all-gather's own stream: the kernel runs before it, not slowed */
+        c.own = 1;
+        CU_ASSERT_EQUAL_FATAL(fsdp_sim_launch(&p, own_rank, &c, NULL), FSDP_OK);
+        for (int r = 0; r < 4; r++) {
+            CU_ASSERT_EQUAL(c.end[r], g);
+            CU_ASSERT_EQUAL(c.ag_s[r], a);
+        }
+        fsdp_sim_holds_destroy(book);
+    }
+}
+
 /* Hybrid sharding's replicate groups on nodes of one NIC: 8 groups of one rank per node on 2
  * nodes all-reduce at once and share each node's NIC (fsdp_sim_coll_time_shared with the
  * launch's 8 ranks a node); the shard groups, inside a node, do not use it. */
@@ -1766,6 +1841,7 @@ int main(void)
         {"collectives take SMs from GEMMs", test_sm_contention},
         {"collectives take HBM bandwidth from memory-bound kernels", test_hbm_contention},
         {"a book of held SMs prices kernels issued before their collective", test_sm_book},
+        {"a kernel does not count the holds of its own stream", test_own_stream},
         {"replicate groups share their nodes' NICs", test_nic_sharing},
         {"fibers: mismatches, early exits and timeouts fail, never hang", test_fiber_failures},
         {NULL, NULL},
