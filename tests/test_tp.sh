@@ -2,7 +2,8 @@
 # --tp N from the command line: refused with fsdp1, with hybrid sharding, for a tp that divides
 # neither the world nor a node, for models without a tensor-parallel layout, and for what tensor
 # parallelism does not support; fsdp-train at --tp 2 prints the losses of --tp 1; its checkpoints
-# resume at other layouts; fsdp-plan plans with --tp and its fully_shard sweep tries tp 1, 2, 4, 8.
+# resume at other layouts; fsdp-plan plans with --tp and its fully_shard sweep tries tp 1, 2, 4, 8
+# (full and hybrid sharding, Llama and GPT, where tp divides the model).
 set -u
 bin="${top_builddir:-..}/tools"
 [ -x "$bin/fsdp-train" ] || bin=../tools
@@ -142,9 +143,27 @@ fi
 if $plan --model llama3-8b --api fsdp2 --world 16 --local-batch 1 --seq 2048 --sweep \
     --mixed-precision bf16 --activation-checkpointing none --reshard-after-forward true \
     --backward-prefetch explicit >"$tmp/sweep" 2>&1 &&
-    [ "$(grep -c '^full_shard tp[248] ' "$tmp/sweep")" -eq 3 ]; then
-    echo "ok: the fully_shard sweep tries tp 2, 4 and 8"
+    [ "$(grep -c '^full_shard tp[248] ' "$tmp/sweep")" -eq 3 ] &&
+    [ "$(grep -c '^hybrid_shard tp[248] ' "$tmp/sweep")" -eq 3 ]; then
+    echo "ok: the fully_shard sweep tries tp 2, 4 and 8, fully sharded and hybrid (HSDP x tp)"
 else
     echo "FAILED: the sweep's tp rows"; cat "$tmp/sweep"; fail=1
+fi
+# a GPT whose vocabulary and heads tp divides: tp 2 and 4, not 8 (4 heads), and no row fails
+if $plan --model gpt2:layers=2,heads=4,dim=256,seq=256,vocab=50304 --api fsdp2 --world 16 \
+    --sweep --mixed-precision bf16 --reshard-after-forward true --backward-prefetch explicit \
+    >"$tmp/gsweep" 2>&1 && [ "$(grep -c '^full_shard tp[24] ' "$tmp/gsweep")" -eq 4 ] &&
+    [ "$(grep -c '^hybrid_shard tp[24] ' "$tmp/gsweep")" -eq 4 ] &&
+    ! grep -q 'tp8\|failed\|error' "$tmp/gsweep"; then
+    echo "ok: the fully_shard sweep of a GPT tries the tp that divide its heads and vocabulary"
+else
+    echo "FAILED: the sweep's tp rows of a GPT"; cat "$tmp/gsweep"; fail=1
+fi
+if $plan --model gpt2 --api fsdp2 --world 16 --sweep --mixed-precision bf16 \
+    --reshard-after-forward true --backward-prefetch explicit >"$tmp/g50257" 2>&1 &&
+    ! grep -q ' tp[0-9]' "$tmp/g50257"; then
+    echo "ok: GPT-2's vocabulary of 50257 sweeps no tp"
+else
+    echo "FAILED: the sweep of GPT-2 with a vocabulary no tp divides"; cat "$tmp/g50257"; fail=1
 fi
 exit $fail

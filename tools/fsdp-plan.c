@@ -393,6 +393,21 @@ static void sweep_describe(const sweep_point_t *p, char *buf, size_t n)
         snprintf(buf + k, n - (size_t)k, ", tp %d", tp_of(&p->cfg));
 }
 
+/* Whether tp divides what a language model splits over it: the sequence (sequence
+ * parallelism), the heads and the vocabulary, and a Llama's kv heads and FFN (the refusals of
+ * lm_tp.c, gpt2_lm.c and llama.c: a sweep leaves such a tp out) */
+static int tp_divides(const plan_args_t *a, int tp)
+{
+    const model_cfg_t *m = &a->mcfg;
+
+    if (m->seq % (size_t)tp != 0)
+        return 0;
+    if (a->model->family == MODEL_LLAMA)
+        return m->llama.n_head % tp == 0 && m->llama.n_kv_head % tp == 0 &&
+               m->llama.ffn_dim % tp == 0 && m->llama.vocab_size % tp == 0;
+    return m->gpt.n_head % tp == 0 && m->gpt.vocab_size % tp == 0;
+}
+
 /* Every combination of the settings the command line leaves free, in a fixed order: the
  * strategies (hybrid ones only across nodes), the backward prefetch policies, the limiter on and
  * off, activation checkpointing off and on (GPT models), full precision and bf16. Returns how
@@ -416,14 +431,14 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
      * reshard_after_forward at its default and false, in the places of FSDP1's strategies,
      * prefetch policies and limiter */
     int v2 = a->fsdp.api == FSDP_API_FSDP2, n_pf = v2 ? 2 : 3;
-    /* fully_shard of a llama: tensor parallelism of 1, 2, 4 and 8 ranks where they divide a
-     * node (hybrid sharding only at tp 1), unless --tp fixed it (GPT-2's presets' vocabulary of
-     * 50257 divides by none) */
+    /* fully_shard of a llama or a GPT: tensor parallelism of 1, 2, 4 and 8 ranks where they
+     * divide a node and what the model splits over tp (tp_divides), with full and hybrid
+     * sharding (HSDP x tp: each node holds whole tp groups), unless --tp fixed it */
     int tps[4] = {tp_of(&a->fsdp)}, n_tp = 1;
 
-    if (v2 && a->model->family == MODEL_LLAMA && !(a->fixed & FIX_TP))
+    if (v2 && a->model->family != MODEL_MLP && !(a->fixed & FIX_TP))
         for (int t = 2; t <= 8; t *= 2)
-            if (a->per_node % t == 0 && a->world % t == 0)
+            if (a->per_node % t == 0 && a->world % t == 0 && tp_divides(a, t))
                 tps[n_tp++] = t;
 
     for (size_t si = 0; si < sizeof(strategies) / sizeof(strategies[0]); si++) {
@@ -458,8 +473,6 @@ static int sweep_points(const plan_args_t *a, sweep_point_t *pts, int max)
                             p.cfg.limit_all_gathers = lim;
                         }
                         for (int ti = 0; ti < n_tp; ti++) {
-                            if (ti > 0 && plan_is_hybrid(strategies[si]))
-                                break;
                             p.cfg.tp_size = tps[ti];
                             if (n < max)
                                 pts[n] = p;
