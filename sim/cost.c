@@ -628,6 +628,12 @@ static double nvls_ranks_scale(double nvlink_bytes_per_s, int n)
     return head[0] * (ranks[0] - 1) / (head[1] * 7.0);
 }
 
+/* 1 when the profile's NCCL is older than version code `code` (nccl.version 0: the newest) */
+static int before(const fsdp_sim_nccl_profile_t *nc, int code)
+{
+    return nc->version > 0 && nc->version < code;
+}
+
 /* NCCL's tuning model of one (algorithm, protocol) on all channels: its latency and algorithm
  * bandwidth; 0 if the pair does not apply. */
 static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kind, int a, int pr,
@@ -636,12 +642,15 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
     int ppn = n / nodes, cls = nodes <= 1 ? 0 : nodes == 2 ? 1 : 2;
     int all_reduce = kind == FSDP_SIM_COLL_ALL_REDUCE || kind == FSDP_SIM_COLL_BARRIER;
     int gather = kind == FSDP_SIM_COLL_ALL_GATHER || kind == FSDP_SIM_COLL_REDUCE_SCATTER;
+    /* the formulas of NCCL's tuning model before 2.19, 2.21 and 2.23 (nccl.version; 0: 2.30's) */
+    int v19 = before(nc, 21900), v21 = before(nc, 22100), v23 = before(nc, 22300);
     int nsteps, ninter;
     double bus, nic_bus = 0.0, lat, bw, inter, klat = pr == FSDP_SIM_PROTO_SIMPLE ? 2.0 : 1.0;
 
     if (all_reduce) {
         nsteps = 2 * (n - 1);
-        ninter = 2 * (nodes - 1);
+        /* before 2.23 an all-reduce ring counted 2 x nodes network steps, since 2 (nodes - 1) */
+        ninter = nodes > 1 ? 2 * (nodes - (v23 ? 0 : 1)) : 0;
     } else if (kind == FSDP_SIM_COLL_BROADCAST) {
         nsteps = n;
         ninter = nodes > 1 ? nodes : 0;
@@ -659,17 +668,21 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
         nic_bus = nc->nic_bytes_per_s * (share < ppn ? share : ppn);
         bus = cap(bus, nic_bus);
     }
-    /* with one rank per node, latencies are fully exposed: the tree's network row */
-    inter = (ppn == 1 && a == FSDP_SIM_ALGO_RING ? nc->inter_latency_s[FSDP_SIM_ALGO_TREE][pr]
-                                                 : nc->inter_latency_s[a][pr]) +
+    /* with one rank per node, latencies are fully exposed: the tree's network row (2.23+) */
+    inter = nc->inter_latency_s[ppn == 1 && a == FSDP_SIM_ALGO_RING && !v23 ? FSDP_SIM_ALGO_TREE
+                                                                            : a][pr] +
             nc->net_latency_s * klat;
 
     switch (a) {
     case FSDP_SIM_ALGO_RING:
-        if (pr == FSDP_SIM_PROTO_LL)
-            bus = cap(0.5 * bus, nc->ll_max_bytes_per_s[cls]);
-        else if (pr == FSDP_SIM_PROTO_LL128)
-            bus = cap(0.92 * bus, nc->channels * nc->ring_ll128_channel_bytes_per_s[cls]);
+        /* LL: half the bus since 2.21; before, a quarter for an all-reduce or across nodes, a
+         * third otherwise. LL128: 0.92, before 2.23 0.7 with one rank per node */
+        if (pr == FSDP_SIM_PROTO_LL) {
+            double ll = !v21 ? 0.5 : all_reduce || nodes > 1 ? 0.25 : 1.0 / 3.0;
+            bus = cap(ll * bus, nc->ll_max_bytes_per_s[cls]);
+        } else if (pr == FSDP_SIM_PROTO_LL128)
+            bus = cap((v23 && ppn < 2 ? 0.7 : 0.92) * bus,
+                      nc->channels * nc->ring_ll128_channel_bytes_per_s[cls]);
         bw = bus * n / nsteps;
         lat = nc->base_latency_s[a][pr];
         if (kind == FSDP_SIM_COLL_BROADCAST) {
@@ -715,7 +728,8 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
             nc->nvls_bus_bytes_per_s <= 0.0)
             return 0;
         bw = nc->nvls_bus_bytes_per_s * nvls_ranks_scale(nc->intra_bus_bytes_per_s, n) * n / nsteps;
-        lat = nc->intra_latency_s[a][pr];
+        /* 2.19+ set the latency to the NVLink one; 2.18 added it to the base */
+        lat = nc->intra_latency_s[a][pr] + (v19 ? nc->base_latency_s[a][pr] : 0.0);
         break;
     case FSDP_SIM_ALGO_NVLS_TREE:
         /* NVLS inside each node, a tree of nodes over the network: all-reduce across nodes */
@@ -726,7 +740,10 @@ static int nccl_algo(const fsdp_sim_nccl_profile_t *nc, fsdp_sim_coll_kind_t kin
                   (nc->nvls_channels > 0 ? nc->nvls_channels : nc->channels) *
                       nc->nvls_tree_channel_bytes_per_s[cls]);
         bw = bus * n / nsteps;
-        lat = nc->base_latency_s[a][pr] + nc->intra_latency_s[a][pr] + 2.0 * ilog2(nodes) * inter;
+        /* 2.18: base + 2 (nodes - 1) network steps; 2.19+: base + NVLink + 2 log2(nodes) */
+        lat = nc->base_latency_s[a][pr] +
+              (v19 ? 2.0 * (nodes - 1) * inter
+                   : nc->intra_latency_s[a][pr] + 2.0 * ilog2(nodes) * inter);
         break;
     case FSDP_SIM_ALGO_PAT:
         /* all-gather and reduce-scatter with one rank per node, NCCL 2.23+; its busBw is left

@@ -234,6 +234,61 @@ static void preset_h100_2024(fsdp_sim_profile_t *p)
     p->nccl.algorithms &= ~(1u << FSDP_SIM_ALGO_PAT);
 }
 
+/* NCCL 2.18.5's tuning (src/graph/tuning.cc at v2.18.5-1, lines 56-106), over a preset's 2.30
+ * tables: the latencies, no Simple base for the tree, NVLS's 23 us as a base, llMaxBws' 87.7
+ * GB/s on one node of Ampere or Hopper, no NVLS-tree cap (perChMaxNVLSTree came later) and no
+ * PAT (2.23); the formulas that differ follow nccl.version (docs/costs.md, "NCCL 2.18"). The
+ * per-channel caps of Ampere and Hopper are 2.30's. The call floor is the preset's rule
+ * applied to this model: the 1 KiB row of the same table less latency and bytes. */
+static void nccl_2_18(fsdp_sim_nccl_profile_t *nc, double call_floor_s)
+{
+    static const double base[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT] = {
+        {6.6e-6, 14.0e-6, 8.4e-6}, /* ring */
+        {6.8e-6, 14.0e-6, 0.0},    /* tree */
+        {0.0, 0.0, 23.0e-6},       /* nvls */
+        {0.0, 0.0, 23.0e-6},       /* nvls_tree */
+        {0.0, 0.0, 0.0},           /* pat: none */
+    };
+    static const double nvlink[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT] = {
+        {0.6e-6, 1.9e-6, 3.4e-6}, {0.6e-6, 1.25e-6, 4.0e-6}, {0.0, 0.0, 0.0},
+        {0.0, 0.0, 0.0},          {0.0, 0.0, 0.0},
+    };
+    static const double net[FSDP_SIM_ALGO_COUNT][FSDP_SIM_PROTO_COUNT] = {
+        {2.7e-6, 4.0e-6, 14.0e-6}, {5.0e-6, 8.5e-6, 14.0e-6}, {0.0, 0.0, 18.0e-6},
+        {0.0, 0.0, 19.0e-6},       {0.0, 0.0, 0.0},
+    };
+
+    memcpy(nc->base_latency_s, base, sizeof(base));
+    memcpy(nc->intra_latency_s, nvlink, sizeof(nvlink));
+    memcpy(nc->inter_latency_s, net, sizeof(net));
+    nc->ll_max_bytes_per_s[0] = 87.7e9;
+    set3(nc->nvls_tree_channel_bytes_per_s, 0.0, 0.0, 0.0);
+    nc->algorithms &= ~(1u << FSDP_SIM_ALGO_PAT);
+    nc->version = 21805;
+    nc->call_floor_s = call_floor_s;
+}
+
+/* The a100 preset with the NCCL of the Azure ND A100 v4 table it takes its floor and bus
+ * bandwidth from (NCCL 2.18.5): 44.8 us at 1 KiB less ring LL's 15.0 us and 1 KiB on one of
+ * 24 channels at a quarter of the bus, 0.74 us. */
+static void preset_a100_nccl218(fsdp_sim_profile_t *p)
+{
+    preset_a100(p);
+    snprintf(p->name, sizeof(p->name), "a100-nccl2.18");
+    snprintf(p->stack, sizeof(p->stack), "Azure HPC benchmarks (CUDA 12.5), NCCL 2.18.5");
+    nccl_2_18(&p->nccl, 29.1e-6);
+}
+
+/* The h100 preset with NCCL 2.18.5, the NCCL of the Azure ND H100 v5 table of its floor: 25.6
+ * us at 1 KiB less ring LL's 15.0 us and 1 KiB on one of 32 channels at 87.7 GB/s, 0.65 us. */
+static void preset_h100_nccl218(fsdp_sim_profile_t *p)
+{
+    preset_h100(p);
+    snprintf(p->name, sizeof(p->name), "h100-nccl2.18");
+    snprintf(p->stack, sizeof(p->stack), "PyTorch 2.11 (CUDA 13.0), NCCL 2.18.5");
+    nccl_2_18(&p->nccl, 9.9e-6);
+}
+
 typedef struct preset {
     const char *name;
     void (*fill)(fsdp_sim_profile_t *p);
@@ -244,12 +299,14 @@ static const preset_t presets[] = {
     {"h100-2024", preset_h100_2024},
     {"a100", preset_a100},
     {"h200", preset_h200},
+    {"a100-nccl2.18", preset_a100_nccl218},
+    {"h100-nccl2.18", preset_h100_nccl218},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
 const char *fsdp_sim_profile_presets(void)
 {
-    return "h100, h100-2024, a100, h200";
+    return "h100, h100-2024, a100, h200, a100-nccl2.18, h100-nccl2.18";
 }
 
 static const preset_t *preset_find(const char *name, size_t len)
@@ -479,6 +536,12 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
         fsdp_error("cluster profile '%s': nccl.sms_per_channel %d must be in [0, 8] (0: "
                    "collectives take no SMs from compute)",
                    p->name, nc->sms_per_channel);
+        return FSDP_ERR_INVALID_PARAM;
+    }
+    if (nc->version != 0 && (nc->version < 20000 || nc->version > 99999)) {
+        fsdp_error("cluster profile '%s': nccl.version %d must be 0 (NCCL 2.30's tuning) or an "
+                   "NCCL version code, 21805 for 2.18.5",
+                   p->name, nc->version);
         return FSDP_ERR_INVALID_PARAM;
     }
     if (nc->nvls_channels < 0 || nc->nvls_channels > 1024) {

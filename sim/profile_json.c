@@ -41,8 +41,12 @@ typedef struct field {
     const char *key;
     field_type_t type;
     size_t offset;
-    int required; /* without a base preset */
+    int required; /* 1: without a base preset; OMIT_ZERO: optional, written only when not 0 */
 } field_t;
+
+/* A member the writer leaves out at 0 (its default), so that profiles that do not set it write
+ * what they wrote before it existed. */
+#define OMIT_ZERO 2
 
 #define FLD(sec, key, type, member, req)                                                           \
     {                                                                                              \
@@ -103,6 +107,7 @@ static const field_t fields[] = {
     FLD("nccl", "pat_bandwidth_factor", F_DOUBLE, nccl.pat_bandwidth_factor, 0),
     FLD("nccl", "sms_per_channel", F_INT, nccl.sms_per_channel, 0),
     FLD("nccl", "hbm_traffic_factor", F_DOUBLE, nccl.hbm_traffic_factor, 0),
+    FLD("nccl", "version", F_INT, nccl.version, OMIT_ZERO),
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 
@@ -435,7 +440,7 @@ static fsdp_status_t profile_from_json(json_t *root, const char *source, int qui
         return st;
     if (base == NULL) {
         for (size_t i = 0; i < N_FIELDS; i++) {
-            if (!fields[i].required || seen[i])
+            if (fields[i].required != 1 || seen[i])
                 continue;
             if (fields[i].type == F_FLOPS && has_f32)
                 continue;
@@ -694,6 +699,8 @@ static char *profile_dump(const fsdp_sim_profile_t *p, int precision)
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field_t *f = &fields[i];
         json_t *obj = root;
+        if (f->required == OMIT_ZERO && *(const int *)((const char *)p + f->offset) == 0)
+            continue;
         if (*f->section != '\0') {
             obj = json_object_get(root, f->section);
             if (obj == NULL) {

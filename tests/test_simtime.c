@@ -1019,6 +1019,81 @@ static void test_nccl_table(void)
     }
 }
 
+/* NCCL 2.18.5's tuning (nccl.version 21805, docs/costs.md "NCCL 2.18"), in closed form: ring LL
+ * at a quarter of the bus for an all-reduce and a third for an all-gather on one node, NVLS's
+ * base latency, 2 x nodes network steps of an all-reduce ring, the ring's own network row and
+ * LL128 at 0.7 with one rank per node, NVLS-tree over 2 (nodes - 1) steps; version 0 (the
+ * presets) is 2.30's, and only the -nccl2.18 presets write the member. */
+static void test_nccl_218(void)
+{
+    fsdp_sim_profile_t a, a30, h;
+    fsdp_sim_coll_cost_t cc;
+    double t;
+    char *json;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100-nccl2.18", &a), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100", &a30), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100-nccl2.18", &h), FSDP_OK);
+    CU_ASSERT_EQUAL(a.nccl.version, 21805);
+    CU_ASSERT_EQUAL(a30.nccl.version, 0);
+    CU_ASSERT_EQUAL(a.nccl.algorithms & (1u << FSDP_SIM_ALGO_PAT), 0u);
+    /* 1 KiB: the table's 44.8 us, the floor's own row */
+    t = fsdp_sim_coll_time(&a, ALL_REDUCE_K, 8, 1, 1024.0, &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_RING);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    close_to(t, 29.1e-6 + 15.0e-6 + 1024.0 / (231.58e9 / 4 * 8 / 14 / 24), 1e-9);
+    /* 1 MiB all-reduce: ring LL at min(bus / 4, 87.7 GB/s), all 24 channels */
+    fsdp_sim_coll_time(&a, ALL_REDUCE_K, 8, 1, P2(20), &cc);
+    CU_ASSERT_EQUAL(cc.proto, FSDP_SIM_PROTO_LL);
+    close_to(cc.algo_bytes_per_s, 231.58e9 / 4 * 8 / 14, 1e-6);
+    /* ... an all-gather on one node at a third; 2.30: a half, capped at 87.7 */
+    fsdp_sim_coll_time(&a, ALL_GATHER_K, 8, 1, 4096.0 * 8, &cc);
+    close_to(cc.algo_bytes_per_s, 231.58e9 / 3 * 8 / 7 / 24, 1e-6);
+    fsdp_sim_coll_time(&a30, ALL_GATHER_K, 8, 1, 4096.0 * 8, &cc);
+    close_to(cc.algo_bytes_per_s, 87.7e9 * 8 / 7 / 24, 1e-6);
+    /* 2 nodes of 8, Simple all-reduce latency: 2 x 2 network steps of 14 us, 26 NVLink steps
+     * raised to 3 x the AMD hosts' 2 us, x 1.4 */
+    {
+        fsdp_sim_profile_t r = a;
+        r.nccl.algorithms = 1u << FSDP_SIM_ALGO_RING;
+        r.nccl.protocols = 1u << FSDP_SIM_PROTO_SIMPLE;
+        fsdp_sim_coll_time(&r, ALL_REDUCE_K, 16, 2, P2(30), &cc);
+        close_to(cc.latency_s, (8.4e-6 + 26 * 6.0e-6 + 4 * 14.0e-6) * 1.4, 1e-9);
+        /* one rank per node: the ring's network row (2.7 us LL), LL128 at 0.7 of one NIC */
+        r.nccl.protocols = 1u << FSDP_SIM_PROTO_LL;
+        fsdp_sim_coll_time(&r, ALL_GATHER_K, 4, 4, 4096.0, &cc);
+        close_to(cc.latency_s, 6.6e-6 + 3 * 2.7e-6, 1e-9);
+        r.nccl.protocols = 1u << FSDP_SIM_PROTO_LL128;
+        fsdp_sim_coll_time(&r, ALL_GATHER_K, 4, 4, P2(30), &cc);
+        close_to(cc.algo_bytes_per_s, 0.7 * 24e9 * 4 / 3, 1e-6);
+    }
+    /* NVLS on one node: the 23 us base; NVLS-tree on 4 nodes: 23 + 2 x 3 x 19 us */
+    fsdp_sim_coll_time(&h, ALL_REDUCE_K, 8, 1, P2(30), &cc);
+    CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS);
+    close_to(cc.latency_s, 23.0e-6, 1e-12);
+    {
+        fsdp_sim_profile_t r = h;
+        r.nccl.algorithms = 1u << FSDP_SIM_ALGO_RING | 1u << FSDP_SIM_ALGO_NVLS_TREE;
+        r.nccl.base_latency_s[FSDP_SIM_ALGO_RING][FSDP_SIM_PROTO_SIMPLE] = 1.0;
+        r.nccl.protocols = 1u << FSDP_SIM_PROTO_SIMPLE;
+        fsdp_sim_coll_time(&r, ALL_REDUCE_K, 32, 4, P2(30), &cc);
+        CU_ASSERT_EQUAL(cc.algo, FSDP_SIM_ALGO_NVLS_TREE);
+        close_to(cc.latency_s, 23.0e-6 + 6 * 19.0e-6, 1e-9);
+    }
+    /* the member is written where it is set, and range-checked */
+    json = fsdp_sim_profile_to_json(&a30);
+    CU_ASSERT(strstr(json, "\"version\"") == NULL);
+    free(json);
+    json = fsdp_sim_profile_to_json(&a);
+    CU_ASSERT(strstr(json, "\"version\": 21805") != NULL);
+    free(json);
+    a.nccl.version = 218;
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_sim_profile_check(&a), FSDP_ERR_INVALID_PARAM);
+    capture_end();
+    CU_ASSERT(strstr(last_log, "nccl.version 218") != NULL);
+}
+
 /* ---- profiles ---- */
 
 static void expect_error(fsdp_status_t got, fsdp_status_t want, const char *needle)
@@ -1129,10 +1204,10 @@ static void test_profile_errors(void)
 /* The presets read back from their JSON, and the JSON files under traces/profiles are them. */
 static void test_profile_json(void)
 {
-    const char *names[] = {"h100", "h100-2024", "a100", "h200"};
+    const char *names[] = {"h100", "h100-2024", "a100", "h200", "a100-nccl2.18", "h100-nccl2.18"};
     const char *srcdir = getenv("srcdir");
 
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         fsdp_sim_profile_t p, q;
         char *a, *b, path[1024];
         CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(names[i], &p), FSDP_OK);
@@ -1836,6 +1911,7 @@ int main(void)
         {"profile JSON round trip and preset files", test_profile_json},
         {"NCCL terms: floor, channels, switch points, NVLS, tree, PAT", test_nccl_terms},
         {"NCCL model against stored times", test_nccl_table},
+        {"NCCL 2.18.5's tuning formulas", test_nccl_218},
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
         {"collectives take SMs from GEMMs", test_sm_contention},

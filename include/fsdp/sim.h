@@ -163,6 +163,10 @@ typedef struct fsdp_sim_nccl_profile {
      * it can be 3x"). A memory-bound kernel beside it shares HBM with it (docs/costs.md, "...
      * and HBM bandwidth"). 3 in the presets; 0: collectives take no HBM bandwidth. */
     double hbm_traffic_factor;
+    /* The NCCL whose tuning formulas apply, as NCCL_VERSION_CODE (2.18.5: 21805): before 2.19,
+     * 2.21 and 2.23 some differ (docs/costs.md, "NCCL 2.18"); the tables above are the
+     * profile's own. 0: NCCL 2.30's (the presets'). */
+    int version;
 } fsdp_sim_nccl_profile_t;
 
 typedef struct fsdp_sim_profile {
@@ -332,7 +336,6 @@ typedef fsdp_status_t (*fsdp_rank_func_t)(fsdp_dev_t *dev, void *arg);
  * receives each rank's status (world_size entries). */
 FSDP_API fsdp_status_t fsdp_sim_launch(const fsdp_sim_params_t *params, fsdp_rank_func_t func,
                                        void *arg, fsdp_status_t *rank_status);
-
 
 /* The message of the last error this rank's backend reported ("" if none). Valid until the
  * next failing call on the same rank. */
