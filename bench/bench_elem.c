@@ -241,11 +241,12 @@ static void bench_rows(int rounds)
     time_kernel("bias_grad", &k, R * C, rounds, NULL, NULL, NULL, 0);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_FWD;
-    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){y, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0};
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){y, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0, 0};
     time_kernel("softmax_fwd", &k, SR * ST, rounds, NULL, NULL, NULL, 0);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_BWD;
-    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){w, dy, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0};
+    k.u.softmax_bwd =
+        (__typeof__(k.u.softmax_bwd)){w, dy, x, SR, ST, 0.125f, 1, FSDP_DTYPE_F32, 0, 0};
     time_kernel("softmax_bwd", &k, SR * ST, rounds, NULL, NULL, NULL, 0);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_CROSS_ENTROPY;

@@ -115,11 +115,11 @@ static void bench_kernels(const char *what, size_t B, size_t T, size_t C, size_t
     ROW("gelu_bwd", n * 4 * C);
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_SOFTMAX_FWD;
-    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt, div};
+    k.u.softmax_fwd = (__typeof__(k.u.softmax_fwd)){a, a, B * H * T, T, 0.125f, 1, dt, div, 0};
     t = time_kernel(&k, reps);
     ROW("softmax_fwd", att);
     k.kind = FSDP_K_SOFTMAX_BWD;
-    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt, div};
+    k.u.softmax_bwd = (__typeof__(k.u.softmax_bwd)){y, x, a, B * H * T, T, 0.125f, 1, dt, div, 0};
     if (att <= n * 4 * C) {
         t = time_kernel(&k, reps);
         ROW("softmax_bwd", att);

@@ -181,6 +181,24 @@ static void eop(eager_seq_t *s, double read, double write)
     sop(s, read, write, 0.0);
 }
 
+/* HF's eager GPT-2 attention moves q, k, v (n elements each) between the projection's [B, T, H,
+ * hd] layout and the [B, H, T, hd] its matmuls take, as strided copies; the counts per layer are
+ * traces/measured/h200-gpt2-eager-ops.json's. Forward, four: torch.matmul's reshape of q's and
+ * k's transposed views into [B x H, T, hd] (without checkpointing, HF's DynamicCache cats k and
+ * v into the cache instead, and v then needs none) and of v's, and the output's reshape back
+ * into [B, T, C]. Backward, three: the output gradient's into [B, H, T, hd] and those of q's and
+ * k's or v's gradients back, then split's backward, a cat of the three gradients (3n). n 0:
+ * none. */
+static void layout_copies(eager_seq_t *s, double e, double n, int fwd)
+{
+    if (n <= 0.0)
+        return;
+    for (int i = 0; i < (fwd ? 4 : 3); i++)
+        sop(s, e * n, e * n, n);
+    if (!fwd)
+        sop(s, 3 * e * n, 3 * e * n, 3 * n);
+}
+
 /* The ops HF's modeling_llama.py (transformers 4.4x) or modeling_gpt2.py and autograd run for
  * what k does in one kernel; docs/costs.md, "Eager element-wise ops", lists each with its
  * source. n elements of e bytes (the activations' dtype), r rows; f32 intermediates are 4
@@ -318,22 +336,26 @@ static int eager_ops(const fsdp_kernel_t *k, eager_seq_t *s)
     case FSDP_K_SOFTMAX_FWD:
         /* HF's eager GPT-2 attention on the scores: the scaling, the causal mask added as a
          * [B, 1, T, T] tensor broadcast over the heads (the mask itself read from cache), the
-         * softmax (one kernel, a row in a warp's registers) */
+         * softmax (one kernel, a row in a warp's registers); and with the head size, the
+         * layouts' copies of q, k, v and the output */
         e = dsz(k->u.softmax_fwd.dtype);
         n = (double)k->u.softmax_fwd.rows * (double)k->u.softmax_fwd.cols;
         eop(s, e * n, e * n); /* * scale or / divisor */
         if (k->u.softmax_fwd.causal)
             sop(s, e * n, e * n, n); /* + mask (broadcast) */
         eop(s, e * n, e * n);        /* softmax */
+        layout_copies(s, e, (double)k->u.softmax_fwd.rows * (double)k->u.softmax_fwd.head_dim, 1);
         return 1;
     case FSDP_K_SOFTMAX_BWD:
-        /* the softmax's backward and the scaling's, and a product of two tensors of the
-         * scores' shape that the kernel trace shows once a layer (taken as backward's) */
+        /* the softmax's backward, whose CUDA implementation first computes grad * output as a
+         * torch op of its own (softmax_backward_cuda_out, aten/src/ATen/native/cuda/SoftMax.cu),
+         * then the softmax's kernel; the scaling's backward; with the head size, the copies */
         e = dsz(k->u.softmax_bwd.dtype);
         n = (double)k->u.softmax_bwd.rows * (double)k->u.softmax_bwd.cols;
-        eop(s, 2 * e * n, e * n); /* the product */
-        eop(s, 2 * e * n, e * n); /* _softmax_backward_data (y, dy) */
+        eop(s, 2 * e * n, e * n); /* grad * output */
+        eop(s, 2 * e * n, e * n); /* _softmax_backward_data's kernel (that product, y) */
         eop(s, e * n, e * n);     /* the scaling's backward */
+        layout_copies(s, e, (double)k->u.softmax_bwd.rows * (double)k->u.softmax_bwd.head_dim, 0);
         return 1;
     case FSDP_K_CROSS_ENTROPY:
         /* logits.float(); cross_entropy = log_softmax + nll_loss; / the tokens */

@@ -161,11 +161,11 @@ static void build(const tcase_t *c, const set_t *s, fsdp_kernel_t *k)
         break;
     case FSDP_K_SOFTMAX_FWD: /* y, x; f1 in place, f2 causal, f3 divisor */
         k->u.softmax_fwd = (__typeof__(k->u.softmax_fwd)){
-            p[0], c->f1 ? p[0] : p[1], R, C, 0.125f, c->f2, c->dt, c->f3 ? 5.657f : 0.0f};
+            p[0], c->f1 ? p[0] : p[1], R, C, 0.125f, c->f2, c->dt, c->f3 ? 5.657f : 0.0f, 0};
         break;
     case FSDP_K_SOFTMAX_BWD: /* dx, dy, y; f1 in place over dy */
         k->u.softmax_bwd = (__typeof__(k->u.softmax_bwd)){
-            p[0], c->f1 ? p[0] : p[1], p[2], R, C, 0.125f, c->f2, c->dt, c->f3 ? 5.657f : 0.0f};
+            p[0], c->f1 ? p[0] : p[1], p[2], R, C, 0.125f, c->f2, c->dt, c->f3 ? 5.657f : 0.0f, 0};
         break;
     case FSDP_K_CROSS_ENTROPY: /* dlogits, logits, losses, loss, targets; f1 in place, f2 none */
         k->u.cross_entropy = (__typeof__(k->u.cross_entropy)){p[3],

@@ -777,6 +777,34 @@ static void test_compute_model(void)
              2 * 4.0 * 2097152 / ew + 2097152 / 0.3e12 + 3 * 1.2e-6, 1e-12);
     k.u.softmax_fwd.causal = 0;
     CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 2);
+    /* with the head size (2 heads of 64, n = 2048 x 64 = 131,072 elements of q, k, v), four
+     * strided copies between the layouts: each n / 0.3e12 s, longer than its 4n bytes */
+    k.u.softmax_fwd.causal = 1;
+    k.u.softmax_fwd.head_dim = 64;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 7);
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             2 * 4.0 * 2097152 / ew + 2097152 / 0.3e12 + 3 * 1.2e-6 +
+                 4 * (131072 / 0.3e12 + 1.2e-6),
+             1e-12);
+    /* its backward: grad * output, the softmax's kernel and the scaling's backward by their
+     * bytes (6, 6 and 4 e n), then three such copies and the cat of the three gradients (3n) */
+    memset(&k, 0, sizeof(k));
+    k.kind = FSDP_K_SOFTMAX_BWD;
+    k.u.softmax_bwd.rows = 2048;
+    k.u.softmax_bwd.cols = 1024;
+    k.u.softmax_bwd.causal = 1;
+    k.u.softmax_bwd.dtype = FSDP_DTYPE_BF16;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 3);
+    close_to(fsdp_sim_kernel_time(&h100, &k), 16.0 * 2097152 / ew + 3 * 1.2e-6, 1e-12);
+    k.u.softmax_bwd.head_dim = 64;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 7);
+    close_to(fsdp_sim_kernel_time(&h100, &k),
+             16.0 * 2097152 / ew + 3 * 1.2e-6 + 3 * (131072 / 0.3e12 + 1.2e-6) +
+                 3 * 131072 / 0.3e12 + 1.2e-6,
+             1e-12);
+    h100.ops = FSDP_SIM_OPS_FUSED;
+    CU_ASSERT_EQUAL(fsdp_sim_kernel_launches(&h100, &k), 1);
+    h100.ops = FSDP_SIM_OPS_EAGER;
     /* an f32 RMSNorm has no casts: 6 kernels */
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_RMSNORM_FWD;

@@ -221,16 +221,18 @@ typedef struct fsdp_kernel {
          * either way. causal: x is [batch, cols, cols] (rows = batch * cols) and row r keeps
          * columns 0 .. r % cols, the others are 0 (the masked attention of a decoder). y may
          * equal x. In a 16-bit dtype z is rounded to the dtype first: the scaling is its own
-         * torch op. */
+         * torch op. head_dim: the scores are attention's (x is q k^T per head, of head size
+         * head_dim, rows = batch x heads x cols), for pricing eager PyTorch's copies of q, k, v
+         * and the output between layouts (docs/costs.md); 0: not priced. */
         struct { void *y; const void *x; size_t rows, cols; float scale; int causal;
-                 fsdp_dtype_t dtype; float divisor; } softmax_fwd;
+                 fsdp_dtype_t dtype; float divisor; size_t head_dim; } softmax_fwd;
         /* Its backward from the saved y: with g = y * (dy - sum(y * dy)) per row,
          * dx = scale * g or g / divisor (the forward's scaling; 0 where masked); dx may equal
          * dy. In a 16-bit dtype g is rounded to the dtype before it is scaled (softmax's
          * backward, then the scaling's: torch's div backward divides by the same rounded
-         * divisor). */
+         * divisor). head_dim as the forward's. */
         struct { void *dx; const void *dy; const void *y; size_t rows, cols; float scale;
-                 int causal; fsdp_dtype_t dtype; float divisor; } softmax_bwd;
+                 int causal; fsdp_dtype_t dtype; float divisor; size_t head_dim; } softmax_bwd;
         /* y[r, c] = wte[tokens[r], c] + wpe[r % seq, c] for r < rows, c < cols; wpe may be NULL
          * (no position term). A token outside [0, vocab) gives a row of NaN, or with
          * zero_outside a row of zeros (a vocabulary-parallel embedding's rows of the tokens

@@ -237,6 +237,7 @@ static fsdp_status_t attention_fwd(gpt2_run_t *r, const void *qkv, void *att, vo
     d.u.softmax_fwd.divisor = r->att_div;
     d.u.softmax_fwd.causal = 1;
     d.u.softmax_fwd.dtype = r->lm.dt;
+    d.u.softmax_fwd.head_dim = hs;
     status = launch(r, &d);
     for (size_t b = 0; b < r->lm.B && status == FSDP_OK; b++) { /* y_h = att_h V_h */
         const void *v = AT(r, qkv, b * T * 3 * C + 2 * C);
@@ -277,6 +278,7 @@ static fsdp_status_t attention_bwd(gpt2_run_t *r, const void *qkv, const void *a
     d.u.softmax_bwd.divisor = r->att_div;
     d.u.softmax_bwd.causal = 1;
     d.u.softmax_bwd.dtype = r->lm.dt;
+    d.u.softmax_bwd.head_dim = hs;
     status = launch(r, &d);
     for (size_t b = 0; b < r->lm.B && status == FSDP_OK; b++) {
         const void *q = AT(r, qkv, b * T * 3 * C), *ds = AT(r, datt, b * H * tt);
