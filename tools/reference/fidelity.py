@@ -17,12 +17,16 @@ tables:
   express it (the others listed, unplanned);
 - memory: the peak allocated / reserved per GPU of the 1D rows, eager and fused, and whether
   they fit;
-- by-gpu, by-count: the median and worst error by GPU type and by GPU count;
+- by-gpu, by-count: the median and worst error by GPU type and by GPU count (MPT's runs in a
+  column of their own and in the totals);
 - time: where each run's planned step goes (compute, exposed communication, what collectives
   take from compute beside them);
 - kernels: the planned kernel time by kind of the H200 measurement's job, beside its kernel
   trace (traces/measured/h200-llama-4layer-flash-kernels.json, figures as docs/fidelity.md
-  gives them).
+  gives them);
+- mpt, mpt-by, mpt-scale: MosaicML's MPT runs (llm-foundry's benchmark tables), planned as
+  they ran (--ops fused) and with --ops eager; their median and worst error by sequence length,
+  model size and checkpointing; the same job at several GPU counts.
 
 Nothing here is fitted: the profiles are the presets, changed only where a source states a
 cluster fact (docs/fidelity.md, "The runs"). Plans run in parallel (--jobs, default 2).
@@ -52,6 +56,10 @@ PROFILES = {
     # the same GPUs under the software of 2025 (NCCL 2.23 and later, with PAT)
     "h100-gt-2025": '{"base": "h100", "gpu": {%s}}' % GT_GPU,
     "h100-gt-2025-nvl": '{"base": "h100", "gpu": {%s, %s}}' % (GT_GPU, NVL_PEAK),
+    # MosaicML's A100 40GB nodes: the a100 preset with the 40 GB SXM4's memory and HBM2
+    # bandwidth (NVIDIA A100 datasheet: 40 GB, 1,555 GB/s); 8 x 200 Gb/s is the 1600 Gb/s a node
+    "a100-40g": '{"base": "a100", "gpu": {"model": "NVIDIA A100 SXM4 40GB", '
+                '"memory_bytes": 42949672960, "hbm_bytes_per_s": 1.555e12}}',
 }
 MP = ["--mixed-precision", "param=bf16,reduce=fp32"]
 TT = ["--profile", "a100:nodes=8"] + MP
@@ -168,6 +176,278 @@ M_RUNS = [
         + W1, mem="ran (140 GiB)"),
 ]
 RUNS_1D = TT_RUNS + IBM_A_RUNS + TT2_RUNS + IBM_H_RUNS + M_RUNS
+
+
+# [MPT] MosaicML's llm-foundry, scripts/train/benchmarking/README.md at 061f2c7 (2023-10-17):
+# MPT models under Composer's FSDP (FULL_SHARD), every row of its four tables as published:
+# model, tokens a sequence, GPUs, micro-batch, gradient accumulation, tokens/s per GPU,
+# precision, Composer's FSDP mixed precision, activation checkpointing, NumParams. The shapes
+# are scripts/train/yamls/pretrain/mpt-*.yaml's (layers, heads, width; expansion ratio 4,
+# vocabulary 50368, biases, learned positions of max_seq_len, tied embedding): a GPT-2.
+MPT_SHAPES = {"125m": (12, 12, 768), "350m": (24, 16, 1024), "760m": (24, 12, 1536),
+              "1b": (24, 16, 2048), "3b": (32, 20, 2560), "7b": (32, 32, 4096),
+              "13b": (40, 40, 5120), "30b": (48, 56, 7168), "70b": (80, 64, 8192)}
+MPT_VOCAB = 50368
+# each table: its title, the GPUs, their type, the profile it is planned on (None: not
+# expressible)
+MPT_TABLES = {
+    "h100": ("H100 80GB BF16", "H100 80GB", "H100", "h100-2024"),
+    "h100-fp8": ("H100 80GB FP8", "H100 80GB", "H100", None),
+    "a100-80": ("A100 80GB", "A100 80GB", "A100", "a100"),
+    "a100-40": ("A100 40GB", "A100 40GB", "A100", "@a100-40g"),
+}
+MPT_ROWS = {
+    "h100": """
+        70b 2048 64 8 4 1039 amp_bf16 DEFAULT True 64862437376
+        70b 2048 32 2 16 882 amp_bf16 DEFAULT True 64862437376
+        30b 8192 8 1 21 1384 amp_bf16 DEFAULT True 30019254272
+        30b 4096 8 1 21 1802 amp_bf16 DEFAULT True 29989894144
+        30b 2048 32 14 3 2308 amp_bf16 DEFAULT True 29975214080
+        30b 2048 16 10 3 2263 amp_bf16 DEFAULT True 29975214080
+        30b 2048 8 3 21 2002 amp_bf16 DEFAULT True 29975214080
+        30b 1024 8 6 21 2084 amp_bf16 DEFAULT True 29967874048
+        13b 32768 8 1 3 1976 amp_bf16 DEFAULT True 13011240960
+        13b 16384 8 3 3 2985 amp_bf16 DEFAULT True 12927354880
+        13b 4096 8 10 3 4717 amp_bf16 DEFAULT True 12864440320
+        13b 2048 64 2 1 4800 amp_bf16 DEFAULT False 12853954560
+        13b 2048 32 2 1 4811 amp_bf16 DEFAULT False 12853954560
+        13b 2048 16 2 1 4767 amp_bf16 DEFAULT False 12853954560
+        13b 2048 8 2 1 4792 amp_bf16 DEFAULT False 12853954560
+        13b 1024 8 40 3 5502 amp_bf16 DEFAULT True 12848711680
+        7b 65536 8 1 2 1956 amp_bf16 DEFAULT True 6918905856
+        7b 32768 8 2 2 3318 amp_bf16 DEFAULT True 6784688128
+        7b 8192 8 8 2 6935 amp_bf16 DEFAULT True 6684024832
+        7b 4096 8 16 2 8611 amp_bf16 DEFAULT True 6667247616
+        7b 2048 8 6 1 10643 amp_bf16 DEFAULT False 6658859008
+        7b 1024 8 64 2 10203 amp_bf16 DEFAULT True 6654664704
+        3b 65536 8 1 2 3262 amp_bf16 DEFAULT True 2814366720
+        3b 32768 8 3 6 5873 amp_bf16 DEFAULT True 2730480640
+        3b 16384 8 1 6 11152 amp_bf16 DEFAULT False 2688537600
+        3b 8192 8 3 6 16578 amp_bf16 DEFAULT False 2667566080
+        3b 4096 8 5 6 20964 amp_bf16 DEFAULT False 2657080320
+        3b 2048 64 6 3 22525 amp_bf16 DEFAULT False 2651837440
+        3b 2048 32 6 3 23021 amp_bf16 DEFAULT False 2651837440
+        3b 2048 16 10 3 24142 amp_bf16 DEFAULT False 2651837440
+        3b 1024 8 20 6 27046 amp_bf16 DEFAULT False 2649216000
+        3b 512 8 40 6 27965 amp_bf16 DEFAULT False 2647905280
+        1b 65536 8 1 2 5506 amp_bf16 DEFAULT True 1445974016
+        1b 32768 8 1 4 12025 amp_bf16 DEFAULT False 1378865152
+        1b 16384 8 2 4 19649 amp_bf16 DEFAULT False 1345310720
+        1b 8192 8 3 4 29157 amp_bf16 DEFAULT False 1328533504
+        1b 4096 8 7 4 38535 amp_bf16 DEFAULT False 1320144896
+        1b 2048 64 20 1 44402 amp_bf16 DEFAULT False 1315950592
+        1b 2048 32 20 1 45130 amp_bf16 DEFAULT False 1315950592
+        1b 2048 16 20 1 46037 amp_bf16 DEFAULT False 1315950592
+        1b 2048 8 14 1 45455 amp_bf16 DEFAULT False 1315950592
+        1b 1024 8 18 4 48910 amp_bf16 DEFAULT False 1313853440
+        1b 512 8 56 4 52275 amp_bf16 DEFAULT False 1312804864
+        760m 32768 8 1 2 16291 amp_bf16 DEFAULT False 807656448
+        760m 16384 8 3 2 27815 amp_bf16 DEFAULT False 782490624
+        760m 8192 8 6 2 41825 amp_bf16 DEFAULT False 769907712
+        760m 4096 8 12 2 55459 amp_bf16 DEFAULT False 763616256
+        760m 2048 32 24 1 67971 amp_bf16 DEFAULT False 760470528
+        760m 2048 16 24 1 68551 amp_bf16 DEFAULT False 760470528
+        760m 2048 8 24 2 63147 amp_bf16 DEFAULT False 760470528
+        760m 1024 8 48 2 78581 amp_bf16 DEFAULT False 758897664
+        760m 512 8 96 2 83749 amp_bf16 DEFAULT False 758111232
+    """,
+    "h100-fp8": """
+        3b 32768 8 3 6 5856 amp_fp8 DEFAULT True 2730480640
+        3b 8192 8 3 6 19146 amp_fp8 DEFAULT False 2667566080
+        3b 2048 8 10 6 30586 amp_fp8 DEFAULT False 2651837440
+        3b 512 8 40 6 36527 amp_fp8 DEFAULT False 2647905280
+        1b 32768 8 1 4 12580 amp_fp8 DEFAULT False 1378865152
+        1b 8192 8 2 4 32010 amp_fp8 DEFAULT False 1328533504
+        1b 512 8 56 4 70315 amp_fp8 DEFAULT False 1312804864
+        350m 32768 8 1 4 24439 amp_fp8 DEFAULT False 387442688
+        350m 16384 8 2 4 42929 amp_fp8 DEFAULT False 370665472
+        350m 512 8 56 4 154420 amp_fp8 DEFAULT False 354412544
+    """,
+    "a100-80": """
+        70b 2048 64 8 4 410 bf16 PURE True 64862437376
+        70b 2048 32 2 16 373 bf16 PURE True 64862437376
+        30b 8192 8 1 21 574 amp_bf16 DEFAULT True 30019254272
+        30b 4096 8 1 21 814 amp_bf16 DEFAULT True 29989894144
+        30b 2048 8 3 21 916 amp_bf16 DEFAULT True 29975214080
+        30b 1024 8 6 21 946 amp_bf16 DEFAULT True 29967874048
+        30b 512 8 12 21 967 amp_bf16 DEFAULT True 29964204032
+        13b 32768 8 1 3 1016 amp_bf16 DEFAULT True 13011240960
+        13b 16384 8 3 3 1431 amp_bf16 DEFAULT True 12927354880
+        13b 8192 8 5 3 1795 amp_bf16 DEFAULT True 12885411840
+        13b 4096 8 10 3 2060 amp_bf16 DEFAULT True 12864440320
+        13b 2048 8 2 3 2262 amp_bf16 DEFAULT False 12853954560
+        13b 1024 8 40 3 2330 amp_bf16 DEFAULT True 12848711680
+        7b 65536 8 1 2 1013 amp_bf16 DEFAULT True 6918905856
+        7b 32768 8 2 2 1672 amp_bf16 DEFAULT True 6784688128
+        7b 16384 8 4 2 2453 amp_bf16 DEFAULT True 6717579264
+        7b 8192 8 8 2 3206 amp_bf16 DEFAULT True 6684024832
+        7b 4096 8 16 2 3684 amp_bf16 DEFAULT True 6667247616
+        7b 2048 8 6 2 4641 amp_bf16 DEFAULT False 6658859008
+        7b 1024 8 64 2 4357 amp_bf16 DEFAULT True 6654664704
+        3b 65536 8 1 2 1767 amp_bf16 DEFAULT True 2814366720
+        3b 32768 8 3 6 3029 amp_bf16 DEFAULT True 2730480640
+        3b 16384 8 1 6 5529 amp_bf16 DEFAULT False 2688537600
+        3b 8192 8 3 6 7695 amp_bf16 DEFAULT False 2667566080
+        3b 4096 8 5 6 9457 amp_bf16 DEFAULT False 2657080320
+        3b 2048 8 10 2 10811 amp_bf16 DEFAULT False 2651837440
+        3b 1024 8 20 6 11580 amp_bf16 DEFAULT False 2649216000
+        3b 512 8 40 6 12127 amp_bf16 DEFAULT False 2647905280
+        1b 65536 8 1 2 3044 amp_bf16 DEFAULT True 1445974016
+        1b 32768 8 1 4 6275 amp_bf16 DEFAULT False 1378865152
+        1b 16384 8 2 4 9956 amp_bf16 DEFAULT False 1345310720
+        1b 8192 8 3 4 13814 amp_bf16 DEFAULT False 1328533504
+        1b 4096 8 7 4 17807 amp_bf16 DEFAULT False 1320144896
+        1b 2048 8 14 4 20513 amp_bf16 DEFAULT False 1315950592
+        1b 1024 8 18 4 22112 amp_bf16 DEFAULT False 1313853440
+        1b 512 8 56 4 23148 amp_bf16 DEFAULT False 1312804864
+        760m 65536 8 1 2 4143 amp_bf16 DEFAULT True 857988096
+        760m 32768 8 1 2 8802 amp_bf16 DEFAULT False 807656448
+        760m 16384 8 3 2 14274 amp_bf16 DEFAULT False 782490624
+        760m 8192 8 6 2 20933 amp_bf16 DEFAULT False 769907712
+        760m 4096 8 12 2 27351 amp_bf16 DEFAULT False 763616256
+        760m 2048 8 24 2 32434 amp_bf16 DEFAULT False 760470528
+        760m 1024 8 48 2 29765 amp_bf16 DEFAULT False 758897664
+        760m 512 8 96 2 29446 amp_bf16 DEFAULT False 758111232
+        350m 65536 8 1 2 7524 amp_bf16 DEFAULT False 420997120
+        350m 32768 8 2 2 13652 amp_bf16 DEFAULT False 387442688
+        350m 16384 8 4 2 23559 amp_bf16 DEFAULT False 370665472
+        350m 8192 8 8 2 36569 amp_bf16 DEFAULT False 362276864
+        350m 4096 8 16 2 49555 amp_bf16 DEFAULT False 358082560
+        350m 2048 8 32 2 58782 amp_bf16 DEFAULT False 355985408
+        350m 1024 8 64 2 64813 amp_bf16 DEFAULT False 354936832
+        350m 512 8 128 2 69330 amp_bf16 DEFAULT False 354412544
+        125m 65536 8 1 2 20368 amp_bf16 DEFAULT False 174070272
+        125m 32768 8 2 2 36407 amp_bf16 DEFAULT False 148904448
+        125m 16384 8 4 2 60040 amp_bf16 DEFAULT False 136321536
+        125m 8192 8 8 2 90392 amp_bf16 DEFAULT False 130030080
+        125m 4096 8 16 2 118396 amp_bf16 DEFAULT False 126884352
+        125m 2048 8 40 2 142830 amp_bf16 DEFAULT False 125311488
+        125m 2048 8 32 2 141737 amp_bf16 DEFAULT False 125311488
+        125m 1024 8 64 2 156468 amp_bf16 DEFAULT False 124525056
+        125m 512 8 128 2 165681 amp_bf16 DEFAULT False 124131840
+    """,
+    "a100-40": """
+        70b 2048 128 4 1 376 bf16 PURE True 64862437376
+        70b 2048 64 2 1 276 bf16 PURE True 64862437376
+        30b 2048 128 6 1 865 bf16 PURE True 29975214080
+        30b 2048 32 4 1 857 bf16 PURE True 29975214080
+        13b 8192 8 1 16 1407 bf16 PURE True 12885411840
+        13b 4096 8 2 16 1603 bf16 PURE True 12864440320
+        13b 2048 128 16 1 1972 bf16 PURE True 12853954560
+        13b 2048 64 16 1 1976 bf16 PURE True 12853954560
+        13b 2048 32 14 1 1998 bf16 PURE True 12853954560
+        13b 2048 16 10 1 1993 bf16 PURE True 12853954560
+        13b 2048 8 4 16 1668 bf16 PURE True 12853954560
+        13b 1024 8 8 16 1727 bf16 PURE True 12848711680
+        13b 512 8 16 16 1763 bf16 PURE True 12846090240
+        7b 16384 8 1 4 2249 bf16 PURE True 6717579264
+        7b 8192 8 3 4 2887 bf16 PURE True 6684024832
+        7b 4096 8 6 4 3366 bf16 PURE True 6667247616
+        7b 2048 128 18 1 3623 bf16 PURE True 6658859008
+        7b 2048 64 18 1 3665 bf16 PURE True 6658859008
+        7b 2048 32 18 1 3725 bf16 PURE True 6658859008
+        7b 2048 16 16 1 3645 bf16 PURE True 6658859008
+        7b 2048 8 12 4 3679 bf16 PURE True 6658859008
+        7b 1024 8 24 4 3854 bf16 PURE True 6654664704
+        7b 512 8 48 4 3895 bf16 PURE True 6652567552
+        3b 32768 8 1 4 2955 bf16 PURE True 2730480640
+        3b 16384 8 2 8 4465 bf16 PURE True 2688537600
+        3b 8192 8 1 8 7149 bf16 PURE False 2667566080
+        3b 4096 8 2 8 8777 bf16 PURE False 2657080320
+        3b 2048 128 6 1 9538 bf16 PURE False 2651837440
+        3b 2048 64 6 1 9736 bf16 PURE False 2651837440
+        3b 2048 32 6 1 9914 bf16 PURE False 2651837440
+        3b 2048 16 5 1 9750 bf16 PURE False 2651837440
+        3b 2048 8 5 8 10065 bf16 PURE False 2651837440
+        3b 1024 8 10 8 10731 bf16 PURE False 2649216000
+        3b 512 8 20 8 11324 bf16 PURE False 2647905280
+        1b 32768 8 1 4 5095 bf16 PURE True 1378865152
+        1b 16384 8 1 8 9715 bf16 PURE False 1345310720
+        1b 8192 8 2 8 13474 bf16 PURE False 1328533504
+        1b 4096 8 4 8 16856 bf16 PURE False 1320144896
+        1b 2048 128 10 1 18647 bf16 PURE False 1315950592
+        1b 2048 64 10 1 19001 bf16 PURE False 1315950592
+        1b 2048 32 10 1 15555 bf16 PURE False 1315950592
+        1b 2048 16 8 1 19085 bf16 PURE False 1315950592
+        1b 2048 8 8 8 19271 bf16 PURE False 1315950592
+        1b 1024 8 16 8 20959 bf16 PURE False 1313853440
+        1b 512 8 32 8 21782 bf16 PURE False 1312804864
+        760m 32768 8 1 4 7183 bf16 PURE True 807656448
+        760m 16384 8 1 4 13914 bf16 PURE False 782490624
+        760m 8192 8 3 4 20106 bf16 PURE False 769907712
+        760m 4096 8 6 4 25863 bf16 PURE False 763616256
+        760m 2048 128 12 1 28940 bf16 PURE False 760470528
+        760m 2048 64 12 1 29344 bf16 PURE False 760470528
+        760m 2048 32 12 1 29648 bf16 PURE False 760470528
+        760m 2048 16 12 1 29607 bf16 PURE False 760470528
+        760m 2048 8 12 4 30173 bf16 PURE False 760470528
+        760m 1024 8 24 4 33422 bf16 PURE False 758897664
+        760m 512 8 48 4 34938 bf16 PURE False 758111232
+        350m 32768 8 1 4 13416 bf16 PURE False 387442688
+        350m 16384 8 2 4 22896 bf16 PURE False 370665472
+        350m 8192 8 4 4 34933 bf16 PURE False 362276864
+        350m 4096 8 8 4 46833 bf16 PURE False 358082560
+        350m 2048 128 18 1 51934 bf16 PURE False 355985408
+        350m 2048 64 18 1 52689 bf16 PURE False 355985408
+        350m 2048 32 18 1 53811 bf16 PURE False 355985408
+        350m 2048 16 18 1 55413 bf16 PURE False 355985408
+        350m 2048 8 16 4 55995 bf16 PURE False 355985408
+        350m 1024 8 32 4 62523 bf16 PURE False 354936832
+        350m 512 8 64 4 66284 bf16 PURE False 354412544
+        125m 32768 8 1 4 32651 bf16 PURE False 148904448
+        125m 16384 8 2 3 55484 bf16 PURE False 136321536
+        125m 8192 8 5 3 86858 bf16 PURE False 130030080
+        125m 4096 8 13 3 115162 bf16 PURE False 126884352
+        125m 2048 128 26 1 123936 bf16 PURE False 125311488
+        125m 2048 64 26 1 125234 bf16 PURE False 125311488
+        125m 2048 32 26 1 127122 bf16 PURE False 125311488
+        125m 2048 16 26 1 130535 bf16 PURE False 125311488
+        125m 2048 8 26 3 136334 bf16 PURE False 125311488
+        125m 1024 8 52 3 148289 bf16 PURE False 124525056
+        125m 512 8 104 3 156735 bf16 PURE False 124131840
+    """,
+}
+
+
+def mpt_params(name, seq):
+    """NumParams of the source: wte, wpe of seq positions, L blocks of 12 D^2 weights and 13 D
+    biases and layernorm parameters, the final layernorm"""
+    layers, _, d = MPT_SHAPES[name]
+    return MPT_VOCAB * d + seq * d + layers * (12 * d * d + 13 * d) + 2 * d
+
+
+def mpt_job(name, seq, profile, count, micro, ckpt):
+    layers, heads, d = MPT_SHAPES[name]
+    spec = "gpt2:layers=%d,heads=%d,dim=%d,seq=%d,vocab=%d" % (layers, heads, d, seq, MPT_VOCAB)
+    return (["--model", spec, "--attention", "fused", "--profile",
+             "%s:nodes=%d" % (profile, count // 8), "--mixed-precision", "bf16",
+             "--local-batch", str(micro), "--backward-prefetch", "post"]
+            + (ac("full") if ckpt else []))
+
+
+def mpt_runs():
+    runs = []
+    for table, text in MPT_ROWS.items():
+        _, gpus, gpu, profile = MPT_TABLES[table]
+        for line in text.split("\n"):
+            f = line.split()
+            if not f:
+                continue
+            name, (seq, count, micro, accum, tps) = f[0], map(int, f[1:6])
+            prec, mp, ckpt, params = f[6], f[7], f[8] == "True", int(f[9])
+            if mpt_params(name, seq) != params:
+                sys.exit("MPT-%s at %d tokens: %d parameters, the source says %d" % (
+                    name, seq, mpt_params(name, seq), params))
+            job = mpt_job(name, seq, profile, count, micro, ckpt) if profile else []
+            runs.append(Run("MPT", "MPT-" + name.upper(), "%d %s" % (count, gpus),
+                            gpu, count, "%d x %d" % (micro, seq), "full" if ckpt else "none", tps,
+                            job, modes=("fused",), table=table, accum=accum, seq=seq,
+                            prec="%s, %s" % (prec, mp), name=name,
+                            expressible="yes" if profile else "no: float8 (Transformer Engine)"))
+    return runs
+
+
+MPT_RUNS = mpt_runs()
 
 
 def tp_job(model, tp, profile_sxm, profile_nvl, nodes, batch, ckpt):
@@ -457,9 +737,9 @@ def table_memory(pl):
 
 
 def points(pl):
-    """(run, error, as_ran, kind) for every plan with a published throughput: kind 1d or 2d;
-    as_ran: the plan of the API and ops the run used (each bound of an unknown peak or compile
-    counted)"""
+    """(run, error, as_ran, kind) for every plan with a published throughput: kind 1d, mpt (the
+    1D runs of llm-foundry) or 2d; as_ran: the plan of the API and ops the run used (each bound
+    of an unknown peak or compile counted)"""
     pts = []
     for r in RUNS_1D:
         if r.published is None:
@@ -475,6 +755,10 @@ def points(pl):
             for p in plans(pl, r, "fsdp2", mode):
                 if p.tps:
                     pts.append((r, err(p.tps, r.published), True, "2d"))
+    for r in mpt_planned():
+        p = mpt_plan(pl, r)
+        if p.tps:
+            pts.append((r, err(p.tps, r.published), True, "mpt"))
     return pts
 
 
@@ -487,15 +771,16 @@ def stat(errs):
 
 def table_by(pl, key, keys, label, summary=False):
     pts = points(pl)
-    out = [row([label, "1D, as they ran", "2D (FSDP2 + TP)", "1D and 2D, as they ran",
-                "every plan (1D as FSDP1 too)"]),
-           "|---|---:|---:|---:|---:|"]
+    out = [row([label, "1D, as they ran", "MPT (llm-foundry), as they ran", "2D (FSDP2 + TP)",
+                "1D and 2D, as they ran", "every plan (1D as FSDP1 too)"]),
+           "|---|---:|---:|---:|---:|---:|"]
     for k in keys + ["all"]:
         sel = [p for p in pts if k == "all" or key(p[0]) == k]
         if not sel:
             continue
         out.append(row([k if isinstance(k, str) else "%d GPUs" % k if k > 1 else "1 GPU",
                         stat([e for r, e, ran, kind in sel if ran and kind == "1d"]),
+                        stat([e for r, e, ran, kind in sel if kind == "mpt"]),
                         stat([e for r, e, ran, kind in sel if kind == "2d"]),
                         stat([e for r, e, ran, kind in sel if ran]),
                         stat([e for r, e, ran, kind in sel])]))
@@ -504,9 +789,97 @@ def table_by(pl, key, keys, label, summary=False):
         return out
     out.append("")
     out.append("As they ran: %d of %d plans within 10%%, %d slower than measured by more than "
-               "5%%; every plan: %d of %d within 10%%." % (
+               "5%%; every plan: %d of %d within 10%%; without MPT's, as they ran: %d of %d "
+               "within 10%%." % (
                    sum(abs(e) <= 10 for e in ran), len(ran), sum(e < -5 for e in ran),
-                   sum(abs(e) <= 10 for r, e, a, k in pts), len(pts)))
+                   sum(abs(e) <= 10 for r, e, a, k in pts), len(pts),
+                   sum(abs(e) <= 10 for r, e, a, k in pts if a and k != "mpt"),
+                   sum(1 for r, e, a, k in pts if a and k != "mpt")))
+    return out
+
+
+def mpt_planned():
+    return [r for r in MPT_RUNS if r.extra["expressible"] == "yes"]
+
+
+def mpt_plan(pl, r, mode="fused"):
+    return pl.get(options(r, r.variants[0], "fsdp1", mode))
+
+
+def table_mpt(pl):
+    out = [row(["table", "model", "tokens", "GPUs", "micro-batch x accumulation",
+                "checkpointing", "precision, MP mode", "published tokens/s/GPU",
+                "fsdp-plan (fused)", "error", "exposed communication", "planned memory, GiB",
+                "--ops eager (HF GPT-2's ops)", "error"]),
+           "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in MPT_RUNS:
+        x = r.extra
+        cells = [MPT_TABLES[x["table"]][0], r.model, x["seq"], r.count,
+                 "%s x %d" % (r.batch.split(" x ")[0], x["accum"]), r.ckpt, x["prec"],
+                 r.published]
+        if x["expressible"] != "yes":
+            out.append(row(cells + [x["expressible"], "", "", "", "", ""]))
+            continue
+        pf, pe = mpt_plan(pl, r), mpt_plan(pl, r, "eager")
+        mem = "%.1f" % pf.reserved + (", does not fit" if pf.fits == "no" else "")
+        out.append(row(cells + [*tps_cells([pf], r.published, 1),
+                                "%.1f%%" % (100 * pf.exposed / pf.step), mem,
+                                *tps_cells([pe], r.published, 1)]))
+    return out
+
+
+MPT_BANDS = [
+    ("512-2048 tokens", lambda r: r.extra["seq"] <= 2048),
+    ("4096-8192 tokens", lambda r: 4096 <= r.extra["seq"] <= 8192),
+    ("16384-65536 tokens", lambda r: r.extra["seq"] >= 16384),
+    ("MPT-125M to 760M", lambda r: r.extra["name"][-1] == "m"),
+    ("MPT-1B, 3B", lambda r: r.extra["name"] in ("1b", "3b")),
+    ("MPT-7B, 13B", lambda r: r.extra["name"] in ("7b", "13b")),
+    ("MPT-30B, 70B", lambda r: r.extra["name"] in ("30b", "70b")),
+    ("no checkpointing", lambda r: r.ckpt == "none"),
+    ("full checkpointing", lambda r: r.ckpt == "full"),
+    ("all", lambda r: True),
+]
+
+
+def table_mpt_by(pl):
+    tables = [t for t in MPT_TABLES if MPT_TABLES[t][3]]
+    out = [row(["rows"] + [MPT_TABLES[t][0] for t in tables] + ["all"]),
+           "|---|" + "---:|" * (len(tables) + 1)]
+    for label, sel in MPT_BANDS:
+        cells = []
+        for t in tables + [None]:
+            cells.append(stat([err(mpt_plan(pl, r).tps, r.published) for r in mpt_planned()
+                               if sel(r) and t in (None, r.extra["table"])]))
+        out.append(row([label] + cells))
+    return out
+
+
+def table_mpt_scale(pl):
+    """the same model and sequence at several GPU counts, and the change of tokens/s per GPU
+    from the fewest GPUs on more than one node (16) to the most"""
+    out = [row(["table", "model", "tokens", "GPUs", "micro-batch x accumulation",
+                "published tokens/s/GPU", "planned", "published, 16 GPUs or more: fewest to most",
+                "planned, the same"]),
+           "|---|---|---:|---|---|---|---|---:|---:|"]
+    jobs = {}
+    for r in mpt_planned():
+        jobs.setdefault((r.extra["table"], r.model, r.extra["seq"]), []).append(r)
+    for (table, model, seq), rs in jobs.items():
+        if len({r.count for r in rs}) < 2:
+            continue
+        rs.sort(key=lambda r: r.count)
+        tps = [mpt_plan(pl, r).tps for r in rs]
+        multi = [(r, t) for r, t in zip(rs, tps) if r.count >= 16]
+        change = ("", "")
+        if len(multi) > 1:
+            (a, ta), (b, tb) = multi[0], multi[-1]
+            change = (fmt_err(err(b.published, a.published), 1), fmt_err(err(tb, ta), 1))
+        out.append(row([MPT_TABLES[table][0], model, seq, joined(str(r.count) for r in rs),
+                        joined("%s x %d" % (r.batch.split(" x ")[0], r.extra["accum"])
+                               for r in rs),
+                        joined(str(r.published) for r in rs), joined("%d" % t for t in tps),
+                        *change]))
     return out
 
 
@@ -601,10 +974,14 @@ TABLES = {
     "memory": table_memory,
     "by-gpu": lambda pl: table_by(pl, lambda r: r.gpu, ["A100", "H100", "H200"], "GPU"),
     "by-count": lambda pl: table_by(pl, lambda r: r.count,
-                                    sorted({r.count for r in RUNS_1D + RUNS_2D}), "GPUs",
+                                    sorted({r.count for r in RUNS_1D + RUNS_2D + MPT_RUNS}),
+                                    "GPUs",
                                     summary=True),
     "time": table_time,
     "kernels": table_kernels,
+    "mpt": table_mpt,
+    "mpt-by": table_mpt_by,
+    "mpt-scale": table_mpt_scale,
 }
 MARK = re.compile(r"^<!-- fidelity\.py: ([a-z0-9-]+) -->$")
 
@@ -655,6 +1032,9 @@ def main():
                 for v in r.variants:
                     for mode in r.modes:
                         pl.want(options(r, v, "fsdp2", mode))
+        for r in mpt_planned():
+            for mode in ("fused", "eager"):
+                pl.want(options(r, r.variants[0], "fsdp1", mode))
         pl.go()
         for r in RUNS_1D:
             m = re.search(r"\(.*, ([0-9.]+) GiB each\)", pl.get(options(
