@@ -9,10 +9,11 @@
  * of EV_W lanes or more and shuffled halves of vector 0 below (the lanes that no level reads end
  * with other values, which nothing reads). The accumulators of a row (head_dim elements) are
  * head_dim / EV_W vectors. The keys (queries for dk and dv) are taken EV_W at a time: their
- * scores are EV_W dot products, their exps one vector expf (the running maximum of the online
- * softmax is followed key by key first, so each lane's exp has the operands of the scalar
- * body's), and they are added into the accumulators one at a time, in order. Every lane thus
- * does the scalar body's IEEE operations on the same operands in the same order.
+ * scores are EV_W dot products (tdots: from keys transposed, a lane per key), their exps one
+ * vector expf (the running maximum of the online softmax is followed key by key first, so each
+ * lane's exp has the operands of the scalar body's), and they are added into the accumulators
+ * one at a time, in order. Every lane thus does the scalar body's IEEE operations on the same
+ * operands in the same order. The backward's passes 1 and 2 run as one walk (attn_bwd_unit).
  *
  * NaNs: with NaN inputs, which of two NaN operands comes out may differ from the scalar body's
  * compiled order (elem_vec_tmpl.h). A NaN that reaches no output changes nothing, so a row is

@@ -5,7 +5,9 @@
  * 12, 24, 40 and 6, which no vector loop takes), with ordinary inputs, with large scores (the
  * online softmax's rescaling, exp's underflow), and with NaNs and infinities now and then; on
  * each available ISA (SSE2, AVX2), and split across a pool of 3 threads. Every output buffer is
- * compared whole, guards included. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
+ * compared whole, guards included; the backward's one walk of passes 1 and 2 (by batch row and kv
+ * head) on query and key tiles (T past 64), over GPT-2's qkv layout, and left to the passes
+ * with dq in place over q. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
  * and not, grouped-query heads, f32 and bf16), whose keys and values outgrow the first caches. */
 #include "config.h"
 
