@@ -15,6 +15,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "elem_vec.h"
@@ -596,6 +597,88 @@ int fsdp_sim_pass_vec(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
     (void)e;
     return 0;
 #endif
+}
+
+/* ---- the attention backward's passes 1 and 2 in one walk (lanes_vec_tmpl.h) ---- */
+
+/* A matrix at p of rows rows of ld elements of es bytes, n of each used. */
+typedef struct fsdp_ev_mat {
+    const void *p;
+    size_t rows, ld, n;
+} fsdp_ev_mat_t;
+
+/* Whether two matrices share no byte; or, when cols, no element either as other columns of rows
+ * of one ld (GPT-2's dq, dk and dv in one dqkv). */
+static int fsdp_ev_mats_apart(fsdp_ev_mat_t a, fsdp_ev_mat_t b, size_t es, int cols)
+{
+    const uintptr_t pa = (uintptr_t)a.p, pb = (uintptr_t)b.p;
+    const size_t ea = ((a.rows - 1) * a.ld + a.n) * es, eb = ((b.rows - 1) * b.ld + b.n) * es;
+    size_t d, r;
+
+    if (pa + ea <= pb || pb + eb <= pa)
+        return 1;
+    if (!cols || a.ld != b.ld || (pb > pa ? pb - pa : pa - pb) % es != 0)
+        return 0;
+    d = (pb > pa ? pb - pa : pa - pb) / es % a.ld;
+    r = pb > pa ? d : (a.ld - d) % a.ld; /* b's first column in a's rows */
+    return a.n <= r && r + b.n <= a.ld;
+}
+
+size_t fsdp_sim_attn_bwd_units(const fsdp_kernel_t *k, int pass)
+{
+    const int w = fsdp_ev_rows_width();
+    size_t rows, es, hd, H, K;
+    fsdp_ev_mat_t out[3], in[6];
+
+    if (w == 0 || pass != 1 || k->kind != FSDP_K_ATTENTION_BWD)
+        return 0;
+    rows = k->u.attention_bwd.batch * k->u.attention_bwd.seq;
+    hd = k->u.attention_bwd.head_dim, H = k->u.attention_bwd.heads;
+    K = k->u.attention_bwd.kv_heads;
+    if (!D(k->u.attention_bwd.dtype) || hd % 4 != 0 || rows == 0)
+        return 0;
+    es = fsdp_dtype_size(k->u.attention_bwd.dtype);
+    out[0] = (fsdp_ev_mat_t){k->u.attention_bwd.dq, rows, k->u.attention_bwd.ldq, H * hd};
+    out[1] = (fsdp_ev_mat_t){k->u.attention_bwd.dk, rows, k->u.attention_bwd.ldk, K * hd};
+    out[2] = (fsdp_ev_mat_t){k->u.attention_bwd.dv, rows, k->u.attention_bwd.ldv, K * hd};
+    in[0] = (fsdp_ev_mat_t){k->u.attention_bwd.q, rows, k->u.attention_bwd.ldq, H * hd};
+    in[1] = (fsdp_ev_mat_t){k->u.attention_bwd.k, rows, k->u.attention_bwd.ldk, K * hd};
+    in[2] = (fsdp_ev_mat_t){k->u.attention_bwd.v, rows, k->u.attention_bwd.ldv, K * hd};
+    in[3] = (fsdp_ev_mat_t){k->u.attention_bwd.dout, rows, k->u.attention_bwd.ldo, H * hd};
+    /* lse and delta, f32 [batch, heads, seq], as one row of es-byte elements */
+    in[4] = (fsdp_ev_mat_t){k->u.attention_bwd.lse, 1, rows * H * 4 / es, rows * H * 4 / es};
+    in[5] = (fsdp_ev_mat_t){k->u.attention_bwd.delta, 1, rows * H * 4 / es, rows * H * 4 / es};
+    for (int o = 0; o < 3; o++) {
+        for (int i = 0; i < 6; i++)
+            if (!fsdp_ev_mats_apart(out[o], in[i], es, 0))
+                return 0;
+        for (int o2 = o + 1; o2 < 3; o2++)
+            if (!fsdp_ev_mats_apart(out[o], out[o2], es, 1))
+                return 0;
+    }
+    return k->u.attention_bwd.batch * K;
+}
+
+void fsdp_sim_attn_bwd_run(const fsdp_kernel_t *k, size_t u0, size_t u1)
+{
+    const size_t T = k->u.attention_bwd.seq, hd = k->u.attention_bwd.head_dim;
+    const size_t group = k->u.attention_bwd.heads / k->u.attention_bwd.kv_heads;
+    int done = 0;
+
+#if FSDP_EV_X86
+    if (fsdp_ev_rows_width() == 8 && hd % 8 == 0)
+        done = fsdp_ev_attn_bwd_units_avx2(k, u0, u1);
+    else
+        done = fsdp_ev_attn_bwd_units_sse2(k, u0, u1);
+#endif
+    (void)hd;
+    if (done)
+        return;
+    /* no workspace: the units' dq rows, then their key rows, as the passes run them */
+    if (!fsdp_sim_pass_vec(k, 1, u0 * group * T, u1 * group * T))
+        fsdp_sim_pass_range(k, 1, u0 * group * T, u1 * group * T);
+    if (!fsdp_sim_pass_vec(k, 2, u0 * T, u1 * T))
+        fsdp_sim_pass_range(k, 2, u0 * T, u1 * T);
 }
 
 #undef D

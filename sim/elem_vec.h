@@ -19,6 +19,15 @@ int fsdp_sim_elem_vec(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t be
  * loops, fsdp_sim_pass_range). The same bytes as those loops. */
 int fsdp_sim_pass_vec(const fsdp_kernel_t *k, int pass, size_t b, size_t e);
 
+/* The attention backward's passes 1 and 2 as one walk over units (a batch row and a kv head:
+ * the dq rows of its query heads, the dk and dv rows of its keys), each (query, key) pair's
+ * score and probability computed once (lanes_vec_tmpl.h): for pass 1 of a checked attention_bwd
+ * kernel that the vector rows take, with outputs apart from its inputs, the number of units,
+ * which fsdp_sim_attn_bwd_run runs in place of passes 1 and 2 (after pass 0), any cut of them into
+ * ranges on any threads; 0 otherwise (the passes run). The same bytes as the passes. */
+size_t fsdp_sim_attn_bwd_units(const fsdp_kernel_t *k, int pass);
+void fsdp_sim_attn_bwd_run(const fsdp_kernel_t *k, size_t u0, size_t u1);
+
 /* Runs rows [r0, r1) of the checked row kernel k (layernorm_fwd, layernorm_bwd's input gradient,
  * softmax_fwd, softmax_bwd, cross_entropy; ce_scale: fsdp_kb_prep_t's) with its 32 lanes in
  * vectors, or column blocks [b0, b1) of the column sums of bias_grad or layernorm_bwd, and

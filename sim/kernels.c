@@ -198,8 +198,14 @@ fsdp_status_t fsdp_sim_kernel_exec(const fsdp_kernel_t *k)
     case FSDP_KX_GEMM:
         return fsdp_sim_gemm_desc(k, NULL, NULL);
     case FSDP_KX_PASSES:
-        for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++)
+        for (int pass = 0; pass < fsdp_kb_llama_passes(k); pass++) {
+            size_t units = fsdp_sim_attn_bwd_units(k, pass); /* the passes left, in one walk */
+            if (units > 0) {
+                fsdp_sim_attn_bwd_run(k, 0, units);
+                break;
+            }
             fsdp_sim_llama_range(k, pass, 0, fsdp_kb_llama_count(k, pass));
+        }
         return FSDP_OK;
     case FSDP_KX_ELEMS:
     case FSDP_KX_PARTS:
@@ -353,6 +359,11 @@ static void fsdp_sim_split_llama(const fsdp_sim_split_job_t *job, size_t b, size
     fsdp_sim_llama_range(job->k, job->pass, b, e);
 }
 
+static void fsdp_sim_split_attn_bwd(const fsdp_sim_split_job_t *job, size_t b, size_t e)
+{
+    fsdp_sim_attn_bwd_run(job->k, b, e);
+}
+
 static void fsdp_sim_split_colsum(const fsdp_sim_split_job_t *job, size_t b, size_t e)
 {
     fsdp_sim_colsum_part(job->k, b, e);
@@ -386,8 +397,16 @@ static void fsdp_sim_split_exec(const fsdp_kernel_t *k, fsdp_sim_pool_t *pool)
 
     if (fsdp_kb_exec(k->kind) == FSDP_KX_PASSES) {
         job.range = fsdp_sim_split_llama;
-        for (job.pass = 0; job.pass < fsdp_kb_llama_passes(k); job.pass++)
+        for (job.pass = 0; job.pass < fsdp_kb_llama_passes(k); job.pass++) {
+            /* the passes left in one walk, where it has a unit for each thread */
+            size_t units = fsdp_sim_attn_bwd_units(k, job.pass);
+            if (units >= (size_t)fsdp_sim_pool_threads(pool)) {
+                job.range = fsdp_sim_split_attn_bwd;
+                fsdp_sim_split_run(pool, &job, units);
+                break;
+            }
             fsdp_sim_split_run(pool, &job, fsdp_kb_llama_count(k, job.pass));
+        }
         return;
     }
     /* fsdp_sim_parts' order */

@@ -9,10 +9,11 @@
  * of EV_W lanes or more and shuffled halves of vector 0 below (the lanes that no level reads end
  * with other values, which nothing reads). The accumulators of a row (head_dim elements) are
  * head_dim / EV_W vectors. The keys (queries for dk and dv) are taken EV_W at a time: their
- * scores are EV_W dot products, their exps one vector expf (the running maximum of the online
- * softmax is followed key by key first, so each lane's exp has the operands of the scalar
- * body's), and they are added into the accumulators one at a time, in order. Every lane thus
- * does the scalar body's IEEE operations on the same operands in the same order.
+ * scores are EV_W dot products (tdots: from keys transposed, a lane per key), their exps one
+ * vector expf (the running maximum of the online softmax is followed key by key first, so each
+ * lane's exp has the operands of the scalar body's), and they are added into the accumulators
+ * one at a time, in order. Every lane thus does the scalar body's IEEE operations on the same
+ * operands in the same order. The backward's passes 1 and 2 run as one walk (attn_bwd_unit).
  *
  * NaNs: with NaN inputs, which of two NaN operands comes out may differ from the scalar body's
  * compiled order (elem_vec_tmpl.h). A NaN that reaches no output changes nothing, so a row is
@@ -36,16 +37,17 @@ EV_INLINE void EV(row_ld)(vf *r, const void *p, fsdp_dtype_t dt, size_t o, size_
 #ifndef FSDP_LANES_SHUF4
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shufflevector(v, v, a, b, c, d)
-#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                               \
+#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                                \
     __builtin_shufflevector(v, v, a, b, c, d, e, f, g, h)
 #define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shufflevector(v, w, a, b, c, d)
-#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                              \
     __builtin_shufflevector(v, w, a, b, c, d, e, f, g, h)
 #else
 #define FSDP_LANES_SHUF4(v, a, b, c, d) __builtin_shuffle(v, (vi){a, b, c, d})
-#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h) __builtin_shuffle(v, (vi){a, b, c, d, e, f, g, h})
+#define FSDP_LANES_SHUF8(v, a, b, c, d, e, f, g, h)                                                \
+    __builtin_shuffle(v, (vi){a, b, c, d, e, f, g, h})
 #define FSDP_LANES_MIX4(v, w, a, b, c, d) __builtin_shuffle(v, w, (vi){a, b, c, d})
-#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                             \
+#define FSDP_LANES_MIX8(v, w, a, b, c, d, e, f, g, h)                                              \
     __builtin_shuffle(v, w, (vi){a, b, c, d, e, f, g, h})
 #endif
 #endif
@@ -225,29 +227,90 @@ EV_INLINE vf EV(run_max)(float m, vf s)
     return EV(sel)(s > m, s, EV(splat)(m));
 }
 
-/* fsdp_kb_attention_fwd_row */
-EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
+/* ---- scores of EV_W keys at a time, from keys transposed ----
+ *
+ * The forward's scores and the backward's scores and dout . v are computed EV_W keys at a time,
+ * a vector lane per key, from K (and V) transposed into a workspace: each of the 32 lanes'
+ * partials of fsdp_kb_dot_walk is a vector of those keys (lane l: q[l] k[l], then + q[l + 32]
+ * k[l + 32], ... in order), and the partials meet in the butterfly of fsdp_kb_lanes_sum_n, lane
+ * l + w into lane l at level w, for the lanes that hold elements (a lane past head_dim holds +0
+ * there, and x + +0 is x but for x = -0). The body's partials start at +0, so never hold -0;
+ * these start at the first product, which can be -0, and each sum is then the body's or -0 where
+ * the body has +0 (x + y and +0 + y differ for x = -0 only in -0 + -0): the final + 0 gives the
+ * body's bits. No shuffle is needed, and the butterfly's additions are whole vectors. */
+
+/* Lane l's partial of the dot products of the f32 row a with EV_W keys of the transposed rows
+ * bt (attn_tr's block of those keys: element e of key u at bt[e EV_W + u]): a[l] bt[l], +
+ * a[l + 32] bt[l + 32], ... */
+EV_INLINE vf EV(tleaf)(const float *a, const float *bt, size_t hd, unsigned l)
+{
+    vf p = EV(splat)(a[l]) * EV(ld)(bt, FSDP_DTYPE_F32, l * EV_W);
+    for (size_t c = l + FSDP_KB_LANES; c < hd; c += FSDP_KB_LANES)
+        p += EV(splat)(a[c]) * EV(ld)(bt, FSDP_DTYPE_F32, c * EV_W);
+    return p;
+}
+
+/* fsdp_kb_dot_lanes of a with each of EV_W keys of bt: the butterfly as a tree, node (l, w)
+ * being lane l after level w (leaves: w = 32); a lane l2 >= min(hd, 32) holds no element. The
+ * tree's nodes are expressions, so the compiler keeps them in registers; hd is a constant of
+ * each instance of the walk, so the absent lanes fold away. */
+EV_INLINE vf EV(tdots)(const float *a, const float *bt, size_t hd)
+{
+    const size_t nl = hd < FSDP_KB_LANES ? hd : FSDP_KB_LANES;
+    const vf mz = EV(splat)(-0.0f); /* x + -0 is x for every x: an absent lane's term */
+
+#define EV_JOIN_(x, l2, y) ((x) + ((l2) < nl ? (y) : mz))
+#define EV_N32_(l) EV(tleaf)(a, bt, hd, (l))
+#define EV_N16_(l) EV_JOIN_(EV_N32_(l), (l) + 16, EV_N32_((l) + 16))
+#define EV_N8_(l) EV_JOIN_(EV_N16_(l), (l) + 8, EV_N16_((l) + 8))
+#define EV_N4_(l) EV_JOIN_(EV_N8_(l), (l) + 4, EV_N8_((l) + 4))
+#define EV_N2_(l) EV_JOIN_(EV_N4_(l), (l) + 2, EV_N4_((l) + 2))
+    return EV_JOIN_(EV_N2_(0u), 1u, EV_N2_(1u)) + 0.0f;
+#undef EV_N2_
+#undef EV_N4_
+#undef EV_N8_
+#undef EV_N16_
+#undef EV_N32_
+#undef EV_JOIN_
+}
+
+/* The hd elements of rows 0 .. T - 1 (at (b T + j) ld + o) of src transposed into dst by blocks
+ * of EV_W rows, a block's hd x EV_W floats in a row (what tdots reads, at dst + j0 hd): element e
+ * of row j at dst[j / EV_W hd EV_W + e EV_W + j % EV_W], the rows T .. tp - 1 zeros. */
+EV_INLINE void EV(attn_tr)(float *dst, const void *src, fsdp_dtype_t dt, size_t ld, size_t b,
+                           size_t o, size_t T, size_t tp, size_t hd)
+{
+    for (size_t j = 0; j < tp; j++)
+        for (size_t e = 0; e < hd; e++)
+            dst[j / EV_W * hd * EV_W + e * EV_W + j % EV_W] =
+                j < T ? fsdp_kb_load(src, dt, (b * T + j) * ld + o + e) : 0.0f;
+}
+
+/* fsdp_kb_attention_fwd_row, its keys transposed at kt (attn_tr) */
+EV_INLINE void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r, const float *kt, size_t hd)
 {
     const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
     const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
-    const size_t hd = k->u.attention_fwd.head_dim, nv = hd / EV_W;
+    const size_t nv = hd / EV_W;
     const size_t t = r % T, h = (r / T) % H, b = r / T / H;
     const size_t g = h / (H / k->u.attention_fwd.kv_heads);
     const size_t last = k->u.attention_fwd.causal ? t : T - 1;
     const float scale = k->u.attention_fwd.scale;
+    float qf[FSDP_KB_ATTN_MAX_HD];
     vf q[EV_HV], acc[EV_HV];
     float m = -fsdp_kb_inff(), l = 0.0f, lse;
 
     EV(row_ld)(q, k->u.attention_fwd.q, dt, (b * T + t) * k->u.attention_fwd.ldq + h * hd, hd);
-    for (size_t i = 0; i < nv; i++)
+    for (size_t i = 0; i < nv; i++) {
+        memcpy(qf + i * EV_W, &q[i], sizeof(vf));
         acc[i] = EV(splat)(0.0f);
+    }
     for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
         const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(dots)(q, k->u.attention_fwd.k, (b * T + j0) * k->u.attention_fwd.ldk + g * hd,
-                        k->u.attention_fwd.ldk, nj, hd, dt) *
-               scale;
+        vf s = EV(tdots)(qf, kt + j0 * hd, hd) * scale;
         /* the running maximum after each key and before it; a key above the one before it is a
-         * new maximum: what was summed is rescaled by corr */
+         * new maximum: what was summed is rescaled by corr (the lanes past nj are other keys',
+         * or padding's, which nothing takes) */
         vf mnew = EV(run_max)(m, s), mprev = EV(after)(m, mnew), p, corr;
         unsigned grew = (unsigned)EV_ANY(s > mprev) & ((1u << nj) - 1u);
         m = mnew[nj - 1];
@@ -272,6 +335,25 @@ EV_ATTR static void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r)
     EV(row_st)(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd, acc, nv);
     if (k->u.attention_fwd.lse != NULL)
         k->u.attention_fwd.lse[r] = lse;
+}
+
+/* Rows [r0, r1) of attention_fwd, the keys of each kv head transposed into kt as its rows come. */
+EV_INLINE void EV(attn_fwd_rows)(const fsdp_kernel_t *k, size_t r0, size_t r1, float *kt, size_t hd)
+{
+    const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
+    const size_t K = k->u.attention_fwd.kv_heads, tp = (T + EV_W - 1) / EV_W * EV_W;
+    size_t have = SIZE_MAX; /* the batch row and kv head in kt */
+
+    for (size_t r = r0; r < r1; r++) {
+        const size_t b = r / T / H, g = (r / T) % H / (H / K);
+        if (b * K + g != have) {
+            EV(attn_tr)
+            (kt, k->u.attention_fwd.k, k->u.attention_fwd.dtype, k->u.attention_fwd.ldk, b, g * hd,
+             T, tp, hd);
+            have = b * K + g;
+        }
+        EV(attn_fwd_row)(k, r, kt, hd);
+    }
 }
 
 /* fsdp_kb_attention_delta_row */
@@ -327,7 +409,7 @@ EV_ATTR static void EV(attn_dq_row)(const fsdp_kernel_t *k, size_t r)
         fsdp_sim_pass_range(k, 1, r, r + 1);
     else
         EV(row_st)
-        (k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd, acc, nv);
+    (k->u.attention_bwd.dq, dt, (b * T + t) * k->u.attention_bwd.ldq + h * hd, acc, nv);
 }
 
 /* fsdp_kb_attention_dkv_row */
@@ -384,14 +466,184 @@ EV_ATTR static void EV(attn_dkv_row)(const fsdp_kernel_t *k, size_t r)
     EV(row_st)(k->u.attention_bwd.dv, dt, vo, dv, nv);
 }
 
-/* Rows [r0, r1) of pass `pass` of a checked attention kernel that lanes_vec takes. */
+/* ---- the backward's passes 1 and 2 in one walk (fsdp_sim_attn_bwd_units) ----
+ *
+ * A unit is a batch row b and a kv head g: the dq rows of g's query heads and the dk and dv rows
+ * of g's keys. Each (query, key) pair's score, probability and ds are computed once, and go into
+ * dq of the query and dk and dv of the key together. Each output still takes its terms in the
+ * bodies' order: dq[t] the keys in order (the key tiles in order, within one in order), dk[j] and
+ * dv[j] the heads of the group in order, then the queries in order (query tiles in order, within
+ * one in order), in f32 accumulators of the unit's keys (the workspace).
+ * The scores and dout . v are those of tdots. */
+
+#define EV_TILE 64 /* queries and keys of a tile (a multiple of EV_W) */
+
+/* The workspace of a unit, in floats: K and V transposed (head_dim x the keys padded to EV_W),
+ * the dk and dv accumulators (keys x head_dim), a query tile's dq accumulators. */
+static inline size_t EV(attn_ws)(size_t T, size_t hd)
+{
+    const size_t tp = (T + EV_W - 1) / EV_W * EV_W;
+    return 2 * hd * tp + 2 * T * hd + EV_TILE * hd;
+}
+
+/* The accumulators of nv vectors at acc, scaled by f, stored as row r of pass `pass` (the dq
+ * row's or, with acc2, the dk row's and the dv row's at o and o2), or that row computed again by
+ * the scalar loop if one holds a NaN. */
+EV_INLINE void EV(attn_put)(const fsdp_kernel_t *k, int pass, size_t r, void *out, size_t o,
+                            float *acc, float f, void *out2, size_t o2, float *acc2, size_t nv)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    vf x[EV_HV], y[EV_HV];
+
+    for (size_t i = 0; i < nv; i++) {
+        x[i] = EV(ld)(acc, FSDP_DTYPE_F32, i * EV_W) * f;
+        if (acc2 != NULL)
+            y[i] = EV(ld)(acc2, FSDP_DTYPE_F32, i * EV_W) * 1.0f;
+    }
+    if (EV(any_nan)(x, nv) || (acc2 != NULL && EV(any_nan)(y, nv))) {
+        fsdp_sim_pass_range(k, pass, r, r + 1);
+        return;
+    }
+    EV(row_st)(out, dt, o, x, nv);
+    if (acc2 != NULL)
+        EV(row_st)(out2, dt, o2, y, nv);
+}
+
+/* Unit u of a checked attention_bwd kernel whose delta pass has run, on the workspace ws. */
+EV_INLINE void EV(attn_bwd_unit)(const fsdp_kernel_t *k, size_t u, float *ws, size_t hd)
+{
+    const fsdp_dtype_t dt = k->u.attention_bwd.dtype;
+    const size_t T = k->u.attention_bwd.seq, H = k->u.attention_bwd.heads;
+    const size_t K = k->u.attention_bwd.kv_heads, group = H / K, nv = hd / EV_W;
+    const size_t b = u / K, g = u % K, tp = (T + EV_W - 1) / EV_W * EV_W;
+    const size_t ldq = k->u.attention_bwd.ldq, ldk = k->u.attention_bwd.ldk;
+    const size_t ldv = k->u.attention_bwd.ldv, ldo = k->u.attention_bwd.ldo;
+    const float scale = k->u.attention_bwd.scale;
+    float *kt = ws, *vt = kt + hd * tp, *dk = vt + hd * tp, *dv = dk + T * hd, *dq = dv + T * hd;
+
+    EV(attn_tr)(kt, k->u.attention_bwd.k, dt, ldk, b, g * hd, T, tp, hd);
+    EV(attn_tr)(vt, k->u.attention_bwd.v, dt, ldv, b, g * hd, T, tp, hd);
+    memset(dk, 0, 2 * T * hd * sizeof(float));
+    for (size_t h = g * group; h < (g + 1) * group; h++) {
+        for (size_t t0 = 0; t0 < T; t0 += EV_TILE) {
+            const size_t t1 = T - t0 < EV_TILE ? T : t0 + EV_TILE;
+            const size_t jn = k->u.attention_bwd.causal ? t1 : T;
+            memset(dq, 0, (t1 - t0) * hd * sizeof(float));
+            for (size_t j0 = 0; j0 < jn; j0 += EV_TILE) {
+                const size_t j1 = jn - j0 < EV_TILE ? jn : j0 + EV_TILE;
+                for (size_t t = k->u.attention_bwd.causal && j0 > t0 ? j0 : t0; t < t1; t++) {
+                    const size_t r = (b * H + h) * T + t;
+                    const size_t qo = (b * T + t) * ldq + h * hd, oo = (b * T + t) * ldo + h * hd;
+                    const size_t jend = k->u.attention_bwd.causal && t + 1 < j1 ? t + 1 : j1;
+                    const float lse = k->u.attention_bwd.lse[r];
+                    const float delta = k->u.attention_bwd.delta[r];
+                    float qf[FSDP_KB_ATTN_MAX_HD], of[FSDP_KB_ATTN_MAX_HD];
+                    vf q[EV_HV], dout[EV_HV], acc[EV_HV];
+
+                    EV(row_ld)(q, k->u.attention_bwd.q, dt, qo, hd);
+                    EV(row_ld)(dout, k->u.attention_bwd.dout, dt, oo, hd);
+                    for (size_t i = 0; i < nv; i++) {
+                        memcpy(qf + i * EV_W, &q[i], sizeof(vf));
+                        memcpy(of + i * EV_W, &dout[i], sizeof(vf));
+                        acc[i] = EV(ld)(dq, FSDP_DTYPE_F32, (t - t0) * hd + i * EV_W);
+                    }
+                    for (size_t jb = j0; jb < jend; jb += EV_W) {
+                        const unsigned nj = jend - jb < EV_W ? (unsigned)(jend - jb) : EV_W;
+                        vf s = EV(tdots)(qf, kt + jb * hd, hd) * scale;
+                        vf dp = EV(tdots)(of, vt + jb * hd, hd);
+                        vf p = EV(expf)(s - lse);
+                        vf ds = p * (dp - delta);
+                        for (unsigned x = 0; x < nj; x++) {
+                            const size_t j = jb + x, ko = (b * T + j) * ldk + g * hd;
+                            const vf dsx = EV(splat)(ds[x]), px = EV(splat)(p[x]);
+                            float *dkj = dk + j * hd, *dvj = dv + j * hd;
+                            for (size_t i = 0; i < nv; i++) {
+                                vf a = EV(ld)(dkj, FSDP_DTYPE_F32, i * EV_W) + dsx * q[i];
+                                vf c = EV(ld)(dvj, FSDP_DTYPE_F32, i * EV_W) + px * dout[i];
+                                acc[i] += dsx * EV(ld)(k->u.attention_bwd.k, dt, ko + i * EV_W);
+                                EV(st)(dkj, FSDP_DTYPE_F32, i * EV_W, a);
+                                EV(st)(dvj, FSDP_DTYPE_F32, i * EV_W, c);
+                            }
+                        }
+                    }
+                    for (size_t i = 0; i < nv; i++)
+                        EV(st)(dq, FSDP_DTYPE_F32, (t - t0) * hd + i * EV_W, acc[i]);
+                }
+            }
+            for (size_t t = t0; t < t1; t++)
+                EV(attn_put)
+            (k, 1, (b * H + h) * T + t, k->u.attention_bwd.dq, (b * T + t) * ldq + h * hd,
+             dq + (t - t0) * hd, scale, NULL, 0, NULL, nv);
+        }
+    }
+    for (size_t j = 0; j < T; j++)
+        EV(attn_put)
+    (k, 2, u * T + j, k->u.attention_bwd.dk, (b * T + j) * ldk + g * hd, dk + j * hd, scale,
+     k->u.attention_bwd.dv, (b * T + j) * ldv + g * hd, dv + j * hd, nv);
+}
+
+/* The head_dims of Llama's and GPT-2's models are instances of their own, so that the scores'
+ * trees fold; the others share one. */
+#define EV_BY_HD_(hd, call)                                                                        \
+    switch (hd) {                                                                                  \
+    case 16:                                                                                       \
+        call(16);                                                                                  \
+        break;                                                                                     \
+    case 32:                                                                                       \
+        call(32);                                                                                  \
+        break;                                                                                     \
+    case 48:                                                                                       \
+        call(48);                                                                                  \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        call(64);                                                                                  \
+        break;                                                                                     \
+    case 128:                                                                                      \
+        call(128);                                                                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        call(hd);                                                                                  \
+        break;                                                                                     \
+    }
+
+/* Units [u0, u1) of a checked attention_bwd kernel that fsdp_sim_attn_bwd_units takes; returns
+ * 0, having written nothing, where the workspace cannot be had. */
+EV_ATTR static int EV(fsdp_ev_attn_bwd_units)(const fsdp_kernel_t *k, size_t u0, size_t u1)
+{
+    const size_t hd = k->u.attention_bwd.head_dim;
+    float *ws = malloc(EV(attn_ws)(k->u.attention_bwd.seq, hd) * sizeof(float));
+
+    if (ws == NULL)
+        return 0;
+    for (size_t u = u0; u < u1; u++) {
+#define EV_UNIT_(n) EV(attn_bwd_unit)(k, u, ws, n)
+        EV_BY_HD_(hd, EV_UNIT_)
+#undef EV_UNIT_
+    }
+    free(ws);
+    return 1;
+}
+
+/* Rows [r0, r1) of pass `pass` of a checked attention kernel that lanes_vec takes (the forward's
+ * by the scalar loop where its workspace cannot be had). */
 EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass, size_t r0,
                                                size_t r1)
 {
+    if (k->kind == FSDP_K_ATTENTION_FWD) {
+        const size_t T = k->u.attention_fwd.seq, hd = k->u.attention_fwd.head_dim;
+        float *kt = malloc((T + EV_W - 1) / EV_W * EV_W * hd * sizeof(float));
+        if (kt == NULL) {
+            fsdp_sim_pass_range(k, 0, r0, r1);
+            return;
+        }
+#define EV_ROWS_(n) EV(attn_fwd_rows)(k, r0, r1, kt, n)
+        EV_BY_HD_(hd, EV_ROWS_)
+#undef EV_ROWS_
+        free(kt);
+        return;
+    }
     for (size_t r = r0; r < r1; r++) {
-        if (k->kind == FSDP_K_ATTENTION_FWD)
-            EV(attn_fwd_row)(k, r);
-        else if (pass == 0)
+        if (pass == 0)
             EV(attn_delta_row)(k, r);
         else if (pass == 1)
             EV(attn_dq_row)(k, r);
@@ -400,6 +652,8 @@ EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass,
     }
 }
 
+#undef EV_BY_HD_
 #undef EV_NL
+#undef EV_TILE
 #undef EV_HV
 /* the vector types and helpers stay defined for rows_vec_tmpl.h, which undefines them */

@@ -5,7 +5,9 @@
  * 12, 24, 40 and 6, which no vector loop takes), with ordinary inputs, with large scores (the
  * online softmax's rescaling, exp's underflow), and with NaNs and infinities now and then; on
  * each available ISA (SSE2, AVX2), and split across a pool of 3 threads. Every output buffer is
- * compared whole, guards included. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
+ * compared whole, guards included; the backward's one walk of passes 1 and 2 (by batch row and kv
+ * head) on query and key tiles (T past 64), over GPT-2's qkv layout, and left to the passes
+ * with dq in place over q. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
  * and not, grouped-query heads, f32 and bf16), whose keys and values outgrow the first caches. */
 #include "config.h"
 
@@ -197,7 +199,8 @@ static void test_shapes(void)
         {2, 17, 4, 4, 16, 1},  {1, 33, 2, 2, 48, 1}, {1, 20, 4, 1, 64, 1}, {2, 9, 4, 2, 128, 0},
         {1, 12, 2, 2, 128, 1}, {1, 7, 2, 1, 16, 0},  {1, 10, 3, 3, 4, 1},  {1, 9, 2, 1, 8, 0},
         {1, 11, 2, 2, 12, 1},  {1, 6, 2, 2, 24, 0},  {1, 5, 2, 1, 40, 1},  {1, 8, 2, 2, 6, 1},
-        {1, 3, 2, 2, 256, 1},  {1, 1, 1, 1, 32, 1},
+        {1, 3, 2, 2, 256, 1},  {1, 1, 1, 1, 32, 1},  {1, 70, 2, 1, 16, 1}, {1, 67, 2, 2, 32, 0},
+        {2, 130, 2, 1, 8, 1},
     };
     fsdp_sim_pool_t *pool = fsdp_sim_pool_create(3);
 
@@ -219,6 +222,60 @@ static void test_split(void)
     check(&s, FSDP_DTYPE_F32, 0, pool);
     check(&s, FSDP_DTYPE_BF16, 2, pool);
     fsdp_sim_pool_destroy(pool);
+}
+
+/* The backward over GPT-2's layout (q, k and v columns of one qkv, dq, dk and dv of one dqkv),
+ * which the one walk of passes 1 and 2 takes, and with dq in place over q, which it leaves to the
+ * passes (pass 2 reads q after pass 1 wrote dq over it): the scalar replay's bytes either way. */
+static void test_layouts(void)
+{
+    enum { B = 2, T = 70, H = 2, hd = 16, C = H * hd, LD = 3 * C, N = B * T * LD };
+    static const fsdp_sim_elem_isa_t isas[3] = {FSDP_SIM_ELEM_SCALAR, FSDP_SIM_ELEM_SSE2,
+                                                FSDP_SIM_ELEM_AVX2};
+
+    for (int inplace = 0; inplace < 2; inplace++) {
+        float *ref = NULL;
+        for (int v = 0; v < 3; v++) {
+            /* qkv, dqkv, o, dout [B T C], lse and delta [B H T], one after another */
+            float *m = calloc(2 * N + 2 * B * T * C + 2 * B * H * T, sizeof(float));
+            float *qkv = m, *dqkv = qkv + N, *o = dqkv + N, *dout = o + B * T * C;
+            float *lse = dout + B * T * C, *delta = lse + B * H * T;
+            fsdp_kernel_t fwd = {.kind = FSDP_K_ATTENTION_FWD},
+                          bwd = {.kind = FSDP_K_ATTENTION_BWD};
+            CU_ASSERT_FATAL(m != NULL);
+            rng_state = 0x9e3779b97f4a7c15ull;
+            fill(qkv, N, FSDP_DTYPE_F32, 0);
+            fill(dout, B * T * C, FSDP_DTYPE_F32, 0);
+#define SHAPE_(x)                                                                                  \
+    ((x).batch = B, (x).seq = T, (x).heads = H, (x).kv_heads = H, (x).head_dim = hd,               \
+     (x).ldq = (x).ldk = (x).ldv = LD, (x).ldo = C, (x).scale = 0.25f, (x).causal = 1,             \
+     (x).dtype = FSDP_DTYPE_F32, (x).q = qkv, (x).k = qkv + C, (x).v = qkv + 2 * C, (x).o = o,     \
+     (x).lse = lse)
+            SHAPE_(fwd.u.attention_fwd);
+            SHAPE_(bwd.u.attention_bwd);
+#undef SHAPE_
+            bwd.u.attention_bwd.dq = inplace ? qkv : dqkv;
+            bwd.u.attention_bwd.dk = dqkv + C;
+            bwd.u.attention_bwd.dv = dqkv + 2 * C;
+            bwd.u.attention_bwd.delta = delta;
+            bwd.u.attention_bwd.dout = dout;
+            if (!fsdp_sim_elem_set_isa(isas[v])) {
+                free(m);
+                continue;
+            }
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&fwd), FSDP_OK);
+            CU_ASSERT_EQUAL_FATAL(fsdp_sim_kernel_exec(&bwd), FSDP_OK);
+            if (ref == NULL)
+                ref = m;
+            else {
+                CU_ASSERT(memcmp(ref, m, (2 * N + 2 * B * T * C + 2 * B * H * T) * 4) == 0);
+                compared++;
+                free(m);
+            }
+        }
+        free(ref);
+    }
+    fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
 }
 
 /* The sanitizer builds check memory and threads, which the short shapes exercise along the same
@@ -266,11 +323,8 @@ static void test_summary(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
-        {"shapes", test_shapes},
-        {"split", test_split},
-        {"long", test_long},
-        {"summary", test_summary},
-        {NULL, NULL},
+        {"shapes", test_shapes}, {"split", test_split},     {"layouts", test_layouts},
+        {"long", test_long},     {"summary", test_summary}, {NULL, NULL},
     };
     have_isa[0] = fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_SSE2);
     have_isa[1] = fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AVX2);
