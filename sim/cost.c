@@ -148,6 +148,26 @@ double fsdp_sim_attention_quantization(double batch, double heads, double seq, i
            wave_quantization(batch * heads * blocks, sms);
 }
 
+/* The fused attention kernel's efficiency: the profile's table by sequence length where it has
+ * one (linear in log2(seq) between its points, the nearer end's value outside them; the row of
+ * head_dim 64 and below, or the one above), else attention_efficiency. */
+static double attention_efficiency_at(const fsdp_sim_gpu_profile_t *g, double seq, double head_dim)
+{
+    const double *e = g->attention_seq_efficiency[head_dim > 64.0 ? 1 : 0];
+    double x;
+    int i;
+
+    if (e[0] <= 0.0)
+        return g->attention_efficiency;
+    x = seq > 0.0 ? log2(seq / FSDP_SIM_ATTN_SEQ_MIN) : 0.0;
+    if (x <= 0.0)
+        return e[0];
+    if (x >= FSDP_SIM_ATTN_SEQ_POINTS - 1)
+        return e[FSDP_SIM_ATTN_SEQ_POINTS - 1];
+    i = (int)x;
+    return e[i] + (x - i) * (e[i + 1] - e[i]);
+}
+
 /* ---- eager element-wise ops ------------------------------------------------------------ */
 
 /* One eager PyTorch op: a kernel reading and writing these bytes, one FLOP an output element
@@ -529,7 +549,7 @@ static double kernel_time_of(const fsdp_sim_profile_t *p, const fsdp_kernel_t *k
         fsdp_attn_dims_t a = fsdp_attn_dims(k);
         double q = fsdp_sim_attention_quantization(a.batch, a.heads, a.seq, sms);
         tc = rate_time(flops, fsdp_sim_profile_matmul_flops(p, a.dtype),
-                       p->gpu.attention_efficiency * q * share);
+                       attention_efficiency_at(&p->gpu, a.seq, a.head_dim) * q * share);
         tm = rate_time(bytes, p->gpu.hbm_bytes_per_s, p->gpu.memory_efficiency);
         t = (tc > tm ? tc : tm) + p->gpu.kernel_latency_s;
         if (p->ops == FSDP_SIM_OPS_EAGER && eager_ops(k, &s))

@@ -289,6 +289,52 @@ static void preset_h100_nccl218(fsdp_sim_profile_t *p)
     nccl_2_18(&p->nccl, 9.9e-6);
 }
 
+/* The Triton FlashAttention kernel of 2023 (flash-attn's flash_attn_triton, which MosaicML's
+ * attn_impl triton ran), causal, by sequence length (512 to 16384 tokens) and head_dim (64,
+ * 128): FlashAttention-2's paper (arXiv 2307.08691), Figure 4 (c) and (d), forward + backward on
+ * an A100 80GB SXM4, the "FlashAttention Triton" bars, 59 75 79 76 79 80 (head_dim 64) and 50 61
+ * 68 74 78 80 TFLOP/s (128), each over 312 TFLOP/s x the benchmark's wave quantization (16k tokens
+ * a batch, 2048 wide: 2048 or 4096 blocks of 128 queries on 108 SMs, 0.998; docs/costs.md). */
+static const double a100_triton_attention[2][FSDP_SIM_ATTN_SEQ_POINTS] = {
+    {0.189, 0.241, 0.254, 0.244, 0.254, 0.257},
+    {0.161, 0.196, 0.218, 0.238, 0.250, 0.257},
+};
+
+/* The same kernel on an H100 SXM5, which the figure has no bar of: FlashAttention's CUDA kernel on
+ * an H100 (the paper's H100 figure, causal: 104 123 136 138 149 156 and 98 109 108 126 135 137
+ * TFLOP/s) times the Triton kernel's rate over it on the A100 (Figure 4: 59/58 ... 80/97 and
+ * 50/55 ... 80/83), over 989.4 TFLOP/s x 0.970 (the same blocks on 132 SMs). */
+static const double h100_triton_attention[2][FSDP_SIM_ATTN_SEQ_POINTS] = {
+    {0.110, 0.137, 0.145, 0.126, 0.133, 0.134},
+    {0.093, 0.112, 0.111, 0.128, 0.137, 0.138},
+};
+
+/* The a100 preset with the software of MosaicML's 2023 runs (docs/fidelity.md): PyTorch 1.13.1
+ * (CUDA 11.7) and 2.0.1 (CUDA 11.8), whose wheels carry NCCL 2.14.3, and MPT's Triton
+ * FlashAttention. Its attention is that kernel's, by sequence length; its NCCL the 2.18.5 tables
+ * and formulas, the oldest the model has (2.14's differ further: docs/costs.md); its GEMMs the
+ * a100 preset's, since no measurement of cuBLAS 11.10/11.11 was found. */
+static void preset_a100_2023(fsdp_sim_profile_t *p)
+{
+    preset_a100(p);
+    snprintf(p->name, sizeof(p->name), "a100-2023");
+    snprintf(p->stack, sizeof(p->stack),
+             "PyTorch 1.13-2.0 (CUDA 11.7-11.8), Triton FA, NCCL 2.18 tables");
+    nccl_2_18(&p->nccl, 29.1e-6);
+    memcpy(p->gpu.attention_seq_efficiency, a100_triton_attention, sizeof(a100_triton_attention));
+}
+
+/* The h100-2024 preset with the same software: PyTorch 2.0.1 (CUDA 11.8), MPT's Triton
+ * FlashAttention on a Triton built for sm_90, NCCL 2.18.5's tuning as for a100-2023. */
+static void preset_h100_2023(fsdp_sim_profile_t *p)
+{
+    preset_h100_2024(p);
+    snprintf(p->name, sizeof(p->name), "h100-2023");
+    snprintf(p->stack, sizeof(p->stack), "PyTorch 2.0 (CUDA 11.8), Triton FA, NCCL 2.18 tables");
+    nccl_2_18(&p->nccl, 9.9e-6);
+    memcpy(p->gpu.attention_seq_efficiency, h100_triton_attention, sizeof(h100_triton_attention));
+}
+
 typedef struct preset {
     const char *name;
     void (*fill)(fsdp_sim_profile_t *p);
@@ -301,12 +347,14 @@ static const preset_t presets[] = {
     {"h200", preset_h200},
     {"a100-nccl2.18", preset_a100_nccl218},
     {"h100-nccl2.18", preset_h100_nccl218},
+    {"a100-2023", preset_a100_2023},
+    {"h100-2023", preset_h100_2023},
 };
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
 
 const char *fsdp_sim_profile_presets(void)
 {
-    return "h100, h100-2024, a100, h200, a100-nccl2.18, h100-nccl2.18";
+    return "h100, h100-2024, a100, h200, a100-nccl2.18, h100-nccl2.18, a100-2023, h100-2023";
 }
 
 static const preset_t *preset_find(const char *name, size_t len)
@@ -462,6 +510,21 @@ fsdp_status_t fsdp_sim_profile_check(const fsdp_sim_profile_t *p)
     CHECK_RANGE(p->gpu.attention_efficiency, 1e-6, 1, "gpu.attention_efficiency", "in (0, 1]");
     CHECK_RANGE(p->gpu.gemm_unaligned_efficiency, 1e-6, 1, "gpu.gemm_unaligned_efficiency",
                 "in (0, 1]");
+    {
+        const double *e = &p->gpu.attention_seq_efficiency[0][0];
+        int set = 0, n = 2 * FSDP_SIM_ATTN_SEQ_POINTS;
+        for (int i = 0; i < n; i++) {
+            CHECK_RANGE(e[i], 0, 1, "gpu.attention_seq_efficiency", "in (0, 1], or all 0");
+            set += e[i] != 0.0;
+        }
+        if (set != 0 && set != n) {
+            fsdp_error("cluster profile '%s': gpu.attention_seq_efficiency has %d of its %d "
+                       "entries set; give both rows (hd64, hd128) in full, or none "
+                       "(attention_efficiency at every length)",
+                       p->name, set, n);
+            return FSDP_ERR_INVALID_PARAM;
+        }
+    }
     CHECK_RATE(p->gpu.strided_elements_per_s, "gpu.strided_elements_per_s", "bytes alone");
     CHECK_RANGE(p->gpu.elementwise_memory_efficiency, 0, 1, "gpu.elementwise_memory_efficiency",
                 "in [0, 1] (0: memory_efficiency)");

@@ -33,7 +33,8 @@ typedef enum {
     F_ALGOS,   /* unsigned bitmask: ["ring", "tree"] */
     F_PROTOS,  /* unsigned bitmask: ["ll", "simple"] */
     F_TREECORR, /* double[PROTO][23]: {"ll": [...], "ll128": [...], "simple": [...]} */
-    F_OPS       /* fsdp_sim_ops_t: "eager" or "fused" */
+    F_OPS,      /* fsdp_sim_ops_t: "eager" or "fused" */
+    F_ATTNSEQ   /* double[2][ATTN_SEQ_POINTS]: {"hd64": [...], "hd128": [...]} */
 } field_type_t;
 
 typedef struct field {
@@ -44,8 +45,8 @@ typedef struct field {
     int required; /* 1: without a base preset; OMIT_ZERO: optional, written only when not 0 */
 } field_t;
 
-/* A member the writer leaves out at 0 (its default), so that profiles that do not set it write
- * what they wrote before it existed. */
+/* A member the writer leaves out at 0 (every byte of it: its default), so that profiles that do
+ * not set it write what they wrote before it existed. */
 #define OMIT_ZERO 2
 
 #define FLD(sec, key, type, member, req)                                                           \
@@ -71,6 +72,7 @@ static const field_t fields[] = {
     FLD("gpu", "gemm_efficiency", F_DOUBLE, gpu.gemm_efficiency, 0),
     FLD("gpu", "gemm_unaligned_efficiency", F_DOUBLE, gpu.gemm_unaligned_efficiency, 0),
     FLD("gpu", "attention_efficiency", F_DOUBLE, gpu.attention_efficiency, 0),
+    FLD("gpu", "attention_seq_efficiency", F_ATTNSEQ, gpu.attention_seq_efficiency, OMIT_ZERO),
     FLD("gpu", "strided_elements_per_s", F_DOUBLE, gpu.strided_elements_per_s, 0),
     FLD("gpu", "elementwise_memory_efficiency", F_DOUBLE, gpu.elementwise_memory_efficiency, 0),
     FLD("gpu", "sms", F_INT, gpu.sms, 0),
@@ -217,6 +219,12 @@ static const char *proto_name_i(int i)
     return fsdp_sim_proto_name((fsdp_sim_proto_t)i);
 }
 
+/* the rows of gpu.attention_seq_efficiency */
+static const char *head_dim_name_i(int i)
+{
+    return i == 0 ? "hd64" : "hd128";
+}
+
 /* An object keyed by the names name(0..n-1), each value an array of m numbers, into rows of
  * `stride` doubles. Missing keys leave their rows alone. */
 static fsdp_status_t get_keyed_rows(parse_ctx_t *c, json_t *v, const char *(*name)(int), int n,
@@ -323,6 +331,9 @@ static fsdp_status_t get_field(parse_ctx_t *c, const field_t *f, json_t *v, fsdp
     case F_TREECORR:
         return get_keyed_rows(c, v, proto_name_i, FSDP_SIM_PROTO_COUNT, FSDP_SIM_TREE_SIZES,
                               (double *)addr, FSDP_SIM_TREE_SIZES);
+    case F_ATTNSEQ:
+        return get_keyed_rows(c, v, head_dim_name_i, 2, FSDP_SIM_ATTN_SEQ_POINTS, (double *)addr,
+                              FSDP_SIM_ATTN_SEQ_POINTS);
     case F_FLOPS:
         return get_flops(c, v, &p->gpu, has_f32);
     case F_ALGOS:
@@ -612,6 +623,8 @@ static size_t field_size(const field_t *f)
         return FSDP_SIM_ALGO_COUNT * FSDP_SIM_PROTO_COUNT * sizeof(double);
     case F_TREECORR:
         return FSDP_SIM_PROTO_COUNT * FSDP_SIM_TREE_SIZES * sizeof(double);
+    case F_ATTNSEQ:
+        return 2 * FSDP_SIM_ATTN_SEQ_POINTS * sizeof(double);
     case F_ALGOS:
     case F_PROTOS:
         return sizeof(unsigned);
@@ -671,6 +684,10 @@ static json_t *field_json(const fsdp_sim_profile_t *p, const field_t *f)
         v = rows_json((const double *)addr, proto_name_i, FSDP_SIM_PROTO_COUNT, FSDP_SIM_TREE_SIZES,
                       FSDP_SIM_TREE_SIZES);
         break;
+    case F_ATTNSEQ:
+        v = rows_json((const double *)addr, head_dim_name_i, 2, FSDP_SIM_ATTN_SEQ_POINTS,
+                      FSDP_SIM_ATTN_SEQ_POINTS);
+        break;
     case F_FLOPS:
         v = json_object();
         json_object_set_new(v, "f32", json_real(p->gpu.matmul_flops_per_s[FSDP_DTYPE_F32]));
@@ -691,6 +708,14 @@ static json_t *field_json(const fsdp_sim_profile_t *p, const field_t *f)
     return v;
 }
 
+static int all_zero(const char *addr, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (addr[i] != 0)
+            return 0;
+    return 1;
+}
+
 static char *profile_dump(const fsdp_sim_profile_t *p, int precision)
 {
     json_t *root = json_object();
@@ -699,7 +724,7 @@ static char *profile_dump(const fsdp_sim_profile_t *p, int precision)
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field_t *f = &fields[i];
         json_t *obj = root;
-        if (f->required == OMIT_ZERO && *(const int *)((const char *)p + f->offset) == 0)
+        if (f->required == OMIT_ZERO && all_zero((const char *)p + f->offset, field_size(f)))
             continue;
         if (*f->section != '\0') {
             obj = json_object_get(root, f->section);

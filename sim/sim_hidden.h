@@ -56,7 +56,7 @@ double fsdp_sim_coll_time_shared(const fsdp_sim_profile_t *profile, fsdp_sim_col
                                  fsdp_sim_coll_cost_t *cost_p);
 
 /* A kernel's device time. GEMMs: FLOPs / (peak x gemm_efficiency x quantization); fused
- * attention likewise with attention_efficiency; other kernels: max(FLOPs / (vector peak x
+ * attention likewise with attention_efficiency (or its table by sequence length); other kernels: max(FLOPs / (vector peak x
  * compute_efficiency), bytes / (bandwidth x memory_efficiency)); each plus the kernel latency.
  * Under FSDP_SIM_OPS_EAGER a fused element-wise kernel costs the sum of its eager ops, each
  * with its own latency. */

@@ -1122,6 +1122,142 @@ static void test_nccl_218(void)
     CU_ASSERT(strstr(last_log, "nccl.version 218") != NULL);
 }
 
+/* A causal bf16 fused-attention descriptor of either direction (their operand structs differ). */
+static fsdp_kernel_t causal_attention(fsdp_kernel_kind_t kind, size_t batch, size_t seq,
+                                      size_t heads, size_t head_dim)
+{
+    fsdp_kernel_t k;
+
+    memset(&k, 0, sizeof(k));
+    k.kind = kind;
+#define SET_(u)                                                                                    \
+    do {                                                                                           \
+        (u).batch = batch;                                                                         \
+        (u).seq = seq;                                                                             \
+        (u).heads = (u).kv_heads = heads;                                                          \
+        (u).head_dim = head_dim;                                                                   \
+        (u).causal = 1;                                                                            \
+        (u).dtype = FSDP_DTYPE_BF16;                                                               \
+    } while (0)
+    if (kind == FSDP_K_ATTENTION_FWD)
+        SET_(k.u.attention_fwd);
+    else
+        SET_(k.u.attention_bwd);
+#undef SET_
+    return k;
+}
+
+/* The 2023 stacks (a100-2023, h100-2023), in closed form: fused attention at the Triton
+ * FlashAttention's efficiency for its sequence length and head_dim (FlashAttention-2's paper,
+ * Figure 4), linear in log2(seq) between 512, 1024, ..., 16384 tokens and held outside them;
+ * NCCL 2.18.5's tuning; everything else the a100 and h100-2024 presets'. */
+static void test_stack_2023(void)
+{
+    fsdp_sim_profile_t a, a23, h24, h23, q;
+    fsdp_kernel_t k;
+    double flops = 4.0 * 128 * 4 * 16 * 2048.0 * 2049 / 2,
+           qa = fsdp_sim_attention_quantization(4, 16, 2048, 108);
+    char *json;
+
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100", &a), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100-2023", &a23), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100-2024", &h24), FSDP_OK);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100-2023", &h23), FSDP_OK);
+    CU_ASSERT(strstr(a23.stack, "CUDA 11.7-11.8") != NULL);
+    CU_ASSERT(strstr(h23.stack, "CUDA 11.8") != NULL);
+    CU_ASSERT_EQUAL(a23.nccl.version, 21805);
+    CU_ASSERT_EQUAL(h23.nccl.version, 21805);
+
+    /* causal forward, 4 x 16 heads of 128, 2,048 tokens, fused: 0.218 of 312 TFLOP/s, where
+     * a100 runs FlashAttention-2 at 0.50 */
+    a.ops = a23.ops = h23.ops = h24.ops = FSDP_SIM_OPS_FUSED;
+    k = causal_attention(FSDP_K_ATTENTION_FWD, 4, 2048, 16, 128);
+    close_to(fsdp_sim_kernel_time(&a23, &k), flops / (312e12 * 0.218 * qa) + 1.2e-6, 1e-12);
+    close_to(fsdp_sim_kernel_time(&a, &k), flops / (312e12 * 0.50 * qa) + 1.2e-6, 1e-12);
+    /* backward: the same efficiency, 10 hd a pair */
+    k = causal_attention(FSDP_K_ATTENTION_BWD, 4, 2048, 16, 128);
+    close_to(fsdp_sim_kernel_time(&a23, &k), 2.5 * flops / (312e12 * 0.218 * qa) + 1.2e-6, 1e-12);
+    /* head_dim 64 (32 heads, the same FLOPs): the other row, 0.254 */
+    k = causal_attention(FSDP_K_ATTENTION_BWD, 4, 2048, 32, 64);
+    close_to(fsdp_sim_kernel_time(&a23, &k),
+             2.5 * flops / (312e12 * 0.254 * fsdp_sim_attention_quantization(4, 32, 2048, 108)) +
+                 1.2e-6,
+             1e-12);
+    /* between two points, linear in log2(seq): 3,000 tokens, 0.218 + log2(3000 / 2048) x
+     * (0.238 - 0.218), and on the H100 0.111 + the same x (0.128 - 0.111) */
+    k = causal_attention(FSDP_K_ATTENTION_FWD, 4, 3000, 16, 128);
+    {
+        double x = log2(3000.0 / 2048), f = 4.0 * 128 * 4 * 16 * 3000.0 * 3001 / 2;
+        double e = 0.218 + x * (0.238 - 0.218), eh = 0.111 + x * (0.128 - 0.111);
+        close_to(fsdp_sim_kernel_time(&a23, &k),
+                 f / (312e12 * e * fsdp_sim_attention_quantization(4, 16, 3000, 108)) + 1.2e-6,
+                 1e-12);
+        close_to(fsdp_sim_kernel_time(&h23, &k),
+                 f / (989.4e12 * eh * fsdp_sim_attention_quantization(4, 16, 3000, 132)) + 1.2e-6,
+                 1e-12);
+        /* h100-2024: PyTorch 2.11's FlashAttention-2, 0.26 at every length */
+        close_to(fsdp_sim_kernel_time(&h24, &k),
+                 f / (989.4e12 * 0.26 * fsdp_sim_attention_quantization(4, 16, 3000, 132)) + 1.2e-6,
+                 1e-12);
+    }
+    /* outside the figure's lengths, its end points: 65,536 tokens at 16,384's, 256 at 512's */
+    k = causal_attention(FSDP_K_ATTENTION_FWD, 1, 65536, 16, 128);
+    close_to(fsdp_sim_kernel_time(&a23, &k),
+             4.0 * 128 * 16 * 65536.0 * 65537 / 2 /
+                     (312e12 * 0.257 * fsdp_sim_attention_quantization(1, 16, 65536, 108)) +
+                 1.2e-6,
+             1e-12);
+    k = causal_attention(FSDP_K_ATTENTION_FWD, 1, 256, 16, 128);
+    close_to(fsdp_sim_kernel_time(&h23, &k),
+             4.0 * 128 * 16 * 256.0 * 257 / 2 /
+                     (989.4e12 * 0.093 * fsdp_sim_attention_quantization(1, 16, 256, 132)) +
+                 1.2e-6,
+             1e-12);
+
+    /* but for the table, the name and the stack, a100-2023 is a100-nccl2.18 and h100-2023 is
+     * h100-2024 with NCCL 2.18.5's tuning (h100-nccl2.18 less PAT, which it has not either) */
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("a100-nccl2.18", &q), FSDP_OK);
+    q.ops = FSDP_SIM_OPS_FUSED;
+    memcpy(q.name, a23.name, sizeof(q.name));
+    memcpy(q.stack, a23.stack, sizeof(q.stack));
+    memcpy(q.gpu.attention_seq_efficiency, a23.gpu.attention_seq_efficiency,
+           sizeof(q.gpu.attention_seq_efficiency));
+    CU_ASSERT_EQUAL(memcmp(&q, &a23, sizeof(q)), 0);
+    CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset("h100-nccl2.18", &q), FSDP_OK);
+    q.ops = FSDP_SIM_OPS_FUSED;
+    memcpy(q.name, h23.name, sizeof(q.name));
+    memcpy(q.stack, h23.stack, sizeof(q.stack));
+    memcpy(q.gpu.attention_seq_efficiency, h23.gpu.attention_seq_efficiency,
+           sizeof(q.gpu.attention_seq_efficiency));
+    CU_ASSERT_EQUAL(memcmp(&q, &h23, sizeof(q)), 0);
+
+    /* the table is written where it is set, read back, and range-checked as a whole */
+    json = fsdp_sim_profile_to_json(&a);
+    CU_ASSERT(strstr(json, "attention_seq_efficiency") == NULL);
+    free(json);
+    json = fsdp_sim_profile_to_json(&a23);
+    CU_ASSERT(strstr(json, "\"hd128\"") != NULL);
+    CU_ASSERT_EQUAL(fsdp_sim_profile_parse(json, &q), FSDP_OK);
+    CU_ASSERT_EQUAL(memcmp(q.gpu.attention_seq_efficiency, a23.gpu.attention_seq_efficiency,
+                           sizeof(q.gpu.attention_seq_efficiency)),
+                    0);
+    free(json);
+    capture_start();
+    CU_ASSERT_EQUAL(fsdp_sim_profile_parse("{\"base\": \"a100\", \"gpu\": "
+                                           "{\"attention_seq_efficiency\": {\"hd128\": "
+                                           "[0.1, 0.2, 0.2, 0.2, 0.2, 0.2]}}}",
+                                           &q),
+                    FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(strstr(last_log, "6 of its 12 entries") != NULL);
+    CU_ASSERT_EQUAL(fsdp_sim_profile_parse("{\"base\": \"a100-2023\", \"gpu\": "
+                                           "{\"attention_seq_efficiency\": {\"hd64\": "
+                                           "[0.1, 0.2, 0.2, 0.2, 0.2, 1.5]}}}",
+                                           &q),
+                    FSDP_ERR_INVALID_PARAM);
+    CU_ASSERT(strstr(last_log, "gpu.attention_seq_efficiency is 1.5") != NULL);
+    capture_end();
+}
+
 /* ---- profiles ---- */
 
 static void expect_error(fsdp_status_t got, fsdp_status_t want, const char *needle)
@@ -1232,10 +1368,11 @@ static void test_profile_errors(void)
 /* The presets read back from their JSON, and the JSON files under traces/profiles are them. */
 static void test_profile_json(void)
 {
-    const char *names[] = {"h100", "h100-2024", "a100", "h200", "a100-nccl2.18", "h100-nccl2.18"};
+    const char *names[] = {"h100",          "h100-2024",     "a100",      "h200",
+                           "a100-nccl2.18", "h100-nccl2.18", "a100-2023", "h100-2023"};
     const char *srcdir = getenv("srcdir");
 
-    for (int i = 0; i < 6; i++) {
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         fsdp_sim_profile_t p, q;
         char *a, *b, path[1024];
         CU_ASSERT_EQUAL_FATAL(fsdp_sim_profile_preset(names[i], &p), FSDP_OK);
@@ -1940,6 +2077,7 @@ int main(void)
         {"NCCL terms: floor, channels, switch points, NVLS, tree, PAT", test_nccl_terms},
         {"NCCL model against stored times", test_nccl_table},
         {"NCCL 2.18.5's tuning formulas", test_nccl_218},
+        {"the 2023 stacks: Triton FlashAttention by length, NCCL 2.18", test_stack_2023},
         {"determinism; shape mode and fibers equal data mode", test_determinism},
         {"stream, device and accounting queries", test_query_api},
         {"collectives take SMs from GEMMs", test_sm_contention},

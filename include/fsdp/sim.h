@@ -53,6 +53,10 @@ typedef enum {
 
 /* Columns of NCCL's per-node-count tables: one node, two nodes, three or more. */
 #define FSDP_SIM_NODE_CLASSES 3
+/* The sequence lengths of gpu.attention_seq_efficiency: 512, 1024, ..., 16384 tokens (the lengths
+ * of FlashAttention-2's benchmark figures) */
+#define FSDP_SIM_ATTN_SEQ_POINTS 6
+#define FSDP_SIM_ATTN_SEQ_MIN 512
 /* treeCorrectionFactor: one entry per power of two of nBytes/64, from 64 B to 256 MiB. */
 #define FSDP_SIM_TREE_SIZES 23
 
@@ -88,6 +92,12 @@ typedef struct fsdp_sim_gpu_profile {
     /* Fused attention: the same for its matrix products, blocks of FSDP_SIM_ATTN_BLOCK queries
      * per (batch, head) spread over `sms` SMs */
     double attention_efficiency;
+    /* ... by sequence length, where a source measures the kernel by length (the Triton
+     * FlashAttention of 2023: docs/costs.md, "Fused attention"): [0] for head_dim 64 and below,
+     * [1] above, at FSDP_SIM_ATTN_SEQ_MIN << i tokens; linear in log2(seq) between two points,
+     * the nearer end's value outside them. All 0 (the presets but the -2023 ones):
+     * attention_efficiency at every length. */
+    double attention_seq_efficiency[2][FSDP_SIM_ATTN_SEQ_POINTS];
     int sms; /* streaming multiprocessors; 0: no tile or wave quantization */
 } fsdp_sim_gpu_profile_t;
 

@@ -24,9 +24,10 @@ tables:
 - kernels: the planned kernel time by kind of the H200 measurement's job, beside its kernel
   trace (traces/measured/h200-llama-4layer-flash-kernels.json, figures as docs/fidelity.md
   gives them);
-- mpt, mpt-by, mpt-scale: MosaicML's MPT runs (llm-foundry's benchmark tables), planned as
-  they ran (--ops fused) and with --ops eager; their median and worst error by sequence length,
-  model size and checkpointing; the same job at several GPU counts.
+- mpt, mpt-by, mpt-stack, mpt-scale: MosaicML's MPT runs (llm-foundry's benchmark tables),
+  planned as they ran (--ops fused, on the -2023 presets of the software they used) and with
+  --ops eager, and on today's presets beside; their median and worst error by sequence length,
+  model size and checkpointing, on both; the same job at several GPU counts.
 
 Nothing here is fitted: the profiles are the presets, changed only where a source states a
 cluster fact (docs/fidelity.md, "The runs"). Plans run in parallel (--jobs, default 2).
@@ -60,6 +61,9 @@ PROFILES = {
     # bandwidth (NVIDIA A100 datasheet: 40 GB, 1,555 GB/s); 8 x 200 Gb/s is the 1600 Gb/s a node
     "a100-40g": '{"base": "a100", "gpu": {"model": "NVIDIA A100 SXM4 40GB", '
                 '"memory_bytes": 42949672960, "hbm_bytes_per_s": 1.555e12}}',
+    # ... under the software those runs used (PyTorch 1.13.1, CUDA 11.7, Triton FlashAttention)
+    "a100-40g-2023": '{"base": "a100-2023", "gpu": {"model": "NVIDIA A100 SXM4 40GB", '
+                     '"memory_bytes": 42949672960, "hbm_bytes_per_s": 1.555e12}}',
 }
 MP = ["--mixed-precision", "param=bf16,reduce=fp32"]
 TT = ["--profile", "a100:nodes=8"] + MP
@@ -188,13 +192,14 @@ MPT_SHAPES = {"125m": (12, 12, 768), "350m": (24, 16, 1024), "760m": (24, 12, 15
               "1b": (24, 16, 2048), "3b": (32, 20, 2560), "7b": (32, 32, 4096),
               "13b": (40, 40, 5120), "30b": (48, 56, 7168), "70b": (80, 64, 8192)}
 MPT_VOCAB = 50368
-# each table: its title, the GPUs, their type, the profile it is planned on (None: not
-# expressible)
+# each table: its title, the GPUs, their type, the profile it is planned on, the stack the runs
+# used (PyTorch 1.13.1 and 2.0.1 on CUDA 11.7 and 11.8, MPT's Triton FlashAttention: the -2023
+# presets; None: not expressible), and the same GPUs under today's presets, planned beside them
 MPT_TABLES = {
-    "h100": ("H100 80GB BF16", "H100 80GB", "H100", "h100-2024"),
-    "h100-fp8": ("H100 80GB FP8", "H100 80GB", "H100", None),
-    "a100-80": ("A100 80GB", "A100 80GB", "A100", "a100"),
-    "a100-40": ("A100 40GB", "A100 40GB", "A100", "@a100-40g"),
+    "h100": ("H100 80GB BF16", "H100 80GB", "H100", "h100-2023", "h100-2024"),
+    "h100-fp8": ("H100 80GB FP8", "H100 80GB", "H100", None, None),
+    "a100-80": ("A100 80GB", "A100 80GB", "A100", "a100-2023", "a100"),
+    "a100-40": ("A100 40GB", "A100 40GB", "A100", "@a100-40g-2023", "@a100-40g"),
 }
 MPT_ROWS = {
     "h100": """
@@ -428,7 +433,7 @@ def mpt_job(name, seq, profile, count, micro, ckpt):
 def mpt_runs():
     runs = []
     for table, text in MPT_ROWS.items():
-        _, gpus, gpu, profile = MPT_TABLES[table]
+        _, gpus, gpu, profile, today = MPT_TABLES[table]
         for line in text.split("\n"):
             f = line.split()
             if not f:
@@ -439,10 +444,11 @@ def mpt_runs():
                 sys.exit("MPT-%s at %d tokens: %d parameters, the source says %d" % (
                     name, seq, mpt_params(name, seq), params))
             job = mpt_job(name, seq, profile, count, micro, ckpt) if profile else []
+            today_job = mpt_job(name, seq, today, count, micro, ckpt) if today else []
             runs.append(Run("MPT", "MPT-" + name.upper(), "%d %s" % (count, gpus),
                             gpu, count, "%d x %d" % (micro, seq), "full" if ckpt else "none", tps,
                             job, modes=("fused",), table=table, accum=accum, seq=seq,
-                            prec="%s, %s" % (prec, mp), name=name,
+                            prec="%s, %s" % (prec, mp), name=name, today=today_job,
                             expressible="yes" if profile else "no: float8 (Transformer Engine)"))
     return runs
 
@@ -802,27 +808,34 @@ def mpt_planned():
     return [r for r in MPT_RUNS if r.extra["expressible"] == "yes"]
 
 
-def mpt_plan(pl, r, mode="fused"):
-    return pl.get(options(r, r.variants[0], "fsdp1", mode))
+def mpt_plan(pl, r, mode="fused", today=False):
+    """the plan of the run on the stack it ran (the -2023 presets), or on today's presets"""
+    return pl.get(mpt_options(r, mode, today))
+
+
+def mpt_options(r, mode, today=False):
+    return options(r, ("", r.extra["today"]) if today else r.variants[0], "fsdp1", mode)
 
 
 def table_mpt(pl):
     out = [row(["table", "model", "tokens", "GPUs", "micro-batch x accumulation",
                 "checkpointing", "precision, MP mode", "published tokens/s/GPU",
-                "fsdp-plan (fused)", "error", "exposed communication", "planned memory, GiB",
-                "--ops eager (HF GPT-2's ops)", "error"]),
-           "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                "fsdp-plan (fused)", "error", "today's presets (fused)", "error",
+                "exposed communication", "planned memory, GiB", "--ops eager (HF GPT-2's ops)",
+                "error"]),
+           "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in MPT_RUNS:
         x = r.extra
         cells = [MPT_TABLES[x["table"]][0], r.model, x["seq"], r.count,
                  "%s x %d" % (r.batch.split(" x ")[0], x["accum"]), r.ckpt, x["prec"],
                  r.published]
         if x["expressible"] != "yes":
-            out.append(row(cells + [x["expressible"], "", "", "", "", ""]))
+            out.append(row(cells + [x["expressible"], "", "", "", "", "", "", ""]))
             continue
         pf, pe = mpt_plan(pl, r), mpt_plan(pl, r, "eager")
         mem = "%.1f" % pf.reserved + (", does not fit" if pf.fits == "no" else "")
         out.append(row(cells + [*tps_cells([pf], r.published, 1),
+                                *tps_cells([mpt_plan(pl, r, today=True)], r.published, 1),
                                 "%.1f%%" % (100 * pf.exposed / pf.step), mem,
                                 *tps_cells([pe], r.published, 1)]))
     return out
@@ -851,6 +864,23 @@ def table_mpt_by(pl):
         for t in tables + [None]:
             cells.append(stat([err(mpt_plan(pl, r).tps, r.published) for r in mpt_planned()
                                if sel(r) and t in (None, r.extra["table"])]))
+        out.append(row([label] + cells))
+    return out
+
+
+def table_mpt_stack(pl):
+    """the median / worst error of each band on the stack the runs used and on today's presets"""
+    tables = [t for t in MPT_TABLES if MPT_TABLES[t][3]]
+    out = [row(["rows"] + ["%s, %s" % (MPT_TABLES[t][0] if t else "all", w)
+                           for t in tables + [None] for w in ("2023 stack", "today's presets")]),
+           "|---|" + "---:|" * (2 * len(tables) + 2)]
+    for label, sel in MPT_BANDS:
+        cells = []
+        for t in tables + [None]:
+            for today in (False, True):
+                e = [err(mpt_plan(pl, r, today=today).tps, r.published) for r in mpt_planned()
+                     if sel(r) and t in (None, r.extra["table"])]
+                cells.append(stat(e).rsplit(" (", 1)[0])
         out.append(row([label] + cells))
     return out
 
@@ -981,6 +1011,7 @@ TABLES = {
     "kernels": table_kernels,
     "mpt": table_mpt,
     "mpt-by": table_mpt_by,
+    "mpt-stack": table_mpt_stack,
     "mpt-scale": table_mpt_scale,
 }
 MARK = re.compile(r"^<!-- fidelity\.py: ([a-z0-9-]+) -->$")
@@ -1034,7 +1065,8 @@ def main():
                         pl.want(options(r, v, "fsdp2", mode))
         for r in mpt_planned():
             for mode in ("fused", "eager"):
-                pl.want(options(r, r.variants[0], "fsdp1", mode))
+                pl.want(mpt_options(r, mode))
+            pl.want(mpt_options(r, "fused", today=True))
         pl.go()
         for r in RUNS_1D:
             m = re.search(r"\(.*, ([0-9.]+) GiB each\)", pl.get(options(
