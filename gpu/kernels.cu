@@ -389,7 +389,7 @@ typedef fsdp_status_t (*launch_fn_t)(fsdp_gpu_stream_t *stream, const fsdp_kerne
 #define FSDP_GPU_LAUNCH_PARTS(NAME) launch_parts<FSDP_K_##NAME>
 #define FSDP_GPU_LAUNCH_PASSES(NAME) fsdp_gpu_launch_llama
 #define FSDP_GPU_LAUNCH_GEMM(NAME) nullptr
-#define FSDP_GPU_LAUNCH_(NAME, name, member, dtypes, exec, cost) FSDP_GPU_LAUNCH_##exec(NAME),
+#define FSDP_GPU_LAUNCH_(NAME, name, member, dtypes, exec, cost, vec) FSDP_GPU_LAUNCH_##exec(NAME),
 const launch_fn_t launchers[FSDP_K_COUNT] = {FSDP_FOREACH_KERNEL(FSDP_GPU_LAUNCH_)};
 #undef FSDP_GPU_LAUNCH_
 

@@ -145,7 +145,7 @@ typedef fsdp_status_t (*launch_fn_t)(fsdp_gpu_stream_t *stream, const fsdp_kerne
 #define LLAMA_LAUNCH_ELEMS(NAME) nullptr
 #define LLAMA_LAUNCH_PARTS(NAME) nullptr
 #define LLAMA_LAUNCH_GEMM(NAME) nullptr
-#define LLAMA_LAUNCH_(NAME, name, member, dtypes, exec, cost) LLAMA_LAUNCH_##exec(NAME),
+#define LLAMA_LAUNCH_(NAME, name, member, dtypes, exec, cost, vec) LLAMA_LAUNCH_##exec(NAME),
 const launch_fn_t llama_launchers[FSDP_K_COUNT] = {FSDP_FOREACH_KERNEL(LLAMA_LAUNCH_)};
 #undef LLAMA_LAUNCH_
 

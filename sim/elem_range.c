@@ -28,7 +28,7 @@ typedef void (*fsdp_sim_range_t)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
 #define FSDP_SIM_RANGE_DEF_PARTS(NAME, name) FSDP_SIM_RANGE_LOOP_(NAME, name)
 #define FSDP_SIM_RANGE_DEF_PASSES(NAME, name)
 #define FSDP_SIM_RANGE_DEF_GEMM(NAME, name)
-#define FSDP_SIM_RANGE_DEF_(NAME, name, member, dtypes, exec, cost)                                \
+#define FSDP_SIM_RANGE_DEF_(NAME, name, member, dtypes, exec, cost, vec)                           \
     FSDP_SIM_RANGE_DEF_##exec(NAME, name)
 FSDP_FOREACH_KERNEL(FSDP_SIM_RANGE_DEF_)
 
@@ -38,7 +38,7 @@ FSDP_FOREACH_KERNEL(FSDP_SIM_RANGE_DEF_)
 #define FSDP_SIM_RANGE_GEMM(name) NULL
 
 static const fsdp_sim_range_t fsdp_sim_ranges[FSDP_K_COUNT] = {
-#define FSDP_SIM_RANGE_(NAME, name, member, dtypes, exec, cost) FSDP_SIM_RANGE_##exec(name),
+#define FSDP_SIM_RANGE_(NAME, name, member, dtypes, exec, cost, vec) FSDP_SIM_RANGE_##exec(name),
     FSDP_FOREACH_KERNEL(FSDP_SIM_RANGE_)
 #undef FSDP_SIM_RANGE_
 };

@@ -1,10 +1,12 @@
 /* One instance of the vectorized element-wise loops of elem_vec.c, included once per vector
- * width. The includer defines:
+ * width: a loop per kind whose vec column (kernel.h) is ELEMS, named after its member. The
+ * includer defines:
  *   EV_W       floats per vector (4: SSE2, 8: AVX2)
  *   EV_SUFFIX  the suffix of this instance's names (sse2, avx2)
  *   EV_ATTR    the function attributes of this instance (its target)
  *   EV_SQRT(v) the correctly rounded square root of each lane (sqrtps, not an rsqrt estimate)
  *   EV_ANY(m)  nonzero when any lane of the mask m is set
+ *   EV_NARROWER in an instance wider than 4 lanes, the 4 lanes' suffix (lanes_vec_tmpl.h)
  *
  * Each lane computes what the shared scalar body computes for its element (kernel_elem.h,
  * elementwise.h, nn_bodies.h), as the same sequence of IEEE operations on the same operands in
@@ -149,9 +151,10 @@ EV_INLINE vf EV(gelu_grad)(vf dy, vf x)
 
 #define EV_TAIL(KIND, k, p, i) fsdp_sim_elem_range((k), (p), (i), end)
 
-EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                               size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     float *param = k->u.adamw.param, *exp_avg = k->u.adamw.exp_avg;
     float *exp_avg_sq = k->u.adamw.exp_avg_sq;
     const float *grad = k->u.adamw.grad;
@@ -179,9 +182,10 @@ EV_ATTR static void EV(adamw)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, s
     EV_TAIL(FSDP_K_ADAMW, k, p, i);
 }
 
-EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                             size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     float *param = k->u.sgd.param, *buf = k->u.sgd.momentum_buf;
     const float *grad = k->u.sgd.grad;
     const float lr = k->u.sgd.lr, momentum = k->u.sgd.momentum;
@@ -210,9 +214,10 @@ EV_ATTR static void EV(sgd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, siz
     EV_TAIL(FSDP_K_SGD, k, p, i);
 }
 
-EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                                  size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t dt = k->u.gelu_fwd.dtype;
     size_t i = begin;
 
@@ -226,9 +231,10 @@ EV_ATTR static void EV(gelu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     EV_TAIL(FSDP_K_GELU_FWD, k, p, i);
 }
 
-EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                                  size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t dt = k->u.gelu_bwd.dtype;
     size_t i = begin;
 
@@ -242,9 +248,10 @@ EV_ATTR static void EV(gelu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     EV_TAIL(FSDP_K_GELU_BWD, k, p, i);
 }
 
-EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                             size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t dt = k->u.add.dtype;
     size_t i = begin;
 
@@ -258,9 +265,10 @@ EV_ATTR static void EV(add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, siz
     EV_TAIL(FSDP_K_ADD, k, p, i);
 }
 
-EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                              size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t ydt = k->u.axpy.y_dtype, xdt = k->u.axpy.x_dtype;
     const float alpha = k->u.axpy.alpha;
     size_t i = begin;
@@ -275,9 +283,10 @@ EV_ATTR static void EV(axpy)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, si
     EV_TAIL(FSDP_K_AXPY, k, p, i);
 }
 
-EV_ATTR static void EV(relu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(relu_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                                  size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t ydt = k->u.relu_fwd.y_dtype, xdt = k->u.relu_fwd.x_dtype;
     const vf zero = EV(splat)(0.0f);
     size_t i = begin;
@@ -289,9 +298,10 @@ EV_ATTR static void EV(relu_fwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
     EV_TAIL(FSDP_K_RELU_FWD, k, p, i);
 }
 
-EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                                  size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t dxdt = k->u.relu_bwd.dx_dtype, dydt = k->u.relu_bwd.dy_dtype;
     const fsdp_dtype_t ydt = k->u.relu_bwd.y_dtype;
     const vf zero = EV(splat)(0.0f);
@@ -305,9 +315,10 @@ EV_ATTR static void EV(relu_bwd)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
 }
 
 /* row by row: whole vectors of the row's columns, then its last columns by the scalar loop */
-EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                                  size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t ydt = k->u.bias_add.y_dtype, bdt = k->u.bias_add.bias_dtype;
     const size_t rows = k->u.bias_add.rows, cols = k->u.bias_add.cols;
 
@@ -329,28 +340,16 @@ EV_ATTR static void EV(bias_add)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p
 }
 
 /* between f32 and bf16 (the same dtype is a copy: kernels.c's plain loops) */
-EV_ATTR static void EV(cast)(const fsdp_kernel_t *k, const fsdp_kb_prep_t *p, size_t begin,
+EV_ATTR static void EV(cast)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t begin,
                              size_t end)
 {
+    const fsdp_kb_prep_t *p = job->p;
     const fsdp_dtype_t ddt = k->u.cast.dst_dtype, sdt = k->u.cast.src_dtype;
     size_t i = begin;
 
     for (; i + EV_W <= end; i += EV_W)
         EV(st)(k->u.cast.dst, ddt, i, EV(ld)(k->u.cast.src, sdt, i));
     EV_TAIL(FSDP_K_CAST, k, p, i);
-}
-
-/* The loop of kind, or NULL */
-static fsdp_sim_elem_loop_t EV(fsdp_ev_loop)(fsdp_kernel_kind_t kind)
-{
-    static const fsdp_sim_elem_loop_t loops[FSDP_K_COUNT] = {
-        [FSDP_K_ADAMW] = EV(adamw),       [FSDP_K_SGD] = EV(sgd),
-        [FSDP_K_GELU_FWD] = EV(gelu_fwd), [FSDP_K_GELU_BWD] = EV(gelu_bwd),
-        [FSDP_K_ADD] = EV(add),           [FSDP_K_AXPY] = EV(axpy),
-        [FSDP_K_RELU_FWD] = EV(relu_fwd), [FSDP_K_RELU_BWD] = EV(relu_bwd),
-        [FSDP_K_BIAS_ADD] = EV(bias_add), [FSDP_K_CAST] = EV(cast),
-    };
-    return (unsigned)kind < FSDP_K_COUNT ? loops[kind] : NULL;
 }
 
 #undef EV_TAIL

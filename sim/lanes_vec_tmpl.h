@@ -1,6 +1,7 @@
-/* One instance of the vectorized host replay of the fused attention's rows (lanes_vec in
- * elem_vec.c), included after elem_vec_tmpl.h with the same definitions (EV_W, EV_SUFFIX,
- * EV_ATTR and the vector types and helpers of that instance).
+/* One instance of the vectorized host replay of the fused attention's rows (the loops
+ * attention_fwd and attention_bwd of elem_vec.c's vector path), included after elem_vec_tmpl.h
+ * with the same definitions (EV_W, EV_SUFFIX, EV_ATTR and the vector types and helpers of that
+ * instance).
  *
  * The scalar replay (llama_bodies.h) runs the 32 lanes of a warp one after the other; here the
  * 32 lanes are FSDP_KB_LANES / EV_W vectors: row element e goes to lane e % 32, that is lane
@@ -19,8 +20,8 @@
  * compiled order (elem_vec_tmpl.h). A NaN that reaches no output changes nothing, so a row is
  * computed into local vectors first, and a row whose outputs hold a NaN is computed again by the
  * scalar loop's one compiled copy (fsdp_sim_pass_range, the scalar path's), which then writes
- * it. The callers take f32 and bf16 rows whose head_dim is a
- * multiple of EV_W only. */
+ * it. The check takes f32 and bf16 rows whose head_dim is a multiple of 4; an instance of wider
+ * vectors hands those that are no multiple of its EV_W to the 4 lanes' (EV_NARROWER). */
 
 #define EV_NL (FSDP_KB_LANES / EV_W)       /* vectors of a row's 32 lanes */
 #define EV_HV (FSDP_KB_ATTN_MAX_HD / EV_W) /* vectors of a row of head_dim at most */
@@ -624,28 +625,48 @@ EV_ATTR static int EV(fsdp_ev_attn_bwd_units)(const fsdp_kernel_t *k, size_t u0,
     return 1;
 }
 
-/* Rows [r0, r1) of pass `pass` of a checked attention kernel that lanes_vec takes (the forward's
- * by the scalar loop where its workspace cannot be had). */
-EV_ATTR static void EV(fsdp_ev_lanes_vec_rows)(const fsdp_kernel_t *k, int pass, size_t r0,
-                                               size_t r1)
+/* Rows [b, e) of a pass of a checked attention kernel that its check took (head_dim a multiple of
+ * 4). The rows' accumulators are whole vectors of head_dim: an instance whose vectors do not
+ * divide it hands the rows to the narrower instance, EV_NARROWER. The forward's rows take their
+ * keys transposed into a workspace; by the scalar loop where it cannot be had. */
+EV_ATTR static void EV(attention_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                      size_t e)
 {
-    if (k->kind == FSDP_K_ATTENTION_FWD) {
-        const size_t T = k->u.attention_fwd.seq, hd = k->u.attention_fwd.head_dim;
-        float *kt = malloc((T + EV_W - 1) / EV_W * EV_W * hd * sizeof(float));
-        if (kt == NULL) {
-            fsdp_sim_pass_range(k, 0, r0, r1);
-            return;
-        }
-#define EV_ROWS_(n) EV(attn_fwd_rows)(k, r0, r1, kt, n)
-        EV_BY_HD_(hd, EV_ROWS_)
-#undef EV_ROWS_
-        free(kt);
+    const size_t T = k->u.attention_fwd.seq, hd = k->u.attention_fwd.head_dim;
+    float *kt;
+
+#ifdef EV_NARROWER
+    if (hd % EV_W != 0) {
+        EV_CAT(attention_fwd, EV_NARROWER)(k, job, b, e);
         return;
     }
-    for (size_t r = r0; r < r1; r++) {
-        if (pass == 0)
+#endif
+    (void)job;
+    kt = malloc((T + EV_W - 1) / EV_W * EV_W * hd * sizeof(float));
+    if (kt == NULL) {
+        fsdp_sim_pass_range(k, 0, b, e);
+        return;
+    }
+#define EV_ROWS_(n) EV(attn_fwd_rows)(k, b, e, kt, n)
+    EV_BY_HD_(hd, EV_ROWS_)
+#undef EV_ROWS_
+    free(kt);
+}
+
+/* pass 0, the rows' deltas; 1, the query gradients; 2, the key and value gradients */
+EV_ATTR static void EV(attention_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                      size_t e)
+{
+#ifdef EV_NARROWER
+    if (k->u.attention_bwd.head_dim % EV_W != 0) {
+        EV_CAT(attention_bwd, EV_NARROWER)(k, job, b, e);
+        return;
+    }
+#endif
+    for (size_t r = b; r < e; r++) {
+        if (job->pass == 0)
             EV(attn_delta_row)(k, r);
-        else if (pass == 1)
+        else if (job->pass == 1)
             EV(attn_dq_row)(k, r);
         else
             EV(attn_dkv_row)(k, r);

@@ -1,6 +1,7 @@
 /* One instance of the vectorized host replay of the row kernels, the column sums and the Llama
- * kernels' element passes (rows_vec in elem_vec.c), included after lanes_vec_tmpl.h with the same
- * definitions (EV_W, EV_SUFFIX, EV_ATTR and the vector types and helpers of that instance).
+ * kernels' element passes (elem_vec.c's vector path: a loop per member, over rows, column blocks
+ * or a pass's indices), included after lanes_vec_tmpl.h with the same definitions (EV_W,
+ * EV_SUFFIX, EV_ATTR and the vector types and helpers of that instance).
  *
  * Rows (layernorm, softmax, cross-entropy, rmsnorm): the scalar replay (nn_bodies.h,
  * llama_bodies.h) walks a row once per pass, element c into the partial of lane c % 32; here the
@@ -353,29 +354,26 @@ EV_ATTR static void EV(cross_entropy_row)(const fsdp_kernel_t *k, float inv_deno
     }
 }
 
-/* Rows [r0, r1) of a checked row kernel that rows_vec takes (fsdp_kb_nn_rows_range). */
-EV_ATTR static void EV(fsdp_ev_rows_vec)(const fsdp_kernel_t *k, float ce_scale, size_t r0,
-                                         size_t r1)
-{
-    for (size_t r = r0; r < r1; r++) {
-        switch (k->kind) {
-        case FSDP_K_LAYERNORM_FWD:
-            EV(layernorm_fwd_row)(k, r);
-            break;
-        case FSDP_K_LAYERNORM_BWD:
-            EV(layernorm_bwd_row)(k, r);
-            break;
-        case FSDP_K_SOFTMAX_FWD:
-            EV(softmax_fwd_row)(k, r);
-            break;
-        case FSDP_K_SOFTMAX_BWD:
-            EV(softmax_bwd_row)(k, r);
-            break;
-        default:
-            EV(cross_entropy_row)(k, ce_scale, r);
-            break;
-        }
+/* The loops of a kind of rows over rows [b, e) of a checked descriptor that its check took
+ * (fsdp_kb_nn_rows_range, fsdp_kb_llama_host_pass): its row function, row by row */
+#define EV_ROWS_LOOP(m)                                                                            \
+    EV_ATTR static void EV(m)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,          \
+                              size_t e)                                                            \
+    {                                                                                              \
+        (void)job;                                                                                 \
+        for (size_t r = b; r < e; r++)                                                             \
+            EV(m##_row)(k, r);                                                                     \
     }
+
+EV_ROWS_LOOP(layernorm_fwd)
+EV_ROWS_LOOP(softmax_fwd)
+EV_ROWS_LOOP(softmax_bwd)
+
+EV_ATTR static void EV(cross_entropy)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                      size_t e)
+{
+    for (size_t r = b; r < e; r++)
+        EV(cross_entropy_row)(k, job->ce_scale, r);
 }
 
 /* ---- column sums: fsdp_kb_colsum_block, fsdp_kb_rmsnorm_bwd_cols ---- */
@@ -461,10 +459,26 @@ EV_ATTR static void EV(colsum_block)(const fsdp_kernel_t *k, size_t b)
     }
 }
 
-EV_ATTR static void EV(fsdp_ev_colsum_vec)(const fsdp_kernel_t *k, size_t b0, size_t b1)
+/* bias_grad, column blocks [b, e) */
+EV_ATTR static void EV(bias_grad)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                  size_t e)
 {
-    for (size_t b = b0; b < b1; b++)
-        EV(colsum_block)(k, b);
+    (void)job;
+    for (size_t blk = b; blk < e; blk++)
+        EV(colsum_block)(k, blk);
+}
+
+/* layernorm_bwd, column blocks [b, e) of its weight and bias gradients or rows [b, e) of its
+ * input gradient */
+EV_ATTR static void EV(layernorm_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                      size_t e)
+{
+    for (size_t i = b; i < e; i++) {
+        if (job->what == FSDP_EV_COLS)
+            EV(colsum_block)(k, i);
+        else
+            EV(layernorm_bwd_row)(k, i);
+    }
 }
 
 /* rmsnorm_bwd pass 0, column block blk (fsdp_kb_rmsnorm_bwd_cols): the rows in order, row r into
@@ -584,34 +598,44 @@ EV_INLINE vf EV(silu)(vf g)
     return g / (1.0f + EV(expf)(-g));
 }
 
-/* swiglu_fwd or swiglu_bwd, elements [b, e) (fsdp_kb_swiglu_fwd_at, fsdp_kb_swiglu_bwd_at) */
-EV_ATTR static void EV(swiglu)(const fsdp_kernel_t *k, size_t b, size_t e)
+/* swiglu_fwd, elements [b, e) (fsdp_kb_swiglu_fwd_at) */
+EV_ATTR static void EV(swiglu_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                   size_t e)
 {
+    const fsdp_dtype_t dt = k->u.swiglu_fwd.dtype;
     size_t i = b;
 
-    if (k->kind == FSDP_K_SWIGLU_FWD) {
-        const fsdp_dtype_t dt = k->u.swiglu_fwd.dtype;
-        for (; i + EV_W <= e; i += EV_W) {
-            vf g = EV(ld)(k->u.swiglu_fwd.gate, dt, i), u = EV(ld)(k->u.swiglu_fwd.up, dt, i);
-            if (EV_ANY((g != g) | (u != u)))
-                fsdp_sim_pass_range(k, 0, i, i + EV_W);
-            else
-                EV(st)(k->u.swiglu_fwd.y, dt, i, EV(rnd)(EV(silu)(g), dt) * u);
+    (void)job;
+    for (; i + EV_W <= e; i += EV_W) {
+        vf g = EV(ld)(k->u.swiglu_fwd.gate, dt, i), u = EV(ld)(k->u.swiglu_fwd.up, dt, i);
+        if (EV_ANY((g != g) | (u != u)))
+            fsdp_sim_pass_range(k, 0, i, i + EV_W);
+        else
+            EV(st)(k->u.swiglu_fwd.y, dt, i, EV(rnd)(EV(silu)(g), dt) * u);
+    }
+    if (i < e)
+        fsdp_sim_pass_range(k, 0, i, e);
+}
+
+/* swiglu_bwd, elements [b, e) (fsdp_kb_swiglu_bwd_at) */
+EV_ATTR static void EV(swiglu_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                   size_t e)
+{
+    const fsdp_dtype_t dt = k->u.swiglu_bwd.dtype;
+    size_t i = b;
+
+    (void)job;
+    for (; i + EV_W <= e; i += EV_W) {
+        vf g = EV(ld)(k->u.swiglu_bwd.gate, dt, i), u = EV(ld)(k->u.swiglu_bwd.up, dt, i);
+        vf dy = EV(ld)(k->u.swiglu_bwd.dy, dt, i), sig, dh;
+        if (EV_ANY((g != g) | (u != u) | (dy != dy))) {
+            fsdp_sim_pass_range(k, 0, i, i + EV_W);
+            continue;
         }
-    } else {
-        const fsdp_dtype_t dt = k->u.swiglu_bwd.dtype;
-        for (; i + EV_W <= e; i += EV_W) {
-            vf g = EV(ld)(k->u.swiglu_bwd.gate, dt, i), u = EV(ld)(k->u.swiglu_bwd.up, dt, i);
-            vf dy = EV(ld)(k->u.swiglu_bwd.dy, dt, i), sig, dh;
-            if (EV_ANY((g != g) | (u != u) | (dy != dy))) {
-                fsdp_sim_pass_range(k, 0, i, i + EV_W);
-                continue;
-            }
-            sig = 1.0f / (1.0f + EV(expf)(-g));
-            dh = EV(rnd)(dy * u, dt);
-            EV(st)(k->u.swiglu_bwd.dup, dt, i, dy * EV(rnd)(EV(silu)(g), dt));
-            EV(st)(k->u.swiglu_bwd.dgate, dt, i, dh * (sig * (1.0f + g * (1.0f - sig))));
-        }
+        sig = 1.0f / (1.0f + EV(expf)(-g));
+        dh = EV(rnd)(dy * u, dt);
+        EV(st)(k->u.swiglu_bwd.dup, dt, i, dy * EV(rnd)(EV(silu)(g), dt));
+        EV(st)(k->u.swiglu_bwd.dgate, dt, i, dh * (sig * (1.0f + g * (1.0f - sig))));
     }
     if (i < e)
         fsdp_sim_pass_range(k, 0, i, e);
@@ -619,12 +643,13 @@ EV_ATTR static void EV(swiglu)(const fsdp_kernel_t *k, size_t b, size_t e)
 
 /* rope_fwd or rope_bwd, rotation pairs [b, e) (fsdp_kb_rope_at): EV_W pairs of one head at a
  * time, the others one by one */
-EV_ATTR static void EV(rope)(const fsdp_kernel_t *k, size_t b, size_t e)
+EV_ATTR static void EV(rope)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b, size_t e)
 {
     const fsdp_dtype_t dt = k->u.rope.dtype;
     const size_t half = k->u.rope.head_dim / 2, per_row = k->u.rope.heads * half;
     const int backward = k->kind == FSDP_K_ROPE_BWD;
 
+    (void)job;
     for (size_t i = b; i < e;) {
         const size_t r = i / per_row, h = (i - r * per_row) / half, j = i - r * per_row - h * half;
         const size_t p = (r % k->u.rope.seq) * half + j;
@@ -659,33 +684,21 @@ EV_ATTR static void EV(rope)(const fsdp_kernel_t *k, size_t b, size_t e)
     }
 }
 
-/* Indices [b, e) of pass `pass` of a checked rmsnorm, swiglu or rope kernel that rows_vec takes
- * (fsdp_kb_llama_host_pass). */
-EV_ATTR static void EV(fsdp_ev_pass_vec)(const fsdp_kernel_t *k, int pass, size_t b, size_t e)
+EV_ROWS_LOOP(rmsnorm_fwd)
+
+/* rmsnorm_bwd, pass 0's column blocks [b, e) or pass 1's rows [b, e) */
+EV_ATTR static void EV(rmsnorm_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
+                                    size_t e)
 {
-    switch (k->kind) {
-    case FSDP_K_RMSNORM_FWD:
-        for (size_t r = b; r < e; r++)
-            EV(rmsnorm_fwd_row)(k, r);
-        break;
-    case FSDP_K_RMSNORM_BWD:
-        for (size_t r = b; r < e; r++) {
-            if (pass == 0)
-                EV(rmsnorm_bwd_cols)(k, r);
-            else
-                EV(rmsnorm_bwd_row)(k, r);
-        }
-        break;
-    case FSDP_K_SWIGLU_FWD:
-    case FSDP_K_SWIGLU_BWD:
-        EV(swiglu)(k, b, e);
-        break;
-    default:
-        EV(rope)(k, b, e);
-        break;
+    for (size_t i = b; i < e; i++) {
+        if (job->pass == 0)
+            EV(rmsnorm_bwd_cols)(k, i);
+        else
+            EV(rmsnorm_bwd_row)(k, i);
     }
 }
 
+#undef EV_ROWS_LOOP
 #undef EV_CNT
 #undef EV_NL
 #undef EV_INLINE

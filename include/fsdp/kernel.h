@@ -22,7 +22,7 @@ extern "C" {
  * (the enum below, fsdp_kernel_name, the library's lookups in lib/kernels/kinds.h and the
  * backends' dispatch tables). Rows are appended, never reordered: FSDP_K_* are numbers.
  *
- * X(NAME, name, member, dtypes, exec, cost)
+ * X(NAME, name, member, dtypes, exec, cost, vec)
  *   NAME    the kind is FSDP_K_NAME
  *   name    its name in logs and traces (fsdp_kernel_name)
  *   member  its operands: the member of fsdp_kernel_t's union
@@ -34,45 +34,49 @@ extern "C" {
  *           lib/kernels/llama_bodies.h; GEMM, the backend's own matrix product
  *   cost    how the simulator prices its FLOPs and bytes (fsdp_kernel_cost): VECTOR, a roofline
  *           on CUDA cores; MATMUL, tensor cores at the GEMM's efficiency; ATTENTION, tensor
- *           cores at the fused attention's */
+ *           cores at the fused attention's
+ *   vec     which of its parts the sim may run with host vectors (sim/elem_vec.c), the bytes of
+ *           its scalar loops: ELEMS, its elements; ROWS, its rows; COLS, its column sums;
+ *           COLS_ROWS, both; PASSES, its passes; NONE, none (the scalar loops run it all). The
+ *           vector loops and their check of the operands are named after the member */
 #define FSDP_FOREACH_KERNEL(X)                                                                     \
-    X(FILL, fill, fill, ONE, ELEMS, VECTOR)                                                        \
-    X(CAST, cast, cast, MIXED, ELEMS, VECTOR)                                                      \
-    X(SCALE, scale, scale, ONE, ELEMS, VECTOR)                                                     \
-    X(DIV, div, scale, ONE, ELEMS, VECTOR)                                                         \
-    X(AXPY, axpy, axpy, MIXED, ELEMS, VECTOR)                                                      \
-    X(GEMM, gemm, gemm, MIXED, GEMM, MATMUL)                                                       \
-    X(BIAS_ADD, bias_add, bias_add, MIXED, PARTS, VECTOR)                                          \
-    X(BIAS_GRAD, bias_grad, bias_grad, MIXED, PARTS, VECTOR)                                       \
-    X(RELU_FWD, relu_fwd, relu_fwd, MIXED, ELEMS, VECTOR)                                          \
-    X(RELU_BWD, relu_bwd, relu_bwd, MIXED, ELEMS, VECTOR)                                          \
-    X(MSE_LOSS, mse_loss, mse, MIXED, PARTS, VECTOR)                                               \
-    X(ADAMW, adamw, adamw, F32, ELEMS, VECTOR)                                                     \
-    X(SGD, sgd, sgd, F32, ELEMS, VECTOR)                                                           \
-    X(SUMSQ, sumsq, sumsq, ONE, PARTS, VECTOR)                                                     \
-    X(LAYERNORM_FWD, layernorm_fwd, layernorm_fwd, ONE, PARTS, VECTOR)                             \
-    X(LAYERNORM_BWD, layernorm_bwd, layernorm_bwd, ONE, PARTS, VECTOR)                             \
-    X(GELU_FWD, gelu_fwd, gelu_fwd, ONE, ELEMS, VECTOR)                                            \
-    X(GELU_BWD, gelu_bwd, gelu_bwd, ONE, ELEMS, VECTOR)                                            \
-    X(SOFTMAX_FWD, softmax_fwd, softmax_fwd, ONE, PARTS, VECTOR)                                   \
-    X(SOFTMAX_BWD, softmax_bwd, softmax_bwd, ONE, PARTS, VECTOR)                                   \
-    X(EMBEDDING_FWD, embedding_fwd, embedding_fwd, ONE, PARTS, VECTOR)                             \
-    X(EMBEDDING_BWD, embedding_bwd, embedding_bwd, ONE, PARTS, VECTOR)                             \
-    X(CROSS_ENTROPY, cross_entropy, cross_entropy, ONE, PARTS, VECTOR)                             \
-    X(ADD, add, add, ONE, ELEMS, VECTOR)                                                           \
-    X(RMSNORM_FWD, rmsnorm_fwd, rmsnorm_fwd, ONE, PASSES, VECTOR)                                  \
-    X(RMSNORM_BWD, rmsnorm_bwd, rmsnorm_bwd, ONE, PASSES, VECTOR)                                  \
-    X(ROPE_FWD, rope_fwd, rope, ONE, PASSES, VECTOR)                                               \
-    X(ROPE_BWD, rope_bwd, rope, ONE, PASSES, VECTOR)                                               \
-    X(SWIGLU_FWD, swiglu_fwd, swiglu_fwd, ONE, PASSES, VECTOR)                                     \
-    X(SWIGLU_BWD, swiglu_bwd, swiglu_bwd, ONE, PASSES, VECTOR)                                     \
-    X(ATTENTION_FWD, attention_fwd, attention_fwd, ONE, PASSES, ATTENTION)                         \
-    X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION)                         \
-    X(CHUNK_COPY, chunk_copy, chunk_copy, MIXED, ELEMS, VECTOR)                                    \
-    X(GROUP_COPY, group_copy, group_copy, MIXED, ELEMS, VECTOR)
+    X(FILL, fill, fill, ONE, ELEMS, VECTOR, NONE)                                                  \
+    X(CAST, cast, cast, MIXED, ELEMS, VECTOR, ELEMS)                                               \
+    X(SCALE, scale, scale, ONE, ELEMS, VECTOR, NONE)                                               \
+    X(DIV, div, scale, ONE, ELEMS, VECTOR, NONE)                                                   \
+    X(AXPY, axpy, axpy, MIXED, ELEMS, VECTOR, ELEMS)                                               \
+    X(GEMM, gemm, gemm, MIXED, GEMM, MATMUL, NONE)                                                 \
+    X(BIAS_ADD, bias_add, bias_add, MIXED, PARTS, VECTOR, ELEMS)                                   \
+    X(BIAS_GRAD, bias_grad, bias_grad, MIXED, PARTS, VECTOR, COLS)                                 \
+    X(RELU_FWD, relu_fwd, relu_fwd, MIXED, ELEMS, VECTOR, ELEMS)                                   \
+    X(RELU_BWD, relu_bwd, relu_bwd, MIXED, ELEMS, VECTOR, ELEMS)                                   \
+    X(MSE_LOSS, mse_loss, mse, MIXED, PARTS, VECTOR, NONE)                                         \
+    X(ADAMW, adamw, adamw, F32, ELEMS, VECTOR, ELEMS)                                              \
+    X(SGD, sgd, sgd, F32, ELEMS, VECTOR, ELEMS)                                                    \
+    X(SUMSQ, sumsq, sumsq, ONE, PARTS, VECTOR, NONE)                                               \
+    X(LAYERNORM_FWD, layernorm_fwd, layernorm_fwd, ONE, PARTS, VECTOR, ROWS)                       \
+    X(LAYERNORM_BWD, layernorm_bwd, layernorm_bwd, ONE, PARTS, VECTOR, COLS_ROWS)                  \
+    X(GELU_FWD, gelu_fwd, gelu_fwd, ONE, ELEMS, VECTOR, ELEMS)                                     \
+    X(GELU_BWD, gelu_bwd, gelu_bwd, ONE, ELEMS, VECTOR, ELEMS)                                     \
+    X(SOFTMAX_FWD, softmax_fwd, softmax_fwd, ONE, PARTS, VECTOR, ROWS)                             \
+    X(SOFTMAX_BWD, softmax_bwd, softmax_bwd, ONE, PARTS, VECTOR, ROWS)                             \
+    X(EMBEDDING_FWD, embedding_fwd, embedding_fwd, ONE, PARTS, VECTOR, NONE)                       \
+    X(EMBEDDING_BWD, embedding_bwd, embedding_bwd, ONE, PARTS, VECTOR, NONE)                       \
+    X(CROSS_ENTROPY, cross_entropy, cross_entropy, ONE, PARTS, VECTOR, ROWS)                       \
+    X(ADD, add, add, ONE, ELEMS, VECTOR, ELEMS)                                                    \
+    X(RMSNORM_FWD, rmsnorm_fwd, rmsnorm_fwd, ONE, PASSES, VECTOR, PASSES)                          \
+    X(RMSNORM_BWD, rmsnorm_bwd, rmsnorm_bwd, ONE, PASSES, VECTOR, PASSES)                          \
+    X(ROPE_FWD, rope_fwd, rope, ONE, PASSES, VECTOR, PASSES)                                       \
+    X(ROPE_BWD, rope_bwd, rope, ONE, PASSES, VECTOR, PASSES)                                       \
+    X(SWIGLU_FWD, swiglu_fwd, swiglu_fwd, ONE, PASSES, VECTOR, PASSES)                             \
+    X(SWIGLU_BWD, swiglu_bwd, swiglu_bwd, ONE, PASSES, VECTOR, PASSES)                             \
+    X(ATTENTION_FWD, attention_fwd, attention_fwd, ONE, PASSES, ATTENTION, PASSES)                 \
+    X(ATTENTION_BWD, attention_bwd, attention_bwd, ONE, PASSES, ATTENTION, PASSES)                 \
+    X(CHUNK_COPY, chunk_copy, chunk_copy, MIXED, ELEMS, VECTOR, NONE)                              \
+    X(GROUP_COPY, group_copy, group_copy, MIXED, ELEMS, VECTOR, NONE)
 
 typedef enum {
-#define FSDP_KERNEL_ENUM_(NAME, name, member, dtypes, exec, cost) FSDP_K_##NAME,
+#define FSDP_KERNEL_ENUM_(NAME, name, member, dtypes, exec, cost, vec) FSDP_K_##NAME,
     FSDP_FOREACH_KERNEL(FSDP_KERNEL_ENUM_)
 #undef FSDP_KERNEL_ENUM_
         FSDP_K_COUNT

@@ -6,7 +6,7 @@
 const char *fsdp_kernel_name(fsdp_kernel_kind_t kind)
 {
     static const char *const names[FSDP_K_COUNT] = {
-#define FSDP_KERNEL_NAME_(NAME, name, member, dtypes, exec, cost) #name,
+#define FSDP_KERNEL_NAME_(NAME, name, member, dtypes, exec, cost, vec) #name,
         FSDP_FOREACH_KERNEL(FSDP_KERNEL_NAME_)
 #undef FSDP_KERNEL_NAME_
     };

@@ -27,7 +27,7 @@ typedef enum {
 static inline fsdp_kb_exec_t fsdp_kb_exec(fsdp_kernel_kind_t kind)
 {
     static const unsigned char exec[FSDP_K_COUNT] = {
-#define FSDP_KB_EXEC_(NAME, name, member, dtypes, exec, cost) FSDP_KX_##exec,
+#define FSDP_KB_EXEC_(NAME, name, member, dtypes, exec, cost, vec) FSDP_KX_##exec,
         FSDP_FOREACH_KERNEL(FSDP_KB_EXEC_)
 #undef FSDP_KB_EXEC_
     };
@@ -37,7 +37,7 @@ static inline fsdp_kb_exec_t fsdp_kb_exec(fsdp_kernel_kind_t kind)
 static inline fsdp_kb_cost_class_t fsdp_kb_cost_class(fsdp_kernel_kind_t kind)
 {
     static const unsigned char cost[FSDP_K_COUNT] = {
-#define FSDP_KB_COST_(NAME, name, member, dtypes, exec, cost) FSDP_KC_##cost,
+#define FSDP_KB_COST_(NAME, name, member, dtypes, exec, cost, vec) FSDP_KC_##cost,
         FSDP_FOREACH_KERNEL(FSDP_KB_COST_)
 #undef FSDP_KB_COST_
     };
@@ -53,7 +53,8 @@ static inline fsdp_kb_cost_class_t fsdp_kb_cost_class(fsdp_kernel_kind_t kind)
 static inline fsdp_dtype_t fsdp_kb_dtype(const fsdp_kernel_t *k)
 {
     static const size_t at[FSDP_K_COUNT] = {
-#define FSDP_KB_DTYPE_(NAME, name, member, dtypes, exec, cost) FSDP_KB_DTYPE_AT_##dtypes(member),
+#define FSDP_KB_DTYPE_(NAME, name, member, dtypes, exec, cost, vec)                                \
+    FSDP_KB_DTYPE_AT_##dtypes(member),
         FSDP_FOREACH_KERNEL(FSDP_KB_DTYPE_)
 #undef FSDP_KB_DTYPE_
     };
