@@ -548,7 +548,7 @@ static void test_fields(void)
                 t = fsdp_st_tensor_at(f, i);
         CU_ASSERT_FATAL(strncmp(t->name, "layers.0.weight@", 16) == 0);
         {
-            uint64_t hlen;
+            uint64_t hlen = 0;
             FILE *h = fopen(rank_file, "rb");
             CU_ASSERT_FATAL(h != NULL && fread(&hlen, 8, 1, h) == 1);
             fclose(h);
