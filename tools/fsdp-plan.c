@@ -125,20 +125,27 @@ static void print_header(const plan_args_t *a)
            a->profile.gpu.model, cap);
     if (a->profile.stack[0] != '\0')
         printf("software of its constants: %s\n", a->profile.stack);
+    /* with --grad-accum K: the batch and tokens of a step, K micro-batches of --local-batch */
+    const size_t k = (size_t)a->grad_accum, batch = a->local_batch * (size_t)a->dp * k;
+    const char *a_step = k > 1 ? " a step" : "";
+    char micro[48] = "";
+    if (k > 1)
+        snprintf(micro, sizeof(micro), "%zu micro-batches of ", k);
     if (plan_seq_len(a) > 1 && a->dp < a->world)
-        printf("batch %zu sequences, %zu per dp rank of %d (tp %d: %zu tokens per rank), %s, %d "
-               "step%s simulated (the last is reported)\n",
-               a->local_batch * (size_t)a->dp, a->local_batch, a->dp, a->world / a->dp, a->rows,
+        printf("batch %zu sequences%s, %s%zu per dp rank of %d (tp %d: %zu tokens per rank%s), %s, "
+               "%d step%s simulated (the last is reported)\n",
+               batch, a_step, micro, a->local_batch, a->dp, a->world / a->dp, a->rows * k, a_step,
                a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
     else if (plan_seq_len(a) > 1)
-        printf("batch %zu sequences, %zu per rank (%zu tokens per rank), %s, %d step%s simulated "
-               "(the last is reported)\n",
-               a->local_batch * (size_t)a->world, a->local_batch, a->rows,
+        printf("batch %zu sequences%s, %s%zu per rank (%zu tokens per rank%s), %s, %d step%s "
+               "simulated (the last is reported)\n",
+               batch, a_step, micro, a->local_batch, a->rows * k, a_step,
                a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
     else
-        printf("batch %zu rows, %zu per rank, %s, %d step%s simulated (the last is reported)\n",
-               a->local_batch * (size_t)a->world, a->local_batch,
-               a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd", a->steps, a->steps > 1 ? "s" : "");
+        printf("batch %zu rows%s, %s%zu per rank, %s, %d step%s simulated (the last is "
+               "reported)\n",
+               batch, a_step, micro, a->local_batch, a->optim == FSDP_OPTIM_ADAMW ? "adamw" : "sgd",
+               a->steps, a->steps > 1 ? "s" : "");
 }
 
 /* How many ranks ran for the figures above. */
@@ -284,10 +291,12 @@ static int print_plan(const plan_args_t *a, rank_result_t *res)
            100.0 * s.mfu, peak / 1e12,
            dt == FSDP_DTYPE_F32 && a->profile.gpu.allow_tf32 ? "tf32" : fsdp_dtype_name(dt));
     if (a->model->ops->palm_flops_per_token != NULL) {
-        double tokens_s = s.step_time > 0 ? (double)a->rows / s.step_time : 0.0;
+        /* a step's tokens: every micro-batch's */
+        size_t tokens = a->rows * (size_t)a->grad_accum;
+        double tokens_s = s.step_time > 0 ? (double)tokens / s.step_time : 0.0;
         double per_token = a->model->ops->palm_flops_per_token(&a->mcfg);
         /* the step time of the slowest rank: every rank waits for it */
-        printf("%.0f tokens/s per GPU (%zu tokens per rank per step)\n", tokens_s, a->rows);
+        printf("%.0f tokens/s per GPU (%zu tokens per rank per step)\n", tokens_s, tokens);
         printf("MFU by PaLM's definition %.1f%% (6 N + 12 L H hd T = %.4g FLOP per token, N the "
                "parameters outside the embedding; recomputation not counted)\n",
                peak > 0 ? 100.0 * tokens_s * per_token / peak : 0.0, per_token);

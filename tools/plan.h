@@ -89,8 +89,9 @@ typedef struct plan_args {
     size_t capacity; /* bytes per GPU */
     fsdp_config_t fsdp;
     fsdp_optim_kind_t optim;
-    size_t local_batch; /* rows or sequences per rank */
-    size_t rows;        /* rows or tokens per rank */
+    size_t local_batch; /* rows or sequences per rank in each micro-batch */
+    size_t rows;        /* rows or tokens per rank in each micro-batch */
+    int grad_accum;     /* micro-batches per optimizer step (--grad-accum) */
     int steps;
     int sweep;
     unsigned fixed; /* FIX_*: the settings given on the command line, which a sweep keeps */

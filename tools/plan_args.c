@@ -21,10 +21,13 @@ static void usage(FILE *f)
           "  --world W                  ranks (default nodes x gpus per node; at most 2^20)\n"
           "  --capacity BYTES           device memory per GPU, with K/M/G/T; 0 is unlimited\n"
           "                             (default: the profile's GPU memory)\n"
-          "  --batch B                  global batch: rows (mlp) or sequences (gpt), divisible\n"
-          "                             by the world\n"
-          "  --local-batch B            per-rank batch (default: 8 rows for an mlp, 2048 for\n"
-          "                             mlp-175b, one sequence for a GPT)\n"
+          "  --batch B                  global batch of a step: rows (mlp) or sequences (gpt),\n"
+          "                             divisible by the world times --grad-accum\n"
+          "  --local-batch B            per-rank batch of each micro-batch (default: 8 rows for\n"
+          "                             an mlp, 2048 for mlp-175b, one sequence for a GPT)\n"
+          "  --grad-accum K             K micro-batches per optimizer step, the first K-1 under\n"
+          "                             no_sync (fsdp2: gradient sync off), as fsdp-train's;\n"
+          "                             the step time and tokens count all K (default 1)\n"
           "  --seq T                    gpt, llama: tokens per sequence (default: the model's\n"
           "                             positions, at most 8192 for a Llama)\n"
           "  --strategy S               full_shard | shard_grad_op | no_shard | hybrid_shard |\n"
@@ -87,9 +90,9 @@ static void usage(FILE *f)
           "fsdp-train's options that plan has not: the training ones, as a plan has no values\n"
           "to train (--lr, --betas, --eps, --weight-decay, --momentum, --dampening, --nesterov,\n"
           "--no-decay-1d, --seed, --init, --data, --tokens, --save, --save-checkpoint,\n"
-          "--checkpoint-every, --state-dict, --resume, --consolidate, --clip-grad-norm,\n"
-          "--grad-accum), --backend (a plan simulates), --ranks-per-node (--gpus-per-node),\n"
-          "--threads, --host-memory and --no-pack-cache (a plan holds no data), --quiet.\n"
+          "--checkpoint-every, --state-dict, --resume, --consolidate, --clip-grad-norm), --backend\n"
+          "(a plan simulates), --ranks-per-node (--gpus-per-node), --threads, --host-memory and\n"
+          "--no-pack-cache (a plan holds no data), --quiet.\n"
           "Environment:\n"
           "  FSDP_LOG_LEVEL             error | warn | info | debug | trace (default warn)\n",
           f);
@@ -104,6 +107,7 @@ enum {
     OPT_CAPACITY,
     OPT_BATCH,
     OPT_LOCAL_BATCH,
+    OPT_GRAD_ACCUM,
     OPT_SEQ,
     OPT_OPTIM,
     OPT_STEPS,
@@ -136,6 +140,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
         {"capacity", required_argument, NULL, OPT_CAPACITY},
         {"batch", required_argument, NULL, OPT_BATCH},
         {"local-batch", required_argument, NULL, OPT_LOCAL_BATCH},
+        {"grad-accum", required_argument, NULL, OPT_GRAD_ACCUM},
         {"seq", required_argument, NULL, OPT_SEQ},
         CLI_FSDP_LONG_OPTIONS,
         {"optim", required_argument, NULL, OPT_OPTIM},
@@ -168,6 +173,7 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
     fsdp_config_init(&a->fsdp);
     a->optim = FSDP_OPTIM_ADAMW;
     a->steps = 2;
+    a->grad_accum = 1;
     a->timeout_s = 600.0;
     a->symmetry = 1;
     opterr = 0;
@@ -200,6 +206,9 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
             break;
         case OPT_LOCAL_BATCH:
             local_batch = cli_parse_long("--local-batch", optarg, 1, 1L << 30);
+            break;
+        case OPT_GRAD_ACCUM:
+            a->grad_accum = (int)cli_parse_long("--grad-accum", optarg, 1, 1L << 20);
             break;
         case OPT_SEQ:
             seq = cli_parse_long("--seq", optarg, 1, 1L << 24);
@@ -397,13 +406,26 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
                 "%s (--local-batch B gives each rank B)",
                 batch, ranks, plan_seq_len(a) > 1 ? "sequences" : "rows");
     }
-    if (batch > 0 && local_batch > 0 && batch != local_batch * a->dp)
+    /* --batch is a step's: --grad-accum micro-batches of --local-batch on each rank */
+    if (batch > 0 && batch / a->dp % a->grad_accum != 0)
+        cli_die("--grad-accum %d does not divide the %ld %s of each rank (--batch %ld / %d ranks)",
+                a->grad_accum, batch / a->dp, plan_seq_len(a) > 1 ? "sequences" : "rows", batch,
+                a->dp);
+    if (batch > 0 && local_batch > 0 && batch != local_batch * a->dp * a->grad_accum) {
+        if (a->grad_accum > 1)
+            cli_die("--batch %ld and --local-batch %ld disagree on %d ranks with --grad-accum %d "
+                    "(--local-batch is a micro-batch's): give one",
+                    batch, local_batch, a->dp, a->grad_accum);
         cli_die("--batch %ld and --local-batch %ld disagree on %d ranks: give one", batch,
                 local_batch, a->dp);
+    }
     if (local_batch == 0)
-        local_batch = batch > 0 ? batch / a->dp : (long)a->model->default_rows;
+        local_batch = batch > 0 ? batch / a->dp / a->grad_accum : (long)a->model->default_rows;
     if (local_batch == 0) /* one sequence */
         local_batch = 1;
+    if ((double)local_batch * a->dp * a->grad_accum * (double)plan_seq_len(a) > 0x1p62)
+        cli_die("--local-batch %ld x %d ranks x --grad-accum %d: more than 2^62 %s a step",
+                local_batch, a->dp, a->grad_accum, plan_seq_len(a) > 1 ? "tokens" : "rows");
     a->local_batch = (size_t)local_batch;
     /* tokens per rank: the tp ranks of a dp rank share its sequences */
     a->rows = a->local_batch * plan_seq_len(a) / (size_t)(a->world / a->dp);

@@ -108,7 +108,14 @@ static fsdp_status_t plan_rank(fsdp_dev_t *dev, void *arg)
         phase_begin(FSDP_PHASE_FORWARD, &pc);
         fsdp_sim_time_reset(dev);
         t0 = fsdp_dev_host_time(dev);
-        st = a->model->ops->step(model, a->local_batch, a->mcfg.seq);
+        /* gradient accumulation, as fsdp-train's loop: the first micro-batches under no_sync
+         * (fsdp2: gradient sync off), the last syncs. fsdp-train scales the loss by 1 / K, a
+         * scalar of the loss kernel: no bytes and no time, and a plan has no loss to scale. */
+        for (int k = 0; k < a->grad_accum && st == FSDP_OK; k++) {
+            st = fsdp_set_sync_gradients(fs, k == a->grad_accum - 1);
+            if (st == FSDP_OK)
+                st = a->model->ops->step(model, a->local_batch, a->mcfg.seq);
+        }
         if (st != FSDP_OK)
             break;
         phase_end(mem, r, pc.cur);
