@@ -413,7 +413,8 @@ void plan_parse_args(int argc, char **argv, plan_args_t *a)
         cli_die("--grad-accum %d does not divide the %ld %s of each rank (--batch %ld / %d ranks)",
                 a->grad_accum, batch / a->dp, plan_seq_len(a) > 1 ? "sequences" : "rows", batch,
                 a->dp);
-    if (batch > 0 && local_batch > 0 && batch != local_batch * a->dp * a->grad_accum) {
+    if (batch > 0 && local_batch > 0 &&
+        (double)batch != (double)local_batch * a->dp * a->grad_accum) {
         if (a->grad_accum > 1)
             cli_die("--batch %ld and --local-batch %ld disagree on %d ranks with --grad-accum %d "
                     "(--local-batch is a micro-batch's): give one",
