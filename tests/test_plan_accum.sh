@@ -175,4 +175,15 @@ refuse "--batch and --local-batch that disagree with --grad-accum" --model mlp:4
 refuse "a step of more than 2^62 tokens" --model llama3-8b --local-batch 1073741824 \
     --grad-accum 1048576
 
+# --local-batch means each rank's micro-batch in fsdp-train too: 4 rows on 2 ranks x 2
+# micro-batches is a step of 16 rows, and --batch must agree with that product
+"$tools/fsdp-train" --model mlp:4,4 --world 2 --local-batch 4 --grad-accum 2 --steps 1 \
+    >"$tmp/tr" 2>&1
+check "fsdp-train --local-batch 4 --grad-accum 2 on 2 ranks trains 16 rows a step" \
+    grep -q "^trained 16 rows" "$tmp/tr"
+"$tools/fsdp-train" --model mlp:4,4 --world 2 --local-batch 4 --batch 8 --grad-accum 2 \
+    --steps 1 >"$tmp/tr" 2>&1
+check "fsdp-train refuses --batch 8 against --local-batch 4 x 2 ranks x 2 micro-batches" \
+    grep -q "disagree on 2 ranks x --grad-accum 2" "$tmp/tr"
+
 exit $fail

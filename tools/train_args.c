@@ -79,7 +79,8 @@ static void usage(FILE *f)
         "  --batch B                  global batch: rows (mlp) or sequences (gpt), divisible\n"
         "                             by the world (default 32 rows, 8 sequences; rounded up\n"
         "                             to a multiple of the world, with a note)\n"
-        "  --local-batch B            per-rank batch: the global batch is B x the world\n"
+        "  --local-batch B            per-rank micro-batch: the global batch is B x the\n"
+        "                             world x --grad-accum\n"
         "  --seq T                    gpt, llama: tokens per row (default: the model's seq)\n"
         "  --checkpoint-activations   gpt, llama: recompute each block's forward in backward\n"
         "  --activation-checkpointing none|full|selective-layer[:K]|selective-op\n"
@@ -449,13 +450,17 @@ void train_parse_args(int argc, char **argv, train_args_t *a)
     if (a->gpt && !batch_given)
         a->batch = 8;
     if (local_batch > 0) {
-        if (batch_given && a->batch != local_batch * a->dp)
-            cli_die("--batch %d and --local-batch %d disagree on %d ranks: give one", a->batch,
-                    local_batch, a->dp);
-        if ((long)local_batch * a->dp > 1 << 24)
-            cli_die("--local-batch %d on %d ranks is a global batch over %d", local_batch, a->dp,
-                    1 << 24);
-        a->batch = local_batch * a->dp;
+        /* each rank's micro-batch, as fsdp-plan's and torchtitan's local_batch_size: a step is
+         * --grad-accum of them on every rank */
+        double global = (double)local_batch * a->dp * a->grad_accum;
+        if (global > (double)(1 << 24))
+            cli_die("--local-batch %d on %d ranks x --grad-accum %d is a global batch over %d",
+                    local_batch, a->dp, a->grad_accum, 1 << 24);
+        if (batch_given && (double)a->batch != global)
+            cli_die("--batch %d and --local-batch %d disagree on %d ranks x --grad-accum %d: "
+                    "give one",
+                    a->batch, local_batch, a->dp, a->grad_accum);
+        a->batch = (int)global;
     } else if (!batch_given && a->batch % a->dp != 0 && (a->gpt || a->data_path == NULL)) {
         int rounded = (a->batch + a->dp - 1) / a->dp * a->dp;
         cli_note("global batch %d %s: the default %d rounded up to a multiple of --world %d "
