@@ -425,15 +425,18 @@ static int takes_cross_entropy(const fsdp_kernel_t *k, const fsdp_ev_job_t *job)
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
     const size_t rows = k->u.cross_entropy.rows, n = rows * k->u.cross_entropy.vocab;
-    fsdp_ev_buf_t b[4];
+    const int stage = k->u.cross_entropy.stage, writes = stage == 0 || stage == 3;
+    fsdp_ev_buf_t b[5];
 
-    if (!D(dt) || fsdp_ev_nan(job->ce_scale) || k->u.cross_entropy.stage != 0)
-        return 0; /* the vocabulary-parallel stages run the scalar loop */
-    b[0] = EV_BUF(k->u.cross_entropy.dlogits, k->u.cross_entropy.dlogits ? n : 0, dt, 1);
-    b[1] = EV_BUF(k->u.cross_entropy.logits, n, dt, 0);
-    b[2] = EV_BUF(k->u.cross_entropy.losses, rows, FSDP_DTYPE_F32, 1);
-    b[3] = EV_BUF(k->u.cross_entropy.targets, rows, FSDP_DTYPE_I32, 0);
-    return fsdp_ev_apart(b, 4, 1);
+    if (!D(dt) || fsdp_ev_nan(job->ce_scale))
+        return 0;
+    /* stages 1 and 2 write only their stats; dlogits and losses are stage 3's (and 0's) */
+    b[0] = EV_BUF(k->u.cross_entropy.logits, n, dt, 0);
+    b[1] = EV_BUF(k->u.cross_entropy.targets, rows, FSDP_DTYPE_I32, 0);
+    b[2] = EV_BUF(k->u.cross_entropy.stats, stage != 0 ? 3 * rows : 0, FSDP_DTYPE_F32, 1);
+    b[3] = EV_BUF(k->u.cross_entropy.dlogits, writes && k->u.cross_entropy.dlogits ? n : 0, dt, 1);
+    b[4] = EV_BUF(k->u.cross_entropy.losses, writes ? rows : 0, FSDP_DTYPE_F32, 1);
+    return fsdp_ev_apart(b, 5, 1);
 }
 
 /* -- the Llama kernels' passes (rows_vec_tmpl.h, lanes_vec_tmpl.h) -- */
