@@ -205,8 +205,9 @@ static void bench_attention(const char *what, size_t B, size_t T, size_t H, size
 
 /* The row kernels, column sums and Llama element passes (sim/rows_vec_tmpl.h) on each ISA, at
  * the shapes of a GPT-2 124M step (B=4, T=64: 256 rows of 768, 12 heads' causal scores, the
- * loss over 50257 logits of 64 rows) and of a stories15M step (B=4, T=256: 1024 rows of 288,
- * SwiGLU of 768, 6 heads of 48): ns per element of the kernel's largest tensor. */
+ * loss over 50257 logits of 64 rows, and loss_parallel's stages over half of them) and of a
+ * stories15M step (B=4, T=256: 1024 rows of 288, SwiGLU of 768, 6 heads of 48): ns per element
+ * of the kernel's largest tensor. */
 static void bench_rows(int rounds)
 {
     const size_t R = 256, C = 768, V = 50257, RV = 64, SR = 3072, ST = 64;
@@ -253,6 +254,37 @@ static void bench_rows(int rounds)
     k.u.cross_entropy = (__typeof__(k.u.cross_entropy)){
         NULL, st, y, x, tg, RV, V, (double)RV, FSDP_DTYPE_F32, 0, NULL, 0};
     time_kernel("cross_entropy", &k, RV * V, rounds, NULL, NULL, NULL, 0);
+    {
+        /* loss_parallel's stages over a shard of half the vocabulary (--tp 2), stage 3 in place
+         * over the logits as lm_tp.c runs it; the stats as the stages before would leave them */
+        const size_t VS = V / 2 + 1;
+        float *stats = alloc(3 * RV * sizeof(float)), *save = alloc(RV * VS * sizeof(float));
+        void *out[1] = {x}, *sv[1] = {save};
+        const size_t bytes[1] = {RV * VS * sizeof(float)};
+        static const char *names[3] = {"ce_tp stage 1", "ce_tp stage 2", "ce_tp stage 3"};
+        for (size_t i = 0; i < RV; i++)
+            stats[i] = 1.0f, stats[RV + i] = 3000.0f, stats[2 * RV + i] = 0.5f;
+        memcpy(save, x, bytes[0]);
+        for (int stage = 1; stage <= 3; stage++) {
+            memset(&k, 0, sizeof(k));
+            k.kind = FSDP_K_CROSS_ENTROPY;
+            k.u.cross_entropy = (__typeof__(k.u.cross_entropy)){stage == 3 ? y : NULL,
+                                                                st,
+                                                                stage == 3 ? x : NULL,
+                                                                x,
+                                                                tg,
+                                                                RV,
+                                                                VS,
+                                                                (double)RV,
+                                                                FSDP_DTYPE_F32,
+                                                                stage,
+                                                                stats,
+                                                                VS};
+            time_kernel(names[stage - 1], &k, RV * VS, rounds, stage == 3 ? out : NULL,
+                        stage == 3 ? sv : NULL, bytes, stage == 3 ? 1 : 0);
+        }
+        free(stats), free(save);
+    }
     memset(&k, 0, sizeof(k));
     k.kind = FSDP_K_RMSNORM_FWD;
     k.u.rmsnorm_fwd = (__typeof__(k.u.rmsnorm_fwd)){y, st2, x, w, LR, LC, 1e-5f, FSDP_DTYPE_F32};

@@ -51,6 +51,9 @@ typedef struct fsdp_ev_job {
 typedef void (*fsdp_ev_loop_t)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
                                size_t e);
 
+/* Whether the forward's rows may be computed two at a time (elem_vec.c, below). */
+static int fsdp_ev_attn_fwd_pairs(const fsdp_kernel_t *k);
+
 #if FSDP_EV_X86
 #define EV_W 4
 #define EV_SUFFIX sse2
@@ -425,15 +428,18 @@ static int takes_cross_entropy(const fsdp_kernel_t *k, const fsdp_ev_job_t *job)
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
     const size_t rows = k->u.cross_entropy.rows, n = rows * k->u.cross_entropy.vocab;
-    fsdp_ev_buf_t b[4];
+    const int stage = k->u.cross_entropy.stage, writes = stage == 0 || stage == 3;
+    fsdp_ev_buf_t b[5];
 
-    if (!D(dt) || fsdp_ev_nan(job->ce_scale) || k->u.cross_entropy.stage != 0)
-        return 0; /* the vocabulary-parallel stages run the scalar loop */
-    b[0] = EV_BUF(k->u.cross_entropy.dlogits, k->u.cross_entropy.dlogits ? n : 0, dt, 1);
-    b[1] = EV_BUF(k->u.cross_entropy.logits, n, dt, 0);
-    b[2] = EV_BUF(k->u.cross_entropy.losses, rows, FSDP_DTYPE_F32, 1);
-    b[3] = EV_BUF(k->u.cross_entropy.targets, rows, FSDP_DTYPE_I32, 0);
-    return fsdp_ev_apart(b, 4, 1);
+    if (!D(dt) || fsdp_ev_nan(job->ce_scale))
+        return 0;
+    /* stages 1 and 2 write only their stats; dlogits and losses are stage 3's (and 0's) */
+    b[0] = EV_BUF(k->u.cross_entropy.logits, n, dt, 0);
+    b[1] = EV_BUF(k->u.cross_entropy.targets, rows, FSDP_DTYPE_I32, 0);
+    b[2] = EV_BUF(k->u.cross_entropy.stats, stage != 0 ? 3 * rows : 0, FSDP_DTYPE_F32, 1);
+    b[3] = EV_BUF(k->u.cross_entropy.dlogits, writes && k->u.cross_entropy.dlogits ? n : 0, dt, 1);
+    b[4] = EV_BUF(k->u.cross_entropy.losses, writes ? rows : 0, FSDP_DTYPE_F32, 1);
+    return fsdp_ev_apart(b, 5, 1);
 }
 
 /* -- the Llama kernels' passes (rows_vec_tmpl.h, lanes_vec_tmpl.h) -- */
@@ -633,6 +639,29 @@ static int fsdp_ev_mats_apart(fsdp_ev_mat_t a, fsdp_ev_mat_t b, size_t es, int c
     d = (pb > pa ? pb - pa : pa - pb) / es % a.ld;
     r = pb > pa ? d : (a.ld - d) % a.ld; /* b's first column in a's rows */
     return a.n <= r && r + b.n <= a.ld;
+}
+
+/* A pair of rows reads the later row's q and every v row before the earlier row writes its o and
+ * lse: the same bytes when these are apart from those (o in place over q, each row its own). */
+static int fsdp_ev_attn_fwd_pairs(const fsdp_kernel_t *k)
+{
+    const size_t rows = k->u.attention_fwd.batch * k->u.attention_fwd.seq;
+    const size_t hd = k->u.attention_fwd.head_dim, H = k->u.attention_fwd.heads;
+    const size_t es = fsdp_dtype_size(k->u.attention_fwd.dtype);
+    fsdp_ev_mat_t o, q, v, lse;
+
+    if (rows == 0)
+        return 0;
+    o = (fsdp_ev_mat_t){k->u.attention_fwd.o, rows, k->u.attention_fwd.ldo, H * hd};
+    q = (fsdp_ev_mat_t){k->u.attention_fwd.q, rows, k->u.attention_fwd.ldq, H * hd};
+    v = (fsdp_ev_mat_t){k->u.attention_fwd.v, rows, k->u.attention_fwd.ldv,
+                        k->u.attention_fwd.kv_heads * hd};
+    lse = (fsdp_ev_mat_t){k->u.attention_fwd.lse, 1, rows * H * 4 / es, rows * H * 4 / es};
+    if (!fsdp_ev_mats_apart(o, v, es, 0) ||
+        (!fsdp_ev_mats_apart(o, q, es, 0) && (o.p != q.p || o.ld != q.ld)))
+        return 0;
+    return lse.p == NULL ||
+           (fsdp_ev_mats_apart(lse, q, es, 0) && fsdp_ev_mats_apart(lse, v, es, 0));
 }
 
 size_t fsdp_sim_attn_bwd_units(const fsdp_kernel_t *k, int pass)

@@ -14,7 +14,8 @@
  * vector expf (the running maximum of the online softmax is followed key by key first, so each
  * lane's exp has the operands of the scalar body's), and they are added into the accumulators
  * one at a time, in order. Every lane thus does the scalar body's IEEE operations on the same
- * operands in the same order. The backward's passes 1 and 2 run as one walk (attn_bwd_unit).
+ * operands in the same order. The forward walks two query rows of a head together
+ * (attn_fwd_rown), the backward's passes 1 and 2 run as one walk (attn_bwd_unit).
  *
  * NaNs: with NaN inputs, which of two NaN operands comes out may differ from the scalar body's
  * compiled order (elem_vec_tmpl.h). A NaN that reaches no output changes nothing, so a row is
@@ -174,6 +175,20 @@ EV_INLINE vf EV(dots)(const vf *a, const void *b, size_t bo, size_t ld, unsigned
 EV_INLINE void EV(acc_rows)(vf *acc, vf p, const void *row, size_t ro, size_t ld, unsigned nj,
                             size_t nv, fsdp_dtype_t dt, unsigned grew, vf corr)
 {
+    if (grew == 0 && nj == EV_W) { /* the common case, without a branch */
+        vf pu[EV_W];
+        EV_UNROLL
+        for (unsigned u = 0; u < EV_W; u++)
+            pu[u] = EV(splat)(p[u]);
+        for (size_t i = 0; i < nv; i++) {
+            vf x = acc[i];
+            EV_UNROLL
+            for (unsigned u = 0; u < EV_W; u++)
+                x += pu[u] * EV(ld)(row, dt, ro + u * ld + i * EV_W);
+            acc[i] = x;
+        }
+        return;
+    }
     for (size_t i = 0; i < nv; i++) {
         vf x = acc[i];
         for (unsigned u = 0; u < nj; u++) {
@@ -287,73 +302,150 @@ EV_INLINE void EV(attn_tr)(float *dst, const void *src, fsdp_dtype_t dt, size_t 
                 j < T ? fsdp_kb_load(src, dt, (b * T + j) * ld + o + e) : 0.0f;
 }
 
-/* fsdp_kb_attention_fwd_row, its keys transposed at kt (attn_tr) */
-EV_INLINE void EV(attn_fwd_row)(const fsdp_kernel_t *k, size_t r, const float *kt, size_t hd)
+/* l += p[u] for the nj keys u in order, rescaled first by corr[u] at each key whose bit is set in
+ * grew (fsdp_kb_attention_fwd_row's running sum) */
+EV_INLINE float EV(run_sum)(float l, vf p, unsigned nj, unsigned grew, vf corr)
 {
-    const fsdp_dtype_t dt = k->u.attention_fwd.dtype;
-    const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
-    const size_t nv = hd / EV_W;
-    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
-    const size_t g = h / (H / k->u.attention_fwd.kv_heads);
-    const size_t last = k->u.attention_fwd.causal ? t : T - 1;
-    const float scale = k->u.attention_fwd.scale;
-    float qf[FSDP_KB_ATTN_MAX_HD];
-    vf q[EV_HV], acc[EV_HV];
-    float m = -fsdp_kb_inff(), l = 0.0f, lse;
-
-    EV(row_ld)(q, k->u.attention_fwd.q, dt, (b * T + t) * k->u.attention_fwd.ldq + h * hd, hd);
-    for (size_t i = 0; i < nv; i++) {
-        memcpy(qf + i * EV_W, &q[i], sizeof(vf));
-        acc[i] = EV(splat)(0.0f);
-    }
-    for (size_t j0 = 0; j0 <= last; j0 += EV_W) {
-        const unsigned nj = last - j0 < EV_W ? (unsigned)(last - j0 + 1) : EV_W;
-        vf s = EV(tdots)(qf, kt + j0 * hd, hd) * scale;
-        /* the running maximum after each key and before it; a key above the one before it is a
-         * new maximum: what was summed is rescaled by corr (the lanes past nj are other keys',
-         * or padding's, which nothing takes) */
-        vf mnew = EV(run_max)(m, s), mprev = EV(after)(m, mnew), p, corr;
-        unsigned grew = (unsigned)EV_ANY(s > mprev) & ((1u << nj) - 1u);
-        m = mnew[nj - 1];
-        p = EV(expf)(s - mnew);
-        corr = EV(expf)(mprev - s);
-        for (unsigned u = 0; u < nj; u++) {
-            if (grew & (1u << u))
-                l *= corr[u];
+    if (grew == 0 && nj == EV_W) {
+        EV_UNROLL
+        for (unsigned u = 0; u < EV_W; u++)
             l += p[u];
-        }
-        EV(acc_rows)
-        (acc, p, k->u.attention_fwd.v, (b * T + j0) * k->u.attention_fwd.ldv + g * hd,
-         k->u.attention_fwd.ldv, nj, nv, dt, grew, corr);
+        return l;
     }
-    for (size_t i = 0; i < nv; i++)
-        acc[i] = acc[i] / l;
-    lse = m + fsdp_kb_logf(l);
-    if (EV(any_nan)(acc, nv) || lse != lse) {
-        fsdp_sim_pass_range(k, 0, r, r + 1);
-        return;
+    for (unsigned u = 0; u < nj; u++) {
+        if (grew & (1u << u))
+            l *= corr[u];
+        l += p[u];
     }
-    EV(row_st)(k->u.attention_fwd.o, dt, (b * T + t) * k->u.attention_fwd.ldo + h * hd, acc, nv);
-    if (k->u.attention_fwd.lse != NULL)
-        k->u.attention_fwd.lse[r] = lse;
+    return l;
 }
 
-/* Rows [r0, r1) of attention_fwd, the keys of each kv head transposed into kt as its rows come. */
-EV_INLINE void EV(attn_fwd_rows)(const fsdp_kernel_t *k, size_t r0, size_t r1, float *kt, size_t hd)
+/* acc_rows of two rows' accumulators over the same nj = EV_W rows at ro, neither rescaled: each
+ * row of v loaded once for both, each accumulator taking its terms in order */
+EV_INLINE void EV(acc_rows2)(vf *acc0, vf *acc1, vf p0, vf p1, const void *row, size_t ro,
+                             size_t ld, size_t nv, fsdp_dtype_t dt)
+{
+    vf pu0[EV_W], pu1[EV_W];
+
+    EV_UNROLL
+    for (unsigned u = 0; u < EV_W; u++) {
+        pu0[u] = EV(splat)(p0[u]);
+        pu1[u] = EV(splat)(p1[u]);
+    }
+    for (size_t i = 0; i < nv; i++) {
+        vf x0 = acc0[i], x1 = acc1[i];
+        EV_UNROLL
+        for (unsigned u = 0; u < EV_W; u++) {
+            const vf y = EV(ld)(row, dt, ro + u * ld + i * EV_W);
+            x0 += pu0[u] * y;
+            x1 += pu1[u] * y;
+        }
+        acc0[i] = x0;
+        acc1[i] = x1;
+    }
+}
+
+/* fsdp_kb_attention_fwd_row of n (1 or 2, a constant) query rows r, r + 1 of one batch row and
+ * head, their keys transposed at kt (attn_tr); hd and dt the kernel's, constants of each
+ * instance. Two rows walk their keys together, so that their running maxima, sums and
+ * accumulators, each a chain of one key after another, interleave; each row still does its own
+ * operations in its order, and the later row's one more key (causal) comes last. */
+EV_INLINE void EV(attn_fwd_rown)(const fsdp_kernel_t *k, size_t r, unsigned n, const float *kt,
+                                 size_t hd, fsdp_dtype_t dt)
+{
+    const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
+    const size_t nv = hd / EV_W, ldv = k->u.attention_fwd.ldv;
+    const size_t t = r % T, h = (r / T) % H, b = r / T / H;
+    const size_t g = h / (H / k->u.attention_fwd.kv_heads);
+    const float scale = k->u.attention_fwd.scale;
+    float qf[2][FSDP_KB_ATTN_MAX_HD], m[2], l[2];
+    size_t last[2];
+    vf acc[2][EV_HV];
+
+    for (unsigned x = 0; x < n; x++) {
+        vf q[EV_HV];
+        EV(row_ld)
+        (q, k->u.attention_fwd.q, dt, (b * T + t + x) * k->u.attention_fwd.ldq + h * hd, hd);
+        for (size_t i = 0; i < nv; i++) {
+            memcpy(qf[x] + i * EV_W, &q[i], sizeof(vf));
+            acc[x][i] = EV(splat)(0.0f);
+        }
+        m[x] = -fsdp_kb_inff();
+        l[x] = 0.0f;
+        last[x] = k->u.attention_fwd.causal ? t + x : T - 1;
+    }
+    for (size_t j0 = 0; j0 <= last[n - 1]; j0 += EV_W) {
+        const size_t vo = (b * T + j0) * ldv + g * hd;
+        unsigned nj[2] = {0, 0}, grew[2] = {0, 0};
+        vf p[2], corr[2];
+        for (unsigned x = 0; x < n; x++) {
+            vf s, mnew, mprev;
+            if (j0 > last[x])
+                continue;
+            nj[x] = last[x] - j0 < EV_W ? (unsigned)(last[x] - j0 + 1) : EV_W;
+            s = EV(tdots)(qf[x], kt + j0 * hd, hd) * scale;
+            /* the running maximum after each key and before it; a key above the one before it
+             * is a new maximum: what was summed is rescaled by corr (the lanes past nj are other
+             * keys', or padding's, which nothing takes) */
+            mnew = EV(run_max)(m[x], s);
+            mprev = EV(after)(m[x], mnew);
+            grew[x] = (unsigned)EV_ANY(s > mprev) & ((1u << nj[x]) - 1u);
+            m[x] = mnew[nj[x] - 1];
+            p[x] = EV(expf)(s - mnew);
+            corr[x] = grew[x] != 0 ? EV(expf)(mprev - s) : p[x]; /* read at new maxima only */
+            l[x] = EV(run_sum)(l[x], p[x], nj[x], grew[x], corr[x]);
+        }
+        if (n == 2 && nj[0] == EV_W && nj[1] == EV_W && (grew[0] | grew[1]) == 0) {
+            EV(acc_rows2)(acc[0], acc[1], p[0], p[1], k->u.attention_fwd.v, vo, ldv, nv, dt);
+            continue;
+        }
+        for (unsigned x = 0; x < n; x++)
+            if (nj[x] > 0)
+                EV(acc_rows)
+        (acc[x], p[x], k->u.attention_fwd.v, vo, ldv, nj[x], nv, dt, grew[x], corr[x]);
+    }
+    for (unsigned x = 0; x < n; x++) {
+        const float lse = m[x] + fsdp_kb_logf(l[x]);
+        for (size_t i = 0; i < nv; i++)
+            acc[x][i] = acc[x][i] / l[x];
+        if (EV(any_nan)(acc[x], nv) || lse != lse) {
+            fsdp_sim_pass_range(k, 0, r + x, r + x + 1);
+            continue;
+        }
+        EV(row_st)
+        (k->u.attention_fwd.o, dt, (b * T + t + x) * k->u.attention_fwd.ldo + h * hd, acc[x], nv);
+        if (k->u.attention_fwd.lse != NULL)
+            k->u.attention_fwd.lse[r + x] = lse;
+    }
+}
+
+/* Whether this instance's rows of head_dim hd go in pairs: where that was faster (bench_elem), not
+ * SSE2's rows past head_dim 32, whose two rows' accumulators outgrow its registers */
+#define EV_PAIRS(hd) (EV_W == 8 || (hd) <= 32)
+
+/* Rows [r0, r1) of attention_fwd, the keys of each kv head transposed into kt as its rows come,
+ * two rows of a head at a time where pairs (attention_fwd: the rows' outputs apart from the
+ * inputs of the other rows, so that a row may read them after the row before it wrote). */
+EV_INLINE void EV(attn_fwd_rows)(const fsdp_kernel_t *k, size_t r0, size_t r1, float *kt, size_t hd,
+                                 fsdp_dtype_t dt, int pairs)
 {
     const size_t T = k->u.attention_fwd.seq, H = k->u.attention_fwd.heads;
     const size_t K = k->u.attention_fwd.kv_heads, tp = (T + EV_W - 1) / EV_W * EV_W;
     size_t have = SIZE_MAX; /* the batch row and kv head in kt */
 
-    for (size_t r = r0; r < r1; r++) {
+    for (size_t r = r0; r < r1;) {
         const size_t b = r / T / H, g = (r / T) % H / (H / K);
         if (b * K + g != have) {
-            EV(attn_tr)
-            (kt, k->u.attention_fwd.k, k->u.attention_fwd.dtype, k->u.attention_fwd.ldk, b, g * hd,
-             T, tp, hd);
+            EV(attn_tr)(kt, k->u.attention_fwd.k, dt, k->u.attention_fwd.ldk, b, g * hd, T, tp, hd);
             have = b * K + g;
         }
-        EV(attn_fwd_row)(k, r, kt, hd);
+        if (pairs && EV_PAIRS(hd) && r + 1 < r1 && (r + 1) % T != 0) { /* the same head */
+            EV(attn_fwd_rown)(k, r, 2, kt, hd, dt);
+            r += 2;
+        } else {
+            EV(attn_fwd_rown)(k, r, 1, kt, hd, dt);
+            r++;
+        }
     }
 }
 
@@ -634,6 +726,7 @@ EV_ATTR static void EV(attention_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_
 {
     const size_t T = k->u.attention_fwd.seq, hd = k->u.attention_fwd.head_dim;
     float *kt;
+    int pairs;
 
 #ifdef EV_NARROWER
     if (hd % EV_W != 0) {
@@ -642,12 +735,16 @@ EV_ATTR static void EV(attention_fwd)(const fsdp_kernel_t *k, const fsdp_ev_job_
     }
 #endif
     (void)job;
+    pairs = fsdp_ev_attn_fwd_pairs(k);
     kt = malloc((T + EV_W - 1) / EV_W * EV_W * hd * sizeof(float));
     if (kt == NULL) {
         fsdp_sim_pass_range(k, 0, b, e);
         return;
     }
-#define EV_ROWS_(n) EV(attn_fwd_rows)(k, b, e, kt, n)
+#define EV_ROWS_(n)                                                                                \
+    (k->u.attention_fwd.dtype == FSDP_DTYPE_F32                                                    \
+         ? EV(attn_fwd_rows)(k, b, e, kt, n, FSDP_DTYPE_F32, pairs)                                \
+         : EV(attn_fwd_rows)(k, b, e, kt, n, FSDP_DTYPE_BF16, pairs))
     EV_BY_HD_(hd, EV_ROWS_)
 #undef EV_ROWS_
     free(kt);
@@ -674,6 +771,7 @@ EV_ATTR static void EV(attention_bwd)(const fsdp_kernel_t *k, const fsdp_ev_job_
 }
 
 #undef EV_BY_HD_
+#undef EV_PAIRS
 #undef EV_NL
 #undef EV_TILE
 #undef EV_HV

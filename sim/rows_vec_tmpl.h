@@ -354,6 +354,73 @@ EV_ATTR static void EV(cross_entropy_row)(const fsdp_kernel_t *k, float inv_deno
     }
 }
 
+/* cross_entropy's stages 1 to 3, row r (fsdp_kb_cross_entropy_vp_pass): stage 1 the maximum and
+ * the target's logit, stage 2 the sum of exps, stage 3 the loss and dlogits from the reduced
+ * stats. Stage 1 only compares and loads, so its bits do not depend on NaNs and no row falls
+ * back; stage 2 and 3 hand a row whose logits or stats hold a NaN to the scalar loop (stage 3
+ * before it writes: dlogits may be the logits). */
+EV_ATTR static void EV(cross_entropy_vp_row)(const fsdp_kernel_t *k, float inv_denom, size_t r)
+{
+    const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
+    const size_t v = k->u.cross_entropy.vocab, o = r * v, rows = k->u.cross_entropy.rows;
+    const int32_t t = k->u.cross_entropy.targets[r];
+    const size_t tc = fsdp_kb_cross_entropy_vp_col(k, t);
+    const void *lg = k->u.cross_entropy.logits;
+    void *d = k->u.cross_entropy.dlogits;
+    float *stats = k->u.cross_entropy.stats;
+    vf part[EV_NL], m;
+    vi nan = (vi)EV(splat)(0.0f);
+
+    if (k->u.cross_entropy.stage == 1) {
+        const float tl = tc < v ? fsdp_kb_load(lg, dt, o + tc) : 0.0f;
+        EV(zero)(part, -fsdp_kb_inff());
+        for (size_t j = 0; j < v; j += EV_W)
+            EV(max_at)(part, j, EV_CNT(v, j), EV(ldn)(lg, dt, o + j, EV_CNT(v, j)));
+        stats[r] = EV(lanes_max)(part);
+        stats[2 * rows + r] = tl;
+        return;
+    }
+    m = EV(splat)(stats[r]);
+    if (k->u.cross_entropy.stage == 2) {
+        EV(zero)(part, 0.0f);
+        for (size_t j = 0; j < v; j += EV_W) {
+            const size_t cnt = EV_CNT(v, j);
+            vf l = EV(ldn)(lg, dt, o + j, cnt);
+            nan |= l != l;
+            EV(sum_at)(part, j, cnt, EV(expf)(l - m));
+        }
+        if (EV_ANY(nan) || stats[r] != stats[r]) {
+            fsdp_sim_rows_range(k, inv_denom, r, r + 1);
+            return;
+        }
+        stats[rows + r] = EV(lanes_sum)(part, FSDP_KB_LANES);
+        return;
+    }
+    if (t < 0) { /* ignored: zeros, whatever the logits */
+        k->u.cross_entropy.losses[r] = 0.0f;
+        for (size_t j = 0; d != NULL && j < v; j += EV_W)
+            EV(stn)(d, dt, o + j, EV(splat)(0.0f), EV_CNT(v, j));
+        return;
+    }
+    {
+        const float gmax = stats[r], sum_s = stats[rows + r], tl = stats[2 * rows + r];
+        const vf sum = EV(splat)(sum_s);
+        if (gmax != gmax || sum_s != sum_s || tl != tl ||
+            (d != NULL && EV(has_nan)(lg, dt, o, v))) {
+            fsdp_sim_rows_range(k, inv_denom, r, r + 1);
+            return;
+        }
+        k->u.cross_entropy.losses[r] = (gmax + fsdp_kb_logf(sum_s)) - tl;
+        for (size_t j = 0; d != NULL && j < v; j += EV_W) {
+            const size_t cnt = EV_CNT(v, j);
+            vf p = EV(expf)(EV(ldn)(lg, dt, o + j, cnt) - m) / sum, g = p * inv_denom;
+            if (tc >= j && tc < j + cnt)
+                g[tc - j] = (p[tc - j] - 1.0f) * inv_denom;
+            EV(stn)(d, dt, o + j, g, cnt);
+        }
+    }
+}
+
 /* The loops of a kind of rows over rows [b, e) of a checked descriptor that its check took
  * (fsdp_kb_nn_rows_range, fsdp_kb_llama_host_pass): its row function, row by row */
 #define EV_ROWS_LOOP(m)                                                                            \
@@ -372,8 +439,12 @@ EV_ROWS_LOOP(softmax_bwd)
 EV_ATTR static void EV(cross_entropy)(const fsdp_kernel_t *k, const fsdp_ev_job_t *job, size_t b,
                                       size_t e)
 {
-    for (size_t r = b; r < e; r++)
-        EV(cross_entropy_row)(k, job->ce_scale, r);
+    for (size_t r = b; r < e; r++) {
+        if (k->u.cross_entropy.stage != 0)
+            EV(cross_entropy_vp_row)(k, job->ce_scale, r);
+        else
+            EV(cross_entropy_row)(k, job->ce_scale, r);
+    }
 }
 
 /* ---- column sums: fsdp_kb_colsum_block, fsdp_kb_rmsnorm_bwd_cols ---- */

@@ -7,7 +7,8 @@
  * each available ISA (SSE2, AVX2), and split across a pool of 3 threads. Every output buffer is
  * compared whole, guards included; the backward's one walk of passes 1 and 2 (by batch row and kv
  * head) on query and key tiles (T past 64), over GPT-2's qkv layout, and left to the passes
- * with dq in place over q. Long sequences too (T = 1024 and 2048 at head_dim 64, causal
+ * with dq in place over q; the forward's rows in pairs, and in place over q and over v (one at a
+ * time). Long sequences too (T = 1024 and 2048 at head_dim 64, causal
  * and not, grouped-query heads, f32 and bf16), whose keys and values outgrow the first caches. */
 #include "config.h"
 
@@ -278,6 +279,67 @@ static void test_layouts(void)
     fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
 }
 
+/* The forward in place over q, and over v (which rows after a row read: the vector rows then go
+ * one at a time, not in pairs), f32 and bf16, ordinary and large scores: the scalar replay's
+ * bytes on each ISA and on the pool. */
+static void test_fwd_over(void)
+{
+    enum { B = 2, T = 37, H = 2, hd = 16, C = H * hd, LD = 3 * C, N = B * T * LD };
+    static const fsdp_sim_elem_isa_t isas[4] = {FSDP_SIM_ELEM_SCALAR, FSDP_SIM_ELEM_SSE2,
+                                                FSDP_SIM_ELEM_AVX2, FSDP_SIM_ELEM_AUTO};
+    fsdp_sim_pool_t *pool = fsdp_sim_pool_create(3);
+
+    CU_ASSERT_FATAL(pool != NULL);
+    for (int over = 0; over < 2; over++)
+        for (int d = 0; d < 2; d++)
+            for (int mode = 0; mode < 2; mode++) {
+                const fsdp_dtype_t dt = d == 0 ? FSDP_DTYPE_F32 : FSDP_DTYPE_BF16;
+                float *ref = NULL;
+                for (int v = 0; v < 4; v++) {
+                    /* qkv [B T LD], lse [B H T] */
+                    float *m = calloc(N + B * H * T, sizeof(float)), *lse = m + N;
+                    const size_t es = fsdp_dtype_size(dt);
+                    char *qkv = (char *)m;
+                    fsdp_kernel_t fwd = {.kind = FSDP_K_ATTENTION_FWD};
+                    CU_ASSERT_FATAL(m != NULL);
+                    rng_state = 0x9e3779b97f4a7c15ull;
+                    fill(m, N, dt, mode);
+                    fwd.u.attention_fwd.o = qkv + (over ? 2 * C : 0) * es;
+                    fwd.u.attention_fwd.lse = lse;
+                    fwd.u.attention_fwd.q = qkv;
+                    fwd.u.attention_fwd.k = qkv + C * es;
+                    fwd.u.attention_fwd.v = qkv + 2 * C * es;
+                    fwd.u.attention_fwd.batch = B, fwd.u.attention_fwd.seq = T;
+                    fwd.u.attention_fwd.heads = fwd.u.attention_fwd.kv_heads = H;
+                    fwd.u.attention_fwd.head_dim = hd, fwd.u.attention_fwd.scale = 0.25f;
+                    fwd.u.attention_fwd.ldq = fwd.u.attention_fwd.ldk = LD;
+                    fwd.u.attention_fwd.ldv = fwd.u.attention_fwd.ldo = LD;
+                    fwd.u.attention_fwd.causal = 1, fwd.u.attention_fwd.dtype = dt;
+                    if (!fsdp_sim_elem_set_isa(isas[v])) {
+                        free(m);
+                        continue;
+                    }
+                    CU_ASSERT_EQUAL_FATAL(v == 3 ? fsdp_sim_kernel_exec_par(&fwd, pool, NULL)
+                                                 : fsdp_sim_kernel_exec(&fwd),
+                                          FSDP_OK);
+                    if (ref == NULL) {
+                        ref = m;
+                        continue;
+                    }
+                    if (memcmp(ref, m, (N + B * H * T) * sizeof(float)) != 0) {
+                        fprintf(stderr, "\nforward over %s, %s mode %d, isa %d differs\n",
+                                over ? "v" : "q", fsdp_dtype_name(dt), mode, v);
+                        CU_FAIL("vector lanes differ from the scalar replay");
+                    }
+                    compared++;
+                    free(m);
+                }
+                free(ref);
+            }
+    fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AUTO);
+    fsdp_sim_pool_destroy(pool);
+}
+
 /* The sanitizer builds check memory and threads, which the short shapes exercise along the same
  * paths; the long sequences, arithmetic alone, would take them many minutes: there they run
  * the first case only. */
@@ -323,8 +385,13 @@ static void test_summary(void)
 int main(void)
 {
     static const fsdp_test_case_t tests[] = {
-        {"shapes", test_shapes}, {"split", test_split},     {"layouts", test_layouts},
-        {"long", test_long},     {"summary", test_summary}, {NULL, NULL},
+        {"shapes", test_shapes},
+        {"split", test_split},
+        {"layouts", test_layouts},
+        {"fwd_over", test_fwd_over},
+        {"long", test_long},
+        {"summary", test_summary},
+        {NULL, NULL},
     };
     have_isa[0] = fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_SSE2);
     have_isa[1] = fsdp_sim_elem_set_isa(FSDP_SIM_ELEM_AVX2);

@@ -3,7 +3,8 @@
  * the gpu backend runs a lane per thread; the sim's path with FSDP_SIM_ELEM_SCALAR), byte for
  * byte: layernorm forward and backward (input, weight and bias gradients, accumulated or not),
  * softmax forward and backward (causal or not, scaled or divided), cross-entropy (ignored and
- * out-of-range targets, dlogits apart, over the logits or none), bias_grad (mixed dtypes),
+ * out-of-range targets, dlogits apart, over the logits or none; the whole vocabulary and the
+ * vocabulary-parallel stages over a shard), bias_grad (mixed dtypes),
  * rmsnorm forward and backward, swiglu and rope forward and backward; f32 and bf16; row lengths
  * below, at and past the vector widths and the 32 lanes, in place and not; with ordinary inputs,
  * large ones, and NaNs and infinities now and then (often, and rarely: some rows with, some
@@ -54,6 +55,7 @@ struct tcase {
     fsdp_kernel_kind_t kind;
     size_t rows, cols, heads, hd, ld;
     int f1, f2, f3; /* the kind's variants (see build) */
+    int stage;      /* cross_entropy's (kernel.h), its vocabulary shard from cols / 2 */
     fsdp_dtype_t dt;
     int nb;
     size_t n[NB];
@@ -167,19 +169,22 @@ static void build(const tcase_t *c, const set_t *s, fsdp_kernel_t *k)
         k->u.softmax_bwd = (__typeof__(k->u.softmax_bwd)){
             p[0], c->f1 ? p[0] : p[1], p[2], R, C, 0.125f, c->f2, c->dt, c->f3 ? 5.657f : 0.0f, 0};
         break;
-    case FSDP_K_CROSS_ENTROPY: /* dlogits, logits, losses, loss, targets; f1 in place, f2 none */
+    case FSDP_K_CROSS_ENTROPY: /* dlogits, logits, losses, loss, targets, stats; f1 in place,
+                                * f2 none */
         k->u.cross_entropy = (__typeof__(k->u.cross_entropy)){p[3],
                                                               p[2],
-                                                              c->f2 ? NULL : c->f1 ? p[1] : p[0],
+                                                              c->f2   ? NULL
+                                                              : c->f1 ? p[1]
+                                                                      : p[0],
                                                               p[1],
                                                               p[4],
                                                               R,
                                                               C,
                                                               (double)R * 0.75,
                                                               c->dt,
-                                                              0,
-                                                              NULL,
-                                                              0};
+                                                              c->stage,
+                                                              c->stage ? p[5] : NULL,
+                                                              c->stage ? C / 2 : 0};
         break;
     case FSDP_K_BIAS_GRAD: /* dbias, dy; f1: dbias f32, dy of the case's dtype */
         k->u.bias_grad =
@@ -232,8 +237,9 @@ static void layout(tcase_t *c)
         B_(0, RC, VAL), B_(1, RC, VAL), B_(2, RC, VAL);
         break;
     case FSDP_K_CROSS_ENTROPY:
-        c->nb = 5;
-        B_(0, RC, VAL), B_(1, RC, VAL), B_(2, R, F32), B_(3, 1, F32), B_(4, R, TGT);
+        c->nb = 6;
+        B_(0, RC, VAL), B_(1, RC, VAL), B_(2, R, F32), B_(3, 1, F32), B_(4, R, TGT),
+            B_(5, 3 * R, POS);
         break;
     case FSDP_K_BIAS_GRAD:
         c->nb = 2;
@@ -302,10 +308,10 @@ static void check(tcase_t *c, int mode, fsdp_sim_pool_t *pool)
                 while (((char *)ref.base[b])[at] == ((char *)got.base[b])[at])
                     at++;
                 fprintf(stderr,
-                        "\n%s rows %zu cols %zu f %d %d %d %s mode %d %s: buffer %d differs at "
-                        "byte %zu (element %zd)\n",
-                        c->name, c->rows, c->cols, c->f1, c->f2, c->f3, fsdp_dtype_name(c->dt),
-                        mode,
+                        "\n%s rows %zu cols %zu f %d %d %d stage %d %s mode %d %s: buffer %d "
+                        "differs at byte %zu (element %zd)\n",
+                        c->name, c->rows, c->cols, c->f1, c->f2, c->f3, c->stage,
+                        fsdp_dtype_name(c->dt), mode,
                         v == 2   ? "pool"
                         : v == 0 ? "sse2"
                                  : "avx2",
@@ -368,11 +374,22 @@ static void test_softmax(void)
     }
 }
 
+/* stage 0, the whole vocabulary, and the vocabulary-parallel stages 1 to 3 over a shard (the
+ * targets partly in it; stats made up, sometimes NaN or infinite); in place and no dlogits only
+ * where the stage writes dlogits */
 static void test_cross_entropy(void)
 {
-    for (size_t i = 0; i < NLENS; i++)
-        check_all(tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 9, lens[i] + 1), 1, 1, 0, test_pool);
-    check_all(tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 3, 1001), 1, 1, 0, test_pool);
+    for (int stage = 0; stage <= 3; stage++) {
+        const int f = stage == 0 || stage == 3;
+        tcase_t c = tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 3, 1001);
+        for (size_t i = 0; i < NLENS; i++) {
+            tcase_t ci = tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 9, lens[i] + 1);
+            ci.stage = stage;
+            check_all(ci, f, f, 0, test_pool);
+        }
+        c.stage = stage;
+        check_all(c, f, f, 0, test_pool);
+    }
 }
 
 static void test_bias_grad(void)
@@ -424,6 +441,9 @@ static void test_split(void)
         tc("softmax_fwd", FSDP_K_SOFTMAX_FWD, 512, 128),
         tc("softmax_bwd", FSDP_K_SOFTMAX_BWD, 512, 128),
         tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 64, 2001),
+        tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 64, 2001), /* stages 1 to 3 */
+        tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 64, 2001),
+        tc("cross_entropy", FSDP_K_CROSS_ENTROPY, 64, 2001),
         tc("bias_grad", FSDP_K_BIAS_GRAD, 512, 257),
         tc("rmsnorm_fwd", FSDP_K_RMSNORM_FWD, 512, 257),
         tc("rmsnorm_bwd", FSDP_K_RMSNORM_BWD, 512, 257),
@@ -433,7 +453,8 @@ static void test_split(void)
     };
     const size_t nbig = sizeof(big) / sizeof(big[0]);
 
-    big[2].f2 = big[3].f2 = 1; /* causal */
+    big[2].f2 = big[3].f2 = 1;                                           /* causal */
+    big[5].stage = 1, big[6].stage = 2, big[7].stage = 3, big[7].f1 = 1; /* in place */
     big[nbig - 1].heads = 4, big[nbig - 1].hd = 48, big[nbig - 1].ld = 200;
     for (size_t i = 0; i < nbig; i++)
         for (int d = 0; d < 2; d++)

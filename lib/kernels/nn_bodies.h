@@ -385,6 +385,14 @@ FSDP_HD void fsdp_kb_softmax_bwd_pass(const fsdp_kernel_t *k, size_t r, unsigned
  * the exponentials, pass 2 losses[r] and, when asked, dlogits[r]. As in softmax_fwd, f32
  * dlogits keep the exponentials until the division; in a 16-bit dtype they are computed again
  * for the gradient. */
+/* cross_entropy's stages 1 to 3: target t's column in this rank's shard of the vocabulary; the
+ * shard's width when another rank holds it or it is ignored */
+FSDP_HD size_t fsdp_kb_cross_entropy_vp_col(const fsdp_kernel_t *k, int32_t t)
+{
+    const size_t v = k->u.cross_entropy.vocab, v0 = k->u.cross_entropy.vocab_start;
+    return t >= 0 && (size_t)t >= v0 && (size_t)t - v0 < v ? (size_t)t - v0 : v;
+}
+
 /* cross_entropy's stages 1 to 3 (kernel.h), row r: the vocabulary-parallel loss. The stats of
  * the other stages come reduced in stats; the passes that would recompute them do nothing. */
 FSDP_HD void fsdp_kb_cross_entropy_vp_pass(const fsdp_kernel_t *k, float inv_denom, size_t r,
@@ -393,14 +401,12 @@ FSDP_HD void fsdp_kb_cross_entropy_vp_pass(const fsdp_kernel_t *k, float inv_den
 {
     const fsdp_dtype_t dt = k->u.cross_entropy.dtype;
     const size_t v = k->u.cross_entropy.vocab, o = r * v, rows = k->u.cross_entropy.rows;
-    const size_t v0 = k->u.cross_entropy.vocab_start;
     const int stage = k->u.cross_entropy.stage;
     const void *lg = k->u.cross_entropy.logits;
     void *d = k->u.cross_entropy.dlogits;
     float *stats = k->u.cross_entropy.stats;
     const int32_t t = k->u.cross_entropy.targets[r];
-    /* the target's column here; v when another rank holds it or it is ignored */
-    const size_t tc = t >= 0 && (size_t)t >= v0 && (size_t)t - v0 < v ? (size_t)t - v0 : v;
+    const size_t tc = fsdp_kb_cross_entropy_vp_col(k, t);
     const float gmax = stage > 1 ? stats[r] : 0.0f;
 
     if (stage == 1 && pass == 0) {
